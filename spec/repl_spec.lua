@@ -1,0 +1,250 @@
+-- The needle-lua REPL, driven through a pseudo-terminal as a person would use
+-- it: auto-printing, multi-line input, errors, Ctrl-C, history and tab
+-- completion (readline only runs on a terminal, so pipes cannot test this).
+--
+-- The executable is $NEEDLE_LUA, else build/needle-lua under the repository.
+-- The pty driver is $NEEDLE_PTYDRIVE, else ptydrive next to the executable,
+-- else it is compiled here from spec/tools/ptydrive.c.
+-- Every step of a session is bounded by ptydrive's timeout: nothing hangs.
+
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function shell_line(cmd)
+  local f = assert(io.popen(cmd))
+  local line = f:read("l")
+  f:close()
+  return line
+end
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function write_file(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+local function exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+
+local spec_dir = debug.getinfo(1, "S").source:gsub("^@", ""):match("^(.*)/[^/]*$") or "."
+local root = shell_line("cd " .. q(spec_dir .. "/..") .. " && pwd")
+local exe = os.getenv("NEEDLE_LUA") or "build/needle-lua"
+if exe:sub(1, 1) ~= "/" then
+  exe = (os.getenv("NEEDLE_LUA") and shell_line("pwd") or root) .. "/" .. exe
+end
+
+-- Steps for ptydrive. Text is plain Lua text; escapes are added here.
+local function escape(s)
+  return (s:gsub("[%c\\]", function(c)
+    if c == "\\" then return "\\\\" end
+    return ("\\x%02x"):format(c:byte())
+  end))
+end
+local function send(text) return "send " .. escape(text) end
+local function expect(text) return "expect " .. escape(text) end
+local function sleep(ms) return "sleep " .. ms end
+local CTRL_C, CTRL_D, CTRL_P, CTRL_U = "\3", "\4", "\16", "\21"
+
+-- Types `input` and waits for the line `output` and the next prompt.
+local function eval(input, output)
+  return send(input .. "\n"), expect("\n" .. output .. "\r\n"), expect("> ")
+end
+
+describe("needle-lua REPL", function()
+  local ptydrive, dir
+
+  setup(function()
+    assert(exists(exe), "needle-lua not found at " .. exe ..
+      " (build it with cmake --build build, or set NEEDLE_LUA)")
+    dir = shell_line("mktemp -d")
+    ptydrive = os.getenv("NEEDLE_PTYDRIVE") or exe:gsub("[^/]*$", "ptydrive")
+    if not exists(ptydrive) then -- not built by CMake (yet): build it here
+      ptydrive = dir .. "/ptydrive"
+      local ok = os.execute(("cc -std=c11 -O2 -o %s %s -lutil"):format(
+        q(ptydrive), q(root .. "/spec/tools/ptydrive.c")))
+      assert(ok, "could not build spec/tools/ptydrive.c")
+    end
+  end)
+
+  teardown(function()
+    if dir then os.execute("rm -rf " .. q(dir)) end
+  end)
+
+  -- Runs one REPL session. opts: args (shell-quoted), env (a "K=V ..."
+  -- prefix), history (contents of the history file before the session).
+  -- Returns {out = transcript with \r\n as \n, code =, history =}.
+  local function session(steps, opts)
+    opts = opts or {}
+    local steps_file, out = dir .. "/steps", dir .. "/out"
+    local history = dir .. "/history"
+    os.remove(history)
+    if opts.history then write_file(history, opts.history) end
+    write_file(steps_file, table.concat(steps, "\n") .. "\n")
+    local env = opts.env or ("NEEDLE_HISTORY=" .. q(history))
+    local cmd = ("cd %s && env -u LUA_INIT -u LUA_INIT_5_4 %s TERM=dumb INPUTRC=/dev/null %s -t 10 -- %s %s <%s >%s 2>&1")
+      :format(q(dir), env, q(ptydrive), q(exe), opts.args or "", q(steps_file), q(out))
+    local _, how, code = os.execute(cmd)
+    return {
+      out = (read_file(out) or ""):gsub("\r\n", "\n"),
+      code = how == "exit" and code or 128 + code,
+      history = read_file(history),
+    }
+  end
+
+  local function show(r)
+    return ("exit: %d\ntranscript:\n%s"):format(r.code, r.out)
+  end
+
+  it("prints a banner, auto-prints expressions and exits on Ctrl-D", function()
+    local r = session {
+      expect("> "),
+      eval("1+1", "2"),
+      eval([[1, "a", nil]], "1\ta\tnil"),
+      eval("=2*3", "6"),
+      send("x = 5\n"), expect("> "), -- a statement prints nothing
+      eval("x", "5"),
+      send(CTRL_D),
+    }
+    assert.equal(0, r.code, show(r))
+    assert.matches("^needle%-lua %d+%.%d+[^\n]*Lua 5%.4", r.out, 1, false, show(r))
+    assert.truthy(r.out:find("> x = 5\n> x\n5\n", 1, true), show(r))
+  end)
+
+  it("continues incomplete input with the >> prompt", function()
+    local r = session {
+      expect("> "),
+      send("function f()\n"), expect(">> "),
+      send("return 3\n"), expect(">> "),
+      send("end\n"), expect("> "),
+      eval("f()", "3"),
+      send(CTRL_D),
+    }
+    assert.equal(0, r.code, show(r))
+  end)
+
+  it("shows errors with a traceback and keeps going", function()
+    local r = session {
+      expect("> "),
+      send([[error("oops")]] .. "\n"), expect("stdin:1: oops"), expect("stack traceback:"),
+      expect("> "),
+      send("x = = 1\n"), expect("unexpected symbol"), expect("> "),
+      eval("1+1", "2"),
+      send(CTRL_D),
+    }
+    assert.equal(0, r.code, show(r))
+  end)
+
+  it("has nd preloaded and pretty-prints tensors", function()
+    local r = session {
+      expect("> "),
+      eval("nd == require 'needle'", "true"),
+      send("nd.zeros({2})\n"), expect("> "),
+      send(CTRL_D),
+    }
+    assert.equal(0, r.code, show(r))
+    local printed = r.out:match("> nd%.zeros%({2}%)\n(.-)\n> ")
+    assert.truthy(printed, show(r))
+    assert.falsy(printed:find("^userdata"), show(r))
+  end)
+
+  it("Ctrl-C interrupts a running chunk without leaving the REPL", function()
+    local r = session {
+      expect("> "),
+      send("while true do end\n"), sleep(300),
+      send(CTRL_C), expect("interrupted!"), expect("> "),
+      eval("1+1", "2"),
+      send(CTRL_D),
+    }
+    assert.equal(0, r.code, show(r))
+  end)
+
+  it("Ctrl-C at the prompt discards the input, even a multi-line chunk", function()
+    local r = session {
+      expect("> "),
+      send("function g()\n"), expect(">> "),
+      send("return 1"), send(CTRL_C), expect("> "),
+      eval("g", "nil"),
+      send("1 +"), send(CTRL_C), expect("> "),
+      eval("2", "2"),
+      send(CTRL_D),
+    }
+    assert.equal(0, r.code, show(r))
+  end)
+
+  it("keeps history in $NEEDLE_HISTORY across sessions", function()
+    local r = session({
+      expect("> "),
+      send(CTRL_P .. "\n"), expect("\n42\r\n"), expect("> "), -- recalls 40+2
+      send("x = 1\n"), expect("> "),
+      eval("1+1", "2"),
+      send(CTRL_D),
+    }, {history = "40+2\n"})
+    assert.equal(0, r.code, show(r))
+    assert.truthy(r.history, "no history file written")
+    assert.truthy(r.history:find("40+2\n", 1, true), r.history)
+    assert.truthy(r.history:find("1+1\n", 1, true), r.history)
+  end)
+
+  it("writes ~/.needle_history by default, and nothing without HOME", function()
+    local home = dir .. "/home"
+    os.execute("mkdir -p " .. q(home))
+    local steps = {expect("> "), eval("1+1", "2"), send(CTRL_D)}
+    local r = session(steps, {env = "-u NEEDLE_HISTORY HOME=" .. q(home)})
+    assert.equal(0, r.code, show(r))
+    assert.equal("1+1\n", read_file(home .. "/.needle_history"))
+    r = session(steps, {env = "-u NEEDLE_HISTORY -u HOME"})
+    assert.equal(0, r.code, show(r))
+    assert.falsy(exists(dir .. "/.needle_history"))
+  end)
+
+  it("completes global names and fields of tables", function()
+    local r = session {
+      expect("> "),
+      send("string.fo\t"), expect("string.format"),
+      eval([[("%d", 42)]], "42"),
+      send("stri\t"), expect("string."), send(CTRL_U), -- a table gets "."
+      send("t = {alpha = 1}; setmetatable(t, {__index = {beta = 2}})\n"), expect("> "),
+      send("t.be\t"), expect("t.beta"), -- through __index tables
+      eval("", "2"),
+      send("s = 'abc'\n"), expect("> "),
+      send("s:up\t"), expect("s:upper("), -- ':' appends '(' to functions
+      eval(")", "ABC"),
+      send(CTRL_D),
+    }
+    assert.equal(0, r.code, show(r))
+  end)
+
+  it("completes tensor methods", function()
+    local r = session {
+      expect("> "),
+      send("x = nd.zeros({2})\n"), expect("> "),
+      send("x:nu\t"), expect("x:numel("),
+      eval(")", "2"),
+      send(CTRL_D),
+    }
+    assert.equal(0, r.code, show(r))
+  end)
+
+  it("never runs code while completing", function()
+    local r = session {
+      expect("> "),
+      send("called = 0; p = setmetatable({}, {__index = function() called = called + 1 end})\n"),
+      expect("> "),
+      send("p.a.b\t\t\t"), sleep(200), send(CTRL_U),
+      send("p:x\t\t\t"), sleep(200), send(CTRL_U),
+      eval("called", "0"),
+      send(CTRL_D),
+    }
+    assert.equal(0, r.code, show(r))
+  end)
+end)

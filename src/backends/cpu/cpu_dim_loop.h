@@ -1,0 +1,33 @@
+/* cpu_dim_loop.h - walks tensors slice by slice along one dim.
+ *
+ * The CPU kernels that work along a dim (scatter, index_add, cumsum, sort)
+ * need whole slices: every element with the same coordinates outside `dim`.
+ * This loop hands each slice, whole, to one thread: fn gets the operands'
+ * pointers at coordinate 0 of `dim`, their byte strides along `dim` and the
+ * slice length. Two slices never touch the same output elements, so kernels
+ * that accumulate along a slice (duplicate indices in scatter_add) stay
+ * race-free and deterministic under OpenMP. */
+#ifndef ND_CPU_DIM_LOOP_H
+#define ND_CPU_DIM_LOOP_H
+
+#include "cpu_loop.h"
+
+typedef struct {
+    int nops, ndim;               /* ndim: merged outer dims (dim removed) */
+    int64_t nouter, n;            /* number of slices, slice length */
+    int64_t shape[ND_MAX_DIMS];   /* outer dims */
+    int64_t strides[ND_LOOP_MAX_OPS][ND_MAX_DIMS]; /* bytes, outer dims */
+    int64_t inner[ND_LOOP_MAX_OPS];                /* bytes along dim */
+    char *base[ND_LOOP_MAX_OPS];
+} nd_dim_loop;
+
+/* Iterates over `shape` (ndim dims; each operand's own shape must be at
+ * least as large in every dim) using each operand's own strides. A 0-dim
+ * shape is one slice of length 1. */
+void nd_dim_loop_init(nd_dim_loop *L, int nops, const nd_tensor *const *ts,
+                      const int64_t *shape, int ndim, int dim);
+/* Calls fn once per slice; slices go to OpenMP threads when `parallel` and
+ * the total work is large. fn gets the same arguments as an nd_inner_fn. */
+void nd_dim_loop_run(const nd_dim_loop *L, nd_inner_fn fn, void *ctx, int parallel);
+
+#endif

@@ -1,0 +1,42 @@
+/* cpu_kernels.h - the CPU backend's kernels; cpu_backend.c puts them in the
+ * table. Each has the signature of its nd_backend entry (backend.h). */
+#ifndef ND_CPU_KERNELS_H
+#define ND_CPU_KERNELS_H
+
+#include "backend.h"
+
+/* cpu_copy.c */
+nd_status nd_cpu_copy(nd_tensor *dst, const nd_tensor *src);
+nd_status nd_cpu_fill(nd_tensor *dst, double value);
+/* cpu_elementwise.c */
+nd_status nd_cpu_unary(nd_unary_op op, nd_tensor *out, const nd_tensor *x);
+nd_status nd_cpu_binary(nd_binary_op op, nd_tensor *out, const nd_tensor *a, const nd_tensor *b);
+nd_status nd_cpu_binary_scalar(nd_binary_op op, nd_tensor *out, const nd_tensor *a, double s,
+                               int scalar_first);
+nd_status nd_cpu_where(nd_tensor *out, const nd_tensor *cond, const nd_tensor *a,
+                       const nd_tensor *b);
+nd_status nd_cpu_clamp(nd_tensor *out, const nd_tensor *x, double lo, double hi);
+/* cpu_reduce.c */
+nd_status nd_cpu_reduce(nd_reduce_op op, nd_tensor *out, const nd_tensor *x, const bool *reduced,
+                        int correction);
+nd_status nd_cpu_max_dim(nd_tensor *values, nd_tensor *indices, const nd_tensor *x, int dim,
+                         int is_min);
+/* cpu_matmul.c */
+nd_status nd_cpu_matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b);
+/* cpu_index.c */
+nd_status nd_cpu_gather(nd_tensor *out, const nd_tensor *x, int dim, const nd_tensor *index);
+nd_status nd_cpu_scatter(nd_tensor *out, int dim, const nd_tensor *index, const nd_tensor *src,
+                         int accumulate);
+nd_status nd_cpu_index_select(nd_tensor *out, const nd_tensor *x, int dim, const nd_tensor *index);
+nd_status nd_cpu_index_add(nd_tensor *out, int dim, const nd_tensor *index, const nd_tensor *src,
+                           double alpha);
+nd_status nd_cpu_masked_fill(nd_tensor *out, const nd_tensor *mask, double value);
+/* cpu_scan_sort.c */
+nd_status nd_cpu_cumsum(nd_tensor *out, const nd_tensor *x, int dim);
+nd_status nd_cpu_sort(nd_tensor *values, nd_tensor *indices, const nd_tensor *x, int dim,
+                      int descending);
+/* cpu_random.c */
+nd_status nd_cpu_random(nd_tensor *out, nd_random_kind kind, double a, double b,
+                        const nd_tensor *p, uint64_t seed, uint64_t offset);
+
+#endif

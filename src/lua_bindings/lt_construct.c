@@ -1,0 +1,424 @@
+/* lt_construct.c - tensors from Lua values and back: nd.tensor, the
+ * constructors, totable, item, and the random functions. */
+#include <math.h>
+#include <string.h>
+#include "lt_internal.h"
+
+/* ----------------------------------------------------- nested tables */
+
+/* Walks first elements to find the shape; validates later. */
+static int table_shape(lua_State *L, int idx, int64_t *shape, bool *has_bool) {
+    int nd = 0;
+    lua_pushvalue(L, idx);
+    while (lua_istable(L, -1)) {
+        if (nd == ND_MAX_DIMS) lt_error(L, "tensor", "nested table is deeper than %d dims", ND_MAX_DIMS);
+        shape[nd++] = (int64_t)luaL_len(L, -1);
+        if (shape[nd - 1] == 0) break;
+        lua_geti(L, -1, 1);
+        lua_remove(L, -2);
+    }
+    if (lua_isboolean(L, -1)) *has_bool = true;
+    lua_pop(L, 1);
+    return nd;
+}
+
+typedef struct { char *p; size_t es; nd_dtype dt; int64_t pos; } fill_state;
+
+static void path_str(const int64_t *path, int depth, char *buf) {
+    nd_shape_str(path, depth, buf);
+}
+
+static void fill_from_table(lua_State *L, int idx, const int64_t *shape, int nd, int depth,
+                            int64_t *path, fill_state *fs) {
+    char pbuf[ND_SHAPE_BUF];
+    int64_t n = (int64_t)luaL_len(L, idx);
+    if (n != shape[depth]) {
+        path_str(path, depth, pbuf);
+        lt_error(L, "tensor", "ragged nested table: expected %lld elements at dim %d, got %lld "
+                 "(at index %s)", (long long)shape[depth], depth + 1, (long long)n, pbuf);
+    }
+    for (int64_t i = 1; i <= n; i++) {
+        path[depth] = i;
+        int ty = lua_geti(L, idx, i);
+        if (depth + 1 < nd) {
+            if (ty != LUA_TTABLE) {
+                path_str(path, depth + 1, pbuf);
+                lt_error(L, "tensor", "ragged nested table: expected a table at %s, got %s",
+                         pbuf, lua_typename(L, ty));
+            }
+            fill_from_table(L, lua_gettop(L), shape, nd, depth + 1, path, fs);
+        } else {
+            double v;
+            if (ty == LUA_TNUMBER) {
+                if (lua_isinteger(L, -1) && fs->dt == ND_INT64) {
+                    *(int64_t *)(fs->p + fs->pos * (int64_t)fs->es) = lua_tointeger(L, -1);
+                    fs->pos++;
+                    lua_pop(L, 1);
+                    continue;
+                }
+                v = lua_tonumber(L, -1);
+            } else if (ty == LUA_TBOOLEAN) {
+                v = lua_toboolean(L, -1);
+            } else {
+                path_str(path, depth + 1, pbuf);
+                lt_error(L, "tensor", "expected a number at index %s, got %s", pbuf,
+                         lua_typename(L, ty));
+                return;
+            }
+            nd_store_f64(fs->p + fs->pos * (int64_t)fs->es, fs->dt, v);
+            fs->pos++;
+        }
+        lua_pop(L, 1);
+    }
+}
+
+static nd_tensor *tensor_from_lua(lua_State *L, int idx, nd_dtype dt, bool dtype_given) {
+    nd_tensor *t;
+    int ty = lua_type(L, idx);
+    if (ty == LUA_TNUMBER || ty == LUA_TBOOLEAN) {
+        if (ty == LUA_TBOOLEAN && !dtype_given) dt = ND_BOOL;
+        double v = ty == LUA_TNUMBER ? lua_tonumber(L, idx) : lua_toboolean(L, idx);
+        if (ty == LUA_TNUMBER && lua_isinteger(L, idx) && dt == ND_INT64) {
+            LT_CHECK(L, nd_empty(NULL, 0, dt, &t));
+            *(int64_t *)nd_ptr(t) = lua_tointeger(L, idx);
+            return t;
+        }
+        LT_CHECK(L, nd_scalar(v, dt, &t));
+        return t;
+    }
+    if (ty != LUA_TTABLE)
+        lt_error(L, "tensor", "expected a number, boolean or nested table, got %s",
+                 lua_typename(L, ty));
+    int64_t shape[ND_MAX_DIMS], path[ND_MAX_DIMS];
+    bool has_bool = false;
+    int nd = table_shape(L, idx, shape, &has_bool);
+    if (has_bool && !dtype_given) dt = ND_BOOL;
+    LT_CHECK(L, nd_empty(shape, nd, dt, &t));
+    fill_state fs = {nd_ptr(t), nd_dtype_size(dt), dt, 0};
+    /* push t first so an error inside fill does not leak it */
+    lt_push(L, t);
+    int tidx = lua_gettop(L);
+    if (nd > 0 && nd_numel(t) > 0) fill_from_table(L, idx, shape, nd, 0, path, &fs);
+    else if (nd > 0) {
+        /* shape with a 0: still check that inner tables agree (they are empty) */
+    }
+    nd_retain(t);
+    lua_remove(L, tidx);
+    return t;
+}
+
+nd_tensor *lt_check_tensor_like(lua_State *L, int idx, const char *op, nd_dtype dt) {
+    nd_tensor *t = lt_to(L, idx);
+    if (t) { nd_retain(t); return t; }
+    int ty = lua_type(L, idx);
+    if (ty != LUA_TNUMBER && ty != LUA_TTABLE && ty != LUA_TBOOLEAN)
+        lt_error(L, op, "expected a tensor, number or table for argument %d, got %s", idx,
+                 lua_typename(L, ty));
+    return tensor_from_lua(L, idx, dt, ty != LUA_TBOOLEAN);
+}
+
+/* nd.tensor(data, {dtype=, device=, requires_grad=}) */
+static int l_tensor(lua_State *L) {
+    lt_check_device(L, 2, "tensor");
+    bool given = false;
+    if (lua_istable(L, 2)) {
+        given = lua_getfield(L, 2, "dtype") != LUA_TNIL;
+        lua_pop(L, 1);
+    }
+    nd_dtype dt = lt_opt_dtype(L, 2, "tensor", ND_FLOAT32);
+    nd_tensor *src = lt_to(L, 1);
+    nd_tensor *t;
+    if (src) LT_CHECK(L, given ? nd_to_dtype(src, dt, &t) : nd_clone(src, &t));
+    else t = tensor_from_lua(L, 1, dt, given);
+    if (src && given && t == src) { /* to() returned src itself: copy */
+        nd_tensor *c;
+        nd_status st = nd_clone(src, &c);
+        nd_release(t);
+        LT_CHECK(L, st);
+        t = c;
+    }
+    if (lt_opt_bool_field(L, 2, "requires_grad", false)) {
+        if (!nd_dtype_is_float(t->dtype)) {
+            nd_release(t);
+            lt_error(L, "tensor", "only floating point tensors can require gradients");
+        }
+        t->requires_grad = true;
+    }
+    lt_push(L, t);
+    return 1;
+}
+
+/* ------------------------------------------------------------- back out */
+
+static void push_element(lua_State *L, const char *p, nd_dtype dt) {
+    switch (dt) {
+    case ND_INT64: lua_pushinteger(L, *(const int64_t *)p); break;
+    case ND_INT32: lua_pushinteger(L, *(const int32_t *)p); break;
+    case ND_UINT8: lua_pushinteger(L, *(const uint8_t *)p); break;
+    case ND_BOOL: lua_pushboolean(L, *(const uint8_t *)p != 0); break;
+    default: lua_pushnumber(L, nd_load_f64(p, dt)); break;
+    }
+}
+
+static void push_table(lua_State *L, const nd_tensor *t, int depth, const char *p) {
+    if (depth == t->ndim) { push_element(L, p, t->dtype); return; }
+    int64_t n = t->shape[depth];
+    int64_t step = t->strides[depth] * (int64_t)nd_dtype_size(t->dtype);
+    luaL_checkstack(L, 4, "tensor too deep");
+    lua_createtable(L, n > 0x7fffffff ? 0 : (int)n, 0);
+    for (int64_t i = 0; i < n; i++) {
+        push_table(L, t, depth + 1, p + i * step);
+        lua_rawseti(L, -2, i + 1);
+    }
+}
+
+static int t_totable(lua_State *L) {
+    nd_tensor *t = lt_check(L, 1, "totable");
+    push_table(L, t, 0, nd_ptr(t));
+    return 1;
+}
+
+static int t_item(lua_State *L) {
+    nd_tensor *t = lt_check(L, 1, "item");
+    if (nd_numel(t) != 1) {
+        char b[ND_SHAPE_BUF];
+        return lt_error(L, "item", "a tensor with %lld elements (shape %s) cannot be converted "
+                        "to a number (expected exactly 1)", (long long)nd_numel(t),
+                        nd_shape_str(t->shape, t->ndim, b));
+    }
+    push_element(L, nd_ptr(t), t->dtype);
+    return 1;
+}
+
+/* ---------------------------------------------------------- constructors */
+
+/* Shape from args at idx (table or sizes); options table after it (or nil). */
+static int shape_and_opts(lua_State *L, int idx, const char *op, int64_t *shape, int *opts) {
+    int n = lt_shape(L, idx, op, shape, false);
+    int o = lua_istable(L, idx) ? idx + 1 : idx + n;
+    *opts = o;
+    if (!lua_isnoneornil(L, o) && !lua_istable(L, o))
+        lt_error(L, op, "expected an options table after the shape, got %s", luaL_typename(L, o));
+    lt_check_device(L, o, op);
+    return n;
+}
+
+static void finish_new(lua_State *L, nd_tensor *t, int opts, const char *op) {
+    if (lt_opt_bool_field(L, opts, "requires_grad", false)) {
+        if (!nd_dtype_is_float(t->dtype)) {
+            nd_release(t);
+            lt_error(L, op, "only floating point tensors can require gradients");
+        }
+        t->requires_grad = true;
+    }
+    lt_push(L, t);
+}
+
+static int fill_ctor(lua_State *L, const char *op, double value, int first) {
+    int64_t shape[ND_MAX_DIMS];
+    int opts;
+    int n = shape_and_opts(L, first, op, shape, &opts);
+    nd_dtype dt = lt_opt_dtype(L, opts, op, ND_FLOAT32);
+    nd_tensor *t;
+    if (value == 0) LT_CHECK(L, nd_zeros(shape, n, dt, &t));
+    else if (isnan(value) && strcmp(op, "empty") == 0) LT_CHECK(L, nd_empty(shape, n, dt, &t));
+    else LT_CHECK(L, nd_full(shape, n, dt, value, &t));
+    finish_new(L, t, opts, op);
+    return 1;
+}
+
+static int l_zeros(lua_State *L) { return fill_ctor(L, "zeros", 0, 1); }
+static int l_ones(lua_State *L) { return fill_ctor(L, "ones", 1, 1); }
+static int l_empty(lua_State *L) { return fill_ctor(L, "empty", NAN, 1); }
+static int l_full(lua_State *L) {
+    /* full(shape, value, opts) */
+    int64_t shape[ND_MAX_DIMS];
+    int n = lt_shape(L, 1, "full", shape, false);
+    if (!lua_istable(L, 1)) return lt_error(L, "full", "expected the shape as a table");
+    double v = lua_isboolean(L, 2) ? lua_toboolean(L, 2) : luaL_checknumber(L, 2);
+    lt_check_device(L, 3, "full");
+    nd_dtype dt = lt_opt_dtype(L, 3, "full", lua_isboolean(L, 2) ? ND_BOOL : ND_FLOAT32);
+    nd_tensor *t;
+    LT_CHECK(L, nd_full(shape, n, dt, v, &t));
+    finish_new(L, t, 3, "full");
+    return 1;
+}
+
+/* zeros_like(x, opts) and friends: x's shape and dtype unless overridden */
+static int like_ctor(lua_State *L, const char *op, int kind, double value) {
+    nd_tensor *x = lt_check(L, 1, op);
+    int opts = kind == 2 ? 3 : 2;
+    lt_check_device(L, opts, op);
+    nd_dtype dt = lt_opt_dtype(L, opts, op, x->dtype);
+    nd_tensor *t;
+    if (kind == 3) {
+        LT_CHECK(L, nd_rand(x->shape, x->ndim, dt, &t));
+    } else if (kind == 4) {
+        LT_CHECK(L, nd_randn(x->shape, x->ndim, dt, &t));
+    } else {
+        if (kind == 2) value = luaL_checknumber(L, 2);
+        LT_CHECK(L, nd_full(x->shape, x->ndim, dt, value, &t));
+    }
+    finish_new(L, t, opts, op);
+    return 1;
+}
+static int l_zeros_like(lua_State *L) { return like_ctor(L, "zeros_like", 0, 0); }
+static int l_ones_like(lua_State *L) { return like_ctor(L, "ones_like", 1, 1); }
+static int l_full_like(lua_State *L) { return like_ctor(L, "full_like", 2, 0); }
+static int l_rand_like(lua_State *L) { return like_ctor(L, "rand_like", 3, 0); }
+static int l_randn_like(lua_State *L) { return like_ctor(L, "randn_like", 4, 0); }
+
+static int l_arange(lua_State *L) {
+    /* arange(end) | arange(start, end[, step]) [, opts] */
+    int nargs = 0;
+    while (nargs < 3 && lua_type(L, nargs + 1) == LUA_TNUMBER) nargs++;
+    if (nargs == 0) return lt_error(L, "arange", "expected arange(end) or arange(start, end[, step])");
+    double start = 0, end, step = 1;
+    if (nargs == 1) end = lua_tonumber(L, 1);
+    else { start = lua_tonumber(L, 1); end = lua_tonumber(L, 2); }
+    if (nargs == 3) step = lua_tonumber(L, 3);
+    int opts = nargs + 1;
+    lt_check_device(L, opts, "arange");
+    bool all_int = true;
+    for (int i = 1; i <= nargs; i++) all_int = all_int && lua_isinteger(L, i);
+    /* integer arguments give int64 as in PyTorch */
+    nd_dtype dt = lt_opt_dtype(L, opts, "arange", all_int ? ND_INT64 : ND_FLOAT32);
+    nd_tensor *t;
+    LT_CHECK(L, nd_arange(start, end, step, dt, &t));
+    finish_new(L, t, opts, "arange");
+    return 1;
+}
+
+static int l_linspace(lua_State *L) {
+    double a = luaL_checknumber(L, 1), b = luaL_checknumber(L, 2);
+    lua_Integer steps = luaL_checkinteger(L, 3);
+    lt_check_device(L, 4, "linspace");
+    nd_dtype dt = lt_opt_dtype(L, 4, "linspace", ND_FLOAT32);
+    nd_tensor *t;
+    LT_CHECK(L, nd_linspace(a, b, steps, dt, &t));
+    finish_new(L, t, 4, "linspace");
+    return 1;
+}
+
+static int l_eye(lua_State *L) {
+    lua_Integer n = luaL_checkinteger(L, 1);
+    int opts = 2;
+    lua_Integer m = n;
+    if (lua_type(L, 2) == LUA_TNUMBER) { m = luaL_checkinteger(L, 2); opts = 3; }
+    if (n < 0 || m < 0) return lt_error(L, "eye", "sizes must be >= 0, got %lld x %lld",
+                                        (long long)n, (long long)m);
+    lt_check_device(L, opts, "eye");
+    nd_dtype dt = lt_opt_dtype(L, opts, "eye", ND_FLOAT32);
+    nd_tensor *t;
+    LT_CHECK(L, nd_eye(n, m, dt, &t));
+    finish_new(L, t, opts, "eye");
+    return 1;
+}
+
+/* ---------------------------------------------------------------- random */
+
+static int l_manual_seed(lua_State *L) {
+    lua_Integer s = luaL_checkinteger(L, 1);
+    nd_manual_seed((uint64_t)s);
+    return 0;
+}
+
+static int l_get_rng_state(lua_State *L) {
+    uint64_t seed, offset;
+    nd_rng_get_state(&seed, &offset);
+    lua_createtable(L, 0, 2);
+    lua_pushinteger(L, (lua_Integer)seed);
+    lua_setfield(L, -2, "seed");
+    lua_pushinteger(L, (lua_Integer)offset);
+    lua_setfield(L, -2, "offset");
+    return 1;
+}
+
+static int l_set_rng_state(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_getfield(L, 1, "seed");
+    lua_getfield(L, 1, "offset");
+    if (!lua_isinteger(L, -2) || !lua_isinteger(L, -1))
+        return lt_error(L, "set_rng_state", "expected a table {seed=<integer>, offset=<integer>}");
+    nd_rng_set_state((uint64_t)lua_tointeger(L, -2), (uint64_t)lua_tointeger(L, -1));
+    return 0;
+}
+
+static int rand_ctor(lua_State *L, const char *op, int normal) {
+    int64_t shape[ND_MAX_DIMS];
+    int opts;
+    int n = shape_and_opts(L, 1, op, shape, &opts);
+    nd_dtype dt = lt_opt_dtype(L, opts, op, ND_FLOAT32);
+    if (!nd_dtype_is_float(dt)) lt_error(L, op, "dtype must be floating point, got %s", nd_dtype_name(dt));
+    nd_tensor *t;
+    LT_CHECK(L, normal ? nd_randn(shape, n, dt, &t) : nd_rand(shape, n, dt, &t));
+    finish_new(L, t, opts, op);
+    return 1;
+}
+static int l_rand(lua_State *L) { return rand_ctor(L, "rand", 0); }
+static int l_randn(lua_State *L) { return rand_ctor(L, "randn", 1); }
+
+/* randint(low, high, shape[, opts]): integers in [low, high], inclusive
+ * like math.random (so randint(1, C, ...) draws 1-based class labels). */
+static int l_randint(lua_State *L) {
+    lua_Integer lo = luaL_checkinteger(L, 1), hi = luaL_checkinteger(L, 2);
+    if (hi < lo) return lt_error(L, "randint", "empty range [%lld, %lld]", (long long)lo, (long long)hi);
+    int64_t shape[ND_MAX_DIMS];
+    int opts;
+    int n = shape_and_opts(L, 3, "randint", shape, &opts);
+    nd_dtype dt = lt_opt_dtype(L, opts, "randint", ND_INT64);
+    nd_tensor *t;
+    if (hi == INT64_MAX) return lt_error(L, "randint", "high must be < 2^63-1");
+    LT_CHECK(L, nd_randint(lo, hi + 1, shape, n, dt, &t));
+    finish_new(L, t, opts, "randint");
+    return 1;
+}
+
+static int l_randperm(lua_State *L) {
+    lua_Integer n = luaL_checkinteger(L, 1);
+    if (n < 0) return lt_error(L, "randperm", "n must be >= 0, got %lld", (long long)n);
+    nd_tensor *t;
+    LT_CHECK(L, nd_randperm(n, &t));
+    lt_push_index(L, t); /* a permutation of 1..n */
+    return 1;
+}
+
+static int l_bernoulli(lua_State *L) {
+    nd_tensor *p = lt_check_tensor_like(L, 1, "bernoulli", ND_FLOAT32);
+    nd_tensor *t;
+    nd_status st = nd_bernoulli(p, &t);
+    nd_release(p);
+    LT_CHECK(L, st);
+    lt_push(L, t);
+    return 1;
+}
+
+void lt_register_construct(lua_State *L) {
+    static const lt_reg regs[] = {
+        {"tensor", l_tensor, false, true},
+        {"totable", t_totable, true, false},
+        {"item", t_item, true, false},
+        {"zeros", l_zeros, false, true},
+        {"ones", l_ones, false, true},
+        {"empty", l_empty, false, true},
+        {"full", l_full, false, true},
+        {"zeros_like", l_zeros_like, false, true},
+        {"ones_like", l_ones_like, false, true},
+        {"full_like", l_full_like, false, true},
+        {"rand_like", l_rand_like, false, true},
+        {"randn_like", l_randn_like, false, true},
+        {"arange", l_arange, false, true},
+        {"linspace", l_linspace, false, true},
+        {"eye", l_eye, false, true},
+        {"manual_seed", l_manual_seed, false, true},
+        {"get_rng_state", l_get_rng_state, false, true},
+        {"set_rng_state", l_set_rng_state, false, true},
+        {"rand", l_rand, false, true},
+        {"randn", l_randn, false, true},
+        {"randint", l_randint, false, true},
+        {"randperm", l_randperm, false, true},
+        {"bernoulli", l_bernoulli, true, true},
+        {NULL, NULL, false, false},
+    };
+    lt_register(L, -2, -1, regs);
+}

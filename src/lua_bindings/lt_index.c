@@ -1,0 +1,290 @@
+/* lt_index.c - x[i], x[{...}] reads and writes, and the index ops
+ * (gather, scatter, index_select, index_add, masked_fill, one_hot, cumsum,
+ * sort, topk). Lua indices are 1-based: converted here on the way in and
+ * out, so the core stays 0-based. */
+#include <string.h>
+#include "lt_internal.h"
+
+/* ------------------------------------------------------- index tensors */
+
+nd_tensor *lt_check_index(lua_State *L, int idx, const char *op) {
+    nd_tensor *t = lt_to(L, idx), *r;
+    if (t && t->dtype != ND_INT64 && t->dtype != ND_INT32 && t->dtype != ND_UINT8)
+        lt_error(L, op, "index tensor must have an integer dtype, got %s", nd_dtype_name(t->dtype));
+    if (!t && !lua_istable(L, idx) && lua_type(L, idx) != LUA_TNUMBER)
+        lt_error(L, op, "expected an index tensor or table for argument %d, got %s", idx,
+                 luaL_typename(L, idx));
+    nd_tensor *src = t ? (nd_retain(t), t) : lt_check_tensor_like(L, idx, op, ND_INT64);
+    nd_status st = nd_to_dtype(src, ND_INT64, &r);
+    if (st == ND_OK && r == src) { /* need a private copy to shift */
+        nd_release(r);
+        st = nd_clone(src, &r);
+    } else if (st == ND_OK && !nd_is_contiguous(r)) {
+        nd_tensor *c;
+        st = nd_contiguous(r, &c);
+        nd_release(r);
+        r = c;
+    }
+    nd_release(src);
+    LT_CHECK(L, st);
+    int64_t *p = (int64_t *)nd_ptr(r), n = nd_numel(r);
+    for (int64_t i = 0; i < n; i++) {
+        if (p[i] < 1) {
+            long long bad = (long long)p[i];
+            nd_release(r);
+            lt_error(L, op, "index %lld out of range (indices are 1-based)", bad);
+        }
+        p[i] -= 1;
+    }
+    return r;
+}
+
+void lt_push_index(lua_State *L, nd_tensor *t) {
+    /* results are fresh contiguous int64 tensors */
+    int64_t *p = (int64_t *)nd_ptr(t), n = nd_numel(t);
+    for (int64_t i = 0; i < n; i++) p[i] += 1;
+    lt_push(L, t);
+}
+
+/* -------------------------------------------------------- x[...] views */
+
+static int64_t lua_index(lua_State *L, lua_Integer i, const char *op) {
+    if (i == 0) lt_error(L, op, "index 0 is invalid (indices are 1-based; -1 is the last)");
+    return i > 0 ? i - 1 : i;
+}
+
+/* Applies one table-index entry at the top of the stack to *cur at dim *d. */
+static void apply_entry(lua_State *L, nd_tensor **cur, int *d, int pos) {
+    nd_tensor *r = NULL;
+    nd_status st = ND_OK;
+    int ty = lua_type(L, -1);
+    if (*d >= (*cur)->ndim && !(ty == LUA_TSTRING)) {
+        char b[ND_SHAPE_BUF];
+        nd_tensor *c = *cur;
+        *cur = NULL;
+        int nd = c->ndim;
+        nd_shape_str(c->shape, nd, b);
+        nd_release(c);
+        lt_error(L, "index", "too many indices (%d) for a tensor of shape %s", pos, b);
+    }
+    if (ty == LUA_TNUMBER) {
+        if (!lua_isinteger(L, -1)) {
+            nd_release(*cur); *cur = NULL;
+            lt_error(L, "index", "index %d must be an integer, got %s", pos, lua_tostring(L, -1));
+        }
+        st = nd_select(*cur, *d, lua_index(L, lua_tointeger(L, -1), "index"), &r);
+    } else if (ty == LUA_TTABLE) {
+        int n = (int)luaL_len(L, -1);
+        int64_t size = (*cur)->shape[*d];
+        lua_Integer v[3] = {1, -1, 1};
+        if (n > 3) { nd_release(*cur); *cur = NULL; lt_error(L, "index", "range %d has %d entries (expected {first, last[, step]})", pos, n); }
+        for (int i = 0; i < n; i++) {
+            lua_geti(L, -1, i + 1);
+            if (!lua_isinteger(L, -1)) {
+                nd_release(*cur); *cur = NULL;
+                lt_error(L, "index", "range %d: entry %d must be an integer, got %s", pos, i + 1,
+                         luaL_typename(L, -1));
+            }
+            v[i] = lua_tointeger(L, -1);
+            lua_pop(L, 1);
+        }
+        if (n == 1) v[1] = v[0]; /* {i}: the single index i, keeping the dim */
+        if (v[0] == 0 || v[1] == 0 || v[2] <= 0) {
+            nd_release(*cur); *cur = NULL;
+            lt_error(L, "index", "range %d: {%lld, %lld, %lld} is invalid (1-based inclusive "
+                     "bounds, positive step)", pos, (long long)v[0], (long long)v[1], (long long)v[2]);
+        }
+        int64_t s = v[0] > 0 ? v[0] - 1 : v[0] + size, e = v[1] > 0 ? v[1] : v[1] + size + 1;
+        if (s < 0 || e > size || s > size || e < 0) {
+            nd_release(*cur); *cur = NULL;
+            lt_error(L, "index", "range {%lld, %lld} out of bounds for dim %d of size %lld",
+                     (long long)v[0], (long long)v[1], *d + 1, (long long)size);
+        }
+        st = nd_slice(*cur, *d, s, e, v[2], &r);
+        (*d)++;
+    } else if (ty == LUA_TSTRING && strcmp(lua_tostring(L, -1), ":") == 0) {
+        (*d)++;
+        return;
+    } else {
+        nd_release(*cur); *cur = NULL;
+        lt_error(L, "index", "index %d: expected an integer, a range table or \":\", got %s", pos,
+                 luaL_typename(L, -1));
+    }
+    nd_release(*cur);
+    *cur = NULL;
+    LT_CHECK(L, st);
+    *cur = r;
+}
+
+/* The view that key (at stack index 2) denotes. New reference. */
+static nd_tensor *index_view(lua_State *L, nd_tensor *x) {
+    nd_tensor *r;
+    if (lua_type(L, 2) == LUA_TNUMBER) {
+        if (!lua_isinteger(L, 2)) lt_error(L, "index", "index must be an integer, got %s", lua_tostring(L, 2));
+        if (x->ndim == 0) lt_error(L, "index", "cannot index a 0-dim tensor");
+        LT_CHECK(L, nd_select(x, 0, lua_index(L, lua_tointeger(L, 2), "index"), &r));
+        return r;
+    }
+    if (!lua_istable(L, 2)) {
+        if (lt_to(L, 2)) lt_error(L, "index", "indexing with a tensor is not supported; use "
+                                  "index_select, gather or masked_fill");
+        lt_error(L, "index", "expected an integer or a table index, got %s", luaL_typename(L, 2));
+    }
+    nd_retain(x);
+    nd_tensor *cur = x;
+    int d = 0, n = (int)luaL_len(L, 2);
+    for (int i = 1; i <= n; i++) {
+        lua_geti(L, 2, i);
+        apply_entry(L, &cur, &d, i);
+        lua_pop(L, 1);
+    }
+    return cur;
+}
+
+int lt_index_get(lua_State *L) {
+    nd_tensor *x = lt_check(L, 1, "index");
+    lt_push(L, index_view(L, x));
+    return 1;
+}
+
+int lt_index_set(lua_State *L) {
+    nd_tensor *x = lt_check(L, 1, "index");
+    nd_tensor *v = index_view(L, x);
+    lt_push(L, v); /* owned by Lua from here: errors below cannot leak it */
+    nd_status st;
+    int ty = lua_type(L, 3);
+    if (ty == LUA_TNUMBER || ty == LUA_TBOOLEAN) {
+        st = nd_fill_(v, ty == LUA_TNUMBER ? lua_tonumber(L, 3) : lua_toboolean(L, 3));
+    } else {
+        nd_tensor *src = lt_check_tensor_like(L, 3, "index", v->dtype);
+        st = nd_copy_(v, src);
+        nd_release(src);
+    }
+    LT_CHECK(L, st);
+    return 0;
+}
+
+/* ------------------------------------------------------------- index ops */
+
+/* r is read only after st was computed (argument order is unspecified). */
+static int push_result(lua_State *L, nd_status st, nd_tensor **r, nd_tensor *tmp1, nd_tensor *tmp2) {
+    nd_release(tmp1);
+    nd_release(tmp2);
+    LT_CHECK(L, st);
+    lt_push(L, *r);
+    return 1;
+}
+
+static int t_gather(lua_State *L) {
+    nd_tensor *x = lt_check(L, 1, "gather"), *r = NULL;
+    int d = lt_dim(L, 2, "gather");
+    nd_tensor *ix = lt_check_index(L, 3, "gather");
+    return push_result(L, nd_gather(x, d, ix, &r), &r, ix, NULL);
+}
+
+static int scatter(lua_State *L, int accumulate) {
+    const char *op = accumulate ? "scatter_add" : "scatter";
+    nd_tensor *x = lt_check(L, 1, op), *r = NULL, *src;
+    int d = lt_dim(L, 2, op);
+    nd_tensor *ix = lt_check_index(L, 3, op);
+    if (lua_type(L, 4) == LUA_TNUMBER) {
+        nd_status st = nd_full(ix->shape, ix->ndim, x->dtype, lua_tonumber(L, 4), &src);
+        if (st != ND_OK) { nd_release(ix); lt_raise(L); }
+    } else {
+        nd_tensor *s = lt_to(L, 4);
+        if (!s) { nd_release(ix); lt_error(L, op, "src must be a tensor or number, got %s", luaL_typename(L, 4)); }
+        nd_retain(s);
+        src = s;
+    }
+    nd_status st = nd_scatter(x, d, ix, src, accumulate, &r);
+    nd_release(src);
+    return push_result(L, st, &r, ix, NULL);
+}
+static int t_scatter(lua_State *L) { return scatter(L, 0); }
+static int t_scatter_add(lua_State *L) { return scatter(L, 1); }
+
+static int t_index_select(lua_State *L) {
+    nd_tensor *x = lt_check(L, 1, "index_select"), *r = NULL;
+    int d = lt_dim(L, 2, "index_select");
+    nd_tensor *ix = lt_check_index(L, 3, "index_select");
+    return push_result(L, nd_index_select(x, d, ix, &r), &r, ix, NULL);
+}
+
+static int t_index_add(lua_State *L) {
+    nd_tensor *x = lt_check(L, 1, "index_add"), *r = NULL;
+    int d = lt_dim(L, 2, "index_add");
+    nd_tensor *src = lt_check(L, 4, "index_add");
+    double alpha = luaL_optnumber(L, 5, 1.0);
+    nd_tensor *ix = lt_check_index(L, 3, "index_add");
+    return push_result(L, nd_index_add(x, d, ix, src, alpha, &r), &r, ix, NULL);
+}
+
+static int t_masked_fill(lua_State *L) {
+    nd_tensor *x = lt_check(L, 1, "masked_fill"), *r = NULL;
+    nd_tensor *m = lt_check_tensor_like(L, 2, "masked_fill", ND_BOOL);
+    double v = lua_isboolean(L, 3) ? lua_toboolean(L, 3) : luaL_checknumber(L, 3);
+    return push_result(L, nd_masked_fill(x, m, v, &r), &r, m, NULL);
+}
+
+/* one_hot(labels 1..C, C): labels as a tensor or table */
+static int l_one_hot(lua_State *L) {
+    lua_Integer c = luaL_optinteger(L, 2, -1);
+    nd_tensor *ix = lt_check_index(L, 1, "one_hot"), *r = NULL;
+    return push_result(L, nd_one_hot(ix, c, &r), &r, ix, NULL);
+}
+
+static int t_cumsum(lua_State *L) {
+    nd_tensor *x = lt_check(L, 1, "cumsum"), *r = NULL;
+    return push_result(L, nd_cumsum(x, lt_dim(L, 2, "cumsum"), &r), &r, NULL, NULL);
+}
+
+/* sort(dim = -1, descending = false) -> values, indices */
+static int t_sort(lua_State *L) {
+    nd_tensor *x = lt_check(L, 1, "sort"), *v, *ix;
+    int d = lt_opt_dim(L, 2, "sort", -1);
+    bool desc = lua_toboolean(L, 3);
+    if (lua_istable(L, 2)) { /* sort({dim=, descending=}) */
+        lua_getfield(L, 2, "dim");
+        d = lua_isnil(L, -1) ? -1 : lt_dim(L, lua_gettop(L), "sort");
+        desc = lt_opt_bool_field(L, 2, "descending", false);
+    }
+    LT_CHECK(L, nd_sort(x, d, desc, &v, &ix));
+    lt_push(L, v);
+    lt_push_index(L, ix);
+    return 2;
+}
+
+static int t_argsort(lua_State *L) {
+    t_sort(L);
+    return 1; /* the indices are on top */
+}
+
+/* topk(k, dim = -1, largest = true) -> values, indices */
+static int t_topk(lua_State *L) {
+    nd_tensor *x = lt_check(L, 1, "topk"), *v, *ix;
+    lua_Integer k = luaL_checkinteger(L, 2);
+    int d = lt_opt_dim(L, 3, "topk", -1);
+    bool largest = lua_isnoneornil(L, 4) ? true : lua_toboolean(L, 4);
+    LT_CHECK(L, nd_topk(x, k, d, largest, &v, &ix));
+    lt_push(L, v);
+    lt_push_index(L, ix);
+    return 2;
+}
+
+void lt_register_index(lua_State *L) {
+    static const lt_reg regs[] = {
+        {"gather", t_gather, true, true},
+        {"scatter", t_scatter, true, true},
+        {"scatter_add", t_scatter_add, true, true},
+        {"index_select", t_index_select, true, true},
+        {"index_add", t_index_add, true, true},
+        {"masked_fill", t_masked_fill, true, true},
+        {"one_hot", l_one_hot, false, true},
+        {"cumsum", t_cumsum, true, true},
+        {"sort", t_sort, true, true},
+        {"argsort", t_argsort, true, true},
+        {"topk", t_topk, true, true},
+        {NULL, NULL, false, false},
+    };
+    lt_register(L, -2, -1, regs);
+}

@@ -1,0 +1,63 @@
+/* lt_internal.h - what the Lua binding files share: the tensor userdata,
+ * argument conversion (1-based dims and indices), and error raising. Only
+ * this layer raises Lua errors; the core returns nd_status. */
+#ifndef ND_LT_INTERNAL_H
+#define ND_LT_INTERNAL_H
+
+#include <lauxlib.h>
+#include <lua.h>
+#include "tensor.h"
+
+/* The userdata: one reference to a C tensor (NULL once closed). */
+typedef struct { nd_tensor *t; } lt_box;
+
+/* Raises "needle.<nd_last_error()>" (the core's message starts with the op). */
+int lt_raise(lua_State *L);
+/* Raises "needle.<op>: <fmt...>" */
+int lt_error(lua_State *L, const char *op, const char *fmt, ...);
+#define LT_CHECK(L, expr) do { if ((expr) != ND_OK) lt_raise(L); } while (0)
+
+/* Pushes a tensor, taking over the caller's reference (t may not be NULL). */
+void lt_push(lua_State *L, nd_tensor *t);
+/* Tensor at idx or NULL. */
+nd_tensor *lt_to(lua_State *L, int idx);
+/* Tensor at idx or a Lua error naming op and the argument. */
+nd_tensor *lt_check(lua_State *L, int idx, const char *op);
+/* A tensor from a tensor, number, boolean or nested table at idx, as a NEW
+ * reference (caller releases). dt is used for numbers and tables. */
+nd_tensor *lt_check_tensor_like(lua_State *L, int idx, const char *op, nd_dtype dt);
+
+/* 1-based (negative from the end) Lua dim -> the core's dim (may stay
+ * negative: the core normalises and range-checks). 0 is an error. */
+int lt_dim(lua_State *L, int idx, const char *op);
+int lt_opt_dim(lua_State *L, int idx, const char *op, int def_core_dim);
+int lt_dim_value(lua_State *L, lua_Integer d, const char *op);
+/* Reads a shape from a table at idx or from integers idx..top. */
+int lt_shape(lua_State *L, int idx, const char *op, int64_t *shape, bool allow_minus1);
+/* Reads a list of dims (number or table) at idx into core dims; returns count. */
+int lt_dims(lua_State *L, int idx, const char *op, int *dims);
+/* Options table: dtype (default def), returns it; device must be cpu. */
+nd_dtype lt_opt_dtype(lua_State *L, int idx, const char *op, nd_dtype def);
+void lt_check_device(lua_State *L, int opts_idx, const char *op);
+bool lt_opt_bool_field(lua_State *L, int idx, const char *field, bool def);
+nd_dtype lt_check_dtype_name(lua_State *L, int idx, const char *op);
+
+/* An int64 tensor of 0-based indices from 1-based Lua indices (tensor or
+ * table at idx). New reference. */
+nd_tensor *lt_check_index(lua_State *L, int idx, const char *op);
+/* Adds 1 to an int64 tensor of 0-based indices (in place) and pushes it. */
+void lt_push_index(lua_State *L, nd_tensor *t);
+
+/* Registration of each area's methods/functions (called by luaopen_needle_core):
+ * methods go into the table at -2 (tensor methods), functions into -1 (module). */
+void lt_register_tensor(lua_State *L);
+void lt_register_construct(lua_State *L);
+void lt_register_math(lua_State *L);
+void lt_register_shape(lua_State *L);
+void lt_register_index(lua_State *L);
+
+/* Sets name = fn in the methods table (at methods_idx) and/or module table. */
+typedef struct { const char *name; lua_CFunction fn; bool method, function; } lt_reg;
+void lt_register(lua_State *L, int methods_idx, int module_idx, const lt_reg *regs);
+
+#endif

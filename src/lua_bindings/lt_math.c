@@ -1,0 +1,285 @@
+/* lt_math.c - elementwise math, arithmetic metamethods, reductions,
+ * matmul, where and clamp; as methods (x:exp()) and functions (nd.exp(x)). */
+#include <math.h>
+#include "lt_internal.h"
+
+/* ------------------------------------------------------------------ unary */
+
+#define UNARY_WRAPPER(name) \
+    static int u_##name(lua_State *L) { \
+        nd_tensor *r; \
+        LT_CHECK(L, nd_unary(ND_UNARY_##name, lt_check(L, 1, #name), &r)); \
+        lt_push(L, r); \
+        return 1; \
+    }
+ND_UNARY_OPS(UNARY_WRAPPER)
+
+/* ----------------------------------------------------------------- binary */
+
+static bool is_scalar(lua_State *L, int idx) {
+    int t = lua_type(L, idx);
+    return t == LUA_TNUMBER || t == LUA_TBOOLEAN;
+}
+
+static double scalar_value(lua_State *L, int idx) {
+    return lua_type(L, idx) == LUA_TBOOLEAN ? lua_toboolean(L, idx) : lua_tonumber(L, idx);
+}
+
+/* A tensor for operand idx: tensors as they are, tables converted to the
+ * other operand's dtype. New reference. */
+static nd_tensor *operand(lua_State *L, int idx, const char *op, nd_tensor *other) {
+    return lt_check_tensor_like(L, idx, op, other ? other->dtype : ND_FLOAT32);
+}
+
+static int binary(lua_State *L, nd_binary_op op) {
+    const char *name = nd_binary_name(op);
+    nd_tensor *r;
+    nd_status st;
+    if (is_scalar(L, 2)) {
+        st = nd_binary_scalar(op, lt_check(L, 1, name), scalar_value(L, 2), 0, &r);
+    } else if (is_scalar(L, 1)) {
+        st = nd_binary_scalar(op, lt_check(L, 2, name), scalar_value(L, 1), 1, &r);
+    } else {
+        nd_tensor *a = lt_to(L, 1), *b = lt_to(L, 2);
+        if (a && b) st = nd_binary(op, a, b, &r);
+        else {
+            if (!a && !b) return lt_error(L, name, "expected a tensor operand, got %s and %s",
+                                          luaL_typename(L, 1), luaL_typename(L, 2));
+            nd_tensor *ta = a ? (nd_retain(a), a) : operand(L, 1, name, b);
+            nd_tensor *tb = b ? (nd_retain(b), b) : operand(L, 2, name, a);
+            st = nd_binary(op, ta, tb, &r);
+            nd_release(ta);
+            nd_release(tb);
+        }
+    }
+    LT_CHECK(L, st);
+    lt_push(L, r);
+    return 1;
+}
+
+#define BINARY_WRAPPER(name) static int b_##name(lua_State *L) { return binary(L, ND_BINARY_##name); }
+ND_BINARY_OPS(BINARY_WRAPPER)
+
+/* In place: x:add_(y) returns x. */
+static int binary_inplace(lua_State *L, nd_binary_op op) {
+    const char *name = nd_binary_name(op);
+    nd_tensor *a = lt_check(L, 1, name);
+    if (is_scalar(L, 2)) {
+        LT_CHECK(L, nd_binary_scalar_(op, a, scalar_value(L, 2)));
+    } else {
+        nd_tensor *b = operand(L, 2, name, a);
+        nd_status st = nd_binary_(op, a, b);
+        nd_release(b);
+        LT_CHECK(L, st);
+    }
+    lua_settop(L, 1);
+    return 1;
+}
+static int b_add_(lua_State *L) { return binary_inplace(L, ND_BINARY_add); }
+static int b_sub_(lua_State *L) { return binary_inplace(L, ND_BINARY_sub); }
+static int b_mul_(lua_State *L) { return binary_inplace(L, ND_BINARY_mul); }
+static int b_div_(lua_State *L) { return binary_inplace(L, ND_BINARY_div); }
+static int b_pow_(lua_State *L) { return binary_inplace(L, ND_BINARY_pow); }
+
+static int t_fill_(lua_State *L) {
+    nd_tensor *t = lt_check(L, 1, "fill_");
+    if (!is_scalar(L, 2)) return lt_error(L, "fill_", "expected a number, got %s", luaL_typename(L, 2));
+    LT_CHECK(L, nd_fill_(t, scalar_value(L, 2)));
+    lua_settop(L, 1);
+    return 1;
+}
+
+static int t_zero_(lua_State *L) {
+    LT_CHECK(L, nd_fill_(lt_check(L, 1, "zero_"), 0));
+    lua_settop(L, 1);
+    return 1;
+}
+
+static int t_copy_(lua_State *L) {
+    nd_tensor *t = lt_check(L, 1, "copy_");
+    nd_tensor *src = operand(L, 2, "copy_", t);
+    nd_status st = nd_copy_(t, src);
+    nd_release(src);
+    LT_CHECK(L, st);
+    lua_settop(L, 1);
+    return 1;
+}
+
+/* ------------------------------------------------------- where and clamp */
+
+static int l_where(lua_State *L) {
+    nd_tensor *c = lt_check_tensor_like(L, 1, "where", ND_BOOL);
+    nd_tensor *a = lt_to(L, 2), *b = lt_to(L, 3);
+    nd_tensor *ta = a ? (nd_retain(a), a) : operand(L, 2, "where", b);
+    nd_tensor *tb = b ? (nd_retain(b), b) : operand(L, 3, "where", ta);
+    nd_tensor *r;
+    nd_status st = nd_where(c, ta, tb, &r);
+    nd_release(c); nd_release(ta); nd_release(tb);
+    LT_CHECK(L, st);
+    lt_push(L, r);
+    return 1;
+}
+
+/* x:where(cond, y) == nd.where(cond, x, y) */
+static int t_where(lua_State *L) {
+    lua_settop(L, 3);
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, 3);
+    lua_remove(L, 1); lua_remove(L, 1); lua_remove(L, 1);
+    return l_where(L);
+}
+
+static double opt_bound(lua_State *L, int idx) {
+    if (lua_isnoneornil(L, idx)) return NAN;
+    if (lua_type(L, idx) != LUA_TNUMBER)
+        lt_error(L, "clamp", "bounds must be numbers or nil, got %s", luaL_typename(L, idx));
+    return lua_tonumber(L, idx);
+}
+
+static int t_clamp(lua_State *L) {
+    nd_tensor *x = lt_check(L, 1, "clamp"), *r;
+    double lo, hi;
+    if (lua_istable(L, 2)) { /* clamp({min=, max=}) */
+        lua_getfield(L, 2, "min");
+        lua_getfield(L, 2, "max");
+        lo = opt_bound(L, -2);
+        hi = opt_bound(L, -1);
+    } else {
+        lo = opt_bound(L, 2);
+        hi = opt_bound(L, 3);
+    }
+    LT_CHECK(L, nd_clamp(x, lo, hi, &r));
+    lt_push(L, r);
+    return 1;
+}
+
+static int t_clamp_(lua_State *L) {
+    nd_tensor *x = lt_check(L, 1, "clamp_");
+    t_clamp(L);
+    nd_tensor *r = lt_to(L, -1);
+    LT_CHECK(L, nd_copy_(x, r));
+    lua_pushvalue(L, 1);
+    return 1;
+}
+
+/* ------------------------------------------------------------- reductions */
+
+/* x:op(dims?, keepdim?, opts?) */
+static int reduce(lua_State *L, nd_reduce_op op) {
+    const char *name = nd_reduce_name(op);
+    nd_tensor *x = lt_check(L, 1, name), *r;
+    int dims[ND_MAX_DIMS];
+    int nd = lt_dims(L, 2, name, dims);
+    bool keepdim = lua_toboolean(L, 3);
+    int correction = 1;
+    if (lua_type(L, 4) == LUA_TNUMBER) correction = (int)luaL_checkinteger(L, 4);
+    else if (lua_istable(L, 4)) {
+        if (lua_getfield(L, 4, "correction") != LUA_TNIL) correction = (int)luaL_checkinteger(L, -1);
+        if (lua_getfield(L, 4, "unbiased") != LUA_TNIL) correction = lua_toboolean(L, -1);
+    }
+    LT_CHECK(L, nd_reduce(op, x, dims, nd, keepdim, correction, &r));
+    if (op == ND_REDUCE_argmax || op == ND_REDUCE_argmin) lt_push_index(L, r);
+    else lt_push(L, r);
+    return 1;
+}
+
+static int r_sum(lua_State *L) { return reduce(L, ND_REDUCE_sum); }
+static int r_mean(lua_State *L) { return reduce(L, ND_REDUCE_mean); }
+static int r_prod(lua_State *L) { return reduce(L, ND_REDUCE_prod); }
+static int r_argmax(lua_State *L) { return reduce(L, ND_REDUCE_argmax); }
+static int r_argmin(lua_State *L) { return reduce(L, ND_REDUCE_argmin); }
+static int r_var(lua_State *L) { return reduce(L, ND_REDUCE_var); }
+static int r_std(lua_State *L) { return reduce(L, ND_REDUCE_std); }
+static int r_logsumexp(lua_State *L) { return reduce(L, ND_REDUCE_logsumexp); }
+
+/* max(): the largest value; max(dim, keepdim): values, indices;
+ * max(other): elementwise maximum (as torch.max). */
+static int max_min(lua_State *L, int is_min) {
+    const char *name = is_min ? "min" : "max";
+    nd_tensor *x = lt_check(L, 1, name);
+    if (lt_to(L, 2) || lua_istable(L, 2)) return binary(L, is_min ? ND_BINARY_minimum : ND_BINARY_maximum);
+    if (lua_isnoneornil(L, 2)) return reduce(L, is_min ? ND_REDUCE_min : ND_REDUCE_max);
+    int d = lt_dim(L, 2, name);
+    nd_tensor *v, *ix;
+    LT_CHECK(L, nd_max_dim(x, d, lua_toboolean(L, 3), is_min, &v, &ix));
+    lt_push(L, v);
+    lt_push_index(L, ix);
+    return 2;
+}
+static int r_max(lua_State *L) { return max_min(L, 0); }
+static int r_min(lua_State *L) { return max_min(L, 1); }
+
+/* ----------------------------------------------------------------- matmul */
+
+static int l_matmul(lua_State *L) {
+    nd_tensor *a = lt_check(L, 1, "matmul"), *b = lt_check(L, 2, "matmul"), *r;
+    LT_CHECK(L, nd_matmul(a, b, &r));
+    lt_push(L, r);
+    return 1;
+}
+
+static int l_set_num_threads(lua_State *L) {
+    lua_Integer n = luaL_checkinteger(L, 1);
+    if (n < 1) return lt_error(L, "set_num_threads", "thread count must be >= 1, got %lld", (long long)n);
+    nd_set_num_threads((int)n);
+    return 0;
+}
+
+static int l_get_num_threads(lua_State *L) {
+    lua_pushinteger(L, nd_get_num_threads());
+    return 1;
+}
+
+void lt_register_math(lua_State *L) {
+    static const lt_reg regs[] = {
+#define REG_U(name) {#name, u_##name, true, true},
+        ND_UNARY_OPS(REG_U)
+#undef REG_U
+#define REG_B(name) {#name, b_##name, true, true},
+        ND_BINARY_OPS(REG_B)
+#undef REG_B
+        {"add_", b_add_, true, false},
+        {"sub_", b_sub_, true, false},
+        {"mul_", b_mul_, true, false},
+        {"div_", b_div_, true, false},
+        {"pow_", b_pow_, true, false},
+        {"fill_", t_fill_, true, false},
+        {"zero_", t_zero_, true, false},
+        {"copy_", t_copy_, true, false},
+        {"where", t_where, true, false},
+        {"clamp", t_clamp, true, true},
+        {"clip", t_clamp, true, true},
+        {"clamp_", t_clamp_, true, false},
+        {"sum", r_sum, true, true},
+        {"mean", r_mean, true, true},
+        {"prod", r_prod, true, true},
+        {"max", r_max, true, true},
+        {"min", r_min, true, true},
+        {"argmax", r_argmax, true, true},
+        {"argmin", r_argmin, true, true},
+        {"var", r_var, true, true},
+        {"std", r_std, true, true},
+        {"logsumexp", r_logsumexp, true, true},
+        {"matmul", l_matmul, true, true},
+        {"mm", l_matmul, true, true},
+        {"set_num_threads", l_set_num_threads, false, true},
+        {"get_num_threads", l_get_num_threads, false, true},
+        {NULL, NULL, false, false},
+    };
+    lt_register(L, -2, -1, regs);
+    lua_pushcfunction(L, l_where);
+    lua_setfield(L, -2, "where");
+    /* arithmetic metamethods on the tensor metatable */
+    void lt_push_metatable(lua_State *L);
+    lt_push_metatable(L);
+    static const struct { const char *mm; lua_CFunction fn; } mms[] = {
+        {"__add", b_add}, {"__sub", b_sub}, {"__mul", b_mul}, {"__div", b_div},
+        {"__pow", b_pow}, {"__unm", u_neg},
+    };
+    for (size_t i = 0; i < sizeof mms / sizeof *mms; i++) {
+        lua_pushcfunction(L, mms[i].fn);
+        lua_setfield(L, -2, mms[i].mm);
+    }
+    lua_pop(L, 1);
+}

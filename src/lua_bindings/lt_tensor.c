@@ -1,0 +1,389 @@
+/* lt_tensor.c - the tensor userdata: creation, lifetime, GC accounting,
+ * argument helpers and the property half of __index/__newindex. */
+#include <stdio.h>
+#include <string.h>
+#include "lt_internal.h"
+
+/* Registry keys (addresses are unique). */
+static char mt_key, methods_key;
+
+/* ---------------------------------------------------------------- errors */
+
+int lt_raise(lua_State *L) {
+    luaL_where(L, 1);
+    lua_pushfstring(L, "needle.%s", nd_last_error());
+    lua_concat(L, 2);
+    return lua_error(L);
+}
+
+int lt_error(lua_State *L, const char *op, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    luaL_where(L, 1);
+    lua_pushfstring(L, "needle.%s: %s", op, msg);
+    lua_concat(L, 2);
+    return lua_error(L);
+}
+
+/* ------------------------------------------------------- GC accounting
+ * Lua's collector sees only the small userdata, not the tensor memory
+ * behind it, so a loop making big temporaries would grow without bound.
+ * When live tensor bytes pass a threshold we run a full collection and set
+ * the next threshold to twice what survived (at least 64 MiB): collections
+ * stay proportional to allocation, and nobody needs collectgarbage(). */
+static int64_t gc_threshold = (int64_t)64 << 20;
+
+static void gc_account(lua_State *L) {
+    int64_t live = nd_live_bytes();
+    if (live <= gc_threshold) return;
+    lua_gc(L, LUA_GCCOLLECT);
+    live = nd_live_bytes();
+    int64_t next = 2 * live;
+    gc_threshold = next > ((int64_t)64 << 20) ? next : ((int64_t)64 << 20);
+}
+
+/* --------------------------------------------------------------- userdata */
+
+void lt_push(lua_State *L, nd_tensor *t) {
+    lt_box *b = lua_newuserdatauv(L, sizeof *b, 0);
+    b->t = t;
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &mt_key);
+    lua_setmetatable(L, -2);
+    gc_account(L);
+}
+
+void nd_lua_push_tensor(lua_State *L, nd_tensor *t) {
+    nd_retain(t);
+    lt_push(L, t);
+}
+
+static lt_box *to_box(lua_State *L, int idx) {
+    lt_box *b = lua_touserdata(L, idx);
+    if (!b || !lua_getmetatable(L, idx)) return NULL;
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &mt_key);
+    bool ok = lua_rawequal(L, -1, -2);
+    lua_pop(L, 2);
+    return ok ? b : NULL;
+}
+
+nd_tensor *lt_to(lua_State *L, int idx) {
+    lt_box *b = to_box(L, idx);
+    if (b && !b->t) luaL_error(L, "needle: use of a closed tensor");
+    return b ? b->t : NULL;
+}
+
+nd_tensor *nd_lua_to_tensor(lua_State *L, int idx) {
+    lt_box *b = to_box(L, idx);
+    return b ? b->t : NULL;
+}
+
+nd_tensor *lt_check(lua_State *L, int idx, const char *op) {
+    nd_tensor *t = lt_to(L, idx);
+    if (!t) lt_error(L, op, "expected a tensor for argument %d, got %s", idx, luaL_typename(L, idx));
+    return t;
+}
+
+static int t_gc(lua_State *L) {
+    lt_box *b = lua_touserdata(L, 1);
+    if (b && b->t) { nd_release(b->t); b->t = NULL; }
+    return 0;
+}
+
+/* ----------------------------------------------------------- conversions */
+
+int lt_dim_value(lua_State *L, lua_Integer d, const char *op) {
+    if (d == 0) lt_error(L, op, "dim 0 is invalid (dims are 1-based; -1 is the last)");
+    if (d > ND_MAX_DIMS || d < -ND_MAX_DIMS - 1)
+        lt_error(L, op, "dim %lld out of range", (long long)d);
+    return d > 0 ? (int)d - 1 : (int)d;
+}
+
+static lua_Integer check_int(lua_State *L, int idx, const char *op, const char *what) {
+    int isnum;
+    lua_Integer v = lua_tointegerx(L, idx, &isnum);
+    if (!isnum) {
+        if (lua_type(L, idx) == LUA_TNUMBER)
+            lt_error(L, op, "%s must be an integer, got %s", what, lua_tostring(L, idx));
+        lt_error(L, op, "%s must be an integer, got %s", what, luaL_typename(L, idx));
+    }
+    return v;
+}
+
+int lt_dim(lua_State *L, int idx, const char *op) {
+    return lt_dim_value(L, check_int(L, idx, op, "dim"), op);
+}
+
+int lt_opt_dim(lua_State *L, int idx, const char *op, int def_core_dim) {
+    return lua_isnoneornil(L, idx) ? def_core_dim : lt_dim(L, idx, op);
+}
+
+int lt_shape(lua_State *L, int idx, const char *op, int64_t *shape, bool allow_minus1) {
+    int n;
+    if (lua_istable(L, idx)) {
+        n = (int)luaL_len(L, idx);
+        if (n > ND_MAX_DIMS) lt_error(L, op, "shape has %d dims, at most %d supported", n, ND_MAX_DIMS);
+        for (int i = 0; i < n; i++) {
+            lua_geti(L, idx, i + 1);
+            shape[i] = check_int(L, -1, op, "size");
+            lua_pop(L, 1);
+        }
+    } else {
+        int top = lua_gettop(L);
+        n = 0;
+        for (int i = idx; i <= top && lua_type(L, i) == LUA_TNUMBER; i++) {
+            if (n == ND_MAX_DIMS) lt_error(L, op, "shape has more than %d dims", ND_MAX_DIMS);
+            shape[n++] = check_int(L, i, op, "size");
+        }
+        if (n == 0 && !lua_isnoneornil(L, idx))
+            lt_error(L, op, "expected a shape (table or sizes), got %s", luaL_typename(L, idx));
+    }
+    for (int i = 0; i < n; i++)
+        if (shape[i] < 0 && !(allow_minus1 && shape[i] == -1))
+            lt_error(L, op, "invalid size %lld at dim %d (sizes must be >= 0)", (long long)shape[i], i + 1);
+    return n;
+}
+
+int lt_dims(lua_State *L, int idx, const char *op, int *dims) {
+    if (lua_isnoneornil(L, idx)) return 0;
+    if (lua_istable(L, idx)) {
+        int n = (int)luaL_len(L, idx);
+        if (n > ND_MAX_DIMS) lt_error(L, op, "too many dims (%d)", n);
+        for (int i = 0; i < n; i++) {
+            lua_geti(L, idx, i + 1);
+            dims[i] = lt_dim(L, lua_gettop(L), op);
+            lua_pop(L, 1);
+        }
+        return n;
+    }
+    dims[0] = lt_dim(L, idx, op);
+    return 1;
+}
+
+nd_dtype lt_check_dtype_name(lua_State *L, int idx, const char *op) {
+    const char *name = lua_tostring(L, idx);
+    if (lua_type(L, idx) != LUA_TSTRING)
+        lt_error(L, op, "dtype must be a string, got %s", luaL_typename(L, idx));
+    nd_dtype dt;
+    if (nd_dtype_from_name(name, &dt) != ND_OK) lt_error(L, op, "%s", nd_last_error());
+    return dt;
+}
+
+nd_dtype lt_opt_dtype(lua_State *L, int idx, const char *op, nd_dtype def) {
+    if (!lua_istable(L, idx)) return def;
+    nd_dtype dt = def;
+    if (lua_getfield(L, idx, "dtype") != LUA_TNIL) dt = lt_check_dtype_name(L, lua_gettop(L), op);
+    lua_pop(L, 1);
+    return dt;
+}
+
+void lt_check_device(lua_State *L, int idx, const char *op) {
+    if (!lua_istable(L, idx)) return;
+    if (lua_getfield(L, idx, "device") != LUA_TNIL) {
+        const char *dev = lua_tostring(L, -1);
+        if (!dev || strcmp(dev, "cpu") != 0)
+            lt_error(L, op, "device '%s' is not available (this build has only 'cpu')",
+                     dev ? dev : luaL_typename(L, -1));
+    }
+    lua_pop(L, 1);
+}
+
+bool lt_opt_bool_field(lua_State *L, int idx, const char *field, bool def) {
+    if (!lua_istable(L, idx)) return def;
+    bool v = def;
+    if (lua_getfield(L, idx, field) != LUA_TNIL) v = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* ----------------------------------------------------------- registration */
+
+void lt_register(lua_State *L, int methods_idx, int module_idx, const lt_reg *regs) {
+    methods_idx = lua_absindex(L, methods_idx);
+    module_idx = lua_absindex(L, module_idx);
+    for (; regs->name; regs++) {
+        if (regs->method) {
+            lua_pushcfunction(L, regs->fn);
+            lua_setfield(L, methods_idx, regs->name);
+        }
+        if (regs->function) {
+            lua_pushcfunction(L, regs->fn);
+            lua_setfield(L, module_idx, regs->name);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ properties */
+
+int lt_index_get(lua_State *L);  /* lt_index.c: x[i], x[{...}] */
+int lt_index_set(lua_State *L);
+
+static int push_shape(lua_State *L, const nd_tensor *t) {
+    lua_createtable(L, t->ndim, 0);
+    for (int i = 0; i < t->ndim; i++) {
+        lua_pushinteger(L, t->shape[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
+static int t_index(lua_State *L) {
+    if (lua_type(L, 2) != LUA_TSTRING) return lt_index_get(L);
+    /* methods first: the common case */
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &methods_key);
+    lua_pushvalue(L, 2);
+    if (lua_rawget(L, -2) != LUA_TNIL) return 1;
+    nd_tensor *t = lt_check(L, 1, "index");
+    const char *k = lua_tostring(L, 2);
+    if (strcmp(k, "shape") == 0) return push_shape(L, t);
+    if (strcmp(k, "dtype") == 0) { lua_pushstring(L, nd_dtype_name(t->dtype)); return 1; }
+    if (strcmp(k, "device") == 0) { lua_pushstring(L, "cpu"); return 1; }
+    if (strcmp(k, "ndim") == 0) { lua_pushinteger(L, t->ndim); return 1; }
+    if (strcmp(k, "requires_grad") == 0) { lua_pushboolean(L, t->requires_grad); return 1; }
+    if (strcmp(k, "grad") == 0) {
+        if (t->grad) { nd_retain(t->grad); lt_push(L, t->grad); }
+        else lua_pushnil(L);
+        return 1;
+    }
+    if (strcmp(k, "is_leaf") == 0) { lua_pushboolean(L, t->grad_fn == NULL); return 1; }
+    lua_pushnil(L);
+    return 1;
+}
+
+static int t_newindex(lua_State *L) {
+    if (lua_type(L, 2) != LUA_TSTRING) return lt_index_set(L);
+    nd_tensor *t = lt_check(L, 1, "newindex");
+    const char *k = lua_tostring(L, 2);
+    if (strcmp(k, "requires_grad") == 0) {
+        bool v = lua_toboolean(L, 3);
+        if (v && !nd_dtype_is_float(t->dtype))
+            lt_error(L, "requires_grad", "only floating point tensors can require gradients, "
+                     "got %s", nd_dtype_name(t->dtype));
+        t->requires_grad = v;
+        return 0;
+    }
+    if (strcmp(k, "grad") == 0) {
+        nd_tensor *g = lua_isnil(L, 3) ? NULL : lt_check(L, 3, "grad");
+        if (g) {
+            char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+            bool same = g->ndim == t->ndim;
+            for (int i = 0; same && i < t->ndim; i++) same = g->shape[i] == t->shape[i];
+            if (!same)
+                lt_error(L, "grad", "assigned gradient has shape %s, expected %s",
+                         nd_shape_str(g->shape, g->ndim, b1), nd_shape_str(t->shape, t->ndim, b2));
+            nd_retain(g);
+        }
+        nd_release(t->grad);
+        t->grad = g;
+        return 0;
+    }
+    return lt_error(L, "newindex", "cannot set field '%s' on a tensor", k);
+}
+
+static int t_close(lua_State *L) { return t_gc(L); }
+
+static int t_len(lua_State *L) {
+    nd_tensor *t = lt_check(L, 1, "len");
+    if (t->ndim == 0) return lt_error(L, "len", "a 0-dim tensor has no length");
+    lua_pushinteger(L, t->shape[0]);
+    return 1;
+}
+
+/* Metadata methods */
+static int t_size(lua_State *L) {
+    nd_tensor *t = lt_check(L, 1, "size");
+    if (lua_isnoneornil(L, 2)) return push_shape(L, t);
+    int d;
+    LT_CHECK(L, nd_norm_dim("size", lt_dim(L, 2, "size"), t->ndim, &d));
+    lua_pushinteger(L, t->ndim ? t->shape[d] : 1);
+    return 1;
+}
+
+static int t_stride(lua_State *L) {
+    nd_tensor *t = lt_check(L, 1, "stride");
+    if (lua_isnoneornil(L, 2)) {
+        lua_createtable(L, t->ndim, 0);
+        for (int i = 0; i < t->ndim; i++) {
+            lua_pushinteger(L, t->strides[i]);
+            lua_rawseti(L, -2, i + 1);
+        }
+        return 1;
+    }
+    int d;
+    LT_CHECK(L, nd_norm_dim("stride", lt_dim(L, 2, "stride"), t->ndim, &d));
+    lua_pushinteger(L, t->ndim ? t->strides[d] : 1);
+    return 1;
+}
+
+static int t_dim(lua_State *L) { lua_pushinteger(L, lt_check(L, 1, "dim")->ndim); return 1; }
+static int t_numel(lua_State *L) { lua_pushinteger(L, nd_numel(lt_check(L, 1, "numel"))); return 1; }
+static int t_is_contiguous(lua_State *L) {
+    lua_pushboolean(L, nd_is_contiguous(lt_check(L, 1, "is_contiguous")));
+    return 1;
+}
+static int t_storage_offset(lua_State *L) {
+    lua_pushinteger(L, lt_check(L, 1, "storage_offset")->offset);
+    return 1;
+}
+/* True when both tensors view the same storage (for specs and debugging). */
+static int t_shares_storage(lua_State *L) {
+    nd_tensor *a = lt_check(L, 1, "shares_storage"), *b = lt_check(L, 2, "shares_storage");
+    lua_pushboolean(L, a->storage == b->storage);
+    return 1;
+}
+static int t_is_tensor(lua_State *L) {
+    lua_pushboolean(L, to_box(L, 1) != NULL);
+    return 1;
+}
+static int t_requires_grad_(lua_State *L) {
+    lua_settop(L, 2);
+    if (lua_isnone(L, 2) || lua_isnil(L, 2)) { lua_pushboolean(L, 1); lua_replace(L, 2); }
+    lua_pushstring(L, "requires_grad");
+    lua_insert(L, 2);
+    t_newindex(L);
+    lua_settop(L, 1);
+    return 1;
+}
+
+void lt_register_tensor(lua_State *L) {
+    /* stack: methods, module */
+    static const lt_reg regs[] = {
+        {"size", t_size, true, false},
+        {"stride", t_stride, true, false},
+        {"dim", t_dim, true, false},
+        {"ndimension", t_dim, true, false},
+        {"numel", t_numel, true, true},
+        {"nelement", t_numel, true, false},
+        {"is_contiguous", t_is_contiguous, true, false},
+        {"storage_offset", t_storage_offset, true, false},
+        {"shares_storage", t_shares_storage, true, false},
+        {"requires_grad_", t_requires_grad_, true, false},
+        {"is_tensor", t_is_tensor, false, true},
+        {NULL, NULL, false, false},
+    };
+    lt_register(L, -2, -1, regs);
+    /* metatable: __index dispatches to methods (registry) and properties */
+    lua_newtable(L);
+    lua_pushcfunction(L, t_index);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, t_newindex);
+    lua_setfield(L, -2, "__newindex");
+    lua_pushcfunction(L, t_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, t_close);
+    lua_setfield(L, -2, "__close");
+    lua_pushcfunction(L, t_len);
+    lua_setfield(L, -2, "__len");
+    lua_pushstring(L, "needle.Tensor");
+    lua_setfield(L, -2, "__name");
+    lua_pushvalue(L, -3); /* methods, for completion and Lua-side extension */
+    lua_setfield(L, -2, "__methods");
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &mt_key);
+    lua_pushvalue(L, -2);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &methods_key);
+}
+
+/* The metatable, for the module to expose and for metamethod registration. */
+void lt_push_metatable(lua_State *L) { lua_rawgetp(L, LUA_REGISTRYINDEX, &mt_key); }

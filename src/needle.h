@@ -1,0 +1,246 @@
+/*
+ * needle.h - the public C API of needle-lua's core (libneedle).
+ *
+ * Conventions
+ *   - Every fallible function returns nd_status; ND_OK is 0. On failure the
+ *     thread-local message nd_last_error() says what went wrong, naming the op.
+ *     Nothing aborts or longjmps on user error.
+ *   - Results are returned through an `nd_tensor **out` argument. The caller
+ *     owns one reference to every tensor it receives and gives it back with
+ *     nd_release(). Inputs are borrowed (never consumed).
+ *   - Dims and indices are 0-based here; the Lua layer is 1-based.
+ *   - Views (reshape when strides allow, permute, transpose, expand, select,
+ *     narrow, slice, squeeze, unsqueeze, flatten) share storage with their
+ *     base: a write through a view is seen by the base.
+ *
+ * The Lua side (needs <lua.h> in the caller):
+ *   luaopen_needle()      the whole package ("needle") from sources embedded in
+ *                         the library: a C host needs no files on disk.
+ *   luaopen_needle_core() the C bindings only ("needle.core").
+ *   nd_lua_push_tensor()  / nd_lua_check_tensor() move tensors across.
+ */
+#ifndef NEEDLE_H
+#define NEEDLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ND_MAX_DIMS 8
+
+typedef enum {
+    ND_OK = 0,
+    ND_ERR_ARG,         /* bad argument (value, type, option) */
+    ND_ERR_SHAPE,       /* shapes do not match or cannot broadcast */
+    ND_ERR_DTYPE,       /* dtype not supported by the op */
+    ND_ERR_INDEX,       /* index or dim out of range */
+    ND_ERR_MEMORY,      /* allocation failed or size absurd */
+    ND_ERR_DEVICE,      /* operands on different devices / device missing */
+    ND_ERR_UNSUPPORTED, /* op not available on this backend */
+    ND_ERR_IO,          /* file I/O */
+    ND_ERR_INTERNAL
+} nd_status;
+
+typedef enum {
+    ND_FLOAT32 = 0,
+    ND_FLOAT64,
+    ND_INT64,
+    ND_INT32,
+    ND_UINT8,
+    ND_BOOL,
+    ND_FLOAT16,  /* storage only: convert with nd_to_dtype */
+    ND_BFLOAT16, /* storage only */
+    ND_NUM_DTYPES
+} nd_dtype;
+
+typedef enum { ND_DEVICE_CPU = 0, ND_DEVICE_OPENCL = 1 } nd_device_type;
+
+typedef struct nd_tensor nd_tensor;
+
+/* ---- errors, dtypes, library ---- */
+const char *nd_last_error(void);
+const char *nd_status_name(nd_status s);
+const char *nd_version(void);
+const char *nd_dtype_name(nd_dtype dt);
+nd_status nd_dtype_from_name(const char *name, nd_dtype *out);
+size_t nd_dtype_size(nd_dtype dt);
+int nd_dtype_is_float(nd_dtype dt);
+void nd_set_num_threads(int n);
+int nd_get_num_threads(void);
+
+/* ---- lifetime and metadata ---- */
+void nd_retain(nd_tensor *t);
+void nd_release(nd_tensor *t);
+int nd_ndim(const nd_tensor *t);
+const int64_t *nd_shape(const nd_tensor *t);
+const int64_t *nd_strides(const nd_tensor *t); /* in elements */
+int64_t nd_numel(const nd_tensor *t);
+nd_dtype nd_get_dtype(const nd_tensor *t);
+int nd_is_contiguous(const nd_tensor *t);
+/* Pointer to the first element (storage data + offset), CPU tensors only. */
+void *nd_data(const nd_tensor *t);
+
+/* ---- creation ---- */
+nd_status nd_empty(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out);
+nd_status nd_zeros(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out);
+nd_status nd_full(const int64_t *shape, int ndim, nd_dtype dt, double value, nd_tensor **out);
+nd_status nd_scalar(double value, nd_dtype dt, nd_tensor **out); /* 0-dim */
+nd_status nd_arange(double start, double end, double step, nd_dtype dt, nd_tensor **out);
+nd_status nd_linspace(double start, double end, int64_t steps, nd_dtype dt, nd_tensor **out);
+nd_status nd_eye(int64_t n, int64_t m, nd_dtype dt, nd_tensor **out);
+/* Copies `data` (row-major, dtype dt) into a new tensor. */
+nd_status nd_from_buffer(const void *data, const int64_t *shape, int ndim, nd_dtype dt,
+                         nd_tensor **out);
+/* Wraps `data` without copying; release(ctx) is called when the last view
+ * of it dies. The host keeps the buffer alive until then. */
+nd_status nd_from_borrowed(void *data, const int64_t *shape, int ndim, nd_dtype dt,
+                           void (*release)(void *ctx), void *ctx, nd_tensor **out);
+/* Copies the tensor's elements, row-major, into dst (dst_bytes must equal
+ * numel * dtype size). Works for any strides. */
+nd_status nd_copy_to_buffer(const nd_tensor *t, void *dst, size_t dst_bytes);
+/* Element at a (0-based) multi-index, as a double. */
+nd_status nd_get_item(const nd_tensor *t, const int64_t *index, double *out);
+
+/* ---- views (share storage) ---- */
+nd_status nd_view(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out);
+nd_status nd_reshape(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out);
+nd_status nd_permute(const nd_tensor *t, const int *dims, int ndim, nd_tensor **out);
+nd_status nd_transpose(const nd_tensor *t, int d0, int d1, nd_tensor **out);
+nd_status nd_expand(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out);
+nd_status nd_select(const nd_tensor *t, int dim, int64_t index, nd_tensor **out);
+nd_status nd_narrow(const nd_tensor *t, int dim, int64_t start, int64_t length, nd_tensor **out);
+nd_status nd_slice(const nd_tensor *t, int dim, int64_t start, int64_t stop, int64_t step,
+                   nd_tensor **out);
+/* squeeze one dim (a no-op when its size is not 1), or every size-1 dim */
+nd_status nd_squeeze(const nd_tensor *t, int dim, nd_tensor **out);
+nd_status nd_squeeze_all(const nd_tensor *t, nd_tensor **out);
+nd_status nd_unsqueeze(const nd_tensor *t, int dim, nd_tensor **out);
+nd_status nd_flatten(const nd_tensor *t, int start_dim, int end_dim, nd_tensor **out);
+
+/* ---- copies and conversions ---- */
+nd_status nd_contiguous(const nd_tensor *t, nd_tensor **out); /* new ref to t if already */
+nd_status nd_clone(const nd_tensor *t, nd_tensor **out);
+nd_status nd_to_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out);
+/* dst[...] = src (broadcast to dst's shape, cast to dst's dtype), in place. */
+nd_status nd_copy_(nd_tensor *dst, const nd_tensor *src);
+nd_status nd_fill_(nd_tensor *dst, double value);
+
+/* ---- elementwise ---- */
+#define ND_UNARY_OPS(X) \
+    X(neg) X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(tanh) X(sigmoid) X(relu) \
+    X(sign) X(floor) X(ceil) X(round) X(sin) X(cos)
+#define ND_BINARY_OPS(X) \
+    X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum) \
+    X(eq) X(ne) X(lt) X(le) X(gt) X(ge)
+
+typedef enum {
+#define ND_X(name) ND_UNARY_##name,
+    ND_UNARY_OPS(ND_X)
+#undef ND_X
+    ND_NUM_UNARY
+} nd_unary_op;
+
+typedef enum {
+#define ND_X(name) ND_BINARY_##name,
+    ND_BINARY_OPS(ND_X)
+#undef ND_X
+    ND_NUM_BINARY
+} nd_binary_op;
+
+const char *nd_unary_name(nd_unary_op op);
+const char *nd_binary_name(nd_binary_op op);
+nd_status nd_unary(nd_unary_op op, const nd_tensor *x, nd_tensor **out);
+nd_status nd_binary(nd_binary_op op, const nd_tensor *a, const nd_tensor *b, nd_tensor **out);
+/* a op s (or s op a when scalar_first). As in PyTorch a number does not widen
+ * a tensor's dtype within its kind; a non-integral number with an integer or
+ * bool tensor gives float32. */
+nd_status nd_binary_scalar(nd_binary_op op, const nd_tensor *a, double s, int scalar_first,
+                           nd_tensor **out);
+/* In place: a = a op b (b broadcast to a's shape, result cast to a's dtype). */
+nd_status nd_binary_(nd_binary_op op, nd_tensor *a, const nd_tensor *b);
+nd_status nd_binary_scalar_(nd_binary_op op, nd_tensor *a, double s);
+nd_status nd_where(const nd_tensor *cond, const nd_tensor *a, const nd_tensor *b,
+                   nd_tensor **out);
+/* NAN bound means "no bound" on that side. */
+nd_status nd_clamp(const nd_tensor *x, double lo, double hi, nd_tensor **out);
+
+/* ---- reductions ----
+ * dims: list of 0-based dims (negative allowed); ndims 0 means all dims.
+ * correction: for var/std (1 = unbiased). */
+#define ND_REDUCE_OPS(X) \
+    X(sum) X(mean) X(prod) X(max) X(min) X(argmax) X(argmin) X(var) X(std) X(logsumexp)
+typedef enum {
+#define ND_X(name) ND_REDUCE_##name,
+    ND_REDUCE_OPS(ND_X)
+#undef ND_X
+    ND_NUM_REDUCE
+} nd_reduce_op;
+const char *nd_reduce_name(nd_reduce_op op);
+nd_status nd_reduce(nd_reduce_op op, const nd_tensor *x, const int *dims, int ndims,
+                    int keepdim, int correction, nd_tensor **out);
+/* values and (int64) indices of max/min along one dim */
+nd_status nd_max_dim(const nd_tensor *x, int dim, int keepdim, int is_min,
+                     nd_tensor **values, nd_tensor **indices);
+
+/* ---- linear algebra ---- */
+nd_status nd_matmul(const nd_tensor *a, const nd_tensor *b, nd_tensor **out);
+
+/* ---- joining, splitting, reordering ---- */
+nd_status nd_cat(nd_tensor *const *ts, int n, int dim, nd_tensor **out);
+nd_status nd_stack(nd_tensor *const *ts, int n, int dim, nd_tensor **out);
+nd_status nd_flip(const nd_tensor *x, const int *dims, int ndims, nd_tensor **out);
+/* pads: pairs (before, after) starting from the LAST dim, as torch.nn.functional.pad */
+nd_status nd_pad(const nd_tensor *x, const int64_t *pads, int npairs, double value,
+                 nd_tensor **out);
+nd_status nd_cumsum(const nd_tensor *x, int dim, nd_tensor **out);
+nd_status nd_sort(const nd_tensor *x, int dim, int descending, nd_tensor **values,
+                  nd_tensor **indices);
+nd_status nd_topk(const nd_tensor *x, int64_t k, int dim, int largest, nd_tensor **values,
+                  nd_tensor **indices);
+
+/* ---- indexing (indices are int64, 0-based) ---- */
+nd_status nd_gather(const nd_tensor *x, int dim, const nd_tensor *index, nd_tensor **out);
+nd_status nd_scatter(const nd_tensor *x, int dim, const nd_tensor *index,
+                     const nd_tensor *src, int accumulate, nd_tensor **out);
+nd_status nd_index_select(const nd_tensor *x, int dim, const nd_tensor *index, nd_tensor **out);
+nd_status nd_index_add(const nd_tensor *x, int dim, const nd_tensor *index,
+                       const nd_tensor *src, double alpha, nd_tensor **out);
+nd_status nd_masked_fill(const nd_tensor *x, const nd_tensor *mask, double value,
+                         nd_tensor **out);
+nd_status nd_one_hot(const nd_tensor *index, int64_t num_classes, nd_tensor **out);
+
+/* ---- random (counter-based Philox: independent of thread count) ---- */
+void nd_manual_seed(uint64_t seed);
+void nd_rng_get_state(uint64_t *seed, uint64_t *offset);
+void nd_rng_set_state(uint64_t seed, uint64_t offset);
+nd_status nd_rand(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out);
+nd_status nd_randn(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out);
+nd_status nd_randint(int64_t low, int64_t high, const int64_t *shape, int ndim, nd_dtype dt,
+                     nd_tensor **out);
+nd_status nd_bernoulli(const nd_tensor *p, nd_tensor **out);
+nd_status nd_randperm(int64_t n, nd_tensor **out);
+
+/* ---- memory accounting ---- */
+/* Bytes held by live tensor storages (all devices). */
+int64_t nd_live_bytes(void);
+/* Bytes kept in the caching allocator's free lists; nd_empty_cache() frees them. */
+int64_t nd_cached_bytes(void);
+void nd_empty_cache(void);
+
+/* ---- Lua (declared without including lua.h) ---- */
+struct lua_State;
+int luaopen_needle(struct lua_State *L);
+int luaopen_needle_core(struct lua_State *L);
+/* Pushes a new Lua reference to t (t itself gets one more reference). */
+void nd_lua_push_tensor(struct lua_State *L, nd_tensor *t);
+/* The tensor at stack index idx, or NULL if it is not a needle tensor.
+ * Borrowed: retain it to keep it beyond the userdata's life. */
+nd_tensor *nd_lua_to_tensor(struct lua_State *L, int idx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,37 @@
+/* broadcast.c - shape broadcasting and the "give me t as X" helpers that
+ * every op uses to line its operands up before calling a kernel. */
+#include "backend.h"
+
+nd_status nd_broadcast_shape(const char *op, const int64_t *a, int na, const int64_t *b, int nb,
+                             int64_t *out, int *nout) {
+    int n = na > nb ? na : nb;
+    for (int i = 0; i < n; i++) {
+        int ia = na - n + i, ib = nb - n + i;
+        int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+        if (da == db || db == 1) out[i] = da;
+        else if (da == 1) out[i] = db;
+        else {
+            char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+            return nd_fail(ND_ERR_SHAPE, "%s: shapes %s and %s cannot be broadcast (dim %d: "
+                           "%lld vs %lld)", op, nd_shape_str(a, na, b1), nd_shape_str(b, nb, b2),
+                           i - n, (long long)da, (long long)db);
+        }
+    }
+    *nout = n;
+    return ND_OK;
+}
+
+nd_status nd_expand_to(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {
+    bool same = t->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
+    if (same) {
+        nd_retain((nd_tensor *)t);
+        *out = (nd_tensor *)t;
+        return ND_OK;
+    }
+    return nd_expand(t, shape, ndim, out);
+}
+
+nd_status nd_as_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out) {
+    return nd_to_dtype(t, dt, out); /* already returns t itself when dt matches */
+}

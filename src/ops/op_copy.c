@@ -1,0 +1,52 @@
+/* op_copy.c - copies, conversions and fills. */
+#include <math.h>
+#include "backend.h"
+
+nd_status nd_copy_(nd_tensor *dst, const nd_tensor *src) {
+    nd_tensor *s;
+    char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+    if (nd_expand_to(src, dst->shape, dst->ndim, &s) != ND_OK)
+        return nd_fail(ND_ERR_SHAPE, "copy: cannot copy a tensor of shape %s into shape %s",
+                       nd_shape_str(src->shape, src->ndim, b1), nd_shape_str(dst->shape, dst->ndim, b2));
+    const nd_backend *be = nd_backend_of(dst);
+    nd_status st = ND_BACKEND_CALL(be, copy, "copy", dst, s);
+    nd_release(s);
+    if (st == ND_OK) nd_bump_version(dst);
+    return st;
+}
+
+nd_status nd_fill_(nd_tensor *dst, double value) {
+    const nd_backend *be = nd_backend_of(dst);
+    ND_TRY(ND_BACKEND_CALL(be, fill, "fill", dst, value));
+    nd_bump_version(dst);
+    return ND_OK;
+}
+
+static nd_status copy_into_new(const nd_tensor *t, nd_dtype dt, nd_tensor **out) {
+    ND_TRY(nd_empty(t->shape, t->ndim, dt, out));
+    const nd_backend *be = nd_backend_of(t);
+    nd_status st = ND_BACKEND_CALL(be, copy, "copy", *out, t);
+    if (st != ND_OK) { nd_release(*out); *out = NULL; }
+    return st;
+}
+
+nd_status nd_contiguous(const nd_tensor *t, nd_tensor **out) {
+    if (nd_is_contiguous(t)) {
+        nd_retain((nd_tensor *)t);
+        *out = (nd_tensor *)t;
+        return ND_OK;
+    }
+    return copy_into_new(t, t->dtype, out);
+}
+
+nd_status nd_clone(const nd_tensor *t, nd_tensor **out) { return copy_into_new(t, t->dtype, out); }
+
+nd_status nd_to_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out) {
+    if ((unsigned)dt >= ND_NUM_DTYPES) return nd_fail(ND_ERR_DTYPE, "to: invalid dtype %d", dt);
+    if (t->dtype == dt) { /* as PyTorch: converting to the same dtype is a no-op */
+        nd_retain((nd_tensor *)t);
+        *out = (nd_tensor *)t;
+        return ND_OK;
+    }
+    return copy_into_new(t, dt, out);
+}

@@ -1,0 +1,56 @@
+/* op_create.c - arange, linspace, eye and the thread count. */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include "backend.h"
+
+nd_status nd_arange(double start, double end, double step, nd_dtype dt, nd_tensor **out) {
+    if (step == 0 || isnan(step) || isnan(start) || isnan(end))
+        return nd_fail(ND_ERR_ARG, "arange: step must be non-zero and bounds finite (got start=%g "
+                       "end=%g step=%g)", start, end, step);
+    if ((end - start) / step > (double)ND_MAX_NUMEL)
+        return nd_fail(ND_ERR_MEMORY, "arange: %g elements is too many", (end - start) / step);
+    double n = ceil((end - start) / step);
+    int64_t len = n > 0 ? (int64_t)n : 0;
+    ND_TRY(nd_empty(&len, 1, dt, out));
+    char *p = nd_ptr(*out);
+    size_t es = nd_dtype_size(dt);
+    for (int64_t i = 0; i < len; i++) nd_store_f64(p + i * (int64_t)es, dt, start + (double)i * step);
+    return ND_OK;
+}
+
+nd_status nd_linspace(double start, double end, int64_t steps, nd_dtype dt, nd_tensor **out) {
+    if (steps < 0) return nd_fail(ND_ERR_ARG, "linspace: steps must be >= 0, got %lld", (long long)steps);
+    ND_TRY(nd_empty(&steps, 1, dt, out));
+    char *p = nd_ptr(*out);
+    size_t es = nd_dtype_size(dt);
+    double step = steps > 1 ? (end - start) / (double)(steps - 1) : 0;
+    /* fill symmetric halves from each end, as PyTorch, so the last value is exactly end */
+    int64_t half = steps / 2;
+    for (int64_t i = 0; i < steps; i++) {
+        double v = i < half ? start + step * (double)i : end - step * (double)(steps - 1 - i);
+        nd_store_f64(p + i * (int64_t)es, dt, v);
+    }
+    return ND_OK;
+}
+
+nd_status nd_eye(int64_t n, int64_t m, nd_dtype dt, nd_tensor **out) {
+    if (m < 0) m = n;
+    int64_t shape[2] = {n, m};
+    ND_TRY(nd_zeros(shape, 2, dt, out));
+    char *p = nd_ptr(*out);
+    size_t es = nd_dtype_size(dt);
+    for (int64_t i = 0; i < n && i < m; i++) nd_store_f64(p + (i * m + i) * (int64_t)es, dt, 1);
+    return ND_OK;
+}
+
+/* OpenBLAS and OpenMP each keep a thread pool; both follow this setting so
+ * they never oversubscribe the machine. */
+extern void openblas_set_num_threads(int);
+void nd_set_num_threads(int n) {
+    if (n < 1) n = 1;
+    omp_set_num_threads(n);
+    openblas_set_num_threads(n);
+}
+
+int nd_get_num_threads(void) { return omp_get_max_threads(); }

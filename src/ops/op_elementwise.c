@@ -1,0 +1,213 @@
+/* op_elementwise.c - unary and binary ops, where, clamp: dtype promotion,
+ * broadcasting and checks in front of the backend's kernels. */
+#include <math.h>
+#include "backend.h"
+
+static const char *unary_names[] = {
+#define ND_X(name) #name,
+    ND_UNARY_OPS(ND_X)
+#undef ND_X
+};
+static const char *binary_names[] = {
+#define ND_X(name) #name,
+    ND_BINARY_OPS(ND_X)
+#undef ND_X
+};
+
+const char *nd_unary_name(nd_unary_op op) {
+    return (unsigned)op < ND_NUM_UNARY ? unary_names[op] : "unary?";
+}
+const char *nd_binary_name(nd_binary_op op) {
+    return (unsigned)op < ND_NUM_BINARY ? binary_names[op] : "binary?";
+}
+
+static bool is_comparison(nd_binary_op op) { return op >= ND_BINARY_eq; }
+
+/* Ops that keep an integer dtype (others compute in float32 for ints). */
+static bool unary_keeps_int(nd_unary_op op) {
+    return op == ND_UNARY_neg || op == ND_UNARY_abs || op == ND_UNARY_relu ||
+           op == ND_UNARY_sign || op == ND_UNARY_floor || op == ND_UNARY_ceil ||
+           op == ND_UNARY_round;
+}
+
+/* The dtype a unary op computes in for input dtype dt. */
+static nd_status unary_dtype(nd_unary_op op, nd_dtype dt, nd_dtype *out) {
+    if (dt == ND_FLOAT16 || dt == ND_BFLOAT16) dt = ND_FLOAT32; /* storage-only types */
+    if (dt == ND_BOOL) {
+        if (op == ND_UNARY_neg)
+            return nd_fail(ND_ERR_DTYPE, "neg: not supported for bool tensors (use logical not: x:eq(0))");
+        if (unary_keeps_int(op)) dt = ND_UINT8;
+    }
+    if (nd_dtype_is_int(dt) && !unary_keeps_int(op)) dt = ND_FLOAT32;
+    *out = dt;
+    return ND_OK;
+}
+
+nd_status nd_unary(nd_unary_op op, const nd_tensor *x, nd_tensor **out) {
+    if ((unsigned)op >= ND_NUM_UNARY) return nd_fail(ND_ERR_ARG, "unary: invalid op %d", op);
+    nd_dtype dt = x->dtype;
+    ND_TRY(unary_dtype(op, x->dtype, &dt));
+    nd_tensor *xc;
+    ND_TRY(nd_as_dtype(x, dt, &xc));
+    nd_status st = nd_empty(x->shape, x->ndim, dt, out);
+    if (st == ND_OK) {
+        const nd_backend *be = nd_backend_of(x);
+        st = ND_BACKEND_CALL(be, unary, nd_unary_name(op), op, *out, xc);
+        if (st != ND_OK) { nd_release(*out); *out = NULL; }
+    }
+    nd_release(xc);
+    if (st == ND_OK && x->dtype == ND_BOOL && dt == ND_UINT8) (*out)->dtype = ND_BOOL;
+    return st;
+}
+
+/* The dtype a binary op computes in for promoted operand dtype c. */
+static nd_status binary_dtype(nd_binary_op op, nd_dtype c, nd_dtype *out) {
+    if (c == ND_FLOAT16 || c == ND_BFLOAT16) c = ND_FLOAT32;
+    if (op == ND_BINARY_div && !nd_dtype_is_float(c)) c = ND_FLOAT32; /* true division */
+    if (c == ND_BOOL) {
+        if (op == ND_BINARY_sub)
+            return nd_fail(ND_ERR_DTYPE, "sub: not supported for bool tensors (use x:ne(y))");
+        if (op == ND_BINARY_pow) c = ND_INT64;
+    }
+    *out = c;
+    return ND_OK;
+}
+
+nd_status nd_binary(nd_binary_op op, const nd_tensor *a, const nd_tensor *b, nd_tensor **out) {
+    if ((unsigned)op >= ND_NUM_BINARY) return nd_fail(ND_ERR_ARG, "binary: invalid op %d", op);
+    const char *name = nd_binary_name(op);
+    int64_t shape[ND_MAX_DIMS];
+    int nd;
+    ND_TRY(nd_broadcast_shape(name, a->shape, a->ndim, b->shape, b->ndim, shape, &nd));
+    nd_dtype c;
+    ND_TRY(binary_dtype(op, nd_promote(a->dtype, b->dtype), &c));
+    nd_tensor *ac = NULL, *bc = NULL, *ae = NULL, *be_ = NULL;
+    nd_status st = nd_as_dtype(a, c, &ac);
+    if (st == ND_OK) st = nd_as_dtype(b, c, &bc);
+    if (st == ND_OK) st = nd_expand_to(ac, shape, nd, &ae);
+    if (st == ND_OK) st = nd_expand_to(bc, shape, nd, &be_);
+    if (st == ND_OK) st = nd_empty(shape, nd, is_comparison(op) ? ND_BOOL : c, out);
+    if (st == ND_OK) {
+        const nd_backend *be = nd_backend_of(a);
+        st = ND_BACKEND_CALL(be, binary, name, op, *out, ae, be_);
+        if (st != ND_OK) { nd_release(*out); *out = NULL; }
+    }
+    nd_release(ac); nd_release(bc); nd_release(ae); nd_release(be_);
+    return st;
+}
+
+/* PyTorch's rule for a tensor and a number: the number does not widen the
+ * tensor's dtype within its kind; a fractional number with an integer or
+ * bool tensor gives float32, an integral one with bool gives int64. */
+static nd_dtype scalar_promote(nd_dtype t, double s) {
+    if (nd_dtype_is_float(t)) return t;
+    if (s != floor(s) || isinf(s) || isnan(s)) return ND_FLOAT32;
+    return t == ND_BOOL ? ND_INT64 : t;
+}
+
+nd_status nd_binary_scalar(nd_binary_op op, const nd_tensor *a, double s, int scalar_first,
+                           nd_tensor **out) {
+    if ((unsigned)op >= ND_NUM_BINARY) return nd_fail(ND_ERR_ARG, "binary: invalid op %d", op);
+    const char *name = nd_binary_name(op);
+    nd_dtype c;
+    nd_dtype p = is_comparison(op) ? nd_promote(a->dtype, scalar_promote(a->dtype, s))
+                                   : scalar_promote(a->dtype, s);
+    /* bool compared with a number compares as int64 */
+    if (is_comparison(op) && p == ND_BOOL) p = ND_INT64;
+    ND_TRY(binary_dtype(op, p, &c));
+    nd_tensor *ac;
+    ND_TRY(nd_as_dtype(a, c, &ac));
+    nd_status st = nd_empty(a->shape, a->ndim, is_comparison(op) ? ND_BOOL : c, out);
+    if (st == ND_OK) {
+        const nd_backend *be = nd_backend_of(a);
+        st = ND_BACKEND_CALL(be, binary_scalar, name, op, *out, ac, s, scalar_first);
+        if (st != ND_OK) { nd_release(*out); *out = NULL; }
+    }
+    nd_release(ac);
+    return st;
+}
+
+/* In-place forms compute out of place into a temporary only when the
+ * result dtype differs from a's; otherwise the kernel writes into a
+ * directly (operands may alias the output element for element). */
+static nd_status write_back(nd_tensor *a, nd_tensor *r) {
+    nd_status st = nd_copy_(a, r);
+    nd_release(r);
+    return st;
+}
+
+nd_status nd_binary_(nd_binary_op op, nd_tensor *a, const nd_tensor *b) {
+    const char *name = nd_binary_name(op);
+    int64_t shape[ND_MAX_DIMS];
+    int nd;
+    ND_TRY(nd_broadcast_shape(name, a->shape, a->ndim, b->shape, b->ndim, shape, &nd));
+    bool same = nd == a->ndim;
+    for (int i = 0; same && i < nd; i++) same = shape[i] == a->shape[i];
+    if (!same) {
+        char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+        return nd_fail(ND_ERR_SHAPE, "%s_: in-place result of shape %s cannot be written into "
+                       "a tensor of shape %s", name, nd_shape_str(shape, nd, b1),
+                       nd_shape_str(a->shape, a->ndim, b2));
+    }
+    nd_tensor *r;
+    ND_TRY(nd_binary(op, a, b, &r));
+    return write_back(a, r);
+}
+
+nd_status nd_binary_scalar_(nd_binary_op op, nd_tensor *a, double s) {
+    nd_dtype c;
+    ND_TRY(binary_dtype(op, scalar_promote(a->dtype, s), &c));
+    if (c == a->dtype && !is_comparison(op)) {
+        const nd_backend *be = nd_backend_of(a);
+        ND_TRY(ND_BACKEND_CALL(be, binary_scalar, nd_binary_name(op), op, a, a, s, 0));
+        nd_bump_version(a);
+        return ND_OK;
+    }
+    nd_tensor *r;
+    ND_TRY(nd_binary_scalar(op, a, s, 0, &r));
+    return write_back(a, r);
+}
+
+nd_status nd_where(const nd_tensor *cond, const nd_tensor *a, const nd_tensor *b,
+                   nd_tensor **out) {
+    if (cond->dtype != ND_BOOL)
+        return nd_fail(ND_ERR_DTYPE, "where: condition must be a bool tensor, got %s",
+                       nd_dtype_name(cond->dtype));
+    int64_t s1[ND_MAX_DIMS], shape[ND_MAX_DIMS];
+    int n1, nd;
+    ND_TRY(nd_broadcast_shape("where", a->shape, a->ndim, b->shape, b->ndim, s1, &n1));
+    ND_TRY(nd_broadcast_shape("where", cond->shape, cond->ndim, s1, n1, shape, &nd));
+    nd_dtype c = nd_promote(a->dtype, b->dtype);
+    nd_tensor *ac = NULL, *bc = NULL, *ae = NULL, *bex = NULL, *ce = NULL;
+    nd_status st = nd_as_dtype(a, c, &ac);
+    if (st == ND_OK) st = nd_as_dtype(b, c, &bc);
+    if (st == ND_OK) st = nd_expand_to(ac, shape, nd, &ae);
+    if (st == ND_OK) st = nd_expand_to(bc, shape, nd, &bex);
+    if (st == ND_OK) st = nd_expand_to(cond, shape, nd, &ce);
+    if (st == ND_OK) st = nd_empty(shape, nd, c, out);
+    if (st == ND_OK) {
+        const nd_backend *be = nd_backend_of(a);
+        st = ND_BACKEND_CALL(be, where, "where", *out, ce, ae, bex);
+        if (st != ND_OK) { nd_release(*out); *out = NULL; }
+    }
+    nd_release(ac); nd_release(bc); nd_release(ae); nd_release(bex); nd_release(ce);
+    return st;
+}
+
+nd_status nd_clamp(const nd_tensor *x, double lo, double hi, nd_tensor **out) {
+    if (!isnan(lo) && !isnan(hi) && lo > hi)
+        return nd_fail(ND_ERR_ARG, "clamp: min %g is greater than max %g", lo, hi);
+    if (x->dtype == ND_BOOL)
+        return nd_fail(ND_ERR_DTYPE, "clamp: not supported for bool tensors");
+    nd_dtype dt = x->dtype == ND_FLOAT16 || x->dtype == ND_BFLOAT16 ? ND_FLOAT32 : x->dtype;
+    nd_tensor *xc;
+    ND_TRY(nd_as_dtype(x, dt, &xc));
+    nd_status st = nd_empty(x->shape, x->ndim, dt, out);
+    if (st == ND_OK) {
+        const nd_backend *be = nd_backend_of(x);
+        st = ND_BACKEND_CALL(be, clamp, "clamp", *out, xc, lo, hi);
+        if (st != ND_OK) { nd_release(*out); *out = NULL; }
+    }
+    nd_release(xc);
+    return st;
+}

@@ -1,0 +1,287 @@
+/* op_index.c - gather, scatter, index_select, index_add, masked_fill and
+ * one_hot. The ops check shapes, dtypes and devices and build the output;
+ * the kernels check every index value before writing anything. All results
+ * are new tensors (out-of-place). */
+#include <math.h>
+#include <string.h>
+#include "backend.h"
+#include "tensor.h"
+
+static nd_status check_index_dtype(const char *op, const nd_tensor *index) {
+    if (index->dtype != ND_INT64)
+        return nd_fail(ND_ERR_DTYPE, "%s: index must be an int64 tensor, got %s", op,
+                       nd_dtype_name(index->dtype));
+    return ND_OK;
+}
+
+static nd_status check_device(const char *op, const nd_tensor *a, const nd_tensor *b) {
+    if (a->storage->device != b->storage->device)
+        return nd_fail(ND_ERR_DEVICE, "%s: tensors are on different devices", op);
+    return ND_OK;
+}
+
+/* A fresh contiguous copy of x (broadcast to shape, cast to dt). */
+static nd_status fresh_copy(const nd_tensor *x, const int64_t *shape, int ndim, nd_dtype dt,
+                            nd_tensor **out) {
+    nd_tensor *t;
+    ND_TRY(nd_empty(shape, ndim, dt, &t));
+    nd_status st = nd_copy_(t, x);
+    if (st != ND_OK) {
+        nd_release(t);
+        return st;
+    }
+    *out = t;
+    return ND_OK;
+}
+
+nd_status nd_gather(const nd_tensor *x, int dim, const nd_tensor *index, nd_tensor **out) {
+    int d;
+    char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+    *out = NULL;
+    ND_TRY(check_index_dtype("gather", index));
+    ND_TRY(check_device("gather", x, index));
+    ND_TRY(nd_norm_dim("gather", dim, x->ndim, &d));
+    if (index->ndim != x->ndim)
+        return nd_fail(ND_ERR_SHAPE, "gather: index of shape %s must have as many dims as x of "
+                       "shape %s", nd_shape_str(index->shape, index->ndim, b1),
+                       nd_shape_str(x->shape, x->ndim, b2));
+    for (int i = 0; i < x->ndim; i++)
+        if (i != d && index->shape[i] > x->shape[i])
+            return nd_fail(ND_ERR_SHAPE, "gather: index of shape %s is larger than x of shape %s "
+                           "in dim %d (only dim %d may be larger)",
+                           nd_shape_str(index->shape, index->ndim, b1),
+                           nd_shape_str(x->shape, x->ndim, b2), i, d);
+    nd_tensor *t;
+    ND_TRY(nd_empty(index->shape, index->ndim, x->dtype, &t));
+    const nd_backend *be = nd_backend_of(x);
+    nd_status st = ND_BACKEND_CALL(be, gather, "gather", t, x, d, index);
+    if (st != ND_OK) {
+        nd_release(t);
+        return st;
+    }
+    *out = t;
+    return ND_OK;
+}
+
+nd_status nd_scatter(const nd_tensor *x, int dim, const nd_tensor *index, const nd_tensor *src,
+                     int accumulate, nd_tensor **out) {
+    const char *op = accumulate ? "scatter_add" : "scatter";
+    int d;
+    char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+    *out = NULL;
+    if (accumulate != 0 && accumulate != 1)
+        return nd_fail(ND_ERR_ARG, "scatter: accumulate must be 0 or 1, got %d", accumulate);
+    ND_TRY(check_index_dtype(op, index));
+    ND_TRY(check_device(op, x, index));
+    ND_TRY(check_device(op, x, src));
+    ND_TRY(nd_norm_dim(op, dim, x->ndim, &d));
+    if (index->ndim != x->ndim)
+        return nd_fail(ND_ERR_SHAPE, "%s: index of shape %s must have as many dims as x of "
+                       "shape %s", op, nd_shape_str(index->shape, index->ndim, b1),
+                       nd_shape_str(x->shape, x->ndim, b2));
+    /* A 0-dim src is a value scattered everywhere index points. */
+    bool scalar_src = src->ndim == 0 && x->ndim > 0;
+    if (!scalar_src && src->ndim != x->ndim)
+        return nd_fail(ND_ERR_SHAPE, "%s: src of shape %s must have as many dims as x of "
+                       "shape %s", op, nd_shape_str(src->shape, src->ndim, b1),
+                       nd_shape_str(x->shape, x->ndim, b2));
+    for (int i = 0; i < x->ndim; i++) {
+        if (!scalar_src && index->shape[i] > src->shape[i])
+            return nd_fail(ND_ERR_SHAPE, "%s: index of shape %s is larger than src of shape %s "
+                           "in dim %d", op, nd_shape_str(index->shape, index->ndim, b1),
+                           nd_shape_str(src->shape, src->ndim, b2), i);
+        if (i != d && index->shape[i] > x->shape[i])
+            return nd_fail(ND_ERR_SHAPE, "%s: index of shape %s is larger than x of shape %s "
+                           "in dim %d (only dim %d may be larger)", op,
+                           nd_shape_str(index->shape, index->ndim, b1),
+                           nd_shape_str(x->shape, x->ndim, b2), i, d);
+    }
+    nd_tensor *t = NULL, *s = NULL, *se = NULL;
+    nd_status st = fresh_copy(x, x->shape, x->ndim, x->dtype, &t);
+    if (st == ND_OK) st = nd_as_dtype(src, x->dtype, &s);
+    if (st == ND_OK && scalar_src) st = nd_expand(s, index->shape, index->ndim, &se);
+    if (st == ND_OK) {
+        const nd_backend *be = nd_backend_of(x);
+        st = ND_BACKEND_CALL(be, scatter, op, t, d, index, se ? se : s, accumulate);
+    }
+    nd_release(s);
+    nd_release(se);
+    if (st != ND_OK) {
+        nd_release(t);
+        return st;
+    }
+    *out = t;
+    return ND_OK;
+}
+
+/* Index tensors of index_select / index_add are 1-D (or 0-dim: one index). */
+static nd_status check_index_vector(const char *op, const nd_tensor *index) {
+    char b1[ND_SHAPE_BUF];
+    ND_TRY(check_index_dtype(op, index));
+    if (index->ndim > 1)
+        return nd_fail(ND_ERR_SHAPE, "%s: index must be 1-D, got shape %s", op,
+                       nd_shape_str(index->shape, index->ndim, b1));
+    return ND_OK;
+}
+
+nd_status nd_index_select(const nd_tensor *x, int dim, const nd_tensor *index, nd_tensor **out) {
+    int d;
+    *out = NULL;
+    ND_TRY(check_index_vector("index_select", index));
+    ND_TRY(check_device("index_select", x, index));
+    ND_TRY(nd_norm_dim("index_select", dim, x->ndim, &d));
+    int64_t k = nd_numel(index);
+    if (x->ndim == 0 && k != 1)
+        return nd_fail(ND_ERR_SHAPE, "index_select: a 0-dim x takes exactly one index, got %lld",
+                       (long long)k);
+    int64_t shape[ND_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    if (x->ndim) shape[d] = k;
+    nd_tensor *t;
+    ND_TRY(nd_empty(shape, x->ndim, x->dtype, &t));
+    const nd_backend *be = nd_backend_of(x);
+    nd_status st = ND_BACKEND_CALL(be, index_select, "index_select", t, x, d, index);
+    if (st != ND_OK) {
+        nd_release(t);
+        return st;
+    }
+    *out = t;
+    return ND_OK;
+}
+
+nd_status nd_index_add(const nd_tensor *x, int dim, const nd_tensor *index, const nd_tensor *src,
+                       double alpha, nd_tensor **out) {
+    int d;
+    char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+    *out = NULL;
+    ND_TRY(check_index_vector("index_add", index));
+    ND_TRY(check_device("index_add", x, index));
+    ND_TRY(check_device("index_add", x, src));
+    ND_TRY(nd_norm_dim("index_add", dim, x->ndim, &d));
+    if (src->ndim != x->ndim)
+        return nd_fail(ND_ERR_SHAPE, "index_add: src of shape %s must have as many dims as x of "
+                       "shape %s", nd_shape_str(src->shape, src->ndim, b1),
+                       nd_shape_str(x->shape, x->ndim, b2));
+    for (int i = 0; i < x->ndim; i++)
+        if (i != d && src->shape[i] != x->shape[i])
+            return nd_fail(ND_ERR_SHAPE, "index_add: src of shape %s does not match x of shape %s "
+                           "in dim %d (only dim %d may differ)",
+                           nd_shape_str(src->shape, src->ndim, b1),
+                           nd_shape_str(x->shape, x->ndim, b2), i, d);
+    int64_t k = nd_numel(index), along = src->ndim ? src->shape[d] : 1;
+    if (k != along)
+        return nd_fail(ND_ERR_SHAPE, "index_add: index has %lld elements but src of shape %s has "
+                       "%lld along dim %d", (long long)k, nd_shape_str(src->shape, src->ndim, b1),
+                       (long long)along, d);
+    if (!nd_dtype_is_float(x->dtype) && alpha != floor(alpha))
+        return nd_fail(ND_ERR_ARG, "index_add: alpha %g must be an integer for a %s tensor",
+                       alpha, nd_dtype_name(x->dtype));
+    nd_tensor *t = NULL, *s = NULL;
+    nd_status st = fresh_copy(x, x->shape, x->ndim, x->dtype, &t);
+    if (st == ND_OK) st = nd_as_dtype(src, x->dtype, &s);
+    if (st == ND_OK) {
+        const nd_backend *be = nd_backend_of(x);
+        st = ND_BACKEND_CALL(be, index_add, "index_add", t, d, index, s, alpha);
+    }
+    nd_release(s);
+    if (st != ND_OK) {
+        nd_release(t);
+        return st;
+    }
+    *out = t;
+    return ND_OK;
+}
+
+/* As PyTorch's out-of-place masked_fill, x and mask broadcast together. */
+nd_status nd_masked_fill(const nd_tensor *x, const nd_tensor *mask, double value,
+                         nd_tensor **out) {
+    *out = NULL;
+    if (mask->dtype != ND_BOOL)
+        return nd_fail(ND_ERR_DTYPE, "masked_fill: mask must be a bool tensor, got %s",
+                       nd_dtype_name(mask->dtype));
+    ND_TRY(check_device("masked_fill", x, mask));
+    int64_t shape[ND_MAX_DIMS];
+    int ndim = 0;
+    ND_TRY(nd_broadcast_shape("masked_fill", x->shape, x->ndim, mask->shape, mask->ndim, shape,
+                              &ndim));
+    nd_tensor *t = NULL, *m = NULL;
+    nd_status st = fresh_copy(x, shape, ndim, x->dtype, &t);
+    if (st == ND_OK) st = nd_expand(mask, shape, ndim, &m);
+    if (st == ND_OK) {
+        const nd_backend *be = nd_backend_of(x);
+        st = ND_BACKEND_CALL(be, masked_fill, "masked_fill", t, m, value);
+    }
+    nd_release(m);
+    if (st != ND_OK) {
+        nd_release(t);
+        return st;
+    }
+    *out = t;
+    return ND_OK;
+}
+
+/* Min or max over all of t, as a double. */
+static nd_status reduce_item(nd_reduce_op op, const nd_tensor *t, double *v) {
+    nd_tensor *r;
+    ND_TRY(nd_reduce(op, t, NULL, 0, 0, 0, &r));
+    int64_t zero[ND_MAX_DIMS] = {0};
+    nd_status st = nd_get_item(r, zero, v);
+    nd_release(r);
+    return st;
+}
+
+nd_status nd_one_hot(const nd_tensor *index, int64_t num_classes, nd_tensor **out) {
+    char b1[ND_SHAPE_BUF];
+    *out = NULL;
+    ND_TRY(check_index_dtype("one_hot", index));
+    if (index->ndim >= ND_MAX_DIMS)
+        return nd_fail(ND_ERR_ARG, "one_hot: index of shape %s already has %d dims (the result "
+                       "needs one more, at most %d)", nd_shape_str(index->shape, index->ndim, b1),
+                       index->ndim, ND_MAX_DIMS);
+    if (num_classes < -1)
+        return nd_fail(ND_ERR_ARG, "one_hot: num_classes must be -1 (infer) or >= 0, got %lld",
+                       (long long)num_classes);
+    int64_t n = nd_numel(index);
+    if (n == 0 && num_classes == -1)
+        return nd_fail(ND_ERR_ARG, "one_hot: cannot infer num_classes from an empty index");
+    if (n > 0) {
+        double lo, hi;
+        ND_TRY(reduce_item(ND_REDUCE_min, index, &lo));
+        ND_TRY(reduce_item(ND_REDUCE_max, index, &hi));
+        if (lo < 0)
+            return nd_fail(ND_ERR_INDEX, "one_hot: class values must be non-negative, got %lld",
+                           (long long)lo);
+        if (num_classes == -1) num_classes = (int64_t)hi + 1;
+        else if (hi >= (double)num_classes)
+            return nd_fail(ND_ERR_INDEX, "one_hot: class value %lld is out of range for "
+                           "num_classes %lld (expected 0..%lld)", (long long)hi,
+                           (long long)num_classes, (long long)num_classes - 1);
+    }
+    int64_t shape[ND_MAX_DIMS];
+    memcpy(shape, index->shape, sizeof(int64_t) * (size_t)index->ndim);
+    shape[index->ndim] = num_classes;
+    nd_tensor *t;
+    ND_TRY(nd_zeros(shape, index->ndim + 1, ND_INT64, &t));
+    if (n == 0) {
+        *out = t;
+        return ND_OK;
+    }
+    /* out.scatter_(-1, index.unsqueeze(-1), 1) */
+    nd_tensor *iv = NULL, *one = NULL, *ones = NULL;
+    nd_status st = nd_unsqueeze(index, index->ndim, &iv);
+    if (st == ND_OK) st = nd_scalar(1, ND_INT64, &one);
+    if (st == ND_OK) st = nd_expand(one, iv->shape, iv->ndim, &ones);
+    if (st == ND_OK) {
+        const nd_backend *be = nd_backend_of(index);
+        st = ND_BACKEND_CALL(be, scatter, "one_hot", t, index->ndim, iv, ones, 0);
+    }
+    nd_release(iv);
+    nd_release(one);
+    nd_release(ones);
+    if (st != ND_OK) {
+        nd_release(t);
+        return st;
+    }
+    *out = t;
+    return ND_OK;
+}

@@ -1,0 +1,214 @@
+/* op_join.c - cat, stack, flip and pad.
+ *
+ * Built only from nd_empty/nd_full, views and nd_copy_, so they work on any
+ * backend that can copy: each input is copied into a view of the output. */
+#include <string.h>
+#include "backend.h"
+#include "tensor.h"
+
+/* nd_copy_(out view with this geometry, src). */
+static nd_status copy_into(nd_tensor *out, const int64_t *shape, const int64_t *strides,
+                           int ndim, int64_t offset, const nd_tensor *src) {
+    nd_tensor *v;
+    ND_TRY(nd_tensor_view_of(out, shape, strides, ndim, offset, &v));
+    nd_status st = nd_copy_(v, src);
+    nd_release(v);
+    return st;
+}
+
+/* PyTorch skips 1-D empty tensors in cat whatever the other shapes are. */
+static bool cat_skipped(const nd_tensor *t) { return t->ndim == 1 && t->shape[0] == 0; }
+
+nd_status nd_cat(nd_tensor *const *ts, int n, int dim, nd_tensor **out) {
+    char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+    *out = NULL;
+    if (!ts || n <= 0) return nd_fail(ND_ERR_ARG, "cat: expected a non-empty list of tensors");
+    const nd_tensor *ref = NULL;
+    int ref_i = -1;
+    nd_dtype dt = ND_BOOL;
+    for (int i = 0; i < n; i++) {
+        if (!ts[i]) return nd_fail(ND_ERR_ARG, "cat: tensor %d is NULL", i);
+        if (ts[i]->ndim == 0)
+            return nd_fail(ND_ERR_SHAPE, "cat: zero-dimensional tensor (at position %d) cannot "
+                           "be concatenated", i);
+        if (ts[i]->storage->device != ts[0]->storage->device)
+            return nd_fail(ND_ERR_DEVICE, "cat: tensor %d is on a different device than tensor 0",
+                           i);
+        dt = i ? nd_promote(dt, ts[i]->dtype) : ts[i]->dtype;
+        if (!ref && !cat_skipped(ts[i])) { ref = ts[i]; ref_i = i; }
+    }
+    if (!ref) { /* everything was a 1-D empty tensor */
+        int64_t zero = 0;
+        return nd_empty(&zero, 1, dt, out);
+    }
+    int d;
+    ND_TRY(nd_norm_dim("cat", dim, ref->ndim, &d));
+    int64_t shape[ND_MAX_DIMS];
+    memcpy(shape, ref->shape, sizeof shape);
+    shape[d] = 0;
+    for (int i = 0; i < n; i++) {
+        const nd_tensor *t = ts[i];
+        if (cat_skipped(t)) continue;
+        bool ok = t->ndim == ref->ndim;
+        for (int k = 0; ok && k < t->ndim; k++) ok = k == d || t->shape[k] == ref->shape[k];
+        if (!ok)
+            return nd_fail(ND_ERR_SHAPE, "cat: shapes must match except in dim %d, but tensor %d "
+                           "has shape %s and tensor %d has shape %s", d, ref_i,
+                           nd_shape_str(ref->shape, ref->ndim, b1), i,
+                           nd_shape_str(t->shape, t->ndim, b2));
+        shape[d] += t->shape[d];
+    }
+    nd_tensor *r;
+    ND_TRY(nd_empty(shape, ref->ndim, dt, &r));
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const nd_tensor *t = ts[i];
+        if (cat_skipped(t) || t->shape[d] == 0) continue;
+        shape[d] = t->shape[d];
+        nd_status st = copy_into(r, shape, r->strides, r->ndim, r->offset + off * r->strides[d], t);
+        if (st != ND_OK) {
+            nd_release(r);
+            return st;
+        }
+        off += t->shape[d];
+    }
+    *out = r;
+    return ND_OK;
+}
+
+nd_status nd_stack(nd_tensor *const *ts, int n, int dim, nd_tensor **out) {
+    char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+    *out = NULL;
+    if (!ts || n <= 0) return nd_fail(ND_ERR_ARG, "stack: expected a non-empty list of tensors");
+    for (int i = 0; i < n; i++)
+        if (!ts[i]) return nd_fail(ND_ERR_ARG, "stack: tensor %d is NULL", i);
+    const nd_tensor *ref = ts[0];
+    if (ref->ndim >= ND_MAX_DIMS)
+        return nd_fail(ND_ERR_ARG, "stack: tensors of shape %s already have %d dims (the "
+                       "result needs one more, at most %d)", nd_shape_str(ref->shape, ref->ndim, b1),
+                       ref->ndim, ND_MAX_DIMS);
+    int d;
+    ND_TRY(nd_norm_dim("stack", dim, ref->ndim + 1, &d));
+    nd_dtype dt = ref->dtype;
+    for (int i = 1; i < n; i++) {
+        const nd_tensor *t = ts[i];
+        bool ok = t->ndim == ref->ndim;
+        for (int k = 0; ok && k < t->ndim; k++) ok = t->shape[k] == ref->shape[k];
+        if (!ok)
+            return nd_fail(ND_ERR_SHAPE, "stack: tensors must all have the same shape, but "
+                           "tensor 0 has shape %s and tensor %d has shape %s",
+                           nd_shape_str(ref->shape, ref->ndim, b1), i,
+                           nd_shape_str(t->shape, t->ndim, b2));
+        if (t->storage->device != ref->storage->device)
+            return nd_fail(ND_ERR_DEVICE, "stack: tensor %d is on a different device than "
+                           "tensor 0", i);
+        dt = nd_promote(dt, t->dtype);
+    }
+    /* result shape: ref's with n inserted at d; slot i is the view without d */
+    int64_t shape[ND_MAX_DIMS], vshape[ND_MAX_DIMS], vstrides[ND_MAX_DIMS];
+    for (int k = 0, j = 0; k <= ref->ndim; k++) shape[k] = k == d ? n : ref->shape[j++];
+    nd_tensor *r;
+    ND_TRY(nd_empty(shape, ref->ndim + 1, dt, &r));
+    for (int k = 0, j = 0; k <= ref->ndim; k++) {
+        if (k == d) continue;
+        vshape[j] = r->shape[k];
+        vstrides[j++] = r->strides[k];
+    }
+    for (int i = 0; i < n; i++) {
+        nd_status st = copy_into(r, vshape, vstrides, ref->ndim, r->offset + i * r->strides[d],
+                                 ts[i]);
+        if (st != ND_OK) {
+            nd_release(r);
+            return st;
+        }
+    }
+    *out = r;
+    return ND_OK;
+}
+
+/* A copy of x read through a view with the flipped dims' strides negated. */
+nd_status nd_flip(const nd_tensor *x, const int *dims, int ndims, nd_tensor **out) {
+    *out = NULL;
+    if (ndims < 0 || (ndims > 0 && !dims))
+        return nd_fail(ND_ERR_ARG, "flip: invalid list of %d dims", ndims);
+    bool flip[ND_MAX_DIMS] = {0};
+    for (int i = 0; i < ndims; i++) {
+        int d;
+        ND_TRY(nd_norm_dim("flip", dims[i], x->ndim, &d));
+        if (flip[d]) return nd_fail(ND_ERR_ARG, "flip: dim %d appears more than once", dims[i]);
+        flip[d] = true;
+    }
+    int64_t strides[ND_MAX_DIMS];
+    int64_t offset = x->offset;
+    memcpy(strides, x->strides, sizeof strides);
+    for (int d = 0; d < x->ndim; d++) {
+        if (!flip[d] || x->shape[d] <= 1) continue;
+        offset += (x->shape[d] - 1) * x->strides[d];
+        strides[d] = -x->strides[d];
+    }
+    nd_tensor *r;
+    ND_TRY(nd_empty(x->shape, x->ndim, x->dtype, &r));
+    nd_tensor *v;
+    nd_status st = nd_tensor_view_of(x, x->shape, strides, x->ndim, offset, &v);
+    if (st == ND_OK) {
+        st = nd_copy_(r, v);
+        nd_release(v);
+    }
+    if (st != ND_OK) {
+        nd_release(r);
+        return st;
+    }
+    *out = r;
+    return ND_OK;
+}
+
+/* Constant padding; a negative pad crops. */
+nd_status nd_pad(const nd_tensor *x, const int64_t *pads, int npairs, double value,
+                 nd_tensor **out) {
+    char b1[ND_SHAPE_BUF];
+    *out = NULL;
+    if (npairs < 0 || npairs > x->ndim || (npairs > 0 && !pads))
+        return nd_fail(ND_ERR_ARG, "pad: %d pairs of pads given for a tensor of shape %s (at most "
+                       "one pair per dim)", npairs, nd_shape_str(x->shape, x->ndim, b1));
+    int64_t shape[ND_MAX_DIMS], src_shape[ND_MAX_DIMS];
+    int64_t src_off = x->offset, dst_start[ND_MAX_DIMS] = {0};
+    bool empty_src = false;
+    memcpy(shape, x->shape, sizeof shape);
+    memcpy(src_shape, x->shape, sizeof src_shape);
+    for (int i = 0; i < npairs; i++) {
+        int d = x->ndim - 1 - i;
+        int64_t before = pads[2 * i], after = pads[2 * i + 1], size = x->shape[d];
+        shape[d] = size + before + after;
+        if (shape[d] < 0)
+            return nd_fail(ND_ERR_SHAPE, "pad: padding (%lld, %lld) of dim %d of size %lld gives "
+                           "the negative size %lld", (long long)before, (long long)after, d,
+                           (long long)size, (long long)shape[d]);
+        /* the part of x that survives cropping, and where it lands */
+        int64_t crop_lo = before < 0 ? -before : 0, crop_hi = after < 0 ? -after : 0;
+        src_shape[d] = size - crop_lo - crop_hi;
+        if (src_shape[d] <= 0) empty_src = true;
+        else src_off += crop_lo * x->strides[d];
+        dst_start[d] = before > 0 ? before : 0;
+    }
+    ND_TRY(nd_check_shape("pad", shape, x->ndim, NULL));
+    nd_tensor *r;
+    ND_TRY(nd_full(shape, x->ndim, x->dtype, value, &r));
+    if (empty_src || nd_shape_numel(src_shape, x->ndim) == 0) {
+        *out = r;
+        return ND_OK;
+    }
+    nd_tensor *src;
+    int64_t dst_off = r->offset;
+    for (int d = 0; d < x->ndim; d++) dst_off += dst_start[d] * r->strides[d];
+    nd_status st = nd_tensor_view_of(x, src_shape, x->strides, x->ndim, src_off, &src);
+    if (st == ND_OK) {
+        st = copy_into(r, src_shape, r->strides, r->ndim, dst_off, src);
+        nd_release(src);
+    }
+    if (st != ND_OK) {
+        nd_release(r);
+        return st;
+    }
+    *out = r;
+    return ND_OK;
+}

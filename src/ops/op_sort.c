@@ -1,0 +1,92 @@
+/* op_sort.c - cumsum, sort and topk: checks, outputs, then the backend. */
+#include "backend.h"
+#include "tensor.h"
+
+nd_status nd_cumsum(const nd_tensor *x, int dim, nd_tensor **out) {
+    int d;
+    *out = NULL;
+    ND_TRY(nd_norm_dim("cumsum", dim, x->ndim, &d));
+    if ((unsigned)x->dtype >= ND_NUM_DTYPES)
+        return nd_fail(ND_ERR_DTYPE, "cumsum: invalid dtype %d", (int)x->dtype);
+    /* As PyTorch: integer and bool sums are int64. */
+    nd_dtype odt = nd_dtype_is_float(x->dtype) ? x->dtype : ND_INT64;
+    nd_tensor *t;
+    ND_TRY(nd_empty(x->shape, x->ndim, odt, &t));
+    const nd_backend *be = nd_backend_of(x);
+    nd_status st = ND_BACKEND_CALL(be, cumsum, "cumsum", t, x, d);
+    if (st != ND_OK) {
+        nd_release(t);
+        return st;
+    }
+    *out = t;
+    return ND_OK;
+}
+
+/* values and indices may each be NULL when the caller does not want them. */
+nd_status nd_sort(const nd_tensor *x, int dim, int descending, nd_tensor **values,
+                  nd_tensor **indices) {
+    int d;
+    if (values) *values = NULL;
+    if (indices) *indices = NULL;
+    ND_TRY(nd_norm_dim("sort", dim, x->ndim, &d));
+    if ((unsigned)x->dtype >= ND_NUM_DTYPES)
+        return nd_fail(ND_ERR_DTYPE, "sort: invalid dtype %d", (int)x->dtype);
+    nd_tensor *v = NULL, *i = NULL;
+    nd_status st = nd_empty(x->shape, x->ndim, x->dtype, &v);
+    if (st == ND_OK) st = nd_empty(x->shape, x->ndim, ND_INT64, &i);
+    if (st == ND_OK) {
+        const nd_backend *be = nd_backend_of(x);
+        st = ND_BACKEND_CALL(be, sort, "sort", v, i, x, d, descending);
+    }
+    if (st != ND_OK || !values) nd_release(v);
+    if (st != ND_OK || !indices) nd_release(i);
+    if (st != ND_OK) return st;
+    if (values) *values = v;
+    if (indices) *indices = i;
+    return ND_OK;
+}
+
+/* The first k entries of t along dim, copied into fresh memory. */
+static nd_status take_first(nd_tensor *t, int dim, int64_t k, nd_tensor **out) {
+    nd_tensor *view, *c;
+    ND_TRY(nd_narrow(t, dim, 0, k, &view));
+    nd_status st = nd_empty(view->shape, view->ndim, view->dtype, &c);
+    if (st == ND_OK && (st = nd_copy_(c, view)) != ND_OK) nd_release(c);
+    nd_release(view);
+    if (st == ND_OK) *out = c;
+    return st;
+}
+
+/* Values come sorted (largest first when largest, else smallest first);
+ * NaN counts as the largest value, as in PyTorch. */
+nd_status nd_topk(const nd_tensor *x, int64_t k, int dim, int largest, nd_tensor **values,
+                  nd_tensor **indices) {
+    int d;
+    if (values) *values = NULL;
+    if (indices) *indices = NULL;
+    ND_TRY(nd_norm_dim("topk", dim, x->ndim, &d));
+    int64_t size = x->ndim ? x->shape[d] : 1;
+    if (k < 0 || k > size)
+        return nd_fail(ND_ERR_INDEX, "topk: k (%lld) out of range for dim %d of size %lld "
+                       "(expected 0..%lld)", (long long)k, d, (long long)size, (long long)size);
+    nd_tensor *v, *i;
+    ND_TRY(nd_sort(x, d, largest, &v, &i));
+    if (k == size || x->ndim == 0) {
+        if (values) *values = v; else nd_release(v);
+        if (indices) *indices = i; else nd_release(i);
+        return ND_OK;
+    }
+    nd_tensor *vk = NULL, *ik = NULL;
+    nd_status st = ND_OK;
+    if (values) st = take_first(v, d, k, &vk);
+    if (st == ND_OK && indices) st = take_first(i, d, k, &ik);
+    nd_release(v);
+    nd_release(i);
+    if (st != ND_OK) {
+        nd_release(vk);
+        return st;
+    }
+    if (values) *values = vk;
+    if (indices) *indices = ik;
+    return ND_OK;
+}

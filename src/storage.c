@@ -1,0 +1,40 @@
+/* storage.c - refcounted device memory behind tensors. */
+#include <stdlib.h>
+#include <string.h>
+#include "tensor.h"
+
+static atomic_llong live_bytes;
+
+int64_t nd_live_bytes(void) { return atomic_load(&live_bytes); }
+
+nd_status nd_storage_new(size_t nbytes, nd_storage **out) {
+    nd_storage *s = malloc(sizeof *s);
+    if (!s) return nd_fail(ND_ERR_MEMORY, "out of memory allocating a storage header");
+    void *data = nd_cache_alloc(nbytes ? nbytes : 1);
+    if (!data) {
+        free(s);
+        return nd_fail(ND_ERR_MEMORY, "out of memory allocating %zu bytes", nbytes);
+    }
+    atomic_init(&s->refcount, 1);
+    s->device = ND_DEVICE_CPU;
+    s->nbytes = nbytes;
+    s->data = data;
+    s->version = 0;
+    s->release = NULL;
+    s->release_ctx = NULL;
+    atomic_fetch_add(&live_bytes, (long long)nbytes);
+    *out = s;
+    return ND_OK;
+}
+
+void nd_storage_retain(nd_storage *s) { atomic_fetch_add(&s->refcount, 1); }
+
+void nd_storage_release(nd_storage *s) {
+    if (!s || atomic_fetch_sub(&s->refcount, 1) != 1) return;
+    if (s->release) s->release(s->release_ctx);
+    else if (s->data) {
+        nd_cache_free(s->data, s->nbytes ? s->nbytes : 1);
+        atomic_fetch_sub(&live_bytes, (long long)s->nbytes);
+    }
+    free(s);
+}

@@ -1,0 +1,195 @@
+/* tensor.c - tensor headers: creation, lifetime, metadata, host buffers. */
+#include <stdlib.h>
+#include <string.h>
+#include "backend.h"
+#include "tensor.h"
+
+void nd_retain(nd_tensor *t) { if (t) atomic_fetch_add(&t->refcount, 1); }
+
+void nd_release(nd_tensor *t) {
+    if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
+    nd_release(t->grad);
+    nd_storage_release(t->storage);
+    free(t);
+}
+
+int nd_ndim(const nd_tensor *t) { return t->ndim; }
+const int64_t *nd_shape(const nd_tensor *t) { return t->shape; }
+const int64_t *nd_strides(const nd_tensor *t) { return t->strides; }
+nd_dtype nd_get_dtype(const nd_tensor *t) { return t->dtype; }
+void *nd_data(const nd_tensor *t) { return nd_ptr(t); }
+
+int64_t nd_shape_numel(const int64_t *shape, int ndim) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    return n;
+}
+
+int64_t nd_numel(const nd_tensor *t) { return nd_shape_numel(t->shape, t->ndim); }
+
+void nd_contiguous_strides(const int64_t *shape, int ndim, int64_t *strides) {
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= shape[i] > 0 ? shape[i] : 1;
+    }
+}
+
+int nd_is_contiguous(const nd_tensor *t) {
+    int64_t s = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->strides[i] != s) return 0;
+        s *= t->shape[i];
+    }
+    return 1;
+}
+
+nd_status nd_norm_dim(const char *op, int dim, int ndim, int *out) {
+    int n = ndim > 0 ? ndim : 1; /* a 0-dim tensor accepts dim 0 / -1 */
+    if (dim < -n || dim >= n)
+        return nd_fail(ND_ERR_INDEX, "%s: dim %lld out of range for a tensor with %d dims "
+                       "(expected %lld..%lld or %d..-1)", op, ND_IX(dim), ndim, ND_IX(0),
+                       ND_IX(n - 1), -n);
+    *out = dim < 0 ? dim + n : dim;
+    return ND_OK;
+}
+
+nd_status nd_check_shape(const char *op, const int64_t *shape, int ndim, int64_t *numel) {
+    if (ndim < 0 || ndim > ND_MAX_DIMS)
+        return nd_fail(ND_ERR_ARG, "%s: %d dims requested, at most %d supported", op, ndim,
+                       ND_MAX_DIMS);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        char buf[ND_SHAPE_BUF];
+        if (shape[i] < 0)
+            return nd_fail(ND_ERR_ARG, "%s: negative size %lld in shape %s", op,
+                           (long long)shape[i], nd_shape_str(shape, ndim, buf));
+        if (shape[i] > 0 && n > ND_MAX_NUMEL / shape[i])
+            return nd_fail(ND_ERR_MEMORY, "%s: shape %s is too large (more than 2^48 elements)",
+                           op, nd_shape_str(shape, ndim, buf));
+        n *= shape[i];
+    }
+    if (numel) *numel = n;
+    return ND_OK;
+}
+
+nd_status nd_tensor_wrap(nd_storage *storage, nd_dtype dt, const int64_t *shape,
+                         const int64_t *strides, int ndim, int64_t offset, nd_tensor **out) {
+    nd_tensor *t = malloc(sizeof *t);
+    if (!t) return nd_fail(ND_ERR_MEMORY, "out of memory allocating a tensor header");
+    atomic_init(&t->refcount, 1);
+    t->ndim = ndim;
+    t->dtype = dt;
+    if (ndim) {
+        memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+        memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
+    }
+    t->offset = offset;
+    t->storage = storage;
+    nd_storage_retain(storage);
+    t->requires_grad = false;
+    t->grad = NULL;
+    t->grad_fn = NULL;
+    *out = t;
+    return ND_OK;
+}
+
+nd_status nd_tensor_view_of(const nd_tensor *t, const int64_t *shape, const int64_t *strides,
+                            int ndim, int64_t offset, nd_tensor **out) {
+    return nd_tensor_wrap(t->storage, t->dtype, shape, strides, ndim, offset, out);
+}
+
+nd_status nd_empty(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out) {
+    int64_t numel;
+    if ((unsigned)dt >= ND_NUM_DTYPES) return nd_fail(ND_ERR_DTYPE, "empty: invalid dtype %d", dt);
+    ND_TRY(nd_check_shape("empty", shape, ndim, &numel));
+    size_t nbytes = (size_t)numel * nd_dtype_size(dt);
+    nd_storage *s;
+    if (nd_storage_new(nbytes, &s) != ND_OK) {
+        char buf[ND_SHAPE_BUF];
+        return nd_fail(ND_ERR_MEMORY, "out of memory allocating a %s tensor of shape %s (%zu bytes)",
+                       nd_dtype_name(dt), nd_shape_str(shape, ndim, buf), nbytes);
+    }
+    int64_t strides[ND_MAX_DIMS];
+    nd_contiguous_strides(shape, ndim, strides);
+    nd_status st = nd_tensor_wrap(s, dt, shape, strides, ndim, 0, out);
+    nd_storage_release(s);
+    return st;
+}
+
+nd_status nd_full(const int64_t *shape, int ndim, nd_dtype dt, double value, nd_tensor **out) {
+    ND_TRY(nd_empty(shape, ndim, dt, out));
+    nd_status st = nd_fill_(*out, value);
+    if (st != ND_OK) { nd_release(*out); *out = NULL; }
+    return st;
+}
+
+nd_status nd_zeros(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out) {
+    ND_TRY(nd_empty(shape, ndim, dt, out));
+    memset(nd_ptr(*out), 0, (*out)->storage->nbytes); /* all-zero bits are 0 in every dtype */
+    return ND_OK;
+}
+
+nd_status nd_scalar(double value, nd_dtype dt, nd_tensor **out) {
+    return nd_full(NULL, 0, dt, value, out);
+}
+
+nd_status nd_from_buffer(const void *data, const int64_t *shape, int ndim, nd_dtype dt,
+                         nd_tensor **out) {
+    ND_TRY(nd_empty(shape, ndim, dt, out));
+    if ((*out)->storage->nbytes) memcpy(nd_ptr(*out), data, (*out)->storage->nbytes);
+    return ND_OK;
+}
+
+static void nd_noop_release(void *ctx) { (void)ctx; }
+
+nd_status nd_from_borrowed(void *data, const int64_t *shape, int ndim, nd_dtype dt,
+                           void (*release)(void *ctx), void *ctx, nd_tensor **out) {
+    int64_t numel;
+    if ((unsigned)dt >= ND_NUM_DTYPES)
+        return nd_fail(ND_ERR_DTYPE, "from_borrowed: invalid dtype %d", dt);
+    ND_TRY(nd_check_shape("from_borrowed", shape, ndim, &numel));
+    if (!data && numel) return nd_fail(ND_ERR_ARG, "from_borrowed: data is NULL");
+    nd_storage *s = malloc(sizeof *s);
+    if (!s) return nd_fail(ND_ERR_MEMORY, "out of memory allocating a storage header");
+    atomic_init(&s->refcount, 1);
+    s->device = ND_DEVICE_CPU;
+    s->nbytes = (size_t)numel * nd_dtype_size(dt);
+    s->data = data;
+    s->version = 0;
+    /* A no-op release marks the memory as not ours even without a callback. */
+    s->release = release;
+    s->release_ctx = ctx;
+    if (!release) s->release = nd_noop_release;
+    int64_t strides[ND_MAX_DIMS];
+    nd_contiguous_strides(shape, ndim, strides);
+    nd_status st = nd_tensor_wrap(s, dt, shape, strides, ndim, 0, out);
+    nd_storage_release(s);
+    return st;
+}
+
+nd_status nd_copy_to_buffer(const nd_tensor *t, void *dst, size_t dst_bytes) {
+    size_t need = (size_t)nd_numel(t) * nd_dtype_size(t->dtype);
+    if (dst_bytes != need)
+        return nd_fail(ND_ERR_ARG, "copy_to_buffer: buffer has %zu bytes, tensor needs %zu",
+                       dst_bytes, need);
+    nd_tensor *view;
+    ND_TRY(nd_from_borrowed(dst, t->shape, t->ndim, t->dtype, NULL, NULL, &view));
+    nd_status st = nd_copy_(view, t);
+    nd_release(view);
+    return st;
+}
+
+nd_status nd_get_item(const nd_tensor *t, const int64_t *index, double *out) {
+    int64_t off = t->offset;
+    for (int i = 0; i < t->ndim; i++) {
+        if (index[i] < 0 || index[i] >= t->shape[i])
+            return nd_fail(ND_ERR_INDEX, "item: index %lld out of range for dim %lld of size %lld",
+                           ND_IX(index[i]), ND_IX(i), (long long)t->shape[i]);
+        off += index[i] * t->strides[i];
+    }
+    if (t->storage->device != ND_DEVICE_CPU)
+        return nd_fail(ND_ERR_DEVICE, "item: tensor is not on the cpu");
+    *out = nd_load_f64((char *)t->storage->data + off * (int64_t)nd_dtype_size(t->dtype), t->dtype);
+    return ND_OK;
+}

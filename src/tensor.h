@@ -1,0 +1,103 @@
+/* tensor.h - internal definitions of the tensor, its storage and the helpers
+ * every op shares. Public API: needle.h. */
+#ifndef ND_TENSOR_H
+#define ND_TENSOR_H
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include "needle.h"
+
+typedef struct nd_storage {
+    atomic_int refcount;
+    nd_device_type device;
+    size_t nbytes;
+    void *data;
+    /* Bumped by every in-place write; autograd compares it at backward time. */
+    uint64_t version;
+    /* Borrowed memory: release(ctx) instead of returning data to the cache. */
+    void (*release)(void *ctx);
+    void *release_ctx;
+} nd_storage;
+
+struct nd_node; /* autograd graph node (autograd issue) */
+
+struct nd_tensor {
+    atomic_int refcount;
+    int ndim;
+    nd_dtype dtype;
+    int64_t shape[ND_MAX_DIMS];
+    int64_t strides[ND_MAX_DIMS]; /* in elements; 0 for broadcast dims */
+    int64_t offset;               /* in elements */
+    nd_storage *storage;
+    /* autograd */
+    bool requires_grad;
+    nd_tensor *grad;
+    struct nd_node *grad_fn;
+};
+
+/* ---- errors (status.c) ---- */
+/* Sets the thread-local message and returns the status, so call sites read
+ * `return nd_fail(ND_ERR_SHAPE, "matmul: ...", ...)`. */
+nd_status nd_fail(nd_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Formats a shape as "{2,3}" into buf (at least 200 bytes). */
+const char *nd_shape_str(const int64_t *shape, int ndim, char *buf);
+#define ND_SHAPE_BUF 200
+/* Dims and indices in messages are shown as value + nd_error_index_base for
+ * non-negative values: 0 for C hosts, 1 once the Lua bindings load (Lua is
+ * 1-based), so an error names the dim the caller actually wrote. */
+extern int nd_error_index_base;
+#define ND_IX(v) ((long long)(v) + ((v) >= 0 ? nd_error_index_base : 0))
+#define ND_TRY(expr) do { nd_status st_ = (expr); if (st_ != ND_OK) return st_; } while (0)
+
+/* ---- storage (storage.c) ---- */
+nd_status nd_storage_new(size_t nbytes, nd_storage **out);
+void nd_storage_retain(nd_storage *s);
+void nd_storage_release(nd_storage *s);
+/* caching allocator (alloc_cache.c) */
+void *nd_cache_alloc(size_t nbytes);
+void nd_cache_free(void *p, size_t nbytes);
+
+/* ---- tensor helpers (tensor.c) ---- */
+/* Largest element count we accept (allocation beyond this is "absurd"). */
+#define ND_MAX_NUMEL ((int64_t)1 << 48)
+nd_status nd_check_shape(const char *op, const int64_t *shape, int ndim, int64_t *numel);
+/* A new header over `storage` (retained) with the given geometry. */
+nd_status nd_tensor_wrap(nd_storage *storage, nd_dtype dt, const int64_t *shape,
+                         const int64_t *strides, int ndim, int64_t offset, nd_tensor **out);
+/* A view of t with new geometry, same storage. */
+nd_status nd_tensor_view_of(const nd_tensor *t, const int64_t *shape, const int64_t *strides,
+                            int ndim, int64_t offset, nd_tensor **out);
+void nd_contiguous_strides(const int64_t *shape, int ndim, int64_t *strides);
+int64_t nd_shape_numel(const int64_t *shape, int ndim);
+/* Normalises a possibly negative dim for a tensor of rank ndim. */
+nd_status nd_norm_dim(const char *op, int dim, int ndim, int *out);
+static inline char *nd_ptr(const nd_tensor *t) {
+    return (char *)t->storage->data + t->offset * (int64_t)nd_dtype_size(t->dtype);
+}
+static inline void nd_bump_version(nd_tensor *t) { t->storage->version++; }
+
+/* NumPy broadcasting of two shapes (ops/broadcast.c); errors name op. */
+nd_status nd_broadcast_shape(const char *op, const int64_t *a, int na, const int64_t *b, int nb,
+                             int64_t *out, int *nout);
+/* t expanded to shape (a new reference; t itself when the shape already matches). */
+nd_status nd_expand_to(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out);
+/* t converted to dt (a new reference; t itself when already dt). */
+nd_status nd_as_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out);
+
+/* ---- dtypes (dtype.c) ---- */
+nd_dtype nd_promote(nd_dtype a, nd_dtype b);
+int nd_dtype_is_int(nd_dtype dt); /* int64, int32, uint8 (not bool) */
+/* Reads/writes one element of dtype dt at p as a double. */
+double nd_load_f64(const void *p, nd_dtype dt);
+void nd_store_f64(void *p, nd_dtype dt, double v);
+float nd_half_to_float(uint16_t h);
+uint16_t nd_float_to_half(float f);
+float nd_bf16_to_float(uint16_t h);
+uint16_t nd_float_to_bf16(float f);
+
+/* ---- threads ---- */
+/* Elementwise loops go parallel above this many elements. */
+#define ND_PARALLEL_THRESHOLD 32768
+
+#endif

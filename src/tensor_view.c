@@ -1,0 +1,265 @@
+/* tensor_view.c - views: new geometry over the same storage, no copies. */
+#include <string.h>
+#include "tensor.h"
+
+/* Resolves one -1 in a requested shape against numel. */
+static nd_status infer_shape(const char *op, const nd_tensor *t, const int64_t *shape, int ndim,
+                             int64_t *out) {
+    if (ndim < 0 || ndim > ND_MAX_DIMS)
+        return nd_fail(ND_ERR_ARG, "%s: %d dims requested, at most %d supported", op, ndim,
+                       ND_MAX_DIMS);
+    int infer = -1;
+    int64_t known = 1, numel = nd_numel(t);
+    char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+    for (int i = 0; i < ndim; i++) {
+        out[i] = shape[i];
+        if (shape[i] == -1) {
+            if (infer >= 0) return nd_fail(ND_ERR_ARG, "%s: only one dim can be -1", op);
+            infer = i;
+        } else if (shape[i] < 0) {
+            return nd_fail(ND_ERR_ARG, "%s: invalid size %lld in shape %s", op,
+                           (long long)shape[i], nd_shape_str(shape, ndim, b1));
+        } else {
+            known *= shape[i];
+        }
+    }
+    if (infer >= 0) {
+        if (known == 0 || numel % known != 0)
+            return nd_fail(ND_ERR_SHAPE, "%s: shape %s is invalid for a tensor of shape %s "
+                           "(%lld elements)", op, nd_shape_str(shape, ndim, b1),
+                           nd_shape_str(t->shape, t->ndim, b2), (long long)numel);
+        out[infer] = numel / known;
+    } else if (known != numel) {
+        return nd_fail(ND_ERR_SHAPE, "%s: shape %s is invalid for a tensor of shape %s "
+                       "(%lld elements)", op, nd_shape_str(shape, ndim, b1),
+                       nd_shape_str(t->shape, t->ndim, b2), (long long)numel);
+    }
+    return ND_OK;
+}
+
+/* Strides for viewing t as newshape without copying, as PyTorch's
+ * computeStride: dims are grouped into chunks that are contiguous with
+ * respect to each other, and each chunk must map onto whole new dims. */
+static int view_strides(const nd_tensor *t, const int64_t *newshape, int nd, int64_t *ns) {
+    if (nd_numel(t) == 0 || t->ndim == 0) {
+        nd_contiguous_strides(newshape, nd, ns);
+        return 1;
+    }
+    int view_d = nd - 1;
+    int64_t chunk_base = t->strides[t->ndim - 1], tensor_numel = 1, view_numel = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        tensor_numel *= t->shape[d];
+        if (d == 0 || (t->shape[d - 1] != 1 && t->strides[d - 1] != tensor_numel * chunk_base)) {
+            while (view_d >= 0 && (view_numel < tensor_numel || newshape[view_d] == 1)) {
+                ns[view_d] = view_numel * chunk_base;
+                view_numel *= newshape[view_d];
+                view_d--;
+            }
+            if (view_numel != tensor_numel) return 0;
+            if (d > 0) {
+                chunk_base = t->strides[d - 1];
+                tensor_numel = 1;
+                view_numel = 1;
+            }
+        }
+    }
+    return view_d == -1;
+}
+
+nd_status nd_view(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {
+    int64_t ns[ND_MAX_DIMS], st[ND_MAX_DIMS];
+    ND_TRY(infer_shape("view", t, shape, ndim, ns));
+    if (!view_strides(t, ns, ndim, st)) {
+        char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF], b3[ND_SHAPE_BUF];
+        return nd_fail(ND_ERR_SHAPE, "view: cannot view a tensor of shape %s and strides %s as "
+                       "shape %s without copying (use reshape, or contiguous first)",
+                       nd_shape_str(t->shape, t->ndim, b1), nd_shape_str(t->strides, t->ndim, b2),
+                       nd_shape_str(ns, ndim, b3));
+    }
+    return nd_tensor_view_of(t, ns, st, ndim, t->offset, out);
+}
+
+nd_status nd_reshape(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {
+    int64_t ns[ND_MAX_DIMS], st[ND_MAX_DIMS];
+    ND_TRY(infer_shape("reshape", t, shape, ndim, ns));
+    if (view_strides(t, ns, ndim, st)) return nd_tensor_view_of(t, ns, st, ndim, t->offset, out);
+    nd_tensor *c;
+    ND_TRY(nd_contiguous(t, &c));
+    nd_contiguous_strides(ns, ndim, st);
+    nd_status s = nd_tensor_view_of(c, ns, st, ndim, c->offset, out);
+    nd_release(c);
+    return s;
+}
+
+nd_status nd_permute(const nd_tensor *t, const int *dims, int ndim, nd_tensor **out) {
+    if (ndim != t->ndim)
+        return nd_fail(ND_ERR_ARG, "permute: %d dims given for a tensor with %d dims", ndim,
+                       t->ndim);
+    int64_t ns[ND_MAX_DIMS], st[ND_MAX_DIMS];
+    bool seen[ND_MAX_DIMS] = {0};
+    for (int i = 0; i < ndim; i++) {
+        int d;
+        ND_TRY(nd_norm_dim("permute", dims[i], t->ndim, &d));
+        if (seen[d]) return nd_fail(ND_ERR_ARG, "permute: dim %lld appears twice", ND_IX(dims[i]));
+        seen[d] = true;
+        ns[i] = t->shape[d];
+        st[i] = t->strides[d];
+    }
+    return nd_tensor_view_of(t, ns, st, ndim, t->offset, out);
+}
+
+nd_status nd_transpose(const nd_tensor *t, int d0, int d1, nd_tensor **out) {
+    int a, b;
+    if (t->ndim == 0) return nd_tensor_view_of(t, t->shape, t->strides, 0, t->offset, out);
+    ND_TRY(nd_norm_dim("transpose", d0, t->ndim, &a));
+    ND_TRY(nd_norm_dim("transpose", d1, t->ndim, &b));
+    int64_t ns[ND_MAX_DIMS], st[ND_MAX_DIMS];
+    memcpy(ns, t->shape, sizeof ns);
+    memcpy(st, t->strides, sizeof st);
+    ns[a] = t->shape[b]; ns[b] = t->shape[a];
+    st[a] = t->strides[b]; st[b] = t->strides[a];
+    return nd_tensor_view_of(t, ns, st, t->ndim, t->offset, out);
+}
+
+nd_status nd_expand(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {
+    char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+    if (ndim < t->ndim || ndim > ND_MAX_DIMS)
+        return nd_fail(ND_ERR_SHAPE, "expand: cannot expand shape %s to %s (fewer dims)",
+                       nd_shape_str(t->shape, t->ndim, b1), nd_shape_str(shape, ndim, b2));
+    int64_t ns[ND_MAX_DIMS], st[ND_MAX_DIMS];
+    int lead = ndim - t->ndim;
+    for (int i = 0; i < ndim; i++) {
+        int j = i - lead;
+        int64_t want = shape[i];
+        if (j < 0) {
+            if (want < 0)
+                return nd_fail(ND_ERR_SHAPE, "expand: -1 is not allowed for new leading dim %d", i);
+            ns[i] = want;
+            st[i] = 0;
+        } else if (want == -1 || want == t->shape[j]) {
+            ns[i] = t->shape[j];
+            st[i] = t->strides[j];
+        } else if (t->shape[j] == 1 && want >= 0) {
+            ns[i] = want;
+            st[i] = 0;
+        } else {
+            return nd_fail(ND_ERR_SHAPE, "expand: cannot expand shape %s to %s (dim %lld has size "
+                           "%lld, expected 1 or %lld)", nd_shape_str(t->shape, t->ndim, b1),
+                           nd_shape_str(shape, ndim, b2), ND_IX(i), (long long)t->shape[j],
+                           (long long)want);
+        }
+    }
+    ND_TRY(nd_check_shape("expand", ns, ndim, NULL));
+    return nd_tensor_view_of(t, ns, st, ndim, t->offset, out);
+}
+
+nd_status nd_select(const nd_tensor *t, int dim, int64_t index, nd_tensor **out) {
+    int d;
+    if (t->ndim == 0) return nd_fail(ND_ERR_INDEX, "select: cannot index a 0-dim tensor");
+    ND_TRY(nd_norm_dim("select", dim, t->ndim, &d));
+    int64_t n = t->shape[d];
+    if (index < -n || index >= n)
+        return nd_fail(ND_ERR_INDEX, "select: index %lld out of range for dim %lld of size %lld",
+                       ND_IX(index), ND_IX(d), (long long)n);
+    if (index < 0) index += n;
+    int64_t ns[ND_MAX_DIMS], st[ND_MAX_DIMS];
+    for (int i = 0, k = 0; i < t->ndim; i++)
+        if (i != d) { ns[k] = t->shape[i]; st[k] = t->strides[i]; k++; }
+    return nd_tensor_view_of(t, ns, st, t->ndim - 1, t->offset + index * t->strides[d], out);
+}
+
+nd_status nd_slice(const nd_tensor *t, int dim, int64_t start, int64_t stop, int64_t step,
+                   nd_tensor **out) {
+    int d;
+    if (t->ndim == 0) return nd_fail(ND_ERR_INDEX, "slice: cannot slice a 0-dim tensor");
+    ND_TRY(nd_norm_dim("slice", dim, t->ndim, &d));
+    if (step <= 0) return nd_fail(ND_ERR_ARG, "slice: step must be positive, got %lld",
+                                  (long long)step);
+    int64_t n = t->shape[d];
+    /* Python-style clamping of start/stop. */
+    if (start < 0) start += n;
+    if (stop < 0) stop += n;
+    if (start < 0) start = 0;
+    if (start > n) start = n;
+    if (stop > n) stop = n;
+    if (stop < start) stop = start;
+    int64_t len = (stop - start + step - 1) / step;
+    int64_t ns[ND_MAX_DIMS], st[ND_MAX_DIMS];
+    memcpy(ns, t->shape, sizeof ns);
+    memcpy(st, t->strides, sizeof st);
+    ns[d] = len;
+    st[d] = t->strides[d] * step;
+    return nd_tensor_view_of(t, ns, st, t->ndim, t->offset + (len ? start * t->strides[d] : 0),
+                             out);
+}
+
+nd_status nd_narrow(const nd_tensor *t, int dim, int64_t start, int64_t length, nd_tensor **out) {
+    int d;
+    if (t->ndim == 0) return nd_fail(ND_ERR_INDEX, "narrow: cannot narrow a 0-dim tensor");
+    ND_TRY(nd_norm_dim("narrow", dim, t->ndim, &d));
+    int64_t n = t->shape[d];
+    if (start < 0) start += n;
+    if (start < 0 || length < 0 || start + length > n)
+        return nd_fail(ND_ERR_INDEX, "narrow: start %lld and length %lld out of range for dim %lld "
+                       "of size %lld", ND_IX(start), (long long)length, ND_IX(d), (long long)n);
+    return nd_slice(t, d, start, start + length, 1, out);
+}
+
+/* d < 0: drop every size-1 dim; else drop dim d if its size is 1. */
+static nd_status squeeze_impl(const nd_tensor *t, int d, nd_tensor **out) {
+    int64_t ns[ND_MAX_DIMS], st[ND_MAX_DIMS];
+    int k = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        bool drop = t->shape[i] == 1 && (d < 0 || i == d);
+        if (!drop) { ns[k] = t->shape[i]; st[k] = t->strides[i]; k++; }
+    }
+    return nd_tensor_view_of(t, ns, st, k, t->offset, out);
+}
+
+nd_status nd_squeeze(const nd_tensor *t, int dim, nd_tensor **out) {
+    int d;
+    if (t->ndim == 0) return nd_tensor_view_of(t, t->shape, t->strides, 0, t->offset, out);
+    ND_TRY(nd_norm_dim("squeeze", dim, t->ndim, &d));
+    return squeeze_impl(t, d, out);
+}
+
+nd_status nd_squeeze_all(const nd_tensor *t, nd_tensor **out) { return squeeze_impl(t, -1, out); }
+
+nd_status nd_unsqueeze(const nd_tensor *t, int dim, nd_tensor **out) {
+    if (t->ndim >= ND_MAX_DIMS)
+        return nd_fail(ND_ERR_ARG, "unsqueeze: tensor already has %d dims (the maximum)", t->ndim);
+    int d;
+    ND_TRY(nd_norm_dim("unsqueeze", dim, t->ndim + 1, &d));
+    int64_t ns[ND_MAX_DIMS], st[ND_MAX_DIMS];
+    for (int i = 0, k = 0; i <= t->ndim; i++) {
+        if (i == d) {
+            ns[i] = 1;
+            st[i] = k < t->ndim ? t->strides[k] * t->shape[k] : 1;
+        } else {
+            ns[i] = t->shape[k];
+            st[i] = t->strides[k];
+            k++;
+        }
+    }
+    return nd_tensor_view_of(t, ns, st, t->ndim + 1, t->offset, out);
+}
+
+nd_status nd_flatten(const nd_tensor *t, int start_dim, int end_dim, nd_tensor **out) {
+    int s, e;
+    if (t->ndim == 0) {
+        int64_t one = 1;
+        return nd_reshape(t, &one, 1, out);
+    }
+    ND_TRY(nd_norm_dim("flatten", start_dim, t->ndim, &s));
+    ND_TRY(nd_norm_dim("flatten", end_dim, t->ndim, &e));
+    if (s > e) return nd_fail(ND_ERR_ARG, "flatten: start_dim %d comes after end_dim %d",
+                              start_dim, end_dim);
+    int64_t ns[ND_MAX_DIMS];
+    int k = 0;
+    for (int i = 0; i < s; i++) ns[k++] = t->shape[i];
+    int64_t m = 1;
+    for (int i = s; i <= e; i++) m *= t->shape[i];
+    ns[k++] = m;
+    for (int i = e + 1; i < t->ndim; i++) ns[k++] = t->shape[i];
+    return nd_reshape(t, ns, k, out);
+}
