@@ -13,7 +13,11 @@
 
 #define NUM_BINS 256
 #define ALIGN 64
-#define MAX_PER_BIN 64
+/* Lua frees tensors in batches when its collector runs, so a loop of small
+ * ops can have thousands in flight: small bins keep many blocks, large ones
+ * few (the byte limit applies to all). */
+#define MAX_PER_SMALL_BIN 16384
+#define MAX_PER_LARGE_BIN 64
 
 typedef struct block { struct block *next; } block;
 
@@ -70,7 +74,7 @@ void nd_cache_free(void *p, size_t nbytes) {
     int bin = bin_of(nbytes, &rounded);
     if (bin >= 0) {
         pthread_mutex_lock(&cache.lock);
-        if (cache.count[bin] < MAX_PER_BIN && cache.cached_bytes + (int64_t)rounded <= cache.limit) {
+        if (cache.count[bin] < (bin < 64 ? MAX_PER_SMALL_BIN : MAX_PER_LARGE_BIN) && cache.cached_bytes + (int64_t)rounded <= cache.limit) {
             block *b = p;
             b->next = cache.bins[bin];
             cache.bins[bin] = b;

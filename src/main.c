@@ -15,6 +15,7 @@
 #define _XOPEN_SOURCE 700 /* POSIX 2008 + realpath */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -380,9 +381,18 @@ static void preload_nd(lua_State *L) {
 
 enum { INPUT_OK, INPUT_EOF, INPUT_CANCELLED };
 
+#define CTRL_G 7 /* readline's abort key */
+
 static bool use_readline;   /* stdin is a terminal */
 static char *history_path;  /* NULL: history is not saved */
 static volatile sig_atomic_t prompt_interrupted;
+static bool abort_sent;     /* read_key answered the Ctrl-C already */
+static sigset_t wait_mask;  /* signal mask while waiting for a key */
+/* The terminal opened again, non-blocking: a Ctrl-C flushes typed-ahead
+ * input, so a key that pselect saw may be gone by the time we read it, and a
+ * blocking read would then hang with SIGINT blocked. (Setting O_NONBLOCK on
+ * stdin itself would leak to the shell, which shares that file.) */
+static int key_fd = -1;
 static char *accepted_line; /* set by on_line */
 static bool line_done;
 
@@ -397,47 +407,59 @@ static void on_line(char *line) {
     rl_callback_handler_remove();
 }
 
-/* Reads a line with readline's callback interface, fed from pselect(). Unlike
- * a blocking readline(), this lets Ctrl-C at the prompt throw away the typed
- * input (and a half-typed multi-line chunk) without jumping out of readline. */
-static int read_line_tty(const char *prompt, char **line) {
-    sigset_t sigint, orig;
-    sigemptyset(&sigint);
-    sigaddset(&sigint, SIGINT);
-    /* SIGINT stays blocked except inside pselect, so it cannot arrive between
-     * the flag check and the wait and leave us sleeping on a dead prompt. */
-    sigprocmask(SIG_BLOCK, &sigint, &orig);
-    set_signal(SIGINT, on_sigint_prompt);
-    prompt_interrupted = 0;
-    line_done = false;
-    accepted_line = NULL;
-    rl_callback_handler_install(prompt, on_line);
-    int fd = fileno(rl_instream ? rl_instream : stdin);
-    int result = INPUT_OK;
+/* readline's rl_getc_function. SIGINT is blocked while readline runs and
+ * unblocked only inside pselect here, so a Ctrl-C can never slip in between
+ * the check and the wait. After a Ctrl-C it hands readline the abort key
+ * once: readline may be reading keys inside a command (typeahead, a y/n
+ * question) and must return to read_line_tty, which drops the input. */
+static int read_key(FILE *in) {
+    int fd = key_fd >= 0 ? key_fd : fileno(in);
     for (;;) {
-        if (line_done) {
-            result = accepted_line ? INPUT_OK : INPUT_EOF;
-            break;
-        }
-        if (prompt_interrupted) {
-            rl_free_line_state();
-            rl_callback_sigcleanup();
-            rl_callback_handler_remove();
-            fputc('\n', rl_outstream ? rl_outstream : stdout);
-            result = INPUT_CANCELLED;
-            break;
+        if (prompt_interrupted && !abort_sent) {
+            abort_sent = true;
+            return CTRL_G;
         }
         fd_set fds;
         FD_ZERO(&fds);
         FD_SET(fd, &fds);
-        int n = pselect(fd + 1, &fds, NULL, NULL, NULL, &orig);
+        int n = pselect(fd + 1, &fds, NULL, NULL, NULL, &wait_mask);
         if (n > 0) {
-            rl_callback_read_char();
+            unsigned char c;
+            ssize_t r = read(fd, &c, 1);
+            if (r == 1) return c;
+            if (r == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) return EOF;
         } else if (n < 0 && errno != EINTR) {
-            rl_callback_handler_remove();
-            result = INPUT_EOF;
-            break;
+            return EOF;
+        } else {
+            rl_check_signals(); /* e.g. SIGWINCH: the terminal was resized */
         }
+    }
+}
+
+/* Reads a line with readline's callback interface: unlike a blocking
+ * readline(), it lets Ctrl-C at the prompt throw away the typed input (and a
+ * half-typed multi-line chunk) without jumping out of readline. */
+static int read_line_tty(const char *prompt, char **line) {
+    sigset_t sigint, orig;
+    sigemptyset(&sigint);
+    sigaddset(&sigint, SIGINT);
+    sigprocmask(SIG_BLOCK, &sigint, &orig);
+    wait_mask = orig;
+    sigdelset(&wait_mask, SIGINT);
+    set_signal(SIGINT, on_sigint_prompt);
+    prompt_interrupted = 0;
+    abort_sent = false;
+    line_done = false;
+    accepted_line = NULL;
+    rl_callback_handler_install(prompt, on_line);
+    while (!line_done && !prompt_interrupted) rl_callback_read_char();
+    int result = accepted_line ? INPUT_OK : INPUT_EOF;
+    if (!line_done) { /* Ctrl-C */
+        rl_free_line_state();
+        rl_callback_sigcleanup();
+        rl_callback_handler_remove();
+        fputc('\n', rl_outstream ? rl_outstream : stdout);
+        result = INPUT_CANCELLED;
     }
     set_signal(SIGINT, SIG_DFL);
     sigprocmask(SIG_SETMASK, &orig, NULL);
@@ -778,8 +800,11 @@ static void run_repl(lua_State *L) {
     use_readline = isatty(STDIN_FILENO);
     if (use_readline) {
         rl_readline_name = "needle-lua"; /* for $if needle-lua in ~/.inputrc */
-        rl_catch_signals = 0;            /* we handle SIGINT ourselves */
-        rl_persistent_signal_handlers = 1; /* see SIGWINCH while waiting */
+        rl_catch_signals = 0;              /* we handle SIGINT ourselves */
+        rl_persistent_signal_handlers = 1; /* catch SIGWINCH while waiting */
+        rl_getc_function = read_key;
+        const char *tty = ttyname(STDIN_FILENO);
+        if (tty) key_fd = open(tty, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
         rl_basic_word_break_characters = " \t\n\"'`@$><=;|&{}()[],+-*/%^~#";
         rl_attempted_completion_function = complete;
         completion_L = L;
@@ -798,6 +823,7 @@ static void run_repl(lua_State *L) {
     fputc('\n', stdout); /* leave the shell prompt on a fresh line */
     fflush(stdout);
     if (use_readline) history_close();
+    if (key_fd >= 0) close(key_fd);
     progname = old_progname;
 }
 

@@ -8,11 +8,11 @@ static atomic_llong live_bytes;
 int64_t nd_live_bytes(void) { return atomic_load(&live_bytes); }
 
 nd_status nd_storage_new(size_t nbytes, nd_storage **out) {
-    nd_storage *s = malloc(sizeof *s);
+    nd_storage *s = nd_cache_alloc(sizeof *s); /* headers are pooled too */
     if (!s) return nd_fail(ND_ERR_MEMORY, "out of memory allocating a storage header");
     void *data = nd_cache_alloc(nbytes ? nbytes : 1);
     if (!data) {
-        free(s);
+        nd_cache_free(s, sizeof *s);
         return nd_fail(ND_ERR_MEMORY, "out of memory allocating %zu bytes", nbytes);
     }
     atomic_init(&s->refcount, 1);
@@ -36,5 +36,5 @@ void nd_storage_release(nd_storage *s) {
         nd_cache_free(s->data, s->nbytes ? s->nbytes : 1);
         atomic_fetch_sub(&live_bytes, (long long)s->nbytes);
     }
-    free(s);
+    nd_cache_free(s, sizeof *s);
 }

@@ -10,7 +10,7 @@ void nd_release(nd_tensor *t) {
     if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
     nd_release(t->grad);
     nd_storage_release(t->storage);
-    free(t);
+    nd_cache_free(t, sizeof *t);
 }
 
 int nd_ndim(const nd_tensor *t) { return t->ndim; }
@@ -75,7 +75,7 @@ nd_status nd_check_shape(const char *op, const int64_t *shape, int ndim, int64_t
 
 nd_status nd_tensor_wrap(nd_storage *storage, nd_dtype dt, const int64_t *shape,
                          const int64_t *strides, int ndim, int64_t offset, nd_tensor **out) {
-    nd_tensor *t = malloc(sizeof *t);
+    nd_tensor *t = nd_cache_alloc(sizeof *t); /* pooled: no malloc per op */
     if (!t) return nd_fail(ND_ERR_MEMORY, "out of memory allocating a tensor header");
     atomic_init(&t->refcount, 1);
     t->ndim = ndim;
@@ -150,7 +150,7 @@ nd_status nd_from_borrowed(void *data, const int64_t *shape, int ndim, nd_dtype 
         return nd_fail(ND_ERR_DTYPE, "from_borrowed: invalid dtype %d", dt);
     ND_TRY(nd_check_shape("from_borrowed", shape, ndim, &numel));
     if (!data && numel) return nd_fail(ND_ERR_ARG, "from_borrowed: data is NULL");
-    nd_storage *s = malloc(sizeof *s);
+    nd_storage *s = nd_cache_alloc(sizeof *s); /* headers are pooled too */
     if (!s) return nd_fail(ND_ERR_MEMORY, "out of memory allocating a storage header");
     atomic_init(&s->refcount, 1);
     s->device = ND_DEVICE_CPU;

@@ -243,7 +243,7 @@ local function make_formatter(values, floating, p)
   -- nonzero finite values
   local nz, mn, mx = {}, huge, 0.0
   for i = 1, #values do
-    local v = values[i] + 0.0
+    local v = values[i] * 1.0
     if v == v and v ~= huge and v ~= -huge and v ~= 0 then
       nz[#nz + 1] = v
       local a = v < 0 and -v or v
@@ -293,7 +293,7 @@ end
 local function format_value(f, v)
   local s
   if f.floating then
-    v = v + 0.0
+    v = v * 1.0
     s = nonfinite_str(v)
     if not s then
       if f.sci_mode then

@@ -73,26 +73,49 @@ static nd_status binary_dtype(nd_binary_op op, nd_dtype c, nd_dtype *out) {
     return ND_OK;
 }
 
+static bool same_shape(const nd_tensor *t, const int64_t *shape, int nd) {
+    if (t->ndim != nd) return false;
+    for (int i = 0; i < nd; i++)
+        if (t->shape[i] != shape[i]) return false;
+    return true;
+}
+
+/* Operand x converted to dtype c and expanded to shape. Borrowed when no
+ * change is needed (the common case: no references taken on the hot path),
+ * else a new tensor recorded in *tmp for the caller to release. */
+static nd_status line_up(const nd_tensor *x, nd_dtype c, const int64_t *shape, int nd,
+                         const nd_tensor **out, nd_tensor **tmp) {
+    *tmp = NULL;
+    *out = x;
+    if (x->dtype == c && same_shape(x, shape, nd)) return ND_OK;
+    nd_tensor *conv;
+    ND_TRY(nd_as_dtype(x, c, &conv));
+    nd_status st = nd_expand_to(conv, shape, nd, tmp);
+    nd_release(conv);
+    if (st == ND_OK) *out = *tmp;
+    return st;
+}
+
 nd_status nd_binary(nd_binary_op op, const nd_tensor *a, const nd_tensor *b, nd_tensor **out) {
     if ((unsigned)op >= ND_NUM_BINARY) return nd_fail(ND_ERR_ARG, "binary: invalid op %d", op);
     const char *name = nd_binary_name(op);
     int64_t shape[ND_MAX_DIMS];
     int nd;
     ND_TRY(nd_broadcast_shape(name, a->shape, a->ndim, b->shape, b->ndim, shape, &nd));
-    nd_dtype c;
+    nd_dtype c = ND_FLOAT32;
     ND_TRY(binary_dtype(op, nd_promote(a->dtype, b->dtype), &c));
-    nd_tensor *ac = NULL, *bc = NULL, *ae = NULL, *be_ = NULL;
-    nd_status st = nd_as_dtype(a, c, &ac);
-    if (st == ND_OK) st = nd_as_dtype(b, c, &bc);
-    if (st == ND_OK) st = nd_expand_to(ac, shape, nd, &ae);
-    if (st == ND_OK) st = nd_expand_to(bc, shape, nd, &be_);
+    const nd_tensor *al, *bl;
+    nd_tensor *ta = NULL, *tb = NULL;
+    nd_status st = line_up(a, c, shape, nd, &al, &ta);
+    if (st == ND_OK) st = line_up(b, c, shape, nd, &bl, &tb);
     if (st == ND_OK) st = nd_empty(shape, nd, is_comparison(op) ? ND_BOOL : c, out);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(a);
-        st = ND_BACKEND_CALL(be, binary, name, op, *out, ae, be_);
+        st = ND_BACKEND_CALL(be, binary, name, op, *out, al, bl);
         if (st != ND_OK) { nd_release(*out); *out = NULL; }
     }
-    nd_release(ac); nd_release(bc); nd_release(ae); nd_release(be_);
+    nd_release(ta);
+    nd_release(tb);
     return st;
 }
 
@@ -109,7 +132,7 @@ nd_status nd_binary_scalar(nd_binary_op op, const nd_tensor *a, double s, int sc
                            nd_tensor **out) {
     if ((unsigned)op >= ND_NUM_BINARY) return nd_fail(ND_ERR_ARG, "binary: invalid op %d", op);
     const char *name = nd_binary_name(op);
-    nd_dtype c;
+    nd_dtype c = ND_FLOAT32;
     nd_dtype p = is_comparison(op) ? nd_promote(a->dtype, scalar_promote(a->dtype, s))
                                    : scalar_promote(a->dtype, s);
     /* bool compared with a number compares as int64 */
@@ -155,7 +178,7 @@ nd_status nd_binary_(nd_binary_op op, nd_tensor *a, const nd_tensor *b) {
 }
 
 nd_status nd_binary_scalar_(nd_binary_op op, nd_tensor *a, double s) {
-    nd_dtype c;
+    nd_dtype c = ND_FLOAT32;
     ND_TRY(binary_dtype(op, scalar_promote(a->dtype, s), &c));
     if (c == a->dtype && !is_comparison(op)) {
         const nd_backend *be = nd_backend_of(a);
