@@ -1,7 +1,9 @@
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 /* lt_module.c - the Lua entry points: luaopen_needle_core (the C bindings,
  * the "needle.core" module) and luaopen_needle (the whole package from the
  * Lua sources embedded in the library, for C hosts). */
 #include <string.h>
+#include <time.h>
 #include "embedded_lua.h"
 #include "lt_internal.h"
 
@@ -10,6 +12,15 @@ void lt_push_metatable(lua_State *L);
 static int l_live_bytes(lua_State *L) { lua_pushinteger(L, nd_live_bytes()); return 1; }
 static int l_cached_bytes(lua_State *L) { lua_pushinteger(L, nd_cached_bytes()); return 1; }
 static int l_empty_cache(lua_State *L) { (void)L; nd_empty_cache(); return 0; }
+
+/* Monotonic wall-clock seconds, for benchmarks and the profiler (os.clock
+ * is CPU time summed over threads, wrong for parallel kernels). */
+static int l_clock(lua_State *L) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    lua_pushnumber(L, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+    return 1;
+}
 
 int luaopen_needle_core(lua_State *L) {
     nd_error_index_base = 1; /* Lua speaks 1-based dims and indices */
@@ -24,6 +35,7 @@ int luaopen_needle_core(lua_State *L) {
         {"live_bytes", l_live_bytes, false, true},
         {"cached_bytes", l_cached_bytes, false, true},
         {"empty_cache", l_empty_cache, false, true},
+        {"clock", l_clock, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

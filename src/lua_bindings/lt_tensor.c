@@ -32,17 +32,22 @@ int lt_error(lua_State *L, const char *op, const char *fmt, ...) {
  * Lua's collector sees only the small userdata, not the tensor memory
  * behind it, so a loop making big temporaries would grow without bound.
  * When live tensor bytes pass a threshold we run a full collection and set
- * the next threshold to twice what survived (at least 64 MiB): collections
- * stay proportional to allocation, and nobody needs collectgarbage(). */
-static int64_t gc_threshold = (int64_t)64 << 20;
+ * the next threshold to what survived plus a quarter of it (at least
+ * 32 MiB of garbage): collections stay proportional to the bytes allocated,
+ * freed blocks go back to the caching allocator while they are still hot
+ * (no fresh, page-faulting memory for every large temporary), and nobody
+ * needs collectgarbage(). A full collection costs time proportional to the
+ * Lua heap, not to tensor sizes. */
+#define GC_MIN_SLACK ((int64_t)32 << 20)
+static int64_t gc_threshold = GC_MIN_SLACK;
 
 static void gc_account(lua_State *L) {
     int64_t live = nd_live_bytes();
     if (live <= gc_threshold) return;
     lua_gc(L, LUA_GCCOLLECT);
     live = nd_live_bytes();
-    int64_t next = 2 * live;
-    gc_threshold = next > ((int64_t)64 << 20) ? next : ((int64_t)64 << 20);
+    int64_t slack = live / 4 > GC_MIN_SLACK ? live / 4 : GC_MIN_SLACK;
+    gc_threshold = live + slack;
 }
 
 /* --------------------------------------------------------------- userdata */

@@ -35,3 +35,14 @@ nd_status nd_expand_to(const nd_tensor *t, const int64_t *shape, int ndim, nd_te
 nd_status nd_as_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out) {
     return nd_to_dtype(t, dt, out); /* already returns t itself when dt matches */
 }
+
+nd_status nd_check_writable(const char *op, const nd_tensor *t) {
+    for (int i = 0; i < t->ndim; i++)
+        if (t->strides[i] == 0 && t->shape[i] > 1) {
+            char b[ND_SHAPE_BUF];
+            return nd_fail(ND_ERR_ARG, "%s: cannot write in place into an expanded tensor (shape "
+                           "%s, dim %lld has stride 0); clone() it first", op,
+                           nd_shape_str(t->shape, t->ndim, b), ND_IX(i));
+        }
+    return ND_OK;
+}

@@ -3,6 +3,7 @@
 #include "backend.h"
 
 nd_status nd_copy_(nd_tensor *dst, const nd_tensor *src) {
+    ND_TRY(nd_check_writable("copy_", dst));
     nd_tensor *s;
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
     if (nd_expand_to(src, dst->shape, dst->ndim, &s) != ND_OK)

@@ -161,6 +161,7 @@ static nd_status write_back(nd_tensor *a, nd_tensor *r) {
 
 nd_status nd_binary_(nd_binary_op op, nd_tensor *a, const nd_tensor *b) {
     const char *name = nd_binary_name(op);
+    ND_TRY(nd_check_writable(name, a));
     int64_t shape[ND_MAX_DIMS];
     int nd;
     ND_TRY(nd_broadcast_shape(name, a->shape, a->ndim, b->shape, b->ndim, shape, &nd));
@@ -178,6 +179,7 @@ nd_status nd_binary_(nd_binary_op op, nd_tensor *a, const nd_tensor *b) {
 }
 
 nd_status nd_binary_scalar_(nd_binary_op op, nd_tensor *a, double s) {
+    ND_TRY(nd_check_writable(nd_binary_name(op), a));
     nd_dtype c = ND_FLOAT32;
     ND_TRY(binary_dtype(op, scalar_promote(a->dtype, s), &c));
     if (c == a->dtype && !is_comparison(op)) {

@@ -40,42 +40,55 @@ void nd_dim_loop_init(nd_dim_loop *L, int nops, const nd_tensor *const *ts,
     L->ndim = nd ? out + 1 : 0;
 }
 
-/* Runs slices [start, end), walking the outer coordinates with a counter. */
-static void run_slices(const nd_dim_loop *L, int64_t start, int64_t end, nd_inner_fn fn,
-                       void *ctx) {
-    const int nops = L->nops, nd = L->ndim;
-    int64_t idx[ND_MAX_DIMS];
-    char *p[ND_LOOP_MAX_OPS];
+/* Positions p at grid cell `start` of L's outer dims (idx: its coordinates). */
+static void seek(const nd_dim_loop *L, int64_t start, int64_t *idx, char **p) {
     int64_t rem = start;
-    for (int d = nd - 1; d >= 0; d--) {
+    for (int d = L->ndim - 1; d >= 0; d--) {
         idx[d] = rem % L->shape[d];
         rem /= L->shape[d];
     }
-    for (int k = 0; k < nops; k++) {
+    for (int k = 0; k < L->nops; k++) {
         p[k] = L->base[k];
-        for (int d = 0; d < nd; d++) p[k] += idx[d] * L->strides[k][d];
+        for (int d = 0; d < L->ndim; d++) p[k] += idx[d] * L->strides[k][d];
     }
+}
+
+/* Moves p and idx to the next grid cell (row-major). */
+static void step(const nd_dim_loop *L, int64_t *idx, char **p) {
+    const int nops = L->nops;
+    int d = L->ndim - 1;
+    if (d < 0) return;
+    for (int k = 0; k < nops; k++) p[k] += L->strides[k][d];
+    idx[d]++;
+    for (; d > 0 && idx[d] == L->shape[d]; d--) {
+        for (int k = 0; k < nops; k++) p[k] += L->strides[k][d - 1] - L->shape[d] * L->strides[k][d];
+        idx[d] = 0;
+        idx[d - 1]++;
+    }
+}
+
+/* Runs slices [start, end), walking the outer coordinates with a counter. */
+static void run_slices(const nd_dim_loop *L, int64_t start, int64_t end, nd_inner_fn fn,
+                       void *ctx) {
+    int64_t idx[ND_MAX_DIMS];
+    char *p[ND_LOOP_MAX_OPS];
+    seek(L, start, idx, p);
     for (int64_t s = start; s < end; s++) {
         fn(p, L->inner, L->n, ctx);
-        if (s + 1 == end || nd == 0) break;
-        int d = nd - 1;
-        for (int k = 0; k < nops; k++) p[k] += L->strides[k][d];
-        idx[d]++;
-        for (; d > 0 && idx[d] == L->shape[d]; d--) {
-            for (int k = 0; k < nops; k++)
-                p[k] += L->strides[k][d - 1] - L->shape[d] * L->strides[k][d];
-            idx[d] = 0;
-            idx[d - 1]++;
-        }
+        if (s + 1 < end) step(L, idx, p);
     }
+}
+
+static int pick_threads(const nd_dim_loop *L, int64_t tasks, int parallel) {
+    if (!parallel || tasks < 2 || L->nouter * L->n < ND_PARALLEL_THRESHOLD) return 1;
+    int nt = omp_get_max_threads();
+    return nt > tasks ? (int)tasks : nt;
 }
 
 void nd_dim_loop_run(const nd_dim_loop *L, nd_inner_fn fn, void *ctx, int parallel) {
     int64_t total = L->nouter;
     if (total == 0 || L->n == 0) return;
-    int nthreads = parallel && total > 1 && total * L->n >= ND_PARALLEL_THRESHOLD
-                       ? omp_get_max_threads() : 1;
-    if (nthreads > total) nthreads = (int)total;
+    int nthreads = pick_threads(L, total, parallel);
     if (nthreads <= 1) {
         run_slices(L, 0, total, fn, ctx);
         return;
@@ -87,5 +100,70 @@ void nd_dim_loop_run(const nd_dim_loop *L, nd_inner_fn fn, void *ctx, int parall
         int64_t s = (int64_t)t * chunk, e = s + chunk;
         if (e > total) e = total;
         if (s < e) run_slices(L, s, e, fn, ctx);
+    }
+}
+
+/* Tiles [start, end) of grid G, whose last dim counts chunks of `chunk`
+ * lanes out of `lanes` (chunk 0: G's cells are single slices). */
+static void run_tiles(const nd_dim_loop *G, int64_t start, int64_t end, int64_t chunk,
+                      int64_t lanes, const int64_t *lstr, nd_tile_fn fn, void *ctx) {
+    int64_t idx[ND_MAX_DIMS];
+    char *p[ND_LOOP_MAX_OPS];
+    seek(G, start, idx, p);
+    for (int64_t s = start; s < end; s++) {
+        int64_t n = 1;
+        if (chunk) {
+            int64_t first = idx[G->ndim - 1] * chunk;
+            n = lanes - first < chunk ? lanes - first : chunk;
+        }
+        fn(p, G->inner, G->n, lstr, n, ctx);
+        if (s + 1 < end) step(G, idx, p);
+    }
+}
+
+void nd_dim_loop_run_tiles(const nd_dim_loop *L, nd_tile_fn fn, void *ctx, int parallel) {
+    if (L->nouter == 0 || L->n == 0) return;
+    nd_dim_loop G = *L;
+    int64_t chunk = 0, lanes = 1, lstr[ND_LOOP_MAX_OPS] = {0};
+    int lane = L->ndim - 1;
+    /* Lanes pay off when they are the more contiguous direction of operand
+     * 0 (the output), or when slices have a single element. */
+    if (L->ndim > 0) {
+        int64_t ls = L->strides[0][lane], ds = L->inner[0];
+        if (ls < 0) ls = -ls;
+        if (ds < 0) ds = -ds;
+        if (L->n == 1 || ls < ds) {
+            lanes = L->shape[lane];
+            int64_t rest = L->nouter / lanes;
+            /* enough tiles for the threads, but at least 64 lanes (whole
+             * cache lines) and at most ND_TILE_MAX per tile */
+            int64_t want = parallel ? 4 * (int64_t)omp_get_max_threads() : 1;
+            int64_t per_row = rest >= want ? 1 : (want + rest - 1) / rest;
+            chunk = (lanes + per_row - 1) / per_row;
+            if (chunk < 64) chunk = 64;
+            if (chunk > ND_TILE_MAX) chunk = ND_TILE_MAX;
+            if (chunk > lanes) chunk = lanes;
+            int64_t nchunks = (lanes + chunk - 1) / chunk;
+            for (int k = 0; k < L->nops; k++) {
+                lstr[k] = L->strides[k][lane];
+                G.strides[k][lane] = L->strides[k][lane] * chunk;
+            }
+            G.shape[lane] = nchunks;
+            G.nouter = rest * nchunks;
+        }
+    }
+    int64_t total = G.nouter;
+    int nthreads = pick_threads(L, total, parallel);
+    if (nthreads <= 1) {
+        run_tiles(&G, 0, total, chunk, lanes, lstr, fn, ctx);
+        return;
+    }
+#pragma omp parallel num_threads(nthreads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        int64_t per = (total + nt - 1) / nt;
+        int64_t s = (int64_t)t * per, e = s + per;
+        if (e > total) e = total;
+        if (s < e) run_tiles(&G, s, e, chunk, lanes, lstr, fn, ctx);
     }
 }

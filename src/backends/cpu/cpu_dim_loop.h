@@ -30,4 +30,17 @@ void nd_dim_loop_init(nd_dim_loop *L, int nops, const nd_tensor *const *ts,
  * the total work is large. fn gets the same arguments as an nd_inner_fn. */
 void nd_dim_loop_run(const nd_dim_loop *L, nd_inner_fn fn, void *ctx, int parallel);
 
+/* A tile is up to ND_TILE_MAX neighbouring slices ("lanes", along the
+ * innermost outer dim): fn gets their pointers at coordinate 0 of dim, the
+ * byte strides along dim (dstr) and across lanes (lstr), the slice length n
+ * and the lane count. A kernel loops `for k < n: for l < lanes`, so when
+ * dim is the outer, strided dim (index_add along dim 0 of a row-major
+ * tensor) its inner loop still walks memory in order. When the slices
+ * themselves are the more contiguous direction, tiles have one lane each.
+ * Tiles never share a lane, so per-lane accumulation stays race-free. */
+#define ND_TILE_MAX 1024
+typedef void (*nd_tile_fn)(char **ptrs, const int64_t *dstr, int64_t n, const int64_t *lstr,
+                           int64_t lanes, void *ctx);
+void nd_dim_loop_run_tiles(const nd_dim_loop *L, nd_tile_fn fn, void *ctx, int parallel);
+
 #endif

@@ -165,38 +165,50 @@ nd_status nd_cpu_index_select(nd_tensor *out, const nd_tensor *x, int dim, const
     return s;
 }
 
-/* ---- scatter: slices along dim, so duplicates stay within one thread ---- */
+/* ---- scatter: tiles of slices along dim (cpu_dim_loop.h), so duplicate
+ * indices only ever meet within one thread ---- */
 
-/* ptrs: out, index, src at coordinate 0 of dim; strides along dim. Later
- * positions win for duplicate indices (deterministic). */
+/* ptrs: out, index, src at coordinate 0 of dim; per lane, later positions
+ * along dim win for duplicate indices (deterministic). */
 #define SCATTER_BODY(T, STMT)                                                  \
     {                                                                          \
-        const char *pi = p[1], *ps = p[2];                                     \
-        for (int64_t k = 0; k < n; k++, pi += s[1], ps += s[2]) {              \
-            T *d = (T *)(p[0] + *(const int64_t *)pi * s[0]);                  \
-            T v = *(const T *)ps;                                              \
-            STMT;                                                              \
+        for (int64_t k = 0; k < n; k++) {                                      \
+            char *po = p[0];                                                   \
+            const char *pi = p[1] + k * ds[1], *ps = p[2] + k * ds[2];         \
+            for (int64_t l = 0; l < lanes; l++, po += ls[0], pi += ls[1], ps += ls[2]) { \
+                T *d = (T *)(po + *(const int64_t *)pi * ds[0]);               \
+                T v = *(const T *)ps;                                          \
+                STMT;                                                          \
+            }                                                                  \
         }                                                                      \
     }
-static void scat_1(char **p, const int64_t *s, int64_t n, void *ctx) SCATTER_BODY(uint8_t, *d = v)
-static void scat_2(char **p, const int64_t *s, int64_t n, void *ctx) SCATTER_BODY(uint16_t, *d = v)
-static void scat_4(char **p, const int64_t *s, int64_t n, void *ctx) SCATTER_BODY(uint32_t, *d = v)
-static void scat_8(char **p, const int64_t *s, int64_t n, void *ctx) SCATTER_BODY(uint64_t, *d = v)
-static void scat_add_f32(char **p, const int64_t *s, int64_t n, void *ctx) SCATTER_BODY(float, *d += v)
-static void scat_add_f64(char **p, const int64_t *s, int64_t n, void *ctx) SCATTER_BODY(double, *d += v)
-static void scat_add_i64(char **p, const int64_t *s, int64_t n, void *ctx) SCATTER_BODY(int64_t, *d += v)
-static void scat_add_i32(char **p, const int64_t *s, int64_t n, void *ctx) SCATTER_BODY(int32_t, *d += v)
-static void scat_add_u8(char **p, const int64_t *s, int64_t n, void *ctx) SCATTER_BODY(uint8_t, *d = (uint8_t)(*d + v))
-static void scat_add_bool(char **p, const int64_t *s, int64_t n, void *ctx) SCATTER_BODY(uint8_t, *d = *d | v)
+#define SCATTER_FN(name, T, STMT)                                              \
+    static void name(char **p, const int64_t *ds, int64_t n, const int64_t *ls, \
+                     int64_t lanes, void *ctx) SCATTER_BODY(T, STMT)
+SCATTER_FN(scat_1, uint8_t, *d = v)
+SCATTER_FN(scat_2, uint16_t, *d = v)
+SCATTER_FN(scat_4, uint32_t, *d = v)
+SCATTER_FN(scat_8, uint64_t, *d = v)
+SCATTER_FN(scat_add_f32, float, *d += v)
+SCATTER_FN(scat_add_f64, double, *d += v)
+SCATTER_FN(scat_add_i64, int64_t, *d += v)
+SCATTER_FN(scat_add_i32, int32_t, *d += v)
+SCATTER_FN(scat_add_u8, uint8_t, *d = (uint8_t)(*d + v))
+SCATTER_FN(scat_add_bool, uint8_t, *d = *d | v)
+/* float16/bfloat16: through double; ctx is the dtype */
+SCATTER_FN(scat_add_generic, char, nd_store_f64(d, *(const nd_dtype *)ctx,
+                                               nd_load_f64(d, *(const nd_dtype *)ctx) +
+                                               nd_load_f64(ps, *(const nd_dtype *)ctx)))
+#undef SCATTER_FN
 #undef SCATTER_BODY
 
-/* float16/bfloat16: through double. ctx: the dtype. */
-static void scat_add_generic(char **p, const int64_t *s, int64_t n, void *ctx) {
-    nd_dtype dt = *(const nd_dtype *)ctx;
-    const char *pi = p[1], *ps = p[2];
-    for (int64_t k = 0; k < n; k++, pi += s[1], ps += s[2]) {
-        char *d = p[0] + *(const int64_t *)pi * s[0];
-        nd_store_f64(d, dt, nd_load_f64(d, dt) + nd_load_f64(ps, dt));
+static nd_tile_fn by_size_tile(size_t es, nd_tile_fn f1, nd_tile_fn f2, nd_tile_fn f4,
+                               nd_tile_fn f8) {
+    switch (es) {
+    case 1: return f1;
+    case 2: return f2;
+    case 4: return f4;
+    default: return f8;
     }
 }
 
@@ -204,10 +216,10 @@ nd_status nd_cpu_scatter(nd_tensor *out, int dim, const nd_tensor *index, const 
                          int accumulate) {
     int64_t limit = out->ndim ? out->shape[dim] : 1;
     ND_TRY(check_indices(accumulate ? "scatter_add" : "scatter", index, limit, dim));
-    nd_inner_fn fn;
+    nd_tile_fn fn;
     nd_dtype dt = out->dtype;
     if (!accumulate) {
-        fn = by_size(nd_dtype_size(dt), scat_1, scat_2, scat_4, scat_8);
+        fn = by_size_tile(nd_dtype_size(dt), scat_1, scat_2, scat_4, scat_8);
     } else {
         switch (dt) {
         case ND_FLOAT32: fn = scat_add_f32; break;
@@ -222,7 +234,7 @@ nd_status nd_cpu_scatter(nd_tensor *out, int dim, const nd_tensor *index, const 
     const nd_tensor *ops[3] = {out, index, src};
     nd_dim_loop L;
     nd_dim_loop_init(&L, 3, ops, index->shape, index->ndim, dim);
-    nd_dim_loop_run(&L, fn, &dt, 1);
+    nd_dim_loop_run_tiles(&L, fn, &dt, 1);
     return ND_OK;
 }
 
@@ -235,39 +247,53 @@ typedef struct {
     nd_dtype dt;
 } index_add_ctx;
 
-/* ptrs: out, src at coordinate 0 of dim. */
-#define INDEX_ADD_BODY(T, A, STMT)                                             \
-    {                                                                          \
+/* ptrs: out, src at coordinate 0 of dim. The lane loop gets a dense
+ * version (both operands contiguous across lanes) that compilers vectorise. */
+#define INDEX_ADD_FN(name, T, A, STMT)                                         \
+    static void name(char **p, const int64_t *ds, int64_t n, const int64_t *ls, \
+                     int64_t lanes, void *ctx) {                               \
         const index_add_ctx *c = ctx;                                          \
         const T a = (T)(A);                                                    \
-        const char *pi = c->idx, *ps = p[1];                                   \
-        for (int64_t k = 0; k < n; k++, pi += c->idx_stride, ps += s[1]) {     \
-            T *d = (T *)(p[0] + *(const int64_t *)pi * s[0]);                  \
-            T v = *(const T *)ps;                                              \
-            STMT;                                                              \
+        const int dense = ls[0] == sizeof(T) && ls[1] == sizeof(T);            \
+        for (int64_t k = 0; k < n; k++) {                                      \
+            char *po = p[0] + *(const int64_t *)(c->idx + k * c->idx_stride) * ds[0]; \
+            const char *ps = p[1] + k * ds[1];                                 \
+            if (dense) {                                                       \
+                T *d = (T *)po;                                                \
+                const T *v = (const T *)ps;                                    \
+                for (int64_t l = 0; l < lanes; l++) { T *dl = d + l; T vl = v[l]; STMT(dl, vl); } \
+            } else {                                                           \
+                for (int64_t l = 0; l < lanes; l++, po += ls[0], ps += ls[1]) { \
+                    T *dl = (T *)po;                                           \
+                    T vl = *(const T *)ps;                                     \
+                    STMT(dl, vl);                                              \
+                }                                                              \
+            }                                                                  \
         }                                                                      \
         (void)a;                                                               \
     }
-static void iadd_f32(char **p, const int64_t *s, int64_t n, void *ctx)
-    INDEX_ADD_BODY(float, c->alpha, *d += a * v)
-static void iadd_f64(char **p, const int64_t *s, int64_t n, void *ctx)
-    INDEX_ADD_BODY(double, c->alpha, *d += a * v)
-static void iadd_i64(char **p, const int64_t *s, int64_t n, void *ctx)
-    INDEX_ADD_BODY(int64_t, (int64_t)c->alpha, *d += a * v)
-static void iadd_i32(char **p, const int64_t *s, int64_t n, void *ctx)
-    INDEX_ADD_BODY(int32_t, (int64_t)c->alpha, *d += a * v)
-static void iadd_u8(char **p, const int64_t *s, int64_t n, void *ctx)
-    INDEX_ADD_BODY(uint8_t, (int64_t)c->alpha, *d = (uint8_t)(*d + a * v))
-static void iadd_bool(char **p, const int64_t *s, int64_t n, void *ctx)
-    INDEX_ADD_BODY(uint8_t, c->alpha != 0, *d = *d | (a & v))
-#undef INDEX_ADD_BODY
+#define ADD_SCALED(d, v) (*(d) += a * (v))
+#define ADD_SCALED_U8(d, v) (*(d) = (uint8_t)(*(d) + a * (v)))
+#define OR_SCALED(d, v) (*(d) = *(d) | (a & (v)))
+INDEX_ADD_FN(iadd_f32, float, c->alpha, ADD_SCALED)
+INDEX_ADD_FN(iadd_f64, double, c->alpha, ADD_SCALED)
+INDEX_ADD_FN(iadd_i64, int64_t, (int64_t)c->alpha, ADD_SCALED)
+INDEX_ADD_FN(iadd_i32, int32_t, (int64_t)c->alpha, ADD_SCALED)
+INDEX_ADD_FN(iadd_u8, uint8_t, (int64_t)c->alpha, ADD_SCALED_U8)
+INDEX_ADD_FN(iadd_bool, uint8_t, c->alpha != 0, OR_SCALED)
+#undef ADD_SCALED
+#undef ADD_SCALED_U8
+#undef OR_SCALED
+#undef INDEX_ADD_FN
 
-static void iadd_generic(char **p, const int64_t *s, int64_t n, void *ctx) {
+static void iadd_generic(char **p, const int64_t *ds, int64_t n, const int64_t *ls,
+                         int64_t lanes, void *ctx) {
     const index_add_ctx *c = ctx;
-    const char *pi = c->idx, *ps = p[1];
-    for (int64_t k = 0; k < n; k++, pi += c->idx_stride, ps += s[1]) {
-        char *d = p[0] + *(const int64_t *)pi * s[0];
-        nd_store_f64(d, c->dt, nd_load_f64(d, c->dt) + c->alpha * nd_load_f64(ps, c->dt));
+    for (int64_t k = 0; k < n; k++) {
+        char *po = p[0] + *(const int64_t *)(c->idx + k * c->idx_stride) * ds[0];
+        const char *ps = p[1] + k * ds[1];
+        for (int64_t l = 0; l < lanes; l++, po += ls[0], ps += ls[1])
+            nd_store_f64(po, c->dt, nd_load_f64(po, c->dt) + c->alpha * nd_load_f64(ps, c->dt));
     }
 }
 
@@ -279,7 +305,7 @@ nd_status nd_cpu_index_add(nd_tensor *out, int dim, const nd_tensor *index, cons
                        .idx_stride = index->ndim ? index->strides[0] * 8 : 0,
                        .alpha = alpha,
                        .dt = out->dtype};
-    nd_inner_fn fn;
+    nd_tile_fn fn;
     switch (out->dtype) {
     case ND_FLOAT32: fn = iadd_f32; break;
     case ND_FLOAT64: fn = iadd_f64; break;
@@ -292,7 +318,7 @@ nd_status nd_cpu_index_add(nd_tensor *out, int dim, const nd_tensor *index, cons
     const nd_tensor *ops[2] = {out, src};
     nd_dim_loop L;
     nd_dim_loop_init(&L, 2, ops, src->shape, src->ndim, dim);
-    nd_dim_loop_run(&L, fn, &c, 1);
+    nd_dim_loop_run_tiles(&L, fn, &c, 1);
     return ND_OK;
 }
 

@@ -82,7 +82,7 @@ nd_status nd_cpu_matmul(nd_tensor *out, const nd_tensor *a_in, const nd_tensor *
     }
     if (K == 0) { st = nd_cpu_fill(out, 0); goto done; }
     if (M == 0 || N == 0 || batch == 0) goto done;
-    blas_view va, vb;
+    blas_view va = {CblasNoTrans, 1}, vb = {CblasNoTrans, 1};
     if (blas) {
         blas_layout(M, K, a->strides[n - 2], a->strides[n - 1], &va);
         blas_layout(K, N, b->strides[n - 2], b->strides[n - 1], &vb);
