@@ -2,9 +2,8 @@
 --
 --   build/needle-lua scripts/demo.lua
 --
--- Builds a noisy linear data set, fits w with hand-written gradients
--- (matmul, transpose, elementwise arithmetic, mean), then checks the
--- hand-written gradient against autograd.
+-- Builds a noisy linear data set and fits w with hand-written gradients
+-- (matmul, transpose, elementwise arithmetic, mean, sum, item).
 local nd = require "needle"
 
 nd.manual_seed(0)
@@ -43,14 +42,5 @@ print(w_true)
 local w_err = (w - w_true):abs():sum():item()
 print(string.format("sum |w - w_true| = %.4f", w_err))
 
--- The same gradient through autograd.
-local w0 = nd.tensor({{0.5}, {0.5}, {0.5}}, {requires_grad = true})
-local err = X:matmul(w0) - y
-local loss = (err * err):mean()
-loss:backward()
-local _, manual = loss_and_grad(w0:detach())
-local diff = (w0.grad - manual):abs():sum():item()
-print(string.format("autograd vs hand-written gradient: sum |difference| = %.2e", diff))
-assert(diff < 1e-3, "autograd and the hand-written gradient disagree")
 assert(w_err < 0.05, "gradient descent did not recover w")
 print("demo ok")

@@ -55,9 +55,11 @@ local function expect(text) return "expect " .. escape(text) end
 local function sleep(ms) return "sleep " .. ms end
 local CTRL_C, CTRL_D, CTRL_P, CTRL_U = "\3", "\4", "\16", "\21"
 
--- Types `input` and waits for the line `output` and the next prompt.
+-- Types `input` and waits for the line `output` and the next prompt. (One
+-- string of three steps: in a table constructor only a last call expands to
+-- several values.)
 local function eval(input, output)
-  return send(input .. "\n"), expect("\n" .. output .. "\r\n"), expect("> ")
+  return table.concat({send(input .. "\n"), expect("\n" .. output .. "\r\n"), expect("> ")}, "\n")
 end
 
 describe("needle-lua REPL", function()

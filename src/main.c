@@ -32,12 +32,10 @@
 #include <lua.h>
 #include <lualib.h>
 
-/* Also declared in needle.h; repeated so this file does not depend on it. */
+/* From needle.h (the library is linked in); repeated so that this file does
+ * not depend on the header. */
 extern int luaopen_needle_core(lua_State *L);
-
-#ifndef NEEDLE_VERSION
-#define NEEDLE_VERSION "0.1.0"
-#endif
+extern const char *nd_version(void);
 
 #define PROGNAME "needle-lua"
 #define PROMPT "> "
@@ -162,7 +160,7 @@ enum {
 };
 
 static void print_version(void) {
-    printf("needle-lua %s -- %s\n", NEEDLE_VERSION, LUA_COPYRIGHT);
+    printf("needle-lua %s -- %s\n", nd_version(), LUA_COPYRIGHT);
     fflush(stdout);
 }
 

@@ -20,6 +20,9 @@ static nd_status infer_shape(const char *op, const nd_tensor *t, const int64_t *
             return nd_fail(ND_ERR_ARG, "%s: invalid size %lld in shape %s", op,
                            (long long)shape[i], nd_shape_str(shape, ndim, b1));
         } else {
+            if (shape[i] > 0 && known > ND_MAX_NUMEL / shape[i])
+                return nd_fail(ND_ERR_SHAPE, "%s: shape %s is too large (more than 2^48 elements)",
+                               op, nd_shape_str(shape, ndim, b1));
             known *= shape[i];
         }
     }

@@ -52,8 +52,7 @@ R.unary = {
   sqrt = function(x) if x < 0 then return 0 / 0 end return math.sqrt(x) end,
   rsqrt = function(x)
     if x < 0 then return 0 / 0 end
-    if x == 0 then return math.huge end
-    return 1 / math.sqrt(x)
+    return 1 / math.sqrt(x) -- 1/+0 = inf, 1/-0 = -inf
   end,
   tanh = function(x)
     if x > 20 then return 1.0 elseif x < -20 then return -1.0 end
@@ -446,7 +445,25 @@ end
 -- Matmul (PyTorch's rules: 1-D operands promoted and the dim removed again,
 -- batch dims broadcast). Integers accumulate in Lua integers (wrapping).
 
+-- plain 2-D x 2-D product (row-major data)
+local function matmul2d(a, b)
+  local M, K, N = a.shape[1], a.shape[2], b.shape[2]
+  assert(b.shape[1] == K, "reference: inner dims do not match")
+  local A, B = a.data, b.data
+  local zero = (math.type(A[1]) == "integer" and math.type(B[1]) == "integer") and 0 or 0.0
+  local out = {}
+  for i = 0, M - 1 do
+    for j = 0, N - 1 do
+      local s = zero
+      for k = 0, K - 1 do s = s + A[i * K + k + 1] * B[k * N + j + 1] end
+      out[i * N + j + 1] = s
+    end
+  end
+  return R.new({ M, N }, out)
+end
+
 function R.matmul(a, b)
+  if #a.shape == 2 and #b.shape == 2 then return matmul2d(a, b) end
   local as, bs = R.copy_shape(a.shape), R.copy_shape(b.shape)
   local a_vec, b_vec = #as == 1, #bs == 1
   if a_vec then as = { 1, as[1] } end
@@ -549,22 +566,25 @@ function R.compare(actual, expected, opts)
   return true
 end
 
--- assert-style wrapper: a busted failure (luassert's is_true) when run
--- under busted, a plain error otherwise.
-function R.assert_close(actual, expected, opts, what)
-  local ok, msg = R.compare(actual, expected, opts)
-  if not ok then
-    msg = (what and (what .. ": ") or "") .. msg
-    local A = _G.assert
-    if type(A) == "table" and A.is_true then A.is_true(false, msg) end
-    error(msg, 2)
+-- Assertion helpers bound to the caller's assert (pass busted's luassert so
+-- that a mismatch is reported as a failure with the message):
+--   local close, equal = R.asserts(assert)
+--   close(actual, expected, opts, what)  -- rtol/atol comparison
+--   equal(actual, expected, what)        -- exact comparison
+function R.asserts(A)
+  local function close(actual, expected, opts, what)
+    local ok, msg = R.compare(actual, expected, opts)
+    if not ok then
+      msg = (what and (what .. ": ") or "") .. msg
+      if type(A) == "table" and A.is_true then A.is_true(false, msg) end
+      error(msg, 2)
+    end
+    return true
   end
-  return true
-end
-
--- Exact comparison (integers, booleans, values that must be bit-equal).
-function R.assert_equal(actual, expected, what)
-  return R.assert_close(actual, expected, { exact = true }, what)
+  local function equal(actual, expected, what)
+    return close(actual, expected, { exact = true }, what)
+  end
+  return close, equal
 end
 
 return R

@@ -26,7 +26,7 @@ nd_status nd_linspace(double start, double end, int64_t steps, nd_dtype dt, nd_t
     size_t es = nd_dtype_size(dt);
     double step = steps > 1 ? (end - start) / (double)(steps - 1) : 0;
     /* fill symmetric halves from each end, as PyTorch, so the last value is exactly end */
-    int64_t half = steps / 2;
+    int64_t half = (steps + 1) / 2; /* steps == 1 gives just start, as PyTorch */
     for (int64_t i = 0; i < steps; i++) {
         double v = i < half ? start + step * (double)i : end - step * (double)(steps - 1 - i);
         nd_store_f64(p + i * (int64_t)es, dt, v);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "needle.h"
+#include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/cpu_philox.h"
 
 static int failures = 0, checks = 0;
@@ -398,6 +399,16 @@ static void test_sort_topk(void) {
     nd_release(v);
     nd_release(i);
 
+    /* 0-dim */
+    nd_tensor *sc;
+    REQ(nd_scalar(3, ND_FLOAT32, &sc));
+    REQ(nd_sort(sc, 0, 0, &v, &i));
+    CHECK(nd_ndim(v) == 0 && nd_ndim(i) == 0, "sort 0-dim keeps 0 dims");
+    expect_at(__LINE__, "sort 0-dim index", i, ND_INT64, NULL, 0, V(0));
+    nd_release(v);
+    nd_release(i);
+    nd_release(sc);
+
     /* topk */
     nd_tensor *t = mk(ND_FLOAT32, S(2, 5), V(1, 5, 3, 4, 2, 9, 8, 7, 6, 10));
     REQ(nd_topk(t, 2, 1, 1, &v, &i));
@@ -685,6 +696,38 @@ static void test_random(void) {
     EXPECT_ERR("randint uint8 range", nd_randint(0, 300, S(2), ND_UINT8, &r), ND_ERR_ARG,
                "randint", "uint8");
     EXPECT_ERR("randperm negative", nd_randperm(-1, &r), ND_ERR_ARG, "randperm", "-1");
+
+    /* bernoulli reads a transposed p in its own row-major order */
+    nd_tensor *p01 = mk(ND_FLOAT32, S(2, 3), V(0, 1, 1, 0, 0, 1)), *p01t;
+    REQ(nd_transpose(p01, 0, 1, &p01t));
+    REQ(nd_bernoulli(p01t, &r));
+    EXPECT("bernoulli transposed p", r, ND_FLOAT32, S(3, 2), V(0, 0, 1, 0, 1, 1));
+    nd_release(r);
+    /* the kernel on a non-contiguous out: element i of the view's row-major
+     * order still uses counter offset + i */
+    nd_tensor *base, *view, *flatv;
+    REQ(nd_empty(S(3, 4), ND_FLOAT64, &base));
+    REQ(nd_transpose(base, 0, 1, &view)); /* {4,3}, not contiguous */
+    REQ(nd_empty(S(4, 3), ND_FLOAT64, &flatv));
+    REQ(nd_cpu_random(view, ND_RANDOM_NORMAL, 1, 2, NULL, 77, 8));
+    REQ(nd_cpu_random(flatv, ND_RANDOM_NORMAL, 1, 2, NULL, 77, 8));
+    double *vv = values_of(view), *fv = values_of(flatv);
+    CHECK(memcmp(vv, fv, 12 * sizeof(double)) == 0, "random into a strided out");
+    free(vv);
+    free(fv);
+    nd_release(base);
+    nd_release(view);
+    nd_release(flatv);
+    /* float16 rand stays in [0, 1) */
+    REQ(nd_rand(S(5000), ND_FLOAT16, &r));
+    double *hv = values_of(r);
+    int in01 = 1;
+    for (int k = 0; k < 5000; k++) in01 &= hv[k] >= 0 && hv[k] < 1;
+    CHECK(in01, "float16 rand outside [0, 1)");
+    free(hv);
+    nd_release(r);
+    nd_release(p01);
+    nd_release(p01t);
     nd_tensor *ts[] = {p, b1, b2, pe, pb, pn, pnan, pi};
     for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) nd_release(ts[k]);
 }

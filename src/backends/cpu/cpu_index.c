@@ -195,12 +195,22 @@ SCATTER_FN(scat_add_i64, int64_t, *d += v)
 SCATTER_FN(scat_add_i32, int32_t, *d += v)
 SCATTER_FN(scat_add_u8, uint8_t, *d = (uint8_t)(*d + v))
 SCATTER_FN(scat_add_bool, uint8_t, *d = *d | v)
-/* float16/bfloat16: through double; ctx is the dtype */
-SCATTER_FN(scat_add_generic, char, nd_store_f64(d, *(const nd_dtype *)ctx,
-                                               nd_load_f64(d, *(const nd_dtype *)ctx) +
-                                               nd_load_f64(ps, *(const nd_dtype *)ctx)))
 #undef SCATTER_FN
 #undef SCATTER_BODY
+
+/* float16/bfloat16: through double; ctx is the dtype. */
+static void scat_add_generic(char **p, const int64_t *ds, int64_t n, const int64_t *ls,
+                             int64_t lanes, void *ctx) {
+    const nd_dtype dt = *(const nd_dtype *)ctx;
+    for (int64_t k = 0; k < n; k++) {
+        char *po = p[0];
+        const char *pi = p[1] + k * ds[1], *ps = p[2] + k * ds[2];
+        for (int64_t l = 0; l < lanes; l++, po += ls[0], pi += ls[1], ps += ls[2]) {
+            char *d = po + *(const int64_t *)pi * ds[0];
+            nd_store_f64(d, dt, nd_load_f64(d, dt) + nd_load_f64(ps, dt));
+        }
+    }
+}
 
 static nd_tile_fn by_size_tile(size_t es, nd_tile_fn f1, nd_tile_fn f2, nd_tile_fn f4,
                                nd_tile_fn f8) {

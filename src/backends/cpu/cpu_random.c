@@ -3,7 +3,8 @@
  * Element i (row-major over out) uses only counter (offset + i), so the
  * values do not depend on the thread count or on how the range is split.
  * From the counter's 4 words w0..w3:
- *   uniform   float32: top 24 bits of w0; float64: top 53 bits of w0:w1
+ *   uniform   float32: top 24 bits of w0; float64: top 53 bits of w0:w1;
+ *             float16/bfloat16: top 11/8 bits of w0
  *   normal    Box-Muller, cos branch: float32 from w0 (radius) and w1
  *             (angle), float64 from w0:w1 and w2:w3
  *   int       [a, b): w0:w1 as a 64-bit r, a + floor(r * (b - a) / 2^64)
@@ -80,10 +81,16 @@ static void fill_uniform(const rand_job *j) {
         break;
     }
     default: {
+        /* float16/bfloat16: as many bits as the mantissa holds, so [0, 1)
+         * stays below 1; a value that still rounds up to b becomes a. */
         char *o = j->out;
         const size_t es = nd_dtype_size(j->dt);
         const nd_dtype dt = j->dt;
-        RAND_LOOP(nd_store_f64(o + i * es, dt, a + (b - a) * u24(w[0])))
+        const int bits = dt == ND_FLOAT16 ? 11 : dt == ND_BFLOAT16 ? 8 : 24;
+        const double scale = ldexp(1.0, -bits);
+        RAND_LOOP(char *q = o + i * es;
+                  nd_store_f64(q, dt, a + (b - a) * (double)(w[0] >> (32 - bits)) * scale);
+                  if (nd_load_f64(q, dt) >= b && b > a) nd_store_f64(q, dt, a))
     }
     }
 }

@@ -1,7 +1,7 @@
 /* cpu_scan_sort.c - cumsum and stable sort along a dim.
  *
- * Both walk the tensor slice by slice (cpu_dim_loop.h), one slice per thread
- * at a time. */
+ * Both go through cpu_dim_loop.h: cumsum by tiles of neighbouring slices
+ * (one running sum per lane), sort one whole slice at a time per thread. */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,46 +10,50 @@
 
 /* ---- cumsum ----
  * Floats accumulate in double and integers in int64 (as PyTorch's CPU
- * kernel), so a long float32 cumsum does not drift. ptrs: out, x. */
-#define CUMSUM_BODY(TO, TX, TACC)                                              \
-    {                                                                          \
-        TACC acc = 0;                                                          \
-        char *po = p[0];                                                       \
-        const char *px = p[1];                                                 \
-        for (int64_t k = 0; k < n; k++, po += s[0], px += s[1]) {              \
-            acc += (TACC)*(const TX *)px;                                      \
-            *(TO *)po = (TO)acc;                                               \
+ * kernel), so a long float32 cumsum does not drift. Tiles (cpu_dim_loop.h)
+ * keep one running sum per lane. ptrs: out, x. */
+#define CUMSUM_FN(name, TO, TX, TACC)                                          \
+    static void name(char **p, const int64_t *ds, int64_t n, const int64_t *ls, \
+                     int64_t lanes, void *ctx) {                               \
+        TACC acc[ND_TILE_MAX];                                                 \
+        for (int64_t l = 0; l < lanes; l++) acc[l] = 0;                        \
+        for (int64_t k = 0; k < n; k++) {                                      \
+            char *po = p[0] + k * ds[0];                                       \
+            const char *px = p[1] + k * ds[1];                                 \
+            for (int64_t l = 0; l < lanes; l++, po += ls[0], px += ls[1]) {    \
+                acc[l] += (TACC)*(const TX *)px;                               \
+                *(TO *)po = (TO)acc[l];                                        \
+            }                                                                  \
         }                                                                      \
     }
-static void cumsum_f32(char **p, const int64_t *s, int64_t n, void *ctx)
-    CUMSUM_BODY(float, float, double)
-static void cumsum_f64(char **p, const int64_t *s, int64_t n, void *ctx)
-    CUMSUM_BODY(double, double, double)
-static void cumsum_i64(char **p, const int64_t *s, int64_t n, void *ctx)
-    CUMSUM_BODY(int64_t, int64_t, int64_t)
-static void cumsum_i32_i64(char **p, const int64_t *s, int64_t n, void *ctx)
-    CUMSUM_BODY(int64_t, int32_t, int64_t)
-static void cumsum_u8_i64(char **p, const int64_t *s, int64_t n, void *ctx)
-    CUMSUM_BODY(int64_t, uint8_t, int64_t) /* bool too: stored as 0/1 */
-#undef CUMSUM_BODY
+CUMSUM_FN(cumsum_f32, float, float, double)
+CUMSUM_FN(cumsum_f64, double, double, double)
+CUMSUM_FN(cumsum_i64, int64_t, int64_t, int64_t)
+CUMSUM_FN(cumsum_i32_i64, int64_t, int32_t, int64_t)
+CUMSUM_FN(cumsum_u8_i64, int64_t, uint8_t, int64_t) /* bool too: stored as 0/1 */
+#undef CUMSUM_FN
 
 typedef struct { nd_dtype out, x; } dtype_pair;
 
 /* Any other pair (float16 in and out, int to float, ...): through double. */
-static void cumsum_generic(char **p, const int64_t *s, int64_t n, void *ctx) {
+static void cumsum_generic(char **p, const int64_t *ds, int64_t n, const int64_t *ls,
+                           int64_t lanes, void *ctx) {
     const dtype_pair *dt = ctx;
-    double acc = 0;
-    char *po = p[0];
-    const char *px = p[1];
-    for (int64_t k = 0; k < n; k++, po += s[0], px += s[1]) {
-        acc += nd_load_f64(px, dt->x);
-        nd_store_f64(po, dt->out, acc);
+    double acc[ND_TILE_MAX];
+    for (int64_t l = 0; l < lanes; l++) acc[l] = 0;
+    for (int64_t k = 0; k < n; k++) {
+        char *po = p[0] + k * ds[0];
+        const char *px = p[1] + k * ds[1];
+        for (int64_t l = 0; l < lanes; l++, po += ls[0], px += ls[1]) {
+            acc[l] += nd_load_f64(px, dt->x);
+            nd_store_f64(po, dt->out, acc[l]);
+        }
     }
 }
 
 nd_status nd_cpu_cumsum(nd_tensor *out, const nd_tensor *x, int dim) {
     dtype_pair dt = {out->dtype, x->dtype};
-    nd_inner_fn fn = cumsum_generic;
+    nd_tile_fn fn = cumsum_generic;
     if (dt.out == ND_FLOAT32 && dt.x == ND_FLOAT32) fn = cumsum_f32;
     else if (dt.out == ND_FLOAT64 && dt.x == ND_FLOAT64) fn = cumsum_f64;
     else if (dt.out == ND_INT64 && dt.x == ND_INT64) fn = cumsum_i64;
@@ -58,15 +62,16 @@ nd_status nd_cpu_cumsum(nd_tensor *out, const nd_tensor *x, int dim) {
     const nd_tensor *ops[2] = {out, x};
     nd_dim_loop L;
     nd_dim_loop_init(&L, 2, ops, x->shape, x->ndim, dim);
-    nd_dim_loop_run(&L, fn, &dt, 1);
+    nd_dim_loop_run_tiles(&L, fn, &dt, 1);
     return ND_OK;
 }
 
 /* ---- sort ----
  * Every value becomes an unsigned 64-bit key whose integer order is the
  * value order we want: NaN largest (all NaNs equal), -0 equal to +0; a
- * descending sort complements the key. A stable merge sort of (key, index)
- * pairs then gives PyTorch's stable=True order in both directions. */
+ * descending sort complements the key. A stable sort of (key, index) pairs
+ * (merge sort for short slices, radix sort for long ones) then gives
+ * PyTorch's stable=True order in both directions. */
 
 typedef struct {
     uint64_t key;
@@ -115,6 +120,39 @@ static void sort_pairs(sort_pair *a, sort_pair *tmp, int64_t n) {
     if (src != a) memcpy(a, src, (size_t)n * sizeof *a);
 }
 
+/* LSD radix sort on the keys, 8 bits a pass (stable). One histogram pass
+ * serves every digit (a permutation keeps the counts), and digits that all
+ * keys share are skipped: float32 keys (via double) and small integers
+ * need about half the passes. */
+static void radix_sort_pairs(sort_pair *a, sort_pair *tmp, int64_t n) {
+    static const int nd = 8;
+    int64_t (*count)[256] = calloc((size_t)nd, sizeof *count);
+    if (!count) { /* no memory for the histograms: the merge sort needs none */
+        sort_pairs(a, tmp, n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t k = a[i].key;
+        for (int b = 0; b < nd; b++) count[b][(k >> (8 * b)) & 255]++;
+    }
+    sort_pair *src = a, *dst = tmp;
+    for (int b = 0; b < nd; b++) {
+        int shift = 8 * b;
+        if (count[b][(src[0].key >> shift) & 255] == n) continue;
+        int64_t off[256], sum = 0;
+        for (int d = 0; d < 256; d++) {
+            off[d] = sum;
+            sum += count[b][d];
+        }
+        for (int64_t i = 0; i < n; i++) dst[off[(src[i].key >> shift) & 255]++] = src[i];
+        sort_pair *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != a) memcpy(a, src, (size_t)n * sizeof *a);
+    free(count);
+}
+
 typedef struct {
     nd_dtype dt;
     int descending;
@@ -158,7 +196,8 @@ static void sort_slice(char **p, const int64_t *s, int64_t n, void *vctx) {
     }
     if (c->descending)
         for (int64_t k = 0; k < n; k++) buf[k].key = ~buf[k].key;
-    sort_pairs(buf, buf + n, n);
+    if (n >= 1024) radix_sort_pairs(buf, buf + n, n);
+    else sort_pairs(buf, buf + n, n);
     char *pv = p[0], *pi = p[1];
     switch (nd_dtype_size(c->dt)) {
     case 1: COPY_VALUES(uint8_t) break;

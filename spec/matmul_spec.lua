@@ -1,0 +1,347 @@
+-- matmul_spec.lua - nd.matmul / x:matmul / nd.mm with PyTorch's rules (1-D
+-- operands, batched and broadcast batch dims), on BLAS-friendly and
+-- non-BLAS layouts, float32, float64 and int64, checked against the naive
+-- pure-Lua matmul in spec/helpers/reference.lua.
+--
+--   build/needle-lua spec/run.lua spec/matmul_spec.lua
+
+local nd = require "needle"
+local R = require "spec.helpers.reference"
+
+local close, equal = R.asserts(assert)
+
+local function T(ref, dtype)
+  local opts = { dtype = dtype or "float32" }
+  if R.numel(ref.shape) == 0 then return nd.zeros(ref.shape, opts) end
+  return nd.tensor(R.nested(ref), opts)
+end
+
+local function grid(shape, seed) return R.grid(shape, seed, -2, 2) end
+local tol = { rtol = 1e-5, atol = 1e-5 }
+
+-- Checks x:matmul(y), nd.matmul(x, y) against the reference product.
+local function check(a, b, ra, rb, opts, what)
+  local want = R.matmul(ra, rb)
+  local y1 = a:matmul(b)
+  local y2 = nd.matmul(a, b)
+  close(y1, want, opts or tol, (what or "") .. " x:matmul(y)")
+  close(y2, want, opts or tol, (what or "") .. " nd.matmul(x, y)")
+  return y1
+end
+
+---------------------------------------------------------------------------
+describe("matmul shapes", function()
+  it("1-D x 1-D is the dot product, a 0-dim tensor", function()
+    local ra, rb = grid({ 5 }, 1), grid({ 5 }, 2)
+    local y = check(T(ra), T(rb), ra, rb)
+    assert.are.same({}, y.shape)
+    local dot = 0
+    for i = 1, 5 do dot = dot + ra.data[i] * rb.data[i] end
+    close(y:item(), dot)
+    -- hand-computed
+    close(nd.matmul(nd.tensor({ 1, 2, 3 }), nd.tensor({ 4, 5, 6 })), 32)
+  end)
+
+  it("1-D x 2-D gives a 1-D result", function()
+    local ra, rb = grid({ 3 }, 3), grid({ 3, 4 }, 4)
+    local y = check(T(ra), T(rb), ra, rb)
+    assert.are.same({ 4 }, y.shape)
+  end)
+
+  it("2-D x 1-D gives a 1-D result", function()
+    local ra, rb = grid({ 4, 3 }, 5), grid({ 3 }, 6)
+    local y = check(T(ra), T(rb), ra, rb)
+    assert.are.same({ 4 }, y.shape)
+    equal(nd.matmul(nd.tensor({ { 1, 2 }, { 3, 4 } }), nd.tensor({ 1, 1 })), { 3, 7 })
+  end)
+
+  it("2-D x 2-D", function()
+    local ra, rb = grid({ 2, 3 }, 7), grid({ 3, 4 }, 8)
+    local y = check(T(ra), T(rb), ra, rb)
+    assert.are.same({ 2, 4 }, y.shape)
+    equal(nd.matmul(nd.tensor({ { 1, 2 }, { 3, 4 } }), nd.tensor({ { 5, 6 }, { 7, 8 } })),
+          { { 19, 22 }, { 43, 50 } })
+  end)
+
+  it("nd.mm is matmul for matrices", function()
+    local ra, rb = grid({ 3, 2 }, 9), grid({ 2, 5 }, 10)
+    close(nd.mm(T(ra), T(rb)), R.matmul(ra, rb), tol)
+  end)
+
+  it("batched 3-D x 3-D", function()
+    local ra, rb = grid({ 2, 3, 4 }, 11), grid({ 2, 4, 5 }, 12)
+    local y = check(T(ra), T(rb), ra, rb)
+    assert.are.same({ 2, 3, 5 }, y.shape)
+  end)
+
+  it("broadcast batch {2,1,3,4} x {5,4,2} -> {2,5,3,2}", function()
+    local ra, rb = grid({ 2, 1, 3, 4 }, 13), grid({ 5, 4, 2 }, 14)
+    local y = check(T(ra), T(rb), ra, rb)
+    assert.are.same({ 2, 5, 3, 2 }, y.shape)
+  end)
+
+  it("3-D x 2-D broadcasts the matrix over the batch", function()
+    local ra, rb = grid({ 3, 2, 4 }, 15), grid({ 4, 3 }, 16)
+    local y = check(T(ra), T(rb), ra, rb)
+    assert.are.same({ 3, 2, 3 }, y.shape)
+  end)
+
+  it("1-D x 3-D and 3-D x 1-D drop the added dim", function()
+    local rv, rm = grid({ 4 }, 17), grid({ 2, 4, 5 }, 18)
+    local y = check(T(rv), T(rm), rv, rm)
+    assert.are.same({ 2, 5 }, y.shape)
+    local rm2, rv2 = grid({ 2, 3, 4 }, 19), grid({ 4 }, 20)
+    y = check(T(rm2), T(rv2), rm2, rv2)
+    assert.are.same({ 2, 3 }, y.shape)
+  end)
+
+  it("K = 0 gives zeros", function()
+    local y = nd.matmul(nd.ones({ 2, 0 }), nd.ones({ 0, 3 }))
+    assert.are.same({ 2, 3 }, y.shape)
+    equal(y, { { 0, 0, 0 }, { 0, 0, 0 } })
+    local yb = nd.matmul(nd.ones({ 2, 3, 0 }), nd.ones({ 2, 0, 4 }))
+    assert.are.same({ 2, 3, 4 }, yb.shape)
+    equal(yb, R.generate({ 2, 3, 4 }, function() return 0 end))
+    local yd = nd.matmul(nd.ones({ 0 }), nd.ones({ 0 }))
+    assert.are.same({}, yd.shape)
+    close(yd, 0)
+  end)
+
+  it("K = 0 overwrites: the result is zeros even for garbage-filled outputs (repeated)", function()
+    for _ = 1, 5 do
+      local _ = nd.full({ 4, 4 }, 7) -- recycle memory
+      equal(nd.matmul(nd.empty({ 4, 0 }), nd.empty({ 0, 4 })), R.generate({ 4, 4 }, function() return 0 end))
+    end
+  end)
+
+  it("M = 0 or N = 0 give empty results of the right shape", function()
+    assert.are.same({ 0, 4 }, nd.matmul(nd.ones({ 0, 3 }), nd.ones({ 3, 4 })).shape)
+    assert.are.same({ 2, 0 }, nd.matmul(nd.ones({ 2, 3 }), nd.ones({ 3, 0 })).shape)
+    assert.are.same({ 0, 2, 2 }, nd.matmul(nd.ones({ 0, 2, 3 }), nd.ones({ 3, 2 })).shape)
+  end)
+end)
+
+---------------------------------------------------------------------------
+describe("matmul operand layouts", function()
+  it("transposed operands x:t() equal the contiguous computation", function()
+    local rat, rbt = grid({ 4, 3 }, 21), grid({ 5, 4 }, 22) -- a = rat^T {3,4}, b = rbt^T {4,5}
+    local a, b = T(rat):t(), T(rbt):t()
+    assert.is_false(a:is_contiguous())
+    assert.is_false(b:is_contiguous())
+    local ra, rb = R.transpose(rat), R.transpose(rbt)
+    local want = R.matmul(ra, rb)
+    local ac, bc = a:contiguous(), b:contiguous()
+    local contiguous_result = nd.matmul(ac, bc)
+    close(contiguous_result, want, tol, "contiguous")
+    close(nd.matmul(a, b), want, tol, "both transposed")
+    close(nd.matmul(a, bc), want, tol, "left transposed")
+    close(nd.matmul(ac, b), want, tol, "right transposed")
+    equal(nd.matmul(a, b), R.from(contiguous_result:totable()), "t() vs contiguous")
+  end)
+
+  it("transposed 1-row and 1-column matrices", function()
+    local rr, rc = grid({ 1, 4 }, 23), grid({ 4, 1 }, 24)
+    local row, col = T(rr), T(rc)
+    -- {4,1}:t() is {1,4}; {1,4}:t() is {4,1}
+    check(col:t(), row:t(), R.transpose(rc), R.transpose(rr), tol, "col:t() x row:t()")
+    check(row:t(), col:t(), R.transpose(rr), R.transpose(rc), tol, "row:t() x col:t()")
+  end)
+
+  it("row-step sliced operands (x[{{1,-1,2}, ':'}], BLAS leading dimension)", function()
+    local rba, rbb = grid({ 6, 4 }, 25), grid({ 8, 5 }, 27)
+    local a = T(rba)[{ { 1, -1, 2 }, ":" }] -- rows 1,3,5 -> {3,4}
+    local b = T(rbb)[{ { 2, -1, 2 }, ":" }] -- rows 2,4,6,8 -> {4,5}
+    local ra, rb = R.slice(rba, 1, 1, -1, 2), R.slice(rbb, 1, 2, -1, 2)
+    assert.are.same({ 3, 4 }, a.shape)
+    assert.are.same({ 4, 5 }, b.shape)
+    assert.is_false(a:is_contiguous())
+    assert.is_false(b:is_contiguous())
+    check(a, b, ra, rb, tol, "row step")
+    check(a, T(rb), ra, rb, tol, "left row step")
+    check(T(ra), b, ra, rb, tol, "right row step")
+  end)
+
+  it("column-step sliced operands (non-BLAS layouts, x:slice(2, 1, -1, 2))", function()
+    local rba, rbb = grid({ 3, 8 }, 28), grid({ 4, 10 }, 29)
+    local a = T(rba):slice(2, 1, -1, 2) -- {3,4}, column stride 2
+    local b = T(rbb):slice(2, 2, -1, 2) -- {4,5}, column stride 2
+    local ra, rb = R.slice(rba, 2, 1, -1, 2), R.slice(rbb, 2, 2, -1, 2)
+    assert.are.same({ 3, 4 }, a.shape)
+    assert.are.same({ 4, 5 }, b.shape)
+    check(a, b, ra, rb, tol, "column step")
+    check(a, T(rb), ra, rb, tol, "left column step")
+    check(T(ra), b, ra, rb, tol, "right column step")
+  end)
+
+  it("operands stepped in both dims", function()
+    local rba, rbb = grid({ 6, 8 }, 30), grid({ 8, 6 }, 31)
+    local a = T(rba)[{ { 1, -1, 2 }, { 1, -1, 2 } }] -- {3,4}
+    local b = T(rbb)[{ { 1, -1, 2 }, { 2, -1, 2 } }] -- {4,3}
+    local ra = R.slice(R.slice(rba, 1, 1, -1, 2), 2, 1, -1, 2)
+    local rb = R.slice(R.slice(rbb, 1, 1, -1, 2), 2, 2, -1, 2)
+    check(a, b, ra, rb, tol, "both dims stepped")
+  end)
+
+  it("transposed and stepped (x:t() of a column-step slice)", function()
+    local rbase = grid({ 4, 6 }, 32)
+    local a = T(rbase):slice(2, 1, -1, 2):t() -- {3,4}, strides {2,6}
+    local ra = R.transpose(R.slice(rbase, 2, 1, -1, 2))
+    local rb = grid({ 4, 2 }, 33)
+    check(a, T(rb), ra, rb, tol, "t() of step slice")
+  end)
+
+  it("expanded batch operands (stride-0 batch dims)", function()
+    local rm, rb = grid({ 3, 4 }, 34), grid({ 2, 4, 5 }, 35)
+    local a = T(rm):expand({ 2, 3, 4 })
+    local ra = R.expand(rm, { 2, 3, 4 })
+    check(a, T(rb), ra, rb, tol, "expanded left batch")
+    local rbm = grid({ 1, 4, 5 }, 36)
+    local b = T(rbm):expand({ 2, 4, 5 })
+    check(T(ra), b, ra, R.expand(rbm, { 2, 4, 5 }), tol, "expanded right batch")
+    check(a, b, ra, R.expand(rbm, { 2, 4, 5 }), tol, "both expanded")
+  end)
+
+  it("expanded inside the matrix (stride-0 rows or columns)", function()
+    local rcol = grid({ 3, 1 }, 37)
+    local a = T(rcol):expand({ 3, 4 })
+    local rrow = grid({ 1, 5 }, 38)
+    local b = T(rrow):expand({ 4, 5 })
+    check(a, b, R.expand(rcol, { 3, 4 }), R.expand(rrow, { 4, 5 }), tol, "expanded matrices")
+  end)
+
+  it("permuted batched operands", function()
+    local rba = grid({ 3, 2, 4 }, 39) -- permute(2,1,3) -> {2,3,4}
+    local rbb = grid({ 5, 4, 2 }, 40) -- permute(3,2,1) -> {2,4,5}
+    local a = T(rba):permute(2, 1, 3)
+    local b = T(rbb):permute(3, 2, 1)
+    check(a, b, R.permute(rba, { 2, 1, 3 }), R.permute(rbb, { 3, 2, 1 }), tol, "permuted batch")
+  end)
+
+  it("a view with a storage offset (narrowed rows and columns)", function()
+    local rbase = grid({ 5, 6 }, 41)
+    local a = T(rbase):narrow(1, 2, 3):narrow(2, 3, 4) -- rows 2..4, cols 3..6
+    local ra = R.slice(R.slice(rbase, 1, 2, 4), 2, 3, 6)
+    local rb = grid({ 4, 2 }, 42)
+    check(a, T(rb), ra, rb, tol, "offset view")
+    check(T(grid({ 2, 3 }, 43)), a, grid({ 2, 3 }, 43), ra, tol, "offset view right")
+  end)
+end)
+
+---------------------------------------------------------------------------
+describe("matmul dtypes", function()
+  it("float64 x float64 gives float64 at double precision", function()
+    local ra = R.generate({ 3, 4 }, function(i) return (i + 1) / 3 end)
+    local rb = R.generate({ 4, 2 }, function(i) return (i - 3) / 7 end)
+    local y = nd.matmul(T(ra, "float64"), T(rb, "float64"))
+    assert.are.equal("float64", y.dtype)
+    close(y, R.matmul(ra, rb), { rtol = 1e-13, atol = 1e-13 })
+  end)
+
+  it("float32 x float64 gives float64", function()
+    local y = nd.matmul(nd.ones({ 2, 2 }), nd.ones({ 2, 2 }, { dtype = "float64" }))
+    assert.are.equal("float64", y.dtype)
+  end)
+
+  it("int64 x int64 gives exact int64", function()
+    local ra, rb = R.ints({ 3, 4 }, 44, -1000, 1000), R.ints({ 4, 5 }, 45, -1000, 1000)
+    local y = nd.matmul(T(ra, "int64"), T(rb, "int64"))
+    assert.are.equal("int64", y.dtype)
+    equal(y, R.matmul(ra, rb))
+    assert.are.equal("integer", math.type(y:totable()[1][1]))
+  end)
+
+  it("int64 batched, transposed and 1-D operands", function()
+    local ra, rb = R.ints({ 2, 3, 4 }, 46, -50, 50), R.ints({ 4 }, 47, -50, 50)
+    equal(nd.matmul(T(ra, "int64"), T(rb, "int64")), R.matmul(ra, rb))
+    local rt = R.ints({ 4, 3 }, 48, -50, 50)
+    local rc = R.ints({ 4, 2 }, 49, -50, 50)
+    equal(nd.matmul(T(rt, "int64"):t(), T(rc, "int64")), R.matmul(R.transpose(rt), rc))
+  end)
+
+  it("int64 matmul is exact for values above 2^53", function()
+    local big = (1 << 53) + 1
+    local y = nd.matmul(nd.tensor({ { big } }, { dtype = "int64" }), nd.tensor({ { 1 } }, { dtype = "int64" }))
+    assert.are.equal(("%d"):format(big), ("%d"):format(y:totable()[1][1]))
+    local z = nd.matmul(nd.tensor({ 3, 5 }, { dtype = "int64" }), nd.tensor({ big, big }, { dtype = "int64" }))
+    assert.are.equal(("%d"):format(8 * big), ("%d"):format(z:item()))
+  end)
+
+  it("int64 matmul wraps around like Lua integers", function()
+    local a = nd.tensor({ { 1 << 62, 1 << 62 } }, { dtype = "int64" })
+    local b = nd.tensor({ { 2 }, { 2 } }, { dtype = "int64" })
+    assert.are.equal(("%d"):format((1 << 62) * 2 + (1 << 62) * 2), ("%d"):format(nd.matmul(a, b):item()))
+  end)
+
+  it("int64 x float32 gives float32", function()
+    local y = nd.matmul(nd.tensor({ { 1, 2 } }, { dtype = "int64" }), nd.tensor({ { 0.5 }, { 0.25 } }))
+    assert.are.equal("float32", y.dtype)
+    close(y, { { 1 } })
+  end)
+end)
+
+---------------------------------------------------------------------------
+describe("matmul size", function()
+  it("64x64 against the naive reference at rtol 1e-4", function()
+    local rnd = R.lcg(50)
+    local ra = R.generate({ 64, 64 }, function() return rnd(-1000, 1000) / 997 end)
+    local rb = R.generate({ 64, 64 }, function() return rnd(-1000, 1000) / 991 end)
+    local ra32 = R.map(ra, R.f32)
+    local rb32 = R.map(rb, R.f32)
+    local want = R.matmul(ra32, rb32)
+    close(nd.matmul(T(ra), T(rb)), want, { rtol = 1e-4, atol = 1e-4 })
+    -- transposed operand of the same values
+    local at = T(R.transpose(ra32)):t()
+    close(nd.matmul(at, T(rb)), want, { rtol = 1e-4, atol = 1e-4 }, "transposed")
+  end)
+
+  it("batched 8 x (33x17) @ (17x29), odd sizes", function()
+    local ra, rb = grid({ 8, 33, 17 }, 51), grid({ 8, 17, 29 }, 52)
+    close(nd.matmul(T(ra), T(rb)), R.matmul(ra, rb), { rtol = 1e-5, atol = 1e-4 })
+  end)
+end)
+
+---------------------------------------------------------------------------
+describe("matmul errors", function()
+  it("mismatched inner dims give the exact message", function()
+    local ok, err = pcall(nd.matmul, nd.ones({ 2, 3 }), nd.ones({ 4, 5 }))
+    assert.is_false(ok)
+    assert.truthy(err:find("needle.matmul: shapes {2,3} and {4,5} do not match (3 ~= 4)", 1, true), err)
+    -- and the message is exactly that after the position prefix
+    assert.truthy(err:match("needle%.matmul: shapes {2,3} and {4,5} do not match %(3 ~= 4%)$"), err)
+  end)
+
+  it("the method form gives the same message", function()
+    local a = nd.ones({ 2, 3 })
+    assert.has_error(function() return a:matmul(nd.ones({ 4, 5 })) end)
+    local ok, err = pcall(function() return a:matmul(nd.ones({ 4, 5 })) end)
+    assert.is_false(ok)
+    assert.truthy(err:find("needle.matmul: shapes {2,3} and {4,5} do not match (3 ~= 4)", 1, true), err)
+  end)
+
+  it("1-D operands of different lengths", function()
+    local ok, err = pcall(nd.matmul, nd.ones({ 3 }), nd.ones({ 4 }))
+    assert.is_false(ok)
+    assert.truthy(err:find("needle.matmul: shapes {3} and {4} do not match (3 ~= 4)", 1, true), err)
+  end)
+
+  it("batch dims that cannot broadcast name both operand shapes", function()
+    local ok, err = pcall(nd.matmul, nd.ones({ 2, 2, 3 }), nd.ones({ 3, 3, 2 }))
+    assert.is_false(ok)
+    assert.truthy(err:find("needle.matmul:", 1, true), err)
+    assert.truthy(err:find("{2,2,3}", 1, true), err)
+    assert.truthy(err:find("{3,3,2}", 1, true), err)
+  end)
+
+  it("0-dim operands are an error", function()
+    local ok, err = pcall(nd.matmul, nd.tensor(2), nd.ones({ 2 }))
+    assert.is_false(ok)
+    assert.truthy(err:find("needle.matmul:", 1, true), err)
+  end)
+
+  it("a non-tensor operand is an error naming the argument", function()
+    local ok, err = pcall(nd.matmul, nd.ones({ 2, 2 }), "x")
+    assert.is_false(ok)
+    assert.truthy(err:find("needle.matmul:", 1, true), err)
+    assert.truthy(err:find("string", 1, true), err)
+  end)
+end)

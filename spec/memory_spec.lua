@@ -1,0 +1,131 @@
+-- memory_spec.lua - loops of temporaries keep RSS flat without any
+-- collectgarbage() in the loop (the binding tells the collector about tensor
+-- memory), and nd.live_bytes() accounting returns to its start.
+--
+--   build/needle-lua spec/run.lua spec/memory_spec.lua
+--
+-- Linux only (reads /proc/self/statm). Runs in a few seconds.
+
+local nd = require "needle"
+
+local MiB = 1024 * 1024
+
+local PAGE = (function()
+  local p = io.popen("getconf PAGESIZE 2>/dev/null")
+  local n = p and tonumber(p:read("l") or "")
+  if p then p:close() end
+  return n or 4096
+end)()
+
+local function rss_bytes()
+  local f = assert(io.open("/proc/self/statm", "r"))
+  local s = f:read("a")
+  f:close()
+  local resident = assert(tonumber(s:match("^%d+%s+(%d+)")), "cannot parse /proc/self/statm")
+  return resident * PAGE
+end
+
+local function fmt(bytes) return ("%.1f MiB"):format(bytes / MiB) end
+
+describe("memory", function()
+  it("3000 temporaries of 4 MiB (12 GiB in all) keep RSS flat", function()
+    -- warm-up: the allocator, any cache, and the collector reach steady state
+    for _ = 1, 100 do
+      local y = nd.ones({1024, 1024}) * 2
+    end
+    collectgarbage() -- outside the loop: a clean start for the accounting check
+    local live0 = nd.live_bytes()
+    local rss0 = rss_bytes()
+    local peak_live = 0
+    for _ = 1, 3000 do
+      local y = nd.ones({1024, 1024}) * 2
+      local live = nd.live_bytes()
+      if live > peak_live then peak_live = live end
+    end
+    local grown = rss_bytes() - rss0
+    assert(grown < 300 * MiB, "RSS grew by " .. fmt(grown) .. " over the loop")
+    assert(peak_live < 512 * MiB, "live tensor bytes peaked at " .. fmt(peak_live))
+    collectgarbage()
+    local live1 = nd.live_bytes()
+    assert(math.abs(live1 - live0) < 64 * 1024,
+      ("live_bytes %d after the loop, %d before"):format(live1, live0))
+  end)
+
+  it("a chain of temporaries per iteration keeps RSS flat", function()
+    local x = nd.ones({512, 512})
+    for _ = 1, 20 do local y = ((x * 2) + 1):exp() end
+    local rss0 = rss_bytes()
+    for _ = 1, 500 do
+      local y = ((x * 2) + 1):exp() -- three 1 MiB temporaries
+    end
+    local grown = rss_bytes() - rss0
+    assert(grown < 300 * MiB, "RSS grew by " .. fmt(grown))
+  end)
+
+  it("200000 small ops (a + b on 16 elements) keep RSS flat", function()
+    local a, b = nd.ones({16}), nd.ones({16})
+    for _ = 1, 1000 do local c = a + b end
+    collectgarbage()
+    local live0 = nd.live_bytes()
+    local rss0 = rss_bytes()
+    for _ = 1, 200000 do
+      local c = a + b
+    end
+    local grown = rss_bytes() - rss0
+    assert(grown < 32 * MiB, "RSS grew by " .. fmt(grown) .. " over 200000 small ops")
+    collectgarbage()
+    local live1 = nd.live_bytes()
+    assert(math.abs(live1 - live0) < 4096,
+      ("live_bytes %d after the loop, %d before"):format(live1, live0))
+  end)
+
+  it("100000 views of a big tensor copy nothing", function()
+    local big = nd.zeros({1024, 1024})
+    collectgarbage()
+    local live0 = nd.live_bytes()
+    local rss0 = rss_bytes()
+    local peak_live = 0
+    for i = 1, 100000 do
+      local r = big[i % 1024 + 1]
+      local v = big:t():narrow(1, 1, 2)
+      local live = nd.live_bytes()
+      if live > peak_live then peak_live = live end
+    end
+    assert.are.equal(live0, peak_live) -- views allocate no tensor memory at all
+    local grown = rss_bytes() - rss0
+    assert(grown < 32 * MiB, "RSS grew by " .. fmt(grown))
+  end)
+
+  it("live_bytes counts a new tensor and a <close> variable frees it at once", function()
+    collectgarbage()
+    local before = nd.live_bytes()
+    do
+      local x <close> = nd.ones({1024, 1024})
+      assert.is_true(nd.live_bytes() >= before + 4 * MiB)
+    end
+    assert.are.equal(before, nd.live_bytes())
+  end)
+
+  it("a view keeps its storage alive until the view is gone", function()
+    collectgarbage()
+    local before = nd.live_bytes()
+    local v
+    do
+      local x <close> = nd.ones({256, 1024}) -- 1 MiB
+      v = x[1]
+    end
+    assert.is_true(nd.live_bytes() >= before + MiB) -- the view still uses it
+    assert.are.equal(1024, v:numel())
+    v = nil
+    collectgarbage()
+    collectgarbage()
+    assert.are.equal(before, nd.live_bytes())
+  end)
+
+  it("empty_cache returns cached blocks", function()
+    for _ = 1, 4 do local y = nd.ones({256, 1024}) end
+    collectgarbage()
+    nd.empty_cache()
+    assert.are.equal(0, nd.cached_bytes())
+  end)
+end)
