@@ -7,6 +7,9 @@
 #   unless --quick:
 #   4. scripts/setup.sh --sanitize ASan + UBSan build in build-asan/
 #   5. busted specs again          build-asan/needle-lua spec/run.lua, leak checks on
+#                                  (ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:
+#                                   allocator_may_return_null=1,
+#                                   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
 #   6. C tests again               ctest in build-asan/
 #
 #   bash scripts/test.sh [--quick] [-- busted arguments]
@@ -27,7 +30,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
     --) shift; busted_args=("$@"); break ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "test.sh: unknown option: $1 (busted arguments go after --)" >&2; exit 2 ;;
   esac
   shift
@@ -149,8 +152,10 @@ if stage_setup release build; then
 fi
 
 if [ "$quick" -eq 0 ]; then
+  # allocator_may_return_null=1: an absurd allocation must reach needle's
+  # ND_ERR_MEMORY path (the specs test it) instead of aborting inside ASan.
   san_env=(
-    "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0"
+    "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1"
     "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1"
   )
   # Leaks inside third-party libraries only (never needle's code); see the file.

@@ -184,6 +184,39 @@ describe("unary ops", function()
     end
   end)
 
+  it("int32 inputs: integer-valued ops keep int32, the rest give float32", function()
+    local ref = R.new({ 5 }, { -2, -1, 0, 1, 2 })
+    local x = T(ref, "int32")
+    for _, name in ipairs(R.unary_names) do
+      local y = x[name](x)
+      if name == "neg" or name == "abs" or name == "relu" or name == "sign" or name == "floor"
+         or name == "ceil" or name == "round" then
+        assert.are.equal("int32", y.dtype, name)
+        equal(y, R.map(ref, function(v) return R.unary[name](v + 0.0) end), name)
+      else
+        assert.are.equal("float32", y.dtype, name)
+        close(y, unary_expected(name, ref), nil, name)
+      end
+    end
+  end)
+
+  it("uint8 neg wraps modulo 256 and abs is the identity", function()
+    local x = nd.tensor({ 0, 3, 200 }, { dtype = "uint8" })
+    equal(x:neg(), { 0, 253, 56 })
+    equal(x:abs(), { 0, 3, 200 })
+  end)
+
+  it("bool inputs: exp log sqrt rsqrt tanh sigmoid sin cos give float32 of 1 and 0", function()
+    local x = nd.tensor({ true, false })
+    local ref = R.new({ 2 }, { 1.0, 0.0 })
+    for _, name in ipairs({ "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos" }) do
+      local ok, y = pcall(x[name], x)
+      assert.is_true(ok, name .. ": " .. tostring(y))
+      assert.are.equal("float32", y.dtype, name)
+      close(y, unary_expected(name, ref), nil, name)
+    end
+  end)
+
   it("large non-contiguous input above the threading threshold (exp of a transposed 400x250)", function()
     local b = R.generate({ 250, 400 }, function(i) return ((i * 37) % 101 - 50) / 25 end)
     local x = T(b):t()
@@ -353,6 +386,19 @@ describe("binary ops", function()
     equal(a:ge(b), { false })
   end)
 
+  it("pow with negative bases: integral exponents are exact, fractional ones give nan", function()
+    local a = nd.tensor({ -2, -2, -3, -2 })
+    local b = nd.tensor({ 3, 2, 0, 0.5 })
+    close(a ^ b, { -8, 4, 1, 0 / 0 })
+    close(a ^ 2, { 4, 4, 9, 4 })
+  end)
+
+  it("0-dim op number gives a 0-dim result", function()
+    local y = nd.tensor(2) + 3
+    assert.are.same({}, y.shape)
+    close(y, 5)
+  end)
+
   it("division by zero gives inf, -inf and nan", function()
     close(nd.tensor({ 1, -1, 0 }) / nd.tensor({ 0, 0, 0 }), { math.huge, -math.huge, 0 / 0 })
   end)
@@ -420,6 +466,28 @@ describe("binary ops", function()
       local row = R.generate({ 250 }, function(i) return i / 4 end)
       local want2 = R.generate({ 400, 250 }, function(i) return want.data[i + 1] + 0.5 + row.data[i % 250 + 1] end)
       check_large(a + T(row), want2, { exact = true })
+    end)
+
+    it("odd-sized {37,41,23} permuted (3,1,2) + contiguous, under 1, 3, 4 and 7 threads", function()
+      local rb = big({ 37, 41, 23 }, 7)
+      local shape = { 23, 37, 41 }
+      local rc = big(shape, 8)
+      local want = R.generate(shape, function(i)
+        local i1, i2, i3 = i // (37 * 41), (i // 41) % 37, i % 41
+        -- a[i1][i2][i3] = base[i2][i3][i1]
+        return rb.data[i2 * 41 * 23 + i3 * 23 + i1 + 1] + rc.data[i + 1]
+      end)
+      local a, c = T(rb):permute(3, 1, 2), T(rc)
+      local n0 = nd.get_num_threads()
+      local ok, err = pcall(function()
+        for _, n in ipairs({ 1, 3, 4, 7 }) do
+          nd.set_num_threads(n)
+          close(a + c, want, { exact = true }, n .. " threads")
+          close(c + a, want, { exact = true }, n .. " threads, swapped")
+        end
+      end)
+      nd.set_num_threads(n0)
+      if not ok then error(err, 0) end
     end)
 
     it("comparison of large strided tensors gives bool", function()
@@ -611,6 +679,12 @@ describe("in-place ops", function()
     end)
   end
 
+  it("add_ with an operand that aliases self in another layout (x:add_(x:t()))", function()
+    local x = nd.tensor({ { 1, 2 }, { 3, 4 } })
+    x:add_(x:t())
+    equal(x, { { 2, 5 }, { 5, 8 } })
+  end)
+
   it("add_ through a transposed view writes into the base", function()
     local base = nd.zeros({ 2, 3 })
     local v = base:t()
@@ -704,6 +778,23 @@ describe("integer and bool arithmetic", function()
     local t = (i64({ 0, 2 }) + big):totable()
     assert.are.equal(("%d"):format(big), ("%d"):format(t[1]))
     assert.are.equal(("%d"):format(big + 2), ("%d"):format(t[2]))
+  end)
+
+  it("int64 compared with a large integer scalar is exact", function()
+    local big = (1 << 53) + 1
+    local x = i64({ big, big - 1 })
+    equal(x:eq(big), { true, false })
+    equal(x:gt(big - 1), { true, false })
+  end)
+
+  it("fill_ and add_ of an int64 tensor with a large integer are exact", function()
+    local big = (1 << 53) + 1
+    local x = nd.zeros({ 2 }, { dtype = "int64" })
+    x:fill_(big)
+    assert.are.equal(("%d"):format(big), ("%d"):format(x:totable()[1]))
+    local y = nd.zeros({ 1 }, { dtype = "int64" })
+    y:add_(big)
+    assert.are.equal(("%d"):format(big), ("%d"):format(y:totable()[1]))
   end)
 
   it("int32 add wraps around", function()

@@ -147,6 +147,29 @@ describe("matmul operand layouts", function()
     check(row:t(), col:t(), R.transpose(rr), R.transpose(rc), tol, "row:t() x col:t()")
   end)
 
+  it("1-row and 1-column views with non-unit strides", function()
+    local rbase = grid({ 4, 5 }, 60)
+    local base = T(rbase)
+    local row = base:t()[{ { 2, 2 }, ":" }]   -- {1,4}, strides {1,5}
+    local col = base[{ ":", { 3, 3 } }]        -- {4,1}, strides {5,1}
+    local rrow = R.slice(R.transpose(rbase), 1, 2, 2)
+    local rcol = R.slice(rbase, 2, 3, 3)
+    assert.are.same({ 1, 4 }, row.shape)
+    assert.are.same({ 4, 1 }, col.shape)
+    check(row, col, rrow, rcol, tol, "row x col")
+    check(col, row, rcol, rrow, tol, "col x row")
+    local rm = grid({ 4, 3 }, 61)
+    check(row, T(rm), rrow, rm, tol, "row x matrix")
+    local rm2 = grid({ 3, 4 }, 62)
+    check(T(rm2), col, rm2, rcol, tol, "matrix x col")
+    -- 1-D views with stride 5 (a column of a matrix)
+    local v = base[{ ":", 2 }]
+    local rv = R.new({ 4 }, { rbase.data[2], rbase.data[7], rbase.data[12], rbase.data[17] })
+    check(v, T(rm), rv, rm, tol, "strided vector x matrix")
+    check(T(rm2), v, rm2, rv, tol, "matrix x strided vector")
+    check(v, v, rv, rv, tol, "strided dot")
+  end)
+
   it("row-step sliced operands (x[{{1,-1,2}, ':'}], BLAS leading dimension)", function()
     local rba, rbb = grid({ 6, 4 }, 25), grid({ 8, 5 }, 27)
     local a = T(rba)[{ { 1, -1, 2 }, ":" }] -- rows 1,3,5 -> {3,4}

@@ -20,11 +20,13 @@ typedef struct nd_backend {
     /* dst = src, any strides for both (dst may be a view), casting dtypes;
      * src already has dst's shape (possibly with 0 strides). */
     nd_status (*copy)(nd_tensor *dst, const nd_tensor *src);
-    nd_status (*fill)(nd_tensor *dst, double value); /* any strides */
+    /* value: one element in dst's dtype; dst any strides */
+    nd_status (*fill)(nd_tensor *dst, const void *value);
     nd_status (*unary)(nd_unary_op op, nd_tensor *out, const nd_tensor *x);
     /* a and b in the compute dtype; out in it too, or bool for comparisons. */
     nd_status (*binary)(nd_binary_op op, nd_tensor *out, const nd_tensor *a, const nd_tensor *b);
-    nd_status (*binary_scalar)(nd_binary_op op, nd_tensor *out, const nd_tensor *a, double s,
+    /* s: one element in a's dtype */
+    nd_status (*binary_scalar)(nd_binary_op op, nd_tensor *out, const nd_tensor *a, const void *s,
                                int scalar_first);
     nd_status (*where)(nd_tensor *out, const nd_tensor *cond, const nd_tensor *a,
                        const nd_tensor *b);

@@ -134,3 +134,29 @@ void nd_store_f64(void *p, nd_dtype dt, double v) {
     default: break;
     }
 }
+
+void nd_store_number(void *p, nd_dtype dt, nd_number n) {
+    if (!n.is_int) { nd_store_f64(p, dt, n.f); return; }
+    switch (dt) {
+    case ND_INT64: *(int64_t *)p = n.i; break;
+    case ND_INT32: *(int32_t *)p = (int32_t)(uint32_t)(uint64_t)n.i; break; /* wraps, as a cast in PyTorch */
+    case ND_UINT8: *(uint8_t *)p = (uint8_t)(uint64_t)n.i; break;
+    case ND_BOOL: *(uint8_t *)p = n.i != 0; break;
+    default: nd_store_f64(p, dt, (double)n.i); break;
+    }
+}
+
+int64_t nd_load_i64(const void *p, nd_dtype dt) {
+    switch (dt) {
+    case ND_INT64: return *(const int64_t *)p;
+    case ND_INT32: return *(const int32_t *)p;
+    case ND_UINT8: return *(const uint8_t *)p;
+    case ND_BOOL: return *(const uint8_t *)p != 0;
+    default: {
+        double v = nd_load_f64(p, dt);
+        int64_t r;
+        nd_store_f64(&r, ND_INT64, v); /* saturating */
+        return r;
+    }
+    }
+}

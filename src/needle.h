@@ -127,6 +127,7 @@ nd_status nd_to_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out);
 /* dst[...] = src (broadcast to dst's shape, cast to dst's dtype), in place. */
 nd_status nd_copy_(nd_tensor *dst, const nd_tensor *src);
 nd_status nd_fill_(nd_tensor *dst, double value);
+nd_status nd_fill_int_(nd_tensor *dst, int64_t value); /* exact for int64 */
 
 /* ---- elementwise ---- */
 #define ND_UNARY_OPS(X) \
@@ -159,6 +160,9 @@ nd_status nd_binary(nd_binary_op op, const nd_tensor *a, const nd_tensor *b, nd_
  * bool tensor gives float32. */
 nd_status nd_binary_scalar(nd_binary_op op, const nd_tensor *a, double s, int scalar_first,
                            nd_tensor **out);
+/* The same with an integer, exact beyond 2^53 for int64 tensors. */
+nd_status nd_binary_scalar_int(nd_binary_op op, const nd_tensor *a, int64_t s, int scalar_first,
+                               nd_tensor **out);
 /* In place: a = a op b (b broadcast to a's shape, result cast to a's dtype). */
 nd_status nd_binary_(nd_binary_op op, nd_tensor *a, const nd_tensor *b);
 nd_status nd_binary_scalar_(nd_binary_op op, nd_tensor *a, double s);

@@ -1,5 +1,6 @@
 /* status.c - the thread-local error message behind nd_status. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "tensor.h"
 
@@ -7,8 +8,8 @@
 #define NEEDLE_VERSION "0.0.0"
 #endif
 
-static _Thread_local char last_error[1024];
-int nd_error_index_base = 0;
+static _Thread_local char last_error[1024];  /* raw, with index markers */
+static _Thread_local char rendered[1100];
 
 nd_status nd_fail(nd_status st, const char *fmt, ...) {
     va_list ap;
@@ -18,7 +19,20 @@ nd_status nd_fail(nd_status st, const char *fmt, ...) {
     return st;
 }
 
-const char *nd_last_error(void) { return last_error; }
+const char *nd_last_error_based(int base) {
+    size_t o = 0;
+    for (const char *p = last_error; *p && o < sizeof rendered - 24; p++) {
+        if (*p != '\x01') { rendered[o++] = *p; continue; }
+        char *end;
+        long long v = strtoll(p + 1, &end, 10);
+        o += (size_t)snprintf(rendered + o, sizeof rendered - o, "%lld", v >= 0 ? v + base : v);
+        p = *end == '\x02' ? end : end - 1;
+    }
+    rendered[o] = 0;
+    return rendered;
+}
+
+const char *nd_last_error(void) { return nd_last_error_based(0); }
 
 const char *nd_version(void) { return NEEDLE_VERSION; }
 

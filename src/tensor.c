@@ -47,8 +47,8 @@ int nd_is_contiguous(const nd_tensor *t) {
 nd_status nd_norm_dim(const char *op, int dim, int ndim, int *out) {
     int n = ndim > 0 ? ndim : 1; /* a 0-dim tensor accepts dim 0 / -1 */
     if (dim < -n || dim >= n)
-        return nd_fail(ND_ERR_INDEX, "%s: dim %lld out of range for a tensor with %d dims "
-                       "(expected %lld..%lld or %d..-1)", op, ND_IX(dim), ndim, ND_IX(0),
+        return nd_fail(ND_ERR_INDEX, "%s: dim " ND_IXF " out of range for a tensor with %d dims "
+                       "(expected " ND_IXF ".." ND_IXF " or %d..-1)", op, ND_IX(dim), ndim, ND_IX(0),
                        ND_IX(n - 1), -n);
     *out = dim < 0 ? dim + n : dim;
     return ND_OK;
@@ -58,15 +58,19 @@ nd_status nd_check_shape(const char *op, const int64_t *shape, int ndim, int64_t
     if (ndim < 0 || ndim > ND_MAX_DIMS)
         return nd_fail(ND_ERR_ARG, "%s: %d dims requested, at most %d supported", op, ndim,
                        ND_MAX_DIMS);
-    int64_t n = 1;
+    /* `span` treats 0 as 1 so that strides of an empty tensor cannot overflow
+     * either (a {0, 2^62, 4} tensor has a stride of 2^64). */
+    int64_t n = 1, span = 1;
     for (int i = 0; i < ndim; i++) {
         char buf[ND_SHAPE_BUF];
         if (shape[i] < 0)
             return nd_fail(ND_ERR_ARG, "%s: negative size %lld in shape %s", op,
                            (long long)shape[i], nd_shape_str(shape, ndim, buf));
-        if (shape[i] > 0 && n > ND_MAX_NUMEL / shape[i])
+        int64_t m = shape[i] > 0 ? shape[i] : 1;
+        if (span > ND_MAX_NUMEL / m)
             return nd_fail(ND_ERR_MEMORY, "%s: shape %s is too large (more than 2^48 elements)",
                            op, nd_shape_str(shape, ndim, buf));
+        span *= m;
         n *= shape[i];
     }
     if (numel) *numel = n;
@@ -184,7 +188,7 @@ nd_status nd_get_item(const nd_tensor *t, const int64_t *index, double *out) {
     int64_t off = t->offset;
     for (int i = 0; i < t->ndim; i++) {
         if (index[i] < 0 || index[i] >= t->shape[i])
-            return nd_fail(ND_ERR_INDEX, "item: index %lld out of range for dim %lld of size %lld",
+            return nd_fail(ND_ERR_INDEX, "item: index " ND_IXF " out of range for dim " ND_IXF " of size %lld",
                            ND_IX(index[i]), ND_IX(i), (long long)t->shape[i]);
         off += index[i] * t->strides[i];
     }

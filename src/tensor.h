@@ -43,11 +43,13 @@ nd_status nd_fail(nd_status st, const char *fmt, ...) __attribute__((format(prin
 /* Formats a shape as "{2,3}" into buf (at least 200 bytes). */
 const char *nd_shape_str(const int64_t *shape, int ndim, char *buf);
 #define ND_SHAPE_BUF 200
-/* Dims and indices in messages are shown as value + nd_error_index_base for
- * non-negative values: 0 for C hosts, 1 once the Lua bindings load (Lua is
- * 1-based), so an error names the dim the caller actually wrote. */
-extern int nd_error_index_base;
-#define ND_IX(v) ((long long)(v) + ((v) >= 0 ? nd_error_index_base : 0))
+/* Dims and indices in messages are written with ND_IXF ("%lld" between
+ * markers) and a 0-based value: nd_last_error() shows them as they are (C is
+ * 0-based), nd_last_error_based(1) adds 1 to the non-negative ones for the Lua
+ * layer, so each side reads the dims it actually wrote. */
+#define ND_IXF "\x01%lld\x02"
+#define ND_IX(v) ((long long)(v))
+const char *nd_last_error_based(int base);
 #define ND_TRY(expr) do { nd_status st_ = (expr); if (st_ != ND_OK) return st_; } while (0)
 
 /* ---- storage (storage.c) ---- */
@@ -87,6 +89,19 @@ nd_status nd_broadcast_shape(const char *op, const int64_t *a, int na, const int
 nd_status nd_expand_to(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out);
 /* t converted to dt (a new reference; t itself when already dt). */
 nd_status nd_as_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out);
+
+/* A number from the caller, integer or floating: integers stay exact up
+ * to 64 bits (a double holds only 53). */
+typedef struct { bool is_int; int64_t i; double f; } nd_number;
+static inline nd_number nd_num_f(double f) { nd_number n = {false, 0, f}; return n; }
+static inline nd_number nd_num_i(int64_t i) { nd_number n = {true, i, (double)i}; return n; }
+/* Stores n into one element of dtype dt at p (exact for integer dtypes). */
+void nd_store_number(void *p, nd_dtype dt, nd_number n);
+nd_status nd_fill_number_(nd_tensor *dst, nd_number v);
+nd_status nd_binary_number(nd_binary_op op, const nd_tensor *a, nd_number s, int scalar_first,
+                           nd_tensor **out);
+nd_status nd_binary_number_(nd_binary_op op, nd_tensor *a, nd_number s);
+int64_t nd_load_i64(const void *p, nd_dtype dt);
 
 /* ---- dtypes (dtype.c) ---- */
 nd_dtype nd_promote(nd_dtype a, nd_dtype b);

@@ -103,7 +103,7 @@ nd_status nd_permute(const nd_tensor *t, const int *dims, int ndim, nd_tensor **
     for (int i = 0; i < ndim; i++) {
         int d;
         ND_TRY(nd_norm_dim("permute", dims[i], t->ndim, &d));
-        if (seen[d]) return nd_fail(ND_ERR_ARG, "permute: dim %lld appears twice", ND_IX(dims[i]));
+        if (seen[d]) return nd_fail(ND_ERR_ARG, "permute: dim " ND_IXF " appears twice", ND_IX(dims[i]));
         seen[d] = true;
         ns[i] = t->shape[d];
         st[i] = t->strides[d];
@@ -146,7 +146,7 @@ nd_status nd_expand(const nd_tensor *t, const int64_t *shape, int ndim, nd_tenso
             ns[i] = want;
             st[i] = 0;
         } else {
-            return nd_fail(ND_ERR_SHAPE, "expand: cannot expand shape %s to %s (dim %lld has size "
+            return nd_fail(ND_ERR_SHAPE, "expand: cannot expand shape %s to %s (dim " ND_IXF " has size "
                            "%lld, expected 1 or %lld)", nd_shape_str(t->shape, t->ndim, b1),
                            nd_shape_str(shape, ndim, b2), ND_IX(i), (long long)t->shape[j],
                            (long long)want);
@@ -162,7 +162,7 @@ nd_status nd_select(const nd_tensor *t, int dim, int64_t index, nd_tensor **out)
     ND_TRY(nd_norm_dim("select", dim, t->ndim, &d));
     int64_t n = t->shape[d];
     if (index < -n || index >= n)
-        return nd_fail(ND_ERR_INDEX, "select: index %lld out of range for dim %lld of size %lld",
+        return nd_fail(ND_ERR_INDEX, "select: index " ND_IXF " out of range for dim " ND_IXF " of size %lld",
                        ND_IX(index), ND_IX(d), (long long)n);
     if (index < 0) index += n;
     int64_t ns[ND_MAX_DIMS], st[ND_MAX_DIMS];
@@ -203,7 +203,7 @@ nd_status nd_narrow(const nd_tensor *t, int dim, int64_t start, int64_t length, 
     int64_t n = t->shape[d];
     if (start < 0) start += n;
     if (start < 0 || length < 0 || start + length > n)
-        return nd_fail(ND_ERR_INDEX, "narrow: start %lld and length %lld out of range for dim %lld "
+        return nd_fail(ND_ERR_INDEX, "narrow: start " ND_IXF " and length %lld out of range for dim " ND_IXF " "
                        "of size %lld", ND_IX(start), (long long)length, ND_IX(d), (long long)n);
     return nd_slice(t, d, start, start + length, 1, out);
 }

@@ -38,6 +38,7 @@ static bool output_closed;
 static char *output; /* everything read so far */
 static size_t output_len, output_cap;
 static size_t matched; /* expect searches from here */
+static char *line;     /* the current step (global: no leak report on early exits) */
 
 static long long now_ms(void) {
     struct timespec ts;
@@ -161,7 +162,6 @@ int main(int argc, char **argv) {
         _exit(127);
     }
 
-    char *line = NULL;
     size_t cap = 0;
     ssize_t n;
     while ((n = getline(&line, &cap, stdin)) >= 0) {
@@ -191,6 +191,7 @@ int main(int argc, char **argv) {
         }
     }
     free(line);
+    line = NULL;
 
     /* Collect the rest of the output and the exit status. */
     long long deadline = now_ms() + timeout_ms;

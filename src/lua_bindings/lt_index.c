@@ -154,7 +154,9 @@ int lt_index_set(lua_State *L) {
     nd_status st;
     int ty = lua_type(L, 3);
     if (ty == LUA_TNUMBER || ty == LUA_TBOOLEAN) {
-        st = nd_fill_(v, ty == LUA_TNUMBER ? lua_tonumber(L, 3) : lua_toboolean(L, 3));
+        nd_number n = ty == LUA_TBOOLEAN ? nd_num_i(lua_toboolean(L, 3))
+                      : lua_isinteger(L, 3) ? nd_num_i(lua_tointeger(L, 3)) : nd_num_f(lua_tonumber(L, 3));
+        st = nd_fill_number_(v, n);
     } else {
         nd_tensor *src = lt_check_tensor_like(L, 3, "index", v->dtype);
         st = nd_copy_(v, src);

@@ -21,8 +21,11 @@ static bool is_scalar(lua_State *L, int idx) {
     return t == LUA_TNUMBER || t == LUA_TBOOLEAN;
 }
 
-static double scalar_value(lua_State *L, int idx) {
-    return lua_type(L, idx) == LUA_TBOOLEAN ? lua_toboolean(L, idx) : lua_tonumber(L, idx);
+/* Lua integers stay exact (64 bits), floats are floats. */
+static nd_number scalar_value(lua_State *L, int idx) {
+    if (lua_type(L, idx) == LUA_TBOOLEAN) return nd_num_i(lua_toboolean(L, idx));
+    if (lua_isinteger(L, idx)) return nd_num_i(lua_tointeger(L, idx));
+    return nd_num_f(lua_tonumber(L, idx));
 }
 
 /* A tensor for operand idx: tensors as they are, tables converted to the
@@ -36,9 +39,9 @@ static int binary(lua_State *L, nd_binary_op op) {
     nd_tensor *r;
     nd_status st;
     if (is_scalar(L, 2)) {
-        st = nd_binary_scalar(op, lt_check(L, 1, name), scalar_value(L, 2), 0, &r);
+        st = nd_binary_number(op, lt_check(L, 1, name), scalar_value(L, 2), 0, &r);
     } else if (is_scalar(L, 1)) {
-        st = nd_binary_scalar(op, lt_check(L, 2, name), scalar_value(L, 1), 1, &r);
+        st = nd_binary_number(op, lt_check(L, 2, name), scalar_value(L, 1), 1, &r);
     } else {
         nd_tensor *a = lt_to(L, 1), *b = lt_to(L, 2);
         if (a && b) st = nd_binary(op, a, b, &r);
@@ -65,7 +68,7 @@ static int binary_inplace(lua_State *L, nd_binary_op op) {
     const char *name = nd_binary_name(op);
     nd_tensor *a = lt_check(L, 1, name);
     if (is_scalar(L, 2)) {
-        LT_CHECK(L, nd_binary_scalar_(op, a, scalar_value(L, 2)));
+        LT_CHECK(L, nd_binary_number_(op, a, scalar_value(L, 2)));
     } else {
         nd_tensor *b = operand(L, 2, name, a);
         nd_status st = nd_binary_(op, a, b);
@@ -84,7 +87,7 @@ static int b_pow_(lua_State *L) { return binary_inplace(L, ND_BINARY_pow); }
 static int t_fill_(lua_State *L) {
     nd_tensor *t = lt_check(L, 1, "fill_");
     if (!is_scalar(L, 2)) return lt_error(L, "fill_", "expected a number, got %s", luaL_typename(L, 2));
-    LT_CHECK(L, nd_fill_(t, scalar_value(L, 2)));
+    LT_CHECK(L, nd_fill_number_(t, scalar_value(L, 2)));
     lua_settop(L, 1);
     return 1;
 }
@@ -165,18 +168,37 @@ static int t_clamp_(lua_State *L) {
 
 /* ------------------------------------------------------------- reductions */
 
-/* x:op(dims?, keepdim?, opts?) */
+/* A table argument is options when it has named fields ({correction=0}),
+ * a list of dims otherwise ({1, 3}). */
+static bool is_options(lua_State *L, int idx) {
+    if (!lua_istable(L, idx)) return false;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        bool named = lua_type(L, -2) == LUA_TSTRING;
+        lua_pop(L, 1);
+        if (named) { lua_pop(L, 1); return true; }
+    }
+    return false;
+}
+
+/* x:op(dims?, keepdim?, opts?) where opts (also accepted in place of dims
+ * or keepdim, as the trailing argument) holds dim, keepdim, correction and
+ * unbiased (var/std). */
 static int reduce(lua_State *L, nd_reduce_op op) {
     const char *name = nd_reduce_name(op);
     nd_tensor *x = lt_check(L, 1, name), *r;
-    int dims[ND_MAX_DIMS];
-    int nd = lt_dims(L, 2, name, dims);
-    bool keepdim = lua_toboolean(L, 3);
+    int dims[ND_MAX_DIMS], nd = 0, opts = 0;
+    bool keepdim = false;
     int correction = 1;
-    if (lua_type(L, 4) == LUA_TNUMBER) correction = (int)luaL_checkinteger(L, 4);
-    else if (lua_istable(L, 4)) {
-        if (lua_getfield(L, 4, "correction") != LUA_TNIL) correction = (int)luaL_checkinteger(L, -1);
-        if (lua_getfield(L, 4, "unbiased") != LUA_TNIL) correction = lua_toboolean(L, -1);
+    for (int i = 2; i <= 4 && !opts; i++) if (is_options(L, i)) opts = i;
+    if (opts != 2) nd = lt_dims(L, 2, name, dims);
+    if (opts != 3 && opts != 2) keepdim = lua_toboolean(L, 3);
+    if (!opts && lua_type(L, 4) == LUA_TNUMBER) correction = (int)luaL_checkinteger(L, 4);
+    if (opts) {
+        if (lua_getfield(L, opts, "dim") != LUA_TNIL) nd = lt_dims(L, lua_gettop(L), name, dims);
+        if (lua_getfield(L, opts, "keepdim") != LUA_TNIL) keepdim = lua_toboolean(L, -1);
+        if (lua_getfield(L, opts, "correction") != LUA_TNIL) correction = (int)luaL_checkinteger(L, -1);
+        if (lua_getfield(L, opts, "unbiased") != LUA_TNIL) correction = lua_toboolean(L, -1);
     }
     LT_CHECK(L, nd_reduce(op, x, dims, nd, keepdim, correction, &r));
     if (op == ND_REDUCE_argmax || op == ND_REDUCE_argmin) lt_push_index(L, r);

@@ -23,7 +23,6 @@ static int l_clock(lua_State *L) {
 }
 
 int luaopen_needle_core(lua_State *L) {
-    nd_error_index_base = 1; /* Lua speaks 1-based dims and indices */
     lua_newtable(L); /* methods */
     lua_newtable(L); /* module */
     lt_register_tensor(L); /* creates the metatable: must come first */

@@ -11,6 +11,19 @@ static int push_result(lua_State *L, nd_status st, nd_tensor **r) {
     return 1;
 }
 
+/* Conversions that change nothing return the very same Lua object, as
+ * PyTorch's x.to(x.dtype) returns x. */
+static int push_converted(lua_State *L, nd_status st, nd_tensor *x, nd_tensor **r) {
+    LT_CHECK(L, st);
+    if (*r == x) {
+        nd_release(*r);
+        lua_pushvalue(L, 1);
+        return 1;
+    }
+    lt_push(L, *r);
+    return 1;
+}
+
 static int t_view(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "view"), *r;
     int64_t shape[ND_MAX_DIMS];
@@ -152,12 +165,12 @@ static int t_to(lua_State *L) {
         return lt_error(L, "to", "expected a dtype or device name or an options table, got %s",
                         luaL_typename(L, 2));
     }
-    return push_result(L, nd_to_dtype(x, dt, &r), &r);
+    return push_converted(L, nd_to_dtype(x, dt, &r), x, &r);
 }
 
 static int convert(lua_State *L, nd_dtype dt, const char *op) {
-    nd_tensor *r;
-    return push_result(L, nd_to_dtype(lt_check(L, 1, op), dt, &r), &r);
+    nd_tensor *x = lt_check(L, 1, op), *r;
+    return push_converted(L, nd_to_dtype(x, dt, &r), x, &r);
 }
 static int t_float(lua_State *L) { return convert(L, ND_FLOAT32, "float"); }
 static int t_double(lua_State *L) { return convert(L, ND_FLOAT64, "double"); }

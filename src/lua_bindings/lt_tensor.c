@@ -11,7 +11,7 @@ static char mt_key, methods_key;
 
 int lt_raise(lua_State *L) {
     luaL_where(L, 1);
-    lua_pushfstring(L, "needle.%s", nd_last_error());
+    lua_pushfstring(L, "needle.%s", nd_last_error_based(1)); /* Lua is 1-based */
     lua_concat(L, 2);
     return lua_error(L);
 }
@@ -172,7 +172,7 @@ nd_dtype lt_check_dtype_name(lua_State *L, int idx, const char *op) {
     if (lua_type(L, idx) != LUA_TSTRING)
         lt_error(L, op, "dtype must be a string, got %s", luaL_typename(L, idx));
     nd_dtype dt;
-    if (nd_dtype_from_name(name, &dt) != ND_OK) lt_error(L, op, "%s", nd_last_error());
+    if (nd_dtype_from_name(name, &dt) != ND_OK) lt_error(L, op, "%s", nd_last_error_based(1));
     return dt;
 }
 

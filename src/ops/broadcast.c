@@ -41,7 +41,7 @@ nd_status nd_check_writable(const char *op, const nd_tensor *t) {
         if (t->strides[i] == 0 && t->shape[i] > 1) {
             char b[ND_SHAPE_BUF];
             return nd_fail(ND_ERR_ARG, "%s: cannot write in place into an expanded tensor (shape "
-                           "%s, dim %lld has stride 0); clone() it first", op,
+                           "%s, dim " ND_IXF " has stride 0); clone() it first", op,
                            nd_shape_str(t->shape, t->ndim, b), ND_IX(i));
         }
     return ND_OK;

@@ -16,12 +16,17 @@ nd_status nd_copy_(nd_tensor *dst, const nd_tensor *src) {
     return st;
 }
 
-nd_status nd_fill_(nd_tensor *dst, double value) {
+nd_status nd_fill_number_(nd_tensor *dst, nd_number v) {
+    _Alignas(8) unsigned char value[8] = {0};
+    nd_store_number(value, dst->dtype, v);
     const nd_backend *be = nd_backend_of(dst);
     ND_TRY(ND_BACKEND_CALL(be, fill, "fill", dst, value));
     nd_bump_version(dst);
     return ND_OK;
 }
+
+nd_status nd_fill_(nd_tensor *dst, double value) { return nd_fill_number_(dst, nd_num_f(value)); }
+nd_status nd_fill_int_(nd_tensor *dst, int64_t value) { return nd_fill_number_(dst, nd_num_i(value)); }
 
 static nd_status copy_into_new(const nd_tensor *t, nd_dtype dt, nd_tensor **out) {
     ND_TRY(nd_empty(t->shape, t->ndim, dt, out));

@@ -38,7 +38,7 @@ static nd_status unary_dtype(nd_unary_op op, nd_dtype dt, nd_dtype *out) {
             return nd_fail(ND_ERR_DTYPE, "neg: not supported for bool tensors (use logical not: x:eq(0))");
         if (unary_keeps_int(op)) dt = ND_UINT8;
     }
-    if (nd_dtype_is_int(dt) && !unary_keeps_int(op)) dt = ND_FLOAT32;
+    if ((nd_dtype_is_int(dt) || dt == ND_BOOL) && !unary_keeps_int(op)) dt = ND_FLOAT32;
     *out = dt;
     return ND_OK;
 }
@@ -122,13 +122,13 @@ nd_status nd_binary(nd_binary_op op, const nd_tensor *a, const nd_tensor *b, nd_
 /* PyTorch's rule for a tensor and a number: the number does not widen the
  * tensor's dtype within its kind; a fractional number with an integer or
  * bool tensor gives float32, an integral one with bool gives int64. */
-static nd_dtype scalar_promote(nd_dtype t, double s) {
+static nd_dtype scalar_promote(nd_dtype t, nd_number s) {
     if (nd_dtype_is_float(t)) return t;
-    if (s != floor(s) || isinf(s) || isnan(s)) return ND_FLOAT32;
+    if (!s.is_int && (s.f != floor(s.f) || isinf(s.f) || isnan(s.f))) return ND_FLOAT32;
     return t == ND_BOOL ? ND_INT64 : t;
 }
 
-nd_status nd_binary_scalar(nd_binary_op op, const nd_tensor *a, double s, int scalar_first,
+nd_status nd_binary_number(nd_binary_op op, const nd_tensor *a, nd_number s, int scalar_first,
                            nd_tensor **out) {
     if ((unsigned)op >= ND_NUM_BINARY) return nd_fail(ND_ERR_ARG, "binary: invalid op %d", op);
     const char *name = nd_binary_name(op);
@@ -143,7 +143,9 @@ nd_status nd_binary_scalar(nd_binary_op op, const nd_tensor *a, double s, int sc
     nd_status st = nd_empty(a->shape, a->ndim, is_comparison(op) ? ND_BOOL : c, out);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(a);
-        st = ND_BACKEND_CALL(be, binary_scalar, name, op, *out, ac, s, scalar_first);
+        _Alignas(8) unsigned char value[8] = {0};
+        nd_store_number(value, c, s);
+        st = ND_BACKEND_CALL(be, binary_scalar, name, op, *out, ac, value, scalar_first);
         if (st != ND_OK) { nd_release(*out); *out = NULL; }
     }
     nd_release(ac);
@@ -178,18 +180,34 @@ nd_status nd_binary_(nd_binary_op op, nd_tensor *a, const nd_tensor *b) {
     return write_back(a, r);
 }
 
+nd_status nd_binary_scalar(nd_binary_op op, const nd_tensor *a, double s, int scalar_first,
+                           nd_tensor **out) {
+    return nd_binary_number(op, a, nd_num_f(s), scalar_first, out);
+}
+
+nd_status nd_binary_scalar_int(nd_binary_op op, const nd_tensor *a, int64_t s, int scalar_first,
+                               nd_tensor **out) {
+    return nd_binary_number(op, a, nd_num_i(s), scalar_first, out);
+}
+
 nd_status nd_binary_scalar_(nd_binary_op op, nd_tensor *a, double s) {
+    return nd_binary_number_(op, a, nd_num_f(s));
+}
+
+nd_status nd_binary_number_(nd_binary_op op, nd_tensor *a, nd_number s) {
     ND_TRY(nd_check_writable(nd_binary_name(op), a));
     nd_dtype c = ND_FLOAT32;
     ND_TRY(binary_dtype(op, scalar_promote(a->dtype, s), &c));
     if (c == a->dtype && !is_comparison(op)) {
         const nd_backend *be = nd_backend_of(a);
-        ND_TRY(ND_BACKEND_CALL(be, binary_scalar, nd_binary_name(op), op, a, a, s, 0));
+        _Alignas(8) unsigned char value[8] = {0};
+        nd_store_number(value, c, s);
+        ND_TRY(ND_BACKEND_CALL(be, binary_scalar, nd_binary_name(op), op, a, a, value, 0));
         nd_bump_version(a);
         return ND_OK;
     }
     nd_tensor *r;
-    ND_TRY(nd_binary_scalar(op, a, s, 0, &r));
+    ND_TRY(nd_binary_number(op, a, s, 0, &r));
     return write_back(a, r);
 }
 

@@ -48,9 +48,9 @@ nd_status nd_gather(const nd_tensor *x, int dim, const nd_tensor *index, nd_tens
     for (int i = 0; i < x->ndim; i++)
         if (i != d && index->shape[i] > x->shape[i])
             return nd_fail(ND_ERR_SHAPE, "gather: index of shape %s is larger than x of shape %s "
-                           "in dim %d (only dim %d may be larger)",
+                           "in dim " ND_IXF " (only dim " ND_IXF " may be larger)",
                            nd_shape_str(index->shape, index->ndim, b1),
-                           nd_shape_str(x->shape, x->ndim, b2), i, d);
+                           nd_shape_str(x->shape, x->ndim, b2), ND_IX(i), ND_IX(d));
     nd_tensor *t;
     ND_TRY(nd_empty(index->shape, index->ndim, x->dtype, &t));
     const nd_backend *be = nd_backend_of(x);
@@ -88,13 +88,13 @@ nd_status nd_scatter(const nd_tensor *x, int dim, const nd_tensor *index, const 
     for (int i = 0; i < x->ndim; i++) {
         if (!scalar_src && index->shape[i] > src->shape[i])
             return nd_fail(ND_ERR_SHAPE, "%s: index of shape %s is larger than src of shape %s "
-                           "in dim %d", op, nd_shape_str(index->shape, index->ndim, b1),
-                           nd_shape_str(src->shape, src->ndim, b2), i);
+                           "in dim " ND_IXF, op, nd_shape_str(index->shape, index->ndim, b1),
+                           nd_shape_str(src->shape, src->ndim, b2), ND_IX(i));
         if (i != d && index->shape[i] > x->shape[i])
             return nd_fail(ND_ERR_SHAPE, "%s: index of shape %s is larger than x of shape %s "
-                           "in dim %d (only dim %d may be larger)", op,
+                           "in dim " ND_IXF " (only dim " ND_IXF " may be larger)", op,
                            nd_shape_str(index->shape, index->ndim, b1),
-                           nd_shape_str(x->shape, x->ndim, b2), i, d);
+                           nd_shape_str(x->shape, x->ndim, b2), ND_IX(i), ND_IX(d));
     }
     nd_tensor *t = NULL, *s = NULL, *se = NULL;
     nd_status st = fresh_copy(x, x->shape, x->ndim, x->dtype, &t);
@@ -165,14 +165,14 @@ nd_status nd_index_add(const nd_tensor *x, int dim, const nd_tensor *index, cons
     for (int i = 0; i < x->ndim; i++)
         if (i != d && src->shape[i] != x->shape[i])
             return nd_fail(ND_ERR_SHAPE, "index_add: src of shape %s does not match x of shape %s "
-                           "in dim %d (only dim %d may differ)",
+                           "in dim " ND_IXF " (only dim " ND_IXF " may differ)",
                            nd_shape_str(src->shape, src->ndim, b1),
-                           nd_shape_str(x->shape, x->ndim, b2), i, d);
+                           nd_shape_str(x->shape, x->ndim, b2), ND_IX(i), ND_IX(d));
     int64_t k = nd_numel(index), along = src->ndim ? src->shape[d] : 1;
     if (k != along)
         return nd_fail(ND_ERR_SHAPE, "index_add: index has %lld elements but src of shape %s has "
-                       "%lld along dim %d", (long long)k, nd_shape_str(src->shape, src->ndim, b1),
-                       (long long)along, d);
+                       "%lld along dim " ND_IXF, (long long)k, nd_shape_str(src->shape, src->ndim, b1),
+                       (long long)along, ND_IX(d));
     if (!nd_dtype_is_float(x->dtype) && alpha != floor(alpha))
         return nd_fail(ND_ERR_ARG, "index_add: alpha %g must be an integer for a %s tensor",
                        alpha, nd_dtype_name(x->dtype));

@@ -52,9 +52,9 @@ nd_status nd_cat(nd_tensor *const *ts, int n, int dim, nd_tensor **out) {
         bool ok = t->ndim == ref->ndim;
         for (int k = 0; ok && k < t->ndim; k++) ok = k == d || t->shape[k] == ref->shape[k];
         if (!ok)
-            return nd_fail(ND_ERR_SHAPE, "cat: shapes must match except in dim %d, but tensor %d "
-                           "has shape %s and tensor %d has shape %s", d, ref_i,
-                           nd_shape_str(ref->shape, ref->ndim, b1), i,
+            return nd_fail(ND_ERR_SHAPE, "cat: shapes must match except in dim " ND_IXF ", but tensor "
+                           ND_IXF " has shape %s and tensor " ND_IXF " has shape %s", ND_IX(d),
+                           ND_IX(ref_i), nd_shape_str(ref->shape, ref->ndim, b1), ND_IX(i),
                            nd_shape_str(t->shape, t->ndim, b2));
         shape[d] += t->shape[d];
     }
@@ -96,8 +96,8 @@ nd_status nd_stack(nd_tensor *const *ts, int n, int dim, nd_tensor **out) {
         for (int k = 0; ok && k < t->ndim; k++) ok = t->shape[k] == ref->shape[k];
         if (!ok)
             return nd_fail(ND_ERR_SHAPE, "stack: tensors must all have the same shape, but "
-                           "tensor 0 has shape %s and tensor %d has shape %s",
-                           nd_shape_str(ref->shape, ref->ndim, b1), i,
+                           "tensor " ND_IXF " has shape %s and tensor " ND_IXF " has shape %s", ND_IX(0),
+                           nd_shape_str(ref->shape, ref->ndim, b1), ND_IX(i),
                            nd_shape_str(t->shape, t->ndim, b2));
         if (t->storage->device != ref->storage->device)
             return nd_fail(ND_ERR_DEVICE, "stack: tensor %d is on a different device than "
@@ -135,7 +135,7 @@ nd_status nd_flip(const nd_tensor *x, const int *dims, int ndims, nd_tensor **ou
     for (int i = 0; i < ndims; i++) {
         int d;
         ND_TRY(nd_norm_dim("flip", dims[i], x->ndim, &d));
-        if (flip[d]) return nd_fail(ND_ERR_ARG, "flip: dim %d appears more than once", dims[i]);
+        if (flip[d]) return nd_fail(ND_ERR_ARG, "flip: dim " ND_IXF " appears more than once", ND_IX(dims[i]));
         flip[d] = true;
     }
     int64_t strides[ND_MAX_DIMS];
@@ -180,8 +180,8 @@ nd_status nd_pad(const nd_tensor *x, const int64_t *pads, int npairs, double val
         int64_t before = pads[2 * i], after = pads[2 * i + 1], size = x->shape[d];
         shape[d] = size + before + after;
         if (shape[d] < 0)
-            return nd_fail(ND_ERR_SHAPE, "pad: padding (%lld, %lld) of dim %d of size %lld gives "
-                           "the negative size %lld", (long long)before, (long long)after, d,
+            return nd_fail(ND_ERR_SHAPE, "pad: padding (%lld, %lld) of dim " ND_IXF " of size %lld gives "
+                           "the negative size %lld", (long long)before, (long long)after, ND_IX(d),
                            (long long)size, (long long)shape[d]);
         /* the part of x that survives cropping, and where it lands */
         int64_t crop_lo = before < 0 ? -before : 0, crop_hi = after < 0 ? -after : 0;

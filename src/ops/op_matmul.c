@@ -22,7 +22,9 @@ nd_status nd_matmul(const nd_tensor *a, const nd_tensor *b, nd_tensor **out) {
                        (long long)K, (long long)bs[bn - 2]);
     int64_t batch[ND_MAX_DIMS];
     int nb;
-    ND_TRY(nd_broadcast_shape("matmul", as, an - 2, bs, bn - 2, batch, &nb));
+    if (nd_broadcast_shape("matmul", as, an - 2, bs, bn - 2, batch, &nb) != ND_OK)
+        return nd_fail(ND_ERR_SHAPE, "matmul: batch dims of shapes %s and %s cannot be broadcast",
+                       nd_shape_str(a->shape, a->ndim, b1), nd_shape_str(b->shape, b->ndim, b2));
     if (nb + 2 > ND_MAX_DIMS) return nd_fail(ND_ERR_SHAPE, "matmul: too many dims");
     int64_t ash[ND_MAX_DIMS], bsh[ND_MAX_DIMS], osh[ND_MAX_DIMS];
     for (int i = 0; i < nb; i++) ash[i] = bsh[i] = osh[i] = batch[i];

@@ -20,7 +20,7 @@ static nd_status reduced_mask(const char *op, const nd_tensor *x, const int *dim
         int d;
         ND_TRY(nd_norm_dim(op, dims[i], x->ndim, &d));
         if (x->ndim == 0) continue;
-        if (mask[d]) return nd_fail(ND_ERR_ARG, "%s: dim %lld appears more than once", op, ND_IX(dims[i]));
+        if (mask[d]) return nd_fail(ND_ERR_ARG, "%s: dim " ND_IXF " appears more than once", op, ND_IX(dims[i]));
         mask[d] = true;
     }
     return ND_OK;
@@ -116,7 +116,7 @@ nd_status nd_max_dim(const nd_tensor *x, int dim, int keepdim, int is_min, nd_te
     if (x->ndim > 0) mask[d] = true;
     if (x->ndim > 0 && x->shape[d] == 0) {
         char b[ND_SHAPE_BUF];
-        return nd_fail(ND_ERR_SHAPE, "%s: cannot reduce dim %lld of size 0 (shape %s)", name, ND_IX(d),
+        return nd_fail(ND_ERR_SHAPE, "%s: cannot reduce dim " ND_IXF " of size 0 (shape %s)", name, ND_IX(d),
                        nd_shape_str(x->shape, x->ndim, b));
     }
     nd_dtype compute = x->dtype == ND_FLOAT16 || x->dtype == ND_BFLOAT16 ? ND_FLOAT32 : x->dtype;

@@ -67,8 +67,8 @@ nd_status nd_topk(const nd_tensor *x, int64_t k, int dim, int largest, nd_tensor
     ND_TRY(nd_norm_dim("topk", dim, x->ndim, &d));
     int64_t size = x->ndim ? x->shape[d] : 1;
     if (k < 0 || k > size)
-        return nd_fail(ND_ERR_INDEX, "topk: k (%lld) out of range for dim %d of size %lld "
-                       "(expected 0..%lld)", (long long)k, d, (long long)size, (long long)size);
+        return nd_fail(ND_ERR_INDEX, "topk: k (%lld) out of range for dim " ND_IXF " of size %lld "
+                       "(expected 0..%lld)", (long long)k, ND_IX(d), (long long)size, (long long)size);
     nd_tensor *v, *i;
     ND_TRY(nd_sort(x, d, largest, &v, &i));
     if (k == size || x->ndim == 0) {

@@ -82,9 +82,9 @@ static void fill_run(char **p, const int64_t *s, int64_t n, void *vctx) {
     }
 }
 
-nd_status nd_cpu_fill(nd_tensor *dst, double value) {
+nd_status nd_cpu_fill(nd_tensor *dst, const void *value) {
     fill_ctx c = {nd_dtype_size(dst->dtype), {0}};
-    nd_store_f64(c.bytes, dst->dtype, value);
+    memcpy(c.bytes, value, c.size);
     nd_loop L;
     const nd_tensor *ts[1] = {dst};
     nd_loop_init(&L, 1, ts);

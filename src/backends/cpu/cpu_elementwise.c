@@ -134,13 +134,13 @@ nd_status nd_cpu_binary(nd_binary_op op, nd_tensor *out, const nd_tensor *a, con
     return ND_OK;
 }
 
-nd_status nd_cpu_binary_scalar(nd_binary_op op, nd_tensor *out, const nd_tensor *a, double s,
+nd_status nd_cpu_binary_scalar(nd_binary_op op, nd_tensor *out, const nd_tensor *a, const void *s,
                                int scalar_first) {
     nd_inner_fn fn = binary_fn(op, a->dtype);
     if (!fn) return no_kernel(nd_binary_name(op), a->dtype);
     /* The scalar becomes a 0-stride operand of a's dtype. */
     _Alignas(8) unsigned char value[8];
-    nd_store_f64(value, a->dtype, s);
+    memcpy(value, s, nd_dtype_size(a->dtype));
     nd_loop L;
     const nd_tensor *ts[2] = {out, a};
     nd_loop_init(&L, 2, ts);

@@ -59,8 +59,8 @@ static nd_status check_indices(const char *op, const nd_tensor *index, int64_t l
         rem /= index->shape[d];
     }
     char b1[ND_SHAPE_BUF];
-    return nd_fail(ND_ERR_INDEX, "%s: index %lld is out of bounds for dim %d with size %lld "
-                   "(at position %s of the index tensor)", op, (long long)c.bad_val, dim,
+    return nd_fail(ND_ERR_INDEX, "%s: index " ND_IXF " is out of bounds for dim " ND_IXF " with size %lld "
+                   "(at position %s of the index tensor)", op, ND_IX(c.bad_val), ND_IX(dim),
                    (long long)limit, nd_shape_str(pos, index->ndim, b1));
 }
 

@@ -7,11 +7,11 @@
 
 /* cpu_copy.c */
 nd_status nd_cpu_copy(nd_tensor *dst, const nd_tensor *src);
-nd_status nd_cpu_fill(nd_tensor *dst, double value);
+nd_status nd_cpu_fill(nd_tensor *dst, const void *value);
 /* cpu_elementwise.c */
 nd_status nd_cpu_unary(nd_unary_op op, nd_tensor *out, const nd_tensor *x);
 nd_status nd_cpu_binary(nd_binary_op op, nd_tensor *out, const nd_tensor *a, const nd_tensor *b);
-nd_status nd_cpu_binary_scalar(nd_binary_op op, nd_tensor *out, const nd_tensor *a, double s,
+nd_status nd_cpu_binary_scalar(nd_binary_op op, nd_tensor *out, const nd_tensor *a, const void *s,
                                int scalar_first);
 nd_status nd_cpu_where(nd_tensor *out, const nd_tensor *cond, const nd_tensor *a,
                        const nd_tensor *b);

@@ -46,17 +46,16 @@ static void gemm_generic(const nd_tensor *a, const nd_tensor *b, nd_tensor *out,
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) {
             double acc = 0;
-            uint64_t iacc = 0;
+            uint64_t iacc = 0; /* wraps like PyTorch's integer matmul */
             for (int64_t k = 0; k < K; k++) {
-                double x = nd_load_f64(pa + (ao + i * a->strides[n - 2] + k * a->strides[n - 1]) * (int64_t)ea, a->dtype);
-                double y = nd_load_f64(pb + (bo + k * b->strides[n - 2] + j * b->strides[n - 1]) * (int64_t)eb, b->dtype);
-                if (fl) acc += x * y;
-                else iacc += (uint64_t)(int64_t)x * (uint64_t)(int64_t)y;
+                const char *xa = pa + (ao + i * a->strides[n - 2] + k * a->strides[n - 1]) * (int64_t)ea;
+                const char *yb = pb + (bo + k * b->strides[n - 2] + j * b->strides[n - 1]) * (int64_t)eb;
+                if (fl) acc += nd_load_f64(xa, a->dtype) * nd_load_f64(yb, b->dtype);
+                else iacc += (uint64_t)nd_load_i64(xa, a->dtype) * (uint64_t)nd_load_i64(yb, b->dtype);
             }
             char *dst = po + (oo + i * N + j) * (int64_t)eo;
             if (fl) nd_store_f64(dst, out->dtype, acc);
-            else if (out->dtype == ND_INT64) *(int64_t *)dst = (int64_t)iacc;
-            else nd_store_f64(dst, out->dtype, (double)(int64_t)iacc);
+            else nd_store_number(dst, out->dtype, nd_num_i((int64_t)iacc));
         }
 }
 
@@ -80,7 +79,7 @@ nd_status nd_cpu_matmul(nd_tensor *out, const nd_tensor *a_in, const nd_tensor *
                      (long long)M, (long long)N, (long long)K);
         goto done;
     }
-    if (K == 0) { st = nd_cpu_fill(out, 0); goto done; }
+    if (K == 0) { const uint64_t zero = 0; st = nd_cpu_fill(out, &zero); goto done; }
     if (M == 0 || N == 0 || batch == 0) goto done;
     blas_view va = {CblasNoTrans, 1}, vb = {CblasNoTrans, 1};
     if (blas) {
