@@ -86,6 +86,14 @@ stage_specs() {
   line=$(sed 's/\x1b\[[0-9;]*m//g' "$log" |
          grep -E '^[0-9]+ success(es)? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' |
          tail -n 1)
+  if [ -z "$line" ] && grep -qE '^1\.\.[0-9]+$' "$log"; then
+    # busted -o TAP (passed after --): count the result lines instead
+    local ok notok skip
+    ok=$(grep -cE '^ok [0-9]+ ' "$log" || true)
+    skip=$(grep -cE '^ok [0-9]+ - # SKIP' "$log" || true)
+    notok=$(grep -cE '^not ok [0-9]+ ' "$log" || true)
+    line="$((ok - skip)) successes / $notok failures / 0 errors / $skip pending"
+  fi
   if [ -z "$line" ]; then
     failed=$((failed + 1))
     note "stage specs[$label]: CRASHED or no summary (exit $rc; counted as 1 failure)"

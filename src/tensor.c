@@ -111,7 +111,7 @@ nd_status nd_empty(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out)
     nd_storage *s;
     if (nd_storage_new(nbytes, &s) != ND_OK) {
         char buf[ND_SHAPE_BUF];
-        return nd_fail(ND_ERR_MEMORY, "out of memory allocating a %s tensor of shape %s (%zu bytes)",
+        return nd_fail(ND_ERR_MEMORY, "empty: out of memory allocating a %s tensor of shape %s (%zu bytes)",
                        nd_dtype_name(dt), nd_shape_str(shape, ndim, buf), nbytes);
     }
     int64_t strides[ND_MAX_DIMS];

@@ -72,6 +72,8 @@ static void fill_from_table(lua_State *L, int idx, const int64_t *shape, int nd,
     }
 }
 
+/* Builds a tensor from the Lua value at idx and pushes it (as a userdata
+ * owning it); returns the borrowed pointer. */
 static nd_tensor *tensor_from_lua(lua_State *L, int idx, nd_dtype dt, bool dtype_given) {
     nd_tensor *t;
     int ty = lua_type(L, idx);
@@ -81,9 +83,11 @@ static nd_tensor *tensor_from_lua(lua_State *L, int idx, nd_dtype dt, bool dtype
         if (ty == LUA_TNUMBER && lua_isinteger(L, idx) && dt == ND_INT64) {
             LT_CHECK(L, nd_empty(NULL, 0, dt, &t));
             *(int64_t *)nd_ptr(t) = lua_tointeger(L, idx);
+            lt_push(L, t);
             return t;
         }
         LT_CHECK(L, nd_scalar(v, dt, &t));
+        lt_push(L, t);
         return t;
     }
     if (ty != LUA_TTABLE)
@@ -95,21 +99,15 @@ static nd_tensor *tensor_from_lua(lua_State *L, int idx, nd_dtype dt, bool dtype
     if (has_bool && !dtype_given) dt = ND_BOOL;
     LT_CHECK(L, nd_empty(shape, nd, dt, &t));
     fill_state fs = {nd_ptr(t), nd_dtype_size(dt), dt, 0};
-    /* push t first so an error inside fill does not leak it */
+    /* pushed first so that an error inside fill does not leak it */
     lt_push(L, t);
-    int tidx = lua_gettop(L);
     if (nd > 0 && nd_numel(t) > 0) fill_from_table(L, idx, shape, nd, 0, path, &fs);
-    else if (nd > 0) {
-        /* shape with a 0: still check that inner tables agree (they are empty) */
-    }
-    nd_retain(t);
-    lua_remove(L, tidx);
     return t;
 }
 
 nd_tensor *lt_check_tensor_like(lua_State *L, int idx, const char *op, nd_dtype dt) {
     nd_tensor *t = lt_to(L, idx);
-    if (t) { nd_retain(t); return t; }
+    if (t) return t;
     int ty = lua_type(L, idx);
     if (ty != LUA_TNUMBER && ty != LUA_TTABLE && ty != LUA_TBOOLEAN)
         lt_error(L, op, "expected a tensor, number or table for argument %d, got %s", idx,
@@ -129,7 +127,15 @@ static int l_tensor(lua_State *L) {
     nd_tensor *src = lt_to(L, 1);
     nd_tensor *t;
     if (src) LT_CHECK(L, given ? nd_to_dtype(src, dt, &t) : nd_clone(src, &t));
-    else t = tensor_from_lua(L, 1, dt, given);
+    else {
+        t = tensor_from_lua(L, 1, dt, given); /* already pushed */
+        if (lt_opt_bool_field(L, 2, "requires_grad", false)) {
+            if (!nd_dtype_is_float(t->dtype))
+                lt_error(L, "tensor", "only floating point tensors can require gradients");
+            t->requires_grad = true;
+        }
+        return 1;
+    }
     if (src && given && t == src) { /* to() returned src itself: copy */
         nd_tensor *c;
         nd_status st = nd_clone(src, &c);
@@ -220,9 +226,9 @@ static int fill_ctor(lua_State *L, const char *op, double value, int first) {
     int n = shape_and_opts(L, first, op, shape, &opts);
     nd_dtype dt = lt_opt_dtype(L, opts, op, ND_FLOAT32);
     nd_tensor *t;
-    if (value == 0) LT_CHECK(L, nd_zeros(shape, n, dt, &t));
-    else if (isnan(value) && strcmp(op, "empty") == 0) LT_CHECK(L, nd_empty(shape, n, dt, &t));
-    else LT_CHECK(L, nd_full(shape, n, dt, value, &t));
+    if (value == 0) LT_CHECK_AS(L, op, nd_zeros(shape, n, dt, &t));
+    else if (isnan(value) && strcmp(op, "empty") == 0) LT_CHECK_AS(L, op, nd_empty(shape, n, dt, &t));
+    else LT_CHECK_AS(L, op, nd_full(shape, n, dt, value, &t));
     finish_new(L, t, opts, op);
     return 1;
 }
@@ -239,7 +245,7 @@ static int l_full(lua_State *L) {
     lt_check_device(L, 3, "full");
     nd_dtype dt = lt_opt_dtype(L, 3, "full", lua_isboolean(L, 2) ? ND_BOOL : ND_FLOAT32);
     nd_tensor *t;
-    LT_CHECK(L, nd_full(shape, n, dt, v, &t));
+    LT_CHECK_AS(L, "full", nd_full(shape, n, dt, v, &t));
     finish_new(L, t, 3, "full");
     return 1;
 }
@@ -284,7 +290,7 @@ static int l_arange(lua_State *L) {
     /* integer arguments give int64 as in PyTorch */
     nd_dtype dt = lt_opt_dtype(L, opts, "arange", all_int ? ND_INT64 : ND_FLOAT32);
     nd_tensor *t;
-    LT_CHECK(L, nd_arange(start, end, step, dt, &t));
+    LT_CHECK_AS(L, "arange", nd_arange(start, end, step, dt, &t));
     finish_new(L, t, opts, "arange");
     return 1;
 }
@@ -295,7 +301,7 @@ static int l_linspace(lua_State *L) {
     lt_check_device(L, 4, "linspace");
     nd_dtype dt = lt_opt_dtype(L, 4, "linspace", ND_FLOAT32);
     nd_tensor *t;
-    LT_CHECK(L, nd_linspace(a, b, steps, dt, &t));
+    LT_CHECK_AS(L, "linspace", nd_linspace(a, b, steps, dt, &t));
     finish_new(L, t, 4, "linspace");
     return 1;
 }
@@ -310,7 +316,7 @@ static int l_eye(lua_State *L) {
     lt_check_device(L, opts, "eye");
     nd_dtype dt = lt_opt_dtype(L, opts, "eye", ND_FLOAT32);
     nd_tensor *t;
-    LT_CHECK(L, nd_eye(n, m, dt, &t));
+    LT_CHECK_AS(L, "eye", nd_eye(n, m, dt, &t));
     finish_new(L, t, opts, "eye");
     return 1;
 }
@@ -351,7 +357,7 @@ static int rand_ctor(lua_State *L, const char *op, int normal) {
     nd_dtype dt = lt_opt_dtype(L, opts, op, ND_FLOAT32);
     if (!nd_dtype_is_float(dt)) lt_error(L, op, "dtype must be floating point, got %s", nd_dtype_name(dt));
     nd_tensor *t;
-    LT_CHECK(L, normal ? nd_randn(shape, n, dt, &t) : nd_rand(shape, n, dt, &t));
+    LT_CHECK_AS(L, op, normal ? nd_randn(shape, n, dt, &t) : nd_rand(shape, n, dt, &t));
     finish_new(L, t, opts, op);
     return 1;
 }
@@ -369,7 +375,7 @@ static int l_randint(lua_State *L) {
     nd_dtype dt = lt_opt_dtype(L, opts, "randint", ND_INT64);
     nd_tensor *t;
     if (hi == INT64_MAX) return lt_error(L, "randint", "high must be < 2^63-1");
-    LT_CHECK(L, nd_randint(lo, hi + 1, shape, n, dt, &t));
+    LT_CHECK_AS(L, "randint", nd_randint(lo, hi + 1, shape, n, dt, &t));
     finish_new(L, t, opts, "randint");
     return 1;
 }
@@ -378,7 +384,7 @@ static int l_randperm(lua_State *L) {
     lua_Integer n = luaL_checkinteger(L, 1);
     if (n < 0) return lt_error(L, "randperm", "n must be >= 0, got %lld", (long long)n);
     nd_tensor *t;
-    LT_CHECK(L, nd_randperm(n, &t));
+    LT_CHECK_AS(L, "randperm", nd_randperm(n, &t));
     lt_push_index(L, t); /* a permutation of 1..n */
     return 1;
 }
@@ -386,9 +392,7 @@ static int l_randperm(lua_State *L) {
 static int l_bernoulli(lua_State *L) {
     nd_tensor *p = lt_check_tensor_like(L, 1, "bernoulli", ND_FLOAT32);
     nd_tensor *t;
-    nd_status st = nd_bernoulli(p, &t);
-    nd_release(p);
-    LT_CHECK(L, st);
+    LT_CHECK(L, nd_bernoulli(p, &t));
     lt_push(L, t);
     return 1;
 }

@@ -14,7 +14,7 @@ nd_tensor *lt_check_index(lua_State *L, int idx, const char *op) {
     if (!t && !lua_istable(L, idx) && lua_type(L, idx) != LUA_TNUMBER)
         lt_error(L, op, "expected an index tensor or table for argument %d, got %s", idx,
                  luaL_typename(L, idx));
-    nd_tensor *src = t ? (nd_retain(t), t) : lt_check_tensor_like(L, idx, op, ND_INT64);
+    nd_tensor *src = t ? t : lt_check_tensor_like(L, idx, op, ND_INT64);
     nd_status st = nd_to_dtype(src, ND_INT64, &r);
     if (st == ND_OK && r == src) { /* need a private copy to shift */
         nd_release(r);
@@ -25,15 +25,11 @@ nd_tensor *lt_check_index(lua_State *L, int idx, const char *op) {
         nd_release(r);
         r = c;
     }
-    nd_release(src);
     LT_CHECK(L, st);
+    lt_push(L, r); /* the stack owns it from here */
     int64_t *p = (int64_t *)nd_ptr(r), n = nd_numel(r);
     for (int64_t i = 0; i < n; i++) {
-        if (p[i] < 1) {
-            long long bad = (long long)p[i];
-            nd_release(r);
-            lt_error(L, op, "index %lld out of range (indices are 1-based)", bad);
-        }
+        if (p[i] < 1) lt_error(L, op, "index %lld out of range (indices are 1-based)", (long long)p[i]);
         p[i] -= 1;
     }
     return r;
@@ -72,7 +68,14 @@ static void apply_entry(lua_State *L, nd_tensor **cur, int *d, int pos) {
             nd_release(*cur); *cur = NULL;
             lt_error(L, "index", "index %d must be an integer, got %s", pos, lua_tostring(L, -1));
         }
-        st = nd_select(*cur, *d, lua_index(L, lua_tointeger(L, -1), "index"), &r);
+        lua_Integer i = lua_tointeger(L, -1);
+        int64_t size = (*cur)->shape[*d];
+        if (i == 0 || i > size || i < -size) {
+            nd_release(*cur); *cur = NULL;
+            lt_error(L, "index", "index %lld out of range for dim %d of size %lld%s", (long long)i,
+                     pos, (long long)size, i == 0 ? " (indices are 1-based)" : "");
+        }
+        st = nd_select(*cur, *d, lua_index(L, i, "index"), &r);
     } else if (ty == LUA_TTABLE) {
         int n = (int)luaL_len(L, -1);
         int64_t size = (*cur)->shape[*d];
@@ -98,7 +101,7 @@ static void apply_entry(lua_State *L, nd_tensor **cur, int *d, int pos) {
         if (s < 0 || e > size || s > size || e < 0) {
             nd_release(*cur); *cur = NULL;
             lt_error(L, "index", "range {%lld, %lld} out of bounds for dim %d of size %lld",
-                     (long long)v[0], (long long)v[1], *d + 1, (long long)size);
+                     (long long)v[0], (long long)v[1], pos, (long long)size);
         }
         st = nd_slice(*cur, *d, s, e, v[2], &r);
         (*d)++;
@@ -158,9 +161,7 @@ int lt_index_set(lua_State *L) {
                       : lua_isinteger(L, 3) ? nd_num_i(lua_tointeger(L, 3)) : nd_num_f(lua_tonumber(L, 3));
         st = nd_fill_number_(v, n);
     } else {
-        nd_tensor *src = lt_check_tensor_like(L, 3, "index", v->dtype);
-        st = nd_copy_(v, src);
-        nd_release(src);
+        st = nd_copy_(v, lt_check_tensor_like(L, 3, "index", v->dtype));
     }
     LT_CHECK(L, st);
     return 0;
@@ -169,9 +170,7 @@ int lt_index_set(lua_State *L) {
 /* ------------------------------------------------------------- index ops */
 
 /* r is read only after st was computed (argument order is unspecified). */
-static int push_result(lua_State *L, nd_status st, nd_tensor **r, nd_tensor *tmp1, nd_tensor *tmp2) {
-    nd_release(tmp1);
-    nd_release(tmp2);
+static int push_result(lua_State *L, nd_status st, nd_tensor **r) {
     LT_CHECK(L, st);
     lt_push(L, *r);
     return 1;
@@ -181,7 +180,7 @@ static int t_gather(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "gather"), *r = NULL;
     int d = lt_dim(L, 2, "gather");
     nd_tensor *ix = lt_check_index(L, 3, "gather");
-    return push_result(L, nd_gather(x, d, ix, &r), &r, ix, NULL);
+    return push_result(L, nd_gather(x, d, ix, &r), &r);
 }
 
 static int scatter(lua_State *L, int accumulate) {
@@ -190,17 +189,13 @@ static int scatter(lua_State *L, int accumulate) {
     int d = lt_dim(L, 2, op);
     nd_tensor *ix = lt_check_index(L, 3, op);
     if (lua_type(L, 4) == LUA_TNUMBER) {
-        nd_status st = nd_full(ix->shape, ix->ndim, x->dtype, lua_tonumber(L, 4), &src);
-        if (st != ND_OK) { nd_release(ix); lt_raise(L); }
+        LT_CHECK(L, nd_full(ix->shape, ix->ndim, x->dtype, lua_tonumber(L, 4), &src));
+        lt_push(L, src); /* stack-owned */
     } else {
-        nd_tensor *s = lt_to(L, 4);
-        if (!s) { nd_release(ix); lt_error(L, op, "src must be a tensor or number, got %s", luaL_typename(L, 4)); }
-        nd_retain(s);
-        src = s;
+        src = lt_to(L, 4);
+        if (!src) lt_error(L, op, "src must be a tensor or number, got %s", luaL_typename(L, 4));
     }
-    nd_status st = nd_scatter(x, d, ix, src, accumulate, &r);
-    nd_release(src);
-    return push_result(L, st, &r, ix, NULL);
+    return push_result(L, nd_scatter(x, d, ix, src, accumulate, &r), &r);
 }
 static int t_scatter(lua_State *L) { return scatter(L, 0); }
 static int t_scatter_add(lua_State *L) { return scatter(L, 1); }
@@ -209,7 +204,7 @@ static int t_index_select(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "index_select"), *r = NULL;
     int d = lt_dim(L, 2, "index_select");
     nd_tensor *ix = lt_check_index(L, 3, "index_select");
-    return push_result(L, nd_index_select(x, d, ix, &r), &r, ix, NULL);
+    return push_result(L, nd_index_select(x, d, ix, &r), &r);
 }
 
 static int t_index_add(lua_State *L) {
@@ -218,26 +213,26 @@ static int t_index_add(lua_State *L) {
     nd_tensor *src = lt_check(L, 4, "index_add");
     double alpha = luaL_optnumber(L, 5, 1.0);
     nd_tensor *ix = lt_check_index(L, 3, "index_add");
-    return push_result(L, nd_index_add(x, d, ix, src, alpha, &r), &r, ix, NULL);
+    return push_result(L, nd_index_add(x, d, ix, src, alpha, &r), &r);
 }
 
 static int t_masked_fill(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "masked_fill"), *r = NULL;
     nd_tensor *m = lt_check_tensor_like(L, 2, "masked_fill", ND_BOOL);
     double v = lua_isboolean(L, 3) ? lua_toboolean(L, 3) : luaL_checknumber(L, 3);
-    return push_result(L, nd_masked_fill(x, m, v, &r), &r, m, NULL);
+    return push_result(L, nd_masked_fill(x, m, v, &r), &r);
 }
 
 /* one_hot(labels 1..C, C): labels as a tensor or table */
 static int l_one_hot(lua_State *L) {
     lua_Integer c = luaL_optinteger(L, 2, -1);
     nd_tensor *ix = lt_check_index(L, 1, "one_hot"), *r = NULL;
-    return push_result(L, nd_one_hot(ix, c, &r), &r, ix, NULL);
+    return push_result(L, nd_one_hot(ix, c, &r), &r);
 }
 
 static int t_cumsum(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "cumsum"), *r = NULL;
-    return push_result(L, nd_cumsum(x, lt_dim(L, 2, "cumsum"), &r), &r, NULL, NULL);
+    return push_result(L, nd_cumsum(x, lt_dim(L, 2, "cumsum"), &r), &r);
 }
 
 /* sort(dim = -1, descending = false) -> values, indices */

@@ -13,6 +13,11 @@ typedef struct { nd_tensor *t; } lt_box;
 
 /* Raises "needle.<nd_last_error()>" (the core's message starts with the op). */
 int lt_raise(lua_State *L);
+/* Raises the core's error under the name the user called: "needle.<op>: "
+ * followed by the core message without its own op prefix (constructors
+ * reach the core through nd_empty/nd_full, whose names would mislead). */
+int lt_raise_as(lua_State *L, const char *op);
+#define LT_CHECK_AS(L, op, expr) do { if ((expr) != ND_OK) lt_raise_as(L, op); } while (0)
 /* Raises "needle.<op>: <fmt...>" */
 int lt_error(lua_State *L, const char *op, const char *fmt, ...);
 #define LT_CHECK(L, expr) do { if ((expr) != ND_OK) lt_raise(L); } while (0)
@@ -23,8 +28,11 @@ void lt_push(lua_State *L, nd_tensor *t);
 nd_tensor *lt_to(lua_State *L, int idx);
 /* Tensor at idx or a Lua error naming op and the argument. */
 nd_tensor *lt_check(lua_State *L, int idx, const char *op);
-/* A tensor from a tensor, number, boolean or nested table at idx, as a NEW
- * reference (caller releases). dt is used for numbers and tables. */
+/* A tensor from a tensor, number, boolean or nested table at idx. The
+ * result is BORROWED: a converted value is pushed onto the Lua stack as a
+ * userdata that owns it, so a Lua error raised later in the caller cannot
+ * leak it. (Use positive stack indices after calling this.) dt is the dtype
+ * for numbers and tables. */
 nd_tensor *lt_check_tensor_like(lua_State *L, int idx, const char *op, nd_dtype dt);
 
 /* 1-based (negative from the end) Lua dim -> the core's dim (may stay
@@ -43,7 +51,7 @@ bool lt_opt_bool_field(lua_State *L, int idx, const char *field, bool def);
 nd_dtype lt_check_dtype_name(lua_State *L, int idx, const char *op);
 
 /* An int64 tensor of 0-based indices from 1-based Lua indices (tensor or
- * table at idx). New reference. */
+ * table at idx). Borrowed: owned by a userdata pushed onto the stack. */
 nd_tensor *lt_check_index(lua_State *L, int idx, const char *op);
 /* Adds 1 to an int64 tensor of 0-based indices (in place) and pushes it. */
 void lt_push_index(lua_State *L, nd_tensor *t);

@@ -29,7 +29,7 @@ static nd_number scalar_value(lua_State *L, int idx) {
 }
 
 /* A tensor for operand idx: tensors as they are, tables converted to the
- * other operand's dtype. New reference. */
+ * other operand's dtype. Borrowed (see lt_check_tensor_like). */
 static nd_tensor *operand(lua_State *L, int idx, const char *op, nd_tensor *other) {
     return lt_check_tensor_like(L, idx, op, other ? other->dtype : ND_FLOAT32);
 }
@@ -48,11 +48,9 @@ static int binary(lua_State *L, nd_binary_op op) {
         else {
             if (!a && !b) return lt_error(L, name, "expected a tensor operand, got %s and %s",
                                           luaL_typename(L, 1), luaL_typename(L, 2));
-            nd_tensor *ta = a ? (nd_retain(a), a) : operand(L, 1, name, b);
-            nd_tensor *tb = b ? (nd_retain(b), b) : operand(L, 2, name, a);
+            nd_tensor *ta = a ? a : operand(L, 1, name, b);
+            nd_tensor *tb = b ? b : operand(L, 2, name, a);
             st = nd_binary(op, ta, tb, &r);
-            nd_release(ta);
-            nd_release(tb);
         }
     }
     LT_CHECK(L, st);
@@ -70,10 +68,7 @@ static int binary_inplace(lua_State *L, nd_binary_op op) {
     if (is_scalar(L, 2)) {
         LT_CHECK(L, nd_binary_number_(op, a, scalar_value(L, 2)));
     } else {
-        nd_tensor *b = operand(L, 2, name, a);
-        nd_status st = nd_binary_(op, a, b);
-        nd_release(b);
-        LT_CHECK(L, st);
+        LT_CHECK(L, nd_binary_(op, a, operand(L, 2, name, a)));
     }
     lua_settop(L, 1);
     return 1;
@@ -100,10 +95,7 @@ static int t_zero_(lua_State *L) {
 
 static int t_copy_(lua_State *L) {
     nd_tensor *t = lt_check(L, 1, "copy_");
-    nd_tensor *src = operand(L, 2, "copy_", t);
-    nd_status st = nd_copy_(t, src);
-    nd_release(src);
-    LT_CHECK(L, st);
+    LT_CHECK(L, nd_copy_(t, operand(L, 2, "copy_", t)));
     lua_settop(L, 1);
     return 1;
 }
@@ -113,12 +105,10 @@ static int t_copy_(lua_State *L) {
 static int l_where(lua_State *L) {
     nd_tensor *c = lt_check_tensor_like(L, 1, "where", ND_BOOL);
     nd_tensor *a = lt_to(L, 2), *b = lt_to(L, 3);
-    nd_tensor *ta = a ? (nd_retain(a), a) : operand(L, 2, "where", b);
-    nd_tensor *tb = b ? (nd_retain(b), b) : operand(L, 3, "where", ta);
+    nd_tensor *ta = a ? a : operand(L, 2, "where", b);
+    nd_tensor *tb = b ? b : operand(L, 3, "where", ta);
     nd_tensor *r;
-    nd_status st = nd_where(c, ta, tb, &r);
-    nd_release(c); nd_release(ta); nd_release(tb);
-    LT_CHECK(L, st);
+    LT_CHECK(L, nd_where(c, ta, tb, &r));
     lt_push(L, r);
     return 1;
 }

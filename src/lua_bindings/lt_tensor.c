@@ -16,6 +16,15 @@ int lt_raise(lua_State *L) {
     return lua_error(L);
 }
 
+int lt_raise_as(lua_State *L, const char *op) {
+    const char *msg = nd_last_error_based(1);
+    const char *colon = strstr(msg, ": ");
+    luaL_where(L, 1);
+    lua_pushfstring(L, "needle.%s: %s", op, colon ? colon + 2 : msg);
+    lua_concat(L, 2);
+    return lua_error(L);
+}
+
 int lt_error(lua_State *L, const char *op, const char *fmt, ...) {
     char msg[512];
     va_list ap;
@@ -41,7 +50,26 @@ int lt_error(lua_State *L, const char *op, const char *fmt, ...) {
 #define GC_MIN_SLACK ((int64_t)32 << 20)
 static int64_t gc_threshold = GC_MIN_SLACK;
 
-static void gc_account(lua_State *L) {
+/* Second mechanism, for many small tensors: Lua paces its incremental
+ * collector by the bytes it allocates itself, but a tensor's headers and
+ * data live outside Lua (several hundred bytes behind a 50-byte userdata).
+ * We charge those bytes to the collector with LUA_GCSTEP, which in Lua 5.4
+ * counts them as if Lua had allocated them, so a loop of small ops is
+ * collected at the pace its real memory use calls for. */
+#define GC_CHARGE_BATCH (64 << 10)
+static size_t gc_charge;
+
+static void gc_account(lua_State *L, const nd_tensor *t) {
+    /* the tensor header, plus storage header and data when this tensor is
+     * the storage's only user (a fresh result rather than a view) */
+    gc_charge += sizeof(nd_tensor);
+    if (atomic_load(&t->storage->refcount) == 1)
+        gc_charge += sizeof(nd_storage) + t->storage->nbytes;
+    if (gc_charge >= GC_CHARGE_BATCH) {
+        size_t kb = gc_charge >> 10;
+        gc_charge = 0;
+        lua_gc(L, LUA_GCSTEP, kb > 1 << 20 ? 1 << 20 : (int)kb);
+    }
     int64_t live = nd_live_bytes();
     if (live <= gc_threshold) return;
     lua_gc(L, LUA_GCCOLLECT);
@@ -57,7 +85,7 @@ void lt_push(lua_State *L, nd_tensor *t) {
     b->t = t;
     lua_rawgetp(L, LUA_REGISTRYINDEX, &mt_key);
     lua_setmetatable(L, -2);
-    gc_account(L);
+    gc_account(L, t);
 }
 
 void nd_lua_push_tensor(lua_State *L, nd_tensor *t) {

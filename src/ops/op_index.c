@@ -249,13 +249,13 @@ nd_status nd_one_hot(const nd_tensor *index, int64_t num_classes, nd_tensor **ou
         ND_TRY(reduce_item(ND_REDUCE_min, index, &lo));
         ND_TRY(reduce_item(ND_REDUCE_max, index, &hi));
         if (lo < 0)
-            return nd_fail(ND_ERR_INDEX, "one_hot: class values must be non-negative, got %lld",
-                           (long long)lo);
+            return nd_fail(ND_ERR_INDEX, "one_hot: class values must be at least " ND_IXF
+                           ", got " ND_IXF, ND_IX(0), ND_IX(lo));
         if (num_classes == -1) num_classes = (int64_t)hi + 1;
         else if (hi >= (double)num_classes)
-            return nd_fail(ND_ERR_INDEX, "one_hot: class value %lld is out of range for "
-                           "num_classes %lld (expected 0..%lld)", (long long)hi,
-                           (long long)num_classes, (long long)num_classes - 1);
+            return nd_fail(ND_ERR_INDEX, "one_hot: class value " ND_IXF " is out of range for "
+                           "num_classes %lld (expected " ND_IXF ".." ND_IXF ")", ND_IX(hi),
+                           (long long)num_classes, ND_IX(0), ND_IX(num_classes - 1));
     }
     int64_t shape[ND_MAX_DIMS];
     memcpy(shape, index->shape, sizeof(int64_t) * (size_t)index->ndim);
