@@ -52,7 +52,10 @@ local c = ok and run_kv(bin .. " " .. reps) or {}
 os.remove(bin)
 
 -- PyTorch, if present
-local torch = run_kv(("python3 %s/scripts/bench/foundation_torch.py %d"):format(root, reps))
+-- Debian's python3-torch lives under /usr/bin/python3 (a python3 earlier on
+-- PATH, e.g. pyenv's, may not have it)
+local python = io.open("/usr/bin/python3") and "/usr/bin/python3" or "python3"
+local torch = run_kv(("%s %s/scripts/bench/foundation_torch.py %d"):format(python, root, reps))
 local have_torch = torch.matmul_1024_ms ~= nil
 
 -- needle
