@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -393,9 +394,19 @@ static sigset_t wait_mask;  /* signal mask while waiting for a key */
 static int key_fd = -1;
 static char *accepted_line; /* set by on_line */
 static bool line_done;
+static pthread_t repl_thread; /* the one that runs read_key */
 
+/* A Ctrl-C is sent to the whole process, and the kernel hands it to any
+ * thread that does not block it: while the REPL thread has SIGINT blocked,
+ * that is an OpenBLAS/OpenMP worker (they start with it unblocked, some
+ * before main). Setting the flag there races with read_key, which may have
+ * just checked it and then sleeps in pselect for good. So pass the signal on
+ * to the REPL thread, where it waits, pending, for pselect to unblock it. */
 static void on_sigint_prompt(int sig) {
-    (void)sig;
+    if (!pthread_equal(pthread_self(), repl_thread)) {
+        pthread_kill(repl_thread, sig);
+        return;
+    }
     prompt_interrupted = 1;
 }
 
@@ -801,6 +812,7 @@ static void run_repl(lua_State *L) {
         rl_catch_signals = 0;              /* we handle SIGINT ourselves */
         rl_persistent_signal_handlers = 1; /* catch SIGWINCH while waiting */
         rl_getc_function = read_key;
+        repl_thread = pthread_self();
         const char *tty = ttyname(STDIN_FILENO);
         if (tty) key_fd = open(tty, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
         rl_basic_word_break_characters = " \t\n\"'`@$><=;|&{}()[],+-*/%^~#";
