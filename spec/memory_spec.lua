@@ -27,6 +27,17 @@ end
 
 local function fmt(bytes) return ("%.1f MiB"):format(bytes / MiB) end
 
+-- Under AddressSanitizer freed memory sits in ASan's quarantine (hundreds of
+-- MiB), so RSS says nothing about needle: RSS checks are reported as pending
+-- (skipped, visibly) in that build; byte accounting is still checked.
+local function rss_checks_apply()
+  if nd._SANITIZE then
+    pending("RSS bound not checked: ASan build (its quarantine holds freed memory)")
+    return false
+  end
+  return true
+end
+
 describe("memory", function()
   -- One thread: memory behaviour does not depend on it, and on a busy machine
   -- OpenMP workers spinning for a core made the 3000-iteration loop take
@@ -39,6 +50,7 @@ describe("memory", function()
   teardown(function() nd.set_num_threads(saved_threads) end)
 
   it("3000 temporaries of 4 MiB (12 GiB in all) keep RSS flat", function()
+    if not rss_checks_apply() then return end
     -- warm-up: the allocator, any cache, and the collector reach steady state
     for _ = 1, 100 do
       local y = nd.ones({1024, 1024}) * 2
@@ -62,6 +74,7 @@ describe("memory", function()
   end)
 
   it("a chain of temporaries per iteration keeps RSS flat", function()
+    if not rss_checks_apply() then return end
     local x = nd.ones({512, 512})
     for _ = 1, 20 do local y = ((x * 2) + 1):exp() end
     local rss0 = rss_bytes()
@@ -73,6 +86,7 @@ describe("memory", function()
   end)
 
   it("200000 small ops (a + b on 16 elements) keep RSS flat", function()
+    if not rss_checks_apply() then return end
     local a, b = nd.ones({16}), nd.ones({16})
     for _ = 1, 1000 do local c = a + b end
     collectgarbage()
@@ -94,6 +108,7 @@ describe("memory", function()
   end)
 
   it("small ops stay bounded by Lua's own pacing and flat while the program holds a 64 MB Lua table", function()
+    if not rss_checks_apply() then return end
     -- A program with real data in Lua (here 4M numbers, a 64 MiB heap) lets
     -- garbage reach about the size of its live heap before a cycle
     -- completes (Lua's default pause of 200%). Tensor headers and data live
@@ -136,6 +151,7 @@ describe("memory", function()
     end
     assert.are.equal(live0, peak_live) -- views allocate no tensor memory at all
     local grown = rss_bytes() - rss0
+    if nd._SANITIZE then return end -- RSS includes ASan's quarantine
     assert(grown < 32 * MiB, "RSS grew by " .. fmt(grown))
   end)
 

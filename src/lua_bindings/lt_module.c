@@ -44,6 +44,12 @@ int luaopen_needle_core(lua_State *L) {
     lua_setfield(L, -2, "_metatable");
     lua_pushstring(L, nd_version());
     lua_setfield(L, -2, "_VERSION");
+#ifdef NEEDLE_SANITIZE_BUILD
+    lua_pushboolean(L, 1);
+#else
+    lua_pushboolean(L, 0);
+#endif
+    lua_setfield(L, -2, "_SANITIZE"); /* built with ASan/UBSan: RSS is not meaningful */
     lua_remove(L, -2);
     return 1;
 }
