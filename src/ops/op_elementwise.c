@@ -152,6 +152,19 @@ nd_status nd_binary_number(nd_binary_op op, const nd_tensor *a, nd_number s, int
     return st;
 }
 
+/* PyTorch's can_cast for in-place results: a float result cannot be
+ * written into an integer tensor, nor an integer one into a bool tensor,
+ * without silently losing information. */
+static nd_status check_inplace_cast(const char *op, nd_dtype result, nd_dtype target) {
+    bool lossy = (nd_dtype_is_float(result) && !nd_dtype_is_float(target)) ||
+                 (nd_dtype_is_int(result) && target == ND_BOOL);
+    if (lossy)
+        return nd_fail(ND_ERR_DTYPE, "%s_: the result has dtype %s, which cannot be written in "
+                       "place into a tensor of dtype %s (convert the tensor first)", op,
+                       nd_dtype_name(result), nd_dtype_name(target));
+    return ND_OK;
+}
+
 /* In-place forms compute out of place into a temporary only when the
  * result dtype differs from a's; otherwise the kernel writes into a
  * directly (operands may alias the output element for element). */
@@ -174,6 +187,25 @@ nd_status nd_binary_(nd_binary_op op, nd_tensor *a, const nd_tensor *b) {
         return nd_fail(ND_ERR_SHAPE, "%s_: in-place result of shape %s cannot be written into "
                        "a tensor of shape %s", name, nd_shape_str(shape, nd, b1),
                        nd_shape_str(a->shape, a->ndim, b2));
+    }
+    /* Write straight into a when the result has a's dtype and b cannot alias
+     * a partially (b is in other memory, or is exactly a's elements): each
+     * output element then depends only on the inputs at the same position. */
+    nd_dtype c = ND_FLOAT32;
+    ND_TRY(binary_dtype(op, nd_promote(a->dtype, b->dtype), &c));
+    if (!is_comparison(op)) ND_TRY(check_inplace_cast(name, c, a->dtype));
+    bool same_view = b->storage == a->storage && b->offset == a->offset && b->ndim == a->ndim;
+    for (int i = 0; same_view && i < a->ndim; i++)
+        same_view = b->strides[i] == a->strides[i] && b->shape[i] == a->shape[i];
+    if (!is_comparison(op) && c == a->dtype && (b->storage != a->storage || same_view)) {
+        const nd_tensor *bl;
+        nd_tensor *tb;
+        ND_TRY(line_up(b, c, a->shape, a->ndim, &bl, &tb));
+        const nd_backend *be = nd_backend_of(a);
+        nd_status st = ND_BACKEND_CALL(be, binary, name, op, a, a, bl);
+        nd_release(tb);
+        if (st == ND_OK) nd_bump_version(a);
+        return st;
     }
     nd_tensor *r;
     ND_TRY(nd_binary(op, a, b, &r));
@@ -198,6 +230,7 @@ nd_status nd_binary_number_(nd_binary_op op, nd_tensor *a, nd_number s) {
     ND_TRY(nd_check_writable(nd_binary_name(op), a));
     nd_dtype c = ND_FLOAT32;
     ND_TRY(binary_dtype(op, scalar_promote(a->dtype, s), &c));
+    if (!is_comparison(op)) ND_TRY(check_inplace_cast(nd_binary_name(op), c, a->dtype));
     if (c == a->dtype && !is_comparison(op)) {
         const nd_backend *be = nd_backend_of(a);
         _Alignas(8) unsigned char value[8] = {0};
