@@ -4,35 +4,10 @@
 --
 -- The executable is $NEEDLE_LUA, else build/needle-lua under the repository.
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local S = require "spec.helpers.shell"
+local q, shell_line, read_file, write_file = S.q, S.shell_line, S.read_file, S.write_file
 
-local function shell_line(cmd)
-  local f = assert(io.popen(cmd))
-  local line = f:read("l")
-  f:close()
-  return line
-end
-
-local spec_dir = debug.getinfo(1, "S").source:gsub("^@", ""):match("^(.*)/[^/]*$") or "."
-local root = shell_line("cd " .. q(spec_dir .. "/..") .. " && pwd")
-local exe = os.getenv("NEEDLE_LUA") or "build/needle-lua"
-if exe:sub(1, 1) ~= "/" then
-  exe = (os.getenv("NEEDLE_LUA") and shell_line("pwd") or root) .. "/" .. exe
-end
-
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write_file(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
+local exe = S.needle_lua()
 
 local function tmpdir()
   return shell_line("mktemp -d")

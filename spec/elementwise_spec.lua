@@ -10,12 +10,7 @@ local R = require "spec.helpers.reference"
 
 local close, equal = R.asserts(assert)
 
--- A needle tensor holding a reference tensor's values.
-local function T(ref, dtype)
-  local opts = { dtype = dtype or "float32" }
-  if R.numel(ref.shape) == 0 then return nd.zeros(ref.shape, opts) end
-  return nd.tensor(R.nested(ref), opts)
-end
+local T = require("spec.helpers.tensors").T -- a needle tensor of a reference's values
 
 -- Data generators: (shape, seed) -> reference tensor.
 local function grid(shape, seed) return R.grid(shape, seed, -3, 3) end

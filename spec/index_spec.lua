@@ -13,16 +13,8 @@ local function m23()
   return nd.tensor({{1, 2, 3}, {4, 5, 6}}, {dtype = "int64"})
 end
 
-local function errmsg(fn, ...)
-  local ok, msg = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(msg)
-end
-
-local function assert_contains(msg, fragment)
-  assert(string.find(msg, fragment, 1, true),
-    ("expected message to contain %q, got %q"):format(fragment, msg))
-end
+local A = require("spec.helpers.assertions").bind(assert)
+local errmsg, assert_contains = A.errmsg, A.assert_contains
 
 describe("indexing", function()
   describe("reads", function()

@@ -14,9 +14,8 @@
 
 local build = os.getenv("NEEDLE_BUILD_DIR") or "build"
 
-local function sh_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local S = require "spec.helpers.shell"
+local sh_quote, read_file, write_file, exists = S.q, S.read_file, S.write_file, S.exists
 
 -- run a shell command; returns ok, combined output
 local function run(cmd)
@@ -26,26 +25,6 @@ local function run(cmd)
   local rc = tonumber(out:match("__rc=(%d+)%s*$"))
   out = out:gsub("__rc=%d+%s*$", "")
   return rc == 0, out, rc
-end
-
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write_file(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
-
-local function exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
 end
 
 local function abs(path)

@@ -8,16 +8,8 @@
 
 local nd = require "needle"
 
-local function errmsg(fn, ...)
-  local ok, msg = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(msg)
-end
-
-local function assert_contains(msg, fragment)
-  assert(string.find(msg, fragment, 1, true),
-    ("expected message to contain %q, got %q"):format(fragment, msg))
-end
+local A = require("spec.helpers.assertions").bind(assert)
+local errmsg, assert_contains = A.errmsg, A.assert_contains
 
 local function i64(t) return nd.tensor(t, {dtype = "int64"}) end
 

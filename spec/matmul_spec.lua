@@ -10,11 +10,7 @@ local R = require "spec.helpers.reference"
 
 local close, equal = R.asserts(assert)
 
-local function T(ref, dtype)
-  local opts = { dtype = dtype or "float32" }
-  if R.numel(ref.shape) == 0 then return nd.zeros(ref.shape, opts) end
-  return nd.tensor(R.nested(ref), opts)
-end
+local T = require("spec.helpers.tensors").T -- a needle tensor of a reference's values
 
 local function grid(shape, seed) return R.grid(shape, seed, -2, 2) end
 local tol = { rtol = 1e-5, atol = 1e-5 }

@@ -7,41 +7,11 @@
 -- else it is compiled here from spec/tools/ptydrive.c.
 -- Every step of a session is bounded by ptydrive's timeout: nothing hangs.
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local S = require "spec.helpers.shell"
+local q, shell_line, read_file, write_file, exists =
+  S.q, S.shell_line, S.read_file, S.write_file, S.exists
 
-local function shell_line(cmd)
-  local f = assert(io.popen(cmd))
-  local line = f:read("l")
-  f:close()
-  return line
-end
-
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write_file(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
-
-local function exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() end
-  return f ~= nil
-end
-
-local spec_dir = debug.getinfo(1, "S").source:gsub("^@", ""):match("^(.*)/[^/]*$") or "."
-local root = shell_line("cd " .. q(spec_dir .. "/..") .. " && pwd")
-local exe = os.getenv("NEEDLE_LUA") or "build/needle-lua"
-if exe:sub(1, 1) ~= "/" then
-  exe = (os.getenv("NEEDLE_LUA") and shell_line("pwd") or root) .. "/" .. exe
-end
+local exe, root = S.needle_lua()
 
 -- Steps for ptydrive. Text is plain Lua text; escapes are added here.
 local function escape(s)

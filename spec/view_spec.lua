@@ -16,16 +16,8 @@ local function iota(shape)
   return nd.arange(n):reshape(shape)
 end
 
-local function errmsg(fn, ...)
-  local ok, msg = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(msg)
-end
-
-local function assert_contains(msg, fragment)
-  assert(string.find(msg, fragment, 1, true),
-    ("expected message to contain %q, got %q"):format(fragment, msg))
-end
+local A = require("spec.helpers.assertions").bind(assert)
+local errmsg, assert_contains = A.errmsg, A.assert_contains
 
 -- x[idx...] as a Lua number, through the public indexing API
 local function at(x, idx) return x[idx]:item() end

@@ -1,6 +1,7 @@
 /* tensor.c - tensor headers: creation, lifetime, metadata, host buffers. */
 #include <stdlib.h>
 #include <string.h>
+#include "autograd.h"
 #include "backend.h"
 #include "tensor.h"
 
@@ -8,6 +9,7 @@ void nd_retain(nd_tensor *t) { if (t) atomic_fetch_add(&t->refcount, 1); }
 
 void nd_release(nd_tensor *t) {
     if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
+    nd_node_release(t->grad_fn);
     nd_release(t->grad);
     nd_storage_release(t->storage);
     nd_cache_free(t, sizeof *t);

@@ -82,6 +82,10 @@ static inline void nd_bump_version(nd_tensor *t) { t->storage->version++; }
 /* In-place writes are refused when several elements share one memory
  * location (an expanded view): the result would depend on write order. */
 nd_status nd_check_writable(const char *op, const nd_tensor *t);
+/* In-place writes into a tensor that requires grad would silently corrupt
+ * the gradient graph: refused while grad mode is on (optimizers update
+ * parameters under no_grad). */
+nd_status nd_check_inplace_grad(const char *op, const nd_tensor *t);
 /* NumPy broadcasting of two shapes (ops/broadcast.c); errors name op. */
 nd_status nd_broadcast_shape(const char *op, const int64_t *a, int na, const int64_t *b, int nb,
                              int64_t *out, int *nout);

@@ -1,5 +1,6 @@
 /* broadcast.c - shape broadcasting and the "give me t as X" helpers that
  * every op uses to line its operands up before calling a kernel. */
+#include "autograd.h"
 #include "backend.h"
 
 nd_status nd_broadcast_shape(const char *op, const int64_t *a, int na, const int64_t *b, int nb,
@@ -45,4 +46,11 @@ nd_status nd_check_writable(const char *op, const nd_tensor *t) {
                            nd_shape_str(t->shape, t->ndim, b), ND_IX(i));
         }
     return ND_OK;
+}
+
+nd_status nd_check_inplace_grad(const char *op, const nd_tensor *t) {
+    if (!t->requires_grad || !nd_grad_enabled()) return ND_OK;
+    return nd_fail(ND_ERR_ARG, "%s: in-place operation on a tensor that requires grad (%s); "
+                   "use the out-of-place form, or run it under no_grad", op,
+                   t->grad_fn ? "its gradient graph would be wrong" : "a leaf");
 }

@@ -4,6 +4,7 @@
 
 nd_status nd_copy_(nd_tensor *dst, const nd_tensor *src) {
     ND_TRY(nd_check_writable("copy_", dst));
+    ND_TRY(nd_check_inplace_grad("copy_", dst));
     nd_tensor *s;
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
     if (nd_expand_to(src, dst->shape, dst->ndim, &s) != ND_OK)
@@ -17,6 +18,7 @@ nd_status nd_copy_(nd_tensor *dst, const nd_tensor *src) {
 }
 
 nd_status nd_fill_number_(nd_tensor *dst, nd_number v) {
+    ND_TRY(nd_check_inplace_grad("fill_", dst));
     _Alignas(8) unsigned char value[8] = {0};
     nd_store_number(value, dst->dtype, v);
     const nd_backend *be = nd_backend_of(dst);

@@ -2,6 +2,7 @@
  * broadcasting and checks in front of the backend's kernels. */
 #include <math.h>
 #include "backend.h"
+#include "grad_fns.h"
 
 static const char *unary_names[] = {
 #define ND_X(name) #name,
@@ -23,6 +24,10 @@ const char *nd_binary_name(nd_binary_op op) {
 
 static bool is_comparison(nd_binary_op op) { return op >= ND_BINARY_eq; }
 
+static nd_status where_forward(const nd_tensor *cond, const nd_tensor *a, const nd_tensor *b,
+                               nd_tensor **out);
+static nd_status clamp_forward(const nd_tensor *x, double lo, double hi, nd_tensor **out);
+
 /* Ops that keep an integer dtype (others compute in float32 for ints). */
 static bool unary_keeps_int(nd_unary_op op) {
     return op == ND_UNARY_neg || op == ND_UNARY_abs || op == ND_UNARY_relu ||
@@ -43,7 +48,7 @@ static nd_status unary_dtype(nd_unary_op op, nd_dtype dt, nd_dtype *out) {
     return ND_OK;
 }
 
-nd_status nd_unary(nd_unary_op op, const nd_tensor *x, nd_tensor **out) {
+static nd_status unary_forward(nd_unary_op op, const nd_tensor *x, nd_tensor **out) {
     if ((unsigned)op >= ND_NUM_UNARY) return nd_fail(ND_ERR_ARG, "unary: invalid op %d", op);
     nd_dtype dt = x->dtype;
     ND_TRY(unary_dtype(op, x->dtype, &dt));
@@ -96,7 +101,8 @@ static nd_status line_up(const nd_tensor *x, nd_dtype c, const int64_t *shape, i
     return st;
 }
 
-nd_status nd_binary(nd_binary_op op, const nd_tensor *a, const nd_tensor *b, nd_tensor **out) {
+static nd_status binary_forward(nd_binary_op op, const nd_tensor *a, const nd_tensor *b,
+                                nd_tensor **out) {
     if ((unsigned)op >= ND_NUM_BINARY) return nd_fail(ND_ERR_ARG, "binary: invalid op %d", op);
     const char *name = nd_binary_name(op);
     int64_t shape[ND_MAX_DIMS];
@@ -128,8 +134,8 @@ static nd_dtype scalar_promote(nd_dtype t, nd_number s) {
     return t == ND_BOOL ? ND_INT64 : t;
 }
 
-nd_status nd_binary_number(nd_binary_op op, const nd_tensor *a, nd_number s, int scalar_first,
-                           nd_tensor **out) {
+static nd_status binary_number_forward(nd_binary_op op, const nd_tensor *a, nd_number s,
+                                       int scalar_first, nd_tensor **out) {
     if ((unsigned)op >= ND_NUM_BINARY) return nd_fail(ND_ERR_ARG, "binary: invalid op %d", op);
     const char *name = nd_binary_name(op);
     nd_dtype c = ND_FLOAT32;
@@ -177,6 +183,7 @@ static nd_status write_back(nd_tensor *a, nd_tensor *r) {
 nd_status nd_binary_(nd_binary_op op, nd_tensor *a, const nd_tensor *b) {
     const char *name = nd_binary_name(op);
     ND_TRY(nd_check_writable(name, a));
+    ND_TRY(nd_check_inplace_grad(name, a));
     int64_t shape[ND_MAX_DIMS];
     int nd;
     ND_TRY(nd_broadcast_shape(name, a->shape, a->ndim, b->shape, b->ndim, shape, &nd));
@@ -208,13 +215,38 @@ nd_status nd_binary_(nd_binary_op op, nd_tensor *a, const nd_tensor *b) {
         return st;
     }
     nd_tensor *r;
-    ND_TRY(nd_binary(op, a, b, &r));
+    ND_TRY(binary_forward(op, a, b, &r));
     return write_back(a, r);
 }
 
 nd_status nd_binary_scalar(nd_binary_op op, const nd_tensor *a, double s, int scalar_first,
                            nd_tensor **out) {
     return nd_binary_number(op, a, nd_num_f(s), scalar_first, out);
+}
+
+/* ---- the differentiable entry points: forward with grad off, then record */
+
+nd_status nd_unary(nd_unary_op op, const nd_tensor *x, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(unary_forward(op, x, out), nd_record_unary(op, x, *out), out);
+}
+
+nd_status nd_binary(nd_binary_op op, const nd_tensor *a, const nd_tensor *b, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(binary_forward(op, a, b, out), nd_record_binary(op, a, b, *out), out);
+}
+
+nd_status nd_binary_number(nd_binary_op op, const nd_tensor *a, nd_number s, int scalar_first,
+                           nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(binary_number_forward(op, a, s, scalar_first, out),
+                           nd_record_binary_number(op, a, s, scalar_first, *out), out);
+}
+
+nd_status nd_where(const nd_tensor *cond, const nd_tensor *a, const nd_tensor *b,
+                   nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(where_forward(cond, a, b, out), nd_record_where(cond, a, b, *out), out);
+}
+
+nd_status nd_clamp(const nd_tensor *x, double lo, double hi, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(clamp_forward(x, lo, hi, out), nd_record_clamp(x, lo, hi, *out), out);
 }
 
 nd_status nd_binary_scalar_int(nd_binary_op op, const nd_tensor *a, int64_t s, int scalar_first,
@@ -228,6 +260,7 @@ nd_status nd_binary_scalar_(nd_binary_op op, nd_tensor *a, double s) {
 
 nd_status nd_binary_number_(nd_binary_op op, nd_tensor *a, nd_number s) {
     ND_TRY(nd_check_writable(nd_binary_name(op), a));
+    ND_TRY(nd_check_inplace_grad(nd_binary_name(op), a));
     nd_dtype c = ND_FLOAT32;
     ND_TRY(binary_dtype(op, scalar_promote(a->dtype, s), &c));
     if (!is_comparison(op)) ND_TRY(check_inplace_cast(nd_binary_name(op), c, a->dtype));
@@ -240,12 +273,12 @@ nd_status nd_binary_number_(nd_binary_op op, nd_tensor *a, nd_number s) {
         return ND_OK;
     }
     nd_tensor *r;
-    ND_TRY(nd_binary_number(op, a, s, 0, &r));
+    ND_TRY(binary_number_forward(op, a, s, 0, &r));
     return write_back(a, r);
 }
 
-nd_status nd_where(const nd_tensor *cond, const nd_tensor *a, const nd_tensor *b,
-                   nd_tensor **out) {
+static nd_status where_forward(const nd_tensor *cond, const nd_tensor *a, const nd_tensor *b,
+                               nd_tensor **out) {
     if (cond->dtype != ND_BOOL)
         return nd_fail(ND_ERR_DTYPE, "where: condition must be a bool tensor, got %s",
                        nd_dtype_name(cond->dtype));
@@ -270,7 +303,7 @@ nd_status nd_where(const nd_tensor *cond, const nd_tensor *a, const nd_tensor *b
     return st;
 }
 
-nd_status nd_clamp(const nd_tensor *x, double lo, double hi, nd_tensor **out) {
+static nd_status clamp_forward(const nd_tensor *x, double lo, double hi, nd_tensor **out) {
     if (!isnan(lo) && !isnan(hi) && lo > hi)
         return nd_fail(ND_ERR_ARG, "clamp: min %g is greater than max %g", lo, hi);
     if (x->dtype == ND_BOOL)

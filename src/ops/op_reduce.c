@@ -1,6 +1,7 @@
 /* op_reduce.c - reductions: dim lists, keepdim, result dtypes. */
 #include <math.h>
 #include "backend.h"
+#include "grad_fns.h"
 
 static const char *reduce_names[] = {
 #define ND_X(name) #name,
@@ -70,8 +71,8 @@ static nd_status reduce_dtypes(nd_reduce_op op, nd_dtype in, nd_dtype *compute, 
     return ND_OK;
 }
 
-nd_status nd_reduce(nd_reduce_op op, const nd_tensor *x, const int *dims, int ndims, int keepdim,
-                    int correction, nd_tensor **out) {
+static nd_status reduce_forward(nd_reduce_op op, const nd_tensor *x, const int *dims, int ndims,
+                                int keepdim, int correction, nd_tensor **out) {
     if ((unsigned)op >= ND_NUM_REDUCE) return nd_fail(ND_ERR_ARG, "reduce: invalid op %d", op);
     const char *name = nd_reduce_name(op);
     bool mask[ND_MAX_DIMS];
@@ -107,8 +108,8 @@ nd_status nd_reduce(nd_reduce_op op, const nd_tensor *x, const int *dims, int nd
     return squeeze_reduced(r, mask, keepdim, out);
 }
 
-nd_status nd_max_dim(const nd_tensor *x, int dim, int keepdim, int is_min, nd_tensor **values,
-                     nd_tensor **indices) {
+static nd_status max_dim_forward(const nd_tensor *x, int dim, int keepdim, int is_min,
+                                 nd_tensor **values, nd_tensor **indices) {
     const char *name = is_min ? "min" : "max";
     int d;
     ND_TRY(nd_norm_dim(name, dim, x->ndim, &d));
@@ -137,5 +138,29 @@ nd_status nd_max_dim(const nd_tensor *x, int dim, int keepdim, int is_min, nd_te
     if (st != ND_OK) { nd_release(ix); return st; }
     st = squeeze_reduced(ix, mask, keepdim, indices);
     if (st != ND_OK) { nd_release(*values); *values = NULL; }
+    return st;
+}
+
+/* ---- differentiable entry points */
+
+nd_status nd_reduce(nd_reduce_op op, const nd_tensor *x, const int *dims, int ndims, int keepdim,
+                    int correction, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(reduce_forward(op, x, dims, ndims, keepdim, correction, out),
+                           nd_record_reduce(op, x, dims, ndims, keepdim, correction, *out), out);
+}
+
+nd_status nd_max_dim(const nd_tensor *x, int dim, int keepdim, int is_min, nd_tensor **values,
+                     nd_tensor **indices) {
+    bool grad_on = nd_set_grad_enabled(false);
+    nd_status st = max_dim_forward(x, dim, keepdim, is_min, values, indices);
+    nd_set_grad_enabled(grad_on);
+    if (st == ND_OK && grad_on) {
+        st = nd_record_max_dim(x, dim, keepdim, *values, *indices);
+        if (st != ND_OK) {
+            nd_release(*values);
+            nd_release(*indices);
+            *values = *indices = NULL;
+        }
+    }
     return st;
 }

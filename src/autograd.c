@@ -1,0 +1,373 @@
+/* autograd.c - nodes, saved tensors, grad mode and the backward engine.
+ * See autograd.h for the design. */
+#include <stdlib.h>
+#include <string.h>
+#include "autograd.h"
+
+/* ------------------------------------------------------------- grad mode */
+
+static _Thread_local bool grad_disabled; /* zero-initialised: grad is on */
+
+bool nd_grad_enabled(void) { return !grad_disabled; }
+
+bool nd_set_grad_enabled(bool on) {
+    bool prev = !grad_disabled;
+    grad_disabled = !on;
+    return prev;
+}
+
+/* ----------------------------------------------------------------- nodes */
+
+void nd_node_retain(nd_node *n) { if (n) atomic_fetch_add(&n->refcount, 1); }
+
+/* Releasing the last reference to a long chain (an RNN unrolled over
+ * thousands of steps) would recurse once per node; instead nodes whose count
+ * drops to zero go on a worklist that the outermost release drains. */
+static _Thread_local struct { nd_node **items; size_t len, cap; bool draining; } dying;
+
+static void free_node(nd_node *n) {
+    for (int i = 0; i < n->ninputs; i++) {
+        nd_node_release(n->next[i]);
+        nd_release(n->leaf[i]);
+    }
+    for (int i = 0; i < n->nsaved; i++) nd_release(n->saved[i]);
+    nd_release(n->pending);
+    free(n);
+}
+
+void nd_node_release(nd_node *n) {
+    if (!n || atomic_fetch_sub(&n->refcount, 1) != 1) return;
+    if (dying.len == dying.cap) {
+        size_t cap = dying.cap ? dying.cap * 2 : 64;
+        nd_node **items = realloc(dying.items, cap * sizeof *items);
+        if (!items) { free_node(n); return; } /* no memory: recurse instead */
+        dying.items = items;
+        dying.cap = cap;
+    }
+    dying.items[dying.len++] = n;
+    if (dying.draining) return;
+    dying.draining = true;
+    while (dying.len) free_node(dying.items[--dying.len]);
+    dying.draining = false;
+}
+
+nd_status nd_record(const char *name, nd_backward_fn fn, nd_tensor *out, int ninputs,
+                    const nd_tensor *const *inputs, nd_node **node) {
+    *node = NULL;
+    if (grad_disabled) return ND_OK;
+    bool any = false;
+    for (int i = 0; i < ninputs; i++) any = any || (inputs[i] && inputs[i]->requires_grad);
+    if (!any) return ND_OK;
+    nd_node *n = calloc(1, sizeof *n);
+    if (!n) return nd_fail(ND_ERR_MEMORY, "%s: out of memory recording the autograd graph", name);
+    atomic_init(&n->refcount, 1);
+    n->name = name;
+    n->backward = fn;
+    n->ninputs = ninputs;
+    for (int i = 0; i < ninputs; i++) {
+        const nd_tensor *t = inputs[i];
+        if (!t) continue;
+        n->in_ndim[i] = t->ndim;
+        memcpy(n->in_shape[i], t->shape, sizeof(int64_t) * (size_t)t->ndim);
+        n->in_dtype[i] = t->dtype;
+        if (!t->requires_grad) continue;
+        n->needs_grad[i] = true;
+        if (t->grad_fn) {
+            n->next[i] = t->grad_fn;
+            nd_node_retain(t->grad_fn);
+        } else {
+            n->leaf[i] = (nd_tensor *)t;
+            nd_retain(n->leaf[i]);
+        }
+    }
+    n->out_ndim = out->ndim;
+    memcpy(n->out_shape, out->shape, sizeof(int64_t) * (size_t)out->ndim);
+    n->out_dtype = out->dtype;
+    nd_node_release(out->grad_fn); /* an op result is fresh; defensive */
+    out->grad_fn = n;
+    out->requires_grad = true;
+    *node = n;
+    return ND_OK;
+}
+
+nd_status nd_save(nd_node *n, const nd_tensor *t, bool is_output) {
+    if (n->nsaved == ND_NODE_MAX_SAVED)
+        return nd_fail(ND_ERR_INTERNAL, "%s: too many saved tensors", n->name);
+    nd_tensor *s;
+    if (is_output) {
+        /* an alias without grad_fn: the node must not own its own output */
+        ND_TRY(nd_tensor_view_of(t, t->shape, t->strides, t->ndim, t->offset, &s));
+    } else {
+        nd_retain((nd_tensor *)t);
+        s = (nd_tensor *)t;
+    }
+    int i = n->nsaved++;
+    n->saved[i] = s;
+    n->saved_version[i] = t->storage->version;
+    n->saved_is_output[i] = is_output;
+    return ND_OK;
+}
+
+nd_status nd_saved(nd_node *n, int i, nd_tensor **out) {
+    char b[ND_SHAPE_BUF];
+    if (n->released || !n->saved[i])
+        return nd_fail(ND_ERR_ARG, "backward: trying to backward through %s a second time, but "
+                       "its saved tensors were freed by the first backward (pass "
+                       "retain_graph=true to the first call)", n->name);
+    nd_tensor *s = n->saved[i];
+    if (s->storage->version != n->saved_version[i])
+        return nd_fail(ND_ERR_ARG, "backward: a tensor of shape %s that %s saved for its "
+                       "gradient was modified in place afterwards (version %llu, now %llu); "
+                       "use an out-of-place op instead", nd_shape_str(s->shape, s->ndim, b),
+                       n->name, (unsigned long long)n->saved_version[i],
+                       (unsigned long long)s->storage->version);
+    if (!n->saved_is_output[i]) {
+        nd_retain(s);
+        *out = s;
+        return ND_OK;
+    }
+    /* re-attach the saved output to this node, so formulas that use it are
+     * themselves differentiable (create_graph) */
+    ND_TRY(nd_tensor_view_of(s, s->shape, s->strides, s->ndim, s->offset, out));
+    (*out)->grad_fn = n;
+    nd_node_retain(n);
+    (*out)->requires_grad = true;
+    return ND_OK;
+}
+
+/* ------------------------------------------------------------- helpers */
+
+nd_status nd_sum_to_shape(const nd_tensor *g, const int64_t *shape, int ndim, nd_tensor **out) {
+    int dims[ND_MAX_DIMS], nd = 0, lead = g->ndim - ndim;
+    for (int i = 0; i < g->ndim; i++)
+        if (i < lead || (shape[i - lead] == 1 && g->shape[i] != 1)) dims[nd++] = i;
+    if (nd == 0 && lead == 0) {
+        nd_retain((nd_tensor *)g);
+        *out = (nd_tensor *)g;
+        return ND_OK;
+    }
+    nd_tensor *s;
+    ND_TRY(nd_reduce(ND_REDUCE_sum, g, dims, nd, 1, 0, &s));
+    nd_status st = nd_reshape(s, shape, ndim, out);
+    nd_release(s);
+    return st;
+}
+
+/* slot += g (out of place: someone may hold the old tensor) */
+static nd_status accumulate(nd_tensor **slot, nd_tensor *g) {
+    if (!*slot) {
+        nd_retain(g);
+        *slot = g;
+        return ND_OK;
+    }
+    nd_tensor *sum;
+    ND_TRY(nd_binary(ND_BINARY_add, *slot, g, &sum));
+    nd_release(*slot);
+    *slot = sum;
+    return ND_OK;
+}
+
+/* --------------------------------------------------------------- engine */
+
+typedef struct { nd_node **items; size_t len, cap; } node_list;
+
+static nd_status list_push(node_list *l, nd_node *n) {
+    if (l->len == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        nd_node **items = realloc(l->items, cap * sizeof *items);
+        if (!items) return nd_fail(ND_ERR_MEMORY, "backward: out of memory walking the graph");
+        l->items = items;
+        l->cap = cap;
+    }
+    l->items[l->len++] = n;
+    return ND_OK;
+}
+
+static int epoch; /* marks nodes visited by the current walk */
+
+/* What nd_grad wants back: gradients reaching these nodes or leaves. */
+typedef struct {
+    int n;
+    nd_node *const *nodes;   /* per input: its grad_fn, or NULL for a leaf */
+    nd_tensor *const *leaves;
+    nd_tensor **result;
+} capture;
+
+static nd_status capture_grad(const capture *c, nd_node *node, nd_tensor *leaf, nd_tensor *g) {
+    if (!c) return ND_OK;
+    for (int i = 0; i < c->n; i++)
+        if ((node && c->nodes[i] == node) || (leaf && !c->nodes[i] && c->leaves[i] == leaf))
+            ND_TRY(accumulate(&c->result[i], g));
+    return ND_OK;
+}
+
+static nd_status check_grad_shape(nd_node *n, int i, const nd_tensor *g) {
+    bool ok = g->ndim == n->in_ndim[i];
+    for (int d = 0; ok && d < g->ndim; d++) ok = g->shape[d] == n->in_shape[i][d];
+    if (ok) return ND_OK;
+    char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+    return nd_fail(ND_ERR_INTERNAL, "backward: %s returned a gradient of shape %s for an input "
+                   "of shape %s", n->name, nd_shape_str(g->shape, g->ndim, b1),
+                   nd_shape_str(n->in_shape[i], n->in_ndim[i], b2));
+}
+
+static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nroots,
+                     bool retain_graph, bool create_graph, bool accumulate_leaves,
+                     const capture *cap) {
+    node_list all = {0}, ready = {0};
+    nd_status st = ND_OK;
+    epoch++;
+    /* 1. collect the reachable nodes and count each one's consumers */
+    for (int r = 0; r < nroots && st == ND_OK; r++) {
+        if (roots[r]->mark != epoch) {
+            roots[r]->mark = epoch;
+            roots[r]->deps = 0;
+            st = list_push(&all, roots[r]);
+        }
+    }
+    for (size_t k = 0; k < all.len && st == ND_OK; k++) {
+        nd_node *n = all.items[k];
+        for (int i = 0; i < n->ninputs && st == ND_OK; i++) {
+            nd_node *m = n->next[i];
+            if (!m) continue;
+            if (m->mark != epoch) {
+                m->mark = epoch;
+                m->deps = 0;
+                st = list_push(&all, m);
+            }
+            m->deps++;
+        }
+    }
+    /* 2. seed the roots */
+    for (int r = 0; r < nroots && st == ND_OK; r++) st = accumulate(&roots[r]->pending, root_grads[r]);
+    for (size_t k = 0; k < all.len && st == ND_OK; k++)
+        if (all.items[k]->deps == 0) st = list_push(&ready, all.items[k]);
+    /* 3. Kahn's order: a node runs once every consumer has passed its gradient */
+    bool prev_mode = nd_set_grad_enabled(create_graph);
+    while (ready.len && st == ND_OK) {
+        nd_node *n = ready.items[--ready.len];
+        nd_tensor *g = n->pending;
+        n->pending = NULL;
+        nd_tensor *grads[ND_NODE_MAX_INPUTS] = {0};
+        if (g) {
+            st = capture_grad(cap, n, NULL, g);
+            if (st == ND_OK) st = n->backward(n, g, grads);
+        }
+        for (int i = 0; i < n->ninputs && st == ND_OK; i++) {
+            if (!n->needs_grad[i]) continue;
+            if (grads[i]) st = check_grad_shape(n, i, grads[i]);
+            if (st != ND_OK) break;
+            if (n->next[i]) {
+                nd_node *m = n->next[i];
+                if (grads[i]) st = accumulate(&m->pending, grads[i]);
+                if (st == ND_OK && --m->deps == 0) st = list_push(&ready, m);
+            } else if (grads[i]) {
+                nd_tensor *leaf = n->leaf[i];
+                st = capture_grad(cap, NULL, leaf, grads[i]);
+                if (st == ND_OK && accumulate_leaves) st = accumulate(&leaf->grad, grads[i]);
+            }
+        }
+        for (int i = 0; i < n->ninputs; i++) nd_release(grads[i]);
+        nd_release(g);
+        if (!retain_graph && st == ND_OK) {
+            for (int i = 0; i < n->nsaved; i++) {
+                nd_release(n->saved[i]);
+                n->saved[i] = NULL;
+            }
+            n->released = true;
+        }
+    }
+    nd_set_grad_enabled(prev_mode);
+    /* on error, drop gradients that never got used */
+    for (size_t k = 0; k < all.len; k++) {
+        nd_release(all.items[k]->pending);
+        all.items[k]->pending = NULL;
+    }
+    free(all.items);
+    free(ready.items);
+    return st;
+}
+
+static nd_status default_grad(const char *op, const nd_tensor *out, const nd_tensor *grad,
+                              nd_tensor **g) {
+    char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+    if (!grad) {
+        if (nd_numel(out) != 1)
+            return nd_fail(ND_ERR_SHAPE, "%s: a gradient can be created implicitly only for a "
+                           "one-element tensor, but this one has shape %s (pass a gradient "
+                           "tensor of that shape)", op, nd_shape_str(out->shape, out->ndim, b1));
+        return nd_full(out->shape, out->ndim, out->dtype, 1, g);
+    }
+    bool same = grad->ndim == out->ndim;
+    for (int i = 0; same && i < out->ndim; i++) same = grad->shape[i] == out->shape[i];
+    if (!same)
+        return nd_fail(ND_ERR_SHAPE, "%s: gradient of shape %s does not match the tensor's "
+                       "shape %s", op, nd_shape_str(grad->shape, grad->ndim, b1),
+                       nd_shape_str(out->shape, out->ndim, b2));
+    return nd_to_dtype(grad, out->dtype, g);
+}
+
+nd_status nd_backward(nd_tensor *root, const nd_tensor *grad, bool retain_graph,
+                      bool create_graph) {
+    if (!root->requires_grad)
+        return nd_fail(ND_ERR_ARG, "backward: the tensor does not require grad (no input of the "
+                       "computation that produced it has requires_grad = true)");
+    nd_tensor *g;
+    ND_TRY(default_grad("backward", root, grad, &g));
+    nd_status st;
+    if (!root->grad_fn) { /* a leaf: its gradient is g itself */
+        st = accumulate(&root->grad, g);
+    } else {
+        nd_node *r = root->grad_fn;
+        st = run(&r, &g, 1, retain_graph, create_graph, true, NULL);
+    }
+    nd_release(g);
+    return st;
+}
+
+nd_status nd_grad(nd_tensor *const *outputs, nd_tensor *const *grad_outputs, int noutputs,
+                  nd_tensor *const *inputs, int ninputs, bool retain_graph, bool create_graph,
+                  bool allow_unused, nd_tensor **result) {
+    if (noutputs < 1 || noutputs > 64 || ninputs < 1 || ninputs > 64)
+        return nd_fail(ND_ERR_ARG, "grad: expected 1..64 outputs and inputs, got %d and %d",
+                       noutputs, ninputs);
+    nd_node *roots[64], *in_nodes[64];
+    nd_tensor *gs[64] = {0};
+    for (int i = 0; i < ninputs; i++) {
+        result[i] = NULL;
+        if (!inputs[i]->requires_grad)
+            return nd_fail(ND_ERR_ARG, "grad: input " ND_IXF " does not require grad", ND_IX(i));
+        in_nodes[i] = inputs[i]->grad_fn;
+    }
+    nd_status st = ND_OK;
+    int nroots = 0;
+    for (int o = 0; o < noutputs && st == ND_OK; o++) {
+        if (!outputs[o]->requires_grad) {
+            st = nd_fail(ND_ERR_ARG, "grad: output " ND_IXF " does not require grad", ND_IX(o));
+            break;
+        }
+        nd_tensor *g;
+        st = default_grad("grad", outputs[o], grad_outputs ? grad_outputs[o] : NULL, &g);
+        if (st != ND_OK) break;
+        if (outputs[o]->grad_fn) {
+            roots[nroots] = outputs[o]->grad_fn;
+            gs[nroots++] = g;
+        } else { /* an output that is itself one of the leaves */
+            for (int i = 0; i < ninputs && st == ND_OK; i++)
+                if (inputs[i] == outputs[o]) st = accumulate(&result[i], g);
+            nd_release(g);
+        }
+    }
+    if (st == ND_OK && nroots) {
+        capture c = {ninputs, in_nodes, inputs, result};
+        st = run(roots, gs, nroots, retain_graph, create_graph, false, &c);
+    }
+    for (int r = 0; r < nroots; r++) nd_release(gs[r]);
+    for (int i = 0; i < ninputs && st == ND_OK; i++)
+        if (!result[i] && !allow_unused)
+            st = nd_fail(ND_ERR_ARG, "grad: input " ND_IXF " is not used in the graph of the "
+                         "outputs (pass allow_unused=true to get nil)", ND_IX(i));
+    if (st != ND_OK)
+        for (int i = 0; i < ninputs; i++) { nd_release(result[i]); result[i] = NULL; }
+    return st;
+}

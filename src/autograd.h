@@ -1,0 +1,104 @@
+/* autograd.h - reverse-mode automatic differentiation (internal).
+ *
+ * Every op result that needs a gradient gets a node (its grad_fn). A node
+ * knows, for each differentiable input, where the gradient goes next: the
+ * input's own grad_fn (an edge to another node) or, for a leaf that requires
+ * grad, the leaf tensor itself (gradients accumulate into leaf->grad).
+ * Nodes do NOT hold their input tensors - only what their backward formula
+ * needs (saved tensors), so activations that no formula needs are freed.
+ *
+ * Backward formulas are written with the ordinary differentiable ops, so when
+ * backward runs with create_graph the formulas record nodes of their own and
+ * gradients of gradients work.
+ *
+ * Saved tensors carry the storage version seen at save time: a tensor that
+ * was modified in place afterwards makes backward fail with a clear error
+ * instead of giving a wrong gradient. A saved OUTPUT of the node itself is
+ * stored without its grad_fn (that would be a reference cycle) and is
+ * re-attached to the node when unpacked. */
+#ifndef ND_AUTOGRAD_H
+#define ND_AUTOGRAD_H
+
+#include "tensor.h"
+
+#define ND_NODE_MAX_INPUTS 4
+#define ND_NODE_MAX_SAVED 4
+
+typedef struct nd_node nd_node;
+
+/* grads[i] receives a new reference to the gradient for input i (only where
+ * n->needs_grad[i]; may be left NULL for "zero"). grad is the gradient of the
+ * node's output. */
+typedef nd_status (*nd_backward_fn)(nd_node *n, nd_tensor *grad, nd_tensor **grads);
+
+struct nd_node {
+    atomic_int refcount;
+    const char *name;           /* the op, for errors */
+    nd_backward_fn backward;
+    int ninputs;
+    bool needs_grad[ND_NODE_MAX_INPUTS];
+    nd_node *next[ND_NODE_MAX_INPUTS];   /* input's grad_fn (retained) */
+    nd_tensor *leaf[ND_NODE_MAX_INPUTS]; /* or the leaf itself (retained) */
+    /* input geometry: broadcasting and view formulas need it */
+    int64_t in_shape[ND_NODE_MAX_INPUTS][ND_MAX_DIMS];
+    int in_ndim[ND_NODE_MAX_INPUTS];
+    nd_dtype in_dtype[ND_NODE_MAX_INPUTS];
+    /* output geometry */
+    int64_t out_shape[ND_MAX_DIMS];
+    int out_ndim;
+    nd_dtype out_dtype;
+    /* saved tensors */
+    int nsaved;
+    nd_tensor *saved[ND_NODE_MAX_SAVED];
+    uint64_t saved_version[ND_NODE_MAX_SAVED];
+    bool saved_is_output[ND_NODE_MAX_SAVED];
+    bool released;              /* saved tensors freed after a backward */
+    /* op parameters */
+    int dims[ND_MAX_DIMS];
+    int ndims;
+    int64_t iparams[4];
+    double fparams[4];
+    /* engine scratch (one backward at a time per graph) */
+    nd_tensor *pending;         /* accumulated gradient of the output */
+    int deps;
+    int mark;
+};
+
+/* ---- grad mode (thread-local) ---- */
+bool nd_grad_enabled(void);
+/* Sets grad mode, returns the previous one. */
+bool nd_set_grad_enabled(bool on);
+
+/* ---- recording (used by ops) ----
+ * If grad mode is on and any input requires grad, creates the node, makes it
+ * out's grad_fn (out->requires_grad = true) and returns it in *node; else
+ * *node = NULL. Inputs may be NULL (non-tensor arguments). */
+nd_status nd_record(const char *name, nd_backward_fn fn, nd_tensor *out, int ninputs,
+                    const nd_tensor *const *inputs, nd_node **node);
+/* Saves t for backward (retained; version stamped). is_output: t is the
+ * node's own output (saved without its grad_fn to avoid a cycle). */
+nd_status nd_save(nd_node *n, const nd_tensor *t, bool is_output);
+/* The i-th saved tensor for use in a backward formula: a new reference, or
+ * an error if it was freed (backward ran without retain_graph) or modified
+ * in place since it was saved. */
+nd_status nd_saved(nd_node *n, int i, nd_tensor **out);
+
+void nd_node_retain(nd_node *n);
+void nd_node_release(nd_node *n);
+
+/* ---- running backward ---- */
+/* root.backward(grad): grad NULL means 1 for a one-element root. */
+nd_status nd_backward(nd_tensor *root, const nd_tensor *grad, bool retain_graph,
+                      bool create_graph);
+/* Gradients of outputs w.r.t. inputs without touching .grad.
+ * grad_outputs entries may be NULL (1 for one-element outputs). result[i]
+ * is a new reference or NULL when the input is unused and allow_unused. */
+nd_status nd_grad(nd_tensor *const *outputs, nd_tensor *const *grad_outputs, int noutputs,
+                  nd_tensor *const *inputs, int ninputs, bool retain_graph, bool create_graph,
+                  bool allow_unused, nd_tensor **result);
+
+/* ---- formula helpers ---- */
+/* Sums g over the dims that broadcasting expanded, giving shape (shape, ndim). */
+nd_status nd_sum_to_shape(const nd_tensor *g, const int64_t *shape, int ndim, nd_tensor **out);
+
+#endif

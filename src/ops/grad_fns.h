@@ -1,0 +1,38 @@
+/* grad_fns.h - recording of autograd nodes for the ops (their backward
+ * formulas live next to each op family in *_grad.c). Each nd_record_* is
+ * called by the op after its forward succeeded, with grad mode on; it
+ * records a node when an input requires grad. */
+#ifndef ND_GRAD_FNS_H
+#define ND_GRAD_FNS_H
+
+#include "autograd.h"
+
+nd_status nd_record_unary(nd_unary_op op, const nd_tensor *x, nd_tensor *out);
+nd_status nd_record_binary(nd_binary_op op, const nd_tensor *a, const nd_tensor *b, nd_tensor *out);
+nd_status nd_record_binary_number(nd_binary_op op, const nd_tensor *a, nd_number s,
+                                  int scalar_first, nd_tensor *out);
+nd_status nd_record_where(const nd_tensor *cond, const nd_tensor *a, const nd_tensor *b,
+                          nd_tensor *out);
+nd_status nd_record_clamp(const nd_tensor *x, double lo, double hi, nd_tensor *out);
+
+nd_status nd_record_reduce(nd_reduce_op op, const nd_tensor *x, const int *dims, int ndims,
+                           int keepdim, int correction, nd_tensor *out);
+nd_status nd_record_max_dim(const nd_tensor *x, int dim, int keepdim, nd_tensor *values,
+                            const nd_tensor *indices);
+nd_status nd_record_matmul(const nd_tensor *a, const nd_tensor *b, nd_tensor *out);
+
+/* Runs a forward expression with grad mode off, then records: the pattern
+ * every differentiable op follows. */
+#define ND_FORWARD_THEN_RECORD(forward_call, record_call, out)                 \
+    do {                                                                      \
+        bool grad_on_ = nd_set_grad_enabled(false);                           \
+        nd_status st_ = (forward_call);                                       \
+        nd_set_grad_enabled(grad_on_);                                        \
+        if (st_ == ND_OK && grad_on_) {                                       \
+            st_ = (record_call);                                              \
+            if (st_ != ND_OK) { nd_release(*(out)); *(out) = NULL; }          \
+        }                                                                     \
+        return st_;                                                           \
+    } while (0)
+
+#endif
