@@ -256,6 +256,11 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
         for (int i = 0; i < n->ninputs && st == ND_OK; i++) {
             if (!n->needs_grad[i]) continue;
             if (grads[i]) st = check_grad_shape(n, i, grads[i]);
+            if (st == ND_OK && grads[i] && grads[i]->dtype != n->in_dtype[i]) {
+                nd_tensor *cast; /* a float64 * float32 product: each input gets its own dtype */
+                st = nd_to_dtype(grads[i], n->in_dtype[i], &cast);
+                if (st == ND_OK) { nd_release(grads[i]); grads[i] = cast; }
+            }
             if (st != ND_OK) break;
             if (n->next[i]) {
                 nd_node *m = n->next[i];
@@ -371,3 +376,40 @@ nd_status nd_grad(nd_tensor *const *outputs, nd_tensor *const *grad_outputs, int
         for (int i = 0; i < ninputs; i++) { nd_release(result[i]); result[i] = NULL; }
     return st;
 }
+
+/* ------------------------------------------------------ public helpers */
+
+nd_status nd_requires_grad_(nd_tensor *t, bool on) {
+    if (on && !nd_dtype_is_float(t->dtype))
+        return nd_fail(ND_ERR_DTYPE, "requires_grad: only floating point tensors can require "
+                       "gradients, got %s", nd_dtype_name(t->dtype));
+    if (!on && t->grad_fn)
+        return nd_fail(ND_ERR_ARG, "requires_grad: only leaf tensors can stop requiring grad "
+                       "(use detach() for a non-leaf)");
+    t->requires_grad = on;
+    return ND_OK;
+}
+
+nd_tensor *nd_get_grad(const nd_tensor *t) { return t->grad; }
+
+nd_status nd_set_grad(nd_tensor *t, nd_tensor *grad) {
+    if (grad) {
+        char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+        bool same = grad->ndim == t->ndim;
+        for (int i = 0; same && i < t->ndim; i++) same = grad->shape[i] == t->shape[i];
+        if (!same)
+            return nd_fail(ND_ERR_SHAPE, "grad: assigned gradient has shape %s, expected %s",
+                           nd_shape_str(grad->shape, grad->ndim, b1),
+                           nd_shape_str(t->shape, t->ndim, b2));
+        nd_retain(grad);
+    }
+    nd_release(t->grad);
+    t->grad = grad;
+    return ND_OK;
+}
+
+nd_status nd_detach(const nd_tensor *t, nd_tensor **out) {
+    return nd_tensor_view_of(t, t->shape, t->strides, t->ndim, t->offset, out);
+}
+
+const char *nd_grad_fn_name(const nd_tensor *t) { return t->grad_fn ? t->grad_fn->name : NULL; }

@@ -22,6 +22,7 @@
 #ifndef NEEDLE_H
 #define NEEDLE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -226,6 +227,29 @@ nd_status nd_randint(int64_t low, int64_t high, const int64_t *shape, int ndim, 
                      nd_tensor **out);
 nd_status nd_bernoulli(const nd_tensor *p, nd_tensor **out);
 nd_status nd_randperm(int64_t n, nd_tensor **out);
+
+/* ---- autograd ----
+ * Ops on tensors that require grad record a graph; backward walks it in
+ * reverse and accumulates into the leaves' grad. Backward formulas are
+ * differentiable ops, so create_graph gives gradients of gradients. */
+nd_status nd_requires_grad_(nd_tensor *t, bool on);
+/* The accumulated gradient (borrowed; NULL if none) and its setter. */
+nd_tensor *nd_get_grad(const nd_tensor *t);
+nd_status nd_set_grad(nd_tensor *t, nd_tensor *grad);
+/* grad NULL means 1 (one-element tensors only). */
+nd_status nd_backward(nd_tensor *root, const nd_tensor *grad, bool retain_graph,
+                      bool create_graph);
+/* Gradients of outputs w.r.t. inputs without touching grad fields. */
+nd_status nd_grad(nd_tensor *const *outputs, nd_tensor *const *grad_outputs, int noutputs,
+                  nd_tensor *const *inputs, int ninputs, bool retain_graph, bool create_graph,
+                  bool allow_unused, nd_tensor **result);
+/* Grad mode is per thread; returns the previous mode. */
+bool nd_set_grad_enabled(bool on);
+bool nd_grad_enabled(void);
+/* A view that shares memory but has no gradient history. */
+nd_status nd_detach(const nd_tensor *t, nd_tensor **out);
+/* The op that produced t ("mul", "matmul", ...) or NULL for a leaf. */
+const char *nd_grad_fn_name(const nd_tensor *t);
 
 /* ---- memory accounting ---- */
 /* Bytes held by live tensor storages (all devices). */

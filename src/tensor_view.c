@@ -1,6 +1,7 @@
 /* tensor_view.c - views: new geometry over the same storage, no copies. */
 #include <string.h>
 #include "tensor.h"
+#include "ops/grad_fns.h"
 
 /* Resolves one -1 in a requested shape against numel. */
 static nd_status infer_shape(const char *op, const nd_tensor *t, const int64_t *shape, int ndim,
@@ -69,7 +70,7 @@ static int view_strides(const nd_tensor *t, const int64_t *newshape, int nd, int
     return view_d == -1;
 }
 
-nd_status nd_view(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {
+static nd_status view_forward(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {
     int64_t ns[ND_MAX_DIMS], st[ND_MAX_DIMS];
     ND_TRY(infer_shape("view", t, shape, ndim, ns));
     if (!view_strides(t, ns, ndim, st)) {
@@ -82,7 +83,7 @@ nd_status nd_view(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor 
     return nd_tensor_view_of(t, ns, st, ndim, t->offset, out);
 }
 
-nd_status nd_reshape(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {
+static nd_status reshape_forward(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {
     int64_t ns[ND_MAX_DIMS], st[ND_MAX_DIMS];
     ND_TRY(infer_shape("reshape", t, shape, ndim, ns));
     if (view_strides(t, ns, ndim, st)) return nd_tensor_view_of(t, ns, st, ndim, t->offset, out);
@@ -94,7 +95,7 @@ nd_status nd_reshape(const nd_tensor *t, const int64_t *shape, int ndim, nd_tens
     return s;
 }
 
-nd_status nd_permute(const nd_tensor *t, const int *dims, int ndim, nd_tensor **out) {
+static nd_status permute_forward(const nd_tensor *t, const int *dims, int ndim, nd_tensor **out) {
     if (ndim != t->ndim)
         return nd_fail(ND_ERR_ARG, "permute: %d dims given for a tensor with %d dims", ndim,
                        t->ndim);
@@ -111,7 +112,7 @@ nd_status nd_permute(const nd_tensor *t, const int *dims, int ndim, nd_tensor **
     return nd_tensor_view_of(t, ns, st, ndim, t->offset, out);
 }
 
-nd_status nd_transpose(const nd_tensor *t, int d0, int d1, nd_tensor **out) {
+static nd_status transpose_forward(const nd_tensor *t, int d0, int d1, nd_tensor **out) {
     int a, b;
     if (t->ndim == 0) return nd_tensor_view_of(t, t->shape, t->strides, 0, t->offset, out);
     ND_TRY(nd_norm_dim("transpose", d0, t->ndim, &a));
@@ -124,7 +125,7 @@ nd_status nd_transpose(const nd_tensor *t, int d0, int d1, nd_tensor **out) {
     return nd_tensor_view_of(t, ns, st, t->ndim, t->offset, out);
 }
 
-nd_status nd_expand(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {
+static nd_status expand_forward(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
     if (ndim < t->ndim || ndim > ND_MAX_DIMS)
         return nd_fail(ND_ERR_SHAPE, "expand: cannot expand shape %s to %s (fewer dims)",
@@ -156,7 +157,7 @@ nd_status nd_expand(const nd_tensor *t, const int64_t *shape, int ndim, nd_tenso
     return nd_tensor_view_of(t, ns, st, ndim, t->offset, out);
 }
 
-nd_status nd_select(const nd_tensor *t, int dim, int64_t index, nd_tensor **out) {
+static nd_status select_forward(const nd_tensor *t, int dim, int64_t index, nd_tensor **out) {
     int d;
     if (t->ndim == 0) return nd_fail(ND_ERR_INDEX, "select: cannot index a 0-dim tensor");
     ND_TRY(nd_norm_dim("select", dim, t->ndim, &d));
@@ -171,7 +172,7 @@ nd_status nd_select(const nd_tensor *t, int dim, int64_t index, nd_tensor **out)
     return nd_tensor_view_of(t, ns, st, t->ndim - 1, t->offset + index * t->strides[d], out);
 }
 
-nd_status nd_slice(const nd_tensor *t, int dim, int64_t start, int64_t stop, int64_t step,
+static nd_status slice_forward(const nd_tensor *t, int dim, int64_t start, int64_t stop, int64_t step,
                    nd_tensor **out) {
     int d;
     if (t->ndim == 0) return nd_fail(ND_ERR_INDEX, "slice: cannot slice a 0-dim tensor");
@@ -205,7 +206,7 @@ nd_status nd_narrow(const nd_tensor *t, int dim, int64_t start, int64_t length, 
     if (start < 0 || length < 0 || start + length > n)
         return nd_fail(ND_ERR_INDEX, "narrow: start " ND_IXF " and length %lld out of range for dim " ND_IXF " "
                        "of size %lld", ND_IX(start), (long long)length, ND_IX(d), (long long)n);
-    return nd_slice(t, d, start, start + length, 1, out);
+    return nd_slice(t, d, start, start + length, 1, out); /* records slice */
 }
 
 /* d < 0: drop every size-1 dim; else drop dim d if its size is 1. */
@@ -219,16 +220,16 @@ static nd_status squeeze_impl(const nd_tensor *t, int d, nd_tensor **out) {
     return nd_tensor_view_of(t, ns, st, k, t->offset, out);
 }
 
-nd_status nd_squeeze(const nd_tensor *t, int dim, nd_tensor **out) {
+static nd_status squeeze_forward(const nd_tensor *t, int dim, nd_tensor **out) {
     int d;
     if (t->ndim == 0) return nd_tensor_view_of(t, t->shape, t->strides, 0, t->offset, out);
     ND_TRY(nd_norm_dim("squeeze", dim, t->ndim, &d));
     return squeeze_impl(t, d, out);
 }
 
-nd_status nd_squeeze_all(const nd_tensor *t, nd_tensor **out) { return squeeze_impl(t, -1, out); }
+static nd_status squeeze_all_forward(const nd_tensor *t, nd_tensor **out) { return squeeze_impl(t, -1, out); }
 
-nd_status nd_unsqueeze(const nd_tensor *t, int dim, nd_tensor **out) {
+static nd_status unsqueeze_forward(const nd_tensor *t, int dim, nd_tensor **out) {
     if (t->ndim >= ND_MAX_DIMS)
         return nd_fail(ND_ERR_ARG, "unsqueeze: tensor already has %d dims (the maximum)", t->ndim);
     int d;
@@ -265,4 +266,40 @@ nd_status nd_flatten(const nd_tensor *t, int start_dim, int end_dim, nd_tensor *
     ns[k++] = m;
     for (int i = e + 1; i < t->ndim; i++) ns[k++] = t->shape[i];
     return nd_reshape(t, ns, k, out);
+}
+
+/* ---- differentiable entry points: a view of a tensor that requires grad
+ * records a node whose backward maps the gradient back (views/grad.c). */
+
+nd_status nd_view(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(view_forward(t, shape, ndim, out), nd_record_reshape("view", t, *out), out);
+}
+nd_status nd_reshape(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(reshape_forward(t, shape, ndim, out), nd_record_reshape("reshape", t, *out), out);
+}
+nd_status nd_squeeze(const nd_tensor *t, int dim, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(squeeze_forward(t, dim, out), nd_record_reshape("squeeze", t, *out), out);
+}
+nd_status nd_squeeze_all(const nd_tensor *t, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(squeeze_all_forward(t, out), nd_record_reshape("squeeze", t, *out), out);
+}
+nd_status nd_unsqueeze(const nd_tensor *t, int dim, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(unsqueeze_forward(t, dim, out), nd_record_reshape("unsqueeze", t, *out), out);
+}
+nd_status nd_permute(const nd_tensor *t, const int *dims, int ndim, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(permute_forward(t, dims, ndim, out), nd_record_permute(t, dims, ndim, *out), out);
+}
+nd_status nd_transpose(const nd_tensor *t, int d0, int d1, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(transpose_forward(t, d0, d1, out), nd_record_transpose(t, d0, d1, *out), out);
+}
+nd_status nd_expand(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(expand_forward(t, shape, ndim, out), nd_record_expand(t, *out), out);
+}
+nd_status nd_select(const nd_tensor *t, int dim, int64_t index, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(select_forward(t, dim, index, out), nd_record_select(t, dim, index, *out), out);
+}
+nd_status nd_slice(const nd_tensor *t, int dim, int64_t start, int64_t stop, int64_t step,
+                   nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(slice_forward(t, dim, start, stop, step, out),
+                           nd_record_slice(t, dim, start, step, *out), out);
 }

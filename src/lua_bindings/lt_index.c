@@ -36,10 +36,15 @@ nd_tensor *lt_check_index(lua_State *L, int idx, const char *op) {
 }
 
 void lt_push_index(lua_State *L, nd_tensor *t) {
-    /* results are fresh contiguous int64 tensors */
-    int64_t *p = (int64_t *)nd_ptr(t), n = nd_numel(t);
-    for (int64_t i = 0; i < n; i++) p[i] += 1;
-    lt_push(L, t);
+    /* A new tensor, never t shifted in place: t may also be saved for
+     * backward (max(dim) keeps its 0-based indices). */
+    nd_tensor *r;
+    bool grad_on = nd_set_grad_enabled(false);
+    nd_status st = nd_binary_scalar_int(ND_BINARY_add, t, 1, 0, &r);
+    nd_set_grad_enabled(grad_on);
+    nd_release(t);
+    LT_CHECK(L, st);
+    lt_push(L, r);
 }
 
 /* -------------------------------------------------------- x[...] views */

@@ -48,6 +48,9 @@ int lt_dims(lua_State *L, int idx, const char *op, int *dims);
 nd_dtype lt_opt_dtype(lua_State *L, int idx, const char *op, nd_dtype def);
 void lt_check_device(lua_State *L, int opts_idx, const char *op);
 bool lt_opt_bool_field(lua_State *L, int idx, const char *field, bool def);
+/* A table argument is an options table when it has named fields
+ * ({correction=0}), data or a list of dims otherwise ({1, 3}). */
+bool lt_is_options(lua_State *L, int idx);
 nd_dtype lt_check_dtype_name(lua_State *L, int idx, const char *op);
 
 /* An int64 tensor of 0-based indices from 1-based Lua indices (tensor or
@@ -63,6 +66,7 @@ void lt_register_construct(lua_State *L);
 void lt_register_math(lua_State *L);
 void lt_register_shape(lua_State *L);
 void lt_register_index(lua_State *L);
+void lt_register_autograd(lua_State *L);
 
 /* Sets name = fn in the methods table (at methods_idx) and/or module table. */
 typedef struct { const char *name; lua_CFunction fn; bool method, function; } lt_reg;

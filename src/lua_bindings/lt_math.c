@@ -158,19 +158,6 @@ static int t_clamp_(lua_State *L) {
 
 /* ------------------------------------------------------------- reductions */
 
-/* A table argument is options when it has named fields ({correction=0}),
- * a list of dims otherwise ({1, 3}). */
-static bool is_options(lua_State *L, int idx) {
-    if (!lua_istable(L, idx)) return false;
-    lua_pushnil(L);
-    while (lua_next(L, idx)) {
-        bool named = lua_type(L, -2) == LUA_TSTRING;
-        lua_pop(L, 1);
-        if (named) { lua_pop(L, 1); return true; }
-    }
-    return false;
-}
-
 /* x:op(dims?, keepdim?, opts?) where opts (also accepted in place of dims
  * or keepdim, as the trailing argument) holds dim, keepdim, correction and
  * unbiased (var/std). */
@@ -180,7 +167,7 @@ static int reduce(lua_State *L, nd_reduce_op op) {
     int dims[ND_MAX_DIMS], nd = 0, opts = 0;
     bool keepdim = false;
     int correction = 1;
-    for (int i = 2; i <= 4 && !opts; i++) if (is_options(L, i)) opts = i;
+    for (int i = 2; i <= 4 && !opts; i++) if (lt_is_options(L, i)) opts = i;
     if (opts != 2) nd = lt_dims(L, 2, name, dims);
     if (opts != 3 && opts != 2) keepdim = lua_toboolean(L, 3);
     if (!opts && lua_type(L, 4) == LUA_TNUMBER) correction = (int)luaL_checkinteger(L, 4);
@@ -205,13 +192,15 @@ static int r_var(lua_State *L) { return reduce(L, ND_REDUCE_var); }
 static int r_std(lua_State *L) { return reduce(L, ND_REDUCE_std); }
 static int r_logsumexp(lua_State *L) { return reduce(L, ND_REDUCE_logsumexp); }
 
-/* max(): the largest value; max(dim, keepdim): values, indices;
- * max(other): elementwise maximum (as torch.max). */
+/* max(): the largest value; max({dims}, keepdim): the largest over several
+ * dims; max(dim, keepdim): values and 1-based indices; max(other tensor):
+ * elementwise maximum (as torch.max). */
 static int max_min(lua_State *L, int is_min) {
     const char *name = is_min ? "min" : "max";
     nd_tensor *x = lt_check(L, 1, name);
-    if (lt_to(L, 2) || lua_istable(L, 2)) return binary(L, is_min ? ND_BINARY_minimum : ND_BINARY_maximum);
-    if (lua_isnoneornil(L, 2)) return reduce(L, is_min ? ND_REDUCE_min : ND_REDUCE_max);
+    if (lt_to(L, 2)) return binary(L, is_min ? ND_BINARY_minimum : ND_BINARY_maximum);
+    /* no dim, a list of dims or options: a reduction (values only) */
+    if (lua_isnoneornil(L, 2) || lua_istable(L, 2)) return reduce(L, is_min ? ND_REDUCE_min : ND_REDUCE_max);
     int d = lt_dim(L, 2, name);
     nd_tensor *v, *ix;
     LT_CHECK(L, nd_max_dim(x, d, lua_toboolean(L, 3), is_min, &v, &ix));

@@ -223,6 +223,18 @@ void lt_check_device(lua_State *L, int idx, const char *op) {
     lua_pop(L, 1);
 }
 
+bool lt_is_options(lua_State *L, int idx) {
+    if (!lua_istable(L, idx) || lt_to(L, idx)) return false;
+    idx = lua_absindex(L, idx);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        bool named = lua_type(L, -2) == LUA_TSTRING;
+        lua_pop(L, 1);
+        if (named) { lua_pop(L, 1); return true; }
+    }
+    return false;
+}
+
 bool lt_opt_bool_field(lua_State *L, int idx, const char *field, bool def) {
     if (!lua_istable(L, idx)) return def;
     bool v = def;
@@ -281,6 +293,11 @@ static int t_index(lua_State *L) {
         return 1;
     }
     if (strcmp(k, "is_leaf") == 0) { lua_pushboolean(L, t->grad_fn == NULL); return 1; }
+    if (strcmp(k, "grad_fn") == 0) {
+        const char *name = nd_grad_fn_name(t);
+        if (name) lua_pushstring(L, name); else lua_pushnil(L);
+        return 1;
+    }
     lua_pushnil(L);
     return 1;
 }
@@ -290,26 +307,11 @@ static int t_newindex(lua_State *L) {
     nd_tensor *t = lt_check(L, 1, "newindex");
     const char *k = lua_tostring(L, 2);
     if (strcmp(k, "requires_grad") == 0) {
-        bool v = lua_toboolean(L, 3);
-        if (v && !nd_dtype_is_float(t->dtype))
-            lt_error(L, "requires_grad", "only floating point tensors can require gradients, "
-                     "got %s", nd_dtype_name(t->dtype));
-        t->requires_grad = v;
+        LT_CHECK(L, nd_requires_grad_(t, lua_toboolean(L, 3)));
         return 0;
     }
     if (strcmp(k, "grad") == 0) {
-        nd_tensor *g = lua_isnil(L, 3) ? NULL : lt_check(L, 3, "grad");
-        if (g) {
-            char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
-            bool same = g->ndim == t->ndim;
-            for (int i = 0; same && i < t->ndim; i++) same = g->shape[i] == t->shape[i];
-            if (!same)
-                lt_error(L, "grad", "assigned gradient has shape %s, expected %s",
-                         nd_shape_str(g->shape, g->ndim, b1), nd_shape_str(t->shape, t->ndim, b2));
-            nd_retain(g);
-        }
-        nd_release(t->grad);
-        t->grad = g;
+        LT_CHECK(L, nd_set_grad(t, lua_isnil(L, 3) ? NULL : lt_check(L, 3, "grad")));
         return 0;
     }
     return lt_error(L, "newindex", "cannot set field '%s' on a tensor", k);

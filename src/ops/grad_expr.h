@@ -24,9 +24,13 @@ typedef struct {
     nd_status st;
 } nd_gx;
 
-/* Takes over t (a new reference) as a temporary of the context. */
-static inline nd_tensor *gx_own(nd_gx *c, nd_status st, nd_tensor *t) {
+/* Takes over *pt (a new reference, written by the call that produced st)
+ * as a temporary of the context. A pointer, not the value: C leaves the
+ * order of argument evaluation unspecified, so `gx_own(c, op(&r), r)` could
+ * read r before op ran. */
+static inline nd_tensor *gx_own(nd_gx *c, nd_status st, nd_tensor **pt) {
     if (c->st != ND_OK) return NULL;
+    nd_tensor *t = *pt;
     if (st != ND_OK) { c->st = st; return NULL; }
     if (c->n == ND_GX_MAX) {
         nd_release(t);
@@ -42,7 +46,7 @@ static inline nd_tensor *gx_own(nd_gx *c, nd_status st, nd_tensor *t) {
 static inline nd_tensor *gx_bin(nd_gx *c, nd_binary_op op, const nd_tensor *a, const nd_tensor *b) {
     GX_GUARD();
     nd_tensor *r = NULL;
-    return gx_own(c, nd_binary(op, a, b, &r), r);
+    return gx_own(c, nd_binary(op, a, b, &r), &r);
 }
 
 /* a op s, or s op a when scalar_first */
@@ -50,56 +54,56 @@ static inline nd_tensor *gx_sc(nd_gx *c, nd_binary_op op, const nd_tensor *a, do
                                int scalar_first) {
     GX_GUARD();
     nd_tensor *r = NULL;
-    return gx_own(c, nd_binary_scalar(op, a, s, scalar_first, &r), r);
+    return gx_own(c, nd_binary_scalar(op, a, s, scalar_first, &r), &r);
 }
 
 static inline nd_tensor *gx_un(nd_gx *c, nd_unary_op op, const nd_tensor *a) {
     GX_GUARD();
     nd_tensor *r = NULL;
-    return gx_own(c, nd_unary(op, a, &r), r);
+    return gx_own(c, nd_unary(op, a, &r), &r);
 }
 
 static inline nd_tensor *gx_saved(nd_gx *c, nd_node *n, int i) {
     GX_GUARD();
     nd_tensor *r = NULL;
-    return gx_own(c, nd_saved(n, i, &r), r);
+    return gx_own(c, nd_saved(n, i, &r), &r);
 }
 
 static inline nd_tensor *gx_sum_to(nd_gx *c, const nd_tensor *g, nd_node *n, int input) {
     GX_GUARD();
     nd_tensor *r = NULL;
-    return gx_own(c, nd_sum_to_shape(g, n->in_shape[input], n->in_ndim[input], &r), r);
+    return gx_own(c, nd_sum_to_shape(g, n->in_shape[input], n->in_ndim[input], &r), &r);
 }
 
 static inline nd_tensor *gx_reshape(nd_gx *c, const nd_tensor *t, const int64_t *shape, int nd) {
     GX_GUARD();
     nd_tensor *r = NULL;
-    return gx_own(c, nd_reshape(t, shape, nd, &r), r);
+    return gx_own(c, nd_reshape(t, shape, nd, &r), &r);
 }
 
 static inline nd_tensor *gx_expand(nd_gx *c, const nd_tensor *t, const int64_t *shape, int nd) {
     GX_GUARD();
     nd_tensor *r = NULL;
-    return gx_own(c, nd_expand(t, shape, nd, &r), r);
+    return gx_own(c, nd_expand(t, shape, nd, &r), &r);
 }
 
 static inline nd_tensor *gx_zeros(nd_gx *c, const int64_t *shape, int nd, nd_dtype dt) {
     GX_GUARD();
     nd_tensor *r = NULL;
-    return gx_own(c, nd_zeros(shape, nd, dt, &r), r);
+    return gx_own(c, nd_zeros(shape, nd, dt, &r), &r);
 }
 
 static inline nd_tensor *gx_where(nd_gx *c, const nd_tensor *cond, const nd_tensor *a,
                                   const nd_tensor *b) {
     GX_GUARD();
     nd_tensor *r = NULL;
-    return gx_own(c, nd_where(cond, a, b, &r), r);
+    return gx_own(c, nd_where(cond, a, b, &r), &r);
 }
 
 static inline nd_tensor *gx_to(nd_gx *c, const nd_tensor *t, nd_dtype dt) {
     GX_GUARD();
     nd_tensor *r = NULL;
-    return gx_own(c, nd_to_dtype(t, dt, &r), r);
+    return gx_own(c, nd_to_dtype(t, dt, &r), &r);
 }
 
 /* The result handed back to the engine: a new reference that outlives the

@@ -21,6 +21,18 @@ nd_status nd_record_max_dim(const nd_tensor *x, int dim, int keepdim, nd_tensor 
                             const nd_tensor *indices);
 nd_status nd_record_matmul(const nd_tensor *a, const nd_tensor *b, nd_tensor *out);
 
+/* views */
+nd_status nd_record_reshape(const char *name, const nd_tensor *x, nd_tensor *out);
+nd_status nd_record_permute(const nd_tensor *x, const int *dims, int ndim, nd_tensor *out);
+nd_status nd_record_transpose(const nd_tensor *x, int d0, int d1, nd_tensor *out);
+nd_status nd_record_expand(const nd_tensor *x, nd_tensor *out);
+nd_status nd_record_select(const nd_tensor *x, int dim, int64_t index, nd_tensor *out);
+/* out = x.slice(dim, start, ..., step): out->shape[dim] elements from start */
+nd_status nd_record_slice(const nd_tensor *x, int dim, int64_t start, int64_t step, nd_tensor *out);
+/* copies */
+nd_status nd_record_identity(const char *name, const nd_tensor *x, nd_tensor *out);
+nd_status nd_record_to_dtype(const nd_tensor *x, nd_tensor *out);
+
 /* Runs a forward expression with grad mode off, then records: the pattern
  * every differentiable op follows. */
 #define ND_FORWARD_THEN_RECORD(forward_call, record_call, out)                 \

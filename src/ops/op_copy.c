@@ -1,6 +1,7 @@
 /* op_copy.c - copies, conversions and fills. */
 #include <math.h>
 #include "backend.h"
+#include "grad_fns.h"
 
 nd_status nd_copy_(nd_tensor *dst, const nd_tensor *src) {
     ND_TRY(nd_check_writable("copy_", dst));
@@ -38,7 +39,7 @@ static nd_status copy_into_new(const nd_tensor *t, nd_dtype dt, nd_tensor **out)
     return st;
 }
 
-nd_status nd_contiguous(const nd_tensor *t, nd_tensor **out) {
+static nd_status contiguous_forward(const nd_tensor *t, nd_tensor **out) {
     if (nd_is_contiguous(t)) {
         nd_retain((nd_tensor *)t);
         *out = (nd_tensor *)t;
@@ -47,9 +48,9 @@ nd_status nd_contiguous(const nd_tensor *t, nd_tensor **out) {
     return copy_into_new(t, t->dtype, out);
 }
 
-nd_status nd_clone(const nd_tensor *t, nd_tensor **out) { return copy_into_new(t, t->dtype, out); }
+static nd_status clone_forward(const nd_tensor *t, nd_tensor **out) { return copy_into_new(t, t->dtype, out); }
 
-nd_status nd_to_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out) {
+static nd_status to_dtype_forward(const nd_tensor *t, nd_dtype dt, nd_tensor **out) {
     if ((unsigned)dt >= ND_NUM_DTYPES) return nd_fail(ND_ERR_DTYPE, "to: invalid dtype %d", dt);
     if (t->dtype == dt) { /* as PyTorch: converting to the same dtype is a no-op */
         nd_retain((nd_tensor *)t);
@@ -57,4 +58,16 @@ nd_status nd_to_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out) {
         return ND_OK;
     }
     return copy_into_new(t, dt, out);
+}
+
+nd_status nd_contiguous(const nd_tensor *t, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(contiguous_forward(t, out), nd_record_identity("contiguous", t, *out), out);
+}
+
+nd_status nd_clone(const nd_tensor *t, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(clone_forward(t, out), nd_record_identity("clone", t, *out), out);
+}
+
+nd_status nd_to_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(to_dtype_forward(t, dt, out), nd_record_to_dtype(t, *out), out);
 }

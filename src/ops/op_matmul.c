@@ -1,8 +1,9 @@
 /* op_matmul.c - matmul with PyTorch's rules: 1-D operands are promoted to
  * matrices and the added dim removed again, batch dims broadcast. */
 #include "backend.h"
+#include "grad_fns.h"
 
-nd_status nd_matmul(const nd_tensor *a, const nd_tensor *b, nd_tensor **out) {
+static nd_status matmul_forward(const nd_tensor *a, const nd_tensor *b, nd_tensor **out) {
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
     if (a->ndim == 0 || b->ndim == 0)
         return nd_fail(ND_ERR_SHAPE, "matmul: both arguments need at least 1 dim, got shapes %s and %s",
@@ -59,4 +60,8 @@ nd_status nd_matmul(const nd_tensor *a, const nd_tensor *b, nd_tensor **out) {
     st = nd_view(r, fs, fn, out);
     nd_release(r);
     return st;
+}
+
+nd_status nd_matmul(const nd_tensor *a, const nd_tensor *b, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(matmul_forward(a, b, out), nd_record_matmul(a, b, *out), out);
 }

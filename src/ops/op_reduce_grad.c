@@ -17,7 +17,7 @@ static nd_tensor *expand_back(nd_gx *c, nd_node *n, const nd_tensor *g) {
 static nd_tensor *mean_keep(nd_gx *c, nd_node *n, const nd_tensor *x) {
     if (c->st != ND_OK) return NULL;
     nd_tensor *r = NULL;
-    return gx_own(c, nd_reduce(ND_REDUCE_mean, x, n->dims, n->ndims, 1, 0, &r), r);
+    return gx_own(c, nd_reduce(ND_REDUCE_mean, x, n->dims, n->ndims, 1, 0, &r), &r);
 }
 
 static nd_status bw_reduce(nd_node *n, nd_tensor *g, nd_tensor **grads) {
@@ -38,7 +38,7 @@ static nd_status bw_reduce(nd_node *n, nd_tensor *g, nd_tensor **grads) {
         nd_tensor *x = gx_saved(&c, n, 0), *y = expand_back(&c, n, gx_saved(&c, n, 1));
         nd_tensor *mask = gx_to(&c, gx_bin(&c, ND_BINARY_eq, x, y), g->dtype);
         nd_tensor *cnt = NULL;
-        if (c.st == ND_OK) cnt = gx_own(&c, nd_reduce(ND_REDUCE_sum, mask, n->dims, n->ndims, 1, 0, &cnt), cnt);
+        if (c.st == ND_OK) cnt = gx_own(&c, nd_reduce(ND_REDUCE_sum, mask, n->dims, n->ndims, 1, 0, &cnt), &cnt);
         r = gx_bin(&c, ND_BINARY_mul, ge, gx_bin(&c, ND_BINARY_div, mask, cnt));
         break;
     }
@@ -104,7 +104,7 @@ static nd_status bw_max_dim(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     int64_t shape[ND_MAX_DIMS];
     for (int i = 0; i < nd; i++) shape[i] = i == d ? n->in_shape[0][i] : 1;
     nd_tensor *ar = NULL;
-    if (c.st == ND_OK) ar = gx_own(&c, nd_arange(0, (double)n->in_shape[0][d], 1, ND_INT64, &ar), ar);
+    if (c.st == ND_OK) ar = gx_own(&c, nd_arange(0, (double)n->in_shape[0][d], 1, ND_INT64, &ar), &ar);
     nd_tensor *pos = gx_reshape(&c, ar, shape, nd);
     nd_tensor *hit = gx_to(&c, gx_bin(&c, ND_BINARY_eq, pos, idx), g->dtype);
     grads[0] = gx_out(&c, gx_bin(&c, ND_BINARY_mul, expand_back(&c, n, g), hit));
