@@ -108,10 +108,19 @@ describe("promotion of tensor-number ops", function()
     assert.are.equal("int64", z.dtype)
   end)
 
-  it("int64 tensor + 2.0 (an integral float) -> int64", function()
+  it("int64 tensor + 2.0 (a Lua float, like a Python float) -> float32, as PyTorch", function()
     local y = nd.tensor({ 1, 2 }, { dtype = "int64" }) + 2.0
-    assert.are.equal("int64", y.dtype)
+    assert.are.equal("float32", y.dtype)
     equal(y, { 3, 4 })
+  end)
+
+  it("an integer that does not fit the dtype: comparisons widen, arithmetic errors", function()
+    local u = nd.tensor({ 10, 200 }, { dtype = "uint8" })
+    assert.are.same({ true, true }, u:lt(256):totable())
+    assert.are.same({ false, false }, u:eq(-246):totable())
+    local ok, err = pcall(function() return u + 256 end)
+    assert.is_false(ok)
+    assert.truthy(err:find("needle.add: the number 256 cannot be converted to uint8 without overflow", 1, true), err)
   end)
 
   it("float32 tensor + 2 stays float32, + 2.5 too", function()

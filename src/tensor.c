@@ -38,6 +38,7 @@ void nd_contiguous_strides(const int64_t *shape, int ndim, int64_t *strides) {
 }
 
 int nd_is_contiguous(const nd_tensor *t) {
+    if (nd_numel(t) == 0) return 1; /* no element is out of place */
     int64_t s = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] != 1 && t->strides[i] != s) return 0;

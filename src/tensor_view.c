@@ -137,7 +137,8 @@ static nd_status expand_forward(const nd_tensor *t, const int64_t *shape, int nd
         int64_t want = shape[i];
         if (j < 0) {
             if (want < 0)
-                return nd_fail(ND_ERR_SHAPE, "expand: -1 is not allowed for new leading dim %d", i);
+                return nd_fail(ND_ERR_SHAPE, "expand: -1 is not allowed for the new leading dim " ND_IXF,
+                               ND_IX(i));
             ns[i] = want;
             st[i] = 0;
         } else if (want == -1 || want == t->shape[j]) {
@@ -187,7 +188,9 @@ static nd_status slice_forward(const nd_tensor *t, int dim, int64_t start, int64
     if (start > n) start = n;
     if (stop > n) stop = n;
     if (stop < start) stop = start;
-    int64_t len = (stop - start + step - 1) / step;
+    if (step > n) step = n > 0 ? n : 1; /* same elements; keeps the arithmetic in range */
+    int64_t span = stop - start;
+    int64_t len = span / step + (span % step != 0);
     int64_t ns[ND_MAX_DIMS], st[ND_MAX_DIMS];
     memcpy(ns, t->shape, sizeof ns);
     memcpy(st, t->strides, sizeof st);
@@ -202,10 +205,11 @@ nd_status nd_narrow(const nd_tensor *t, int dim, int64_t start, int64_t length, 
     if (t->ndim == 0) return nd_fail(ND_ERR_INDEX, "narrow: cannot narrow a 0-dim tensor");
     ND_TRY(nd_norm_dim("narrow", dim, t->ndim, &d));
     int64_t n = t->shape[d];
+    int64_t given = start;
     if (start < 0) start += n;
-    if (start < 0 || length < 0 || start + length > n)
+    if (start < 0 || start > n || length < 0 || length > n - start)
         return nd_fail(ND_ERR_INDEX, "narrow: start " ND_IXF " and length %lld out of range for dim " ND_IXF " "
-                       "of size %lld", ND_IX(start), (long long)length, ND_IX(d), (long long)n);
+                       "of size %lld", ND_IX(given), (long long)length, ND_IX(d), (long long)n);
     return nd_slice(t, d, start, start + length, 1, out); /* records slice */
 }
 
@@ -256,8 +260,8 @@ nd_status nd_flatten(const nd_tensor *t, int start_dim, int end_dim, nd_tensor *
     }
     ND_TRY(nd_norm_dim("flatten", start_dim, t->ndim, &s));
     ND_TRY(nd_norm_dim("flatten", end_dim, t->ndim, &e));
-    if (s > e) return nd_fail(ND_ERR_ARG, "flatten: start_dim %d comes after end_dim %d",
-                              start_dim, end_dim);
+    if (s > e) return nd_fail(ND_ERR_ARG, "flatten: start_dim " ND_IXF " comes after end_dim " ND_IXF,
+                              ND_IX(s), ND_IX(e));
     int64_t ns[ND_MAX_DIMS];
     int k = 0;
     for (int i = 0; i < s; i++) ns[k++] = t->shape[i];

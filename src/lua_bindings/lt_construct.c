@@ -101,7 +101,8 @@ static nd_tensor *tensor_from_lua(lua_State *L, int idx, nd_dtype dt, bool dtype
     fill_state fs = {nd_ptr(t), nd_dtype_size(dt), dt, 0};
     /* pushed first so that an error inside fill does not leak it */
     lt_push(L, t);
-    if (nd > 0 && nd_numel(t) > 0) fill_from_table(L, idx, shape, nd, 0, path, &fs);
+    /* also when empty: every row must agree ({{}, {1, 2}} is ragged) */
+    if (nd > 0) fill_from_table(L, idx, shape, nd, 0, path, &fs);
     return t;
 }
 
@@ -241,11 +242,17 @@ static int l_full(lua_State *L) {
     int64_t shape[ND_MAX_DIMS];
     int n = lt_shape(L, 1, "full", shape, false);
     if (!lua_istable(L, 1)) return lt_error(L, "full", "expected the shape as a table");
-    double v = lua_isboolean(L, 2) ? lua_toboolean(L, 2) : luaL_checknumber(L, 2);
+    if (!lua_isboolean(L, 2)) luaL_checknumber(L, 2);
+    nd_number v = lua_isboolean(L, 2) ? nd_num_i(lua_toboolean(L, 2))
+                  : lua_isinteger(L, 2) ? nd_num_i(lua_tointeger(L, 2)) : nd_num_f(lua_tonumber(L, 2));
     lt_check_device(L, 3, "full");
     nd_dtype dt = lt_opt_dtype(L, 3, "full", lua_isboolean(L, 2) ? ND_BOOL : ND_FLOAT32);
     nd_tensor *t;
-    LT_CHECK_AS(L, "full", nd_full(shape, n, dt, v, &t));
+    LT_CHECK_AS(L, "full", nd_empty(shape, n, dt, &t));
+    lt_push(L, t); /* owned by the stack while it is filled */
+    LT_CHECK_AS(L, "full", nd_fill_number_(t, v)); /* exact for int64 */
+    lua_pop(L, 1);
+    nd_retain(t);
     finish_new(L, t, 3, "full");
     return 1;
 }

@@ -14,6 +14,20 @@ nd_tensor *lt_check_index(lua_State *L, int idx, const char *op) {
     if (!t && !lua_istable(L, idx) && lua_type(L, idx) != LUA_TNUMBER)
         lt_error(L, op, "expected an index tensor or table for argument %d, got %s", idx,
                  luaL_typename(L, idx));
+    if (!t) { /* a table or number: every value must be an integer */
+        nd_tensor *f = lt_check_tensor_like(L, idx, op, ND_FLOAT64);
+        nd_tensor *fl;
+        LT_CHECK(L, nd_unary(ND_UNARY_floor, f, &fl));
+        lt_push(L, fl);
+        nd_tensor *same;
+        LT_CHECK(L, nd_binary(ND_BINARY_ne, f, fl, &same));
+        lt_push(L, same);
+        nd_tensor *any;
+        LT_CHECK(L, nd_reduce(ND_REDUCE_max, same, NULL, 0, 0, 0, &any));
+        bool bad = nd_numel(same) > 0 && *(uint8_t *)nd_ptr(any);
+        nd_release(any);
+        if (bad) lt_error(L, op, "index values must be integers");
+    }
     nd_tensor *src = t ? t : lt_check_tensor_like(L, idx, op, ND_INT64);
     nd_status st = nd_to_dtype(src, ND_INT64, &r);
     if (st == ND_OK && r == src) { /* need a private copy to shift */
@@ -82,12 +96,12 @@ static void apply_entry(lua_State *L, nd_tensor **cur, int *d, int pos) {
         }
         st = nd_select(*cur, *d, lua_index(L, i, "index"), &r);
     } else if (ty == LUA_TTABLE) {
-        int n = (int)luaL_len(L, -1);
+        int n = (int)lua_rawlen(L, -1);
         int64_t size = (*cur)->shape[*d];
         lua_Integer v[3] = {1, -1, 1};
         if (n > 3) { nd_release(*cur); *cur = NULL; lt_error(L, "index", "range %d has %d entries (expected {first, last[, step]})", pos, n); }
         for (int i = 0; i < n; i++) {
-            lua_geti(L, -1, i + 1);
+            lua_rawgeti(L, -1, i + 1);
             if (!lua_isinteger(L, -1)) {
                 nd_release(*cur); *cur = NULL;
                 lt_error(L, "index", "range %d: entry %d must be an integer, got %s", pos, i + 1,
@@ -111,6 +125,12 @@ static void apply_entry(lua_State *L, nd_tensor **cur, int *d, int pos) {
         st = nd_slice(*cur, *d, s, e, v[2], &r);
         (*d)++;
     } else if (ty == LUA_TSTRING && strcmp(lua_tostring(L, -1), ":") == 0) {
+        if (*d >= (*cur)->ndim) {
+            char b[ND_SHAPE_BUF];
+            nd_shape_str((*cur)->shape, (*cur)->ndim, b);
+            nd_release(*cur); *cur = NULL;
+            lt_error(L, "index", "too many indices (%d) for a tensor with shape %s", pos, b);
+        }
         (*d)++;
         return;
     } else {
@@ -138,11 +158,12 @@ static nd_tensor *index_view(lua_State *L, nd_tensor *x) {
                                   "index_select, gather or masked_fill");
         lt_error(L, "index", "expected an integer or a table index, got %s", luaL_typename(L, 2));
     }
+    /* raw reads: no metamethod can raise while cur holds a reference */
     nd_retain(x);
     nd_tensor *cur = x;
-    int d = 0, n = (int)luaL_len(L, 2);
+    int d = 0, n = (int)lua_rawlen(L, 2);
     for (int i = 1; i <= n; i++) {
-        lua_geti(L, 2, i);
+        lua_rawgeti(L, 2, i);
         apply_entry(L, &cur, &d, i);
         lua_pop(L, 1);
     }
@@ -243,12 +264,15 @@ static int t_cumsum(lua_State *L) {
 /* sort(dim = -1, descending = false) -> values, indices */
 static int t_sort(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "sort"), *v, *ix;
-    int d = lt_opt_dim(L, 2, "sort", -1);
-    bool desc = lua_toboolean(L, 3);
+    int d;
+    bool desc;
     if (lua_istable(L, 2)) { /* sort({dim=, descending=}) */
         lua_getfield(L, 2, "dim");
         d = lua_isnil(L, -1) ? -1 : lt_dim(L, lua_gettop(L), "sort");
         desc = lt_opt_bool_field(L, 2, "descending", false);
+    } else {
+        d = lt_opt_dim(L, 2, "sort", -1);
+        desc = lua_toboolean(L, 3);
     }
     LT_CHECK(L, nd_sort(x, d, desc, &v, &ix));
     lt_push(L, v);

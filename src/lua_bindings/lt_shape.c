@@ -183,22 +183,24 @@ static int t_bfloat16(lua_State *L) { return convert(L, ND_BFLOAT16, "bfloat16")
 
 /* --------------------------------------------------------- join and split */
 
-/* Reads a list of tensors (the table at idx) into ts; returns count. The
- * userdata stay referenced by the table for the duration of the call. */
+/* Reads a list of tensors (the table at idx) into ts; returns count. Raw
+ * access only: no __len/__index code can run, change the length between
+ * reads or hand out tensors that nothing keeps alive - every pointer is
+ * anchored by the table itself for the duration of the call. */
 static int tensor_list(lua_State *L, int idx, const char *op, nd_tensor **ts, int max) {
     if (!lua_istable(L, idx))
         lt_error(L, op, "expected a table of tensors, got %s", luaL_typename(L, idx));
-    int n = (int)luaL_len(L, idx);
+    lua_Unsigned n = lua_rawlen(L, idx);
     if (n == 0) lt_error(L, op, "expected a non-empty list of tensors");
-    if (n > max) lt_error(L, op, "too many tensors (%d, at most %d)", n, max);
-    for (int i = 0; i < n; i++) {
-        lua_geti(L, idx, i + 1);
+    if (n > (lua_Unsigned)max) lt_error(L, op, "too many tensors (%llu, at most %d)", (unsigned long long)n, max);
+    for (int i = 0; i < (int)n; i++) {
+        lua_rawgeti(L, idx, i + 1);
         ts[i] = lt_to(L, -1);
         if (!ts[i]) lt_error(L, op, "element %d of the list is a %s, expected a tensor", i + 1,
                              luaL_typename(L, -1));
         lua_pop(L, 1);
     }
-    return n;
+    return (int)n;
 }
 
 #define MAX_JOIN 4096
@@ -206,9 +208,9 @@ static int tensor_list(lua_State *L, int idx, const char *op, nd_tensor **ts, in
 static int join(lua_State *L, bool stack) {
     const char *op = stack ? "stack" : "cat";
     nd_tensor *buf[64], **ts = buf, *r;
-    int n = (int)(lua_istable(L, 1) ? luaL_len(L, 1) : 0);
-    if (n > 64) ts = lua_newuserdatauv(L, sizeof(nd_tensor *) * (size_t)n, 0);
-    n = tensor_list(L, 1, op, ts, MAX_JOIN);
+    lua_Unsigned len = lua_istable(L, 1) ? lua_rawlen(L, 1) : 0;
+    if (len > 64 && len <= MAX_JOIN) ts = lua_newuserdatauv(L, sizeof(nd_tensor *) * (size_t)len, 0);
+    int n = tensor_list(L, 1, op, ts, len > 64 ? MAX_JOIN : 64);
     int d = lt_opt_dim(L, 2, op, 0);
     nd_status st = stack ? nd_stack(ts, n, d, &r) : nd_cat(ts, n, d, &r);
     return push_result(L, st, &r);
@@ -234,6 +236,9 @@ static int t_split(lua_State *L) {
             lua_Integer s = luaL_checkinteger(L, -1);
             lua_pop(L, 1);
             if (s < 0) return lt_error(L, "split", "split sizes must be >= 0, got %lld", (long long)s);
+            if (s > len - total)
+                return lt_error(L, "split", "split sizes add up to more than dim %d's size %lld",
+                                cd + 1, (long long)len);
             total += s;
         }
         if (total != len)
@@ -273,7 +278,7 @@ static int t_chunk(lua_State *L) {
     int d = lt_opt_dim(L, 3, "chunk", 0), cd;
     LT_CHECK(L, nd_norm_dim("chunk", d, x->ndim, &cd));
     if (x->ndim == 0) return lt_error(L, "chunk", "cannot chunk a 0-dim tensor");
-    int64_t len = x->shape[cd], size = (len + n - 1) / n;
+    int64_t len = x->shape[cd], size = len / n + (len % n != 0); /* ceil without overflow */
     lua_settop(L, 1);
     lua_pushinteger(L, size > 0 ? size : 1);
     lua_pushinteger(L, cd + 1);

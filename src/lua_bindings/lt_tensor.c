@@ -48,7 +48,7 @@ int lt_error(lua_State *L, const char *op, const char *fmt, ...) {
  * needs collectgarbage(). A full collection costs time proportional to the
  * Lua heap, not to tensor sizes. */
 #define GC_MIN_SLACK ((int64_t)32 << 20)
-static int64_t gc_threshold = GC_MIN_SLACK;
+static _Thread_local int64_t gc_threshold = GC_MIN_SLACK;
 
 /* Second mechanism, for many small tensors: Lua paces its incremental
  * collector by the bytes it allocates itself, but a tensor's headers and
@@ -57,7 +57,7 @@ static int64_t gc_threshold = GC_MIN_SLACK;
  * counts them as if Lua had allocated them, so a loop of small ops is
  * collected at the pace its real memory use calls for. */
 #define GC_CHARGE_BATCH (64 << 10)
-static size_t gc_charge;
+static _Thread_local size_t gc_charge;
 
 static void gc_account(lua_State *L, const nd_tensor *t) {
     /* the tensor header, plus storage header and data when this tensor is
@@ -311,7 +311,13 @@ static int t_newindex(lua_State *L) {
         return 0;
     }
     if (strcmp(k, "grad") == 0) {
-        LT_CHECK(L, nd_set_grad(t, lua_isnil(L, 3) ? NULL : lt_check(L, 3, "grad")));
+        nd_tensor *g = lua_isnil(L, 3) ? NULL : lt_check(L, 3, "grad");
+        if (g && g->storage == t->storage)
+            lt_error(L, "grad", "a tensor cannot be its own gradient (assign a clone)");
+        if (g && g->dtype != t->dtype)
+            lt_error(L, "grad", "assigned gradient has dtype %s, expected %s",
+                     nd_dtype_name(g->dtype), nd_dtype_name(t->dtype));
+        LT_CHECK(L, nd_set_grad(t, g));
         return 0;
     }
     return lt_error(L, "newindex", "cannot set field '%s' on a tensor", k);

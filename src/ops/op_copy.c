@@ -3,6 +3,8 @@
 #include "backend.h"
 #include "grad_fns.h"
 
+static nd_status clone_forward(const nd_tensor *t, nd_tensor **out);
+
 nd_status nd_copy_(nd_tensor *dst, const nd_tensor *src) {
     ND_TRY(nd_check_writable("copy_", dst));
     ND_TRY(nd_check_inplace_grad("copy_", dst));
@@ -11,6 +13,19 @@ nd_status nd_copy_(nd_tensor *dst, const nd_tensor *src) {
     if (nd_expand_to(src, dst->shape, dst->ndim, &s) != ND_OK)
         return nd_fail(ND_ERR_SHAPE, "copy: cannot copy a tensor of shape %s into shape %s",
                        nd_shape_str(src->shape, src->ndim, b1), nd_shape_str(dst->shape, dst->ndim, b2));
+    /* Source and destination in the same memory: exactly the same view is a
+     * no-op; any other overlap would read values already overwritten, so
+     * the source is copied out first. */
+    if (s->storage == dst->storage) {
+        bool same = s->offset == dst->offset && s->dtype == dst->dtype;
+        for (int i = 0; same && i < dst->ndim; i++) same = s->strides[i] == dst->strides[i];
+        if (same) { nd_release(s); return ND_OK; }
+        nd_tensor *c;
+        nd_status cs = clone_forward(s, &c);
+        nd_release(s);
+        ND_TRY(cs);
+        s = c;
+    }
     const nd_backend *be = nd_backend_of(dst);
     nd_status st = ND_BACKEND_CALL(be, copy, "copy", dst, s);
     nd_release(s);

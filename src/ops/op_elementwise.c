@@ -126,12 +126,23 @@ static nd_status binary_forward(nd_binary_op op, const nd_tensor *a, const nd_te
 }
 
 /* PyTorch's rule for a tensor and a number: the number does not widen the
- * tensor's dtype within its kind; a fractional number with an integer or
- * bool tensor gives float32, an integral one with bool gives int64. */
+ * tensor's dtype within its kind; a floating number (a Lua float, even 2.0,
+ * as a Python float) with an integer or bool tensor gives float32, an
+ * integer with a bool tensor gives int64. */
 static nd_dtype scalar_promote(nd_dtype t, nd_number s) {
     if (nd_dtype_is_float(t)) return t;
-    if (!s.is_int && (s.f != floor(s.f) || isinf(s.f) || isnan(s.f))) return ND_FLOAT32;
+    if (!s.is_int) return ND_FLOAT32;
     return t == ND_BOOL ? ND_INT64 : t;
+}
+
+/* Does the integer s fit in integer dtype dt? */
+static bool int_fits(nd_number s, nd_dtype dt) {
+    if (!s.is_int) return true;
+    switch (dt) {
+    case ND_INT32: return s.i >= INT32_MIN && s.i <= INT32_MAX;
+    case ND_UINT8: return s.i >= 0 && s.i <= 255;
+    default: return true;
+    }
 }
 
 static nd_status binary_number_forward(nd_binary_op op, const nd_tensor *a, nd_number s,
@@ -144,6 +155,13 @@ static nd_status binary_number_forward(nd_binary_op op, const nd_tensor *a, nd_n
     /* bool compared with a number compares as int64 */
     if (is_comparison(op) && p == ND_BOOL) p = ND_INT64;
     ND_TRY(binary_dtype(op, p, &c));
+    if (!int_fits(s, c)) {
+        /* a comparison is still well defined: compare in int64 */
+        if (!is_comparison(op))
+            return nd_fail(ND_ERR_ARG, "%s: the number %lld cannot be converted to %s without "
+                           "overflow", name, (long long)s.i, nd_dtype_name(c));
+        c = ND_INT64;
+    }
     nd_tensor *ac;
     ND_TRY(nd_as_dtype(a, c, &ac));
     nd_status st = nd_empty(a->shape, a->ndim, is_comparison(op) ? ND_BOOL : c, out);
@@ -264,6 +282,9 @@ nd_status nd_binary_number_(nd_binary_op op, nd_tensor *a, nd_number s) {
     nd_dtype c = ND_FLOAT32;
     ND_TRY(binary_dtype(op, scalar_promote(a->dtype, s), &c));
     if (!is_comparison(op)) ND_TRY(check_inplace_cast(nd_binary_name(op), c, a->dtype));
+    if (!int_fits(s, c))
+        return nd_fail(ND_ERR_ARG, "%s_: the number %lld cannot be converted to %s without "
+                       "overflow", nd_binary_name(op), (long long)s.i, nd_dtype_name(c));
     if (c == a->dtype && !is_comparison(op)) {
         const nd_backend *be = nd_backend_of(a);
         _Alignas(8) unsigned char value[8] = {0};

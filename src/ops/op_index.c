@@ -173,9 +173,20 @@ nd_status nd_index_add(const nd_tensor *x, int dim, const nd_tensor *index, cons
         return nd_fail(ND_ERR_SHAPE, "index_add: index has %lld elements but src of shape %s has "
                        "%lld along dim " ND_IXF, (long long)k, nd_shape_str(src->shape, src->ndim, b1),
                        (long long)along, ND_IX(d));
-    if (!nd_dtype_is_float(x->dtype) && alpha != floor(alpha))
-        return nd_fail(ND_ERR_ARG, "index_add: alpha %g must be an integer for a %s tensor",
-                       alpha, nd_dtype_name(x->dtype));
+    /* Integer kernels convert alpha to int64 (then wrap into the dtype, as
+     * the elementwise ops): it must be a finite integer that int64 holds. */
+    if (!nd_dtype_is_float(x->dtype)) {
+        if (!isfinite(alpha))
+            return nd_fail(ND_ERR_ARG, "index_add: alpha %g must be finite for dtype %s",
+                           alpha, nd_dtype_name(x->dtype));
+        if (alpha != floor(alpha))
+            return nd_fail(ND_ERR_ARG, "index_add: alpha %g must be an integer for dtype %s",
+                           alpha, nd_dtype_name(x->dtype));
+        if (!(alpha >= -0x1p63 && alpha < 0x1p63))
+            return nd_fail(ND_ERR_ARG, "index_add: alpha %g is out of range for dtype %s "
+                           "(expected an integer in [-2^63, 2^63))", alpha,
+                           nd_dtype_name(x->dtype));
+    }
     nd_tensor *t = NULL, *s = NULL;
     nd_status st = fresh_copy(x, x->shape, x->ndim, x->dtype, &t);
     if (st == ND_OK) st = nd_as_dtype(src, x->dtype, &s);
@@ -220,12 +231,15 @@ nd_status nd_masked_fill(const nd_tensor *x, const nd_tensor *mask, double value
     return ND_OK;
 }
 
-/* Min or max over all of t, as a double. */
-static nd_status reduce_item(nd_reduce_op op, const nd_tensor *t, double *v) {
+/* Min or max over all of an int64 tensor, exactly (max and min of int64
+ * are int64; a double would round values beyond 2^53). */
+static nd_status reduce_i64(nd_reduce_op op, const nd_tensor *t, int64_t *v) {
     nd_tensor *r;
     ND_TRY(nd_reduce(op, t, NULL, 0, 0, 0, &r));
-    int64_t zero[ND_MAX_DIMS] = {0};
-    nd_status st = nd_get_item(r, zero, v);
+    nd_status st = r->dtype == ND_INT64 && nd_numel(r) == 1
+                       ? nd_copy_to_buffer(r, v, sizeof *v)
+                       : nd_fail(ND_ERR_INTERNAL, "one_hot: min/max of an int64 tensor gave %s",
+                                 nd_dtype_name(r->dtype));
     nd_release(r);
     return st;
 }
@@ -245,14 +259,19 @@ nd_status nd_one_hot(const nd_tensor *index, int64_t num_classes, nd_tensor **ou
     if (n == 0 && num_classes == -1)
         return nd_fail(ND_ERR_ARG, "one_hot: cannot infer num_classes from an empty index");
     if (n > 0) {
-        double lo, hi;
-        ND_TRY(reduce_item(ND_REDUCE_min, index, &lo));
-        ND_TRY(reduce_item(ND_REDUCE_max, index, &hi));
+        int64_t lo, hi;
+        ND_TRY(reduce_i64(ND_REDUCE_min, index, &lo));
+        ND_TRY(reduce_i64(ND_REDUCE_max, index, &hi));
         if (lo < 0)
             return nd_fail(ND_ERR_INDEX, "one_hot: class values must be at least " ND_IXF
                            ", got " ND_IXF, ND_IX(0), ND_IX(lo));
-        if (num_classes == -1) num_classes = (int64_t)hi + 1;
-        else if (hi >= (double)num_classes)
+        if (num_classes == -1) {
+            if (hi == INT64_MAX)
+                return nd_fail(ND_ERR_ARG, "one_hot: cannot infer num_classes from class value "
+                               "%lld (num_classes would be %lld + 1, beyond int64)",
+                               (long long)hi, (long long)hi);
+            num_classes = hi + 1;
+        } else if (hi >= num_classes)
             return nd_fail(ND_ERR_INDEX, "one_hot: class value " ND_IXF " is out of range for "
                            "num_classes %lld (expected " ND_IXF ".." ND_IXF ")", ND_IX(hi),
                            (long long)num_classes, ND_IX(0), ND_IX(num_classes - 1));
@@ -260,6 +279,8 @@ nd_status nd_one_hot(const nd_tensor *index, int64_t num_classes, nd_tensor **ou
     int64_t shape[ND_MAX_DIMS];
     memcpy(shape, index->shape, sizeof(int64_t) * (size_t)index->ndim);
     shape[index->ndim] = num_classes;
+    /* A huge (inferred) num_classes fails here, named as one_hot's. */
+    ND_TRY(nd_check_shape("one_hot", shape, index->ndim + 1, NULL));
     nd_tensor *t;
     ND_TRY(nd_zeros(shape, index->ndim + 1, ND_INT64, &t));
     if (n == 0) {

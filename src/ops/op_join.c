@@ -27,13 +27,13 @@ nd_status nd_cat(nd_tensor *const *ts, int n, int dim, nd_tensor **out) {
     int ref_i = -1;
     nd_dtype dt = ND_BOOL;
     for (int i = 0; i < n; i++) {
-        if (!ts[i]) return nd_fail(ND_ERR_ARG, "cat: tensor %d is NULL", i);
+        if (!ts[i]) return nd_fail(ND_ERR_ARG, "cat: tensor " ND_IXF " is NULL", ND_IX(i));
         if (ts[i]->ndim == 0)
-            return nd_fail(ND_ERR_SHAPE, "cat: zero-dimensional tensor (at position %d) cannot "
-                           "be concatenated", i);
+            return nd_fail(ND_ERR_SHAPE, "cat: zero-dimensional tensor (at position " ND_IXF ") "
+                           "cannot be concatenated", ND_IX(i));
         if (ts[i]->storage->device != ts[0]->storage->device)
-            return nd_fail(ND_ERR_DEVICE, "cat: tensor %d is on a different device than tensor 0",
-                           i);
+            return nd_fail(ND_ERR_DEVICE, "cat: tensor " ND_IXF " is on a different device than "
+                           "tensor " ND_IXF, ND_IX(i), ND_IX(0));
         dt = i ? nd_promote(dt, ts[i]->dtype) : ts[i]->dtype;
         if (!ref && !cat_skipped(ts[i])) { ref = ts[i]; ref_i = i; }
     }
@@ -81,7 +81,7 @@ nd_status nd_stack(nd_tensor *const *ts, int n, int dim, nd_tensor **out) {
     *out = NULL;
     if (!ts || n <= 0) return nd_fail(ND_ERR_ARG, "stack: expected a non-empty list of tensors");
     for (int i = 0; i < n; i++)
-        if (!ts[i]) return nd_fail(ND_ERR_ARG, "stack: tensor %d is NULL", i);
+        if (!ts[i]) return nd_fail(ND_ERR_ARG, "stack: tensor " ND_IXF " is NULL", ND_IX(i));
     const nd_tensor *ref = ts[0];
     if (ref->ndim >= ND_MAX_DIMS)
         return nd_fail(ND_ERR_ARG, "stack: tensors of shape %s already have %d dims (the "
@@ -100,8 +100,8 @@ nd_status nd_stack(nd_tensor *const *ts, int n, int dim, nd_tensor **out) {
                            nd_shape_str(ref->shape, ref->ndim, b1), ND_IX(i),
                            nd_shape_str(t->shape, t->ndim, b2));
         if (t->storage->device != ref->storage->device)
-            return nd_fail(ND_ERR_DEVICE, "stack: tensor %d is on a different device than "
-                           "tensor 0", i);
+            return nd_fail(ND_ERR_DEVICE, "stack: tensor " ND_IXF " is on a different device "
+                           "than tensor " ND_IXF, ND_IX(i), ND_IX(0));
         dt = nd_promote(dt, t->dtype);
     }
     /* result shape: ref's with n inserted at d; slot i is the view without d */
@@ -178,13 +178,19 @@ nd_status nd_pad(const nd_tensor *x, const int64_t *pads, int npairs, double val
     for (int i = 0; i < npairs; i++) {
         int d = x->ndim - 1 - i;
         int64_t before = pads[2 * i], after = pads[2 * i + 1], size = x->shape[d];
-        shape[d] = size + before + after;
+        if (__builtin_add_overflow(size, before, &shape[d]) ||
+            __builtin_add_overflow(shape[d], after, &shape[d]))
+            return nd_fail(ND_ERR_SHAPE, "pad: padding (%lld, %lld) of dim " ND_IXF " of size %lld "
+                           "overflows int64", (long long)before, (long long)after, ND_IX(d),
+                           (long long)size);
         if (shape[d] < 0)
             return nd_fail(ND_ERR_SHAPE, "pad: padding (%lld, %lld) of dim " ND_IXF " of size %lld gives "
                            "the negative size %lld", (long long)before, (long long)after, ND_IX(d),
                            (long long)size, (long long)shape[d]);
-        /* the part of x that survives cropping, and where it lands */
-        int64_t crop_lo = before < 0 ? -before : 0, crop_hi = after < 0 ? -after : 0;
+        /* the part of x that survives cropping, and where it lands; a crop
+         * beyond the whole dim is the whole dim (never -INT64_MIN) */
+        int64_t crop_lo = before < 0 ? (before < -size ? size : -before) : 0;
+        int64_t crop_hi = after < 0 ? (after < -size ? size : -after) : 0;
         src_shape[d] = size - crop_lo - crop_hi;
         if (src_shape[d] <= 0) empty_src = true;
         else src_off += crop_lo * x->strides[d];

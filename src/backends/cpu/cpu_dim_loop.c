@@ -103,6 +103,46 @@ void nd_dim_loop_run(const nd_dim_loop *L, nd_inner_fn fn, void *ctx, int parall
     }
 }
 
+int nd_dim_loop_chunks(const nd_dim_loop *L, int parallel) {
+    if (L->nouter == 0 || L->n == 0) return 1;
+    return pick_threads(L, L->nouter, parallel);
+}
+
+/* As run_slices, for an nd_chunk_fn. */
+static void run_chunk(const nd_dim_loop *L, int64_t start, int64_t end, nd_chunk_fn fn,
+                      int chunk, void *ctx) {
+    int64_t idx[ND_MAX_DIMS];
+    char *p[ND_LOOP_MAX_OPS];
+    seek(L, start, idx, p);
+    for (int64_t s = start; s < end; s++) {
+        fn(p, L->inner, L->n, chunk, ctx);
+        if (s + 1 < end) step(L, idx, p);
+    }
+}
+
+void nd_dim_loop_run_chunks(const nd_dim_loop *L, nd_chunk_fn fn, void *ctx, int nchunks) {
+    int64_t total = L->nouter;
+    if (total == 0 || L->n == 0) return;
+    if (nchunks < 1) nchunks = 1;
+    if (nchunks > total) nchunks = (int)total;
+    int64_t per = (total + nchunks - 1) / nchunks;
+    if (nchunks == 1) {
+        run_chunk(L, 0, total, fn, 0, ctx);
+        return;
+    }
+    /* The team may be smaller than asked (nested regions, thread limits):
+     * each thread takes every nt-th chunk, so all chunks run, each once. */
+#pragma omp parallel num_threads(nchunks)
+    {
+        int nt = omp_get_num_threads();
+        for (int c = omp_get_thread_num(); c < nchunks; c += nt) {
+            int64_t s = (int64_t)c * per, e = s + per;
+            if (e > total) e = total;
+            if (s < e) run_chunk(L, s, e, fn, c, ctx);
+        }
+    }
+}
+
 /* Tiles [start, end) of grid G, whose last dim counts chunks of `chunk`
  * lanes out of `lanes` (chunk 0: G's cells are single slices). */
 static void run_tiles(const nd_dim_loop *G, int64_t start, int64_t end, int64_t chunk,

@@ -30,6 +30,20 @@ void nd_dim_loop_init(nd_dim_loop *L, int nops, const nd_tensor *const *ts,
  * the total work is large. fn gets the same arguments as an nd_inner_fn. */
 void nd_dim_loop_run(const nd_dim_loop *L, nd_inner_fn fn, void *ctx, int parallel);
 
+/* For kernels that keep scratch per worker (sort): the slices are split into
+ * `nchunks` runs of neighbouring slices, each run by one thread, and fn gets
+ * the run's number `chunk` (0 <= chunk < nchunks), so scratch indexed by it
+ * is never shared. Never index such scratch by omp_get_thread_num(): called
+ * from the caller's own parallel region the loop runs serially there, and
+ * the thread number is the caller's (up to its team size, not ours).
+ * nd_dim_loop_chunks gives the count to pass (1 when the loop is serial);
+ * any nchunks >= 1 is valid and every chunk runs, whatever team OpenMP
+ * actually gives. */
+typedef void (*nd_chunk_fn)(char **ptrs, const int64_t *strides, int64_t n, int chunk,
+                            void *ctx);
+int nd_dim_loop_chunks(const nd_dim_loop *L, int parallel);
+void nd_dim_loop_run_chunks(const nd_dim_loop *L, nd_chunk_fn fn, void *ctx, int nchunks);
+
 /* A tile is up to ND_TILE_MAX neighbouring slices ("lanes", along the
  * innermost outer dim): fn gets their pointers at coordinate 0 of dim, the
  * byte strides along dim (dstr) and across lanes (lstr), the slice length n

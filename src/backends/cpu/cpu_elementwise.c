@@ -255,10 +255,31 @@ typedef struct { double lo, hi; nd_dtype dt; } clamp_ctx;
         }                                                                           \
     } while (0)
 
+/* Integer bounds: the smallest integer >= lo and the largest <= hi,
+ * saturated to int64, so int64 values compare exactly (no trip through
+ * double, which holds only 53 bits). */
+static int64_t bound_i64(double v, bool lower) {
+    if (isnan(v)) return lower ? INT64_MIN : INT64_MAX;
+    v = lower ? ceil(v) : floor(v);
+    if (v <= -9.2233720368547758e18) return INT64_MIN;
+    if (v >= 9.2233720368547758e18) return INT64_MAX;
+    return (int64_t)v;
+}
+
 static void clamp_run(char **p, const int64_t *s, int64_t n, void *vctx) {
     const clamp_ctx *c = vctx;
     if (c->dt == ND_FLOAT32) { CLAMP_LOOP(float); return; }
     if (c->dt == ND_FLOAT64) { CLAMP_LOOP(double); return; }
+    if (nd_dtype_is_int(c->dt)) {
+        int64_t lo = bound_i64(c->lo, true), hi = bound_i64(c->hi, false);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t x = nd_load_i64(p[1] + i * s[1], c->dt);
+            if (x < lo) x = lo;
+            if (x > hi) x = hi;
+            nd_store_number(p[0] + i * s[0], c->dt, nd_num_i(x));
+        }
+        return;
+    }
     for (int64_t i = 0; i < n; i++) {
         double x = nd_load_f64(p[1] + i * s[1], c->dt);
         if (!isnan(c->lo) && x < c->lo) x = c->lo;

@@ -6,6 +6,7 @@
  * element size (a gather of float32 and of int32 is the same 4-byte copy);
  * accumulation is typed per dtype. */
 #include <omp.h>
+#include <stdio.h>
 #include <string.h>
 #include "cpu_dim_loop.h"
 #include "cpu_kernels.h"
@@ -58,10 +59,18 @@ static nd_status check_indices(const char *op, const nd_tensor *index, int64_t l
         pos[d] = rem % index->shape[d];
         rem /= index->shape[d];
     }
-    char b1[ND_SHAPE_BUF];
+    /* The position is a multi-index: each coordinate goes through ND_IXF so
+     * Lua users see it 1-based, like the index value and the dim. */
+    char b1[ND_MAX_DIMS * 26 + 3];
+    size_t o = 0;
+    b1[o++] = '{';
+    for (int d = 0; d < index->ndim; d++)
+        o += (size_t)snprintf(b1 + o, sizeof b1 - o, d ? "," ND_IXF : ND_IXF, ND_IX(pos[d]));
+    b1[o++] = '}';
+    b1[o] = 0;
     return nd_fail(ND_ERR_INDEX, "%s: index " ND_IXF " is out of bounds for dim " ND_IXF " with size %lld "
                    "(at position %s of the index tensor)", op, ND_IX(c.bad_val), ND_IX(dim),
-                   (long long)limit, nd_shape_str(pos, index->ndim, b1));
+                   (long long)limit, b1);
 }
 
 /* ---- gather / index_select: out = x[... idx ...], a copy by element size ---- */
@@ -191,8 +200,9 @@ SCATTER_FN(scat_4, uint32_t, *d = v)
 SCATTER_FN(scat_8, uint64_t, *d = v)
 SCATTER_FN(scat_add_f32, float, *d += v)
 SCATTER_FN(scat_add_f64, double, *d += v)
-SCATTER_FN(scat_add_i64, int64_t, *d += v)
-SCATTER_FN(scat_add_i32, int32_t, *d += v)
+/* integers wrap on overflow (computed unsigned), as the elementwise add */
+SCATTER_FN(scat_add_i64, int64_t, *d = (int64_t)((uint64_t)*d + (uint64_t)v))
+SCATTER_FN(scat_add_i32, int32_t, *d = (int32_t)((uint32_t)*d + (uint32_t)v))
 SCATTER_FN(scat_add_u8, uint8_t, *d = (uint8_t)(*d + v))
 SCATTER_FN(scat_add_bool, uint8_t, *d = *d | v)
 #undef SCATTER_FN
@@ -282,13 +292,17 @@ typedef struct {
         }                                                                      \
         (void)a;                                                               \
     }
+/* Integer types: T is the unsigned type (the sum and product wrap, as the
+ * elementwise kernels, instead of overflowing a signed type); nd_index_add
+ * has checked that alpha is an integer within int64's range, so the
+ * conversion to int64_t is defined, and it wraps into T. */
 #define ADD_SCALED(d, v) (*(d) += a * (v))
 #define ADD_SCALED_U8(d, v) (*(d) = (uint8_t)(*(d) + a * (v)))
 #define OR_SCALED(d, v) (*(d) = *(d) | (a & (v)))
 INDEX_ADD_FN(iadd_f32, float, c->alpha, ADD_SCALED)
 INDEX_ADD_FN(iadd_f64, double, c->alpha, ADD_SCALED)
-INDEX_ADD_FN(iadd_i64, int64_t, (int64_t)c->alpha, ADD_SCALED)
-INDEX_ADD_FN(iadd_i32, int32_t, (int64_t)c->alpha, ADD_SCALED)
+INDEX_ADD_FN(iadd_i64, uint64_t, (uint64_t)(int64_t)c->alpha, ADD_SCALED)
+INDEX_ADD_FN(iadd_i32, uint32_t, (uint32_t)(uint64_t)(int64_t)c->alpha, ADD_SCALED)
 INDEX_ADD_FN(iadd_u8, uint8_t, (int64_t)c->alpha, ADD_SCALED_U8)
 INDEX_ADD_FN(iadd_bool, uint8_t, c->alpha != 0, OR_SCALED)
 #undef ADD_SCALED

@@ -237,9 +237,12 @@ static bool try_parallel_full(const geom *g, nd_reduce_op op, char *out, nd_dtyp
     if (nt > 64) nt = 64;
     rstate part[64];
     int64_t n = g->rcount, st = g->rstride[0];
+    int team = 1; /* the team actually granted may be smaller than asked */
 #pragma omp parallel num_threads(nt)
     {
         int t = omp_get_thread_num(), T = omp_get_num_threads();
+#pragma omp single
+        team = T;
         int64_t chunk = (n + T - 1) / T, s0 = t * chunk, e = s0 + chunk < n ? s0 + chunk : n;
         state_init(op, &part[t]);
         if (s0 < e) visit(op, &part[t], g->base + s0 * st, st, e - s0, s0, g->dt, 0);
@@ -247,7 +250,7 @@ static bool try_parallel_full(const geom *g, nd_reduce_op op, char *out, nd_dtyp
     }
     rstate s;
     state_init(op, &s);
-    for (int t = 0; t < nt; t++) {
+    for (int t = 0; t < team; t++) {
         if (op == ND_REDUCE_sum || op == ND_REDUCE_mean) s.acc += part[t].acc;
         else if (part[t].started) {
             double v = part[t].acc;

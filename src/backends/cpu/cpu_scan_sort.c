@@ -10,8 +10,10 @@
 
 /* ---- cumsum ----
  * Floats accumulate in double and integers in int64 (as PyTorch's CPU
- * kernel), so a long float32 cumsum does not drift. Tiles (cpu_dim_loop.h)
- * keep one running sum per lane. ptrs: out, x. */
+ * kernel), so a long float32 cumsum does not drift. Integer sums are kept in
+ * uint64_t, so an overflow wraps (as the elementwise kernels do) instead of
+ * being undefined. Tiles (cpu_dim_loop.h) keep one running sum per lane.
+ * ptrs: out, x. */
 #define CUMSUM_FN(name, TO, TX, TACC)                                          \
     static void name(char **p, const int64_t *ds, int64_t n, const int64_t *ls, \
                      int64_t lanes, void *ctx) {                               \
@@ -28,9 +30,9 @@
     }
 CUMSUM_FN(cumsum_f32, float, float, double)
 CUMSUM_FN(cumsum_f64, double, double, double)
-CUMSUM_FN(cumsum_i64, int64_t, int64_t, int64_t)
-CUMSUM_FN(cumsum_i32_i64, int64_t, int32_t, int64_t)
-CUMSUM_FN(cumsum_u8_i64, int64_t, uint8_t, int64_t) /* bool too: stored as 0/1 */
+CUMSUM_FN(cumsum_i64, int64_t, int64_t, uint64_t)
+CUMSUM_FN(cumsum_i32_i64, int64_t, int32_t, uint64_t)
+CUMSUM_FN(cumsum_u8_i64, int64_t, uint8_t, uint64_t) /* bool too: stored as 0/1 */
 #undef CUMSUM_FN
 
 typedef struct { nd_dtype out, x; } dtype_pair;
@@ -156,7 +158,7 @@ static void radix_sort_pairs(sort_pair *a, sort_pair *tmp, int64_t n) {
 typedef struct {
     nd_dtype dt;
     int descending;
-    sort_pair **scratch; /* per thread: 2n pairs, allocated on first use */
+    sort_pair **scratch; /* per chunk of the dim loop: 2n pairs, allocated on first use */
     int failed;
 } sort_ctx;
 
@@ -169,10 +171,13 @@ typedef struct {
     for (int64_t k = 0; k < n; k++)                                            \
         *(T *)(pv + k * sv) = *(const T *)(xs + buf[k].idx * sx);
 
-/* ptrs: values, indices, x at coordinate 0 of dim. */
-static void sort_slice(char **p, const int64_t *s, int64_t n, void *vctx) {
+/* ptrs: values, indices, x at coordinate 0 of dim. Scratch is indexed by
+ * the dim loop's chunk, not omp_get_thread_num(): inside a caller's
+ * parallel region the loop runs serially and the thread number is the
+ * caller's, which can exceed the number of chunks. */
+static void sort_slice(char **p, const int64_t *s, int64_t n, int chunk, void *vctx) {
     sort_ctx *c = vctx;
-    sort_pair **slot = &c->scratch[omp_get_thread_num()];
+    sort_pair **slot = &c->scratch[chunk];
     if (!*slot && !(*slot = malloc(2 * (size_t)n * sizeof(sort_pair)))) {
 #pragma omp atomic write
         c->failed = 1;
@@ -212,14 +217,14 @@ static void sort_slice(char **p, const int64_t *s, int64_t n, void *vctx) {
 
 nd_status nd_cpu_sort(nd_tensor *values, nd_tensor *indices, const nd_tensor *x, int dim,
                       int descending) {
-    int nt = omp_get_max_threads();
     sort_ctx c = {.dt = x->dtype, .descending = descending, .failed = 0};
-    c.scratch = calloc((size_t)nt, sizeof *c.scratch);
-    if (!c.scratch) return nd_fail(ND_ERR_MEMORY, "sort: out of memory");
     const nd_tensor *ops[3] = {values, indices, x};
     nd_dim_loop L;
     nd_dim_loop_init(&L, 3, ops, x->shape, x->ndim, dim);
-    nd_dim_loop_run(&L, sort_slice, &c, 1);
+    int nt = nd_dim_loop_chunks(&L, 1);
+    c.scratch = calloc((size_t)nt, sizeof *c.scratch);
+    if (!c.scratch) return nd_fail(ND_ERR_MEMORY, "sort: out of memory");
+    nd_dim_loop_run_chunks(&L, sort_slice, &c, nt);
     for (int t = 0; t < nt; t++) free(c.scratch[t]);
     free(c.scratch);
     if (c.failed)
