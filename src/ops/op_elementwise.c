@@ -1,6 +1,7 @@
 /* op_elementwise.c - unary and binary ops, where, clamp: dtype promotion,
  * broadcasting and checks in front of the backend's kernels. */
 #include <math.h>
+#include <stdio.h>
 #include "backend.h"
 #include "grad_fns.h"
 
@@ -200,8 +201,10 @@ static nd_status write_back(nd_tensor *a, nd_tensor *r) {
 
 nd_status nd_binary_(nd_binary_op op, nd_tensor *a, const nd_tensor *b) {
     const char *name = nd_binary_name(op);
-    ND_TRY(nd_check_writable(name, a));
-    ND_TRY(nd_check_inplace_grad(name, a));
+    char iname[24]; /* errors name the in-place form: add_ */
+    snprintf(iname, sizeof iname, "%s_", name);
+    ND_TRY(nd_check_writable(iname, a));
+    ND_TRY(nd_check_inplace_grad(iname, a));
     int64_t shape[ND_MAX_DIMS];
     int nd;
     ND_TRY(nd_broadcast_shape(name, a->shape, a->ndim, b->shape, b->ndim, shape, &nd));
@@ -277,8 +280,10 @@ nd_status nd_binary_scalar_(nd_binary_op op, nd_tensor *a, double s) {
 }
 
 nd_status nd_binary_number_(nd_binary_op op, nd_tensor *a, nd_number s) {
-    ND_TRY(nd_check_writable(nd_binary_name(op), a));
-    ND_TRY(nd_check_inplace_grad(nd_binary_name(op), a));
+    char iname[24]; /* errors name the in-place form: add_ */
+    snprintf(iname, sizeof iname, "%s_", nd_binary_name(op));
+    ND_TRY(nd_check_writable(iname, a));
+    ND_TRY(nd_check_inplace_grad(iname, a));
     nd_dtype c = ND_FLOAT32;
     ND_TRY(binary_dtype(op, scalar_promote(a->dtype, s), &c));
     if (!is_comparison(op)) ND_TRY(check_inplace_cast(nd_binary_name(op), c, a->dtype));

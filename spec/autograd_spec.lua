@@ -1,0 +1,177 @@
+-- autograd_spec.lua - the engine's behaviour (numerical correctness of each
+-- formula is gradcheck_spec's job): accumulation, graph freeing,
+-- retain_graph/create_graph, grad modes, the version counter, and the error
+-- messages for misuse.
+local nd = require "needle"
+
+local function err_of(fn)
+  local ok, e = pcall(fn)
+  assert.is_false(ok, "expected an error")
+  return e
+end
+
+local function has(msg, frag) assert.truthy(msg:find(frag, 1, true), msg) end
+
+describe("autograd", function()
+  it("leaves, non-leaves and grad_fn", function()
+    local x = nd.tensor({1, 2}, {requires_grad = true})
+    local y = x * 2
+    assert.is_true(x.is_leaf)
+    assert.is_false(y.is_leaf)
+    assert.are.equal("mul", y.grad_fn)
+    assert.is_nil(x.grad_fn)
+    assert.is_true(y.requires_grad)
+    assert.is_false((nd.ones({2}) * 2).requires_grad)
+  end)
+
+  it("gradients accumulate across backward calls until cleared", function()
+    local x = nd.tensor({1, 2, 3}, {requires_grad = true});
+    (x * x):sum():backward();
+    (x * 3):sum():backward()
+    assert.are.same({5, 7, 9}, x.grad:totable()) -- 2x + 3
+    x.grad = nil;
+    (x * 3):sum():backward()
+    assert.are.same({3, 3, 3}, x.grad:totable())
+  end)
+
+  it("a value used twice gets both contributions", function()
+    local x = nd.tensor({2}, {requires_grad = true})
+    local y = x * x + x * 3 -- 2x + 3 = 7
+    y:sum():backward()
+    assert.are.same({7}, x.grad:totable())
+  end)
+
+  it("backward with an explicit gradient for a non-scalar output", function()
+    local x = nd.tensor({1, 2}, {requires_grad = true})
+    local y = x * 3
+    y:backward(nd.tensor({1, 10}))
+    assert.are.same({3, 30}, x.grad:totable())
+    local e = err_of(function() (x * 3):backward() end)
+    has(e, "needle.backward: a gradient can be created implicitly only for a one-element tensor, but this one has shape {2}")
+    e = err_of(function() (x * 3):backward(nd.ones({3})) end)
+    has(e, "gradient of shape {3} does not match the tensor's shape {2}")
+  end)
+
+  it("a second backward through a freed graph is an error; retain_graph keeps it", function()
+    local x = nd.tensor({1, 2}, {requires_grad = true})
+    local y = (x:exp()):sum()
+    y:backward()
+    local e = err_of(function() y:backward() end)
+    has(e, "trying to backward through exp a second time")
+    has(e, "retain_graph=true")
+    local z = (x:exp()):sum()
+    z:backward({retain_graph = true})
+    z:backward()
+    assert.is_near(2 * math.exp(1) + math.exp(1), x.grad:totable()[1], 1e-4)
+  end)
+
+  it("modifying a saved tensor in place is caught at backward time", function()
+    local x = nd.tensor({1, 2}, {requires_grad = true})
+    local h = x * 1      -- non-leaf
+    local y = h:exp()    -- saves its output
+    local out = (y * 2):sum()
+    nd.no_grad(function() y:add_(1) end)
+    local e = err_of(function() out:backward() end)
+    has(e, "saved for its gradient was modified in place afterwards")
+    has(e, "exp")
+  end)
+
+  it("in-place ops on tensors that require grad are refused outside no_grad", function()
+    local w = nd.ones({2}, {requires_grad = true})
+    local e = err_of(function() w:add_(1) end)
+    has(e, "needle.add_: in-place operation on a tensor that requires grad (a leaf)")
+    e = err_of(function() w[1] = 5 end)
+    has(e, "in-place operation on a tensor that requires grad")
+    nd.no_grad(function() w:sub_(0.5) end) -- how optimizers update parameters
+    assert.are.same({0.5, 0.5}, w:totable())
+  end)
+
+  it("no_grad and enable_grad nest, return values, and restore the mode on errors", function()
+    local x = nd.ones({2}, {requires_grad = true})
+    local a, b = nd.no_grad(function(k) return x * k, 7 end, 3)
+    assert.is_false(a.requires_grad)
+    assert.are.equal(7, b)
+    nd.no_grad(function()
+      assert.is_false(nd.is_grad_enabled())
+      local y = nd.enable_grad(function() return x * 2 end)
+      assert.is_true(y.requires_grad)
+    end)
+    assert.is_true(nd.is_grad_enabled())
+    local ok = pcall(nd.no_grad, function() error("boom") end)
+    assert.is_false(ok)
+    assert.is_true(nd.is_grad_enabled())
+  end)
+
+  it("detach shares memory but has no history", function()
+    local x = nd.tensor({1, 2}, {requires_grad = true})
+    local d = (x * 2):detach()
+    assert.is_false(d.requires_grad)
+    assert.is_true(d.is_leaf)
+    assert.are.same({2, 4}, d:totable())
+  end)
+
+  it("nd.grad returns gradients without touching .grad", function()
+    local x = nd.tensor({1, 2}, {requires_grad = true})
+    local y = nd.tensor({3, 4}, {requires_grad = true})
+    local gs = nd.grad((x * y):sum(), {x, y})
+    assert.are.same({3, 4}, gs[1]:totable())
+    assert.are.same({1, 2}, gs[2]:totable())
+    assert.is_nil(x.grad)
+    local z = nd.tensor({1}, {requires_grad = true})
+    local e = err_of(function() return nd.grad((x * 2):sum(), z) end)
+    has(e, "needle.grad: input 1 is not used in the graph of the outputs")
+    local g = nd.grad((x * 2):sum(), {x, z}, {allow_unused = true})
+    assert.are.same({2, 2}, g[1]:totable())
+    assert.is_nil(g[2])
+  end)
+
+  it("create_graph gives gradients of gradients", function()
+    local x = nd.tensor({1, 2, 3}, {dtype = "float64", requires_grad = true})
+    local g = nd.grad((x ^ 3):sum(), x, {create_graph = true}) -- 3x^2
+    assert.are.same({3, 12, 27}, g:totable())
+    local gg = nd.grad(g:sum(), x) -- 6x
+    assert.are.same({6, 12, 18}, gg:totable())
+  end)
+
+  it("integer tensors cannot require grad; gradient of a tensor that needs none", function()
+    local e = err_of(function() nd.arange(3).requires_grad = true end)
+    has(e, "needle.requires_grad: only floating point tensors can require gradients, got int64")
+    e = err_of(function() nd.ones({1}):sum():backward() end)
+    has(e, "needle.backward: the tensor does not require grad")
+    e = err_of(function() return nd.zeros({2}, {dtype = "int64", requires_grad = true}) end)
+    has(e, "only floating point tensors can require gradients")
+  end)
+
+  it("a non-leaf cannot stop requiring grad", function()
+    local x = nd.ones({2}, {requires_grad = true})
+    local y = x * 2
+    local e = err_of(function() y.requires_grad = false end)
+    has(e, "only leaf tensors can stop requiring grad")
+  end)
+
+  it("a chain of 100000 ops is built and freed without deep recursion", function()
+    local x = nd.ones({1}, {requires_grad = true})
+    local y = x
+    for _ = 1, 100000 do y = y * 1 end
+    y:sum():backward()
+    assert.are.same({1}, x.grad:totable())
+    y = nil
+    collectgarbage()
+  end)
+
+  it("graphs of a training loop are freed: 10000 steps keep memory flat", function()
+    nd.manual_seed(0)
+    local W = nd.randn({8, 4}) * 0.1; W.requires_grad = true
+    local X, Y = nd.randn({32, 8}), nd.randn({32, 4})
+    local live
+    for step = 1, 10000 do
+      local loss = ((X:matmul(W) - Y) ^ 2):mean()
+      W.grad = nil
+      loss:backward()
+      nd.no_grad(function() W:sub_(W.grad * 0.05) end)
+      if step == 1000 then collectgarbage(); live = nd.live_bytes() end
+    end
+    collectgarbage()
+    assert.is_true(nd.live_bytes() <= live + 1024, ("live bytes %d, at step 1000 %d"):format(nd.live_bytes(), live))
+  end)
+end)
