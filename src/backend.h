@@ -53,6 +53,8 @@ typedef struct nd_backend {
     nd_status (*cumsum)(nd_tensor *out, const nd_tensor *x, int dim);
     nd_status (*sort)(nd_tensor *values, nd_tensor *indices, const nd_tensor *x, int dim,
                       int descending);
+    /* (log_)softmax along dim; x and out contiguous, float32 or float64 */
+    nd_status (*softmax)(nd_tensor *out, const nd_tensor *x, int dim, bool log);
     /* Element i of out (row-major) draws from counter (offset + i) of the
      * Philox stream keyed by seed, so results never depend on threads.
      * a, b: low/high for uniform and int, mean/std for normal; for bernoulli

@@ -133,7 +133,7 @@ nd_status nd_fill_int_(nd_tensor *dst, int64_t value); /* exact for int64 */
 /* ---- elementwise ---- */
 #define ND_UNARY_OPS(X) \
     X(neg) X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(tanh) X(sigmoid) X(relu) \
-    X(sign) X(floor) X(ceil) X(round) X(sin) X(cos)
+    X(sign) X(floor) X(ceil) X(round) X(sin) X(cos) X(erf)
 #define ND_BINARY_OPS(X) \
     X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum) \
     X(eq) X(ne) X(lt) X(le) X(gt) X(ge)
@@ -189,6 +189,11 @@ nd_status nd_reduce(nd_reduce_op op, const nd_tensor *x, const int *dims, int nd
 /* values and (int64) indices of max/min along one dim */
 nd_status nd_max_dim(const nd_tensor *x, int dim, int keepdim, int is_min,
                      nd_tensor **values, nd_tensor **indices);
+
+/* ---- neural-network ops ---- */
+/* Fused, numerically stable softmax / log_softmax along dim (float types). */
+nd_status nd_softmax(const nd_tensor *x, int dim, nd_tensor **out);
+nd_status nd_log_softmax(const nd_tensor *x, int dim, nd_tensor **out);
 
 /* ---- linear algebra ---- */
 nd_status nd_matmul(const nd_tensor *a, const nd_tensor *b, nd_tensor **out);

@@ -11,6 +11,8 @@ core._metatable.__tostring = tensor_print.format
 nd.set_printoptions = tensor_print.set_printoptions
 nd.get_printoptions = tensor_print.get_printoptions
 
+nd.F = require "needle.functional"
+
 nd.dtypes = { "float32", "float64", "int64", "int32", "uint8", "bool", "float16", "bfloat16" }
 nd.version = core._VERSION
 

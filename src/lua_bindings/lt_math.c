@@ -220,6 +220,18 @@ static int l_matmul(lua_State *L) {
     return 1;
 }
 
+/* softmax(x, dim) / log_softmax(x, dim); dim defaults to the last */
+static int softmax(lua_State *L, bool log) {
+    const char *name = log ? "log_softmax" : "softmax";
+    nd_tensor *x = lt_check(L, 1, name), *r;
+    int d = lt_opt_dim(L, 2, name, -1);
+    LT_CHECK(L, log ? nd_log_softmax(x, d, &r) : nd_softmax(x, d, &r));
+    lt_push(L, r);
+    return 1;
+}
+static int l_softmax(lua_State *L) { return softmax(L, false); }
+static int l_log_softmax(lua_State *L) { return softmax(L, true); }
+
 static int l_set_num_threads(lua_State *L) {
     lua_Integer n = luaL_checkinteger(L, 1);
     if (n < 1) return lt_error(L, "set_num_threads", "thread count must be >= 1, got %lld", (long long)n);
@@ -264,6 +276,8 @@ void lt_register_math(lua_State *L) {
         {"logsumexp", r_logsumexp, true, true},
         {"matmul", l_matmul, true, true},
         {"mm", l_matmul, true, true},
+        {"softmax", l_softmax, true, true},
+        {"log_softmax", l_log_softmax, true, true},
         {"set_num_threads", l_set_num_threads, false, true},
         {"get_num_threads", l_get_num_threads, false, true},
         {NULL, NULL, false, false},

@@ -42,6 +42,12 @@ static nd_status bw_unary(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     case ND_UNARY_cos:
         r = gx_bin(&c, ND_BINARY_mul, g, gx_un(&c, ND_UNARY_neg, gx_un(&c, ND_UNARY_sin, gx_saved(&c, n, 0))));
         break;
+    case ND_UNARY_erf: { /* 2/sqrt(pi) exp(-x^2) */
+        nd_tensor *x = gx_saved(&c, n, 0);
+        nd_tensor *e = gx_un(&c, ND_UNARY_exp, gx_un(&c, ND_UNARY_neg, gx_bin(&c, ND_BINARY_mul, x, x)));
+        r = gx_bin(&c, ND_BINARY_mul, g, gx_sc(&c, ND_BINARY_mul, e, 1.1283791670955126, 0));
+        break;
+    }
     default: /* sign, floor, ceil, round: zero almost everywhere */
         r = gx_zeros(&c, n->in_shape[0], n->in_ndim[0], g->dtype);
         break;
@@ -62,6 +68,7 @@ nd_status nd_record_unary(nd_unary_op op, const nd_tensor *x, nd_tensor *out) {
     case ND_UNARY_sigmoid: case ND_UNARY_relu:
         return nd_save(n, out, true);
     case ND_UNARY_abs: case ND_UNARY_log: case ND_UNARY_sin: case ND_UNARY_cos:
+    case ND_UNARY_erf:
         return nd_save(n, x, false);
     default:
         return ND_OK;

@@ -20,5 +20,6 @@ const nd_backend nd_cpu_backend = {
     .masked_fill = nd_cpu_masked_fill,
     .cumsum = nd_cpu_cumsum,
     .sort = nd_cpu_sort,
+    .softmax = nd_cpu_softmax,
     .random = nd_cpu_random,
 };

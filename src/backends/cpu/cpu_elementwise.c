@@ -184,6 +184,7 @@ UN_FN(rsqrt_f32, float, 1.0f / sqrtf(x)) UN_FN(tanh_f32, float, tanhf(x))
 UN_FN(sigmoid_f32, float, 1.0f / (1.0f + expf(-x))) UN_FN(relu_f32, float, x > 0 ? x : (x != x ? x : 0.0f))
 UN_FN(sign_f32, float, FSIGN(x)) UN_FN(floor_f32, float, floorf(x)) UN_FN(ceil_f32, float, ceilf(x))
 UN_FN(round_f32, float, nearbyintf(x)) UN_FN(sin_f32, float, sinf(x)) UN_FN(cos_f32, float, cosf(x))
+UN_FN(erf_f32, float, erff(x))
 
 UN_FN(neg_f64, double, -x) UN_FN(abs_f64, double, fabs(x)) UN_FN(exp_f64, double, exp(x))
 UN_FN(log_f64, double, log(x)) UN_FN(sqrt_f64, double, sqrt(x))
@@ -191,6 +192,7 @@ UN_FN(rsqrt_f64, double, 1.0 / sqrt(x)) UN_FN(tanh_f64, double, tanh(x))
 UN_FN(sigmoid_f64, double, 1.0 / (1.0 + exp(-x))) UN_FN(relu_f64, double, x > 0 ? x : (x != x ? x : 0.0))
 UN_FN(sign_f64, double, FSIGN(x)) UN_FN(floor_f64, double, floor(x)) UN_FN(ceil_f64, double, ceil(x))
 UN_FN(round_f64, double, nearbyint(x)) UN_FN(sin_f64, double, sin(x)) UN_FN(cos_f64, double, cos(x))
+UN_FN(erf_f64, double, erf(x))
 
 #define INT_UNARY(SUF, T, U)                                                              \
     UN_FN(neg_##SUF, T, (T)(0 - (U)x)) UN_FN(abs_##SUF, T, x < 0 ? (T)(0 - (U)x) : x)      \
@@ -203,9 +205,9 @@ UN_FN(neg_u8, uint8_t, (uint8_t)(0u - x)) UN_FN(ident_u8, uint8_t, x)
 
 #define ROW_UF(SUF) {neg_##SUF, abs_##SUF, exp_##SUF, log_##SUF, sqrt_##SUF, rsqrt_##SUF, \
                      tanh_##SUF, sigmoid_##SUF, relu_##SUF, sign_##SUF, floor_##SUF,        \
-                     ceil_##SUF, round_##SUF, sin_##SUF, cos_##SUF}
+                     ceil_##SUF, round_##SUF, sin_##SUF, cos_##SUF, erf_##SUF}
 #define ROW_UI(SUF) {neg_##SUF, abs_##SUF, NULL, NULL, NULL, NULL, NULL, NULL, relu_##SUF, \
-                     sign_##SUF, ident_##SUF, ident_##SUF, ident_##SUF, NULL, NULL}
+                     sign_##SUF, ident_##SUF, ident_##SUF, ident_##SUF, NULL, NULL, NULL}
 
 static const nd_inner_fn unary_fns[ND_NUM_DTYPES][ND_NUM_UNARY] = {
     [ND_FLOAT32] = ROW_UF(f32), [ND_FLOAT64] = ROW_UF(f64),

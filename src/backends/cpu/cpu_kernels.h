@@ -35,6 +35,8 @@ nd_status nd_cpu_masked_fill(nd_tensor *out, const nd_tensor *mask, double value
 nd_status nd_cpu_cumsum(nd_tensor *out, const nd_tensor *x, int dim);
 nd_status nd_cpu_sort(nd_tensor *values, nd_tensor *indices, const nd_tensor *x, int dim,
                       int descending);
+/* cpu_softmax.c */
+nd_status nd_cpu_softmax(nd_tensor *out, const nd_tensor *x, int dim, bool log);
 /* cpu_random.c */
 nd_status nd_cpu_random(nd_tensor *out, nd_random_kind kind, double a, double b,
                         const nd_tensor *p, uint64_t seed, uint64_t offset);

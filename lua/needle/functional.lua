@@ -1,0 +1,193 @@
+-- needle.functional (nd.F): neural-network functions, as torch.nn.functional.
+--
+-- softmax and log_softmax are fused C kernels; the rest are compositions of
+-- differentiable ops, so every function here has gradients (and gradients
+-- of gradients). Keyword arguments go in a trailing options table with
+-- PyTorch's names. Dims are 1-based; class labels are 1..C.
+local core = require "needle.core"
+
+local F = {}
+
+local function opt(opts, name, default)
+  if opts == nil or opts[name] == nil then return default end
+  return opts[name]
+end
+
+-- raises at the caller of the public function; helpers one call deeper
+-- pass level 4
+local function fail_at(level, op, fmt, ...)
+  error(("needle.%s: " .. fmt):format(op, ...), level)
+end
+local function fail(op, fmt, ...) fail_at(5, op, fmt, ...) end -- fail_at, fail, helper, public fn, caller
+
+local function check_tensor(op, x, what)
+  if not core.is_tensor(x) then fail_at(4, op, "%s must be a tensor, got %s", what or "input", type(x)) end
+end
+
+-- reduction = "mean" | "sum" | "none"
+local function reduce(op, loss, reduction)
+  if reduction == "mean" then return loss:mean() end
+  if reduction == "sum" then return loss:sum() end
+  if reduction == "none" then return loss end
+  fail(op, "reduction must be 'mean', 'sum' or 'none', got %s", tostring(reduction))
+end
+
+-- activations -------------------------------------------------------------
+
+function F.relu(x) return core.relu(x) end
+function F.sigmoid(x) return core.sigmoid(x) end
+function F.tanh(x) return core.tanh(x) end
+
+-- gelu(x, {approximate = "none" | "tanh"})
+function F.gelu(x, opts)
+  check_tensor("gelu", x)
+  local approximate = opt(opts, "approximate", "none")
+  if approximate == "tanh" then
+    local inner = (x + x ^ 3 * 0.044715) * math.sqrt(2 / math.pi)
+    return x * 0.5 * (inner:tanh() + 1)
+  elseif approximate == "none" then
+    return x * 0.5 * ((x * (1 / math.sqrt(2))):erf() + 1)
+  end
+  fail_at(3, "gelu", "approximate must be 'none' or 'tanh', got %s", tostring(approximate))
+end
+
+function F.leaky_relu(x, negative_slope)
+  check_tensor("leaky_relu", x)
+  negative_slope = negative_slope or 0.01
+  return core.where(x:gt(0), x, x * negative_slope)
+end
+
+-- softplus(x, {beta = 1, threshold = 20}): linear above threshold, as PyTorch
+function F.softplus(x, opts)
+  check_tensor("softplus", x)
+  local beta, threshold = opt(opts, "beta", 1), opt(opts, "threshold", 20)
+  local bx = x * beta
+  -- log(1 + exp(bx)) without overflow: max(bx, 0) + log(1 + exp(-|bx|))
+  local stable = (bx:maximum(0) + ((-bx:abs()):exp() + 1):log()) / beta
+  return core.where(bx:gt(threshold), x, stable)
+end
+
+function F.elu(x, alpha)
+  check_tensor("elu", x)
+  alpha = alpha or 1.0
+  return core.where(x:gt(0), x, (x:clamp(nil, 0):exp() - 1) * alpha)
+end
+
+function F.silu(x)
+  check_tensor("silu", x)
+  return x * x:sigmoid()
+end
+
+function F.softmax(x, dim) return core.softmax(x, dim) end
+function F.log_softmax(x, dim) return core.log_softmax(x, dim) end
+function F.logsumexp(x, dim, keepdim) return core.logsumexp(x, dim, keepdim) end
+
+-- layers ------------------------------------------------------------------
+
+-- linear(x, weight (out, in), bias (out) or nil): x @ weight^T + bias
+function F.linear(x, weight, bias)
+  check_tensor("linear", x)
+  check_tensor("linear", weight, "weight")
+  if x:size(-1) ~= weight:size(2) then
+    fail_at(3, "linear", "input of shape {%s} does not match weight of shape {%s} (%d ~= %d)",
+      table.concat(x.shape, ","), table.concat(weight.shape, ","), x:size(-1), weight:size(2))
+  end
+  local y = x:matmul(weight:t())
+  if bias ~= nil then y = y + bias end
+  return y
+end
+
+-- dropout(x, p = 0.5, training = true): zeroes with probability p and scales
+-- the rest by 1 / (1 - p), so evaluation needs no rescaling
+function F.dropout(x, p, training)
+  check_tensor("dropout", x)
+  p = p or 0.5
+  if training == nil then training = true end
+  if p < 0 or p > 1 then fail_at(3, "dropout", "p must be in [0, 1], got %s", tostring(p)) end
+  if not training or p == 0 then return x end
+  if p == 1 then return x * 0 end
+  local keep = core.bernoulli(core.full(x.shape, 1 - p, {dtype = x.dtype}))
+  return x * keep * (1 / (1 - p))
+end
+
+-- losses -------------------------------------------------------------------
+
+function F.mse_loss(input, target, opts)
+  check_tensor("mse_loss", input)
+  local d = input - target
+  return reduce("mse_loss", d * d, opt(opts, "reduction", "mean"))
+end
+
+-- stable: max(x, 0) - x y + log(1 + exp(-|x|))
+function F.binary_cross_entropy_with_logits(input, target, opts)
+  check_tensor("binary_cross_entropy_with_logits", input)
+  local loss = input:maximum(0) - input * target + ((-input:abs()):exp() + 1):log()
+  return reduce("binary_cross_entropy_with_logits", loss, opt(opts, "reduction", "mean"))
+end
+
+-- Labels: an int tensor or a Lua table of class indices 1..C, one per row.
+local function check_labels(op, labels, n, C, ignore_index)
+  local t = core.is_tensor(labels) and labels or core.tensor(labels, {dtype = "int64"})
+  if t.dtype ~= "int64" and t.dtype ~= "int32" and t.dtype ~= "uint8" then
+    fail(op, "labels must be an integer tensor (class indices 1..%d), got %s", C, t.dtype)
+  end
+  if t:dim() ~= 1 or t:size(1) ~= n then
+    fail(op, "expected %d labels (one per row of the input), got shape {%s}", n, table.concat(t.shape, ","))
+  end
+  local valid = t
+  if ignore_index ~= nil then valid = core.where(t:eq(ignore_index), 1, t) end
+  if n > 0 then
+    local lo, hi = valid:min():item(), valid:max():item()
+    if lo < 1 or hi > C then
+      local bad = lo < 1 and lo or hi
+      fail(op, "label %d is out of range for %d classes (expected 1..%d)", bad, C, C)
+    end
+  end
+  return t, valid
+end
+
+-- nll_loss(log_probs (N, C), labels, {ignore_index=, reduction=})
+function F.nll_loss(log_probs, labels, opts)
+  local op = "nll_loss"
+  check_tensor(op, log_probs)
+  if log_probs:dim() ~= 2 then fail_at(3, op, "expected input of shape (N, C), got {%s}", table.concat(log_probs.shape, ",")) end
+  local n, C = log_probs:size(1), log_probs:size(2)
+  local ignore_index = opt(opts, "ignore_index", nil)
+  local t, valid = check_labels(op, labels, n, C, ignore_index)
+  local onehot = core.one_hot(valid, C):to(log_probs.dtype)
+  local per_row = -(onehot * log_probs):sum(2)
+  local reduction = opt(opts, "reduction", "mean")
+  if ignore_index ~= nil then
+    local keep = t:ne(ignore_index):to(log_probs.dtype)
+    per_row = per_row * keep
+    if reduction == "mean" then return per_row:sum() / keep:sum() end
+  end
+  return reduce(op, per_row, reduction)
+end
+
+-- cross_entropy(logits (N, C), labels 1..C, {ignore_index=, label_smoothing=, reduction=})
+-- As PyTorch: with label smoothing the target is (1 - e) one_hot + e / C; a
+-- mean over rows skips ignored ones.
+function F.cross_entropy(logits, labels, opts)
+  local op = "cross_entropy"
+  check_tensor(op, logits)
+  if logits:dim() ~= 2 then fail_at(3, op, "expected logits of shape (N, C), got {%s}", table.concat(logits.shape, ",")) end
+  local n, C = logits:size(1), logits:size(2)
+  local ignore_index = opt(opts, "ignore_index", nil)
+  local eps = opt(opts, "label_smoothing", 0)
+  if eps < 0 or eps > 1 then fail_at(3, op, "label_smoothing must be in [0, 1], got %s", tostring(eps)) end
+  local t, valid = check_labels(op, labels, n, C, ignore_index)
+  local logp = core.log_softmax(logits, 2)
+  local target = core.one_hot(valid, C):to(logits.dtype)
+  if eps > 0 then target = target * (1 - eps) + eps / C end
+  local per_row = -(target * logp):sum(2)
+  local reduction = opt(opts, "reduction", "mean")
+  if ignore_index ~= nil then
+    local keep = t:ne(ignore_index):to(logits.dtype)
+    per_row = per_row * keep
+    if reduction == "mean" then return per_row:sum() / keep:sum() end
+  end
+  return reduce(op, per_row, reduction)
+end
+
+return F

@@ -1,0 +1,136 @@
+-- functional_spec.lua - nd.F: values against hand-computed references,
+-- gradients against finite differences (float64), and bad input.
+local nd = require "needle"
+local F = nd.F
+local G = require "spec.helpers.gradcheck"
+
+local function near(expected, t, tol)
+  local got = t:totable()
+  if type(got) ~= "table" then got = {got} end
+  for i = 1, #expected do
+    assert(math.abs(got[i] - expected[i]) <= (tol or 1e-5), ("element %d: %g vs %g"):format(i, got[i], expected[i]))
+  end
+end
+
+local function err_of(fn)
+  local ok, e = pcall(fn)
+  assert.is_false(ok, "expected an error")
+  return e
+end
+
+describe("nd.F", function()
+  local x = nd.tensor({1, -2, 0, 30}, {dtype = "float64"})
+
+  it("activations match their definitions", function()
+    local e1, e2 = math.exp(1), math.exp(-2)
+    near({0.8413447460685429, -0.04550026389635842, 0, 30}, F.gelu(x))
+    near({0.8411919906082768, -0.04540230591222972, 0, 30}, F.gelu(x, {approximate = "tanh"}))
+    near({1, -0.02, 0, 30}, F.leaky_relu(x))
+    near({1, -0.2, 0, 30}, F.leaky_relu(x, 0.1))
+    near({math.log(1 + e1), math.log(1 + e2), math.log(2), 30}, F.softplus(x))
+    near({1, e2 - 1, 0, 30}, F.elu(x))
+    near({1 / (1 + 1 / e1), -2 / (1 + 1 / e2), 0, 30}, F.silu(x))
+  end)
+
+  it("softmax and log_softmax are stable and normalised", function()
+    local z = nd.tensor({{1, 2, 3}, {1000, 1000, 1000}})
+    local s = F.softmax(z, 2)
+    local e = {math.exp(1), math.exp(2), math.exp(3)}
+    local tot = e[1] + e[2] + e[3]
+    near({e[1] / tot, e[2] / tot, e[3] / tot}, s[1])
+    near({1 / 3, 1 / 3, 1 / 3}, s[2])
+    near({1 - math.log(tot), 2 - math.log(tot), 3 - math.log(tot)}, F.log_softmax(z, 2)[1], 1e-5)
+    near({-math.log(3), -math.log(3), -math.log(3)}, F.log_softmax(z, 2)[2], 1e-5)
+    near({0.5, 0.5}, nd.tensor({{1}, {1}}):softmax(1):view({2}))
+  end)
+
+  it("cross_entropy: plain, ignore_index, label_smoothing, reductions", function()
+    local logits = nd.tensor({{1, 2, 3}, {1, 1, 1}}, {dtype = "float64"})
+    local lse = math.log(math.exp(1) + math.exp(2) + math.exp(3))
+    local row1, row2 = lse - 3, math.log(3)
+    near({(row1 + row2) / 2}, F.cross_entropy(logits, {3, 1}))
+    near({row1 + row2}, F.cross_entropy(logits, {3, 1}, {reduction = "sum"}))
+    near({row1, row2}, F.cross_entropy(logits, nd.tensor({3, 1}, {dtype = "int64"}), {reduction = "none"}))
+    near({row1}, F.cross_entropy(logits, {3, 2}, {ignore_index = 2}))
+    local logp = {1 - lse, 2 - lse, 3 - lse}
+    local smooth = -(0.9 * logp[3] + 0.1 / 3 * (logp[1] + logp[2] + logp[3]))
+    near({smooth}, F.cross_entropy(logits[{{1}}], {3}, {label_smoothing = 0.1}))
+  end)
+
+  it("nll_loss, mse_loss, binary_cross_entropy_with_logits, linear", function()
+    local lp = nd.tensor({{-1, -2}, {-3, -4}}, {dtype = "float64"})
+    near({(1 + 4) / 2}, F.nll_loss(lp, {1, 2}))
+    near({2.5}, F.mse_loss(nd.tensor({1, 2}), nd.tensor({0, 0})))
+    near({math.log(2), math.log(1 + math.exp(-3)) + 0}, F.binary_cross_entropy_with_logits(
+      nd.tensor({0, 3}, {dtype = "float64"}), nd.tensor({1, 1}, {dtype = "float64"}), {reduction = "none"}))
+    near({6, 6}, F.linear(nd.ones({1, 3}), nd.full({2, 3}, 2), nil):view({2}))
+  end)
+
+  it("dropout keeps the expectation and is the identity in evaluation", function()
+    nd.manual_seed(7)
+    local y = F.dropout(nd.ones({100000}), 0.25, true)
+    local kept = y:gt(0):sum():item()
+    assert(math.abs(kept / 100000 - 0.75) < 0.01, "kept fraction " .. kept / 100000)
+    near({1 / 0.75}, y:max())
+    local z = nd.ones({3})
+    assert.is_true(rawequal(z, F.dropout(z, 0.5, false)))
+  end)
+
+  describe("gradients (float64 finite differences)", function()
+    before_each(function() nd.manual_seed(3) end)
+    local fns = {
+      {"gelu", function(a) return F.gelu(a) end},
+      {"gelu tanh", function(a) return F.gelu(a, {approximate = "tanh"}) end},
+      {"leaky_relu", function(a) return F.leaky_relu(a, 0.2) end},
+      {"softplus", function(a) return F.softplus(a) end},
+      {"elu", function(a) return F.elu(a) end},
+      {"silu", function(a) return F.silu(a) end},
+      {"softmax dim 1", function(a) return F.softmax(a, 1) end},
+      {"softmax dim 2", function(a) return F.softmax(a, 2) end},
+      {"log_softmax", function(a) return F.log_softmax(a, -1) end},
+      {"softmax of a transposed input", function(a) return F.softmax(a:t(), 2) end},
+      {"cross_entropy", function(a) return F.cross_entropy(a, {1, 3, 2}) end},
+      {"cross_entropy smoothed, ignoring 2", function(a) return F.cross_entropy(a, {1, 3, 2}, {label_smoothing = 0.2, ignore_index = 2}) end},
+      {"binary_cross_entropy_with_logits", function(a) return F.binary_cross_entropy_with_logits(a, nd.full({3, 3}, 0.3, {dtype = "float64"})) end},
+      {"mse_loss", function(a) return F.mse_loss(a, nd.zeros({3, 3}, {dtype = "float64"})) end},
+    }
+    for _, f in ipairs(fns) do
+      it(f[1], function()
+        local ok, msg = G.gradcheck(f[2], {G.leaf({3, 3}, -2, 2)})
+        assert(ok, msg)
+      end)
+    end
+    it("softmax second order", function()
+      local ok, msg = G.gradgradcheck(function(a) return F.softmax(a, 2) end, {G.leaf({2, 3})}, {atol = 1e-5})
+      assert(ok, msg)
+    end)
+    it("log_softmax second order", function()
+      local ok, msg = G.gradgradcheck(function(a) return F.log_softmax(a, 2) end, {G.leaf({2, 3})}, {atol = 1e-5})
+      assert(ok, msg)
+    end)
+    it("linear", function()
+      local ok, msg = G.gradcheck(function(a, w, b) return F.linear(a, w, b) end,
+        {G.leaf({2, 3}), G.leaf({4, 3}), G.leaf({4})})
+      assert(ok, msg)
+    end)
+  end)
+
+  it("bad input names the function and what was expected", function()
+    -- not a tail call, so the caller's frame (and position) exists
+    local e = err_of(function() local l = F.cross_entropy(nd.zeros({2, 3}), {1, 4}); return l end)
+    assert.truthy(e:find("needle.cross_entropy: label 4 is out of range for 3 classes (expected 1..3)", 1, true), e)
+    assert.truthy(e:find("functional_spec.lua", 1, true), "error should point at the caller: " .. e)
+    e = err_of(function() return F.cross_entropy(nd.zeros({2, 3}), {0, 1}) end)
+    assert.truthy(e:find("label 0 is out of range", 1, true), e)
+    e = err_of(function() return F.cross_entropy(nd.zeros({2, 3}), {1}) end)
+    assert.truthy(e:find("expected 2 labels (one per row of the input), got shape {1}", 1, true), e)
+    e = err_of(function() return F.cross_entropy(nd.zeros({3}), {1}) end)
+    assert.truthy(e:find("expected logits of shape (N, C), got {3}", 1, true), e)
+    e = err_of(function() return F.linear(nd.zeros({2, 3}), nd.zeros({4, 5})) end)
+    assert.truthy(e:find("needle.linear: input of shape {2,3} does not match weight of shape {4,5} (3 ~= 5)", 1, true), e)
+    e = err_of(function() return F.gelu(nd.zeros({1}), {approximate = "fast"}) end)
+    assert.truthy(e:find("approximate must be 'none' or 'tanh'", 1, true), e)
+    e = err_of(function() return nd.softmax(nd.arange(3)) end)
+    assert.truthy(e:find("needle.softmax: expected a floating point tensor, got int64", 1, true), e)
+  end)
+end)
