@@ -1,4 +1,5 @@
 /* status.c - the thread-local error message behind nd_status. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +26,9 @@ const char *nd_last_error_based(int base) {
         if (*p != '\x01') { rendered[o++] = *p; continue; }
         char *end;
         long long v = strtoll(p + 1, &end, 10);
-        o += (size_t)snprintf(rendered + o, sizeof rendered - o, "%lld", v >= 0 ? v + base : v);
+        /* LLONG_MAX has no successor: show it as it is */
+        o += (size_t)snprintf(rendered + o, sizeof rendered - o, "%lld",
+                              v >= 0 && v < LLONG_MAX ? v + base : v);
         p = *end == '\x02' ? end : end - 1;
     }
     rendered[o] = 0;

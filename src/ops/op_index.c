@@ -268,8 +268,7 @@ nd_status nd_one_hot(const nd_tensor *index, int64_t num_classes, nd_tensor **ou
         if (num_classes == -1) {
             if (hi == INT64_MAX)
                 return nd_fail(ND_ERR_ARG, "one_hot: cannot infer num_classes from class value "
-                               "%lld (num_classes would be %lld + 1, beyond int64)",
-                               (long long)hi, (long long)hi);
+                               "%lld (num_classes would exceed int64)", (long long)hi);
             num_classes = hi + 1;
         } else if (hi >= num_classes)
             return nd_fail(ND_ERR_INDEX, "one_hot: class value " ND_IXF " is out of range for "

@@ -178,11 +178,25 @@ nd_status nd_pad(const nd_tensor *x, const int64_t *pads, int npairs, double val
     for (int i = 0; i < npairs; i++) {
         int d = x->ndim - 1 - i;
         int64_t before = pads[2 * i], after = pads[2 * i + 1], size = x->shape[d];
-        if (__builtin_add_overflow(size, before, &shape[d]) ||
-            __builtin_add_overflow(shape[d], after, &shape[d]))
+        /* size + before + after without overflow: when before + after
+         * overflows both have the same sign, and size (0 .. 2^48) cannot
+         * bring a sum below INT64_MIN back above 0. */
+        int64_t both;
+        bool too_big = false, too_small = false;
+        if (__builtin_add_overflow(before, after, &both)) {
+            too_big = before > 0;
+            too_small = !too_big;
+        } else {
+            too_big = __builtin_add_overflow(size, both, &shape[d]);
+        }
+        if (too_big)
             return nd_fail(ND_ERR_SHAPE, "pad: padding (%lld, %lld) of dim " ND_IXF " of size %lld "
                            "overflows int64", (long long)before, (long long)after, ND_IX(d),
                            (long long)size);
+        if (too_small)
+            return nd_fail(ND_ERR_SHAPE, "pad: padding (%lld, %lld) of dim " ND_IXF " of size %lld gives "
+                           "a negative size (below -2^63)", (long long)before, (long long)after,
+                           ND_IX(d), (long long)size);
         if (shape[d] < 0)
             return nd_fail(ND_ERR_SHAPE, "pad: padding (%lld, %lld) of dim " ND_IXF " of size %lld gives "
                            "the negative size %lld", (long long)before, (long long)after, ND_IX(d),

@@ -2,7 +2,6 @@
  *
  * Both go through cpu_dim_loop.h: cumsum by tiles of neighbouring slices
  * (one running sum per lane), sort one whole slice at a time per thread. */
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cpu_dim_loop.h"
