@@ -1,14 +1,78 @@
 /* cpu_softmax.c - fused, numerically stable (log_)softmax.
  *
- * The tensor is seen as (outer, n, inner) around the softmax dim; each of
- * the outer*inner rows is reduced in three passes over its n elements (max,
- * sum of exp(x - max), write) with a double accumulator. Rows run in
- * parallel. One pass over memory instead of the five tensors a composite
- * max/sub/exp/sum/div would write. */
+ * The tensor is seen as (outer, n, inner) around the softmax dim. Rows along
+ * a contiguous last dim (inner == 1, the common case) take three
+ * vectorisable passes: max, exp(x - max) written out while summing, scale.
+ * exp is a branch-free polynomial (Cephes' expf, about 1 ulp) that the
+ * compiler can vectorise, unlike libm's expf; below the underflow cutoff it
+ * returns exactly 0, so masked (-inf) entries get exactly zero weight.
+ * float64 and strided rows use libm. Rows run in parallel. */
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 #include "cpu_kernels.h"
 
-#define SOFTMAX_ROWS(T, EXP, LOG)                                                          \
+static inline float exp_poly(float x) {
+    const float hi = 88.3762626647949f, lo = -87.3365447504019f;
+    float xc = x > hi ? hi : (x < lo ? lo : x);
+    /* n = round(x / ln2) by the 1.5 * 2^23 trick: no rint call */
+    float fn = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = xc - fn * 0.693359375f + fn * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float e = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)fn + 127) << 23; /* 2^n */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    e *= scale;
+    return x < lo ? 0.0f : e;
+}
+
+/* Built twice and picked at load time (GCC function multiversioning): the
+ * baseline x86-64 build has only 4-wide SSE2 vectors, AVX2 + FMA machines
+ * get 8-wide ones. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=haswell", "default")))
+#endif
+static void row_f32(const float *x, float *y, int64_t n, bool want_log) {
+    float m = -INFINITY;
+    int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+    for (int64_t k = 0; k < n; k++) {
+        m = x[k] > m ? x[k] : m;
+        nan |= x[k] != x[k];
+    }
+    if (nan) {
+        for (int64_t k = 0; k < n; k++) y[k] = NAN;
+        return;
+    }
+    if (m == -INFINITY) m = 0; /* a row of -inf: 0/0 below gives nan, as PyTorch */
+    float sum = 0;
+    if (want_log) {
+#pragma omp simd reduction(+ : sum)
+        for (int64_t k = 0; k < n; k++) sum += exp_poly(x[k] - m);
+        float ls = logf(sum); /* (x - m) - ls keeps the digits m + ls would lose */
+#pragma omp simd
+        for (int64_t k = 0; k < n; k++) y[k] = (x[k] - m) - ls;
+    } else {
+#pragma omp simd reduction(+ : sum)
+        for (int64_t k = 0; k < n; k++) {
+            float e = exp_poly(x[k] - m);
+            y[k] = e;
+            sum += e;
+        }
+        float inv = 1.0f / sum;
+#pragma omp simd
+        for (int64_t k = 0; k < n; k++) y[k] *= inv;
+    }
+}
+
+/* general rows (float64, or a softmax dim that is not the last) */
+#define STRIDED_ROWS(T, EXP, LOG)                                                          \
     do {                                                                                   \
         const T *X = (const T *)nd_ptr(x);                                                 \
         T *Y = (T *)nd_ptr(out);                                                           \
@@ -18,16 +82,21 @@
             const T *xr = X + o * n * inner + i;                                           \
             T *yr = Y + o * n * inner + i;                                                 \
             T m = xr[0];                                                                   \
-            for (int64_t k = 1; k < n; k++) if (xr[k * inner] > m || xr[k * inner] != xr[k * inner]) m = xr[k * inner]; \
-            if (isinf(m) && m < 0) m = 0; /* a row of -inf: avoid inf - inf */             \
+            for (int64_t k = 1; k < n; k++)                                                \
+                if (xr[k * inner] > m || xr[k * inner] != xr[k * inner]) m = xr[k * inner]; \
+            if (isinf(m) && m < 0) m = 0;                                                  \
             double sum = 0;                                                                \
-            for (int64_t k = 0; k < n; k++) sum += EXP(xr[k * inner] - m);                 \
-            if (want_log) {                                                                   \
-                T lse = (T)LOG(sum);                                                       \
-                for (int64_t k = 0; k < n; k++) yr[k * inner] = xr[k * inner] - m - lse;   \
+            for (int64_t k = 0; k < n; k++) {                                              \
+                T e = EXP(xr[k * inner] - m);                                              \
+                if (!want_log) yr[k * inner] = e;                                          \
+                sum += e;                                                                  \
+            }                                                                              \
+            if (want_log) {                                                                \
+                T ls = (T)LOG(sum);                                                        \
+                for (int64_t k = 0; k < n; k++) yr[k * inner] = (xr[k * inner] - m) - ls;  \
             } else {                                                                       \
                 T inv = (T)(1.0 / sum);                                                    \
-                for (int64_t k = 0; k < n; k++) yr[k * inner] = EXP(xr[k * inner] - m) * inv; \
+                for (int64_t k = 0; k < n; k++) yr[k * inner] *= inv;                      \
             }                                                                              \
         }                                                                                  \
     } while (0)
@@ -37,7 +106,15 @@ nd_status nd_cpu_softmax(nd_tensor *out, const nd_tensor *x, int dim, bool want_
     for (int i = 0; i < dim; i++) outer *= x->shape[i];
     for (int i = dim + 1; i < x->ndim; i++) inner *= x->shape[i];
     if (n == 0 || outer * inner == 0) return ND_OK;
-    if (x->dtype == ND_FLOAT32) SOFTMAX_ROWS(float, expf, logf);
-    else SOFTMAX_ROWS(double, exp, log);
+    if (x->dtype == ND_FLOAT32 && inner == 1) {
+        const float *X = (const float *)nd_ptr(x);
+        float *Y = (float *)nd_ptr(out);
+#pragma omp parallel for if (outer * n >= ND_PARALLEL_THRESHOLD) schedule(static)
+        for (int64_t o = 0; o < outer; o++) row_f32(X + o * n, Y + o * n, n, want_log);
+    } else if (x->dtype == ND_FLOAT32) {
+        STRIDED_ROWS(float, expf, logf);
+    } else {
+        STRIDED_ROWS(double, exp, log);
+    }
     return ND_OK;
 }

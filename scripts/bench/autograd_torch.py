@@ -1,0 +1,44 @@
+"""PyTorch side of scripts/bench/autograd.lua (same measurements)."""
+import statistics
+import sys
+import time
+
+import torch
+
+reps = int(sys.argv[1]) if len(sys.argv) > 1 else 11
+
+
+def per_iter(fn, n, reps=5):
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        ts.append((time.perf_counter() - t0) / n)
+    return statistics.median(ts)
+
+
+a, b = torch.rand(16), torch.rand(16)
+ag = torch.rand(16, requires_grad=True)
+n = 100000
+plain = per_iter(lambda: a * b, n)
+rec = per_iter(lambda: ag * b, n)
+print("mul16_us %.4f" % (plain * 1e6))
+print("mul16_record_us %.4f" % (rec * 1e6))
+print("record_cost_us %.4f" % ((rec - plain) * 1e6))
+
+
+def step():
+    (ag * b).sum().backward()
+    ag.grad = None
+
+
+print("mul_sum_backward_us %.4f" % (per_iter(step, 20000) * 1e6))
+
+x = torch.randn(256, 1024)
+def composite():
+    m = x.max(1, keepdim=True).values
+    e = (x - m).exp()
+    return e / e.sum(1, keepdim=True)
+print("softmax_fused_ms %.4f" % (per_iter(lambda: torch.softmax(x, 1), 50, reps) * 1e3))
+print("softmax_composite_ms %.4f" % (per_iter(composite, 50, reps) * 1e3))
