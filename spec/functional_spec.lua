@@ -115,17 +115,75 @@ describe("nd.F", function()
     end)
   end)
 
+  describe("normalisation and embedding", function()
+    before_each(function() nd.manual_seed(11) end)
+
+    it("layer_norm over two dims matches its composite form", function()
+      local x = nd.randn({3, 4, 5}, {dtype = "float64"})
+      local w, b = nd.randn({4, 5}, {dtype = "float64"}), nd.randn({4, 5}, {dtype = "float64"})
+      local mu = x:mean({2, 3}, true)
+      local var = ((x - mu) ^ 2):mean({2, 3}, true)
+      local ref = (x - mu) / (var + 1e-5):sqrt() * w + b
+      local got = F.layer_norm(x, {4, 5}, w, b)
+      local d = (got - ref):abs():max():item()
+      assert(d < 1e-10, "max difference " .. d)
+    end)
+
+    it("layer_norm gradients (first and second order, with and without affine)", function()
+      local ok, msg = G.gradcheck(function(a, w, b) return F.layer_norm(a:t(), {2}, w, b) end,
+        {G.leaf({2, 3}), G.leaf({2}), G.leaf({2})})
+      assert(ok, msg)
+      ok, msg = G.gradcheck(function(a) return F.layer_norm(a, {3, 4}) end, {G.leaf({2, 3, 4})})
+      assert(ok, msg)
+      ok, msg = G.gradgradcheck(function(a, w) return F.layer_norm(a, {3}, w) end,
+        {G.leaf({2, 3}), G.leaf({3})}, {atol = 1e-5})
+      assert(ok, msg)
+    end)
+
+    it("fused cross_entropy: second order and reductions", function()
+      local ok, msg = G.gradgradcheck(function(a) return F.cross_entropy(a, {2, 1, 3}) end,
+        {G.leaf({3, 3})}, {atol = 1e-5})
+      assert(ok, msg)
+      ok, msg = G.gradcheck(function(a) return F.cross_entropy(a, {2, 1, 3}, {reduction = "none", label_smoothing = 0.3}) end,
+        {G.leaf({3, 3})})
+      assert(ok, msg)
+      ok, msg = G.gradcheck(function(a) return F.cross_entropy(a, {2, 1, 3}, {reduction = "sum", ignore_index = 1}) end,
+        {G.leaf({3, 3})})
+      assert(ok, msg)
+    end)
+
+    it("batch_norm in training: gradients and running statistics", function()
+      local ok, msg = G.gradcheck(function(a, w, b) return F.batch_norm(a, nil, nil, w, b, true) end,
+        {G.leaf({4, 3, 2}), G.leaf({3}), G.leaf({3})})
+      assert(ok, msg)
+      local x = nd.tensor({{1, 2}, {3, 6}})
+      local rm, rv = nd.zeros({2}), nd.ones({2})
+      F.batch_norm(x, rm, rv, nil, nil, true, 0.5)
+      near({1, 2}, rm)                        -- 0.5 * 0 + 0.5 * mean {2, 4}
+      near({0.5 + 0.5 * 2, 0.5 + 0.5 * 8}, rv) -- unbiased var {2, 8}
+      local y = F.batch_norm(x, rm, rv, nil, nil, false)
+      near({(1 - 1) / math.sqrt(1.5 + 1e-5), (2 - 2) / math.sqrt(4.5 + 1e-5)}, y[1])
+    end)
+
+    it("embedding looks rows up and leaves the padding row without gradient", function()
+      local w = nd.tensor({{1, 2}, {3, 4}, {5, 6}}, {requires_grad = true})
+      local e = F.embedding({{3, 1}, {2, 2}}, w, {padding_idx = 2})
+      assert.are.same({2, 2, 2}, e.shape)
+      assert.are.same({{{5, 6}, {1, 2}}, {{3, 4}, {3, 4}}}, e:totable())
+    end)
+  end)
+
   it("bad input names the function and what was expected", function()
     -- not a tail call, so the caller's frame (and position) exists
     local e = err_of(function() local l = F.cross_entropy(nd.zeros({2, 3}), {1, 4}); return l end)
-    assert.truthy(e:find("needle.cross_entropy: label 4 is out of range for 3 classes (expected 1..3)", 1, true), e)
+    assert.truthy(e:find("needle.cross_entropy: label 4 of row 2 is out of range for 3 classes (expected 1..3)", 1, true), e)
     assert.truthy(e:find("functional_spec.lua", 1, true), "error should point at the caller: " .. e)
     e = err_of(function() return F.cross_entropy(nd.zeros({2, 3}), {0, 1}) end)
-    assert.truthy(e:find("label 0 is out of range", 1, true), e)
+    assert.truthy(e:find("label 0 of row 1 is out of range", 1, true), e)
     e = err_of(function() return F.cross_entropy(nd.zeros({2, 3}), {1}) end)
-    assert.truthy(e:find("expected 2 labels (one per row of the input), got shape {1}", 1, true), e)
+    assert.truthy(e:find("expected 2 int64 labels (one per row of logits {2,3}), got int64 {1}", 1, true), e)
     e = err_of(function() return F.cross_entropy(nd.zeros({3}), {1}) end)
-    assert.truthy(e:find("expected logits of shape (N, C), got {3}", 1, true), e)
+    assert.truthy(e:find("expected float32/float64 logits of shape (N, C), got float32 {3}", 1, true), e)
     e = err_of(function() return F.linear(nd.zeros({2, 3}), nd.zeros({4, 5})) end)
     assert.truthy(e:find("needle.linear: input of shape {2,3} does not match weight of shape {4,5} (3 ~= 5)", 1, true), e)
     e = err_of(function() return F.gelu(nd.zeros({1}), {approximate = "fast"}) end)

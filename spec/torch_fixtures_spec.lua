@@ -31,6 +31,9 @@ local ops = {
   leaky_relu = function(x) return F.leaky_relu(x, 0.1) end, softplus = F.softplus,
   elu = F.elu, silu = F.silu, mse_loss = F.mse_loss,
   bce_with_logits = F.binary_cross_entropy_with_logits,
+  layer_norm_2dims = function(x, w, b) return F.layer_norm(x, {4, 5}, w, b) end,
+  layer_norm_plain = function(x) return F.layer_norm(x, {6}) end,
+  batch_norm_train = function(x, w, b) return F.batch_norm(x, nil, nil, w, b, true) end,
 }
 
 local function fn_for(c)
@@ -40,6 +43,9 @@ local function fn_for(c)
     return function(x)
       return F.cross_entropy(x, c.labels, {ignore_index = c.ignore_index, label_smoothing = c.label_smoothing})
     end
+  end
+  if c.name == "embedding" then
+    return function(w) return F.embedding(c.indices, w) end
   end
   return ops[c.name]
 end

@@ -1,5 +1,6 @@
 /* autograd.c - nodes, saved tensors, grad mode and the backward engine.
  * See autograd.h for the design. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "autograd.h"
@@ -51,6 +52,28 @@ void nd_node_release(nd_node *n) {
     dying.draining = false;
 }
 
+/* One zeroed allocation: the node, then its per-input arrays (largest
+ * alignment first, so none needs padding). */
+_Static_assert(_Alignof(nd_node) >= _Alignof(int64_t) && _Alignof(nd_dtype) <= _Alignof(int),
+               "node_alloc's layout");
+static nd_node *node_alloc(int ninputs) {
+    size_t k = (size_t)ninputs;
+    size_t per = 2 * sizeof(void *) + sizeof(int64_t[ND_MAX_DIMS]) + sizeof(int) +
+                 sizeof(nd_dtype) + sizeof(bool);
+    if (ninputs < 0 || k > (SIZE_MAX - sizeof(nd_node)) / per) return NULL;
+    char *p = calloc(1, sizeof(nd_node) + k * per);
+    if (!p) return NULL;
+    nd_node *n = (nd_node *)p;
+    p += sizeof(nd_node);
+    n->next = (nd_node **)p;                       p += k * sizeof(nd_node *);
+    n->leaf = (nd_tensor **)p;                     p += k * sizeof(nd_tensor *);
+    n->in_shape = (int64_t(*)[ND_MAX_DIMS])p;      p += k * sizeof(int64_t[ND_MAX_DIMS]);
+    n->in_ndim = (int *)p;                         p += k * sizeof(int);
+    n->in_dtype = (nd_dtype *)p;                   p += k * sizeof(nd_dtype);
+    n->needs_grad = (bool *)p;
+    return n;
+}
+
 nd_status nd_record(const char *name, nd_backward_fn fn, nd_tensor *out, int ninputs,
                     const nd_tensor *const *inputs, nd_node **node) {
     *node = NULL;
@@ -58,7 +81,7 @@ nd_status nd_record(const char *name, nd_backward_fn fn, nd_tensor *out, int nin
     bool any = false;
     for (int i = 0; i < ninputs; i++) any = any || (inputs[i] && inputs[i]->requires_grad);
     if (!any) return ND_OK;
-    nd_node *n = calloc(1, sizeof *n);
+    nd_node *n = node_alloc(ninputs);
     if (!n) return nd_fail(ND_ERR_MEMORY, "%s: out of memory recording the autograd graph", name);
     atomic_init(&n->refcount, 1);
     n->name = name;
@@ -248,7 +271,15 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
         nd_node *n = ready.items[--ready.len];
         nd_tensor *g = n->pending;
         n->pending = NULL;
-        nd_tensor *grads[ND_NODE_MAX_INPUTS] = {0};
+        nd_tensor *inline_grads[ND_NODE_INLINE_INPUTS] = {0}, **grads = inline_grads;
+        if (n->ninputs > ND_NODE_INLINE_INPUTS) {
+            grads = calloc((size_t)n->ninputs, sizeof *grads);
+            if (!grads) {
+                st = nd_fail(ND_ERR_MEMORY, "backward: out of memory running %s", n->name);
+                nd_release(g);
+                break;
+            }
+        }
         if (g) {
             st = capture_grad(cap, n, NULL, g);
             if (st == ND_OK) st = n->backward(n, g, grads);
@@ -273,6 +304,7 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
             }
         }
         for (int i = 0; i < n->ninputs; i++) nd_release(grads[i]);
+        if (grads != inline_grads) free(grads);
         nd_release(g);
         if (!retain_graph && st == ND_OK) {
             for (int i = 0; i < n->nsaved; i++) {

@@ -21,14 +21,20 @@
 
 #include "tensor.h"
 
-#define ND_NODE_MAX_INPUTS 4
+/* A node may have any number of inputs (cat and stack of many tensors): the
+ * per-input arrays below live in the node's own allocation, sized by its
+ * ninputs, so a unary node pays for one input and a wide one for all of
+ * them. Inputs up to ND_NODE_INLINE_INPUTS need no extra allocation in the
+ * engine. (ND_NODE_MAX_INPUTS is the old name of that count, not a limit.) */
+#define ND_NODE_INLINE_INPUTS 8
+#define ND_NODE_MAX_INPUTS ND_NODE_INLINE_INPUTS
 #define ND_NODE_MAX_SAVED 4
 
 typedef struct nd_node nd_node;
 
 /* grads[i] receives a new reference to the gradient for input i (only where
  * n->needs_grad[i]; may be left NULL for "zero"). grad is the gradient of the
- * node's output. */
+ * node's output. grads has n->ninputs entries. */
 typedef nd_status (*nd_backward_fn)(nd_node *n, nd_tensor *grad, nd_tensor **grads);
 
 struct nd_node {
@@ -36,13 +42,14 @@ struct nd_node {
     const char *name;           /* the op, for errors */
     nd_backward_fn backward;
     int ninputs;
-    bool needs_grad[ND_NODE_MAX_INPUTS];
-    nd_node *next[ND_NODE_MAX_INPUTS];   /* input's grad_fn (retained) */
-    nd_tensor *leaf[ND_NODE_MAX_INPUTS]; /* or the leaf itself (retained) */
+    /* per input i < ninputs (arrays in the node's allocation, see above) */
+    bool *needs_grad;
+    nd_node **next;             /* input's grad_fn (retained) */
+    nd_tensor **leaf;           /* or the leaf itself (retained) */
     /* input geometry: broadcasting and view formulas need it */
-    int64_t in_shape[ND_NODE_MAX_INPUTS][ND_MAX_DIMS];
-    int in_ndim[ND_NODE_MAX_INPUTS];
-    nd_dtype in_dtype[ND_NODE_MAX_INPUTS];
+    int64_t (*in_shape)[ND_MAX_DIMS];
+    int *in_ndim;
+    nd_dtype *in_dtype;
     /* output geometry */
     int64_t out_shape[ND_MAX_DIMS];
     int out_ndim;
@@ -56,7 +63,7 @@ struct nd_node {
     /* op parameters */
     int dims[ND_MAX_DIMS];
     int ndims;
-    int64_t iparams[4];
+    int64_t iparams[ND_MAX_DIMS]; /* one per dim for pad */
     double fparams[4];
     /* engine scratch (one backward at a time per graph) */
     nd_tensor *pending;         /* accumulated gradient of the output */

@@ -15,6 +15,27 @@
 
 typedef enum { ND_RANDOM_UNIFORM, ND_RANDOM_NORMAL, ND_RANDOM_INT, ND_RANDOM_BERNOULLI } nd_random_kind;
 
+/* Geometry of im2col/col2im: a kh x kw kernel with stride, top/left padding
+ * and dilation, evaluated at an lh x lw grid of positions (for conv2d the
+ * output size; for conv_transpose2d the input size). */
+typedef struct {
+    int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+    int64_t lh, lw;
+} nd_conv_geom;
+
+/* Geometry of 2-D pooling on (H, W) planes, output oh x ow (already
+ * computed, ceil_mode included). Window along h for output row o: rows
+ * o*sh - ph + i*dh (i < kh) inside the input; avg pools (dh = dw = 1) divide
+ * by the window clipped to the padded input (count_include_pad) or to the
+ * input. adaptive: rows floor(o*H/oh) .. ceil((o+1)*H/oh) - 1, the k/s/p/d
+ * fields are unused. */
+typedef struct {
+    int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+    int64_t oh, ow;
+    bool count_include_pad;
+    bool adaptive;
+} nd_pool_geom;
+
 typedef struct nd_backend {
     const char *name;
     /* dst = src, any strides for both (dst may be a view), casting dtypes;
@@ -55,12 +76,52 @@ typedef struct nd_backend {
                       int descending);
     /* (log_)softmax along dim; x and out contiguous, float32 or float64 */
     nd_status (*softmax)(nd_tensor *out, const nd_tensor *x, int dim, bool log);
+    /* Layer norm of each row of x (rows x cols, contiguous) with optional
+     * weight and bias (cols): y = (x - mean) * rstd * w + b; mean and rstd
+     * (rows) are kept for backward. */
+    nd_status (*layer_norm)(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, const nd_tensor *x,
+                            const nd_tensor *w, const nd_tensor *b, double eps);
+    /* Per-row cross entropy of logits (N, C contiguous) against 0-based
+     * int64 labels (N); rows labelled `ignore` get 0. With smoothing e the
+     * target is (1 - e) one_hot + e / C. loss: (N). */
+    nd_status (*cross_entropy)(nd_tensor *loss, const nd_tensor *logits, const nd_tensor *labels,
+                               int64_t ignore, double smoothing);
+    /* Fused backwards (used when no graph of the gradient is wanted): dx
+     * (may be NULL), and dw/db summed over rows (may be NULL); all
+     * contiguous, mean/rstd as the forward produced them. */
+    nd_status (*layer_norm_backward)(nd_tensor *dx, nd_tensor *dw, nd_tensor *db,
+                                     const nd_tensor *g, const nd_tensor *x, const nd_tensor *w,
+                                     const nd_tensor *mean, const nd_tensor *rstd);
+    /* dlogits = (softmax(logits) - target) * wrow[row]; labels 0-based. */
+    nd_status (*cross_entropy_backward)(nd_tensor *dlogits, const nd_tensor *logits,
+                                        const nd_tensor *labels, const nd_tensor *wrow,
+                                        int64_t ignore, double smoothing);
     /* Element i of out (row-major) draws from counter (offset + i) of the
      * Philox stream keyed by seed, so results never depend on threads.
      * a, b: low/high for uniform and int, mean/std for normal; for bernoulli
      * the probabilities are in p (out's shape). */
     nd_status (*random)(nd_tensor *out, nd_random_kind kind, double a, double b,
                         const nd_tensor *p, uint64_t seed, uint64_t offset);
+    /* ---- convolution and pooling (NCHW; x, cols and g contiguous; outputs
+     * fresh and contiguous; float32 or float64) ---- */
+    /* cols (N, C*kh*kw, lh*lw) from x (N, C, H, W): row (c*kh + i)*kw + j,
+     * column oh*lw + ow holds x[n, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw]
+     * (0 outside x). Groups need nothing more: group k's rows are the k-th
+     * block of C/groups channels. */
+    nd_status (*im2col)(nd_tensor *cols, const nd_tensor *x, const nd_conv_geom *g);
+    /* The adjoint: x (N, C, H, W) = the sum of every cols entry into the
+     * position im2col read it from (x is overwritten, not accumulated into). */
+    nd_status (*col2im)(nd_tensor *x, const nd_tensor *cols, const nd_conv_geom *g);
+    /* out (N, C, oh, ow) and int64 indices (flat h*W + w within each plane,
+     * 0-based) of the window maxima; ties keep the first, NaN propagates. */
+    nd_status (*max_pool2d)(nd_tensor *out, nd_tensor *indices, const nd_tensor *x,
+                            const nd_pool_geom *p);
+    /* gx (N, C, H, W) = 0, then gx[n, c, indices] += g (overwrites gx). */
+    nd_status (*max_pool2d_backward)(nd_tensor *gx, const nd_tensor *g, const nd_tensor *indices);
+    /* window means (p->adaptive: PyTorch's adaptive windows) */
+    nd_status (*avg_pool2d)(nd_tensor *out, const nd_tensor *x, const nd_pool_geom *p);
+    /* gx (N, C, H, W) = the adjoint of avg_pool2d applied to g (overwrites gx). */
+    nd_status (*avg_pool2d_backward)(nd_tensor *gx, const nd_tensor *g, const nd_pool_geom *p);
 } nd_backend;
 
 extern const nd_backend nd_cpu_backend;

@@ -194,9 +194,63 @@ nd_status nd_max_dim(const nd_tensor *x, int dim, int keepdim, int is_min,
 /* Fused, numerically stable softmax / log_softmax along dim (float types). */
 nd_status nd_softmax(const nd_tensor *x, int dim, nd_tensor **out);
 nd_status nd_log_softmax(const nd_tensor *x, int dim, nd_tensor **out);
+/* Layer norm over the last `nnorm` dims; weight/bias (those dims' shape) may
+ * be NULL. */
+nd_status nd_layer_norm(const nd_tensor *x, int nnorm, const nd_tensor *weight,
+                        const nd_tensor *bias, double eps, nd_tensor **out);
+/* Cross entropy of logits (N, C) against 0-based int64 labels (N).
+ * reduction: 0 none, 1 mean (over rows not ignored), 2 sum. ignore_index
+ * may be any value outside 0..C-1 to disable it. */
+nd_status nd_cross_entropy(const nd_tensor *logits, const nd_tensor *labels, int64_t ignore_index,
+                           double label_smoothing, int reduction, nd_tensor **out);
 
 /* ---- linear algebra ---- */
 nd_status nd_matmul(const nd_tensor *a, const nd_tensor *b, nd_tensor **out);
+
+/* ---- convolution and pooling (NCHW, as PyTorch) ----
+ * x is (N, C, H, W), or (C, H, W) unbatched (the result is then unbatched
+ * too). Pair arguments are {h, w}; NULL gives the default (stride 1, or the
+ * kernel size for pools; padding and output_padding 0; dilation 1). Float32
+ * and float64; x, weight and bias of one dtype. All are differentiable
+ * (conv2d and conv_transpose2d to any order: their backward is made of the
+ * two of them and of im2col/matmul). */
+/* weight (O, C/groups, kh, kw), bias (O) or NULL -> (N, O, oh, ow) with
+ * oh = (H + 2 ph - dh (kh - 1) - 1) / sh + 1. Forward is im2col + one GEMM
+ * per (batch, group). */
+nd_status nd_conv2d(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
+                    const int64_t *stride, const int64_t *padding, const int64_t *dilation,
+                    int64_t groups, nd_tensor **out);
+/* The adjoint of conv2d in x: weight (C, O/groups, kh, kw), bias (O) or NULL
+ * -> (N, O, oh, ow) with oh = (H - 1) sh - 2 ph + dh (kh - 1) + oph + 1;
+ * output_padding must be smaller than the stride or the dilation. */
+nd_status nd_conv_transpose2d(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
+                              const int64_t *stride, const int64_t *padding,
+                              const int64_t *output_padding, const int64_t *dilation,
+                              int64_t groups, nd_tensor **out);
+/* Window maxima; padding is -inf and at most half the kernel. ceil_mode
+ * rounds the output size up (a window must still start inside the input or
+ * its left padding). indices (int64, may be NULL): the argmax's flat
+ * position h*W + w within its (H, W) plane, 0-based; ties give the first
+ * maximum in row-major window order (as PyTorch's CPU kernel). The gradient
+ * goes to that position. */
+nd_status nd_max_pool2d(const nd_tensor *x, const int64_t *kernel, const int64_t *stride,
+                        const int64_t *padding, const int64_t *dilation, int ceil_mode,
+                        nd_tensor **out, nd_tensor **indices);
+/* Window means; count_include_pad divides by the window clipped to the
+ * padded input, else by its elements inside the input. */
+nd_status nd_avg_pool2d(const nd_tensor *x, const int64_t *kernel, const int64_t *stride,
+                        const int64_t *padding, int ceil_mode, int count_include_pad,
+                        nd_tensor **out);
+/* Output (oh, ow); window i along H covers floor(i H / oh) .. ceil((i+1) H / oh) - 1. */
+nd_status nd_adaptive_avg_pool2d(const nd_tensor *x, const int64_t *out_hw, nd_tensor **out);
+/* needle's dilate: every element along each of `dims` is followed by
+ * `dilation` zeros, so a dim of size n becomes n (dilation + 1). undilate
+ * keeps every (dilation + 1)-th element from the first: ceil(n / (dilation
+ * + 1)). undilate(dilate(x)) == x. Both return new tensors. */
+nd_status nd_dilate(const nd_tensor *x, const int *dims, int ndims, int64_t dilation,
+                    nd_tensor **out);
+nd_status nd_undilate(const nd_tensor *x, const int *dims, int ndims, int64_t dilation,
+                      nd_tensor **out);
 
 /* ---- joining, splitting, reordering ---- */
 nd_status nd_cat(nd_tensor *const *ts, int n, int dim, nd_tensor **out);

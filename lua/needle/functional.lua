@@ -166,28 +166,72 @@ function F.nll_loss(log_probs, labels, opts)
 end
 
 -- cross_entropy(logits (N, C), labels 1..C, {ignore_index=, label_smoothing=, reduction=})
--- As PyTorch: with label smoothing the target is (1 - e) one_hot + e / C; a
--- mean over rows skips ignored ones.
-function F.cross_entropy(logits, labels, opts)
-  local op = "cross_entropy"
-  check_tensor(op, logits)
-  if logits:dim() ~= 2 then fail_at(3, op, "expected logits of shape (N, C), got {%s}", table.concat(logits.shape, ",")) end
-  local n, C = logits:size(1), logits:size(2)
-  local ignore_index = opt(opts, "ignore_index", nil)
-  local eps = opt(opts, "label_smoothing", 0)
-  if eps < 0 or eps > 1 then fail_at(3, op, "label_smoothing must be in [0, 1], got %s", tostring(eps)) end
-  local t, valid = check_labels(op, labels, n, C, ignore_index)
-  local logp = core.log_softmax(logits, 2)
-  local target = core.one_hot(valid, C):to(logits.dtype)
-  if eps > 0 then target = target * (1 - eps) + eps / C end
-  local per_row = -(target * logp):sum(2)
-  local reduction = opt(opts, "reduction", "mean")
-  if ignore_index ~= nil then
-    local keep = t:ne(ignore_index):to(logits.dtype)
-    per_row = per_row * keep
-    if reduction == "mean" then return per_row:sum() / keep:sum() end
+-- A fused C op (log-softmax and the pick in one pass, backward in closed
+-- form). As PyTorch: with label smoothing the target is
+-- (1 - e) one_hot + e / C; the mean skips ignored rows.
+F.cross_entropy = core.cross_entropy -- errors then point at the caller
+
+-- normalisation ---------------------------------------------------------------
+
+-- layer_norm(x, normalized_shape, weight, bias, eps = 1e-5): fused C op
+function F.layer_norm(x, normalized_shape, weight, bias, eps)
+  check_tensor("layer_norm", x)
+  if type(normalized_shape) == "number" then normalized_shape = {normalized_shape} end
+  return core.layer_norm(x, normalized_shape, weight, bias, eps or 1e-5)
+end
+
+-- batch_norm(x (N, C, ...), running_mean, running_var, weight, bias,
+--            training = false, momentum = 0.1, eps = 1e-5)
+-- Training normalises with the batch statistics (biased variance) and
+-- updates the running ones in place (unbiased variance, as PyTorch);
+-- evaluation uses the running statistics.
+function F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+  check_tensor("batch_norm", x)
+  momentum, eps = momentum or 0.1, eps or 1e-5
+  if x:dim() < 2 then fail_at(3, "batch_norm", "expected input of shape (N, C, ...), got {%s}", table.concat(x.shape, ",")) end
+  local C = x:size(2)
+  local shape = {1, C}
+  for _ = 3, x:dim() do shape[#shape + 1] = 1 end
+  local dims = {1}
+  for d = 3, x:dim() do dims[#dims + 1] = d end
+  local mean, var
+  if training then
+    mean = x:mean(dims, true)
+    var = ((x - mean) ^ 2):mean(dims, true)
+    if running_mean ~= nil then
+      local count = x:numel() / C
+      core.no_grad(function()
+        running_mean:mul_(1 - momentum):add_(mean:view({C}) * momentum)
+        running_var:mul_(1 - momentum):add_(var:view({C}) * (momentum * count / math.max(count - 1, 1)))
+      end)
+    end
+  else
+    if running_mean == nil or running_var == nil then
+      fail_at(3, "batch_norm", "evaluation needs running_mean and running_var")
+    end
+    mean, var = running_mean:view(shape), running_var:view(shape)
   end
-  return reduce(op, per_row, reduction)
+  local y = (x - mean) * (var + eps) ^ -0.5
+  if weight ~= nil then y = y * weight:view(shape) end
+  if bias ~= nil then y = y + bias:view(shape) end
+  return y
+end
+
+-- embedding(indices (any shape, 1-based), weight (num, dim), {padding_idx=})
+-- -> indices.shape + {dim}; the padding row gets no gradient
+function F.embedding(indices, weight, opts)
+  check_tensor("embedding", weight, "weight")
+  local idx = core.is_tensor(indices) and indices or core.tensor(indices, {dtype = "int64"})
+  local flat = idx:reshape({-1})
+  local out = weight:index_select(1, flat)
+  local pad = opt(opts, "padding_idx", nil)
+  if pad ~= nil then
+    local keep = flat:ne(pad):to(weight.dtype):view({-1, 1})
+    out = out * keep + core.no_grad(function() return out * (1 - keep) end)
+  end
+  local shape = idx.shape
+  shape[#shape + 1] = weight:size(2)
+  return out:reshape(shape)
 end
 
 return F

@@ -56,6 +56,30 @@ end
 r.softmax_fused_ms = per_iter(function() return x:softmax(2) end, 50) * 1e3
 r.softmax_composite_ms = per_iter(composite, 50) * 1e3
 
+-- layer norm and cross entropy, forward + backward, fused vs composite
+local ln_x = nd.randn({512, 1024}, {requires_grad = true})
+local ln_w, ln_b = nd.ones({1024}, {requires_grad = true}), nd.zeros({1024}, {requires_grad = true})
+local function clear() ln_x.grad, ln_w.grad, ln_b.grad = nil, nil, nil end
+r.layer_norm_fused_ms = per_iter(function()
+  nd.F.layer_norm(ln_x, {1024}, ln_w, ln_b):sum():backward(); clear()
+end, 20) * 1e3
+r.layer_norm_composite_ms = per_iter(function()
+  local mu = ln_x:mean(2, true)
+  local d = ln_x - mu
+  local y = d * ((d * d):mean(2, true) + 1e-5):rsqrt() * ln_w + ln_b
+  y:sum():backward(); clear()
+end, 20) * 1e3
+local ce_x = nd.randn({512, 1000}, {requires_grad = true})
+local ce_y = nd.randint(1, 1000, {512})
+r.cross_entropy_fused_ms = per_iter(function()
+  nd.F.cross_entropy(ce_x, ce_y):backward(); ce_x.grad = nil
+end, 20) * 1e3
+r.cross_entropy_composite_ms = per_iter(function()
+  local logp = ce_x:log_softmax(2)
+  local loss = -(nd.one_hot(ce_y, 1000):float() * logp):sum() / 512
+  loss:backward(); ce_x.grad = nil
+end, 20) * 1e3
+
 local function fmt(v) return v and ("%.3f"):format(v) or "-" end
 local function ratio(p, q) return (p and q) and ("%.2fx"):format(p / q) or "-" end
 print(("needle-lua autograd benchmark  (threads: %d, PyTorch: %s)"):format(nd.get_num_threads(),
@@ -68,7 +92,13 @@ for _, row in ipairs({
   {"mul + sum + backward, 16 elements (us)", "mul_sum_backward_us"},
   {"softmax 256x1024 fused (ms)", "softmax_fused_ms"},
   {"softmax 256x1024 composite (ms)", "softmax_composite_ms"},
+  {"layer_norm 512x1024 fwd+bwd fused (ms)", "layer_norm_fused_ms"},
+  {"layer_norm 512x1024 fwd+bwd composite (ms)", "layer_norm_composite_ms"},
+  {"cross_entropy 512x1000 fwd+bwd fused (ms)", "cross_entropy_fused_ms"},
+  {"cross_entropy 512x1000 fwd+bwd composite (ms)", "cross_entropy_composite_ms"},
 }) do
   print(("%-40s %10s %10s %10s"):format(row[1], fmt(r[row[2]]), fmt(torch[row[2]]), ratio(r[row[2]], torch[row[2]])))
 end
-print(("fused softmax speed-up over the composite: %.1fx"):format(r.softmax_composite_ms / r.softmax_fused_ms))
+print(("fused over composite: softmax %.1fx, layer_norm %.1fx, cross_entropy %.1fx"):format(
+  r.softmax_composite_ms / r.softmax_fused_ms, r.layer_norm_composite_ms / r.layer_norm_fused_ms,
+  r.cross_entropy_composite_ms / r.cross_entropy_fused_ms))

@@ -1,6 +1,7 @@
 /* lt_math.c - elementwise math, arithmetic metamethods, reductions,
  * matmul, where and clamp; as methods (x:exp()) and functions (nd.exp(x)). */
 #include <math.h>
+#include <string.h>
 #include "lt_internal.h"
 
 /* ------------------------------------------------------------------ unary */
@@ -232,6 +233,71 @@ static int softmax(lua_State *L, bool log) {
 static int l_softmax(lua_State *L) { return softmax(L, false); }
 static int l_log_softmax(lua_State *L) { return softmax(L, true); }
 
+/* layer_norm(x, normalized_shape, weight, bias, eps = 1e-5) */
+static int l_layer_norm(lua_State *L) {
+    nd_tensor *x = lt_check(L, 1, "layer_norm"), *r;
+    int64_t shape[ND_MAX_DIMS];
+    int nn = lt_shape(L, 2, "layer_norm", shape, false);
+    if (nn < 1 || nn > x->ndim)
+        return lt_error(L, "layer_norm", "normalized_shape has %d dims, input has %d", nn, x->ndim);
+    for (int i = 0; i < nn; i++)
+        if (shape[i] != x->shape[x->ndim - nn + i]) {
+            char b[ND_SHAPE_BUF];
+            return lt_error(L, "layer_norm", "normalized_shape does not match the last %d dims of "
+                            "the input's shape %s", nn, nd_shape_str(x->shape, x->ndim, b));
+        }
+    int widx = lua_istable(L, 2) ? 3 : 2 + nn;
+    nd_tensor *w = lua_isnoneornil(L, widx) ? NULL : lt_check(L, widx, "layer_norm");
+    nd_tensor *b = lua_isnoneornil(L, widx + 1) ? NULL : lt_check(L, widx + 1, "layer_norm");
+    double eps = luaL_optnumber(L, widx + 2, 1e-5);
+    LT_CHECK(L, nd_layer_norm(x, nn, w, b, eps, &r));
+    lt_push(L, r);
+    return 1;
+}
+
+/* cross_entropy(logits (N, C), labels 1..C, {ignore_index=, label_smoothing=, reduction=}) */
+static int l_cross_entropy(lua_State *L) {
+    nd_tensor *logits = lt_check(L, 1, "cross_entropy"), *r;
+    nd_tensor *lab = lt_check_tensor_like(L, 2, "cross_entropy", ND_INT64);
+    if (!nd_dtype_is_int(lab->dtype))
+        return lt_error(L, "cross_entropy", "labels must be integers (class indices 1..C), got %s",
+                        nd_dtype_name(lab->dtype));
+    /* 1-based labels (and ignore_index) -> the core's 0-based */
+    nd_tensor *lab64, *lab0;
+    LT_CHECK(L, nd_to_dtype(lab, ND_INT64, &lab64));
+    lt_push(L, lab64);
+    LT_CHECK(L, nd_binary_scalar_int(ND_BINARY_sub, lab64, 1, 0, &lab0));
+    lt_push(L, lab0);
+    int64_t ignore = INT64_MIN;
+    double smoothing = 0;
+    int reduction = 1;
+    if (lua_istable(L, 3)) {
+        if (lua_getfield(L, 3, "ignore_index") != LUA_TNIL) ignore = luaL_checkinteger(L, -1) - 1;
+        if (lua_getfield(L, 3, "label_smoothing") != LUA_TNIL) smoothing = luaL_checknumber(L, -1);
+        if (lua_getfield(L, 3, "reduction") != LUA_TNIL) {
+            const char *red = luaL_checkstring(L, -1);
+            if (strcmp(red, "none") == 0) reduction = 0;
+            else if (strcmp(red, "mean") == 0) reduction = 1;
+            else if (strcmp(red, "sum") == 0) reduction = 2;
+            else return lt_error(L, "cross_entropy", "reduction must be 'mean', 'sum' or 'none', got '%s'", red);
+        }
+    }
+    /* validate in the caller's terms (the core sees 0-based labels, so a
+     * label 0 would read -1 there) */
+    if (logits->ndim == 2 && lab64->ndim == 1 && nd_is_contiguous(lab64)) {
+        const int64_t *v = (const int64_t *)nd_ptr(lab64);
+        int64_t C = logits->shape[1];
+        for (int64_t i = 0; i < lab64->shape[0]; i++)
+            if (v[i] - 1 != ignore && (v[i] < 1 || v[i] > C))
+                return lt_error(L, "cross_entropy", "label %lld of row %lld is out of range for %lld "
+                                "classes (expected 1..%lld)", (long long)v[i], (long long)i + 1,
+                                (long long)C, (long long)C);
+    }
+    LT_CHECK(L, nd_cross_entropy(logits, lab0, ignore, smoothing, reduction, &r));
+    lt_push(L, r);
+    return 1;
+}
+
 static int l_set_num_threads(lua_State *L) {
     lua_Integer n = luaL_checkinteger(L, 1);
     if (n < 1) return lt_error(L, "set_num_threads", "thread count must be >= 1, got %lld", (long long)n);
@@ -278,6 +344,8 @@ void lt_register_math(lua_State *L) {
         {"mm", l_matmul, true, true},
         {"softmax", l_softmax, true, true},
         {"log_softmax", l_log_softmax, true, true},
+        {"layer_norm", l_layer_norm, false, true},
+        {"cross_entropy", l_cross_entropy, false, true},
         {"set_num_threads", l_set_num_threads, false, true},
         {"get_num_threads", l_get_num_threads, false, true},
         {NULL, NULL, false, false},

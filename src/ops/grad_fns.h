@@ -33,6 +33,33 @@ nd_status nd_record_slice(const nd_tensor *x, int dim, int64_t start, int64_t st
 nd_status nd_record_identity(const char *name, const nd_tensor *x, nd_tensor *out);
 nd_status nd_record_to_dtype(const nd_tensor *x, nd_tensor *out);
 
+/* index ops (op_index_grad.c) */
+nd_status nd_record_gather(const nd_tensor *x, int dim, const nd_tensor *index, nd_tensor *out);
+nd_status nd_record_scatter(const nd_tensor *x, int dim, const nd_tensor *index,
+                            const nd_tensor *src, int accumulate, nd_tensor *out);
+nd_status nd_record_index_select(const nd_tensor *x, int dim, const nd_tensor *index,
+                                 nd_tensor *out);
+nd_status nd_record_index_add(const nd_tensor *x, int dim, const nd_tensor *index,
+                              const nd_tensor *src, double alpha, nd_tensor *out);
+nd_status nd_record_masked_fill(const nd_tensor *x, const nd_tensor *mask, nd_tensor *out);
+/* The gradient of gather: g scattered-added into zeros of (shape, ndim) at
+ * index along dim (dim normalised). Differentiable in g (its gradient is
+ * gather again), so the formulas that use it have second derivatives. */
+nd_status nd_gather_backward(const nd_tensor *g, const int64_t *shape, int ndim, int dim,
+                             const nd_tensor *index, nd_tensor **out);
+
+/* joins (op_join_grad.c); cat and stack record one node with n inputs */
+nd_status nd_record_cat(nd_tensor *const *ts, int n, int dim, nd_tensor *out);
+nd_status nd_record_stack(nd_tensor *const *ts, int n, int dim, nd_tensor *out);
+nd_status nd_record_flip(const nd_tensor *x, const int *dims, int ndims, nd_tensor *out);
+nd_status nd_record_pad(const nd_tensor *x, const int64_t *pads, int npairs, nd_tensor *out);
+
+/* cumsum, sort, topk (op_sort_grad.c). values = x gathered at indices along
+ * dim: name is "sort" or "topk"; the indices get no node. */
+nd_status nd_record_cumsum(const nd_tensor *x, int dim, nd_tensor *out);
+nd_status nd_record_sort_values(const char *name, const nd_tensor *x, int dim, nd_tensor *values,
+                                const nd_tensor *indices);
+
 /* Runs a forward expression with grad mode off, then records: the pattern
  * every differentiable op follows. */
 #define ND_FORWARD_THEN_RECORD(forward_call, record_call, out)                 \

@@ -1,10 +1,12 @@
 /* op_index.c - gather, scatter, index_select, index_add, masked_fill and
  * one_hot. The ops check shapes, dtypes and devices and build the output;
  * the kernels check every index value before writing anything. All results
- * are new tensors (out-of-place). */
+ * are new tensors (out-of-place). The differentiable entry points at the end
+ * run these forwards with grad mode off, then record (op_index_grad.c). */
 #include <math.h>
 #include <string.h>
 #include "backend.h"
+#include "grad_fns.h"
 #include "tensor.h"
 
 static nd_status check_index_dtype(const char *op, const nd_tensor *index) {
@@ -34,7 +36,8 @@ static nd_status fresh_copy(const nd_tensor *x, const int64_t *shape, int ndim, 
     return ND_OK;
 }
 
-nd_status nd_gather(const nd_tensor *x, int dim, const nd_tensor *index, nd_tensor **out) {
+static nd_status gather_forward(const nd_tensor *x, int dim, const nd_tensor *index,
+                              nd_tensor **out) {
     int d;
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
     *out = NULL;
@@ -63,8 +66,8 @@ nd_status nd_gather(const nd_tensor *x, int dim, const nd_tensor *index, nd_tens
     return ND_OK;
 }
 
-nd_status nd_scatter(const nd_tensor *x, int dim, const nd_tensor *index, const nd_tensor *src,
-                     int accumulate, nd_tensor **out) {
+static nd_status scatter_forward(const nd_tensor *x, int dim, const nd_tensor *index,
+                               const nd_tensor *src, int accumulate, nd_tensor **out) {
     const char *op = accumulate ? "scatter_add" : "scatter";
     int d;
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
@@ -124,7 +127,8 @@ static nd_status check_index_vector(const char *op, const nd_tensor *index) {
     return ND_OK;
 }
 
-nd_status nd_index_select(const nd_tensor *x, int dim, const nd_tensor *index, nd_tensor **out) {
+static nd_status index_select_forward(const nd_tensor *x, int dim, const nd_tensor *index,
+                                    nd_tensor **out) {
     int d;
     *out = NULL;
     ND_TRY(check_index_vector("index_select", index));
@@ -149,8 +153,8 @@ nd_status nd_index_select(const nd_tensor *x, int dim, const nd_tensor *index, n
     return ND_OK;
 }
 
-nd_status nd_index_add(const nd_tensor *x, int dim, const nd_tensor *index, const nd_tensor *src,
-                       double alpha, nd_tensor **out) {
+static nd_status index_add_forward(const nd_tensor *x, int dim, const nd_tensor *index,
+                                 const nd_tensor *src, double alpha, nd_tensor **out) {
     int d;
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
     *out = NULL;
@@ -204,8 +208,8 @@ nd_status nd_index_add(const nd_tensor *x, int dim, const nd_tensor *index, cons
 }
 
 /* As PyTorch's out-of-place masked_fill, x and mask broadcast together. */
-nd_status nd_masked_fill(const nd_tensor *x, const nd_tensor *mask, double value,
-                         nd_tensor **out) {
+static nd_status masked_fill_forward(const nd_tensor *x, const nd_tensor *mask, double value,
+                                   nd_tensor **out) {
     *out = NULL;
     if (mask->dtype != ND_BOOL)
         return nd_fail(ND_ERR_DTYPE, "masked_fill: mask must be a bool tensor, got %s",
@@ -304,4 +308,34 @@ nd_status nd_one_hot(const nd_tensor *index, int64_t num_classes, nd_tensor **ou
     }
     *out = t;
     return ND_OK;
+}
+
+/* ---- differentiable entry points (one_hot's int64 result has no gradient) */
+
+nd_status nd_gather(const nd_tensor *x, int dim, const nd_tensor *index, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(gather_forward(x, dim, index, out),
+                           nd_record_gather(x, dim, index, *out), out);
+}
+
+nd_status nd_scatter(const nd_tensor *x, int dim, const nd_tensor *index, const nd_tensor *src,
+                     int accumulate, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(scatter_forward(x, dim, index, src, accumulate, out),
+                           nd_record_scatter(x, dim, index, src, accumulate, *out), out);
+}
+
+nd_status nd_index_select(const nd_tensor *x, int dim, const nd_tensor *index, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(index_select_forward(x, dim, index, out),
+                           nd_record_index_select(x, dim, index, *out), out);
+}
+
+nd_status nd_index_add(const nd_tensor *x, int dim, const nd_tensor *index, const nd_tensor *src,
+                       double alpha, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(index_add_forward(x, dim, index, src, alpha, out),
+                           nd_record_index_add(x, dim, index, src, alpha, *out), out);
+}
+
+nd_status nd_masked_fill(const nd_tensor *x, const nd_tensor *mask, double value,
+                         nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(masked_fill_forward(x, mask, value, out),
+                           nd_record_masked_fill(x, mask, *out), out);
 }

@@ -1,9 +1,12 @@
 /* op_join.c - cat, stack, flip and pad.
  *
  * Built only from nd_empty/nd_full, views and nd_copy_, so they work on any
- * backend that can copy: each input is copied into a view of the output. */
+ * backend that can copy: each input is copied into a view of the output.
+ * The differentiable entry points at the end run these forwards with grad
+ * mode off, then record (op_join_grad.c). */
 #include <string.h>
 #include "backend.h"
+#include "grad_fns.h"
 #include "tensor.h"
 
 /* nd_copy_(out view with this geometry, src). */
@@ -19,7 +22,7 @@ static nd_status copy_into(nd_tensor *out, const int64_t *shape, const int64_t *
 /* PyTorch skips 1-D empty tensors in cat whatever the other shapes are. */
 static bool cat_skipped(const nd_tensor *t) { return t->ndim == 1 && t->shape[0] == 0; }
 
-nd_status nd_cat(nd_tensor *const *ts, int n, int dim, nd_tensor **out) {
+static nd_status cat_forward(nd_tensor *const *ts, int n, int dim, nd_tensor **out) {
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
     *out = NULL;
     if (!ts || n <= 0) return nd_fail(ND_ERR_ARG, "cat: expected a non-empty list of tensors");
@@ -76,7 +79,7 @@ nd_status nd_cat(nd_tensor *const *ts, int n, int dim, nd_tensor **out) {
     return ND_OK;
 }
 
-nd_status nd_stack(nd_tensor *const *ts, int n, int dim, nd_tensor **out) {
+static nd_status stack_forward(nd_tensor *const *ts, int n, int dim, nd_tensor **out) {
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
     *out = NULL;
     if (!ts || n <= 0) return nd_fail(ND_ERR_ARG, "stack: expected a non-empty list of tensors");
@@ -127,7 +130,7 @@ nd_status nd_stack(nd_tensor *const *ts, int n, int dim, nd_tensor **out) {
 }
 
 /* A copy of x read through a view with the flipped dims' strides negated. */
-nd_status nd_flip(const nd_tensor *x, const int *dims, int ndims, nd_tensor **out) {
+static nd_status flip_forward(const nd_tensor *x, const int *dims, int ndims, nd_tensor **out) {
     *out = NULL;
     if (ndims < 0 || (ndims > 0 && !dims))
         return nd_fail(ND_ERR_ARG, "flip: invalid list of %d dims", ndims);
@@ -163,8 +166,8 @@ nd_status nd_flip(const nd_tensor *x, const int *dims, int ndims, nd_tensor **ou
 }
 
 /* Constant padding; a negative pad crops. */
-nd_status nd_pad(const nd_tensor *x, const int64_t *pads, int npairs, double value,
-                 nd_tensor **out) {
+static nd_status pad_forward(const nd_tensor *x, const int64_t *pads, int npairs, double value,
+                             nd_tensor **out) {
     char b1[ND_SHAPE_BUF];
     *out = NULL;
     if (npairs < 0 || npairs > x->ndim || (npairs > 0 && !pads))
@@ -231,4 +234,25 @@ nd_status nd_pad(const nd_tensor *x, const int64_t *pads, int npairs, double val
     }
     *out = r;
     return ND_OK;
+}
+
+/* ---- differentiable entry points */
+
+nd_status nd_cat(nd_tensor *const *ts, int n, int dim, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(cat_forward(ts, n, dim, out), nd_record_cat(ts, n, dim, *out), out);
+}
+
+nd_status nd_stack(nd_tensor *const *ts, int n, int dim, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(stack_forward(ts, n, dim, out), nd_record_stack(ts, n, dim, *out), out);
+}
+
+nd_status nd_flip(const nd_tensor *x, const int *dims, int ndims, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(flip_forward(x, dims, ndims, out), nd_record_flip(x, dims, ndims, *out),
+                           out);
+}
+
+nd_status nd_pad(const nd_tensor *x, const int64_t *pads, int npairs, double value,
+                 nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(pad_forward(x, pads, npairs, value, out),
+                           nd_record_pad(x, pads, npairs, *out), out);
 }

@@ -1,8 +1,11 @@
-/* op_sort.c - cumsum, sort and topk: checks, outputs, then the backend. */
+/* op_sort.c - cumsum, sort and topk: checks, outputs, then the backend.
+ * The differentiable entry points at the end run these forwards with grad
+ * mode off, then record (op_sort_grad.c). */
 #include "backend.h"
+#include "grad_fns.h"
 #include "tensor.h"
 
-nd_status nd_cumsum(const nd_tensor *x, int dim, nd_tensor **out) {
+static nd_status cumsum_forward(const nd_tensor *x, int dim, nd_tensor **out) {
     int d;
     *out = NULL;
     ND_TRY(nd_norm_dim("cumsum", dim, x->ndim, &d));
@@ -23,8 +26,8 @@ nd_status nd_cumsum(const nd_tensor *x, int dim, nd_tensor **out) {
 }
 
 /* values and indices may each be NULL when the caller does not want them. */
-nd_status nd_sort(const nd_tensor *x, int dim, int descending, nd_tensor **values,
-                  nd_tensor **indices) {
+static nd_status sort_forward(const nd_tensor *x, int dim, int descending, nd_tensor **values,
+                             nd_tensor **indices) {
     int d;
     if (values) *values = NULL;
     if (indices) *indices = NULL;
@@ -59,8 +62,8 @@ static nd_status take_first(nd_tensor *t, int dim, int64_t k, nd_tensor **out) {
 
 /* Values come sorted (largest first when largest, else smallest first);
  * NaN counts as the largest value, as in PyTorch. */
-nd_status nd_topk(const nd_tensor *x, int64_t k, int dim, int largest, nd_tensor **values,
-                  nd_tensor **indices) {
+static nd_status topk_forward(const nd_tensor *x, int64_t k, int dim, int largest,
+                             nd_tensor **values, nd_tensor **indices) {
     int d;
     if (values) *values = NULL;
     if (indices) *indices = NULL;
@@ -70,7 +73,7 @@ nd_status nd_topk(const nd_tensor *x, int64_t k, int dim, int largest, nd_tensor
         return nd_fail(ND_ERR_INDEX, "topk: k (%lld) out of range for dim " ND_IXF " of size %lld "
                        "(expected 0..%lld)", (long long)k, ND_IX(d), (long long)size, (long long)size);
     nd_tensor *v, *i;
-    ND_TRY(nd_sort(x, d, largest, &v, &i));
+    ND_TRY(sort_forward(x, d, largest, &v, &i));
     if (k == size || x->ndim == 0) {
         if (values) *values = v; else nd_release(v);
         if (indices) *indices = i; else nd_release(i);
@@ -89,4 +92,43 @@ nd_status nd_topk(const nd_tensor *x, int64_t k, int dim, int largest, nd_tensor
     if (values) *values = vk;
     if (indices) *indices = ik;
     return ND_OK;
+}
+
+/* ---- differentiable entry points */
+
+nd_status nd_cumsum(const nd_tensor *x, int dim, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(cumsum_forward(x, dim, out), nd_record_cumsum(x, dim, *out), out);
+}
+
+/* sort and topk: the forward always makes the indices (the values' node
+ * saves them) and hands back only the outputs the caller asked for. */
+static nd_status sort_or_topk(bool topk, const nd_tensor *x, int64_t k, int dim, int flag,
+                              nd_tensor **values, nd_tensor **indices) {
+    if (values) *values = NULL;
+    if (indices) *indices = NULL;
+    const char *name = topk ? "topk" : "sort";
+    nd_tensor *v = NULL, *i = NULL;
+    bool grad_on = nd_set_grad_enabled(false);
+    nd_status st = topk ? topk_forward(x, k, dim, flag, values ? &v : NULL, &i)
+                        : sort_forward(x, dim, flag, values ? &v : NULL, &i);
+    nd_set_grad_enabled(grad_on);
+    if (st == ND_OK && grad_on && v) st = nd_record_sort_values(name, x, dim, v, i);
+    if (st != ND_OK) {
+        nd_release(v);
+        nd_release(i);
+        return st;
+    }
+    if (values) *values = v;
+    if (indices) *indices = i; else nd_release(i);
+    return ND_OK;
+}
+
+nd_status nd_sort(const nd_tensor *x, int dim, int descending, nd_tensor **values,
+                  nd_tensor **indices) {
+    return sort_or_topk(false, x, 0, dim, descending, values, indices);
+}
+
+nd_status nd_topk(const nd_tensor *x, int64_t k, int dim, int largest, nd_tensor **values,
+                  nd_tensor **indices) {
+    return sort_or_topk(true, x, k, dim, largest, values, indices);
 }

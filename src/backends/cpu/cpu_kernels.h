@@ -37,8 +37,28 @@ nd_status nd_cpu_sort(nd_tensor *values, nd_tensor *indices, const nd_tensor *x,
                       int descending);
 /* cpu_softmax.c */
 nd_status nd_cpu_softmax(nd_tensor *out, const nd_tensor *x, int dim, bool log);
+/* cpu_norm.c */
+nd_status nd_cpu_layer_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, const nd_tensor *x,
+                            const nd_tensor *w, const nd_tensor *b, double eps);
+nd_status nd_cpu_cross_entropy(nd_tensor *loss, const nd_tensor *logits, const nd_tensor *labels,
+                               int64_t ignore, double smoothing);
+nd_status nd_cpu_layer_norm_backward(nd_tensor *dx, nd_tensor *dw, nd_tensor *db,
+                                     const nd_tensor *g, const nd_tensor *x, const nd_tensor *w,
+                                     const nd_tensor *mean, const nd_tensor *rstd);
+nd_status nd_cpu_cross_entropy_backward(nd_tensor *dlogits, const nd_tensor *logits,
+                                        const nd_tensor *labels, const nd_tensor *wrow,
+                                        int64_t ignore, double smoothing);
 /* cpu_random.c */
 nd_status nd_cpu_random(nd_tensor *out, nd_random_kind kind, double a, double b,
                         const nd_tensor *p, uint64_t seed, uint64_t offset);
+/* cpu_conv.c */
+nd_status nd_cpu_im2col(nd_tensor *cols, const nd_tensor *x, const nd_conv_geom *g);
+nd_status nd_cpu_col2im(nd_tensor *x, const nd_tensor *cols, const nd_conv_geom *g);
+/* cpu_pool.c */
+nd_status nd_cpu_max_pool2d(nd_tensor *out, nd_tensor *indices, const nd_tensor *x,
+                            const nd_pool_geom *p);
+nd_status nd_cpu_max_pool2d_backward(nd_tensor *gx, const nd_tensor *g, const nd_tensor *indices);
+nd_status nd_cpu_avg_pool2d(nd_tensor *out, const nd_tensor *x, const nd_pool_geom *p);
+nd_status nd_cpu_avg_pool2d_backward(nd_tensor *gx, const nd_tensor *g, const nd_pool_geom *p);
 
 #endif

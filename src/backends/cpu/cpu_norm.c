@@ -1,0 +1,230 @@
+/* cpu_norm.c - fused layer norm and cross entropy rows.
+ *
+ * Both make one pass (or two) over each row with double accumulators and
+ * run rows in parallel: the composite forms write several full-size
+ * temporaries instead. */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+#include <stdlib.h>
+#include "cpu_kernels.h"
+#include "cpu_math.h"
+
+#define LN_ROWS(T)                                                                           \
+    do {                                                                                     \
+        const T *X = (const T *)nd_ptr(x);                                                   \
+        const T *W = w ? (const T *)nd_ptr(w) : NULL, *B = b ? (const T *)nd_ptr(b) : NULL;  \
+        T *Y = (T *)nd_ptr(y), *M = (T *)nd_ptr(mean), *R = (T *)nd_ptr(rstd);               \
+        _Pragma("omp parallel for if (rows * cols >= ND_PARALLEL_THRESHOLD) schedule(static)") \
+        for (int64_t r = 0; r < rows; r++) {                                                 \
+            const T *xr = X + r * cols;                                                      \
+            T *yr = Y + r * cols;                                                            \
+            double s = 0;                                                                    \
+            for (int64_t k = 0; k < cols; k++) s += xr[k];                                   \
+            double mu = s / (double)cols, v = 0;                                             \
+            for (int64_t k = 0; k < cols; k++) { double d = xr[k] - mu; v += d * d; }        \
+            double rs = 1.0 / sqrt(v / (double)cols + eps);                                  \
+            M[r] = (T)mu;                                                                    \
+            R[r] = (T)rs;                                                                    \
+            T tm = (T)mu, trs = (T)rs;                                                       \
+            for (int64_t k = 0; k < cols; k++) {                                             \
+                T h = (xr[k] - tm) * trs;                                                    \
+                if (W) h *= W[k];                                                            \
+                if (B) h += B[k];                                                            \
+                yr[k] = h;                                                                   \
+            }                                                                                \
+        }                                                                                    \
+    } while (0)
+
+nd_status nd_cpu_layer_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, const nd_tensor *x,
+                            const nd_tensor *w, const nd_tensor *b, double eps) {
+    int64_t rows = nd_numel(mean), cols = rows ? nd_numel(x) / rows : 0;
+    if (rows == 0 || cols == 0) return ND_OK;
+    if (x->dtype == ND_FLOAT32) LN_ROWS(float);
+    else LN_ROWS(double);
+    return ND_OK;
+}
+
+#define CE_ROWS(T, EXP)                                                                      \
+    do {                                                                                     \
+        const T *X = (const T *)nd_ptr(logits);                                              \
+        T *L = (T *)nd_ptr(loss);                                                            \
+        _Pragma("omp parallel for if (n * c >= ND_PARALLEL_THRESHOLD) schedule(static)")     \
+        for (int64_t r = 0; r < n; r++) {                                                    \
+            const T *xr = X + r * c;                                                         \
+            if (lab[r] == ignore) { L[r] = 0; continue; }                                    \
+            T m = xr[0];                                                                     \
+            double total = 0;                                                                \
+            for (int64_t k = 1; k < c; k++) if (xr[k] > m || xr[k] != xr[k]) m = xr[k];      \
+            double s = 0;                                                                    \
+            for (int64_t k = 0; k < c; k++) { s += EXP(xr[k] - m); total += xr[k]; }     \
+            double lse = (double)m + log(s);                                                 \
+            /* -sum_k target_k (x_k - lse), target = (1-e) onehot + e/C */                   \
+            double nll = lse - (double)xr[lab[r]];                                           \
+            double smooth = lse - total / (double)c;                                         \
+            L[r] = (T)((1.0 - smoothing) * nll + smoothing * smooth);                        \
+        }                                                                                    \
+    } while (0)
+
+/* float32 rows: vectorisable passes (max with a NaN flag, then sums) */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=haswell", "default")))
+#endif
+static float ce_row_f32(const float *x, int64_t c, int64_t label, double smoothing) {
+    float m = -INFINITY;
+    int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+    for (int64_t k = 0; k < c; k++) {
+        m = x[k] > m ? x[k] : m;
+        nan |= x[k] != x[k];
+    }
+    if (nan) return NAN;
+    if (m == -INFINITY) m = 0;
+    float s = 0, total = 0;
+#pragma omp simd reduction(+ : s, total)
+    for (int64_t k = 0; k < c; k++) {
+        s += exp_poly(x[k] - m);
+        total += x[k];
+    }
+    double lse = (double)m + log((double)s);
+    double nll = lse - (double)x[label], smooth = lse - (double)total / (double)c;
+    return (float)((1.0 - smoothing) * nll + smoothing * smooth);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=haswell", "default")))
+#endif
+static void ce_row_backward_f32(const float *x, float *d, int64_t c, int64_t label, float w,
+                                double smoothing) {
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int64_t k = 0; k < c; k++) m = x[k] > m ? x[k] : m;
+    if (m == -INFINITY) m = 0;
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t k = 0; k < c; k++) {
+        float e = exp_poly(x[k] - m);
+        d[k] = e;
+        s += e;
+    }
+    float scale = w / s, off = (float)(smoothing / (double)c) * w;
+#pragma omp simd
+    for (int64_t k = 0; k < c; k++) d[k] = d[k] * scale - off;
+    d[label] -= (float)(1.0 - smoothing) * w;
+}
+
+nd_status nd_cpu_cross_entropy(nd_tensor *loss, const nd_tensor *logits, const nd_tensor *labels,
+                               int64_t ignore, double smoothing) {
+    int64_t n = logits->shape[0], c = logits->shape[1];
+    const int64_t *lab = (const int64_t *)nd_ptr(labels);
+    if (n == 0) return ND_OK;
+    if (logits->dtype == ND_FLOAT32) {
+        const float *X = (const float *)nd_ptr(logits);
+        float *L = (float *)nd_ptr(loss);
+#pragma omp parallel for if (n * c >= ND_PARALLEL_THRESHOLD) schedule(static)
+        for (int64_t r = 0; r < n; r++)
+            L[r] = lab[r] == ignore ? 0.0f : ce_row_f32(X + r * c, c, lab[r], smoothing);
+    } else {
+        CE_ROWS(double, exp);
+    }
+    return ND_OK;
+}
+
+/* ---------------------------------------------------------- backward */
+
+/* dx, and dw/db summed over rows through per-thread partial sums (each
+ * thread owns a slice of `part`, so no two threads write the same cell). */
+#define LN_BACKWARD(T)                                                                       \
+    do {                                                                                     \
+        const T *G = (const T *)nd_ptr(g), *X = (const T *)nd_ptr(x);                        \
+        const T *W = w ? (const T *)nd_ptr(w) : NULL;                                        \
+        const T *M = (const T *)nd_ptr(mean), *R = (const T *)nd_ptr(rstd);                  \
+        T *DX = dx ? (T *)nd_ptr(dx) : NULL;                                                 \
+        _Pragma("omp parallel num_threads(nt)")                                              \
+        {                                                                                    \
+            double *pw = part + (size_t)omp_get_thread_num() * 2 * cols, *pb = pw + cols;    \
+            _Pragma("omp for schedule(static)")                                              \
+            for (int64_t r = 0; r < rows; r++) {                                             \
+                const T *gr = G + r * cols, *xr = X + r * cols;                              \
+                double mu = M[r], rs = R[r], a = 0, bsum = 0;                                \
+                for (int64_t k = 0; k < cols; k++) {                                         \
+                    double xh = (xr[k] - mu) * rs, gw = W ? gr[k] * (double)W[k] : gr[k];    \
+                    a += gw;                                                                 \
+                    bsum += gw * xh;                                                         \
+                    pw[k] += gr[k] * xh;                                                     \
+                    pb[k] += gr[k];                                                          \
+                }                                                                            \
+                a /= (double)cols;                                                           \
+                bsum /= (double)cols;                                                        \
+                if (DX) {                                                                    \
+                    T *dr = DX + r * cols;                                                   \
+                    for (int64_t k = 0; k < cols; k++) {                                     \
+                        double xh = (xr[k] - mu) * rs, gw = W ? gr[k] * (double)W[k] : gr[k]; \
+                        dr[k] = (T)(rs * (gw - a - xh * bsum));                              \
+                    }                                                                        \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+        for (int t = 0; t < nt; t++)                                                         \
+            for (int64_t k = 0; k < cols; k++) {                                             \
+                if (dw) ((T *)nd_ptr(dw))[k] += (T)part[(size_t)t * 2 * cols + k];          \
+                if (db) ((T *)nd_ptr(db))[k] += (T)part[(size_t)t * 2 * cols + cols + k];    \
+            }                                                                                \
+    } while (0)
+
+nd_status nd_cpu_layer_norm_backward(nd_tensor *dx, nd_tensor *dw, nd_tensor *db,
+                                     const nd_tensor *g, const nd_tensor *x, const nd_tensor *w,
+                                     const nd_tensor *mean, const nd_tensor *rstd) {
+    int64_t rows = nd_numel(mean), cols = rows ? nd_numel(x) / rows : 0;
+    if (dw) memset(nd_ptr(dw), 0, (size_t)cols * nd_dtype_size(dw->dtype));
+    if (db) memset(nd_ptr(db), 0, (size_t)cols * nd_dtype_size(db->dtype));
+    if (rows == 0 || cols == 0) return ND_OK;
+    int nt = rows * cols >= ND_PARALLEL_THRESHOLD ? omp_get_max_threads() : 1;
+    double *part = calloc((size_t)nt * 2 * (size_t)cols, sizeof *part);
+    if (!part) return nd_fail(ND_ERR_MEMORY, "layer_norm: out of memory in backward");
+    if (x->dtype == ND_FLOAT32) LN_BACKWARD(float);
+    else LN_BACKWARD(double);
+    free(part);
+    return ND_OK;
+}
+
+/* d logits = (softmax - target) * row weight; target = (1-e) onehot + e/C */
+#define CE_BACKWARD(T, EXP)                                                                  \
+    do {                                                                                     \
+        const T *X = (const T *)nd_ptr(logits), *WR = (const T *)nd_ptr(wrow);               \
+        T *D = (T *)nd_ptr(dlogits);                                                         \
+        _Pragma("omp parallel for if (n * c >= ND_PARALLEL_THRESHOLD) schedule(static)")     \
+        for (int64_t r = 0; r < n; r++) {                                                    \
+            const T *xr = X + r * c;                                                         \
+            T *dr = D + r * c;                                                               \
+            T wr = WR[r];                                                                    \
+            if (lab[r] == ignore || wr == 0) { for (int64_t k = 0; k < c; k++) dr[k] = 0; continue; } \
+            T m = xr[0];                                                                     \
+            for (int64_t k = 1; k < c; k++) m = xr[k] > m ? xr[k] : m;                        \
+            T s = 0;                                                                         \
+            for (int64_t k = 0; k < c; k++) { T e = EXP(xr[k] - m); dr[k] = e; s += e; }     \
+            T scale = wr / s, off = (T)(smoothing / (double)c) * wr;                         \
+            for (int64_t k = 0; k < c; k++) dr[k] = dr[k] * scale - off;                     \
+            dr[lab[r]] -= (T)(1.0 - smoothing) * wr;                                         \
+        }                                                                                    \
+    } while (0)
+
+nd_status nd_cpu_cross_entropy_backward(nd_tensor *dlogits, const nd_tensor *logits,
+                                        const nd_tensor *labels, const nd_tensor *wrow,
+                                        int64_t ignore, double smoothing) {
+    int64_t n = logits->shape[0], c = logits->shape[1];
+    const int64_t *lab = (const int64_t *)nd_ptr(labels);
+    if (n == 0 || c == 0) return ND_OK;
+    if (logits->dtype == ND_FLOAT32) {
+        const float *X = (const float *)nd_ptr(logits), *WR = (const float *)nd_ptr(wrow);
+        float *D = (float *)nd_ptr(dlogits);
+#pragma omp parallel for if (n * c >= ND_PARALLEL_THRESHOLD) schedule(static)
+        for (int64_t r = 0; r < n; r++) {
+            if (lab[r] == ignore || WR[r] == 0) memset(D + r * c, 0, (size_t)c * sizeof(float));
+            else ce_row_backward_f32(X + r * c, D + r * c, c, lab[r], WR[r], smoothing);
+        }
+    } else {
+        CE_BACKWARD(double, exp);
+    }
+    return ND_OK;
+}

@@ -1,0 +1,230 @@
+/* lt_nn.c - convolution and pooling: nd.conv2d, nd.conv_transpose2d,
+ * nd.max_pool2d, nd.avg_pool2d, nd.adaptive_avg_pool2d, nd.dilate and
+ * nd.undilate. Size arguments are an integer or an {h, w} pair; PyTorch's
+ * keyword arguments go in a trailing options table (unknown keys are an
+ * error, so a typo is not silently ignored). max_pool2d's indices are
+ * 1-based flat positions within each (H, W) plane: (h - 1) * W + w. */
+#include <string.h>
+#include "lt_internal.h"
+
+/* Raises unless every key of the options table at idx is in `allowed`
+ * (a NULL-terminated list). */
+static void check_option_keys(lua_State *L, int idx, const char *op, const char *const *allowed) {
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        bool ok = false;
+        if (lua_type(L, -1) == LUA_TSTRING) {
+            const char *k = lua_tostring(L, -1);
+            for (const char *const *a = allowed; *a && !ok; a++) ok = strcmp(k, *a) == 0;
+        }
+        if (!ok) {
+            char list[256] = "";
+            for (const char *const *a = allowed; *a; a++) {
+                if (a != allowed) strncat(list, ", ", sizeof list - strlen(list) - 1);
+                strncat(list, *a, sizeof list - strlen(list) - 1);
+            }
+            const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : luaL_typename(L, -1);
+            lt_error(L, op, "unknown option '%s' (expected %s)", k, list);
+        }
+    }
+}
+
+/* The options table at idx (0 when absent); raises on anything else. */
+static int options_at(lua_State *L, int idx, const char *op, const char *const *allowed) {
+    if (lua_isnoneornil(L, idx)) return 0;
+    if (!lua_istable(L, idx) || lt_to(L, idx))
+        lt_error(L, op, "expected an options table as argument %d, got %s", idx, luaL_typename(L, idx));
+    idx = lua_absindex(L, idx);
+    check_option_keys(L, idx, op, allowed);
+    return idx;
+}
+
+static int64_t pair_item(lua_State *L, int idx, const char *op, const char *what) {
+    int isnum;
+    lua_Integer v = lua_tointegerx(L, idx, &isnum);
+    if (!isnum) lt_error(L, op, "%s must be an integer or a pair {h, w} of integers", what);
+    return (int64_t)v;
+}
+
+/* An integer (both sides) or an {h, w} pair at idx. */
+static void check_pair(lua_State *L, int idx, const char *op, const char *what, int64_t out[2]) {
+    idx = lua_absindex(L, idx);
+    if (lua_type(L, idx) == LUA_TNUMBER) {
+        out[0] = out[1] = pair_item(L, idx, op, what);
+        return;
+    }
+    if (!lua_istable(L, idx) || lt_to(L, idx))
+        lt_error(L, op, "%s must be an integer or a pair {h, w}, got %s", what, luaL_typename(L, idx));
+    if (luaL_len(L, idx) != 2)
+        lt_error(L, op, "%s must be an integer or a pair {h, w}, got a table of %d entries", what,
+                 (int)luaL_len(L, idx));
+    for (int i = 0; i < 2; i++) {
+        lua_geti(L, idx, i + 1);
+        out[i] = pair_item(L, -1, op, what);
+        lua_pop(L, 1);
+    }
+}
+
+/* Field `what` of the options table at opts, when present: true and *out. */
+static bool opt_pair(lua_State *L, int opts, const char *op, const char *what, int64_t out[2]) {
+    if (!opts) return false;
+    bool present = lua_getfield(L, opts, what) != LUA_TNIL;
+    if (present) check_pair(L, -1, op, what, out);
+    lua_pop(L, 1);
+    return present;
+}
+
+static int64_t opt_int(lua_State *L, int opts, const char *op, const char *what, int64_t def) {
+    if (!opts) return def;
+    int64_t v = def;
+    if (lua_getfield(L, opts, what) != LUA_TNIL) {
+        int isnum;
+        lua_Integer i = lua_tointegerx(L, -1, &isnum);
+        if (!isnum) lt_error(L, op, "%s must be an integer, got %s", what, luaL_typename(L, -1));
+        v = (int64_t)i;
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+/* The optional bias at idx and the options table after it; a plain table
+ * in the bias's place is taken as the options (conv2d(x, w, {stride=2})). */
+static const nd_tensor *bias_and_options(lua_State *L, const char *op, const char *const *allowed,
+                                         int *opts) {
+    if (lua_istable(L, 3) && !lt_to(L, 3) && lua_isnoneornil(L, 4)) {
+        *opts = options_at(L, 3, op, allowed);
+        return NULL;
+    }
+    const nd_tensor *b = lua_isnoneornil(L, 3) ? NULL : lt_check(L, 3, op);
+    *opts = options_at(L, 4, op, allowed);
+    return b;
+}
+
+/* nd.conv2d(x, w, [b], {stride=, padding=, dilation=, groups=}) */
+static int l_conv2d(lua_State *L) {
+    static const char *const allowed[] = {"stride", "padding", "dilation", "groups", NULL};
+    const char *op = "conv2d";
+    nd_tensor *x = lt_check(L, 1, op), *w = lt_check(L, 2, op), *r;
+    int opts;
+    const nd_tensor *b = bias_and_options(L, op, allowed, &opts);
+    int64_t stride[2], padding[2], dilation[2];
+    bool hs = opt_pair(L, opts, op, "stride", stride);
+    bool hp = opt_pair(L, opts, op, "padding", padding);
+    bool hd = opt_pair(L, opts, op, "dilation", dilation);
+    int64_t groups = opt_int(L, opts, op, "groups", 1);
+    LT_CHECK(L, nd_conv2d(x, w, b, hs ? stride : NULL, hp ? padding : NULL, hd ? dilation : NULL,
+                          groups, &r));
+    lt_push(L, r);
+    return 1;
+}
+
+/* nd.conv_transpose2d(x, w, [b], {stride=, padding=, output_padding=,
+ * dilation=, groups=}) */
+static int l_conv_transpose2d(lua_State *L) {
+    static const char *const allowed[] = {"stride", "padding", "output_padding", "dilation",
+                                          "groups", NULL};
+    const char *op = "conv_transpose2d";
+    nd_tensor *x = lt_check(L, 1, op), *w = lt_check(L, 2, op), *r;
+    int opts;
+    const nd_tensor *b = bias_and_options(L, op, allowed, &opts);
+    int64_t stride[2], padding[2], outpad[2], dilation[2];
+    bool hs = opt_pair(L, opts, op, "stride", stride);
+    bool hp = opt_pair(L, opts, op, "padding", padding);
+    bool ho = opt_pair(L, opts, op, "output_padding", outpad);
+    bool hd = opt_pair(L, opts, op, "dilation", dilation);
+    int64_t groups = opt_int(L, opts, op, "groups", 1);
+    LT_CHECK(L, nd_conv_transpose2d(x, w, b, hs ? stride : NULL, hp ? padding : NULL,
+                                    ho ? outpad : NULL, hd ? dilation : NULL, groups, &r));
+    lt_push(L, r);
+    return 1;
+}
+
+/* nd.max_pool2d(x, kernel_size, {stride=, padding=, dilation=, ceil_mode=,
+ * return_indices=}) -> out[, indices (int64, 1-based within each plane)] */
+static int l_max_pool2d(lua_State *L) {
+    static const char *const allowed[] = {"stride", "padding", "dilation", "ceil_mode",
+                                          "return_indices", NULL};
+    const char *op = "max_pool2d";
+    nd_tensor *x = lt_check(L, 1, op), *r, *ix = NULL;
+    int64_t kernel[2], stride[2], padding[2], dilation[2];
+    if (lua_isnoneornil(L, 2)) lt_error(L, op, "kernel_size is required");
+    check_pair(L, 2, op, "kernel_size", kernel);
+    int opts = options_at(L, 3, op, allowed);
+    bool hs = opt_pair(L, opts, op, "stride", stride);
+    bool hp = opt_pair(L, opts, op, "padding", padding);
+    bool hd = opt_pair(L, opts, op, "dilation", dilation);
+    bool ceil_mode = opts && lt_opt_bool_field(L, opts, "ceil_mode", false);
+    bool want_ix = opts && lt_opt_bool_field(L, opts, "return_indices", false);
+    LT_CHECK(L, nd_max_pool2d(x, kernel, hs ? stride : NULL, hp ? padding : NULL,
+                              hd ? dilation : NULL, ceil_mode, &r, want_ix ? &ix : NULL));
+    lt_push(L, r);
+    if (!want_ix) return 1;
+    lt_push_index(L, ix);
+    return 2;
+}
+
+/* nd.avg_pool2d(x, kernel_size, {stride=, padding=, ceil_mode=,
+ * count_include_pad=true}) */
+static int l_avg_pool2d(lua_State *L) {
+    static const char *const allowed[] = {"stride", "padding", "ceil_mode", "count_include_pad",
+                                          NULL};
+    const char *op = "avg_pool2d";
+    nd_tensor *x = lt_check(L, 1, op), *r;
+    int64_t kernel[2], stride[2], padding[2];
+    if (lua_isnoneornil(L, 2)) lt_error(L, op, "kernel_size is required");
+    check_pair(L, 2, op, "kernel_size", kernel);
+    int opts = options_at(L, 3, op, allowed);
+    bool hs = opt_pair(L, opts, op, "stride", stride);
+    bool hp = opt_pair(L, opts, op, "padding", padding);
+    bool ceil_mode = opts && lt_opt_bool_field(L, opts, "ceil_mode", false);
+    bool include_pad = !opts || lt_opt_bool_field(L, opts, "count_include_pad", true);
+    LT_CHECK(L, nd_avg_pool2d(x, kernel, hs ? stride : NULL, hp ? padding : NULL, ceil_mode,
+                              include_pad, &r));
+    lt_push(L, r);
+    return 1;
+}
+
+/* nd.adaptive_avg_pool2d(x, {oh, ow}) (or one integer for both) */
+static int l_adaptive_avg_pool2d(lua_State *L) {
+    const char *op = "adaptive_avg_pool2d";
+    nd_tensor *x = lt_check(L, 1, op), *r;
+    int64_t hw[2];
+    if (lua_isnoneornil(L, 2)) lt_error(L, op, "output_size is required");
+    check_pair(L, 2, op, "output_size", hw);
+    LT_CHECK(L, nd_adaptive_avg_pool2d(x, hw, &r));
+    lt_push(L, r);
+    return 1;
+}
+
+/* nd.dilate(x, dims, dilation) / nd.undilate(x, dims, dilation); dims a
+ * 1-based dim or a list of them */
+static int dilate(lua_State *L, bool un) {
+    const char *op = un ? "undilate" : "dilate";
+    nd_tensor *x = lt_check(L, 1, op), *r;
+    int dims[ND_MAX_DIMS];
+    if (lua_isnoneornil(L, 2)) lt_error(L, op, "dims are required");
+    int nd = lt_dims(L, 2, op, dims);
+    int isnum;
+    lua_Integer dil = lua_tointegerx(L, 3, &isnum);
+    if (!isnum) lt_error(L, op, "dilation must be an integer, got %s", luaL_typename(L, 3));
+    LT_CHECK(L, un ? nd_undilate(x, dims, nd, (int64_t)dil, &r) : nd_dilate(x, dims, nd, (int64_t)dil, &r));
+    lt_push(L, r);
+    return 1;
+}
+static int l_dilate(lua_State *L) { return dilate(L, false); }
+static int l_undilate(lua_State *L) { return dilate(L, true); }
+
+void lt_register_nn(lua_State *L) {
+    static const lt_reg regs[] = {
+        {"conv2d", l_conv2d, false, true},
+        {"conv_transpose2d", l_conv_transpose2d, false, true},
+        {"max_pool2d", l_max_pool2d, false, true},
+        {"avg_pool2d", l_avg_pool2d, false, true},
+        {"adaptive_avg_pool2d", l_adaptive_avg_pool2d, false, true},
+        {"dilate", l_dilate, true, true},
+        {"undilate", l_undilate, true, true},
+        {NULL, NULL, false, false},
+    };
+    lt_register(L, -2, -1, regs);
+}

@@ -1,0 +1,597 @@
+/* op_conv.c - conv2d and conv_transpose2d (NCHW, stride, padding,
+ * dilation, groups) by im2col + GEMM, the differentiable im2col/col2im pair
+ * they are built from, and needle's dilate/undilate.
+ *
+ * conv2d:           cols = im2col(x)                 (N, C*kh*kw, oh*ow)
+ *                   out  = w (G, O/G, K) @ cols (N, G, K, L): one GEMM per
+ *                          (batch, group) + bias
+ * conv_transpose2d: cols = w^T (G, O/G*kh*kw, C/G) @ x (N, G, C/G, H*W)
+ *                   out  = col2im(cols) + bias
+ * Each is the other's adjoint in x, so their backward formulas (op_conv.h)
+ * are made of the two of them plus im2col and matmul: differentiable to any
+ * order. */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include "backend.h"
+#include "grad_expr.h"
+#include "grad_fns.h"
+#include "op_conv.h"
+
+static const int64_t ONES2[2] = {1, 1}, ZEROS2[2] = {0, 0};
+
+/* ------------------------------------------------------------ arguments */
+
+nd_status nd_conv_pair_arg(const char *op, const char *what, const int64_t *v, const int64_t *def,
+                          int64_t min, int64_t out[2]) {
+    const int64_t *s = v ? v : def;
+    out[0] = s[0];
+    out[1] = s[1];
+    if (out[0] < min || out[1] < min)
+        return nd_fail(ND_ERR_ARG, "%s: %s must be >= %lld, got {%lld,%lld}", op, what,
+                       (long long)min, (long long)out[0], (long long)out[1]);
+    if (out[0] > INT_MAX || out[1] > INT_MAX)
+        return nd_fail(ND_ERR_ARG, "%s: %s {%lld,%lld} is too large", op, what, (long long)out[0],
+                       (long long)out[1]);
+    return ND_OK;
+}
+
+static nd_status check_float_dtypes(const char *op, const nd_tensor *x, const nd_tensor *w,
+                                    const nd_tensor *b) {
+    if (x->dtype != ND_FLOAT32 && x->dtype != ND_FLOAT64)
+        return nd_fail(ND_ERR_DTYPE, "%s: expected a float32 or float64 input, got %s", op,
+                       nd_dtype_name(x->dtype));
+    if (w->dtype != x->dtype)
+        return nd_fail(ND_ERR_DTYPE, "%s: input (%s) and weight (%s) must have the same dtype", op,
+                       nd_dtype_name(x->dtype), nd_dtype_name(w->dtype));
+    if (b && b->dtype != x->dtype)
+        return nd_fail(ND_ERR_DTYPE, "%s: input (%s) and bias (%s) must have the same dtype", op,
+                       nd_dtype_name(x->dtype), nd_dtype_name(b->dtype));
+    return ND_OK;
+}
+
+/* Checks conv2d / conv_transpose2d arguments (x 3-D or 4-D) and computes
+ * the output's spatial size. */
+static nd_status conv_args(const char *op, bool tr, const nd_tensor *x, const nd_tensor *w,
+                           const nd_tensor *b, const int64_t *stride, const int64_t *padding,
+                           const int64_t *output_padding, const int64_t *dilation, int64_t groups,
+                           nd_conv_params *cp, int64_t ohw[2]) {
+    char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+    if (x->ndim != 3 && x->ndim != 4)
+        return nd_fail(ND_ERR_SHAPE, "%s: expected a 3-D (C, H, W) or 4-D (N, C, H, W) input, "
+                       "got shape %s", op, nd_shape_str(x->shape, x->ndim, b1));
+    if (w->ndim != 4)
+        return nd_fail(ND_ERR_SHAPE, "%s: expected a 4-D weight (%s, kH, kW), got shape %s", op,
+                       tr ? "in_channels, out_channels/groups" : "out_channels, in_channels/groups",
+                       nd_shape_str(w->shape, w->ndim, b1));
+    ND_TRY(check_float_dtypes(op, x, w, b));
+    if (groups < 1 || groups > INT_MAX)
+        return nd_fail(ND_ERR_ARG, "%s: groups must be >= 1, got %lld", op, (long long)groups);
+    ND_TRY(nd_conv_pair_arg(op, "stride", stride, ONES2, 1, cp->stride));
+    ND_TRY(nd_conv_pair_arg(op, "padding", padding, ZEROS2, 0, cp->padding));
+    ND_TRY(nd_conv_pair_arg(op, "dilation", dilation, ONES2, 1, cp->dilation));
+    ND_TRY(nd_conv_pair_arg(op, "output_padding", output_padding, ZEROS2, 0, cp->output_padding));
+    cp->groups = groups;
+    int cd = x->ndim - 3;
+    int64_t C = x->shape[cd], H = x->shape[cd + 1], W = x->shape[cd + 2];
+    int64_t k[2] = {w->shape[2], w->shape[3]}, in[2] = {H, W};
+    if (k[0] < 1 || k[1] < 1)
+        return nd_fail(ND_ERR_SHAPE, "%s: the weight's kernel must be at least 1x1, got weight shape %s",
+                       op, nd_shape_str(w->shape, w->ndim, b1));
+    if (C % groups != 0)
+        return nd_fail(ND_ERR_SHAPE, "%s: groups %lld does not divide the input's %lld channels "
+                       "(input shape %s)", op, (long long)groups, (long long)C,
+                       nd_shape_str(x->shape, x->ndim, b1));
+    int64_t O;
+    if (!tr) {
+        O = w->shape[0];
+        if (O % groups != 0)
+            return nd_fail(ND_ERR_SHAPE, "%s: out_channels %lld (weight shape %s) is not divisible by "
+                           "groups %lld", op, (long long)O, nd_shape_str(w->shape, w->ndim, b1),
+                           (long long)groups);
+        if (w->shape[1] * groups != C)
+            return nd_fail(ND_ERR_SHAPE, "%s: input has %lld channels but weight expects %lld "
+                           "(weight shape %s, groups %lld)", op, (long long)C,
+                           (long long)(w->shape[1] * groups), nd_shape_str(w->shape, w->ndim, b1),
+                           (long long)groups);
+    } else {
+        if (w->shape[0] != C)
+            return nd_fail(ND_ERR_SHAPE, "%s: input has %lld channels but weight expects %lld "
+                           "(weight shape %s, groups %lld)", op, (long long)C,
+                           (long long)w->shape[0], nd_shape_str(w->shape, w->ndim, b1),
+                           (long long)groups);
+        O = w->shape[1] * groups;
+    }
+    if (b && (b->ndim != 1 || b->shape[0] != O))
+        return nd_fail(ND_ERR_SHAPE, "%s: bias must have shape {%lld} (out_channels), got %s", op,
+                       (long long)O, nd_shape_str(b->shape, b->ndim, b1));
+    for (int a = 0; a < 2; a++) {
+        const int64_t s = cp->stride[a], p = cp->padding[a], d = cp->dilation[a];
+        double eff = (double)d * (double)(k[a] - 1) + 1;
+        if (!tr) {
+            if (eff > (double)(in[a] + 2 * p)) {
+                char kd[64] = "";
+                if (cp->dilation[0] > 1 || cp->dilation[1] > 1)
+                    snprintf(kd, sizeof kd, " (%.0fx%.0f dilated)",
+                             (double)cp->dilation[0] * (double)(k[0] - 1) + 1,
+                             (double)cp->dilation[1] * (double)(k[1] - 1) + 1);
+                return nd_fail(ND_ERR_SHAPE, "%s: kernel size %lldx%lld%s is larger than the padded "
+                               "input %lldx%lld (input shape %s, padding {%lld,%lld})", op,
+                               (long long)k[0], (long long)k[1], kd,
+                               (long long)(H + 2 * cp->padding[0]), (long long)(W + 2 * cp->padding[1]),
+                               nd_shape_str(x->shape, x->ndim, b2), (long long)cp->padding[0],
+                               (long long)cp->padding[1]);
+            }
+            ohw[a] = (in[a] + 2 * p - (int64_t)eff) / s + 1;
+        } else {
+            int64_t op_ = cp->output_padding[a];
+            if (op_ >= s && op_ >= d)
+                return nd_fail(ND_ERR_ARG, "%s: output_padding {%lld,%lld} must be smaller than either "
+                               "stride {%lld,%lld} or dilation {%lld,%lld}", op,
+                               (long long)cp->output_padding[0], (long long)cp->output_padding[1],
+                               (long long)cp->stride[0], (long long)cp->stride[1],
+                               (long long)cp->dilation[0], (long long)cp->dilation[1]);
+            double o = (double)(in[a] - 1) * (double)s - 2.0 * (double)p + eff + (double)op_;
+            if (o < 1 || o > (double)ND_MAX_NUMEL)
+                return nd_fail(ND_ERR_SHAPE, "%s: output size along %s would be %.0f (input shape %s, "
+                               "weight shape %s, stride {%lld,%lld}, padding {%lld,%lld}, dilation "
+                               "{%lld,%lld})", op, a ? "W" : "H", o,
+                               nd_shape_str(x->shape, x->ndim, b1), nd_shape_str(w->shape, w->ndim, b2),
+                               (long long)cp->stride[0], (long long)cp->stride[1],
+                               (long long)cp->padding[0], (long long)cp->padding[1],
+                               (long long)cp->dilation[0], (long long)cp->dilation[1]);
+            ohw[a] = (int64_t)o;
+        }
+    }
+    return ND_OK;
+}
+
+/* -------------------------------------------------- im2col and col2im ops */
+
+static bool is_pointwise(const nd_conv_geom *g, int64_t H, int64_t W) {
+    return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0 &&
+           g->lh == H && g->lw == W;
+}
+
+/* cols (N, C*kh*kw, lh*lw) of a 4-D x (any strides), grad mode off */
+static nd_status im2col_forward(const nd_tensor *x, const nd_conv_geom *g, nd_tensor **out) {
+    nd_tensor *xc;
+    ND_TRY(nd_contiguous(x, &xc));
+    int64_t shape[3] = {x->shape[0], x->shape[1] * g->kh * g->kw, g->lh * g->lw};
+    nd_status st = nd_empty(shape, 3, x->dtype, out);
+    if (st == ND_OK) {
+        st = ND_BACKEND_CALL(nd_backend_of(x), im2col, "im2col", *out, xc, g);
+        if (st != ND_OK) { nd_release(*out); *out = NULL; }
+    }
+    nd_release(xc);
+    return st;
+}
+
+static nd_status col2im_forward(const nd_tensor *cols, int64_t C, int64_t H, int64_t W,
+                                const nd_conv_geom *g, nd_tensor **out) {
+    char b1[ND_SHAPE_BUF];
+    if (cols->ndim != 3 || cols->shape[1] != C * g->kh * g->kw || cols->shape[2] != g->lh * g->lw)
+        return nd_fail(ND_ERR_SHAPE, "col2im: expected cols of shape {N,%lld,%lld}, got %s",
+                       (long long)(C * g->kh * g->kw), (long long)(g->lh * g->lw),
+                       nd_shape_str(cols->shape, cols->ndim, b1));
+    nd_tensor *cc;
+    ND_TRY(nd_contiguous(cols, &cc));
+    int64_t shape[4] = {cols->shape[0], C, H, W};
+    nd_status st = nd_empty(shape, 4, cols->dtype, out);
+    if (st == ND_OK) {
+        st = ND_BACKEND_CALL(nd_backend_of(cols), col2im, "col2im", *out, cc, g);
+        if (st != ND_OK) { nd_release(*out); *out = NULL; }
+    }
+    nd_release(cc);
+    return st;
+}
+
+nd_status nd_im2col_op(const nd_tensor *x, const nd_conv_geom *g, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(im2col_forward(x, g, out), nd_record_im2col(x, g, *out), out);
+}
+
+nd_status nd_col2im_op(const nd_tensor *cols, int64_t C, int64_t H, int64_t W,
+                       const nd_conv_geom *g, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(col2im_forward(cols, C, H, W, g, out), nd_record_col2im(cols, g, *out),
+                           out);
+}
+
+static nd_status bw_im2col(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    nd_conv_geom geom = nd_node_conv_geom(n);
+    const int64_t *xs = n->in_shape[0];
+    return nd_col2im_op(g, xs[1], xs[2], xs[3], &geom, &grads[0]);
+}
+
+static nd_status bw_col2im(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    nd_conv_geom geom = nd_node_conv_geom(n);
+    return nd_im2col_op(g, &geom, &grads[0]);
+}
+
+nd_status nd_record_im2col(const nd_tensor *x, const nd_conv_geom *g, nd_tensor *out) {
+    nd_node *n;
+    const nd_tensor *in[1] = {x};
+    ND_TRY(nd_record("im2col", bw_im2col, out, 1, in, &n));
+    if (n) nd_node_put_conv_geom(n, g);
+    return ND_OK;
+}
+
+nd_status nd_record_col2im(const nd_tensor *cols, const nd_conv_geom *g, nd_tensor *out) {
+    nd_node *n;
+    const nd_tensor *in[1] = {cols};
+    ND_TRY(nd_record("col2im", bw_col2im, out, 1, in, &n));
+    if (n) nd_node_put_conv_geom(n, g);
+    return ND_OK;
+}
+
+/* ------------------------------------------------------ forward kernels */
+
+/* out += bias viewed as (1, O, 1, 1), in place on a fresh output */
+static nd_status add_bias(nd_tensor *out, const nd_tensor *b) {
+    if (!b) return ND_OK;
+    int64_t shape[4] = {1, b->shape[0], 1, 1};
+    nd_tensor *bv;
+    ND_TRY(nd_reshape(b, shape, 4, &bv));
+    nd_status st = nd_binary_(ND_BINARY_add, out, bv);
+    nd_release(bv);
+    return st;
+}
+
+static nd_status conv2d_forward(const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                                const nd_conv_params *cp, const int64_t *ohw, nd_tensor **out) {
+    int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
+    int64_t O = w->shape[0], kh = w->shape[2], kw = w->shape[3], G = cp->groups;
+    int64_t K = (C / G) * kh * kw, L = ohw[0] * ohw[1];
+    nd_conv_geom g = {kh, kw, cp->stride[0], cp->stride[1], cp->padding[0], cp->padding[1],
+                      cp->dilation[0], cp->dilation[1], ohw[0], ohw[1]};
+    nd_tensor *cols = NULL, *cols4 = NULL, *wr = NULL, *r = NULL;
+    nd_status st;
+    if (is_pointwise(&g, H, W)) st = nd_contiguous(x, &cols); /* a 1x1 conv reads x as is */
+    else st = im2col_forward(x, &g, &cols);
+    int64_t cs[4] = {N, G, K, L}, wsh[3] = {G, O / G, K}, os[4] = {N, O, ohw[0], ohw[1]};
+    if (st == ND_OK) st = nd_reshape(cols, cs, 4, &cols4);
+    if (st == ND_OK) st = nd_reshape(w, wsh, 3, &wr);
+    if (st == ND_OK) st = nd_matmul(wr, cols4, &r); /* (N, G, O/G, L): a GEMM per (n, g) */
+    if (st == ND_OK) st = nd_view(r, os, 4, out);
+    nd_release(cols); nd_release(cols4); nd_release(wr); nd_release(r);
+    if (st == ND_OK && (st = add_bias(*out, b)) != ND_OK) { nd_release(*out); *out = NULL; }
+    return st;
+}
+
+static nd_status conv_transpose2d_forward(const nd_tensor *x, const nd_tensor *w,
+                                          const nd_tensor *b, const nd_conv_params *cp,
+                                          const int64_t *ohw, nd_tensor **out) {
+    int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
+    int64_t Og = w->shape[1], kh = w->shape[2], kw = w->shape[3], G = cp->groups;
+    int64_t Cg = C / G, O = Og * G;
+    nd_conv_geom g = {kh, kw, cp->stride[0], cp->stride[1], cp->padding[0], cp->padding[1],
+                      cp->dilation[0], cp->dilation[1], H, W};
+    int64_t xs[4] = {N, G, Cg, H * W}, wsh[3] = {G, Cg, Og * kh * kw};
+    int64_t cs[3] = {N, O * kh * kw, H * W};
+    nd_tensor *xr = NULL, *wr = NULL, *wt = NULL, *cols = NULL, *c3 = NULL;
+    nd_status st = nd_reshape(x, xs, 4, &xr);
+    if (st == ND_OK) st = nd_reshape(w, wsh, 3, &wr);
+    if (st == ND_OK) st = nd_transpose(wr, 1, 2, &wt);
+    if (st == ND_OK) st = nd_matmul(wt, xr, &cols); /* (N, G, Og*kh*kw, H*W) */
+    if (st == ND_OK) st = nd_view(cols, cs, 3, &c3);
+    if (st == ND_OK) st = col2im_forward(c3, O, ohw[0], ohw[1], &g, out);
+    nd_release(xr); nd_release(wr); nd_release(wt); nd_release(cols); nd_release(c3);
+    if (st == ND_OK && (st = add_bias(*out, b)) != ND_OK) { nd_release(*out); *out = NULL; }
+    return st;
+}
+
+/* --------------------------------------------------------------- backward */
+
+static void put_conv_params(nd_node *n, const nd_conv_params *cp) {
+    const int64_t k8[8] = {cp->stride[0], cp->stride[1], cp->padding[0], cp->padding[1],
+                           cp->dilation[0], cp->dilation[1], cp->output_padding[0],
+                           cp->output_padding[1]};
+    nd_node_put_k8(n, k8);
+    n->iparams[0] = cp->groups;
+}
+
+static nd_conv_params node_conv_params(const nd_node *n) {
+    int64_t k[8];
+    nd_node_get_k8(n, k);
+    nd_conv_params cp = {{k[0], k[1]}, {k[2], k[3]}, {k[4], k[5]}, {k[6], k[7]}, n->iparams[0]};
+    return cp;
+}
+
+/* sum over the batch of a (N, G, M, K) @ b (N, G, K, P) -> (G, M, P) */
+static nd_tensor *batch_gemm_sum(nd_gx *c, const nd_tensor *a, const nd_tensor *b) {
+    if (c->st != ND_OK) return NULL;
+    nd_tensor *p = NULL, *s = NULL;
+    p = gx_own(c, nd_matmul(a, b, &p), &p);
+    if (c->st != ND_OK) return NULL;
+    int d0 = 0;
+    return gx_own(c, nd_reduce(ND_REDUCE_sum, p, &d0, 1, 0, 0, &s), &s);
+}
+
+static nd_tensor *transpose_last(nd_gx *c, const nd_tensor *t) {
+    if (c->st != ND_OK) return NULL;
+    nd_tensor *r = NULL;
+    return gx_own(c, nd_transpose(t, t->ndim - 2, t->ndim - 1, &r), &r);
+}
+
+static nd_tensor *bias_grad(nd_gx *c, const nd_tensor *g) {
+    if (c->st != ND_OK) return NULL;
+    int dims[3] = {0, 2, 3};
+    nd_tensor *r = NULL;
+    return gx_own(c, nd_reduce(ND_REDUCE_sum, g, dims, 3, 0, 0, &r), &r);
+}
+
+/* conv2d: gx = conv_transpose2d(g, w) (output_padding restores H, W),
+ * gw = sum_n g (N, G, O/G, L) @ im2col(x)^T, gb = sum of g over N, H, W. */
+static nd_status bw_conv2d(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    nd_conv_params cp = node_conv_params(n);
+    const int64_t *xs = n->in_shape[0], *ws = n->in_shape[1];
+    int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3];
+    int64_t O = ws[0], kh = ws[2], kw = ws[3], G = cp.groups;
+    int64_t OH = n->out_shape[2], OW = n->out_shape[3];
+    nd_gx c = {0};
+    if (n->needs_grad[0]) {
+        nd_tensor *w = gx_saved(&c, n, (int)n->iparams[2]), *r = NULL;
+        int64_t op[2] = {
+            H - ((OH - 1) * cp.stride[0] - 2 * cp.padding[0] + cp.dilation[0] * (kh - 1) + 1),
+            W - ((OW - 1) * cp.stride[1] - 2 * cp.padding[1] + cp.dilation[1] * (kw - 1) + 1)};
+        if (c.st == ND_OK)
+            r = gx_own(&c, nd_conv_transpose2d(g, w, NULL, cp.stride, cp.padding, op, cp.dilation,
+                                               G, &r), &r);
+        grads[0] = gx_out(&c, r);
+    }
+    if (n->needs_grad[1]) {
+        nd_tensor *x = gx_saved(&c, n, (int)n->iparams[1]), *cols = NULL;
+        nd_conv_geom geom = {kh, kw, cp.stride[0], cp.stride[1], cp.padding[0], cp.padding[1],
+                             cp.dilation[0], cp.dilation[1], OH, OW};
+        int64_t K = (C / G) * kh * kw, cs[4] = {N, G, K, OH * OW}, gs[4] = {N, G, O / G, OH * OW};
+        int64_t wsh[4] = {ws[0], ws[1], ws[2], ws[3]};
+        if (c.st == ND_OK) {
+            if (is_pointwise(&geom, H, W)) cols = x;
+            else cols = gx_own(&c, nd_im2col_op(x, &geom, &cols), &cols);
+        }
+        nd_tensor *ct = transpose_last(&c, gx_reshape(&c, cols, cs, 4));
+        nd_tensor *s = batch_gemm_sum(&c, gx_reshape(&c, g, gs, 4), ct);
+        grads[1] = gx_out(&c, gx_reshape(&c, s, wsh, 4));
+    }
+    if (n->ninputs > 2 && n->needs_grad[2]) grads[2] = gx_out(&c, bias_grad(&c, g));
+    return gx_end(&c);
+}
+
+/* conv_transpose2d: gx = conv2d(g, w) (cut to H, W when output_padding
+ * reached past the stride), gw = sum_n x (N, G, C/G, HW) @ im2col(g)^T,
+ * gb = sum of g. */
+static nd_status bw_conv_transpose2d(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    nd_conv_params cp = node_conv_params(n);
+    const int64_t *xs = n->in_shape[0], *ws = n->in_shape[1];
+    int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3];
+    int64_t Og = ws[1], kh = ws[2], kw = ws[3], G = cp.groups;
+    nd_gx c = {0};
+    if (n->needs_grad[0]) {
+        nd_tensor *w = gx_saved(&c, n, (int)n->iparams[2]), *r = NULL;
+        if (c.st == ND_OK)
+            r = gx_own(&c, nd_conv2d(g, w, NULL, cp.stride, cp.padding, cp.dilation, G, &r), &r);
+        for (int a = 0; a < 2 && c.st == ND_OK; a++) {
+            if (r->shape[2 + a] == xs[2 + a]) continue;
+            nd_tensor *v = NULL;
+            r = gx_own(&c, nd_narrow(r, 2 + a, 0, xs[2 + a], &v), &v);
+        }
+        grads[0] = gx_out(&c, r);
+    }
+    if (n->needs_grad[1]) {
+        nd_tensor *x = gx_saved(&c, n, (int)n->iparams[1]), *gcols = NULL;
+        nd_conv_geom geom = {kh, kw, cp.stride[0], cp.stride[1], cp.padding[0], cp.padding[1],
+                             cp.dilation[0], cp.dilation[1], H, W};
+        int64_t cs[4] = {N, G, Og * kh * kw, H * W}, xr[4] = {N, G, C / G, H * W};
+        int64_t wsh[4] = {ws[0], ws[1], ws[2], ws[3]};
+        if (c.st == ND_OK) gcols = gx_own(&c, nd_im2col_op(g, &geom, &gcols), &gcols);
+        nd_tensor *ct = transpose_last(&c, gx_reshape(&c, gcols, cs, 4));
+        nd_tensor *s = batch_gemm_sum(&c, gx_reshape(&c, x, xr, 4), ct);
+        grads[1] = gx_out(&c, gx_reshape(&c, s, wsh, 4));
+    }
+    if (n->ninputs > 2 && n->needs_grad[2]) grads[2] = gx_out(&c, bias_grad(&c, g));
+    return gx_end(&c);
+}
+
+static nd_status record_conv(const char *name, nd_backward_fn fn, const nd_tensor *x,
+                             const nd_tensor *w, const nd_tensor *b, const nd_conv_params *cp,
+                             nd_tensor *out) {
+    nd_node *n;
+    const nd_tensor *in[3] = {x, w, b};
+    ND_TRY(nd_record(name, fn, out, 3, in, &n));
+    if (!n) return ND_OK;
+    put_conv_params(n, cp);
+    /* keep only what the formulas need: x for gw, w for gx */
+    n->iparams[1] = n->iparams[2] = -1;
+    if (n->needs_grad[1]) {
+        n->iparams[1] = n->nsaved;
+        ND_TRY(nd_save(n, x, false));
+    }
+    if (n->needs_grad[0]) {
+        n->iparams[2] = n->nsaved;
+        ND_TRY(nd_save(n, w, false));
+    }
+    return ND_OK;
+}
+
+nd_status nd_record_conv2d(const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                           const nd_conv_params *cp, nd_tensor *out) {
+    return record_conv("conv2d", bw_conv2d, x, w, b, cp, out);
+}
+
+nd_status nd_record_conv_transpose2d(const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                                     const nd_conv_params *cp, nd_tensor *out) {
+    return record_conv("conv_transpose2d", bw_conv_transpose2d, x, w, b, cp, out);
+}
+
+/* ----------------------------------------------------------- public ops */
+
+static nd_status conv2d_4d(const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                           const nd_conv_params *cp, const int64_t *ohw, nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(conv2d_forward(x, w, b, cp, ohw, out),
+                           nd_record_conv2d(x, w, b, cp, *out), out);
+}
+
+static nd_status conv_transpose2d_4d(const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                                     const nd_conv_params *cp, const int64_t *ohw,
+                                     nd_tensor **out) {
+    ND_FORWARD_THEN_RECORD(conv_transpose2d_forward(x, w, b, cp, ohw, out),
+                           nd_record_conv_transpose2d(x, w, b, cp, *out), out);
+}
+
+typedef nd_status (*conv4d_fn)(const nd_tensor *, const nd_tensor *, const nd_tensor *,
+                               const nd_conv_params *, const int64_t *, nd_tensor **);
+
+/* A 3-D (C, H, W) input runs as a batch of one (recorded views). */
+static nd_status run_maybe_unbatched(conv4d_fn fn, const nd_tensor *x, const nd_tensor *w,
+                                     const nd_tensor *b, const nd_conv_params *cp,
+                                     const int64_t *ohw, nd_tensor **out) {
+    if (x->ndim == 4) return fn(x, w, b, cp, ohw, out);
+    nd_tensor *x4, *r;
+    ND_TRY(nd_unsqueeze(x, 0, &x4));
+    nd_status st = fn(x4, w, b, cp, ohw, &r);
+    nd_release(x4);
+    ND_TRY(st);
+    st = nd_squeeze(r, 0, out);
+    nd_release(r);
+    return st;
+}
+
+nd_status nd_conv2d(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
+                    const int64_t *stride, const int64_t *padding, const int64_t *dilation,
+                    int64_t groups, nd_tensor **out) {
+    nd_conv_params cp;
+    int64_t ohw[2];
+    ND_TRY(conv_args("conv2d", false, x, weight, bias, stride, padding, NULL, dilation, groups,
+                     &cp, ohw));
+    return run_maybe_unbatched(conv2d_4d, x, weight, bias, &cp, ohw, out);
+}
+
+nd_status nd_conv_transpose2d(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
+                              const int64_t *stride, const int64_t *padding,
+                              const int64_t *output_padding, const int64_t *dilation,
+                              int64_t groups, nd_tensor **out) {
+    nd_conv_params cp;
+    int64_t ohw[2];
+    ND_TRY(conv_args("conv_transpose2d", true, x, weight, bias, stride, padding, output_padding,
+                     dilation, groups, &cp, ohw));
+    return run_maybe_unbatched(conv_transpose2d_4d, x, weight, bias, &cp, ohw, out);
+}
+
+/* ------------------------------------------------------ dilate, undilate */
+
+static nd_status dilate_args(const char *op, const nd_tensor *x, const int *dims, int ndims,
+                             int64_t dilation, bool *mask) {
+    if (dilation < 0)
+        return nd_fail(ND_ERR_ARG, "%s: dilation must be >= 0, got %lld", op, (long long)dilation);
+    if (ndims < 0 || ndims > ND_MAX_DIMS || (ndims > 0 && !dims))
+        return nd_fail(ND_ERR_ARG, "%s: bad list of %d dims", op, ndims);
+    for (int i = 0; i < ND_MAX_DIMS; i++) mask[i] = false;
+    for (int i = 0; i < ndims; i++) {
+        int d;
+        ND_TRY(nd_norm_dim(op, dims[i], x->ndim, &d));
+        if (mask[d]) return nd_fail(ND_ERR_ARG, "%s: dim " ND_IXF " is given twice", op, ND_IX(d));
+        mask[d] = true;
+    }
+    return ND_OK;
+}
+
+/* v = t sliced with step (dilation + 1) along the masked dims (a view) */
+static nd_status every_nth(const nd_tensor *t, const bool *mask, int64_t dilation, nd_tensor **v) {
+    nd_tensor *cur = (nd_tensor *)t;
+    nd_retain(cur);
+    for (int d = 0; d < t->ndim; d++) {
+        if (!mask[d]) continue;
+        nd_tensor *next;
+        nd_status st = nd_slice(cur, d, 0, t->shape[d], dilation + 1, &next);
+        nd_release(cur);
+        ND_TRY(st);
+        cur = next;
+    }
+    *v = cur;
+    return ND_OK;
+}
+
+static nd_status dilate_forward(const nd_tensor *x, const bool *mask, int64_t dilation,
+                                nd_tensor **out) {
+    int64_t shape[ND_MAX_DIMS];
+    for (int d = 0; d < x->ndim; d++) {
+        shape[d] = x->shape[d];
+        if (!mask[d]) continue;
+        if (x->shape[d] > 0 && dilation + 1 > ND_MAX_NUMEL / x->shape[d])
+            return nd_fail(ND_ERR_MEMORY, "dilate: dim of size %lld dilated by %lld is too large",
+                           (long long)x->shape[d], (long long)dilation);
+        shape[d] *= dilation + 1;
+    }
+    nd_tensor *z, *v = NULL;
+    ND_TRY(nd_zeros(shape, x->ndim, x->dtype, &z));
+    nd_status st = every_nth(z, mask, dilation, &v);
+    if (st == ND_OK) st = nd_copy_(v, x);
+    nd_release(v);
+    if (st != ND_OK) { nd_release(z); return st; }
+    *out = z;
+    return ND_OK;
+}
+
+static nd_status undilate_forward(const nd_tensor *x, const bool *mask, int64_t dilation,
+                                  nd_tensor **out) {
+    nd_tensor *v;
+    ND_TRY(every_nth(x, mask, dilation, &v));
+    nd_status st = nd_clone(v, out);
+    nd_release(v);
+    return st;
+}
+
+static nd_status bw_dilate(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    return nd_undilate(g, n->dims, n->ndims, n->iparams[0], &grads[0]);
+}
+
+/* undilate's input may not have been a multiple of (dilation + 1) long:
+ * dilate the gradient and cut it back to the input's size */
+static nd_status bw_undilate(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    nd_gx c = {0};
+    nd_tensor *r = NULL;
+    r = gx_own(&c, nd_dilate(g, n->dims, n->ndims, n->iparams[0], &r), &r);
+    for (int i = 0; i < n->ndims && c.st == ND_OK; i++) {
+        int d = n->dims[i];
+        if (r->shape[d] == n->in_shape[0][d]) continue;
+        nd_tensor *v = NULL;
+        r = gx_own(&c, nd_narrow(r, d, 0, n->in_shape[0][d], &v), &v);
+    }
+    grads[0] = gx_out(&c, r);
+    return gx_end(&c);
+}
+
+nd_status nd_record_dilate(const char *name, const nd_tensor *x, const int *dims, int ndims,
+                           int64_t dilation, nd_tensor *out) {
+    nd_node *n;
+    const nd_tensor *in[1] = {x};
+    bool un = strcmp(name, "undilate") == 0;
+    ND_TRY(nd_record(name, un ? bw_undilate : bw_dilate, out, 1, in, &n));
+    if (!n) return ND_OK;
+    n->ndims = 0;
+    for (int i = 0; i < ndims; i++) { /* normalised (0-based, non-negative) */
+        int d;
+        ND_TRY(nd_norm_dim(name, dims[i], x->ndim, &d));
+        n->dims[n->ndims++] = d;
+    }
+    n->iparams[0] = dilation;
+    return ND_OK;
+}
+
+static nd_status dilate_op(const char *name, const nd_tensor *x, const int *dims, int ndims,
+                           int64_t dilation, bool un, nd_tensor **out) {
+    bool mask[ND_MAX_DIMS];
+    ND_TRY(dilate_args(name, x, dims, ndims, dilation, mask));
+    ND_FORWARD_THEN_RECORD(un ? undilate_forward(x, mask, dilation, out)
+                              : dilate_forward(x, mask, dilation, out),
+                           nd_record_dilate(name, x, dims, ndims, dilation, *out), out);
+}
+
+nd_status nd_dilate(const nd_tensor *x, const int *dims, int ndims, int64_t dilation,
+                    nd_tensor **out) {
+    return dilate_op("dilate", x, dims, ndims, dilation, false, out);
+}
+
+nd_status nd_undilate(const nd_tensor *x, const int *dims, int ndims, int64_t dilation,
+                      nd_tensor **out) {
+    return dilate_op("undilate", x, dims, ndims, dilation, true, out);
+}

@@ -1,0 +1,301 @@
+/* op_norm.c - fused layer_norm and cross_entropy.
+ *
+ * Forward passes are single fused kernels. Backward passes are written by
+ * hand (the closed forms, not the composite's graph) with differentiable
+ * ops, so they are also fast and still have second derivatives:
+ *
+ *   layer_norm:    xh = (x - mean) * rstd, gw = g * w
+ *                  dx = rstd * (gw - mean(gw) - xh * mean(gw * xh))
+ *                  dw = sum(g * xh), db = sum(g)   (over the leading dims)
+ *   cross_entropy: dlogits = (softmax(logits) - target) * row_weight
+ *
+ * With create_graph the statistics are recomputed with differentiable ops
+ * (the saved mean/rstd are constants and would hide their dependence on x). */
+#include <math.h>
+#include <string.h>
+#include "backend.h"
+#include "grad_expr.h"
+#include "grad_fns.h"
+
+/* ------------------------------------------------------------ layer norm */
+
+static nd_status check_param(const char *what, const nd_tensor *p, const nd_tensor *x, int nnorm) {
+    if (!p) return ND_OK;
+    char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+    bool ok = p->ndim == nnorm && p->dtype == x->dtype;
+    for (int i = 0; ok && i < nnorm; i++) ok = p->shape[i] == x->shape[x->ndim - nnorm + i];
+    if (ok) return ND_OK;
+    return nd_fail(ND_ERR_SHAPE, "layer_norm: %s of shape %s (%s) does not match the normalized "
+                   "shape %s of the input (%s)", what, nd_shape_str(p->shape, p->ndim, b1),
+                   nd_dtype_name(p->dtype), nd_shape_str(x->shape + x->ndim - nnorm, nnorm, b2),
+                   nd_dtype_name(x->dtype));
+}
+
+static nd_status layer_norm_forward(const nd_tensor *x, int nnorm, const nd_tensor *w,
+                                    const nd_tensor *b, double eps, nd_tensor **out,
+                                    nd_tensor **mean, nd_tensor **rstd) {
+    char buf[ND_SHAPE_BUF];
+    if (x->dtype != ND_FLOAT32 && x->dtype != ND_FLOAT64)
+        return nd_fail(ND_ERR_DTYPE, "layer_norm: expected a float32 or float64 input, got %s",
+                       nd_dtype_name(x->dtype));
+    if (nnorm < 1 || nnorm > x->ndim)
+        return nd_fail(ND_ERR_SHAPE, "layer_norm: cannot normalize the last %d dims of a tensor "
+                       "of shape %s", nnorm, nd_shape_str(x->shape, x->ndim, buf));
+    if (!(eps >= 0)) return nd_fail(ND_ERR_ARG, "layer_norm: eps must be >= 0, got %g", eps);
+    ND_TRY(check_param("weight", w, x, nnorm));
+    ND_TRY(check_param("bias", b, x, nnorm));
+    int64_t stat_shape[ND_MAX_DIMS];
+    for (int i = 0; i < x->ndim; i++) stat_shape[i] = i < x->ndim - nnorm ? x->shape[i] : 1;
+    nd_tensor *xc = NULL, *wc = NULL, *bc = NULL;
+    *out = *mean = *rstd = NULL;
+    nd_status st = nd_contiguous(x, &xc);
+    if (st == ND_OK && w) st = nd_contiguous(w, &wc);
+    if (st == ND_OK && b) st = nd_contiguous(b, &bc);
+    if (st == ND_OK) st = nd_empty(x->shape, x->ndim, x->dtype, out);
+    if (st == ND_OK) st = nd_empty(stat_shape, x->ndim, x->dtype, mean);
+    if (st == ND_OK) st = nd_empty(stat_shape, x->ndim, x->dtype, rstd);
+    if (st == ND_OK) {
+        const nd_backend *be = nd_backend_of(x);
+        st = ND_BACKEND_CALL(be, layer_norm, "layer_norm", *out, *mean, *rstd, xc, wc, bc, eps);
+    }
+    nd_release(xc); nd_release(wc); nd_release(bc);
+    if (st != ND_OK) {
+        nd_release(*out); nd_release(*mean); nd_release(*rstd);
+        *out = *mean = *rstd = NULL;
+    }
+    return st;
+}
+
+/* One fused pass (no create_graph): dx, dw and db from the saved statistics. */
+static nd_status bw_layer_norm_fused(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    nd_tensor *x = NULL, *mean = NULL, *rstd = NULL, *w = NULL, *gc = NULL, *xc = NULL;
+    nd_tensor *dx = NULL, *dw = NULL, *db = NULL;
+    bool has_w = n->iparams[1];
+    nd_status st = nd_saved(n, 0, &x);
+    if (st == ND_OK) st = nd_saved(n, 1, &mean);
+    if (st == ND_OK) st = nd_saved(n, 2, &rstd);
+    if (st == ND_OK && has_w) st = nd_saved(n, 3, &w);
+    if (st == ND_OK) st = nd_contiguous(g, &gc);
+    if (st == ND_OK) st = nd_contiguous(x, &xc);
+    if (st == ND_OK && w) { nd_tensor *wc; st = nd_contiguous(w, &wc); nd_release(w); w = wc; }
+    if (st == ND_OK && n->needs_grad[0]) st = nd_empty(x->shape, x->ndim, x->dtype, &dx);
+    int nnorm = (int)n->iparams[0];
+    const int64_t *pshape = x->shape + x->ndim - nnorm;
+    if (st == ND_OK && n->ninputs > 1 && n->needs_grad[1]) st = nd_empty(pshape, nnorm, x->dtype, &dw);
+    if (st == ND_OK && n->ninputs > 2 && n->needs_grad[2]) st = nd_empty(pshape, nnorm, x->dtype, &db);
+    if (st == ND_OK) {
+        const nd_backend *be = nd_backend_of(x);
+        st = ND_BACKEND_CALL(be, layer_norm_backward, "layer_norm", dx, dw, db, gc, xc, w, mean, rstd);
+    }
+    nd_release(x); nd_release(mean); nd_release(rstd); nd_release(w); nd_release(gc); nd_release(xc);
+    if (st != ND_OK) { nd_release(dx); nd_release(dw); nd_release(db); return st; }
+    grads[0] = dx;
+    if (n->ninputs > 1) grads[1] = dw; else nd_release(dw);
+    if (n->ninputs > 2) grads[2] = db; else nd_release(db);
+    return ND_OK;
+}
+
+static nd_status bw_layer_norm(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    if (!nd_grad_enabled()) return bw_layer_norm_fused(n, g, grads);
+    nd_gx c = {0};
+    int nd = n->in_ndim[0], nnorm = (int)n->iparams[0];
+    double eps = n->fparams[0];
+    int dims[ND_MAX_DIMS], lead[ND_MAX_DIMS], nlead = nd - nnorm;
+    for (int i = 0; i < nnorm; i++) dims[i] = nlead + i;
+    for (int i = 0; i < nlead; i++) lead[i] = i;
+    nd_tensor *x = gx_saved(&c, n, 0);
+    nd_tensor *w = n->iparams[1] ? gx_saved(&c, n, 3) : NULL;
+    nd_tensor *mean = NULL, *rstd = NULL;
+    if (nd_grad_enabled()) { /* create_graph: statistics as functions of x */
+        nd_tensor *mu = NULL, *var = NULL;
+        if (c.st == ND_OK) mu = gx_own(&c, nd_reduce(ND_REDUCE_mean, x, dims, nnorm, 1, 0, &mu), &mu);
+        nd_tensor *d = gx_bin(&c, ND_BINARY_sub, x, mu);
+        nd_tensor *d2 = gx_bin(&c, ND_BINARY_mul, d, d);
+        if (c.st == ND_OK) var = gx_own(&c, nd_reduce(ND_REDUCE_mean, d2, dims, nnorm, 1, 0, &var), &var);
+        mean = mu;
+        rstd = gx_sc(&c, ND_BINARY_pow, gx_sc(&c, ND_BINARY_add, var, eps, 0), -0.5, 0);
+    } else {
+        mean = gx_saved(&c, n, 1);
+        rstd = gx_saved(&c, n, 2);
+    }
+    nd_tensor *xh = gx_bin(&c, ND_BINARY_mul, gx_bin(&c, ND_BINARY_sub, x, mean), rstd);
+    if (n->needs_grad[0]) {
+        nd_tensor *gw = w ? gx_bin(&c, ND_BINARY_mul, g, w) : g;
+        nd_tensor *m1 = NULL, *m2 = NULL;
+        if (c.st == ND_OK) m1 = gx_own(&c, nd_reduce(ND_REDUCE_mean, gw, dims, nnorm, 1, 0, &m1), &m1);
+        nd_tensor *gwx = gx_bin(&c, ND_BINARY_mul, gw, xh);
+        if (c.st == ND_OK) m2 = gx_own(&c, nd_reduce(ND_REDUCE_mean, gwx, dims, nnorm, 1, 0, &m2), &m2);
+        nd_tensor *inner = gx_bin(&c, ND_BINARY_sub, gx_bin(&c, ND_BINARY_sub, gw, m1),
+                                  gx_bin(&c, ND_BINARY_mul, xh, m2));
+        grads[0] = gx_out(&c, gx_bin(&c, ND_BINARY_mul, inner, rstd));
+    }
+    if (n->ninputs > 1 && n->needs_grad[1]) { /* weight */
+        nd_tensor *gx_ = gx_bin(&c, ND_BINARY_mul, g, xh), *s = gx_;
+        if (nlead && c.st == ND_OK) s = gx_own(&c, nd_reduce(ND_REDUCE_sum, gx_, lead, nlead, 0, 0, &s), &s);
+        grads[1] = gx_out(&c, s);
+    }
+    if (n->ninputs > 2 && n->needs_grad[2]) { /* bias */
+        nd_tensor *s = g;
+        if (nlead && c.st == ND_OK) s = gx_own(&c, nd_reduce(ND_REDUCE_sum, g, lead, nlead, 0, 0, &s), &s);
+        grads[2] = gx_out(&c, s);
+    }
+    return gx_end(&c);
+}
+
+nd_status nd_layer_norm(const nd_tensor *x, int nnorm, const nd_tensor *weight,
+                        const nd_tensor *bias, double eps, nd_tensor **out) {
+    nd_tensor *mean = NULL, *rstd = NULL;
+    bool grad_on = nd_set_grad_enabled(false);
+    nd_status st = layer_norm_forward(x, nnorm, weight, bias, eps, out, &mean, &rstd);
+    nd_set_grad_enabled(grad_on);
+    if (st == ND_OK && grad_on) {
+        nd_node *n;
+        const nd_tensor *in[3] = {x, weight, bias};
+        st = nd_record("layer_norm", bw_layer_norm, *out, 3, in, &n);
+        if (st == ND_OK && n) {
+            n->iparams[0] = nnorm;
+            n->iparams[1] = weight != NULL;
+            n->fparams[0] = eps;
+            st = nd_save(n, x, false);                     /* 0 */
+            if (st == ND_OK) st = nd_save(n, mean, false); /* 1 */
+            if (st == ND_OK) st = nd_save(n, rstd, false); /* 2 */
+            if (st == ND_OK && weight) st = nd_save(n, weight, false); /* 3 */
+        }
+        if (st != ND_OK) { nd_release(*out); *out = NULL; }
+    }
+    nd_release(mean);
+    nd_release(rstd);
+    return st;
+}
+
+/* --------------------------------------------------------- cross entropy */
+
+static nd_status ce_check(const nd_tensor *logits, const nd_tensor *labels, int64_t ignore,
+                          double smoothing, int reduction) {
+    char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+    if (logits->ndim != 2 || (logits->dtype != ND_FLOAT32 && logits->dtype != ND_FLOAT64))
+        return nd_fail(ND_ERR_SHAPE, "cross_entropy: expected float32/float64 logits of shape "
+                       "(N, C), got %s %s", nd_dtype_name(logits->dtype),
+                       nd_shape_str(logits->shape, logits->ndim, b1));
+    if (labels->dtype != ND_INT64 || labels->ndim != 1 || labels->shape[0] != logits->shape[0])
+        return nd_fail(ND_ERR_SHAPE, "cross_entropy: expected %lld int64 labels (one per row of "
+                       "logits %s), got %s %s", (long long)logits->shape[0],
+                       nd_shape_str(logits->shape, 2, b1), nd_dtype_name(labels->dtype),
+                       nd_shape_str(labels->shape, labels->ndim, b2));
+    if (!(smoothing >= 0 && smoothing <= 1))
+        return nd_fail(ND_ERR_ARG, "cross_entropy: label_smoothing must be in [0, 1], got %g", smoothing);
+    if (reduction < 0 || reduction > 2)
+        return nd_fail(ND_ERR_ARG, "cross_entropy: invalid reduction %d", reduction);
+    int64_t n = labels->shape[0], c = logits->shape[1];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v;
+        memcpy(&v, (const char *)nd_ptr(labels) + i * labels->strides[0] * 8, 8);
+        if (v != ignore && (v < 0 || v >= c))
+            return nd_fail(ND_ERR_INDEX, "cross_entropy: label " ND_IXF " of row " ND_IXF " is out "
+                           "of range for %lld classes (expected " ND_IXF ".." ND_IXF ")", ND_IX(v),
+                           ND_IX(i), (long long)c, ND_IX(0), ND_IX(c - 1));
+    }
+    return ND_OK;
+}
+
+static int64_t count_kept(const nd_tensor *labels, int64_t ignore) {
+    int64_t n = labels->shape[0], kept = 0;
+    const int64_t *p = (const int64_t *)nd_ptr(labels);
+    for (int64_t i = 0; i < n; i++) kept += p[i] != ignore;
+    return kept;
+}
+
+static nd_status bw_cross_entropy(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    nd_gx c = {0};
+    nd_tensor *logits = gx_saved(&c, n, 0), *labels = gx_saved(&c, n, 1);
+    if (c.st != ND_OK || !logits || !labels) return gx_end(&c);
+    int64_t ignore = n->iparams[0], reduction = n->iparams[1], N = logits->shape[0], C = logits->shape[1];
+    double eps = n->fparams[0], kept = n->fparams[1];
+    /* row weights (N): g per row (none), g (sum), g / kept (mean); 0 for
+     * ignored rows. Small, and differentiable in g. */
+    bool grad_on = nd_set_grad_enabled(false);
+    nd_tensor *keep = gx_to(&c, gx_sc(&c, ND_BINARY_ne, labels, (double)ignore, 0), logits->dtype);
+    nd_set_grad_enabled(grad_on);
+    nd_tensor *w = reduction == 1 ? gx_bin(&c, ND_BINARY_mul, keep, gx_sc(&c, ND_BINARY_div, g, kept > 0 ? kept : 1, 0))
+                                  : gx_bin(&c, ND_BINARY_mul, keep, g);
+    if (!nd_grad_enabled() && c.st == ND_OK) { /* one fused pass over the logits */
+        nd_tensor *lc = NULL, *wc = NULL, *d = NULL;
+        nd_status st = nd_contiguous(logits, &lc);
+        if (st == ND_OK) st = nd_contiguous(w, &wc);
+        if (st == ND_OK) st = nd_empty(logits->shape, 2, logits->dtype, &d);
+        if (st == ND_OK) {
+            const nd_backend *be = nd_backend_of(logits);
+            st = ND_BACKEND_CALL(be, cross_entropy_backward, "cross_entropy", d, lc, labels, wc,
+                                 ignore, eps);
+        }
+        nd_release(lc); nd_release(wc);
+        if (st != ND_OK) { nd_release(d); d = NULL; c.st = st; }
+        grads[0] = d;
+        return gx_end(&c);
+    }
+    /* create_graph: the same formula with differentiable ops; the target is a constant */
+    grad_on = nd_set_grad_enabled(false);
+    nd_tensor *valid = gx_where(&c, gx_sc(&c, ND_BINARY_eq, labels, (double)ignore, 0),
+                                gx_zeros(&c, NULL, 0, ND_INT64), labels);
+    nd_tensor *oh = NULL;
+    if (c.st == ND_OK) oh = gx_own(&c, nd_one_hot(valid, C, &oh), &oh);
+    nd_tensor *target = gx_sc(&c, ND_BINARY_add, gx_sc(&c, ND_BINARY_mul, gx_to(&c, oh, logits->dtype), 1 - eps, 0), eps / (double)C, 0);
+    nd_set_grad_enabled(grad_on);
+    int64_t col[2] = {N, 1};
+    nd_tensor *p = NULL;
+    if (c.st == ND_OK) p = gx_own(&c, nd_softmax(logits, 1, &p), &p);
+    nd_tensor *d = gx_bin(&c, ND_BINARY_sub, p, target);
+    grads[0] = gx_out(&c, gx_bin(&c, ND_BINARY_mul, d, gx_reshape(&c, w, col, 2)));
+    return gx_end(&c);
+}
+
+nd_status nd_cross_entropy(const nd_tensor *logits, const nd_tensor *labels, int64_t ignore_index,
+                           double label_smoothing, int reduction, nd_tensor **out) {
+    ND_TRY(ce_check(logits, labels, ignore_index, label_smoothing, reduction));
+    bool grad_on = nd_set_grad_enabled(false);
+    nd_tensor *lc = NULL, *yc = NULL, *rows = NULL;
+    int64_t N = logits->shape[0];
+    nd_status st = nd_contiguous(logits, &lc);
+    if (st == ND_OK) st = nd_contiguous(labels, &yc);
+    if (st == ND_OK) st = nd_empty(&N, 1, logits->dtype, &rows);
+    if (st == ND_OK) {
+        const nd_backend *be = nd_backend_of(logits);
+        st = ND_BACKEND_CALL(be, cross_entropy, "cross_entropy", rows, lc, yc, ignore_index,
+                             label_smoothing);
+    }
+    int64_t kept = st == ND_OK ? count_kept(yc, ignore_index) : 0;
+    if (st == ND_OK) {
+        if (reduction == 0) { *out = rows; rows = NULL; }
+        else {
+            nd_tensor *s;
+            st = nd_reduce(ND_REDUCE_sum, rows, NULL, 0, 0, 0, &s);
+            if (st == ND_OK && reduction == 1) { /* mean over rows not ignored (nan if none) */
+                st = nd_binary_scalar(ND_BINARY_div, s, (double)kept, 0, out);
+                nd_release(s);
+            } else if (st == ND_OK) {
+                *out = s;
+            }
+        }
+    }
+    nd_release(rows);
+    nd_set_grad_enabled(grad_on);
+    if (st == ND_OK && grad_on) {
+        nd_node *n;
+        const nd_tensor *in[1] = {logits};
+        st = nd_record("cross_entropy", bw_cross_entropy, *out, 1, in, &n);
+        if (st == ND_OK && n) {
+            n->iparams[0] = ignore_index;
+            n->iparams[1] = reduction;
+            n->fparams[0] = label_smoothing;
+            n->fparams[1] = (double)kept;
+            /* the caller's logits (not the contiguous copy): the softmax in the
+             * backward must connect to them for second derivatives */
+            st = nd_save(n, logits, false);
+            if (st == ND_OK) st = nd_save(n, yc, false);
+        }
+        if (st != ND_OK) { nd_release(*out); *out = NULL; }
+    }
+    nd_release(lc);
+    nd_release(yc);
+    return st;
+}
