@@ -165,11 +165,46 @@ describe("nd.F", function()
       near({(1 - 1) / math.sqrt(1.5 + 1e-5), (2 - 2) / math.sqrt(4.5 + 1e-5)}, y[1])
     end)
 
+    it("fused batch_norm matches its composite form (training and evaluation)", function()
+      local x = nd.randn({4, 3, 2, 2}, {dtype = "float64"})
+      local w, b = nd.randn({3}, {dtype = "float64"}), nd.randn({3}, {dtype = "float64"})
+      local mu = x:mean({1, 3, 4}, true)
+      local var = ((x - mu) ^ 2):mean({1, 3, 4}, true)
+      local ref = (x - mu) / (var + 1e-5):sqrt() * w:view({1, 3, 1, 1}) + b:view({1, 3, 1, 1})
+      local d = (F.batch_norm(x, nil, nil, w, b, true) - ref):abs():max():item()
+      assert(d < 1e-10, "training: max difference " .. d)
+      local rm, rv = nd.randn({3}, {dtype = "float64"}), nd.rand({3}, {dtype = "float64"}) + 0.5
+      local ref_eval = (x - rm:view({1, 3, 1, 1})) / (rv:view({1, 3, 1, 1}) + 1e-5):sqrt()
+      d = (F.batch_norm(x, rm, rv, nil, nil, false) - ref_eval):abs():max():item()
+      assert(d < 1e-10, "evaluation: max difference " .. d)
+    end)
+
+    it("batch_norm gradients: evaluation mode and second order in training", function()
+      local rm, rv = nd.zeros({3}, {dtype = "float64"}), nd.ones({3}, {dtype = "float64"}) * 2
+      local ok, msg = G.gradcheck(function(a, w) return F.batch_norm(a, rm, rv, w, nil, false) end,
+        {G.leaf({2, 3, 2}), G.leaf({3})})
+      assert(ok, msg)
+      ok, msg = G.gradgradcheck(function(a) return F.batch_norm(a, nil, nil, nil, nil, true) end,
+        {G.leaf({3, 2, 2})}, {atol = 1e-5})
+      assert(ok, msg)
+    end)
+
+    it("batch_norm errors name what was expected", function()
+      local e = err_of(function() return F.batch_norm(nd.zeros({2, 3}), nd.zeros({4}), nd.ones({4})) end)
+      assert.truthy(e:find("needle.batch_norm: running_mean must be a float32 tensor of shape {3} (one value per channel), got float32 {4}", 1, true), e)
+      e = err_of(function() return F.batch_norm(nd.zeros({2, 3})) end)
+      assert.truthy(e:find("evaluation needs running_mean and running_var", 1, true), e)
+      e = err_of(function() return F.batch_norm(nd.zeros({1, 3}), nd.zeros({3}), nd.ones({3}), nil, nil, true) end)
+      assert.truthy(e:find("expected more than 1 value per channel when training", 1, true), e)
+    end)
+
     it("embedding looks rows up and leaves the padding row without gradient", function()
       local w = nd.tensor({{1, 2}, {3, 4}, {5, 6}}, {requires_grad = true})
       local e = F.embedding({{3, 1}, {2, 2}}, w, {padding_idx = 2})
       assert.are.same({2, 2, 2}, e.shape)
       assert.are.same({{{5, 6}, {1, 2}}, {{3, 4}, {3, 4}}}, e:totable())
+      e:sum():backward()
+      assert.are.same({{1, 1}, {0, 0}, {1, 1}}, w.grad:totable()) -- row 2 is padding
     end)
   end)
 

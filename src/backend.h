@@ -86,6 +86,11 @@ typedef struct nd_backend {
      * target is (1 - e) one_hot + e / C. loss: (N). */
     nd_status (*cross_entropy)(nd_tensor *loss, const nd_tensor *logits, const nd_tensor *labels,
                                int64_t ignore, double smoothing);
+    /* Batch norm of x (N, C, S) contiguous: with `training`, computes each
+     * channel's mean and rstd (biased variance) into mean/rstd (C); else
+     * uses them as given. y = (x - mean) * rstd * w + b (w, b may be NULL). */
+    nd_status (*batch_norm)(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, const nd_tensor *x,
+                            const nd_tensor *w, const nd_tensor *b, double eps, bool training);
     /* Fused backwards (used when no graph of the gradient is wanted): dx
      * (may be NULL), and dw/db summed over rows (may be NULL); all
      * contiguous, mean/rstd as the forward produced them. */

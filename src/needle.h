@@ -198,6 +198,12 @@ nd_status nd_log_softmax(const nd_tensor *x, int dim, nd_tensor **out);
  * be NULL. */
 nd_status nd_layer_norm(const nd_tensor *x, int nnorm, const nd_tensor *weight,
                         const nd_tensor *bias, double eps, nd_tensor **out);
+/* Batch norm of x (N, C, ...). Training uses the batch's statistics and, if
+ * running_mean/running_var are given, updates them in place (momentum;
+ * unbiased variance); evaluation uses the running statistics. */
+nd_status nd_batch_norm(const nd_tensor *x, nd_tensor *running_mean, nd_tensor *running_var,
+                        const nd_tensor *weight, const nd_tensor *bias, bool training,
+                        double momentum, double eps, nd_tensor **out);
 /* Cross entropy of logits (N, C) against 0-based int64 labels (N).
  * reduction: 0 none, 1 mean (over rows not ignored), 2 sum. ignore_index
  * may be any value outside 0..C-1 to disable it. */

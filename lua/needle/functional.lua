@@ -82,6 +82,15 @@ function F.softmax(x, dim) return core.softmax(x, dim) end
 function F.log_softmax(x, dim) return core.log_softmax(x, dim) end
 function F.logsumexp(x, dim, keepdim) return core.logsumexp(x, dim, keepdim) end
 
+-- convolution and pooling (C ops; NCHW, 1-based flat indices from max_pool2d)
+F.conv2d = core.conv2d                   -- (x, w, b, {stride=, padding=, dilation=, groups=})
+F.conv_transpose2d = core.conv_transpose2d
+F.max_pool2d = core.max_pool2d           -- (x, kernel_size, {stride=, padding=, dilation=, ceil_mode=, return_indices=})
+F.avg_pool2d = core.avg_pool2d           -- (x, kernel_size, {stride=, padding=, ceil_mode=, count_include_pad=})
+F.adaptive_avg_pool2d = core.adaptive_avg_pool2d
+F.dilate = core.dilate
+F.undilate = core.undilate
+
 -- layers ------------------------------------------------------------------
 
 -- linear(x, weight (out, in), bias (out) or nil): x @ weight^T + bias
@@ -181,41 +190,11 @@ function F.layer_norm(x, normalized_shape, weight, bias, eps)
 end
 
 -- batch_norm(x (N, C, ...), running_mean, running_var, weight, bias,
---            training = false, momentum = 0.1, eps = 1e-5)
+--            training = false, momentum = 0.1, eps = 1e-5): a fused C op.
 -- Training normalises with the batch statistics (biased variance) and
 -- updates the running ones in place (unbiased variance, as PyTorch);
 -- evaluation uses the running statistics.
-function F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
-  check_tensor("batch_norm", x)
-  momentum, eps = momentum or 0.1, eps or 1e-5
-  if x:dim() < 2 then fail_at(3, "batch_norm", "expected input of shape (N, C, ...), got {%s}", table.concat(x.shape, ",")) end
-  local C = x:size(2)
-  local shape = {1, C}
-  for _ = 3, x:dim() do shape[#shape + 1] = 1 end
-  local dims = {1}
-  for d = 3, x:dim() do dims[#dims + 1] = d end
-  local mean, var
-  if training then
-    mean = x:mean(dims, true)
-    var = ((x - mean) ^ 2):mean(dims, true)
-    if running_mean ~= nil then
-      local count = x:numel() / C
-      core.no_grad(function()
-        running_mean:mul_(1 - momentum):add_(mean:view({C}) * momentum)
-        running_var:mul_(1 - momentum):add_(var:view({C}) * (momentum * count / math.max(count - 1, 1)))
-      end)
-    end
-  else
-    if running_mean == nil or running_var == nil then
-      fail_at(3, "batch_norm", "evaluation needs running_mean and running_var")
-    end
-    mean, var = running_mean:view(shape), running_var:view(shape)
-  end
-  local y = (x - mean) * (var + eps) ^ -0.5
-  if weight ~= nil then y = y * weight:view(shape) end
-  if bias ~= nil then y = y + bias:view(shape) end
-  return y
-end
+F.batch_norm = core.batch_norm
 
 -- embedding(indices (any shape, 1-based), weight (num, dim), {padding_idx=})
 -- -> indices.shape + {dim}; the padding row gets no gradient

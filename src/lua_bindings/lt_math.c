@@ -255,6 +255,19 @@ static int l_layer_norm(lua_State *L) {
     return 1;
 }
 
+/* batch_norm(x, running_mean, running_var, weight, bias, training = false,
+ * momentum = 0.1, eps = 1e-5) (nil for absent tensors) */
+static int l_batch_norm(lua_State *L) {
+    nd_tensor *x = lt_check(L, 1, "batch_norm"), *r;
+    nd_tensor *t[4];
+    for (int i = 0; i < 4; i++) t[i] = lua_isnoneornil(L, 2 + i) ? NULL : lt_check(L, 2 + i, "batch_norm");
+    bool training = lua_toboolean(L, 6);
+    double momentum = luaL_optnumber(L, 7, 0.1), eps = luaL_optnumber(L, 8, 1e-5);
+    LT_CHECK(L, nd_batch_norm(x, t[0], t[1], t[2], t[3], training, momentum, eps, &r));
+    lt_push(L, r);
+    return 1;
+}
+
 /* cross_entropy(logits (N, C), labels 1..C, {ignore_index=, label_smoothing=, reduction=}) */
 static int l_cross_entropy(lua_State *L) {
     nd_tensor *logits = lt_check(L, 1, "cross_entropy"), *r;
@@ -345,6 +358,7 @@ void lt_register_math(lua_State *L) {
         {"softmax", l_softmax, true, true},
         {"log_softmax", l_log_softmax, true, true},
         {"layer_norm", l_layer_norm, false, true},
+        {"batch_norm", l_batch_norm, false, true},
         {"cross_entropy", l_cross_entropy, false, true},
         {"set_num_threads", l_set_num_threads, false, true},
         {"get_num_threads", l_get_num_threads, false, true},

@@ -299,3 +299,170 @@ nd_status nd_cross_entropy(const nd_tensor *logits, const nd_tensor *labels, int
     nd_release(yc);
     return st;
 }
+
+/* ------------------------------------------------------------ batch norm */
+
+/* The tensor's (1, C, 1, ...) shape, for broadcasting per-channel values. */
+static int channel_shape(const nd_tensor *x, int64_t *shape) {
+    for (int i = 0; i < x->ndim; i++) shape[i] = i == 1 ? x->shape[1] : 1;
+    return x->ndim;
+}
+
+static nd_status bn_check_param(const char *what, const nd_tensor *p, const nd_tensor *x) {
+    char b1[ND_SHAPE_BUF];
+    if (!p) return ND_OK;
+    if (p->ndim != 1 || p->shape[0] != x->shape[1] || p->dtype != x->dtype)
+        return nd_fail(ND_ERR_SHAPE, "batch_norm: %s must be a %s tensor of shape {%lld} (one "
+                       "value per channel), got %s %s", what, nd_dtype_name(x->dtype),
+                       (long long)x->shape[1], nd_dtype_name(p->dtype),
+                       nd_shape_str(p->shape, p->ndim, b1));
+    return ND_OK;
+}
+
+static nd_status bw_batch_norm(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    nd_gx c = {0};
+    bool training = n->iparams[0], has_w = n->iparams[1];
+    double eps = n->fparams[0];
+    nd_tensor *x = gx_saved(&c, n, 0);
+    if (c.st != ND_OK || !x) return gx_end(&c);
+    int dims[ND_MAX_DIMS], nd = 0;
+    for (int i = 0; i < x->ndim; i++) if (i != 1) dims[nd++] = i;
+    int64_t cs[ND_MAX_DIMS];
+    int cn = channel_shape(x, cs);
+    nd_tensor *mean, *rstd;
+    if (training && nd_grad_enabled()) { /* create_graph: statistics as functions of x */
+        nd_tensor *mu = NULL, *var = NULL;
+        mu = gx_own(&c, nd_reduce(ND_REDUCE_mean, x, dims, nd, 1, 0, &mu), &mu);
+        nd_tensor *d = gx_bin(&c, ND_BINARY_sub, x, mu);
+        nd_tensor *d2 = gx_bin(&c, ND_BINARY_mul, d, d);
+        if (c.st == ND_OK) var = gx_own(&c, nd_reduce(ND_REDUCE_mean, d2, dims, nd, 1, 0, &var), &var);
+        mean = mu;
+        rstd = gx_sc(&c, ND_BINARY_pow, gx_sc(&c, ND_BINARY_add, var, eps, 0), -0.5, 0);
+    } else {
+        mean = gx_reshape(&c, gx_saved(&c, n, 1), cs, cn);
+        rstd = gx_reshape(&c, gx_saved(&c, n, 2), cs, cn);
+    }
+    nd_tensor *w = has_w ? gx_reshape(&c, gx_saved(&c, n, 3), cs, cn) : NULL;
+    nd_tensor *xh = gx_bin(&c, ND_BINARY_mul, gx_bin(&c, ND_BINARY_sub, x, mean), rstd);
+    if (n->needs_grad[0]) {
+        nd_tensor *gw = w ? gx_bin(&c, ND_BINARY_mul, g, w) : g, *dx;
+        if (training) {
+            nd_tensor *m1 = NULL, *m2 = NULL;
+            if (c.st == ND_OK) m1 = gx_own(&c, nd_reduce(ND_REDUCE_mean, gw, dims, nd, 1, 0, &m1), &m1);
+            nd_tensor *gwx = gx_bin(&c, ND_BINARY_mul, gw, xh);
+            if (c.st == ND_OK) m2 = gx_own(&c, nd_reduce(ND_REDUCE_mean, gwx, dims, nd, 1, 0, &m2), &m2);
+            dx = gx_bin(&c, ND_BINARY_mul, rstd, gx_bin(&c, ND_BINARY_sub, gx_bin(&c, ND_BINARY_sub, gw, m1),
+                        gx_bin(&c, ND_BINARY_mul, xh, m2)));
+        } else {
+            dx = gx_bin(&c, ND_BINARY_mul, gw, rstd); /* the statistics are constants */
+        }
+        grads[0] = gx_out(&c, dx);
+    }
+    if (n->ninputs > 1 && n->needs_grad[1]) {
+        nd_tensor *s = NULL, *gx_ = gx_bin(&c, ND_BINARY_mul, g, xh);
+        if (c.st == ND_OK) s = gx_own(&c, nd_reduce(ND_REDUCE_sum, gx_, dims, nd, 0, 0, &s), &s);
+        grads[1] = gx_out(&c, s);
+    }
+    if (n->ninputs > 2 && n->needs_grad[2]) {
+        nd_tensor *s = NULL;
+        if (c.st == ND_OK) s = gx_own(&c, nd_reduce(ND_REDUCE_sum, g, dims, nd, 0, 0, &s), &s);
+        grads[2] = gx_out(&c, s);
+    }
+    return gx_end(&c);
+}
+
+static nd_status batch_norm_forward(const nd_tensor *x, nd_tensor *rm, nd_tensor *rv,
+                                    const nd_tensor *w, const nd_tensor *b, bool training,
+                                    double momentum, double eps, nd_tensor **out,
+                                    nd_tensor **mean, nd_tensor **rstd) {
+    char b1[ND_SHAPE_BUF];
+    *out = *mean = *rstd = NULL;
+    if (x->ndim < 2 || (x->dtype != ND_FLOAT32 && x->dtype != ND_FLOAT64))
+        return nd_fail(ND_ERR_SHAPE, "batch_norm: expected a float32/float64 input of shape "
+                       "(N, C, ...), got %s %s", nd_dtype_name(x->dtype),
+                       nd_shape_str(x->shape, x->ndim, b1));
+    ND_TRY(bn_check_param("weight", w, x));
+    ND_TRY(bn_check_param("bias", b, x));
+    ND_TRY(bn_check_param("running_mean", rm, x));
+    ND_TRY(bn_check_param("running_var", rv, x));
+    if (!training && (!rm || !rv))
+        return nd_fail(ND_ERR_ARG, "batch_norm: evaluation needs running_mean and running_var");
+    if ((rm == NULL) != (rv == NULL))
+        return nd_fail(ND_ERR_ARG, "batch_norm: give both running_mean and running_var, or neither");
+    int64_t count = nd_numel(x) / (x->shape[1] ? x->shape[1] : 1);
+    if (training && count < 2 && rm)
+        return nd_fail(ND_ERR_SHAPE, "batch_norm: expected more than 1 value per channel when "
+                       "training, got input of shape %s", nd_shape_str(x->shape, x->ndim, b1));
+    int64_t C = x->shape[1];
+    nd_tensor *xc = NULL, *wc = NULL, *bc = NULL;
+    nd_status st = nd_contiguous(x, &xc);
+    if (st == ND_OK && w) st = nd_contiguous(w, &wc);
+    if (st == ND_OK && b) st = nd_contiguous(b, &bc);
+    if (st == ND_OK) {
+        if (training) {
+            st = nd_empty(&C, 1, x->dtype, mean);
+            if (st == ND_OK) st = nd_empty(&C, 1, x->dtype, rstd);
+        } else { /* rstd = (running_var + eps)^-1/2 */
+            nd_tensor *ve = NULL;
+            st = nd_clone(rm, mean);
+            if (st == ND_OK) st = nd_binary_scalar(ND_BINARY_add, rv, eps, 0, &ve);
+            if (st == ND_OK) st = nd_unary(ND_UNARY_rsqrt, ve, rstd);
+            nd_release(ve);
+        }
+    }
+    if (st == ND_OK) st = nd_empty(x->shape, x->ndim, x->dtype, out);
+    if (st == ND_OK) {
+        const nd_backend *be = nd_backend_of(x);
+        st = ND_BACKEND_CALL(be, batch_norm, "batch_norm", *out, *mean, *rstd, xc, wc, bc, eps,
+                             training);
+    }
+    if (st == ND_OK && training && rm) {
+        /* running = (1 - m) running + m batch; the variance unbiased (count / (count - 1)) */
+        nd_tensor *var = NULL, *t = NULL;
+        st = nd_binary_scalar(ND_BINARY_pow, *rstd, -2, 0, &t);
+        if (st == ND_OK) st = nd_binary_scalar(ND_BINARY_sub, t, eps, 0, &var);
+        nd_release(t);
+        double unbias = (double)count / (double)(count - 1);
+        if (st == ND_OK) st = nd_binary_scalar_(ND_BINARY_mul, rm, 1 - momentum);
+        if (st == ND_OK) st = nd_binary_scalar(ND_BINARY_mul, *mean, momentum, 0, &t);
+        if (st == ND_OK) { st = nd_binary_(ND_BINARY_add, rm, t); nd_release(t); }
+        if (st == ND_OK) st = nd_binary_scalar_(ND_BINARY_mul, rv, 1 - momentum);
+        if (st == ND_OK) st = nd_binary_scalar(ND_BINARY_mul, var, momentum * unbias, 0, &t);
+        if (st == ND_OK) { st = nd_binary_(ND_BINARY_add, rv, t); nd_release(t); }
+        nd_release(var);
+    }
+    nd_release(xc); nd_release(wc); nd_release(bc);
+    if (st != ND_OK) {
+        nd_release(*out); nd_release(*mean); nd_release(*rstd);
+        *out = *mean = *rstd = NULL;
+    }
+    return st;
+}
+
+nd_status nd_batch_norm(const nd_tensor *x, nd_tensor *running_mean, nd_tensor *running_var,
+                        const nd_tensor *weight, const nd_tensor *bias, bool training,
+                        double momentum, double eps, nd_tensor **out) {
+    nd_tensor *mean = NULL, *rstd = NULL;
+    bool grad_on = nd_set_grad_enabled(false);
+    nd_status st = batch_norm_forward(x, running_mean, running_var, weight, bias, training,
+                                      momentum, eps, out, &mean, &rstd);
+    nd_set_grad_enabled(grad_on);
+    if (st == ND_OK && grad_on) {
+        nd_node *n;
+        const nd_tensor *in[3] = {x, weight, bias};
+        st = nd_record("batch_norm", bw_batch_norm, *out, 3, in, &n);
+        if (st == ND_OK && n) {
+            n->iparams[0] = training;
+            n->iparams[1] = weight != NULL;
+            n->fparams[0] = eps;
+            st = nd_save(n, x, false);
+            if (st == ND_OK) st = nd_save(n, mean, false);
+            if (st == ND_OK) st = nd_save(n, rstd, false);
+            if (st == ND_OK && weight) st = nd_save(n, weight, false);
+        }
+        if (st != ND_OK) { nd_release(*out); *out = NULL; }
+    }
+    nd_release(mean);
+    nd_release(rstd);
+    return st;
+}

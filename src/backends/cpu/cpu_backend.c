@@ -23,6 +23,7 @@ const nd_backend nd_cpu_backend = {
     .softmax = nd_cpu_softmax,
     .layer_norm = nd_cpu_layer_norm,
     .cross_entropy = nd_cpu_cross_entropy,
+    .batch_norm = nd_cpu_batch_norm,
     .layer_norm_backward = nd_cpu_layer_norm_backward,
     .cross_entropy_backward = nd_cpu_cross_entropy_backward,
     .random = nd_cpu_random,

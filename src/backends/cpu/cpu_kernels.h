@@ -42,6 +42,8 @@ nd_status nd_cpu_layer_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, cons
                             const nd_tensor *w, const nd_tensor *b, double eps);
 nd_status nd_cpu_cross_entropy(nd_tensor *loss, const nd_tensor *logits, const nd_tensor *labels,
                                int64_t ignore, double smoothing);
+nd_status nd_cpu_batch_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, const nd_tensor *x,
+                            const nd_tensor *w, const nd_tensor *b, double eps, bool training);
 nd_status nd_cpu_layer_norm_backward(nd_tensor *dx, nd_tensor *dw, nd_tensor *db,
                                      const nd_tensor *g, const nd_tensor *x, const nd_tensor *w,
                                      const nd_tensor *mean, const nd_tensor *rstd);

@@ -228,3 +228,45 @@ nd_status nd_cpu_cross_entropy_backward(nd_tensor *dlogits, const nd_tensor *log
     }
     return ND_OK;
 }
+
+/* --------------------------------------------------------- batch norm */
+
+#define BN_CHANNELS(T)                                                                       \
+    do {                                                                                     \
+        const T *X = (const T *)nd_ptr(x);                                                   \
+        const T *W = w ? (const T *)nd_ptr(w) : NULL, *B = b ? (const T *)nd_ptr(b) : NULL;  \
+        T *Y = (T *)nd_ptr(y), *M = (T *)nd_ptr(mean), *R = (T *)nd_ptr(rstd);               \
+        _Pragma("omp parallel for if (n * c * sp >= ND_PARALLEL_THRESHOLD) schedule(static)") \
+        for (int64_t ch = 0; ch < c; ch++) {                                                 \
+            if (training) {                                                                  \
+                double s = 0, v = 0, cnt = (double)(n * sp);                                 \
+                for (int64_t i = 0; i < n; i++) {                                            \
+                    const T *xp = X + (i * c + ch) * sp;                                     \
+                    for (int64_t k = 0; k < sp; k++) s += xp[k];                             \
+                }                                                                            \
+                double mu = s / cnt;                                                         \
+                for (int64_t i = 0; i < n; i++) {                                            \
+                    const T *xp = X + (i * c + ch) * sp;                                     \
+                    for (int64_t k = 0; k < sp; k++) { double d = xp[k] - mu; v += d * d; }  \
+                }                                                                            \
+                M[ch] = (T)mu;                                                               \
+                R[ch] = (T)(1.0 / sqrt(v / cnt + eps));                                      \
+            }                                                                                \
+            T mu = M[ch], scale = R[ch] * (W ? W[ch] : (T)1), shift = (B ? B[ch] : (T)0) - mu * scale; \
+            for (int64_t i = 0; i < n; i++) {                                                \
+                const T *xp = X + (i * c + ch) * sp;                                         \
+                T *yp = Y + (i * c + ch) * sp;                                               \
+                for (int64_t k = 0; k < sp; k++) yp[k] = xp[k] * scale + shift;              \
+            }                                                                                \
+        }                                                                                    \
+    } while (0)
+
+nd_status nd_cpu_batch_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, const nd_tensor *x,
+                            const nd_tensor *w, const nd_tensor *b, double eps, bool training) {
+    int64_t n = x->shape[0], c = x->shape[1], sp = 1;
+    for (int i = 2; i < x->ndim; i++) sp *= x->shape[i];
+    if (n * c * sp == 0) return ND_OK;
+    if (x->dtype == ND_FLOAT32) BN_CHANNELS(float);
+    else BN_CHANNELS(double);
+    return ND_OK;
+}
