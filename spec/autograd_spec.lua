@@ -163,15 +163,25 @@ describe("autograd", function()
     nd.manual_seed(0)
     local W = nd.randn({8, 4}) * 0.1; W.requires_grad = true
     local X, Y = nd.randn({32, 8}), nd.randn({32, 4})
-    local live
+    local function rss()
+      local f = assert(io.open("/proc/self/statm"))
+      local pages = tonumber(f:read("a"):match("^%d+%s+(%d+)"))
+      f:close()
+      return pages * 4096
+    end
+    local live, rss1000
     for step = 1, 10000 do
       local loss = ((X:matmul(W) - Y) ^ 2):mean()
       W.grad = nil
       loss:backward()
       nd.no_grad(function() W:sub_(W.grad * 0.05) end)
-      if step == 1000 then collectgarbage(); live = nd.live_bytes() end
+      if step == 1000 then collectgarbage(); live = nd.live_bytes(); rss1000 = rss() end
     end
     collectgarbage()
     assert.is_true(nd.live_bytes() <= live + 1024, ("live bytes %d, at step 1000 %d"):format(nd.live_bytes(), live))
+    if not nd._SANITIZE then -- ASan's quarantine makes RSS meaningless there
+      local grown = rss() - rss1000
+      assert(grown < 8 * 1024 * 1024, ("RSS grew by %.1f MiB over 9000 steps"):format(grown / 2^20))
+    end
   end)
 end)
