@@ -13,6 +13,23 @@ nd.get_printoptions = tensor_print.get_printoptions
 
 nd.F = require "needle.functional"
 
+-- Submodules load on first use (nd.nn, nd.optim, nd.data), so `require
+-- "needle"` stays fast and a script pays only for what it touches.
+local lazy = {nn = "needle.nn", optim = "needle.optim", data = "needle.data"}
+setmetatable(nd, {
+  __index = function(t, k)
+    local name = lazy[k]
+    if not name then return nil end
+    local m = require(name)
+    rawset(t, k, m)
+    return m
+  end,
+})
+
+-- checkpoints (safetensors): nd.save(tensors, path[, metadata]) / nd.load(path)
+function nd.save(...) return require("needle.serialize").save(...) end
+function nd.load(...) return require("needle.serialize").load(...) end
+
 nd.dtypes = { "float32", "float64", "int64", "int32", "uint8", "bool", "float16", "bfloat16" }
 nd.version = core._VERSION
 

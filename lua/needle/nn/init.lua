@@ -1,0 +1,41 @@
+-- needle.nn: modules, one file per family, loaded on first use.
+--
+--   local nn = nd.nn
+--   local model = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+local Module = require "needle.nn.module"
+
+local nn = {Module = Module, Parameter = Module.Parameter}
+
+-- class name -> the file (family) that defines it
+local families = {
+  ["needle.nn.linear"] = {"Identity", "Linear", "Flatten", "Unflatten"},
+  ["needle.nn.activation"] = {"ReLU", "LeakyReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax",
+                              "LogSoftmax"},
+  ["needle.nn.container"] = {"Sequential", "ModuleList", "Residual"},
+  ["needle.nn.dropout"] = {"Dropout"},
+  ["needle.nn.norm"] = {"BatchNorm1d", "BatchNorm2d", "LayerNorm", "LayerNorm1d"},
+  ["needle.nn.embedding"] = {"Embedding"},
+  ["needle.nn.conv"] = {"Conv2d", "ConvTranspose2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d"},
+  ["needle.nn.rnn"] = {"RNNCell", "RNN", "LSTMCell", "LSTM", "GRUCell", "GRU"},
+  ["needle.nn.transformer"] = {"MultiheadAttention", "TransformerEncoderLayer", "TransformerEncoder",
+                               "Transformer"},
+  ["needle.nn.loss"] = {"CrossEntropyLoss", "SoftmaxLoss", "NLLLoss", "MSELoss", "BCEWithLogitsLoss"},
+  ["needle.nn.models"] = {"LanguageModel", "ResNet9", "MLP"},
+}
+local lazy = {init = "needle.nn.initializers", utils = "needle.nn.utils"}
+for file, names in pairs(families) do
+  for _, name in ipairs(names) do lazy[name] = file end
+end
+
+return setmetatable(nn, {
+  __index = function(t, k)
+    local file = lazy[k]
+    if not file then return nil end
+    local m = require(file)
+    local v = m
+    if file ~= lazy.init and file ~= lazy.utils then v = m[k] end
+    if v == nil then error(("needle.nn: %s does not define %s"):format(file, k), 2) end
+    rawset(t, k, v)
+    return v
+  end,
+})

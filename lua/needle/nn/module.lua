@@ -1,0 +1,320 @@
+-- needle.nn.module: the Module base class.
+--
+-- A module is a table whose fields route through __newindex: assigning a
+-- Module registers a child, a tensor that requires grad registers a
+-- parameter, and `self:register_buffer(name, t)` a buffer (running stats),
+-- each in assignment order, which is the order of parameters() and of the
+-- state_dict - PyTorch's, so state_dict keys ("0.weight", "weight_ih_l0",
+-- "running_mean") match PyTorch's for the same architecture.
+--
+--   local Linear = Module:extend("Linear")
+--   function Linear:init(i, o) self.weight = ... end       -- constructor
+--   function Linear:forward(x) return ... end
+--   local m = Linear(3, 4); local y = m(x)
+local core = require "needle.core"
+
+local Module = {}
+Module.__name = "Module"
+
+local RESERVED = {_params = true, _buffers = true, _children = true, _order = true, _attrs = true,
+                  training = true}
+
+-- instance metatable: reads look in parameters, buffers, children, plain
+-- attributes, then the class chain
+local function make_instance_mt(class)
+  return {
+    __index = function(self, k)
+      local v = rawget(self, "_params")[k]
+      if v ~= nil then return v end
+      v = rawget(self, "_buffers")[k]
+      if v ~= nil then return v end
+      v = rawget(self, "_children")[k]
+      if v ~= nil then return v end
+      v = rawget(self, "_attrs")[k]
+      if v ~= nil then return v end
+      return class[k]
+    end,
+    __newindex = function(self, k, v)
+      self:_set(k, v)
+    end,
+    __call = function(self, ...) return self:forward(...) end,
+    __tostring = function(self) return self:_repr("") end,
+    __name = class.__name,
+    class = class,
+  }
+end
+
+-- Module:extend(name): a subclass; calling the class constructs an instance
+-- (new fields, then init(...)).
+function Module:extend(name)
+  local class = setmetatable({}, {__index = self, __call = function(cls, ...) return cls:new(...) end})
+  class.__name = name or "Module"
+  class._instance_mt = nil
+  class.super = self
+  return class
+end
+
+function Module:new(...)
+  local class = self
+  local mt = rawget(class, "_instance_mt")
+  if not mt then
+    mt = make_instance_mt(class)
+    rawset(class, "_instance_mt", mt)
+  end
+  local obj = setmetatable({_params = {}, _buffers = {}, _children = {}, _order = {}, _attrs = {},
+                            training = true}, mt)
+  obj:init(...)
+  return obj
+end
+
+function Module:init() end
+
+function Module:forward()
+  error(("needle.nn.%s: forward is not defined"):format(self.__name), 2)
+end
+
+local function is_module(v)
+  local mt = getmetatable(v)
+  return type(v) == "table" and mt ~= nil and mt.class ~= nil
+end
+Module.is_module = is_module
+
+local function note(self, kind, k)
+  local order = rawget(self, "_order")
+  for _, e in ipairs(order) do
+    if e[2] == k then e[1] = kind; return end
+  end
+  order[#order + 1] = {kind, k}
+end
+
+-- routes an assignment; removes k from every other kind first
+function Module:_set(k, v)
+  if RESERVED[k] then rawset(self, k, v); return end
+  local params, buffers, children, attrs =
+    rawget(self, "_params"), rawget(self, "_buffers"), rawget(self, "_children"), rawget(self, "_attrs")
+  params[k], children[k], attrs[k] = nil, nil, nil
+  local was_buffer = buffers[k] ~= nil
+  if is_module(v) then
+    buffers[k] = nil
+    children[k] = v
+    note(self, "child", k)
+  elseif core.is_tensor(v) and v.requires_grad and not was_buffer then
+    params[k] = v
+    note(self, "param", k)
+  elseif was_buffer and (v == nil or core.is_tensor(v)) then
+    buffers[k] = v -- buffers stay buffers (nil keeps the slot, as PyTorch)
+  else
+    buffers[k] = nil
+    attrs[k] = v
+  end
+end
+
+-- a parameter: the tensor itself, marked as requiring grad
+function Module.Parameter(t)
+  t.requires_grad = true
+  return t
+end
+
+function Module:register_buffer(name, t)
+  local buffers = rawget(self, "_buffers")
+  buffers[name] = t
+  rawget(self, "_params")[name], rawget(self, "_children")[name], rawget(self, "_attrs")[name] = nil, nil, nil
+  note(self, "buffer", name)
+end
+
+function Module:register_parameter(name, t)
+  if t ~= nil then t.requires_grad = true end
+  rawget(self, "_params")[name] = t
+  note(self, "param", name)
+end
+
+-- iteration ---------------------------------------------------------------
+
+-- calls fn(kind, name, value) in registration order
+local function each(self, fn)
+  for _, e in ipairs(rawget(self, "_order")) do
+    local kind, k = e[1], e[2]
+    local v = (kind == "param" and rawget(self, "_params")[k]) or
+              (kind == "buffer" and rawget(self, "_buffers")[k]) or
+              (kind == "child" and rawget(self, "_children")[k]) or nil
+    if v ~= nil then fn(kind, k, v) end
+  end
+end
+
+-- named_parameters(prefix): a list of {name, tensor}, PyTorch's order
+function Module:named_parameters(prefix, out, seen)
+  out, seen = out or {}, seen or {}
+  prefix = prefix or ""
+  each(self, function(kind, k, v)
+    if kind == "param" then
+      if not seen[v] then
+        seen[v] = true
+        out[#out + 1] = {prefix .. k, v}
+      end
+    elseif kind == "child" then
+      v:named_parameters(prefix .. k .. ".", out, seen)
+    end
+  end)
+  return out
+end
+
+function Module:parameters()
+  local list = {}
+  for i, p in ipairs(self:named_parameters()) do list[i] = p[2] end
+  return list
+end
+
+function Module:named_buffers(prefix, out)
+  out = out or {}
+  prefix = prefix or ""
+  each(self, function(kind, k, v)
+    if kind == "buffer" then out[#out + 1] = {prefix .. k, v}
+    elseif kind == "child" then v:named_buffers(prefix .. k .. ".", out) end
+  end)
+  return out
+end
+
+function Module:named_children()
+  local out = {}
+  each(self, function(kind, k, v) if kind == "child" then out[#out + 1] = {k, v} end end)
+  return out
+end
+
+function Module:children()
+  local out = {}
+  for i, c in ipairs(self:named_children()) do out[i] = c[2] end
+  return out
+end
+
+-- named_modules(): {name, module} for self ("") and every descendant
+function Module:named_modules(prefix, out)
+  out = out or {}
+  prefix = prefix or ""
+  out[#out + 1] = {prefix, self}
+  for _, c in ipairs(self:named_children()) do
+    c[2]:named_modules(prefix == "" and c[1] or prefix .. "." .. c[1], out)
+  end
+  return out
+end
+
+function Module:modules()
+  local out = {}
+  for i, m in ipairs(self:named_modules()) do out[i] = m[2] end
+  return out
+end
+
+-- apply(fn): fn(module) on every descendant, children first (as PyTorch)
+function Module:apply(fn)
+  for _, c in ipairs(self:children()) do c:apply(fn) end
+  fn(self)
+  return self
+end
+
+function Module:train(mode)
+  if mode == nil then mode = true end
+  for _, m in ipairs(self:modules()) do rawset(m, "training", mode) end
+  return self
+end
+
+function Module:eval() return self:train(false) end
+
+function Module:zero_grad()
+  for _, p in ipairs(self:parameters()) do p.grad = nil end
+end
+
+function Module:num_parameters()
+  local n = 0
+  for _, p in ipairs(self:parameters()) do n = n + p:numel() end
+  return n
+end
+
+-- to(device): only "cpu" exists in this build; returns the module
+function Module:to(device)
+  if type(device) == "table" then device = device.device end
+  if device ~= nil and device ~= "cpu" then
+    error(("needle.nn.%s.to: device '%s' is not available (this build has only 'cpu')"):format(
+      self.__name, tostring(device)), 2)
+  end
+  return self
+end
+
+-- state_dict ----------------------------------------------------------------
+
+-- state_dict(): {name = tensor} for every parameter and buffer (detached
+-- views: saving never captures a graph)
+function Module:state_dict()
+  local sd = {}
+  for _, p in ipairs(self:named_parameters()) do sd[p[1]] = p[2]:detach() end
+  for _, b in ipairs(self:named_buffers()) do sd[b[1]] = b[2]:detach() end
+  return sd
+end
+
+local function shape_str(t) return "{" .. table.concat(t.shape, ",") .. "}" end
+
+-- load_state_dict(sd, {strict = true}): checks everything first (missing,
+-- unexpected and shape-mismatched keys are reported together), then copies;
+-- a failed load leaves the module untouched. Returns missing, unexpected.
+function Module:load_state_dict(sd, opts)
+  local strict = not (opts and opts.strict == false)
+  local targets = {}
+  for _, p in ipairs(self:named_parameters()) do targets[p[1]] = p[2] end
+  for _, b in ipairs(self:named_buffers()) do targets[b[1]] = b[2] end
+  local missing, unexpected, mismatched = {}, {}, {}
+  for name, t in pairs(targets) do
+    local src = sd[name]
+    if src == nil then
+      missing[#missing + 1] = name
+    elseif not core.is_tensor(src) then
+      mismatched[#mismatched + 1] = ("%s (not a tensor: %s)"):format(name, type(src))
+    elseif shape_str(src) ~= shape_str(t) then
+      mismatched[#mismatched + 1] = ("%s (checkpoint %s, model %s)"):format(name, shape_str(src), shape_str(t))
+    end
+  end
+  for name in pairs(sd) do
+    if targets[name] == nil then unexpected[#unexpected + 1] = name end
+  end
+  table.sort(missing); table.sort(unexpected); table.sort(mismatched)
+  local problems = {}
+  if #mismatched > 0 then problems[#problems + 1] = "shape mismatch: " .. table.concat(mismatched, ", ") end
+  if strict and #missing > 0 then problems[#problems + 1] = "missing keys: " .. table.concat(missing, ", ") end
+  if strict and #unexpected > 0 then problems[#problems + 1] = "unexpected keys: " .. table.concat(unexpected, ", ") end
+  if #problems > 0 then
+    error(("needle.nn.%s.load_state_dict: %s"):format(self.__name, table.concat(problems, "; ")), 2)
+  end
+  core.no_grad(function()
+    for name, t in pairs(targets) do
+      local src = sd[name]
+      if src ~= nil then t:copy_(src) end
+    end
+  end)
+  return missing, unexpected
+end
+
+-- printing ----------------------------------------------------------------
+
+function Module:extra_repr() return "" end
+
+local function count_str(n)
+  if n >= 1e6 then return ("%.2fM"):format(n / 1e6) end
+  if n >= 1e3 then return ("%.1fK"):format(n / 1e3) end
+  return tostring(n)
+end
+
+function Module:_repr(indent)
+  local kids = self:named_children()
+  local head = self.__name .. "(" .. self:extra_repr()
+  if #kids == 0 then return head .. ")" end
+  local lines = {head}
+  for _, c in ipairs(kids) do
+    lines[#lines + 1] = indent .. "  (" .. c[1] .. "): " .. c[2]:_repr(indent .. "  ")
+  end
+  lines[#lines + 1] = indent .. ")"
+  return table.concat(lines, "\n")
+end
+
+-- summary(): the module tree followed by the parameter count
+function Module:summary()
+  return ("%s\n%s trainable parameters"):format(self:_repr(""), count_str(self:num_parameters()))
+end
+
+return Module
