@@ -1,0 +1,231 @@
+-- needle.nn.rnn: RNNCell, RNN, LSTMCell, LSTM, GRUCell, GRU.
+--
+-- Parameter names, shapes, gate order and initialisation are PyTorch's:
+-- weight_ih_l{k} (G*H, in), weight_hh_l{k} (G*H, H), bias_ih_l{k},
+-- bias_hh_l{k} (G*H) with G = 1 (RNN), 4 (LSTM: i, f, g, o) or 3 (GRU: r, z,
+-- n), all uniform(-1/sqrt(H), 1/sqrt(H)); so a PyTorch state_dict loads by
+-- name. Inputs are (T, B, in), or (B, T, in) with batch_first; the input
+-- projection of all T steps is one GEMM, so a step costs one (B, H) x (H, G*H)
+-- product and the gate arithmetic.
+local nd = require "needle"
+local Module = require "needle.nn.module"
+
+local M = {}
+
+local function shape_str(t) return "{" .. table.concat(t.shape, ",") .. "}" end
+
+local function fail(self, fmt, ...)
+  error(("needle.nn.%s(%d, %d): " .. fmt):format(self.__name, self.input_size, self.hidden_size, ...), 3)
+end
+
+local function init_uniform(shape, k)
+  return Module.Parameter(nd.rand(shape) * (2 * k) - k)
+end
+
+-- one layer's parameters, registered under PyTorch's names
+local function add_layer_params(self, suffix, gates, input_size, hidden_size, bias)
+  local k = 1 / math.sqrt(hidden_size)
+  self["weight_ih" .. suffix] = init_uniform({gates * hidden_size, input_size}, k)
+  self["weight_hh" .. suffix] = init_uniform({gates * hidden_size, hidden_size}, k)
+  if bias then
+    self["bias_ih" .. suffix] = init_uniform({gates * hidden_size}, k)
+    self["bias_hh" .. suffix] = init_uniform({gates * hidden_size}, k)
+  end
+end
+
+local function layer_params(self, suffix)
+  return self["weight_ih" .. suffix], self["weight_hh" .. suffix], self["bias_ih" .. suffix],
+         self["bias_hh" .. suffix]
+end
+
+-- the per-step cell arithmetic, shared by the cells and the layers:
+-- xw is x @ W_ih^T + b_ih for this step (B, G*H)
+local function rnn_step(xw, h, w_hh, b_hh, relu)
+  local a = xw + h:matmul(w_hh:t())
+  if b_hh ~= nil then a = a + b_hh end
+  return relu and a:relu() or a:tanh()
+end
+
+local function lstm_step(xw, h, c, w_hh, b_hh, H)
+  local a = xw + h:matmul(w_hh:t())
+  if b_hh ~= nil then a = a + b_hh end
+  local i = a:narrow(-1, 1, H):sigmoid()
+  local f = a:narrow(-1, H + 1, H):sigmoid()
+  local g = a:narrow(-1, 2 * H + 1, H):tanh()
+  local o = a:narrow(-1, 3 * H + 1, H):sigmoid()
+  c = f * c + i * g
+  return o * c:tanh(), c
+end
+
+local function gru_step(xw, h, w_hh, b_hh, H)
+  local hw = h:matmul(w_hh:t())
+  if b_hh ~= nil then hw = hw + b_hh end
+  local r = (xw:narrow(-1, 1, H) + hw:narrow(-1, 1, H)):sigmoid()
+  local z = (xw:narrow(-1, H + 1, H) + hw:narrow(-1, H + 1, H)):sigmoid()
+  local n = (xw:narrow(-1, 2 * H + 1, H) + r * hw:narrow(-1, 2 * H + 1, H)):tanh()
+  return (1 - z) * n + z * h -- = n + z * (h - n)
+end
+
+local GATES = {RNN = 1, LSTM = 4, GRU = 3}
+
+-- cells -----------------------------------------------------------------------
+
+local function make_cell(kind)
+  local Cell = Module:extend(kind .. "Cell")
+  function Cell:init(input_size, hidden_size, opts)
+    opts = opts or {}
+    self.input_size, self.hidden_size = input_size, hidden_size
+    self.bias = opts.bias ~= false
+    self.nonlinearity = opts.nonlinearity or "tanh"
+    if kind == "RNN" and self.nonlinearity ~= "tanh" and self.nonlinearity ~= "relu" then
+      error(("needle.nn.RNNCell: nonlinearity must be 'tanh' or 'relu', got '%s'"):format(self.nonlinearity), 3)
+    end
+    add_layer_params(self, "", GATES[kind], input_size, hidden_size, self.bias)
+  end
+  function Cell:extra_repr()
+    return ("%d, %d%s"):format(self.input_size, self.hidden_size, self.bias and "" or ", bias=false")
+  end
+  -- forward(x (B, in) or (in), state): RNN/GRU state h; LSTM state {h, c};
+  -- returns h (RNN/GRU) or h, c (LSTM)
+  function Cell:forward(x, state)
+    if x:size(-1) ~= self.input_size then
+      fail(self, "expected input with last dim %d, got %s", self.input_size, shape_str(x))
+    end
+    local unbatched = x:dim() == 1
+    if unbatched then x = x:unsqueeze(1) end
+    local B, H = x:size(1), self.hidden_size
+    local w_ih, w_hh, b_ih, b_hh = layer_params(self, "")
+    local xw = x:matmul(w_ih:t())
+    if b_ih ~= nil then xw = xw + b_ih end
+    local function batched(t) return (t ~= nil and unbatched) and t:unsqueeze(1) or t end
+    local h, c
+    if kind == "LSTM" then
+      h, c = batched(state and state[1]), batched(state and state[2])
+      h = h or nd.zeros({B, H}, {dtype = x.dtype})
+      c = c or nd.zeros({B, H}, {dtype = x.dtype})
+      h, c = lstm_step(xw, h, c, w_hh, b_hh, H)
+      if unbatched then return h:squeeze(1), c:squeeze(1) end
+      return h, c
+    end
+    h = batched(state) or nd.zeros({B, H}, {dtype = x.dtype})
+    if kind == "GRU" then h = gru_step(xw, h, w_hh, b_hh, H)
+    else h = rnn_step(xw, h, w_hh, b_hh, self.nonlinearity == "relu") end
+    return unbatched and h:squeeze(1) or h
+  end
+  return Cell
+end
+
+M.RNNCell = make_cell("RNN")
+M.LSTMCell = make_cell("LSTM")
+M.GRUCell = make_cell("GRU")
+
+-- multi-layer sequence modules -------------------------------------------------
+
+local function make_rnn(kind)
+  local R = Module:extend(kind)
+  -- (input_size, hidden_size, {num_layers=1, bias=true, batch_first=false,
+  --  dropout=0, nonlinearity="tanh" (RNN)})
+  function R:init(input_size, hidden_size, opts)
+    opts = opts or {}
+    self.input_size, self.hidden_size = input_size, hidden_size
+    self.num_layers = opts.num_layers or 1
+    self.bias = opts.bias ~= false
+    self.batch_first = opts.batch_first == true
+    self.dropout = opts.dropout or 0
+    self.nonlinearity = opts.nonlinearity or "tanh"
+    if opts.bidirectional then
+      error(("needle.nn.%s: bidirectional is not supported"):format(kind), 3)
+    end
+    if self.num_layers < 1 then error(("needle.nn.%s: num_layers must be >= 1"):format(kind), 3) end
+    if self.dropout < 0 or self.dropout > 1 then
+      error(("needle.nn.%s: dropout must be in [0, 1], got %s"):format(kind, tostring(self.dropout)), 3)
+    end
+    for l = 0, self.num_layers - 1 do
+      add_layer_params(self, "_l" .. l, GATES[kind], l == 0 and input_size or hidden_size, hidden_size,
+                       self.bias)
+    end
+  end
+
+  function R:extra_repr()
+    local s = ("%d, %d"):format(self.input_size, self.hidden_size)
+    if self.num_layers ~= 1 then s = s .. ", num_layers=" .. self.num_layers end
+    if self.batch_first then s = s .. ", batch_first=true" end
+    if self.dropout ~= 0 then s = s .. ", dropout=" .. self.dropout end
+    return s
+  end
+
+  -- forward(x (T, B, in), state) -> output (T, B, H), state_n
+  -- state: RNN/GRU h0 (L, B, H); LSTM {h0, c0}; nil for zeros.
+  -- LSTM returns output, {h_n, c_n} (as PyTorch's tuple).
+  function R:forward(x, state)
+    local unbatched = x:dim() == 2
+    if unbatched then x = x:unsqueeze(2) end
+    if x:dim() ~= 3 or x:size(3) ~= self.input_size then
+      fail(self, "expected input of shape (T, B, %d)%s, got %s", self.input_size,
+           self.batch_first and " with batch_first: (B, T, in)" or "", shape_str(x))
+    end
+    if self.batch_first then x = x:transpose(1, 2) end
+    local T, B, H, L = x:size(1), x:size(2), self.hidden_size, self.num_layers
+    local h0, c0
+    if kind == "LSTM" then
+      if state ~= nil then h0, c0 = state[1], state[2] end
+    else
+      h0 = state
+    end
+    local function check_state(s, what)
+      if s ~= nil and not (s:dim() == 3 and s:size(1) == L and s:size(2) == B and s:size(3) == H) then
+        fail(self, "expected %s of shape (%d, %d, %d), got %s", what, L, B, H, shape_str(s))
+      end
+    end
+    if unbatched then
+      if h0 ~= nil then h0 = h0:unsqueeze(2) end
+      if c0 ~= nil then c0 = c0:unsqueeze(2) end
+    end
+    check_state(h0, "h0")
+    check_state(c0, "c0")
+    local layer_input = x
+    local hs_n, cs_n = {}, {}
+    for l = 1, L do
+      local w_ih, w_hh, b_ih, b_hh = layer_params(self, "_l" .. (l - 1))
+      -- all steps' input projections at once: (T, B, in) @ (in, G*H)
+      local xw = layer_input:matmul(w_ih:t())
+      if b_ih ~= nil then xw = xw + b_ih end
+      local h = h0 ~= nil and h0[l] or nd.zeros({B, H}, {dtype = x.dtype})
+      local c = c0 ~= nil and c0[l] or nd.zeros({B, H}, {dtype = x.dtype})
+      local outs = {}
+      for t = 1, T do
+        if kind == "LSTM" then
+          h, c = lstm_step(xw[t], h, c, w_hh, b_hh, H)
+        elseif kind == "GRU" then
+          h = gru_step(xw[t], h, w_hh, b_hh, H)
+        else
+          h = rnn_step(xw[t], h, w_hh, b_hh, self.nonlinearity == "relu")
+        end
+        outs[t] = h
+      end
+      hs_n[l], cs_n[l] = h, c
+      layer_input = nd.stack(outs, 1)
+      if l < L and self.dropout > 0 and self.training then
+        layer_input = nd.F.dropout(layer_input, self.dropout, true)
+      end
+    end
+    local output = layer_input
+    local h_n = nd.stack(hs_n, 1)
+    local c_n = kind == "LSTM" and nd.stack(cs_n, 1) or nil
+    if self.batch_first then output = output:transpose(1, 2) end
+    if unbatched then
+      output = output:squeeze(2)
+      h_n = h_n:squeeze(2)
+      if c_n then c_n = c_n:squeeze(2) end
+    end
+    if kind == "LSTM" then return output, {h_n, c_n} end
+    return output, h_n
+  end
+  return R
+end
+
+M.RNN = make_rnn("RNN")
+M.LSTM = make_rnn("LSTM")
+M.GRU = make_rnn("GRU")
+
+return M

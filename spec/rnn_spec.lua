@@ -1,0 +1,97 @@
+-- rnn_spec.lua - RNN/LSTM/GRU and their cells against PyTorch: the fixture's
+-- state_dict loads by name (so names and layouts are PyTorch's), and the
+-- outputs, final states and gradients match at 1e-5 relative.
+local nd = require "needle"
+local nn = nd.nn
+local fixtures = dofile("spec/fixtures/torch_rnn.lua")
+
+local function T(f) return nd.tensor(f.data):reshape(f.shape) end
+
+local function close(what, got, want, tol)
+  assert.are.same(want.shape, got.shape, what .. ": shape")
+  local g = got:contiguous():view({-1}):totable()
+  for i, w in ipairs(want.data) do
+    if math.abs(g[i] - w) > (tol or 1e-5) * math.abs(w) + 1e-5 then
+      error(("%s: element %d is %.8g, PyTorch %.8g"):format(what, i, g[i], w), 2)
+    end
+  end
+end
+
+describe("recurrent modules against PyTorch", function()
+  for _, c in ipairs(fixtures) do
+    it(c.name, function()
+      local m = nn[c.kind](c.args[1], c.args[2], c.opts)
+      local sd = {}
+      for k, v in pairs(c.state_dict) do sd[k] = T(v) end
+      m:load_state_dict(sd) -- strict: the names and shapes must be PyTorch's
+      local x = T(c.x)
+      x.requires_grad = true
+      local state
+      if c.state ~= nil then
+        state = c.state_is_pair and {T(c.state[1]), T(c.state[2])} or T(c.state)
+      end
+      local outs
+      if c.kind:match("Cell$") then
+        outs = {m(x, state)}
+      else
+        local y, st = m(x, state)
+        outs = {y}
+        if type(st) == "table" and not nd.is_tensor(st) then outs[2], outs[3] = st[1], st[2]
+        else outs[2] = st end
+      end
+      assert.are.equal(#c.outs, #outs)
+      local loss
+      for i, o in ipairs(outs) do
+        close(c.name .. " output " .. i, o, c.outs[i])
+        local term = (o * T(c.ws[i])):sum()
+        loss = loss and loss + term or term
+      end
+      loss:backward()
+      close(c.name .. " grad x", x.grad, c.grad_x)
+      for name, p in pairs(m:state_dict()) do
+        local g = nil
+        for _, np in ipairs(m:named_parameters()) do if np[1] == name then g = np[2].grad end end
+        close(c.name .. " grad " .. name, g, c.grad_params[name])
+      end
+    end)
+  end
+
+  it("parameter names, shapes and count are PyTorch's", function()
+    local lstm = nn.LSTM(10, 20, {num_layers = 2})
+    local names = {}
+    for _, p in ipairs(lstm:named_parameters()) do names[#names + 1] = p[1] .. "=" .. table.concat(p[2].shape, "x") end
+    assert.are.same({"weight_ih_l0=80x10", "weight_hh_l0=80x20", "bias_ih_l0=80", "bias_hh_l0=80",
+      "weight_ih_l1=80x20", "weight_hh_l1=80x20", "bias_ih_l1=80", "bias_hh_l1=80"}, names)
+    assert.are.equal(4 * 20 * (10 + 20 + 2) + 4 * 20 * (20 + 20 + 2), lstm:num_parameters())
+  end)
+
+  it("default initialisation is uniform(-1/sqrt(H), 1/sqrt(H))", function()
+    nd.manual_seed(1)
+    local g = nn.GRU(50, 100)
+    local w = g.weight_hh_l0
+    local k = 1 / math.sqrt(100)
+    assert.is_true(w:max():item() <= k and w:min():item() >= -k)
+    assert.is_true(math.abs(w:std():item() - k / math.sqrt(3)) < 0.01 * k)
+  end)
+
+  it("unbatched input and dropout between layers", function()
+    local m = nn.LSTM(3, 4, {num_layers = 2, dropout = 0.5})
+    local y, st = m(nd.randn({5, 3}))
+    assert.are.same({5, 4}, y.shape)
+    assert.are.same({2, 4}, st[1].shape)
+    m:eval()
+    local a = m(nd.ones({5, 1, 3}))
+    local b = m(nd.ones({5, 1, 3}))
+    assert.are.same(a:totable(), b:totable()) -- no dropout in evaluation
+  end)
+
+  it("bad input names the module and the expected shape", function()
+    local m = nn.LSTM(10, 20)
+    local ok, e = pcall(function() local y = m(nd.zeros({5, 3, 7})); return y end)
+    assert.is_false(ok)
+    assert.truthy(e:find("needle.nn.LSTM(10, 20): expected input of shape (T, B, 10), got {5,3,7}", 1, true), e)
+    ok, e = pcall(function() local y = m(nd.zeros({5, 3, 10}), {nd.zeros({2, 3, 20}), nd.zeros({2, 3, 20})}); return y end)
+    assert.is_false(ok)
+    assert.truthy(e:find("expected h0 of shape (1, 3, 20), got {2,3,20}", 1, true), e)
+  end)
+end)
