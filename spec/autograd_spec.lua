@@ -3,14 +3,8 @@
 -- retain_graph/create_graph, grad modes, the version counter, and the error
 -- messages for misuse.
 local nd = require "needle"
-
-local function err_of(fn)
-  local ok, e = pcall(fn)
-  assert.is_false(ok, "expected an error")
-  return e
-end
-
-local function has(msg, frag) assert.truthy(msg:find(frag, 1, true), msg) end
+local A = require("spec.helpers.assertions").bind(assert)
+local err_of, has = A.err_of, A.has
 
 describe("autograd", function()
   it("leaves, non-leaves and grad_fn", function()

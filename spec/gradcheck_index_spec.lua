@@ -6,16 +6,8 @@
 local nd = require "needle"
 local G = require "spec.helpers.gradcheck"
 local leaf = G.leaf
-
-local function check(build, leaves, opts)
-  local ok, msg = G.gradcheck(build, leaves, opts)
-  assert(ok, msg)
-end
-
-local function check2(build, leaves, opts)
-  local ok, msg = G.gradgradcheck(build, leaves, opts or {atol = 1e-5, rtol = 1e-4})
-  assert(ok, msg)
-end
+local C = G.bind(assert, {atol = 1e-5, rtol = 1e-4})
+local check, check2 = C.check, C.check2
 
 local function idx(t) return nd.tensor(t, {dtype = "int64"}) end
 

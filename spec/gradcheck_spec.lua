@@ -5,16 +5,8 @@
 local nd = require "needle"
 local G = require "spec.helpers.gradcheck"
 local leaf = G.leaf
-
-local function check(build, leaves, opts)
-  local ok, msg = G.gradcheck(build, leaves, opts)
-  assert(ok, msg)
-end
-
-local function check2(build, leaves, opts)
-  local ok, msg = G.gradgradcheck(build, leaves, opts)
-  assert(ok, msg)
-end
+local C = G.bind(assert)
+local check, check2 = C.check, C.check2
 
 describe("gradcheck", function()
   before_each(function() nd.manual_seed(1234) end)

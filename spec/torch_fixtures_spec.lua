@@ -3,12 +3,8 @@
 -- tolerance 1e-5 with a small absolute floor). PyTorch is not needed here.
 local nd = require "needle"
 local F = nd.F
-local fixtures = dofile("spec/fixtures/torch_ops.lua")
-
-local function tensor(t)
-  local x = nd.tensor(t.data):reshape(t.shape)
-  return x
-end
+local X = require("spec.helpers.fixtures").bind(assert, 1e-6)
+local fixtures = X.load("torch_ops")
 
 -- the needle call for each fixture name
 local ops = {
@@ -50,33 +46,11 @@ local function fn_for(c)
   return ops[c.name]
 end
 
-local function close(name, got, want)
-  assert.are.same(want.shape, got.shape, name .. ": shape")
-  local g = got:contiguous():view({-1}):totable()
-  for i, w in ipairs(want.data) do
-    local tol = 1e-5 * math.abs(w) + 1e-6
-    if math.abs(g[i] - w) > tol then
-      error(("%s: element %d is %.9g, PyTorch %.9g"):format(name, i, g[i], w), 2)
-    end
-  end
-end
-
 describe("against PyTorch fixtures", function()
   for _, c in ipairs(fixtures) do
     it(c.name, function()
       local fn = assert(fn_for(c), "no needle op for fixture " .. c.name)
-      local inputs = {}
-      for i, t in ipairs(c.inputs) do
-        inputs[i] = tensor(t)
-        inputs[i].requires_grad = true
-      end
-      local out = fn(table.unpack(inputs))
-      close(c.name .. " output", out, c.output)
-      local grads = nd.grad((out * tensor(c.w)):sum(), inputs, {allow_unused = true})
-      for i = 1, #inputs do
-        local g = grads[i] or nd.zeros(c.inputs[i].shape)
-        close(c.name .. " grad " .. i, g, c.grads[i])
-      end
+      X.check_case(c.name, c, fn, {allow_unused = true})
     end)
   end
 end)

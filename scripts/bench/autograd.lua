@@ -9,32 +9,10 @@
 local nd = require "needle"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
-local root = here .. "/../.."
+local C = dofile(here .. "/common.lua")
+local per_iter = C.per_iter -- median of 5 runs of n calls, no warm-up
 
-local function per_iter(fn, n, reps)
-  local ts = {}
-  for r = 1, reps or 5 do
-    local t0 = nd.clock()
-    for _ = 1, n do fn() end
-    ts[r] = (nd.clock() - t0) / n
-  end
-  table.sort(ts)
-  return ts[(#ts + 1) // 2]
-end
-
-local function run_kv(cmd)
-  local f = io.popen(cmd .. " 2>/dev/null")
-  local out = {}
-  for line in f:lines() do
-    local k, v = line:match("^(%S+)%s+(%S+)$")
-    if k then out[k] = tonumber(v) end
-  end
-  f:close()
-  return out
-end
-
-local python = io.open("/usr/bin/python3") and "/usr/bin/python3" or "python3"
-local torch = run_kv(("%s %s/scripts/bench/autograd_torch.py"):format(python, root))
+local torch = C.run_torch("autograd_torch.py")
 
 local r = {}
 local a, b = nd.rand({16}), nd.rand({16})
@@ -80,12 +58,10 @@ r.cross_entropy_composite_ms = per_iter(function()
   loss:backward(); ce_x.grad = nil
 end, 20) * 1e3
 
-local function fmt(v) return v and ("%.3f"):format(v) or "-" end
-local function ratio(p, q) return (p and q) and ("%.2fx"):format(p / q) or "-" end
 print(("needle-lua autograd benchmark  (threads: %d, PyTorch: %s)"):format(nd.get_num_threads(),
   torch.mul16_us and "yes" or "not installed"))
 print(("%-40s %10s %10s %10s"):format("measure", "needle", "PyTorch", "ratio"))
-for _, row in ipairs({
+C.print_rows("%-40s %10s %10s %10s", {
   {"mul, 16 elements, no grad (us)", "mul16_us"},
   {"mul, 16 elements, recording (us)", "mul16_record_us"},
   {"cost of recording a node (us)", "record_cost_us"},
@@ -96,9 +72,7 @@ for _, row in ipairs({
   {"layer_norm 512x1024 fwd+bwd composite (ms)", "layer_norm_composite_ms"},
   {"cross_entropy 512x1000 fwd+bwd fused (ms)", "cross_entropy_fused_ms"},
   {"cross_entropy 512x1000 fwd+bwd composite (ms)", "cross_entropy_composite_ms"},
-}) do
-  print(("%-40s %10s %10s %10s"):format(row[1], fmt(r[row[2]]), fmt(torch[row[2]]), ratio(r[row[2]], torch[row[2]])))
-end
+}, r, torch)
 print(("fused over composite: softmax %.1fx, layer_norm %.1fx, cross_entropy %.1fx"):format(
   r.softmax_composite_ms / r.softmax_fused_ms, r.layer_norm_composite_ms / r.layer_norm_fused_ms,
   r.cross_entropy_composite_ms / r.cross_entropy_fused_ms))

@@ -1,22 +1,11 @@
 """PyTorch side of scripts/bench/autograd.lua (same measurements)."""
-import statistics
 import sys
-import time
 
 import torch
 
+from bench_common import per_iter  # reps defaults to 5, no warm-up
+
 reps = int(sys.argv[1]) if len(sys.argv) > 1 else 11
-
-
-def per_iter(fn, n, reps=5):
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        ts.append((time.perf_counter() - t0) / n)
-    return statistics.median(ts)
-
 
 a, b = torch.rand(16), torch.rand(16)
 ag = torch.rand(16, requires_grad=True)

@@ -19,43 +19,19 @@ for i = 1, #arg do
 end
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
-local root = here .. "/../.."
+local C = dofile(here .. "/common.lua")
+local root = C.root
 local exe = arg[-1] or "needle-lua"
-
-local function median_time(fn, n)
-  for _ = 1, 3 do fn() end
-  local ts = {}
-  for i = 1, n do
-    local t0 = nd.clock()
-    fn()
-    ts[i] = nd.clock() - t0
-  end
-  table.sort(ts)
-  return ts[(n + 1) // 2]
-end
-
-local function run_kv(cmd)
-  local f = io.popen(cmd .. " 2>/dev/null")
-  local out = {}
-  for line in f:lines() do
-    local k, v = line:match("^(%S+)%s+(%S+)$")
-    if k then out[k] = tonumber(v) end
-  end
-  f:close()
-  return out
-end
+local median_time, fmt, ratio = C.median_time, C.fmt, C.ratio
 
 -- plain C yardsticks
 local bin = os.tmpname()
 local ok = os.execute(("cc -O3 -fopenmp -I/usr/include/x86_64-linux-gnu/openblas-pthread %s/scripts/bench/baseline.c -o %s -lopenblas"):format(root, bin))
-local c = ok and run_kv(bin .. " " .. reps) or {}
+local c = ok and C.run_kv(bin .. " " .. reps) or {}
 os.remove(bin)
 
 -- PyTorch, if present
--- Debian's python3-torch lives under /usr/bin/python3 (a python3 earlier on
--- PATH, e.g. pyenv's, may not have it)
-local python = io.open("/usr/bin/python3") and "/usr/bin/python3" or "python3"
-local torch = run_kv(("%s %s/scripts/bench/foundation_torch.py %d"):format(python, root, reps))
+local torch = C.run_torch(("foundation_torch.py %d"):format(reps))
 local have_torch = torch.matmul_1024_ms ~= nil
 
 -- needle
@@ -87,9 +63,6 @@ do
   r.startup_ms = loop(exe .. " -e ''")
   r.lua_startup_ms = loop("lua5.4 -e ''")
 end
-
-local function fmt(v, f) return v and (f or "%.3f"):format(v) or "-" end
-local function ratio(a, b) return (a and b) and ("%.2fx"):format(a / b) or "-" end
 
 print(("needle-lua foundation benchmark  (threads: %d, reps: %d, PyTorch: %s)")
   :format(nd.get_num_threads(), reps, have_torch and "yes" or "not installed"))

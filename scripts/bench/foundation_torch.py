@@ -1,24 +1,14 @@
 """PyTorch side of scripts/bench/foundation.lua: the same measurements, same
 sizes, same method (warm-up, then the median of several runs). Prints
 "name value" lines. Run by foundation.lua when `import torch` works."""
-import statistics
 import sys
-import time
 
 import torch
 
+from bench_common import median_time
+
 reps = int(sys.argv[1]) if len(sys.argv) > 1 else 15
 torch.set_num_threads(torch.get_num_threads())
-
-def median_time(fn, reps):
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 a, b = torch.rand(1024, 1024), torch.rand(1024, 1024)
 print("matmul_1024_ms %.4f" % (median_time(lambda: a @ b, reps) * 1e3))

@@ -5,7 +5,9 @@
 --
 --   errmsg(fn, ...)                -- calls fn(...), which must raise; returns
 --                                  -- the error message as a string
+--   err_of(fn)                     -- the same, returning the error value as raised
 --   assert_contains(msg, fragment) -- msg contains fragment (plain text)
+--   has(msg, fragment)             -- the same, failing with msg itself as the message
 --
 -- bind takes the spec's busted `assert` (a required module sees the global
 -- environment, not the one busted gives spec files), as R.asserts does in
@@ -16,15 +18,23 @@ local M = {}
 function M.bind(assert)
   local H = {}
 
-  function H.errmsg(fn, ...)
-    local ok, msg = pcall(fn, ...)
+  function H.err_of(fn, ...)
+    local ok, e = pcall(fn, ...)
     assert.is_false(ok, "expected an error")
-    return tostring(msg)
+    return e
+  end
+
+  function H.errmsg(fn, ...)
+    return tostring(H.err_of(fn, ...))
   end
 
   function H.assert_contains(msg, fragment)
     assert(string.find(msg, fragment, 1, true),
       ("expected message to contain %q, got %q"):format(fragment, msg))
+  end
+
+  function H.has(msg, fragment)
+    assert.truthy(msg:find(fragment, 1, true), msg)
   end
 
   return H

@@ -6,6 +6,13 @@
 -- fixed random weight, so every output element's gradient matters. The
 -- analytical gradients (nd.grad) are compared with central differences
 -- computed by perturbing each leaf element under no_grad.
+--
+-- In a spec, bound to its busted `assert` (as spec/helpers/assertions.lua's
+-- bind is):
+--   local C = require("spec.helpers.gradcheck").bind(assert, {atol = 1e-5, rtol = 1e-4})
+--   C.check(build, leaves, opts)   -- gradcheck passes, else fails with its message
+--   C.check2(build, leaves, opts)  -- gradgradcheck; opts default to bind's second
+--                                  -- argument (nil: gradcheck's own defaults)
 local nd = require "needle"
 
 local M = {}
@@ -72,6 +79,22 @@ function M.leaf(shape, lo, hi)
   local t = nd.rand(shape, {dtype = "float64"}) * (hi - lo) + lo
   t.requires_grad = true
   return t
+end
+
+function M.bind(assert, check2_opts)
+  local H = {}
+
+  function H.check(build, leaves, opts)
+    local ok, msg = M.gradcheck(build, leaves, opts)
+    assert(ok, msg)
+  end
+
+  function H.check2(build, leaves, opts)
+    local ok, msg = M.gradgradcheck(build, leaves, opts or check2_opts)
+    assert(ok, msg)
+  end
+
+  return H
 end
 
 return M

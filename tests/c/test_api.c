@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "needle.h"
+#include "check.h"
 
 /* The absurd-size checks ask for ~256 TiB: under AddressSanitizer that must
  * come back as NULL (then ND_ERR_MEMORY) instead of ASan aborting the test.
@@ -20,30 +21,13 @@
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 
-static int checks = 0, failures = 0;
-
-#define FAILF(...) do { failures++; printf("%s:%d: FAIL: ", __FILE__, __LINE__); \
-                        printf(__VA_ARGS__); printf("\n"); } while (0)
-#define CHECK(cond) do { checks++; if (!(cond)) FAILF("%s", #cond); } while (0)
-#define CHECKM(cond, ...) do { checks++; if (!(cond)) FAILF(__VA_ARGS__); } while (0)
-/* A call that must succeed; on failure the current test function returns. */
-#define OK(expr) do { checks++; nd_status s_ = (expr); if (s_ != ND_OK) { \
-        FAILF("%s -> %s: %s", #expr, nd_status_name(s_), nd_last_error()); return; } } while (0)
 /* A call that must fail with status st and a message containing substr. */
 #define FAILS(expr, st, substr) do { checks++; nd_status s_ = (expr); \
-        if (s_ != (st)) FAILF("%s -> %s (%s), expected %s", #expr, nd_status_name(s_), \
-                              s_ ? nd_last_error() : "", nd_status_name(st)); \
+        if (s_ != (st)) FAIL("%s -> %s (%s), expected %s", #expr, nd_status_name(s_), \
+                             s_ ? nd_last_error() : "", nd_status_name(st)); \
         else if (!strstr(nd_last_error(), (substr))) \
-            FAILF("%s: message \"%s\" does not contain \"%s\"", #expr, nd_last_error(), (substr)); \
+            FAIL("%s: message \"%s\" does not contain \"%s\"", #expr, nd_last_error(), (substr)); \
     } while (0)
-
-/* shape literal: S(2,3) -> (const int64_t[]){2,3}, 2 */
-#define S(...) (const int64_t[]){__VA_ARGS__}, \
-    (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
-/* the shape of a 0-dim tensor */
-#define S0 (const int64_t *)NULL, 0
-#define NV(...) (const double[]){__VA_ARGS__}, \
-    (int)(sizeof((const double[]){__VA_ARGS__}) / sizeof(double))
 
 static void release_all(nd_tensor **ts, int n) {
     for (int i = 0; i < n; i++) { nd_release(ts[i]); ts[i] = NULL; }
@@ -54,11 +38,11 @@ static void release_all(nd_tensor **ts, int n) {
 static double *values(const nd_tensor *t) {
     nd_tensor *f = NULL;
     nd_status st = nd_to_dtype(t, ND_FLOAT64, &f);
-    if (st != ND_OK) { FAILF("values: %s", nd_last_error()); return NULL; }
+    if (st != ND_OK) { FAIL("values: %s", nd_last_error()); return NULL; }
     size_t n = (size_t)nd_numel(f);
     double *v = malloc((n ? n : 1) * sizeof *v);
     if (v && nd_copy_to_buffer(f, v, n * sizeof *v) != ND_OK) {
-        FAILF("values: %s", nd_last_error());
+        FAIL("values: %s", nd_last_error());
         free(v);
         v = NULL;
     }
@@ -81,11 +65,11 @@ static int close_to(double g, double e, double tol) {
 static void expect_at(int line, const char *what, const nd_tensor *t, nd_dtype dt,
                       const int64_t *shape, int ndim, const double *v, int nv) {
     checks++;
-    if (!t) { failures++; printf("%s:%d: FAIL: %s is NULL\n", __FILE__, line, what); return; }
+    if (!t) { FAIL_AT(line, "%s is NULL", what); return; }
     if (nd_get_dtype(t) != dt || !same_shape(t, shape, ndim) || nd_numel(t) != nv) {
         failures++;
-        printf("%s:%d: FAIL: %s: got %s of %d dims {", __FILE__, line, what,
-               nd_dtype_name(nd_get_dtype(t)), nd_ndim(t));
+        check_place(__FILE__, line);
+        printf("%s: got %s of %d dims {", what, nd_dtype_name(nd_get_dtype(t)), nd_ndim(t));
         for (int i = 0; i < nd_ndim(t); i++)
             printf("%s%lld", i ? "," : "", (long long)nd_shape(t)[i]);
         printf("}, expected %s of %d dims with %d elements\n", nd_dtype_name(dt), ndim, nv);
@@ -95,9 +79,7 @@ static void expect_at(int line, const char *what, const nd_tensor *t, nd_dtype d
     if (!got) { failures++; return; }
     for (int i = 0; i < nv; i++) {
         if (!close_to(got[i], v[i], 1e-6)) {
-            failures++;
-            printf("%s:%d: FAIL: %s: element %d is %.9g, expected %.9g\n", __FILE__, line, what,
-                   i, got[i], v[i]);
+            FAIL_AT(line, "%s: element %d is %.9g, expected %.9g", what, i, got[i], v[i]);
             break;
         }
     }
@@ -149,9 +131,9 @@ static void test_creation(void) {
     CHECK(nd_data(t[0]) != NULL);
 
     OK(nd_zeros(S(2, 2), ND_INT64, &t[1]));
-    EXPECT(t[1], ND_INT64, S(2, 2), NV(0, 0, 0, 0));
+    EXPECT(t[1], ND_INT64, S(2, 2), V(0, 0, 0, 0));
     OK(nd_full(S(3), ND_INT32, 7, &t[2]));
-    EXPECT(t[2], ND_INT32, S(3), NV(7, 7, 7));
+    EXPECT(t[2], ND_INT32, S(3), V(7, 7, 7));
 
     OK(nd_scalar(2.5, ND_FLOAT64, &t[3]));
     CHECK(nd_ndim(t[3]) == 0 && nd_numel(t[3]) == 1 && nd_is_contiguous(t[3]));
@@ -160,29 +142,29 @@ static void test_creation(void) {
     CHECK(item == 2.5);
 
     OK(nd_arange(0, 5, 1, ND_FLOAT32, &t[4]));
-    EXPECT(t[4], ND_FLOAT32, S(5), NV(0, 1, 2, 3, 4));
+    EXPECT(t[4], ND_FLOAT32, S(5), V(0, 1, 2, 3, 4));
     OK(nd_arange(1, 2, 0.25, ND_FLOAT64, &t[5]));
-    EXPECT(t[5], ND_FLOAT64, S(4), NV(1, 1.25, 1.5, 1.75));
+    EXPECT(t[5], ND_FLOAT64, S(4), V(1, 1.25, 1.5, 1.75));
     OK(nd_arange(10, 0, -3, ND_INT64, &t[6]));
-    EXPECT(t[6], ND_INT64, S(4), NV(10, 7, 4, 1));
+    EXPECT(t[6], ND_INT64, S(4), V(10, 7, 4, 1));
     nd_tensor *bad = NULL;
     FAILS(nd_arange(0, 1, 0, ND_FLOAT32, &bad), ND_ERR_ARG, "arange");
 
     OK(nd_linspace(0, 1, 5, ND_FLOAT32, &t[7]));
-    EXPECT(t[7], ND_FLOAT32, S(5), NV(0, 0.25, 0.5, 0.75, 1));
+    EXPECT(t[7], ND_FLOAT32, S(5), V(0, 0.25, 0.5, 0.75, 1));
     OK(nd_linspace(-1, 1, 1, ND_FLOAT64, &t[8]));
-    EXPECT(t[8], ND_FLOAT64, S(1), NV(-1));
+    EXPECT(t[8], ND_FLOAT64, S(1), V(-1));
     FAILS(nd_linspace(0, 1, -2, ND_FLOAT32, &bad), ND_ERR_ARG, "linspace");
 
     OK(nd_eye(2, 3, ND_FLOAT32, &t[9]));
-    EXPECT(t[9], ND_FLOAT32, S(2, 3), NV(1, 0, 0, 0, 1, 0));
+    EXPECT(t[9], ND_FLOAT32, S(2, 3), V(1, 0, 0, 0, 1, 0));
 
     /* from_buffer copies: later writes to the source are not seen */
     float src[6] = {1, 2, 3, 4, 5, 6};
     OK(nd_from_buffer(src, S(3, 2), ND_FLOAT32, &t[10]));
     CHECK(nd_data(t[10]) != (void *)src);
     src[0] = 100;
-    EXPECT(t[10], ND_FLOAT32, S(3, 2), NV(1, 2, 3, 4, 5, 6));
+    EXPECT(t[10], ND_FLOAT32, S(3, 2), V(1, 2, 3, 4, 5, 6));
 
     /* an empty tensor is fine */
     OK(nd_zeros(S(0, 3), ND_FLOAT32, &t[11]));
@@ -252,7 +234,7 @@ static void test_views(void) {
     OK(nd_transpose(t[0], 0, 1, &t[1])); /* {4,3}, strides {1,4} */
     CHECK(nd_shape(t[1])[0] == 4 && nd_strides(t[1])[0] == 1 && nd_strides(t[1])[1] == 4);
     CHECK(!nd_is_contiguous(t[1]));
-    EXPECT(t[1], ND_FLOAT32, S(4, 3), NV(0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11));
+    EXPECT(t[1], ND_FLOAT32, S(4, 3), V(0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11));
 
     /* writing through nd_data of a view is seen by the base */
     OK(nd_select(t[0], 0, 2, &t[2])); /* row 2: elements 8..11 */
@@ -265,17 +247,17 @@ static void test_views(void) {
 
     OK(nd_narrow(t[0], 1, 1, 2, &t[3])); /* columns 1..2 */
     CHECK(nd_data(t[3]) == (void *)(bp + 1));
-    EXPECT(t[3], ND_FLOAT32, S(3, 2), NV(1, 2, 5, 6, -9, 10));
+    EXPECT(t[3], ND_FLOAT32, S(3, 2), V(1, 2, 5, 6, -9, 10));
     OK(nd_slice(base, 0, 1, 12, 3, &t[4])); /* 1, 4, 7, 10 */
     CHECK(nd_strides(t[4])[0] == 3);
-    EXPECT(t[4], ND_FLOAT32, S(4), NV(1, 4, 7, 10));
+    EXPECT(t[4], ND_FLOAT32, S(4), V(1, 4, 7, 10));
     OK(nd_fill_(t[4], 0)); /* in place through a strided view */
     CHECK(bp[1] == 0 && bp[4] == 0 && bp[7] == 0 && bp[10] == 0 && bp[2] == 2);
 
     OK(nd_unsqueeze(t[2], 0, &t[5])); /* {1,4} */
     OK(nd_expand(t[5], S(3, 4), &t[6]));
     CHECK(nd_strides(t[6])[0] == 0 && nd_data(t[6]) == nd_data(t[2]));
-    EXPECT(t[6], ND_FLOAT32, S(3, 4), NV(8, -9, 0, 11, 8, -9, 0, 11, 8, -9, 0, 11));
+    EXPECT(t[6], ND_FLOAT32, S(3, 4), V(8, -9, 0, 11, 8, -9, 0, 11, 8, -9, 0, 11));
     OK(nd_squeeze(t[5], 0, &t[7]));
     CHECK(nd_ndim(t[7]) == 1);
     OK(nd_squeeze_all(t[5], &t[8]));
@@ -302,9 +284,9 @@ static void test_views(void) {
     OK(nd_reshape(mt, S(6), &r));
     CHECK(nd_is_contiguous(r));
     CHECK(nd_data(r) != nd_data(m)); /* a copy */
-    EXPECT(r, ND_FLOAT32, S(6), NV(0, 3, 1, 4, 2, 5));
+    EXPECT(r, ND_FLOAT32, S(6), V(0, 3, 1, 4, 2, 5));
     OK(nd_fill_(r, 42));
-    EXPECT(m, ND_FLOAT32, S(2, 3), NV(0, 1, 2, 3, 4, 5));
+    EXPECT(m, ND_FLOAT32, S(2, 3), V(0, 1, 2, 3, 4, 5));
     OK(nd_reshape(m, S(3, -1), &r2)); /* contiguous: a view, -1 inferred */
     CHECK(same_shape(r2, S(3, 2)) && nd_data(r2) == nd_data(m));
     FAILS(nd_reshape(m, S(-1, -1), &v), ND_ERR_ARG, "-1");
@@ -319,9 +301,9 @@ static void test_dtypes(void) {
     nd_tensor *t[8] = {0};
     OK(nd_from_buffer((const float[]){2.7f, -2.7f, 0.0f, 255.0f}, S(4), ND_FLOAT32, &t[0]));
     OK(nd_to_dtype(t[0], ND_INT64, &t[1]));
-    EXPECT(t[1], ND_INT64, S(4), NV(2, -2, 0, 255)); /* truncation toward zero */
+    EXPECT(t[1], ND_INT64, S(4), V(2, -2, 0, 255)); /* truncation toward zero */
     OK(nd_to_dtype(t[0], ND_BOOL, &t[2]));
-    EXPECT(t[2], ND_BOOL, S(4), NV(1, 1, 0, 1));
+    EXPECT(t[2], ND_BOOL, S(4), V(1, 1, 0, 1));
     release_all(t, 8);
 
     /* float16: exactly representable values survive the round trip, others round */
@@ -404,30 +386,30 @@ static void test_binary(void) {
     OK(nd_from_buffer((const float[]){1, 2}, S(2, 1), ND_FLOAT32, &a));
     OK(nd_from_buffer((const float[]){10, 20, 30}, S(3), ND_FLOAT32, &b));
     OK(nd_binary(ND_BINARY_add, a, b, &t[0]));
-    EXPECT(t[0], ND_FLOAT32, S(2, 3), NV(11, 21, 31, 12, 22, 32));
+    EXPECT(t[0], ND_FLOAT32, S(2, 3), V(11, 21, 31, 12, 22, 32));
     OK(nd_binary(ND_BINARY_mul, b, a, &t[1]));
-    EXPECT(t[1], ND_FLOAT32, S(2, 3), NV(10, 20, 30, 20, 40, 60));
+    EXPECT(t[1], ND_FLOAT32, S(2, 3), V(10, 20, 30, 20, 40, 60));
     OK(nd_binary(ND_BINARY_gt, t[0], t[1], &t[2]));
-    EXPECT(t[2], ND_BOOL, S(2, 3), NV(1, 1, 1, 0, 0, 0));
+    EXPECT(t[2], ND_BOOL, S(2, 3), V(1, 1, 1, 0, 0, 0));
     OK(nd_binary_scalar(ND_BINARY_sub, b, 1, 1, &t[3])); /* 1 - b */
-    EXPECT(t[3], ND_FLOAT32, S(3), NV(-9, -19, -29));
+    EXPECT(t[3], ND_FLOAT32, S(3), V(-9, -19, -29));
     OK(nd_binary_scalar(ND_BINARY_div, b, 4, 0, &t[4]));
-    EXPECT(t[4], ND_FLOAT32, S(3), NV(2.5, 5, 7.5));
+    EXPECT(t[4], ND_FLOAT32, S(3), V(2.5, 5, 7.5));
     /* type promotion: int64 + float32 -> float32; int64 / 2.5 -> float32 */
     OK(nd_arange(0, 3, 1, ND_INT64, &t[5]));
     OK(nd_binary(ND_BINARY_add, t[5], b, &t[6]));
-    EXPECT(t[6], ND_FLOAT32, S(3), NV(10, 21, 32));
+    EXPECT(t[6], ND_FLOAT32, S(3), V(10, 21, 32));
     OK(nd_binary_scalar(ND_BINARY_mul, t[5], 2.5, 0, &t[7]));
-    EXPECT(t[7], ND_FLOAT32, S(3), NV(0, 2.5, 5));
+    EXPECT(t[7], ND_FLOAT32, S(3), V(0, 2.5, 5));
     /* in place, broadcast b into a {2,3} */
     OK(nd_binary_(ND_BINARY_sub, t[0], b));
-    EXPECT(t[0], ND_FLOAT32, S(2, 3), NV(1, 1, 1, 2, 2, 2));
+    EXPECT(t[0], ND_FLOAT32, S(2, 3), V(1, 1, 1, 2, 2, 2));
     OK(nd_binary_scalar_(ND_BINARY_mul, t[0], 3));
-    EXPECT(t[0], ND_FLOAT32, S(2, 3), NV(3, 3, 3, 6, 6, 6));
+    EXPECT(t[0], ND_FLOAT32, S(2, 3), V(3, 3, 3, 6, 6, 6));
     /* a scalar (0-dim) tensor broadcasts to anything */
     OK(nd_scalar(-1, ND_FLOAT32, &t[8]));
     OK(nd_binary(ND_BINARY_maximum, t[8], t[3], &t[9]));
-    EXPECT(t[9], ND_FLOAT32, S(3), NV(-1, -1, -1));
+    EXPECT(t[9], ND_FLOAT32, S(3), V(-1, -1, -1));
     release_all(t, 10);
 
     nd_tensor *c = NULL, *r = NULL;
@@ -438,10 +420,10 @@ static void test_binary(void) {
 
     OK(nd_from_buffer((const float[]){-1, 0, 4}, S(3), ND_FLOAT32, &c));
     OK(nd_unary(ND_UNARY_relu, c, &r));
-    EXPECT(r, ND_FLOAT32, S(3), NV(0, 0, 4));
+    EXPECT(r, ND_FLOAT32, S(3), V(0, 0, 4));
     nd_release(r);
     OK(nd_clamp(c, NAN, 1, &r));
-    EXPECT(r, ND_FLOAT32, S(3), NV(-1, 0, 1));
+    EXPECT(r, ND_FLOAT32, S(3), V(-1, 0, 1));
     nd_release(r);
     nd_release(c);
     nd_release(a);
@@ -452,26 +434,26 @@ static void test_reduce(void) {
     nd_tensor *x = NULL, *xt = NULL, *t[10] = {0};
     OK(nd_from_buffer((const double[]){1, 2, 3, 4, 5, 6}, S(2, 3), ND_FLOAT64, &x));
     OK(nd_reduce(ND_REDUCE_sum, x, (const int[]){1}, 1, 1, 0, &t[0]));
-    EXPECT(t[0], ND_FLOAT64, S(2, 1), NV(6, 15));
+    EXPECT(t[0], ND_FLOAT64, S(2, 1), V(6, 15));
     OK(nd_reduce(ND_REDUCE_sum, x, (const int[]){1}, 1, 0, 0, &t[1]));
-    EXPECT(t[1], ND_FLOAT64, S(2), NV(6, 15));
+    EXPECT(t[1], ND_FLOAT64, S(2), V(6, 15));
     OK(nd_reduce(ND_REDUCE_mean, x, NULL, 0, 0, 0, &t[2]));
-    EXPECT(t[2], ND_FLOAT64, S0, NV(3.5));
+    EXPECT(t[2], ND_FLOAT64, S0, V(3.5));
     OK(nd_reduce(ND_REDUCE_max, x, (const int[]){-2}, 1, 1, 0, &t[3]));
-    EXPECT(t[3], ND_FLOAT64, S(1, 3), NV(4, 5, 6));
+    EXPECT(t[3], ND_FLOAT64, S(1, 3), V(4, 5, 6));
     OK(nd_reduce(ND_REDUCE_var, x, (const int[]){0}, 1, 0, 1, &t[4]));
-    EXPECT(t[4], ND_FLOAT64, S(3), NV(4.5, 4.5, 4.5));
+    EXPECT(t[4], ND_FLOAT64, S(3), V(4.5, 4.5, 4.5));
     OK(nd_reduce(ND_REDUCE_argmax, x, (const int[]){1}, 1, 0, 0, &t[5]));
-    EXPECT(t[5], ND_INT64, S(2), NV(2, 2));
+    EXPECT(t[5], ND_INT64, S(2), V(2, 2));
     OK(nd_reduce(ND_REDUCE_sum, x, (const int[]){0, 1}, 2, 1, 0, &t[6]));
-    EXPECT(t[6], ND_FLOAT64, S(1, 1), NV(21));
+    EXPECT(t[6], ND_FLOAT64, S(1, 1), V(21));
     /* on a transposed (non-contiguous) operand */
     OK(nd_transpose(x, 0, 1, &xt));
     OK(nd_reduce(ND_REDUCE_sum, xt, (const int[]){0}, 1, 1, 0, &t[7]));
-    EXPECT(t[7], ND_FLOAT64, S(1, 2), NV(6, 15));
+    EXPECT(t[7], ND_FLOAT64, S(1, 2), V(6, 15));
     OK(nd_max_dim(x, 0, 0, 1, &t[8], &t[9]));
-    EXPECT(t[8], ND_FLOAT64, S(3), NV(1, 2, 3));
-    EXPECT(t[9], ND_INT64, S(3), NV(0, 0, 0));
+    EXPECT(t[8], ND_FLOAT64, S(3), V(1, 2, 3));
+    EXPECT(t[9], ND_INT64, S(3), V(0, 0, 0));
     release_all(t, 10);
     nd_tensor *r = NULL;
     FAILS(nd_reduce(ND_REDUCE_sum, x, (const int[]){2}, 1, 0, 0, &r), ND_ERR_INDEX, "dim");
@@ -506,15 +488,13 @@ static void check_matmul(int line, nd_dtype dt, const nd_tensor *a, const nd_ten
     checks++;
     nd_status st = nd_matmul(a, b, &c);
     if (st != ND_OK) {
-        failures++;
-        printf("%s:%d: FAIL: matmul: %s\n", __FILE__, line, nd_last_error());
+        FAIL_AT(line, "matmul: %s", nd_last_error());
         return;
     }
     int64_t n = nd_shape(a)[0], m = nd_shape(b)[1];
     checks++;
     if (nd_get_dtype(c) != dt || !same_shape(c, (const int64_t[]){n, m}, 2)) {
-        failures++;
-        printf("%s:%d: FAIL: matmul result has the wrong dtype or shape\n", __FILE__, line);
+        FAIL_AT(line, "matmul result has the wrong dtype or shape");
         nd_release(c);
         return;
     }
@@ -523,9 +503,8 @@ static void check_matmul(int line, nd_dtype dt, const nd_tensor *a, const nd_ten
     double *got = values(c);
     for (int64_t i = 0; got && i < n * m; i++) {
         if (!close_to(got[i], want[i], tol)) {
-            failures++;
-            printf("%s:%d: FAIL: matmul element %lld is %.9g, naive loop gives %.9g\n", __FILE__,
-                   line, (long long)i, got[i], want[i]);
+            FAIL_AT(line, "matmul element %lld is %.9g, naive loop gives %.9g", (long long)i,
+                    got[i], want[i]);
             break;
         }
     }
@@ -572,14 +551,14 @@ static void test_matmul(void) {
     nd_release(r);
     OK(nd_from_buffer((const float[]){1, 0, 0, 1, 1, 1}, S(3, 2), ND_FLOAT32, &w));
     OK(nd_matmul(x, w, &r)); /* {2,2,3} x {3,2} -> {2,2,2} */
-    EXPECT(r, ND_FLOAT32, S(2, 2, 2), NV(2, 3, 8, 9, 14, 15, 20, 21));
+    EXPECT(r, ND_FLOAT32, S(2, 2, 2), V(2, 3, 8, 9, 14, 15, 20, 21));
     nd_release(r);
     OK(nd_from_buffer((const float[]){1, 2, 3}, S(3), ND_FLOAT32, &v));
     OK(nd_matmul(v, w, &r)); /* {3} x {3,2} -> {2} */
-    EXPECT(r, ND_FLOAT32, S(2), NV(4, 5));
+    EXPECT(r, ND_FLOAT32, S(2), V(4, 5));
     nd_release(r);
     OK(nd_matmul(v, v, &r)); /* dot -> 0-dim */
-    EXPECT(r, ND_FLOAT32, S0, NV(14));
+    EXPECT(r, ND_FLOAT32, S0, V(14));
     nd_release(r);
     r = NULL;
 
@@ -653,17 +632,17 @@ static void test_refcount(void) {
     OK(nd_full(S(3), ND_FLOAT32, 2, &t));
     nd_retain(t);
     nd_release(t); /* still one reference */
-    EXPECT(t, ND_FLOAT32, S(3), NV(2, 2, 2));
+    EXPECT(t, ND_FLOAT32, S(3), V(2, 2, 2));
     OK(nd_contiguous(t, &c));
     CHECK(c == t); /* already contiguous: a new reference to t */
     nd_release(c);
     OK(nd_clone(t, &c));
     CHECK(c != t && nd_data(c) != nd_data(t));
     OK(nd_fill_(c, 5));
-    EXPECT(t, ND_FLOAT32, S(3), NV(2, 2, 2));
+    EXPECT(t, ND_FLOAT32, S(3), V(2, 2, 2));
     OK(nd_narrow(t, 0, 1, 2, &v));
     nd_release(t); /* the view keeps the storage alive */
-    EXPECT(v, ND_FLOAT32, S(2), NV(2, 2));
+    EXPECT(v, ND_FLOAT32, S(2), V(2, 2));
     nd_release(v);
     nd_release(c);
     nd_release(NULL); /* a no-op */
@@ -676,7 +655,7 @@ static void test_refcount(void) {
     OK(nd_zeros(S(2, 2), ND_FLOAT64, &z));
     OK(nd_transpose(h, 0, 1, &v));
     OK(nd_copy_(z, v)); /* cast + transpose */
-    EXPECT(z, ND_FLOAT64, S(2, 2), NV(1, 3, 2, 4));
+    EXPECT(z, ND_FLOAT64, S(2, 2), V(1, 3, 2, 4));
     OK(nd_copy_(h, z)); /* write back through the borrowed tensor */
     CHECK(host[1] == 3 && host[2] == 2);
     nd_release(v); nd_release(h); nd_release(z);
@@ -698,7 +677,7 @@ int main(void) {
     test_refcount();
     checks++;
     if (nd_live_bytes() != live0)
-        FAILF("live bytes: %lld at start, %lld after releasing everything", (long long)live0,
+        FAIL("live bytes: %lld at start, %lld after releasing everything", (long long)live0,
               (long long)nd_live_bytes());
     nd_empty_cache();
     CHECK(nd_cached_bytes() == 0);

@@ -12,18 +12,11 @@
 #include <stdio.h>
 #include <string.h>
 #include "needle.h"
+#include "check.h"
 
-static int checks = 0, failures = 0;
-
-#define FAILF(...) do { failures++; printf("%s:%d: FAIL: ", __FILE__, __LINE__); \
-                        printf(__VA_ARGS__); printf("\n"); } while (0)
-#define CHECK(cond) do { checks++; if (!(cond)) FAILF("%s", #cond); } while (0)
-#define CHECKM(cond, ...) do { checks++; if (!(cond)) FAILF(__VA_ARGS__); } while (0)
-#define OK(expr) do { checks++; nd_status s_ = (expr); if (s_ != ND_OK) { \
-        FAILF("%s -> %s: %s", #expr, nd_status_name(s_), nd_last_error()); return; } } while (0)
 /* Runs a chunk that must succeed, leaving nres results on the stack. */
 #define RUN(L, code, nres) do { checks++; if (!run_chunk(L, code, nres)) { \
-        FAILF("chunk failed: %s\n    %s", code, lua_tostring(L, -1)); lua_pop(L, 1); return; } } while (0)
+        FAIL("chunk failed: %s\n    %s", code, lua_tostring(L, -1)); lua_pop(L, 1); return; } } while (0)
 
 static int run_chunk(lua_State *L, const char *code, int nres) {
     if (luaL_loadbuffer(L, code, strlen(code), "=chunk") != LUA_OK) return 0;
@@ -143,7 +136,7 @@ static void test_errors(lua_State *L) {
     nd_release(a);
     nd_release(b);
     checks++;
-    if (lua_pcall(L, 2, 1, 0) != LUA_ERRRUN) FAILF("needle.matmul with mismatched shapes did not fail");
+    if (lua_pcall(L, 2, 1, 0) != LUA_ERRRUN) FAIL("needle.matmul with mismatched shapes did not fail");
     const char *msg = lua_tostring(L, -1);
     CHECKM(msg && strncmp(msg, "needle.matmul", 13) == 0, "message: %s", msg ? msg : "(not a string)");
     CHECKM(msg && strstr(msg, "needle.matmul: shapes {2,3} and {4,5} do not match"), "message: %s",
@@ -155,7 +148,7 @@ static void test_errors(lua_State *L) {
                        "local a, b = nd.zeros(2, 3), nd.zeros(4, 5)\n"
                        "return a:matmul(b)\n";
     checks++;
-    if (run_chunk(L, code, 1)) FAILF("a:matmul(b) with mismatched shapes did not fail");
+    if (run_chunk(L, code, 1)) FAIL("a:matmul(b) with mismatched shapes did not fail");
     msg = lua_tostring(L, -1);
     CHECKM(msg && strncmp(msg, "chunk:3: needle.matmul: shapes {2,3} and {4,5}", 46) == 0,
            "message: %s", msg ? msg : "(not a string)");

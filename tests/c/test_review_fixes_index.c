@@ -20,111 +20,69 @@
 #include <string.h>
 #include "needle.h"
 #include "backends/cpu/cpu_dim_loop.h"
-
-static int failures = 0, checks = 0;
-
-#define S(...) (const int64_t[]){__VA_ARGS__}, \
-    (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
-
-#define FAIL(...) do { failures++; printf("FAIL line %d: ", __LINE__); printf(__VA_ARGS__); \
-                       printf("\n"); } while (0)
-#define CHECK(cond, ...) do { checks++; if (!(cond)) FAIL(__VA_ARGS__); } while (0)
-#define REQ(expr) do { checks++; nd_status s_ = (expr); if (s_ != ND_OK) { \
-        FAIL("%s -> %s: %s", #expr, nd_status_name(s_), nd_last_error()); return; } } while (0)
-
-static void expect_err_at(int line, const char *what, nd_status got, nd_status want,
-                          const char *s1, const char *s2) {
-    checks++;
-    const char *msg = nd_last_error();
-    if (got != want || (s1 && !strstr(msg, s1)) || (s2 && !strstr(msg, s2))) {
-        failures++;
-        printf("FAIL line %d: %s: got status '%s' message '%s'; expected '%s' mentioning '%s' "
-               "'%s'\n", line, what, nd_status_name(got), got ? msg : "", nd_status_name(want),
-               s1 ? s1 : "", s2 ? s2 : "");
-    }
-}
-#define EXPECT_ERR(what, call, want, s1, s2) expect_err_at(__LINE__, what, call, want, s1, s2)
+#define CHECK_PLACE_LINE /* failures print as "FAIL line N: " */
+#include "check.h"
 
 /* The message as the Lua layer shows it (dims and indices 1-based). */
 static void expect_lua_msg_at(int line, const char *what, const char *frag) {
     checks++;
     const char *msg = nd_last_error_based(1);
-    if (!strstr(msg, frag)) {
-        failures++;
-        printf("FAIL line %d: %s: 1-based message '%s' lacks '%s'\n", line, what, msg, frag);
-    }
+    if (!strstr(msg, frag)) FAIL_AT(line, "%s: 1-based message '%s' lacks '%s'", what, msg, frag);
 }
 #define EXPECT_LUA_MSG(what, frag) expect_lua_msg_at(__LINE__, what, frag)
 
-static nd_tensor *i64_tensor(const int64_t *v, const int64_t *shape, int ndim) {
+/* An int64 / int32 tensor of the values v (dt gives their C type). */
+static nd_tensor *int_tensor(const void *v, const int64_t *shape, int ndim, nd_dtype dt) {
     nd_tensor *t;
-    if (nd_from_buffer(v, shape, ndim, ND_INT64, &t) != ND_OK) {
-        printf("i64_tensor: %s\n", nd_last_error());
+    if (nd_from_buffer(v, shape, ndim, dt, &t) != ND_OK) {
+        printf("%s: %s\n", dt == ND_INT64 ? "i64_tensor" : "i32_tensor", nd_last_error());
         exit(2);
     }
     return t;
+}
+
+static nd_tensor *i64_tensor(const int64_t *v, const int64_t *shape, int ndim) {
+    return int_tensor(v, shape, ndim, ND_INT64);
 }
 
 static nd_tensor *i32_tensor(const int32_t *v, const int64_t *shape, int ndim) {
-    nd_tensor *t;
-    if (nd_from_buffer(v, shape, ndim, ND_INT32, &t) != ND_OK) {
-        printf("i32_tensor: %s\n", nd_last_error());
-        exit(2);
-    }
-    return t;
+    return int_tensor(v, shape, ndim, ND_INT32);
 }
 
-/* Exact comparison of an int64 / int32 tensor with expected values. */
-static void expect_i64_at(int line, const char *what, const nd_tensor *t, const int64_t *want,
-                          int n) {
+/* Exact comparison of an int64 / int32 tensor with n expected values of
+ * its C type. */
+static void expect_ints_at(int line, const char *what, const nd_tensor *t, nd_dtype dt,
+                           const void *want, int n) {
     checks++;
-    if (!t || nd_get_dtype(t) != ND_INT64 || nd_numel(t) != n) {
-        failures++;
-        printf("FAIL line %d: %s: wrong tensor (dtype %s, %lld elements)\n", line, what,
-               t ? nd_dtype_name(nd_get_dtype(t)) : "-", t ? (long long)nd_numel(t) : -1LL);
+    if (!t || nd_get_dtype(t) != dt || nd_numel(t) != n) {
+        if (dt == ND_INT64)
+            FAIL_AT(line, "%s: wrong tensor (dtype %s, %lld elements)", what,
+                    t ? nd_dtype_name(nd_get_dtype(t)) : "-", t ? (long long)nd_numel(t) : -1LL);
+        else
+            FAIL_AT(line, "%s: wrong tensor", what);
         return;
     }
-    int64_t got[16];
-    if (nd_copy_to_buffer(t, got, (size_t)n * sizeof *got) != ND_OK) {
-        failures++;
-        printf("FAIL line %d: %s: %s\n", line, what, nd_last_error());
+    int64_t got64[16];
+    int32_t got32[16];
+    int wide = dt == ND_INT64;
+    if (nd_copy_to_buffer(t, wide ? (void *)got64 : (void *)got32,
+                          (size_t)n * (wide ? sizeof *got64 : sizeof *got32)) != ND_OK) {
+        FAIL_AT(line, "%s: %s", what, nd_last_error());
         return;
     }
-    for (int i = 0; i < n; i++)
-        if (got[i] != want[i]) {
-            failures++;
-            printf("FAIL line %d: %s: element %d is %lld, expected %lld\n", line, what, i,
-                   (long long)got[i], (long long)want[i]);
+    for (int i = 0; i < n; i++) {
+        long long g = wide ? got64[i] : got32[i];
+        long long w = wide ? ((const int64_t *)want)[i] : ((const int32_t *)want)[i];
+        if (g != w) {
+            FAIL_AT(line, "%s: element %d is %lld, expected %lld", what, i, g, w);
             return;
         }
-}
-#define EXPECT_I64(what, t, ...) expect_i64_at(__LINE__, what, t, (const int64_t[]){__VA_ARGS__}, \
-    (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
-
-static void expect_i32_at(int line, const char *what, const nd_tensor *t, const int32_t *want,
-                          int n) {
-    checks++;
-    if (!t || nd_get_dtype(t) != ND_INT32 || nd_numel(t) != n) {
-        failures++;
-        printf("FAIL line %d: %s: wrong tensor\n", line, what);
-        return;
     }
-    int32_t got[16];
-    if (nd_copy_to_buffer(t, got, (size_t)n * sizeof *got) != ND_OK) {
-        failures++;
-        printf("FAIL line %d: %s: %s\n", line, what, nd_last_error());
-        return;
-    }
-    for (int i = 0; i < n; i++)
-        if (got[i] != want[i]) {
-            failures++;
-            printf("FAIL line %d: %s: element %d is %ld, expected %ld\n", line, what, i,
-                   (long)got[i], (long)want[i]);
-            return;
-        }
 }
-#define EXPECT_I32(what, t, ...) expect_i32_at(__LINE__, what, t, (const int32_t[]){__VA_ARGS__}, \
-    (int)(sizeof((const int32_t[]){__VA_ARGS__}) / sizeof(int32_t)))
+#define EXPECT_I64(what, t, ...) expect_ints_at(__LINE__, what, t, ND_INT64, \
+    (const int64_t[]){__VA_ARGS__}, (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
+#define EXPECT_I32(what, t, ...) expect_ints_at(__LINE__, what, t, ND_INT32, \
+    (const int32_t[]){__VA_ARGS__}, (int)(sizeof((const int32_t[]){__VA_ARGS__}) / sizeof(int32_t)))
 
 /* ---- 1. sort inside the caller's parallel region ---- */
 
@@ -209,7 +167,7 @@ static void test_sort_in_caller_region(void) {
         bad += sort_and_check(3, 5000, 1);
         bad += topk_and_randperm();
     }
-    CHECK(bad == 0, "sort/topk/randperm in a caller's 4-thread region (1 thread max): %d bad", bad);
+    CHECKM(bad == 0, "sort/topk/randperm in a caller's 4-thread region (1 thread max): %d bad", bad);
 
     /* More threads allowed than the inner region gets (nesting off). */
     omp_set_num_threads(8);
@@ -219,7 +177,7 @@ static void test_sort_in_caller_region(void) {
         bad += sort_and_check(64, 3000, 0);
         bad += topk_and_randperm();
     }
-    CHECK(bad == 0, "sort in a caller's region, 8 threads max, nesting off: %d bad", bad);
+    CHECKM(bad == 0, "sort in a caller's region, 8 threads max, nesting off: %d bad", bad);
 
     /* Nesting on: the inner regions get real teams. */
     omp_set_max_active_levels(2);
@@ -230,12 +188,12 @@ static void test_sort_in_caller_region(void) {
         bad += sort_and_check(64, 3000, 1);
         bad += topk_and_randperm();
     }
-    CHECK(bad == 0, "sort in a caller's region, nesting on: %d bad", bad);
+    CHECKM(bad == 0, "sort in a caller's region, nesting on: %d bad", bad);
     omp_set_max_active_levels(saved_levels);
     omp_set_num_threads(saved);
 
     /* And plainly, outside any region. */
-    CHECK(sort_and_check(200, 700, 0) == 0, "sort outside a region");
+    CHECKM(sort_and_check(200, 700, 0) == 0, "sort outside a region");
 }
 
 /* ---- nd_dim_loop_run_chunks: every slice once, chunk numbers in range ---- */
@@ -269,8 +227,8 @@ static void test_run_chunks(void) {
     nd_dim_loop L;
     const nd_tensor *ops[1] = {t};
     nd_dim_loop_init(&L, 1, ops, nd_shape(t), 2, 1);
-    CHECK(nd_dim_loop_chunks(&L, 0) == 1, "a serial loop has one chunk");
-    CHECK(nd_dim_loop_chunks(&L, 1) >= 1, "at least one chunk");
+    CHECKM(nd_dim_loop_chunks(&L, 0) == 1, "a serial loop has one chunk");
+    CHECKM(nd_dim_loop_chunks(&L, 1) >= 1, "at least one chunk");
     int levels = omp_get_max_active_levels();
     for (int pass = 0; pass < 4; pass++) {
         int hits[ROWS] = {0}, chunk_of[ROWS];
@@ -288,14 +246,14 @@ static void test_run_chunks(void) {
         } else {
             nd_dim_loop_run_chunks(&L, note_chunk, &c, nchunks);
         }
-        CHECK(!c.bad, "run_chunks(%d): a chunk number out of range", nchunks);
+        CHECKM(!c.bad, "run_chunks(%d): a chunk number out of range", nchunks);
         int once = 1, ordered = 1;
         for (int r = 0; r < ROWS; r++) {
             once &= hits[r] == 1;
             if (r) ordered &= chunk_of[r] >= chunk_of[r - 1]; /* runs of neighbours */
         }
-        CHECK(once, "run_chunks(%d): every slice exactly once", nchunks);
-        CHECK(ordered, "run_chunks(%d): chunks are runs of neighbouring slices", nchunks);
+        CHECKM(once, "run_chunks(%d): every slice exactly once", nchunks);
+        CHECKM(ordered, "run_chunks(%d): chunks are runs of neighbouring slices", nchunks);
     }
     nd_release(t);
 }
@@ -306,12 +264,12 @@ static void test_integer_wrap(void) {
     nd_tensor *x = NULL, *r = NULL, *idx = NULL, *src = NULL;
     /* cumsum int64 and int32 (into int64) */
     x = i64_tensor((const int64_t[]){INT64_MAX, 1, 1}, S(3));
-    REQ(nd_cumsum(x, 0, &r));
+    OK(nd_cumsum(x, 0, &r));
     EXPECT_I64("cumsum int64 wraps", r, INT64_MAX, INT64_MIN, INT64_MIN + 1);
     nd_release(r);
     nd_release(x);
     x = i64_tensor((const int64_t[]){INT64_MIN, -1, INT64_MAX, INT64_MIN, 5, 6}, S(3, 2));
-    REQ(nd_cumsum(x, 0, &r)); /* dim 0: lanes */
+    OK(nd_cumsum(x, 0, &r)); /* dim 0: lanes */
     /* column 0: MIN, MIN+MAX = -1, -1+5 = 4; column 1: -1, -1+MIN wraps to
      * MAX, MAX+6 wraps to MIN+5 */
     EXPECT_I64("cumsum int64 along dim 0 wraps", r, INT64_MIN, -1, -1, INT64_MAX, 4,
@@ -323,7 +281,7 @@ static void test_integer_wrap(void) {
     x = i64_tensor((const int64_t[]){INT64_MAX, 0}, S(2));
     idx = i64_tensor((const int64_t[]){0, 0, 1}, S(3));
     src = i64_tensor((const int64_t[]){1, 1, INT64_MIN}, S(3));
-    REQ(nd_scatter(x, 0, idx, src, 1, &r));
+    OK(nd_scatter(x, 0, idx, src, 1, &r));
     EXPECT_I64("scatter_add int64 wraps", r, INT64_MIN + 1, INT64_MIN);
     nd_release(r);
     nd_release(x);
@@ -331,7 +289,7 @@ static void test_integer_wrap(void) {
     /* scatter_add int32 */
     x = i32_tensor((const int32_t[]){INT32_MAX, INT32_MIN}, S(2));
     nd_tensor *src32 = i32_tensor((const int32_t[]){1, 1, -1}, S(3));
-    REQ(nd_scatter(x, 0, idx, src32, 1, &r));
+    OK(nd_scatter(x, 0, idx, src32, 1, &r));
     EXPECT_I32("scatter_add int32 wraps", r, INT32_MIN + 1, INT32_MAX);
     nd_release(r);
     nd_release(x);
@@ -341,23 +299,23 @@ static void test_integer_wrap(void) {
     x = i64_tensor((const int64_t[]){INT64_MAX, 1}, S(2));
     idx = i64_tensor((const int64_t[]){0, 1}, S(2));
     src = i64_tensor((const int64_t[]){1, INT64_MAX}, S(2));
-    REQ(nd_index_add(x, 0, idx, src, 1, &r));
+    OK(nd_index_add(x, 0, idx, src, 1, &r));
     EXPECT_I64("index_add int64 wraps", r, INT64_MIN, INT64_MIN);
     nd_release(r);
-    REQ(nd_index_add(x, 0, idx, src, 4, &r)); /* 4 * INT64_MAX = -4 (mod 2^64) */
+    OK(nd_index_add(x, 0, idx, src, 4, &r)); /* 4 * INT64_MAX = -4 (mod 2^64) */
     EXPECT_I64("index_add int64 alpha 4 wraps", r, INT64_MIN + 3, -3);
     nd_release(r);
-    REQ(nd_index_add(x, 0, idx, src, -0x1p63, &r)); /* alpha = INT64_MIN is allowed */
+    OK(nd_index_add(x, 0, idx, src, -0x1p63, &r)); /* alpha = INT64_MIN is allowed */
     EXPECT_I64("index_add int64 alpha INT64_MIN", r, -1, 1 + INT64_MIN);
     nd_release(r);
     nd_release(x);
     /* index_add int32 (2-D, along both dims so both tile layouts run) */
     x = i32_tensor((const int32_t[]){INT32_MAX, 0, 0, INT32_MIN}, S(2, 2));
     nd_tensor *s2 = i32_tensor((const int32_t[]){1, 2, 3, -1}, S(2, 2));
-    REQ(nd_index_add(x, 0, idx, s2, 1, &r));
+    OK(nd_index_add(x, 0, idx, s2, 1, &r));
     EXPECT_I32("index_add int32 dim 0 wraps", r, INT32_MIN, 2, 3, INT32_MAX);
     nd_release(r);
-    REQ(nd_index_add(x, 1, idx, s2, 0x1p40 + 1, &r)); /* alpha wraps to 1 in int32 */
+    OK(nd_index_add(x, 1, idx, s2, 0x1p40 + 1, &r)); /* alpha wraps to 1 in int32 */
     EXPECT_I32("index_add int32 dim 1, alpha 2^40 + 1", r, INT32_MIN, 2, 3, INT32_MAX);
     nd_release(r);
     nd_release(s2);
@@ -376,7 +334,7 @@ static void test_index_add_alpha(void) {
     src = i64_tensor((const int64_t[]){1}, S(1));
     EXPECT_ERR("index_add alpha inf", nd_index_add(x, 0, idx, src, INFINITY, &r), ND_ERR_ARG,
                "index_add: alpha inf", "finite");
-    CHECK(r == NULL, "no result on error");
+    CHECKM(r == NULL, "no result on error");
     EXPECT_ERR("index_add alpha -inf", nd_index_add(x, 0, idx, src, -INFINITY, &r), ND_ERR_ARG,
                "index_add: alpha -inf", "finite");
     EXPECT_ERR("index_add alpha nan", nd_index_add(x, 0, idx, src, NAN, &r), ND_ERR_ARG,
@@ -391,26 +349,26 @@ static void test_index_add_alpha(void) {
                "index_add: alpha 0.5", "must be an integer");
     /* the same for int32, uint8 and bool tensors */
     nd_tensor *xi;
-    REQ(nd_to_dtype(x, ND_INT32, &xi));
+    OK(nd_to_dtype(x, ND_INT32, &xi));
     EXPECT_ERR("index_add int32 alpha inf", nd_index_add(xi, 0, idx, src, INFINITY, &r),
                ND_ERR_ARG, "alpha inf must be finite", "int32");
     nd_release(xi);
-    REQ(nd_to_dtype(x, ND_UINT8, &xi));
+    OK(nd_to_dtype(x, ND_UINT8, &xi));
     EXPECT_ERR("index_add uint8 alpha 1e30", nd_index_add(xi, 0, idx, src, 1e30, &r),
                ND_ERR_ARG, "out of range", "uint8");
     nd_release(xi);
-    REQ(nd_to_dtype(x, ND_BOOL, &xi));
+    OK(nd_to_dtype(x, ND_BOOL, &xi));
     EXPECT_ERR("index_add bool alpha inf", nd_index_add(xi, 0, idx, src, INFINITY, &r),
                ND_ERR_ARG, "finite", "bool");
     nd_release(xi);
     /* float tensors take any alpha */
     nd_tensor *xf, *sf;
-    REQ(nd_to_dtype(x, ND_FLOAT64, &xf));
-    REQ(nd_to_dtype(src, ND_FLOAT64, &sf));
-    REQ(nd_index_add(xf, 0, idx, sf, INFINITY, &r));
+    OK(nd_to_dtype(x, ND_FLOAT64, &xf));
+    OK(nd_to_dtype(src, ND_FLOAT64, &sf));
+    OK(nd_index_add(xf, 0, idx, sf, INFINITY, &r));
     double first;
-    REQ(nd_get_item(r, (const int64_t[]){0}, &first));
-    CHECK(isinf(first) && first > 0, "float index_add with alpha inf gives inf, got %g", first);
+    OK(nd_get_item(r, (const int64_t[]){0}, &first));
+    CHECKM(isinf(first) && first > 0, "float index_add with alpha inf gives inf, got %g", first);
     nd_release(r);
     nd_release(xf);
     nd_release(sf);
@@ -426,7 +384,7 @@ static void test_one_hot(void) {
     idx = i64_tensor((const int64_t[]){0, INT64_MAX}, S(2));
     EXPECT_ERR("one_hot infer from INT64_MAX", nd_one_hot(idx, -1, &r), ND_ERR_ARG,
                "one_hot: cannot infer num_classes", "9223372036854775807");
-    CHECK(r == NULL, "no result on error");
+    CHECKM(r == NULL, "no result on error");
     EXPECT_ERR("one_hot INT64_MAX with explicit num_classes", nd_one_hot(idx, INT64_MAX, &r),
                ND_ERR_INDEX, "one_hot: class value 9223372036854775807 is out of range", NULL);
     nd_release(idx);
@@ -451,8 +409,8 @@ static void test_one_hot(void) {
     nd_release(idx);
     /* the ordinary path still works, on a non-contiguous index too */
     nd_tensor *base = i64_tensor((const int64_t[]){2, 9, 0, 9, 1, 9}, S(3, 2)), *col;
-    REQ(nd_select(base, 1, 0, &col)); /* {2, 0, 1}, stride 2 */
-    REQ(nd_one_hot(col, -1, &r));
+    OK(nd_select(base, 1, 0, &col)); /* {2, 0, 1}, stride 2 */
+    OK(nd_one_hot(col, -1, &r));
     EXPECT_I64("one_hot inferred", r, 0, 0, 1, 1, 0, 0, 0, 1, 0);
     nd_release(r);
     nd_release(col);
@@ -463,11 +421,11 @@ static void test_one_hot(void) {
 
 static void test_pad_overflow(void) {
     nd_tensor *x = NULL, *r = NULL;
-    REQ(nd_full(S(2, 3), ND_FLOAT32, 1, &x));
+    OK(nd_full(S(2, 3), ND_FLOAT32, 1, &x));
     EXPECT_ERR("pad INT64_MAX", nd_pad(x, (const int64_t[]){INT64_MAX, 5}, 1, 0, &r),
                ND_ERR_SHAPE, "pad: padding (9223372036854775807, 5) of dim 1 of size 3",
                "overflows int64");
-    CHECK(r == NULL, "no result on error");
+    CHECKM(r == NULL, "no result on error");
     EXPECT_ERR("pad 5, INT64_MAX", nd_pad(x, (const int64_t[]){5, INT64_MAX}, 1, 0, &r),
                ND_ERR_SHAPE, "pad: padding (5, 9223372036854775807)", "overflows int64");
     EXPECT_ERR("pad INT64_MIN", nd_pad(x, (const int64_t[]){INT64_MIN, 0}, 1, 0, &r),
@@ -486,14 +444,14 @@ static void test_pad_overflow(void) {
                0, &r), ND_ERR_MEMORY, "pad: shape {2,9223372036854775807} is too large", NULL);
     /* crop everything and pad back: INT64_MIN + INT64_MAX + 3 = 2 columns of
      * the pad value (no -INT64_MIN on the way) */
-    REQ(nd_pad(x, (const int64_t[]){INT64_MIN, INT64_MAX}, 1, 7, &r));
-    CHECK(nd_ndim(r) == 2 && nd_shape(r)[0] == 2 && nd_shape(r)[1] == 2, "pad crop-all shape");
+    OK(nd_pad(x, (const int64_t[]){INT64_MIN, INT64_MAX}, 1, 7, &r));
+    CHECKM(nd_ndim(r) == 2 && nd_shape(r)[0] == 2 && nd_shape(r)[1] == 2, "pad crop-all shape");
     float got[4];
-    REQ(nd_copy_to_buffer(r, got, sizeof got));
-    CHECK(got[0] == 7 && got[1] == 7 && got[2] == 7 && got[3] == 7, "pad crop-all values");
+    OK(nd_copy_to_buffer(r, got, sizeof got));
+    CHECKM(got[0] == 7 && got[1] == 7 && got[2] == 7 && got[3] == 7, "pad crop-all values");
     nd_release(r);
-    REQ(nd_pad(x, (const int64_t[]){INT64_MAX, INT64_MIN}, 1, 7, &r));
-    CHECK(nd_shape(r)[1] == 2, "pad pad-then-crop-all shape");
+    OK(nd_pad(x, (const int64_t[]){INT64_MAX, INT64_MIN}, 1, 7, &r));
+    CHECKM(nd_shape(r)[1] == 2, "pad pad-then-crop-all shape");
     nd_release(r);
     nd_release(x);
 }
@@ -502,8 +460,8 @@ static void test_pad_overflow(void) {
 
 static void test_positions(void) {
     nd_tensor *a = NULL, *s = NULL, *r = NULL;
-    REQ(nd_full(S(2), ND_FLOAT32, 1, &a));
-    REQ(nd_scalar(1, ND_FLOAT32, &s));
+    OK(nd_full(S(2), ND_FLOAT32, 1, &a));
+    OK(nd_scalar(1, ND_FLOAT32, &s));
     nd_tensor *list[3] = {a, a, s};
     EXPECT_ERR("cat 0-dim", nd_cat(list, 3, 0, &r), ND_ERR_SHAPE,
                "cat: zero-dimensional tensor (at position 2) cannot be concatenated", NULL);
@@ -519,7 +477,7 @@ static void test_positions(void) {
 
     /* gather: the bad index 4 sits at (1, 1) of the index tensor */
     nd_tensor *x, *idx;
-    REQ(nd_full(S(2, 3), ND_FLOAT32, 1, &x));
+    OK(nd_full(S(2, 3), ND_FLOAT32, 1, &x));
     idx = i64_tensor((const int64_t[]){0, 1, 2, 4}, S(2, 2));
     EXPECT_ERR("gather position", nd_gather(x, 1, idx, &r), ND_ERR_INDEX,
                "gather: index 4 is out of bounds for dim 1 with size 3",
@@ -540,7 +498,7 @@ static void test_positions(void) {
     nd_release(idx);
     /* 8-dim index: the longest position fits */
     nd_tensor *x8, *i8;
-    REQ(nd_full(S(1, 1, 1, 1, 1, 1, 1, 2), ND_FLOAT32, 0, &x8));
+    OK(nd_full(S(1, 1, 1, 1, 1, 1, 1, 2), ND_FLOAT32, 0, &x8));
     i8 = i64_tensor((const int64_t[]){0, 9}, S(1, 1, 1, 1, 1, 1, 1, 2));
     EXPECT_ERR("gather 8-dim position", nd_gather(x8, 7, i8, &r), ND_ERR_INDEX,
                "(at position {0,0,0,0,0,0,0,1} of the index tensor)", NULL);
@@ -560,7 +518,7 @@ int main(void) {
     test_pad_overflow();
     test_positions();
     int64_t live1 = nd_live_bytes();
-    CHECK(live1 == live0, "live bytes back to %lld, got %lld", (long long)live0, (long long)live1);
+    CHECKM(live1 == live0, "live bytes back to %lld, got %lld", (long long)live0, (long long)live1);
     printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }
