@@ -1,0 +1,81 @@
+-- needle.optim.Adam (PyTorch's torch.optim.Adam, same update):
+--   g = grad (negated when maximize) + weight_decay * p
+--   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g
+--   vmax = max(vmax, v) with amsgrad (v below is then vmax)
+--   p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+-- AdamW (needle.optim.adamw) shares this update with decoupled weight decay.
+local core = require "needle.core"
+local Optimizer = require "needle.optim.optimizer"
+
+local fmt = Optimizer._fmt
+local sqrt, maximum, zeros_like = math.sqrt, core.maximum, core.zeros_like
+
+local M = {}
+
+function M.check(g, fail)
+  local b = g.betas
+  if type(b) ~= "table" or type(b[1]) ~= "number" or type(b[2]) ~= "number" then
+    fail(("betas must be a table of two numbers, got %s"):format(fmt(b)))
+  end
+  if not (b[1] >= 0 and b[1] < 1) then
+    fail(("invalid beta parameter at index 1: %s (expected 0 <= beta < 1)"):format(fmt(b[1])))
+  end
+  if not (b[2] >= 0 and b[2] < 1) then
+    fail(("invalid beta parameter at index 2: %s (expected 0 <= beta < 1)"):format(fmt(b[2])))
+  end
+end
+
+M.state_keys = {step = "number", exp_avg = "tensor", exp_avg_sq = "tensor", max_exp_avg_sq = "tensor"}
+
+-- one step for one group; decoupled = true is AdamW
+function M.update(self, group, decoupled)
+  local state = self.state
+  local lr, eps, wd, amsgrad, maximize = group.lr, group.eps, group.weight_decay, group.amsgrad,
+                                         group.maximize
+  local beta1, beta2 = group.betas[1], group.betas[2]
+  for _, p in ipairs(group.params) do
+    local g = p.grad
+    if g ~= nil then
+      local st = state[p]
+      if st == nil or st.exp_avg == nil then
+        st = {step = 0, exp_avg = zeros_like(p), exp_avg_sq = zeros_like(p)}
+        state[p] = st
+      end
+      if amsgrad and st.max_exp_avg_sq == nil then st.max_exp_avg_sq = zeros_like(p) end
+      local step = st.step + 1
+      st.step = step
+      if maximize then g = -g end
+      if decoupled then
+        if wd ~= 0 then p:mul_(1 - lr * wd) end
+      elseif wd ~= 0 then
+        g = g + p * wd
+      end
+      local m, v = st.exp_avg, st.exp_avg_sq
+      m:mul_(beta1):add_(g * (1 - beta1))
+      v:mul_(beta2):add_((g * (1 - beta2)):mul_(g))
+      local step_size = lr / (1 - beta1 ^ step)
+      local bc2_sqrt = sqrt(1 - beta2 ^ step)
+      local denom
+      if amsgrad then
+        local vmax = st.max_exp_avg_sq
+        vmax:copy_(maximum(vmax, v))
+        denom = vmax:sqrt()
+      else
+        denom = v:sqrt()
+      end
+      denom:div_(bc2_sqrt):add_(eps)
+      p:add_((m * -step_size):div_(denom))
+    end
+  end
+end
+
+M.Adam = Optimizer:extend{
+  name = "Adam",
+  defaults = {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0, amsgrad = false,
+              maximize = false},
+  state_keys = M.state_keys,
+  check = M.check,
+  update = function(self, group) return M.update(self, group, false) end,
+}
+
+return M

@@ -1,0 +1,608 @@
+-- needle.optim.lr_scheduler: learning-rate schedules (PyTorch's
+-- torch.optim.lr_scheduler, the same recursive ("chainable") formulas, so the
+-- learning rates match PyTorch's step for step).
+--
+--   local sched = nd.optim.lr_scheduler.StepLR(opt, 30, {gamma = 0.1})
+--   for epoch = 1, 90 do train(); opt:step(); sched:step() end
+--
+-- Required arguments are positional, PyTorch's keyword arguments go in a
+-- trailing options table (they may also all be given in the table:
+-- StepLR(opt, {step_size = 30, gamma = 0.1})). Constructing a scheduler sets
+-- group.initial_lr (when last_epoch is -1) and performs the initial step
+-- (last_epoch becomes 0). Every scheduler has step(), get_last_lr(),
+-- state_dict() and load_state_dict(sd).
+local Optimizer = require "needle.optim.optimizer"
+
+local raise, fmt = Optimizer._raise, Optimizer._fmt
+local cos, pi, floor = math.cos, math.pi, math.floor
+
+local M = {}
+
+-- copies plain tables; objects (tables with a metatable: schedulers,
+-- callable tables) are kept as they are
+local function deepcopy(v)
+  if type(v) ~= "table" or getmetatable(v) ~= nil then return v end
+  local c = {}
+  for k, x in pairs(v) do c[k] = deepcopy(x) end
+  return c
+end
+
+local function is_int(v) return math.type(v) == "integer" or (type(v) == "number" and v == floor(v)) end
+
+-- Scheduler base ----------------------------------------------------------------
+
+local LRScheduler = {}
+LRScheduler.__index = LRScheduler
+LRScheduler.name = "LRScheduler"
+M.LRScheduler = LRScheduler
+
+function LRScheduler:_error(msg)
+  raise(("needle.optim.lr_scheduler.%s: %s"):format(self.name, msg))
+end
+
+-- class(name, {required = {"step_size"}, options = {gamma = 0.1}}): the
+-- constructor reads the required arguments positionally (or from the options
+-- table) and the options, rejects unknown options, and calls self:_init().
+local function class(name, spec)
+  local cls = setmetatable({}, {
+    __index = LRScheduler,
+    __call = function(c, optimizer, ...) return c.new(c, optimizer, ...) end,
+    __tostring = function() return "needle.optim.lr_scheduler." .. name end,
+  })
+  cls.__index = cls
+  cls.__tostring = LRScheduler.__tostring
+  cls.name = name
+  cls._required = spec.required or {}
+  cls._options = spec.options or {}
+  M[name] = cls
+  return cls
+end
+
+function LRScheduler.new(cls, optimizer, ...)
+  local self = setmetatable({}, cls)
+  if type(optimizer) ~= "table" or type(optimizer.param_groups) ~= "table" then
+    self:_error(("expected an optimizer as the first argument, got %s"):format(type(optimizer)))
+  end
+  local args = table.pack(...)
+  local nreq = #cls._required
+  local opts = args[nreq + 1]
+  -- everything in one options table: Sched(opt, {required..., options...})
+  if nreq > 0 and args.n == 1 and type(args[1]) == "table" and args[1][cls._required[1]] ~= nil then
+    opts = args[1]
+    args = {}
+    for i, k in ipairs(cls._required) do args[i] = opts[k] end
+  end
+  if opts ~= nil and type(opts) ~= "table" then
+    self:_error(("options must be a table, got %s"):format(type(opts)))
+  end
+  opts = opts or {}
+  local known = {last_epoch = true}
+  for k in pairs(cls._options) do known[k] = true end
+  for _, k in ipairs(cls._required) do known[k] = true end
+  for k in pairs(opts) do
+    if not known[k] then
+      local names = {}
+      for n in pairs(known) do names[#names + 1] = n end
+      table.sort(names)
+      self:_error(("unknown option '%s' (expected %s)"):format(tostring(k), table.concat(names, ", ")))
+    end
+  end
+  for i, k in ipairs(cls._required) do
+    local v = args[i]
+    if v == nil then v = opts[k] end
+    if v == nil then self:_error(("missing required argument %s"):format(k)) end
+    self[k] = deepcopy(v)
+  end
+  for k, default in pairs(cls._options) do
+    local v = opts[k]
+    if v == nil then v = default end
+    self[k] = deepcopy(v)
+  end
+  self.optimizer = optimizer
+  local last_epoch = opts.last_epoch or -1
+  if not is_int(last_epoch) or last_epoch < -1 then
+    self:_error(("last_epoch must be an integer >= -1, got %s"):format(fmt(last_epoch)))
+  end
+  self:_init(last_epoch)
+  return self
+end
+
+-- the base initialisation: initial_lr, base_lrs, the initial step
+function LRScheduler:_init_base(last_epoch)
+  local groups = self.optimizer.param_groups
+  if last_epoch == -1 then
+    for _, g in ipairs(groups) do
+      if g.initial_lr == nil then g.initial_lr = g.lr end
+    end
+  else
+    for i, g in ipairs(groups) do
+      if g.initial_lr == nil then
+        self:_error(("param_groups[%d] has no initial_lr; resuming with last_epoch = %d needs the " ..
+                     "optimizer state saved with its scheduler"):format(i, last_epoch))
+      end
+    end
+  end
+  self.base_lrs = {}
+  for i, g in ipairs(groups) do self.base_lrs[i] = g.initial_lr end
+  self.last_epoch = last_epoch
+  self:_initial_step()
+end
+
+function LRScheduler:_init(last_epoch) self:_init_base(last_epoch) end
+
+function LRScheduler:_initial_step()
+  self._step_count = 0
+  self:step()
+end
+
+-- sched:step(): advance one step and set every group's lr. sched:step(epoch)
+-- (deprecated in PyTorch) jumps to an epoch using the closed form where one exists.
+function LRScheduler:step(epoch)
+  self._step_count = self._step_count + 1
+  local values
+  if epoch == nil then
+    self.last_epoch = self.last_epoch + 1
+    values = self:get_lr()
+  else
+    if not is_int(epoch) then self:_error(("epoch must be an integer, got %s"):format(fmt(epoch))) end
+    self.last_epoch = epoch
+    values = self._closed_form and self:_closed_form() or self:get_lr()
+  end
+  local last = {}
+  for i, g in ipairs(self.optimizer.param_groups) do
+    g.lr = values[i]
+    last[i] = values[i]
+  end
+  self._last_lr = last
+end
+
+-- the learning rates the last step set, one per group (a fresh list)
+function LRScheduler:get_last_lr()
+  local out = {}
+  for i, v in ipairs(self._last_lr) do out[i] = v end
+  return out
+end
+
+local function current_lrs(self)
+  local out = {}
+  for i, g in ipairs(self.optimizer.param_groups) do out[i] = g.lr end
+  return out
+end
+
+-- fields that are not state: the optimizer, functions
+local function state_fields(self, skip)
+  local sd = {}
+  for k, v in pairs(self) do
+    if k ~= "optimizer" and type(v) ~= "function" and not (skip and skip[k]) then
+      sd[k] = deepcopy(v)
+    end
+  end
+  return sd
+end
+
+-- sched:state_dict(): a plain table of the scheduler's fields (not the optimizer)
+function LRScheduler:state_dict()
+  return state_fields(self)
+end
+
+-- sched:load_state_dict(sd): restores the fields state_dict() returned
+function LRScheduler:load_state_dict(sd)
+  if type(sd) ~= "table" then
+    self:_error(("load_state_dict: expected a table, got %s"):format(type(sd)))
+  end
+  if type(sd.last_epoch) ~= "number" or type(sd.base_lrs) ~= "table" then
+    self:_error("load_state_dict: the table has no last_epoch or base_lrs (not a scheduler state)")
+  end
+  if #sd.base_lrs ~= #self.optimizer.param_groups then
+    self:_error(("load_state_dict: the state has %d base_lrs, the optimizer %d parameter group(s)")
+      :format(#sd.base_lrs, #self.optimizer.param_groups))
+  end
+  for k, v in pairs(sd) do
+    if k ~= "optimizer" and type(self[k]) ~= "function" then self[k] = deepcopy(v) end
+  end
+end
+
+function LRScheduler:__tostring()
+  return ("%s(last_epoch=%d, lr=%s)"):format(self.name, self.last_epoch, fmt(self._last_lr))
+end
+
+local function check_number(self, name, v, lo, lo_open, hi, hi_open)
+  if type(v) ~= "number" then
+    self:_error(("%s must be a number, got %s"):format(name, type(v)))
+  end
+  if (lo and (v < lo or (lo_open and v == lo))) or (hi and (v > hi or (hi_open and v == hi))) then
+    self:_error(("invalid %s %s (expected %s%s, %s%s)"):format(name, fmt(v), lo_open and "(" or "[",
+      lo and fmt(lo) or "-inf", hi and fmt(hi) or "inf", hi_open and ")" or "]"))
+  end
+end
+
+local function check_positive_int(self, name, v)
+  if not is_int(v) or v <= 0 then
+    self:_error(("%s must be a positive integer, got %s"):format(name, fmt(v)))
+  end
+end
+
+-- per-group values: a number for all groups or a list with one per group
+local function per_group(self, name, v)
+  local n = #self.optimizer.param_groups
+  if type(v) == "table" then
+    if #v ~= n then
+      self:_error(("expected %d values for %s (one per parameter group), got %d"):format(n, name, #v))
+    end
+    return deepcopy(v)
+  end
+  local out = {}
+  for i = 1, n do out[i] = v end
+  return out
+end
+
+-- StepLR(optimizer, step_size, {gamma = 0.1}) ----------------------------------
+local StepLR = class("StepLR", {required = {"step_size"}, options = {gamma = 0.1}})
+
+function StepLR:_init(last_epoch)
+  check_positive_int(self, "step_size", self.step_size)
+  check_number(self, "gamma", self.gamma)
+  self:_init_base(last_epoch)
+end
+
+function StepLR:get_lr()
+  local e = self.last_epoch
+  if e == 0 or e % self.step_size ~= 0 then return current_lrs(self) end
+  local out = current_lrs(self)
+  for i, lr in ipairs(out) do out[i] = lr * self.gamma end
+  return out
+end
+
+function StepLR:_closed_form()
+  local out = {}
+  for i, b in ipairs(self.base_lrs) do out[i] = b * self.gamma ^ (self.last_epoch // self.step_size) end
+  return out
+end
+
+-- MultiStepLR(optimizer, milestones, {gamma = 0.1}) ----------------------------
+local MultiStepLR = class("MultiStepLR", {required = {"milestones"}, options = {gamma = 0.1}})
+
+function MultiStepLR:_init(last_epoch)
+  if type(self.milestones) ~= "table" then
+    self:_error(("milestones must be a list of integers, got %s"):format(type(self.milestones)))
+  end
+  for i, m in ipairs(self.milestones) do
+    if not is_int(m) then self:_error(("milestones[%d] is not an integer: %s"):format(i, fmt(m))) end
+  end
+  table.sort(self.milestones)
+  check_number(self, "gamma", self.gamma)
+  self:_init_base(last_epoch)
+end
+
+function MultiStepLR:get_lr()
+  local count = 0
+  for _, m in ipairs(self.milestones) do
+    if m == self.last_epoch then count = count + 1 end
+  end
+  local out = current_lrs(self)
+  if count == 0 then return out end
+  for i, lr in ipairs(out) do out[i] = lr * self.gamma ^ count end
+  return out
+end
+
+-- number of milestones <= e (bisect_right on the sorted list)
+local function bisect_right(list, e)
+  local n = 0
+  for _, m in ipairs(list) do
+    if m <= e then n = n + 1 end
+  end
+  return n
+end
+
+function MultiStepLR:_closed_form()
+  local out = {}
+  local k = bisect_right(self.milestones, self.last_epoch)
+  for i, b in ipairs(self.base_lrs) do out[i] = b * self.gamma ^ k end
+  return out
+end
+
+-- ExponentialLR(optimizer, gamma) -------------------------------------------------
+local ExponentialLR = class("ExponentialLR", {required = {"gamma"}})
+
+function ExponentialLR:_init(last_epoch)
+  check_number(self, "gamma", self.gamma)
+  self:_init_base(last_epoch)
+end
+
+function ExponentialLR:get_lr()
+  local out = current_lrs(self)
+  if self.last_epoch == 0 then return out end
+  for i, lr in ipairs(out) do out[i] = lr * self.gamma end
+  return out
+end
+
+function ExponentialLR:_closed_form()
+  local out = {}
+  for i, b in ipairs(self.base_lrs) do out[i] = b * self.gamma ^ self.last_epoch end
+  return out
+end
+
+-- CosineAnnealingLR(optimizer, T_max, {eta_min = 0}) ------------------------------
+local CosineAnnealingLR = class("CosineAnnealingLR", {required = {"T_max"}, options = {eta_min = 0}})
+
+function CosineAnnealingLR:_init(last_epoch)
+  check_positive_int(self, "T_max", self.T_max)
+  check_number(self, "eta_min", self.eta_min)
+  self:_init_base(last_epoch)
+end
+
+function CosineAnnealingLR:get_lr()
+  local e, T, eta_min = self.last_epoch, self.T_max, self.eta_min
+  local out = current_lrs(self)
+  if e == 0 then return out end
+  if self._step_count == 1 and e > 0 then
+    for i, b in ipairs(self.base_lrs) do
+      out[i] = eta_min + (b - eta_min) * (1 + cos(e * pi / T)) / 2
+    end
+  elseif (e - 1 - T) % (2 * T) == 0 then
+    for i, b in ipairs(self.base_lrs) do
+      out[i] = out[i] + (b - eta_min) * (1 - cos(pi / T)) / 2
+    end
+  else
+    for i, lr in ipairs(out) do
+      out[i] = (1 + cos(pi * e / T)) / (1 + cos(pi * (e - 1) / T)) * (lr - eta_min) + eta_min
+    end
+  end
+  return out
+end
+
+function CosineAnnealingLR:_closed_form()
+  local out = {}
+  for i, b in ipairs(self.base_lrs) do
+    out[i] = self.eta_min + (b - self.eta_min) * (1 + cos(pi * self.last_epoch / self.T_max)) / 2
+  end
+  return out
+end
+
+-- LinearLR(optimizer, {start_factor = 1/3, end_factor = 1, total_iters = 5}) -------
+local LinearLR = class("LinearLR", {options = {start_factor = 1 / 3, end_factor = 1.0, total_iters = 5}})
+
+function LinearLR:_init(last_epoch)
+  check_number(self, "start_factor", self.start_factor, 0, true, 1, false)
+  check_number(self, "end_factor", self.end_factor, 0, false, 1, false)
+  check_positive_int(self, "total_iters", self.total_iters)
+  self:_init_base(last_epoch)
+end
+
+function LinearLR:get_lr()
+  local e, s, f, n = self.last_epoch, self.start_factor, self.end_factor, self.total_iters
+  local out = current_lrs(self)
+  if e == 0 then
+    for i, lr in ipairs(out) do out[i] = lr * s end
+    return out
+  end
+  if e > n then return out end
+  for i, lr in ipairs(out) do
+    out[i] = lr * (1 + (f - s) / (n * s + (e - 1) * (f - s)))
+  end
+  return out
+end
+
+function LinearLR:_closed_form()
+  local out = {}
+  local s, f, n = self.start_factor, self.end_factor, self.total_iters
+  for i, b in ipairs(self.base_lrs) do
+    out[i] = b * (s + (f - s) * math.min(n, self.last_epoch) / n)
+  end
+  return out
+end
+
+-- LambdaLR(optimizer, lr_lambda): lr = initial_lr * lr_lambda(last_epoch);
+-- lr_lambda is a function or a list of functions, one per group. The
+-- functions are not part of state_dict.
+local LambdaLR = class("LambdaLR", {required = {"lr_lambda"}})
+
+function LambdaLR:_init(last_epoch)
+  local f = self.lr_lambda
+  self.lr_lambda = nil
+  local n = #self.optimizer.param_groups
+  local fns = {}
+  if type(f) == "table" then
+    if #f ~= n then self:_error(("expected %d lr_lambdas, got %d"):format(n, #f)) end
+    for i = 1, n do fns[i] = f[i] end
+  else
+    for i = 1, n do fns[i] = f end
+  end
+  for i, fn in ipairs(fns) do
+    if type(fn) ~= "function" and not (getmetatable(fn) and getmetatable(fn).__call) then
+      self:_error(("lr_lambda %d is a %s, not a function"):format(i, type(fn)))
+    end
+  end
+  self.lr_lambdas = fns
+  self:_init_base(last_epoch)
+end
+
+function LambdaLR:get_lr()
+  local out = {}
+  for i, b in ipairs(self.base_lrs) do out[i] = b * self.lr_lambdas[i](self.last_epoch) end
+  return out
+end
+
+function LambdaLR:state_dict() return state_fields(self, {lr_lambdas = true}) end
+
+function LambdaLR:load_state_dict(sd)
+  local fns = self.lr_lambdas
+  LRScheduler.load_state_dict(self, sd)
+  self.lr_lambdas = fns
+end
+
+-- OneCycleLR(optimizer, max_lr, {total_steps = | epochs =, steps_per_epoch =,
+--   pct_start = 0.3, anneal_strategy = "cos", cycle_momentum = true,
+--   base_momentum = 0.85, max_momentum = 0.95, div_factor = 25,
+--   final_div_factor = 1e4, three_phase = false}) -----------------------------------
+local OneCycleLR = class("OneCycleLR", {required = {"max_lr"}, options = {
+  total_steps = false, epochs = false, steps_per_epoch = false, pct_start = 0.3,
+  anneal_strategy = "cos", cycle_momentum = true, base_momentum = 0.85, max_momentum = 0.95,
+  div_factor = 25.0, final_div_factor = 1e4, three_phase = false}})
+
+function OneCycleLR:_init(last_epoch)
+  local opt = self.optimizer
+  if self.total_steps then
+    check_positive_int(self, "total_steps", self.total_steps)
+  elseif self.epochs or self.steps_per_epoch then
+    check_positive_int(self, "epochs", self.epochs or 0)
+    check_positive_int(self, "steps_per_epoch", self.steps_per_epoch or 0)
+    self.total_steps = self.epochs * self.steps_per_epoch
+  else
+    self:_error("give total_steps, or epochs and steps_per_epoch")
+  end
+  self.epochs, self.steps_per_epoch = nil, nil
+  check_number(self, "pct_start", self.pct_start, 0, false, 1, false)
+  if self.anneal_strategy ~= "cos" and self.anneal_strategy ~= "linear" then
+    self:_error(("anneal_strategy must be 'cos' or 'linear', got %s"):format(fmt(self.anneal_strategy)))
+  end
+  check_number(self, "div_factor", self.div_factor, 0, true)
+  check_number(self, "final_div_factor", self.final_div_factor, 0, true)
+  local n, pct = self.total_steps, self.pct_start
+  if self.three_phase then
+    self._schedule_phases = {
+      {end_step = pct * n - 1, start_lr = "initial_lr", end_lr = "max_lr",
+       start_momentum = "max_momentum", end_momentum = "base_momentum"},
+      {end_step = 2 * pct * n - 2, start_lr = "max_lr", end_lr = "initial_lr",
+       start_momentum = "base_momentum", end_momentum = "max_momentum"},
+      {end_step = n - 1, start_lr = "initial_lr", end_lr = "min_lr",
+       start_momentum = "max_momentum", end_momentum = "max_momentum"},
+    }
+  else
+    self._schedule_phases = {
+      {end_step = pct * n - 1, start_lr = "initial_lr", end_lr = "max_lr",
+       start_momentum = "max_momentum", end_momentum = "base_momentum"},
+      {end_step = n - 1, start_lr = "max_lr", end_lr = "min_lr",
+       start_momentum = "base_momentum", end_momentum = "max_momentum"},
+    }
+  end
+  local max_lrs = per_group(self, "max_lr", self.max_lr)
+  if last_epoch == -1 then
+    for i, g in ipairs(opt.param_groups) do
+      g.initial_lr = max_lrs[i] / self.div_factor
+      g.max_lr = max_lrs[i]
+      g.min_lr = g.initial_lr / self.final_div_factor
+    end
+  end
+  if self.cycle_momentum then
+    local d = opt.defaults or {}
+    if d.momentum == nil and d.betas == nil then
+      self:_error(("cycle_momentum needs an optimizer with momentum or betas (%s has neither); " ..
+                   "pass cycle_momentum = false"):format(tostring(opt.name)))
+    end
+    self.use_beta1 = d.betas ~= nil
+    local maxm = per_group(self, "max_momentum", self.max_momentum)
+    local basem = per_group(self, "base_momentum", self.base_momentum)
+    if last_epoch == -1 then
+      for i, g in ipairs(opt.param_groups) do
+        if self.use_beta1 then g.betas = {maxm[i], g.betas[2]} else g.momentum = maxm[i] end
+        g.max_momentum = maxm[i]
+        g.base_momentum = basem[i]
+      end
+    end
+  end
+  self:_init_base(last_epoch)
+end
+
+local function anneal(strategy, start, stop, pct)
+  if strategy == "cos" then
+    return stop + (start - stop) / 2.0 * (cos(pi * pct) + 1)
+  end
+  return (stop - start) * pct + start
+end
+
+function OneCycleLR:get_lr()
+  local step_num = self.last_epoch
+  if step_num > self.total_steps then
+    self:_error(("tried to step %d times; the specified number of total steps is %d"):format(
+      step_num + 1, self.total_steps))
+  end
+  local phases, strategy = self._schedule_phases, self.anneal_strategy
+  local lrs = {}
+  for gi, g in ipairs(self.optimizer.param_groups) do
+    local start_step, lr, mom = 0, nil, nil
+    for i, phase in ipairs(phases) do
+      local end_step = phase.end_step
+      if step_num <= end_step or i == #phases then
+        local pct = (step_num - start_step) / (end_step - start_step)
+        lr = anneal(strategy, g[phase.start_lr], g[phase.end_lr], pct)
+        if self.cycle_momentum then
+          mom = anneal(strategy, g[phase.start_momentum], g[phase.end_momentum], pct)
+        end
+        break
+      end
+      start_step = end_step
+    end
+    lrs[gi] = lr
+    if self.cycle_momentum then
+      if self.use_beta1 then g.betas = {mom, g.betas[2]} else g.momentum = mom end
+    end
+  end
+  return lrs
+end
+
+-- SequentialLR(optimizer, schedulers, milestones): schedulers[i] runs until
+-- milestones[i] (an epoch), then schedulers[i + 1] starts from its epoch 0.
+local SequentialLR = class("SequentialLR", {required = {"schedulers", "milestones"}})
+
+function SequentialLR:_init(last_epoch)
+  local scheds, ms = self.schedulers, self.milestones
+  self.schedulers, self.milestones = nil, nil
+  if type(scheds) ~= "table" or #scheds == 0 then
+    self:_error("schedulers must be a non-empty list of schedulers")
+  end
+  if type(ms) ~= "table" or #ms ~= #scheds - 1 then
+    self:_error(("expected %d milestone(s) (one fewer than the %d schedulers), got %s"):format(
+      #scheds - 1, #scheds, type(ms) == "table" and tostring(#ms) or type(ms)))
+  end
+  for i, s in ipairs(scheds) do
+    if getmetatable(s) == nil or s.optimizer ~= self.optimizer then
+      self:_error(("schedulers[%d] does not belong to the optimizer passed in"):format(i))
+    end
+  end
+  for i, m in ipairs(ms) do
+    if not is_int(m) then self:_error(("milestones[%d] is not an integer: %s"):format(i, fmt(m))) end
+  end
+  self._schedulers = scheds  -- the objects themselves: they are not deep-copied
+  self._milestones = ms
+  self.last_epoch = last_epoch + 1
+  for _, g in ipairs(self.optimizer.param_groups) do g.lr = g.initial_lr end
+  for _, s in ipairs(scheds) do s.last_epoch = s.last_epoch - 1 end
+  scheds[1]:_initial_step()
+  self._last_lr = scheds[1]:get_last_lr()
+end
+
+function SequentialLR:step()
+  self.last_epoch = self.last_epoch + 1
+  local idx = bisect_right(self._milestones, self.last_epoch) + 1
+  local s = self._schedulers[idx]
+  if idx > 1 and self._milestones[idx - 1] == self.last_epoch then
+    s:step(0)
+  else
+    s:step()
+  end
+  self._last_lr = s:get_last_lr()
+end
+
+function SequentialLR:state_dict()
+  local sd = state_fields(self, {_schedulers = true})
+  sd._schedulers = {}
+  for i, s in ipairs(self._schedulers) do sd._schedulers[i] = s:state_dict() end
+  return sd
+end
+
+function SequentialLR:load_state_dict(sd)
+  if type(sd) ~= "table" or type(sd._schedulers) ~= "table" then
+    self:_error("load_state_dict: the table has no _schedulers list (not a SequentialLR state)")
+  end
+  if #sd._schedulers ~= #self._schedulers then
+    self:_error(("load_state_dict: the state has %d schedulers, this SequentialLR %d"):format(
+      #sd._schedulers, #self._schedulers))
+  end
+  for k, v in pairs(sd) do
+    if k ~= "_schedulers" and k ~= "optimizer" then self[k] = deepcopy(v) end
+  end
+  for i, s in ipairs(self._schedulers) do s:load_state_dict(sd._schedulers[i]) end
+end
+
+return M

@@ -1,0 +1,545 @@
+-- optim_spec.lua - needle.optim (optimizers, lr schedulers) and nd.nn.utils
+-- gradient clipping. Parameters after 10 steps and scheduler learning rates
+-- are compared with PyTorch's, from spec/fixtures/torch_optim.lua (written by
+-- spec/fixtures/gen/gen_torch_optim.py; PyTorch is not needed here).
+local nd = require "needle"
+local A = require("spec.helpers.assertions").bind(assert)
+local errmsg, assert_contains = A.errmsg, A.assert_contains
+
+local fx = dofile("spec/fixtures/torch_optim.lua")
+local optim = nd.optim
+local S = nd.optim.lr_scheduler
+
+local function tensor(t, opts)
+  return nd.tensor(t.data, opts):reshape(t.shape)
+end
+
+local X, C = tensor(fx.X), tensor(fx.C)
+
+local function model()
+  local W = tensor(fx.W0):detach():requires_grad_()
+  local b = tensor(fx.b0):detach():requires_grad_()
+  return W, b
+end
+
+local function loss_fn(W, b)
+  local y = X:matmul(W) + b
+  return (y * y * C):sum()
+end
+
+local function train_step(opt, W, b)
+  opt:zero_grad()
+  loss_fn(W, b):backward()
+  opt:step()
+end
+
+-- |got - want| <= rtol * |want| + atol, element by element
+local function close(name, got, want, rtol, atol)
+  local g = got:contiguous():view({-1}):totable()
+  assert.are.equal(#want, #g, name .. ": size")
+  for i, w in ipairs(want) do
+    if math.abs(g[i] - w) > rtol * math.abs(w) + atol then
+      error(("%s: element %d is %.9g, PyTorch %.9g"):format(name, i, g[i], w), 2)
+    end
+  end
+end
+
+local function values(t) return t:contiguous():view({-1}):totable() end
+
+local function same_values(a, b)
+  local x, y = values(a), values(b)
+  assert.are.equal(#x, #y)
+  for i = 1, #x do
+    if x[i] ~= y[i] then return false end
+  end
+  return true
+end
+
+local function make_opt(case, W, b)
+  local cls = optim[case.optimizer]
+  if case.groups then
+    local g1, g2 = {params = {W}}, {params = {b}}
+    for k, v in pairs(case.groups[1]) do g1[k] = v end
+    for k, v in pairs(case.groups[2]) do g2[k] = v end
+    return cls({g1, g2}, case.options)
+  end
+  return cls({W, b}, case.options)
+end
+
+describe("optimizers against PyTorch (10 steps, rtol 1e-5)", function()
+  for _, case in ipairs(fx.optim) do
+    it(case.name, function()
+      local W, b = model()
+      local opt = make_opt(case, W, b)
+      for k, want in ipairs(case.steps) do
+        train_step(opt, W, b)
+        close(("%s step %d W"):format(case.name, k), W, want.W, 1e-5, 1e-7)
+        close(("%s step %d b"):format(case.name, k), b, want.b, 1e-5, 1e-7)
+      end
+    end)
+  end
+end)
+
+-- the Lua twin of each scheduler case in the fixture
+local schedulers = {
+  step = function(o) return S.StepLR(o, 7, {gamma = 0.5}) end,
+  multistep = function(o) return S.MultiStepLR(o, {3, 10, 10, 20}, {gamma = 0.3}) end,
+  exponential = function(o) return S.ExponentialLR(o, 0.9) end,
+  cosine_restart = function(o) return S.CosineAnnealingLR(o, 10, {eta_min = 0.001}) end,
+  cosine = function(o) return S.CosineAnnealingLR(o, 30) end,
+  linear_warmup = function(o) return S.LinearLR(o, {start_factor = 0.1, total_iters = 8}) end,
+  linear_decay = function(o)
+    return S.LinearLR(o, {start_factor = 1.0, end_factor = 0.2, total_iters = 20})
+  end,
+  linear_default = function(o) return S.LinearLR(o) end,
+  lambda = function(o) return S.LambdaLR(o, function(e) return 0.95 ^ e end) end,
+  onecycle = function(o) return S.OneCycleLR(o, 1.0, {total_steps = 40}) end,
+  onecycle_linear_three_phase = function(o)
+    return S.OneCycleLR(o, {0.5, 0.2}, {total_steps = 30, pct_start = 0.25, anneal_strategy = "linear",
+                                        three_phase = true, div_factor = 10.0, final_div_factor = 100.0})
+  end,
+  onecycle_adam = function(o) return S.OneCycleLR(o, 0.01, {epochs = 4, steps_per_epoch = 8}) end,
+  sequential_warmup_cosine = function(o)
+    return S.SequentialLR(o, {S.LinearLR(o, {start_factor = 0.1, total_iters = 5}),
+                              S.CosineAnnealingLR(o, 25)}, {5})
+  end,
+  sequential_three = function(o)
+    return S.SequentialLR(o, {S.LinearLR(o, {start_factor = 0.5, total_iters = 4}), S.ExponentialLR(o, 0.9),
+                              S.StepLR(o, 5, {gamma = 0.5})}, {4, 12})
+  end,
+}
+
+local function sched_opt(kind)
+  local W, b = model()
+  if kind == "SGD" then
+    return optim.SGD({{params = {W}, lr = 0.1}, {params = {b}, lr = 0.02}}, {momentum = 0.9}), W, b
+  end
+  return optim.Adam({{params = {W}, lr = 0.1}, {params = {b}, lr = 0.02}}), W, b
+end
+
+local function momenta(opt, kind)
+  local out = {}
+  for i, g in ipairs(opt.param_groups) do out[i] = kind == "SGD" and g.momentum or g.betas[1] end
+  return out
+end
+
+local function close_list(name, got, want, rtol)
+  assert.are.equal(#want, #got, name .. ": length")
+  for i, w in ipairs(want) do
+    if math.abs(got[i] - w) > rtol * math.abs(w) + 1e-15 then
+      error(("%s[%d] is %.17g, PyTorch %.17g"):format(name, i, got[i], w), 2)
+    end
+  end
+end
+
+describe("lr schedulers against PyTorch (30 steps, rtol 1e-7)", function()
+  for _, case in ipairs(fx.schedulers) do
+    it(case.name, function()
+      local make = assert(schedulers[case.name], "no Lua twin for " .. case.name)
+      local opt = sched_opt(case.optimizer)
+      local sched = make(opt)
+      for k, want in ipairs(case.lrs) do
+        if k > 1 then
+          opt:step()
+          sched:step()
+        end
+        close_list(("%s lr at step %d"):format(case.name, k - 1), sched:get_last_lr(), want, 1e-7)
+        local groups_lr = {}
+        for i, g in ipairs(opt.param_groups) do groups_lr[i] = g.lr end
+        close_list(("%s group lr at step %d"):format(case.name, k - 1), groups_lr, want, 1e-7)
+        close_list(("%s momentum at step %d"):format(case.name, k - 1), momenta(opt, case.optimizer),
+                   case.momentum[k], 1e-7)
+      end
+    end)
+  end
+
+  it("state_dict/load_state_dict resume a schedule where it was", function()
+    for _, name in ipairs({"step", "cosine_restart", "onecycle", "sequential_warmup_cosine", "multistep",
+                           "lambda"}) do
+      local opt1 = sched_opt("SGD")
+      local s1 = schedulers[name](opt1)
+      for _ = 1, 12 do opt1:step(); s1:step() end
+      local osd, ssd = opt1:state_dict(), s1:state_dict()
+      local opt2 = sched_opt("SGD")
+      local s2 = schedulers[name](opt2)
+      opt2:load_state_dict(osd)
+      s2:load_state_dict(ssd)
+      for _ = 1, 10 do
+        opt1:step(); s1:step()
+        opt2:step(); s2:step()
+        assert.are.same(s1:get_last_lr(), s2:get_last_lr(), name)
+        assert.are.same(opt1.param_groups[1].momentum, opt2.param_groups[1].momentum, name)
+      end
+    end
+  end)
+
+  it("state_dict is a plain table without the optimizer", function()
+    local opt = sched_opt("SGD")
+    local s = S.SequentialLR(opt, {S.LinearLR(opt), S.ExponentialLR(opt, 0.5)}, {3})
+    local sd = s:state_dict()
+    assert.is_nil(sd.optimizer)
+    assert.are.equal(2, #sd._schedulers)
+    assert.is_nil(sd._schedulers[1].optimizer)
+    local lam = S.LambdaLR(opt, function(e) return e end):state_dict()
+    assert.is_nil(lam.lr_lambdas)
+    assert.are.equal(0, lam.last_epoch)
+  end)
+
+  it("jumps with step(epoch) use the closed form", function()
+    local opt = sched_opt("SGD")
+    local s = S.StepLR(opt, 3, {gamma = 0.5})
+    s:step(7)
+    close_list("StepLR step(7)", s:get_last_lr(), {0.1 * 0.25, 0.02 * 0.25}, 1e-12)
+  end)
+
+  it("OneCycleLR refuses to step past total_steps", function()
+    local opt = sched_opt("SGD")
+    local s = S.OneCycleLR(opt, 0.5, {total_steps = 3})
+    for _ = 1, 3 do s:step() end
+    assert_contains(errmsg(function() s:step() end),
+                    "needle.optim.lr_scheduler.OneCycleLR: tried to step 5 times; the specified number of total steps is 3")
+  end)
+
+  it("rejects bad arguments, naming the scheduler and the value", function()
+    local opt = sched_opt("SGD")
+    assert_contains(errmsg(S.StepLR, opt, 0), "needle.optim.lr_scheduler.StepLR: step_size must be a positive integer, got 0")
+    assert_contains(errmsg(S.LinearLR, opt, {start_factor = 0}), "LinearLR: invalid start_factor 0")
+    assert_contains(errmsg(S.LinearLR, opt, {total_itrs = 3}), "LinearLR: unknown option 'total_itrs'")
+    assert_contains(errmsg(S.OneCycleLR, opt, 0.1, {total_steps = 10, anneal_strategy = "exp"}),
+                    "OneCycleLR: anneal_strategy must be 'cos' or 'linear', got \"exp\"")
+    assert_contains(errmsg(S.OneCycleLR, opt, 0.1), "OneCycleLR: give total_steps")
+    assert_contains(errmsg(S.OneCycleLR, optim.Adagrad({nd.zeros({2}, {requires_grad = true})}), 0.1,
+                           {total_steps = 10}), "cycle_momentum needs an optimizer with momentum or betas")
+    assert_contains(errmsg(S.SequentialLR, opt, {S.LinearLR(opt)}, {3}), "expected 0 milestone(s)")
+    assert_contains(errmsg(S.CosineAnnealingLR, sched_opt("SGD"), 10, {last_epoch = 4}),
+                    "param_groups[1] has no initial_lr")
+    assert_contains(errmsg(S.StepLR, {}, 3), "expected an optimizer as the first argument")
+    -- all arguments in one table
+    local s = S.StepLR(sched_opt("SGD"), {step_size = 2, gamma = 0.5})
+    s:step(); s:step()
+    close_list("StepLR(opt, {...})", s:get_last_lr(), {0.05, 0.01}, 1e-12)
+  end)
+end)
+
+describe("optimizer behaviour", function()
+  it("zero_grad clears the gradients", function()
+    local W, b = model()
+    local opt = optim.SGD({W, b}, {lr = 0.1})
+    loss_fn(W, b):backward()
+    assert.is_not_nil(W.grad)
+    opt:zero_grad()
+    assert.is_nil(W.grad)
+    assert.is_nil(b.grad)
+    loss_fn(W, b):backward()
+    opt:zero_grad({set_to_none = false})
+    assert.are.same({0, 0, 0, 0}, values(b.grad))
+  end)
+
+  it("never modifies p.grad in place", function()
+    local configs = {
+      {"SGD", {lr = 0.1, momentum = 0.9, weight_decay = 0.1, nesterov = true, maximize = true}},
+      {"SGD", {lr = 0.1, momentum = 0.9}},
+      {"SGD", {lr = 0.1}},
+      {"Adam", {lr = 0.1, weight_decay = 0.1, amsgrad = true, maximize = true}},
+      {"Adam", {lr = 0.1}},
+      {"AdamW", {lr = 0.1}},
+      {"RMSprop", {lr = 0.1, momentum = 0.5, centered = true, weight_decay = 0.1}},
+      {"RMSprop", {lr = 0.1}},
+      {"Adagrad", {lr = 0.1, weight_decay = 0.1}},
+      {"Adagrad", {lr = 0.1}},
+    }
+    for _, c in ipairs(configs) do
+      local W, b = model()
+      local opt = optim[c[1]]({W, b}, c[2])
+      for _ = 1, 3 do
+        opt:zero_grad()
+        loss_fn(W, b):backward()
+        local gW, gb = W.grad, b.grad
+        local vW, vb = gW:clone(), gb:clone()
+        opt:step()
+        assert.is_true(same_values(gW, vW), c[1] .. ": W.grad changed")
+        assert.is_true(same_values(gb, vb), c[1] .. ": b.grad changed")
+        assert.is_true(same_values(W.grad, vW), c[1] .. ": W.grad replaced")
+      end
+    end
+  end)
+
+  it("skips parameters without a gradient", function()
+    local W, b = model()
+    local opt = optim.Adam({W, b}, {lr = 0.1})
+    opt:zero_grad()
+    ;((X:matmul(W)) ^ 2):sum():backward()
+    opt:step()
+    assert.is_nil(b.grad)
+    assert.is_true(same_values(b, tensor(fx.b0)))
+    assert.is_false(same_values(W, tensor(fx.W0)))
+    assert.is_nil(opt.state[b])
+    assert.are.equal(1, opt.state[W].step)
+  end)
+
+  it("step(closure) evaluates the closure with grad mode on and returns its loss", function()
+    local W, b = model()
+    local opt = optim.SGD({W, b}, {lr = 0.01})
+    local loss = nd.no_grad(function()
+      return opt:step(function()
+        opt:zero_grad()
+        local l = loss_fn(W, b)
+        l:backward()
+        return l
+      end)
+    end)
+    close("closure loss", loss, {loss_fn(tensor(fx.W0), tensor(fx.b0)):item()}, 1e-6, 0)
+    close("closure step W", W, fx.optim[1].steps[1].W, 1e-5, 1e-7)
+  end)
+
+  it("state_dict/load_state_dict: a reloaded optimizer continues identically", function()
+    local configs = {
+      {"SGD", {lr = 0.01, momentum = 0.9, nesterov = true}},
+      {"Adam", {lr = 0.05, amsgrad = true}},
+      {"AdamW", {lr = 0.05, weight_decay = 0.1}},
+      {"RMSprop", {lr = 0.01, momentum = 0.5, centered = true}},
+      {"Adagrad", {lr = 0.1, lr_decay = 0.1, initial_accumulator_value = 0.2}},
+    }
+    for _, c in ipairs(configs) do
+      local W1, b1 = model()
+      local opt1 = optim[c[1]]({W1, b1}, c[2])
+      for _ = 1, 4 do train_step(opt1, W1, b1) end
+      local sd = opt1:state_dict()
+      -- a plain table, parameters numbered from 1
+      assert.are.same({1, 2}, sd.param_groups[1].params)
+      assert.are.equal(c[2].lr, sd.param_groups[1].lr)
+      assert.is_table(sd.state[1])
+      assert.is_table(sd.state[2])
+      -- the second optimizer starts with other hyperparameters; the state dict restores them
+      local W2, b2 = model()
+      nd.no_grad(function() W2:copy_(W1); b2:copy_(b1) end)
+      local opt2 = optim[c[1]]({W2, b2}, {lr = 0.5})
+      opt2:load_state_dict(sd)
+      assert.are.equal(c[2].lr, opt2.param_groups[1].lr)
+      for _ = 1, 5 do
+        train_step(opt1, W1, b1)
+        train_step(opt2, W2, b2)
+        assert.is_true(same_values(W1, W2), c[1] .. ": W diverged after reload")
+        assert.is_true(same_values(b1, b2), c[1] .. ": b diverged after reload")
+      end
+      -- the loaded state is a copy: the two optimizers share no tensors
+      for k, v in pairs(opt2.state[W2]) do
+        if nd.is_tensor(v) then assert.is_false(v:shares_storage(opt1.state[W1][k]), k) end
+      end
+    end
+  end)
+
+  it("state_dict is a snapshot that later steps do not change", function()
+    local W, b = model()
+    local opt = optim.Adam({W, b}, {lr = 0.05})
+    train_step(opt, W, b)
+    local sd = opt:state_dict()
+    local before = values(sd.state[1].exp_avg)
+    train_step(opt, W, b)
+    assert.are.same(before, values(sd.state[1].exp_avg))
+    assert.are.equal(1, sd.state[1].step)
+  end)
+
+  it("load_state_dict validates everything before changing anything", function()
+    local W, b = model()
+    local opt = optim.Adam({W, b}, {lr = 0.05})
+    train_step(opt, W, b)
+    local good = opt:state_dict()
+    local function broken(edit)
+      local sd = opt:state_dict()
+      edit(sd)
+      return sd
+    end
+    local W2, b2 = model()
+    local opt2 = optim.Adam({W2, b2}, {lr = 0.01})
+    local m
+    m = errmsg(opt2.load_state_dict, opt2, broken(function(sd) sd.state[2].exp_avg = nd.zeros({3, 4}) end))
+    assert_contains(m, "needle.optim.Adam: load_state_dict: state[2].exp_avg has shape {3,4}, but parameter 2 has shape {4}")
+    m = errmsg(opt2.load_state_dict, opt2, broken(function(sd) sd.param_groups[2] = {params = {}} end))
+    assert_contains(m, "the state dict has 2 parameter group(s), the optimizer 1")
+    m = errmsg(opt2.load_state_dict, opt2, broken(function(sd) sd.param_groups[1].params = {1} end))
+    assert_contains(m, "param_groups[1] has 1 parameter(s), the optimizer's group 1 has 2")
+    m = errmsg(opt2.load_state_dict, opt2, broken(function(sd) sd.state[1].momentum_buffer = nd.zeros({3, 4}) end))
+    assert_contains(m, "state[1] has an unexpected entry 'momentum_buffer'")
+    m = errmsg(opt2.load_state_dict, opt2, broken(function(sd) sd.param_groups[1].lr = -1 end))
+    assert_contains(m, "param_groups[1]: invalid learning rate -1")
+    m = errmsg(opt2.load_state_dict, opt2, broken(function(sd) sd.state[7] = sd.state[1] end))
+    assert_contains(m, "state has an entry for parameter 7, which no parameter group lists")
+    -- nothing changed
+    assert.are.same({}, opt2.state)
+    assert.are.equal(0.01, opt2.param_groups[1].lr)
+    -- a state dict of another optimizer (SGD's momentum buffers) is refused
+    local sgd = optim.SGD({W, b}, {lr = 0.1, momentum = 0.9})
+    train_step(sgd, W, b)
+    assert_contains(errmsg(opt2.load_state_dict, opt2, sgd:state_dict()), "unexpected entry 'momentum_buffer'")
+    opt2:load_state_dict(good)
+    assert.are.equal(1, opt2.state[W2].step)
+  end)
+
+  it("load_state_dict takes PyTorch's 0-based ids, tensor steps and other dtypes", function()
+    local W1, b1 = model()
+    local opt1 = optim.Adam({W1, b1}, {lr = 0.05})
+    for _ = 1, 3 do train_step(opt1, W1, b1) end
+    local sd = opt1:state_dict()
+    local torch_like = {param_groups = {{lr = 0.05, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0,
+                                         amsgrad = false, maximize = false, params = {0, 1}}},
+                        state = {}}
+    for i, st in pairs(sd.state) do
+      torch_like.state[i - 1] = {step = nd.tensor(st.step), exp_avg = st.exp_avg:double(),
+                                 exp_avg_sq = st.exp_avg_sq:double()}
+    end
+    local W2, b2 = model()
+    nd.no_grad(function() W2:copy_(W1); b2:copy_(b1) end)
+    local opt2 = optim.Adam({W2, b2})
+    opt2:load_state_dict(torch_like)
+    assert.are.equal(3, opt2.state[W2].step)
+    assert.are.equal("float32", opt2.state[b2].exp_avg.dtype)
+    train_step(opt1, W1, b1)
+    train_step(opt2, W2, b2)
+    close("after a PyTorch-style load", W2, values(W1), 1e-6, 1e-7)
+  end)
+
+  it("parameter groups take their own hyperparameters", function()
+    local W, b = model()
+    local opt = optim.SGD({{params = {W}}, {params = b, lr = 0.5}}, {lr = 0.1})
+    assert.are.equal(0.1, opt.param_groups[1].lr)
+    assert.are.equal(0.5, opt.param_groups[2].lr)
+    assert.are.equal(0, opt.param_groups[2].momentum)
+    loss_fn(W, b):backward()
+    local gW, gb = W.grad, b.grad
+    opt:step()
+    local want_W = tensor(fx.W0) - gW * 0.1
+    local want_b = tensor(fx.b0) - gb * 0.5
+    close("group 1", W, values(want_W), 1e-6, 1e-7)
+    close("group 2", b, values(want_b), 1e-6, 1e-7)
+    -- add_param_group, and groups in state_dict
+    local extra = nd.zeros({2}, {requires_grad = true})
+    opt:add_param_group({params = {extra}, momentum = 0.9})
+    assert.are.equal(0.1, opt.param_groups[3].lr)
+    assert.are.same({3}, opt:state_dict().param_groups[3].params)
+  end)
+
+  it("accepts a module, and lists its parameters in order", function()
+    local m = nd.nn.Linear(3, 2)
+    local opt = optim.SGD(m, {lr = 0.1})
+    assert.are.equal(2, #opt.param_groups[1].params)
+    assert.are.equal(m.weight, opt.param_groups[1].params[1])
+  end)
+
+  it("rejects bad hyperparameters, naming the optimizer and the value", function()
+    local W = model()
+    local cases = {
+      {"SGD", {lr = -0.1}, "needle.optim.SGD: invalid learning rate -0.1 (expected lr >= 0)"},
+      {"SGD", {lr = 0.1, momentum = -0.5}, "needle.optim.SGD: invalid momentum -0.5"},
+      {"SGD", {lr = 0.1, weight_decay = -1}, "needle.optim.SGD: invalid weight_decay -1"},
+      {"SGD", {lr = 0.1, nesterov = true}, "needle.optim.SGD: nesterov momentum requires a momentum > 0 and zero dampening"},
+      {"SGD", {lr = 0.1, momentum = 0.9, nesterov = true, dampening = 0.1}, "zero dampening (got momentum 0.9, dampening 0.1)"},
+      {"SGD", {lr = "big"}, "needle.optim.SGD: lr must be a number, got string"},
+      {"SGD", {lr = 0.1, nesterov = 1}, "needle.optim.SGD: nesterov must be a boolean, got number"},
+      {"Adam", {lr = -1e-3}, "needle.optim.Adam: invalid learning rate -0.001"},
+      {"Adam", {betas = {0.9, 1.0}}, "needle.optim.Adam: invalid beta parameter at index 2: 1.0"},
+      {"Adam", {betas = {-0.1, 0.9}}, "needle.optim.Adam: invalid beta parameter at index 1: -0.1"},
+      {"Adam", {betas = 0.9}, "needle.optim.Adam: betas must be a table of two numbers, got 0.9"},
+      {"Adam", {eps = -1e-8}, "needle.optim.Adam: invalid eps -1e-08"},
+      {"AdamW", {weight_decay = -0.01}, "needle.optim.AdamW: invalid weight_decay -0.01"},
+      {"RMSprop", {alpha = -0.9}, "needle.optim.RMSprop: invalid alpha -0.9"},
+      {"RMSprop", {momentum = -1}, "needle.optim.RMSprop: invalid momentum -1"},
+      {"Adagrad", {lr_decay = -0.1}, "needle.optim.Adagrad: invalid lr_decay -0.1"},
+      {"Adagrad", {initial_accumulator_value = -1}, "needle.optim.Adagrad: invalid initial_accumulator_value -1"},
+      {"Adam", {lr = 0.1, beta = {0.9, 0.99}}, "needle.optim.Adam: unknown option 'beta' (expected amsgrad, betas, eps, lr, maximize, weight_decay)"},
+    }
+    for _, c in ipairs(cases) do
+      assert_contains(errmsg(optim[c[1]], {W}, c[2]), c[3])
+    end
+    assert_contains(errmsg(optim.SGD, {{params = {W}, lr = -2}}, {lr = 0.1}), "needle.optim.SGD: invalid learning rate -2")
+    assert_contains(errmsg(optim.SGD, {}, {lr = 0.1}), "needle.optim.SGD: optimizer got an empty parameter list")
+    assert_contains(errmsg(optim.SGD, {W, 3}, {lr = 0.1}), "needle.optim.SGD: params[2] is a number, not a tensor")
+    assert_contains(errmsg(optim.SGD, {W * 2}, {lr = 0.1}), "needle.optim.SGD: params[1] is not a leaf tensor")
+    assert_contains(errmsg(optim.SGD, {W, W}, {lr = 0.1}), "params[2] appears more than once")
+    assert_contains(errmsg(optim.SGD, {{params = {W}, lrr = 1}}), "unknown option 'lrr' in a parameter group")
+    -- the error points at the caller's line
+    local ok, e = pcall(function() optim.Adam({W}, {lr = -1}) end)
+    assert.is_false(ok)
+    assert_contains(e, "optim_spec.lua:")
+  end)
+
+  it("updates float64 parameters", function()
+    local W = nd.tensor({{1, 2}, {3, 4}}, {dtype = "float64", requires_grad = true})
+    local opt = optim.Adam({W}, {lr = 0.1})
+    local loss = (W * W):sum()
+    loss:backward()
+    opt:step()
+    assert.are.equal("float64", opt.state[W].exp_avg.dtype)
+    close("float64 Adam", W, {0.9, 1.9, 2.9, 3.9}, 1e-8, 0)
+  end)
+
+  it("prints its groups", function()
+    local W = model()
+    local s = tostring(optim.SGD({W}, {lr = 0.1, momentum = 0.9}))
+    assert_contains(s, "SGD (")
+    assert_contains(s, "Parameter Group 1")
+    assert_contains(s, "    lr: 0.1")
+    assert_contains(s, "    momentum: 0.9")
+  end)
+end)
+
+describe("nd.nn.utils gradient clipping", function()
+  local utils = nd.nn.utils
+
+  local function with_grads()
+    local a = nd.zeros({2, 2}, {requires_grad = true})
+    local b = nd.zeros({3}, {requires_grad = true})
+    a.grad = nd.tensor({{3, -4}, {1, 2}})
+    b.grad = nd.tensor({-2, 0, 6})
+    return a, b
+  end
+
+  it("clip_grad_norm_ returns the total 2-norm and scales every grad", function()
+    local a, b = with_grads()
+    local old_a = a.grad
+    local total = utils.clip_grad_norm_({a, b}, 5)
+    -- sqrt(9 + 16 + 1 + 4 + 4 + 0 + 36) = sqrt(70)
+    assert.is_number(total)
+    assert.is_true(math.abs(total - math.sqrt(70)) < 1e-5)
+    local coef = 5 / (math.sqrt(70) + 1e-6)
+    close("clipped a", a.grad, {3 * coef, -4 * coef, coef, 2 * coef}, 1e-6, 0)
+    close("clipped b", b.grad, {-2 * coef, 0, 6 * coef}, 1e-6, 0)
+    -- the old grad tensor is untouched
+    assert.are.same({{3, -4}, {1, 2}}, old_a:totable())
+    -- within the bound: unchanged
+    local c, d = with_grads()
+    assert.is_true(math.abs(utils.clip_grad_norm({c, d}, 100) - math.sqrt(70)) < 1e-5)
+    assert.are.same({-2, 0, 6}, d.grad:totable())
+  end)
+
+  it("clip_grad_norm_ with other norms", function()
+    local a, b = with_grads()
+    assert.are.equal(6, utils.clip_grad_norm_({a, b}, 3, math.huge))
+    close("inf-clipped b", b.grad, {-2 * 3 / (6 + 1e-6), 0, 3 / (1 + 1e-6 / 6)}, 1e-6, 0)
+    local c, d = with_grads()
+    assert.is_true(math.abs(utils.clip_grad_norm_({c, d}, 100, 1) - 18) < 1e-5)
+    local e, f = with_grads()
+    local want3 = (27 + 64 + 1 + 8 + 8 + 216) ^ (1 / 3)
+    assert.is_true(math.abs(utils.clip_grad_norm_({e, f}, 100, 3) - want3) < 1e-4)
+    local g = nd.zeros({2}, {requires_grad = true})
+    g.grad = nd.tensor({0 / 0, 1})
+    assert_contains(errmsg(utils.clip_grad_norm_, {g}, 1, 2, {error_if_nonfinite = true}),
+                    "needle.nn.utils.clip_grad_norm_: the total norm of order 2 of the gradients is non-finite")
+    -- no gradients at all: 0
+    assert.are.equal(0, utils.clip_grad_norm_({nd.zeros({2}, {requires_grad = true})}, 1))
+    -- a module
+    local m = nd.nn.Linear(2, 2)
+    m.weight.grad = nd.ones({2, 2})
+    assert.is_true(math.abs(utils.clip_grad_norm_(m, 1) - 2) < 1e-6)
+  end)
+
+  it("clip_grad_value_ clamps every grad", function()
+    local a, b = with_grads()
+    local old = b.grad
+    utils.clip_grad_value_({a, b}, 2.5)
+    assert.are.same({{2.5, -2.5}, {1, 2}}, a.grad:totable())
+    assert.are.same({-2, 0, 2.5}, b.grad:totable())
+    assert.are.same({-2, 0, 6}, old:totable())
+    assert_contains(errmsg(utils.clip_grad_value_, {a}, "x"), "needle.nn.utils.clip_grad_value_: clip_value must be a number")
+  end)
+end)
