@@ -1,0 +1,66 @@
+-- needle.nn.activation: ReLU, LeakyReLU, GELU, SiLU, Tanh, Sigmoid, Softmax,
+-- LogSoftmax - modules around the nd.F functions (no parameters).
+--
+--   nd.nn.GELU({approximate = "tanh"}); nd.nn.Softmax(-1); nd.nn.LeakyReLU(0.2)
+local nd = require "needle"
+local Module = require "needle.nn.module"
+
+local M = {}
+
+local function simple(name, fn)
+  local C = Module:extend(name)
+  function C:init() end
+  function C:forward(x) return fn(x) end
+  M[name] = C
+  return C
+end
+
+simple("ReLU", function(x) return nd.F.relu(x) end)
+simple("Tanh", function(x) return nd.F.tanh(x) end)
+simple("Sigmoid", function(x) return nd.F.sigmoid(x) end)
+simple("SiLU", function(x) return nd.F.silu(x) end)
+
+-- LeakyReLU(negative_slope = 0.01) or LeakyReLU({negative_slope=})
+local LeakyReLU = Module:extend("LeakyReLU")
+function LeakyReLU:init(negative_slope)
+  if type(negative_slope) == "table" then negative_slope = negative_slope.negative_slope end
+  self.negative_slope = negative_slope or 0.01
+end
+function LeakyReLU:forward(x) return nd.F.leaky_relu(x, self.negative_slope) end
+function LeakyReLU:extra_repr() return ("negative_slope=%s"):format(self.negative_slope) end
+M.LeakyReLU = LeakyReLU
+
+-- GELU({approximate = "none" | "tanh"}) or GELU("tanh")
+local GELU = Module:extend("GELU")
+function GELU:init(opts)
+  local approximate = opts
+  if type(opts) == "table" then approximate = opts.approximate end
+  approximate = approximate or "none"
+  if approximate ~= "none" and approximate ~= "tanh" then
+    error(("needle.nn.GELU: approximate must be 'none' or 'tanh', got %s"):format(tostring(approximate)), 3)
+  end
+  self.approximate = approximate
+end
+function GELU:forward(x) return nd.F.gelu(x, {approximate = self.approximate}) end
+function GELU:extra_repr() return ("approximate='%s'"):format(self.approximate) end
+M.GELU = GELU
+
+-- Softmax(dim = -1), LogSoftmax(dim = -1): 1-based dims, or {dim=}
+local function softmax_class(name, fn)
+  local C = Module:extend(name)
+  function C:init(dim)
+    if type(dim) == "table" then dim = dim.dim end
+    if dim ~= nil and (math.type(dim) ~= "integer" or dim == 0) then
+      error(("needle.nn.%s: dim must be a nonzero integer (1-based, negative from the end), got %s"):format(
+        name, tostring(dim)), 3)
+    end
+    self.dim = dim or -1
+  end
+  function C:forward(x) return fn(x, self.dim) end
+  function C:extra_repr() return ("dim=%d"):format(self.dim) end
+  M[name] = C
+end
+softmax_class("Softmax", function(x, d) return nd.F.softmax(x, d) end)
+softmax_class("LogSoftmax", function(x, d) return nd.F.log_softmax(x, d) end)
+
+return M

@@ -1,0 +1,27 @@
+-- needle.nn.dropout: Dropout(p = 0.5).
+--
+-- In training mode each element is zeroed with probability p and the rest are
+-- scaled by 1 / (1 - p); in evaluation mode (model:eval()) it is the identity.
+local nd = require "needle"
+local Module = require "needle.nn.module"
+
+local M = {}
+
+local Dropout = Module:extend("Dropout")
+
+-- Dropout(p = 0.5) or Dropout({p=})
+function Dropout:init(p)
+  if type(p) == "table" then p = p.p end
+  if p == nil then p = 0.5 end
+  if type(p) ~= "number" or p < 0 or p > 1 then
+    error(("needle.nn.Dropout: p must be a probability in [0, 1], got %s"):format(tostring(p)), 3)
+  end
+  self.p = p
+end
+
+function Dropout:forward(x) return nd.F.dropout(x, self.p, self.training) end
+
+function Dropout:extra_repr() return ("p=%s"):format(self.p) end
+M.Dropout = Dropout
+
+return M

@@ -1,0 +1,204 @@
+-- needle.nn.initializers (nd.nn.init): in-place initialisers, as torch.nn.init.
+--
+--   local init = nd.nn.init
+--   init.kaiming_uniform_(w, {a = math.sqrt(5)})     -- or init.kaiming_uniform_(w, math.sqrt(5))
+--   init.xavier_uniform_(w); init.zeros_(b)
+--
+-- Each function fills its tensor in place under nd.no_grad (so it works on
+-- parameters) and returns it. Fans follow PyTorch: for a weight of shape
+-- (out, in, k...) fan_in = in * prod(k), fan_out = out * prod(k). The names
+-- without the trailing underscore are aliases. Keyword arguments may be given
+-- positionally (PyTorch's order) or in an options table with PyTorch's names.
+local core = require "needle.core"
+
+local init = {}
+
+local function fail(fn, fmt, ...)
+  error(("needle.nn.init.%s: " .. fmt):format(fn, ...), 3)
+end
+
+local function check(fn, t)
+  if not core.is_tensor(t) then fail(fn, "expected a tensor, got %s", type(t)) end
+  if t.dtype ~= "float32" and t.dtype ~= "float64" then
+    fail(fn, "expected a floating point tensor, got %s", t.dtype)
+  end
+end
+
+-- args: (t, opts_table) or (t, positional...) in the order of `names`
+local function options(names, ...)
+  local first = ...
+  local out = {}
+  if type(first) == "table" and not core.is_tensor(first) then
+    for _, n in ipairs(names) do out[n] = first[n] end
+  else
+    local args = table.pack(...)
+    for i, n in ipairs(names) do out[n] = args[i] end
+  end
+  return out
+end
+
+local function fill_from(t, src)
+  core.no_grad(function() t:copy_(src) end)
+  return t
+end
+
+local function shape_str(t) return "{" .. table.concat(t.shape, ",") .. "}" end
+
+-- calculate_gain(nonlinearity, param): PyTorch's recommended gains
+function init.calculate_gain(nonlinearity, param)
+  local linear = {linear = true, conv1d = true, conv2d = true, conv3d = true, conv_transpose1d = true,
+                  conv_transpose2d = true, conv_transpose3d = true, sigmoid = true, identity = true}
+  if linear[nonlinearity] then return 1 end
+  if nonlinearity == "tanh" then return 5 / 3 end
+  if nonlinearity == "relu" then return math.sqrt(2) end
+  if nonlinearity == "leaky_relu" then
+    local slope = param
+    if slope == nil then slope = 0.01 end
+    if type(slope) ~= "number" then
+      fail("calculate_gain", "negative_slope must be a number, got %s", type(slope))
+    end
+    return math.sqrt(2 / (1 + slope * slope))
+  end
+  if nonlinearity == "selu" then return 3 / 4 end
+  fail("calculate_gain", "unsupported nonlinearity '%s' (expected linear, conv*, sigmoid, tanh, relu, leaky_relu or selu)",
+       tostring(nonlinearity))
+end
+
+-- fans of a weight: (fan_in, fan_out); at least 2 dims
+function init._calculate_fan_in_and_fan_out(t, fn)
+  if t:dim() < 2 then
+    fail(fn or "_calculate_fan_in_and_fan_out",
+         "fan in and fan out can not be computed for a tensor with fewer than 2 dimensions (shape %s)", shape_str(t))
+  end
+  local receptive = 1
+  for d = 3, t:dim() do receptive = receptive * t:size(d) end
+  return t:size(2) * receptive, t:size(1) * receptive
+end
+local fans = init._calculate_fan_in_and_fan_out
+
+-- uniform_(t, a = 0, b = 1)
+function init.uniform_(t, ...)
+  check("uniform_", t)
+  local o = options({"a", "b"}, ...)
+  local a, b = o.a or 0, o.b or 1
+  return fill_from(t, core.rand(t.shape, {dtype = t.dtype}) * (b - a) + a)
+end
+
+-- normal_(t, mean = 0, std = 1)
+function init.normal_(t, ...)
+  check("normal_", t)
+  local o = options({"mean", "std"}, ...)
+  local mean, std = o.mean or 0, o.std or 1
+  return fill_from(t, core.randn(t.shape, {dtype = t.dtype}) * std + mean)
+end
+
+-- constant_(t, val)
+function init.constant_(t, ...)
+  check("constant_", t)
+  local o = options({"val"}, ...)
+  if type(o.val) ~= "number" then fail("constant_", "val must be a number, got %s", type(o.val)) end
+  core.no_grad(function() t:fill_(o.val) end)
+  return t
+end
+
+function init.zeros_(t)
+  check("zeros_", t)
+  core.no_grad(function() t:fill_(0) end)
+  return t
+end
+
+function init.ones_(t)
+  check("ones_", t)
+  core.no_grad(function() t:fill_(1) end)
+  return t
+end
+
+-- xavier_uniform_(t, gain = 1): U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out))
+function init.xavier_uniform_(t, ...)
+  check("xavier_uniform_", t)
+  local o = options({"gain"}, ...)
+  local fan_in, fan_out = fans(t, "xavier_uniform_")
+  local a = (o.gain or 1) * math.sqrt(6 / (fan_in + fan_out))
+  return fill_from(t, core.rand(t.shape, {dtype = t.dtype}) * (2 * a) - a)
+end
+
+-- xavier_normal_(t, gain = 1): N(0, std), std = gain * sqrt(2 / (fan_in + fan_out))
+function init.xavier_normal_(t, ...)
+  check("xavier_normal_", t)
+  local o = options({"gain"}, ...)
+  local fan_in, fan_out = fans(t, "xavier_normal_")
+  local std = (o.gain or 1) * math.sqrt(2 / (fan_in + fan_out))
+  return fill_from(t, core.randn(t.shape, {dtype = t.dtype}) * std)
+end
+
+local function kaiming_std(fn, t, o)
+  local mode = o.mode or "fan_in"
+  if mode ~= "fan_in" and mode ~= "fan_out" then
+    fail(fn, "mode must be 'fan_in' or 'fan_out', got %s", tostring(mode))
+  end
+  local fan_in, fan_out = fans(t, fn)
+  local fan = mode == "fan_in" and fan_in or fan_out
+  local gain = o.gain
+  if gain == nil then gain = init.calculate_gain(o.nonlinearity or "leaky_relu", o.a or 0) end
+  if fan == 0 then return 0 end
+  return gain / math.sqrt(fan)
+end
+
+-- kaiming_uniform_(t, a = 0, mode = "fan_in", nonlinearity = "leaky_relu"),
+-- or an options table {a=, mode=, nonlinearity=, gain=} (gain overrides the
+-- one computed from nonlinearity and a): U(-b, b), b = gain * sqrt(3 / fan)
+function init.kaiming_uniform_(t, ...)
+  check("kaiming_uniform_", t)
+  local o = options({"a", "mode", "nonlinearity", "gain"}, ...)
+  local bound = math.sqrt(3) * kaiming_std("kaiming_uniform_", t, o)
+  return fill_from(t, core.rand(t.shape, {dtype = t.dtype}) * (2 * bound) - bound)
+end
+
+-- kaiming_normal_(t, a = 0, mode = "fan_in", nonlinearity = "leaky_relu"): N(0, gain / sqrt(fan))
+function init.kaiming_normal_(t, ...)
+  check("kaiming_normal_", t)
+  local o = options({"a", "mode", "nonlinearity", "gain"}, ...)
+  local std = kaiming_std("kaiming_normal_", t, o)
+  return fill_from(t, core.randn(t.shape, {dtype = t.dtype}) * std)
+end
+
+-- orthogonal_(t, gain = 1): the Q of a QR decomposition of a normal matrix
+-- (rows = size(1), cols = the rest), signs fixed so that diag(R) > 0, as
+-- PyTorch. Modified Gram-Schmidt in float64 over the shorter side.
+function init.orthogonal_(t, ...)
+  check("orthogonal_", t)
+  local o = options({"gain"}, ...)
+  if t:dim() < 2 then
+    fail("orthogonal_", "only tensors with 2 or more dimensions are supported (shape %s)", shape_str(t))
+  end
+  local rows = t:size(1)
+  local cols = t:numel() // math.max(rows, 1)
+  if t:numel() == 0 then return t end
+  -- columns of a (n, k) matrix with n >= k, orthonormalised
+  local n, k = math.max(rows, cols), math.min(rows, cols)
+  local a = core.randn({n, k}, {dtype = "float64"})
+  local q = core.zeros({n, k}, {dtype = "float64"})
+  core.no_grad(function()
+    for j = 1, k do
+      local v = a:select(2, j):clone()
+      if j > 1 then
+        local qs = q:narrow(2, 1, j - 1)              -- (n, j-1)
+        -- two passes of projection for stability
+        for _ = 1, 2 do v = v - qs:matmul(qs:t():matmul(v)) end
+      end
+      local norm = math.sqrt((v * v):sum():item())
+      q:select(2, j):copy_(v / norm)
+    end
+  end)
+  if rows < cols then q = q:t() end
+  return fill_from(t, (q * (o.gain or 1)):reshape(t.shape):to(t.dtype))
+end
+
+-- aliases without the trailing underscore
+local aliases = {}
+for name, fn in pairs(init) do
+  if name:sub(-1) == "_" and name:sub(1, 1) ~= "_" then aliases[name:sub(1, -2)] = fn end
+end
+for name, fn in pairs(aliases) do init[name] = fn end
+
+return init

@@ -1,0 +1,183 @@
+-- needle.nn.loss: CrossEntropyLoss (and needle's SoftmaxLoss), NLLLoss, MSELoss,
+-- BCEWithLogitsLoss - modules around the nd.F losses.
+--
+--   local loss_fn = nd.nn.CrossEntropyLoss({label_smoothing = 0.1})
+--   local loss = loss_fn(logits, labels)      -- labels 1..C
+--
+-- Options have PyTorch's names: reduction ("mean" | "sum" | "none"),
+-- ignore_index (a 1-based class index), label_smoothing. Class-index losses
+-- take logits (N, C) or (N, C, d1, ...) with labels (N) or (N, d1, ...), as
+-- PyTorch.
+local nd = require "needle"
+local Module = require "needle.nn.module"
+
+local M = {}
+
+local function shape_str(x) return "{" .. table.concat(x.shape, ",") .. "}" end
+
+local REDUCTIONS = {mean = true, sum = true, none = true}
+
+local function loss_init(self, opts, allowed)
+  opts = opts or {}
+  if type(opts) ~= "table" then
+    error(("needle.nn.%s: options must be a table, got %s"):format(self.__name, type(opts)), 4)
+  end
+  for k in pairs(opts) do
+    if not allowed[k] then
+      error(("needle.nn.%s: unknown option '%s'"):format(self.__name, tostring(k)), 4)
+    end
+  end
+  local reduction = opts.reduction or "mean"
+  if not REDUCTIONS[reduction] then
+    error(("needle.nn.%s: reduction must be 'mean', 'sum' or 'none', got %s"):format(
+      self.__name, tostring(reduction)), 4)
+  end
+  self.reduction = reduction
+end
+
+local function check_input(self, x)
+  if not nd.is_tensor(x) then
+    error(("needle.nn.%s: expected a tensor input, got %s"):format(self.__name, type(x)), 4)
+  end
+end
+
+-- (N, C, d1, ...) logits with (N, d1, ...) labels -> (N*d1*..., C) and a flat
+-- label vector; calls fn(logits2d, labels1d) and reshapes a "none" result
+local function class_loss(self, input, target, fn)
+  check_input(self, input)
+  if input:dim() == 2 or input:dim() == 1 then
+    local one = input:dim() == 1
+    if one then
+      input = input:unsqueeze(1)
+      if not nd.is_tensor(target) then target = nd.tensor(target, {dtype = "int64"}) end
+      target = target:reshape({1})
+    end
+    local out = fn(input, target)
+    if one and self.reduction == "none" then out = out:reshape({}) end
+    return out
+  end
+  if input:dim() < 1 then
+    error(("needle.nn.%s: expected input of shape (N, C) or (N, C, d1, ...), got %s"):format(
+      self.__name, shape_str(input)), 3)
+  end
+  local t = nd.is_tensor(target) and target or nd.tensor(target, {dtype = "int64"})
+  local want = input.shape
+  table.remove(want, 2)
+  if shape_str(t) ~= "{" .. table.concat(want, ",") .. "}" then
+    error(("needle.nn.%s: input %s needs labels of shape {%s}, got %s"):format(
+      self.__name, shape_str(input), table.concat(want, ","), shape_str(t)), 3)
+  end
+  local C = input:size(2)
+  local perm = {1}
+  for d = 3, input:dim() do perm[#perm + 1] = d end
+  perm[#perm + 1] = 2
+  local flat = input:permute(perm):reshape({-1, C})
+  local out = fn(flat, t:reshape({-1}))
+  if self.reduction == "none" then out = out:reshape(want) end
+  return out
+end
+
+-- CrossEntropyLoss --------------------------------------------------------------
+
+local CrossEntropyLoss = Module:extend("CrossEntropyLoss")
+
+-- CrossEntropyLoss({ignore_index=, label_smoothing=0, reduction="mean"})
+function CrossEntropyLoss:init(opts)
+  loss_init(self, opts, {ignore_index = true, label_smoothing = true, reduction = true})
+  self.ignore_index = opts and opts.ignore_index
+  self.label_smoothing = opts and opts.label_smoothing or 0
+end
+
+function CrossEntropyLoss:forward(input, target)
+  return class_loss(self, input, target, function(x, t)
+    return nd.F.cross_entropy(x, t, {ignore_index = self.ignore_index, label_smoothing = self.label_smoothing,
+                                     reduction = self.reduction})
+  end)
+end
+
+function CrossEntropyLoss:extra_repr()
+  local s = ""
+  if self.ignore_index ~= nil then s = ("ignore_index=%d, "):format(self.ignore_index) end
+  if self.label_smoothing ~= 0 then s = s .. ("label_smoothing=%s, "):format(self.label_smoothing) end
+  return s .. ("reduction='%s'"):format(self.reduction)
+end
+M.CrossEntropyLoss = CrossEntropyLoss
+
+-- SoftmaxLoss: needle's name for the cross-entropy of logits
+local SoftmaxLoss = CrossEntropyLoss:extend("SoftmaxLoss")
+M.SoftmaxLoss = SoftmaxLoss
+
+-- NLLLoss ----------------------------------------------------------------------
+
+local NLLLoss = Module:extend("NLLLoss")
+
+-- NLLLoss({ignore_index=, reduction="mean"}): input is log-probabilities
+function NLLLoss:init(opts)
+  loss_init(self, opts, {ignore_index = true, reduction = true})
+  self.ignore_index = opts and opts.ignore_index
+end
+
+function NLLLoss:forward(input, target)
+  return class_loss(self, input, target, function(x, t)
+    return nd.F.nll_loss(x, t, {ignore_index = self.ignore_index, reduction = self.reduction})
+  end)
+end
+
+function NLLLoss:extra_repr()
+  local s = ""
+  if self.ignore_index ~= nil then s = ("ignore_index=%d, "):format(self.ignore_index) end
+  return s .. ("reduction='%s'"):format(self.reduction)
+end
+M.NLLLoss = NLLLoss
+
+-- MSELoss, BCEWithLogitsLoss -------------------------------------------------------
+
+local function check_same(self, input, target)
+  check_input(self, input)
+  if nd.is_tensor(target) and shape_str(target) ~= shape_str(input) then
+    error(("needle.nn.%s: input %s and target %s must have the same shape"):format(
+      self.__name, shape_str(input), shape_str(target)), 4)
+  end
+end
+
+local MSELoss = Module:extend("MSELoss")
+
+-- MSELoss({reduction="mean"})
+function MSELoss:init(opts) loss_init(self, opts, {reduction = true}) end
+
+function MSELoss:forward(input, target)
+  check_same(self, input, target)
+  return nd.F.mse_loss(input, target, {reduction = self.reduction})
+end
+
+function MSELoss:extra_repr() return ("reduction='%s'"):format(self.reduction) end
+M.MSELoss = MSELoss
+
+local BCEWithLogitsLoss = Module:extend("BCEWithLogitsLoss")
+
+-- BCEWithLogitsLoss({reduction="mean", pos_weight=}): pos_weight (C) weighs
+-- the positive term, broadcast over the last dim, as PyTorch
+function BCEWithLogitsLoss:init(opts)
+  loss_init(self, opts, {reduction = true, pos_weight = true})
+  local pw = opts and opts.pos_weight
+  if pw ~= nil then self:register_buffer("pos_weight", nd.is_tensor(pw) and pw or nd.tensor(pw)) end
+end
+
+function BCEWithLogitsLoss:forward(input, target)
+  check_same(self, input, target)
+  local pw = self.pos_weight
+  if pw == nil then
+    return nd.F.binary_cross_entropy_with_logits(input, target, {reduction = self.reduction})
+  end
+  -- (1 - y) x + (1 + (pw - 1) y) softplus(-x), softplus(-x) = max(-x, 0) + log(1 + exp(-|x|))
+  local sp = (-input):maximum(0) + ((-input:abs()):exp() + 1):log()
+  local loss = (1 - target) * input + ((pw - 1) * target + 1) * sp
+  if self.reduction == "mean" then return loss:mean() end
+  if self.reduction == "sum" then return loss:sum() end
+  return loss
+end
+
+function BCEWithLogitsLoss:extra_repr() return ("reduction='%s'"):format(self.reduction) end
+M.BCEWithLogitsLoss = BCEWithLogitsLoss
+
+return M

@@ -1,0 +1,463 @@
+-- needle.nn.transformer: MultiheadAttention, TransformerEncoderLayer,
+-- TransformerEncoder (PyTorch's) and Transformer (needle's decoder-only model
+-- with learned positions).
+--
+--   local mha = nd.nn.MultiheadAttention(64, 8, {batch_first = true})
+--   local out, weights = mha(q, k, v, {key_padding_mask = pad, is_causal = true})
+--   local layer = nd.nn.TransformerEncoderLayer(64, 8, {dim_feedforward = 256, dropout = 0,
+--                                                      batch_first = true, norm_first = true})
+--   local enc = nd.nn.TransformerEncoder(layer, 6)     -- six deep copies of layer
+--
+-- Parameters and state_dict keys are PyTorch's: in_proj_weight (3E, E) with
+-- q, k, v stacked, in_proj_bias, out_proj.weight, out_proj.bias; an encoder
+-- layer's self_attn, linear1, linear2, norm1, norm2; an encoder's
+-- layers.<i>.* (0-based, as PyTorch). Masks follow PyTorch: a bool mask is
+-- true where attention is NOT allowed, a float mask is added to the scores.
+-- is_causal = true with no attn_mask builds the causal mask (PyTorch treats
+-- it only as a hint and needs the mask too).
+local nd = require "needle"
+local Module = require "needle.nn.module"
+local init = require "needle.nn.initializers"
+local Linear = require("needle.nn.linear").Linear
+local Dropout = require("needle.nn.dropout").Dropout
+local LayerNorm = require("needle.nn.norm").LayerNorm
+local Embedding = require("needle.nn.embedding").Embedding
+local ModuleList = require("needle.nn.container").ModuleList
+
+local M = {}
+
+local function shape_str(x) return "{" .. table.concat(x.shape, ",") .. "}" end
+
+local function opt(opts, name, default)
+  if type(opts) ~= "table" or opts[name] == nil then return default end
+  return opts[name]
+end
+
+-- clone_module(m): a deep copy (PyTorch's copy.deepcopy of a module):
+-- parameters and buffers are copied (parameters stay leaves that require
+-- grad, without .grad), children recursively; tensors shared inside m (tied
+-- weights) stay shared in the copy. Plain tables among the attributes are
+-- copied one level deep; functions are shared.
+local function clone_module(m, memo)
+  memo = memo or {}
+  if memo[m] then return memo[m] end
+  local function copy_tensor(t, as_param)
+    if memo[t] then return memo[t] end
+    local c = nd.no_grad(function() return t:detach():clone() end)
+    if as_param then c.requires_grad = true end
+    memo[t] = c
+    return c
+  end
+  local c = {}
+  for k, v in pairs(m) do c[k] = v end      -- raw fields (training, ...)
+  c._params, c._buffers, c._children, c._attrs, c._order = {}, {}, {}, {}, {}
+  setmetatable(c, getmetatable(m))
+  memo[m] = c
+  for k, v in pairs(rawget(m, "_params")) do rawget(c, "_params")[k] = copy_tensor(v, true) end
+  for k, v in pairs(rawget(m, "_buffers")) do rawget(c, "_buffers")[k] = copy_tensor(v, false) end
+  for k, v in pairs(rawget(m, "_children")) do rawget(c, "_children")[k] = clone_module(v, memo) end
+  for k, v in pairs(rawget(m, "_attrs")) do
+    if nd.is_tensor(v) then
+      v = copy_tensor(v, v.requires_grad)
+    elseif type(v) == "table" and getmetatable(v) == nil then
+      local t = {}
+      for kk, vv in pairs(v) do t[kk] = vv end
+      v = t
+    end
+    rawget(c, "_attrs")[k] = v
+  end
+  for i, e in ipairs(rawget(m, "_order")) do rawget(c, "_order")[i] = {e[1], e[2]} end
+  return c
+end
+M.clone_module = clone_module
+
+-- an additive float mask (0 or -inf) from a bool mask; float masks as they are
+local function additive(mask, dtype)
+  if mask.dtype == "bool" then return nd.where(mask, -math.huge, 0.0):to(dtype) end
+  if mask.dtype ~= "float32" and mask.dtype ~= "float64" then
+    error(("needle.nn.MultiheadAttention: masks must be bool or floating point, got %s"):format(mask.dtype), 4)
+  end
+  return mask
+end
+
+-- generate_square_subsequent_mask(sz): the (sz, sz) float causal mask, -inf
+-- above the diagonal and 0 elsewhere (PyTorch's Transformer static method)
+function M.generate_square_subsequent_mask(sz, opts)
+  local i = nd.arange(1, sz + 1):view({sz, 1})
+  local j = nd.arange(1, sz + 1):view({1, sz})
+  return nd.where(j:gt(i), -math.huge, 0.0):to(opt(opts, "dtype", "float32"))
+end
+
+-- MultiheadAttention ---------------------------------------------------------------
+
+local MHA = Module:extend("MultiheadAttention")
+
+-- MultiheadAttention(embed_dim, num_heads, {dropout=0, bias=true, batch_first=false})
+function MHA:init(embed_dim, num_heads, opts)
+  if math.type(embed_dim) ~= "integer" or embed_dim < 1 or math.type(num_heads) ~= "integer" or num_heads < 1 then
+    error(("needle.nn.MultiheadAttention: embed_dim and num_heads must be positive integers, got %s and %s"):format(
+      tostring(embed_dim), tostring(num_heads)), 3)
+  end
+  if embed_dim % num_heads ~= 0 then
+    error(("needle.nn.MultiheadAttention(%d, %d): embed_dim must be divisible by num_heads"):format(
+      embed_dim, num_heads), 3)
+  end
+  for _, k in ipairs({"kdim", "vdim"}) do
+    local v = opt(opts, k, nil)
+    if v ~= nil and v ~= embed_dim then
+      error(("needle.nn.MultiheadAttention(%d, %d): %s different from embed_dim is not supported"):format(
+        embed_dim, num_heads, k), 3)
+    end
+  end
+  if opt(opts, "add_bias_kv", false) or opt(opts, "add_zero_attn", false) then
+    error(("needle.nn.MultiheadAttention(%d, %d): add_bias_kv and add_zero_attn are not supported"):format(
+      embed_dim, num_heads), 3)
+  end
+  self.embed_dim, self.num_heads = embed_dim, num_heads
+  self.head_dim = embed_dim // num_heads
+  self.dropout = opt(opts, "dropout", 0.0)
+  self.batch_first = opt(opts, "batch_first", false)
+  local bias = opt(opts, "bias", true)
+  local dtype = opt(opts, "dtype", "float32")
+  self.in_proj_weight = Module.Parameter(nd.empty({3 * embed_dim, embed_dim}, {dtype = dtype}))
+  if bias then
+    self.in_proj_bias = Module.Parameter(nd.empty({3 * embed_dim}, {dtype = dtype}))
+  else
+    self:register_parameter("in_proj_bias", nil)
+  end
+  self.out_proj = Linear(embed_dim, embed_dim, {bias = bias, dtype = dtype})
+  self:reset_parameters()
+end
+
+function MHA:reset_parameters()
+  init.xavier_uniform_(self.in_proj_weight)
+  if self.in_proj_bias ~= nil then
+    init.zeros_(self.in_proj_bias)
+    init.zeros_(self.out_proj.bias)
+  end
+end
+
+function MHA:_sig() return ("(%d, %d)"):format(self.embed_dim, self.num_heads) end
+
+local function narrow(t, dim, i, E)
+  if t == nil then return nil end
+  return t:narrow(dim, i * E + 1, E)
+end
+
+-- forward(query, key, value, {key_padding_mask=, attn_mask=, need_weights=true,
+--         average_attn_weights=true, is_causal=false})
+-- -> output (shaped as query), weights (N, L, S) averaged over heads (or
+-- (N, H, L, S) with average_attn_weights = false; nil with need_weights = false)
+function MHA:forward(query, key, value, opts)
+  key = key or query
+  value = value or key
+  local E, H, D = self.embed_dim, self.num_heads, self.head_dim
+  for _, a in ipairs({{"query", query}, {"key", key}, {"value", value}}) do
+    local x = a[2]
+    if not nd.is_tensor(x) or (x:dim() ~= 2 and x:dim() ~= 3) or x:size(-1) ~= E then
+      local want = self.batch_first and "(N, L, %d)" or "(L, N, %d)"
+      error(("needle.nn.MultiheadAttention%s: expected %s of shape " .. want .. " or (L, %d), got %s"):format(
+        self:_sig(), a[1], E, E, nd.is_tensor(x) and shape_str(x) or type(x)), 2)
+    end
+  end
+  local batched = query:dim() == 3
+  if key:dim() ~= query:dim() or value:dim() ~= query:dim() then
+    error(("needle.nn.MultiheadAttention%s: query %s, key %s and value %s must all be batched or all unbatched"):format(
+      self:_sig(), shape_str(query), shape_str(key), shape_str(value)), 2)
+  end
+  -- to (N, L, E)
+  local function bf(x)
+    if not batched then return x:unsqueeze(1) end
+    if self.batch_first then return x end
+    return x:transpose(1, 2)
+  end
+  local q_in, k_in, v_in = bf(query), bf(key), bf(value)
+  local N, L, S = q_in:size(1), q_in:size(2), k_in:size(2)
+  if k_in:size(1) ~= N or v_in:size(1) ~= N or v_in:size(2) ~= S then
+    error(("needle.nn.MultiheadAttention%s: query %s, key %s and value %s do not agree in batch and sequence sizes"):format(
+      self:_sig(), shape_str(query), shape_str(key), shape_str(value)), 2)
+  end
+
+  -- input projections
+  local w, b = self.in_proj_weight, self.in_proj_bias
+  local q, k, v
+  if rawequal(query, key) and rawequal(key, value) then
+    local qkv = nd.F.linear(q_in, w, b)
+    q, k, v = qkv:narrow(3, 1, E), qkv:narrow(3, E + 1, E), qkv:narrow(3, 2 * E + 1, E)
+  else
+    q = nd.F.linear(q_in, narrow(w, 1, 0, E), narrow(b, 1, 0, E))
+    if rawequal(key, value) then
+      local kv = nd.F.linear(k_in, w:narrow(1, E + 1, 2 * E), b and b:narrow(1, E + 1, 2 * E))
+      k, v = kv:narrow(3, 1, E), kv:narrow(3, E + 1, E)
+    else
+      k = nd.F.linear(k_in, narrow(w, 1, 1, E), narrow(b, 1, 1, E))
+      v = nd.F.linear(v_in, narrow(w, 1, 2, E), narrow(b, 1, 2, E))
+    end
+  end
+  -- heads: (N, T, E) -> (N, H, T, D)
+  q = q:reshape({N, L, H, D}):permute({1, 3, 2, 4})
+  k = k:reshape({N, S, H, D}):permute({1, 3, 2, 4})
+  v = v:reshape({N, S, H, D}):permute({1, 3, 2, 4})
+
+  local scores = (q * (1 / math.sqrt(D))):matmul(k:transpose(3, 4))   -- (N, H, L, S)
+
+  -- masks
+  local attn_mask = opts and opts.attn_mask
+  local kpm = opts and opts.key_padding_mask
+  local is_causal = opts and opts.is_causal
+  if attn_mask == nil and is_causal then
+    attn_mask = M.generate_square_subsequent_mask(math.max(L, S)):narrow(1, 1, L):narrow(2, 1, S)
+  end
+  if attn_mask ~= nil then
+    if not nd.is_tensor(attn_mask) then
+      error(("needle.nn.MultiheadAttention%s: attn_mask must be a tensor, got %s"):format(self:_sig(), type(attn_mask)), 2)
+    end
+    local m = additive(attn_mask, scores.dtype)
+    if m:dim() == 2 and m:size(1) == L and m:size(2) == S then
+      m = m:view({1, 1, L, S})
+    elseif m:dim() == 3 and m:size(1) == N * H and m:size(2) == L and m:size(3) == S then
+      m = m:reshape({N, H, L, S})
+    else
+      error(("needle.nn.MultiheadAttention%s: attn_mask must have shape {%d,%d} or {%d,%d,%d}, got %s"):format(
+        self:_sig(), L, S, N * H, L, S, shape_str(attn_mask)), 2)
+    end
+    scores = scores + m
+  end
+  if kpm ~= nil then
+    if not nd.is_tensor(kpm) then
+      error(("needle.nn.MultiheadAttention%s: key_padding_mask must be a tensor, got %s"):format(self:_sig(), type(kpm)), 2)
+    end
+    local want = batched and ("{%d,%d}"):format(N, S) or ("{%d}"):format(S)
+    if shape_str(kpm) ~= want then
+      error(("needle.nn.MultiheadAttention%s: key_padding_mask must have shape %s (batch, source length), got %s"):format(
+        self:_sig(), want, shape_str(kpm)), 2)
+    end
+    scores = scores + additive(kpm, scores.dtype):reshape({N, 1, 1, S})
+  end
+
+  local attn = nd.F.softmax(scores, -1)
+  if self.training and self.dropout > 0 then attn = nd.F.dropout(attn, self.dropout, true) end
+  local out = attn:matmul(v)                                   -- (N, H, L, D)
+  out = out:permute({1, 3, 2, 4}):reshape({N, L, E})
+  out = self.out_proj(out)
+
+  local weights
+  if opt(opts, "need_weights", true) then
+    weights = opt(opts, "average_attn_weights", true) and attn:mean(2) or attn
+    if not batched then weights = weights:squeeze(1) end
+  end
+  if not batched then
+    out = out:squeeze(1)
+  elseif not self.batch_first then
+    out = out:transpose(1, 2)
+  end
+  return out, weights
+end
+
+function MHA:extra_repr()
+  local s = ("embed_dim=%d, num_heads=%d"):format(self.embed_dim, self.num_heads)
+  if self.dropout ~= 0 then s = s .. (", dropout=%s"):format(self.dropout) end
+  if self.batch_first then s = s .. ", batch_first=true" end
+  return s
+end
+M.MultiheadAttention = MHA
+
+-- TransformerEncoderLayer -------------------------------------------------------------
+
+local ACTIVATIONS = {
+  relu = function(x) return nd.F.relu(x) end,
+  gelu = function(x) return nd.F.gelu(x) end,
+}
+
+local TEL = Module:extend("TransformerEncoderLayer")
+
+-- TransformerEncoderLayer(d_model, nhead, {dim_feedforward=2048, dropout=0.1,
+--   activation="relu" | "gelu" | function | module, layer_norm_eps=1e-5,
+--   batch_first=false, norm_first=false, bias=true})
+function TEL:init(d_model, nhead, opts)
+  local dim_ff = opt(opts, "dim_feedforward", 2048)
+  local dropout = opt(opts, "dropout", 0.1)
+  local eps = opt(opts, "layer_norm_eps", 1e-5)
+  local bias = opt(opts, "bias", true)
+  local dtype = opt(opts, "dtype", "float32")
+  self.d_model, self.nhead, self.dim_feedforward = d_model, nhead, dim_ff
+  self.batch_first = opt(opts, "batch_first", false)
+  self.self_attn = MHA(d_model, nhead, {dropout = dropout, bias = bias, batch_first = self.batch_first, dtype = dtype})
+  self.linear1 = Linear(d_model, dim_ff, {bias = bias, dtype = dtype})
+  self.dropout = Dropout(dropout)
+  self.linear2 = Linear(dim_ff, d_model, {bias = bias, dtype = dtype})
+  self.norm_first = opt(opts, "norm_first", false)
+  self.norm1 = LayerNorm(d_model, {eps = eps, bias = bias, dtype = dtype})
+  self.norm2 = LayerNorm(d_model, {eps = eps, bias = bias, dtype = dtype})
+  self.dropout1 = Dropout(dropout)
+  self.dropout2 = Dropout(dropout)
+  local act = opt(opts, "activation", "relu")
+  if type(act) == "string" then
+    if not ACTIVATIONS[act] then
+      error(("needle.nn.TransformerEncoderLayer: activation must be 'relu', 'gelu', a function or a module, got '%s'"):format(act), 3)
+    end
+    self.activation_name = act
+    self.activation = ACTIVATIONS[act]
+  elseif Module.is_module(act) or type(act) == "function" then
+    self.activation = act       -- a module becomes a child, as PyTorch
+  else
+    error(("needle.nn.TransformerEncoderLayer: activation must be 'relu', 'gelu', a function or a module, got %s"):format(type(act)), 3)
+  end
+end
+
+-- forward(src, {src_mask=, src_key_padding_mask=, is_causal=false}) or
+-- forward(src, src_mask, src_key_padding_mask, is_causal) (PyTorch's order)
+function TEL:forward(src, mask, src_key_padding_mask, is_causal)
+  if type(mask) == "table" and not nd.is_tensor(mask) then
+    mask, src_key_padding_mask, is_causal = mask.src_mask or mask.mask, mask.src_key_padding_mask, mask.is_causal
+  end
+  local x = src
+  if not nd.is_tensor(x) or (x:dim() ~= 2 and x:dim() ~= 3) or x:size(-1) ~= self.d_model then
+    local want = self.batch_first and "(N, S, %d)" or "(S, N, %d)"
+    error(("needle.nn.TransformerEncoderLayer(%d, %d): expected input of shape " .. want .. " or (S, %d), got %s"):format(
+      self.d_model, self.nhead, self.d_model, self.d_model, nd.is_tensor(x) and shape_str(x) or type(x)), 2)
+  end
+  local function sa(y)
+    local out = self.self_attn(y, y, y, {attn_mask = mask, key_padding_mask = src_key_padding_mask,
+                                         need_weights = false, is_causal = is_causal})
+    return self.dropout1(out)
+  end
+  local function ff(y)
+    return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(y)))))
+  end
+  if self.norm_first then
+    x = x + sa(self.norm1(x))
+    x = x + ff(self.norm2(x))
+  else
+    x = self.norm1(x + sa(x))
+    x = self.norm2(x + ff(x))
+  end
+  return x
+end
+
+function TEL:extra_repr()
+  local s = ("d_model=%d, nhead=%d, dim_feedforward=%d"):format(self.d_model, self.nhead, self.dim_feedforward)
+  if self.activation_name and self.activation_name ~= "relu" then
+    s = s .. (", activation='%s'"):format(self.activation_name)
+  end
+  if self.norm_first then s = s .. ", norm_first=true" end
+  if self.batch_first then s = s .. ", batch_first=true" end
+  return s
+end
+M.TransformerEncoderLayer = TEL
+
+-- TransformerEncoder ------------------------------------------------------------------
+
+local TE = Module:extend("TransformerEncoder")
+
+-- TransformerEncoder(encoder_layer, num_layers, {norm=}): num_layers deep
+-- copies of encoder_layer (keys layers.0.*, layers.1.*, ...) and an optional
+-- final norm module (keys norm.*)
+function TE:init(encoder_layer, num_layers, opts)
+  if not Module.is_module(encoder_layer) then
+    error(("needle.nn.TransformerEncoder: encoder_layer must be a module, got %s"):format(type(encoder_layer)), 3)
+  end
+  if math.type(num_layers) ~= "integer" or num_layers < 1 then
+    error(("needle.nn.TransformerEncoder: num_layers must be a positive integer, got %s"):format(tostring(num_layers)), 3)
+  end
+  local layers = {}
+  for i = 1, num_layers do layers[i] = clone_module(encoder_layer) end
+  self.layers = ModuleList(layers)
+  self.num_layers = num_layers
+  local norm = opt(opts, "norm", nil)
+  if norm ~= nil then self.norm = norm end
+end
+
+-- forward(src, {mask=, src_key_padding_mask=, is_causal=}) or
+-- forward(src, mask, src_key_padding_mask, is_causal)
+function TE:forward(src, mask, src_key_padding_mask, is_causal)
+  if type(mask) == "table" and not nd.is_tensor(mask) then
+    mask, src_key_padding_mask, is_causal = mask.mask or mask.src_mask, mask.src_key_padding_mask, mask.is_causal
+  end
+  local x = src
+  for _, layer in ipairs(self.layers) do
+    x = layer(x, mask, src_key_padding_mask, is_causal)
+  end
+  if self.norm ~= nil then x = self.norm(x) end
+  return x
+end
+M.TransformerEncoder = TE
+
+-- Transformer (needle's) ---------------------------------------------------------------
+
+local Transformer = Module:extend("Transformer")
+Transformer.generate_square_subsequent_mask = M.generate_square_subsequent_mask
+
+-- Transformer(embedding_size, hidden_size, num_layers, {num_head=, dim_head=,
+--   dropout=0, causal=true, batch_first=false, sequence_len=2048, activation="relu"}):
+-- needle's decoder-only sequence model: learned positional embeddings
+-- (pos_embedding, sequence_len positions) added to the input, then
+-- num_layers pre-norm TransformerEncoderLayers (self-attention, causal by
+-- default, and a feed-forward block of width hidden_size). Attention has
+-- num_head heads of dim_head = embedding_size / num_head (PyTorch's layout
+-- needs num_head * dim_head = embedding_size); num_head defaults to
+-- embedding_size / dim_head when dim_head is given, else to the largest of
+-- 8, 4, 2, 1 that divides embedding_size with heads of at least 8 dims.
+-- forward(x (T, B, D) or (B, T, D) with batch_first, h) -> output, zeros
+-- (the second result stands in for a recurrent state, as needle's).
+function Transformer:init(embedding_size, hidden_size, num_layers, opts)
+  for _, a in ipairs({{"embedding_size", embedding_size}, {"hidden_size", hidden_size}, {"num_layers", num_layers}}) do
+    if math.type(a[2]) ~= "integer" or a[2] < 1 then
+      error(("needle.nn.Transformer: %s must be a positive integer, got %s"):format(a[1], tostring(a[2])), 3)
+    end
+  end
+  local num_head, dim_head = opt(opts, "num_head", nil), opt(opts, "dim_head", nil)
+  if num_head == nil and dim_head ~= nil then
+    num_head = embedding_size // dim_head
+  elseif num_head == nil then
+    for _, h in ipairs({8, 4, 2, 1}) do
+      if embedding_size % h == 0 and (embedding_size // h >= 8 or h == 1) then num_head = h; break end
+    end
+  end
+  if dim_head == nil then dim_head = embedding_size // num_head end
+  if num_head < 1 or num_head * dim_head ~= embedding_size then
+    error(("needle.nn.Transformer(%d, %d, %d): num_head (%s) * dim_head (%s) must equal embedding_size %d"):format(
+      embedding_size, hidden_size, num_layers, tostring(num_head), tostring(dim_head), embedding_size), 3)
+  end
+  self.embedding_size, self.hidden_size, self.num_layers = embedding_size, hidden_size, num_layers
+  self.num_head, self.dim_head = num_head, dim_head
+  self.causal = opt(opts, "causal", true)
+  self.batch_first = opt(opts, "batch_first", false)
+  self.sequence_len = opt(opts, "sequence_len", 2048)
+  local dtype = opt(opts, "dtype", "float32")
+  self.pos_embedding = Embedding(self.sequence_len, embedding_size, {dtype = dtype})
+  local layers = {}
+  for i = 1, num_layers do
+    layers[i] = TEL(embedding_size, num_head, {dim_feedforward = hidden_size, dropout = opt(opts, "dropout", 0.0),
+      activation = opt(opts, "activation", "relu"), batch_first = true, norm_first = true, dtype = dtype})
+  end
+  self.layers = ModuleList(layers)
+end
+
+function Transformer:forward(x, h)
+  local sig = ("(%d, %d, %d)"):format(self.embedding_size, self.hidden_size, self.num_layers)
+  if not nd.is_tensor(x) or x:dim() ~= 3 or x:size(3) ~= self.embedding_size then
+    error(("needle.nn.Transformer%s: expected input of shape %s, got %s"):format(sig,
+      self.batch_first and ("(B, T, %d)"):format(self.embedding_size) or ("(T, B, %d)"):format(self.embedding_size),
+      nd.is_tensor(x) and shape_str(x) or type(x)), 2)
+  end
+  if not self.batch_first then x = x:transpose(1, 2) end        -- (B, T, D)
+  local T = x:size(2)
+  if T > self.sequence_len then
+    error(("needle.nn.Transformer%s: sequence length %d exceeds sequence_len %d"):format(sig, T, self.sequence_len), 2)
+  end
+  x = x + self.pos_embedding(nd.arange(1, T + 1))
+  for _, layer in ipairs(self.layers) do
+    x = layer(x, {is_causal = self.causal})
+  end
+  if not self.batch_first then x = x:transpose(1, 2) end
+  return x, nd.zeros_like(x)
+end
+
+function Transformer:extra_repr()
+  return ("embedding_size=%d, hidden_size=%d, num_layers=%d, num_head=%d, causal=%s"):format(
+    self.embedding_size, self.hidden_size, self.num_layers, self.num_head, tostring(self.causal))
+end
+M.Transformer = Transformer
+
+return M
