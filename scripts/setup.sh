@@ -23,7 +23,7 @@ for a in "$@"; do
 done
 
 # ---- packages -------------------------------------------------------------
-packages=(cmake gcc make pkg-config lua5.4 liblua5.4-dev libopenblas-dev libopenblas-openmp-dev zlib1g-dev
+packages=(cmake gcc make pkg-config lua5.4 liblua5.4-dev libopenblas-dev libopenblas-openmp-dev dataset-fashion-mnist zlib1g-dev
           libreadline-dev lua-busted luarocks)
 
 missing=()

@@ -1,0 +1,33 @@
+-- needle.data: datasets, batching and the readers of the standard data sets.
+-- `nd.data` loads this on first use.
+--
+--   local data = nd.data
+--   local ds = data.TensorDataset(x, y)
+--   local loader = data.DataLoader(ds, {batch_size = 32, shuffle = true, seed = 0})
+--   for xb, yb in loader:iter() do ... end
+--
+-- Readers: data.mnist (IDX, MNIST and Fashion-MNIST), data.cifar10 (binary
+-- batches), data.ptb (word-level text corpora); data.transforms for images.
+local dataset = require "needle.data.dataset"
+local DataLoader = require "needle.data.dataloader"
+
+local data = {
+  Dataset = dataset.Dataset,
+  TensorDataset = dataset.TensorDataset,
+  DataLoader = DataLoader,
+  default_collate = DataLoader.default_collate,
+}
+
+-- the readers and transforms load on first use
+local lazy = {transforms = "needle.data.transforms", mnist = "needle.data.mnist",
+              cifar10 = "needle.data.cifar10", ptb = "needle.data.ptb"}
+
+return setmetatable(data, {
+  __index = function(t, k)
+    local name = lazy[k]
+    if not name then return nil end
+    local m = require(name)
+    rawset(t, k, m)
+    return m
+  end,
+})

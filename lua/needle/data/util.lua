@@ -1,0 +1,67 @@
+-- needle.data.util: file helpers shared by the dataset readers.
+local core = require "needle.core"
+
+local util = {}
+
+function util.exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+function util.is_dir(path)
+  -- a directory opens for reading on Linux but fails to read
+  local f = io.open(path, "rb")
+  if not f then return false end
+  local ok, _, code = f:read(0)
+  f:close()
+  return ok == nil and code == 21 -- EISDIR
+end
+
+function util.join(dir, name)
+  if dir:sub(-1) == "/" then return dir .. name end
+  return dir .. "/" .. name
+end
+
+-- read(path, who) -> the file's bytes, gunzipped when it is a gzip file.
+-- Errors read "<who>: ..." and name the file.
+function util.read(path, who)
+  if core.gunzip then
+    local ok, s = pcall(core.gunzip, path)
+    if ok then return s end
+    s = tostring(s)
+    if not s:find(path, 1, true) then s = ("'%s': %s"):format(path, s) end
+    error(("%s: %s"):format(who, s), 0)
+  end
+  -- without the C reader: plain files directly, gzip through the gzip tool
+  local f, err = io.open(path, "rb")
+  if not f then error(("%s: cannot open '%s': %s"):format(who, path, err), 0) end
+  local s = f:read("a")
+  f:close()
+  if s and s:sub(1, 2) == "\31\139" then
+    local p = io.popen("gzip -dc < '" .. path:gsub("'", "'\\''") .. "' 2>/dev/null")
+    s = p:read("a")
+    local okc = p:close()
+    if not okc then error(("%s: '%s': corrupt or truncated gzip stream"):format(who, path), 0) end
+  end
+  if not s then error(("%s: cannot read '%s'"):format(who, path), 0) end
+  return s
+end
+
+-- uint8 tensor of the given shape from bytes s[first .. first + numel - 1].
+function util.bytes_tensor(s, first, shape, dtype)
+  dtype = dtype or "uint8"
+  local numel = 1
+  for _, d in ipairs(shape) do numel = numel * d end
+  local part = (first == 1 and #s == numel) and s or s:sub(first, first + numel - 1)
+  if core.frombytes then return core.frombytes(part, dtype, shape) end
+  -- slow fallback (small files only): bytes through a Lua table
+  local t = {}
+  for k = 1, #part, 4096 do
+    local chunk = {part:byte(k, math.min(k + 4095, #part))}
+    for j = 1, #chunk do t[k + j - 1] = chunk[j] end
+  end
+  return core.tensor(t, {dtype = dtype}):reshape(shape)
+end
+
+return util
