@@ -15,7 +15,8 @@ nd.F = require "needle.functional"
 
 -- Submodules load on first use (nd.nn, nd.optim, nd.data), so `require
 -- "needle"` stays fast and a script pays only for what it touches.
-local lazy = {nn = "needle.nn", optim = "needle.optim", data = "needle.data"}
+local lazy = {nn = "needle.nn", optim = "needle.optim", data = "needle.data",
+              checkpoint = "needle.checkpoint", plot = "needle.plot"}
 setmetatable(nd, {
   __index = function(t, k)
     local name = lazy[k]

@@ -1,0 +1,522 @@
+-- needle.checkpoint: training state in one safetensors file.
+--
+--   local checkpoint = require "needle.checkpoint"
+--   checkpoint.save("run/ckpt.safetensors", {model = model, optimizer = opt, scheduler = sched,
+--                                            step = step, extra = {best_loss = 0.31}})
+--   local state = checkpoint.load("run/ckpt.safetensors", {model = model, optimizer = opt,
+--                                                         scheduler = sched})
+--   step = state.step
+--
+-- The file is a plain safetensors file (nd.load reads it too). Tensors sit under
+-- prefixed, dot-joined keys ("model.fc1.weight", "optimizer.state.3.exp_avg");
+-- everything else (the step, the RNG state, hyperparameters, scheduler
+-- counters, extra values) is JSON in the __metadata__ entry
+-- "needle.checkpoint.state", as a tree that records every table's keys with
+-- their types (integer or string), every number as integer or float, and
+-- where each tensor goes, so the state comes back exactly as it was saved.
+--
+-- Anything with state_dict() / load_state_dict(sd) can be saved and restored:
+-- a state_dict is a nested table whose leaves are tensors, numbers, strings or
+-- booleans. Loading is all-or-nothing: the whole file is read and checked,
+-- every state is rebuilt, and only then are the objects loaded; if one of them
+-- refuses its state, the ones already loaded are put back as they were, and
+-- the error names the file and the problem.
+local core = require "needle.core"
+local serialize = require "needle.serialize"
+
+local M = {}
+M.VERSION = 1
+local VERSION_KEY, STATE_KEY = "needle.checkpoint.version", "needle.checkpoint.state"
+
+-- ------------------------------------------------------------------ JSON
+-- For plain tables of numbers, strings and booleans. Integers and floats stay
+-- distinct: an integer is written with %d and read back as an integer (exact
+-- to 64 bits); a float is written with %.17g (which round-trips every double)
+-- and always with a '.' or an exponent, so it is read back as a float. NaN and
+-- infinities have no JSON form and are refused. A table is an array when it
+-- is a non-empty sequence or marked with json.array(t), an object when all
+-- its keys are strings (written sorted, so output is deterministic).
+local json = {}
+M.json = json
+
+local array_mt = {__name = "json.array"}
+function json.array(t) return setmetatable(t or {}, array_mt) end
+function json.is_array(t) return getmetatable(t) == array_mt end
+
+local escapes = {['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f", ["\n"] = "\\n",
+                 ["\r"] = "\\r", ["\t"] = "\\t"}
+
+local function encode_string(s, where)
+  if not utf8.len(s) then error(("string %s is not valid UTF-8"):format(where), 0) end
+  return '"' .. s:gsub('[%c"\\]', function(c)
+    return escapes[c] or (c:byte() < 32 and ("\\u%04x"):format(c:byte())) or c
+  end) .. '"'
+end
+
+local function encode_number(x, where)
+  if math.type(x) == "integer" then return ("%d"):format(x) end
+  if x ~= x or x == math.huge or x == -math.huge then
+    error(("number %s is %s, which JSON cannot hold"):format(where, x ~= x and "NaN" or tostring(x)), 0)
+  end
+  local s = ("%.17g"):format(x)
+  if not s:find("[%.eEn]") then s = s .. ".0" end
+  return s
+end
+
+local function is_sequence(t)
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  return n > 0 and n == #t
+end
+
+local function encode(v, out, where, depth)
+  local ty = type(v)
+  if ty == "string" then out[#out + 1] = encode_string(v, where)
+  elseif ty == "number" then out[#out + 1] = encode_number(v, where)
+  elseif ty == "boolean" then out[#out + 1] = v and "true" or "false"
+  elseif ty == "table" then
+    if depth > 200 then error(("table %s is nested too deeply (or contains itself)"):format(where), 0) end
+    if getmetatable(v) == array_mt or is_sequence(v) then
+      out[#out + 1] = "["
+      for i = 1, #v do
+        if i > 1 then out[#out + 1] = "," end
+        encode(v[i], out, where .. "[" .. i .. "]", depth + 1)
+      end
+      out[#out + 1] = "]"
+    else
+      local keys = {}
+      for k in pairs(v) do
+        if type(k) ~= "string" then
+          error(("table %s has a %s key (%s): JSON objects take string keys"):format(where, type(k), tostring(k)), 0)
+        end
+        keys[#keys + 1] = k
+      end
+      table.sort(keys)
+      out[#out + 1] = "{"
+      for i, k in ipairs(keys) do
+        if i > 1 then out[#out + 1] = "," end
+        out[#out + 1] = encode_string(k, where)
+        out[#out + 1] = ":"
+        encode(v[k], out, where .. "." .. k, depth + 1)
+      end
+      out[#out + 1] = "}"
+    end
+  else
+    error(("value %s is a %s, which JSON cannot hold"):format(where, ty), 0)
+  end
+end
+
+-- json.encode(v) -> string; raises "json: ..." naming where the bad value is
+function json.encode(v)
+  local out = {}
+  local ok, err = pcall(encode, v, out, "at the root", 0)
+  if not ok then error("json: " .. tostring(err), 2) end
+  return table.concat(out)
+end
+
+-- json.decode(s) -> value; strict (RFC 8259 minus null), raises "json: ... at byte N"
+function json.decode(s)
+  if type(s) ~= "string" then error("json: expected a string, got " .. type(s), 2) end
+  local pos = 1
+  local function fail(msg, at) error(("json: %s at byte %d"):format(msg, at or pos), 0) end
+  local function ws() pos = s:find("[^ \t\r\n]", pos) or #s + 1 end
+  local value
+  local function str()
+    local start = pos
+    pos = pos + 1
+    local parts = {}
+    while true do
+      local a, b = s:find('[%c"\\]', pos)
+      if not a then fail("unterminated string", start) end
+      parts[#parts + 1] = s:sub(pos, a - 1)
+      local c = s:sub(a, a)
+      if c == '"' then pos = b + 1; break end
+      if c ~= "\\" then fail("control character in a string", a) end
+      local e = s:sub(a + 1, a + 1)
+      if e == "u" then
+        local h = s:match("^%x%x%x%x", a + 2)
+        if not h then fail("bad \\u escape", a) end
+        local cp = tonumber(h, 16)
+        pos = a + 6
+        if cp >= 0xD800 and cp <= 0xDBFF then
+          local l = s:match("^\\u(%x%x%x%x)", pos)
+          local lo = l and tonumber(l, 16)
+          if not lo or lo < 0xDC00 or lo > 0xDFFF then fail("unpaired surrogate", a) end
+          cp = 0x10000 + (cp - 0xD800) * 0x400 + (lo - 0xDC00)
+          pos = pos + 6
+        elseif cp >= 0xDC00 and cp <= 0xDFFF then
+          fail("unpaired surrogate", a)
+        end
+        parts[#parts + 1] = utf8.char(cp)
+      else
+        local map = {['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n", r = "\r", t = "\t"}
+        if not map[e] then fail("bad escape", a) end
+        parts[#parts + 1] = map[e]
+        pos = a + 2
+      end
+    end
+    local r = table.concat(parts)
+    if not utf8.len(r) then fail("string is not valid UTF-8", start) end
+    return r
+  end
+  local function number()
+    local e = select(2, s:find("^-?%d+", pos))
+    if not e then fail("bad number") end
+    if s:find("^-?0%d", pos) then fail("number with a leading zero") end
+    local float = false
+    if s:sub(e + 1, e + 1) == "." then
+      e = select(2, s:find("^%.%d+", e + 1))
+      if not e then fail("bad fraction") end
+      float = true
+    end
+    if s:find("^[eE]", e + 1) then
+      e = select(2, s:find("^[eE][-+]?%d+", e + 1))
+      if not e then fail("bad exponent") end
+      float = true
+    end
+    local tok = s:sub(pos, e)
+    local v
+    if float then
+      v = tonumber(tok)
+    else
+      v = math.tointeger(tonumber(tok))
+      if not v then fail("integer out of the 64-bit range") end
+    end
+    pos = e + 1
+    return v
+  end
+  function value(depth)
+    if depth > 512 then fail("nesting too deep") end
+    ws()
+    local c = s:sub(pos, pos)
+    if c == "{" then
+      pos = pos + 1
+      local t = {}
+      ws()
+      if s:sub(pos, pos) == "}" then pos = pos + 1; return t end
+      while true do
+        ws()
+        if s:sub(pos, pos) ~= '"' then fail("expected a string key") end
+        local kpos = pos
+        local k = str()
+        ws()
+        if s:sub(pos, pos) ~= ":" then fail("expected ':'") end
+        pos = pos + 1
+        if t[k] ~= nil then fail(("duplicate key '%s'"):format(k), kpos) end
+        t[k] = value(depth + 1)
+        ws()
+        c = s:sub(pos, pos)
+        pos = pos + 1
+        if c == "}" then return t end
+        if c ~= "," then fail("expected ',' or '}'", pos - 1) end
+      end
+    elseif c == "[" then
+      pos = pos + 1
+      local t = json.array()
+      ws()
+      if s:sub(pos, pos) == "]" then pos = pos + 1; return t end
+      while true do
+        t[#t + 1] = value(depth + 1)
+        ws()
+        c = s:sub(pos, pos)
+        pos = pos + 1
+        if c == "]" then return t end
+        if c ~= "," then fail("expected ',' or ']'", pos - 1) end
+      end
+    elseif c == '"' then return str()
+    elseif c == "-" or c:match("%d") then return number()
+    elseif s:sub(pos, pos + 3) == "true" then pos = pos + 4; return true
+    elseif s:sub(pos, pos + 4) == "false" then pos = pos + 5; return false
+    elseif c == "" then fail("unexpected end")
+    else fail(("unexpected '%s'"):format(c)) end
+  end
+  local ok, res = pcall(function()
+    local v = value(0)
+    ws()
+    if pos <= #s then fail("trailing characters") end
+    return v
+  end)
+  if not ok then error(res, 2) end
+  return res
+end
+
+-- ------------------------------------------------------- state <-> tree
+-- A value of the state becomes:
+--   string, boolean, finite number   itself
+--   NaN, inf, -inf                    {"$float": "nan" | "inf" | "-inf"}
+--   tensor                            {"$tensor": "<file key>"}, the tensor stored under that key
+--   table                             {"$table": [[key, value], ...]} with integer keys (JSON
+--                                     integers) first, ascending, then string keys, sorted
+
+local function fail(op, path, fmt, ...)
+  error(("needle.%s: '%s': " .. fmt):format(op, path, ...), 0)
+end
+
+local function key_order(a, b)
+  local ta, tb = type(a), type(b)
+  if ta ~= tb then return ta == "number" end
+  return a < b
+end
+
+local function join(where, k)
+  return where == "" and tostring(k) or where .. "." .. tostring(k)
+end
+
+local function to_tree(v, where, tensors, seen)
+  local ty = type(v)
+  if ty == "string" and not utf8.len(v) then
+    error(("'%s' is a string that is not valid UTF-8 (the state is stored as JSON text; keep bytes in a "
+           .. "uint8 tensor)"):format(where), 0)
+  end
+  if core.is_tensor(v) then
+    if tensors[where] then error(("two values map to the tensor key '%s'"):format(where), 0) end
+    tensors[where] = v
+    return {["$tensor"] = where}
+  elseif ty == "string" or ty == "boolean" then
+    return v
+  elseif ty == "number" then
+    if v ~= v then return {["$float"] = "nan"} end
+    if v == math.huge then return {["$float"] = "inf"} end
+    if v == -math.huge then return {["$float"] = "-inf"} end
+    return v
+  elseif ty == "table" then
+    if seen[v] then error(("'%s' contains itself"):format(where), 0) end
+    if getmetatable(v) ~= nil then
+      error(("'%s' is a table with a metatable (a module or an object?): a state holds plain tables, "
+             .. "tensors, numbers, strings and booleans"):format(where), 0)
+    end
+    seen[v] = true
+    local keys = {}
+    for k in next, v do
+      if math.type(k) ~= "integer" and type(k) ~= "string" then
+        error(("'%s' has a %s key (%s): keys must be integers or strings"):format(where, math.type(k) or type(k),
+              tostring(k)), 0)
+      end
+      if type(k) == "string" and not utf8.len(k) then
+        error(("'%s' has a key that is not valid UTF-8"):format(where), 0)
+      end
+      keys[#keys + 1] = k
+    end
+    table.sort(keys, key_order)
+    local entries = json.array()
+    for i, k in ipairs(keys) do
+      entries[i] = json.array({k, to_tree(v[k], join(where, k), tensors, seen)})
+    end
+    seen[v] = nil
+    return {["$table"] = entries}
+  else
+    error(("'%s' is a %s: a state holds tensors, numbers, strings, booleans and tables"):format(where, ty), 0)
+  end
+end
+
+local floats = {nan = 0 / 0, inf = math.huge, ["-inf"] = -math.huge}
+
+local function from_tree(node, where, tensors, used)
+  local ty = type(node)
+  if ty == "string" or ty == "boolean" or ty == "number" then return node end
+  if ty ~= "table" or json.is_array(node) then error(("malformed state at '%s'"):format(where), 0) end
+  local k, v = next(node)
+  if k == nil or next(node, k) ~= nil then error(("malformed state at '%s'"):format(where), 0) end
+  if k == "$tensor" then
+    if type(v) ~= "string" then error(("malformed tensor reference at '%s'"):format(where), 0) end
+    local t = tensors[v]
+    if not t then error(("tensor '%s' (for '%s') is missing from the file"):format(v, where), 0) end
+    if used[v] then error(("tensor '%s' is referenced twice"):format(v), 0) end
+    used[v] = true
+    return t
+  elseif k == "$float" then
+    local f = floats[v]
+    if not f then error(("malformed float at '%s'"):format(where), 0) end
+    return f
+  elseif k == "$table" then
+    if type(v) ~= "table" or not json.is_array(v) then error(("malformed table at '%s'"):format(where), 0) end
+    local t = {}
+    for _, e in ipairs(v) do
+      if type(e) ~= "table" or #e ~= 2 or (math.type(e[1]) ~= "integer" and type(e[1]) ~= "string") then
+        error(("malformed table entry at '%s'"):format(where), 0)
+      end
+      if t[e[1]] ~= nil then error(("duplicate key '%s' at '%s'"):format(tostring(e[1]), where), 0) end
+      t[e[1]] = from_tree(e[2], join(where, e[1]), tensors, used)
+    end
+    return t
+  end
+  error(("malformed state at '%s'"):format(where), 0)
+end
+
+-- ------------------------------------------------------------ save / load
+
+local SECTIONS = {"model", "optimizer", "scheduler"}
+local SAVE_FIELDS = {model = true, optimizer = true, scheduler = true, step = true, extra = true}
+
+local function state_of(name, obj, path)
+  if type(obj) == "table" and type(obj.state_dict) == "function" then
+    local ok, sd = pcall(obj.state_dict, obj)
+    if not ok then fail("checkpoint.save", path, "%s:state_dict() failed: %s", name, tostring(sd)) end
+    if type(sd) ~= "table" then
+      fail("checkpoint.save", path, "%s:state_dict() returned a %s, not a table", name, type(sd))
+    end
+    return sd
+  end
+  if type(obj) == "table" and getmetatable(obj) == nil then return obj end -- a state_dict itself
+  fail("checkpoint.save", path, "%s must have a state_dict() method (or be a plain state table), got %s",
+       name, type(obj))
+end
+
+-- save(path, {model=, optimizer=, scheduler=, step=, extra=}): model,
+-- optimizer and scheduler are objects with state_dict() (or state tables);
+-- step a number; extra any state value (tensors, numbers, strings, booleans,
+-- nested tables). The RNG state (nd.get_rng_state()) is saved with them. The
+-- write is atomic: a failed save leaves an existing file as it was.
+local function save(path, what)
+  if type(path) ~= "string" or path == "" then
+    error(("needle.checkpoint.save: path must be a non-empty string, got %s"):format(type(path)), 0)
+  end
+  if type(what) ~= "table" then
+    error(("needle.checkpoint.save: expected a table {model=, optimizer=, scheduler=, step=, extra=}, got %s")
+      :format(type(what)), 0)
+  end
+  for k in pairs(what) do
+    if not SAVE_FIELDS[k] then
+      fail("checkpoint.save", path, "unknown field '%s' (expected model, optimizer, scheduler, step, extra)",
+           tostring(k))
+    end
+  end
+  local state = {rng_state = core.get_rng_state()}
+  for _, name in ipairs(SECTIONS) do
+    if what[name] ~= nil then state[name] = state_of(name, what[name], path) end
+  end
+  if what.step ~= nil then
+    if type(what.step) ~= "number" then fail("checkpoint.save", path, "step must be a number, got %s", type(what.step)) end
+    state.step = what.step
+  end
+  state.extra = what.extra
+  local tensors = {}
+  local ok, tree = pcall(function() return json.encode(to_tree(state, "", tensors, {})) end)
+  if not ok then fail("checkpoint.save", path, "%s", (tostring(tree):gsub("^json: ", ""))) end
+  serialize.save(tensors, path, {[VERSION_KEY] = tostring(M.VERSION), [STATE_KEY] = tree}, "checkpoint.save")
+end
+
+local function deep_clone(v, seen)
+  if core.is_tensor(v) then return v:clone() end
+  if type(v) ~= "table" then return v end
+  seen = seen or {}
+  if seen[v] then return seen[v] end
+  local t = {}
+  seen[v] = t
+  for k, x in pairs(v) do t[k] = deep_clone(x, seen) end
+  return setmetatable(t, getmetatable(v))
+end
+
+local function strip_position(msg)
+  msg = tostring(msg)
+  return (msg:gsub("^[^\n]-:%d+: ", "", 1))
+end
+
+-- read(path) -> the saved state, without loading it anywhere:
+-- {model=, optimizer=, scheduler= (state_dicts), step=, extra=, rng_state=}
+local function read(path)
+  local op = "checkpoint.load"
+  if type(path) ~= "string" or path == "" then
+    error(("needle.%s: path must be a non-empty string, got %s"):format(op, type(path)), 0)
+  end
+  local tensors, meta = serialize.load(path, op) -- checks the whole file; errors name it
+  local version = meta[VERSION_KEY]
+  if version == nil or meta[STATE_KEY] == nil then
+    fail(op, path, "not a needle checkpoint (no '%s' metadata; nd.load reads plain safetensors files)", VERSION_KEY)
+  end
+  if math.tointeger(tonumber(version)) ~= M.VERSION then
+    fail(op, path, "checkpoint format version %s is not supported (this needle reads version %d)", version, M.VERSION)
+  end
+  local used = {}
+  local ok, state = pcall(function() return from_tree(json.decode(meta[STATE_KEY]), "", tensors, used) end)
+  if not ok then fail(op, path, "corrupt checkpoint state: %s", strip_position(state)) end
+  if type(state) ~= "table" then fail(op, path, "corrupt checkpoint state: the root is not a table") end
+  local unused = {}
+  for k in pairs(tensors) do if not used[k] then unused[#unused + 1] = k end end
+  if #unused > 0 then
+    table.sort(unused)
+    fail(op, path, "corrupt checkpoint: tensors not referenced by its state: %s", table.concat(unused, ", "))
+  end
+  return state
+end
+
+-- load(path[, {model=, optimizer=, scheduler=, strict=true, restore_rng=true}]) -> state
+-- Reads the file, rebuilds every state, then calls each given object's
+-- load_state_dict(sd) ({strict=} is passed on) and restores the RNG state.
+-- All or nothing: a failure anywhere leaves the objects and the RNG as they
+-- were. Returns the state table (step, extra, rng_state and the state_dicts).
+local function load(path, targets)
+  local op = "checkpoint.load"
+  targets = targets or {}
+  if type(targets) ~= "table" then
+    error(("needle.%s: expected a table {model=, optimizer=, scheduler=}, got %s"):format(op, type(targets)), 0)
+  end
+  for k in pairs(targets) do
+    if k ~= "model" and k ~= "optimizer" and k ~= "scheduler" and k ~= "strict" and k ~= "restore_rng" then
+      error(("needle.%s: unknown option '%s' (expected model, optimizer, scheduler, strict, restore_rng)")
+        :format(op, tostring(k)), 0)
+    end
+  end
+  local state = read(path)
+  -- every target and its state, checked before anything is touched
+  local jobs = {}
+  for _, name in ipairs(SECTIONS) do
+    local obj = targets[name]
+    if obj ~= nil then
+      if type(obj) ~= "table" or type(obj.load_state_dict) ~= "function" then
+        fail(op, path, "%s must have a load_state_dict() method, got %s", name, type(obj))
+      end
+      if state[name] == nil then fail(op, path, "the checkpoint has no %s state", name) end
+      if type(state[name]) ~= "table" then fail(op, path, "the checkpoint's %s state is not a table", name) end
+      jobs[#jobs + 1] = {name = name, obj = obj, sd = state[name]}
+    end
+  end
+  local rng = state.rng_state
+  local restore_rng = targets.restore_rng ~= false and rng ~= nil
+  if restore_rng and (type(rng) ~= "table" or math.type(rng.seed) ~= "integer" or math.type(rng.offset) ~= "integer") then
+    fail(op, path, "corrupt checkpoint: bad rng_state")
+  end
+  -- Backups: a module's load_state_dict checks everything before it copies
+  -- (atomic); other objects' may stop half way. Objects that are not atomic
+  -- go first, and any object that is not atomic, or that is followed by
+  -- another, is backed up before anything is loaded.
+  local Module = package.loaded["needle.nn.module"]
+  for i, job in ipairs(jobs) do
+    job.atomic = Module ~= nil and Module.is_module(job.obj)
+    job.order = i
+  end
+  table.sort(jobs, function(a, b)
+    if a.atomic ~= b.atomic then return b.atomic end
+    return a.order < b.order
+  end)
+  for i, job in ipairs(jobs) do
+    if not job.atomic or i < #jobs then
+      local ok, sd = pcall(job.obj.state_dict, job.obj)
+      if not ok or type(sd) ~= "table" then
+        fail(op, path, "cannot back up the %s before loading (state_dict() failed: %s)", job.name,
+             strip_position(ok and "not a table" or sd))
+      end
+      job.backup = deep_clone(sd)
+    end
+  end
+  local opts = {strict = targets.strict ~= false}
+  for i, job in ipairs(jobs) do
+    local ok, err = pcall(job.obj.load_state_dict, job.obj, job.sd, opts)
+    if not ok then
+      -- put back every object touched so far (this one included when it may be half-loaded)
+      for j = i, 1, -1 do
+        local b = jobs[j]
+        if b.backup then pcall(b.obj.load_state_dict, b.obj, b.backup, opts) end
+      end
+      fail(op, path, "%s: %s", job.name, strip_position(err))
+    end
+  end
+  if restore_rng then core.set_rng_state(rng) end
+  return state
+end
+
+M.save = serialize.public(save)
+M.read = serialize.public(read)
+M.load = serialize.public(load)
+
+return M

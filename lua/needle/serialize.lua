@@ -1,0 +1,102 @@
+-- needle.serialize: tensors to and from safetensors files
+-- (https://huggingface.co/docs/safetensors), behind nd.save and nd.load.
+--
+--   nd.save({["fc.weight"] = w, ["fc.bias"] = b}, "model.safetensors", {epoch = "3"})
+--   local tensors, metadata = nd.load("model.safetensors")
+--
+-- The C core (src/io/safetensors.c) does the work: the reader treats a file as
+-- untrusted input and checks every length, offset, shape and dtype before it
+-- allocates anything; the writer streams each tensor (any strides) into a
+-- temporary file that replaces `path` only once it is complete and synced, so
+-- a failed save leaves the old file intact. This module checks the Lua-side
+-- arguments and gives the errors their names.
+local core = require "needle.core"
+
+local M = {}
+
+local function fail(op, fmt, ...)
+  error(("needle.%s: " .. fmt):format(op, ...), 0)
+end
+
+-- Strips the "file:line: " an error picked up inside this package, so that
+-- the message starts with "needle.<op>:".
+function M.strip_position(msg)
+  if type(msg) ~= "string" or msg:find("^needle%.") then return msg end
+  return (msg:gsub("^[^\n]-:%d+: ", "", 1))
+end
+
+-- The public form of impl: its errors are raised again at the caller's
+-- position (level 2), as errors from the C functions are.
+function M.public(impl)
+  return function(...)
+    local r = table.pack(pcall(impl, ...))
+    if r[1] then return table.unpack(r, 2, r.n) end
+    error(M.strip_position(r[2]), 2)
+  end
+end
+
+local function check_path(op, path)
+  if type(path) ~= "string" then fail(op, "path must be a string, got %s", type(path)) end
+  if path == "" then fail(op, "path is empty") end
+end
+
+-- save(tensors, path[, metadata[, op]]): tensors is {name = tensor} (names are
+-- any strings; a module is saved through its state_dict()); metadata is
+-- {string = string}. Tensors keep their dtype (float16, bfloat16 and bool
+-- included) and are written row-major whatever their strides.
+local function save(tensors, path, metadata, op)
+  op = op or "save"
+  if type(tensors) == "table" and getmetatable(tensors) and type(tensors.state_dict) == "function"
+      and not core.is_tensor(tensors) then
+    tensors = tensors:state_dict()
+  end
+  if core.is_tensor(tensors) then
+    fail(op, "expected a table of named tensors ({name = tensor}), got a single tensor")
+  end
+  if type(tensors) ~= "table" then fail(op, "expected a table of tensors, got %s", type(tensors)) end
+  check_path(op, path)
+  for k, v in pairs(tensors) do
+    if type(k) ~= "string" then
+      fail(op, "tensor names must be strings, got %s key %s", type(k), tostring(k))
+    end
+    if not core.is_tensor(v) then
+      fail(op, "value for '%s' is a %s, not a tensor%s", k, type(v),
+           type(v) == "table" and " (nested state: use nd.checkpoint.save)" or "")
+    end
+    if k == "__metadata__" then fail(op, "'__metadata__' cannot be a tensor name") end
+  end
+  if metadata ~= nil then
+    if type(metadata) ~= "table" then fail(op, "metadata must be a table of strings, got %s", type(metadata)) end
+    for k, v in pairs(metadata) do
+      if type(k) ~= "string" then fail(op, "metadata keys must be strings, got %s key %s", type(k), tostring(k)) end
+      if type(v) ~= "string" then
+        fail(op, "metadata value for '%s' must be a string, got %s", k, type(v))
+      end
+    end
+  end
+  core._safetensors_save(path, tensors, metadata, op)
+end
+
+-- load(path[, op]) -> {name = tensor}, {key = value} (the __metadata__ strings;
+-- an empty table when the file has none).
+local function load(path, op)
+  op = op or "load"
+  check_path(op, path)
+  return core._safetensors_load(path, op)
+end
+
+-- read_header(path) -> {name = {dtype=, shape=, data_offsets = {begin, end}}},
+-- metadata, data_start: the validated header alone (no tensor data is read);
+-- offsets are 0-based into the byte buffer, which starts at byte data_start of
+-- the file.
+local function read_header(path, op)
+  op = op or "read_header"
+  check_path(op, path)
+  return core._safetensors_header(path, op)
+end
+
+M.save = M.public(save)
+M.load = M.public(load)
+M.read_header = M.public(read_header)
+
+return M

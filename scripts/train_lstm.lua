@@ -1,0 +1,238 @@
+-- scripts/train_lstm.lua - the main job: a word-level LSTM language model
+-- (needle's LanguageModel: Embedding -> LSTM -> Linear) trained on PTB-format
+-- text with truncated backpropagation through time.
+--
+--   build/needle-lua scripts/train_lstm.lua            # bundled corpus, ~2 min
+--   build/needle-lua scripts/train_lstm.lua --data DIR # real PTB: train.txt, valid.txt, test.txt
+--   build/needle-lua scripts/train_lstm.lua --help
+--
+-- With no arguments it trains on data/ptb_synth, a corpus generated from a
+-- known stochastic grammar (scripts/gen_corpus.lua), so the best achievable
+-- perplexity is known and printed next to the model's. It shows a live
+-- progress line, validation perplexity per epoch, and writes a checkpoint
+-- (atomically, every epoch), a CSV log and a plot to --out.
+local nd = require "needle"
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local root = here .. "/.."
+
+local defaults = {
+  data = root .. "/data/ptb_synth", out = "runs/lstm", device = "cpu",
+  epochs = 6, ["batch-size"] = 20, lr = 3e-3, seed = 1, bptt = 35,
+  emsize = 128, nhid = 256, nlayers = 1, dropout = 0.2, clip = 0.5,
+  checkpoint = nil, resume = nil, threads = nil, ["max-lines"] = nil,
+}
+
+local usage = [[
+usage: needle-lua scripts/train_lstm.lua [options]
+
+Trains a word-level LSTM language model on PTB-format text (train.txt,
+valid.txt, test.txt; one sentence per line) and reports perplexity.
+
+options:
+  --data DIR          corpus directory (default: data/ptb_synth, bundled)
+  --out DIR           where the checkpoint, CSV log and plot go (default: runs/lstm)
+  --checkpoint PATH   checkpoint file (default: OUT/checkpoint.safetensors)
+  --resume PATH       continue a run from its checkpoint (same options)
+  --epochs N          epochs (default: 6)
+  --batch-size N      sequences per batch (default: 20)
+  --bptt N            steps of truncated backpropagation (default: 35)
+  --lr X              Adam learning rate (default: 0.003)
+  --emsize N          embedding size (default: 128)
+  --nhid N            LSTM hidden size (default: 256)
+  --nlayers N         LSTM layers (default: 1)
+  --dropout X         dropout on embeddings and LSTM outputs (default: 0.2)
+  --clip X            gradient norm clipping (default: 0.5)
+  --seed N            random seed (default: 1)
+  --device NAME       cpu (the OpenCL backend is not in this build)
+  --threads N         CPU threads (default: all)
+  --max-lines N       read at most N lines of each file (quick runs)
+  -h, --help          this text
+]]
+
+local function parse_args(argv)
+  local opts = {}
+  for k, v in pairs(defaults) do opts[k] = v end
+  local i = 1
+  while i <= #argv do
+    local a = argv[i]
+    if a == "-h" or a == "--help" then io.write(usage); os.exit(0) end
+    local name = a:match("^%-%-([%w%-]+)$")
+    if not name or defaults[name] == nil and name ~= "checkpoint" and name ~= "resume"
+       and name ~= "threads" and name ~= "max-lines" then
+      io.stderr:write(("train_lstm: unknown option '%s'\n\n"):format(a), usage)
+      os.exit(2)
+    end
+    local v = argv[i + 1]
+    if v == nil then
+      io.stderr:write(("train_lstm: option --%s needs a value\n"):format(name))
+      os.exit(2)
+    end
+    local num = tonumber(v)
+    local is_number = type(defaults[name]) == "number" or name == "threads" or name == "max-lines"
+    if is_number and not num then
+      io.stderr:write(("train_lstm: option --%s expects a number, got '%s'\n"):format(name, v))
+      os.exit(2)
+    end
+    opts[name] = is_number and num or v
+    i = i + 2
+  end
+  return opts
+end
+
+local opts = parse_args(arg)
+if opts.device ~= "cpu" then
+  io.stderr:write(("train_lstm: device '%s' is not available (this build has only 'cpu')\n"):format(opts.device))
+  os.exit(2)
+end
+if opts.threads then nd.set_num_threads(opts.threads) end
+os.execute(("mkdir -p '%s'"):format(opts.out:gsub("'", "'\\''")))
+local ckpt_path = opts.checkpoint or (opts.out .. "/checkpoint.safetensors")
+
+-- live progress: one rewritten line on a terminal, plain lines otherwise
+local tty = (function()
+  local ok = os.execute("test -t 1")
+  return ok == true or ok == 0
+end)()
+local function progress(line, final)
+  if tty then
+    io.write("\r\27[K", line)
+    if final then io.write("\n") end
+  elseif final then
+    io.write(line, "\n")
+  end
+  io.flush()
+end
+
+-- data ------------------------------------------------------------------------
+
+local ptb = nd.data.ptb
+local t_load = nd.clock()
+local ok_corpus, corpus = pcall(ptb.Corpus, opts.data, {max_lines = opts["max-lines"]})
+if not ok_corpus then
+  io.stderr:write("train_lstm: ", tostring(corpus), "\n")
+  os.exit(1)
+end
+local V = #corpus.dictionary
+local train = ptb.batchify(corpus.train, opts["batch-size"])
+local valid = ptb.batchify(corpus.valid, 10)
+local test = ptb.batchify(corpus.test, 10)
+local stats = (function()
+  local f = loadfile(opts.data .. "/stats.lua")
+  return f and f() or nil
+end)()
+print(("corpus %s: vocabulary %d, train %d tokens, valid %d, test %d (%.1f s)"):format(
+  opts.data, V, corpus.train:numel(), corpus.valid:numel(), corpus.test:numel(), nd.clock() - t_load))
+
+-- model -----------------------------------------------------------------------
+
+nd.manual_seed(opts.seed)
+local model = nd.nn.LanguageModel(V, {embedding_size = opts.emsize, hidden_size = opts.nhid,
+                                      num_layers = opts.nlayers, dropout = opts.dropout})
+local optimizer = nd.optim.Adam(model:parameters(), {lr = opts.lr})
+local checkpoint = nd.checkpoint
+print(model)
+print(("%d parameters; Adam lr %g, batch %d, bptt %d, %d epochs, %d threads"):format(
+  model:num_parameters(), opts.lr, opts["batch-size"], opts.bptt, opts.epochs, nd.get_num_threads()))
+
+local start_epoch, step = 1, 0
+local history = {steps = {}, losses = {}, epochs = {}, val_ppl = {}}
+if opts.resume then
+  local ok, state = pcall(checkpoint.load, opts.resume, {model = model, optimizer = optimizer})
+  if not ok then
+    io.stderr:write("train_lstm: cannot resume: ", tostring(state), "\n")
+    os.exit(1)
+  end
+  start_epoch = (state.extra and state.extra.epoch or 0) + 1
+  step = state.step or 0
+  print(("resumed from %s after epoch %d (step %d)"):format(opts.resume, start_epoch - 1, step))
+end
+
+local function evaluate(source)
+  model:eval()
+  local total, count, state = 0, 0, nil
+  nd.no_grad(function()
+    for i = 1, source:size(1) - 1, opts.bptt do
+      local x, y = ptb.get_batch(source, i, opts.bptt)
+      local logits
+      logits, state = model(x, state)
+      total = total + nd.F.cross_entropy(logits, y, {reduction = "sum"}):item()
+      count = count + y:numel()
+    end
+  end)
+  model:train()
+  return total / count
+end
+
+-- CSV log (appended when resuming)
+local log_path = opts.out .. "/log.csv"
+local log = assert(io.open(log_path, opts.resume and "a" or "w"))
+if not opts.resume then log:write("epoch,step,train_loss,train_ppl,val_loss,val_ppl,tokens_per_s,seconds\n") end
+
+local steps_per_epoch = math.ceil((train:size(1) - 1) / opts.bptt)
+local t_start = nd.clock()
+local best_val = math.huge
+for epoch = start_epoch, opts.epochs do
+  local t_epoch, tokens, state = nd.clock(), 0, nil
+  local loss_sum, loss_n = 0, 0
+  local b = 0
+  for i = 1, train:size(1) - 1, opts.bptt do
+    b = b + 1
+    local x, y = ptb.get_batch(train, i, opts.bptt)
+    state = nd.nn.LanguageModel.detach_state(state) -- truncated backpropagation
+    local logits
+    logits, state = model(x, state)
+    local loss = nd.F.cross_entropy(logits, y)
+    optimizer:zero_grad()
+    loss:backward()
+    nd.nn.utils.clip_grad_norm_(model:parameters(), opts.clip)
+    optimizer:step()
+    step = step + 1
+    local l = loss:item()
+    loss_sum, loss_n = loss_sum + l, loss_n + 1
+    tokens = tokens + y:numel()
+    history.steps[#history.steps + 1] = step
+    history.losses[#history.losses + 1] = l
+    local elapsed = nd.clock() - t_epoch
+    local rate = tokens / math.max(elapsed, 1e-9)
+    local left = (steps_per_epoch - b) + (opts.epochs - epoch) * steps_per_epoch
+    if b % 10 == 0 or b == steps_per_epoch then
+      local line = ("epoch %d/%d  step %d/%d  loss %.3f  ppl %.2f  %.0f tok/s  ETA %.0fs"):format(
+        epoch, opts.epochs, b, steps_per_epoch, l, math.exp(l), rate, left * elapsed / b)
+      progress(line, not tty and b % 50 == 0)
+    end
+  end
+  local seconds = nd.clock() - t_epoch
+  local train_loss = loss_sum / loss_n
+  local val_loss = evaluate(valid)
+  best_val = math.min(best_val, val_loss)
+  history.epochs[#history.epochs + 1] = step
+  history.val_ppl[#history.val_ppl + 1] = math.exp(val_loss)
+  progress(("epoch %d/%d  train ppl %.2f  valid ppl %.2f%s  %.0f tok/s  %.1fs"):format(
+    epoch, opts.epochs, math.exp(train_loss), math.exp(val_loss),
+    stats and (" (best achievable %.2f)"):format(stats.best_valid_ppl) or "",
+    tokens / seconds, seconds), true)
+  log:write(("%d,%d,%.6f,%.4f,%.6f,%.4f,%.1f,%.2f\n"):format(epoch, step, train_loss,
+    math.exp(train_loss), val_loss, math.exp(val_loss), tokens / seconds, nd.clock() - t_start))
+  log:flush()
+  checkpoint.save(ckpt_path, {model = model, optimizer = optimizer, step = step,
+                              extra = {epoch = epoch, val_loss = val_loss}})
+end
+log:close()
+
+local test_loss = evaluate(test)
+print(("test perplexity %.2f%s  (%.1f s of training)"):format(math.exp(test_loss),
+  stats and ("; best achievable %.2f (the generating grammar's own perplexity)"):format(stats.best_test_ppl) or "",
+  nd.clock() - t_start))
+local plot = require "needle.plot"
+local file = plot.lines(opts.out .. "/loss", {
+  title = "LSTM language model", xlabel = "step", ylabel = "perplexity",
+  series = {
+    {name = "train (per batch)", x = history.steps, y = (function()
+      local p = {}
+      for i, l in ipairs(history.losses) do p[i] = math.exp(l) end
+      return p
+    end)()},
+    {name = "valid", x = history.epochs, y = history.val_ppl},
+  }})
+print(("wrote %s, %s and %s"):format(ckpt_path, log_path, file))

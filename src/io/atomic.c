@@ -1,0 +1,170 @@
+/* atomic.c - crash-safe file replacement: write a temporary next to the
+ * target, fsync it, rename it over the target, fsync the directory. A
+ * reader (or a crash) sees the old file or the complete new one, never a
+ * partial one. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "io/io.h"
+#include "tensor.h"
+
+#define BUF_CAP ((size_t)1 << 20) /* small writes are gathered into 1 MiB */
+
+struct nd_atomic_file {
+    int fd;
+    char *path, *tmp;
+    const char *op;
+    char *buf;
+    size_t used;
+};
+
+static void destroy(nd_atomic_file *f, bool remove_tmp) {
+    if (f->fd >= 0) close(f->fd);
+    if (remove_tmp) unlink(f->tmp);
+    free(f->buf);
+    free(f->path);
+    free(f->tmp);
+    free(f);
+}
+
+void nd_atomic_abort(nd_atomic_file *f) {
+    if (f) destroy(f, true);
+}
+
+/* fails f (removing the temporary) with "<op>: cannot <what> '<path>': <strerror>" */
+static nd_status fail_errno(nd_atomic_file *f, int err, const char *what) {
+    nd_status st = nd_fail(ND_ERR_IO, "%s: cannot %s '%s': %s", f->op, what, f->path, strerror(err));
+    destroy(f, true);
+    return st;
+}
+
+nd_status nd_atomic_open(const char *op, const char *path, nd_atomic_file **out) {
+    *out = NULL;
+    if (!path || !*path) return nd_fail(ND_ERR_ARG, "%s: empty file name", op);
+    nd_atomic_file *f = calloc(1, sizeof *f);
+    size_t n = strlen(path);
+    if (f) {
+        f->fd = -1;
+        f->op = op;
+        f->path = malloc(n + 1);
+        f->tmp = malloc(n + 32);
+        f->buf = malloc(BUF_CAP);
+    }
+    if (!f || !f->path || !f->tmp || !f->buf) {
+        if (f) { free(f->path); free(f->tmp); free(f->buf); free(f); }
+        return nd_fail(ND_ERR_MEMORY, "%s: out of memory writing '%s'", op, path);
+    }
+    memcpy(f->path, path, n + 1);
+    /* O_EXCL|O_NOFOLLOW: never write through a planted link, never share a
+     * temporary. "<path>.tmp.<pid>" is taken (another thread of this
+     * process saving the same path, or a stale file of an earlier process
+     * with this pid): try "<path>.tmp.<pid>.<k>". Nothing is ever removed but
+     * our own temporary. */
+    for (int k = 0; k < 64; k++) {
+        if (k == 0) snprintf(f->tmp, n + 32, "%s.tmp.%ld", path, (long)getpid());
+        else snprintf(f->tmp, n + 32, "%s.tmp.%ld.%d", path, (long)getpid(), k);
+        f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (f->fd >= 0 || errno != EEXIST) break;
+    }
+    if (f->fd < 0) {
+        int err = errno;
+        nd_status st = nd_fail(ND_ERR_IO, "%s: cannot write '%s' (temporary '%s'): %s", op, path,
+                               f->tmp, strerror(err));
+        f->fd = -1;
+        destroy(f, false); /* not ours to remove */
+        return st;
+    }
+    /* keep the permissions of the file being replaced */
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) (void)fchmod(f->fd, sb.st_mode & 07777);
+    *out = f;
+    return ND_OK;
+}
+
+static int write_all(int fd, const char *p, size_t n) {
+    while (n > 0) {
+        size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+        ssize_t w = write(fd, p, chunk);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (w == 0) return EIO;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static nd_status flush_buf(nd_atomic_file *f) {
+    if (f->used == 0) return ND_OK;
+    int err = write_all(f->fd, f->buf, f->used);
+    f->used = 0;
+    return err ? fail_errno(f, err, "write") : ND_OK;
+}
+
+nd_status nd_atomic_write(nd_atomic_file *f, const void *data, size_t n) {
+    if (n == 0) return ND_OK;
+    if (f->used + n <= BUF_CAP) {
+        memcpy(f->buf + f->used, data, n);
+        f->used += n;
+        return ND_OK;
+    }
+    ND_TRY(flush_buf(f));
+    if (n <= BUF_CAP / 2) {
+        memcpy(f->buf, data, n);
+        f->used = n;
+        return ND_OK;
+    }
+    int err = write_all(f->fd, data, n);
+    return err ? fail_errno(f, err, "write") : ND_OK;
+}
+
+/* fsync of the directory holding path: makes the rename itself durable.
+ * Filesystems that cannot sync directories (EINVAL) are not an error. */
+static int sync_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char *dir;
+    if (!slash) dir = strdup(".");
+    else if (slash == path) dir = strdup("/");
+    else {
+        dir = malloc((size_t)(slash - path) + 1);
+        if (dir) { memcpy(dir, path, (size_t)(slash - path)); dir[slash - path] = 0; }
+    }
+    if (!dir) return ENOMEM;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(dir);
+    if (fd < 0) return errno == EACCES ? 0 : errno;
+    int err = fsync(fd) == 0 ? 0 : errno;
+    close(fd);
+    return err == EINVAL || err == ENOTSUP || err == EBADF ? 0 : err;
+}
+
+nd_status nd_atomic_commit(nd_atomic_file *f) {
+    ND_TRY(flush_buf(f));
+    if (fsync(f->fd) != 0) return fail_errno(f, errno, "sync");
+    int fd = f->fd;
+    f->fd = -1;
+    if (close(fd) != 0) return fail_errno(f, errno, "close");
+    if (rename(f->tmp, f->path) != 0) return fail_errno(f, errno, "replace");
+    int err = sync_dir(f->path);
+    nd_status st = ND_OK;
+    if (err) /* the new file is in place; only its durability is in doubt */
+        st = nd_fail(ND_ERR_IO, "%s: cannot sync the directory of '%s': %s", f->op, f->path,
+                     strerror(err));
+    destroy(f, false);
+    return st;
+}
+
+nd_status nd_write_file_atomic(const char *op, const char *path, const void *data, size_t n) {
+    nd_atomic_file *f;
+    ND_TRY(nd_atomic_open(op, path, &f));
+    /* large payloads skip the copy into the buffer */
+    ND_TRY(nd_atomic_write(f, data, n));
+    return nd_atomic_commit(f);
+}

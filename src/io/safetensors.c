@@ -1,0 +1,1056 @@
+/* safetensors.c - reader and writer of the safetensors format; see
+ * safetensors.h. The reader treats the file as hostile: every integer is
+ * range-checked before it is used as a size or an offset, the JSON parser
+ * accepts only the subset the format needs (objects, arrays, strings,
+ * integers) with a nesting limit, and no allocation is larger than the file
+ * that asks for it. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "io/io.h"
+#include "io/safetensors.h"
+#include "tensor.h"
+
+#define JSON_MAX_DEPTH 32
+#define SHOW_MAX 120 /* bytes of a name shown in a message */
+
+/* "<op>: '<what>': <message>" */
+static nd_status ferr(nd_status st, const char *op, const char *what, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static nd_status ferr(nd_status st, const char *op, const char *what, const char *fmt, ...) {
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return nd_fail(st, "%s: '%s': %s", op, what, msg);
+}
+
+static size_t utf8_check(const unsigned char *s, size_t len);
+
+/* A name for a message: at most SHOW_MAX bytes, control bytes (and every
+ * byte above 0x7f when the name is not UTF-8) escaped. */
+static const char *show(const char *s, size_t len, char *buf) {
+    size_t o = 0, i;
+    bool ascii_only = utf8_check((const unsigned char *)s, len) != len;
+    for (i = 0; i < len && o < SHOW_MAX; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c == 0x7f || (ascii_only && c >= 0x80)) o += (size_t)snprintf(buf + o, 8, "\\x%02x", c);
+        else buf[o++] = (char)c;
+    }
+    if (i < len) { memcpy(buf + o, "...", 3); o += 3; }
+    buf[o] = 0;
+    return buf;
+}
+#define SHOW_BUF (SHOW_MAX + 16)
+
+/* RFC 3629 UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF.
+ * Returns the offset of the first bad byte, or len when all is well. */
+static size_t utf8_check(const unsigned char *s, size_t len) {
+    size_t i = 0;
+    while (i < len) {
+        unsigned char c = s[i];
+        if (c < 0x80) { i++; continue; }
+        size_t n;
+        unsigned lo = 0x80, hi = 0xbf;
+        if (c >= 0xc2 && c <= 0xdf) n = 1;
+        else if (c == 0xe0) { n = 2; lo = 0xa0; }
+        else if (c >= 0xe1 && c <= 0xec) n = 2;
+        else if (c == 0xed) { n = 2; hi = 0x9f; }
+        else if (c >= 0xee && c <= 0xef) n = 2;
+        else if (c == 0xf0) { n = 3; lo = 0x90; }
+        else if (c >= 0xf1 && c <= 0xf3) n = 3;
+        else if (c == 0xf4) { n = 3; hi = 0x8f; }
+        else return i;
+        if (len - i - 1 < n) return i;
+        if (s[i + 1] < lo || s[i + 1] > hi) return i;
+        for (size_t k = 2; k <= n; k++)
+            if (s[i + k] < 0x80 || s[i + k] > 0xbf) return i;
+        i += n + 1;
+    }
+    return len;
+}
+
+/* ------------------------------------------------------------------ JSON */
+
+enum { J_OBJ = 1, J_ARR, J_STR, J_INT };
+
+typedef struct {
+    int type;
+    size_t pos;              /* where it starts in the header */
+    size_t key_off, key_len; /* as an object member: its key (arena) */
+    size_t str_off, str_len; /* J_STR (arena) */
+    int64_t ival;            /* J_INT */
+    size_t first, last, next, count; /* children; 0 = none (0 is the root) */
+} jnode;
+
+typedef struct {
+    const char *op, *what;
+    const unsigned char *s;
+    size_t n, pos;
+    jnode *nodes;
+    size_t nnodes, cap;
+    char *arena; /* decoded strings, each NUL-terminated; never needs more than n + 1 */
+    size_t used;
+    nd_status err;
+} jparser;
+
+static nd_status jerr(jparser *p, size_t at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static nd_status jerr(jparser *p, size_t at, const char *fmt, ...) {
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return ferr(ND_ERR_IO, p->op, p->what, "invalid header JSON at byte %zu: %s", at, msg);
+}
+
+static const char *char_str(int c, char *buf) {
+    if (c > 0x20 && c < 0x7f) snprintf(buf, 8, "'%c'", c);
+    else snprintf(buf, 8, "0x%02x", c);
+    return buf;
+}
+
+static void skip_ws(jparser *p) {
+    while (p->pos < p->n) {
+        unsigned char c = p->s[p->pos];
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
+        p->pos++;
+    }
+}
+
+static nd_status new_node(jparser *p, int type, size_t *out) {
+    if (p->nnodes == p->cap) {
+        size_t ncap = p->cap ? p->cap * 2 : 64;
+        jnode *nn = realloc(p->nodes, ncap * sizeof *nn);
+        if (!nn) return ferr(ND_ERR_MEMORY, p->op, p->what, "out of memory parsing the header");
+        p->nodes = nn;
+        p->cap = ncap;
+    }
+    jnode *j = &p->nodes[p->nnodes];
+    memset(j, 0, sizeof *j);
+    j->type = type;
+    j->pos = p->pos;
+    *out = p->nnodes++;
+    return ND_OK;
+}
+
+static int hexval(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static nd_status read_hex4(jparser *p, unsigned *out) {
+    if (p->n - p->pos < 4) return jerr(p, p->pos, "truncated \\u escape");
+    unsigned v = 0;
+    for (int k = 0; k < 4; k++) {
+        int h = hexval(p->s[p->pos + (size_t)k]);
+        if (h < 0) return jerr(p, p->pos + (size_t)k, "bad hex digit in \\u escape");
+        v = v * 16 + (unsigned)h;
+    }
+    p->pos += 4;
+    *out = v;
+    return ND_OK;
+}
+
+/* p->pos is at the opening quote; decodes into the arena. */
+static nd_status parse_string(jparser *p, size_t *off, size_t *len) {
+    size_t start = p->pos++;
+    char *o = p->arena + p->used;
+    size_t k = 0;
+    for (;;) {
+        if (p->pos >= p->n) return jerr(p, start, "unterminated string");
+        unsigned char c = p->s[p->pos];
+        if (c == '"') { p->pos++; break; }
+        if (c < 0x20) return jerr(p, p->pos, "unescaped control character 0x%02x in a string", c);
+        if (c != '\\') { o[k++] = (char)c; p->pos++; continue; }
+        size_t esc = p->pos++;
+        if (p->pos >= p->n) return jerr(p, esc, "unterminated escape");
+        c = p->s[p->pos++];
+        switch (c) {
+        case '"': o[k++] = '"'; break;
+        case '\\': o[k++] = '\\'; break;
+        case '/': o[k++] = '/'; break;
+        case 'b': o[k++] = '\b'; break;
+        case 'f': o[k++] = '\f'; break;
+        case 'n': o[k++] = '\n'; break;
+        case 'r': o[k++] = '\r'; break;
+        case 't': o[k++] = '\t'; break;
+        case 'u': {
+            unsigned cp;
+            ND_TRY(read_hex4(p, &cp));
+            if (cp >= 0xdc00 && cp <= 0xdfff) return jerr(p, esc, "lone low surrogate \\u%04x", cp);
+            if (cp >= 0xd800 && cp <= 0xdbff) {
+                unsigned lo;
+                if (p->n - p->pos < 2 || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u')
+                    return jerr(p, esc, "high surrogate \\u%04x without a low surrogate", cp);
+                p->pos += 2;
+                ND_TRY(read_hex4(p, &lo));
+                if (lo < 0xdc00 || lo > 0xdfff)
+                    return jerr(p, esc, "high surrogate \\u%04x followed by \\u%04x", cp, lo);
+                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+            }
+            if (cp < 0x80) o[k++] = (char)cp;
+            else if (cp < 0x800) {
+                o[k++] = (char)(0xc0 | (cp >> 6));
+                o[k++] = (char)(0x80 | (cp & 0x3f));
+            } else if (cp < 0x10000) {
+                o[k++] = (char)(0xe0 | (cp >> 12));
+                o[k++] = (char)(0x80 | ((cp >> 6) & 0x3f));
+                o[k++] = (char)(0x80 | (cp & 0x3f));
+            } else {
+                o[k++] = (char)(0xf0 | (cp >> 18));
+                o[k++] = (char)(0x80 | ((cp >> 12) & 0x3f));
+                o[k++] = (char)(0x80 | ((cp >> 6) & 0x3f));
+                o[k++] = (char)(0x80 | (cp & 0x3f));
+            }
+            break;
+        }
+        default: {
+            char cb[8];
+            return jerr(p, esc, "invalid escape \\%s", char_str(c, cb));
+        }
+        }
+    }
+    o[k] = 0;
+    *off = p->used;
+    *len = k;
+    p->used += k + 1; /* decoded + NUL never exceeds the raw bytes incl. quotes */
+    return ND_OK;
+}
+
+static nd_status parse_int(jparser *p, int64_t *out) {
+    size_t start = p->pos;
+    bool neg = false;
+    if (p->s[p->pos] == '-') { neg = true; p->pos++; }
+    if (p->pos >= p->n || p->s[p->pos] < '0' || p->s[p->pos] > '9')
+        return jerr(p, start, "'-' without digits");
+    if (p->s[p->pos] == '0' && p->pos + 1 < p->n && p->s[p->pos + 1] >= '0' && p->s[p->pos + 1] <= '9')
+        return jerr(p, start, "number with a leading zero");
+    uint64_t v = 0, limit = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+    bool over = false;
+    while (p->pos < p->n && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') {
+        unsigned d = p->s[p->pos++] - '0';
+        if (v > (limit - d) / 10) over = true;
+        else v = v * 10 + d;
+    }
+    if (p->pos < p->n && (p->s[p->pos] == '.' || p->s[p->pos] == 'e' || p->s[p->pos] == 'E'))
+        return jerr(p, start, "a number with a fraction or exponent (safetensors headers hold integers)");
+    if (over) return jerr(p, start, "integer out of the 64-bit range");
+    *out = neg ? (v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v) : (int64_t)v;
+    return ND_OK;
+}
+
+typedef struct { const char *k; size_t len, pos; } keyref;
+
+static int keyref_cmp(const void *a, const void *b) {
+    const keyref *x = a, *y = b;
+    size_t m = x->len < y->len ? x->len : y->len;
+    int c = memcmp(x->k, y->k, m);
+    if (c) return c;
+    return x->len < y->len ? -1 : x->len > y->len;
+}
+
+static nd_status check_duplicates(jparser *p, size_t obj) {
+    size_t n = p->nodes[obj].count;
+    if (n < 2) return ND_OK;
+    keyref *keys = malloc(n * sizeof *keys);
+    if (!keys) return ferr(ND_ERR_MEMORY, p->op, p->what, "out of memory parsing the header");
+    size_t i = 0;
+    for (size_t c = p->nodes[obj].first; c; c = p->nodes[c].next, i++)
+        keys[i] = (keyref){p->arena + p->nodes[c].key_off, p->nodes[c].key_len, p->nodes[c].pos};
+    qsort(keys, n, sizeof *keys, keyref_cmp);
+    for (i = 1; i < n; i++)
+        if (keyref_cmp(&keys[i - 1], &keys[i]) == 0) {
+            char sb[SHOW_BUF];
+            size_t at = keys[i].pos > keys[i - 1].pos ? keys[i].pos : keys[i - 1].pos;
+            nd_status st = jerr(p, at, "duplicate key '%s'", show(keys[i].k, keys[i].len, sb));
+            free(keys);
+            return st;
+        }
+    free(keys);
+    return ND_OK;
+}
+
+static void append_child(jparser *p, size_t parent, size_t child) {
+    jnode *j = &p->nodes[parent];
+    if (j->last) p->nodes[j->last].next = child;
+    else j->first = child;
+    j->last = child;
+    j->count++;
+}
+
+static nd_status parse_value(jparser *p, int depth, size_t *out) {
+    skip_ws(p);
+    if (p->pos >= p->n) return jerr(p, p->pos, "unexpected end of the header");
+    unsigned char c = p->s[p->pos];
+    size_t me;
+    if (c == '{' || c == '[') {
+        if (depth >= JSON_MAX_DEPTH) return jerr(p, p->pos, "nesting deeper than %d levels", JSON_MAX_DEPTH);
+        bool obj = c == '{';
+        char close = obj ? '}' : ']';
+        ND_TRY(new_node(p, obj ? J_OBJ : J_ARR, &me));
+        p->pos++;
+        skip_ws(p);
+        if (p->pos < p->n && p->s[p->pos] == (unsigned char)close) {
+            p->pos++;
+            *out = me;
+            return ND_OK;
+        }
+        for (;;) {
+            size_t koff = 0, klen = 0, kpos = 0, child = 0;
+            if (obj) {
+                skip_ws(p);
+                if (p->pos >= p->n) return jerr(p, p->pos, "unexpected end of the header in an object");
+                if (p->s[p->pos] != '"') {
+                    char cb[8];
+                    return jerr(p, p->pos, "expected a string key, found %s", char_str(p->s[p->pos], cb));
+                }
+                kpos = p->pos;
+                ND_TRY(parse_string(p, &koff, &klen));
+                skip_ws(p);
+                if (p->pos >= p->n || p->s[p->pos] != ':')
+                    return jerr(p, p->pos, "expected ':' after an object key");
+                p->pos++;
+            }
+            ND_TRY(parse_value(p, depth + 1, &child));
+            if (obj) {
+                p->nodes[child].key_off = koff;
+                p->nodes[child].key_len = klen;
+                p->nodes[child].pos = kpos;
+            }
+            append_child(p, me, child);
+            skip_ws(p);
+            if (p->pos >= p->n)
+                return jerr(p, p->pos, "unexpected end of the header in an %s", obj ? "object" : "array");
+            unsigned char d = p->s[p->pos++];
+            if (d == (unsigned char)close) break;
+            if (d != ',') {
+                char cb[8];
+                return jerr(p, p->pos - 1, "expected ',' or '%c', found %s", close, char_str(d, cb));
+            }
+        }
+        if (obj) ND_TRY(check_duplicates(p, me));
+        *out = me;
+        return ND_OK;
+    }
+    if (c == '"') {
+        ND_TRY(new_node(p, J_STR, &me));
+        size_t off, len;
+        ND_TRY(parse_string(p, &off, &len));
+        p->nodes[me].str_off = off;
+        p->nodes[me].str_len = len;
+        *out = me;
+        return ND_OK;
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        ND_TRY(new_node(p, J_INT, &me));
+        int64_t v;
+        ND_TRY(parse_int(p, &v));
+        p->nodes[me].ival = v;
+        *out = me;
+        return ND_OK;
+    }
+    char cb[8];
+    return jerr(p, p->pos, "unexpected %s (expected an object, array, string or integer)", char_str(c, cb));
+}
+
+/* ---------------------------------------------------------- the header */
+
+static const struct { const char *name; nd_dtype dt; } st_dtypes[] = {
+    {"F64", ND_FLOAT64}, {"F32", ND_FLOAT32}, {"F16", ND_FLOAT16}, {"BF16", ND_BFLOAT16},
+    {"I64", ND_INT64},   {"I32", ND_INT32},   {"U8", ND_UINT8},    {"BOOL", ND_BOOL},
+};
+#define ST_DTYPES_LIST "F64, F32, F16, BF16, I64, I32, U8, BOOL"
+/* in the format, not in needle */
+static const char *const st_other_dtypes[] = {"I8", "I16", "U16", "U32", "U64", "F8_E4M3", "F8_E5M2",
+                                              "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2", "C64", NULL};
+
+const char *nd_st_dtype_name(nd_dtype dt) {
+    for (size_t i = 0; i < sizeof st_dtypes / sizeof *st_dtypes; i++)
+        if (st_dtypes[i].dt == dt) return st_dtypes[i].name;
+    return NULL;
+}
+
+void nd_st_header_free(nd_st_header *h) {
+    if (!h) return;
+    free(h->tensors);
+    free(h->meta_keys);
+    free(h->meta_values);
+    free(h->meta_key_lens);
+    free(h->meta_value_lens);
+    free(h->_arena);
+    free(h);
+}
+
+static bool key_is(const jparser *p, const jnode *j, const char *k) {
+    size_t n = strlen(k);
+    return j->key_len == n && memcmp(p->arena + j->key_off, k, n) == 0;
+}
+
+typedef struct { uint64_t begin, end; size_t idx; } span;
+static int span_cmp(const void *a, const void *b) {
+    const span *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* fills *info from the member node t (an entry of the root object) */
+static nd_status parse_entry(jparser *p, size_t t, uint64_t data_len, nd_st_info *info) {
+    const jnode *e = &p->nodes[t];
+    char nb[SHOW_BUF], sb[ND_SHAPE_BUF], db[SHOW_BUF];
+    const char *name = show(p->arena + e->key_off, e->key_len, nb);
+    const char *op = p->op, *what = p->what;
+    info->name = p->arena + e->key_off;
+    info->name_len = e->key_len;
+    if (e->type != J_OBJ) return ferr(ND_ERR_IO, op, what, "tensor '%s': entry is not a JSON object", name);
+    size_t jd = 0, js = 0, jo = 0;
+    for (size_t c = e->first; c; c = p->nodes[c].next) {
+        if (key_is(p, &p->nodes[c], "dtype")) jd = c;
+        else if (key_is(p, &p->nodes[c], "shape")) js = c;
+        else if (key_is(p, &p->nodes[c], "data_offsets")) jo = c;
+        /* other fields are ignored, as by the reference implementation */
+    }
+    if (!jd) return ferr(ND_ERR_IO, op, what, "tensor '%s': missing \"dtype\"", name);
+    if (!js) return ferr(ND_ERR_IO, op, what, "tensor '%s': missing \"shape\"", name);
+    if (!jo) return ferr(ND_ERR_IO, op, what, "tensor '%s': missing \"data_offsets\"", name);
+    /* dtype */
+    const jnode *d = &p->nodes[jd];
+    if (d->type != J_STR) return ferr(ND_ERR_IO, op, what, "tensor '%s': \"dtype\" is not a string", name);
+    const char *ds = p->arena + d->str_off;
+    bool found = false;
+    for (size_t i = 0; i < sizeof st_dtypes / sizeof *st_dtypes; i++)
+        if (strlen(st_dtypes[i].name) == d->str_len && memcmp(st_dtypes[i].name, ds, d->str_len) == 0) {
+            info->dtype = st_dtypes[i].dt;
+            found = true;
+        }
+    if (!found) {
+        for (size_t i = 0; st_other_dtypes[i]; i++)
+            if (strlen(st_other_dtypes[i]) == d->str_len && memcmp(st_other_dtypes[i], ds, d->str_len) == 0)
+                return ferr(ND_ERR_DTYPE, op, what, "tensor '%s': dtype %s is not supported by needle "
+                            "(supported: " ST_DTYPES_LIST ")", name, st_other_dtypes[i]);
+        return ferr(ND_ERR_IO, op, what, "tensor '%s': unknown dtype '%s' (supported: " ST_DTYPES_LIST ")",
+                    name, show(ds, d->str_len, db));
+    }
+    /* shape */
+    const jnode *s = &p->nodes[js];
+    if (s->type != J_ARR) return ferr(ND_ERR_IO, op, what, "tensor '%s': \"shape\" is not an array", name);
+    if (s->count > ND_MAX_DIMS)
+        return ferr(ND_ERR_IO, op, what, "tensor '%s': shape has %zu dims (needle supports at most %d)",
+                    name, s->count, ND_MAX_DIMS);
+    info->ndim = (int)s->count;
+    int k = 0;
+    for (size_t c = s->first; c; c = p->nodes[c].next, k++) {
+        if (p->nodes[c].type != J_INT)
+            return ferr(ND_ERR_IO, op, what, "tensor '%s': shape entry %d is not an integer", name, k + 1);
+        if (p->nodes[c].ival < 0)
+            return ferr(ND_ERR_IO, op, what, "tensor '%s': shape entry %d is negative (%lld)", name, k + 1,
+                        (long long)p->nodes[c].ival);
+        info->shape[k] = p->nodes[c].ival;
+    }
+    /* element count and bytes without overflow; needle's own size limit */
+    uint64_t numel = 1, span = 1;
+    size_t es = nd_dtype_size(info->dtype);
+    for (int i = 0; i < info->ndim; i++) {
+        uint64_t m = (uint64_t)info->shape[i];
+        uint64_t mm = m ? m : 1;
+        if (span > (uint64_t)ND_MAX_NUMEL / mm)
+            return ferr(ND_ERR_IO, op, what, "tensor '%s': shape %s is too large", name,
+                        nd_shape_str(info->shape, info->ndim, sb));
+        span *= mm;
+        numel *= m;
+    }
+    uint64_t nbytes = numel * es; /* numel <= 2^48, es <= 8: no overflow */
+    /* data_offsets */
+    const jnode *o = &p->nodes[jo];
+    if (o->type != J_ARR || o->count != 2 || p->nodes[o->first].type != J_INT ||
+        p->nodes[p->nodes[o->first].next].type != J_INT)
+        return ferr(ND_ERR_IO, op, what, "tensor '%s': \"data_offsets\" is not an array of two integers",
+                    name);
+    int64_t b = p->nodes[o->first].ival, en = p->nodes[p->nodes[o->first].next].ival;
+    if (b < 0 || en < 0)
+        return ferr(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%lld, %lld] are negative", name,
+                    (long long)b, (long long)en);
+    if (b > en)
+        return ferr(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%lld, %lld] end before they begin",
+                    name, (long long)b, (long long)en);
+    if ((uint64_t)en > data_len)
+        return ferr(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%lld, %lld] lie outside the byte "
+                    "buffer (%llu bytes)", name, (long long)b, (long long)en, (unsigned long long)data_len);
+    if ((uint64_t)(en - b) != nbytes)
+        return ferr(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%lld, %lld] do not match shape %s %s "
+                    "(%llu bytes)", name, (long long)b, (long long)en,
+                    nd_shape_str(info->shape, info->ndim, sb), nd_dtype_name(info->dtype),
+                    (unsigned long long)nbytes);
+    info->begin = (uint64_t)b;
+    info->end = (uint64_t)en;
+    return ND_OK;
+}
+
+static nd_status validate(jparser *p, uint64_t data_len, nd_st_header *h) {
+    const char *op = p->op, *what = p->what;
+    const jnode *root = &p->nodes[0];
+    if (root->type != J_OBJ) return ferr(ND_ERR_IO, op, what, "the header is not a JSON object");
+    size_t nt = root->count, nm = 0;
+    size_t jmeta = 0;
+    for (size_t c = root->first; c; c = p->nodes[c].next)
+        if (key_is(p, &p->nodes[c], "__metadata__")) { jmeta = c; nt--; }
+    if (jmeta) {
+        const jnode *m = &p->nodes[jmeta];
+        if (m->type != J_OBJ) return ferr(ND_ERR_IO, op, what, "__metadata__ is not a JSON object");
+        nm = m->count;
+    }
+    h->tensors = calloc(nt ? nt : 1, sizeof *h->tensors);
+    h->meta_keys = calloc(nm ? nm : 1, sizeof *h->meta_keys);
+    h->meta_values = calloc(nm ? nm : 1, sizeof *h->meta_values);
+    h->meta_key_lens = calloc(nm ? nm : 1, sizeof *h->meta_key_lens);
+    h->meta_value_lens = calloc(nm ? nm : 1, sizeof *h->meta_value_lens);
+    if (!h->tensors || !h->meta_keys || !h->meta_values || !h->meta_key_lens || !h->meta_value_lens)
+        return ferr(ND_ERR_MEMORY, op, what, "out of memory reading the header");
+    if (jmeta) {
+        size_t i = 0;
+        for (size_t c = p->nodes[jmeta].first; c; c = p->nodes[c].next, i++) {
+            const jnode *v = &p->nodes[c];
+            if (v->type != J_STR) {
+                char kb[SHOW_BUF];
+                return ferr(ND_ERR_IO, op, what, "__metadata__ value of '%s' is not a string",
+                            show(p->arena + v->key_off, v->key_len, kb));
+            }
+            h->meta_keys[i] = p->arena + v->key_off;
+            h->meta_key_lens[i] = v->key_len;
+            h->meta_values[i] = p->arena + v->str_off;
+            h->meta_value_lens[i] = v->str_len;
+        }
+        h->nmeta = nm;
+    }
+    size_t i = 0;
+    for (size_t c = root->first; c; c = p->nodes[c].next) {
+        if (c == jmeta) continue;
+        ND_TRY(parse_entry(p, c, data_len, &h->tensors[i]));
+        i++;
+    }
+    h->ntensors = nt;
+    /* the tensors tile the buffer: sorted by offset, each starts where the
+     * previous one ended, and the last one ends at the end of the buffer */
+    span *sp = malloc((nt ? nt : 1) * sizeof *sp);
+    if (!sp) return ferr(ND_ERR_MEMORY, op, what, "out of memory reading the header");
+    for (i = 0; i < nt; i++) sp[i] = (span){h->tensors[i].begin, h->tensors[i].end, i};
+    qsort(sp, nt, sizeof *sp, span_cmp);
+    uint64_t at = 0;
+    size_t prev = (size_t)-1;
+    nd_status st = ND_OK;
+    for (i = 0; i < nt && st == ND_OK; i++) {
+        const nd_st_info *t = &h->tensors[sp[i].idx];
+        char nb[SHOW_BUF], pb[SHOW_BUF];
+        if (t->begin < at) {
+            const nd_st_info *q = &h->tensors[prev];
+            st = ferr(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%llu, %llu] overlap those of "
+                      "tensor '%s' [%llu, %llu]", show(t->name, t->name_len, nb),
+                      (unsigned long long)t->begin, (unsigned long long)t->end,
+                      show(q->name, q->name_len, pb), (unsigned long long)q->begin,
+                      (unsigned long long)q->end);
+        } else if (t->begin > at) {
+            st = ferr(ND_ERR_IO, op, what, "bytes [%llu, %llu) of the byte buffer belong to no tensor "
+                      "(the next tensor, '%s', starts at %llu)", (unsigned long long)at,
+                      (unsigned long long)t->begin, show(t->name, t->name_len, nb),
+                      (unsigned long long)t->begin);
+        }
+        if (t->end > at || prev == (size_t)-1) prev = sp[i].idx;
+        if (t->end > at) at = t->end;
+    }
+    free(sp);
+    if (st != ND_OK) return st;
+    if (at != data_len)
+        return ferr(ND_ERR_IO, op, what, "the byte buffer has %llu bytes but the tensors cover only the "
+                    "first %llu (trailing bytes belong to no tensor)", (unsigned long long)data_len,
+                    (unsigned long long)at);
+    return ND_OK;
+}
+
+nd_status nd_st_parse_header(const char *op, const char *what, const char *json, uint64_t json_len,
+                             uint64_t data_len, nd_st_header **out) {
+    *out = NULL;
+    if (json_len > ND_ST_MAX_HEADER)
+        return ferr(ND_ERR_IO, op, what, "header length %llu exceeds the limit of %llu bytes",
+                    (unsigned long long)json_len, ND_ST_MAX_HEADER);
+    if (json_len == 0) return ferr(ND_ERR_IO, op, what, "the header is empty");
+    size_t bad = utf8_check((const unsigned char *)json, (size_t)json_len);
+    if (bad != json_len) return ferr(ND_ERR_IO, op, what, "the header is not valid UTF-8 (byte %zu)", bad);
+    nd_st_header *h = calloc(1, sizeof *h);
+    jparser p = {.op = op, .what = what, .s = (const unsigned char *)json, .n = (size_t)json_len};
+    p.arena = malloc((size_t)json_len + 1);
+    if (!h || !p.arena) {
+        free(h);
+        free(p.arena);
+        return ferr(ND_ERR_MEMORY, op, what, "out of memory reading a header of %llu bytes",
+                    (unsigned long long)json_len);
+    }
+    h->_arena = p.arena;
+    h->header_len = json_len;
+    h->data_len = data_len;
+    size_t root;
+    nd_status st = parse_value(&p, 0, &root);
+    if (st == ND_OK) {
+        skip_ws(&p);
+        if (p.pos != p.n) st = jerr(&p, p.pos, "trailing characters after the header object");
+    }
+    if (st == ND_OK) st = validate(&p, data_len, h);
+    free(p.nodes);
+    if (st != ND_OK) {
+        nd_st_header_free(h);
+        return st;
+    }
+    *out = h;
+    return ND_OK;
+}
+
+/* ------------------------------------------------------------- reading */
+
+/* a file (fd) or a memory buffer */
+typedef struct {
+    int fd;
+    const unsigned char *mem;
+    uint64_t size;
+    const char *op, *what;
+} source;
+
+static nd_status src_read(const source *s, uint64_t off, void *dst, uint64_t n) {
+    if (off > s->size || n > s->size - off)
+        return ferr(ND_ERR_IO, s->op, s->what, "unexpected end of file (reading %llu bytes at %llu)",
+                    (unsigned long long)n, (unsigned long long)off);
+    if (s->mem) {
+        if (n) memcpy(dst, s->mem + off, (size_t)n);
+        return ND_OK;
+    }
+    char *d = dst;
+    while (n > 0) {
+        size_t chunk = n > ((uint64_t)1 << 30) ? ((size_t)1 << 30) : (size_t)n;
+        ssize_t r = pread(s->fd, d, chunk, (off_t)off);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return ferr(ND_ERR_IO, s->op, s->what, "read error: %s", strerror(errno));
+        }
+        if (r == 0) return ferr(ND_ERR_IO, s->op, s->what, "unexpected end of file (it was truncated "
+                                "while being read?)");
+        d += r;
+        off += (uint64_t)r;
+        n -= (uint64_t)r;
+    }
+    return ND_OK;
+}
+
+static nd_status read_header(const source *s, nd_st_header **out) {
+    *out = NULL;
+    if (s->size < 8)
+        return ferr(ND_ERR_IO, s->op, s->what, "file too short (%llu bytes) to be a safetensors file",
+                    (unsigned long long)s->size);
+    unsigned char le[8];
+    ND_TRY(src_read(s, 0, le, 8));
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = (n << 8) | le[i];
+    const char *hint = "";
+    if (le[0] == 'P' && le[1] == 'K') hint = " (this looks like a zip archive, e.g. a PyTorch .pt file)";
+    else if (le[0] == 0x1f && le[1] == 0x8b) hint = " (this looks like a gzip file)";
+    if (n > ND_ST_MAX_HEADER)
+        return ferr(ND_ERR_IO, s->op, s->what, "header length %llu exceeds the limit of %llu bytes%s",
+                    (unsigned long long)n, ND_ST_MAX_HEADER, hint);
+    if (n > s->size - 8)
+        return ferr(ND_ERR_IO, s->op, s->what, "header length %llu exceeds the file size (%llu bytes)%s",
+                    (unsigned long long)n, (unsigned long long)s->size, hint);
+    char *json = malloc((size_t)n + 1);
+    if (!json) return ferr(ND_ERR_MEMORY, s->op, s->what, "out of memory reading the header");
+    nd_status st = src_read(s, 8, json, n);
+    if (st == ND_OK) st = nd_st_parse_header(s->op, s->what, json, n, s->size - 8 - n, out);
+    free(json);
+    return st;
+}
+
+void nd_st_free_tensors(nd_tensor **ts, size_t n) {
+    if (!ts) return;
+    for (size_t i = 0; i < n; i++)
+        if (ts[i]) nd_release(ts[i]);
+    free(ts);
+}
+
+static nd_status read_tensors(const source *s, const nd_st_header *h, nd_tensor ***out) {
+    *out = NULL;
+    nd_tensor **ts = calloc(h->ntensors ? h->ntensors : 1, sizeof *ts);
+    if (!ts) return ferr(ND_ERR_MEMORY, s->op, s->what, "out of memory");
+    uint64_t base = 8 + h->header_len;
+    for (size_t i = 0; i < h->ntensors; i++) {
+        const nd_st_info *t = &h->tensors[i];
+        char nb[SHOW_BUF];
+        nd_status st = nd_empty(t->shape, t->ndim, t->dtype, &ts[i]);
+        if (st != ND_OK) {
+            st = ferr(st, s->op, s->what, "tensor '%s': %s", show(t->name, t->name_len, nb), nd_last_error());
+            nd_st_free_tensors(ts, h->ntensors);
+            return st;
+        }
+        uint64_t nbytes = t->end - t->begin;
+        st = src_read(s, base + t->begin, nd_ptr(ts[i]), nbytes);
+        if (st == ND_OK && t->dtype == ND_BOOL) {
+            const unsigned char *b = (const unsigned char *)nd_ptr(ts[i]);
+            for (uint64_t k = 0; k < nbytes; k++)
+                if (b[k] > 1) {
+                    st = ferr(ND_ERR_IO, s->op, s->what, "tensor '%s': bool element %llu has byte value %u "
+                              "(expected 0 or 1)", show(t->name, t->name_len, nb),
+                              (unsigned long long)k + 1, b[k]);
+                    break;
+                }
+        }
+        if (st != ND_OK) {
+            nd_st_free_tensors(ts, h->ntensors);
+            return st;
+        }
+    }
+    *out = ts;
+    return ND_OK;
+}
+
+static nd_status open_source(const char *op, const char *path, source *s) {
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+    s->op = op;
+    s->what = path;
+    if (!path || !*path) return nd_fail(ND_ERR_ARG, "%s: empty file name", op);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return nd_fail(ND_ERR_IO, "%s: cannot open '%s': %s", op, path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int err = errno;
+        close(fd);
+        return nd_fail(ND_ERR_IO, "%s: cannot open '%s': %s", op, path, strerror(err));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return nd_fail(ND_ERR_IO, "%s: cannot open '%s': %s", op, path,
+                       S_ISDIR(sb.st_mode) ? strerror(EISDIR) : "not a regular file");
+    }
+    s->fd = fd;
+    s->size = (uint64_t)sb.st_size;
+    return ND_OK;
+}
+
+nd_status nd_st_read_header_file(const char *op, const char *path, nd_st_header **header) {
+    *header = NULL;
+    source s;
+    ND_TRY(open_source(op, path, &s));
+    nd_status st = read_header(&s, header);
+    close(s.fd);
+    return st;
+}
+
+nd_status nd_st_load_file(const char *op, const char *path, nd_st_header **header, nd_tensor ***tensors) {
+    *header = NULL;
+    *tensors = NULL;
+    source s;
+    ND_TRY(open_source(op, path, &s));
+    nd_st_header *h;
+    nd_status st = read_header(&s, &h);
+    if (st == ND_OK) {
+        st = read_tensors(&s, h, tensors);
+        if (st != ND_OK) nd_st_header_free(h);
+        else *header = h;
+    }
+    close(s.fd);
+    return st;
+}
+
+nd_status nd_st_load_memory(const char *op, const char *what, const void *buf, size_t len,
+                            nd_st_header **header, nd_tensor ***tensors) {
+    *header = NULL;
+    *tensors = NULL;
+    source s = {.fd = -1, .mem = buf, .size = len, .op = op, .what = what};
+    nd_st_header *h;
+    ND_TRY(read_header(&s, &h));
+    nd_status st = read_tensors(&s, h, tensors);
+    if (st != ND_OK) nd_st_header_free(h);
+    else *header = h;
+    return st;
+}
+
+/* ------------------------------------------------------------- writing */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+    bool oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const void *s, size_t n) {
+    if (b->oom) return;
+    if (b->cap - b->n < n + 1) {
+        size_t ncap = b->cap ? b->cap : 256;
+        while (ncap - b->n < n + 1) {
+            if (ncap > SIZE_MAX / 2) { b->oom = true; return; }
+            ncap *= 2;
+        }
+        char *np = realloc(b->p, ncap);
+        if (!np) { b->oom = true; return; }
+        b->p = np;
+        b->cap = ncap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+static void sb_fmt(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_fmt(sbuf *b, const char *fmt, ...) {
+    char tmp[64];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n > 0) sb_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+/* a JSON string: ", \ and control characters escaped (as serde_json) */
+static void sb_json_str(sbuf *b, const char *s, size_t n) {
+    sb_put(b, "\"", 1);
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *esc = NULL;
+        char ub[8];
+        switch (c) {
+        case '"': esc = "\\\""; break;
+        case '\\': esc = "\\\\"; break;
+        case '\n': esc = "\\n"; break;
+        case '\r': esc = "\\r"; break;
+        case '\t': esc = "\\t"; break;
+        case '\b': esc = "\\b"; break;
+        case '\f': esc = "\\f"; break;
+        default:
+            if (c < 0x20) { snprintf(ub, sizeof ub, "\\u%04x", c); esc = ub; }
+        }
+        if (!esc) continue;
+        sb_put(b, s + run, i - run);
+        sb_str(b, esc);
+        run = i + 1;
+    }
+    sb_put(b, s + run, n - run);
+    sb_put(b, "\"", 1);
+}
+
+typedef struct { const char *k; size_t len; size_t es; size_t idx; } wkey;
+
+static int wkey_name_cmp(const void *a, const void *b) {
+    const wkey *x = a, *y = b;
+    size_t m = x->len < y->len ? x->len : y->len;
+    int c = memcmp(x->k, y->k, m);
+    if (c) return c;
+    return x->len < y->len ? -1 : x->len > y->len;
+}
+static int wkey_layout_cmp(const void *a, const void *b) {
+    const wkey *x = a, *y = b;
+    if (x->es != y->es) return x->es > y->es ? -1 : 1;
+    return wkey_name_cmp(a, b);
+}
+
+/* The sink the writer streams into: an atomic file or a memory buffer. */
+typedef struct {
+    nd_atomic_file *file;
+    sbuf *mem;
+} sink;
+
+static nd_status sink_write(sink *k, const char *op, const void *p, size_t n) {
+    if (k->file) {
+        nd_status st = nd_atomic_write(k->file, p, n);
+        if (st != ND_OK) k->file = NULL; /* the atomic file aborted itself */
+        return st;
+    }
+    sb_put(k->mem, p, n);
+    return k->mem->oom ? nd_fail(ND_ERR_MEMORY, "%s: out of memory", op) : ND_OK;
+}
+
+/* Validates the entries and builds the header; *layout gets the entries in
+ * data order with their offsets. */
+static nd_status build_header(const char *op, const char *what, const nd_st_entry *entries, size_t n,
+                              const nd_st_meta *meta, size_t nmeta, sbuf *hdr, wkey **layout) {
+    *layout = NULL;
+    char nb[SHOW_BUF];
+    for (size_t i = 0; i < n; i++) {
+        const nd_st_entry *e = &entries[i];
+        if (!e->name) return ferr(ND_ERR_ARG, op, what, "tensor %zu has no name", i + 1);
+        const char *nm = show(e->name, e->name_len, nb);
+        if (!e->tensor) return ferr(ND_ERR_ARG, op, what, "tensor '%s' is NULL", nm);
+        if (e->tensor->storage->device != ND_DEVICE_CPU)
+            return ferr(ND_ERR_DEVICE, op, what, "tensor '%s' is not on the CPU", nm);
+        if (utf8_check((const unsigned char *)e->name, e->name_len) != e->name_len)
+            return ferr(ND_ERR_ARG, op, what, "tensor name '%s' is not valid UTF-8", nm);
+        if (e->name_len == 12 && memcmp(e->name, "__metadata__", 12) == 0)
+            return ferr(ND_ERR_ARG, op, what, "'__metadata__' cannot be a tensor name");
+        if (!nd_st_dtype_name(e->tensor->dtype))
+            return ferr(ND_ERR_DTYPE, op, what, "tensor '%s': dtype %s has no safetensors name", nm,
+                        nd_dtype_name(e->tensor->dtype));
+    }
+    for (size_t i = 0; i < nmeta; i++) {
+        const nd_st_meta *m = &meta[i];
+        if (!m->key || !m->value) return ferr(ND_ERR_ARG, op, what, "metadata entry %zu is NULL", i + 1);
+        if (utf8_check((const unsigned char *)m->key, m->key_len) != m->key_len)
+            return ferr(ND_ERR_ARG, op, what, "metadata key '%s' is not valid UTF-8",
+                        show(m->key, m->key_len, nb));
+        if (utf8_check((const unsigned char *)m->value, m->value_len) != m->value_len)
+            return ferr(ND_ERR_ARG, op, what, "metadata value of '%s' is not valid UTF-8",
+                        show(m->key, m->key_len, nb));
+    }
+    wkey *byname = malloc((n ? n : 1) * sizeof *byname);
+    wkey *lay = malloc((n ? n : 1) * sizeof *lay);
+    wkey *mk = malloc((nmeta ? nmeta : 1) * sizeof *mk);
+    if (!byname || !lay || !mk) {
+        free(byname); free(lay); free(mk);
+        return ferr(ND_ERR_MEMORY, op, what, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++)
+        byname[i] = (wkey){entries[i].name, entries[i].name_len, nd_dtype_size(entries[i].tensor->dtype), i};
+    for (size_t i = 0; i < nmeta; i++) mk[i] = (wkey){meta[i].key, meta[i].key_len, 0, i};
+    qsort(byname, n, sizeof *byname, wkey_name_cmp);
+    qsort(mk, nmeta, sizeof *mk, wkey_name_cmp);
+    nd_status st = ND_OK;
+    for (size_t i = 1; i < n && st == ND_OK; i++)
+        if (wkey_name_cmp(&byname[i - 1], &byname[i]) == 0)
+            st = ferr(ND_ERR_ARG, op, what, "duplicate tensor name '%s'", show(byname[i].k, byname[i].len, nb));
+    for (size_t i = 1; i < nmeta && st == ND_OK; i++)
+        if (wkey_name_cmp(&mk[i - 1], &mk[i]) == 0)
+            st = ferr(ND_ERR_ARG, op, what, "duplicate metadata key '%s'", show(mk[i].k, mk[i].len, nb));
+    if (st != ND_OK) {
+        free(byname); free(lay); free(mk);
+        return st;
+    }
+    /* data layout: largest elements first keeps every tensor aligned */
+    memcpy(lay, byname, n * sizeof *lay);
+    qsort(lay, n, sizeof *lay, wkey_layout_cmp);
+    uint64_t *at = malloc((n ? n : 1) * sizeof *at); /* offset by entry index */
+    if (!at) {
+        free(byname); free(lay); free(mk);
+        return ferr(ND_ERR_MEMORY, op, what, "out of memory");
+    }
+    uint64_t pos = 0;
+    for (size_t i = 0; i < n; i++) {
+        const nd_tensor *t = entries[lay[i].idx].tensor;
+        at[lay[i].idx] = pos;
+        pos += (uint64_t)nd_numel(t) * nd_dtype_size(t->dtype);
+    }
+    /* the JSON */
+    sb_str(hdr, "{");
+    bool first = true;
+    if (nmeta > 0) {
+        sb_str(hdr, "\"__metadata__\":{");
+        for (size_t i = 0; i < nmeta; i++) {
+            const nd_st_meta *m = &meta[mk[i].idx];
+            if (i) sb_str(hdr, ",");
+            sb_json_str(hdr, m->key, m->key_len);
+            sb_str(hdr, ":");
+            sb_json_str(hdr, m->value, m->value_len);
+        }
+        sb_str(hdr, "}");
+        first = false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const nd_st_entry *e = &entries[byname[i].idx];
+        const nd_tensor *t = e->tensor;
+        if (!first) sb_str(hdr, ",");
+        first = false;
+        sb_json_str(hdr, e->name, e->name_len);
+        sb_fmt(hdr, ":{\"dtype\":\"%s\",\"shape\":[", nd_st_dtype_name(t->dtype));
+        for (int d = 0; d < t->ndim; d++) sb_fmt(hdr, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+        uint64_t b = at[byname[i].idx];
+        sb_fmt(hdr, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)b,
+               (unsigned long long)(b + (uint64_t)nd_numel(t) * nd_dtype_size(t->dtype)));
+    }
+    sb_str(hdr, "}");
+    while (hdr->n % 8 != 0) sb_str(hdr, " "); /* 8-byte aligned buffer, as the reference */
+    free(at);
+    free(byname);
+    free(mk);
+    if (hdr->oom) {
+        free(lay);
+        return ferr(ND_ERR_MEMORY, op, what, "out of memory building the header");
+    }
+    if (hdr->n > ND_ST_MAX_HEADER) {
+        free(lay);
+        return ferr(ND_ERR_ARG, op, what, "the header would be %zu bytes, over the limit of %llu",
+                    hdr->n, ND_ST_MAX_HEADER);
+    }
+    *layout = lay;
+    return ND_OK;
+}
+
+static nd_status write_all(const char *op, const char *what, sink *k, const nd_st_entry *entries,
+                           size_t n, const sbuf *hdr, const wkey *lay) {
+    unsigned char le[8];
+    uint64_t hl = hdr->n;
+    for (int i = 0; i < 8; i++) le[i] = (unsigned char)(hl >> (8 * i));
+    ND_TRY(sink_write(k, op, le, 8));
+    ND_TRY(sink_write(k, op, hdr->p, hdr->n));
+    for (size_t i = 0; i < n; i++) {
+        const nd_tensor *t = entries[lay[i].idx].tensor;
+        size_t nbytes = (size_t)nd_numel(t) * nd_dtype_size(t->dtype);
+        if (nbytes == 0) continue;
+        if (nd_is_contiguous(t)) {
+            ND_TRY(sink_write(k, op, nd_ptr(t), nbytes));
+            continue;
+        }
+        nd_tensor *c;
+        nd_status st = nd_contiguous(t, &c);
+        if (st != ND_OK) {
+            char nb[SHOW_BUF];
+            return ferr(st, op, what, "tensor '%s': %s", show(entries[lay[i].idx].name,
+                        entries[lay[i].idx].name_len, nb), nd_last_error());
+        }
+        st = sink_write(k, op, nd_ptr(c), nbytes);
+        nd_release(c);
+        ND_TRY(st);
+    }
+    return ND_OK;
+}
+
+nd_status nd_st_save_file(const char *op, const char *path, const nd_st_entry *entries, size_t n,
+                          const nd_st_meta *meta, size_t nmeta) {
+    sbuf hdr = {0};
+    wkey *lay;
+    nd_status st = build_header(op, path, entries, n, meta, nmeta, &hdr, &lay);
+    if (st != ND_OK) { free(hdr.p); return st; }
+    sink k = {0};
+    st = nd_atomic_open(op, path, &k.file);
+    if (st == ND_OK) {
+        st = write_all(op, path, &k, entries, n, &hdr, lay);
+        if (st == ND_OK) st = nd_atomic_commit(k.file);
+        else nd_atomic_abort(k.file); /* NULL when the write aborted it */
+    }
+    free(hdr.p);
+    free(lay);
+    return st;
+}
+
+nd_status nd_st_save_memory(const char *op, const nd_st_entry *entries, size_t n,
+                            const nd_st_meta *meta, size_t nmeta, char **out, size_t *len) {
+    *out = NULL;
+    *len = 0;
+    sbuf hdr = {0}, mem = {0};
+    wkey *lay;
+    nd_status st = build_header(op, "<memory>", entries, n, meta, nmeta, &hdr, &lay);
+    if (st != ND_OK) { free(hdr.p); return st; }
+    sink k = {.mem = &mem};
+    st = write_all(op, "<memory>", &k, entries, n, &hdr, lay);
+    free(hdr.p);
+    free(lay);
+    if (st != ND_OK) { free(mem.p); return st; }
+    if (!mem.p) { /* nothing written cannot happen (8 + header) but keep *out valid */
+        mem.p = malloc(1);
+        if (!mem.p) return nd_fail(ND_ERR_MEMORY, "%s: out of memory", op);
+    }
+    *out = mem.p;
+    *len = mem.n;
+    return ND_OK;
+}
