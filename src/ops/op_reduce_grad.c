@@ -29,9 +29,25 @@ static nd_status bw_reduce(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     switch (op) {
     case ND_REDUCE_sum: r = ge; break;
     case ND_REDUCE_mean: r = gx_sc(&c, ND_BINARY_div, ge, count, 0); break;
-    case ND_REDUCE_prod: { /* g * prod / x: exact away from zeros */
-        nd_tensor *x = gx_saved(&c, n, 0), *y = expand_back(&c, n, gx_saved(&c, n, 1));
-        r = gx_bin(&c, ND_BINARY_div, gx_bin(&c, ND_BINARY_mul, ge, y), x);
+    case ND_REDUCE_prod: { /* product of the other elements, exact with zeros:
+                              * no zero: prod / x; one zero: the product of
+                              * the rest at the zero, 0 elsewhere; more: 0 */
+        nd_tensor *x = gx_saved(&c, n, 0);
+        nd_tensor *is0 = gx_sc(&c, ND_BINARY_eq, x, 0, 0);
+        nd_tensor *one = NULL, *zero = NULL, *nz = NULL, *p = NULL;
+        if (c.st == ND_OK) one = gx_own(&c, nd_full(NULL, 0, x->dtype, 1, &one), &one);
+        zero = gx_zeros(&c, NULL, 0, x->dtype);
+        nd_tensor *x_safe = gx_where(&c, is0, one, x); /* zeros replaced by 1 */
+        nd_tensor *z = gx_to(&c, is0, x->dtype);
+        if (c.st == ND_OK) nz = gx_own(&c, nd_reduce(ND_REDUCE_sum, z, n->dims, n->ndims, 1, 0, &nz), &nz);
+        if (c.st == ND_OK) p = gx_own(&c, nd_reduce(ND_REDUCE_prod, x_safe, n->dims, n->ndims, 1, 0, &p), &p);
+        nd_tensor *pe = gx_expand(&c, p, n->in_shape[0], n->in_ndim[0]);
+        nd_tensor *nze = gx_expand(&c, nz, n->in_shape[0], n->in_ndim[0]);
+        nd_tensor *no_zero = gx_bin(&c, ND_BINARY_div, pe, x_safe);
+        nd_tensor *one_zero = gx_where(&c, is0, pe, zero);
+        nd_tensor *d = gx_where(&c, gx_sc(&c, ND_BINARY_eq, nze, 0, 0), no_zero,
+                                gx_where(&c, gx_sc(&c, ND_BINARY_eq, nze, 1, 0), one_zero, zero));
+        r = gx_bin(&c, ND_BINARY_mul, ge, d);
         break;
     }
     case ND_REDUCE_max: case ND_REDUCE_min: { /* split evenly among the extrema */
@@ -89,7 +105,7 @@ nd_status nd_record_reduce(nd_reduce_op op, const nd_tensor *x, const int *dims,
     n->iparams[3] = keepdim;
     switch (op) {
     case ND_REDUCE_sum: case ND_REDUCE_mean: return ND_OK;
-    case ND_REDUCE_var: return nd_save(n, x, false);
+    case ND_REDUCE_var: case ND_REDUCE_prod: return nd_save(n, x, false);
     default:
         ND_TRY(nd_save(n, x, false));
         return nd_save(n, out, true);
