@@ -5,6 +5,9 @@
 --     needle's word-level language model: Embedding -> LSTM -> Linear.
 --     forward(ids (T, B), state) -> logits (T*B, vocab), state
 --   MLP(sizes, {activation=nn.ReLU, dropout=}) -> a Sequential of Linear layers
+--   ResNet9({num_classes=10, dtype=}): needle's (CMU 10-714 hw4) small residual
+--     network for 3x32x32 images; forward(x (N, 3, 32, 32)) -> logits (N, num_classes)
+--   ConvBN(a, b, k, s, {dtype=}): Conv2d(a, b, k, {stride=s, padding=(k-1)//2}) -> BatchNorm2d(b) -> ReLU
 local nd = require "needle"
 local Module = require "needle.nn.module"
 
@@ -83,5 +86,97 @@ function M.MLP(sizes, opts)
   end
   return nn.Sequential(table.unpack(layers))
 end
+
+-- ConvBN(a, b, k, s, {dtype=}): needle's convolution block, Conv2d (with bias, "same"
+-- padding (k-1)//2 for odd k) -> BatchNorm2d -> ReLU. Children conv, bn, relu.
+local ConvBN = Module:extend("ConvBN")
+
+function ConvBN:init(a, b, k, s, opts)
+  local nn = nd.nn
+  s = s or 1
+  local dtype = opts and opts.dtype or "float32"
+  self.conv = nn.Conv2d(a, b, k, {stride = s, padding = (k - 1) // 2, bias = true, dtype = dtype})
+  self.bn = nn.BatchNorm2d(b, {dtype = dtype})
+  self.relu = nn.ReLU()
+end
+
+function ConvBN:forward(x) return self.relu(self.bn(self.conv(x))) end
+
+M.ConvBN = ConvBN
+
+-- ResNet9({num_classes = 10, dtype = "float32"}): needle's ResNet9 (hw4) for
+-- 32x32 RGB images (dtype "float64" for checks against a double reference).
+-- The stride-4 7x7 stem and three stride-2 blocks take 32x32 down to 1x1, so
+-- the classifier sees 128 features:
+--
+--   ConvBN(3,16,7,4) ConvBN(16,32,3,2) Residual(ConvBN(32,32,3,1) ConvBN(32,32,3,1))
+--   ConvBN(32,64,3,2) ConvBN(64,128,3,2) Residual(ConvBN(128,128,3,1) ConvBN(128,128,3,1))
+--   Flatten Linear(128,128) ReLU Linear(128,num_classes)
+--
+-- 431,946 parameters with num_classes = 10. state_dict keys are
+-- model.<i>.conv.weight, model.2.fn.0.bn.running_mean, model.9.bias, ...
+-- (the same module tree in PyTorch gives the same keys; see
+-- spec/fixtures/gen/gen_torch_resnet9.py).
+local ResNet9 = Module:extend("ResNet9")
+
+local resnet_options = {num_classes = true, dtype = true}
+
+function ResNet9:init(opts)
+  local nn = nd.nn
+  opts = opts or {}
+  if type(opts) ~= "table" then
+    error(("needle.nn.ResNet9: expected an options table {num_classes=, dtype=}, got %s"):format(type(opts)), 3)
+  end
+  for k in pairs(opts) do
+    if not resnet_options[k] then
+      error(("needle.nn.ResNet9: unknown option '%s' (valid: num_classes, dtype)"):format(tostring(k)), 3)
+    end
+  end
+  local classes = opts.num_classes or 10
+  if math.type(classes) ~= "integer" or classes < 1 then
+    error(("needle.nn.ResNet9: num_classes must be a positive integer, got %s"):format(tostring(classes)), 3)
+  end
+  local dtype = opts.dtype or "float32"
+  if dtype ~= "float32" and dtype ~= "float64" then
+    error(("needle.nn.ResNet9: dtype must be 'float32' or 'float64', got %s"):format(tostring(dtype)), 3)
+  end
+  self.num_classes, self.dtype = classes, dtype
+  local o = {dtype = dtype}
+  local function cbn(a, b, k, s) return ConvBN(a, b, k, s, o) end
+  self.model = nn.Sequential(
+    cbn(3, 16, 7, 4),
+    cbn(16, 32, 3, 2),
+    nn.Residual(nn.Sequential(cbn(32, 32, 3, 1), cbn(32, 32, 3, 1))),
+    cbn(32, 64, 3, 2),
+    cbn(64, 128, 3, 2),
+    nn.Residual(nn.Sequential(cbn(128, 128, 3, 1), cbn(128, 128, 3, 1))),
+    nn.Flatten(),
+    nn.Linear(128, 128, o),
+    nn.ReLU(),
+    nn.Linear(128, classes, o))
+end
+
+function ResNet9:extra_repr()
+  return ("num_classes=%d%s"):format(self.num_classes, self.dtype ~= "float32" and ", dtype=" .. self.dtype or "")
+end
+
+-- the spatial size after the stem (k 7, stride 4, pad 3) and three stride-2
+-- blocks: 1 for every size up to 32, which Linear(128, ...) needs
+local function final_size(h)
+  h = (h + 6 - 7) // 4 + 1
+  for _ = 1, 3 do h = (h + 2 - 3) // 2 + 1 end
+  return h
+end
+
+function ResNet9:forward(x)
+  if not nd.is_tensor(x) or x:dim() ~= 4 or x:size(2) ~= 3
+     or final_size(x:size(3)) ~= 1 or final_size(x:size(4)) ~= 1 then
+    local got = nd.is_tensor(x) and ("{" .. table.concat(x.shape, ",") .. "}") or type(x)
+    error(("needle.nn.ResNet9: expected images of shape (N, 3, H, W) with H and W at most 32 (CIFAR: 32x32), got %s"):format(got), 2)
+  end
+  return self.model(x)
+end
+
+M.ResNet9 = ResNet9
 
 return M

@@ -1,0 +1,367 @@
+-- scripts/train_resnet.lua - needle's ResNet9 (nd.nn.ResNet9, the CMU 10-714
+-- hw4 model) trained on CIFAR-10 with data augmentation (random 32x32 crops of
+-- the image padded by 4, horizontal flips), SGD with momentum or Adam, and a
+-- one-cycle or cosine learning-rate schedule.
+--
+--   build/needle-lua scripts/train_resnet.lua --data DIR      # CIFAR-10 binary files
+--   build/needle-lua scripts/train_resnet.lua --synthetic 2000 # generated CIFAR-format data
+--   build/needle-lua scripts/train_resnet.lua --help
+--
+-- DIR holds data_batch_1.bin .. data_batch_5.bin and test_batch.bin (or a
+-- cifar-10-batches-bin directory with them): the binary version of CIFAR-10,
+-- cifar-10-binary.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html.
+-- --synthetic N writes N training images (and N/5 test images) of the same
+-- format with nd.data.cifar10.synthetic (class-dependent colours plus noise,
+-- so a model can learn them) into a temporary directory and trains on them.
+--
+-- Per epoch it prints the training loss and accuracy and the test loss and
+-- accuracy, with a live progress line, and writes to --out: a checkpoint
+-- (atomically, every epoch; --resume continues exactly), a CSV log and plots of
+-- the loss and the accuracy.
+local nd = require "needle"
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local root = here:match("^(.*)/scripts$") or (here == "scripts" and ".") or (here .. "/..")
+
+local defaults = {
+  data = root .. "/data/cifar10", out = "runs/resnet", device = "cpu",
+  epochs = 10, ["batch-size"] = 128, lr = nil, seed = 1,
+  optimizer = "sgd", momentum = 0.9, ["weight-decay"] = 5e-4, schedule = "onecycle",
+  ["eval-batch-size"] = 500,
+}
+-- options without a default value, and whether each is a number
+local optional = {lr = true, checkpoint = false, resume = false, threads = true, synthetic = true,
+                  ["stop-after"] = true}
+local numeric = {epochs = true, ["batch-size"] = true, lr = true, seed = true, momentum = true,
+                 ["weight-decay"] = true, threads = true, synthetic = true, ["stop-after"] = true,
+                 ["eval-batch-size"] = true}
+
+local usage = [[
+usage: needle-lua scripts/train_resnet.lua [options]
+
+Trains needle's ResNet9 on CIFAR-10 (the binary version) and reports the
+training loss and accuracy and the test accuracy after every epoch.
+
+options:
+  --data DIR          CIFAR-10 binary files: data_batch_1.bin .. data_batch_5.bin and
+                      test_batch.bin, in DIR or DIR/cifar-10-batches-bin
+                      (default: data/cifar10)
+  --synthetic N       train on N generated CIFAR-format images instead (N/5 test images;
+                      written to a temporary directory with nd.data.cifar10.synthetic)
+  --out DIR           where the checkpoint, CSV log and plots go (default: runs/resnet)
+  --checkpoint PATH   checkpoint file (default: OUT/checkpoint.safetensors)
+  --resume PATH       continue a run from its checkpoint (same options)
+  --epochs N          epochs; the schedule spans them (default: 10)
+  --stop-after N      stop after epoch N (the schedule still spans --epochs; --resume later)
+  --batch-size N      images per training batch; a last partial batch is dropped (default: 128)
+  --eval-batch-size N images per test batch (default: 500)
+  --optimizer NAME    sgd (Nesterov momentum, weight decay) or adam (default: sgd)
+  --lr X              peak learning rate (default: 0.05 for sgd, 0.002 for adam)
+  --momentum X        SGD momentum (default: 0.9; one-cycle cycles it between 0.85 and 0.95)
+  --weight-decay X    L2 weight decay (default: 0.0005)
+  --schedule NAME     onecycle, cosine or constant, stepped every batch (default: onecycle)
+  --seed N            random seed: initialisation, batch order, augmentation (default: 1)
+  --device NAME       cpu (the OpenCL backend is not in this build)
+  --threads N         CPU threads (default: all)
+  -h, --help          this text
+]]
+
+local function fail(fmt, ...)
+  io.stderr:write("train_resnet: ", fmt:format(...), "\n")
+  os.exit(2)
+end
+
+local function parse_args(argv)
+  local opts, given = {}, {}
+  for k, v in pairs(defaults) do opts[k] = v end
+  local i = 1
+  while i <= #argv do
+    local a = argv[i]
+    if a == "-h" or a == "--help" then io.write(usage); os.exit(0) end
+    local name = a:match("^%-%-([%w%-]+)$")
+    if not name or defaults[name] == nil and optional[name] == nil then
+      io.stderr:write(("train_resnet: unknown option '%s'\n\n"):format(a), usage)
+      os.exit(2)
+    end
+    local v = argv[i + 1]
+    if v == nil then fail("option --%s needs a value", name) end
+    if numeric[name] then
+      local num = tonumber(v)
+      if not num then fail("option --%s expects a number, got '%s'", name, v) end
+      v = num
+    end
+    opts[name], given[name] = v, true
+    i = i + 2
+  end
+  for _, name in ipairs({"epochs", "batch-size", "eval-batch-size", "synthetic", "stop-after", "threads"}) do
+    local v = opts[name]
+    if v ~= nil and (math.type(v) ~= "integer" or v < 1) then
+      fail("option --%s expects a positive integer, got %s", name, tostring(v))
+    end
+  end
+  if opts.lr ~= nil and not (opts.lr > 0) then fail("option --lr expects a positive number, got %s", tostring(opts.lr)) end
+  if not (opts.momentum >= 0 and opts.momentum < 1) then
+    fail("option --momentum expects a number in [0, 1), got %s", tostring(opts.momentum))
+  end
+  if opts.optimizer ~= "sgd" and opts.optimizer ~= "adam" then
+    fail("option --optimizer expects 'sgd' or 'adam', got '%s'", opts.optimizer)
+  end
+  local schedules = {onecycle = true, cosine = true, constant = true}
+  if not schedules[opts.schedule] then
+    fail("option --schedule expects 'onecycle', 'cosine' or 'constant', got '%s'", opts.schedule)
+  end
+  if given.data and given.synthetic then fail("--data and --synthetic exclude each other") end
+  opts.lr = opts.lr or (opts.optimizer == "sgd" and 0.05 or 0.002)
+  return opts
+end
+
+local opts = parse_args(arg)
+if opts.device ~= "cpu" then fail("device '%s' is not available (this build has only 'cpu')", opts.device) end
+if opts.threads then nd.set_num_threads(opts.threads) end
+
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+-- live progress: one rewritten line on a terminal, plain lines otherwise
+local tty = (function()
+  local ok = os.execute("test -t 1")
+  return ok == true or ok == 0
+end)()
+local function progress(line, final)
+  if tty then
+    io.write("\r\27[K", line)
+    if final then io.write("\n") end
+  elseif final then
+    io.write(line, "\n")
+  end
+  io.flush()
+end
+
+-- data ------------------------------------------------------------------------
+
+local cifar = nd.data.cifar10
+local T = nd.data.transforms
+local MEAN, STD = {0.4914, 0.4822, 0.4465}, {0.2470, 0.2435, 0.2616}
+
+local function no_data(dir, err)
+  io.stderr:write(("train_resnet: no CIFAR-10 data in '%s'.\n"):format(dir),
+    ("  Looked for data_batch_1.bin .. data_batch_5.bin and test_batch.bin (or .gz) in '%s'\n"):format(dir),
+    ("  and in '%s/cifar-10-batches-bin'.\n"):format(dir),
+    "  CIFAR-10 is not bundled with needle (and Debian has no package of it): download the\n",
+    "  binary version, cifar-10-binary.tar.gz (about 160 MB), from\n",
+    "  https://www.cs.toronto.edu/~kriz/cifar.html, unpack it with `tar xzf cifar-10-binary.tar.gz`\n",
+    "  (it makes cifar-10-batches-bin/) and pass --data with that directory or its parent.\n",
+    "  For a quick run without it: --synthetic 2000.\n",
+    ("  (%s)\n"):format((tostring(err):gsub(";.*$", ""))))
+  os.exit(1)
+end
+
+local t_load = nd.clock()
+local data_dir, tmp_dir = opts.data, nil
+if opts.synthetic then
+  tmp_dir = os.tmpname()
+  os.remove(tmp_dir)
+  assert(os.execute("mkdir -p " .. q(tmp_dir)))
+  -- n records in each of the six files: 5n training images (N of them used), n test images
+  cifar.synthetic(tmp_dir, {n = math.max(1, (opts.synthetic + 4) // 5), seed = opts.seed})
+  data_dir = tmp_dir
+end
+local ok_files, files_err = pcall(function()
+  cifar.files(data_dir, true)
+  cifar.files(data_dir, false)
+end)
+if not ok_files then no_data(data_dir, files_err) end
+local ok_load, train_x, train_y, test_x, test_y = pcall(function()
+  local tx, ty = cifar.load(data_dir, {train = true, raw = true})   -- uint8, transformed per image
+  local vx, vy = cifar.load(data_dir, {train = false})              -- float32 in [0, 1]
+  return tx, ty, vx, vy
+end)
+if tmp_dir then os.execute("rm -rf " .. q(tmp_dir)) end
+if not ok_load then
+  io.stderr:write("train_resnet: ", tostring(train_x), "\n")
+  os.exit(1)
+end
+if opts.synthetic then
+  train_x, train_y = train_x:narrow(1, 1, opts.synthetic), train_y:narrow(1, 1, opts.synthetic)
+end
+local n_train, n_test = train_x:size(1), test_x:size(1)
+if n_train < opts["batch-size"] then
+  fail("%d training images are fewer than one batch of %d", n_train, opts["batch-size"])
+end
+-- the test set, normalised once
+local mean = nd.tensor(MEAN):reshape({1, 3, 1, 1})
+local std = nd.tensor(STD):reshape({1, 3, 1, 1})
+test_x = (test_x - mean) / std
+
+local train_tf = T.Compose({T.ScaleTo01(), T.RandomCrop(32, {padding = 4}), T.RandomFlipHorizontal(0.5),
+                            T.Normalize(MEAN, STD)})
+local train_set = nd.data.TensorDataset(train_x, train_y, {transform = train_tf})
+local loader = nd.data.DataLoader(train_set, {batch_size = opts["batch-size"], shuffle = true,
+                                              seed = opts.seed, drop_last = true})
+local steps_per_epoch = #loader
+print(("%s: %d training images, %d test images (%.1f s)"):format(
+  opts.synthetic and ("synthetic CIFAR-10 (seed %d)"):format(opts.seed) or ("CIFAR-10 in " .. data_dir),
+  n_train, n_test, nd.clock() - t_load))
+print("augmentation: " .. tostring(train_tf))
+
+-- model, optimizer, schedule -------------------------------------------------------
+
+os.execute("mkdir -p " .. q(opts.out))
+local ckpt_path = opts.checkpoint or (opts.out .. "/checkpoint.safetensors")
+
+nd.manual_seed(opts.seed)
+local model = nd.nn.ResNet9({num_classes = 10})
+local optimizer
+if opts.optimizer == "sgd" then
+  optimizer = nd.optim.SGD(model:parameters(), {lr = opts.lr, momentum = opts.momentum,
+                                                weight_decay = opts["weight-decay"], nesterov = opts.momentum > 0})
+else
+  optimizer = nd.optim.Adam(model:parameters(), {lr = opts.lr, weight_decay = opts["weight-decay"]})
+end
+local total_steps = opts.epochs * steps_per_epoch
+local sched
+if opts.schedule == "onecycle" then
+  -- cycles SGD's momentum (0.95 -> 0.85 -> 0.95) or Adam's beta1, unless momentum is off
+  sched = nd.optim.lr_scheduler.OneCycleLR(optimizer, opts.lr, {total_steps = total_steps,
+    cycle_momentum = opts.optimizer == "adam" or opts.momentum > 0})
+elseif opts.schedule == "cosine" then
+  sched = nd.optim.lr_scheduler.CosineAnnealingLR(optimizer, total_steps)
+end
+print(model)
+print(("%d parameters; %s lr %g (%s), weight decay %g, batch %d, %d steps/epoch, %d epochs, %d threads"):format(
+  model:num_parameters(), opts.optimizer == "sgd" and (opts.momentum > 0 and ("SGD (nesterov momentum %g)"):format(opts.momentum) or "SGD")
+  or "Adam", opts.lr, opts.schedule, opts["weight-decay"], opts["batch-size"], steps_per_epoch, opts.epochs,
+  nd.get_num_threads()))
+
+local checkpoint = nd.checkpoint
+local start_epoch, step = 1, 0
+if opts.resume then
+  local ok, state = pcall(checkpoint.load, opts.resume, {model = model, optimizer = optimizer, scheduler = sched})
+  if not ok then
+    io.stderr:write("train_resnet: cannot resume: ", tostring(state), "\n")
+    os.exit(1)
+  end
+  start_epoch = (state.extra and state.extra.epoch or 0) + 1
+  step = state.step or 0
+  print(("resumed from %s after epoch %d (step %d)"):format(opts.resume, start_epoch - 1, step))
+end
+local last_epoch = math.min(opts.epochs, opts["stop-after"] or opts.epochs)
+
+-- evaluation --------------------------------------------------------------------
+
+local function evaluate()
+  model:eval()
+  local loss_sum, correct = 0, 0
+  nd.no_grad(function()
+    local B = opts["eval-batch-size"]
+    for i = 1, n_test, B do
+      local n = math.min(B, n_test - i + 1)
+      local logits = model(test_x:narrow(1, i, n))
+      local y = test_y:narrow(1, i, n)
+      loss_sum = loss_sum + nd.F.cross_entropy(logits, y, {reduction = "sum"}):item()
+      local _, pred = logits:max(2)
+      correct = correct + pred:eq(y):sum():item()
+    end
+  end)
+  model:train()
+  return loss_sum / n_test, correct / n_test
+end
+
+-- CSV log: rewritten up to the resumed epoch, then appended
+local log_path = opts.out .. "/log.csv"
+local HEADER = "epoch,step,lr,train_loss,train_acc,test_loss,test_acc,images_per_s,epoch_seconds,seconds"
+do
+  local kept = {HEADER}
+  if opts.resume then
+    local f = io.open(log_path, "r")
+    if f then
+      for line in f:lines() do
+        local e = tonumber(line:match("^(%d+),"))
+        if e and e < start_epoch then kept[#kept + 1] = line end
+      end
+      f:close()
+    end
+  end
+  local f = assert(io.open(log_path, "w"))
+  f:write(table.concat(kept, "\n"), "\n")
+  f:close()
+end
+local log = assert(io.open(log_path, "a"))
+
+-- training ----------------------------------------------------------------------
+
+local t_start = nd.clock()
+local epoch_times = {}
+for epoch = start_epoch, last_epoch do
+  model:train()
+  loader:set_epoch(epoch)
+  local t_epoch = nd.clock()
+  local loss_sum, correct, seen, b = 0, 0, 0, 0
+  for xb, yb in loader:iter() do
+    b = b + 1
+    local logits = model(xb)
+    local loss = nd.F.cross_entropy(logits, yb)
+    optimizer:zero_grad()
+    loss:backward()
+    optimizer:step()
+    if sched then sched:step() end
+    step = step + 1
+    local n = yb:size(1)
+    local l = loss:item()
+    local _, pred = logits:max(2)
+    loss_sum, seen = loss_sum + l * n, seen + n
+    correct = correct + pred:eq(yb):sum():item()
+    local elapsed = nd.clock() - t_epoch
+    local left = (steps_per_epoch - b) + (last_epoch - epoch) * steps_per_epoch
+    progress(("epoch %d/%d  step %d/%d  loss %.3f  acc %.3f  lr %.4g  %.0f img/s  ETA %.0fs"):format(
+      epoch, opts.epochs, b, steps_per_epoch, loss_sum / seen, correct / seen, optimizer.param_groups[1].lr,
+      seen / math.max(elapsed, 1e-9), left * elapsed / b), not tty and (b % 50 == 0))
+  end
+  local seconds = nd.clock() - t_epoch
+  epoch_times[#epoch_times + 1] = seconds
+  local train_loss, train_acc = loss_sum / seen, correct / seen
+  local t_eval = nd.clock()
+  local test_loss, test_acc = evaluate()
+  local eval_seconds = nd.clock() - t_eval
+  local lr = optimizer.param_groups[1].lr
+  progress(("epoch %d/%d  train loss %.4f  acc %.4f  test loss %.4f  acc %.4f  %.0f img/s  %.2fs (+%.2fs test)"):format(
+    epoch, opts.epochs, train_loss, train_acc, test_loss, test_acc, seen / seconds, seconds, eval_seconds), true)
+  log:write(("%d,%d,%.6g,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.2f\n"):format(epoch, step, lr, train_loss, train_acc,
+    test_loss, test_acc, seen / seconds, seconds, nd.clock() - t_start))
+  log:flush()
+  checkpoint.save(ckpt_path, {model = model, optimizer = optimizer, scheduler = sched, step = step,
+                              extra = {epoch = epoch, train_loss = train_loss, test_acc = test_acc}})
+end
+log:close()
+
+if #epoch_times > 0 then
+  local sum = 0
+  for _, s in ipairs(epoch_times) do sum = sum + s end
+  print(("training: %d epochs in %.1f s, %.2f s per epoch (%.0f images/s)"):format(#epoch_times, sum,
+    sum / #epoch_times, #epoch_times * steps_per_epoch * opts["batch-size"] / sum))
+end
+if last_epoch < opts.epochs then
+  print(("stopped after epoch %d of %d; continue with --resume %s"):format(last_epoch, opts.epochs, ckpt_path))
+end
+
+-- plots, from the whole log (a resumed run's earlier epochs included)
+local cols = {epoch = {}, train_loss = {}, test_loss = {}, train_acc = {}, test_acc = {}}
+for line in io.lines(log_path) do
+  local e, _, _, trl, tra, tel, tea = line:match("^(%d+),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)")
+  if e then
+    table.insert(cols.epoch, tonumber(e))
+    table.insert(cols.train_loss, tonumber(trl))
+    table.insert(cols.train_acc, tonumber(tra))
+    table.insert(cols.test_loss, tonumber(tel))
+    table.insert(cols.test_acc, tonumber(tea))
+  end
+end
+local plot = require "needle.plot"
+local loss_file = plot.lines(opts.out .. "/loss", {
+  title = "ResNet9 on CIFAR-10: loss", xlabel = "epoch", ylabel = "cross-entropy",
+  series = {{name = "train", x = cols.epoch, y = cols.train_loss},
+            {name = "test", x = cols.epoch, y = cols.test_loss}}})
+local acc_file = plot.lines(opts.out .. "/accuracy", {
+  title = "ResNet9 on CIFAR-10: accuracy", xlabel = "epoch", ylabel = "accuracy",
+  series = {{name = "train (augmented)", x = cols.epoch, y = cols.train_acc},
+            {name = "test", x = cols.epoch, y = cols.test_acc}}})
+print(("wrote %s, %s, %s and %s"):format(ckpt_path, log_path, loss_file, acc_file))
