@@ -12,6 +12,7 @@
 -- progress line, validation perplexity per epoch, and writes a checkpoint
 -- (atomically, every epoch), a CSV log and a plot to --out.
 local nd = require "needle"
+local cli = require "needle.cli"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local root = here .. "/.."
@@ -50,59 +51,17 @@ options:
   -h, --help          this text
 ]]
 
-local function parse_args(argv)
-  local opts = {}
-  for k, v in pairs(defaults) do opts[k] = v end
-  local i = 1
-  while i <= #argv do
-    local a = argv[i]
-    if a == "-h" or a == "--help" then io.write(usage); os.exit(0) end
-    local name = a:match("^%-%-([%w%-]+)$")
-    if not name or defaults[name] == nil and name ~= "checkpoint" and name ~= "resume"
-       and name ~= "threads" and name ~= "max-lines" then
-      io.stderr:write(("train_lstm: unknown option '%s'\n\n"):format(a), usage)
-      os.exit(2)
-    end
-    local v = argv[i + 1]
-    if v == nil then
-      io.stderr:write(("train_lstm: option --%s needs a value\n"):format(name))
-      os.exit(2)
-    end
-    local num = tonumber(v)
-    local is_number = type(defaults[name]) == "number" or name == "threads" or name == "max-lines"
-    if is_number and not num then
-      io.stderr:write(("train_lstm: option --%s expects a number, got '%s'\n"):format(name, v))
-      os.exit(2)
-    end
-    opts[name] = is_number and num or v
-    i = i + 2
-  end
-  return opts
-end
-
-local opts = parse_args(arg)
-if opts.device ~= "cpu" then
-  io.stderr:write(("train_lstm: device '%s' is not available (this build has only 'cpu')\n"):format(opts.device))
-  os.exit(2)
-end
+local numbers = {epochs = true, ["batch-size"] = true, lr = true, seed = true, bptt = true, emsize = true,
+                 nhid = true, nlayers = true, dropout = true, clip = true, threads = true, ["max-lines"] = true}
+local opts = cli.parse(arg, defaults, usage, {prog = "train_lstm", numbers = numbers,
+                                              optional = {"checkpoint", "resume", "threads", "max-lines"}})
+cli.check_device("train_lstm", opts)
 if opts.threads then nd.set_num_threads(opts.threads) end
-os.execute(("mkdir -p '%s'"):format(opts.out:gsub("'", "'\\''")))
+cli.mkdir_p(opts.out)
 local ckpt_path = opts.checkpoint or (opts.out .. "/checkpoint.safetensors")
 
--- live progress: one rewritten line on a terminal, plain lines otherwise
-local tty = (function()
-  local ok = os.execute("test -t 1")
-  return ok == true or ok == 0
-end)()
-local function progress(line, final)
-  if tty then
-    io.write("\r\27[K", line)
-    if final then io.write("\n") end
-  elseif final then
-    io.write(line, "\n")
-  end
-  io.flush()
-end
+local tty = cli.is_tty()
+local progress = cli.progress
 
 -- data ------------------------------------------------------------------------
 
@@ -138,14 +97,7 @@ print(("%d parameters; Adam lr %g, batch %d, bptt %d, %d epochs, %d threads"):fo
 local start_epoch, step = 1, 0
 local history = {steps = {}, losses = {}, epochs = {}, val_ppl = {}}
 if opts.resume then
-  local ok, state = pcall(checkpoint.load, opts.resume, {model = model, optimizer = optimizer})
-  if not ok then
-    io.stderr:write("train_lstm: cannot resume: ", tostring(state), "\n")
-    os.exit(1)
-  end
-  start_epoch = (state.extra and state.extra.epoch or 0) + 1
-  step = state.step or 0
-  print(("resumed from %s after epoch %d (step %d)"):format(opts.resume, start_epoch - 1, step))
+  start_epoch, step = cli.resume("train_lstm", opts.resume, {model = model, optimizer = optimizer})
 end
 
 local function evaluate(source)
@@ -166,8 +118,8 @@ end
 
 -- CSV log (appended when resuming)
 local log_path = opts.out .. "/log.csv"
-local log = assert(io.open(log_path, opts.resume and "a" or "w"))
-if not opts.resume then log:write("epoch,step,train_loss,train_ppl,val_loss,val_ppl,tokens_per_s,seconds\n") end
+local log = cli.open_log(log_path, "epoch,step,train_loss,train_ppl,val_loss,val_ppl,tokens_per_s,seconds",
+                         opts.resume)
 
 local steps_per_epoch = math.ceil((train:size(1) - 1) / opts.bptt)
 local t_start = nd.clock()

@@ -13,6 +13,7 @@
 -- and the random state come from the checkpoint, and the loader's order of
 -- epoch e depends only on its seed and e (loader:set_epoch).
 local nd = require "needle"
+local cli = require "needle.cli"
 
 local defaults = {
   data = nil, out = "runs/mlp", device = "cpu",
@@ -23,9 +24,7 @@ local defaults = {
 -- options that take a number, and those that have no default value
 local numeric = {epochs = true, ["batch-size"] = true, lr = true, ["weight-decay"] = true,
                  dropout = true, seed = true, threads = true, limit = true, ["stop-after"] = true}
-local known = {data = true, checkpoint = true, resume = true, threads = true, limit = true,
-               ["stop-after"] = true}
-for k in pairs(defaults) do known[k] = true end
+local optional = {"data", "checkpoint", "resume", "threads", "limit", "stop-after"}
 
 local usage = [[
 usage: needle-lua scripts/train_mlp.lua [options]
@@ -55,45 +54,12 @@ options:
   -h, --help          this text
 ]]
 
-local function die(code, fmt, ...)
-  io.stderr:write("train_mlp: ", fmt:format(...), "\n")
-  os.exit(code)
-end
+local function die(code, fmt, ...) cli.die("train_mlp", code, fmt, ...) end
 
-local function parse_args(argv)
-  local opts = {}
-  for k, v in pairs(defaults) do opts[k] = v end
-  local i = 1
-  while i <= #argv do
-    local a = argv[i]
-    if a == "-h" or a == "--help" then io.write(usage); os.exit(0) end
-    local name = a:match("^%-%-([%w%-]+)$")
-    if not name or not known[name] then
-      io.stderr:write(("train_mlp: unknown option '%s'\n\n"):format(a), usage)
-      os.exit(2)
-    end
-    local v = argv[i + 1]
-    if v == nil then die(2, "option --%s needs a value", name) end
-    local num = tonumber(v)
-    if numeric[name] and not num then die(2, "option --%s expects a number, got '%s'", name, v) end
-    opts[name] = numeric[name] and num or v
-    i = i + 2
-  end
-  return opts
-end
-
-local opts = parse_args(arg)
-if opts.device ~= "cpu" then
-  die(2, "device '%s' is not available (this build has only 'cpu')", opts.device)
-end
-local function positive_integer(name)
-  local v = opts[name]
-  if v ~= nil and (math.type(v) ~= "integer" or v < 1) then
-    die(2, "option --%s expects a positive integer, got '%s'", name, tostring(v))
-  end
-end
-positive_integer("epochs"); positive_integer("batch-size"); positive_integer("threads")
-positive_integer("limit"); positive_integer("stop-after")
+local opts = cli.parse(arg, defaults, usage, {prog = "train_mlp", numbers = numeric, optional = optional})
+cli.check_device("train_mlp", opts)
+cli.positive_integers("train_mlp", opts, {"epochs", "batch-size", "threads", "limit", "stop-after"},
+                      "option --%s expects a positive integer, got '%s'")
 if math.type(opts.seed) ~= "integer" then die(2, "option --seed expects an integer, got '%s'", tostring(opts.seed)) end
 if opts.dropout < 0 or opts.dropout >= 1 then die(2, "option --dropout expects 0 <= p < 1, got %s", opts.dropout) end
 local hidden = {}
@@ -126,23 +92,11 @@ local y_test = D.yt
 print(("data %s: %d training images%s, %d test images (%.1f s)"):format(data_dir, n_train,
   n_train < n_all and (" (of %d)"):format(n_all) or "", x_test:size(1), nd.clock() - t_load))
 
-os.execute(("mkdir -p '%s'"):format(opts.out:gsub("'", "'\\''")))
+cli.mkdir_p(opts.out)
 local ckpt_path = opts.checkpoint or (opts.out .. "/checkpoint.safetensors")
 
--- live progress: one rewritten line on a terminal, plain lines otherwise
-local tty = (function()
-  local ok = os.execute("test -t 1")
-  return ok == true or ok == 0
-end)()
-local function progress(line, final)
-  if tty then
-    io.write("\r\27[K", line)
-    if final then io.write("\n") end
-  elseif final then
-    io.write(line, "\n")
-  end
-  io.flush()
-end
+local tty = cli.is_tty()
+local progress = cli.progress
 
 -- model -----------------------------------------------------------------------
 
@@ -178,28 +132,24 @@ end
 
 local start_epoch, step = 1, 0
 if opts.resume then
-  local ok, state = pcall(checkpoint.read, opts.resume)
-  if not ok then die(1, "cannot resume: %s", tostring(state)) end
-  local saved = state.extra and state.extra.options
-  if type(saved) == "table" then
-    local diff = {}
-    for k, v in pairs(run_config()) do
-      if saved[k] ~= nil and saved[k] ~= v then
-        diff[#diff + 1] = ("--%s %s (now %s)"):format(k, tostring(saved[k]), tostring(v))
+  -- a checkpoint of a run with other options cannot be continued exactly
+  start_epoch, step = cli.resume("train_mlp", opts.resume,
+                                 {model = model, optimizer = optimizer, scheduler = scheduler}, function(state)
+    local saved = state.extra and state.extra.options
+    if type(saved) == "table" then
+      local diff = {}
+      for k, v in pairs(run_config()) do
+        if saved[k] ~= nil and saved[k] ~= v then
+          diff[#diff + 1] = ("--%s %s (now %s)"):format(k, tostring(saved[k]), tostring(v))
+        end
+      end
+      table.sort(diff)
+      if #diff > 0 then
+        die(2, "cannot resume: '%s' was written by a run with %s; resume with that run's options",
+            opts.resume, table.concat(diff, ", "))
       end
     end
-    table.sort(diff)
-    if #diff > 0 then
-      die(2, "cannot resume: '%s' was written by a run with %s; resume with that run's options",
-          opts.resume, table.concat(diff, ", "))
-    end
-  end
-  ok, state = pcall(checkpoint.load, opts.resume,
-                    {model = model, optimizer = optimizer, scheduler = scheduler})
-  if not ok then die(1, "cannot resume: %s", tostring(state)) end
-  start_epoch = (state.extra and state.extra.epoch or 0) + 1
-  step = state.step or 0
-  print(("resumed from %s after epoch %d (step %d)"):format(opts.resume, start_epoch - 1, step))
+  end)
 end
 
 -- loss (mean) and number of correct predictions over a whole set, in batches
@@ -224,29 +174,19 @@ end
 local history = {steps = {}, losses = {}, epochs = {}, test_loss = {}, train_acc = {}, test_acc = {}}
 local log_path = opts.out .. "/log.csv"
 local header = "epoch,step,lr,train_loss,train_acc,test_loss,test_acc,test_correct,images_per_s,seconds"
-local kept, seconds_before = {}, 0
-if opts.resume then
-  local f = io.open(log_path, "r")
-  if f then
-    for line in f:lines() do
-      local v = {}
-      for field in line:gmatch("[^,]+") do v[#v + 1] = tonumber(field) end
-      if #v >= 8 and v[1] < start_epoch then
-        kept[#kept + 1] = line
-        seconds_before = v[10] or seconds_before
-        history.epochs[#history.epochs + 1] = v[2]
-        history.test_loss[#history.test_loss + 1] = v[6]
-        history.train_acc[#history.train_acc + 1] = 100 * v[5]
-        history.test_acc[#history.test_acc + 1] = 100 * v[7]
-      end
-    end
-    f:close()
+local seconds_before = 0
+local log = cli.open_log(log_path, header, opts.resume, function(line)
+  local v = {}
+  for field in line:gmatch("[^,]+") do v[#v + 1] = tonumber(field) end
+  if #v >= 8 and v[1] < start_epoch then
+    seconds_before = v[10] or seconds_before
+    history.epochs[#history.epochs + 1] = v[2]
+    history.test_loss[#history.test_loss + 1] = v[6]
+    history.train_acc[#history.train_acc + 1] = 100 * v[5]
+    history.test_acc[#history.test_acc + 1] = 100 * v[7]
+    return true
   end
-end
-local log = assert(io.open(log_path, "w"))
-log:write(header, "\n")
-for _, line in ipairs(kept) do log:write(line, "\n") end
-log:flush()
+end)
 
 local n_test = x_test:size(1)
 local batches = #loader

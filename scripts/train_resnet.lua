@@ -19,6 +19,7 @@
 -- (atomically, every epoch; --resume continues exactly), a CSV log and plots of
 -- the loss and the accuracy.
 local nd = require "needle"
+local cli = require "needle.cli"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local root = here:match("^(.*)/scripts$") or (here == "scripts" and ".") or (here .. "/..")
@@ -66,75 +67,31 @@ options:
   -h, --help          this text
 ]]
 
-local function fail(fmt, ...)
-  io.stderr:write("train_resnet: ", fmt:format(...), "\n")
-  os.exit(2)
-end
+local function fail(fmt, ...) cli.die("train_resnet", 2, fmt, ...) end
 
 local function parse_args(argv)
-  local opts, given = {}, {}
-  for k, v in pairs(defaults) do opts[k] = v end
-  local i = 1
-  while i <= #argv do
-    local a = argv[i]
-    if a == "-h" or a == "--help" then io.write(usage); os.exit(0) end
-    local name = a:match("^%-%-([%w%-]+)$")
-    if not name or defaults[name] == nil and optional[name] == nil then
-      io.stderr:write(("train_resnet: unknown option '%s'\n\n"):format(a), usage)
-      os.exit(2)
-    end
-    local v = argv[i + 1]
-    if v == nil then fail("option --%s needs a value", name) end
-    if numeric[name] then
-      local num = tonumber(v)
-      if not num then fail("option --%s expects a number, got '%s'", name, v) end
-      v = num
-    end
-    opts[name], given[name] = v, true
-    i = i + 2
-  end
-  for _, name in ipairs({"epochs", "batch-size", "eval-batch-size", "synthetic", "stop-after", "threads"}) do
-    local v = opts[name]
-    if v ~= nil and (math.type(v) ~= "integer" or v < 1) then
-      fail("option --%s expects a positive integer, got %s", name, tostring(v))
-    end
-  end
+  local opts, given = cli.parse(argv, defaults, usage, {prog = "train_resnet", numbers = numeric,
+                                                        optional = optional})
+  cli.positive_integers("train_resnet", opts,
+                        {"epochs", "batch-size", "eval-batch-size", "synthetic", "stop-after", "threads"})
   if opts.lr ~= nil and not (opts.lr > 0) then fail("option --lr expects a positive number, got %s", tostring(opts.lr)) end
   if not (opts.momentum >= 0 and opts.momentum < 1) then
     fail("option --momentum expects a number in [0, 1), got %s", tostring(opts.momentum))
   end
-  if opts.optimizer ~= "sgd" and opts.optimizer ~= "adam" then
-    fail("option --optimizer expects 'sgd' or 'adam', got '%s'", opts.optimizer)
-  end
-  local schedules = {onecycle = true, cosine = true, constant = true}
-  if not schedules[opts.schedule] then
-    fail("option --schedule expects 'onecycle', 'cosine' or 'constant', got '%s'", opts.schedule)
-  end
+  cli.choice("train_resnet", opts, "optimizer", {"sgd", "adam"})
+  cli.choice("train_resnet", opts, "schedule", {"onecycle", "cosine", "constant"})
   if given.data and given.synthetic then fail("--data and --synthetic exclude each other") end
   opts.lr = opts.lr or (opts.optimizer == "sgd" and 0.05 or 0.002)
   return opts
 end
 
 local opts = parse_args(arg)
-if opts.device ~= "cpu" then fail("device '%s' is not available (this build has only 'cpu')", opts.device) end
+cli.check_device("train_resnet", opts)
 if opts.threads then nd.set_num_threads(opts.threads) end
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
--- live progress: one rewritten line on a terminal, plain lines otherwise
-local tty = (function()
-  local ok = os.execute("test -t 1")
-  return ok == true or ok == 0
-end)()
-local function progress(line, final)
-  if tty then
-    io.write("\r\27[K", line)
-    if final then io.write("\n") end
-  elseif final then
-    io.write(line, "\n")
-  end
-  io.flush()
-end
+local q = cli.q
+local tty = cli.is_tty()
+local progress = cli.progress
 
 -- data ------------------------------------------------------------------------
 
@@ -160,7 +117,7 @@ local data_dir, tmp_dir = opts.data, nil
 if opts.synthetic then
   tmp_dir = os.tmpname()
   os.remove(tmp_dir)
-  assert(os.execute("mkdir -p " .. q(tmp_dir)))
+  assert(cli.mkdir_p(tmp_dir))
   -- n records in each of the six files: 5n training images (N of them used), n test images
   cifar.synthetic(tmp_dir, {n = math.max(1, (opts.synthetic + 4) // 5), seed = opts.seed})
   data_dir = tmp_dir
@@ -205,7 +162,7 @@ print("augmentation: " .. tostring(train_tf))
 
 -- model, optimizer, schedule -------------------------------------------------------
 
-os.execute("mkdir -p " .. q(opts.out))
+cli.mkdir_p(opts.out)
 local ckpt_path = opts.checkpoint or (opts.out .. "/checkpoint.safetensors")
 
 nd.manual_seed(opts.seed)
@@ -235,14 +192,7 @@ print(("%d parameters; %s lr %g (%s), weight decay %g, batch %d, %d steps/epoch,
 local checkpoint = nd.checkpoint
 local start_epoch, step = 1, 0
 if opts.resume then
-  local ok, state = pcall(checkpoint.load, opts.resume, {model = model, optimizer = optimizer, scheduler = sched})
-  if not ok then
-    io.stderr:write("train_resnet: cannot resume: ", tostring(state), "\n")
-    os.exit(1)
-  end
-  start_epoch = (state.extra and state.extra.epoch or 0) + 1
-  step = state.step or 0
-  print(("resumed from %s after epoch %d (step %d)"):format(opts.resume, start_epoch - 1, step))
+  start_epoch, step = cli.resume("train_resnet", opts.resume, {model = model, optimizer = optimizer, scheduler = sched})
 end
 local last_epoch = math.min(opts.epochs, opts["stop-after"] or opts.epochs)
 
@@ -269,23 +219,10 @@ end
 -- CSV log: rewritten up to the resumed epoch, then appended
 local log_path = opts.out .. "/log.csv"
 local HEADER = "epoch,step,lr,train_loss,train_acc,test_loss,test_acc,images_per_s,epoch_seconds,seconds"
-do
-  local kept = {HEADER}
-  if opts.resume then
-    local f = io.open(log_path, "r")
-    if f then
-      for line in f:lines() do
-        local e = tonumber(line:match("^(%d+),"))
-        if e and e < start_epoch then kept[#kept + 1] = line end
-      end
-      f:close()
-    end
-  end
-  local f = assert(io.open(log_path, "w"))
-  f:write(table.concat(kept, "\n"), "\n")
-  f:close()
-end
-local log = assert(io.open(log_path, "a"))
+local log = cli.open_log(log_path, HEADER, opts.resume, function(line)
+  local e = tonumber(line:match("^(%d+),"))
+  return e and e < start_epoch
+end)
 
 -- training ----------------------------------------------------------------------
 

@@ -8,27 +8,9 @@ local MF = require "spec.helpers.module_fixtures"
 
 local TOL = {rtol = 1e-5, atol = 1e-5}
 
-local function sorted_keys(m)
-  local keys = {}
-  for k in pairs(m:state_dict()) do keys[#keys + 1] = k end
-  table.sort(keys)
-  return keys
-end
-
-local function sorted(list)
-  local out = {}
-  for i, v in ipairs(list) do out[i] = v end
-  table.sort(out)
-  return out
-end
-
-local function max_abs_diff(a, b) return (a - b):abs():max():item() end
-
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local A = require("spec.helpers.assertions").bind(assert)
+local sorted_keys, sorted, max_abs_diff = MF.sorted_keys, MF.sorted, MF.max_abs_diff
+local errmsg = A.errmsg
 
 describe("attention modules against PyTorch fixtures", function()
   it("MultiheadAttention, cross attention with a key_padding_mask (sequence first)", function()

@@ -2,33 +2,11 @@
 -- it trains, perplexity falls, a resumed run continues exactly as an
 -- uninterrupted one, and bad options or data give clear errors.
 local S = require "spec.helpers.shell"
+local H = require "spec.helpers.scripts"
 
-local exe, root = S.needle_lua()
-local script = root .. "/scripts/train_lstm.lua"
 local tiny = "--epochs 2 --max-lines 300 --emsize 16 --nhid 32 --batch-size 8 --bptt 10"
 
-local function run(args)
-  local out = os.tmpname()
-  local ok = os.execute(("%s %s %s > %s 2>&1"):format(S.q(exe), S.q(script), args, out))
-  local text = S.read_file(out)
-  os.remove(out)
-  return ok == true or ok == 0, text
-end
-
-local function csv(path)
-  local rows = {}
-  for line in io.lines(path) do
-    if not line:match("^epoch") then rows[#rows + 1] = line end
-  end
-  return rows
-end
-
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p " .. S.q(d))
-  return d
-end
+local run, csv, tmpdir = H.runner("train_lstm"), H.csv_lines, H.tmpdir
 
 describe("scripts/train_lstm.lua", function()
   it("trains on the bundled corpus, logs, checkpoints and plots", function()

@@ -8,45 +8,17 @@
 -- (scripts/setup.sh installs it) and are pending without it; the others use a
 -- small synthetic IDX directory passed with --data.
 local S = require "spec.helpers.shell"
+local H = require "spec.helpers.scripts"
 local nd = require "needle"
 
-local exe, root = S.needle_lua()
-local script = root .. "/scripts/train_mlp.lua"
+local _, root = S.needle_lua()
 local mnist = nd.data.mnist
 local have_fashion = S.exists(mnist.FASHION_DIR .. "/t10k-images-idx3-ubyte.gz")
   and S.exists(mnist.FASHION_DIR .. "/train-images-idx3-ubyte.gz")
 local NO_DATA = "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist, or scripts/setup.sh)"
 
 -- runs the script; returns ok, the output (stdout and stderr) and the exit code
-local function run(args)
-  local out = os.tmpname()
-  local ok, _, code = os.execute(("%s %s %s > %s 2>&1"):format(S.q(exe), S.q(script), args, out))
-  local text = S.read_file(out)
-  os.remove(out)
-  return ok == true or ok == 0, text, code
-end
-
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p " .. S.q(d))
-  return d
-end
-
-local function rmdir(d) os.execute("rm -rf " .. S.q(d)) end
-
--- data rows of a CSV log, each a list of fields (strings)
-local function csv(path)
-  local rows = {}
-  for line in io.lines(path) do
-    if not line:match("^epoch") then
-      local r = {}
-      for f in line:gmatch("[^,]+") do r[#r + 1] = f end
-      rows[#rows + 1] = r
-    end
-  end
-  return rows
-end
+local run, csv, tmpdir, rmdir = H.runner("train_mlp"), H.csv_rows, H.tmpdir, H.rmdir
 
 -- A small IDX data set: n images of class-dependent stripes plus noise, from
 -- a generator of its own (the global random stream is left alone).

@@ -3,37 +3,10 @@
 -- logs, checkpoints and plots; a run stopped after one epoch and resumed
 -- matches an uninterrupted one; bad options and missing data give clear errors.
 local S = require "spec.helpers.shell"
+local H = require "spec.helpers.scripts"
 
-local exe, root = S.needle_lua()
-local script = root .. "/scripts/train_resnet.lua"
-
-local function run(args)
-  local out = os.tmpname()
-  local ok = os.execute(("%s %s %s > %s 2>&1"):format(S.q(exe), S.q(script), args, out))
-  local text = S.read_file(out)
-  os.remove(out)
-  return ok == true or ok == 0, text
-end
-
--- the data rows of the CSV log, each as a list of fields
-local function csv(path)
-  local rows = {}
-  for line in io.lines(path) do
-    if not line:match("^epoch") then
-      local row = {}
-      for field in line:gmatch("[^,]+") do row[#row + 1] = field end
-      rows[#rows + 1] = row
-    end
-  end
-  return rows
-end
-
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p " .. S.q(d))
-  return d
-end
+-- csv: the data rows of the CSV log, each as a list of fields
+local run, csv, tmpdir = H.runner("train_resnet"), H.csv_rows, H.tmpdir
 
 describe("scripts/train_resnet.lua", function()
   it("--help, unknown options and bad values", function()

@@ -120,4 +120,22 @@ function M.run(c, module, call, tol)
   return out, weights
 end
 
+-- the keys of module m's state_dict, sorted
+function M.sorted_keys(m)
+  local keys = {}
+  for k in pairs(m:state_dict()) do keys[#keys + 1] = k end
+  table.sort(keys)
+  return keys
+end
+
+-- a sorted copy of list
+function M.sorted(list)
+  local out = {}
+  for i, v in ipairs(list) do out[i] = v end
+  table.sort(out)
+  return out
+end
+
+function M.max_abs_diff(a, b) return (a - b):abs():max():item() end
+
 return M

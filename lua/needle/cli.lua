@@ -1,0 +1,162 @@
+-- needle/cli.lua - the plumbing the training scripts (scripts/train_*.lua)
+-- share: option parsing and checks, messages that end the program, the live
+-- progress line, directories, the CSV log and resuming from a checkpoint.
+--
+--   local cli = require "needle.cli"
+--   local opts, given = cli.parse(arg, defaults, usage, {prog = "train_x",
+--     optional = {"resume", "threads"}, numbers = {epochs = true, threads = true}})
+--   cli.die(prog, code, fmt, ...)           -- "prog: message" on stderr, exit code
+--   cli.check_device(prog, opts)            -- only "cpu"; exit 2 otherwise
+--   cli.positive_integers(prog, opts, names[, fmt])
+--   cli.choice(prog, opts, name, {"a", "b"}) -- "... expects 'a' or 'b', got '...'"
+--   cli.is_tty(); cli.progress(line, final)
+--   cli.q(s); cli.mkdir_p(dir)
+--   local log = cli.open_log(path, header, resume[, keep])
+--   local start_epoch, step = cli.resume(prog, path, objects[, check])
+local M = {}
+
+-- "prog: message\n" on stderr, then exit with code
+function M.die(prog, code, fmt, ...)
+  io.stderr:write(prog, ": ", fmt:format(...), "\n")
+  os.exit(code)
+end
+
+-- Parses argv (--name value pairs, -h/--help) over a copy of defaults.
+-- o.prog names the program in messages; o.optional lists the options that
+-- have no default value (a list of names, or a table keyed by them); o.numbers
+-- is the set of options whose value is a number. --help writes usage and
+-- exits 0; an unknown option, a missing value or a value that is not a number
+-- ends the program with status 2. Returns the options and the set of those
+-- given on the command line.
+function M.parse(argv, defaults, usage, o)
+  local prog, numbers = o.prog, o.numbers or {}
+  local known = {}
+  for k in pairs(defaults) do known[k] = true end
+  for k, v in pairs(o.optional or {}) do
+    if type(k) == "number" then known[v] = true else known[k] = true end
+  end
+  local opts, given = {}, {}
+  for k, v in pairs(defaults) do opts[k] = v end
+  local i = 1
+  while i <= #argv do
+    local a = argv[i]
+    if a == "-h" or a == "--help" then io.write(usage); os.exit(0) end
+    local name = a:match("^%-%-([%w%-]+)$")
+    if not name or not known[name] then
+      io.stderr:write(("%s: unknown option '%s'\n\n"):format(prog, a), usage)
+      os.exit(2)
+    end
+    local v = argv[i + 1]
+    if v == nil then M.die(prog, 2, "option --%s needs a value", name) end
+    if numbers[name] then
+      local num = tonumber(v)
+      if not num then M.die(prog, 2, "option --%s expects a number, got '%s'", name, v) end
+      v = num
+    end
+    opts[name], given[name] = v, true
+    i = i + 2
+  end
+  return opts, given
+end
+
+-- the scripts run on the CPU only
+function M.check_device(prog, opts)
+  if opts.device ~= "cpu" then
+    M.die(prog, 2, "device '%s' is not available (this build has only 'cpu')", opts.device)
+  end
+end
+
+-- each of the named options, when set, must be an integer >= 1; fmt (with
+-- the option's name and its value) is the message otherwise
+function M.positive_integers(prog, opts, names, fmt)
+  fmt = fmt or "option --%s expects a positive integer, got %s"
+  for _, name in ipairs(names) do
+    local v = opts[name]
+    if v ~= nil and (math.type(v) ~= "integer" or v < 1) then M.die(prog, 2, fmt, name, tostring(v)) end
+  end
+end
+
+-- opts[name] must be one of the strings in list
+function M.choice(prog, opts, name, list)
+  for _, c in ipairs(list) do
+    if opts[name] == c then return end
+  end
+  local quoted = {}
+  for i, c in ipairs(list) do quoted[i] = "'" .. c .. "'" end
+  local text = #quoted > 1
+    and table.concat(quoted, ", ", 1, #quoted - 1) .. " or " .. quoted[#quoted] or quoted[1]
+  M.die(prog, 2, "option --%s expects %s, got '%s'", name, text, tostring(opts[name]))
+end
+
+-- live progress: one rewritten line on a terminal, plain lines otherwise
+local tty
+function M.is_tty()
+  if tty == nil then
+    local ok = os.execute("test -t 1")
+    tty = ok == true or ok == 0
+  end
+  return tty
+end
+
+-- On a terminal, line replaces the current line (final ends it); otherwise
+-- only final lines are written.
+function M.progress(line, final)
+  if M.is_tty() then
+    io.write("\r\27[K", line)
+    if final then io.write("\n") end
+  elseif final then
+    io.write(line, "\n")
+  end
+  io.flush()
+end
+
+-- s quoted for the shell
+function M.q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+-- creates dir and its parents; os.execute's results
+function M.mkdir_p(dir) return os.execute("mkdir -p " .. M.q(dir)) end
+
+-- The CSV log at path, open for appending rows. A new run writes header
+-- first. A resumed run without keep appends to the file as it is; with keep,
+-- the file is rewritten as the header and its lines for which keep(line) is
+-- true (a missing file gives just the header), and then appended to.
+function M.open_log(path, header, resume, keep)
+  if resume and not keep then return assert(io.open(path, "a")) end
+  local lines = {header}
+  if resume then
+    local f = io.open(path, "r")
+    if f then
+      for line in f:lines() do
+        if keep(line) then lines[#lines + 1] = line end
+      end
+      f:close()
+    end
+  end
+  local f = assert(io.open(path, "w"))
+  f:write(table.concat(lines, "\n"), "\n")
+  f:close()
+  return assert(io.open(path, "a"))
+end
+
+-- Loads the checkpoint at path into objects ({model = ..., optimizer = ...,
+-- scheduler = ...}); check(state), when given, first sees the checkpoint as
+-- read (nd.checkpoint.read). A checkpoint that cannot be read or loaded ends
+-- the program with status 1. Prints where the run resumes and returns the
+-- first epoch to run and the step count.
+function M.resume(prog, path, objects, check)
+  local checkpoint = require "needle.checkpoint"
+  local ok, state
+  if check then
+    ok, state = pcall(checkpoint.read, path)
+    if not ok then M.die(prog, 1, "cannot resume: %s", tostring(state)) end
+    check(state)
+  end
+  ok, state = pcall(checkpoint.load, path, objects)
+  if not ok then M.die(prog, 1, "cannot resume: %s", tostring(state)) end
+  local start_epoch = (state.extra and state.extra.epoch or 0) + 1
+  local step = state.step or 0
+  print(("resumed from %s after epoch %d (step %d)"):format(path, start_epoch - 1, step))
+  return start_epoch, step
+end
+
+return M

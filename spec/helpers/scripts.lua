@@ -1,0 +1,56 @@
+-- spec/helpers/scripts.lua - for the specs that run the training scripts
+-- (scripts/train_*.lua) as a user runs them.
+--
+--   local H = require "spec.helpers.scripts"
+--   local run = H.runner("train_mlp") -- run(args): ok, output (stdout and stderr), exit code
+--   H.tmpdir()                        -- a new empty directory
+--   H.rmdir(d)                        -- rm -rf d
+--   H.csv_lines(path)                 -- the data rows of a CSV log, as lines
+--   H.csv_rows(path)                  -- the data rows, each a list of fields (strings)
+local S = require "spec.helpers.shell"
+
+local H = {}
+
+-- A function that runs scripts/NAME.lua with args (already quoted for the
+-- shell) and returns whether it succeeded, its output and its exit code.
+function H.runner(name)
+  local exe, root = S.needle_lua()
+  local script = root .. "/scripts/" .. name .. ".lua"
+  return function(args)
+    local out = os.tmpname()
+    local ok, _, code = os.execute(("%s %s %s > %s 2>&1"):format(S.q(exe), S.q(script), args, out))
+    local text = S.read_file(out)
+    os.remove(out)
+    return ok == true or ok == 0, text, code
+  end
+end
+
+function H.tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  os.execute("mkdir -p " .. S.q(d))
+  return d
+end
+
+function H.rmdir(d) os.execute("rm -rf " .. S.q(d)) end
+
+-- the lines of a CSV log but its header
+function H.csv_lines(path)
+  local rows = {}
+  for line in io.lines(path) do
+    if not line:match("^epoch") then rows[#rows + 1] = line end
+  end
+  return rows
+end
+
+function H.csv_rows(path)
+  local rows = {}
+  for _, line in ipairs(H.csv_lines(path)) do
+    local r = {}
+    for f in line:gmatch("[^,]+") do r[#r + 1] = f end
+    rows[#rows + 1] = r
+  end
+  return rows
+end
+
+return H
