@@ -351,3 +351,26 @@ describe("dilate and undilate (needle's semantics)", function()
     assert_contains(errmsg(nd.dilate, x, 3, 1), "needle.dilate:")
   end)
 end)
+
+-- Images with more than 1024 output pixels take the per-image GEMM path
+-- (smaller ones one GEMM over the batch): check that path too, and that
+-- both agree where a batch is split across them.
+describe("conv on large images (per-image GEMM path)", function()
+  it("conv2d gradients on a 36x36 image (34x34 = 1156 output pixels)", function()
+    check(function(x, w, b) return nd.conv2d(x, w, b) end,
+      {G.leaf({2, 1, 36, 36}), G.leaf({2, 1, 3, 3}), G.leaf({2})})
+  end)
+  it("conv_transpose2d gradients on a 33x33 input (1089 pixels)", function()
+    check(function(x, w, b) return nd.conv_transpose2d(x, w, b) end,
+      {G.leaf({1, 1, 33, 33}), G.leaf({1, 2, 2, 2}), G.leaf({2})})
+  end)
+  it("the two paths agree: a large image equals its tiles' convolutions", function()
+    nd.manual_seed(3)
+    local x = nd.randn({2, 3, 40, 40}, {dtype = "float64"})
+    local w = nd.randn({4, 3, 3, 3}, {dtype = "float64"})
+    local big = nd.conv2d(x, w, nil, {padding = 1})            -- 1600 pixels: per image
+    local top = nd.conv2d(x[{":", ":", {1, 21}}], w, nil, {padding = 1}) -- 21x40 = 840: batched
+    local d = (big[{":", ":", {1, 20}}] - top[{":", ":", {1, 20}}]):abs():max():item()
+    assert(d < 1e-12, "paths differ by " .. d)
+  end)
+end)
