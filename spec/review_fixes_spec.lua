@@ -73,6 +73,12 @@ describe("review regressions", function()
     has(e, "needle.index_select: index values must be integers")
   end)
 
+  it("an empty index table selects nothing (it used to fail inside an integrality check)", function()
+    local r = nd.arange(3):index_select(1, {})
+    assert.are.same({0}, r.shape)
+    assert.are.same({2, 0}, nd.arange(3):index_select(1, {3, 1}):totable())
+  end)
+
   it("a ragged table is caught even when the first row is empty", function()
     local e = err_of(function() return nd.tensor({{}, {1, 2}}) end)
     has(e, "ragged nested table")

@@ -2,6 +2,7 @@
  * (gather, scatter, index_select, index_add, masked_fill, one_hot, cumsum,
  * sort, topk). Lua indices are 1-based: converted here on the way in and
  * out, so the core stays 0-based. */
+#include <math.h>
 #include <string.h>
 #include "lt_internal.h"
 
@@ -14,21 +15,15 @@ nd_tensor *lt_check_index(lua_State *L, int idx, const char *op) {
     if (!t && !lua_istable(L, idx) && lua_type(L, idx) != LUA_TNUMBER)
         lt_error(L, op, "expected an index tensor or table for argument %d, got %s", idx,
                  luaL_typename(L, idx));
-    if (!t) { /* a table or number: every value must be an integer */
-        nd_tensor *f = lt_check_tensor_like(L, idx, op, ND_FLOAT64);
-        nd_tensor *fl;
-        LT_CHECK(L, nd_unary(ND_UNARY_floor, f, &fl));
-        lt_push(L, fl);
-        nd_tensor *same;
-        LT_CHECK(L, nd_binary(ND_BINARY_ne, f, fl, &same));
-        lt_push(L, same);
-        nd_tensor *any;
-        LT_CHECK(L, nd_reduce(ND_REDUCE_max, same, NULL, 0, 0, 0, &any));
-        bool bad = nd_numel(same) > 0 && *(uint8_t *)nd_ptr(any);
-        nd_release(any);
-        if (bad) lt_error(L, op, "index values must be integers");
+    nd_tensor *src = t;
+    if (!t) {
+        /* A table or number, read once as float64 so that a non-integer
+         * value is an error instead of being truncated. */
+        src = lt_check_tensor_like(L, idx, op, ND_FLOAT64); /* fresh, contiguous */
+        const double *v = (const double *)nd_ptr(src);
+        for (int64_t i = 0, n = nd_numel(src); i < n; i++)
+            if (v[i] != floor(v[i])) lt_error(L, op, "index values must be integers, got %g", v[i]);
     }
-    nd_tensor *src = t ? t : lt_check_tensor_like(L, idx, op, ND_INT64);
     nd_status st = nd_to_dtype(src, ND_INT64, &r);
     if (st == ND_OK && r == src) { /* need a private copy to shift */
         nd_release(r);

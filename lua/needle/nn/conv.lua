@@ -15,12 +15,8 @@ local init = require "needle.nn.initializers"
 
 local M = {}
 
-local function shape_str(x) return "{" .. table.concat(x.shape, ",") .. "}" end
-
-local function opt(opts, name, default)
-  if type(opts) ~= "table" or opts[name] == nil then return default end
-  return opts[name]
-end
+local util = require "needle.nn.util"
+local shape_str, opt = util.shape_str, util.opt
 
 -- an int or a pair -> {h, w}; min is the smallest allowed value
 local function pair(cls, what, v, min, level)

@@ -12,7 +12,8 @@ local init = require "needle.nn.initializers"
 
 local M = {}
 
-local function shape_str(x) return "{" .. table.concat(x.shape, ",") .. "}" end
+local util = require "needle.nn.util"
+local shape_str = util.shape_str
 
 local Embedding = Module:extend("Embedding")
 

@@ -42,7 +42,8 @@ local function fill_from(t, src)
   return t
 end
 
-local function shape_str(t) return "{" .. table.concat(t.shape, ",") .. "}" end
+local util = require "needle.nn.util"
+local shape_str = util.shape_str
 
 -- calculate_gain(nonlinearity, param): PyTorch's recommended gains
 function init.calculate_gain(nonlinearity, param)

@@ -11,12 +11,8 @@ local init = require "needle.nn.initializers"
 
 local M = {}
 
-local function shape_str(x) return "{" .. table.concat(x.shape, ",") .. "}" end
-
-local function opt(opts, name, default)
-  if type(opts) ~= "table" or opts[name] == nil then return default end
-  return opts[name]
-end
+local util = require "needle.nn.util"
+local shape_str, opt = util.shape_str, util.opt
 
 local function check_int(name, what, v, min)
   if math.type(v) ~= "integer" or v < (min or 1) then

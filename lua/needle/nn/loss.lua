@@ -13,7 +13,8 @@ local Module = require "needle.nn.module"
 
 local M = {}
 
-local function shape_str(x) return "{" .. table.concat(x.shape, ",") .. "}" end
+local util = require "needle.nn.util"
+local shape_str = util.shape_str
 
 local REDUCTIONS = {mean = true, sum = true, none = true}
 

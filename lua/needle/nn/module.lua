@@ -249,7 +249,8 @@ function Module:state_dict()
   return sd
 end
 
-local function shape_str(t) return "{" .. table.concat(t.shape, ",") .. "}" end
+local util = require "needle.nn.util"
+local shape_str = util.shape_str
 
 -- load_state_dict(sd, {strict = true}): checks everything first (missing,
 -- unexpected and shape-mismatched keys are reported together), then copies;

@@ -14,12 +14,8 @@ local Module = require "needle.nn.module"
 
 local M = {}
 
-local function shape_str(x) return "{" .. table.concat(x.shape, ",") .. "}" end
-
-local function opt(opts, name, default)
-  if type(opts) ~= "table" or opts[name] == nil then return default end
-  return opts[name]
-end
+local util = require "needle.nn.util"
+local shape_str, opt = util.shape_str, util.opt
 
 -- BatchNorm ----------------------------------------------------------------------
 

@@ -12,7 +12,8 @@ local Module = require "needle.nn.module"
 
 local M = {}
 
-local function shape_str(t) return "{" .. table.concat(t.shape, ",") .. "}" end
+local util = require "needle.nn.util"
+local shape_str = util.shape_str
 
 local function fail(self, fmt, ...)
   error(("needle.nn.%s(%d, %d): " .. fmt):format(self.__name, self.input_size, self.hidden_size, ...), 3)

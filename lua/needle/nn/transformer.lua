@@ -26,12 +26,8 @@ local ModuleList = require("needle.nn.container").ModuleList
 
 local M = {}
 
-local function shape_str(x) return "{" .. table.concat(x.shape, ",") .. "}" end
-
-local function opt(opts, name, default)
-  if type(opts) ~= "table" or opts[name] == nil then return default end
-  return opts[name]
-end
+local util = require "needle.nn.util"
+local shape_str, opt = util.shape_str, util.opt
 
 -- clone_module(m): a deep copy (PyTorch's copy.deepcopy of a module):
 -- parameters and buffers are copied (parameters stay leaves that require
