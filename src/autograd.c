@@ -333,7 +333,7 @@ static nd_status default_grad(const char *op, const nd_tensor *out, const nd_ten
             return nd_fail(ND_ERR_SHAPE, "%s: a gradient can be created implicitly only for a "
                            "one-element tensor, but this one has shape %s (pass a gradient "
                            "tensor of that shape)", op, nd_shape_str(out->shape, out->ndim, b1));
-        return nd_full(out->shape, out->ndim, out->dtype, 1, g);
+        return nd_full_on(nd_get_device(out), out->shape, out->ndim, out->dtype, 1, g);
     }
     bool same = grad->ndim == out->ndim;
     for (int i = 0; same && i < out->ndim; i++) same = grad->shape[i] == out->shape[i];

@@ -38,6 +38,15 @@ typedef struct {
 
 typedef struct nd_backend {
     const char *name;
+    /* ---- memory of devices other than the cpu (storage.c, device.c) ----
+     * alloc: a buffer of nbytes (>= 0) on device `index`; errors name the
+     * device and the size (out of memory is a status, never an abort). */
+    nd_status (*alloc)(int index, size_t nbytes, void **handle);
+    void (*free)(int index, void *handle, size_t nbytes);
+    /* Blocking transfers of n bytes at byte offset off of storage s. */
+    nd_status (*read)(const nd_storage *s, size_t off, void *dst, size_t n);
+    nd_status (*write)(nd_storage *s, size_t off, const void *src, size_t n);
+    nd_status (*synchronize)(int index);
     /* dst = src, any strides for both (dst may be a view), casting dtypes;
      * src already has dst's shape (possibly with 0 strides). */
     nd_status (*copy)(nd_tensor *dst, const nd_tensor *src);
@@ -130,11 +139,22 @@ typedef struct nd_backend {
 } nd_backend;
 
 extern const nd_backend nd_cpu_backend;
+#ifdef NEEDLE_HAVE_OPENCL
+extern const nd_backend nd_opencl_backend;
+#endif
 
-/* The backend that owns t's memory. */
+/* The backend of a device type (NULL when this build lacks it). */
+static inline const nd_backend *nd_backend_for(nd_device_type type) {
+    if (type == ND_DEVICE_CPU) return &nd_cpu_backend;
+#ifdef NEEDLE_HAVE_OPENCL
+    if (type == ND_DEVICE_OPENCL) return &nd_opencl_backend;
+#endif
+    return NULL;
+}
+
+/* The backend that owns t's memory (a tensor on a device always has one). */
 static inline const nd_backend *nd_backend_of(const nd_tensor *t) {
-    (void)t; /* the OpenCL issue adds devices; until then everything is on the cpu */
-    return &nd_cpu_backend;
+    return nd_backend_for(t->storage->device);
 }
 
 /* Calls fn, or fails with "<op>: no kernel on device <name>" when the backend lacks it. */

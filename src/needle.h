@@ -58,6 +58,9 @@ typedef enum {
 } nd_dtype;
 
 typedef enum { ND_DEVICE_CPU = 0, ND_DEVICE_OPENCL = 1 } nd_device_type;
+/* A device: the cpu (index 0), or OpenCL device `index` (0-based, in the
+ * order nd_opencl_device_info lists them). Written "cpu", "opencl:N". */
+typedef struct { nd_device_type type; int index; } nd_device;
 
 typedef struct nd_tensor nd_tensor;
 
@@ -81,8 +84,44 @@ const int64_t *nd_strides(const nd_tensor *t); /* in elements */
 int64_t nd_numel(const nd_tensor *t);
 nd_dtype nd_get_dtype(const nd_tensor *t);
 int nd_is_contiguous(const nd_tensor *t);
-/* Pointer to the first element (storage data + offset), CPU tensors only. */
+/* Pointer to the first element (storage data + offset), CPU tensors only
+ * (NULL for a tensor on another device: copy it with nd_to_device first). */
 void *nd_data(const nd_tensor *t);
+
+/* ---- devices ----
+ * Tensors live on one device; an op's operands must share it (an error names
+ * both devices otherwise) and its results are created there. Results of
+ * nd_empty & co. are on the cpu; nd_empty_on & co. take a device. */
+nd_device nd_get_device(const nd_tensor *t);
+static inline nd_device nd_cpu_device(void) { nd_device d = {ND_DEVICE_CPU, 0}; return d; }
+/* "cpu", "opencl" (the default OpenCL device: NEEDLE_OPENCL_DEVICE, else the
+ * first GPU, else the first device) or "opencl:N". Fails with an error that
+ * says how to get a device when there is none. */
+nd_status nd_device_parse(const char *name, nd_device *out);
+/* "cpu" or "opencl:N" into buf (at least 32 bytes); returns buf. */
+const char *nd_device_str(nd_device d, char *buf);
+/* t on device d: t itself (a new reference) when already there, else a
+ * contiguous copy. Differentiable (the gradient goes back to t's device). */
+nd_status nd_to_device(const nd_tensor *t, nd_device d, nd_tensor **out);
+nd_status nd_empty_on(nd_device d, const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out);
+nd_status nd_zeros_on(nd_device d, const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out);
+nd_status nd_full_on(nd_device d, const int64_t *shape, int ndim, nd_dtype dt, double value,
+                     nd_tensor **out);
+/* Waits until every queued kernel of t's device finished (a no-op on cpu). */
+nd_status nd_synchronize(nd_device d);
+
+/* OpenCL devices (0 when the build has no OpenCL or no driver is installed). */
+typedef struct {
+    char name[128], vendor[128], platform[128], version[128], driver[64];
+    int64_t global_mem_bytes, max_alloc_bytes, local_mem_bytes;
+    int compute_units, max_clock_mhz, max_work_group_size;
+    bool is_gpu, fp64;
+} nd_opencl_info;
+int nd_opencl_device_count(void);
+nd_status nd_opencl_device_info(int index, nd_opencl_info *out);
+/* Why there is no OpenCL device (build option, missing ICD, no platform),
+ * with how to install one; NULL when devices exist. */
+const char *nd_opencl_unavailable_reason(void);
 
 /* ---- creation ---- */
 nd_status nd_empty(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out);
@@ -290,7 +329,9 @@ nd_status nd_rand(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out);
 nd_status nd_randn(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out);
 nd_status nd_randint(int64_t low, int64_t high, const int64_t *shape, int ndim, nd_dtype dt,
                      nd_tensor **out);
-nd_status nd_bernoulli(const nd_tensor *p, nd_tensor **out);
+nd_status nd_bernoulli(const nd_tensor *p, nd_tensor **out); /* on p's device */
+nd_status nd_rand_on(nd_device d, const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out);
+nd_status nd_randn_on(nd_device d, const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out);
 nd_status nd_randperm(int64_t n, nd_tensor **out);
 
 /* ---- autograd ----

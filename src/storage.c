@@ -1,6 +1,7 @@
 /* storage.c - refcounted device memory behind tensors. */
 #include <stdlib.h>
 #include <string.h>
+#include "backend.h"
 #include "tensor.h"
 
 static atomic_llong live_bytes;
@@ -17,8 +18,33 @@ nd_status nd_storage_new(size_t nbytes, nd_storage **out) {
     }
     atomic_init(&s->refcount, 1);
     s->device = ND_DEVICE_CPU;
+    s->device_index = 0;
     s->nbytes = nbytes;
     s->data = data;
+    s->version = 0;
+    s->release = NULL;
+    s->release_ctx = NULL;
+    atomic_fetch_add(&live_bytes, (long long)nbytes);
+    *out = s;
+    return ND_OK;
+}
+
+nd_status nd_storage_new_on(nd_device dev, size_t nbytes, nd_storage **out) {
+    if (dev.type == ND_DEVICE_CPU) return nd_storage_new(nbytes, out);
+    const nd_backend *be = nd_backend_for(dev.type);
+    char db[32];
+    if (!be || !be->alloc)
+        return nd_fail(ND_ERR_DEVICE, "device '%s' is not available in this build", nd_device_str(dev, db));
+    nd_storage *s = nd_cache_alloc(sizeof *s);
+    if (!s) return nd_fail(ND_ERR_MEMORY, "out of memory allocating a storage header");
+    void *handle = NULL;
+    nd_status st = be->alloc(dev.index, nbytes, &handle);
+    if (st != ND_OK) { nd_cache_free(s, sizeof *s); return st; }
+    atomic_init(&s->refcount, 1);
+    s->device = dev.type;
+    s->device_index = dev.index;
+    s->nbytes = nbytes;
+    s->data = handle;
     s->version = 0;
     s->release = NULL;
     s->release_ctx = NULL;
@@ -32,7 +58,11 @@ void nd_storage_retain(nd_storage *s) { atomic_fetch_add(&s->refcount, 1); }
 void nd_storage_release(nd_storage *s) {
     if (!s || atomic_fetch_sub(&s->refcount, 1) != 1) return;
     if (s->release) s->release(s->release_ctx);
-    else if (s->data) {
+    else if (s->device != ND_DEVICE_CPU) {
+        const nd_backend *be = nd_backend_for(s->device);
+        if (be && be->free) be->free(s->device_index, s->data, s->nbytes);
+        atomic_fetch_sub(&live_bytes, (long long)s->nbytes);
+    } else if (s->data) {
         nd_cache_free(s->data, s->nbytes ? s->nbytes : 1);
         atomic_fetch_sub(&live_bytes, (long long)s->nbytes);
     }

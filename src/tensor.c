@@ -19,7 +19,7 @@ int nd_ndim(const nd_tensor *t) { return t->ndim; }
 const int64_t *nd_shape(const nd_tensor *t) { return t->shape; }
 const int64_t *nd_strides(const nd_tensor *t) { return t->strides; }
 nd_dtype nd_get_dtype(const nd_tensor *t) { return t->dtype; }
-void *nd_data(const nd_tensor *t) { return nd_ptr(t); }
+void *nd_data(const nd_tensor *t) { return nd_on_cpu(t) ? nd_ptr(t) : NULL; }
 
 int64_t nd_shape_numel(const int64_t *shape, int ndim) {
     int64_t n = 1;
@@ -106,16 +106,21 @@ nd_status nd_tensor_view_of(const nd_tensor *t, const int64_t *shape, const int6
     return nd_tensor_wrap(t->storage, t->dtype, shape, strides, ndim, offset, out);
 }
 
-nd_status nd_empty(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out) {
+nd_status nd_empty_on(nd_device dev, const int64_t *shape, int ndim, nd_dtype dt,
+                      nd_tensor **out) {
     int64_t numel;
     if ((unsigned)dt >= ND_NUM_DTYPES) return nd_fail(ND_ERR_DTYPE, "empty: invalid dtype %d", dt);
     ND_TRY(nd_check_shape("empty", shape, ndim, &numel));
     size_t nbytes = (size_t)numel * nd_dtype_size(dt);
     nd_storage *s;
-    if (nd_storage_new(nbytes, &s) != ND_OK) {
-        char buf[ND_SHAPE_BUF];
-        return nd_fail(ND_ERR_MEMORY, "empty: out of memory allocating a %s tensor of shape %s (%zu bytes)",
-                       nd_dtype_name(dt), nd_shape_str(shape, ndim, buf), nbytes);
+    if (dev.type == ND_DEVICE_CPU) {
+        if (nd_storage_new(nbytes, &s) != ND_OK) {
+            char buf[ND_SHAPE_BUF];
+            return nd_fail(ND_ERR_MEMORY, "empty: out of memory allocating a %s tensor of shape %s (%zu bytes)",
+                           nd_dtype_name(dt), nd_shape_str(shape, ndim, buf), nbytes);
+        }
+    } else {
+        ND_TRY(nd_storage_new_on(dev, nbytes, &s));
     }
     int64_t strides[ND_MAX_DIMS];
     nd_contiguous_strides(shape, ndim, strides);
@@ -124,17 +129,32 @@ nd_status nd_empty(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out)
     return st;
 }
 
-nd_status nd_full(const int64_t *shape, int ndim, nd_dtype dt, double value, nd_tensor **out) {
-    ND_TRY(nd_empty(shape, ndim, dt, out));
+nd_status nd_empty(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out) {
+    return nd_empty_on(nd_cpu_device(), shape, ndim, dt, out);
+}
+
+nd_status nd_full_on(nd_device dev, const int64_t *shape, int ndim, nd_dtype dt, double value,
+                     nd_tensor **out) {
+    ND_TRY(nd_empty_on(dev, shape, ndim, dt, out));
     nd_status st = nd_fill_(*out, value);
     if (st != ND_OK) { nd_release(*out); *out = NULL; }
     return st;
 }
 
-nd_status nd_zeros(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out) {
+nd_status nd_full(const int64_t *shape, int ndim, nd_dtype dt, double value, nd_tensor **out) {
+    return nd_full_on(nd_cpu_device(), shape, ndim, dt, value, out);
+}
+
+nd_status nd_zeros_on(nd_device dev, const int64_t *shape, int ndim, nd_dtype dt,
+                      nd_tensor **out) {
+    if (dev.type != ND_DEVICE_CPU) return nd_full_on(dev, shape, ndim, dt, 0, out);
     ND_TRY(nd_empty(shape, ndim, dt, out));
     memset(nd_ptr(*out), 0, (*out)->storage->nbytes); /* all-zero bits are 0 in every dtype */
     return ND_OK;
+}
+
+nd_status nd_zeros(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out) {
+    return nd_zeros_on(nd_cpu_device(), shape, ndim, dt, out);
 }
 
 nd_status nd_scalar(double value, nd_dtype dt, nd_tensor **out) {
@@ -161,6 +181,7 @@ nd_status nd_from_borrowed(void *data, const int64_t *shape, int ndim, nd_dtype 
     if (!s) return nd_fail(ND_ERR_MEMORY, "out of memory allocating a storage header");
     atomic_init(&s->refcount, 1);
     s->device = ND_DEVICE_CPU;
+    s->device_index = 0;
     s->nbytes = (size_t)numel * nd_dtype_size(dt);
     s->data = data;
     s->version = 0;
@@ -180,10 +201,12 @@ nd_status nd_copy_to_buffer(const nd_tensor *t, void *dst, size_t dst_bytes) {
     if (dst_bytes != need)
         return nd_fail(ND_ERR_ARG, "copy_to_buffer: buffer has %zu bytes, tensor needs %zu",
                        dst_bytes, need);
-    nd_tensor *view;
-    ND_TRY(nd_from_borrowed(dst, t->shape, t->ndim, t->dtype, NULL, NULL, &view));
-    nd_status st = nd_copy_(view, t);
+    nd_tensor *view, *host;
+    ND_TRY(nd_to_host(t, &host));
+    nd_status st = nd_from_borrowed(dst, t->shape, t->ndim, t->dtype, NULL, NULL, &view);
+    if (st == ND_OK) st = nd_copy_(view, host);
     nd_release(view);
+    nd_release(host);
     return st;
 }
 
@@ -195,8 +218,13 @@ nd_status nd_get_item(const nd_tensor *t, const int64_t *index, double *out) {
                            ND_IX(index[i]), ND_IX(i), (long long)t->shape[i]);
         off += index[i] * t->strides[i];
     }
-    if (t->storage->device != ND_DEVICE_CPU)
-        return nd_fail(ND_ERR_DEVICE, "item: tensor is not on the cpu");
-    *out = nd_load_f64((char *)t->storage->data + off * (int64_t)nd_dtype_size(t->dtype), t->dtype);
+    size_t es = nd_dtype_size(t->dtype);
+    if (!nd_on_cpu(t)) { /* one element over from the device */
+        _Alignas(8) unsigned char v[8];
+        ND_TRY(nd_backend_of(t)->read(t->storage, (size_t)off * es, v, es));
+        *out = nd_load_f64(v, t->dtype);
+        return ND_OK;
+    }
+    *out = nd_load_f64((char *)t->storage->data + off * (int64_t)es, t->dtype);
     return ND_OK;
 }

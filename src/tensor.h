@@ -11,8 +11,9 @@
 typedef struct nd_storage {
     atomic_int refcount;
     nd_device_type device;
+    int device_index;   /* which OpenCL device (0 on the cpu) */
     size_t nbytes;
-    void *data;
+    void *data;         /* host memory, or the device's buffer handle (cl_mem) */
     /* Bumped by every in-place write; autograd compares it at backward time. */
     uint64_t version;
     /* Borrowed memory: release(ctx) instead of returning data to the cache. */
@@ -54,6 +55,8 @@ const char *nd_last_error_based(int base);
 
 /* ---- storage (storage.c) ---- */
 nd_status nd_storage_new(size_t nbytes, nd_storage **out);
+/* On any device (its backend allocates); the message names the device. */
+nd_status nd_storage_new_on(nd_device dev, size_t nbytes, nd_storage **out);
 void nd_storage_retain(nd_storage *s);
 void nd_storage_release(nd_storage *s);
 /* caching allocator (alloc_cache.c) */
@@ -74,6 +77,18 @@ void nd_contiguous_strides(const int64_t *shape, int ndim, int64_t *strides);
 int64_t nd_shape_numel(const int64_t *shape, int ndim);
 /* Normalises a possibly negative dim for a tensor of rank ndim. */
 nd_status nd_norm_dim(const char *op, int dim, int ndim, int *out);
+static inline bool nd_on_cpu(const nd_tensor *t) { return t->storage->device == ND_DEVICE_CPU; }
+static inline bool nd_same_device(const nd_tensor *a, const nd_tensor *b) {
+    return a->storage->device == b->storage->device &&
+           a->storage->device_index == b->storage->device_index;
+}
+/* "op: <what> are on different devices (cpu and opencl:0)" unless a and b share one. */
+nd_status nd_check_same_device(const char *op, const nd_tensor *a, const nd_tensor *b);
+/* t's elements in host memory: t itself (new reference) on the cpu, else a
+ * contiguous cpu copy (waits for the device). For checks that must read
+ * values (labels, indices) and for printing. */
+nd_status nd_to_host(const nd_tensor *t, nd_tensor **out);
+/* Host pointer to t's first element: CPU tensors only. */
 static inline char *nd_ptr(const nd_tensor *t) {
     return (char *)t->storage->data + t->offset * (int64_t)nd_dtype_size(t->dtype);
 }

@@ -997,12 +997,17 @@ static nd_status write_all(const char *op, const char *what, sink *k, const nd_s
         const nd_tensor *t = entries[lay[i].idx].tensor;
         size_t nbytes = (size_t)nd_numel(t) * nd_dtype_size(t->dtype);
         if (nbytes == 0) continue;
-        if (nd_is_contiguous(t)) {
+        if (nd_is_contiguous(t) && nd_on_cpu(t)) {
             ND_TRY(sink_write(k, op, nd_ptr(t), nbytes));
             continue;
         }
-        nd_tensor *c;
-        nd_status st = nd_contiguous(t, &c);
+        nd_tensor *c; /* contiguous, in host memory */
+        nd_status st = nd_to_host(t, &c);
+        if (st == ND_OK && !nd_is_contiguous(c)) {
+            nd_tensor *h = c;
+            st = nd_contiguous(h, &c);
+            nd_release(h);
+        }
         if (st != ND_OK) {
             char nb[SHOW_BUF];
             return ferr(st, op, what, "tensor '%s': %s", show(entries[lay[i].idx].name,

@@ -116,9 +116,12 @@ nd_tensor *lt_check_tensor_like(lua_State *L, int idx, const char *op, nd_dtype 
     return tensor_from_lua(L, idx, dt, ty != LUA_TBOOLEAN);
 }
 
+static void finish_new_on(lua_State *L, nd_tensor *t, int opts, const char *op, nd_device dev);
+
 /* nd.tensor(data, {dtype=, device=, requires_grad=}) */
 static int l_tensor(lua_State *L) {
-    lt_check_device(L, 2, "tensor");
+    nd_tensor *src0 = lt_to(L, 1);
+    nd_device dev = lt_opt_device(L, 2, "tensor", src0 ? nd_get_device(src0) : nd_cpu_device());
     bool given = false;
     if (lua_istable(L, 2)) {
         given = lua_getfield(L, 2, "dtype") != LUA_TNIL;
@@ -129,12 +132,10 @@ static int l_tensor(lua_State *L) {
     nd_tensor *t;
     if (src) LT_CHECK(L, given ? nd_to_dtype(src, dt, &t) : nd_clone(src, &t));
     else {
-        t = tensor_from_lua(L, 1, dt, given); /* already pushed */
-        if (lt_opt_bool_field(L, 2, "requires_grad", false)) {
-            if (!nd_dtype_is_float(t->dtype))
-                lt_error(L, "tensor", "only floating point tensors can require gradients");
-            t->requires_grad = true;
-        }
+        t = tensor_from_lua(L, 1, dt, given); /* pushed: take it off the stack */
+        nd_retain(t);
+        lua_pop(L, 1);
+        finish_new_on(L, t, 2, "tensor", dev);
         return 1;
     }
     if (src && given && t == src) { /* to() returned src itself: copy */
@@ -144,14 +145,7 @@ static int l_tensor(lua_State *L) {
         LT_CHECK(L, st);
         t = c;
     }
-    if (lt_opt_bool_field(L, 2, "requires_grad", false)) {
-        if (!nd_dtype_is_float(t->dtype)) {
-            nd_release(t);
-            lt_error(L, "tensor", "only floating point tensors can require gradients");
-        }
-        t->requires_grad = true;
-    }
-    lt_push(L, t);
+    finish_new_on(L, t, 2, "tensor", dev);
     return 1;
 }
 
@@ -180,7 +174,7 @@ static void push_table(lua_State *L, const nd_tensor *t, int depth, const char *
 }
 
 static int t_totable(lua_State *L) {
-    nd_tensor *t = lt_check(L, 1, "totable");
+    nd_tensor *t = lt_push_host(L, lt_check(L, 1, "totable"), "totable");
     push_table(L, t, 0, nd_ptr(t));
     return 1;
 }
@@ -193,6 +187,7 @@ static int t_item(lua_State *L) {
                         "to a number (expected exactly 1)", (long long)nd_numel(t),
                         nd_shape_str(t->shape, t->ndim, b));
     }
+    t = lt_push_host(L, t, "item");
     push_element(L, nd_ptr(t), t->dtype);
     return 1;
 }
@@ -210,15 +205,20 @@ static int shape_and_opts(lua_State *L, int idx, const char *op, int64_t *shape,
     return n;
 }
 
-static void finish_new(lua_State *L, nd_tensor *t, int opts, const char *op) {
-    if (lt_opt_bool_field(L, opts, "requires_grad", false)) {
-        if (!nd_dtype_is_float(t->dtype)) {
-            nd_release(t);
-            lt_error(L, op, "only floating point tensors can require gradients");
-        }
-        t->requires_grad = true;
+/* Moves a new tensor to opts.device (default dev), sets requires_grad, pushes it. */
+static void finish_new_on(lua_State *L, nd_tensor *t, int opts, const char *op, nd_device dev) {
+    dev = lt_opt_device(L, opts, op, dev);
+    bool rg = lt_opt_bool_field(L, opts, "requires_grad", false);
+    if (rg && !nd_dtype_is_float(t->dtype)) {
+        nd_release(t);
+        lt_error(L, op, "only floating point tensors can require gradients");
     }
-    lt_push(L, t);
+    lt_push_on(L, t, dev, op);
+    if (rg) lt_to(L, -1)->requires_grad = true;
+}
+
+static void finish_new(lua_State *L, nd_tensor *t, int opts, const char *op) {
+    finish_new_on(L, t, opts, op, nd_cpu_device());
 }
 
 static int fill_ctor(lua_State *L, const char *op, double value, int first) {
@@ -227,9 +227,10 @@ static int fill_ctor(lua_State *L, const char *op, double value, int first) {
     int n = shape_and_opts(L, first, op, shape, &opts);
     nd_dtype dt = lt_opt_dtype(L, opts, op, ND_FLOAT32);
     nd_tensor *t;
-    if (value == 0) LT_CHECK_AS(L, op, nd_zeros(shape, n, dt, &t));
-    else if (isnan(value) && strcmp(op, "empty") == 0) LT_CHECK_AS(L, op, nd_empty(shape, n, dt, &t));
-    else LT_CHECK_AS(L, op, nd_full(shape, n, dt, value, &t));
+    nd_device dev = lt_check_device(L, opts, op); /* made there directly */
+    if (value == 0) LT_CHECK_AS(L, op, nd_zeros_on(dev, shape, n, dt, &t));
+    else if (isnan(value) && strcmp(op, "empty") == 0) LT_CHECK_AS(L, op, nd_empty_on(dev, shape, n, dt, &t));
+    else LT_CHECK_AS(L, op, nd_full_on(dev, shape, n, dt, value, &t));
     finish_new(L, t, opts, op);
     return 1;
 }
@@ -245,10 +246,10 @@ static int l_full(lua_State *L) {
     if (!lua_isboolean(L, 2)) luaL_checknumber(L, 2);
     nd_number v = lua_isboolean(L, 2) ? nd_num_i(lua_toboolean(L, 2))
                   : lua_isinteger(L, 2) ? nd_num_i(lua_tointeger(L, 2)) : nd_num_f(lua_tonumber(L, 2));
-    lt_check_device(L, 3, "full");
+    nd_device dev = lt_check_device(L, 3, "full");
     nd_dtype dt = lt_opt_dtype(L, 3, "full", lua_isboolean(L, 2) ? ND_BOOL : ND_FLOAT32);
     nd_tensor *t;
-    LT_CHECK_AS(L, "full", nd_empty(shape, n, dt, &t));
+    LT_CHECK_AS(L, "full", nd_empty_on(dev, shape, n, dt, &t));
     lt_push(L, t); /* owned by the stack while it is filled */
     LT_CHECK_AS(L, "full", nd_fill_number_(t, v)); /* exact for int64 */
     lua_pop(L, 1);
@@ -261,18 +262,18 @@ static int l_full(lua_State *L) {
 static int like_ctor(lua_State *L, const char *op, int kind, double value) {
     nd_tensor *x = lt_check(L, 1, op);
     int opts = kind == 2 ? 3 : 2;
-    lt_check_device(L, opts, op);
+    nd_device dev = lt_opt_device(L, opts, op, nd_get_device(x)); /* x's device by default */
     nd_dtype dt = lt_opt_dtype(L, opts, op, x->dtype);
     nd_tensor *t;
     if (kind == 3) {
-        LT_CHECK(L, nd_rand(x->shape, x->ndim, dt, &t));
+        LT_CHECK(L, nd_rand_on(dev, x->shape, x->ndim, dt, &t));
     } else if (kind == 4) {
-        LT_CHECK(L, nd_randn(x->shape, x->ndim, dt, &t));
+        LT_CHECK(L, nd_randn_on(dev, x->shape, x->ndim, dt, &t));
     } else {
         if (kind == 2) value = luaL_checknumber(L, 2);
-        LT_CHECK(L, nd_full(x->shape, x->ndim, dt, value, &t));
+        LT_CHECK(L, nd_full_on(dev, x->shape, x->ndim, dt, value, &t));
     }
-    finish_new(L, t, opts, op);
+    finish_new_on(L, t, opts, op, dev);
     return 1;
 }
 static int l_zeros_like(lua_State *L) { return like_ctor(L, "zeros_like", 0, 0); }
@@ -364,7 +365,8 @@ static int rand_ctor(lua_State *L, const char *op, int normal) {
     nd_dtype dt = lt_opt_dtype(L, opts, op, ND_FLOAT32);
     if (!nd_dtype_is_float(dt)) lt_error(L, op, "dtype must be floating point, got %s", nd_dtype_name(dt));
     nd_tensor *t;
-    LT_CHECK_AS(L, op, normal ? nd_randn(shape, n, dt, &t) : nd_rand(shape, n, dt, &t));
+    nd_device dev = lt_check_device(L, opts, op);
+    LT_CHECK_AS(L, op, normal ? nd_randn_on(dev, shape, n, dt, &t) : nd_rand_on(dev, shape, n, dt, &t));
     finish_new(L, t, opts, op);
     return 1;
 }

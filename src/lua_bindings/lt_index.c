@@ -12,6 +12,9 @@ nd_tensor *lt_check_index(lua_State *L, int idx, const char *op) {
     nd_tensor *t = lt_to(L, idx), *r;
     if (t && t->dtype != ND_INT64 && t->dtype != ND_INT32 && t->dtype != ND_UINT8)
         lt_error(L, op, "index tensor must have an integer dtype, got %s", nd_dtype_name(t->dtype));
+    /* Indices on a device are checked and shifted on the host, then go back. */
+    nd_device dev = t ? nd_get_device(t) : nd_cpu_device();
+    if (t && !nd_on_cpu(t)) t = lt_push_host(L, t, op);
     if (!t && !lua_istable(L, idx) && lua_type(L, idx) != LUA_TNUMBER)
         lt_error(L, op, "expected an index tensor or table for argument %d, got %s", idx,
                  luaL_typename(L, idx));
@@ -40,6 +43,11 @@ nd_tensor *lt_check_index(lua_State *L, int idx, const char *op) {
     for (int64_t i = 0; i < n; i++) {
         if (p[i] < 1) lt_error(L, op, "index %lld out of range (indices are 1-based)", (long long)p[i]);
         p[i] -= 1;
+    }
+    if (dev.type != ND_DEVICE_CPU) {
+        nd_retain(r);
+        lt_push_on(L, r, dev, op);
+        r = lt_to(L, -1);
     }
     return r;
 }

@@ -46,7 +46,15 @@ int lt_shape(lua_State *L, int idx, const char *op, int64_t *shape, bool allow_m
 int lt_dims(lua_State *L, int idx, const char *op, int *dims);
 /* Options table: dtype (default def), returns it; device must be cpu. */
 nd_dtype lt_opt_dtype(lua_State *L, int idx, const char *op, nd_dtype def);
-void lt_check_device(lua_State *L, int opts_idx, const char *op);
+/* The device named at idx ("cpu", "opencl", "opencl:N"); errors name op. */
+nd_device lt_device_name(lua_State *L, int idx, const char *op);
+/* opts.device of the options table at idx (def when absent or no table). */
+nd_device lt_opt_device(lua_State *L, int idx, const char *op, nd_device def);
+nd_device lt_check_device(lua_State *L, int opts_idx, const char *op); /* def cpu */
+/* Pushes t's elements in host memory (t itself on the cpu) and returns them. */
+nd_tensor *lt_push_host(lua_State *L, nd_tensor *t, const char *op);
+/* Pushes t (consuming the caller's reference) after moving it to d. */
+void lt_push_on(lua_State *L, nd_tensor *t, nd_device d, const char *op);
 bool lt_opt_bool_field(lua_State *L, int idx, const char *field, bool def);
 /* A table argument is an options table when it has named fields
  * ({correction=0}), data or a list of dims otherwise ({1, 3}). */

@@ -68,7 +68,7 @@ static int l_frombytes(lua_State *L) {
 /* t:tobytes(): the elements, row-major, as a string of raw little-endian bytes */
 static int t_tobytes(lua_State *L) {
     nd_tensor *t = lt_check(L, 1, "tobytes");
-    if (t->storage->device != ND_DEVICE_CPU) return lt_error(L, "tobytes", "tensor is not on the cpu");
+    t = lt_push_host(L, t, "tobytes");
     size_t nbytes = (size_t)nd_numel(t) * nd_dtype_size(t->dtype);
     if (nd_is_contiguous(t)) {
         lua_pushlstring(L, nbytes ? nd_ptr(t) : "", nbytes);

@@ -297,7 +297,7 @@ static int l_cross_entropy(lua_State *L) {
     }
     /* validate in the caller's terms (the core sees 0-based labels, so a
      * label 0 would read -1 there) */
-    if (logits->ndim == 2 && lab64->ndim == 1 && nd_is_contiguous(lab64)) {
+    if (logits->ndim == 2 && lab64->ndim == 1 && nd_is_contiguous(lab64) && nd_on_cpu(lab64)) {
         const int64_t *v = (const int64_t *)nd_ptr(lab64);
         int64_t C = logits->shape[1];
         for (int64_t i = 0; i < lab64->shape[0]; i++)

@@ -152,20 +152,37 @@ static int t_clone(lua_State *L) {
 static int t_to(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "to"), *r;
     nd_dtype dt = x->dtype;
+    nd_device dev = nd_get_device(x);
     if (lua_type(L, 2) == LUA_TSTRING) {
         const char *s = lua_tostring(L, 2);
-        if (strcmp(s, "cpu") == 0) { lua_settop(L, 1); return 1; }
-        if (strncmp(s, "opencl", 6) == 0)
-            return lt_error(L, "to", "device '%s' is not available (this build has only 'cpu')", s);
-        dt = lt_check_dtype_name(L, 2, "to");
+        if (strcmp(s, "cpu") == 0 || strncmp(s, "opencl", 6) == 0) dev = lt_device_name(L, 2, "to");
+        else dt = lt_check_dtype_name(L, 2, "to");
     } else if (lua_istable(L, 2)) {
-        lt_check_device(L, 2, "to");
+        dev = lt_opt_device(L, 2, "to", dev);
         dt = lt_opt_dtype(L, 2, "to", dt);
     } else {
         return lt_error(L, "to", "expected a dtype or device name or an options table, got %s",
                         luaL_typename(L, 2));
     }
-    return push_converted(L, nd_to_dtype(x, dt, &r), x, &r);
+    nd_tensor *m;
+    LT_CHECK_AS(L, "to", nd_to_device(x, dev, &m));
+    lt_push(L, m); /* owned by the stack */
+    LT_CHECK_AS(L, "to", nd_to_dtype(m, dt, &r));
+    if (r == x) { /* nothing to do: x itself, as PyTorch */
+        nd_release(r);
+        lua_pushvalue(L, 1);
+        return 1;
+    }
+    lt_push(L, r);
+    return 1;
+}
+
+/* x:cpu() */
+static int t_cpu(lua_State *L) {
+    nd_tensor *x = lt_check(L, 1, "cpu"), *r;
+    LT_CHECK_AS(L, "cpu", nd_to_device(x, nd_cpu_device(), &r));
+    lt_push(L, r);
+    return 1;
 }
 
 static int convert(lua_State *L, nd_dtype dt, const char *op) {
@@ -335,6 +352,7 @@ void lt_register_shape(lua_State *L) {
         {"contiguous", t_contiguous, true, false},
         {"clone", t_clone, true, true},
         {"to", t_to, true, false},
+        {"cpu", t_cpu, true, false},
         {"float", t_float, true, false},
         {"double", t_double, true, false},
         {"long", t_long, true, false},

@@ -212,15 +212,46 @@ nd_dtype lt_opt_dtype(lua_State *L, int idx, const char *op, nd_dtype def) {
     return dt;
 }
 
-void lt_check_device(lua_State *L, int idx, const char *op) {
-    if (!lua_istable(L, idx)) return;
-    if (lua_getfield(L, idx, "device") != LUA_TNIL) {
-        const char *dev = lua_tostring(L, -1);
-        if (!dev || strcmp(dev, "cpu") != 0)
-            lt_error(L, op, "device '%s' is not available (this build has only 'cpu')",
-                     dev ? dev : luaL_typename(L, -1));
-    }
+nd_device lt_device_name(lua_State *L, int idx, const char *op) {
+    if (lua_type(L, idx) != LUA_TSTRING)
+        lt_error(L, op, "device must be a string (\"cpu\", \"opencl\", \"opencl:N\"), got %s",
+                 luaL_typename(L, idx));
+    nd_device d;
+    if (nd_device_parse(lua_tostring(L, idx), &d) != ND_OK)
+        lt_error(L, op, "%s", nd_last_error_based(1));
+    return d;
+}
+
+nd_device lt_opt_device(lua_State *L, int idx, const char *op, nd_device def) {
+    if (!lua_istable(L, idx)) return def;
+    if (lua_getfield(L, idx, "device") != LUA_TNIL) def = lt_device_name(L, lua_gettop(L), op);
     lua_pop(L, 1);
+    return def;
+}
+
+nd_device lt_check_device(lua_State *L, int idx, const char *op) {
+    return lt_opt_device(L, idx, op, nd_cpu_device());
+}
+
+nd_tensor *lt_push_host(lua_State *L, nd_tensor *t, const char *op) {
+    nd_tensor *h;
+    LT_CHECK_AS(L, op, nd_to_host(t, &h));
+    lt_push(L, h);
+    return h;
+}
+
+void lt_push_on(lua_State *L, nd_tensor *t, nd_device d, const char *op) {
+    nd_device cur = nd_get_device(t);
+    if (cur.type != d.type || cur.index != d.index) {
+        nd_tensor *m;
+        bool on = nd_set_grad_enabled(false);
+        nd_status st = nd_to_device(t, d, &m);
+        nd_set_grad_enabled(on);
+        nd_release(t);
+        LT_CHECK_AS(L, op, st);
+        t = m;
+    }
+    lt_push(L, t);
 }
 
 bool lt_is_options(lua_State *L, int idx) {
@@ -284,7 +315,11 @@ static int t_index(lua_State *L) {
     const char *k = lua_tostring(L, 2);
     if (strcmp(k, "shape") == 0) return push_shape(L, t);
     if (strcmp(k, "dtype") == 0) { lua_pushstring(L, nd_dtype_name(t->dtype)); return 1; }
-    if (strcmp(k, "device") == 0) { lua_pushstring(L, "cpu"); return 1; }
+    if (strcmp(k, "device") == 0) {
+        char buf[32];
+        lua_pushstring(L, nd_device_str(nd_get_device(t), buf));
+        return 1;
+    }
     if (strcmp(k, "ndim") == 0) { lua_pushinteger(L, t->ndim); return 1; }
     if (strcmp(k, "requires_grad") == 0) { lua_pushboolean(L, t->requires_grad); return 1; }
     if (strcmp(k, "grad") == 0) {

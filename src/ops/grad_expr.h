@@ -87,10 +87,12 @@ static inline nd_tensor *gx_expand(nd_gx *c, const nd_tensor *t, const int64_t *
     return gx_own(c, nd_expand(t, shape, nd, &r), &r);
 }
 
-static inline nd_tensor *gx_zeros(nd_gx *c, const int64_t *shape, int nd, nd_dtype dt) {
+/* zeros on ref's device */
+static inline nd_tensor *gx_zeros(nd_gx *c, const nd_tensor *ref, const int64_t *shape, int nd,
+                                  nd_dtype dt) {
     GX_GUARD();
     nd_tensor *r = NULL;
-    return gx_own(c, nd_zeros(shape, nd, dt, &r), &r);
+    return gx_own(c, nd_zeros_on(nd_get_device(ref), shape, nd, dt, &r), &r);
 }
 
 static inline nd_tensor *gx_where(nd_gx *c, const nd_tensor *cond, const nd_tensor *a,

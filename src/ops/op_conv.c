@@ -39,6 +39,8 @@ nd_status nd_conv_pair_arg(const char *op, const char *what, const int64_t *v, c
 
 static nd_status check_float_dtypes(const char *op, const nd_tensor *x, const nd_tensor *w,
                                     const nd_tensor *b) {
+    ND_TRY(nd_check_same_device(op, x, w));
+    if (b) ND_TRY(nd_check_same_device(op, x, b));
     if (x->dtype != ND_FLOAT32 && x->dtype != ND_FLOAT64)
         return nd_fail(ND_ERR_DTYPE, "%s: expected a float32 or float64 input, got %s", op,
                        nd_dtype_name(x->dtype));
@@ -159,7 +161,7 @@ static nd_status im2col_forward(const nd_tensor *x, const nd_conv_geom *g, nd_te
     nd_tensor *xc;
     ND_TRY(nd_contiguous(x, &xc));
     int64_t shape[3] = {x->shape[0], x->shape[1] * g->kh * g->kw, g->lh * g->lw};
-    nd_status st = nd_empty(shape, 3, x->dtype, out);
+    nd_status st = nd_empty_on(nd_get_device(x), shape, 3, x->dtype, out);
     if (st == ND_OK) {
         st = ND_BACKEND_CALL(nd_backend_of(x), im2col, "im2col", *out, xc, g);
         if (st != ND_OK) { nd_release(*out); *out = NULL; }
@@ -178,7 +180,7 @@ static nd_status col2im_forward(const nd_tensor *cols, int64_t C, int64_t H, int
     nd_tensor *cc;
     ND_TRY(nd_contiguous(cols, &cc));
     int64_t shape[4] = {cols->shape[0], C, H, W};
-    nd_status st = nd_empty(shape, 4, cols->dtype, out);
+    nd_status st = nd_empty_on(nd_get_device(cols), shape, 4, cols->dtype, out);
     if (st == ND_OK) {
         st = ND_BACKEND_CALL(nd_backend_of(cols), col2im, "col2im", *out, cc, g);
         if (st != ND_OK) { nd_release(*out); *out = NULL; }
@@ -594,7 +596,7 @@ static nd_status dilate_forward(const nd_tensor *x, const bool *mask, int64_t di
         shape[d] *= dilation + 1;
     }
     nd_tensor *z, *v = NULL;
-    ND_TRY(nd_zeros(shape, x->ndim, x->dtype, &z));
+    ND_TRY(nd_zeros_on(nd_get_device(x), shape, x->ndim, x->dtype, &z));
     nd_status st = every_nth(z, mask, dilation, &v);
     if (st == ND_OK) st = nd_copy_(v, x);
     nd_release(v);

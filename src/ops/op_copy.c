@@ -47,7 +47,7 @@ nd_status nd_fill_(nd_tensor *dst, double value) { return nd_fill_number_(dst, n
 nd_status nd_fill_int_(nd_tensor *dst, int64_t value) { return nd_fill_number_(dst, nd_num_i(value)); }
 
 static nd_status copy_into_new(const nd_tensor *t, nd_dtype dt, nd_tensor **out) {
-    ND_TRY(nd_empty(t->shape, t->ndim, dt, out));
+    ND_TRY(nd_empty_on(nd_get_device(t), t->shape, t->ndim, dt, out));
     const nd_backend *be = nd_backend_of(t);
     nd_status st = ND_BACKEND_CALL(be, copy, "copy", *out, t);
     if (st != ND_OK) { nd_release(*out); *out = NULL; }

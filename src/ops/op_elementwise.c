@@ -55,7 +55,7 @@ static nd_status unary_forward(nd_unary_op op, const nd_tensor *x, nd_tensor **o
     ND_TRY(unary_dtype(op, x->dtype, &dt));
     nd_tensor *xc;
     ND_TRY(nd_as_dtype(x, dt, &xc));
-    nd_status st = nd_empty(x->shape, x->ndim, dt, out);
+    nd_status st = nd_empty_on(nd_get_device(x), x->shape, x->ndim, dt, out);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(x);
         st = ND_BACKEND_CALL(be, unary, nd_unary_name(op), op, *out, xc);
@@ -108,6 +108,7 @@ static nd_status binary_forward(nd_binary_op op, const nd_tensor *a, const nd_te
     const char *name = nd_binary_name(op);
     int64_t shape[ND_MAX_DIMS];
     int nd;
+    ND_TRY(nd_check_same_device(name, a, b));
     ND_TRY(nd_broadcast_shape(name, a->shape, a->ndim, b->shape, b->ndim, shape, &nd));
     nd_dtype c = ND_FLOAT32;
     ND_TRY(binary_dtype(op, nd_promote(a->dtype, b->dtype), &c));
@@ -115,7 +116,7 @@ static nd_status binary_forward(nd_binary_op op, const nd_tensor *a, const nd_te
     nd_tensor *ta = NULL, *tb = NULL;
     nd_status st = line_up(a, c, shape, nd, &al, &ta);
     if (st == ND_OK) st = line_up(b, c, shape, nd, &bl, &tb);
-    if (st == ND_OK) st = nd_empty(shape, nd, is_comparison(op) ? ND_BOOL : c, out);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(a), shape, nd, is_comparison(op) ? ND_BOOL : c, out);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(a);
         st = ND_BACKEND_CALL(be, binary, name, op, *out, al, bl);
@@ -165,7 +166,7 @@ static nd_status binary_number_forward(nd_binary_op op, const nd_tensor *a, nd_n
     }
     nd_tensor *ac;
     ND_TRY(nd_as_dtype(a, c, &ac));
-    nd_status st = nd_empty(a->shape, a->ndim, is_comparison(op) ? ND_BOOL : c, out);
+    nd_status st = nd_empty_on(nd_get_device(a), a->shape, a->ndim, is_comparison(op) ? ND_BOOL : c, out);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(a);
         _Alignas(8) unsigned char value[8] = {0};
@@ -310,6 +311,8 @@ static nd_status where_forward(const nd_tensor *cond, const nd_tensor *a, const 
                        nd_dtype_name(cond->dtype));
     int64_t s1[ND_MAX_DIMS], shape[ND_MAX_DIMS];
     int n1, nd;
+    ND_TRY(nd_check_same_device("where", cond, a));
+    ND_TRY(nd_check_same_device("where", a, b));
     ND_TRY(nd_broadcast_shape("where", a->shape, a->ndim, b->shape, b->ndim, s1, &n1));
     ND_TRY(nd_broadcast_shape("where", cond->shape, cond->ndim, s1, n1, shape, &nd));
     nd_dtype c = nd_promote(a->dtype, b->dtype);
@@ -319,7 +322,7 @@ static nd_status where_forward(const nd_tensor *cond, const nd_tensor *a, const 
     if (st == ND_OK) st = nd_expand_to(ac, shape, nd, &ae);
     if (st == ND_OK) st = nd_expand_to(bc, shape, nd, &bex);
     if (st == ND_OK) st = nd_expand_to(cond, shape, nd, &ce);
-    if (st == ND_OK) st = nd_empty(shape, nd, c, out);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(a), shape, nd, c, out);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(a);
         st = ND_BACKEND_CALL(be, where, "where", *out, ce, ae, bex);
@@ -337,7 +340,7 @@ static nd_status clamp_forward(const nd_tensor *x, double lo, double hi, nd_tens
     nd_dtype dt = x->dtype == ND_FLOAT16 || x->dtype == ND_BFLOAT16 ? ND_FLOAT32 : x->dtype;
     nd_tensor *xc;
     ND_TRY(nd_as_dtype(x, dt, &xc));
-    nd_status st = nd_empty(x->shape, x->ndim, dt, out);
+    nd_status st = nd_empty_on(nd_get_device(x), x->shape, x->ndim, dt, out);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(x);
         st = ND_BACKEND_CALL(be, clamp, "clamp", *out, xc, lo, hi);

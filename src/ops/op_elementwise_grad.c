@@ -49,7 +49,7 @@ static nd_status bw_unary(nd_node *n, nd_tensor *g, nd_tensor **grads) {
         break;
     }
     default: /* sign, floor, ceil, round: zero almost everywhere */
-        r = gx_zeros(&c, n->in_shape[0], n->in_ndim[0], g->dtype);
+        r = gx_zeros(&c, g, n->in_shape[0], n->in_ndim[0], g->dtype);
         break;
     }
     grads[0] = gx_out(&c, r);
@@ -115,7 +115,7 @@ static nd_status bw_binary(nd_node *n, nd_tensor *g, nd_tensor **grads) {
         if (wb) {
             nd_tensor *y = gx_bin(&c, ND_BINARY_pow, a, b);
             nd_tensor *t = gx_bin(&c, ND_BINARY_mul, g, gx_bin(&c, ND_BINARY_mul, y, gx_un(&c, ND_UNARY_log, a)));
-            nd_tensor *z = gx_zeros(&c, NULL, 0, t ? t->dtype : ND_FLOAT32);
+            nd_tensor *z = gx_zeros(&c, g, NULL, 0, t ? t->dtype : ND_FLOAT32);
             gb = gx_where(&c, gx_sc(&c, ND_BINARY_eq, a, 0, 0), z, t);
         }
         break;
@@ -207,7 +207,7 @@ nd_status nd_record_binary_number(nd_binary_op op, const nd_tensor *a, nd_number
 static nd_status bw_where(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     nd_gx c = {0};
     nd_tensor *cond = gx_saved(&c, n, 0);
-    nd_tensor *z = gx_zeros(&c, NULL, 0, g->dtype);
+    nd_tensor *z = gx_zeros(&c, g, NULL, 0, g->dtype);
     if (n->needs_grad[1]) grads[1] = gx_out(&c, gx_sum_to(&c, gx_where(&c, cond, g, z), n, 1));
     if (n->needs_grad[2]) grads[2] = gx_out(&c, gx_sum_to(&c, gx_where(&c, cond, z, g), n, 2));
     return gx_end(&c);

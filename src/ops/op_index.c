@@ -17,16 +17,14 @@ static nd_status check_index_dtype(const char *op, const nd_tensor *index) {
 }
 
 static nd_status check_device(const char *op, const nd_tensor *a, const nd_tensor *b) {
-    if (a->storage->device != b->storage->device)
-        return nd_fail(ND_ERR_DEVICE, "%s: tensors are on different devices", op);
-    return ND_OK;
+    return nd_check_same_device(op, a, b);
 }
 
 /* A fresh contiguous copy of x (broadcast to shape, cast to dt). */
 static nd_status fresh_copy(const nd_tensor *x, const int64_t *shape, int ndim, nd_dtype dt,
                             nd_tensor **out) {
     nd_tensor *t;
-    ND_TRY(nd_empty(shape, ndim, dt, &t));
+    ND_TRY(nd_empty_on(nd_get_device(x), shape, ndim, dt, &t));
     nd_status st = nd_copy_(t, x);
     if (st != ND_OK) {
         nd_release(t);
@@ -55,7 +53,7 @@ static nd_status gather_forward(const nd_tensor *x, int dim, const nd_tensor *in
                            nd_shape_str(index->shape, index->ndim, b1),
                            nd_shape_str(x->shape, x->ndim, b2), ND_IX(i), ND_IX(d));
     nd_tensor *t;
-    ND_TRY(nd_empty(index->shape, index->ndim, x->dtype, &t));
+    ND_TRY(nd_empty_on(nd_get_device(x), index->shape, index->ndim, x->dtype, &t));
     const nd_backend *be = nd_backend_of(x);
     nd_status st = ND_BACKEND_CALL(be, gather, "gather", t, x, d, index);
     if (st != ND_OK) {
@@ -142,7 +140,7 @@ static nd_status index_select_forward(const nd_tensor *x, int dim, const nd_tens
     memcpy(shape, x->shape, sizeof shape);
     if (x->ndim) shape[d] = k;
     nd_tensor *t;
-    ND_TRY(nd_empty(shape, x->ndim, x->dtype, &t));
+    ND_TRY(nd_empty_on(nd_get_device(x), shape, x->ndim, x->dtype, &t));
     const nd_backend *be = nd_backend_of(x);
     nd_status st = ND_BACKEND_CALL(be, index_select, "index_select", t, x, d, index);
     if (st != ND_OK) {
@@ -285,7 +283,7 @@ nd_status nd_one_hot(const nd_tensor *index, int64_t num_classes, nd_tensor **ou
     /* A huge (inferred) num_classes fails here, named as one_hot's. */
     ND_TRY(nd_check_shape("one_hot", shape, index->ndim + 1, NULL));
     nd_tensor *t;
-    ND_TRY(nd_zeros(shape, index->ndim + 1, ND_INT64, &t));
+    ND_TRY(nd_zeros_on(nd_get_device(index), shape, index->ndim + 1, ND_INT64, &t));
     if (n == 0) {
         *out = t;
         return ND_OK;
@@ -293,7 +291,7 @@ nd_status nd_one_hot(const nd_tensor *index, int64_t num_classes, nd_tensor **ou
     /* out.scatter_(-1, index.unsqueeze(-1), 1) */
     nd_tensor *iv = NULL, *one = NULL, *ones = NULL;
     nd_status st = nd_unsqueeze(index, index->ndim, &iv);
-    if (st == ND_OK) st = nd_scalar(1, ND_INT64, &one);
+    if (st == ND_OK) st = nd_full_on(nd_get_device(index), NULL, 0, ND_INT64, 1, &one);
     if (st == ND_OK) st = nd_expand(one, iv->shape, iv->ndim, &ones);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(index);

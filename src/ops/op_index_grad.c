@@ -69,7 +69,7 @@ static nd_tensor *gx_embed_front(nd_gx *c, const nd_tensor *t, const int64_t *sh
 nd_status nd_gather_backward(const nd_tensor *g, const int64_t *shape, int ndim, int dim,
                              const nd_tensor *index, nd_tensor **out) {
     nd_tensor *z;
-    ND_TRY(nd_zeros(shape, ndim, g->dtype, &z));
+    ND_TRY(nd_zeros_on(nd_get_device(g), shape, ndim, g->dtype, &z));
     nd_status st = nd_scatter(z, dim, index, g, 1, out);
     nd_release(z);
     return st;
@@ -108,7 +108,7 @@ static nd_status bw_scatter(nd_node *n, nd_tensor *g, nd_tensor **grads) {
         if (accumulate) {
             grads[0] = gx_out(&c, g);
         } else { /* what was overwritten gets no gradient */
-            nd_tensor *zero = gx_zeros(&c, NULL, 0, g->dtype);
+            nd_tensor *zero = gx_zeros(&c, g, NULL, 0, g->dtype);
             grads[0] = gx_out(&c, gx_scatter(&c, g, d, index, zero, 0));
         }
     }
@@ -142,7 +142,7 @@ nd_status nd_record_scatter(const nd_tensor *x, int dim, const nd_tensor *index,
 static nd_status bw_index_select(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     nd_gx c = {0};
     nd_tensor *index = gx_saved(&c, n, 0);
-    nd_tensor *z = gx_zeros(&c, n->in_shape[0], n->in_ndim[0], g->dtype);
+    nd_tensor *z = gx_zeros(&c, g, n->in_shape[0], n->in_ndim[0], g->dtype);
     grads[0] = gx_out(&c, gx_index_add(&c, z, n->dims[0], index, g, 1.0));
     return gx_end(&c);
 }

@@ -34,15 +34,19 @@ static nd_status cat_forward(nd_tensor *const *ts, int n, int dim, nd_tensor **o
         if (ts[i]->ndim == 0)
             return nd_fail(ND_ERR_SHAPE, "cat: zero-dimensional tensor (at position " ND_IXF ") "
                            "cannot be concatenated", ND_IX(i));
-        if (ts[i]->storage->device != ts[0]->storage->device)
-            return nd_fail(ND_ERR_DEVICE, "cat: tensor " ND_IXF " is on a different device than "
-                           "tensor " ND_IXF, ND_IX(i), ND_IX(0));
+        if (!nd_same_device(ts[i], ts[0])) {
+            char d0[32], d1[32];
+            return nd_fail(ND_ERR_DEVICE, "cat: tensor " ND_IXF " is on %s but tensor " ND_IXF
+                           " is on %s (expected all on one device)", ND_IX(i),
+                           nd_device_str(nd_get_device(ts[i]), d1), ND_IX(0),
+                           nd_device_str(nd_get_device(ts[0]), d0));
+        }
         dt = i ? nd_promote(dt, ts[i]->dtype) : ts[i]->dtype;
         if (!ref && !cat_skipped(ts[i])) { ref = ts[i]; ref_i = i; }
     }
     if (!ref) { /* everything was a 1-D empty tensor */
         int64_t zero = 0;
-        return nd_empty(&zero, 1, dt, out);
+        return nd_empty_on(nd_get_device(ts[0]), &zero, 1, dt, out);
     }
     int d;
     ND_TRY(nd_norm_dim("cat", dim, ref->ndim, &d));
@@ -62,7 +66,7 @@ static nd_status cat_forward(nd_tensor *const *ts, int n, int dim, nd_tensor **o
         shape[d] += t->shape[d];
     }
     nd_tensor *r;
-    ND_TRY(nd_empty(shape, ref->ndim, dt, &r));
+    ND_TRY(nd_empty_on(nd_get_device(ref), shape, ref->ndim, dt, &r));
     int64_t off = 0;
     for (int i = 0; i < n; i++) {
         const nd_tensor *t = ts[i];
@@ -102,16 +106,20 @@ static nd_status stack_forward(nd_tensor *const *ts, int n, int dim, nd_tensor *
                            "tensor " ND_IXF " has shape %s and tensor " ND_IXF " has shape %s", ND_IX(0),
                            nd_shape_str(ref->shape, ref->ndim, b1), ND_IX(i),
                            nd_shape_str(t->shape, t->ndim, b2));
-        if (t->storage->device != ref->storage->device)
-            return nd_fail(ND_ERR_DEVICE, "stack: tensor " ND_IXF " is on a different device "
-                           "than tensor " ND_IXF, ND_IX(i), ND_IX(0));
+        if (!nd_same_device(t, ref)) {
+            char d0[32], d1[32];
+            return nd_fail(ND_ERR_DEVICE, "stack: tensor " ND_IXF " is on %s but tensor " ND_IXF
+                           " is on %s (expected all on one device)", ND_IX(i),
+                           nd_device_str(nd_get_device(t), d1), ND_IX(0),
+                           nd_device_str(nd_get_device(ref), d0));
+        }
         dt = nd_promote(dt, t->dtype);
     }
     /* result shape: ref's with n inserted at d; slot i is the view without d */
     int64_t shape[ND_MAX_DIMS], vshape[ND_MAX_DIMS], vstrides[ND_MAX_DIMS];
     for (int k = 0, j = 0; k <= ref->ndim; k++) shape[k] = k == d ? n : ref->shape[j++];
     nd_tensor *r;
-    ND_TRY(nd_empty(shape, ref->ndim + 1, dt, &r));
+    ND_TRY(nd_empty_on(nd_get_device(ref), shape, ref->ndim + 1, dt, &r));
     for (int k = 0, j = 0; k <= ref->ndim; k++) {
         if (k == d) continue;
         vshape[j] = r->shape[k];
@@ -150,7 +158,7 @@ static nd_status flip_forward(const nd_tensor *x, const int *dims, int ndims, nd
         strides[d] = -x->strides[d];
     }
     nd_tensor *r;
-    ND_TRY(nd_empty(x->shape, x->ndim, x->dtype, &r));
+    ND_TRY(nd_empty_on(nd_get_device(x), x->shape, x->ndim, x->dtype, &r));
     nd_tensor *v;
     nd_status st = nd_tensor_view_of(x, x->shape, strides, x->ndim, offset, &v);
     if (st == ND_OK) {
@@ -215,7 +223,7 @@ static nd_status pad_forward(const nd_tensor *x, const int64_t *pads, int npairs
     }
     ND_TRY(nd_check_shape("pad", shape, x->ndim, NULL));
     nd_tensor *r;
-    ND_TRY(nd_full(shape, x->ndim, x->dtype, value, &r));
+    ND_TRY(nd_full_on(nd_get_device(x), shape, x->ndim, x->dtype, value, &r));
     if (empty_src || nd_shape_numel(src_shape, x->ndim) == 0) {
         *out = r;
         return ND_OK;

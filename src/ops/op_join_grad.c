@@ -25,7 +25,7 @@ static nd_status bw_cat(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     int64_t off = 0;
     for (int i = 0; i < n->ninputs; i++) {
         if (cat_skipped_input(n, i)) {
-            if (n->needs_grad[i]) ND_TRY(nd_zeros(n->in_shape[i], 1, g->dtype, &grads[i]));
+            if (n->needs_grad[i]) ND_TRY(nd_zeros_on(nd_get_device(g), n->in_shape[i], 1, g->dtype, &grads[i]));
             continue;
         }
         int64_t len = n->in_shape[i][d];

@@ -5,6 +5,7 @@
 
 static nd_status matmul_forward(const nd_tensor *a, const nd_tensor *b, nd_tensor **out) {
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+    ND_TRY(nd_check_same_device("matmul", a, b));
     if (a->ndim == 0 || b->ndim == 0)
         return nd_fail(ND_ERR_SHAPE, "matmul: both arguments need at least 1 dim, got shapes %s and %s",
                        nd_shape_str(a->shape, a->ndim, b1), nd_shape_str(b->shape, b->ndim, b2));
@@ -43,7 +44,7 @@ static nd_status matmul_forward(const nd_tensor *a, const nd_tensor *b, nd_tenso
     if (st == ND_OK) st = nd_reshape(bc, bs, bn, &bv);
     if (st == ND_OK) st = nd_expand(av, ash, nb + 2, &ae);
     if (st == ND_OK) st = nd_expand(bv, bsh, nb + 2, &bex);
-    if (st == ND_OK) st = nd_empty(osh, nb + 2, c, &r);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(a), osh, nb + 2, c, &r);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(a);
         st = ND_BACKEND_CALL(be, matmul, "matmul", r, ae, bex);

@@ -21,6 +21,7 @@
 
 static nd_status check_param(const char *what, const nd_tensor *p, const nd_tensor *x, int nnorm) {
     if (!p) return ND_OK;
+    ND_TRY(nd_check_same_device("layer_norm", x, p));
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
     bool ok = p->ndim == nnorm && p->dtype == x->dtype;
     for (int i = 0; ok && i < nnorm; i++) ok = p->shape[i] == x->shape[x->ndim - nnorm + i];
@@ -51,9 +52,9 @@ static nd_status layer_norm_forward(const nd_tensor *x, int nnorm, const nd_tens
     nd_status st = nd_contiguous(x, &xc);
     if (st == ND_OK && w) st = nd_contiguous(w, &wc);
     if (st == ND_OK && b) st = nd_contiguous(b, &bc);
-    if (st == ND_OK) st = nd_empty(x->shape, x->ndim, x->dtype, out);
-    if (st == ND_OK) st = nd_empty(stat_shape, x->ndim, x->dtype, mean);
-    if (st == ND_OK) st = nd_empty(stat_shape, x->ndim, x->dtype, rstd);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(x), x->shape, x->ndim, x->dtype, out);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(x), stat_shape, x->ndim, x->dtype, mean);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(x), stat_shape, x->ndim, x->dtype, rstd);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(x);
         st = ND_BACKEND_CALL(be, layer_norm, "layer_norm", *out, *mean, *rstd, xc, wc, bc, eps);
@@ -78,11 +79,11 @@ static nd_status bw_layer_norm_fused(nd_node *n, nd_tensor *g, nd_tensor **grads
     if (st == ND_OK) st = nd_contiguous(g, &gc);
     if (st == ND_OK) st = nd_contiguous(x, &xc);
     if (st == ND_OK && w) { nd_tensor *wc; st = nd_contiguous(w, &wc); nd_release(w); w = wc; }
-    if (st == ND_OK && n->needs_grad[0]) st = nd_empty(x->shape, x->ndim, x->dtype, &dx);
+    if (st == ND_OK && n->needs_grad[0]) st = nd_empty_on(nd_get_device(x), x->shape, x->ndim, x->dtype, &dx);
     int nnorm = (int)n->iparams[0];
     const int64_t *pshape = x->shape + x->ndim - nnorm;
-    if (st == ND_OK && n->ninputs > 1 && n->needs_grad[1]) st = nd_empty(pshape, nnorm, x->dtype, &dw);
-    if (st == ND_OK && n->ninputs > 2 && n->needs_grad[2]) st = nd_empty(pshape, nnorm, x->dtype, &db);
+    if (st == ND_OK && n->ninputs > 1 && n->needs_grad[1]) st = nd_empty_on(nd_get_device(x), pshape, nnorm, x->dtype, &dw);
+    if (st == ND_OK && n->ninputs > 2 && n->needs_grad[2]) st = nd_empty_on(nd_get_device(x), pshape, nnorm, x->dtype, &db);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(x);
         st = ND_BACKEND_CALL(be, layer_norm_backward, "layer_norm", dx, dw, db, gc, xc, w, mean, rstd);
@@ -186,22 +187,35 @@ static nd_status ce_check(const nd_tensor *logits, const nd_tensor *labels, int6
         return nd_fail(ND_ERR_ARG, "cross_entropy: label_smoothing must be in [0, 1], got %g", smoothing);
     if (reduction < 0 || reduction > 2)
         return nd_fail(ND_ERR_ARG, "cross_entropy: invalid reduction %d", reduction);
+    ND_TRY(nd_check_same_device("cross_entropy", logits, labels));
+    /* Labels are read on the host (a device copies them over: N values). */
+    nd_tensor *host;
+    ND_TRY(nd_to_host(labels, &host));
     int64_t n = labels->shape[0], c = logits->shape[1];
     for (int64_t i = 0; i < n; i++) {
         int64_t v;
-        memcpy(&v, (const char *)nd_ptr(labels) + i * labels->strides[0] * 8, 8);
-        if (v != ignore && (v < 0 || v >= c))
+        memcpy(&v, (const char *)nd_ptr(host) + i * host->strides[0] * 8, 8);
+        if (v != ignore && (v < 0 || v >= c)) {
+            nd_release(host);
             return nd_fail(ND_ERR_INDEX, "cross_entropy: label " ND_IXF " of row " ND_IXF " is out "
                            "of range for %lld classes (expected " ND_IXF ".." ND_IXF ")", ND_IX(v),
                            ND_IX(i), (long long)c, ND_IX(0), ND_IX(c - 1));
+        }
     }
+    nd_release(host);
     return ND_OK;
 }
 
 static int64_t count_kept(const nd_tensor *labels, int64_t ignore) {
     int64_t n = labels->shape[0], kept = 0;
-    const int64_t *p = (const int64_t *)nd_ptr(labels);
-    for (int64_t i = 0; i < n; i++) kept += p[i] != ignore;
+    nd_tensor *host;
+    if (nd_to_host(labels, &host) != ND_OK) return n; /* labels were read once already */
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v;
+        memcpy(&v, (const char *)nd_ptr(host) + i * host->strides[0] * 8, 8);
+        kept += v != ignore;
+    }
+    nd_release(host);
     return kept;
 }
 
@@ -222,7 +236,7 @@ static nd_status bw_cross_entropy(nd_node *n, nd_tensor *g, nd_tensor **grads) {
         nd_tensor *lc = NULL, *wc = NULL, *d = NULL;
         nd_status st = nd_contiguous(logits, &lc);
         if (st == ND_OK) st = nd_contiguous(w, &wc);
-        if (st == ND_OK) st = nd_empty(logits->shape, 2, logits->dtype, &d);
+        if (st == ND_OK) st = nd_empty_on(nd_get_device(logits), logits->shape, 2, logits->dtype, &d);
         if (st == ND_OK) {
             const nd_backend *be = nd_backend_of(logits);
             st = ND_BACKEND_CALL(be, cross_entropy_backward, "cross_entropy", d, lc, labels, wc,
@@ -236,7 +250,7 @@ static nd_status bw_cross_entropy(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     /* create_graph: the same formula with differentiable ops; the target is a constant */
     grad_on = nd_set_grad_enabled(false);
     nd_tensor *valid = gx_where(&c, gx_sc(&c, ND_BINARY_eq, labels, (double)ignore, 0),
-                                gx_zeros(&c, NULL, 0, ND_INT64), labels);
+                                gx_zeros(&c, labels, NULL, 0, ND_INT64), labels);
     nd_tensor *oh = NULL;
     if (c.st == ND_OK) oh = gx_own(&c, nd_one_hot(valid, C, &oh), &oh);
     nd_tensor *target = gx_sc(&c, ND_BINARY_add, gx_sc(&c, ND_BINARY_mul, gx_to(&c, oh, logits->dtype), 1 - eps, 0), eps / (double)C, 0);
@@ -257,7 +271,7 @@ nd_status nd_cross_entropy(const nd_tensor *logits, const nd_tensor *labels, int
     int64_t N = logits->shape[0];
     nd_status st = nd_contiguous(logits, &lc);
     if (st == ND_OK) st = nd_contiguous(labels, &yc);
-    if (st == ND_OK) st = nd_empty(&N, 1, logits->dtype, &rows);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(logits), &N, 1, logits->dtype, &rows);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(logits);
         st = ND_BACKEND_CALL(be, cross_entropy, "cross_entropy", rows, lc, yc, ignore_index,
@@ -311,6 +325,7 @@ static int channel_shape(const nd_tensor *x, int64_t *shape) {
 static nd_status bn_check_param(const char *what, const nd_tensor *p, const nd_tensor *x) {
     char b1[ND_SHAPE_BUF];
     if (!p) return ND_OK;
+    ND_TRY(nd_check_same_device("batch_norm", x, p));
     if (p->ndim != 1 || p->shape[0] != x->shape[1] || p->dtype != x->dtype)
         return nd_fail(ND_ERR_SHAPE, "batch_norm: %s must be a %s tensor of shape {%lld} (one "
                        "value per channel), got %s %s", what, nd_dtype_name(x->dtype),
@@ -400,8 +415,8 @@ static nd_status batch_norm_forward(const nd_tensor *x, nd_tensor *rm, nd_tensor
     if (st == ND_OK && b) st = nd_contiguous(b, &bc);
     if (st == ND_OK) {
         if (training) {
-            st = nd_empty(&C, 1, x->dtype, mean);
-            if (st == ND_OK) st = nd_empty(&C, 1, x->dtype, rstd);
+            st = nd_empty_on(nd_get_device(x), &C, 1, x->dtype, mean);
+            if (st == ND_OK) st = nd_empty_on(nd_get_device(x), &C, 1, x->dtype, rstd);
         } else { /* rstd = (running_var + eps)^-1/2 */
             nd_tensor *ve = NULL;
             st = nd_clone(rm, mean);
@@ -410,7 +425,7 @@ static nd_status batch_norm_forward(const nd_tensor *x, nd_tensor *rm, nd_tensor
             nd_release(ve);
         }
     }
-    if (st == ND_OK) st = nd_empty(x->shape, x->ndim, x->dtype, out);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(x), x->shape, x->ndim, x->dtype, out);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(x);
         st = ND_BACKEND_CALL(be, batch_norm, "batch_norm", *out, *mean, *rstd, xc, wc, bc, eps,

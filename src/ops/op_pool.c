@@ -98,8 +98,8 @@ static nd_status max_pool_forward(const nd_tensor *x, const nd_pool_geom *p, nd_
     int64_t shape[4] = {x->shape[0], x->shape[1], p->oh, p->ow};
     nd_tensor *xc, *o = NULL, *ix = NULL;
     ND_TRY(nd_contiguous(x, &xc));
-    nd_status st = nd_empty(shape, 4, x->dtype, &o);
-    if (st == ND_OK) st = nd_empty(shape, 4, ND_INT64, &ix);
+    nd_status st = nd_empty_on(nd_get_device(x), shape, 4, x->dtype, &o);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(x), shape, 4, ND_INT64, &ix);
     if (st == ND_OK) st = ND_BACKEND_CALL(nd_backend_of(x), max_pool2d, "max_pool2d", o, ix, xc, p);
     nd_release(xc);
     if (st != ND_OK) {
@@ -170,7 +170,7 @@ static nd_status max_backward_forward(const nd_tensor *g, const nd_tensor *indic
     nd_tensor *gc, *ic = NULL;
     ND_TRY(nd_contiguous(g, &gc));
     nd_status st = nd_contiguous(indices, &ic);
-    if (st == ND_OK) st = nd_empty(shape, 4, g->dtype, out);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(g), shape, 4, g->dtype, out);
     if (st == ND_OK) {
         st = ND_BACKEND_CALL(nd_backend_of(g), max_pool2d_backward, "max_pool2d_backward", *out, gc, ic);
         if (st != ND_OK) { nd_release(*out); *out = NULL; }
@@ -242,7 +242,7 @@ static nd_status avg_forward(const nd_tensor *x, const nd_pool_geom *p, nd_tenso
     int64_t shape[4] = {x->shape[0], x->shape[1], p->oh, p->ow};
     nd_tensor *xc;
     ND_TRY(nd_contiguous(x, &xc));
-    nd_status st = nd_empty(shape, 4, x->dtype, out);
+    nd_status st = nd_empty_on(nd_get_device(x), shape, 4, x->dtype, out);
     if (st == ND_OK) {
         st = ND_BACKEND_CALL(nd_backend_of(x), avg_pool2d,
                              p->adaptive ? "adaptive_avg_pool2d" : "avg_pool2d", *out, xc, p);
@@ -257,7 +257,7 @@ static nd_status avg_backward_forward(const nd_tensor *g, const nd_pool_geom *p,
     int64_t shape[4] = {g->shape[0], g->shape[1], H, W};
     nd_tensor *gc;
     ND_TRY(nd_contiguous(g, &gc));
-    nd_status st = nd_empty(shape, 4, g->dtype, out);
+    nd_status st = nd_empty_on(nd_get_device(g), shape, 4, g->dtype, out);
     if (st == ND_OK) {
         st = ND_BACKEND_CALL(nd_backend_of(g), avg_pool2d_backward, "avg_pool2d_backward", *out,
                              gc, p);

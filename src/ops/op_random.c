@@ -38,14 +38,14 @@ static void rng_reserve(int64_t count, uint64_t *seed, uint64_t *offset) {
 }
 
 /* A new tensor of `shape` filled by the backend's random kernel. */
-static nd_status random_new(const char *op, const int64_t *shape, int ndim, nd_dtype dt,
+static nd_status random_new(const char *op, nd_device dev, const int64_t *shape, int ndim, nd_dtype dt,
                             nd_random_kind kind, double a, double b, const nd_tensor *p,
                             nd_tensor **out) {
     int64_t numel;
     *out = NULL;
     ND_TRY(nd_check_shape(op, shape, ndim, &numel));
     nd_tensor *t;
-    ND_TRY(nd_empty(shape, ndim, dt, &t));
+    ND_TRY(nd_empty_on(dev, shape, ndim, dt, &t));
     uint64_t seed, offset;
     rng_reserve(numel, &seed, &offset);
     const nd_backend *be = nd_backend_of(t);
@@ -65,16 +65,24 @@ static nd_status check_float(const char *op, nd_dtype dt) {
     return ND_OK;
 }
 
-nd_status nd_rand(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out) {
+nd_status nd_rand_on(nd_device dev, const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out) {
     *out = NULL;
     ND_TRY(check_float("rand", dt));
-    return random_new("rand", shape, ndim, dt, ND_RANDOM_UNIFORM, 0.0, 1.0, NULL, out);
+    return random_new("rand", dev, shape, ndim, dt, ND_RANDOM_UNIFORM, 0.0, 1.0, NULL, out);
+}
+
+nd_status nd_randn_on(nd_device dev, const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out) {
+    *out = NULL;
+    ND_TRY(check_float("randn", dt));
+    return random_new("randn", dev, shape, ndim, dt, ND_RANDOM_NORMAL, 0.0, 1.0, NULL, out);
+}
+
+nd_status nd_rand(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out) {
+    return nd_rand_on(nd_cpu_device(), shape, ndim, dt, out);
 }
 
 nd_status nd_randn(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out) {
-    *out = NULL;
-    ND_TRY(check_float("randn", dt));
-    return random_new("randn", shape, ndim, dt, ND_RANDOM_NORMAL, 0.0, 1.0, NULL, out);
+    return nd_randn_on(nd_cpu_device(), shape, ndim, dt, out);
 }
 
 /* Bounds travel to the kernel as doubles: keep them exact. */
@@ -105,7 +113,7 @@ nd_status nd_randint(int64_t low, int64_t high, const int64_t *shape, int ndim, 
         return nd_fail(ND_ERR_ARG, "randint: range [%lld, %lld) does not fit dtype %s (which "
                        "holds [%lld, %lld) exactly)", (long long)low, (long long)high,
                        nd_dtype_name(dt), (long long)lo_min, (long long)hi_max);
-    return random_new("randint", shape, ndim, dt, ND_RANDOM_INT, (double)low, (double)high,
+    return random_new("randint", nd_cpu_device(), shape, ndim, dt, ND_RANDOM_INT, (double)low, (double)high,
                       NULL, out);
 }
 
@@ -132,7 +140,7 @@ nd_status nd_bernoulli(const nd_tensor *p, nd_tensor **out) {
         if (!(hi >= 0 && hi <= 1))
             return nd_fail(ND_ERR_ARG, "bernoulli: probabilities must be in [0, 1], got %g", hi);
     }
-    return random_new("bernoulli", p->shape, p->ndim, p->dtype, ND_RANDOM_BERNOULLI, 0.0, 0.0,
+    return random_new("bernoulli", nd_get_device(p), p->shape, p->ndim, p->dtype, ND_RANDOM_BERNOULLI, 0.0, 0.0,
                       p, out);
 }
 
@@ -145,7 +153,7 @@ nd_status nd_randperm(int64_t n, nd_tensor **out) {
     if (n < 0) return nd_fail(ND_ERR_ARG, "randperm: n must be non-negative, got %lld",
                               (long long)n);
     nd_tensor *keys;
-    ND_TRY(random_new("randperm", &n, 1, ND_INT64, ND_RANDOM_INT, 0.0, (double)RANDINT_LIMIT,
+    ND_TRY(random_new("randperm", nd_cpu_device(), &n, 1, ND_INT64, ND_RANDOM_INT, 0.0, (double)RANDINT_LIMIT,
                       NULL, &keys));
     nd_status st = nd_sort(keys, 0, 0, NULL, out);
     nd_release(keys);

@@ -97,7 +97,7 @@ static nd_status reduce_forward(nd_reduce_op op, const nd_tensor *x, const int *
     int nsq;
     out_shapes(x, mask, keep, sq, &nsq);
     nd_tensor *r;
-    nd_status st = nd_empty(keep, x->ndim, result, &r);
+    nd_status st = nd_empty_on(nd_get_device(x), keep, x->ndim, result, &r);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(x);
         st = ND_BACKEND_CALL(be, reduce, name, op, r, xc, mask, correction);
@@ -126,8 +126,8 @@ static nd_status max_dim_forward(const nd_tensor *x, int dim, int keepdim, int i
     int64_t keep[ND_MAX_DIMS], sq[ND_MAX_DIMS];
     int nsq;
     out_shapes(x, mask, keep, sq, &nsq);
-    nd_status st = nd_empty(keep, x->ndim, compute, &v);
-    if (st == ND_OK) st = nd_empty(keep, x->ndim, ND_INT64, &ix);
+    nd_status st = nd_empty_on(nd_get_device(x), keep, x->ndim, compute, &v);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(x), keep, x->ndim, ND_INT64, &ix);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(x);
         st = ND_BACKEND_CALL(be, max_dim, name, v, ix, xc, x->ndim ? d : 0, is_min);

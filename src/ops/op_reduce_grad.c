@@ -35,8 +35,8 @@ static nd_status bw_reduce(nd_node *n, nd_tensor *g, nd_tensor **grads) {
         nd_tensor *x = gx_saved(&c, n, 0);
         nd_tensor *is0 = gx_sc(&c, ND_BINARY_eq, x, 0, 0);
         nd_tensor *one = NULL, *zero = NULL, *nz = NULL, *p = NULL;
-        if (c.st == ND_OK) one = gx_own(&c, nd_full(NULL, 0, x->dtype, 1, &one), &one);
-        zero = gx_zeros(&c, NULL, 0, x->dtype);
+        if (c.st == ND_OK) one = gx_own(&c, nd_full_on(nd_get_device(x), NULL, 0, x->dtype, 1, &one), &one);
+        zero = gx_zeros(&c, x, NULL, 0, x->dtype);
         nd_tensor *x_safe = gx_where(&c, is0, one, x); /* zeros replaced by 1 */
         nd_tensor *z = gx_to(&c, is0, x->dtype);
         if (c.st == ND_OK) nz = gx_own(&c, nd_reduce(ND_REDUCE_sum, z, n->dims, n->ndims, 1, 0, &nz), &nz);
@@ -121,6 +121,8 @@ static nd_status bw_max_dim(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     for (int i = 0; i < nd; i++) shape[i] = i == d ? n->in_shape[0][i] : 1;
     nd_tensor *ar = NULL;
     if (c.st == ND_OK) ar = gx_own(&c, nd_arange(0, (double)n->in_shape[0][d], 1, ND_INT64, &ar), &ar);
+    nd_tensor *ard = NULL; /* the positions on g's device */
+    if (c.st == ND_OK && !nd_on_cpu(g)) ar = gx_own(&c, nd_to_device(ar, nd_get_device(g), &ard), &ard);
     nd_tensor *pos = gx_reshape(&c, ar, shape, nd);
     nd_tensor *hit = gx_to(&c, gx_bin(&c, ND_BINARY_eq, pos, idx), g->dtype);
     grads[0] = gx_out(&c, gx_bin(&c, ND_BINARY_mul, expand_back(&c, n, g), hit));

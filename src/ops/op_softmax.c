@@ -19,7 +19,7 @@ static nd_status softmax_forward(const char *name, const nd_tensor *x, int dim, 
     nd_status st = nd_contiguous(xd, &xc);
     nd_release(xd);
     ND_TRY(st);
-    st = nd_empty(x->shape, x->ndim, dt, out);
+    st = nd_empty_on(nd_get_device(x), x->shape, x->ndim, dt, out);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(x);
         st = ND_BACKEND_CALL(be, softmax, name, *out, xc, x->ndim ? d : 0, log);

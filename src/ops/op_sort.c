@@ -14,7 +14,7 @@ static nd_status cumsum_forward(const nd_tensor *x, int dim, nd_tensor **out) {
     /* As PyTorch: integer and bool sums are int64. */
     nd_dtype odt = nd_dtype_is_float(x->dtype) ? x->dtype : ND_INT64;
     nd_tensor *t;
-    ND_TRY(nd_empty(x->shape, x->ndim, odt, &t));
+    ND_TRY(nd_empty_on(nd_get_device(x), x->shape, x->ndim, odt, &t));
     const nd_backend *be = nd_backend_of(x);
     nd_status st = ND_BACKEND_CALL(be, cumsum, "cumsum", t, x, d);
     if (st != ND_OK) {
@@ -35,8 +35,8 @@ static nd_status sort_forward(const nd_tensor *x, int dim, int descending, nd_te
     if ((unsigned)x->dtype >= ND_NUM_DTYPES)
         return nd_fail(ND_ERR_DTYPE, "sort: invalid dtype %d", (int)x->dtype);
     nd_tensor *v = NULL, *i = NULL;
-    nd_status st = nd_empty(x->shape, x->ndim, x->dtype, &v);
-    if (st == ND_OK) st = nd_empty(x->shape, x->ndim, ND_INT64, &i);
+    nd_status st = nd_empty_on(nd_get_device(x), x->shape, x->ndim, x->dtype, &v);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(x), x->shape, x->ndim, ND_INT64, &i);
     if (st == ND_OK) {
         const nd_backend *be = nd_backend_of(x);
         st = ND_BACKEND_CALL(be, sort, "sort", v, i, x, d, descending);
@@ -53,7 +53,7 @@ static nd_status sort_forward(const nd_tensor *x, int dim, int descending, nd_te
 static nd_status take_first(nd_tensor *t, int dim, int64_t k, nd_tensor **out) {
     nd_tensor *view, *c;
     ND_TRY(nd_narrow(t, dim, 0, k, &view));
-    nd_status st = nd_empty(view->shape, view->ndim, view->dtype, &c);
+    nd_status st = nd_empty_on(nd_get_device(view), view->shape, view->ndim, view->dtype, &c);
     if (st == ND_OK && (st = nd_copy_(c, view)) != ND_OK) nd_release(c);
     nd_release(view);
     if (st == ND_OK) *out = c;

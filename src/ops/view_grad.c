@@ -85,7 +85,7 @@ static nd_status slice_backward(const nd_tensor *g, const int64_t *shape, int nd
                                 int64_t start, int64_t step, nd_tensor **out) {
     bool grad_on = nd_set_grad_enabled(false);
     nd_tensor *z = NULL, *v = NULL;
-    nd_status st = nd_zeros(shape, ndim, g->dtype, &z);
+    nd_status st = nd_zeros_on(nd_get_device(g), shape, ndim, g->dtype, &z);
     if (st == ND_OK) st = nd_slice(z, dim, start, start + g->shape[dim] * step, step, &v);
     if (st == ND_OK) st = nd_copy_(v, g);
     nd_release(v);
