@@ -1,0 +1,98 @@
+/* copy.cl - strided copy with dtype conversion: build defines SRC_T/SRC_ID
+ * and DST_T/DST_ID (nd_dtype numbers: 0 float32, 1 float64, 2 int64,
+ * 3 int32, 4 uint8, 5 bool, 6 float16, 7 bfloat16; the half types are
+ * ushort bits). As the CPU: float -> integer truncates toward zero and
+ * saturates to int64 (NaN gives 0) before narrowing with wrap-around,
+ * anything -> bool is != 0, half types round to nearest even. */
+
+#define S_FLOAT (SRC_ID == 0 || SRC_ID == 1 || SRC_ID == 6 || SRC_ID == 7)
+#define D_INT (DST_ID >= 2 && DST_ID <= 4)
+
+#if SRC_ID == 1 || DST_ID == 1
+typedef double mid_t;
+#else
+typedef float mid_t;
+#endif
+
+inline float bf16_to_float(ushort h) { return as_float((uint)h << 16); }
+inline ushort float_to_bf16(float f) {
+    uint x = as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (ushort)((x >> 16) | 0x40);
+    x += 0x7fff + ((x >> 16) & 1);
+    return (ushort)(x >> 16);
+}
+
+inline DST_T convert_one(__global const SRC_T *src, long i) {
+#if SRC_ID == DST_ID
+    return src[i];
+#else
+    /* read */
+#if SRC_ID == 6
+    mid_t v = (mid_t)vload_half(i, (__global const half *)src);
+#elif SRC_ID == 7
+    mid_t v = (mid_t)bf16_to_float(src[i]);
+#elif S_FLOAT
+    mid_t v = (mid_t)src[i];
+#else
+    long iv = (long)src[i];
+#endif
+    /* write */
+#if DST_ID == 5
+#if S_FLOAT
+    return (DST_T)(v != 0);
+#else
+    return (DST_T)(iv != 0);
+#endif
+#elif D_INT
+#if S_FLOAT
+    long w = isnan(v) ? 0 : convert_long_sat_rtz(v);
+    return (DST_T)w;
+#else
+    return (DST_T)iv;
+#endif
+#else /* float destination */
+#if S_FLOAT
+    mid_t f = v;
+#else
+    mid_t f = (mid_t)iv;
+#endif
+#if DST_ID == 7
+    return float_to_bf16((float)f);
+#elif DST_ID == 6
+    return (DST_T)0; /* float16 is stored by copy_strided itself (vstore_half) */
+#else
+    return (DST_T)f;
+#endif
+#endif
+#endif
+}
+
+/* dst[di] = convert(src[si]) */
+inline void store_one(__global DST_T *dst, long di, __global const SRC_T *src, long si) {
+#if DST_ID == 6 && SRC_ID != 6
+#if SRC_ID == 7
+    float v = bf16_to_float(src[si]);
+#elif SRC_ID == 5
+    float v = src[si] != 0;
+#else
+    float v = (float)src[si];
+#endif
+    vstore_half_rte(v, di, (__global half *)dst);
+#else
+    dst[di] = convert_one(src, si);
+#endif
+}
+
+__kernel void copy_strided(long n, nd_geom g, __global DST_T *dst, __global const SRC_T *src) {
+    long i = get_global_id(0);
+    if (i >= n) return;
+    long off[2];
+    GEOM_OFFSETS(g, i, 2, off);
+    store_one(dst, off[0], src, off[1]);
+}
+
+__kernel void copy_flat(long n, __global DST_T *dst, long doff, __global const SRC_T *src,
+                        long soff) {
+    long i = get_global_id(0);
+    if (i < n) store_one(dst, doff + i, src, soff + i);
+}

@@ -1,0 +1,269 @@
+/* ocl_program.c - building kernels once per device, with an on-disk cache.
+ *
+ * A program is kernels/common.cl + kernels/<file>.cl compiled with a
+ * defines string. In memory, programs and kernels are cached per device by
+ * (file, defines) and (program, name). On disk, the program binary is kept
+ * under ocl_cache_dir() in a file named by a 64-bit FNV-1a hash of the
+ * device name, vendor, driver version, platform, defines and source, so a
+ * new driver or an edited kernel never loads a stale binary; a binary the
+ * driver rejects is rebuilt from source. Files are written atomically. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "ocl_runtime.h"
+#include "ocl_sources.h"
+
+struct ocl_cached_program {
+    char *file, *defines;
+    cl_program prog;
+    ocl_cached_program *next;
+};
+
+struct ocl_cached_kernel {
+    cl_program prog;
+    char *name;
+    cl_kernel kernel;
+    ocl_cached_kernel *next;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+static char *dup_str(const char *s) { /* strdup is POSIX, not C11 */
+    size_t n = strlen(s) + 1;
+    char *r = malloc(n);
+    if (r) memcpy(r, s, n);
+    return r;
+}
+
+const char *ocl_source(const char *file) {
+    for (unsigned long i = 0; i < nd_ocl_source_count; i++)
+        if (strcmp(nd_ocl_sources[i].name, file) == 0) return nd_ocl_sources[i].src;
+    return NULL;
+}
+
+static uint64_t fnv(uint64_t h, const char *s) {
+    for (; *s; s++) { h ^= (unsigned char)*s; h *= UINT64_C(0x100000001b3); }
+    h ^= 0xff; /* field separator */
+    h *= UINT64_C(0x100000001b3);
+    return h;
+}
+
+static char cache_dir[1024];
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+
+static int mkdirs(const char *path) {
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+static void find_cache_dir(void) {
+    const char *base = getenv("NEEDLE_CACHE_DIR");
+    char buf[900];
+    if (base && *base) snprintf(buf, sizeof buf, "%s", base);
+    else if ((base = getenv("XDG_CACHE_HOME")) && *base) snprintf(buf, sizeof buf, "%s/needle", base);
+    else if ((base = getenv("HOME")) && *base) snprintf(buf, sizeof buf, "%s/.cache/needle", base);
+    else return;
+    snprintf(cache_dir, sizeof cache_dir, "%s/opencl", buf);
+    if (mkdirs(cache_dir) != 0) cache_dir[0] = 0;
+}
+
+const char *ocl_cache_dir(void) {
+    pthread_once(&cache_once, find_cache_dir);
+    return cache_dir[0] ? cache_dir : NULL;
+}
+
+static void cache_path(const ocl_device *d, const char *file, const char *defines,
+                       const char *src, char *out, size_t n) {
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    h = fnv(h, d->info.name);
+    h = fnv(h, d->info.vendor);
+    h = fnv(h, d->info.driver);
+    h = fnv(h, d->info.version);
+    h = fnv(h, d->info.platform);
+    h = fnv(h, file);
+    h = fnv(h, defines);
+    h = fnv(h, src);
+    const char *dir = ocl_cache_dir();
+    if (!dir) { out[0] = 0; return; }
+    snprintf(out, n, "%s/%s-%016llx.bin", dir, file, (unsigned long long)h);
+}
+
+static cl_program load_binary(ocl_device *d, const char *path, const char *opts) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (n <= 0 || n > (256L << 20)) { fclose(f); return NULL; }
+    unsigned char *bin = malloc((size_t)n);
+    if (!bin || fread(bin, 1, (size_t)n, f) != (size_t)n) { free(bin); fclose(f); return NULL; }
+    fclose(f);
+    size_t len = (size_t)n;
+    const unsigned char *bins[1] = {bin};
+    cl_int status = 0, err;
+    cl_program p = clCreateProgramWithBinary(d->ctx, 1, &d->id, &len, bins, &status, &err);
+    free(bin);
+    if (err != CL_SUCCESS || status != CL_SUCCESS) {
+        if (p) clReleaseProgram(p);
+        return NULL;
+    }
+    if (clBuildProgram(p, 1, &d->id, opts, NULL, NULL) != CL_SUCCESS) {
+        clReleaseProgram(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void save_binary(ocl_device *d, cl_program p, const char *path) {
+    if (!path[0]) return;
+    size_t len = 0;
+    if (clGetProgramInfo(p, CL_PROGRAM_BINARY_SIZES, sizeof len, &len, NULL) != CL_SUCCESS || !len)
+        return;
+    unsigned char *bin = malloc(len);
+    if (!bin) return;
+    unsigned char *bins[1] = {bin};
+    if (clGetProgramInfo(p, CL_PROGRAM_BINARIES, sizeof bins, bins, NULL) == CL_SUCCESS) {
+        char tmp[1100];
+        snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
+        FILE *f = fopen(tmp, "wb");
+        if (f) {
+            bool ok = fwrite(bin, 1, len, f) == len;
+            ok = fclose(f) == 0 && ok;
+            if (!ok || rename(tmp, path) != 0) remove(tmp);
+        }
+    }
+    free(bin);
+    (void)d;
+}
+
+static nd_status build_program(ocl_device *d, const char *file, const char *defines,
+                               cl_program *out) {
+    const char *common = ocl_source("common");
+    const char *body = ocl_source(file);
+    if (!common || !body)
+        return nd_fail(ND_ERR_INTERNAL, "opencl: no embedded kernel source '%s.cl'", file);
+    size_t lc = strlen(common), lb = strlen(body);
+    char *src = malloc(lc + lb + 2);
+    if (!src) return nd_fail(ND_ERR_MEMORY, "opencl: out of memory building '%s'", file);
+    memcpy(src, common, lc);
+    src[lc] = '\n';
+    memcpy(src + lc + 1, body, lb + 1);
+    char opts[1024];
+    snprintf(opts, sizeof opts, "%s%s -cl-std=CL1.2", defines,
+             d->info.fp64 ? " -DND_FP64=1" : "");
+    char path[1100];
+    cache_path(d, file, opts, src, path, sizeof path);
+    cl_program p = path[0] ? load_binary(d, path, opts) : NULL;
+    if (p) {
+        free(src);
+        *out = p;
+        return ND_OK;
+    }
+    cl_int err;
+    const char *srcs[1] = {src};
+    p = clCreateProgramWithSource(d->ctx, 1, srcs, NULL, &err);
+    free(src);
+    if (err != CL_SUCCESS) return ocl_fail(err, file, "clCreateProgramWithSource", d);
+    err = clBuildProgram(p, 1, &d->id, opts, NULL, NULL);
+    if (err != CL_SUCCESS) {
+        char log[4096] = "";
+        size_t n = 0;
+        clGetProgramBuildInfo(p, d->id, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, &n);
+        log[sizeof log - 1] = 0;
+        clReleaseProgram(p);
+        return nd_fail(ND_ERR_DEVICE, "opencl: building kernels/%s.cl (%s) failed on opencl:%d "
+                       "(%s): %s\nbuild log:\n%s", file, defines, d->index, d->info.name,
+                       ocl_error_name(err), log);
+    }
+    save_binary(d, p, path);
+    *out = p;
+    return ND_OK;
+}
+
+nd_status ocl_kernel(ocl_device *d, const char *file, const char *defines, const char *name,
+                     cl_kernel *out) {
+    pthread_mutex_lock(&lock);
+    ocl_cached_program *cp = d->programs;
+    while (cp && (strcmp(cp->file, file) != 0 || strcmp(cp->defines, defines) != 0)) cp = cp->next;
+    nd_status st = ND_OK;
+    if (!cp) {
+        cl_program p;
+        st = build_program(d, file, defines, &p);
+        if (st == ND_OK) {
+            cp = calloc(1, sizeof *cp);
+            if (cp) {
+                cp->file = dup_str(file);
+                cp->defines = dup_str(defines);
+            }
+            if (!cp || !cp->file || !cp->defines) {
+                if (cp) { free(cp->file); free(cp->defines); free(cp); }
+                clReleaseProgram(p);
+                st = nd_fail(ND_ERR_MEMORY, "opencl: out of memory");
+            } else {
+                cp->prog = p;
+                cp->next = d->programs;
+                d->programs = cp;
+            }
+        }
+    }
+    if (st == ND_OK) {
+        ocl_cached_kernel *ck = d->kernels;
+        while (ck && (ck->prog != cp->prog || strcmp(ck->name, name) != 0)) ck = ck->next;
+        if (!ck) {
+            cl_int err;
+            cl_kernel k = clCreateKernel(cp->prog, name, &err);
+            if (err != CL_SUCCESS) {
+                st = nd_fail(ND_ERR_INTERNAL, "opencl: kernel '%s' not found in kernels/%s.cl (%s): %s",
+                             name, file, defines, ocl_error_name(err));
+            } else {
+                ck = calloc(1, sizeof *ck);
+                if (ck) ck->name = dup_str(name);
+                if (!ck || !ck->name) {
+                    if (ck) free(ck);
+                    clReleaseKernel(k);
+                    st = nd_fail(ND_ERR_MEMORY, "opencl: out of memory");
+                } else {
+                    ck->prog = cp->prog;
+                    ck->kernel = k;
+                    ck->next = d->kernels;
+                    d->kernels = ck;
+                }
+            }
+        }
+        if (st == ND_OK) *out = ck->kernel;
+    }
+    pthread_mutex_unlock(&lock);
+    return st;
+}
+
+void ocl_forget_programs(ocl_device *d) {
+    pthread_mutex_lock(&lock);
+    for (ocl_cached_kernel *k = d->kernels, *n; k; k = n) {
+        n = k->next;
+        clReleaseKernel(k->kernel);
+        free(k->name);
+        free(k);
+    }
+    d->kernels = NULL;
+    for (ocl_cached_program *p = d->programs, *n; p; p = n) {
+        n = p->next;
+        clReleaseProgram(p->prog);
+        free(p->file);
+        free(p->defines);
+        free(p);
+    }
+    d->programs = NULL;
+    pthread_mutex_unlock(&lock);
+}
