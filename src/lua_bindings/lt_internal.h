@@ -70,6 +70,8 @@ void lt_push_index(lua_State *L, nd_tensor *t);
 /* Registration of each area's methods/functions (called by luaopen_needle_core):
  * methods go into the table at -2 (tensor methods), functions into -1 (module). */
 void lt_register_tensor(lua_State *L);
+void lt_register_device(lua_State *L);
+void lt_register_opencl_tune(lua_State *L);
 void lt_register_construct(lua_State *L);
 void lt_register_math(lua_State *L);
 void lt_register_shape(lua_State *L);

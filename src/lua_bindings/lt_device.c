@@ -1,0 +1,86 @@
+/* lt_device.c - devices from Lua: nd.devices(), nd.synchronize(),
+ * nd.opencl_available(). */
+#include "lt_internal.h"
+
+static void set_int(lua_State *L, const char *k, lua_Integer v) {
+    lua_pushinteger(L, v);
+    lua_setfield(L, -2, k);
+}
+static void set_str(lua_State *L, const char *k, const char *v) {
+    lua_pushstring(L, v);
+    lua_setfield(L, -2, k);
+}
+static void set_bool(lua_State *L, const char *k, bool v) {
+    lua_pushboolean(L, v);
+    lua_setfield(L, -2, k);
+}
+
+/* nd.devices(): {{name="cpu", type="cpu", threads=N}, {name="opencl:0", ...}} */
+static int l_devices(lua_State *L) {
+    int n = nd_opencl_device_count();
+    lua_createtable(L, n + 1, 0);
+    lua_createtable(L, 0, 4);
+    set_str(L, "name", "cpu");
+    set_str(L, "type", "cpu");
+    set_int(L, "threads", nd_get_num_threads());
+    lua_rawseti(L, -2, 1);
+    for (int i = 0; i < n; i++) {
+        nd_opencl_info in;
+        LT_CHECK_AS(L, "devices", nd_opencl_device_info(i, &in));
+        lua_createtable(L, 0, 14);
+        char name[32];
+        nd_device d = {ND_DEVICE_OPENCL, i};
+        set_str(L, "name", nd_device_str(d, name));
+        set_str(L, "type", "opencl");
+        set_int(L, "index", i);
+        set_str(L, "device", in.name);
+        set_str(L, "vendor", in.vendor);
+        set_str(L, "platform", in.platform);
+        set_str(L, "version", in.version);
+        set_str(L, "driver", in.driver);
+        set_int(L, "memory", in.global_mem_bytes);
+        set_int(L, "max_alloc", in.max_alloc_bytes);
+        set_int(L, "local_memory", in.local_mem_bytes);
+        set_int(L, "compute_units", in.compute_units);
+        set_int(L, "max_clock_mhz", in.max_clock_mhz);
+        set_int(L, "max_work_group_size", in.max_work_group_size);
+        set_bool(L, "gpu", in.is_gpu);
+        set_bool(L, "fp64", in.fp64);
+        lua_rawseti(L, -2, i + 2);
+    }
+    return 1;
+}
+
+/* nd.synchronize([device]): waits for the device's queued kernels (all devices by default) */
+static int l_synchronize(lua_State *L) {
+    if (lua_isnoneornil(L, 1)) {
+        for (int i = 0, n = nd_opencl_device_count(); i < n; i++) {
+            nd_device d = {ND_DEVICE_OPENCL, i};
+            LT_CHECK_AS(L, "synchronize", nd_synchronize(d));
+        }
+        return 0;
+    }
+    nd_tensor *t = lt_to(L, 1);
+    nd_device d = t ? nd_get_device(t) : lt_device_name(L, 1, "synchronize");
+    LT_CHECK_AS(L, "synchronize", nd_synchronize(d));
+    return 0;
+}
+
+/* nd.opencl_available(): true, or false and why (with how to install a driver) */
+static int l_opencl_available(lua_State *L) {
+    const char *why = nd_opencl_unavailable_reason();
+    lua_pushboolean(L, why == NULL);
+    if (why) lua_pushstring(L, why);
+    else lua_pushnil(L);
+    return 2;
+}
+
+void lt_register_device(lua_State *L) {
+    static const lt_reg regs[] = {
+        {"devices", l_devices, false, true},
+        {"synchronize", l_synchronize, false, true},
+        {"opencl_available", l_opencl_available, false, true},
+        {NULL, NULL, false, false},
+    };
+    lt_register(L, -2, -1, regs);
+}
