@@ -166,6 +166,10 @@ nd_status nd_clone(const nd_tensor *t, nd_tensor **out);
 nd_status nd_to_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out);
 /* dst[...] = src (broadcast to dst's shape, cast to dst's dtype), in place. */
 nd_status nd_copy_(nd_tensor *dst, const nd_tensor *src);
+/* t takes src's memory, geometry and dtype (PyTorch's `t.data = src`): every
+ * reference to t sees the new data. Used to move a module's parameters to a
+ * device in place. A gradient on another device than src is dropped. */
+nd_status nd_set_data_(nd_tensor *t, const nd_tensor *src);
 nd_status nd_fill_(nd_tensor *dst, double value);
 nd_status nd_fill_int_(nd_tensor *dst, int64_t value); /* exact for int64 */
 

@@ -228,3 +228,23 @@ nd_status nd_get_item(const nd_tensor *t, const int64_t *index, double *out) {
     *out = nd_load_f64((char *)t->storage->data + off * (int64_t)es, t->dtype);
     return ND_OK;
 }
+
+nd_status nd_set_data_(nd_tensor *t, const nd_tensor *src) {
+    if (t == src) return ND_OK;
+    if (t->grad_fn)
+        return nd_fail(ND_ERR_ARG, "set_data_: the tensor is the result of an op (it has a "
+                       "gradient history); only leaves can take new data");
+    nd_storage_retain(src->storage);
+    nd_storage_release(t->storage);
+    t->storage = src->storage;
+    t->dtype = src->dtype;
+    t->ndim = src->ndim;
+    memcpy(t->shape, src->shape, sizeof t->shape);
+    memcpy(t->strides, src->strides, sizeof t->strides);
+    t->offset = src->offset;
+    if (t->grad && !nd_same_device(t->grad, t)) {
+        nd_release(t->grad);
+        t->grad = NULL;
+    }
+    return ND_OK;
+}

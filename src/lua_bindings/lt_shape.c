@@ -177,6 +177,14 @@ static int t_to(lua_State *L) {
     return 1;
 }
 
+/* x:set_data_(y): x takes y's memory, shape and dtype (PyTorch's x.data = y) */
+static int t_set_data(lua_State *L) {
+    nd_tensor *x = lt_check(L, 1, "set_data_"), *y = lt_check(L, 2, "set_data_");
+    LT_CHECK_AS(L, "set_data_", nd_set_data_(x, y));
+    lua_settop(L, 1);
+    return 1;
+}
+
 /* x:cpu() */
 static int t_cpu(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "cpu"), *r;
@@ -353,6 +361,7 @@ void lt_register_shape(lua_State *L) {
         {"clone", t_clone, true, true},
         {"to", t_to, true, false},
         {"cpu", t_cpu, true, false},
+        {"set_data_", t_set_data, true, false},
         {"float", t_float, true, false},
         {"double", t_double, true, false},
         {"long", t_long, true, false},

@@ -8,6 +8,16 @@ static nd_status clone_forward(const nd_tensor *t, nd_tensor **out);
 nd_status nd_copy_(nd_tensor *dst, const nd_tensor *src) {
     ND_TRY(nd_check_writable("copy_", dst));
     ND_TRY(nd_check_inplace_grad("copy_", dst));
+    if (!nd_same_device(dst, src)) { /* across devices: bring src over first */
+        nd_tensor *moved;
+        bool on = nd_set_grad_enabled(false);
+        nd_status st = nd_to_device(src, nd_get_device(dst), &moved);
+        nd_set_grad_enabled(on);
+        ND_TRY(st);
+        st = nd_copy_(dst, moved);
+        nd_release(moved);
+        return st;
+    }
     nd_tensor *s;
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
     if (nd_expand_to(src, dst->shape, dst->ndim, &s) != ND_OK)
