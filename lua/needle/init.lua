@@ -31,6 +31,14 @@ setmetatable(nd, {
 function nd.save(...) return require("needle.serialize").save(...) end
 function nd.load(...) return require("needle.serialize").load(...) end
 
+-- OpenCL: nd.opencl.available() -> true | false, why; nd.opencl.tune{...}
+-- autotunes the GEMM for a device (docs/opencl-gemm.md); nd.devices() lists
+-- every device.
+nd.opencl = {
+  available = core.opencl_available,
+  tune = function(...) return core.opencl_tune(...) end,
+}
+
 nd.dtypes = { "float32", "float64", "int64", "int32", "uint8", "bool", "float16", "bfloat16" }
 nd.version = core._VERSION
 
