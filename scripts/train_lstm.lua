@@ -45,7 +45,8 @@ options:
   --dropout X         dropout on embeddings and LSTM outputs (default: 0.2)
   --clip X            gradient norm clipping (default: 0.5)
   --seed N            random seed (default: 1)
-  --device NAME       cpu (the OpenCL backend is not in this build)
+  --device NAME       cpu, opencl (the default OpenCL device) or opencl:N (nd.devices()
+                      order); the model and every batch move there (default: cpu)
   --threads N         CPU threads (default: all)
   --max-lines N       read at most N lines of each file (quick runs)
   -h, --help          this text
@@ -55,7 +56,7 @@ local numbers = {epochs = true, ["batch-size"] = true, lr = true, seed = true, b
                  nhid = true, nlayers = true, dropout = true, clip = true, threads = true, ["max-lines"] = true}
 local opts = cli.parse(arg, defaults, usage, {prog = "train_lstm", numbers = numbers,
                                               optional = {"checkpoint", "resume", "threads", "max-lines"}})
-cli.check_device("train_lstm", opts)
+local device, device_info = cli.check_device("train_lstm", opts)
 if opts.threads then nd.set_num_threads(opts.threads) end
 cli.mkdir_p(opts.out)
 local ckpt_path = opts.checkpoint or (opts.out .. "/checkpoint.safetensors")
@@ -86,10 +87,13 @@ print(("corpus %s: vocabulary %d, train %d tokens, valid %d, test %d (%.1f s)"):
 -- model -----------------------------------------------------------------------
 
 nd.manual_seed(opts.seed)
+-- initialised on the cpu (the same weights for every device), then moved in
+-- place before the optimizer sees the parameters
 local model = nd.nn.LanguageModel(V, {embedding_size = opts.emsize, hidden_size = opts.nhid,
-                                      num_layers = opts.nlayers, dropout = opts.dropout})
+                                      num_layers = opts.nlayers, dropout = opts.dropout}):to(device)
 local optimizer = nd.optim.Adam(model:parameters(), {lr = opts.lr})
 local checkpoint = nd.checkpoint
+print(cli.device_line(device, device_info))
 print(model)
 print(("%d parameters; Adam lr %g, batch %d, bptt %d, %d epochs, %d threads"):format(
   model:num_parameters(), opts.lr, opts["batch-size"], opts.bptt, opts.epochs, nd.get_num_threads()))
@@ -106,6 +110,7 @@ local function evaluate(source)
   nd.no_grad(function()
     for i = 1, source:size(1) - 1, opts.bptt do
       local x, y = ptb.get_batch(source, i, opts.bptt)
+      x, y = x:to(device), y:to(device)
       local logits
       logits, state = model(x, state)
       total = total + nd.F.cross_entropy(logits, y, {reduction = "sum"}):item()
@@ -131,6 +136,7 @@ for epoch = start_epoch, opts.epochs do
   for i = 1, train:size(1) - 1, opts.bptt do
     b = b + 1
     local x, y = ptb.get_batch(train, i, opts.bptt)
+    x, y = x:to(device), y:to(device)
     state = nd.nn.LanguageModel.detach_state(state) -- truncated backpropagation
     local logits
     logits, state = model(x, state)

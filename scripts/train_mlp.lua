@@ -49,7 +49,8 @@ options:
   --hidden LIST       hidden layer sizes, comma-separated (default: 512,256)
   --seed N            random seed: initialisation, dropout and data order (default: 1)
   --limit N           train on the first N training images only (quick runs)
-  --device NAME       cpu (the OpenCL backend is not in this build)
+  --device NAME       cpu, opencl (the default OpenCL device) or opencl:N (nd.devices()
+                      order); the model and every batch move there (default: cpu)
   --threads N         CPU threads (default: all)
   -h, --help          this text
 ]]
@@ -57,7 +58,7 @@ options:
 local function die(code, fmt, ...) cli.die("train_mlp", code, fmt, ...) end
 
 local opts = cli.parse(arg, defaults, usage, {prog = "train_mlp", numbers = numeric, optional = optional})
-cli.check_device("train_mlp", opts)
+local device, device_info = cli.check_device("train_mlp", opts)
 cli.positive_integers("train_mlp", opts, {"epochs", "batch-size", "threads", "limit", "stop-after"},
                       "option --%s expects a positive integer, got '%s'")
 if math.type(opts.seed) ~= "integer" then die(2, "option --seed expects an integer, got '%s'", tostring(opts.seed)) end
@@ -87,8 +88,9 @@ local n_train = math.min(opts.limit or n_all, n_all)
 local n_in = D.x:numel() // n_all               -- 784 for 28x28 images
 local x_train = D.x:narrow(1, 1, n_train):reshape({n_train, n_in})
 local y_train = D.y:narrow(1, 1, n_train)
-local x_test = D.xt:reshape({D.xt:size(1), n_in})
-local y_test = D.yt
+-- the test set moves to the device once; training batches move one by one
+local x_test = D.xt:reshape({D.xt:size(1), n_in}):to(device)
+local y_test = D.yt:to(device)
 print(("data %s: %d training images%s, %d test images (%.1f s)"):format(data_dir, n_train,
   n_train < n_all and (" (of %d)"):format(n_all) or "", x_test:size(1), nd.clock() - t_load))
 
@@ -110,12 +112,15 @@ for _, h in ipairs(hidden) do
   prev = h
 end
 layers[#layers + 1] = nn.Linear(prev, 10)
-local model = nn.Sequential(table.unpack(layers))
+-- initialised on the cpu (the same weights for every device), then moved in
+-- place before the optimizer sees the parameters
+local model = nn.Sequential(table.unpack(layers)):to(device)
 local optimizer = nd.optim.AdamW(model:parameters(), {lr = opts.lr, weight_decay = opts["weight-decay"]})
 local scheduler = nd.optim.lr_scheduler.CosineAnnealingLR(optimizer, opts.epochs)
 local loader = nd.data.DataLoader(nd.data.TensorDataset(x_train, y_train),
   {batch_size = opts["batch-size"], shuffle = true, seed = opts.seed})
 local checkpoint = nd.checkpoint
+print(cli.device_line(device, device_info))
 print(model)
 print(("%d parameters; AdamW lr %g (cosine), weight decay %g, batch %d, %d epochs, %d threads"):format(
   model:num_parameters(), opts.lr, opts["weight-decay"], opts["batch-size"], opts.epochs,
@@ -201,6 +206,7 @@ for epoch = start_epoch, last_epoch do
   loader:set_epoch(epoch)
   for xb, yb in loader:iter() do
     b = b + 1
+    xb, yb = xb:to(device), yb:to(device)
     local logits = model(xb)
     local loss = nd.F.cross_entropy(logits, yb)
     optimizer:zero_grad()

@@ -62,7 +62,8 @@ options:
   --weight-decay X    L2 weight decay (default: 0.0005)
   --schedule NAME     onecycle, cosine or constant, stepped every batch (default: onecycle)
   --seed N            random seed: initialisation, batch order, augmentation (default: 1)
-  --device NAME       cpu (the OpenCL backend is not in this build)
+  --device NAME       cpu, opencl (the default OpenCL device) or opencl:N (nd.devices()
+                      order); the model and every batch move there (default: cpu)
   --threads N         CPU threads (default: all)
   -h, --help          this text
 ]]
@@ -86,7 +87,7 @@ local function parse_args(argv)
 end
 
 local opts = parse_args(arg)
-cli.check_device("train_resnet", opts)
+local device, device_info = cli.check_device("train_resnet", opts)
 if opts.threads then nd.set_num_threads(opts.threads) end
 
 local q = cli.q
@@ -148,6 +149,9 @@ end
 local mean = nd.tensor(MEAN):reshape({1, 3, 1, 1})
 local std = nd.tensor(STD):reshape({1, 3, 1, 1})
 test_x = (test_x - mean) / std
+-- the test set moves to the device once; training batches move one by one
+-- (augmentation runs on the cpu, in the loader)
+test_x, test_y = test_x:to(device), test_y:to(device)
 
 local train_tf = T.Compose({T.ScaleTo01(), T.RandomCrop(32, {padding = 4}), T.RandomFlipHorizontal(0.5),
                             T.Normalize(MEAN, STD)})
@@ -166,7 +170,9 @@ cli.mkdir_p(opts.out)
 local ckpt_path = opts.checkpoint or (opts.out .. "/checkpoint.safetensors")
 
 nd.manual_seed(opts.seed)
-local model = nd.nn.ResNet9({num_classes = 10})
+-- initialised on the cpu (the same weights for every device), then moved in
+-- place before the optimizer sees the parameters
+local model = nd.nn.ResNet9({num_classes = 10}):to(device)
 local optimizer
 if opts.optimizer == "sgd" then
   optimizer = nd.optim.SGD(model:parameters(), {lr = opts.lr, momentum = opts.momentum,
@@ -183,6 +189,7 @@ if opts.schedule == "onecycle" then
 elseif opts.schedule == "cosine" then
   sched = nd.optim.lr_scheduler.CosineAnnealingLR(optimizer, total_steps)
 end
+print(cli.device_line(device, device_info))
 print(model)
 print(("%d parameters; %s lr %g (%s), weight decay %g, batch %d, %d steps/epoch, %d epochs, %d threads"):format(
   model:num_parameters(), opts.optimizer == "sgd" and (opts.momentum > 0 and ("SGD (nesterov momentum %g)"):format(opts.momentum) or "SGD")
@@ -235,6 +242,7 @@ for epoch = start_epoch, last_epoch do
   local loss_sum, correct, seen, b = 0, 0, 0, 0
   for xb, yb in loader:iter() do
     b = b + 1
+    xb, yb = xb:to(device), yb:to(device)
     local logits = model(xb)
     local loss = nd.F.cross_entropy(logits, yb)
     optimizer:zero_grad()

@@ -426,3 +426,46 @@ describe("dtype errors", function()
     assert.truthy(err:find("opencl", 1, true), err)
   end)
 end)
+
+-- every conversion on each OpenCL device gives the cpu's bytes (rounding,
+-- truncation, saturation, nan -> 0, signed zeros included; a NaN may carry
+-- another payload); without OpenCL one pending line
+describe("conversions on OpenCL devices", function()
+  local D = require "spec.helpers.devices"
+  if D.pending_without_opencl(pending, "dtype conversions on OpenCL devices") then return end
+  local DT = { "float32", "float64", "float16", "bfloat16", "int64", "int32", "uint8", "bool" }
+  local src = nd.tensor({ -300.7, -2.5, -1, -0.5, 0, -0.0, 0.4999, 0.5, 1.5, 2.5, 127.9, 255.5, 256, 70000, 1e20,
+    -1e20, 0 / 0, math.huge, -math.huge, 1 / 3, 1e-40 }, { dtype = "float64" })
+  -- the same bytes, or the same values where both are NaN
+  local function same(want, got)
+    if want:tobytes() == got:tobytes() then return true end
+    local wb, gb = want:tobytes(), got:tobytes()
+    local es = #wb // want:numel()
+    local w, g = want:view({ -1 }):totable(), got:view({ -1 }):totable()
+    for i = 1, #w do
+      local nan = w[i] ~= w[i] and g[i] ~= g[i]
+      if not nan and wb:sub((i - 1) * es + 1, i * es) ~= gb:sub((i - 1) * es + 1, i * es) then return false end
+    end
+    return true
+  end
+  for _, dev in ipairs(D.opencl()) do
+    it("every dtype to every dtype on " .. dev, function()
+      for _, from in ipairs(DT) do
+        local x = src:to(from)
+        local xd = x:to(dev)
+        for _, to in ipairs(DT) do
+          local want = x:to(to)
+          local got = xd:to(to)
+          assert.are.equal(dev, got.device, from .. " -> " .. to)
+          assert.are.equal(to, got.dtype)
+          assert.is_true(same(want, got:cpu()), ("%s -> %s on %s: %s, the cpu gives %s"):format(
+            from, to, dev, tostring(got:cpu()), tostring(want)))
+          -- the same through a transposed, expanded (strided) view
+          local w2 = x:view({ 1, -1 }):expand({ 2, x:numel() }):t():to(to)
+          local g2 = xd:view({ 1, -1 }):expand({ 2, xd:numel() }):t():to(to)
+          assert.is_true(same(w2:contiguous(), g2:cpu():contiguous()), from .. " -> " .. to .. " (strided)")
+        end
+      end
+    end)
+  end
+end)

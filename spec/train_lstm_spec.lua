@@ -3,6 +3,7 @@
 -- uninterrupted one, and bad options or data give clear errors.
 local S = require "spec.helpers.shell"
 local H = require "spec.helpers.scripts"
+local D = require "spec.helpers.devices"
 
 local tiny = "--epochs 2 --max-lines 300 --emsize 16 --nhid 32 --batch-size 8 --bptt 10"
 
@@ -57,8 +58,41 @@ describe("scripts/train_lstm.lua", function()
     ok, text = run("--data /nonexistent/ptb")
     assert.is_false(ok)
     assert.truthy(text:find("/nonexistent/ptb", 1, true), text)
-    ok, text = run("--device opencl")
-    assert.is_false(ok)
-    assert.truthy(text:find("device 'opencl' is not available", 1, true), text)
   end)
+
+  it("--device: unknown names and missing devices are refused with exit code 2", function()
+    local ok, text, code = run("--device tpu")
+    assert.is_false(ok)
+    assert.are.equal(2, code)
+    assert.truthy(text:find("unknown device 'tpu'", 1, true), text)
+    ok, text, code = run("--device opencl:99")
+    assert.is_false(ok)
+    assert.are.equal(2, code)
+    assert.truthy(text:find("device 'opencl:99' is not available", 1, true), text)
+  end)
+
+  -- the same short run on the cpu and on each OpenCL device: the loss curves agree
+  local devices = D.opencl()
+  if #devices == 0 then
+    D.pending_without_opencl(pending, "train_lstm --device opencl matches the cpu run")
+  end
+  for _, dev in ipairs(devices) do
+    it("--device " .. dev .. " trains to the cpu's loss curve", function()
+      local a, b = tmpdir(), tmpdir()
+      local short = "--epochs 1 --max-lines 100 --emsize 16 --nhid 32 --batch-size 8 --bptt 10"
+      local ok, text = run(short .. " --out " .. S.q(a))
+      assert(ok, text)
+      ok, text = run(short .. " --device " .. dev .. " --out " .. S.q(b))
+      assert(ok, text)
+      assert.truthy(text:find("device " .. dev, 1, true), text)
+      local ra, rb = H.csv_rows(a .. "/log.csv"), H.csv_rows(b .. "/log.csv")
+      assert.are.equal(1, #rb)
+      for _, c in ipairs({3, 5}) do -- train loss, validation loss
+        local x, y = tonumber(ra[1][c]), tonumber(rb[1][c])
+        assert(math.abs(x - y) <= 1e-3 * math.max(1, math.abs(x)),
+          ("column %d: cpu %s, %s %s"):format(c, ra[1][c], dev, rb[1][c]))
+      end
+      os.execute("rm -rf " .. S.q(a) .. " " .. S.q(b))
+    end)
+  end
 end)

@@ -9,6 +9,7 @@
 -- small synthetic IDX directory passed with --data.
 local S = require "spec.helpers.shell"
 local H = require "spec.helpers.scripts"
+local D = require "spec.helpers.devices"
 local nd = require "needle"
 
 local _, root = S.needle_lua()
@@ -75,10 +76,68 @@ describe("scripts/train_mlp.lua", function()
     ok, text = run("--hidden 64,x")
     assert.is_false(ok)
     assert.truthy(text:find("option --hidden expects positive integers", 1, true), text)
-    ok, text = run("--device opencl")
-    assert.is_false(ok)
-    assert.truthy(text:find("device 'opencl' is not available", 1, true), text)
   end)
+
+  it("--device: unknown names and missing devices are refused with exit code 2", function()
+    local ok, text, code = run("--device tpu")
+    assert.is_false(ok)
+    assert.are.equal(2, code)
+    assert.truthy(text:find("unknown device 'tpu' (expected cpu, opencl or opencl:N)", 1, true), text)
+    ok, text, code = run("--device opencl:99")
+    assert.is_false(ok)
+    assert.are.equal(2, code)
+    assert.truthy(text:find("device 'opencl:99' is not available", 1, true), text)
+  end)
+
+  local hide, hide_why = D.hide_opencl_env()
+  if not hide then
+    pending("--device opencl without an OpenCL driver: " .. hide_why)
+  else
+    it("--device opencl without an OpenCL driver says why and how to get one (exit code 2)", function()
+      -- --data that does not exist: were a device found, the run would stop at once (exit 1)
+      local d = tmpdir()
+      local out = d .. "/out.txt"
+      local rc = {os.execute(("env %s %s %s --device opencl --data /nonexistent --out %s > %s 2>&1"):format(hide,
+        S.q((S.needle_lua())), S.q(root .. "/scripts/train_mlp.lua"), S.q(d .. "/o"), S.q(out)))}
+      local text = S.read_file(out)
+      rmdir(d)
+      assert.are.equal(2, rc[3], text)
+      assert.truthy(text:find("train_mlp: device 'opencl' is not available", 1, true), text)
+      assert.truthy(text:find("install", 1, true) or text:find("NEEDLE_OPENCL", 1, true), text)
+      assert.truthy(text:find("--device cpu", 1, true), text)
+    end)
+  end
+
+  -- the same short run on the cpu and on each OpenCL device: the loss curves
+  -- agree (dropout masks are the same draws on every device)
+  local devices = D.opencl()
+  if #devices == 0 then
+    D.pending_without_opencl(pending, "train_mlp --device opencl matches the cpu run")
+  end
+  for _, dev in ipairs(devices) do
+    it("--device " .. dev .. " trains to the cpu's loss curve", function()
+      local d = synthetic_data()
+      local common = "--data " .. S.q(d) .. " --epochs 2 --limit 96 --batch-size 32 --hidden 24 --seed 4"
+      local ok, text = run(common .. " --out " .. S.q(d .. "/cpu"))
+      assert(ok, text)
+      ok, text = run(common .. " --device " .. dev .. " --out " .. S.q(d .. "/dev"))
+      assert(ok, text)
+      assert.truthy(text:find("device " .. dev, 1, true), text)
+      local rc, rd = csv(d .. "/cpu/log.csv"), csv(d .. "/dev/log.csv")
+      assert.are.equal(2, #rd)
+      for i = 1, 2 do
+        for _, c in ipairs({4, 6}) do -- train loss, test loss
+          local a, b = tonumber(rc[i][c]), tonumber(rd[i][c])
+          assert(math.abs(a - b) <= 1e-3 * math.max(1, math.abs(a)),
+            ("epoch %d column %d: cpu %s, %s %s"):format(i, c, rc[i][c], dev, rd[i][c]))
+        end
+      end
+      -- the checkpoint was written from the device and loads on the cpu
+      local state = nd.checkpoint.read(d .. "/dev/checkpoint.safetensors")
+      assert.are.equal("cpu", state.model["0.weight"].device)
+      rmdir(d)
+    end)
+  end
 
   it("a missing dataset is the loader's error (where it looked, what to install) and exit code 1", function()
     local ok, text, code = run("--data /nonexistent/fashion-mnist --out " .. S.q(os.tmpname() .. ".d"))

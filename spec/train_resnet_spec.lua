@@ -4,6 +4,7 @@
 -- matches an uninterrupted one; bad options and missing data give clear errors.
 local S = require "spec.helpers.shell"
 local H = require "spec.helpers.scripts"
+local D = require "spec.helpers.devices"
 
 -- csv: the data rows of the CSV log, each as a list of fields
 local run, csv, tmpdir = H.runner("train_resnet"), H.csv_rows, H.tmpdir
@@ -29,10 +30,43 @@ describe("scripts/train_resnet.lua", function()
     ok, text = run("--batch-size 0")
     assert.is_false(ok)
     assert.truthy(text:find("--batch-size expects a positive integer", 1, true), text)
-    ok, text = run("--device opencl")
-    assert.is_false(ok)
-    assert.truthy(text:find("device 'opencl' is not available", 1, true), text)
   end)
+
+  it("--device: unknown names and missing devices are refused with exit code 2", function()
+    local ok, text, code = run("--device tpu")
+    assert.is_false(ok)
+    assert.are.equal(2, code)
+    assert.truthy(text:find("unknown device 'tpu'", 1, true), text)
+    ok, text, code = run("--device opencl:99")
+    assert.is_false(ok)
+    assert.are.equal(2, code)
+    assert.truthy(text:find("device 'opencl:99' is not available", 1, true), text)
+  end)
+
+  -- the same short run on the cpu and on each OpenCL device: the losses agree
+  local devices = D.opencl()
+  if #devices == 0 then
+    D.pending_without_opencl(pending, "train_resnet --device opencl matches the cpu run")
+  end
+  for _, dev in ipairs(devices) do
+    it("--device " .. dev .. " trains to the cpu's losses", function()
+      local a, b = tmpdir(), tmpdir()
+      local short = "--synthetic 32 --batch-size 16 --epochs 1"
+      local ok, text = run(short .. " --out " .. S.q(a))
+      assert(ok, text)
+      ok, text = run(short .. " --device " .. dev .. " --out " .. S.q(b))
+      assert(ok, text)
+      assert.truthy(text:find("device " .. dev, 1, true), text)
+      local ra, rb = csv(a .. "/log.csv"), csv(b .. "/log.csv")
+      assert.are.equal(1, #rb)
+      for _, c in ipairs({4, 6}) do -- train loss, test loss
+        local x, y = tonumber(ra[1][c]), tonumber(rb[1][c])
+        assert(math.abs(x - y) <= 2e-3 * math.max(1, math.abs(x)),
+          ("column %d: cpu %s, %s %s"):format(c, ra[1][c], dev, rb[1][c]))
+      end
+      os.execute("rm -rf " .. S.q(a) .. " " .. S.q(b))
+    end)
+  end
 
   it("a missing data directory says where it looked and how to get CIFAR-10", function()
     local ok, text = run("--data /nonexistent/cifar --out /nonexistent/out")

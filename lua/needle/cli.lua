@@ -6,7 +6,8 @@
 --   local opts, given = cli.parse(arg, defaults, usage, {prog = "train_x",
 --     optional = {"resume", "threads"}, numbers = {epochs = true, threads = true}})
 --   cli.die(prog, code, fmt, ...)           -- "prog: message" on stderr, exit code
---   cli.check_device(prog, opts)            -- only "cpu"; exit 2 otherwise
+--   local dev, info = cli.check_device(prog, opts) -- "cpu" / "opencl[:N]"; exit 2 otherwise
+--   cli.device_line(dev, info)              -- "device opencl:0: <name> (...)"
 --   cli.positive_integers(prog, opts, names[, fmt])
 --   cli.choice(prog, opts, name, {"a", "b"}) -- "... expects 'a' or 'b', got '...'"
 --   cli.is_tty(); cli.progress(line, final)
@@ -59,11 +60,53 @@ function M.parse(argv, defaults, usage, o)
   return opts, given
 end
 
--- the scripts run on the CPU only
+-- --device: "cpu", "opencl" (the default OpenCL device: NEEDLE_OPENCL_DEVICE,
+-- else the first GPU, else the first device) or "opencl:N" (nd.devices()
+-- order). Anything else, or an OpenCL device that is not there, ends the
+-- program with status 2 and a message saying what exists and, when OpenCL is
+-- missing altogether, how to install it. Returns the device's full name
+-- ("cpu", "opencl:0") and its nd.devices() entry.
+-- (nd.opencl_available()'s reason already says how to install a driver)
+local OPENCL_HINT = "--device cpu trains on the CPU"
+
 function M.check_device(prog, opts)
-  if opts.device ~= "cpu" then
-    M.die(prog, 2, "device '%s' is not available (this build has only 'cpu')", opts.device)
+  local nd = require "needle"
+  local name = opts.device
+  if name == nil or name == "cpu" then
+    opts.device = "cpu"
+    return "cpu", nd.devices()[1]
   end
+  name = tostring(name)
+  if not (name == "opencl" or name:match("^opencl:%d+$")) then
+    M.die(prog, 2, "unknown device '%s' (expected cpu, opencl or opencl:N)", name)
+  end
+  local ok, why = nd.opencl_available()
+  if not ok then
+    M.die(prog, 2, "device '%s' is not available: %s\n  (%s)", name, tostring(why), OPENCL_HINT)
+  end
+  local devices = nd.devices()
+  local probe_ok, probe = pcall(nd.zeros, {0}, {device = name})
+  if not probe_ok then
+    local list = {}
+    for i = 2, #devices do
+      list[#list + 1] = ("%s (%s)"):format(devices[i].name, devices[i].device)
+    end
+    M.die(prog, 2, "device '%s' is not available: %s\n  OpenCL devices here: %s", name,
+      (tostring(probe):gsub("^.-needle%.[%w_]+: ", ""):gsub("^device '[^']*': ", "")), table.concat(list, ", "))
+  end
+  local full = probe.device
+  opts.device = full
+  for i = 2, #devices do
+    if devices[i].name == full then return full, devices[i] end
+  end
+  return full, nil
+end
+
+-- one line describing a device entry of nd.devices() (for the scripts' banners)
+function M.device_line(name, info)
+  if name == "cpu" or info == nil then return ("device %s"):format(name) end
+  return ("device %s: %s (%s, %d compute units, %.1f GiB%s)"):format(name, info.device, info.platform or info.vendor,
+    info.compute_units or 0, (info.memory or 0) / 2^30, info.fp64 and ", fp64" or "")
 end
 
 -- each of the named options, when set, must be an integer >= 1; fmt (with

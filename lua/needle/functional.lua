@@ -115,7 +115,8 @@ function F.dropout(x, p, training)
   if p < 0 or p > 1 then fail_at(3, "dropout", "p must be in [0, 1], got %s", tostring(p)) end
   if not training or p == 0 then return x end
   if p == 1 then return x * 0 end
-  local keep = core.bernoulli(core.full(x.shape, 1 - p, {dtype = x.dtype}))
+  -- the mask is drawn on x's device (no transfer per call)
+  local keep = core.bernoulli(core.full(x.shape, 1 - p, {dtype = x.dtype, device = x.device}))
   return x * keep * (1 / (1 - p))
 end
 
@@ -134,9 +135,11 @@ function F.binary_cross_entropy_with_logits(input, target, opts)
   return reduce("binary_cross_entropy_with_logits", loss, opt(opts, "reduction", "mean"))
 end
 
--- Labels: an int tensor or a Lua table of class indices 1..C, one per row.
-local function check_labels(op, labels, n, C, ignore_index)
-  local t = core.is_tensor(labels) and labels or core.tensor(labels, {dtype = "int64"})
+-- Labels: an int tensor or a Lua table of class indices 1..C, one per row. A
+-- table becomes a tensor on the input's device. The range check reads two
+-- numbers back (on a device, the host waits for the labels there).
+local function check_labels(op, labels, n, C, ignore_index, device)
+  local t = core.is_tensor(labels) and labels or core.tensor(labels, {dtype = "int64", device = device})
   if t.dtype ~= "int64" and t.dtype ~= "int32" and t.dtype ~= "uint8" then
     fail(op, "labels must be an integer tensor (class indices 1..%d), got %s", C, t.dtype)
   end
@@ -144,7 +147,8 @@ local function check_labels(op, labels, n, C, ignore_index)
     fail(op, "expected %d labels (one per row of the input), got shape {%s}", n, table.concat(t.shape, ","))
   end
   local valid = t
-  if ignore_index ~= nil then valid = core.where(t:eq(ignore_index), 1, t) end
+  -- ones_like: a tensor on t's device (a number operand of where is made on the cpu)
+  if ignore_index ~= nil then valid = core.where(t:eq(ignore_index), core.ones_like(t), t) end
   if n > 0 then
     local lo, hi = valid:min():item(), valid:max():item()
     if lo < 1 or hi > C then
@@ -162,7 +166,7 @@ function F.nll_loss(log_probs, labels, opts)
   if log_probs:dim() ~= 2 then fail_at(3, op, "expected input of shape (N, C), got {%s}", table.concat(log_probs.shape, ",")) end
   local n, C = log_probs:size(1), log_probs:size(2)
   local ignore_index = opt(opts, "ignore_index", nil)
-  local t, valid = check_labels(op, labels, n, C, ignore_index)
+  local t, valid = check_labels(op, labels, n, C, ignore_index, log_probs.device)
   local onehot = core.one_hot(valid, C):to(log_probs.dtype)
   local per_row = -(onehot * log_probs):sum(2)
   local reduction = opt(opts, "reduction", "mean")
@@ -178,7 +182,18 @@ end
 -- A fused C op (log-softmax and the pick in one pass, backward in closed
 -- form). As PyTorch: with label smoothing the target is
 -- (1 - e) one_hot + e / C; the mean skips ignored rows.
-F.cross_entropy = core.cross_entropy -- errors then point at the caller
+-- Labels given as a Lua table become a tensor on the logits' device. Errors
+-- of the C op are raised again at the caller's position (called through
+-- pcall, the C op's own message carries no position).
+function F.cross_entropy(logits, labels, opts)
+  if type(labels) == "table" and not core.is_tensor(labels) and core.is_tensor(logits)
+     and logits.device ~= "cpu" then
+    labels = core.tensor(labels, {dtype = "int64", device = logits.device})
+  end
+  local ok, r = pcall(core.cross_entropy, logits, labels, opts)
+  if not ok then error(r, 2) end
+  return r
+end
 
 -- normalisation ---------------------------------------------------------------
 
@@ -200,7 +215,7 @@ F.batch_norm = core.batch_norm
 -- -> indices.shape + {dim}; the padding row gets no gradient
 function F.embedding(indices, weight, opts)
   check_tensor("embedding", weight, "weight")
-  local idx = core.is_tensor(indices) and indices or core.tensor(indices, {dtype = "int64"})
+  local idx = core.is_tensor(indices) and indices or core.tensor(indices, {dtype = "int64", device = weight.device})
   local flat = idx:reshape({-1})
   local out = weight:index_select(1, flat)
   local pad = opt(opts, "padding_idx", nil)

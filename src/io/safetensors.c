@@ -884,8 +884,7 @@ static nd_status build_header(const char *op, const char *what, const nd_st_entr
         if (!e->name) return ferr(ND_ERR_ARG, op, what, "tensor %zu has no name", i + 1);
         const char *nm = show(e->name, e->name_len, nb);
         if (!e->tensor) return ferr(ND_ERR_ARG, op, what, "tensor '%s' is NULL", nm);
-        if (e->tensor->storage->device != ND_DEVICE_CPU)
-            return ferr(ND_ERR_DEVICE, op, what, "tensor '%s' is not on the CPU", nm);
+        /* tensors on a device are read back while their bytes are written */
         if (utf8_check((const unsigned char *)e->name, e->name_len) != e->name_len)
             return ferr(ND_ERR_ARG, op, what, "tensor name '%s' is not valid UTF-8", nm);
         if (e->name_len == 12 && memcmp(e->name, "__metadata__", 12) == 0)

@@ -8,7 +8,7 @@ static int t_backward(lua_State *L) {
     int opts = 2;
     nd_tensor *grad = NULL;
     if (!lua_isnoneornil(L, 2) && !lt_is_options(L, 2)) { /* a gradient, then options */
-        grad = lt_check_tensor_like(L, 2, "backward", x->dtype);
+        grad = lt_check_tensor_like_on(L, 2, "backward", x->dtype, nd_get_device(x));
         opts = 3;
     }
     bool retain = lt_opt_bool_field(L, opts, "retain_graph", false);

@@ -116,6 +116,18 @@ nd_tensor *lt_check_tensor_like(lua_State *L, int idx, const char *op, nd_dtype 
     return tensor_from_lua(L, idx, dt, ty != LUA_TBOOLEAN);
 }
 
+nd_tensor *lt_check_tensor_like_on(lua_State *L, int idx, const char *op, nd_dtype dt,
+                                   nd_device dev) {
+    nd_tensor *t = lt_to(L, idx);
+    if (t) return t; /* a tensor stays where it is: the op checks devices */
+    t = lt_check_tensor_like(L, idx, op, dt); /* pushed */
+    if (dev.type == ND_DEVICE_CPU) return t;
+    nd_retain(t);
+    lua_pop(L, 1);
+    lt_push_on(L, t, dev, op);
+    return lt_to(L, -1);
+}
+
 static void finish_new_on(lua_State *L, nd_tensor *t, int opts, const char *op, nd_device dev);
 
 /* nd.tensor(data, {dtype=, device=, requires_grad=}) */

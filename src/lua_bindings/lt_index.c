@@ -9,11 +9,17 @@
 /* ------------------------------------------------------- index tensors */
 
 nd_tensor *lt_check_index(lua_State *L, int idx, const char *op) {
+    nd_tensor *t = lt_to(L, idx);
+    return lt_check_index_on(L, idx, op, t ? nd_get_device(t) : nd_cpu_device());
+}
+
+nd_tensor *lt_check_index_on(lua_State *L, int idx, const char *op, nd_device target) {
     nd_tensor *t = lt_to(L, idx), *r;
     if (t && t->dtype != ND_INT64 && t->dtype != ND_INT32 && t->dtype != ND_UINT8)
         lt_error(L, op, "index tensor must have an integer dtype, got %s", nd_dtype_name(t->dtype));
-    /* Indices on a device are checked and shifted on the host, then go back. */
-    nd_device dev = t ? nd_get_device(t) : nd_cpu_device();
+    /* Indices on a device are checked and shifted on the host, then go back;
+     * a table becomes an index tensor on the target's device. */
+    nd_device dev = t ? nd_get_device(t) : target;
     if (t && !nd_on_cpu(t)) t = lt_push_host(L, t, op);
     if (!t && !lua_istable(L, idx) && lua_type(L, idx) != LUA_TNUMBER)
         lt_error(L, op, "expected an index tensor or table for argument %d, got %s", idx,
@@ -190,7 +196,7 @@ int lt_index_set(lua_State *L) {
                       : lua_isinteger(L, 3) ? nd_num_i(lua_tointeger(L, 3)) : nd_num_f(lua_tonumber(L, 3));
         st = nd_fill_number_(v, n);
     } else {
-        st = nd_copy_(v, lt_check_tensor_like(L, 3, "index", v->dtype));
+        st = nd_copy_(v, lt_check_tensor_like(L, 3, "index", v->dtype)); /* copy_ crosses devices */
     }
     LT_CHECK(L, st);
     return 0;
@@ -208,7 +214,7 @@ static int push_result(lua_State *L, nd_status st, nd_tensor **r) {
 static int t_gather(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "gather"), *r = NULL;
     int d = lt_dim(L, 2, "gather");
-    nd_tensor *ix = lt_check_index(L, 3, "gather");
+    nd_tensor *ix = lt_check_index_on(L, 3, "gather", nd_get_device(x));
     return push_result(L, nd_gather(x, d, ix, &r), &r);
 }
 
@@ -216,9 +222,9 @@ static int scatter(lua_State *L, int accumulate) {
     const char *op = accumulate ? "scatter_add" : "scatter";
     nd_tensor *x = lt_check(L, 1, op), *r = NULL, *src;
     int d = lt_dim(L, 2, op);
-    nd_tensor *ix = lt_check_index(L, 3, op);
+    nd_tensor *ix = lt_check_index_on(L, 3, op, nd_get_device(x));
     if (lua_type(L, 4) == LUA_TNUMBER) {
-        LT_CHECK(L, nd_full(ix->shape, ix->ndim, x->dtype, lua_tonumber(L, 4), &src));
+        LT_CHECK(L, nd_full_on(nd_get_device(x), ix->shape, ix->ndim, x->dtype, lua_tonumber(L, 4), &src));
         lt_push(L, src); /* stack-owned */
     } else {
         src = lt_to(L, 4);
@@ -232,7 +238,7 @@ static int t_scatter_add(lua_State *L) { return scatter(L, 1); }
 static int t_index_select(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "index_select"), *r = NULL;
     int d = lt_dim(L, 2, "index_select");
-    nd_tensor *ix = lt_check_index(L, 3, "index_select");
+    nd_tensor *ix = lt_check_index_on(L, 3, "index_select", nd_get_device(x));
     return push_result(L, nd_index_select(x, d, ix, &r), &r);
 }
 
@@ -241,13 +247,13 @@ static int t_index_add(lua_State *L) {
     int d = lt_dim(L, 2, "index_add");
     nd_tensor *src = lt_check(L, 4, "index_add");
     double alpha = luaL_optnumber(L, 5, 1.0);
-    nd_tensor *ix = lt_check_index(L, 3, "index_add");
+    nd_tensor *ix = lt_check_index_on(L, 3, "index_add", nd_get_device(x));
     return push_result(L, nd_index_add(x, d, ix, src, alpha, &r), &r);
 }
 
 static int t_masked_fill(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "masked_fill"), *r = NULL;
-    nd_tensor *m = lt_check_tensor_like(L, 2, "masked_fill", ND_BOOL);
+    nd_tensor *m = lt_check_tensor_like_on(L, 2, "masked_fill", ND_BOOL, nd_get_device(x));
     double v = lua_isboolean(L, 3) ? lua_toboolean(L, 3) : luaL_checknumber(L, 3);
     return push_result(L, nd_masked_fill(x, m, v, &r), &r);
 }

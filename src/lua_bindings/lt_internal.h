@@ -34,6 +34,11 @@ nd_tensor *lt_check(lua_State *L, int idx, const char *op);
  * leak it. (Use positive stack indices after calling this.) dt is the dtype
  * for numbers and tables. */
 nd_tensor *lt_check_tensor_like(lua_State *L, int idx, const char *op, nd_dtype dt);
+nd_tensor *lt_check_index_on(lua_State *L, int idx, const char *op, nd_device target);
+/* The same, with a table or number made on device dev (an operand next to a
+ * tensor on dev); a tensor is returned as it is. */
+nd_tensor *lt_check_tensor_like_on(lua_State *L, int idx, const char *op, nd_dtype dt,
+                                   nd_device dev);
 
 /* 1-based (negative from the end) Lua dim -> the core's dim (may stay
  * negative: the core normalises and range-checks). 0 is an error. */

@@ -32,7 +32,8 @@ static nd_number scalar_value(lua_State *L, int idx) {
 /* A tensor for operand idx: tensors as they are, tables converted to the
  * other operand's dtype. Borrowed (see lt_check_tensor_like). */
 static nd_tensor *operand(lua_State *L, int idx, const char *op, nd_tensor *other) {
-    return lt_check_tensor_like(L, idx, op, other ? other->dtype : ND_FLOAT32);
+    return lt_check_tensor_like_on(L, idx, op, other ? other->dtype : ND_FLOAT32,
+                                   other ? nd_get_device(other) : nd_cpu_device());
 }
 
 static int binary(lua_State *L, nd_binary_op op) {
@@ -104,8 +105,9 @@ static int t_copy_(lua_State *L) {
 /* ------------------------------------------------------- where and clamp */
 
 static int l_where(lua_State *L) {
-    nd_tensor *c = lt_check_tensor_like(L, 1, "where", ND_BOOL);
     nd_tensor *a = lt_to(L, 2), *b = lt_to(L, 3);
+    nd_tensor *c = lt_check_tensor_like_on(L, 1, "where", ND_BOOL,
+                                           a ? nd_get_device(a) : b ? nd_get_device(b) : nd_cpu_device());
     nd_tensor *ta = a ? a : operand(L, 2, "where", b);
     nd_tensor *tb = b ? b : operand(L, 3, "where", ta);
     nd_tensor *r;
@@ -271,7 +273,7 @@ static int l_batch_norm(lua_State *L) {
 /* cross_entropy(logits (N, C), labels 1..C, {ignore_index=, label_smoothing=, reduction=}) */
 static int l_cross_entropy(lua_State *L) {
     nd_tensor *logits = lt_check(L, 1, "cross_entropy"), *r;
-    nd_tensor *lab = lt_check_tensor_like(L, 2, "cross_entropy", ND_INT64);
+    nd_tensor *lab = lt_check_tensor_like_on(L, 2, "cross_entropy", ND_INT64, nd_get_device(logits));
     if (!nd_dtype_is_int(lab->dtype))
         return lt_error(L, "cross_entropy", "labels must be integers (class indices 1..C), got %s",
                         nd_dtype_name(lab->dtype));

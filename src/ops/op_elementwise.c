@@ -206,6 +206,7 @@ nd_status nd_binary_(nd_binary_op op, nd_tensor *a, const nd_tensor *b) {
     snprintf(iname, sizeof iname, "%s_", name);
     ND_TRY(nd_check_writable(iname, a));
     ND_TRY(nd_check_inplace_grad(iname, a));
+    ND_TRY(nd_check_same_device(iname, a, b));
     int64_t shape[ND_MAX_DIMS];
     int nd;
     ND_TRY(nd_broadcast_shape(name, a->shape, a->ndim, b->shape, b->ndim, shape, &nd));

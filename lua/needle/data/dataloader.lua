@@ -225,8 +225,13 @@ function DataLoader:iter()
       local len = math.min(bs, n - start + 1)
       local fields = {}
       if perm then
-        local idx = perm:narrow(1, start, len)
-        for k = 1, #tensors do fields[k] = tensors[k]:index_select(1, idx) end
+        -- the index goes to each tensor's device (a dataset may live on one)
+        local idx, on = perm:narrow(1, start, len), {}
+        for k = 1, #tensors do
+          local dev = tensors[k].device
+          on[dev] = on[dev] or idx:to(dev)
+          fields[k] = tensors[k]:index_select(1, on[dev])
+        end
       else
         for k = 1, #tensors do fields[k] = tensors[k]:narrow(1, start, len):clone() end
       end

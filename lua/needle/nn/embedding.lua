@@ -52,7 +52,7 @@ function Embedding:forward(indices)
     if type(idx) ~= "table" then
       error(("needle.nn.Embedding%s: expected integer indices (a tensor or a table), got %s"):format(sig, type(idx)), 2)
     end
-    idx = nd.tensor(idx, {dtype = "int64"})
+    idx = nd.tensor(idx, {dtype = "int64", device = self.weight.device})
   end
   if idx.dtype ~= "int64" and idx.dtype ~= "int32" and idx.dtype ~= "uint8" then
     error(("needle.nn.Embedding%s: expected integer indices, got %s of shape %s"):format(

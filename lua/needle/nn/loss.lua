@@ -50,7 +50,7 @@ local function class_loss(self, input, target, fn)
     local one = input:dim() == 1
     if one then
       input = input:unsqueeze(1)
-      if not nd.is_tensor(target) then target = nd.tensor(target, {dtype = "int64"}) end
+      if not nd.is_tensor(target) then target = nd.tensor(target, {dtype = "int64", device = input.device}) end
       target = target:reshape({1})
     end
     local out = fn(input, target)
@@ -61,7 +61,7 @@ local function class_loss(self, input, target, fn)
     error(("needle.nn.%s: expected input of shape (N, C) or (N, C, d1, ...), got %s"):format(
       self.__name, shape_str(input)), 3)
   end
-  local t = nd.is_tensor(target) and target or nd.tensor(target, {dtype = "int64"})
+  local t = nd.is_tensor(target) and target or nd.tensor(target, {dtype = "int64", device = input.device})
   local want = input.shape
   table.remove(want, 2)
   if shape_str(t) ~= "{" .. table.concat(want, ",") .. "}" then

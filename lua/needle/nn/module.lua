@@ -228,13 +228,56 @@ function Module:num_parameters()
   return n
 end
 
--- to(device): only "cpu" exists in this build; returns the module
+-- to(device) or to({device=, dtype=}): moves every parameter and buffer (of
+-- this module and its descendants) to the device, in place: each tensor takes
+-- the moved data with x:set_data_ (PyTorch's `p.data = p.data.to(dev)`), so
+-- the tensors an optimizer or any other table holds stay the module's
+-- parameters. Gradients move with their parameters. A dtype converts the
+-- floating-point parameters and buffers only (integer buffers such as
+-- num_batches_tracked keep theirs), as PyTorch. Returns the module.
+local FLOAT = {float32 = true, float64 = true, float16 = true, bfloat16 = true}
+
 function Module:to(device)
-  if type(device) == "table" then device = device.device end
-  if device ~= nil and device ~= "cpu" then
-    error(("needle.nn.%s.to: device '%s' is not available (this build has only 'cpu')"):format(
-      self.__name, tostring(device)), 2)
+  local dtype
+  if type(device) == "table" and not core.is_tensor(device) then
+    device, dtype = device.device, device.dtype
   end
+  local function fail(msg) error(("needle.nn.%s.to: %s"):format(self.__name, msg), 3) end
+  if device ~= nil and type(device) ~= "string" then
+    fail(("expected a device name (\"cpu\", \"opencl\" or \"opencl:N\") or {device=, dtype=}, got %s"):format(
+      type(device)))
+  end
+  if dtype ~= nil and not FLOAT[dtype] then
+    fail(("dtype must be a floating-point dtype (float32, float64, float16 or bfloat16), got %s"):format(
+      tostring(dtype)))
+  end
+  if device == nil and dtype == nil then return self end
+  -- the device is checked once, before anything moves: a bad name changes nothing
+  if device ~= nil then
+    local ok, err = pcall(core.zeros, {0}, {device = device})
+    if not ok then
+      fail(("cannot move to device '%s': %s"):format(device, (tostring(err):gsub("^.-needle%.[%w_]+: ", ""))))
+    end
+  end
+  local moved, err = {}, nil -- a tensor shared by several modules moves once
+  local function move(t)
+    if moved[t] or err then return end
+    moved[t] = true
+    local opts = {device = device}
+    if dtype ~= nil and FLOAT[t.dtype] then opts.dtype = dtype end
+    local grad = t.grad
+    local ok, e = pcall(core.no_grad, function()
+      t:set_data_(t:to(opts))
+      if grad ~= nil then t.grad = grad:to(opts) end
+    end)
+    if not ok then err = tostring(e) end
+  end
+  for _, m in ipairs(self:modules()) do
+    each(m, function(kind, _, v)
+      if kind == "param" or kind == "buffer" then move(v) end
+    end)
+  end
+  if err then fail(("cannot move to device '%s': %s"):format(tostring(device or "(same)"), err)) end
   return self
 end
 

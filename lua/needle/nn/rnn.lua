@@ -102,13 +102,13 @@ local function make_cell(kind)
     local h, c
     if kind == "LSTM" then
       h, c = batched(state and state[1]), batched(state and state[2])
-      h = h or nd.zeros({B, H}, {dtype = x.dtype})
-      c = c or nd.zeros({B, H}, {dtype = x.dtype})
+      h = h or nd.zeros({B, H}, {dtype = x.dtype, device = x.device})
+      c = c or nd.zeros({B, H}, {dtype = x.dtype, device = x.device})
       h, c = lstm_step(xw, h, c, w_hh, b_hh, H)
       if unbatched then return h:squeeze(1), c:squeeze(1) end
       return h, c
     end
-    h = batched(state) or nd.zeros({B, H}, {dtype = x.dtype})
+    h = batched(state) or nd.zeros({B, H}, {dtype = x.dtype, device = x.device})
     if kind == "GRU" then h = gru_step(xw, h, w_hh, b_hh, H)
     else h = rnn_step(xw, h, w_hh, b_hh, self.nonlinearity == "relu") end
     return unbatched and h:squeeze(1) or h
@@ -191,8 +191,8 @@ local function make_rnn(kind)
       -- all steps' input projections at once: (T, B, in) @ (in, G*H)
       local xw = layer_input:matmul(w_ih:t())
       if b_ih ~= nil then xw = xw + b_ih end
-      local h = h0 ~= nil and h0[l] or nd.zeros({B, H}, {dtype = x.dtype})
-      local c = c0 ~= nil and c0[l] or nd.zeros({B, H}, {dtype = x.dtype})
+      local h = h0 ~= nil and h0[l] or nd.zeros({B, H}, {dtype = x.dtype, device = x.device})
+      local c = c0 ~= nil and c0[l] or nd.zeros({B, H}, {dtype = x.dtype, device = x.device})
       local outs = {}
       for t = 1, T do
         if kind == "LSTM" then

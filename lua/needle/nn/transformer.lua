@@ -67,21 +67,27 @@ local function clone_module(m, memo)
 end
 M.clone_module = clone_module
 
--- an additive float mask (0 or -inf) from a bool mask; float masks as they are
+-- an additive float mask (0 or -inf) from a bool mask, on the mask's device;
+-- float masks as they are
 local function additive(mask, dtype)
-  if mask.dtype == "bool" then return nd.where(mask, -math.huge, 0.0):to(dtype) end
+  if mask.dtype == "bool" then
+    local o = {dtype = dtype, device = mask.device}
+    return nd.where(mask, nd.tensor(-math.huge, o), nd.tensor(0.0, o))
+  end
   if mask.dtype ~= "float32" and mask.dtype ~= "float64" then
     error(("needle.nn.MultiheadAttention: masks must be bool or floating point, got %s"):format(mask.dtype), 4)
   end
   return mask
 end
 
--- generate_square_subsequent_mask(sz): the (sz, sz) float causal mask, -inf
--- above the diagonal and 0 elsewhere (PyTorch's Transformer static method)
+-- generate_square_subsequent_mask(sz, {dtype = "float32", device = "cpu"}):
+-- the (sz, sz) float causal mask, -inf above the diagonal and 0 elsewhere
+-- (PyTorch's Transformer static method)
 function M.generate_square_subsequent_mask(sz, opts)
-  local i = nd.arange(1, sz + 1):view({sz, 1})
-  local j = nd.arange(1, sz + 1):view({1, sz})
-  return nd.where(j:gt(i), -math.huge, 0.0):to(opt(opts, "dtype", "float32"))
+  local o = {dtype = opt(opts, "dtype", "float32"), device = opt(opts, "device", nil)}
+  local i = nd.arange(1, sz + 1, {device = o.device}):view({sz, 1})
+  local j = nd.arange(1, sz + 1, {device = o.device}):view({1, sz})
+  return nd.where(j:gt(i), nd.tensor(-math.huge, o), nd.tensor(0.0, o))
 end
 
 -- MultiheadAttention ---------------------------------------------------------------
@@ -202,7 +208,8 @@ function MHA:forward(query, key, value, opts)
   local kpm = opts and opts.key_padding_mask
   local is_causal = opts and opts.is_causal
   if attn_mask == nil and is_causal then
-    attn_mask = M.generate_square_subsequent_mask(math.max(L, S)):narrow(1, 1, L):narrow(2, 1, S)
+    attn_mask = M.generate_square_subsequent_mask(math.max(L, S), {device = scores.device})
+      :narrow(1, 1, L):narrow(2, 1, S)
   end
   if attn_mask ~= nil then
     if not nd.is_tensor(attn_mask) then
@@ -442,7 +449,7 @@ function Transformer:forward(x, h)
   if T > self.sequence_len then
     error(("needle.nn.Transformer%s: sequence length %d exceeds sequence_len %d"):format(sig, T, self.sequence_len), 2)
   end
-  x = x + self.pos_embedding(nd.arange(1, T + 1))
+  x = x + self.pos_embedding(nd.arange(1, T + 1, {device = x.device}))
   for _, layer in ipairs(self.layers) do
     x = layer(x, {is_causal = self.causal})
   end

@@ -1,11 +1,270 @@
-/* ocl_matmul.c - matmul: the tuned GEMM (kernels/gemm.cl). */
+/* ocl_matmul.c - matmul on OpenCL: the register-tiled GEMM of
+ * kernels/gemm.cl with the configuration the autotuner chose for the device
+ * (ocl_gemm_tune.c), or the default one.
+ *
+ * Operands are read through their strides: a transposed or sliced a or b
+ * costs no copy (the kernel is built for the operand's layout, so a
+ * unit stride becomes a constant and tile loads are vectorised along it),
+ * batch dims may be broadcast (stride 0). float32 and float64 (where the
+ * device has fp64) take the tuned kernel; the integer dtypes the op can pass
+ * (int64, int32, uint8) take the naive kernel, wrapping as the CPU does. */
+#include <stdio.h>
+#include <string.h>
 #include "ocl_kernels.h"
+#include "ocl_gemm.h"
 
-/* Not written yet: each entry fails with a clear error. */
-nd_status ocl_matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b) {
-    (void)out;
-    (void)a;
-    (void)b;
-    return nd_fail(ND_ERR_UNSUPPORTED, "matmul: no kernel on device 'opencl' yet");
+/* ---------------------------------------------------------------- configs */
+
+void ocl_gemm_cfg_str(const ocl_gemm_cfg *c, char *buf, size_t n) {
+    switch (c->kind) {
+    case OCL_GEMM_TILED:
+        snprintf(buf, n, "tiled %dx%dx%d %dx%d v%d", c->tsm, c->tsn, c->tsk, c->wptm, c->wptn, c->vw);
+        break;
+    case OCL_GEMM_DIRECT:
+    case OCL_GEMM_DOT:
+        snprintf(buf, n, "%s %dx%d %dx%d v%d", c->kind == OCL_GEMM_DOT ? "dot" : "direct", c->tsm,
+                 c->tsn, c->wptm, c->wptn, c->vw);
+        break;
+    default: snprintf(buf, n, "naive"); break;
+    }
 }
 
+bool ocl_gemm_cfg_parse(const char *s, ocl_gemm_cfg *c) {
+    ocl_gemm_cfg r = {0};
+    char tail;
+    if (strncmp(s, "naive", 5) == 0 && (s[5] == 0 || s[5] == ' ' || s[5] == '\n')) {
+        r.kind = OCL_GEMM_NAIVE;
+    } else if (sscanf(s, "tiled %dx%dx%d %dx%d v%d%c", &r.tsm, &r.tsn, &r.tsk, &r.wptm, &r.wptn,
+                      &r.vw, &tail) >= 6) {
+        r.kind = OCL_GEMM_TILED;
+    } else if (sscanf(s, "direct %dx%d %dx%d v%d%c", &r.tsm, &r.tsn, &r.wptm, &r.wptn, &r.vw,
+                      &tail) >= 5) {
+        r.kind = OCL_GEMM_DIRECT;
+        r.tsk = 1;
+    } else if (sscanf(s, "dot %dx%d %dx%d v%d%c", &r.tsm, &r.tsn, &r.wptm, &r.wptn, &r.vw,
+                      &tail) >= 5) {
+        r.kind = OCL_GEMM_DOT;
+        r.tsk = 1;
+    } else {
+        return false;
+    }
+    *c = r;
+    return true;
+}
+
+static bool pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+bool ocl_gemm_cfg_valid(const ocl_device *d, const ocl_gemm_cfg *c, size_t elem, char *why,
+                        size_t nwhy) {
+    char tmp[8];
+    if (!why) { why = tmp; nwhy = sizeof tmp; }
+    why[0] = 0;
+    if (c->kind == OCL_GEMM_NAIVE) return true;
+    if (c->kind != OCL_GEMM_TILED && c->kind != OCL_GEMM_DIRECT && c->kind != OCL_GEMM_DOT) {
+        snprintf(why, nwhy, "unknown kernel kind %d", c->kind);
+        return false;
+    }
+    if (!pow2(c->tsm) || !pow2(c->tsn) || !pow2(c->wptm) || !pow2(c->wptn) || !pow2(c->vw) ||
+        c->tsm > 256 || c->tsn > 256 || c->wptm > c->tsm || c->wptn > c->tsn || c->vw > 16) {
+        snprintf(why, nwhy, "tiles and vector widths must be powers of two (tiles <= 256, "
+                 "vectors <= 16)");
+        return false;
+    }
+    /* accumulators per work-item: scalars (tiled), vectors (direct: wptn / vw
+     * per row; dot: one per output); more would only spill */
+    int regs = c->kind == OCL_GEMM_DIRECT ? c->wptm * (c->wptn / c->vw) : c->wptm * c->wptn;
+    if (regs > (c->kind == OCL_GEMM_TILED ? 128 : 64)) {
+        snprintf(why, nwhy, "%d accumulators per work-item is too many", regs);
+        return false;
+    }
+    size_t rm = (size_t)(c->tsm / c->wptm), rn = (size_t)(c->tsn / c->wptn);
+    size_t sizes[3] = {0, 0, 0};
+    clGetDeviceInfo(d->id, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof sizes, sizes, NULL);
+    if (rm * rn > d->max_wg || (sizes[0] && rn > sizes[0]) || (sizes[1] && rm > sizes[1])) {
+        snprintf(why, nwhy, "work-group %zux%zu exceeds the device's limit (%zu)", rn, rm, d->max_wg);
+        return false;
+    }
+    if (c->kind == OCL_GEMM_DIRECT && c->wptn % c->vw) {
+        snprintf(why, nwhy, "the vector width must divide wptn");
+        return false;
+    }
+    if (c->kind == OCL_GEMM_TILED) {
+        if (!pow2(c->tsk) || c->tsk > 64 || c->vw > 8 || c->tsk % c->vw || c->tsm % c->vw ||
+            c->tsn % c->vw) {
+            snprintf(why, nwhy, "tsk must be a power of two <= 64 and the vector width (1, 2, 4, 8) "
+                     "must divide every tile");
+            return false;
+        }
+        size_t bytes = (size_t)c->tsk * (size_t)(c->tsm + c->tsn) * elem;
+        if (bytes > d->local_mem) {
+            snprintf(why, nwhy, "needs %zu bytes of local memory, the device has %zu", bytes,
+                     d->local_mem);
+            return false;
+        }
+    }
+    return true;
+}
+
+bool ocl_gemm_cfg_fits_group(const ocl_gemm_cfg *c, int g) {
+    if (c->kind == OCL_GEMM_DOT) return g == OCL_GEMM_NT;
+    if (c->kind == OCL_GEMM_DIRECT && c->vw > 1) return g == OCL_GEMM_NN;
+    return true;
+}
+
+int ocl_gemm_class(int64_t m, int64_t n, int64_t k) {
+    /* in double: M * N * K can overflow int64 for absurd but legal shapes */
+    return (double)m * (double)n * (double)k <= (double)OCL_GEMM_SMALL_FLOPS ? OCL_GEMM_SMALL
+                                                                             : OCL_GEMM_LARGE;
+}
+
+/* ---------------------------------------------------------------- launch */
+
+/* The batch dims (all but the last two) of out, a and b as an nd_geom with
+ * operands 0 = out, 1 = a, 2 = b: size-1 dims dropped, neighbours merged
+ * where every operand steps evenly across them (as ocl_geom_make does for
+ * elementwise kernels). */
+static int64_t batch_geom(ocl_geom *g, const nd_tensor *out, const nd_tensor *a,
+                          const nd_tensor *b) {
+    memset(g, 0, sizeof *g);
+    const nd_tensor *ops[3] = {out, a, b};
+    int nb = out->ndim - 2, m = 0;
+    int64_t count = 1;
+    for (int i = 0; i < nb; i++) {
+        int64_t s = out->shape[i];
+        count *= s;
+        if (s == 1) continue;
+        if (m > 0) {
+            bool merge = true;
+            for (int k = 0; k < 3 && merge; k++)
+                merge = g->strides[k][m - 1] == ops[k]->strides[i] * s;
+            if (merge) {
+                g->shape[m - 1] *= s;
+                for (int k = 0; k < 3; k++) g->strides[k][m - 1] = ops[k]->strides[i];
+                continue;
+            }
+        }
+        g->shape[m] = s;
+        for (int k = 0; k < 3; k++) g->strides[k][m] = ops[k]->strides[i];
+        m++;
+    }
+    if (m == 0) { g->shape[0] = 1; m = 1; }
+    g->ndim = m;
+    for (int k = 0; k < 3; k++) g->offset[k] = ops[k]->offset;
+    return count;
+}
+
+/* Layout codes of gemm.cl (A_LAYOUT / B_LAYOUT): 1 unit stride along the
+ * output dim (rows of a, cols of b), 2 unit stride along K, 0 neither. A dim
+ * of size 1 may count as unit-stride: only its index 0 is ever read. */
+void ocl_gemm_layouts(const nd_tensor *a, const nd_tensor *b, int *la, int *lb) {
+    int n = a->ndim;
+    int64_t M = a->shape[n - 2], K = a->shape[n - 1], N = b->shape[n - 1];
+    int64_t a_sm = a->strides[n - 2], a_sk = a->strides[n - 1];
+    int64_t b_sk = b->strides[n - 2], b_sn = b->strides[n - 1];
+    *la = a_sk == 1 ? 2 : a_sm == 1 ? 1 : K == 1 ? 2 : M == 1 ? 1 : 0;
+    *lb = b_sn == 1 ? 1 : b_sk == 1 ? 2 : N == 1 ? 1 : K == 1 ? 2 : 0;
+}
+
+nd_status ocl_gemm_kernel(ocl_device *d, const ocl_gemm_cfg *c, nd_dtype dt, int la, int lb,
+                          cl_kernel *k) {
+    char defs[320];
+    ocl_dtype_defines(dt, defs, sizeof defs);
+    if (c->kind == OCL_GEMM_NAIVE) return ocl_kernel(d, "gemm", defs, "gemm_naive", k);
+    size_t n = strlen(defs);
+    bool tiled = c->kind == OCL_GEMM_TILED, dot = c->kind == OCL_GEMM_DOT;
+    /* direct: vectors along N need b unit-stride there; else scalar */
+    int vw = c->kind == OCL_GEMM_DIRECT && lb != 1 ? 1 : c->vw;
+    snprintf(defs + n, sizeof defs - n,
+             " -DTSM=%d -DTSN=%d -DTSK=%d -DWPTM=%d -DWPTN=%d -DVW=%d -DUSE_LOCAL=%d"
+             " -DA_LAYOUT=%d -DB_LAYOUT=%d%s",
+             c->tsm, c->tsn, tiled ? c->tsk : 1, c->wptm, c->wptn, vw, tiled ? 1 : 0, la, lb,
+             dot ? " -DDOT=1" : "");
+    ND_TRY(ocl_kernel(d, "gemm", defs, tiled ? "gemm_tiled" : dot ? "gemm_dot" : "gemm_direct", k));
+    /* A driver may allow fewer work-items for this kernel than for the
+     * device (registers): then the launch would fail. */
+    size_t kwg = 0, wg = (size_t)(c->tsm / c->wptm) * (size_t)(c->tsn / c->wptn);
+    if (clGetKernelWorkGroupInfo(*k, d->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
+            CL_SUCCESS && kwg && kwg < wg) {
+        char cs[48];
+        ocl_gemm_cfg_str(c, cs, sizeof cs);
+        return nd_fail(ND_ERR_DEVICE, "matmul: GEMM kernel '%s' needs work-groups of %zu but "
+                       "opencl:%d (%s) allows %zu for it", cs, wg, d->index, d->info.name, kwg);
+    }
+    return ND_OK;
+}
+
+nd_status ocl_gemm_run(ocl_device *d, const ocl_gemm_cfg *c, nd_tensor *out, const nd_tensor *a,
+                       const nd_tensor *b) {
+    int n = out->ndim;
+    cl_long M = out->shape[n - 2], N = out->shape[n - 1], K = a->shape[n - 1];
+    ocl_geom g;
+    int64_t batch = batch_geom(&g, out, a, b);
+    if (M == 0 || N == 0 || batch == 0) return ND_OK;
+    int la, lb;
+    ocl_gemm_layouts(a, b, &la, &lb);
+    cl_kernel k;
+    ND_TRY(ocl_gemm_kernel(d, c, out->dtype, la, lb, &k));
+    cl_long a_sm = a->strides[n - 2], a_sk = a->strides[n - 1];
+    cl_long b_sk = b->strides[n - 2], b_sn = b->strides[n - 1];
+    cl_long c_sm = out->strides[n - 2], c_sn = out->strides[n - 1];
+    cl_mem am = ocl_mem(a), bm = ocl_mem(b), cm = ocl_mem(out);
+    cl_int e = OCL_ARG(k, 0, M) | OCL_ARG(k, 1, N) | OCL_ARG(k, 2, K) | OCL_ARG(k, 3, g) |
+               OCL_ARG(k, 4, am) | OCL_ARG(k, 5, a_sm) | OCL_ARG(k, 6, a_sk) |
+               OCL_ARG(k, 7, bm) | OCL_ARG(k, 8, b_sk) | OCL_ARG(k, 9, b_sn) |
+               OCL_ARG(k, 10, cm) | OCL_ARG(k, 11, c_sm) | OCL_ARG(k, 12, c_sn);
+    if (e != CL_SUCCESS) return ocl_fail(e, "matmul", "setting kernel arguments", d);
+    size_t global[3], local[3];
+    if (c->kind == OCL_GEMM_NAIVE) {
+        /* 16 x 16 groups, narrower for matrix-vector shapes */
+        size_t ln = 1, lm = 1;
+        while (ln < 16 && (int64_t)ln < N) ln *= 2;
+        while (lm < 16 && (int64_t)lm < M && ln * lm * 2 <= d->max_wg) lm *= 2;
+        while (ln * lm > d->max_wg && ln > 1) ln /= 2;
+        global[0] = (size_t)N; global[1] = (size_t)M; global[2] = (size_t)batch;
+        local[0] = ln; local[1] = lm; local[2] = 1;
+    } else {
+        size_t rm = (size_t)(c->tsm / c->wptm), rn = (size_t)(c->tsn / c->wptn);
+        global[0] = (size_t)((N + c->tsn - 1) / c->tsn) * rn;
+        global[1] = (size_t)((M + c->tsm - 1) / c->tsm) * rm;
+        global[2] = (size_t)batch;
+        local[0] = rn; local[1] = rm; local[2] = 1;
+    }
+    return ocl_launch(d, k, "matmul", 3, global, local);
+}
+
+/* ---------------------------------------------------------------- the entry */
+
+nd_status ocl_matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b) {
+    ocl_device *d = ocl_dev(out);
+    nd_dtype dt = out->dtype;
+    if (a->dtype != dt || b->dtype != dt)
+        return nd_fail(ND_ERR_DTYPE, "matmul: operands %s and %s and result %s differ on opencl:%d "
+                       "(the op converts them first)", nd_dtype_name(a->dtype),
+                       nd_dtype_name(b->dtype), nd_dtype_name(dt), d->index);
+    ND_TRY(ocl_check_dtype(d, dt, "matmul"));
+    bool fl = dt == ND_FLOAT32 || dt == ND_FLOAT64;
+    if (!fl && dt != ND_INT64 && dt != ND_INT32 && dt != ND_UINT8)
+        return nd_fail(ND_ERR_DTYPE, "matmul: dtype %s is not supported on opencl:%d (float32, "
+                       "float64, int64, int32, uint8)", nd_dtype_name(dt), d->index);
+    int n = out->ndim;
+    int64_t M = out->shape[n - 2], N = out->shape[n - 1], K = a->shape[n - 1];
+    if (K == 0) {
+        const uint64_t zero = 0; /* every dtype's 0 is all-zero bytes */
+        return ocl_fill(out, &zero);
+    }
+    ocl_gemm_cfg c = {OCL_GEMM_NAIVE, 0, 0, 0, 0, 0, 0};
+    int cls = ocl_gemm_class(M, N, K), la, lb;
+    ocl_gemm_layouts(a, b, &la, &lb);
+    int group = ocl_gemm_group(lb);
+    if (fl) c = ocl_gemm_config(d, cls, group, dt);
+    nd_status st = ocl_gemm_run(d, &c, out, a, b);
+    if (st != ND_OK && c.kind != OCL_GEMM_NAIVE && st != ND_ERR_MEMORY) {
+        /* The device's compiler or launcher refused this configuration:
+         * use the naive kernel for the class from now on, and say so once
+         * (nd.opencl_tune finds one that works). */
+        ocl_gemm_disable(d, cls, group, dt, nd_last_error());
+        c.kind = OCL_GEMM_NAIVE;
+        st = ocl_gemm_run(d, &c, out, a, b);
+    }
+    return st;
+}

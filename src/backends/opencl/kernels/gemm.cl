@@ -1,0 +1,432 @@
+/* gemm.cl - batched, strided matrix multiply: C[z] = A[z] @ B[z] with
+ * A (M x K), B (K x N), C (M x N) for every batch index z.
+ *
+ * Every kernel takes the same arguments:
+ *   (M, N, K, bg, A, a_sm, a_sk, B, b_sk, b_sn, C, c_sm, c_sn)
+ * where element (m, k) of A[z] sits at A[off_a(z) + m * a_sm + k * a_sk]
+ * (strides in elements, any sign, 0 for broadcast), the same for B and C,
+ * and bg is an nd_geom over the batch dims whose operands are 0 = C, 1 = A,
+ * 2 = B (it gives off_c(z), off_a(z), off_b(z)). So transposed and sliced
+ * operands are read in place: nothing is copied. NDRange: dim 0 along N,
+ * dim 1 along M, dim 2 the batch (so that neighbouring work-items write
+ * neighbouring elements of C, which is contiguous along N).
+ *
+ * Build defines: T, T_FLOAT (common.cl), and for the tiled kernels
+ *   TSM, TSN   the work-group's tile of C (rows x cols)
+ *   WPTM, WPTN outputs per work-item (rows x cols), kept in registers; the
+ *              work-group is (TSN/WPTN) x (TSM/WPTM) work-items and item
+ *              (tn, tm) computes rows tm + i*(TSM/WPTM), cols tn + j*(TSN/WPTN)
+ *   TSK        the K-slice staged in local memory per step (gemm_tiled)
+ *   VW         vector width: of the tile loads (gemm_tiled: 1, 2, 4, 8), of
+ *              B and the accumulators along N (gemm_direct: 1 .. 16), of the
+ *              partial sums along K (gemm_dot: 1 .. 16)
+ *   USE_LOCAL  1: gemm_tiled; 0: gemm_direct, or gemm_dot when DOT is defined
+ *   A_LAYOUT   0: general strides, 1: contiguous along M (a_sm == 1, e.g. a
+ *   B_LAYOUT      transposed view), 2: contiguous along K (a_sk == 1, row-
+ *              major); B the same with N: 1 means b_sn == 1 (row-major).
+ *              A layout turns the stride into the constant 1, and the tile
+ *              loader reads VW consecutive elements along that dim.
+ * Edges: M, N, K need not be multiples of the tiles: tile loads outside
+ * the matrix read 0 and stores outside C are skipped. */
+
+/* ------------------------------------------------------------- naive
+ * One work-item per element of C: obviously correct, used for integer
+ * dtypes, tiny products, and as the reference the autotuner checks every
+ * candidate against. Integers accumulate in ulong, wrapping as the CPU's
+ * (and PyTorch's) integer matmul does. */
+__kernel void gemm_naive(long M, long N, long K, nd_geom bg,
+                         __global const T *A, long a_sm, long a_sk,
+                         __global const T *B, long b_sk, long b_sn,
+                         __global T *C, long c_sm, long c_sn) {
+    long n = get_global_id(0), m = get_global_id(1), z = get_global_id(2);
+    if (n >= N || m >= M) return;
+    long off[3];
+    GEOM_OFFSETS(bg, z, 3, off);
+    __global const T *pa = A + off[1] + m * a_sm;
+    __global const T *pb = B + off[2] + n * b_sn;
+#if T_FLOAT
+    T acc = 0;
+    for (long k = 0; k < K; k++) acc += pa[k * a_sk] * pb[k * b_sk];
+    C[off[0] + m * c_sm + n * c_sn] = acc;
+#else
+    ulong acc = 0;
+    for (long k = 0; k < K; k++) acc += (ulong)(long)pa[k * a_sk] * (ulong)(long)pb[k * b_sk];
+    C[off[0] + m * c_sm + n * c_sn] = (T)acc;
+#endif
+}
+
+#ifdef TSM /* the tuned kernels: built only with tile defines */
+
+#define RTSM (TSM / WPTM) /* work-items along M */
+#define RTSN (TSN / WPTN) /* work-items along N */
+#define WG (RTSM * RTSN)
+
+#if A_LAYOUT == 1
+#define A_SM 1L
+#else
+#define A_SM a_sm
+#endif
+#if A_LAYOUT == 2
+#define A_SK 1L
+#else
+#define A_SK a_sk
+#endif
+#if B_LAYOUT == 1
+#define B_SN 1L
+#else
+#define B_SN b_sn
+#endif
+#if B_LAYOUT == 2
+#define B_SK 1L
+#else
+#define B_SK b_sk
+#endif
+
+/* v[0..VW-1] = p[0..VW-1] in one vector load (vloadN needs only element
+ * alignment, so any offset is fine) */
+#if VW == 1
+#define LOADV(v, p) ((v)[0] = *(p))
+#elif VW == 2
+#define LOADV(v, p) vstore2(vload2(0, (p)), 0, (v))
+#elif VW == 4
+#define LOADV(v, p) vstore4(vload4(0, (p)), 0, (v))
+#elif VW == 8
+#define LOADV(v, p) vstore8(vload8(0, (p)), 0, (v))
+#elif VW == 16
+#define LOADV(v, p) vstore16(vload16(0, (p)), 0, (v))
+#else
+#error "VW must be 1, 2, 4, 8 or 16"
+#endif
+
+#if defined(USE_LOCAL) && USE_LOCAL
+/* Stages a TSK x TS slice of an operand in local memory, k-major:
+ * dst[kk * TS + ii] = X(i0 + ii, k0 + kk), where X(i, k) = p[i * si + k * sk]
+ * (i along the output dim: m for A, n for B) and is 0 outside ni x nk.
+ * layout 1: si == 1, 2: sk == 1 (VW-wide loads along that dim), 0: scalar.
+ * The work-items of the group share the loads (tid = 0 .. WG-1). With
+ * constant ts and layout (after inlining) the branches fold away. */
+inline void load_tile(__local T *dst, __global const T *p, long si, long sk, long i0, long k0,
+                      long ni, long nk, const int ts, const int layout, int tid) {
+    if (layout == 1) {
+        for (int e = tid; e < ts * TSK / VW; e += WG) {
+            int kk = e / (ts / VW), ii = (e % (ts / VW)) * VW;
+            long gi = i0 + ii, gk = k0 + kk;
+            T v[VW];
+            if (gk < nk && gi + VW <= ni) {
+                LOADV(v, p + gk * sk + gi);
+            } else {
+#pragma unroll
+                for (int j = 0; j < VW; j++) v[j] = (gk < nk && gi + j < ni) ? p[gk * sk + gi + j] : (T)0;
+            }
+#pragma unroll
+            for (int j = 0; j < VW; j++) dst[kk * ts + ii + j] = v[j];
+        }
+    } else if (layout == 2) {
+        for (int e = tid; e < ts * TSK / VW; e += WG) {
+            int ii = e / (TSK / VW), kk = (e % (TSK / VW)) * VW;
+            long gi = i0 + ii, gk = k0 + kk;
+            T v[VW];
+            if (gi < ni && gk + VW <= nk) {
+                LOADV(v, p + gi * si + gk);
+            } else {
+#pragma unroll
+                for (int j = 0; j < VW; j++) v[j] = (gi < ni && gk + j < nk) ? p[gi * si + gk + j] : (T)0;
+            }
+#pragma unroll
+            for (int j = 0; j < VW; j++) dst[(kk + j) * ts + ii] = v[j];
+        }
+    } else {
+        for (int e = tid; e < ts * TSK; e += WG) {
+            int ii = e % ts, kk = e / ts;
+            long gi = i0 + ii, gk = k0 + kk;
+            dst[kk * ts + ii] = (gi < ni && gk < nk) ? p[gi * si + gk * sk] : (T)0;
+        }
+    }
+}
+
+/* ------------------------------------------------------------- tiled
+ * Per step, the group stages a TSM x TSK slice of A and a TSK x TSN slice
+ * of B in local memory; each work-item then multiplies them out of
+ * registers (WPTM values of A times WPTN values of B per k). */
+__kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
+void gemm_tiled(long M, long N, long K, nd_geom bg,
+                __global const T *A, long a_sm, long a_sk,
+                __global const T *B, long b_sk, long b_sn,
+                __global T *C, long c_sm, long c_sn) {
+    __local T As[TSK * TSM];
+    __local T Bs[TSK * TSN];
+    const int tn = get_local_id(0), tm = get_local_id(1);
+    const int tid = tm * RTSN + tn;
+    const long n0 = (long)get_group_id(0) * TSN, m0 = (long)get_group_id(1) * TSM;
+    long off[3];
+    GEOM_OFFSETS(bg, (long)get_global_id(2), 3, off);
+    __global const T *pa = A + off[1];
+    __global const T *pb = B + off[2];
+
+    T acc[WPTM][WPTN];
+#pragma unroll
+    for (int i = 0; i < WPTM; i++)
+#pragma unroll
+        for (int j = 0; j < WPTN; j++) acc[i][j] = 0;
+
+    for (long k0 = 0; k0 < K; k0 += TSK) {
+        load_tile(As, pa, A_SM, A_SK, m0, k0, M, K, TSM, A_LAYOUT, tid);
+        load_tile(Bs, pb, B_SN, B_SK, n0, k0, N, K, TSN, B_LAYOUT, tid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+        for (int k = 0; k < TSK; k++) {
+            T ar[WPTM], br[WPTN];
+#pragma unroll
+            for (int i = 0; i < WPTM; i++) ar[i] = As[k * TSM + tm + i * RTSM];
+#pragma unroll
+            for (int j = 0; j < WPTN; j++) br[j] = Bs[k * TSN + tn + j * RTSN];
+#pragma unroll
+            for (int i = 0; i < WPTM; i++)
+#pragma unroll
+                for (int j = 0; j < WPTN; j++) acc[i][j] += ar[i] * br[j];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+
+    __global T *pc = C + off[0];
+#pragma unroll
+    for (int i = 0; i < WPTM; i++) {
+        long m = m0 + tm + i * RTSM;
+        if (m >= M) break;
+#pragma unroll
+        for (int j = 0; j < WPTN; j++) {
+            long n = n0 + tn + j * RTSN;
+            if (n < N) pc[m * c_sm + n * c_sn] = acc[i][j];
+        }
+    }
+}
+
+#else /* !USE_LOCAL */
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#if VW == 1
+typedef T vec_t;
+#else
+typedef CAT(T, VW) vec_t;
+#endif
+
+#ifndef DOT
+#if VW > 1 && B_LAYOUT != 1
+#error "the direct kernel's vector loads need B contiguous along N"
+#endif
+
+/* ------------------------------------------------------------- direct
+ * The same register tiling without local memory: each work-item reads its
+ * WPTM rows of A and WPTN columns of B straight from global memory (the
+ * caches do the sharing). Best where local memory is only emulated (CPU
+ * drivers such as POCL) and a fallback where it is small. Here VW is the
+ * vector width along N (B_LAYOUT 1 only; the host builds VW 1 otherwise):
+ * the work-item's columns are WPTN / VW vectors of VW neighbours,
+ * accumulated in vector registers, which is what makes a CPU driver use
+ * its SIMD units (work-item vectorisation does not reach through the k
+ * loop). Rows and columns past the edge are clamped for the loads and
+ * skipped at the store, so the inner loop has no branches. */
+#define NV (WPTN / VW) /* vectors per work-item along N */
+
+__kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
+void gemm_direct(long M, long N, long K, nd_geom bg,
+                 __global const T *A, long a_sm, long a_sk,
+                 __global const T *B, long b_sk, long b_sn,
+                 __global T *C, long c_sm, long c_sn) {
+    const int tn = get_local_id(0), tm = get_local_id(1);
+    const long nb = (long)get_group_id(0) * TSN, m0 = (long)get_group_id(1) * TSM + tm;
+    long off[3];
+    GEOM_OFFSETS(bg, (long)get_global_id(2), 3, off);
+    __global const T *pa[WPTM];
+#pragma unroll
+    for (int i = 0; i < WPTM; i++) pa[i] = A + off[1] + min(m0 + i * RTSM, M - 1) * A_SM;
+    __global const T *pb = B + off[2];
+    long col[NV]; /* first column of each vector */
+#pragma unroll
+    for (int j = 0; j < NV; j++) col[j] = nb + ((long)j * RTSN + tn) * VW;
+
+    vec_t acc[WPTM][NV];
+#pragma unroll
+    for (int i = 0; i < WPTM; i++)
+#pragma unroll
+        for (int j = 0; j < NV; j++) acc[i][j] = (vec_t)0;
+
+#if VW > 1
+    if (col[NV - 1] + VW <= N) { /* every vector inside: plain vector loads */
+        for (long k = 0; k < K; k++) {
+            vec_t br[NV];
+#pragma unroll
+            for (int j = 0; j < NV; j++) br[j] = CAT(vload, VW)(0, pb + k * B_SK + col[j]);
+#pragma unroll
+            for (int i = 0; i < WPTM; i++) {
+                T a = pa[i][k * A_SK];
+#pragma unroll
+                for (int j = 0; j < NV; j++) acc[i][j] += a * br[j];
+            }
+        }
+    } else { /* the right edge: element loads, clamped */
+        for (long k = 0; k < K; k++) {
+            vec_t br[NV];
+#pragma unroll
+            for (int j = 0; j < NV; j++) {
+                T t[VW];
+#pragma unroll
+                for (int v = 0; v < VW; v++) t[v] = pb[k * B_SK + min(col[j] + v, N - 1)];
+                br[j] = CAT(vload, VW)(0, t);
+            }
+#pragma unroll
+            for (int i = 0; i < WPTM; i++) {
+                T a = pa[i][k * A_SK];
+#pragma unroll
+                for (int j = 0; j < NV; j++) acc[i][j] += a * br[j];
+            }
+        }
+    }
+#else
+    __global const T *pbj[NV];
+#pragma unroll
+    for (int j = 0; j < NV; j++) pbj[j] = pb + min(col[j], N - 1) * B_SN;
+    for (long k = 0; k < K; k++) {
+        T br[NV];
+#pragma unroll
+        for (int j = 0; j < NV; j++) br[j] = pbj[j][k * B_SK];
+#pragma unroll
+        for (int i = 0; i < WPTM; i++) {
+            T a = pa[i][k * A_SK];
+#pragma unroll
+            for (int j = 0; j < NV; j++) acc[i][j] += a * br[j];
+        }
+    }
+#endif
+
+    __global T *pc = C + off[0];
+#pragma unroll
+    for (int i = 0; i < WPTM; i++) {
+        long m = m0 + i * RTSM;
+        if (m >= M) break;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+#if VW > 1
+            if (c_sn == 1 && col[j] + VW <= N) {
+                CAT(vstore, VW)(acc[i][j], 0, pc + m * c_sm + col[j]);
+            } else {
+                T t[VW];
+                CAT(vstore, VW)(acc[i][j], 0, t);
+#pragma unroll
+                for (int v = 0; v < VW; v++)
+                    if (col[j] + v < N) pc[m * c_sm + (col[j] + v) * c_sn] = t[v];
+            }
+#else
+            if (col[j] < N) pc[m * c_sm + col[j] * c_sn] = acc[i][j];
+#endif
+        }
+    }
+}
+
+#else /* DOT */
+
+/* ------------------------------------------------------------- dot
+ * For B contiguous along K (x @ W:t(), the Linear layer's product): each
+ * work-item keeps WPTM x WPTN dot products as vectors of VW partial sums
+ * along K, loading VW consecutive k of its rows of A and columns of B at a
+ * time (element loads where an operand is not unit-stride along K), and
+ * adds the lanes up at the end; the K % VW tail is scalar. Work-item
+ * (tn, tm) computes rows tm + i*(TSM/WPTM) and cols tn + j*(TSN/WPTN). */
+inline vec_t load_k(__global const T *p, long stride) {
+#if VW == 1
+    return p[0];
+#else
+    T t[VW];
+#pragma unroll
+    for (int v = 0; v < VW; v++) t[v] = p[v * stride];
+    return CAT(vload, VW)(0, t);
+#endif
+}
+
+inline T lane_sum(vec_t x) {
+#if VW == 1
+    return x;
+#else
+    T t[VW];
+    CAT(vstore, VW)(x, 0, t);
+    T s = 0;
+#pragma unroll
+    for (int v = 0; v < VW; v++) s += t[v];
+    return s;
+#endif
+}
+
+__kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
+void gemm_dot(long M, long N, long K, nd_geom bg,
+              __global const T *A, long a_sm, long a_sk,
+              __global const T *B, long b_sk, long b_sn,
+              __global T *C, long c_sm, long c_sn) {
+    const int tn = get_local_id(0), tm = get_local_id(1);
+    const long m0 = (long)get_group_id(1) * TSM + tm, n0 = (long)get_group_id(0) * TSN + tn;
+    long off[3];
+    GEOM_OFFSETS(bg, (long)get_global_id(2), 3, off);
+    __global const T *pa[WPTM];
+    __global const T *pb[WPTN];
+#pragma unroll
+    for (int i = 0; i < WPTM; i++) pa[i] = A + off[1] + min(m0 + i * RTSM, M - 1) * A_SM;
+#pragma unroll
+    for (int j = 0; j < WPTN; j++) pb[j] = B + off[2] + min(n0 + j * RTSN, N - 1) * B_SN;
+
+    vec_t acc[WPTM][WPTN];
+#pragma unroll
+    for (int i = 0; i < WPTM; i++)
+#pragma unroll
+        for (int j = 0; j < WPTN; j++) acc[i][j] = (vec_t)0;
+    long k = 0;
+    for (; k + VW <= K; k += VW) {
+        vec_t av[WPTM], bv[WPTN];
+#pragma unroll
+        for (int i = 0; i < WPTM; i++) {
+#if A_LAYOUT == 2 && VW > 1
+            av[i] = CAT(vload, VW)(0, pa[i] + k);
+#else
+            av[i] = load_k(pa[i] + k * A_SK, A_SK);
+#endif
+        }
+#pragma unroll
+        for (int j = 0; j < WPTN; j++) {
+#if B_LAYOUT == 2 && VW > 1
+            bv[j] = CAT(vload, VW)(0, pb[j] + k);
+#else
+            bv[j] = load_k(pb[j] + k * B_SK, B_SK);
+#endif
+        }
+#pragma unroll
+        for (int i = 0; i < WPTM; i++)
+#pragma unroll
+            for (int j = 0; j < WPTN; j++) acc[i][j] += av[i] * bv[j];
+    }
+    T sum[WPTM][WPTN];
+#pragma unroll
+    for (int i = 0; i < WPTM; i++)
+#pragma unroll
+        for (int j = 0; j < WPTN; j++) sum[i][j] = lane_sum(acc[i][j]);
+    for (; k < K; k++) {
+#pragma unroll
+        for (int i = 0; i < WPTM; i++)
+#pragma unroll
+            for (int j = 0; j < WPTN; j++) sum[i][j] += pa[i][k * A_SK] * pb[j][k * B_SK];
+    }
+
+    __global T *pc = C + off[0];
+#pragma unroll
+    for (int i = 0; i < WPTM; i++) {
+        long m = m0 + i * RTSM;
+        if (m >= M) break;
+#pragma unroll
+        for (int j = 0; j < WPTN; j++) {
+            long n = n0 + j * RTSN;
+            if (n < N) pc[m * c_sm + n * c_sn] = sum[i][j];
+        }
+    }
+}
+
+#endif /* DOT */
+#endif /* USE_LOCAL */
+#endif /* TSM */

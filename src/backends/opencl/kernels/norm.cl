@@ -1,0 +1,305 @@
+/* norm.cl - fused (log_)softmax, layer_norm (forward and backward),
+ * cross_entropy (forward and backward) and batch_norm, for T = float or
+ * double.
+ *
+ * Semantics follow src/backends/cpu/cpu_softmax.c and cpu_norm.c: sums in
+ * acc_t (double when the device has it), exp in T; a NaN in a row makes the
+ * row's maximum NaN (so its results NaN), and a row whose maximum is -inf
+ * is shifted by 0 instead (0/0 then gives NaN, as PyTorch). Most kernels
+ * give one work-group to a row and reduce in local memory; the local size
+ * is a power of two <= WG_MAX. */
+
+#ifndef WG_MAX
+#define WG_MAX 256
+#endif
+
+/* the maximum, NaN winning */
+inline T max_nan(T a, T b) { return isnan(a) ? a : (isnan(b) || b > a) ? b : a; }
+
+/* Sum of v over the work-group (every work-item gets it). buf: WG_MAX. */
+inline acc_t wg_sum(__local acc_t *buf, acc_t v, int lid, int L) {
+    barrier(CLK_LOCAL_MEM_FENCE); /* earlier readers of buf are done */
+    buf[lid] = v;
+    for (int h = L >> 1; h > 0; h >>= 1) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid < h) buf[lid] += buf[lid + h];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return buf[0];
+}
+
+inline T wg_max_nan(__local acc_t *buf, T v, int lid, int L) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    buf[lid] = v;
+    for (int h = L >> 1; h > 0; h >>= 1) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid < h) buf[lid] = max_nan((T)buf[lid], (T)buf[lid + h]);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return (T)buf[0];
+}
+
+/* ---------------------------------------------------------------- softmax
+ * x, y: (outer, n, inner) contiguous from their offsets; row r = (o, i). */
+
+__kernel void softmax_rows(long n, long inner, int want_log, __global const T *x, long xoff,
+                           __global T *y, long yoff) {
+    __local acc_t buf[WG_MAX];
+    long r = get_group_id(0);
+    int lid = get_local_id(0), L = get_local_size(0);
+    long o = r / inner, base = o * n * inner + (r - o * inner);
+    __global const T *xr = x + xoff + base;
+    __global T *yr = y + yoff + base;
+    T m = -INFINITY;
+    for (long k = lid; k < n; k += L) m = max_nan(m, xr[k * inner]);
+    m = wg_max_nan(buf, m, lid, L);
+    if (isinf(m) && m < 0) m = 0;
+    acc_t s = 0;
+    for (long k = lid; k < n; k += L) {
+        T e = exp(xr[k * inner] - m);
+        if (!want_log) yr[k * inner] = e;
+        s += e;
+    }
+    s = wg_sum(buf, s, lid, L);
+    if (want_log) {
+        T ls = (T)log(s); /* (x - m) - ls keeps the digits m + ls would lose */
+        for (long k = lid; k < n; k += L) yr[k * inner] = (xr[k * inner] - m) - ls;
+    } else {
+        T inv = (T)((acc_t)1 / s);
+        for (long k = lid; k < n; k += L) yr[k * inner] *= inv;
+    }
+}
+
+/* One work-item per row: short rows, or a dim that is not the last (then
+ * neighbouring work-items read neighbouring elements). */
+__kernel void softmax_serial(long n, long inner, long rows, int want_log, __global const T *x,
+                             long xoff, __global T *y, long yoff) {
+    long r = get_global_id(0);
+    if (r >= rows) return;
+    long o = r / inner, base = o * n * inner + (r - o * inner);
+    __global const T *xr = x + xoff + base;
+    __global T *yr = y + yoff + base;
+    T m = -INFINITY;
+    for (long k = 0; k < n; k++) m = max_nan(m, xr[k * inner]);
+    if (isinf(m) && m < 0) m = 0;
+    acc_t s = 0;
+    for (long k = 0; k < n; k++) {
+        T e = exp(xr[k * inner] - m);
+        if (!want_log) yr[k * inner] = e;
+        s += e;
+    }
+    if (want_log) {
+        T ls = (T)log(s);
+        for (long k = 0; k < n; k++) yr[k * inner] = (xr[k * inner] - m) - ls;
+    } else {
+        T inv = (T)((acc_t)1 / s);
+        for (long k = 0; k < n; k++) yr[k * inner] *= inv;
+    }
+}
+
+/* ------------------------------------------------------------- layer norm
+ * x, y: (rows, cols); mean, rstd: (rows); w, b: (cols) when has_w / has_b. */
+
+__kernel void layer_norm_rows(long cols, acc_t eps, __global const T *x, long xoff,
+                              __global T *y, long yoff, __global T *mean, long moff,
+                              __global T *rstd, long roff, int has_w, __global const T *w,
+                              long woff, int has_b, __global const T *b, long boff) {
+    __local acc_t buf[WG_MAX];
+    long r = get_group_id(0);
+    int lid = get_local_id(0), L = get_local_size(0);
+    __global const T *xr = x + xoff + r * cols;
+    __global T *yr = y + yoff + r * cols;
+    acc_t s = 0;
+    for (long k = lid; k < cols; k += L) s += xr[k];
+    acc_t mu = wg_sum(buf, s, lid, L) / (acc_t)cols;
+    acc_t v = 0;
+    for (long k = lid; k < cols; k += L) {
+        acc_t d = xr[k] - mu;
+        v += d * d;
+    }
+    v = wg_sum(buf, v, lid, L);
+    acc_t rs = (acc_t)1 / sqrt(v / (acc_t)cols + eps);
+    if (lid == 0) {
+        mean[moff + r] = (T)mu;
+        rstd[roff + r] = (T)rs;
+    }
+    T tm = (T)mu, trs = (T)rs;
+    for (long k = lid; k < cols; k += L) {
+        T h = (xr[k] - tm) * trs;
+        if (has_w) h *= w[woff + k];
+        if (has_b) h += b[boff + k];
+        yr[k] = h;
+    }
+}
+
+/* dx = rstd * (gw - mean(gw) - xh * mean(gw * xh)), xh = (x - mean) * rstd, gw = g * w */
+__kernel void layer_norm_dx(long cols, __global const T *g, long goff, __global const T *x,
+                            long xoff, int has_w, __global const T *w, long woff,
+                            __global const T *mean, long moff, __global const T *rstd, long roff,
+                            __global T *dx, long dxoff) {
+    __local acc_t buf[WG_MAX];
+    long r = get_group_id(0);
+    int lid = get_local_id(0), L = get_local_size(0);
+    __global const T *gr = g + goff + r * cols, *xr = x + xoff + r * cols;
+    acc_t mu = mean[moff + r], rs = rstd[roff + r];
+    acc_t a = 0, bs = 0;
+    for (long k = lid; k < cols; k += L) {
+        acc_t xh = (xr[k] - mu) * rs, gw = has_w ? gr[k] * (acc_t)w[woff + k] : (acc_t)gr[k];
+        a += gw;
+        bs += gw * xh;
+    }
+    a = wg_sum(buf, a, lid, L) / (acc_t)cols;
+    bs = wg_sum(buf, bs, lid, L) / (acc_t)cols;
+    __global T *dr = dx + dxoff + r * cols;
+    for (long k = lid; k < cols; k += L) {
+        acc_t xh = (xr[k] - mu) * rs, gw = has_w ? gr[k] * (acc_t)w[woff + k] : (acc_t)gr[k];
+        dr[k] = (T)(rs * (gw - a - xh * bs));
+    }
+}
+
+/* dw = sum over rows of g * xh, db = sum of g. Work-group tiles of
+ * (LC columns) x (LR row lanes): neighbouring work-items read neighbouring
+ * columns; the row lanes are folded in local memory. */
+__kernel void layer_norm_dwdb(long rows, long cols, __global const T *g, long goff,
+                              __global const T *x, long xoff, __global const T *mean, long moff,
+                              __global const T *rstd, long roff, int want_dw, __global T *dw,
+                              long dwoff, int want_db, __global T *db, long dboff) {
+    __local acc_t bw[WG_MAX], bb[WG_MAX];
+    int lc = get_local_id(0), lr = get_local_id(1);
+    int LC = get_local_size(0), LR = get_local_size(1);
+    long k = get_group_id(0) * LC + lc;
+    acc_t sw = 0, sb = 0;
+    if (k < cols) {
+        for (long r = lr; r < rows; r += LR) {
+            acc_t gk = g[goff + r * cols + k];
+            acc_t xh = (x[xoff + r * cols + k] - (acc_t)mean[moff + r]) * (acc_t)rstd[roff + r];
+            sw += gk * xh;
+            sb += gk;
+        }
+    }
+    int t = lr * LC + lc;
+    bw[t] = sw;
+    bb[t] = sb;
+    for (int h = LR >> 1; h > 0; h >>= 1) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lr < h) {
+            bw[t] += bw[t + h * LC];
+            bb[t] += bb[t + h * LC];
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lr == 0 && k < cols) {
+        if (want_dw) dw[dwoff + k] = (T)bw[lc];
+        if (want_db) db[dboff + k] = (T)bb[lc];
+    }
+}
+
+/* ---------------------------------------------------------- cross entropy
+ * logits (n, c); labels int64 (0-based) with stride lstride; loss (n).
+ * loss = (1 - e) (lse - x[label]) + e (lse - mean(x)); 0 for ignored rows. */
+
+__kernel void cross_entropy_rows(long c, long ignore, acc_t smoothing, __global const T *x,
+                                 long xoff, __global const long *labels, long loff, long lstride,
+                                 __global T *loss, long lossoff) {
+    __local acc_t buf[WG_MAX];
+    long r = get_group_id(0);
+    int lid = get_local_id(0), L = get_local_size(0);
+    long lab = labels[loff + r * lstride];
+    /* An ignored row still goes through the reductions: every work-item must
+     * reach every barrier (some drivers hang otherwise, even when the whole
+     * group would leave together). */
+    bool ignored = lab == ignore;
+    __global const T *xr = x + xoff + r * c;
+    T m = -INFINITY;
+    for (long k = lid; k < c; k += L) m = max_nan(m, xr[k]);
+    m = wg_max_nan(buf, m, lid, L);
+    if (isinf(m) && m < 0) m = 0;
+    acc_t s = 0, total = 0;
+    for (long k = lid; k < c; k += L) {
+        s += exp(xr[k] - m);
+        total += xr[k];
+    }
+    s = wg_sum(buf, s, lid, L);
+    total = wg_sum(buf, total, lid, L);
+    if (lid == 0 && ignored) loss[lossoff + r] = 0;
+    if (lid == 0 && !ignored) {
+        acc_t lse = (acc_t)m + log(s);
+        acc_t nll = lse - (acc_t)xr[lab];
+        acc_t smooth = lse - total / (acc_t)c;
+        loss[lossoff + r] = (T)(((acc_t)1 - smoothing) * nll + smoothing * smooth);
+    }
+}
+
+/* dlogits = (softmax - target) * wrow[row], target = (1 - e) onehot + e / c;
+ * rows that are ignored or weigh 0 get 0. */
+__kernel void cross_entropy_backward_rows(long c, long ignore, acc_t smoothing,
+                                          __global const T *x, long xoff,
+                                          __global const long *labels, long loff, long lstride,
+                                          __global const T *wrow, long wroff, long wrstride,
+                                          __global T *d, long doff) {
+    __local acc_t buf[WG_MAX];
+    long r = get_group_id(0);
+    int lid = get_local_id(0), L = get_local_size(0);
+    long lab = labels[loff + r * lstride];
+    T wr = wrow[wroff + r * wrstride];
+    __global const T *xr = x + xoff + r * c;
+    __global T *dr = d + doff + r * c;
+    bool skip = lab == ignore || wr == 0; /* reductions still run: see cross_entropy_rows */
+    T m = -INFINITY;
+    for (long k = lid; k < c; k += L) m = max_nan(m, xr[k]);
+    m = wg_max_nan(buf, m, lid, L);
+    if (isinf(m) && m < 0) m = 0;
+    acc_t s = 0;
+    for (long k = lid; k < c; k += L) s += exp(xr[k] - m);
+    s = wg_sum(buf, s, lid, L);
+    T scale = wr / (T)s, off = (T)(smoothing / (acc_t)c) * wr;
+    T lw = (T)((acc_t)1 - smoothing) * wr;
+    for (long k = lid; k < c; k += L) {
+        T v = exp(xr[k] - m) * scale - off;
+        if (k == lab) v -= lw;
+        dr[k] = skip ? (T)0 : v;
+    }
+}
+
+/* ------------------------------------------------------------- batch norm
+ * x, y: (n, c, sp); mean, rstd: (c). */
+
+/* One work-group per channel: mean and rstd (biased variance), two passes. */
+__kernel void batch_norm_stats(long n, long c, long sp, acc_t eps, __global const T *x, long xoff,
+                               __global T *mean, long moff, __global T *rstd, long roff) {
+    __local acc_t buf[WG_MAX];
+    long ch = get_group_id(0);
+    int lid = get_local_id(0), L = get_local_size(0);
+    long cnt = n * sp;
+    acc_t s = 0;
+    for (long j = lid; j < cnt; j += L) {
+        long i = j / sp, k = j - i * sp;
+        s += x[xoff + (i * c + ch) * sp + k];
+    }
+    acc_t mu = wg_sum(buf, s, lid, L) / (acc_t)cnt;
+    acc_t v = 0;
+    for (long j = lid; j < cnt; j += L) {
+        long i = j / sp, k = j - i * sp;
+        acc_t dd = x[xoff + (i * c + ch) * sp + k] - mu;
+        v += dd * dd;
+    }
+    v = wg_sum(buf, v, lid, L);
+    if (lid == 0) {
+        mean[moff + ch] = (T)mu;
+        rstd[roff + ch] = (T)((acc_t)1 / sqrt(v / (acc_t)cnt + eps));
+    }
+}
+
+/* y = x * scale + shift, scale = rstd * w, shift = b - mean * scale (per channel) */
+__kernel void batch_norm_apply(long total, long c, long sp, __global const T *x, long xoff,
+                               __global T *y, long yoff, __global const T *mean, long moff,
+                               __global const T *rstd, long roff, int has_w, __global const T *w,
+                               long woff, int has_b, __global const T *b, long boff) {
+    long i = get_global_id(0);
+    if (i >= total) return;
+    long ch = (i / sp) % c;
+    T mu = mean[moff + ch];
+    T scale = rstd[roff + ch] * (has_w ? w[woff + ch] : (T)1);
+    T shift = (has_b ? b[boff + ch] : (T)0) - mu * scale;
+    y[yoff + i] = x[xoff + i] * scale + shift;
+}
