@@ -150,13 +150,14 @@ for _, dev in ipairs(devices) do
       r.tried, r.total, r.rejected, skipped, r.budget_exhausted and ", budget used up: --budget for more" or "",
       r.elapsed_s))
     -- the choice
-    print(("\n%-16s %-6s %-6s %-26s %10s %9s %8s %12s"):format("size (MxNxK)", "layout", "class", "config", "ms",
-      "GFLOPS", "% peak", "naive GFLOPS"))
+    print(("\n%-16s %-6s %-6s %-26s %10s %9s %8s %8s"):format("size (MxNxK)", "layout", "class", "config", "ms",
+      "GFLOPS", "% peak", "naive"))
     for _, s in ipairs(r.sizes) do
-      print(("%-16s %-6s %-6s %-26s %10s %9s %8s %12s"):format(size_str(s), s.layout, s.class,
+      print(("%-16s %-6s %-6s %-26s %10s %9s %8s %8s"):format(size_str(s), s.layout, s.class,
         s.config or "(default kept)", fmt(s.ms, "%.3f"), fmt(s.gflops),
         fmt(s.gflops and s.gflops / r.peak_gflops * 100), fmt(s.naive_gflops, "%.2f")))
     end
+    print("(naive: the naive kernel on the tuner's sampled reference, for scale only)")
     print("\nchosen:")
     print_configs(r.config, r.tuned)
     print(r.file and ("saved to " .. r.file) or "not saved")
