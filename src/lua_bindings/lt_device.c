@@ -2,27 +2,14 @@
  * nd.opencl_available(). */
 #include "lt_internal.h"
 
-static void set_int(lua_State *L, const char *k, lua_Integer v) {
-    lua_pushinteger(L, v);
-    lua_setfield(L, -2, k);
-}
-static void set_str(lua_State *L, const char *k, const char *v) {
-    lua_pushstring(L, v);
-    lua_setfield(L, -2, k);
-}
-static void set_bool(lua_State *L, const char *k, bool v) {
-    lua_pushboolean(L, v);
-    lua_setfield(L, -2, k);
-}
-
 /* nd.devices(): {{name="cpu", type="cpu", threads=N}, {name="opencl:0", ...}} */
 static int l_devices(lua_State *L) {
     int n = nd_opencl_device_count();
     lua_createtable(L, n + 1, 0);
     lua_createtable(L, 0, 4);
-    set_str(L, "name", "cpu");
-    set_str(L, "type", "cpu");
-    set_int(L, "threads", nd_get_num_threads());
+    lt_set_str(L, "name", "cpu");
+    lt_set_str(L, "type", "cpu");
+    lt_set_int(L, "threads", nd_get_num_threads());
     lua_rawseti(L, -2, 1);
     for (int i = 0; i < n; i++) {
         nd_opencl_info in;
@@ -30,22 +17,22 @@ static int l_devices(lua_State *L) {
         lua_createtable(L, 0, 14);
         char name[32];
         nd_device d = {ND_DEVICE_OPENCL, i};
-        set_str(L, "name", nd_device_str(d, name));
-        set_str(L, "type", "opencl");
-        set_int(L, "index", i);
-        set_str(L, "device", in.name);
-        set_str(L, "vendor", in.vendor);
-        set_str(L, "platform", in.platform);
-        set_str(L, "version", in.version);
-        set_str(L, "driver", in.driver);
-        set_int(L, "memory", in.global_mem_bytes);
-        set_int(L, "max_alloc", in.max_alloc_bytes);
-        set_int(L, "local_memory", in.local_mem_bytes);
-        set_int(L, "compute_units", in.compute_units);
-        set_int(L, "max_clock_mhz", in.max_clock_mhz);
-        set_int(L, "max_work_group_size", in.max_work_group_size);
-        set_bool(L, "gpu", in.is_gpu);
-        set_bool(L, "fp64", in.fp64);
+        lt_set_str(L, "name", nd_device_str(d, name));
+        lt_set_str(L, "type", "opencl");
+        lt_set_int(L, "index", i);
+        lt_set_str(L, "device", in.name);
+        lt_set_str(L, "vendor", in.vendor);
+        lt_set_str(L, "platform", in.platform);
+        lt_set_str(L, "version", in.version);
+        lt_set_str(L, "driver", in.driver);
+        lt_set_int(L, "memory", in.global_mem_bytes);
+        lt_set_int(L, "max_alloc", in.max_alloc_bytes);
+        lt_set_int(L, "local_memory", in.local_mem_bytes);
+        lt_set_int(L, "compute_units", in.compute_units);
+        lt_set_int(L, "max_clock_mhz", in.max_clock_mhz);
+        lt_set_int(L, "max_work_group_size", in.max_work_group_size);
+        lt_set_bool(L, "gpu", in.is_gpu);
+        lt_set_bool(L, "fp64", in.fp64);
         lua_rawseti(L, -2, i + 2);
     }
     return 1;

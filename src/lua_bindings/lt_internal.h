@@ -87,6 +87,24 @@ void lt_register_io(lua_State *L);  /* lt_io.c: bytes, gunzip, atomic writes, sa
 
 /* Sets name = fn in the methods table (at methods_idx) and/or module table. */
 typedef struct { const char *name; lua_CFunction fn; bool method, function; } lt_reg;
+
+/* t[k] = v for the table on top of the stack (building result tables). */
+static inline void lt_set_int(lua_State *L, const char *k, lua_Integer v) {
+    lua_pushinteger(L, v);
+    lua_setfield(L, -2, k);
+}
+static inline void lt_set_num(lua_State *L, const char *k, double v) {
+    lua_pushnumber(L, v);
+    lua_setfield(L, -2, k);
+}
+static inline void lt_set_str(lua_State *L, const char *k, const char *v) {
+    lua_pushstring(L, v);
+    lua_setfield(L, -2, k);
+}
+static inline void lt_set_bool(lua_State *L, const char *k, bool v) {
+    lua_pushboolean(L, v);
+    lua_setfield(L, -2, k);
+}
 void lt_register(lua_State *L, int methods_idx, int module_idx, const lt_reg *regs);
 
 #endif

@@ -26,23 +26,6 @@
 #define class_names ocl_gemm_class_names
 #define group_names ocl_gemm_group_names
 
-static void set_num(lua_State *L, const char *k, double v) {
-    lua_pushnumber(L, v);
-    lua_setfield(L, -2, k);
-}
-static void set_int(lua_State *L, const char *k, lua_Integer v) {
-    lua_pushinteger(L, v);
-    lua_setfield(L, -2, k);
-}
-static void set_str(lua_State *L, const char *k, const char *v) {
-    lua_pushstring(L, v);
-    lua_setfield(L, -2, k);
-}
-static void set_bool(lua_State *L, const char *k, bool v) {
-    lua_pushboolean(L, v);
-    lua_setfield(L, -2, k);
-}
-
 /* The OpenCL device index of opts.device: a number N (opencl:N), a device
  * name ("opencl", "opencl:N"), or the default OpenCL device when absent. */
 static int opt_device(lua_State *L) {
@@ -118,7 +101,7 @@ static void push_configs(lua_State *L, char cfg[OCL_GEMM_NCLASS][OCL_GEMM_NGROUP
     lua_createtable(L, 0, OCL_GEMM_NCLASS);
     for (int c = 0; c < OCL_GEMM_NCLASS; c++) {
         lua_createtable(L, 0, OCL_GEMM_NGROUP);
-        for (int g = 0; g < OCL_GEMM_NGROUP; g++) set_str(L, group_names[g], cfg[c][g]);
+        for (int g = 0; g < OCL_GEMM_NGROUP; g++) lt_set_str(L, group_names[g], cfg[c][g]);
         lua_setfield(L, -2, class_names[c]);
     }
 }
@@ -150,8 +133,8 @@ static void push_peak(lua_State *L, int device) {
     double peak;
     char formula[512];
     if (nd_ocl_gemm_peak(device, &peak, formula, sizeof formula) == ND_OK) {
-        set_num(L, "peak_gflops", peak);
-        set_str(L, "peak_formula", formula);
+        lt_set_num(L, "peak_gflops", peak);
+        lt_set_str(L, "peak_formula", formula);
     }
 }
 
@@ -185,12 +168,12 @@ static int l_opencl_tune(lua_State *L) {
         nd_opencl_info in;
         LT_CHECK_AS(L, OP, nd_opencl_device_info(device, &in));
         lua_createtable(L, 0, 8);
-        set_str(L, "device", name);
-        set_str(L, "name", in.name);
+        lt_set_str(L, "device", name);
+        lt_set_str(L, "name", in.name);
         push_configs(L, cfg);
         lua_setfield(L, -2, "config");
-        set_str(L, "source", source);
-        if (file[0]) set_str(L, "file", file);
+        lt_set_str(L, "source", source);
+        if (file[0]) lt_set_str(L, "file", file);
         push_peak(L, device);
         return 1;
     }
@@ -217,14 +200,14 @@ static int l_opencl_tune(lua_State *L) {
     LT_CHECK_AS(L, OP, nd_ocl_gemm_tune(&o, r));
 
     lua_createtable(L, 0, 16);
-    set_str(L, "device", name);
-    set_str(L, "name", r->device_name);
+    lt_set_str(L, "device", name);
+    lt_set_str(L, "name", r->device_name);
     push_configs(L, r->config);
     lua_setfield(L, -2, "config");
     lua_createtable(L, 0, OCL_GEMM_NCLASS);
     for (int c = 0; c < OCL_GEMM_NCLASS; c++) {
         lua_createtable(L, 0, OCL_GEMM_NGROUP);
-        for (int g = 0; g < OCL_GEMM_NGROUP; g++) set_bool(L, group_names[g], r->tuned[c][g]);
+        for (int g = 0; g < OCL_GEMM_NGROUP; g++) lt_set_bool(L, group_names[g], r->tuned[c][g]);
         lua_setfield(L, -2, class_names[c]);
     }
     lua_setfield(L, -2, "tuned");
@@ -232,15 +215,15 @@ static int l_opencl_tune(lua_State *L) {
     for (int i = 0; i < r->nsizes; i++) {
         const ocl_gemm_size_result *s = &r->sizes[i];
         lua_createtable(L, 0, 8);
-        set_int(L, "m", s->m);
-        set_int(L, "n", s->n);
-        set_int(L, "k", s->k);
-        set_str(L, "class", class_names[s->cls]);
-        set_str(L, "layout", group_names[s->group]);
-        if (s->cfg[0]) set_str(L, "config", s->cfg);
-        set_num(L, "gflops", s->gflops);
-        set_num(L, "ms", s->ms);
-        if (s->naive_gflops > 0) set_num(L, "naive_gflops", s->naive_gflops);
+        lt_set_int(L, "m", s->m);
+        lt_set_int(L, "n", s->n);
+        lt_set_int(L, "k", s->k);
+        lt_set_str(L, "class", class_names[s->cls]);
+        lt_set_str(L, "layout", group_names[s->group]);
+        if (s->cfg[0]) lt_set_str(L, "config", s->cfg);
+        lt_set_num(L, "gflops", s->gflops);
+        lt_set_num(L, "ms", s->ms);
+        if (s->naive_gflops > 0) lt_set_num(L, "naive_gflops", s->naive_gflops);
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "sizes");
@@ -248,9 +231,9 @@ static int l_opencl_tune(lua_State *L) {
     for (int ci = 0; ci < r->ncandidates; ci++) {
         const ocl_gemm_candidate_result *c = &r->cand[ci];
         lua_createtable(L, 0, 3);
-        set_str(L, "config", c->cfg);
-        set_str(L, "layout", group_names[c->group]);
-        set_str(L, "status", c->status);
+        lt_set_str(L, "config", c->cfg);
+        lt_set_str(L, "layout", group_names[c->group]);
+        lt_set_str(L, "status", c->status);
         lua_createtable(L, r->nsizes, 0);
         for (int i = 0; i < r->nsizes; i++) {
             lua_pushnumber(L, c->gflops[i]);
@@ -260,14 +243,14 @@ static int l_opencl_tune(lua_State *L) {
         lua_rawseti(L, -2, ci + 1);
     }
     lua_setfield(L, -2, "candidates");
-    set_int(L, "tried", r->ntried);
-    set_int(L, "total", r->ncandidates);
-    set_int(L, "rejected", r->nrejected);
-    set_bool(L, "budget_exhausted", r->budget_exhausted);
-    set_num(L, "elapsed_s", r->elapsed_s);
-    set_num(L, "peak_gflops", r->peak_gflops);
-    set_str(L, "peak_formula", r->peak_formula);
-    if (r->file[0]) set_str(L, "file", r->file);
+    lt_set_int(L, "tried", r->ntried);
+    lt_set_int(L, "total", r->ncandidates);
+    lt_set_int(L, "rejected", r->nrejected);
+    lt_set_bool(L, "budget_exhausted", r->budget_exhausted);
+    lt_set_num(L, "elapsed_s", r->elapsed_s);
+    lt_set_num(L, "peak_gflops", r->peak_gflops);
+    lt_set_str(L, "peak_formula", r->peak_formula);
+    if (r->file[0]) lt_set_str(L, "file", r->file);
     lua_remove(L, rud);
     return 1;
 }

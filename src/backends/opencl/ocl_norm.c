@@ -11,21 +11,9 @@
 
 enum { WG_MAX = 256 }; /* kernels/norm.cl's local arrays */
 
-static size_t pow2_floor(size_t v) {
-    size_t p = 1;
-    while (p * 2 <= v) p *= 2;
-    return p;
-}
 
 /* The largest power-of-two work-group size <= WG_MAX the device and kernel allow. */
-static size_t max_group(ocl_device *d, cl_kernel k) {
-    size_t lim = WG_MAX < d->max_wg ? WG_MAX : d->max_wg;
-    size_t kw = 0;
-    if (clGetKernelWorkGroupInfo(k, d->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof kw, &kw, NULL) ==
-            CL_SUCCESS && kw && kw < lim)
-        lim = kw;
-    return pow2_floor(lim ? lim : 1);
-}
+static size_t max_group(ocl_device *d, cl_kernel k) { return ocl_max_group(d, k, WG_MAX); }
 
 /* A group size for rows of `work` elements: a power of two, no larger than needed. */
 static size_t row_group(ocl_device *d, cl_kernel k, int64_t work) {

@@ -235,6 +235,17 @@ nd_status ocl_launch_1d(ocl_device *d, cl_kernel k, const char *op, int64_t n) {
     return ocl_launch(d, k, op, 1, &global, &local);
 }
 
+size_t ocl_max_group(ocl_device *d, cl_kernel k, size_t limit) {
+    size_t lim = limit < d->max_wg ? limit : d->max_wg;
+    size_t kw = 0;
+    if (clGetKernelWorkGroupInfo(k, d->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof kw, &kw, NULL) ==
+            CL_SUCCESS && kw && kw < lim)
+        lim = kw;
+    size_t p = 1;
+    while (p * 2 <= lim) p *= 2;
+    return p;
+}
+
 nd_status ocl_synchronize(int index) {
     ocl_device *d = ocl_device_at(index);
     if (!d) return ND_OK;

@@ -95,6 +95,10 @@ nd_status ocl_launch(ocl_device *d, cl_kernel k, const char *op, int dims, const
  * device maximum), the shape every elementwise kernel uses. */
 nd_status ocl_launch_1d(ocl_device *d, cl_kernel k, const char *op, int64_t n);
 
+/* The largest power-of-two work-group size <= limit that the device and the
+ * kernel allow (kernels with local arrays of `limit` elements use it). */
+size_t ocl_max_group(ocl_device *d, cl_kernel k, size_t limit);
+
 /* ---- buffers (ocl_pool.c) ---- */
 nd_status ocl_alloc(int index, size_t nbytes, void **handle);
 void ocl_free(int index, void *handle, size_t nbytes);

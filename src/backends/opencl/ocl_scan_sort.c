@@ -47,21 +47,9 @@ static void lgeom_make(lgeom *g, int nops, const nd_tensor *const *ts, int dim) 
     }
 }
 
-static size_t pow2_floor(size_t v) {
-    size_t p = 1;
-    while (p * 2 <= v) p *= 2;
-    return p;
-}
 
-/* A power-of-two work-group size <= WG_MAX that the device and kernel allow. */
-static size_t max_group(ocl_device *d, cl_kernel k) {
-    size_t lim = WG_MAX < d->max_wg ? WG_MAX : d->max_wg;
-    size_t kw = 0;
-    if (clGetKernelWorkGroupInfo(k, d->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof kw, &kw, NULL) ==
-            CL_SUCCESS && kw && kw < lim)
-        lim = kw;
-    return pow2_floor(lim ? lim : 1);
-}
+/* The largest power-of-two work-group size <= WG_MAX the device and kernel allow. */
+static size_t max_group(ocl_device *d, cl_kernel k) { return ocl_max_group(d, k, WG_MAX); }
 
 static nd_status scratch(ocl_device *d, size_t n, const char *op, cl_mem *m) {
     (void)op; /* ocl_alloc's error names the device and the size */

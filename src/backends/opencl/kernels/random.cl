@@ -27,25 +27,10 @@ inline double u53(uint hi, uint lo) { return (double)(words64(hi, lo) >> 11) * 0
 inline float u53(uint hi, uint lo) { return (float)(words64(hi, lo) >> 11) * 0x1p-53f; }
 #endif
 
-/* Counter ctr's words under seed: nd_philox (common.cl) with its 10 rounds
- * unrolled, which lets POCL vectorise the kernels (3-5x faster). */
+/* Counter ctr's words under seed (element i of a random op uses counter offset + i). */
 inline uint4 draw(ulong seed, ulong ctr) {
-    uint4 c = (uint4)((uint)ctr, (uint)(ctr >> 32), 0u, 0u);
-    uint2 k = (uint2)((uint)seed, (uint)(seed >> 32));
-#pragma unroll
-    for (int r = 0; r < 10; r++) {
-        ulong p0 = (ulong)0xD2511F53u * c.x;
-        ulong p1 = (ulong)0xCD9E8D57u * c.z;
-        uint4 n;
-        n.x = (uint)(p1 >> 32) ^ c.y ^ k.x;
-        n.y = (uint)p1;
-        n.z = (uint)(p0 >> 32) ^ c.w ^ k.y;
-        n.w = (uint)p0;
-        c = n;
-        k.x += 0x9E3779B9u;
-        k.y += 0xBB67AE85u;
-    }
-    return c;
+    return nd_philox((uint4)((uint)ctr, (uint)(ctr >> 32), 0u, 0u),
+                     (uint2)((uint)seed, (uint)(seed >> 32)));
 }
 
 inline float normal_f32(uint4 w) {
