@@ -55,3 +55,24 @@ const char *nd_shape_str(const int64_t *shape, int ndim, char *buf) {
     buf[n] = 0;
     return buf;
 }
+
+nd_status nd_fail_index_bounds(const char *op, const nd_tensor *index, int64_t flat_pos,
+                               int64_t value, int dim, int64_t limit) {
+    int64_t pos[ND_MAX_DIMS], rem = flat_pos;
+    for (int d = index->ndim - 1; d >= 0; d--) {
+        pos[d] = rem % index->shape[d];
+        rem /= index->shape[d];
+    }
+    /* The position is a multi-index: each coordinate goes through ND_IXF so
+     * Lua users see it 1-based, like the index value and the dim. */
+    char b1[ND_MAX_DIMS * 26 + 3];
+    size_t o = 0;
+    b1[o++] = '{';
+    for (int d = 0; d < index->ndim; d++)
+        o += (size_t)snprintf(b1 + o, sizeof b1 - o, d ? "," ND_IXF : ND_IXF, ND_IX(pos[d]));
+    b1[o++] = '}';
+    b1[o] = 0;
+    return nd_fail(ND_ERR_INDEX, "%s: index " ND_IXF " is out of bounds for dim " ND_IXF " with size %lld "
+                   "(at position %s of the index tensor)", op, ND_IX(value), ND_IX(dim),
+                   (long long)limit, b1);
+}

@@ -51,6 +51,11 @@ const char *nd_shape_str(const int64_t *shape, int ndim, char *buf);
 #define ND_IXF "\x01%lld\x02"
 #define ND_IX(v) ((long long)(v))
 const char *nd_last_error_based(int base);
+/* "<op>: index V is out of bounds for dim D with size N (at position {..} of
+ * the index tensor)": the error every backend gives for an index value out of
+ * [0, limit); flat_pos is the value's row-major position in `index`. */
+nd_status nd_fail_index_bounds(const char *op, const nd_tensor *index, int64_t flat_pos,
+                               int64_t value, int dim, int64_t limit);
 #define ND_TRY(expr) do { nd_status st_ = (expr); if (st_ != ND_OK) return st_; } while (0)
 
 /* ---- storage (storage.c) ---- */

@@ -171,8 +171,10 @@ nd_status nd_layer_norm(const nd_tensor *x, int nnorm, const nd_tensor *weight,
 
 /* --------------------------------------------------------- cross entropy */
 
+/* Checks the arguments and every label; *kept counts the rows not ignored
+ * (the mean's divisor), from the same single read of the labels. */
 static nd_status ce_check(const nd_tensor *logits, const nd_tensor *labels, int64_t ignore,
-                          double smoothing, int reduction) {
+                          double smoothing, int reduction, int64_t *kept) {
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
     if (logits->ndim != 2 || (logits->dtype != ND_FLOAT32 && logits->dtype != ND_FLOAT64))
         return nd_fail(ND_ERR_SHAPE, "cross_entropy: expected float32/float64 logits of shape "
@@ -192,9 +194,11 @@ static nd_status ce_check(const nd_tensor *logits, const nd_tensor *labels, int6
     nd_tensor *host;
     ND_TRY(nd_to_host(labels, &host));
     int64_t n = labels->shape[0], c = logits->shape[1];
+    *kept = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t v;
         memcpy(&v, (const char *)nd_ptr(host) + i * host->strides[0] * 8, 8);
+        *kept += v != ignore;
         if (v != ignore && (v < 0 || v >= c)) {
             nd_release(host);
             return nd_fail(ND_ERR_INDEX, "cross_entropy: label " ND_IXF " of row " ND_IXF " is out "
@@ -204,19 +208,6 @@ static nd_status ce_check(const nd_tensor *logits, const nd_tensor *labels, int6
     }
     nd_release(host);
     return ND_OK;
-}
-
-static int64_t count_kept(const nd_tensor *labels, int64_t ignore) {
-    int64_t n = labels->shape[0], kept = 0;
-    nd_tensor *host;
-    if (nd_to_host(labels, &host) != ND_OK) return n; /* labels were read once already */
-    for (int64_t i = 0; i < n; i++) {
-        int64_t v;
-        memcpy(&v, (const char *)nd_ptr(host) + i * host->strides[0] * 8, 8);
-        kept += v != ignore;
-    }
-    nd_release(host);
-    return kept;
 }
 
 static nd_status bw_cross_entropy(nd_node *n, nd_tensor *g, nd_tensor **grads) {
@@ -265,7 +256,8 @@ static nd_status bw_cross_entropy(nd_node *n, nd_tensor *g, nd_tensor **grads) {
 
 nd_status nd_cross_entropy(const nd_tensor *logits, const nd_tensor *labels, int64_t ignore_index,
                            double label_smoothing, int reduction, nd_tensor **out) {
-    ND_TRY(ce_check(logits, labels, ignore_index, label_smoothing, reduction));
+    int64_t kept = 0;
+    ND_TRY(ce_check(logits, labels, ignore_index, label_smoothing, reduction, &kept));
     bool grad_on = nd_set_grad_enabled(false);
     nd_tensor *lc = NULL, *yc = NULL, *rows = NULL;
     int64_t N = logits->shape[0];
@@ -277,7 +269,6 @@ nd_status nd_cross_entropy(const nd_tensor *logits, const nd_tensor *labels, int
         st = ND_BACKEND_CALL(be, cross_entropy, "cross_entropy", rows, lc, yc, ignore_index,
                              label_smoothing);
     }
-    int64_t kept = st == ND_OK ? count_kept(yc, ignore_index) : 0;
     if (st == ND_OK) {
         if (reduction == 0) { *out = rows; rows = NULL; }
         else {

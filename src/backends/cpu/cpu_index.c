@@ -54,23 +54,7 @@ static nd_status check_indices(const char *op, const nd_tensor *index, int64_t l
     nd_loop_run(&L, check_any, &c, 1);
     if (!c.bad) return ND_OK;
     nd_loop_run(&L, check_first, &c, 0); /* the engine keeps row-major order */
-    int64_t pos[ND_MAX_DIMS], rem = c.bad_pos;
-    for (int d = index->ndim - 1; d >= 0; d--) {
-        pos[d] = rem % index->shape[d];
-        rem /= index->shape[d];
-    }
-    /* The position is a multi-index: each coordinate goes through ND_IXF so
-     * Lua users see it 1-based, like the index value and the dim. */
-    char b1[ND_MAX_DIMS * 26 + 3];
-    size_t o = 0;
-    b1[o++] = '{';
-    for (int d = 0; d < index->ndim; d++)
-        o += (size_t)snprintf(b1 + o, sizeof b1 - o, d ? "," ND_IXF : ND_IXF, ND_IX(pos[d]));
-    b1[o++] = '}';
-    b1[o] = 0;
-    return nd_fail(ND_ERR_INDEX, "%s: index " ND_IXF " is out of bounds for dim " ND_IXF " with size %lld "
-                   "(at position %s of the index tensor)", op, ND_IX(c.bad_val), ND_IX(dim),
-                   (long long)limit, b1);
+    return nd_fail_index_bounds(op, index, c.bad_pos, c.bad_val, dim, limit);
 }
 
 /* ---- gather / index_select: out = x[... idx ...], a copy by element size ---- */

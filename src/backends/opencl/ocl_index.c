@@ -54,21 +54,7 @@ static nd_status index_error(const char *op, const nd_tensor *index, int64_t lim
     }
     int64_t val = v[bad];
     nd_release(h);
-    int64_t pos[ND_MAX_DIMS], rem = bad;
-    for (int d = index->ndim - 1; d >= 0; d--) {
-        pos[d] = rem % index->shape[d];
-        rem /= index->shape[d];
-    }
-    char b1[ND_MAX_DIMS * 26 + 3];
-    size_t o = 0;
-    b1[o++] = '{';
-    for (int d = 0; d < index->ndim; d++)
-        o += (size_t)snprintf(b1 + o, sizeof b1 - o, d ? "," ND_IXF : ND_IXF, ND_IX(pos[d]));
-    b1[o++] = '}';
-    b1[o] = 0;
-    return nd_fail(ND_ERR_INDEX, "%s: index " ND_IXF " is out of bounds for dim " ND_IXF
-                   " with size %lld (at position %s of the index tensor)", op, ND_IX(val),
-                   ND_IX(dim), (long long)limit, b1);
+    return nd_fail_index_bounds(op, index, bad, val, dim, limit);
 }
 
 /* Fails as the CPU does when a value of index lies outside [0, limit). */

@@ -57,3 +57,41 @@ inline uint4 nd_philox(uint4 c, uint2 k) {
     }
     return c;
 }
+
+/* float16 / bfloat16 bits <-> float, bit for bit as the CPU's nd_half_to_float,
+ * nd_float_to_half, nd_bf16_to_float and nd_float_to_bf16 (dtype.c): round to
+ * nearest even, the same quiet-NaN bits. Every kernel uses these (not
+ * vload_half/vstore_half) so that devices agree with the CPU exactly. */
+inline float nd_half_to_float(ushort h) {
+    uint sign = (uint)(h >> 15) << 31, e = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    if (e == 0) {
+        if (mant == 0) return as_float(sign);
+        float f = ldexp((float)mant, -24);
+        return sign ? -f : f;
+    }
+    if (e == 31) return as_float(sign | 0x7f800000u | (mant << 13));
+    return as_float(sign | ((e + 112) << 23) | (mant << 13));
+}
+
+inline ushort nd_float_to_half(float f) {
+    uint x = as_uint(f);
+    ushort sign = (ushort)((x >> 16) & 0x8000);
+    uint absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) return sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 : 0);
+    if (absx >= 0x477ff000u) return sign | 0x7c00;
+    if (absx < 0x38800000u) return sign | (ushort)rint(as_float(absx) * 16777216.0f);
+    uint mant = absx & 0x7fffff, e = (absx >> 23) - 112;
+    uint h = (e << 10) | (mant >> 13);
+    uint rest = mant & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
+    return sign | (ushort)h;
+}
+
+inline float nd_bf16_to_float(ushort h) { return as_float((uint)h << 16); }
+
+inline ushort nd_float_to_bf16(float f) {
+    uint x = as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (ushort)((x >> 16) | 0x40); /* quiet NaN */
+    x += 0x7fff + ((x >> 16) & 1);
+    return (ushort)(x >> 16);
+}

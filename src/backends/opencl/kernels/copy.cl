@@ -3,7 +3,8 @@
  * 3 int32, 4 uint8, 5 bool, 6 float16, 7 bfloat16; the half types are
  * ushort bits). As the CPU: float -> integer truncates toward zero and
  * saturates to int64 (NaN gives 0) before narrowing with wrap-around,
- * anything -> bool is != 0, half types round to nearest even. */
+ * anything -> bool is != 0, half types round to nearest even
+ * (common.cl's conversions, bit for bit as the CPU). */
 
 #define S_FLOAT (SRC_ID == 0 || SRC_ID == 1 || SRC_ID == 6 || SRC_ID == 7)
 #define D_INT (DST_ID >= 2 && DST_ID <= 4)
@@ -14,23 +15,15 @@ typedef double mid_t;
 typedef float mid_t;
 #endif
 
-inline float bf16_to_float(ushort h) { return as_float((uint)h << 16); }
-inline ushort float_to_bf16(float f) {
-    uint x = as_uint(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (ushort)((x >> 16) | 0x40);
-    x += 0x7fff + ((x >> 16) & 1);
-    return (ushort)(x >> 16);
-}
-
 inline DST_T convert_one(__global const SRC_T *src, long i) {
 #if SRC_ID == DST_ID
     return src[i];
 #else
     /* read */
 #if SRC_ID == 6
-    mid_t v = (mid_t)vload_half(i, (__global const half *)src);
+    mid_t v = (mid_t)nd_half_to_float(src[i]);
 #elif SRC_ID == 7
-    mid_t v = (mid_t)bf16_to_float(src[i]);
+    mid_t v = (mid_t)nd_bf16_to_float(src[i]);
 #elif S_FLOAT
     mid_t v = (mid_t)src[i];
 #else
@@ -57,9 +50,9 @@ inline DST_T convert_one(__global const SRC_T *src, long i) {
     mid_t f = (mid_t)iv;
 #endif
 #if DST_ID == 7
-    return float_to_bf16((float)f);
+    return nd_float_to_bf16((float)f);
 #elif DST_ID == 6
-    return (DST_T)0; /* float16 is stored by copy_strided itself (vstore_half) */
+    return nd_float_to_half((float)f);
 #else
     return (DST_T)f;
 #endif
@@ -69,18 +62,7 @@ inline DST_T convert_one(__global const SRC_T *src, long i) {
 
 /* dst[di] = convert(src[si]) */
 inline void store_one(__global DST_T *dst, long di, __global const SRC_T *src, long si) {
-#if DST_ID == 6 && SRC_ID != 6
-#if SRC_ID == 7
-    float v = bf16_to_float(src[si]);
-#elif SRC_ID == 5
-    float v = src[si] != 0;
-#else
-    float v = (float)src[si];
-#endif
-    vstore_half_rte(v, di, (__global half *)dst);
-#else
     dst[di] = convert_one(src, si);
-#endif
 }
 
 __kernel void copy_strided(long n, nd_geom g, __global DST_T *dst, __global const SRC_T *src) {

@@ -71,36 +71,17 @@ __kernel void scatter_set(long K, long os, long is, long ss, long n, nd_geom g,
  * nd_bf16_to_float / nd_float_to_bf16 (dtype.c), bit for bit */
 inline float half_bits_to_float(ushort h) {
 #if T_ID == 6
-    uint sign = (uint)(h >> 15) << 31, e = (h >> 10) & 0x1f, mant = h & 0x3ff;
-    if (e == 0) {
-        if (mant == 0) return as_float(sign);
-        float f = ldexp((float)mant, -24);
-        return sign ? -f : f;
-    }
-    if (e == 31) return as_float(sign | 0x7f800000u | (mant << 13));
-    return as_float(sign | ((e + 112) << 23) | (mant << 13));
+    return nd_half_to_float(h);
 #else
-    return as_float((uint)h << 16);
+    return nd_bf16_to_float(h);
 #endif
 }
 
 inline ushort float_to_half_bits(float f) {
-    uint x = as_uint(f);
 #if T_ID == 6
-    ushort sign = (ushort)((x >> 16) & 0x8000);
-    uint absx = x & 0x7fffffffu;
-    if (absx >= 0x7f800000u) return sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 : 0);
-    if (absx >= 0x477ff000u) return sign | 0x7c00;
-    if (absx < 0x38800000u) return sign | (ushort)rint(as_float(absx) * 16777216.0f);
-    uint mant = absx & 0x7fffff, e = (absx >> 23) - 112;
-    uint h = (e << 10) | (mant >> 13);
-    uint rest = mant & 0x1fff;
-    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
-    return sign | (ushort)h;
+    return nd_float_to_half(f);
 #else
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (ushort)((x >> 16) | 0x40);
-    x += 0x7fff + ((x >> 16) & 1);
-    return (ushort)(x >> 16);
+    return nd_float_to_bf16(f);
 #endif
 }
 #endif

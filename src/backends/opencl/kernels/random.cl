@@ -47,39 +47,6 @@ inline double normal_f64(uint4 w) {
 
 /* ---- one element as the CPU's nd_load_f64 / nd_store_f64 (dtype.c) ---- */
 
-inline float half_to_float(ushort h) {
-    uint sign = (uint)(h >> 15) << 31, e = (h >> 10) & 0x1f, mant = h & 0x3ff;
-    if (e == 0) {
-        if (mant == 0) return as_float(sign);
-        float f = ldexp((float)mant, -24);
-        return sign ? -f : f;
-    }
-    if (e == 31) return as_float(sign | 0x7f800000u | (mant << 13));
-    return as_float(sign | ((e + 112) << 23) | (mant << 13));
-}
-
-inline ushort float_to_half(float f) {
-    uint x = as_uint(f);
-    ushort sign = (ushort)((x >> 16) & 0x8000);
-    uint absx = x & 0x7fffffffu;
-    if (absx >= 0x7f800000u) return sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 : 0);
-    if (absx >= 0x477ff000u) return sign | 0x7c00;
-    if (absx < 0x38800000u) return sign | (ushort)rint(as_float(absx) * 16777216.0f);
-    uint mant = absx & 0x7fffff, e = (absx >> 23) - 112;
-    uint h = (e << 10) | (mant >> 13);
-    uint rest = mant & 0x1fff;
-    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
-    return sign | (ushort)h;
-}
-
-inline float bf16_to_float(ushort h) { return as_float((uint)h << 16); }
-inline ushort float_to_bf16(float f) {
-    uint x = as_uint(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (ushort)((x >> 16) | 0x40);
-    x += 0x7fff + ((x >> 16) & 1);
-    return (ushort)(x >> 16);
-}
-
 /* float -> int64 truncating toward zero, saturating, NaN -> 0 */
 inline long acc_to_i64(acc_t v) {
     if (isnan(v)) return 0;
@@ -89,8 +56,8 @@ inline long acc_to_i64(acc_t v) {
 }
 
 #define LOAD_AS(ID, p, i)                                                   \
-    ((ID) == 6 ? (acc_t)half_to_float((ushort)(p)[i])                     \
-     : (ID) == 7 ? (acc_t)bf16_to_float((ushort)(p)[i])                   \
+    ((ID) == 6 ? (acc_t)nd_half_to_float((ushort)(p)[i])                     \
+     : (ID) == 7 ? (acc_t)nd_bf16_to_float((ushort)(p)[i])                   \
      : (ID) == 5 ? (acc_t)((p)[i] != 0)                                    \
      : (acc_t)(p)[i])
 
@@ -106,9 +73,9 @@ inline void store_acc(__global T *o, long i, acc_t v) {
 #elif T_ID == 5
     o[i] = v != 0;
 #elif T_ID == 6
-    o[i] = float_to_half((float)v);
+    o[i] = nd_float_to_half((float)v);
 #else
-    o[i] = float_to_bf16((float)v);
+    o[i] = nd_float_to_bf16((float)v);
 #endif
 }
 

@@ -39,8 +39,6 @@ inline void line_offsets(const lgeom *g, long l, int nops, long *off) {
     }
 }
 
-inline float bf16_to_f(ushort h) { return as_float((uint)h << 16); }
-
 /* ---------------------------------------------------------------- cumsum */
 #ifdef O_T
 
@@ -52,9 +50,9 @@ typedef ulong sum_t;
 
 inline sum_t load_x(__global const T *x, long i) {
 #if T_ID == 6
-    return (sum_t)vload_half(i, (__global const half *)x);
+    return (sum_t)nd_half_to_float(x[i]);
 #elif T_ID == 7
-    return (sum_t)bf16_to_f(x[i]);
+    return (sum_t)nd_bf16_to_float(x[i]);
 #elif T_ID == 0 || T_ID == 1
     return (sum_t)x[i];
 #else
@@ -62,18 +60,11 @@ inline sum_t load_x(__global const T *x, long i) {
 #endif
 }
 
-inline ushort f_to_bf16(float f) { /* round to nearest even, as copy.cl */
-    uint x = as_uint(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (ushort)((x >> 16) | 0x40);
-    x += 0x7fff + ((x >> 16) & 1);
-    return (ushort)(x >> 16);
-}
-
 inline void store_out(__global O_T *out, long i, sum_t v) {
 #if O_ID == 6
-    vstore_half_rte((float)v, i, (__global half *)out);
+    out[i] = nd_float_to_half((float)v);
 #elif O_ID == 7
-    out[i] = f_to_bf16((float)v);
+    out[i] = nd_float_to_bf16((float)v);
 #elif O_ID == 2
     out[i] = (long)v;
 #else
@@ -145,9 +136,9 @@ inline ulong sort_key(T v) {
     ulong b = as_ulong(v);
     return (b >> 63) ? ~b : (b | ((ulong)1 << 63));
 #elif T_ID == 6
-    return key_f32(vload_half(0, (const half *)&v));
+    return key_f32(nd_half_to_float(v));
 #elif T_ID == 7
-    return key_f32(bf16_to_f(v));
+    return key_f32(nd_bf16_to_float(v));
 #elif T_ID == 2 || T_ID == 3
     return (ulong)(long)v ^ ((ulong)1 << 63);
 #else
