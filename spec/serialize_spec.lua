@@ -335,8 +335,9 @@ describe("nd.load on corrupt files", function()
   it("checks the header length", function()
     local e = load_err("huge.safetensors", string.pack("<I8", 200000000) .. good:sub(9))
     assert.matches("header length 200000000 exceeds the limit of 100000000 bytes", e, 1, true)
+    -- a zip goes to the PyTorch checkpoint reader, whose zip checks reject this one
     e = load_err("zip.pt", "PK\3\4" .. ("\0"):rep(60))
-    assert.matches("(this looks like a zip archive, e.g. a PyTorch .pt file)", e, 1, true)
+    assert.matches("no end of central directory record", e, 1, true)
   end)
 
   it("names what is wrong in the header", function()

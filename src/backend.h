@@ -136,6 +136,17 @@ typedef struct nd_backend {
     nd_status (*avg_pool2d)(nd_tensor *out, const nd_tensor *x, const nd_pool_geom *p);
     /* gx (N, C, H, W) = the adjoint of avg_pool2d applied to g (overwrites gx). */
     nd_status (*avg_pool2d_backward)(nd_tensor *gx, const nd_tensor *g, const nd_pool_geom *p);
+    /* ---- fused inference (op_fused.c; NULL: the op runs the composed ops
+     * on the device instead). All tensors contiguous, one float dtype; b may
+     * be NULL; out fresh. ---- */
+    /* out (N, O, g->lh, g->lw) = act(conv2d(x (N, C, H, W), w (O, C/groups,
+     * g->kh, g->kw)) + b (O)) */
+    nd_status (*conv2d_fused)(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
+                              const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
+                              nd_activation act);
+    /* out (M, O) = act(x (M, K) @ w (O, K)^T + b (O)) */
+    nd_status (*linear_fused)(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
+                              const nd_tensor *b, nd_activation act);
 } nd_backend;
 
 extern const nd_backend nd_cpu_backend;

@@ -301,6 +301,24 @@ nd_status nd_dilate(const nd_tensor *x, const int *dims, int ndims, int64_t dila
 nd_status nd_undilate(const nd_tensor *x, const int *dims, int ndims, int64_t dilation,
                       nd_tensor **out);
 
+/* ---- fused inference ops (nd.nn.fuse) ----
+ * act(conv2d(x, w, b)) and act(x @ w^T + b) as one GEMM whose epilogue adds
+ * the bias and applies the activation while the output is still in cache
+ * (what nd.nn.fuse puts in place of Conv2d+BatchNorm2d+ReLU, BatchNorm
+ * folded into w and b). Same arguments, shapes and dtypes as nd_conv2d /
+ * F.linear. When autograd would record (grad mode on and an input requires
+ * grad) they run as the composed differentiable ops (conv2d or matmul, add,
+ * relu), so gradients stay exact; devices without a fused kernel (OpenCL)
+ * also run the composed ops. */
+typedef enum { ND_ACT_NONE = 0, ND_ACT_RELU = 1 } nd_activation;
+/* x (..., in), weight (out, in), bias (out) or NULL -> (..., out) */
+nd_status nd_fused_linear(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
+                          nd_activation act, nd_tensor **out);
+/* as nd_conv2d, then act */
+nd_status nd_fused_conv2d(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
+                          const int64_t *stride, const int64_t *padding, const int64_t *dilation,
+                          int64_t groups, nd_activation act, nd_tensor **out);
+
 /* ---- joining, splitting, reordering ---- */
 nd_status nd_cat(nd_tensor *const *ts, int n, int dim, nd_tensor **out);
 nd_status nd_stack(nd_tensor *const *ts, int n, int dim, nd_tensor **out);

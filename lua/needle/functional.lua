@@ -88,6 +88,8 @@ F.conv_transpose2d = core.conv_transpose2d
 F.max_pool2d = core.max_pool2d           -- (x, kernel_size, {stride=, padding=, dilation=, ceil_mode=, return_indices=})
 F.avg_pool2d = core.avg_pool2d           -- (x, kernel_size, {stride=, padding=, ceil_mode=, count_include_pad=})
 F.adaptive_avg_pool2d = core.adaptive_avg_pool2d
+F.fused_conv2d = core.fused_conv2d       -- (x, w, b, {stride=, ..., activation="none"|"relu"}): nd.nn.fuse
+F.fused_linear = core.fused_linear       -- (x, w, b, {activation=}): act(x @ w^T + b)
 F.dilate = core.dilate
 F.undilate = core.undilate
 

@@ -16,7 +16,7 @@ nd.F = require "needle.functional"
 -- Submodules load on first use (nd.nn, nd.optim, nd.data), so `require
 -- "needle"` stays fast and a script pays only for what it touches.
 local lazy = {nn = "needle.nn", optim = "needle.optim", data = "needle.data",
-              checkpoint = "needle.checkpoint", plot = "needle.plot"}
+              checkpoint = "needle.checkpoint", plot = "needle.plot", convert = "needle.convert"}
 setmetatable(nd, {
   __index = function(t, k)
     local name = lazy[k]
@@ -27,9 +27,16 @@ setmetatable(nd, {
   end,
 })
 
--- checkpoints (safetensors): nd.save(tensors, path[, metadata]) / nd.load(path)
+-- checkpoints (safetensors): nd.save(tensors, path[, metadata]) / nd.load(path);
+-- nd.load also reads a PyTorch checkpoint (zip), as nd.load_torch does.
 function nd.save(...) return require("needle.serialize").save(...) end
 function nd.load(...) return require("needle.serialize").load(...) end
+-- PyTorch checkpoints (torch.save, PyTorch >= 1.6), read without Python and
+-- without running any of the file's code (docs/torch-checkpoints.md):
+-- nd.load_torch(path[, {half_to_float = false}]) -> the unpickled object, with
+-- None as nd.null (a unique light userdata) and tensors as needle tensors.
+function nd.load_torch(...) return require("needle.serialize").load_torch(...) end
+nd.null = core.null
 
 -- OpenCL: nd.opencl.available() -> true | false, why; nd.opencl.tune{...}
 -- autotunes the GEMM for a device (docs/opencl-gemm.md); nd.devices() lists

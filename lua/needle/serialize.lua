@@ -1,5 +1,6 @@
 -- needle.serialize: tensors to and from safetensors files
--- (https://huggingface.co/docs/safetensors), behind nd.save and nd.load.
+-- (https://huggingface.co/docs/safetensors), behind nd.save and nd.load, and
+-- PyTorch checkpoints (nd.load_torch; nd.load reads them too).
 --
 --   nd.save({["fc.weight"] = w, ["fc.bias"] = b}, "model.safetensors", {epoch = "3"})
 --   local tensors, metadata = nd.load("model.safetensors")
@@ -77,11 +78,36 @@ local function save(tensors, path, metadata, op)
   core._safetensors_save(path, tensors, metadata, op)
 end
 
+-- Whether the file is a PyTorch checkpoint: it starts like a zip archive (a
+-- local file header, or the end record of an empty archive), or like a bare
+-- pickle (torch's legacy format, which load_torch explains how to re-save;
+-- as a safetensors header length those bytes would be absurd anyway).
+-- Unreadable files are left to the safetensors reader, whose error names them.
+local function is_torch(path)
+  if type(io) ~= "table" then return false end
+  local f = io.open(path, "rb")
+  if not f then return false end
+  local head = f:read(4)
+  f:close()
+  if type(head) ~= "string" then return false end
+  return head == "PK\3\4" or head == "PK\5\6" or head:find("^\x80[\2-\5]") ~= nil
+end
+
+-- load_torch(path[, opts[, op]]) -> the checkpoint's object (see nd.load_torch).
+local function load_torch(path, opts, op)
+  op = op or "load_torch"
+  check_path(op, path)
+  if opts ~= nil and type(opts) ~= "table" then fail(op, "options must be a table, got %s", type(opts)) end
+  return core.load_torch(path, opts, op)
+end
+
 -- load(path[, op]) -> {name = tensor}, {key = value} (the __metadata__ strings;
--- an empty table when the file has none).
+-- an empty table when the file has none). A PyTorch checkpoint (zip) gives
+-- what load_torch gives.
 local function load(path, op)
   op = op or "load"
   check_path(op, path)
+  if is_torch(path) then return load_torch(path, nil, op) end
   return core._safetensors_load(path, op)
 end
 
@@ -97,6 +123,7 @@ end
 
 M.save = M.public(save)
 M.load = M.public(load)
+M.load_torch = M.public(load_torch)
 M.read_header = M.public(read_header)
 
 return M

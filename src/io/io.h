@@ -40,4 +40,14 @@ nd_status nd_gunzip(const char *op, const char *path, uint64_t max_bytes, char *
 nd_status nd_from_bytes(const char *op, const void *data, size_t n, const int64_t *shape,
                         int ndim, nd_dtype dt, nd_tensor **out);
 
+/* ---- shared by the readers (io_common.c) ----
+ * An error st whose message reads "<op>: '<what>': <formatted message>". */
+nd_status nd_io_fail(nd_status st, const char *op, const char *what, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Opens path read-only; it must be a regular file. *fd (close it) and its size. */
+nd_status nd_open_regular(const char *op, const char *path, int *fd, uint64_t *size);
+/* RFC 3629 UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF):
+ * the offset of the first bad byte, or len when all is well. */
+size_t nd_utf8_check(const unsigned char *s, size_t len);
+
 #endif

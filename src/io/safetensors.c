@@ -20,25 +20,12 @@
 #define JSON_MAX_DEPTH 32
 #define SHOW_MAX 120 /* bytes of a name shown in a message */
 
-/* "<op>: '<what>': <message>" */
-static nd_status ferr(nd_status st, const char *op, const char *what, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static nd_status ferr(nd_status st, const char *op, const char *what, const char *fmt, ...) {
-    char msg[900];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return nd_fail(st, "%s: '%s': %s", op, what, msg);
-}
-
-static size_t utf8_check(const unsigned char *s, size_t len);
 
 /* A name for a message: at most SHOW_MAX bytes, control bytes (and every
  * byte above 0x7f when the name is not UTF-8) escaped. */
 static const char *show(const char *s, size_t len, char *buf) {
     size_t o = 0, i;
-    bool ascii_only = utf8_check((const unsigned char *)s, len) != len;
+    bool ascii_only = nd_utf8_check((const unsigned char *)s, len) != len;
     for (i = 0; i < len && o < SHOW_MAX; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c < 0x20 || c == 0x7f || (ascii_only && c >= 0x80)) o += (size_t)snprintf(buf + o, 8, "\\x%02x", c);
@@ -50,32 +37,6 @@ static const char *show(const char *s, size_t len, char *buf) {
 }
 #define SHOW_BUF (SHOW_MAX + 16)
 
-/* RFC 3629 UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF.
- * Returns the offset of the first bad byte, or len when all is well. */
-static size_t utf8_check(const unsigned char *s, size_t len) {
-    size_t i = 0;
-    while (i < len) {
-        unsigned char c = s[i];
-        if (c < 0x80) { i++; continue; }
-        size_t n;
-        unsigned lo = 0x80, hi = 0xbf;
-        if (c >= 0xc2 && c <= 0xdf) n = 1;
-        else if (c == 0xe0) { n = 2; lo = 0xa0; }
-        else if (c >= 0xe1 && c <= 0xec) n = 2;
-        else if (c == 0xed) { n = 2; hi = 0x9f; }
-        else if (c >= 0xee && c <= 0xef) n = 2;
-        else if (c == 0xf0) { n = 3; lo = 0x90; }
-        else if (c >= 0xf1 && c <= 0xf3) n = 3;
-        else if (c == 0xf4) { n = 3; hi = 0x8f; }
-        else return i;
-        if (len - i - 1 < n) return i;
-        if (s[i + 1] < lo || s[i + 1] > hi) return i;
-        for (size_t k = 2; k <= n; k++)
-            if (s[i + k] < 0x80 || s[i + k] > 0xbf) return i;
-        i += n + 1;
-    }
-    return len;
-}
 
 /* ------------------------------------------------------------------ JSON */
 
@@ -108,7 +69,7 @@ static nd_status jerr(jparser *p, size_t at, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return ferr(ND_ERR_IO, p->op, p->what, "invalid header JSON at byte %zu: %s", at, msg);
+    return nd_io_fail(ND_ERR_IO, p->op, p->what, "invalid header JSON at byte %zu: %s", at, msg);
 }
 
 static const char *char_str(int c, char *buf) {
@@ -129,7 +90,7 @@ static nd_status new_node(jparser *p, int type, size_t *out) {
     if (p->nnodes == p->cap) {
         size_t ncap = p->cap ? p->cap * 2 : 64;
         jnode *nn = realloc(p->nodes, ncap * sizeof *nn);
-        if (!nn) return ferr(ND_ERR_MEMORY, p->op, p->what, "out of memory parsing the header");
+        if (!nn) return nd_io_fail(ND_ERR_MEMORY, p->op, p->what, "out of memory parsing the header");
         p->nodes = nn;
         p->cap = ncap;
     }
@@ -263,7 +224,7 @@ static nd_status check_duplicates(jparser *p, size_t obj) {
     size_t n = p->nodes[obj].count;
     if (n < 2) return ND_OK;
     keyref *keys = malloc(n * sizeof *keys);
-    if (!keys) return ferr(ND_ERR_MEMORY, p->op, p->what, "out of memory parsing the header");
+    if (!keys) return nd_io_fail(ND_ERR_MEMORY, p->op, p->what, "out of memory parsing the header");
     size_t i = 0;
     for (size_t c = p->nodes[obj].first; c; c = p->nodes[c].next, i++)
         keys[i] = (keyref){p->arena + p->nodes[c].key_off, p->nodes[c].key_len, p->nodes[c].pos};
@@ -412,7 +373,7 @@ static nd_status parse_entry(jparser *p, size_t t, uint64_t data_len, nd_st_info
     const char *op = p->op, *what = p->what;
     info->name = p->arena + e->key_off;
     info->name_len = e->key_len;
-    if (e->type != J_OBJ) return ferr(ND_ERR_IO, op, what, "tensor '%s': entry is not a JSON object", name);
+    if (e->type != J_OBJ) return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': entry is not a JSON object", name);
     size_t jd = 0, js = 0, jo = 0;
     for (size_t c = e->first; c; c = p->nodes[c].next) {
         if (key_is(p, &p->nodes[c], "dtype")) jd = c;
@@ -420,12 +381,12 @@ static nd_status parse_entry(jparser *p, size_t t, uint64_t data_len, nd_st_info
         else if (key_is(p, &p->nodes[c], "data_offsets")) jo = c;
         /* other fields are ignored, as by the reference implementation */
     }
-    if (!jd) return ferr(ND_ERR_IO, op, what, "tensor '%s': missing \"dtype\"", name);
-    if (!js) return ferr(ND_ERR_IO, op, what, "tensor '%s': missing \"shape\"", name);
-    if (!jo) return ferr(ND_ERR_IO, op, what, "tensor '%s': missing \"data_offsets\"", name);
+    if (!jd) return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': missing \"dtype\"", name);
+    if (!js) return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': missing \"shape\"", name);
+    if (!jo) return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': missing \"data_offsets\"", name);
     /* dtype */
     const jnode *d = &p->nodes[jd];
-    if (d->type != J_STR) return ferr(ND_ERR_IO, op, what, "tensor '%s': \"dtype\" is not a string", name);
+    if (d->type != J_STR) return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': \"dtype\" is not a string", name);
     const char *ds = p->arena + d->str_off;
     bool found = false;
     for (size_t i = 0; i < sizeof st_dtypes / sizeof *st_dtypes; i++)
@@ -436,24 +397,24 @@ static nd_status parse_entry(jparser *p, size_t t, uint64_t data_len, nd_st_info
     if (!found) {
         for (size_t i = 0; st_other_dtypes[i]; i++)
             if (strlen(st_other_dtypes[i]) == d->str_len && memcmp(st_other_dtypes[i], ds, d->str_len) == 0)
-                return ferr(ND_ERR_DTYPE, op, what, "tensor '%s': dtype %s is not supported by needle "
+                return nd_io_fail(ND_ERR_DTYPE, op, what, "tensor '%s': dtype %s is not supported by needle "
                             "(supported: " ST_DTYPES_LIST ")", name, st_other_dtypes[i]);
-        return ferr(ND_ERR_IO, op, what, "tensor '%s': unknown dtype '%s' (supported: " ST_DTYPES_LIST ")",
+        return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': unknown dtype '%s' (supported: " ST_DTYPES_LIST ")",
                     name, show(ds, d->str_len, db));
     }
     /* shape */
     const jnode *s = &p->nodes[js];
-    if (s->type != J_ARR) return ferr(ND_ERR_IO, op, what, "tensor '%s': \"shape\" is not an array", name);
+    if (s->type != J_ARR) return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': \"shape\" is not an array", name);
     if (s->count > ND_MAX_DIMS)
-        return ferr(ND_ERR_IO, op, what, "tensor '%s': shape has %zu dims (needle supports at most %d)",
+        return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': shape has %zu dims (needle supports at most %d)",
                     name, s->count, ND_MAX_DIMS);
     info->ndim = (int)s->count;
     int k = 0;
     for (size_t c = s->first; c; c = p->nodes[c].next, k++) {
         if (p->nodes[c].type != J_INT)
-            return ferr(ND_ERR_IO, op, what, "tensor '%s': shape entry %d is not an integer", name, k + 1);
+            return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': shape entry %d is not an integer", name, k + 1);
         if (p->nodes[c].ival < 0)
-            return ferr(ND_ERR_IO, op, what, "tensor '%s': shape entry %d is negative (%lld)", name, k + 1,
+            return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': shape entry %d is negative (%lld)", name, k + 1,
                         (long long)p->nodes[c].ival);
         info->shape[k] = p->nodes[c].ival;
     }
@@ -464,7 +425,7 @@ static nd_status parse_entry(jparser *p, size_t t, uint64_t data_len, nd_st_info
         uint64_t m = (uint64_t)info->shape[i];
         uint64_t mm = m ? m : 1;
         if (span > (uint64_t)ND_MAX_NUMEL / mm)
-            return ferr(ND_ERR_IO, op, what, "tensor '%s': shape %s is too large", name,
+            return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': shape %s is too large", name,
                         nd_shape_str(info->shape, info->ndim, sb));
         span *= mm;
         numel *= m;
@@ -474,20 +435,20 @@ static nd_status parse_entry(jparser *p, size_t t, uint64_t data_len, nd_st_info
     const jnode *o = &p->nodes[jo];
     if (o->type != J_ARR || o->count != 2 || p->nodes[o->first].type != J_INT ||
         p->nodes[p->nodes[o->first].next].type != J_INT)
-        return ferr(ND_ERR_IO, op, what, "tensor '%s': \"data_offsets\" is not an array of two integers",
+        return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': \"data_offsets\" is not an array of two integers",
                     name);
     int64_t b = p->nodes[o->first].ival, en = p->nodes[p->nodes[o->first].next].ival;
     if (b < 0 || en < 0)
-        return ferr(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%lld, %lld] are negative", name,
+        return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%lld, %lld] are negative", name,
                     (long long)b, (long long)en);
     if (b > en)
-        return ferr(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%lld, %lld] end before they begin",
+        return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%lld, %lld] end before they begin",
                     name, (long long)b, (long long)en);
     if ((uint64_t)en > data_len)
-        return ferr(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%lld, %lld] lie outside the byte "
+        return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%lld, %lld] lie outside the byte "
                     "buffer (%llu bytes)", name, (long long)b, (long long)en, (unsigned long long)data_len);
     if ((uint64_t)(en - b) != nbytes)
-        return ferr(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%lld, %lld] do not match shape %s %s "
+        return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%lld, %lld] do not match shape %s %s "
                     "(%llu bytes)", name, (long long)b, (long long)en,
                     nd_shape_str(info->shape, info->ndim, sb), nd_dtype_name(info->dtype),
                     (unsigned long long)nbytes);
@@ -499,14 +460,14 @@ static nd_status parse_entry(jparser *p, size_t t, uint64_t data_len, nd_st_info
 static nd_status validate(jparser *p, uint64_t data_len, nd_st_header *h) {
     const char *op = p->op, *what = p->what;
     const jnode *root = &p->nodes[0];
-    if (root->type != J_OBJ) return ferr(ND_ERR_IO, op, what, "the header is not a JSON object");
+    if (root->type != J_OBJ) return nd_io_fail(ND_ERR_IO, op, what, "the header is not a JSON object");
     size_t nt = root->count, nm = 0;
     size_t jmeta = 0;
     for (size_t c = root->first; c; c = p->nodes[c].next)
         if (key_is(p, &p->nodes[c], "__metadata__")) { jmeta = c; nt--; }
     if (jmeta) {
         const jnode *m = &p->nodes[jmeta];
-        if (m->type != J_OBJ) return ferr(ND_ERR_IO, op, what, "__metadata__ is not a JSON object");
+        if (m->type != J_OBJ) return nd_io_fail(ND_ERR_IO, op, what, "__metadata__ is not a JSON object");
         nm = m->count;
     }
     h->tensors = calloc(nt ? nt : 1, sizeof *h->tensors);
@@ -515,14 +476,14 @@ static nd_status validate(jparser *p, uint64_t data_len, nd_st_header *h) {
     h->meta_key_lens = calloc(nm ? nm : 1, sizeof *h->meta_key_lens);
     h->meta_value_lens = calloc(nm ? nm : 1, sizeof *h->meta_value_lens);
     if (!h->tensors || !h->meta_keys || !h->meta_values || !h->meta_key_lens || !h->meta_value_lens)
-        return ferr(ND_ERR_MEMORY, op, what, "out of memory reading the header");
+        return nd_io_fail(ND_ERR_MEMORY, op, what, "out of memory reading the header");
     if (jmeta) {
         size_t i = 0;
         for (size_t c = p->nodes[jmeta].first; c; c = p->nodes[c].next, i++) {
             const jnode *v = &p->nodes[c];
             if (v->type != J_STR) {
                 char kb[SHOW_BUF];
-                return ferr(ND_ERR_IO, op, what, "__metadata__ value of '%s' is not a string",
+                return nd_io_fail(ND_ERR_IO, op, what, "__metadata__ value of '%s' is not a string",
                             show(p->arena + v->key_off, v->key_len, kb));
             }
             h->meta_keys[i] = p->arena + v->key_off;
@@ -542,7 +503,7 @@ static nd_status validate(jparser *p, uint64_t data_len, nd_st_header *h) {
     /* the tensors tile the buffer: sorted by offset, each starts where the
      * previous one ended, and the last one ends at the end of the buffer */
     span *sp = malloc((nt ? nt : 1) * sizeof *sp);
-    if (!sp) return ferr(ND_ERR_MEMORY, op, what, "out of memory reading the header");
+    if (!sp) return nd_io_fail(ND_ERR_MEMORY, op, what, "out of memory reading the header");
     for (i = 0; i < nt; i++) sp[i] = (span){h->tensors[i].begin, h->tensors[i].end, i};
     qsort(sp, nt, sizeof *sp, span_cmp);
     uint64_t at = 0;
@@ -553,13 +514,13 @@ static nd_status validate(jparser *p, uint64_t data_len, nd_st_header *h) {
         char nb[SHOW_BUF], pb[SHOW_BUF];
         if (t->begin < at) {
             const nd_st_info *q = &h->tensors[prev];
-            st = ferr(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%llu, %llu] overlap those of "
+            st = nd_io_fail(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%llu, %llu] overlap those of "
                       "tensor '%s' [%llu, %llu]", show(t->name, t->name_len, nb),
                       (unsigned long long)t->begin, (unsigned long long)t->end,
                       show(q->name, q->name_len, pb), (unsigned long long)q->begin,
                       (unsigned long long)q->end);
         } else if (t->begin > at) {
-            st = ferr(ND_ERR_IO, op, what, "bytes [%llu, %llu) of the byte buffer belong to no tensor "
+            st = nd_io_fail(ND_ERR_IO, op, what, "bytes [%llu, %llu) of the byte buffer belong to no tensor "
                       "(the next tensor, '%s', starts at %llu)", (unsigned long long)at,
                       (unsigned long long)t->begin, show(t->name, t->name_len, nb),
                       (unsigned long long)t->begin);
@@ -570,7 +531,7 @@ static nd_status validate(jparser *p, uint64_t data_len, nd_st_header *h) {
     free(sp);
     if (st != ND_OK) return st;
     if (at != data_len)
-        return ferr(ND_ERR_IO, op, what, "the byte buffer has %llu bytes but the tensors cover only the "
+        return nd_io_fail(ND_ERR_IO, op, what, "the byte buffer has %llu bytes but the tensors cover only the "
                     "first %llu (trailing bytes belong to no tensor)", (unsigned long long)data_len,
                     (unsigned long long)at);
     return ND_OK;
@@ -580,18 +541,18 @@ nd_status nd_st_parse_header(const char *op, const char *what, const char *json,
                              uint64_t data_len, nd_st_header **out) {
     *out = NULL;
     if (json_len > ND_ST_MAX_HEADER)
-        return ferr(ND_ERR_IO, op, what, "header length %llu exceeds the limit of %llu bytes",
+        return nd_io_fail(ND_ERR_IO, op, what, "header length %llu exceeds the limit of %llu bytes",
                     (unsigned long long)json_len, ND_ST_MAX_HEADER);
-    if (json_len == 0) return ferr(ND_ERR_IO, op, what, "the header is empty");
-    size_t bad = utf8_check((const unsigned char *)json, (size_t)json_len);
-    if (bad != json_len) return ferr(ND_ERR_IO, op, what, "the header is not valid UTF-8 (byte %zu)", bad);
+    if (json_len == 0) return nd_io_fail(ND_ERR_IO, op, what, "the header is empty");
+    size_t bad = nd_utf8_check((const unsigned char *)json, (size_t)json_len);
+    if (bad != json_len) return nd_io_fail(ND_ERR_IO, op, what, "the header is not valid UTF-8 (byte %zu)", bad);
     nd_st_header *h = calloc(1, sizeof *h);
     jparser p = {.op = op, .what = what, .s = (const unsigned char *)json, .n = (size_t)json_len};
     p.arena = malloc((size_t)json_len + 1);
     if (!h || !p.arena) {
         free(h);
         free(p.arena);
-        return ferr(ND_ERR_MEMORY, op, what, "out of memory reading a header of %llu bytes",
+        return nd_io_fail(ND_ERR_MEMORY, op, what, "out of memory reading a header of %llu bytes",
                     (unsigned long long)json_len);
     }
     h->_arena = p.arena;
@@ -625,7 +586,7 @@ typedef struct {
 
 static nd_status src_read(const source *s, uint64_t off, void *dst, uint64_t n) {
     if (off > s->size || n > s->size - off)
-        return ferr(ND_ERR_IO, s->op, s->what, "unexpected end of file (reading %llu bytes at %llu)",
+        return nd_io_fail(ND_ERR_IO, s->op, s->what, "unexpected end of file (reading %llu bytes at %llu)",
                     (unsigned long long)n, (unsigned long long)off);
     if (s->mem) {
         if (n) memcpy(dst, s->mem + off, (size_t)n);
@@ -637,9 +598,9 @@ static nd_status src_read(const source *s, uint64_t off, void *dst, uint64_t n) 
         ssize_t r = pread(s->fd, d, chunk, (off_t)off);
         if (r < 0) {
             if (errno == EINTR) continue;
-            return ferr(ND_ERR_IO, s->op, s->what, "read error: %s", strerror(errno));
+            return nd_io_fail(ND_ERR_IO, s->op, s->what, "read error: %s", strerror(errno));
         }
-        if (r == 0) return ferr(ND_ERR_IO, s->op, s->what, "unexpected end of file (it was truncated "
+        if (r == 0) return nd_io_fail(ND_ERR_IO, s->op, s->what, "unexpected end of file (it was truncated "
                                 "while being read?)");
         d += r;
         off += (uint64_t)r;
@@ -651,7 +612,7 @@ static nd_status src_read(const source *s, uint64_t off, void *dst, uint64_t n) 
 static nd_status read_header(const source *s, nd_st_header **out) {
     *out = NULL;
     if (s->size < 8)
-        return ferr(ND_ERR_IO, s->op, s->what, "file too short (%llu bytes) to be a safetensors file",
+        return nd_io_fail(ND_ERR_IO, s->op, s->what, "file too short (%llu bytes) to be a safetensors file",
                     (unsigned long long)s->size);
     unsigned char le[8];
     ND_TRY(src_read(s, 0, le, 8));
@@ -661,13 +622,13 @@ static nd_status read_header(const source *s, nd_st_header **out) {
     if (le[0] == 'P' && le[1] == 'K') hint = " (this looks like a zip archive, e.g. a PyTorch .pt file)";
     else if (le[0] == 0x1f && le[1] == 0x8b) hint = " (this looks like a gzip file)";
     if (n > ND_ST_MAX_HEADER)
-        return ferr(ND_ERR_IO, s->op, s->what, "header length %llu exceeds the limit of %llu bytes%s",
+        return nd_io_fail(ND_ERR_IO, s->op, s->what, "header length %llu exceeds the limit of %llu bytes%s",
                     (unsigned long long)n, ND_ST_MAX_HEADER, hint);
     if (n > s->size - 8)
-        return ferr(ND_ERR_IO, s->op, s->what, "header length %llu exceeds the file size (%llu bytes)%s",
+        return nd_io_fail(ND_ERR_IO, s->op, s->what, "header length %llu exceeds the file size (%llu bytes)%s",
                     (unsigned long long)n, (unsigned long long)s->size, hint);
     char *json = malloc((size_t)n + 1);
-    if (!json) return ferr(ND_ERR_MEMORY, s->op, s->what, "out of memory reading the header");
+    if (!json) return nd_io_fail(ND_ERR_MEMORY, s->op, s->what, "out of memory reading the header");
     nd_status st = src_read(s, 8, json, n);
     if (st == ND_OK) st = nd_st_parse_header(s->op, s->what, json, n, s->size - 8 - n, out);
     free(json);
@@ -684,14 +645,14 @@ void nd_st_free_tensors(nd_tensor **ts, size_t n) {
 static nd_status read_tensors(const source *s, const nd_st_header *h, nd_tensor ***out) {
     *out = NULL;
     nd_tensor **ts = calloc(h->ntensors ? h->ntensors : 1, sizeof *ts);
-    if (!ts) return ferr(ND_ERR_MEMORY, s->op, s->what, "out of memory");
+    if (!ts) return nd_io_fail(ND_ERR_MEMORY, s->op, s->what, "out of memory");
     uint64_t base = 8 + h->header_len;
     for (size_t i = 0; i < h->ntensors; i++) {
         const nd_st_info *t = &h->tensors[i];
         char nb[SHOW_BUF];
         nd_status st = nd_empty(t->shape, t->ndim, t->dtype, &ts[i]);
         if (st != ND_OK) {
-            st = ferr(st, s->op, s->what, "tensor '%s': %s", show(t->name, t->name_len, nb), nd_last_error());
+            st = nd_io_fail(st, s->op, s->what, "tensor '%s': %s", show(t->name, t->name_len, nb), nd_last_error());
             nd_st_free_tensors(ts, h->ntensors);
             return st;
         }
@@ -701,7 +662,7 @@ static nd_status read_tensors(const source *s, const nd_st_header *h, nd_tensor 
             const unsigned char *b = (const unsigned char *)nd_ptr(ts[i]);
             for (uint64_t k = 0; k < nbytes; k++)
                 if (b[k] > 1) {
-                    st = ferr(ND_ERR_IO, s->op, s->what, "tensor '%s': bool element %llu has byte value %u "
+                    st = nd_io_fail(ND_ERR_IO, s->op, s->what, "tensor '%s': bool element %llu has byte value %u "
                               "(expected 0 or 1)", show(t->name, t->name_len, nb),
                               (unsigned long long)k + 1, b[k]);
                     break;
@@ -718,26 +679,9 @@ static nd_status read_tensors(const source *s, const nd_st_header *h, nd_tensor 
 
 static nd_status open_source(const char *op, const char *path, source *s) {
     memset(s, 0, sizeof *s);
-    s->fd = -1;
     s->op = op;
     s->what = path;
-    if (!path || !*path) return nd_fail(ND_ERR_ARG, "%s: empty file name", op);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return nd_fail(ND_ERR_IO, "%s: cannot open '%s': %s", op, path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int err = errno;
-        close(fd);
-        return nd_fail(ND_ERR_IO, "%s: cannot open '%s': %s", op, path, strerror(err));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return nd_fail(ND_ERR_IO, "%s: cannot open '%s': %s", op, path,
-                       S_ISDIR(sb.st_mode) ? strerror(EISDIR) : "not a regular file");
-    }
-    s->fd = fd;
-    s->size = (uint64_t)sb.st_size;
-    return ND_OK;
+    return nd_open_regular(op, path, &s->fd, &s->size);
 }
 
 nd_status nd_st_read_header_file(const char *op, const char *path, nd_st_header **header) {
@@ -881,26 +825,26 @@ static nd_status build_header(const char *op, const char *what, const nd_st_entr
     char nb[SHOW_BUF];
     for (size_t i = 0; i < n; i++) {
         const nd_st_entry *e = &entries[i];
-        if (!e->name) return ferr(ND_ERR_ARG, op, what, "tensor %zu has no name", i + 1);
+        if (!e->name) return nd_io_fail(ND_ERR_ARG, op, what, "tensor %zu has no name", i + 1);
         const char *nm = show(e->name, e->name_len, nb);
-        if (!e->tensor) return ferr(ND_ERR_ARG, op, what, "tensor '%s' is NULL", nm);
+        if (!e->tensor) return nd_io_fail(ND_ERR_ARG, op, what, "tensor '%s' is NULL", nm);
         /* tensors on a device are read back while their bytes are written */
-        if (utf8_check((const unsigned char *)e->name, e->name_len) != e->name_len)
-            return ferr(ND_ERR_ARG, op, what, "tensor name '%s' is not valid UTF-8", nm);
+        if (nd_utf8_check((const unsigned char *)e->name, e->name_len) != e->name_len)
+            return nd_io_fail(ND_ERR_ARG, op, what, "tensor name '%s' is not valid UTF-8", nm);
         if (e->name_len == 12 && memcmp(e->name, "__metadata__", 12) == 0)
-            return ferr(ND_ERR_ARG, op, what, "'__metadata__' cannot be a tensor name");
+            return nd_io_fail(ND_ERR_ARG, op, what, "'__metadata__' cannot be a tensor name");
         if (!nd_st_dtype_name(e->tensor->dtype))
-            return ferr(ND_ERR_DTYPE, op, what, "tensor '%s': dtype %s has no safetensors name", nm,
+            return nd_io_fail(ND_ERR_DTYPE, op, what, "tensor '%s': dtype %s has no safetensors name", nm,
                         nd_dtype_name(e->tensor->dtype));
     }
     for (size_t i = 0; i < nmeta; i++) {
         const nd_st_meta *m = &meta[i];
-        if (!m->key || !m->value) return ferr(ND_ERR_ARG, op, what, "metadata entry %zu is NULL", i + 1);
-        if (utf8_check((const unsigned char *)m->key, m->key_len) != m->key_len)
-            return ferr(ND_ERR_ARG, op, what, "metadata key '%s' is not valid UTF-8",
+        if (!m->key || !m->value) return nd_io_fail(ND_ERR_ARG, op, what, "metadata entry %zu is NULL", i + 1);
+        if (nd_utf8_check((const unsigned char *)m->key, m->key_len) != m->key_len)
+            return nd_io_fail(ND_ERR_ARG, op, what, "metadata key '%s' is not valid UTF-8",
                         show(m->key, m->key_len, nb));
-        if (utf8_check((const unsigned char *)m->value, m->value_len) != m->value_len)
-            return ferr(ND_ERR_ARG, op, what, "metadata value of '%s' is not valid UTF-8",
+        if (nd_utf8_check((const unsigned char *)m->value, m->value_len) != m->value_len)
+            return nd_io_fail(ND_ERR_ARG, op, what, "metadata value of '%s' is not valid UTF-8",
                         show(m->key, m->key_len, nb));
     }
     wkey *byname = malloc((n ? n : 1) * sizeof *byname);
@@ -908,7 +852,7 @@ static nd_status build_header(const char *op, const char *what, const nd_st_entr
     wkey *mk = malloc((nmeta ? nmeta : 1) * sizeof *mk);
     if (!byname || !lay || !mk) {
         free(byname); free(lay); free(mk);
-        return ferr(ND_ERR_MEMORY, op, what, "out of memory");
+        return nd_io_fail(ND_ERR_MEMORY, op, what, "out of memory");
     }
     for (size_t i = 0; i < n; i++)
         byname[i] = (wkey){entries[i].name, entries[i].name_len, nd_dtype_size(entries[i].tensor->dtype), i};
@@ -918,10 +862,10 @@ static nd_status build_header(const char *op, const char *what, const nd_st_entr
     nd_status st = ND_OK;
     for (size_t i = 1; i < n && st == ND_OK; i++)
         if (wkey_name_cmp(&byname[i - 1], &byname[i]) == 0)
-            st = ferr(ND_ERR_ARG, op, what, "duplicate tensor name '%s'", show(byname[i].k, byname[i].len, nb));
+            st = nd_io_fail(ND_ERR_ARG, op, what, "duplicate tensor name '%s'", show(byname[i].k, byname[i].len, nb));
     for (size_t i = 1; i < nmeta && st == ND_OK; i++)
         if (wkey_name_cmp(&mk[i - 1], &mk[i]) == 0)
-            st = ferr(ND_ERR_ARG, op, what, "duplicate metadata key '%s'", show(mk[i].k, mk[i].len, nb));
+            st = nd_io_fail(ND_ERR_ARG, op, what, "duplicate metadata key '%s'", show(mk[i].k, mk[i].len, nb));
     if (st != ND_OK) {
         free(byname); free(lay); free(mk);
         return st;
@@ -932,7 +876,7 @@ static nd_status build_header(const char *op, const char *what, const nd_st_entr
     uint64_t *at = malloc((n ? n : 1) * sizeof *at); /* offset by entry index */
     if (!at) {
         free(byname); free(lay); free(mk);
-        return ferr(ND_ERR_MEMORY, op, what, "out of memory");
+        return nd_io_fail(ND_ERR_MEMORY, op, what, "out of memory");
     }
     uint64_t pos = 0;
     for (size_t i = 0; i < n; i++) {
@@ -974,11 +918,11 @@ static nd_status build_header(const char *op, const char *what, const nd_st_entr
     free(mk);
     if (hdr->oom) {
         free(lay);
-        return ferr(ND_ERR_MEMORY, op, what, "out of memory building the header");
+        return nd_io_fail(ND_ERR_MEMORY, op, what, "out of memory building the header");
     }
     if (hdr->n > ND_ST_MAX_HEADER) {
         free(lay);
-        return ferr(ND_ERR_ARG, op, what, "the header would be %zu bytes, over the limit of %llu",
+        return nd_io_fail(ND_ERR_ARG, op, what, "the header would be %zu bytes, over the limit of %llu",
                     hdr->n, ND_ST_MAX_HEADER);
     }
     *layout = lay;
@@ -1009,7 +953,7 @@ static nd_status write_all(const char *op, const char *what, sink *k, const nd_s
         }
         if (st != ND_OK) {
             char nb[SHOW_BUF];
-            return ferr(st, op, what, "tensor '%s': %s", show(entries[lay[i].idx].name,
+            return nd_io_fail(st, op, what, "tensor '%s': %s", show(entries[lay[i].idx].name,
                         entries[lay[i].idx].name_len, nb), nd_last_error());
         }
         st = sink_write(k, op, nd_ptr(c), nbytes);

@@ -33,6 +33,7 @@ int luaopen_needle_core(lua_State *L) {
     lt_register_autograd(L);
     lt_register_nn(L);
     lt_register_io(L);
+    lt_register_torch(L);
     lt_register_device(L);
     lt_register_opencl_tune(L);
     static const lt_reg regs[] = {

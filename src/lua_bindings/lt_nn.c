@@ -1,6 +1,7 @@
 /* lt_nn.c - convolution and pooling: nd.conv2d, nd.conv_transpose2d,
  * nd.max_pool2d, nd.avg_pool2d, nd.adaptive_avg_pool2d, nd.dilate and
- * nd.undilate. Size arguments are an integer or an {h, w} pair; PyTorch's
+ * nd.undilate, and the fused inference ops nd.fused_conv2d and nd.fused_linear.
+ * Size arguments are an integer or an {h, w} pair; PyTorch's
  * keyword arguments go in a trailing options table (unknown keys are an
  * error, so a typo is not silently ignored). max_pool2d's indices are
  * 1-based flat positions within each (H, W) plane: (h - 1) * W + w. */
@@ -215,6 +216,57 @@ static int dilate(lua_State *L, bool un) {
 static int l_dilate(lua_State *L) { return dilate(L, false); }
 static int l_undilate(lua_State *L) { return dilate(L, true); }
 
+/* ---- fused inference ops (nd.nn.fuse): the same arguments as conv2d and
+ * F.linear plus activation = "none" (the default) or "relu" ---- */
+
+static nd_activation opt_activation(lua_State *L, int opts, const char *op) {
+    nd_activation act = ND_ACT_NONE;
+    if (!opts) return act;
+    int t = lua_getfield(L, opts, "activation");
+    if (t != LUA_TNIL) {
+        const char *s = t == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+        if (s && strcmp(s, "relu") == 0) act = ND_ACT_RELU;
+        else if (!(s && strcmp(s, "none") == 0))
+            lt_error(L, op, "activation must be 'none' or 'relu', got %s",
+                     s ? s : luaL_typename(L, -1));
+    }
+    lua_pop(L, 1);
+    return act;
+}
+
+/* nd.fused_conv2d(x, w, [b], {stride=, padding=, dilation=, groups=, activation=}) */
+static int l_fused_conv2d(lua_State *L) {
+    static const char *const allowed[] = {"stride", "padding", "dilation", "groups",
+                                          "activation", NULL};
+    const char *op = "fused_conv2d";
+    nd_tensor *x = lt_check(L, 1, op), *w = lt_check(L, 2, op), *r;
+    int opts;
+    const nd_tensor *b = bias_and_options(L, op, allowed, &opts);
+    int64_t stride[2], padding[2], dilation[2];
+    bool hs = opt_pair(L, opts, op, "stride", stride);
+    bool hp = opt_pair(L, opts, op, "padding", padding);
+    bool hd = opt_pair(L, opts, op, "dilation", dilation);
+    int64_t groups = opt_int(L, opts, op, "groups", 1);
+    nd_activation act = opt_activation(L, opts, op);
+    LT_CHECK(L, nd_fused_conv2d(x, w, b, hs ? stride : NULL, hp ? padding : NULL,
+                                hd ? dilation : NULL, groups, act, &r));
+    lt_push(L, r);
+    return 1;
+}
+
+/* nd.fused_linear(x, w, [b], {activation=}) */
+static int l_fused_linear(lua_State *L) {
+    static const char *const allowed[] = {"activation", NULL};
+    const char *op = "fused_linear";
+    nd_tensor *x = lt_check(L, 1, op), *w = lt_check(L, 2, op), *r;
+    int opts;
+    const nd_tensor *b = bias_and_options(L, op, allowed, &opts);
+    nd_activation act = opt_activation(L, opts, op);
+    LT_CHECK(L, nd_fused_linear(x, w, b, act, &r));
+    lt_push(L, r);
+    return 1;
+}
+
 void lt_register_nn(lua_State *L) {
     static const lt_reg regs[] = {
         {"conv2d", l_conv2d, false, true},
@@ -224,6 +276,8 @@ void lt_register_nn(lua_State *L) {
         {"adaptive_avg_pool2d", l_adaptive_avg_pool2d, false, true},
         {"dilate", l_dilate, true, true},
         {"undilate", l_undilate, true, true},
+        {"fused_conv2d", l_fused_conv2d, false, true},
+        {"fused_linear", l_fused_linear, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

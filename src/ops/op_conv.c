@@ -37,8 +37,8 @@ nd_status nd_conv_pair_arg(const char *op, const char *what, const int64_t *v, c
     return ND_OK;
 }
 
-static nd_status check_float_dtypes(const char *op, const nd_tensor *x, const nd_tensor *w,
-                                    const nd_tensor *b) {
+nd_status nd_check_float_weights(const char *op, const nd_tensor *x, const nd_tensor *w,
+                                 const nd_tensor *b) {
     ND_TRY(nd_check_same_device(op, x, w));
     if (b) ND_TRY(nd_check_same_device(op, x, b));
     if (x->dtype != ND_FLOAT32 && x->dtype != ND_FLOAT64)
@@ -67,7 +67,7 @@ static nd_status conv_args(const char *op, bool tr, const nd_tensor *x, const nd
         return nd_fail(ND_ERR_SHAPE, "%s: expected a 4-D weight (%s, kH, kW), got shape %s", op,
                        tr ? "in_channels, out_channels/groups" : "out_channels, in_channels/groups",
                        nd_shape_str(w->shape, w->ndim, b1));
-    ND_TRY(check_float_dtypes(op, x, w, b));
+    ND_TRY(nd_check_float_weights(op, x, w, b));
     if (groups < 1 || groups > INT_MAX)
         return nd_fail(ND_ERR_ARG, "%s: groups must be >= 1, got %lld", op, (long long)groups);
     ND_TRY(nd_conv_pair_arg(op, "stride", stride, ONES2, 1, cp->stride));
@@ -147,6 +147,13 @@ static nd_status conv_args(const char *op, bool tr, const nd_tensor *x, const nd
         }
     }
     return ND_OK;
+}
+
+/* conv2d's checks under another op's name (op_fused.c's fused_conv2d) */
+nd_status nd_conv2d_args(const char *op, const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                         const int64_t *stride, const int64_t *padding, const int64_t *dilation,
+                         int64_t groups, nd_conv_params *cp, int64_t ohw[2]) {
+    return conv_args(op, false, x, w, b, stride, padding, NULL, dilation, groups, cp, ohw);
 }
 
 /* -------------------------------------------------- im2col and col2im ops */

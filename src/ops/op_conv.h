@@ -28,6 +28,17 @@ typedef struct {
 nd_status nd_conv_pair_arg(const char *op, const char *what, const int64_t *v,
                            const int64_t *def, int64_t min, int64_t out[2]);
 
+/* x, w and b (or NULL) on one device, x float32/float64 and w, b of x's dtype;
+ * errors named op (conv2d, fused_linear, ...). */
+nd_status nd_check_float_weights(const char *op, const nd_tensor *x, const nd_tensor *w,
+                                 const nd_tensor *b);
+
+/* conv2d's argument checks (x 3-D or 4-D) and output size {oh, ow}, errors
+ * named op: for ops built on conv2d (op_fused.c). */
+nd_status nd_conv2d_args(const char *op, const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                         const int64_t *stride, const int64_t *padding, const int64_t *dilation,
+                         int64_t groups, nd_conv_params *cp, int64_t ohw[2]);
+
 /* ---- building blocks (4-D, any strides in; contiguous out) ---- */
 /* cols (N, C*kh*kw, lh*lw): torch's unfold with an explicit position grid. */
 nd_status nd_im2col_op(const nd_tensor *x, const nd_conv_geom *g, nd_tensor **out);

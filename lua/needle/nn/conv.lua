@@ -123,22 +123,24 @@ function Conv2d:init(in_channels, out_channels, kernel_size, opts)
 end
 Conv2d.reset_parameters = conv_reset
 
+-- x and the padding to pass to conv2d for padding = "same": total padding
+-- d (k - 1) per side pair; an odd total puts the extra on the bottom/right
+-- (x padded explicitly), as PyTorch. Other paddings pass through. Shared with
+-- nn.fuse's FusedConv2d.
+function M.resolve_padding(m, x)
+  local padding = m.padding
+  if padding ~= "same" then return x, padding end
+  local th = m.dilation[1] * (m.kernel_size[1] - 1)
+  local tw = m.dilation[2] * (m.kernel_size[2] - 1)
+  local top, left = th // 2, tw // 2
+  if th % 2 == 0 and tw % 2 == 0 then return x, {top, left} end
+  return x:pad({left, tw - left, top, th - top}), {0, 0}
+end
+
 function Conv2d:forward(x)
   check_input(self, x, self.in_channels, 2)
-  local padding = self.padding
-  if padding == "same" then
-    -- total padding d (k - 1) per side pair; an odd total puts the extra on
-    -- the bottom/right, as PyTorch
-    local th = self.dilation[1] * (self.kernel_size[1] - 1)
-    local tw = self.dilation[2] * (self.kernel_size[2] - 1)
-    local top, left = th // 2, tw // 2
-    if th % 2 == 0 and tw % 2 == 0 then
-      padding = {top, left}
-    else
-      x = x:pad({left, tw - left, top, th - top})
-      padding = {0, 0}
-    end
-  end
+  local padding
+  x, padding = M.resolve_padding(self, x)
   return nd.F.conv2d(x, self.weight, self.bias, {stride = self.stride, padding = padding,
                                                  dilation = self.dilation, groups = self.groups})
 end

@@ -21,6 +21,7 @@ local families = {
                                "Transformer"},
   ["needle.nn.loss"] = {"CrossEntropyLoss", "SoftmaxLoss", "NLLLoss", "MSELoss", "BCEWithLogitsLoss"},
   ["needle.nn.models"] = {"LanguageModel", "ResNet9", "MLP"},
+  ["needle.nn.fuse"] = {"fuse", "FusedConv2d", "FusedLinear"},
 }
 local lazy = {init = "needle.nn.initializers", utils = "needle.nn.utils"}
 for file, names in pairs(families) do

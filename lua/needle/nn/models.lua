@@ -102,6 +102,10 @@ end
 
 function ConvBN:forward(x) return self.relu(self.bn(self.conv(x))) end
 
+-- nd.nn.fuse's hook: one FusedConv2d with the BatchNorm folded in and the ReLU
+-- in the GEMM's epilogue (F = require "needle.nn.fuse")
+function ConvBN:fuse(F) return F.conv_bn(self.conv, self.bn, {relu = true}) end
+
 M.ConvBN = ConvBN
 
 -- ResNet9({num_classes = 10, dtype = "float32"}): needle's ResNet9 (hw4) for

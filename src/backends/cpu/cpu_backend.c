@@ -33,4 +33,6 @@ const nd_backend nd_cpu_backend = {
     .max_pool2d_backward = nd_cpu_max_pool2d_backward,
     .avg_pool2d = nd_cpu_avg_pool2d,
     .avg_pool2d_backward = nd_cpu_avg_pool2d_backward,
+    .conv2d_fused = nd_cpu_conv2d_fused,
+    .linear_fused = nd_cpu_linear_fused,
 };

@@ -62,5 +62,11 @@ nd_status nd_cpu_max_pool2d(nd_tensor *out, nd_tensor *indices, const nd_tensor 
 nd_status nd_cpu_max_pool2d_backward(nd_tensor *gx, const nd_tensor *g, const nd_tensor *indices);
 nd_status nd_cpu_avg_pool2d(nd_tensor *out, const nd_tensor *x, const nd_pool_geom *p);
 nd_status nd_cpu_avg_pool2d_backward(nd_tensor *gx, const nd_tensor *g, const nd_pool_geom *p);
+/* cpu_fused.c */
+nd_status nd_cpu_conv2d_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
+                              const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
+                              nd_activation act);
+nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
+                              const nd_tensor *b, nd_activation act);
 
 #endif

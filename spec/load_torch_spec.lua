@@ -1,0 +1,247 @@
+-- load_torch_spec.lua - the Lua face of nd.load_torch (src/lua_bindings/lt_torch.c):
+-- how the unpickled object becomes Lua values (nd.null for None, keys of kind
+-- str/int/bool/float, sequences for lists and tuples, one Lua table for a
+-- container the pickle shares), tensors (0-dim, empty,
+-- expanded, views that share memory, with and without half_to_float, int8
+-- widened), options, nd.load on a torch zip, errors that name the file, and no
+-- leak when a conversion fails half-way. Fixtures: spec/fixtures/load_torch/lt_*.pt
+-- (spec/fixtures/gen/gen_load_torch.py) and torch_ckpt/'s mlp and legacy files. The checkpoint
+-- files themselves (dtypes, ZIP64, deflate, protocols) are
+-- torch_checkpoint_files_spec.lua's; hostile files hostile_files_spec.lua's.
+local nd = require "needle"
+local S = require "spec.helpers.shell"
+
+local DIR = "spec/fixtures/torch_ckpt/" -- gen_torch_checkpoints.py's (mlp.pt, legacy.pt)
+local LT = "spec/fixtures/load_torch/"  -- gen_load_torch.py's lt_*.pt
+
+local function err_of(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok, "expected an error")
+  return tostring(err)
+end
+
+-- msg starts with "needle.<op>: '<path>': " and then mentions what
+local function expect_error(msg, op, path, what)
+  local head = ("needle.%s: '%s': "):format(op, path)
+  assert.are.equal(head, msg:sub(1, #head), msg)
+  if what then assert.truthy(msg:find(what, #head + 1, true), ("expected %q in: %s"):format(what, msg)) end
+end
+
+local dir
+setup(function()
+  dir = S.shell_line("mktemp -d \"${TMPDIR:-/tmp}/needle-load-torch-spec.XXXXXX\"")
+  assert(dir and dir:match("needle%-load%-torch%-spec"), "mktemp failed")
+end)
+teardown(function()
+  if dir and dir:match("needle%-load%-torch%-spec") then os.execute("rm -rf " .. S.q(dir)) end
+end)
+local function tmp(name, content)
+  local p = dir .. "/" .. name
+  S.write_file(p, content)
+  return p
+end
+
+describe("nd.null", function()
+  it("is one light userdata, the same every time", function()
+    assert.are.equal("userdata", type(nd.null))
+    assert.are.equal(nd.null, require("needle").null)
+    assert.are.equal(nd.null, require("needle.core").null)
+    assert.is_nil(getmetatable(nd.null) and getmetatable(nd.null).__index)
+  end)
+end)
+
+describe("nd.load_torch values", function()
+  local v
+  setup(function() v = nd.load_torch(LT .. "lt_values.pt") end)
+
+  it("gives numbers, strings and booleans their Lua form", function()
+    assert.are.equal(3, v.int)
+    assert.are.equal("integer", math.type(v.int))
+    assert.are.equal(1 << 62, v.big)
+    assert.are.equal(-5, v.neg)
+    assert.are.equal(1.5, v.float)
+    assert.are.equal("float", math.type(v.float))
+    assert.are.equal(1e300, v.huge)
+    assert.are.equal("h\xc3\xa9llo", v.str) -- str as UTF-8
+    assert.are.equal(true, v.yes)
+    assert.are.equal(false, v.no)
+    assert.are.equal("float16", v.dtype) -- a torch dtype value: its name
+  end)
+
+  it("turns None into nd.null, in dicts and in sequences", function()
+    assert.are.equal(nd.null, v.none)
+    assert.are.equal(2, #v.nones)
+    assert.are.equal(nd.null, v.nones[1])
+    assert.are.same({nd.null, 1}, v.nones[2])
+    assert.are.same({1, "a", nd.null}, v.tuple) -- a tuple is a sequence
+  end)
+
+  it("keeps int, float and bool keys as Lua keys", function()
+    assert.are.same({[1] = "one", [2] = "two", [-7] = "minus seven"}, v.int_keys)
+    assert.are.equal("integer", math.type(next(v.int_keys)))
+    assert.are.same({[0.5] = "half"}, v.float_keys)
+    assert.are.same({[true] = "t", [false] = "f"}, v.bool_keys)
+  end)
+
+  it("makes a container reached twice one Lua table", function()
+    assert.are.same({1, 2}, v.a)
+    assert.is_true(rawequal(v.a, v.b))
+    assert.is_true(rawequal(v.t1, v.t2)) -- one tensor saved twice: one userdata
+  end)
+
+  it("reads 0-dim, empty and expanded tensors", function()
+    assert.are.same({}, v.scalar.shape)
+    assert.are.equal(2.5, v.scalar:item())
+    assert.are.same({0, 3}, v.empty.shape)
+    assert.are.equal(0, v.empty:numel())
+    assert.are.same({4, 3}, v.expanded.shape)
+    assert.are.same({0, 1}, v.expanded:stride())
+    assert.are.same({{1, 2, 3}, {1, 2, 3}, {1, 2, 3}, {1, 2, 3}}, v.expanded:totable())
+    assert.are.same({{0, 1, 2}, {3, 4, 5}}, v.t1:totable())
+    for _, k in ipairs({"scalar", "empty", "expanded", "t1"}) do
+      assert.is_false(v[k].requires_grad, k)
+      assert.are.equal("cpu", v[k].device, k)
+    end
+  end)
+
+  it("reads bytes as a Lua string", function()
+    assert.are.equal("\0\255ab", nd.load_torch(LT .. "lt_bytes.pt").bytes)
+  end)
+
+  it("returns a bare storage as a 1-D tensor sharing memory with its views", function()
+    local s = nd.load_torch(LT .. "lt_storage.pt")
+    assert.are.same({1, 2, 3, 4}, s.storage:totable())
+    assert.are.same({2, 3, 4}, s.tensor:totable())
+    s.storage:fill_(9)
+    assert.are.same({9, 9, 9}, s.tensor:totable())
+  end)
+
+  it("refuses a dict key with no Lua form, naming the file", function()
+    local p = LT .. "lt_tuple_key.pt"
+    expect_error(err_of(nd.load_torch, p), "load_torch", p, "a dict has a tuple key")
+  end)
+
+  it("leaks nothing when the conversion fails half-way", function()
+    local p = LT .. "lt_tuple_key.pt" -- a 1000-element tensor converts before the bad key
+    collectgarbage()
+    collectgarbage()
+    local before = nd.live_bytes()
+    for _ = 1, 50 do assert.is_false((pcall(nd.load_torch, p))) end
+    for _ = 1, 20 do nd.load_torch(LT .. "lt_values.pt") end
+    collectgarbage()
+    collectgarbage()
+    assert.are.equal(before, nd.live_bytes())
+  end)
+end)
+
+describe("nd.load_torch views", function()
+  it("keep sharing one storage (float16 stays float16)", function()
+    local v = nd.load_torch(LT .. "lt_views.pt")
+    assert.are.equal("float16", v.h.dtype)
+    assert.are.equal("float16", v.h_t.dtype)
+    assert.are.same({4, 1}, v.h:stride())
+    assert.are.same({1, 4}, v.h_t:stride())
+    assert.are.equal(4, v.h_row:storage_offset())
+    assert.are.same({4, 5, 6, 7}, v.h_row:float():totable())
+    assert.are.same({0, 4, 8}, v.h_t:float():totable()[1])
+  end)
+
+  it("keep sharing after half_to_float and int8 widening", function()
+    local v = nd.load_torch(LT .. "lt_views.pt", {half_to_float = true})
+    for _, k in ipairs({"h", "h_t", "h_row"}) do assert.are.equal("float32", v[k].dtype, k) end
+    v.h_row:fill_(-1)
+    assert.are.same({{0, 1, 2, 3}, {-1, -1, -1, -1}, {8, 9, 10, 11}}, v.h:totable())
+    assert.are.same({1, -1, 9}, v.h_t:totable()[2])
+    v.h_t[1]:fill_(100) -- column 1 of h
+    assert.are.same({100, 1, 2, 3}, v.h:totable()[1])
+    assert.are.equal("int32", v.i8.dtype)
+    assert.are.equal("int32", v.i8_mid.dtype)
+    assert.are.same({-4, -3, -2, -1, 0, 1, 2, 3}, v.i8:totable())
+    assert.are.same({-2, -1, 0}, v.i8_mid:totable())
+    v.i8_mid:fill_(50)
+    assert.are.same({-4, -3, 50, 50, 50, 1, 2, 3}, v.i8:totable())
+  end)
+
+  it("are independent between two loads", function()
+    local a = nd.load_torch(LT .. "lt_views.pt", {half_to_float = true})
+    local b = nd.load_torch(LT .. "lt_views.pt", {half_to_float = true})
+    a.h:fill_(0)
+    assert.are.same({4, 5, 6, 7}, b.h_row:totable())
+  end)
+end)
+
+describe("nd.load on a torch checkpoint", function()
+  it("returns what nd.load_torch returns", function()
+    local a, b = nd.load(DIR .. "mlp.pt"), nd.load_torch(DIR .. "mlp.pt")
+    local n = 0
+    for k, t in pairs(b) do
+      assert.are.same(t:totable(), a[k]:totable(), k)
+      n = n + 1
+    end
+    assert.are.equal(6, n)
+  end)
+
+  it("still reads safetensors files", function()
+    local p = dir .. "/x.safetensors"
+    nd.save({w = nd.tensor({1, 2, 3})}, p)
+    assert.are.same({1, 2, 3}, nd.load(p).w:totable())
+  end)
+
+  it("names itself in errors about a damaged zip", function()
+    local p = tmp("zip.pt", "PK\3\4" .. ("\0"):rep(60))
+    expect_error(err_of(nd.load, p), "load", p, "no end of central directory")
+  end)
+
+  it("explains the legacy torch format", function()
+    local p = DIR .. "legacy.pt"
+    expect_error(err_of(nd.load, p), "load", p, "legacy (pre-1.6) format")
+  end)
+end)
+
+describe("nd.load_torch errors", function()
+  it("name the file and say what is wrong", function()
+    local p = dir .. "/missing.pt"
+    local msg = err_of(nd.load_torch, p)
+    assert.are.equal(("needle.load_torch: cannot open '%s': No such file or directory"):format(p), msg)
+
+    p = tmp("garbage.pt", "not a checkpoint at all")
+    expect_error(err_of(nd.load_torch, p), "load_torch", p, "not a PyTorch checkpoint (zip) file")
+    p = tmp("empty.pt", "")
+    expect_error(err_of(nd.load_torch, p), "load_torch", p, "not a PyTorch checkpoint (zip) file")
+    -- a bare pickle: what torch.save wrote before 1.6
+    p = tmp("old.pt", "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.")
+    expect_error(err_of(nd.load_torch, p), "load_torch", p,
+                 "legacy (pre-1.6) format, which needle does not read; re-save it in PyTorch >= 1.6: "
+                 .. "torch.save(torch.load(path), path)")
+    p = dir
+    msg = err_of(nd.load_torch, p)
+    assert.truthy(msg:find("needle.load_torch: cannot open '" .. p .. "': Is a directory", 1, true), msg)
+  end)
+
+  it("name the file for a truncated checkpoint, at any length", function()
+    local good = S.read_file(DIR .. "mlp.pt")
+    for _, n in ipairs({4, 30, 100, #good // 2, #good - 22, #good - 1}) do
+      local p = tmp("cut.pt", good:sub(1, n))
+      expect_error(err_of(nd.load_torch, p), "load_torch", p)
+    end
+    -- a flipped byte inside a tensor's data: the CRC catches it
+    local at = assert(good:find("mlp/data/0", 1, true))
+    local data = assert(good:find("mlp/data/1", at + 1, true)) - 80 -- inside entry 0's data
+    local p = tmp("flip.pt", good:sub(1, data - 1) .. string.char(good:byte(data) ~ 0x10) .. good:sub(data + 1))
+    local ok, msg = pcall(nd.load_torch, p)
+    assert.is_false(ok)
+    expect_error(msg, "load_torch", p)
+  end)
+
+  it("check the arguments", function()
+    assert.truthy(err_of(nd.load_torch, 3):find("needle.load_torch: path must be a string", 1, true))
+    assert.truthy(err_of(nd.load_torch, ""):find("needle.load_torch: path is empty", 1, true))
+    local p = DIR .. "mlp.pt"
+    assert.truthy(err_of(nd.load_torch, p, 1):find("needle.load_torch: options must be a table", 1, true))
+    assert.truthy(err_of(nd.load_torch, p, {half_to_floats = true})
+                  :find("needle.load_torch: unknown option 'half_to_floats'", 1, true))
+    assert.truthy(err_of(nd.load_torch, p, {half_to_float = 1})
+                  :find("needle.load_torch: option half_to_float must be a boolean", 1, true))
+    assert.are.equal(6, (function() local n = 0 for _ in pairs(nd.load_torch(p, {})) do n = n + 1 end return n end)())
+  end)
+end)
