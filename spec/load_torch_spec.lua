@@ -108,6 +108,19 @@ describe("nd.load_torch values", function()
     assert.are.equal("\0\255ab", nd.load_torch(LT .. "lt_bytes.pt").bytes)
   end)
 
+  it("reads protocol-2 bytes (_codecs.encode, bytes()) as Lua strings", function()
+    -- torch.save's default protocol 2 has no bytes opcode: it pickles
+    -- _codecs.encode(<str>, 'latin1') and __builtin__.bytes(), read as data
+    local v = nd.load_torch(LT .. "lt_bytes_proto2.pt")
+    local all = {}
+    for i = 0, 255 do all[#all + 1] = string.char(i) end
+    assert.are.equal(table.concat(all), v.b)
+    assert.are.equal(256, #v.b)
+    assert.are.equal("", v.e)
+    assert.are.equal("int64", v.t.dtype)
+    assert.are.same({0, 1, 2}, v.t:totable())
+  end)
+
   it("returns a bare storage as a 1-D tensor sharing memory with its views", function()
     local s = nd.load_torch(LT .. "lt_storage.pt")
     assert.are.same({1, 2, 3, 4}, s.storage:totable())

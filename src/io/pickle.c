@@ -136,6 +136,7 @@ typedef struct {
     size_t memo_n; /* live memo entries (MEMOIZE's next index) */
     table dkeys;   /* (dict, key) -> position in the dict */
     table storages; /* key string -> ND_PK_STORAGE node */
+    table encoded;  /* str node -> the bytes node _codecs.encode made of it */
     int proto;
     nd_pk *none, *true_, *false_; /* shared immutable nodes */
     nd_pk **walk;            /* the cycle check's work list */
@@ -679,6 +680,12 @@ static const allowed ALLOWED[] = {
     {"torch", "int8", ND_PKG_DTYPE, ND_PKT_INT8},
     {"torch", "uint8", ND_PKG_DTYPE, ND_PKT_UINT8},
     {"torch", "bool", ND_PKG_DTYPE, ND_PKT_BOOL},
+    /* protocols < 3 write bytes as _codecs.encode(str, 'latin1') and b'' as
+     * bytes() (protocol 2 names the module __builtin__): both are read as
+     * data, nothing else of _codecs or builtins is allowed */
+    {"_codecs", "encode", ND_PKG_CODECS_ENCODE, 0},
+    {"builtins", "bytes", ND_PKG_BYTES_TYPE, 0},
+    {"__builtin__", "bytes", ND_PKG_BYTES_TYPE, 0},
 };
 
 size_t nd_pk_elem_size(nd_pk_elem e) {
@@ -729,7 +736,7 @@ static nd_status push_global(parser *p, const char *mod, size_t ml, const char *
     }
     char b1[SHOW_BUF], b2[SHOW_BUF];
     return BAD("global '%s.%s' is not allowed (a torch checkpoint only needs tensors, storages, "
-               "OrderedDict and dtypes; this file may try to run code)",
+               "OrderedDict, dtypes and bytes; this file may try to run code)",
                show(mod, ml, b1), show(name, nl, b2));
 }
 
@@ -846,6 +853,74 @@ static nd_status rebuild_from_type(parser *p, const nd_pk *args, int level, nd_p
     return ND_OK;
 }
 
+/* _codecs.encode(s, 'latin1'): how protocols < 3 pickle a non-empty bytes
+ * (the str holds one code point <= 0xFF per byte). s is valid UTF-8 (push_str
+ * checked it), so a code point <= 0xFF is one byte below 0x80 or the pair
+ * 0xC2/0xC3 + continuation; any other lead byte starts one above 0xFF.
+ * The same str node encoded again gives the same bytes node: a memoised
+ * long str cannot make each of many REDUCEs copy it. */
+static nd_status codecs_encode(parser *p, const nd_pk *args, nd_pk **out) {
+    const char *fn = "_codecs.encode";
+    if (args->u.seq.n != 2)
+        return BAD("%s takes 2 arguments (a str and 'latin1'), got %zu", fn, args->u.seq.n);
+    nd_pk *const *a = args->u.seq.items;
+    if (a[0]->kind != ND_PK_STR) return BAD("%s: the text must be a str, not %s", fn, kind_name(a[0]->kind));
+    if (a[1]->kind != ND_PK_STR) return BAD("%s: the encoding must be a str, not %s", fn, kind_name(a[1]->kind));
+    if (a[1]->u.str.len != 6 || memcmp(a[1]->u.str.s, "latin1", 6)) {
+        char b[SHOW_BUF];
+        return BAD("%s: encoding '%s' is not supported (only 'latin1', as pickle writes bytes)", fn,
+                   show(a[1]->u.str.s, a[1]->u.str.len, b));
+    }
+    table *t = &p->encoded;
+    uint64_t h = mix((uint64_t)(uintptr_t)a[0] ^ p->seed);
+    if (t->cap)
+        for (size_t j = h & (t->cap - 1); t->s[j].ptr; j = (j + 1) & (t->cap - 1))
+            if (t->s[j].aux == (size_t)(uintptr_t)a[0]) {
+                *out = t->s[j].ptr;
+                return ND_OK;
+            }
+    const unsigned char *s = (const unsigned char *)a[0]->u.str.s;
+    size_t n = a[0]->u.str.len, o = 0;
+    nd_pk *v = new_node(p, ND_PK_BYTES);
+    unsigned char *d = v ? arena_alloc(&p->ar, n + 1) : NULL;
+    if (!d) return NOMEM();
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < 0x80) d[o++] = s[i];
+        else if ((s[i] == 0xc2 || s[i] == 0xc3) && i + 1 < n && (s[i + 1] & 0xc0) == 0x80) {
+            d[o++] = (unsigned char)((s[i] & 0x03) << 6 | (s[i + 1] & 0x3f));
+            i++;
+        } else
+            return BAD("%s: the str has a character above U+00FF (at byte %zu of the str), which "
+                       "'latin1' cannot encode", fn, i);
+    }
+    d[o] = 0;
+    v->u.str.s = (const char *)d;
+    v->u.str.len = o;
+    if (!table_grow(t)) return NOMEM();
+    size_t j = h & (t->cap - 1);
+    while (t->s[j].ptr) j = (j + 1) & (t->cap - 1);
+    t->s[j] = (slot){h, v, (size_t)(uintptr_t)a[0]};
+    t->n++;
+    *out = v;
+    return ND_OK;
+}
+
+/* bytes(): how protocols < 3 pickle b''. Other arguments would convert
+ * arbitrary objects, which no pickler writes. */
+static nd_status bytes_empty(parser *p, const nd_pk *fn, const nd_pk *args, nd_pk **out) {
+    if (args->u.seq.n)
+        return BAD("%s called with %zu argument%s (only bytes() is supported)", fn->u.global.name,
+                   args->u.seq.n, args->u.seq.n == 1 ? "" : "s");
+    nd_pk *v = new_node(p, ND_PK_BYTES);
+    char *d = v ? arena_alloc(&p->ar, 1) : NULL;
+    if (!d) return NOMEM();
+    d[0] = 0;
+    v->u.str.s = d;
+    v->u.str.len = 0;
+    *out = v;
+    return ND_OK;
+}
+
 /* REDUCE: fn(*args) for the allowed callables. */
 static nd_status apply(parser *p, const nd_pk *fn, const nd_pk *args, int level, nd_pk **out) {
     if (fn->kind != ND_PK_GLOBAL) return BAD("REDUCE on a %s (only allowed globals may be called)", kind_name(fn->kind));
@@ -861,7 +936,10 @@ static nd_status apply(parser *p, const nd_pk *fn, const nd_pk *args, int level,
     case ND_PKG_REBUILD_PARAMETER: return rebuild_parameter(p, args, false, out);
     case ND_PKG_REBUILD_PARAMETER_WITH_STATE: return rebuild_parameter(p, args, true, out);
     case ND_PKG_REBUILD_FROM_TYPE_V2: return rebuild_from_type(p, args, level, out);
-    default: return BAD("'%s' cannot be called (only OrderedDict and torch's rebuild functions can)", fn->u.global.name);
+    case ND_PKG_CODECS_ENCODE: return codecs_encode(p, args, out);
+    case ND_PKG_BYTES_TYPE: return bytes_empty(p, fn, args, out);
+    default: return BAD("'%s' cannot be called (only OrderedDict, bytes, _codecs.encode and torch's "
+                        "rebuild functions can)", fn->u.global.name);
     }
 }
 
@@ -1161,6 +1239,7 @@ nd_status nd_pickle_load(const char *op, const char *what, const void *buf, size
     free(p->memo.s);
     free(p->dkeys.s);
     free(p->storages.s);
+    free(p->encoded.s);
     if (st != ND_OK) {
         arena_free(&p->ar);
         return st;

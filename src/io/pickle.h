@@ -15,6 +15,9 @@
  *                                                   -> the tensor
  *   torch._tensor._rebuild_from_type_v2(_rebuild_tensor_v2, torch.Tensor or
  *       torch.nn.parameter.Parameter, args, state)  -> ND_PK_TENSOR
+ *   _codecs.encode(s, 'latin1')                     -> ND_PK_BYTES of s's code
+ *       points (each <= 0xFF): how protocols < 3 write a non-empty bytes
+ *   builtins.bytes() / __builtin__.bytes()          -> an empty ND_PK_BYTES
  *   BUILD on an OrderedDict (its _metadata attribute): state ignored
  *   BINPERSID of ('storage', <storage type global>, key, location, numel)
  *                                                   -> ND_PK_STORAGE
@@ -68,6 +71,8 @@ typedef enum {
     ND_PKG_PARAMETER_TYPE,    /* torch.nn.parameter.Parameter */
     ND_PKG_STORAGE,           /* torch.FloatStorage, ...: see storage_type */
     ND_PKG_DTYPE,             /* torch.float32, ...: see storage_type */
+    ND_PKG_CODECS_ENCODE,     /* _codecs.encode: protocol < 3 bytes, see above */
+    ND_PKG_BYTES_TYPE,        /* builtins.bytes / __builtin__.bytes: only bytes() */
 } nd_pk_global_id;
 
 /* Element types a torch storage can hold (needle widens int8/int16 to

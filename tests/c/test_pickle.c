@@ -27,7 +27,8 @@ static void op(pk *p, unsigned char c) { put(p, &c, 1); }
 static void le(pk *p, uint64_t v, int n) {
     for (int i = 0; i < n; i++) op(p, (unsigned char)(v >> (8 * i)));
 }
-static void uni(pk *p, const char *s) { op(p, 'X'); le(p, strlen(s), 4); put(p, s, strlen(s)); }
+static void uni_n(pk *p, const char *s, size_t n) { op(p, 'X'); le(p, n, 4); put(p, s, n); }
+static void uni(pk *p, const char *s) { uni_n(p, s, strlen(s)); }
 static void glob(pk *p, const char *mod, const char *name) {
     op(p, 'c');
     put(p, mod, strlen(mod));
@@ -210,6 +211,105 @@ static void test_values(void) {
     }
     nd_pickle_free(doc);
     CHECK(nd_pk_elem_size(ND_PKT_BFLOAT16) == 2 && !strcmp(nd_pk_elem_name(ND_PKT_INT8), "int8"));
+}
+
+/* Protocols < 3 write bytes as _codecs.encode(str, 'latin1') and b'' as
+ * bytes(): read as data, and nothing else of _codecs / builtins is callable. */
+static void encode_latin1(pk *p, const char *s, size_t n) {
+    glob(p, "_codecs", "encode");
+    uni_n(p, s, n);
+    uni(p, "latin1");
+    op(p, 0x86);
+    op(p, 'R');
+}
+static void test_bytes_proto2(void) {
+    pk p = {0};
+    proto(&p, 2);
+    op(&p, '(');
+    encode_latin1(&p, "\x00\x7f\xc2\x80\xc3\xbf", 6); /* U+0000 U+007F U+0080 U+00FF */
+    op(&p, 'q'); op(&p, 1);
+    glob(&p, "_codecs", "encode");                    /* the same str again, memoised */
+    uni_n(&p, "a\xc3\xa9", 3);
+    op(&p, 'q'); op(&p, 2);
+    uni(&p, "latin1");
+    op(&p, 0x86); op(&p, 'R');
+    glob(&p, "_codecs", "encode");
+    op(&p, 'h'); op(&p, 2);
+    uni(&p, "latin1");
+    op(&p, 0x86); op(&p, 'R');
+    glob(&p, "__builtin__", "bytes"); op(&p, ')'); op(&p, 'R');
+    glob(&p, "builtins", "bytes"); op(&p, ')'); op(&p, 'R');
+    encode_latin1(&p, "", 0);
+    op(&p, 'h'); op(&p, 1);                           /* the memoised bytes */
+    op(&p, 'l');
+    op(&p, '.');
+    nd_pk_doc *doc = NULL;
+    OK(load(&p, &doc));
+    const nd_pk *l = doc->root;
+    CHECK(l->kind == ND_PK_LIST && l->u.seq.n == 7);
+    if (l->kind == ND_PK_LIST && l->u.seq.n == 7) {
+        nd_pk **it = l->u.seq.items;
+        CHECK(it[0]->kind == ND_PK_BYTES && it[0]->u.str.len == 4 && !memcmp(it[0]->u.str.s, "\x00\x7f\x80\xff", 4));
+        CHECK(it[1]->kind == ND_PK_BYTES && it[1]->u.str.len == 2 && !memcmp(it[1]->u.str.s, "a\xe9", 2));
+        CHECK(it[2] == it[1]); /* one str encoded twice: one node, not a second copy */
+        for (int i = 3; i < 6; i++)
+            CHECK(it[i]->kind == ND_PK_BYTES && it[i]->u.str.len == 0 && it[i]->u.str.s && !it[i]->u.str.s[0]);
+        CHECK(it[6] == it[0]);
+    }
+    nd_pickle_free(doc);
+
+    /* code points above 0xFF: U+0100, U+20AC (3 bytes), U+1F600 (4 bytes) */
+    proto(&p, 2); encode_latin1(&p, "ab\xc4\x80", 4); op(&p, '.');
+    BAD_PK("encode U+0100", p, "_codecs.encode: the str has a character above U+00FF (at byte 2", "latin1");
+    proto(&p, 2); encode_latin1(&p, "\xe2\x82\xac", 3); op(&p, '.');
+    BAD_PK("encode U+20AC", p, "character above U+00FF (at byte 0", NULL);
+    proto(&p, 2); encode_latin1(&p, "x\xf0\x9f\x98\x80", 5); op(&p, '.');
+    BAD_PK("encode U+1F600", p, "character above U+00FF (at byte 1", NULL);
+    /* other encodings, even latin1's aliases: pickle writes 'latin1' only */
+    const char *encs[] = {"utf-8", "latin-1", "LATIN1", "latin1\0", "rot13", ""};
+    for (size_t i = 0; i < sizeof encs / sizeof *encs; i++) {
+        proto(&p, 2); glob(&p, "_codecs", "encode"); uni(&p, "abc");
+        uni_n(&p, encs[i], strlen(encs[i]) + (i == 3)); op(&p, 0x86); op(&p, 'R'); op(&p, '.');
+        BAD_PK("encode with another encoding", p, "_codecs.encode: encoding '", "is not supported (only 'latin1'");
+    }
+    /* argument counts and types */
+    proto(&p, 2); glob(&p, "_codecs", "encode"); uni(&p, "abc"); op(&p, 0x85); op(&p, 'R'); op(&p, '.');
+    BAD_PK("encode(s)", p, "_codecs.encode takes 2 arguments", "got 1");
+    proto(&p, 2); glob(&p, "_codecs", "encode"); uni(&p, "abc"); uni(&p, "latin1"); uni(&p, "strict");
+    op(&p, 0x87); op(&p, 'R'); op(&p, '.');
+    BAD_PK("encode(s, enc, errors)", p, "_codecs.encode takes 2 arguments", "got 3");
+    proto(&p, 2); glob(&p, "_codecs", "encode"); op(&p, ')'); op(&p, 'R'); op(&p, '.');
+    BAD_PK("encode()", p, "_codecs.encode takes 2 arguments", "got 0");
+    proto(&p, 2); glob(&p, "_codecs", "encode"); op(&p, 'C'); op(&p, 2); put(&p, "ab", 2);
+    uni(&p, "latin1"); op(&p, 0x86); op(&p, 'R'); op(&p, '.');
+    BAD_PK("encode(bytes, ...)", p, "_codecs.encode: the text must be a str, not bytes", NULL);
+    proto(&p, 2); glob(&p, "_codecs", "encode"); uni(&p, "abc"); k1(&p, 1); op(&p, 0x86); op(&p, 'R'); op(&p, '.');
+    BAD_PK("encode(s, 1)", p, "_codecs.encode: the encoding must be a str, not int", NULL);
+    proto(&p, 2); glob(&p, "_codecs", "encode"); op(&p, 'N'); op(&p, 'R'); op(&p, '.');
+    BAD_PK("encode args not a tuple", p, "arguments must be a tuple", NULL);
+    proto(&p, 2); glob(&p, "__builtin__", "bytes"); k1(&p, 3); op(&p, 0x85); op(&p, 'R'); op(&p, '.');
+    BAD_PK("bytes(3)", p, "__builtin__.bytes called with 1 argument", "only bytes() is supported");
+    proto(&p, 2); glob(&p, "builtins", "bytes"); uni(&p, "abc"); uni(&p, "latin1"); op(&p, 0x86); op(&p, 'R'); op(&p, '.');
+    BAD_PK("bytes(s, enc)", p, "builtins.bytes called with 2 arguments", NULL);
+    proto(&p, 2); glob(&p, "builtins", "bytes"); op(&p, ')'); op(&p, 0x81); op(&p, '.');
+    BAD_PK("NEWOBJ bytes", p, "NEWOBJ of builtins.bytes", NULL);
+    /* the neighbours stay refused */
+    const char *refused[][2] = {{"_codecs", "decode"}, {"_codecs", "lookup"}, {"codecs", "encode"},
+                                {"builtins", "bytearray"}, {"__builtin__", "eval"}, {"builtins", "getattr"}};
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "global '%s.%s' is not allowed", refused[i][0], refused[i][1]);
+        proto(&p, 2); glob(&p, refused[i][0], refused[i][1]); uni(&p, "abc"); uni(&p, "latin1");
+        op(&p, 0x86); op(&p, 'R'); op(&p, '.');
+        BAD_PK("neighbour global", p, want, "bytes");
+    }
+    /* encode is no tensor rebuilder */
+    proto(&p, 2); glob(&p, "torch._tensor", "_rebuild_from_type_v2");
+    op(&p, '(');
+    glob(&p, "_codecs", "encode"); glob(&p, "torch", "Tensor");
+    uni(&p, "abc"); uni(&p, "latin1"); op(&p, 0x86); op(&p, '}');
+    op(&p, 't'); op(&p, 'R'); op(&p, '.');
+    BAD_PK("_rebuild_from_type_v2(encode, ...)", p, "func must be torch._utils._rebuild_tensor_v2", NULL);
 }
 
 /* sparse memo indices are legal; shared containers are fine; repeated keys replace */
@@ -677,6 +777,7 @@ int main(void) {
     test_cycles();
     test_big_dict();
     test_globals();
+    test_bytes_proto2();
     test_stack();
     test_key_work();
     test_limits();
