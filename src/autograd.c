@@ -282,7 +282,12 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
         }
         if (g) {
             st = capture_grad(cap, n, NULL, g);
-            if (st == ND_OK) st = n->backward(n, g, grads);
+            if (st == ND_OK) {
+                /* the profiler's "<op>_backward" events (one flag test when off) */
+                int pdepth = nd_profiler_on_ ? nd_profiler_push_backward(n->name) : -1;
+                st = n->backward(n, g, grads);
+                if (pdepth >= 0) nd_profiler_pop(pdepth);
+            }
         }
         for (int i = 0; i < n->ninputs && st == ND_OK; i++) {
             if (!n->needs_grad[i]) continue;

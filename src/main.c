@@ -158,7 +158,11 @@ enum {
     HAS_E = 8,
     HAS_NOENV = 16, /* -E */
     HAS_HELP = 32,
+    HAS_PROFILE = 64, /* --profile[=trace.json] */
 };
+
+/* --profile=FILE: where the Chrome trace goes ("" for none) */
+static const char *profile_trace = "";
 
 static void print_version(void) {
     printf("needle-lua %s -- %s\n", nd_version(), LUA_COPYRIGHT);
@@ -177,6 +181,9 @@ static void print_usage(FILE *out) {
             "  -E        ignore environment variables\n"
             "  -W        turn warnings on\n"
             "  -h        show this help (also --help)\n"
+            "  --profile[=trace.json]\n"
+            "            profile the run: per-op table on stderr at exit, and a\n"
+            "            Chrome trace when a file is given (docs/profiler.md)\n"
             "  --        stop handling options\n"
             "  -         stop handling options and execute stdin\n"
             "With no script and a terminal on stdin, starts the REPL.\n",
@@ -203,6 +210,11 @@ static int collect_args(int argc, char **argv, int *first) {
         switch (a[1]) {
         case '-':
             if (strcmp(a, "--help") == 0) return args | HAS_HELP;
+            if (strcmp(a, "--profile") == 0 || strncmp(a, "--profile=", 10) == 0) {
+                profile_trace = a[9] == '=' ? a + 10 : "";
+                args |= HAS_PROFILE;
+                break;
+            }
             if (a[2] != '\0') return HAS_ERROR;
             *first = i + 1 < argc ? i + 1 : 0;
             return args;
@@ -240,6 +252,20 @@ static int collect_args(int argc, char **argv, int *first) {
     }
     *first = 0;
     return args;
+}
+
+/* require("needle.profile")[fn](arg), for --profile. */
+static bool profile_call(lua_State *L, const char *fn, const char *arg) {
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "needle.profile");
+    int status = docall(L, 1, 1);
+    if (status == LUA_OK) {
+        lua_getfield(L, -1, fn);
+        lua_remove(L, -2);
+        lua_pushstring(L, arg);
+        status = docall(L, 1, 0);
+    }
+    return report(L, status) == LUA_OK;
 }
 
 /* Runs -e, -l and -W in command-line order, up to the script. */
@@ -876,13 +902,18 @@ static int pmain(lua_State *L) {
     /* scripts `require "needle"` themselves; interactive use gets `nd` */
     if (repl || (args & HAS_E)) preload_nd(L);
 
-    if (!run_args(L, argv, optlim)) return 0;
-    if (script > 0 && handle_script(L, argv + script) != LUA_OK) return 0;
-    if (repl) {
+    /* --profile covers -e, -l, the script and the REPL; the table is
+     * printed even when the script fails (not after os.exit) */
+    if ((args & HAS_PROFILE) && !profile_call(L, "_cli_start", profile_trace)) return 0;
+    bool ok = run_args(L, argv, optlim);
+    if (ok && script > 0) ok = handle_script(L, argv + script) == LUA_OK;
+    if (ok && repl) {
         run_repl(L);
-    } else if (nothing_to_do) {
-        if (dofile(L, NULL) != LUA_OK) return 0; /* stdin is a script */
+    } else if (ok && nothing_to_do) {
+        ok = dofile(L, NULL) == LUA_OK; /* stdin is a script */
     }
+    if ((args & HAS_PROFILE) && !profile_call(L, "_cli_stop", "")) ok = false;
+    if (!ok) return 0;
     lua_pushboolean(L, 1);
     return 1;
 }

@@ -385,6 +385,47 @@ int64_t nd_live_bytes(void);
 /* Bytes kept in the caching allocator's free lists; nd_empty_cache() frees them. */
 int64_t nd_cached_bytes(void);
 void nd_empty_cache(void);
+/* Bytes of tensor storage allocated since start (never decreases). */
+int64_t nd_allocated_bytes(void);
+
+/* ---- profiler (nd.profile, `needle-lua --profile`; docs/profiler.md) ----
+ * Named events bracket ops: push returns the depth before the push, pop(d)
+ * closes every event above depth d (so an event left open by an error closes
+ * with its caller). Per name the profiler sums calls, total and self time
+ * (self = total minus nested events) and bytes of tensor storage allocated;
+ * with keep_events the events themselves are kept too, for a Chrome trace.
+ * Off by default; off, push/pop cost one test of a flag. Not thread-safe:
+ * call it from one thread (the one running Lua). */
+typedef struct {
+    int64_t calls, total_ns, self_ns;
+    int64_t total_bytes, self_bytes; /* storage bytes allocated (nested events in total) */
+} nd_profile_stat;
+typedef struct {
+    int name;                 /* id from nd_profiler_intern */
+    int depth;                /* 0 = outermost */
+    int64_t start_ns, end_ns; /* nd_profiler_now_ns clock */
+    int64_t total_bytes, self_bytes;
+} nd_profile_event;
+void nd_profiler_enable(bool on, bool keep_events);
+/* The flag itself, for hot paths to test inline (read-only outside profiler.c). */
+extern bool nd_profiler_on_;
+bool nd_profiler_enabled(void);
+/* The id of a name (copied; the same name gives the same id), -1 on OOM. */
+int nd_profiler_intern(const char *name);
+int nd_profiler_num_names(void);
+const char *nd_profiler_name(int id);
+void nd_profiler_stat(int id, nd_profile_stat *out);
+int nd_profiler_push(int id);
+void nd_profiler_pop(int depth);
+int nd_profiler_depth(void);
+/* push of "<op>_backward" (op: a static string, e.g. a node's name) */
+int nd_profiler_push_backward(const char *op);
+/* The kept events (valid until the next push/reset), in order of ending. */
+size_t nd_profiler_events(const nd_profile_event **events, size_t *dropped);
+/* Zeroes the sums and drops the events (names keep their ids). */
+void nd_profiler_reset(void);
+/* Monotonic clock, nanoseconds. */
+int64_t nd_profiler_now_ns(void);
 
 /* ---- Lua (declared without including lua.h) ---- */
 struct lua_State;

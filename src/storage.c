@@ -6,7 +6,10 @@
 
 static atomic_llong live_bytes;
 
+static atomic_llong allocated_bytes; /* cumulative: the profiler's "bytes allocated" */
+
 int64_t nd_live_bytes(void) { return atomic_load(&live_bytes); }
+int64_t nd_allocated_bytes(void) { return atomic_load_explicit(&allocated_bytes, memory_order_relaxed); }
 
 nd_status nd_storage_new(size_t nbytes, nd_storage **out) {
     nd_storage *s = nd_cache_alloc(sizeof *s); /* headers are pooled too */
@@ -25,6 +28,7 @@ nd_status nd_storage_new(size_t nbytes, nd_storage **out) {
     s->release = NULL;
     s->release_ctx = NULL;
     atomic_fetch_add(&live_bytes, (long long)nbytes);
+    atomic_fetch_add_explicit(&allocated_bytes, (long long)nbytes, memory_order_relaxed);
     *out = s;
     return ND_OK;
 }
@@ -49,6 +53,7 @@ nd_status nd_storage_new_on(nd_device dev, size_t nbytes, nd_storage **out) {
     s->release = NULL;
     s->release_ctx = NULL;
     atomic_fetch_add(&live_bytes, (long long)nbytes);
+    atomic_fetch_add_explicit(&allocated_bytes, (long long)nbytes, memory_order_relaxed);
     *out = s;
     return ND_OK;
 }

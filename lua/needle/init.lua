@@ -37,6 +37,8 @@ function nd.load(...) return require("needle.serialize").load(...) end
 -- None as nd.null (a unique light userdata) and tensors as needle tensors.
 function nd.load_torch(...) return require("needle.serialize").load_torch(...) end
 nd.null = core.null
+-- nd.profile(fn[, {trace=, print=, sort=}]) -> report (docs/profiler.md)
+function nd.profile(...) return require("needle.profile").profile(...) end
 
 -- OpenCL: nd.opencl.available() -> true | false, why; nd.opencl.tune{...}
 -- autotunes the GEMM for a device (docs/opencl-gemm.md); nd.devices() lists

@@ -30,3 +30,17 @@ def per_iter(fn, n, reps=5, warmup=0):
             fn()
         ts.append((time.perf_counter() - t0) / n)
     return statistics.median(ts)
+
+
+def peak_rss_mb():
+    """This process's peak resident set (VmHWM of /proc/self/status) in MB;
+    getrusage's ru_maxrss where /proc is missing."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

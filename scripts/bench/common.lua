@@ -15,6 +15,8 @@
 --   C.python                         /usr/bin/python3 when there, else python3
 --   C.run_torch(script_args)         run_kv of C.python scripts/bench/<script_args>
 --   C.fmt(v[, f]), C.ratio(a, b)     table cells: "-" for a missing value
+--   C.peak_rss_mb()                  this process's peak resident set (VmHWM) in MB,
+--                                    nil where /proc/self/status is missing
 --   C.print_rows(line, rows, mine, theirs[, f])
 --                                    one line per {label, key} of rows: the label,
 --                                    mine[key], theirs[key] and mine / theirs
@@ -71,6 +73,14 @@ C.python = io.open("/usr/bin/python3") and "/usr/bin/python3" or "python3"
 -- empty table when PyTorch is not installed.
 function C.run_torch(script_args)
   return C.run_kv(("%s %s/scripts/bench/%s"):format(C.python, C.root, script_args))
+end
+
+function C.peak_rss_mb()
+  local f = io.open("/proc/self/status")
+  if not f then return nil end
+  local kb = f:read("a"):match("VmHWM:%s*(%d+)")
+  f:close()
+  return kb and tonumber(kb) / 1024
 end
 
 function C.fmt(v, f) return v and (f or "%.3f"):format(v) or "-" end

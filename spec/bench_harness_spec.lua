@@ -1,0 +1,91 @@
+-- bench_harness_spec.lua - scripts/bench/run.lua (issue 7's benchmark
+-- harness) run as a user runs it, on its cheapest workloads and without
+-- PyTorch: it exits 0 and writes bench.json, bench.csv and ratios.svg with a
+-- row per workload. No timing thresholds: only that the numbers are there.
+-- Also that torch_ref.py defines the same workloads as workloads.lua.
+local S = require "spec.helpers.shell"
+local H = require "spec.helpers.scripts"
+local json = require("needle.checkpoint").json
+
+local _, root = S.needle_lua()
+local run, tmpdir, rmdir = H.runner("bench/run"), H.tmpdir, H.rmdir
+
+describe("scripts/bench/run.lua", function()
+  it("runs the cheap workloads without PyTorch and writes JSON, CSV and SVG", function()
+    local d = tmpdir()
+    local ok, out = run("--only small_ops,small_ops_grad,startup --reps 1 --warmup 0 --no-torch --out " .. S.q(d))
+    assert.is_true(ok, out)
+    for _, name in ipairs({"small_ops", "small_ops_grad", "startup"}) do
+      assert.is_truthy(out:find(name, 1, true), out)
+    end
+    assert.is_truthy(out:find("PyTorch not run", 1, true), out)
+
+    local doc = json.decode(assert(S.read_file(d .. "/bench.json")))
+    assert.are.equal(2, doc.meta.threads)
+    assert.are.equal(3, #doc.rows)
+    local by = {}
+    for _, r in ipairs(doc.rows) do by[r.name] = r end
+    for _, name in ipairs({"small_ops", "small_ops_grad", "startup"}) do
+      local r = assert(by[name], name)
+      assert.is_true(r.needle_ms > 0, name)
+      assert.is_true(r.needle_rss_mb > 0, name)
+      assert.is_nil(r.ref_ms)   -- no PyTorch: no reference, no ratio
+      assert.is_nil(r.ratio)
+      assert.is_number(r.target)
+    end
+    assert.are.equal(2, by.small_ops.issue)
+    assert.are.equal(8, by.startup.issue)
+
+    local lines = {}
+    for line in io.lines(d .. "/bench.csv") do lines[#lines + 1] = line end
+    assert.are.equal(4, #lines)
+    assert.is_truthy(lines[1]:match("^name,workload,issue,metric,ref,needle_ms,ref_ms,ratio,target,met"))
+    assert.is_truthy(lines[2]:match("^small_ops,small_ops,2,ms,PyTorch,[%d%.e%-]+,,"), lines[2])
+
+    local svg = assert(S.read_file(d .. "/ratios.svg"))
+    assert.is_truthy(svg:match("^<svg"))
+    assert.is_truthy(svg:find(">small_ops_grad<", 1, true))
+    assert.is_truthy(svg:find("</svg>", 1, true))
+    rmdir(d)
+  end)
+
+  it("selects workloads by issue number", function()
+    local d = tmpdir()
+    local ok, out = run("--only 2 --reps 1 --warmup 0 --no-torch --out " .. S.q(d))
+    assert.is_true(ok, out)
+    local doc = json.decode(assert(S.read_file(d .. "/bench.json")))
+    assert.are.equal(2, #doc.rows)
+    assert.are.equal("small_ops", doc.rows[1].name)
+    assert.are.equal("small_ops_grad", doc.rows[2].name)
+    rmdir(d)
+  end)
+
+  it("refuses an unknown workload or option", function()
+    local ok, out, code = run("--only no_such_workload --no-torch")
+    assert.is_false(ok)
+    assert.are.equal(2, code)
+    assert.is_truthy(out:find("unknown workload 'no_such_workload'", 1, true), out)
+    ok, out, code = run("--bogus")
+    assert.is_false(ok)
+    assert.are.equal(2, code)
+    assert.is_truthy(out:find("unknown option '--bogus'", 1, true), out)
+  end)
+
+  it("lists the workloads, the same ones torch_ref.py defines", function()
+    local ok, out = run("--list")
+    assert.is_true(ok, out)
+    local listed = {}
+    for name in ("\n" .. out):gmatch("\n  (%S+)%s+%d") do listed[name] = true end
+    local py = assert(S.read_file(root .. "/scripts/bench/torch_ref.py"))
+    local block = assert(py:match("WORKLOADS = {(.-)\n}"))
+    local n = 0
+    for name in block:gmatch('\n    "([%w_]+)":') do
+      n = n + 1
+      assert.is_true(listed[name] == true, "torch_ref.py's " .. name .. " is not in workloads.lua")
+      listed[name] = nil
+    end
+    assert.is_true(n >= 10)
+    -- what is left is what only run.lua measures (start-up launches processes)
+    assert.are.same({startup = true}, listed)
+  end)
+end)
