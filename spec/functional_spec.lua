@@ -226,4 +226,26 @@ describe("nd.F", function()
     e = err_of(function() return nd.softmax(nd.arange(3)) end)
     has(e, "needle.softmax: expected a floating point tensor, got int64")
   end)
+  -- F.linear runs nd.linear: the GEMM with the bias added in its epilogue when
+  -- autograd does not record, matmul + add when it does; both must agree
+  -- with the composed ops, on 2-D and 3-D inputs, with and without bias
+  it("linear: the epilogue path (no grad) equals matmul + bias, and records when asked", function()
+    nd.manual_seed(3)
+    for _, shape in ipairs({{5, 7}, {2, 3, 7}, {1, 7}}) do
+      local x, w, b = nd.randn(shape), nd.randn({4, 7}), nd.randn({4})
+      local want = x:matmul(w:t()) + b
+      local got = nd.no_grad(function() return F.linear(x, w, b) end)
+      assert.are.same(want.shape, got.shape)
+      assert.is_true((got - want):abs():max():item() < 1e-5)
+      local nb = nd.no_grad(function() return F.linear(x, w) end)
+      assert.is_true((nb - x:matmul(w:t())):abs():max():item() < 1e-5)
+    end
+    local x, w = nd.randn({3, 7}, {requires_grad = true}), nd.randn({4, 7}, {requires_grad = true})
+    local b = nd.randn({4}, {requires_grad = true})
+    F.linear(x, w, b):sum():backward()
+    assert.is_true((b.grad - nd.full({4}, 3)):abs():max():item() < 1e-6)
+    assert.is_true((x.grad - w:detach():sum(1, true):expand({3, 7})):abs():max():item() < 1e-5)
+    local e = err_of(function() return F.linear(nd.zeros({2, 3}, {dtype = "float64"}), nd.zeros({4, 3})) end)
+    has(e, "needle.linear: input (float64) and weight (float32) must have the same dtype")
+  end)
 end)

@@ -314,6 +314,11 @@ typedef enum { ND_ACT_NONE = 0, ND_ACT_RELU = 1 } nd_activation;
 /* x (..., in), weight (out, in), bias (out) or NULL -> (..., out) */
 nd_status nd_fused_linear(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
                           nd_activation act, nd_tensor **out);
+/* F.linear: x @ weight^T + bias (bias may be NULL), differentiable; the
+ * bias is added in the GEMM epilogue when autograd does not record.
+ * Errors are named "linear". */
+nd_status nd_linear(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
+                    nd_tensor **out);
 /* as nd_conv2d, then act */
 nd_status nd_fused_conv2d(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
                           const int64_t *stride, const int64_t *padding, const int64_t *dilation,

@@ -103,9 +103,9 @@ function F.linear(x, weight, bias)
     fail_at(3, "linear", "input of shape {%s} does not match weight of shape {%s} (%d ~= %d)",
       table.concat(x.shape, ","), table.concat(weight.shape, ","), x:size(-1), weight:size(2))
   end
-  local y = x:matmul(weight:t())
-  if bias ~= nil then y = y + bias end
-  return y
+  -- one C call: the GEMM with the bias added in its epilogue when autograd
+  -- does not record, else matmul + add (differentiable)
+  return core.linear(x, weight, bias)
 end
 
 -- dropout(x, p = 0.5, training = true): zeroes with probability p and scales

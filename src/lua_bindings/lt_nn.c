@@ -267,6 +267,16 @@ static int l_fused_linear(lua_State *L) {
     return 1;
 }
 
+/* nd.linear(x, w[, b]): F.linear's core (x @ w^T + b) */
+static int l_linear(lua_State *L) {
+    const char *op = "linear";
+    nd_tensor *x = lt_check(L, 1, op), *w = lt_check(L, 2, op), *r;
+    const nd_tensor *b = lua_isnoneornil(L, 3) ? NULL : lt_check(L, 3, op);
+    LT_CHECK(L, nd_linear(x, w, b, &r));
+    lt_push(L, r);
+    return 1;
+}
+
 void lt_register_nn(lua_State *L) {
     static const lt_reg regs[] = {
         {"conv2d", l_conv2d, false, true},
@@ -278,6 +288,7 @@ void lt_register_nn(lua_State *L) {
         {"undilate", l_undilate, true, true},
         {"fused_conv2d", l_fused_conv2d, false, true},
         {"fused_linear", l_fused_linear, false, true},
+        {"linear", l_linear, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

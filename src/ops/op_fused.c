@@ -122,9 +122,9 @@ static nd_status linear_composed(const nd_tensor *x, const nd_tensor *w, const n
     return st;
 }
 
-nd_status nd_fused_linear(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
-                          nd_activation act, nd_tensor **out) {
-    const char *op = "fused_linear";
+/* act(x @ w^T + b), errors named op */
+static nd_status fused_linear(const char *op, const nd_tensor *x, const nd_tensor *weight,
+                              const nd_tensor *bias, nd_activation act, nd_tensor **out) {
     ND_TRY(check_act(op, act));
     ND_TRY(linear_args(op, x, weight, bias));
     const nd_backend *be = nd_backend_of(x);
@@ -155,4 +155,14 @@ nd_status nd_fused_linear(const nd_tensor *x, const nd_tensor *weight, const nd_
     }
     *out = r;
     return ND_OK;
+}
+
+nd_status nd_fused_linear(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
+                          nd_activation act, nd_tensor **out) {
+    return fused_linear("fused_linear", x, weight, bias, act, out);
+}
+
+nd_status nd_linear(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
+                    nd_tensor **out) {
+    return fused_linear("linear", x, weight, bias, ND_ACT_NONE, out);
 }
