@@ -102,20 +102,33 @@ static const nd_tensor *bias_and_options(lua_State *L, const char *op, const cha
     return b;
 }
 
+/* The arguments conv2d and fused_conv2d share: x, w, [b] and the options
+ * stride, padding, dilation (NULL when absent) and groups. */
+typedef struct {
+    nd_tensor *x, *w;
+    const nd_tensor *b;
+    int opts;
+    int64_t stride[2], padding[2], dilation[2], groups;
+    const int64_t *stride_p, *padding_p, *dilation_p;
+} conv_call;
+
+static void conv_call_args(lua_State *L, const char *op, const char *const *allowed, conv_call *c) {
+    c->x = lt_check(L, 1, op);
+    c->w = lt_check(L, 2, op);
+    c->b = bias_and_options(L, op, allowed, &c->opts);
+    c->stride_p = opt_pair(L, c->opts, op, "stride", c->stride) ? c->stride : NULL;
+    c->padding_p = opt_pair(L, c->opts, op, "padding", c->padding) ? c->padding : NULL;
+    c->dilation_p = opt_pair(L, c->opts, op, "dilation", c->dilation) ? c->dilation : NULL;
+    c->groups = opt_int(L, c->opts, op, "groups", 1);
+}
+
 /* nd.conv2d(x, w, [b], {stride=, padding=, dilation=, groups=}) */
 static int l_conv2d(lua_State *L) {
     static const char *const allowed[] = {"stride", "padding", "dilation", "groups", NULL};
-    const char *op = "conv2d";
-    nd_tensor *x = lt_check(L, 1, op), *w = lt_check(L, 2, op), *r;
-    int opts;
-    const nd_tensor *b = bias_and_options(L, op, allowed, &opts);
-    int64_t stride[2], padding[2], dilation[2];
-    bool hs = opt_pair(L, opts, op, "stride", stride);
-    bool hp = opt_pair(L, opts, op, "padding", padding);
-    bool hd = opt_pair(L, opts, op, "dilation", dilation);
-    int64_t groups = opt_int(L, opts, op, "groups", 1);
-    LT_CHECK(L, nd_conv2d(x, w, b, hs ? stride : NULL, hp ? padding : NULL, hd ? dilation : NULL,
-                          groups, &r));
+    conv_call c;
+    nd_tensor *r;
+    conv_call_args(L, "conv2d", allowed, &c);
+    LT_CHECK(L, nd_conv2d(c.x, c.w, c.b, c.stride_p, c.padding_p, c.dilation_p, c.groups, &r));
     lt_push(L, r);
     return 1;
 }
@@ -239,17 +252,12 @@ static int l_fused_conv2d(lua_State *L) {
     static const char *const allowed[] = {"stride", "padding", "dilation", "groups",
                                           "activation", NULL};
     const char *op = "fused_conv2d";
-    nd_tensor *x = lt_check(L, 1, op), *w = lt_check(L, 2, op), *r;
-    int opts;
-    const nd_tensor *b = bias_and_options(L, op, allowed, &opts);
-    int64_t stride[2], padding[2], dilation[2];
-    bool hs = opt_pair(L, opts, op, "stride", stride);
-    bool hp = opt_pair(L, opts, op, "padding", padding);
-    bool hd = opt_pair(L, opts, op, "dilation", dilation);
-    int64_t groups = opt_int(L, opts, op, "groups", 1);
-    nd_activation act = opt_activation(L, opts, op);
-    LT_CHECK(L, nd_fused_conv2d(x, w, b, hs ? stride : NULL, hp ? padding : NULL,
-                                hd ? dilation : NULL, groups, act, &r));
+    conv_call c;
+    nd_tensor *r;
+    conv_call_args(L, op, allowed, &c);
+    nd_activation act = opt_activation(L, c.opts, op);
+    LT_CHECK(L, nd_fused_conv2d(c.x, c.w, c.b, c.stride_p, c.padding_p, c.dilation_p, c.groups,
+                                act, &r));
     lt_push(L, r);
     return 1;
 }

@@ -211,6 +211,15 @@ local function check_layer(fn, layer, cls, what)
   end
 end
 
+-- the fused module on layer's device with the folded weight and bias
+local function fill(fused, layer, w, b, opts)
+  local dev = layer.weight.device
+  if dev ~= "cpu" then fused:to(dev) end
+  put(fused.weight, w)
+  if b ~= nil then put(fused.bias, b) end
+  return finish(fused, opts)
+end
+
 -- F.conv_bn(conv, bn_or_nil, {relu = false, requires_grad = false}) -> a
 -- FusedConv2d equal to relu?(bn(conv(x))) with bn's running statistics. conv
 -- and bn are read, never modified.
@@ -223,11 +232,7 @@ function F.conv_bn(conv, bn, opts)
     stride = conv.stride, padding = conv.padding, dilation = conv.dilation, groups = conv.groups,
     bias = b ~= nil, activation = (opts and opts.relu) and "relu" or "none",
     dtype = conv.weight.dtype})
-  local dev = conv.weight.device
-  if dev ~= "cpu" then fused:to(dev) end
-  put(fused.weight, w)
-  if b ~= nil then put(fused.bias, b) end
-  return finish(fused, opts)
+  return fill(fused, conv, w, b, opts)
 end
 
 -- F.linear_bn(linear, bn_or_nil, {relu = false, requires_grad = false}) -> a
@@ -240,11 +245,7 @@ function F.linear_bn(linear, bn, opts)
   local fused = FusedLinear(linear.in_features, linear.out_features, {
     bias = b ~= nil, activation = (opts and opts.relu) and "relu" or "none",
     folded_batch_norm = bn ~= nil, dtype = linear.weight.dtype})
-  local dev = linear.weight.device
-  if dev ~= "cpu" then fused:to(dev) end
-  put(fused.weight, w)
-  if b ~= nil then put(fused.bias, b) end
-  return finish(fused, opts)
+  return fill(fused, linear, w, b, opts)
 end
 
 -- deep copy ---------------------------------------------------------------------------
