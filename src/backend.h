@@ -106,6 +106,13 @@ typedef struct nd_backend {
     nd_status (*layer_norm_backward)(nd_tensor *dx, nd_tensor *dw, nd_tensor *db,
                                      const nd_tensor *g, const nd_tensor *x, const nd_tensor *w,
                                      const nd_tensor *mean, const nd_tensor *rstd);
+    /* batch_norm's: x (N, C, ...), w (C) or NULL, mean/rstd (C) as the
+     * training forward computed them or as evaluation used them; training
+     * says whether they were the batch's own statistics (then they depend
+     * on x). dw = sum(g * xh), db = sum(g) per channel. */
+    nd_status (*batch_norm_backward)(nd_tensor *dx, nd_tensor *dw, nd_tensor *db,
+                                     const nd_tensor *g, const nd_tensor *x, const nd_tensor *w,
+                                     const nd_tensor *mean, const nd_tensor *rstd, bool training);
     /* dlogits = (softmax(logits) - target) * wrow[row]; labels 0-based. */
     nd_status (*cross_entropy_backward)(nd_tensor *dlogits, const nd_tensor *logits,
                                         const nd_tensor *labels, const nd_tensor *wrow,
@@ -144,6 +151,15 @@ typedef struct nd_backend {
     nd_status (*conv2d_fused)(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
                               nd_activation act);
+    /* The gradients of conv2d (no activation) at dy (N, O, g->lh, g->lw):
+     * gx (N, C, H, W), gw (O, C/groups, kh, kw) and gb (O), each NULL when
+     * not wanted and overwritten when given. Used by conv2d's backward when
+     * it is not itself recorded (no create_graph); NULL: the backward runs
+     * the composed (differentiable) formulas. x is read only for gw, w only
+     * for gx, but both are passed for their shapes. */
+    nd_status (*conv2d_backward)(nd_tensor *gx, nd_tensor *gw, nd_tensor *gb, const nd_tensor *dy,
+                                 const nd_tensor *x, const nd_tensor *w, const nd_conv_geom *g,
+                                 int64_t groups);
     /* out (M, O) = act(x (M, K) @ w (O, K)^T + b (O)) */
     nd_status (*linear_fused)(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, nd_activation act);

@@ -309,6 +309,34 @@ static nd_tensor *gemm_to_batch(nd_gx *c, const nd_tensor *t, int64_t N, int64_t
     return gx_reshape(c, gx_contig(c, gx_permute(c, t4, perm, 4)), s3, 3);
 }
 
+/* The backend's own conv2d kernel (CPU: cpu_conv_gemm.c, chunked, with no
+ * batch-sized im2col buffer or layout copies) when it has one and the
+ * convolution is not empty; *used says whether it ran. */
+static nd_status conv2d_forward_direct(const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                                       const nd_conv_geom *g, int64_t groups, bool *used,
+                                       nd_tensor **out) {
+    const nd_backend *be = nd_backend_of(x);
+    *used = be->conv2d_fused && x->shape[0] > 0 && x->shape[1] > 0 && w->shape[0] > 0 &&
+            g->lh * g->lw > 0;
+    if (!*used) return ND_OK;
+    nd_tensor *xc = NULL, *wc = NULL, *bc = NULL, *r = NULL;
+    int64_t shape[4] = {x->shape[0], w->shape[0], g->lh, g->lw};
+    nd_status st = nd_contiguous(x, &xc);
+    if (st == ND_OK) st = nd_contiguous(w, &wc);
+    if (st == ND_OK && b) st = nd_contiguous(b, &bc);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(x), shape, 4, x->dtype, &r);
+    if (st == ND_OK) st = be->conv2d_fused(r, xc, wc, bc, g, groups, ND_ACT_NONE);
+    nd_release(xc);
+    nd_release(wc);
+    nd_release(bc);
+    if (st != ND_OK) {
+        nd_release(r);
+        return st;
+    }
+    *out = r;
+    return ND_OK;
+}
+
 static nd_status conv2d_forward(const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                 const nd_conv_params *cp, const int64_t *ohw, nd_tensor **out) {
     int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
@@ -317,6 +345,9 @@ static nd_status conv2d_forward(const nd_tensor *x, const nd_tensor *w, const nd
     nd_conv_geom g = {kh, kw, cp->stride[0], cp->stride[1], cp->padding[0], cp->padding[1],
                       cp->dilation[0], cp->dilation[1], ohw[0], ohw[1]};
     int64_t wsh[3] = {G, O / G, K}, os[4] = {N, O, ohw[0], ohw[1]};
+    bool direct;
+    ND_TRY(conv2d_forward_direct(x, w, b, &g, G, &direct, out));
+    if (direct) return ND_OK;
     nd_gx c = {0};
     nd_tensor *cols = NULL;
     if (is_pointwise(&g, H, W)) cols = (nd_tensor *)x; /* a 1x1 conv reads x as is */
@@ -386,6 +417,51 @@ static nd_tensor *bias_grad(nd_gx *c, const nd_tensor *g) {
     return gx_own(c, nd_reduce(ND_REDUCE_sum, g, dims, 3, 0, 0, &r), &r);
 }
 
+/* conv2d's gradients by the backend's own kernel (CPU: cpu_conv_gemm.c),
+ * when it has one, the backward is not itself recorded (create_graph: the
+ * formulas below must be differentiable) and the convolution is not empty;
+ * *used says whether it ran. */
+static nd_status bw_conv2d_direct(nd_node *n, const nd_tensor *g, const nd_conv_params *cp,
+                                  bool *used, nd_tensor **grads) {
+    const nd_backend *be = nd_backend_of(g);
+    const int64_t *xs = n->in_shape[0], *ws = n->in_shape[1];
+    const bool want_x = n->needs_grad[0], want_w = n->needs_grad[1];
+    const bool want_b = n->ninputs > 2 && n->needs_grad[2];
+    *used = be->conv2d_backward && !nd_grad_enabled() && xs[0] > 0 && xs[1] > 0 && ws[0] > 0 &&
+            g->shape[2] * g->shape[3] > 0;
+    if (!*used) return ND_OK;
+    nd_conv_geom geom = {ws[2], ws[3], cp->stride[0], cp->stride[1], cp->padding[0],
+                         cp->padding[1], cp->dilation[0], cp->dilation[1], g->shape[2],
+                         g->shape[3]};
+    nd_tensor *gc = NULL, *x = NULL, *w = NULL, *gx = NULL, *gw = NULL, *gb = NULL;
+    const nd_device dev = nd_get_device(g);
+    nd_status st = nd_contiguous(g, &gc);
+    if (st == ND_OK && want_w) st = nd_saved(n, (int)n->iparams[1], &x);
+    if (st == ND_OK && want_x) st = nd_saved(n, (int)n->iparams[2], &w);
+    if (st == ND_OK && want_x) st = nd_empty_on(dev, xs, 4, g->dtype, &gx);
+    if (st == ND_OK && want_w) st = nd_empty_on(dev, ws, 4, g->dtype, &gw);
+    if (st == ND_OK && want_b) st = nd_empty_on(dev, &ws[0], 1, g->dtype, &gb);
+    nd_tensor *xc = NULL, *wc = NULL;
+    if (st == ND_OK && x) st = nd_contiguous(x, &xc);
+    if (st == ND_OK && w) st = nd_contiguous(w, &wc);
+    if (st == ND_OK) st = be->conv2d_backward(gx, gw, gb, gc, xc, wc, &geom, cp->groups);
+    nd_release(gc);
+    nd_release(x);
+    nd_release(w);
+    nd_release(xc);
+    nd_release(wc);
+    if (st != ND_OK) {
+        nd_release(gx);
+        nd_release(gw);
+        nd_release(gb);
+        return st;
+    }
+    grads[0] = gx;
+    grads[1] = gw;
+    if (n->ninputs > 2) grads[2] = gb;
+    return ND_OK;
+}
+
 /* conv2d: gx = conv_transpose2d(g, w) (output_padding restores H, W),
  * gw = g as (G, O/G, N*L) @ (im2col(x) as (G, K, N*L))^T, gb = sum of g
  * over N, H, W. */
@@ -395,6 +471,9 @@ static nd_status bw_conv2d(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3];
     int64_t O = ws[0], kh = ws[2], kw = ws[3], G = cp.groups;
     int64_t OH = n->out_shape[2], OW = n->out_shape[3];
+    bool direct;
+    ND_TRY(bw_conv2d_direct(n, g, &cp, &direct, grads));
+    if (direct) return ND_OK;
     nd_gx c = {0};
     if (n->needs_grad[0]) {
         nd_tensor *w = gx_saved(&c, n, (int)n->iparams[2]), *r = NULL;

@@ -72,10 +72,13 @@ static nd_status bw_layer_norm_fused(nd_node *n, nd_tensor *g, nd_tensor **grads
     nd_tensor *x = NULL, *mean = NULL, *rstd = NULL, *w = NULL, *gc = NULL, *xc = NULL;
     nd_tensor *dx = NULL, *dw = NULL, *db = NULL;
     bool has_w = n->iparams[1];
-    nd_status st = nd_saved(n, 0, &x);
+    nd_tensor *xs = NULL, *ws = NULL;
+    nd_status st = nd_saved(n, 0, &xs);
+    if (st == ND_OK) st = nd_contiguous(xs, &x);
     if (st == ND_OK) st = nd_saved(n, 1, &mean);
     if (st == ND_OK) st = nd_saved(n, 2, &rstd);
-    if (st == ND_OK && has_w) st = nd_saved(n, 3, &w);
+    if (st == ND_OK && has_w) st = nd_saved(n, 3, &ws);
+    if (st == ND_OK && has_w) st = nd_contiguous(ws, &w);
     if (st == ND_OK) st = nd_contiguous(g, &gc);
     if (st == ND_OK) st = nd_contiguous(x, &xc);
     if (st == ND_OK && w) { nd_tensor *wc; st = nd_contiguous(w, &wc); nd_release(w); w = wc; }
@@ -325,7 +328,51 @@ static nd_status bn_check_param(const char *what, const nd_tensor *p, const nd_t
     return ND_OK;
 }
 
+/* The backend's fused kernel (CPU), when the backward is not itself
+ * recorded: two passes over x and g instead of a dozen ops. */
+static nd_status bw_batch_norm_fused(nd_node *n, const nd_tensor *g, nd_tensor **grads) {
+    const nd_backend *be = nd_backend_of(g);
+    const bool has_w = n->iparams[1];
+    const bool want_w = n->ninputs > 1 && n->needs_grad[1], want_b = n->ninputs > 2 && n->needs_grad[2];
+    nd_tensor *x = NULL, *mean = NULL, *rstd = NULL, *w = NULL, *gc = NULL;
+    nd_tensor *dx = NULL, *dw = NULL, *db = NULL;
+    const nd_device dev = nd_get_device(g);
+    nd_tensor *xs = NULL, *ws = NULL;
+    nd_status st = nd_saved(n, 0, &xs);
+    if (st == ND_OK) st = nd_contiguous(xs, &x);
+    if (st == ND_OK) st = nd_saved(n, 1, &mean);
+    if (st == ND_OK) st = nd_saved(n, 2, &rstd);
+    if (st == ND_OK && has_w) st = nd_saved(n, 3, &ws);
+    if (st == ND_OK && has_w) st = nd_contiguous(ws, &w);
+    if (st == ND_OK) st = nd_contiguous(g, &gc);
+    int64_t C = n->in_shape[0][1];
+    if (st == ND_OK && n->needs_grad[0]) st = nd_empty_on(dev, x->shape, x->ndim, g->dtype, &dx);
+    if (st == ND_OK && want_w) st = nd_empty_on(dev, &C, 1, g->dtype, &dw);
+    if (st == ND_OK && want_b) st = nd_empty_on(dev, &C, 1, g->dtype, &db);
+    if (st == ND_OK)
+        st = be->batch_norm_backward(dx, dw, db, gc, x, w, mean, rstd, n->iparams[0] != 0);
+    nd_release(xs);
+    nd_release(ws);
+    nd_release(x);
+    nd_release(mean);
+    nd_release(rstd);
+    nd_release(w);
+    nd_release(gc);
+    if (st != ND_OK) {
+        nd_release(dx);
+        nd_release(dw);
+        nd_release(db);
+        return st;
+    }
+    grads[0] = dx;
+    if (n->ninputs > 1) grads[1] = dw;
+    if (n->ninputs > 2) grads[2] = db;
+    return ND_OK;
+}
+
 static nd_status bw_batch_norm(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    if (!nd_grad_enabled() && nd_backend_of(g)->batch_norm_backward)
+        return bw_batch_norm_fused(n, g, grads);
     nd_gx c = {0};
     bool training = n->iparams[0], has_w = n->iparams[1];
     double eps = n->fparams[0];

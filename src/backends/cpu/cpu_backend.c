@@ -25,6 +25,7 @@ const nd_backend nd_cpu_backend = {
     .cross_entropy = nd_cpu_cross_entropy,
     .batch_norm = nd_cpu_batch_norm,
     .layer_norm_backward = nd_cpu_layer_norm_backward,
+    .batch_norm_backward = nd_cpu_batch_norm_backward,
     .cross_entropy_backward = nd_cpu_cross_entropy_backward,
     .random = nd_cpu_random,
     .im2col = nd_cpu_im2col,
@@ -34,5 +35,6 @@ const nd_backend nd_cpu_backend = {
     .avg_pool2d = nd_cpu_avg_pool2d,
     .avg_pool2d_backward = nd_cpu_avg_pool2d_backward,
     .conv2d_fused = nd_cpu_conv2d_fused,
+    .conv2d_backward = nd_cpu_conv2d_backward,
     .linear_fused = nd_cpu_linear_fused,
 };

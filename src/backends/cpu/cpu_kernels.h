@@ -47,6 +47,9 @@ nd_status nd_cpu_batch_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, cons
 nd_status nd_cpu_layer_norm_backward(nd_tensor *dx, nd_tensor *dw, nd_tensor *db,
                                      const nd_tensor *g, const nd_tensor *x, const nd_tensor *w,
                                      const nd_tensor *mean, const nd_tensor *rstd);
+nd_status nd_cpu_batch_norm_backward(nd_tensor *dx, nd_tensor *dw, nd_tensor *db,
+                                     const nd_tensor *g, const nd_tensor *x, const nd_tensor *w,
+                                     const nd_tensor *mean, const nd_tensor *rstd, bool training);
 nd_status nd_cpu_cross_entropy_backward(nd_tensor *dlogits, const nd_tensor *logits,
                                         const nd_tensor *labels, const nd_tensor *wrow,
                                         int64_t ignore, double smoothing);
@@ -62,10 +65,17 @@ nd_status nd_cpu_max_pool2d(nd_tensor *out, nd_tensor *indices, const nd_tensor 
 nd_status nd_cpu_max_pool2d_backward(nd_tensor *gx, const nd_tensor *g, const nd_tensor *indices);
 nd_status nd_cpu_avg_pool2d(nd_tensor *out, const nd_tensor *x, const nd_pool_geom *p);
 nd_status nd_cpu_avg_pool2d_backward(nd_tensor *gx, const nd_tensor *g, const nd_pool_geom *p);
-/* cpu_fused.c */
+/* cpu_conv_gemm.c */
+nd_status nd_cpu_conv2d_backward(nd_tensor *gx, nd_tensor *gw, nd_tensor *gb, const nd_tensor *dy,
+                                 const nd_tensor *x, const nd_tensor *w, const nd_conv_geom *g,
+                                 int64_t groups);
 nd_status nd_cpu_conv2d_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
                               nd_activation act);
+/* cpu_linear_small.c: false when it does not apply (then use BLAS) */
+bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
+                         const nd_tensor *b, bool relu);
+/* cpu_fused.c */
 nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, nd_activation act);
 

@@ -270,3 +270,60 @@ nd_status nd_cpu_batch_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, cons
     else BN_CHANNELS(double);
     return ND_OK;
 }
+
+/* Per channel ch, over its n * sp values: sg = sum(g), sgx = sum(g * xh)
+ * with xh = (x - mean) * rstd; then dx = rstd * w * (g - sg/cnt - xh *
+ * sgx/cnt) when training (the batch statistics depend on x), or g * rstd * w
+ * in evaluation; dw = sgx, db = sg. Sums in double, row by row (each row's
+ * partial sum vectorised in T). */
+#define BN_BACKWARD(T)                                                                       \
+    do {                                                                                     \
+        const T *X = (const T *)nd_ptr(x), *G = (const T *)nd_ptr(g);                        \
+        const T *W = w ? (const T *)nd_ptr(w) : NULL;                                        \
+        const T *M = (const T *)nd_ptr(mean), *R = (const T *)nd_ptr(rstd);                  \
+        T *DX = dx ? (T *)nd_ptr(dx) : NULL, *DW = dw ? (T *)nd_ptr(dw) : NULL;              \
+        T *DB = db ? (T *)nd_ptr(db) : NULL;                                                 \
+        _Pragma("omp parallel for if (n * c * sp >= ND_PARALLEL_THRESHOLD) schedule(static)") \
+        for (int64_t ch = 0; ch < c; ch++) {                                                 \
+            const T mu = M[ch], rs = R[ch];                                                  \
+            double sg = 0, sgx = 0;                                                          \
+            for (int64_t i = 0; i < n; i++) {                                                \
+                const T *xp = X + (i * c + ch) * sp, *gp = G + (i * c + ch) * sp;            \
+                T a = 0, b = 0;                                                              \
+                _Pragma("omp simd reduction(+ : a, b)")                                      \
+                for (int64_t k = 0; k < sp; k++) {                                           \
+                    a += gp[k];                                                              \
+                    b += gp[k] * (xp[k] - mu);                                               \
+                }                                                                            \
+                sg += a;                                                                     \
+                sgx += b;                                                                    \
+            }                                                                                \
+            sgx *= rs;                                                                       \
+            if (DW) DW[ch] = (T)sgx;                                                         \
+            if (DB) DB[ch] = (T)sg;                                                          \
+            if (!DX) continue;                                                               \
+            const double cnt = (double)(n * sp), wv = W ? W[ch] : 1.0;                       \
+            /* dx = k1 * g - k2 * (x - mu) - k3 (training), k1 * g (evaluation) */          \
+            const T k1 = (T)(rs * wv);                                                       \
+            const T k2 = training ? (T)(rs * wv * rs * sgx / cnt) : (T)0;                    \
+            const T k3 = training ? (T)(rs * wv * sg / cnt) : (T)0;                          \
+            for (int64_t i = 0; i < n; i++) {                                                \
+                const T *xp = X + (i * c + ch) * sp, *gp = G + (i * c + ch) * sp;            \
+                T *dp = DX + (i * c + ch) * sp;                                              \
+                _Pragma("omp simd")                                                          \
+                for (int64_t k = 0; k < sp; k++) dp[k] = k1 * gp[k] - k2 * (xp[k] - mu) - k3; \
+            }                                                                                \
+        }                                                                                    \
+    } while (0)
+
+nd_status nd_cpu_batch_norm_backward(nd_tensor *dx, nd_tensor *dw, nd_tensor *db,
+                                     const nd_tensor *g, const nd_tensor *x, const nd_tensor *w,
+                                     const nd_tensor *mean, const nd_tensor *rstd, bool training) {
+    int64_t n = x->shape[0], c = x->shape[1], sp = 1;
+    for (int i = 2; i < x->ndim; i++) sp *= x->shape[i];
+    if (c == 0) return ND_OK;
+    if (x->dtype == ND_FLOAT32) BN_BACKWARD(float);
+    else if (x->dtype == ND_FLOAT64) BN_BACKWARD(double);
+    else return nd_fail(ND_ERR_DTYPE, "batch_norm: no cpu kernel for %s", nd_dtype_name(x->dtype));
+    return ND_OK;
+}

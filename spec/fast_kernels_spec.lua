@@ -1,0 +1,238 @@
+-- fast_kernels_spec.lua - the CPU kernels added for speed (issue 7), each
+-- against a reference that does not run it:
+--   * conv2d's chunked kernels (cpu_conv_gemm.c): the forward against a
+--     direct sum in Lua (float64), the first-order gradients against the
+--     composed, differentiable formulas (nd.grad with create_graph = true
+--     runs those instead of the kernel), plus finite differences. The
+--     configurations reach every path: dead taps (3x3 on 1x1 and 2x2 maps,
+--     and a conv whose taps all read padding), several images per chunk
+--     with a partial last chunk, the small-map offset table and the wide-row
+--     copy, groups, dilation, strides, 1x1 convolutions, strided inputs.
+--   * batch_norm's fused backward (cpu_norm.c): against the composed
+--     formulas, training and evaluation, with and without affine weights.
+--   * the small-M float32 linear kernel (cpu_linear_small.c): against
+--     x:matmul(w:t()) + b (BLAS) over M, K, O with every remainder.
+local nd = require "needle"
+local G = require "spec.helpers.gradcheck"
+local C = G.bind(assert, {atol = 1e-5, rtol = 1e-4, allow_unused = true})
+local leaf = G.leaf
+
+local f64 = {dtype = "float64"}
+
+-- y[n][o][i][j] = b[o] + sum over the group's channels and the taps
+local function direct_conv(x, w, b, opt)
+  local X, Wt = x:totable(), w:totable()
+  local B = b and b:totable()
+  local s = opt.stride or {1, 1}
+  local p = opt.padding or {0, 0}
+  local d = opt.dilation or {1, 1}
+  if type(s) == "number" then s = {s, s} end
+  if type(p) == "number" then p = {p, p} end
+  if type(d) == "number" then d = {d, d} end
+  local groups = opt.groups or 1
+  local N, Cin, H, W = table.unpack(x.shape)
+  local O, Cg, kh, kw = table.unpack(w.shape)
+  local OH = (H + 2 * p[1] - d[1] * (kh - 1) - 1) // s[1] + 1
+  local OW = (W + 2 * p[2] - d[2] * (kw - 1) - 1) // s[2] + 1
+  local Og, Y = O // groups, {}
+  assert(Cin == Cg * groups)
+  for n = 1, N do
+    Y[n] = {}
+    for o = 1, O do
+      local gi = (o - 1) // Og
+      Y[n][o] = {}
+      for i = 1, OH do
+        Y[n][o][i] = {}
+        for j = 1, OW do
+          local acc = B and B[o] or 0
+          for c = 1, Cg do
+            for a = 1, kh do
+              local h = (i - 1) * s[1] - p[1] + (a - 1) * d[1] + 1
+              if h >= 1 and h <= H then
+                for e = 1, kw do
+                  local v = (j - 1) * s[2] - p[2] + (e - 1) * d[2] + 1
+                  if v >= 1 and v <= W then
+                    acc = acc + X[n][gi * Cg + c][h][v] * Wt[o][c][a][e]
+                  end
+                end
+              end
+            end
+          end
+          Y[n][o][i][j] = acc
+        end
+      end
+    end
+  end
+  return Y, {N, O, OH, OW}
+end
+
+local function max_diff(a, b) return (a - b):abs():max():item() end
+
+local conv_cases = {
+  {"3x3 on 1x1 maps: 8 of 9 taps dead", {5, 6, 1, 1}, {4, 6, 3, 3}, {padding = 1}},
+  {"2x2 maps, stride 2: 4 of 9 taps live", {3, 4, 2, 2}, {5, 4, 3, 3}, {stride = 2, padding = 1}},
+  {"every tap reads padding: the output is the bias", {2, 2, 1, 1}, {3, 2, 2, 2},
+    {dilation = 3, padding = 2}},
+  {"64 images per chunk, a partial last chunk (offset table)", {70, 2, 4, 4}, {3, 2, 3, 3},
+    {padding = 1}},
+  {"wide rows (row copies), stride {1,2}, dilation {2,1}", {2, 3, 9, 40}, {4, 3, 3, 3},
+    {stride = {1, 2}, dilation = {2, 1}, padding = {2, 1}}},
+  {"groups 2 over two chunks", {50, 4, 5, 5}, {6, 2, 3, 3}, {groups = 2, padding = 1}},
+  {"1x1, one image per chunk (x read as is)", {2, 3, 40, 40}, {4, 3, 1, 1}, {}},
+  {"1x1, several images per chunk", {20, 3, 5, 5}, {4, 3, 1, 1}, {}},
+  {"7x7 stride 4 (ResNet9's stem)", {3, 3, 32, 32}, {4, 3, 7, 7}, {stride = 4, padding = 3}},
+  {"depthwise, stride 2", {9, 4, 7, 7}, {4, 1, 3, 3}, {groups = 4, stride = 2, padding = 1}},
+}
+
+describe("conv2d's chunked CPU kernels", function()
+  before_each(function() nd.manual_seed(77) end)
+
+  for _, c in ipairs(conv_cases) do
+    local name, xs, ws, opt = c[1], c[2], c[3], c[4]
+
+    it("forward equals a direct sum (float64 and float32): " .. name, function()
+      local x, w, b = nd.randn(xs, f64), nd.randn(ws, f64), nd.randn({ws[1]}, f64)
+      local want, shape = direct_conv(x, w, b, opt)
+      local ref = nd.tensor(want, f64)
+      local y = nd.conv2d(x, w, b, opt)
+      assert.are.same(shape, y.shape)
+      assert.is_true(max_diff(y, ref) < 1e-10)
+      local y32 = nd.conv2d(x:float(), w:float(), b:float(), opt)
+      assert.is_true(max_diff(y32:double(), ref) < 1e-4 * math.max(1, ref:abs():max():item()))
+      -- no bias
+      local want0 = nd.tensor((direct_conv(x, w, nil, opt)), f64)
+      assert.is_true(max_diff(nd.conv2d(x, w, nil, opt), want0) < 1e-10)
+    end)
+
+    it("gradients equal the composed formulas: " .. name, function()
+      local x = nd.randn(xs, {dtype = "float64", requires_grad = true})
+      local w = nd.randn(ws, {dtype = "float64", requires_grad = true})
+      local b = nd.randn({ws[1]}, {dtype = "float64", requires_grad = true})
+      local y = nd.conv2d(x, w, b, opt)
+      local gy = nd.randn(y.shape, f64)
+      local loss = (y * gy):sum()
+      local fast = nd.grad(loss, {x, w, b}, {retain_graph = true})
+      local composed = nd.grad(loss, {x, w, b}, {create_graph = true})
+      for i = 1, 3 do
+        assert.are.same(composed[i].shape, fast[i].shape)
+        assert.is_true(max_diff(fast[i], composed[i]:detach()) < 1e-10,
+          "gradient " .. i .. " differs by " .. max_diff(fast[i], composed[i]:detach()))
+      end
+      -- only some inputs wanting gradients
+      local gw = nd.grad((nd.conv2d(x:detach(), w, nil, opt) * gy):sum(), {w})[1]
+      assert.is_true(max_diff(gw, composed[2]:detach()) < 1e-10)
+      local gx = nd.grad((nd.conv2d(x, w:detach(), nil, opt) * gy):sum(), {x})[1]
+      assert.is_true(max_diff(gx, composed[1]:detach()) < 1e-10)
+    end)
+  end
+
+  it("float32 gradients agree with float64 ones", function()
+    local x = nd.randn({70, 2, 4, 4}, f64)
+    local w = nd.randn({3, 2, 3, 3}, f64)
+    local function grads(dt)
+      local xv = x:to(dt):requires_grad_()
+      local wv = w:to(dt):requires_grad_()
+      local y = nd.conv2d(xv, wv, nil, {padding = 1})
+      local gy = nd.ones(y.shape, {dtype = dt})
+      return nd.grad((y * gy):sum(), {xv, wv})
+    end
+    local g64, g32 = grads("float64"), grads("float32")
+    assert.is_true(max_diff(g32[1]:double(), g64[1]) < 1e-4)
+    assert.is_true(max_diff(g32[2]:double(), g64[2]) < 1e-3)
+  end)
+
+  it("finite differences: dead taps, several images per chunk", function()
+    C.check(function(x, w, b) return nd.conv2d(x, w, b, {padding = 1}) end,
+      {leaf({3, 3, 1, 1}), leaf({2, 3, 3, 3}), leaf({2})})
+    C.check(function(x, w, b) return nd.conv2d(x, w, b, {stride = 2, padding = 1}) end,
+      {leaf({2, 2, 2, 2}), leaf({3, 2, 3, 3}), leaf({3})})
+    C.check(function(x, w) return nd.conv2d(x, w, nil, {dilation = 3, padding = 2}) end,
+      {leaf({1, 2, 1, 1}), leaf({2, 2, 2, 2})})
+  end)
+
+  it("reads strided (transposed) inputs", function()
+    local x, w = nd.randn({4, 3, 6, 5}, f64), nd.randn({2, 3, 3, 3}, f64)
+    local xt = x:transpose(3, 4)
+    local want = nd.tensor((direct_conv(xt:contiguous(), w, nil, {padding = 1})), f64)
+    assert.is_true(max_diff(nd.conv2d(xt, w, nil, {padding = 1}), want) < 1e-10)
+  end)
+end)
+
+describe("batch_norm's fused backward", function()
+  before_each(function() nd.manual_seed(99) end)
+  local shapes = {{8, 3}, {4, 3, 5, 5}, {2, 4, 1, 1}, {3, 2, 2, 3, 2}}
+  for _, shape in ipairs(shapes) do
+    for _, training in ipairs({true, false}) do
+      for _, affine in ipairs({true, false}) do
+        local label = ("shape {%s}, %s, %s"):format(table.concat(shape, ","),
+          training and "training" or "evaluation", affine and "affine" or "no weights")
+        it("equals the composed formulas: " .. label, function()
+          local Cn = shape[2]
+          local x = nd.randn(shape, {dtype = "float64", requires_grad = true})
+          local w = affine and nd.randn({Cn}, {dtype = "float64", requires_grad = true}) or nil
+          local b = affine and nd.randn({Cn}, {dtype = "float64", requires_grad = true}) or nil
+          local rm, rv = nd.randn({Cn}, f64), nd.rand({Cn}, f64) + 0.5
+          local y = nd.F.batch_norm(x, rm, rv, w, b, training)
+          local gy = nd.randn(y.shape, f64)
+          local loss = (y * gy):sum()
+          local inputs = affine and {x, w, b} or {x}
+          local fast = nd.grad(loss, inputs, {retain_graph = true})
+          local composed = nd.grad(loss, inputs, {create_graph = true})
+          for i = 1, #inputs do
+            assert.is_true(max_diff(fast[i], composed[i]:detach()) < 1e-10,
+              label .. ": gradient " .. i .. " differs by " .. max_diff(fast[i], composed[i]:detach()))
+          end
+        end)
+      end
+    end
+  end
+
+  it("float32 agrees with float64", function()
+    local x = nd.randn({16, 4, 3, 3}, f64)
+    local w = nd.rand({4}, f64) + 0.5
+    local function gx(dt)
+      local xv = x:to(dt):requires_grad_()
+      local y = nd.F.batch_norm(xv, nil, nil, w:to(dt), nil, true)
+      local gy = nd.arange(1, y:numel() + 1, 1, {dtype = dt}):reshape(y.shape):sin()
+      return nd.grad((y * gy):sum(), {xv})[1]
+    end
+    assert.is_true(max_diff(gx("float32"):double(), gx("float64")) < 1e-4)
+  end)
+end)
+
+describe("the small-M float32 linear kernel", function()
+  before_each(function() nd.manual_seed(5) end)
+
+  local function ref(x, w, b, relu)
+    local y = x:double():matmul(w:double():t())
+    if b then y = y + b:double() end
+    if relu then y = y:relu() end
+    return y
+  end
+
+  for _, M in ipairs({1, 2, 3, 7, 8, 16, 17}) do
+    it(("equals the BLAS product for M = %d over K and O remainders"):format(M), function()
+      for _, K in ipairs({1, 7, 8, 13, 512}) do
+        for _, O in ipairs({1, 3, 4, 5, 130}) do
+          local x, w, b = nd.randn({M, K}), nd.randn({O, K}), nd.randn({O})
+          local tol = 1e-5 * math.sqrt(K) * 4
+          local y = nd.F.linear(x, w, b)
+          assert.are.same({M, O}, y.shape)
+          local d = max_diff(y:double(), ref(x, w, b, false))
+          assert.is_true(d < tol, ("M %d K %d O %d: off by %g"):format(M, K, O, d))
+          assert.is_true(max_diff(nd.F.linear(x, w):double(), ref(x, w, nil, false)) < tol)
+          local r = nd.F.fused_linear(x, w, b, {activation = "relu"})
+          assert.is_true(max_diff(r:double(), ref(x, w, b, true)) < tol)
+          assert.is_true(r:min():item() >= 0)
+        end
+      end
+    end)
+  end
+
+  it("gives the same result as the large-M (BLAS) path row by row", function()
+    local x, w, b = nd.randn({40, 300}), nd.randn({70, 300}), nd.randn({70})
+    local big = nd.F.linear(x, w, b)        -- 40 rows: BLAS
+    local small = nd.F.linear(x[{{1, 8}}], w, b) -- 8 rows: the kernel
+    assert.is_true(max_diff(small, big[{{1, 8}}]) < 1e-4)
+  end)
+end)

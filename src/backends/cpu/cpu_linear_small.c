@@ -1,0 +1,164 @@
+/* cpu_linear_small.c - float32 x @ w^T (+ b, ReLU) for a few rows of x: the
+ * inference shape of an MLP at batch 8 (issue 7's workload 7).
+ *
+ * For M = 8, K = O = 512, OpenBLAS's sgemm takes about 60 us (2 threads):
+ * it packs the whole 1 MB weight on every call and splits the work poorly.
+ * The product needs only one pass over w: each row of w is dotted with
+ * every row of x (x, M * K floats, stays in L1). This kernel streams w
+ * once, 4 rows at a time against 2 rows of x (8 AVX2 accumulators), folds
+ * the 4x2 dot products with horizontal adds, and adds the bias and applies
+ * the ReLU as it stores - no second pass over out. Threads split the rows
+ * of w.
+ *
+ * AVX2 + FMA only, chosen at run time (the build targets baseline x86-64):
+ * nd_cpu_linear_small returns false when the CPU lacks them or the shape
+ * does not fit, and the caller uses BLAS. Summation order differs from
+ * BLAS's (each dot product is 8 interleaved partial sums, then a tree), so
+ * results agree to float32 rounding, not bit for bit. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include "cpu_kernels.h"
+
+/* rows of x up to this: each 4-row block of w is reread M/2 times, from L1 */
+#define SMALL_M_MAX 16
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+
+/* [sum(a), sum(b), sum(c), sum(d)] */
+__attribute__((target("avx2,fma"))) static inline __m128 hsum4(__m256 a, __m256 b, __m256 c,
+                                                                __m256 d) {
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+__attribute__((target("avx2,fma"))) static inline __m128 finish4(__m128 r, const float *b,
+                                                                  bool relu) {
+    if (b) r = _mm_add_ps(r, _mm_loadu_ps(b));
+    if (relu) r = _mm_max_ps(r, _mm_setzero_ps());
+    return r;
+}
+
+static inline float finish1(float v, const float *b, bool relu) {
+    if (b) v += *b;
+    return relu && !(v > 0) ? 0.0f : v; /* max(v, 0) as _mm_max_ps: NaN -> 0 */
+}
+
+/* Y[m, o] for o in [o0, o1) (o1 - o0 a multiple of 4 except at the end) */
+__attribute__((target("avx2,fma"))) static void linear_block_avx2(
+    const float *X, const float *W, const float *B, float *Y, int64_t M, int64_t K, int64_t O,
+    int64_t o0, int64_t o1, bool relu) {
+    const int64_t K8 = K & ~(int64_t)7;
+    int64_t o = o0;
+    for (; o + 4 <= o1; o += 4) {
+        const float *w0 = W + o * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+        int64_t m = 0;
+        for (; m + 2 <= M; m += 2) {
+            const float *x0 = X + m * K, *x1 = x0 + K;
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+            __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+            for (int64_t k = 0; k < K8; k += 8) {
+                __m256 v0 = _mm256_loadu_ps(x0 + k), v1 = _mm256_loadu_ps(x1 + k);
+                __m256 u = _mm256_loadu_ps(w0 + k);
+                a00 = _mm256_fmadd_ps(v0, u, a00);
+                a10 = _mm256_fmadd_ps(v1, u, a10);
+                u = _mm256_loadu_ps(w1 + k);
+                a01 = _mm256_fmadd_ps(v0, u, a01);
+                a11 = _mm256_fmadd_ps(v1, u, a11);
+                u = _mm256_loadu_ps(w2 + k);
+                a02 = _mm256_fmadd_ps(v0, u, a02);
+                a12 = _mm256_fmadd_ps(v1, u, a12);
+                u = _mm256_loadu_ps(w3 + k);
+                a03 = _mm256_fmadd_ps(v0, u, a03);
+                a13 = _mm256_fmadd_ps(v1, u, a13);
+            }
+            __m128 r0 = hsum4(a00, a01, a02, a03), r1 = hsum4(a10, a11, a12, a13);
+            if (K8 < K) {
+                float t0[4] = {0}, t1[4] = {0};
+                for (int64_t k = K8; k < K; k++) {
+                    t0[0] += x0[k] * w0[k], t0[1] += x0[k] * w1[k];
+                    t0[2] += x0[k] * w2[k], t0[3] += x0[k] * w3[k];
+                    t1[0] += x1[k] * w0[k], t1[1] += x1[k] * w1[k];
+                    t1[2] += x1[k] * w2[k], t1[3] += x1[k] * w3[k];
+                }
+                r0 = _mm_add_ps(r0, _mm_loadu_ps(t0));
+                r1 = _mm_add_ps(r1, _mm_loadu_ps(t1));
+            }
+            _mm_storeu_ps(Y + m * O + o, finish4(r0, B ? B + o : NULL, relu));
+            _mm_storeu_ps(Y + (m + 1) * O + o, finish4(r1, B ? B + o : NULL, relu));
+        }
+        if (m < M) { /* the last row of an odd M */
+            const float *x0 = X + m * K;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t k = 0; k < K8; k += 8) {
+                __m256 v0 = _mm256_loadu_ps(x0 + k);
+                a0 = _mm256_fmadd_ps(v0, _mm256_loadu_ps(w0 + k), a0);
+                a1 = _mm256_fmadd_ps(v0, _mm256_loadu_ps(w1 + k), a1);
+                a2 = _mm256_fmadd_ps(v0, _mm256_loadu_ps(w2 + k), a2);
+                a3 = _mm256_fmadd_ps(v0, _mm256_loadu_ps(w3 + k), a3);
+            }
+            __m128 r = hsum4(a0, a1, a2, a3);
+            if (K8 < K) {
+                float t[4] = {0};
+                for (int64_t k = K8; k < K; k++)
+                    t[0] += x0[k] * w0[k], t[1] += x0[k] * w1[k], t[2] += x0[k] * w2[k],
+                    t[3] += x0[k] * w3[k];
+                r = _mm_add_ps(r, _mm_loadu_ps(t));
+            }
+            _mm_storeu_ps(Y + m * O + o, finish4(r, B ? B + o : NULL, relu));
+        }
+    }
+    for (; o < o1; o++) { /* fewer than 4 rows of w left */
+        const float *wr = W + o * K;
+        for (int64_t m = 0; m < M; m++) {
+            const float *xr = X + m * K;
+            __m256 a = _mm256_setzero_ps();
+            for (int64_t k = 0; k < K8; k += 8)
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(xr + k), _mm256_loadu_ps(wr + k), a);
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+            h = _mm_hadd_ps(h, h);
+            h = _mm_hadd_ps(h, h);
+            float s = _mm_cvtss_f32(h);
+            for (int64_t k = K8; k < K; k++) s += xr[k] * wr[k];
+            Y[m * O + o] = finish1(s, B ? B + o : NULL, relu);
+        }
+    }
+}
+
+/* NEEDLE_NO_SMALL_GEMM=1 turns the kernel off (BLAS for every shape), for
+ * comparisons; read once. */
+static bool cpu_has_avx2_fma(void) {
+    static int has = -1; /* a benign race: every thread computes the same value */
+    if (has < 0) {
+        __builtin_cpu_init();
+        const char *off = getenv("NEEDLE_NO_SMALL_GEMM");
+        has = !(off && *off && *off != '0') && __builtin_cpu_supports("avx2") &&
+              __builtin_cpu_supports("fma");
+    }
+    return has == 1;
+}
+#endif
+
+bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
+                         const nd_tensor *b, bool relu) {
+#ifdef HAVE_AVX2_PATH
+    const int64_t M = x->shape[0], K = x->shape[1], O = w->shape[0];
+    if (x->dtype != ND_FLOAT32 || M < 1 || M > SMALL_M_MAX || K < 1 || O < 1) return false;
+    if (!cpu_has_avx2_fma()) return false;
+    const float *X = (const float *)nd_ptr(x), *W = (const float *)nd_ptr(w);
+    const float *B = b ? (const float *)nd_ptr(b) : NULL;
+    float *Y = (float *)nd_ptr(out);
+    const int64_t blocks = (O + 3) / 4; /* threads take whole 4-row blocks of w */
+#pragma omp parallel for if (M * K * O >= 4 * ND_PARALLEL_THRESHOLD) schedule(static)
+    for (int64_t bi = 0; bi < blocks; bi++) {
+        const int64_t o0 = bi * 4, o1 = o0 + 4 < O ? o0 + 4 : O;
+        linear_block_avx2(X, W, B, Y, M, K, O, o0, o1, relu);
+    }
+    return true;
+#else
+    (void)out, (void)x, (void)w, (void)b, (void)relu;
+    return false;
+#endif
+}
