@@ -11,7 +11,8 @@
 --   * batch_norm's fused backward (cpu_norm.c): against the composed
 --     formulas, training and evaluation, with and without affine weights.
 --   * the small-M float32 linear kernel (cpu_linear_small.c): against
---     x:matmul(w:t()) + b (BLAS) over M, K, O with every remainder.
+--     x:matmul(w:t()) + b (BLAS) over M, K, O with every remainder; and
+--     linear's own autograd node (op_fused.c) by finite differences.
 local nd = require "needle"
 local G = require "spec.helpers.gradcheck"
 local C = G.bind(assert, {atol = 1e-5, rtol = 1e-4, allow_unused = true})
@@ -228,6 +229,22 @@ describe("the small-M float32 linear kernel", function()
       end
     end)
   end
+
+  it("linear's autograd node: finite differences, first and second order, 1-D to 3-D inputs",
+    function()
+      local lin = function(x, w, b) return nd.F.linear(x, w, b) end
+      C.check(lin, {leaf({4}), leaf({3, 4}), leaf({3})})
+      C.check(lin, {leaf({2, 4}), leaf({3, 4})})
+      C.check(lin, {leaf({2, 3, 4}), leaf({5, 4}), leaf({5})})
+      C.check(function(x, w, b) return nd.F.linear(x:transpose(2, 3), w, b) end,
+        {leaf({2, 4, 3}), leaf({5, 4}), leaf({5})})
+      C.check2(function(x, w, b) return nd.F.linear(x, w, b):tanh() end,
+        {leaf({2, 3, 4}), leaf({5, 4}), leaf({5})})
+      C.check(function(x, w, b) return nd.F.fused_linear(x, w, b, {activation = "relu"}) end,
+        {leaf({3, 4}), leaf({5, 4}), leaf({5})})
+      local x = nd.randn({2, 4}, {requires_grad = true})
+      assert.are.equal("linear", nd.F.linear(x, nd.randn({3, 4})).grad_fn)
+    end)
 
   it("gives the same result as the large-M (BLAS) path row by row", function()
     local x, w, b = nd.randn({40, 300}), nd.randn({70, 300}), nd.randn({70})

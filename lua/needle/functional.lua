@@ -103,8 +103,8 @@ function F.linear(x, weight, bias)
     fail_at(3, "linear", "input of shape {%s} does not match weight of shape {%s} (%d ~= %d)",
       table.concat(x.shape, ","), table.concat(weight.shape, ","), x:size(-1), weight:size(2))
   end
-  -- one C call: the GEMM with the bias added in its epilogue when autograd
-  -- does not record, else matmul + add (differentiable)
+  -- one C call: the GEMM with the bias added in its epilogue; recorded as
+  -- one "linear" node whose backward is one GEMM per gradient
   return core.linear(x, weight, bias)
 end
 

@@ -42,6 +42,20 @@ local function fill_from(t, src)
   return t
 end
 
+-- gen(shape) * scale + shift (rand/randn), computed in place: one
+-- temporary, not three. The caching allocator keeps freed blocks for
+-- reuse, so the temporaries of a large model's initialisation would stay
+-- in the process's resident memory. Same values as the out-of-place form.
+function init._random_scaled(gen, shape, dtype, scale, shift)
+  local r = gen(shape, {dtype = dtype})
+  core.no_grad(function()
+    r:mul_(scale)
+    if shift ~= 0 then r:add_(shift) end
+  end)
+  return r
+end
+local random_scaled = init._random_scaled
+
 local util = require "needle.nn.util"
 local shape_str = util.shape_str
 
@@ -82,7 +96,7 @@ function init.uniform_(t, ...)
   check("uniform_", t)
   local o = options({"a", "b"}, ...)
   local a, b = o.a or 0, o.b or 1
-  return fill_from(t, core.rand(t.shape, {dtype = t.dtype}) * (b - a) + a)
+  return fill_from(t, random_scaled(core.rand, t.shape, t.dtype, b - a, a))
 end
 
 -- normal_(t, mean = 0, std = 1)
@@ -90,7 +104,7 @@ function init.normal_(t, ...)
   check("normal_", t)
   local o = options({"mean", "std"}, ...)
   local mean, std = o.mean or 0, o.std or 1
-  return fill_from(t, core.randn(t.shape, {dtype = t.dtype}) * std + mean)
+  return fill_from(t, random_scaled(core.randn, t.shape, t.dtype, std, mean))
 end
 
 -- constant_(t, val)
@@ -120,7 +134,7 @@ function init.xavier_uniform_(t, ...)
   local o = options({"gain"}, ...)
   local fan_in, fan_out = fans(t, "xavier_uniform_")
   local a = (o.gain or 1) * math.sqrt(6 / (fan_in + fan_out))
-  return fill_from(t, core.rand(t.shape, {dtype = t.dtype}) * (2 * a) - a)
+  return fill_from(t, random_scaled(core.rand, t.shape, t.dtype, 2 * a, -a))
 end
 
 -- xavier_normal_(t, gain = 1): N(0, std), std = gain * sqrt(2 / (fan_in + fan_out))
@@ -129,7 +143,7 @@ function init.xavier_normal_(t, ...)
   local o = options({"gain"}, ...)
   local fan_in, fan_out = fans(t, "xavier_normal_")
   local std = (o.gain or 1) * math.sqrt(2 / (fan_in + fan_out))
-  return fill_from(t, core.randn(t.shape, {dtype = t.dtype}) * std)
+  return fill_from(t, random_scaled(core.randn, t.shape, t.dtype, std, 0))
 end
 
 local function kaiming_std(fn, t, o)
@@ -152,7 +166,7 @@ function init.kaiming_uniform_(t, ...)
   check("kaiming_uniform_", t)
   local o = options({"a", "mode", "nonlinearity", "gain"}, ...)
   local bound = math.sqrt(3) * kaiming_std("kaiming_uniform_", t, o)
-  return fill_from(t, core.rand(t.shape, {dtype = t.dtype}) * (2 * bound) - bound)
+  return fill_from(t, random_scaled(core.rand, t.shape, t.dtype, 2 * bound, -bound))
 end
 
 -- kaiming_normal_(t, a = 0, mode = "fan_in", nonlinearity = "leaky_relu"): N(0, gain / sqrt(fan))
@@ -160,7 +174,7 @@ function init.kaiming_normal_(t, ...)
   check("kaiming_normal_", t)
   local o = options({"a", "mode", "nonlinearity", "gain"}, ...)
   local std = kaiming_std("kaiming_normal_", t, o)
-  return fill_from(t, core.randn(t.shape, {dtype = t.dtype}) * std)
+  return fill_from(t, random_scaled(core.randn, t.shape, t.dtype, std, 0))
 end
 
 -- orthogonal_(t, gain = 1): the Q of a QR decomposition of a normal matrix

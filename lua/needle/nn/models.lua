@@ -10,6 +10,7 @@
 --   ConvBN(a, b, k, s, {dtype=}): Conv2d(a, b, k, {stride=s, padding=(k-1)//2}) -> BatchNorm2d(b) -> ReLU
 local nd = require "needle"
 local Module = require "needle.nn.module"
+local init = require "needle.nn.initializers"
 
 local M = {}
 
@@ -39,8 +40,8 @@ function LanguageModel:init(vocab, opts)
   -- PyTorch's word_language_model initialisation
   nd.no_grad(function()
     local r = 0.1
-    self.embedding.weight:copy_(nd.rand(self.embedding.weight.shape) * (2 * r) - r)
-    self.decoder.weight:copy_(nd.rand(self.decoder.weight.shape) * (2 * r) - r)
+    self.embedding.weight:copy_(init._random_scaled(nd.rand, self.embedding.weight.shape, nil, 2 * r, -r))
+    self.decoder.weight:copy_(init._random_scaled(nd.rand, self.decoder.weight.shape, nil, 2 * r, -r))
     self.decoder.bias:zero_()
   end)
 end

@@ -9,6 +9,7 @@
 -- product and the gate arithmetic.
 local nd = require "needle"
 local Module = require "needle.nn.module"
+local init = require "needle.nn.initializers"
 
 local M = {}
 
@@ -20,7 +21,7 @@ local function fail(self, fmt, ...)
 end
 
 local function init_uniform(shape, k)
-  return Module.Parameter(nd.rand(shape) * (2 * k) - k)
+  return Module.Parameter(init._random_scaled(nd.rand, shape, nil, 2 * k, -k))
 end
 
 -- one layer's parameters, registered under PyTorch's names
@@ -41,15 +42,16 @@ end
 
 -- the per-step cell arithmetic, shared by the cells and the layers:
 -- xw is x @ W_ih^T + b_ih for this step (B, G*H)
+-- x @ w^T + b in one C call (nd.linear: the bias in the GEMM's epilogue)
+local linear = nd.F.linear
+
 local function rnn_step(xw, h, w_hh, b_hh, relu)
-  local a = xw + h:matmul(w_hh:t())
-  if b_hh ~= nil then a = a + b_hh end
+  local a = xw + linear(h, w_hh, b_hh)
   return relu and a:relu() or a:tanh()
 end
 
 local function lstm_step(xw, h, c, w_hh, b_hh, H)
-  local a = xw + h:matmul(w_hh:t())
-  if b_hh ~= nil then a = a + b_hh end
+  local a = xw + linear(h, w_hh, b_hh)
   local i = a:narrow(-1, 1, H):sigmoid()
   local f = a:narrow(-1, H + 1, H):sigmoid()
   local g = a:narrow(-1, 2 * H + 1, H):tanh()
@@ -59,8 +61,7 @@ local function lstm_step(xw, h, c, w_hh, b_hh, H)
 end
 
 local function gru_step(xw, h, w_hh, b_hh, H)
-  local hw = h:matmul(w_hh:t())
-  if b_hh ~= nil then hw = hw + b_hh end
+  local hw = linear(h, w_hh, b_hh)
   local r = (xw:narrow(-1, 1, H) + hw:narrow(-1, 1, H)):sigmoid()
   local z = (xw:narrow(-1, H + 1, H) + hw:narrow(-1, H + 1, H)):sigmoid()
   local n = (xw:narrow(-1, 2 * H + 1, H) + r * hw:narrow(-1, 2 * H + 1, H)):tanh()
@@ -96,8 +97,7 @@ local function make_cell(kind)
     if unbatched then x = x:unsqueeze(1) end
     local B, H = x:size(1), self.hidden_size
     local w_ih, w_hh, b_ih, b_hh = layer_params(self, "")
-    local xw = x:matmul(w_ih:t())
-    if b_ih ~= nil then xw = xw + b_ih end
+    local xw = linear(x, w_ih, b_ih)
     local function batched(t) return (t ~= nil and unbatched) and t:unsqueeze(1) or t end
     local h, c
     if kind == "LSTM" then
@@ -188,9 +188,9 @@ local function make_rnn(kind)
     local hs_n, cs_n = {}, {}
     for l = 1, L do
       local w_ih, w_hh, b_ih, b_hh = layer_params(self, "_l" .. (l - 1))
-      -- all steps' input projections at once: (T, B, in) @ (in, G*H)
-      local xw = layer_input:matmul(w_ih:t())
-      if b_ih ~= nil then xw = xw + b_ih end
+      -- all steps' input projections at once: (T, B, in) @ (in, G*H) + b, one GEMM
+      -- forward and one per gradient backward (nd.linear)
+      local xw = linear(layer_input, w_ih, b_ih)
       local h = h0 ~= nil and h0[l] or nd.zeros({B, H}, {dtype = x.dtype, device = x.device})
       local c = c0 ~= nil and c0[l] or nd.zeros({B, H}, {dtype = x.dtype, device = x.device})
       local outs = {}
