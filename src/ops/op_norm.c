@@ -91,6 +91,7 @@ static nd_status bw_layer_norm_fused(nd_node *n, nd_tensor *g, nd_tensor **grads
         const nd_backend *be = nd_backend_of(x);
         st = ND_BACKEND_CALL(be, layer_norm_backward, "layer_norm", dx, dw, db, gc, xc, w, mean, rstd);
     }
+    nd_release(xs); nd_release(ws); /* the saved references themselves */
     nd_release(x); nd_release(mean); nd_release(rstd); nd_release(w); nd_release(gc); nd_release(xc);
     if (st != ND_OK) { nd_release(dx); nd_release(dw); nd_release(db); return st; }
     grads[0] = dx;
