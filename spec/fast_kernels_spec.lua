@@ -151,6 +151,14 @@ describe("conv2d's chunked CPU kernels", function()
       {leaf({1, 2, 1, 1}), leaf({2, 2, 2, 2})})
   end)
 
+  it("fused_conv2d of an empty batch or no output channels is empty, as conv2d", function()
+    local y = nd.fused_conv2d(nd.zeros({0, 2, 4, 4}), nd.zeros({3, 2, 3, 3}), nil, {padding = 1})
+    assert.are.same({0, 3, 4, 4}, y.shape)
+    assert.are.same({1, 0, 2, 2}, nd.fused_conv2d(nd.zeros({1, 2, 4, 4}), nd.zeros({0, 2, 3, 3})).shape)
+    assert.are.same({3, 4, 4}, nd.fused_conv2d(nd.randn({2, 4, 4}), nd.randn({3, 2, 3, 3}), nil,
+      {padding = 1}).shape)
+  end)
+
   it("reads strided (transposed) inputs", function()
     local x, w = nd.randn({4, 3, 6, 5}, f64), nd.randn({2, 3, 3, 3}, f64)
     local xt = x:transpose(3, 4)

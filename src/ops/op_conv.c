@@ -310,11 +310,12 @@ static nd_tensor *gemm_to_batch(nd_gx *c, const nd_tensor *t, int64_t N, int64_t
 }
 
 /* The backend's own conv2d kernel (CPU: cpu_conv_gemm.c, chunked, with no
- * batch-sized im2col buffer or layout copies) when it has one and the
- * convolution is not empty; *used says whether it ran. */
-static nd_status conv2d_forward_direct(const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
-                                       const nd_conv_geom *g, int64_t groups, bool *used,
-                                       nd_tensor **out) {
+ * batch-sized im2col buffer or layout copies) on a 4-D x, when it has one
+ * and the convolution is not empty; *used says whether it ran. Shared with
+ * op_fused.c's fused_conv2d. */
+nd_status nd_conv2d_by_backend(const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                               const nd_conv_geom *g, int64_t groups, nd_activation act,
+                               bool *used, nd_tensor **out) {
     const nd_backend *be = nd_backend_of(x);
     *used = be->conv2d_fused && x->shape[0] > 0 && x->shape[1] > 0 && w->shape[0] > 0 &&
             g->lh * g->lw > 0;
@@ -325,7 +326,7 @@ static nd_status conv2d_forward_direct(const nd_tensor *x, const nd_tensor *w, c
     if (st == ND_OK) st = nd_contiguous(w, &wc);
     if (st == ND_OK && b) st = nd_contiguous(b, &bc);
     if (st == ND_OK) st = nd_empty_on(nd_get_device(x), shape, 4, x->dtype, &r);
-    if (st == ND_OK) st = be->conv2d_fused(r, xc, wc, bc, g, groups, ND_ACT_NONE);
+    if (st == ND_OK) st = be->conv2d_fused(r, xc, wc, bc, g, groups, act);
     nd_release(xc);
     nd_release(wc);
     nd_release(bc);
@@ -346,7 +347,7 @@ static nd_status conv2d_forward(const nd_tensor *x, const nd_tensor *w, const nd
                       cp->dilation[0], cp->dilation[1], ohw[0], ohw[1]};
     int64_t wsh[3] = {G, O / G, K}, os[4] = {N, O, ohw[0], ohw[1]};
     bool direct;
-    ND_TRY(conv2d_forward_direct(x, w, b, &g, G, &direct, out));
+    ND_TRY(nd_conv2d_by_backend(x, w, b, &g, G, ND_ACT_NONE, &direct, out));
     if (direct) return ND_OK;
     nd_gx c = {0};
     nd_tensor *cols = NULL;

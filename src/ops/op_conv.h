@@ -39,6 +39,13 @@ nd_status nd_conv2d_args(const char *op, const nd_tensor *x, const nd_tensor *w,
                          const int64_t *stride, const int64_t *padding, const int64_t *dilation,
                          int64_t groups, nd_conv_params *cp, int64_t ohw[2]);
 
+/* act(conv2d(x, w) + b) of a 4-D x by the backend's conv2d_fused kernel,
+ * when it has one and the convolution is not empty (*used: whether it ran;
+ * if not, nothing was done). No autograd. */
+nd_status nd_conv2d_by_backend(const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                               const nd_conv_geom *g, int64_t groups, nd_activation act,
+                               bool *used, nd_tensor **out);
+
 /* ---- building blocks (4-D, any strides in; contiguous out) ---- */
 /* cols (N, C*kh*kw, lh*lw): torch's unfold with an explicit position grid. */
 nd_status nd_im2col_op(const nd_tensor *x, const nd_conv_geom *g, nd_tensor **out);

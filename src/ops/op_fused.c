@@ -45,47 +45,39 @@ nd_status nd_fused_conv2d(const nd_tensor *x, const nd_tensor *weight, const nd_
     nd_conv_params cp;
     int64_t ohw[2];
     ND_TRY(nd_conv2d_args(op, x, weight, bias, stride, padding, dilation, groups, &cp, ohw));
-    const nd_backend *be = nd_backend_of(x);
-    const bool batched = x->ndim == 4;
-    const int64_t C = x->shape[batched ? 1 : 0];
-    if (would_record(x, weight, bias) || !be->conv2d_fused || C == 0) {
-        nd_tensor *y;
-        ND_TRY(nd_conv2d(x, weight, bias, stride, padding, dilation, groups, &y));
-        return finish_composed(y, act, out);
-    }
-    nd_tensor *xc = NULL, *x4 = NULL, *wc = NULL, *bc = NULL, *r = NULL;
-    nd_status st = nd_contiguous(x, &xc);
-    if (st == ND_OK && batched) {
-        nd_retain(xc);
-        x4 = xc;
-    } else if (st == ND_OK) {
-        st = nd_unsqueeze(xc, 0, &x4); /* (1, C, H, W) */
-    }
-    if (st == ND_OK) st = nd_contiguous(weight, &wc);
-    if (st == ND_OK && bias) st = nd_contiguous(bias, &bc);
-    if (st == ND_OK) {
-        const int64_t O = weight->shape[0];
-        int64_t shape[4] = {x4->shape[0], O, ohw[0], ohw[1]};
-        /* an unbatched input gets an unbatched (O, oh, ow) result: same memory */
-        st = batched ? nd_empty_on(nd_get_device(x), shape, 4, x->dtype, &r)
-                     : nd_empty_on(nd_get_device(x), shape + 1, 3, x->dtype, &r);
-    }
-    if (st == ND_OK) {
+    if (!would_record(x, weight, bias)) {
+        /* the backend's kernel on x as a batch (an unbatched (C, H, W) x is a
+         * batch of one; its (O, oh, ow) result a view of the same memory) */
+        const bool batched = x->ndim == 4;
         nd_conv_geom g = {weight->shape[2], weight->shape[3], cp.stride[0], cp.stride[1],
                           cp.padding[0], cp.padding[1], cp.dilation[0], cp.dilation[1],
                           ohw[0], ohw[1]};
-        st = be->conv2d_fused(r, x4, wc, bc, &g, groups, act);
+        nd_tensor *x4 = NULL, *r = NULL;
+        bool used = false;
+        nd_status st = ND_OK;
+        if (batched) {
+            nd_retain((nd_tensor *)x);
+            x4 = (nd_tensor *)x;
+        } else {
+            st = nd_unsqueeze(x, 0, &x4);
+        }
+        if (st == ND_OK) st = nd_conv2d_by_backend(x4, weight, bias, &g, groups, act, &used, &r);
+        nd_release(x4);
+        ND_TRY(st);
+        if (used && batched) {
+            *out = r;
+            return ND_OK;
+        }
+        if (used) {
+            st = nd_squeeze(r, 0, out);
+            nd_release(r);
+            return st;
+        }
     }
-    nd_release(xc);
-    nd_release(x4);
-    nd_release(wc);
-    nd_release(bc);
-    if (st != ND_OK) {
-        nd_release(r);
-        return st;
-    }
-    *out = r;
-    return ND_OK;
+    /* recorded, or no kernel (OpenCL), or an empty convolution: the composed ops */
+    nd_tensor *y;
+    ND_TRY(nd_conv2d(x, weight, bias, stride, padding, dilation, groups, &y));
+    return finish_composed(y, act, out);
 }
 
 /* ------------------------------------------------------------- linear */
