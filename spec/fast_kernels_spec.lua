@@ -8,6 +8,8 @@
 --     and a conv whose taps all read padding), several images per chunk
 --     with a partial last chunk, the small-map offset table and the wide-row
 --     copy, groups, dilation, strides, 1x1 convolutions, strided inputs.
+--   * the packed float32 conv2d (cpu_conv_packed.c): against float64, and
+--     against the BLAS path (NEEDLE_CONV_BLAS=1) in a child process.
 --   * batch_norm's fused backward (cpu_norm.c): against the composed
 --     formulas, training and evaluation, with and without affine weights.
 --   * the small-M float32 linear kernel (cpu_linear_small.c): against
@@ -164,6 +166,113 @@ describe("conv2d's chunked CPU kernels", function()
     local xt = x:transpose(3, 4)
     local want = nd.tensor((direct_conv(xt:contiguous(), w, nil, {padding = 1})), f64)
     assert.is_true(max_diff(nd.conv2d(xt, w, nil, {padding = 1}), want) < 1e-10)
+  end)
+end)
+
+-- The packed float32 path (cpu_conv_packed.c) runs wherever the CPU has
+-- AVX2 + FMA (nd.devices()[1].packed_conv); float64 and groups > 1 always
+-- take the BLAS path, which the tests above check against a direct sum. So
+-- here float32 results are checked against float64 ones. The cases reach
+-- the packed path's parts: panels inside one image and across images
+-- (L = 64, 16, 9, 4, 1), planes read as they are or padded per thread
+-- (the slot), wide rows, strides, dilation, depth blocks (K > 256), output
+-- channels that fill no tile, one image (one thread), partial panels.
+local packed_cases = {
+  {"4x4 maps, odd batch, O = 7", {9, 5, 4, 4}, {7, 5, 3, 3}, {padding = 1}},
+  {"the 7x7 stride-4 stem, 4 panels per image", {5, 3, 32, 32}, {16, 3, 7, 7},
+    {stride = 4, padding = 3}},
+  {"3x3 outputs: panels straddle images", {7, 4, 5, 5}, {6, 4, 3, 3}, {stride = 2, padding = 1}},
+  {"1x1 maps: 16 images per panel, one live tap", {20, 8, 1, 1}, {5, 8, 3, 3}, {padding = 1}},
+  {"no padding: planes read in place", {3, 4, 9, 11}, {5, 4, 3, 3}, {}},
+  {"wide rows, stride {1,2}, dilation {2,1}", {2, 3, 20, 41}, {6, 3, 3, 3},
+    {stride = {1, 2}, dilation = {2, 1}, padding = {2, 1}}},
+  {"depth 360 (two depth blocks), O = 9", {4, 40, 6, 6}, {9, 40, 3, 3}, {padding = 1}},
+  {"one image", {1, 6, 9, 9}, {4, 6, 3, 3}, {padding = 1}},
+  {"padding 2 around a 3x3 kernel", {2, 3, 5, 5}, {4, 3, 3, 3}, {padding = 2}},
+  {"2x2 outputs, stride 2 (ResNet9's 32->64)", {11, 16, 4, 4}, {32, 16, 3, 3},
+    {stride = 2, padding = 1}},
+}
+
+-- |a - b| relative to b's largest magnitude
+local function rel_diff(a, b)
+  return max_diff(a:double(), b) / math.max(1e-12, b:abs():max():item())
+end
+
+describe("conv2d's packed float32 kernels", function()
+  before_each(function() nd.manual_seed(31) end)
+
+  for _, c in ipairs(packed_cases) do
+    local name, xs, ws, opt = c[1], c[2], c[3], c[4]
+    it("forward, bias, ReLU and all three gradients match float64: " .. name, function()
+      local x, w, b = nd.randn(xs, f64), nd.randn(ws, f64), nd.randn({ws[1]}, f64)
+      local gy
+      local function run(dt)
+        local xv, wv, bv = x:to(dt):requires_grad_(), w:to(dt):requires_grad_(), b:to(dt):requires_grad_()
+        local y = nd.conv2d(xv, wv, bv, opt)
+        gy = gy or nd.randn(y.shape, f64)
+        local g = nd.grad((y * gy:to(dt)):sum(), {xv, wv, bv})
+        local o = {}
+        for k, v in pairs(opt) do o[k] = v end
+        o.activation = "relu"
+        local fused = nd.fused_conv2d(xv:detach(), wv:detach(), bv:detach(), o)
+        return y:detach(), g, fused
+      end
+      local y64, g64, f64r = run("float64")
+      local y32, g32, f32r = run("float32")
+      assert.is_true(rel_diff(y32, y64) < 1e-5, "forward " .. rel_diff(y32, y64))
+      assert.is_true(rel_diff(f32r, f64r) < 1e-5, "fused relu " .. rel_diff(f32r, f64r))
+      for i, what in ipairs({"x", "w", "b"}) do
+        assert.is_true(rel_diff(g32[i], g64[i]) < 1e-5, "grad " .. what .. " " .. rel_diff(g32[i], g64[i]))
+      end
+      -- one gradient at a time (the backward computes only what is asked)
+      local xv, wv = x:float():requires_grad_(), w:float():requires_grad_()
+      local only_w = nd.grad((nd.conv2d(x:float(), wv, nil, opt) * gy:float()):sum(), {wv})[1]
+      local only_x = nd.grad((nd.conv2d(xv, w:float(), nil, opt) * gy:float()):sum(), {xv})[1]
+      assert.is_true(rel_diff(only_w, g64[2]) < 1e-5)
+      assert.is_true(rel_diff(only_x, g64[1]) < 1e-5)
+    end)
+  end
+
+  it("NaN in the input stays NaN, and ReLU maps it to 0 as the BLAS path does", function()
+    local x = nd.randn({3, 2, 4, 4})
+    x[{2, 1, 3, 3}] = 0 / 0
+    local w = nd.randn({5, 2, 3, 3})
+    local y = nd.conv2d(x, w, nil, {padding = 1})
+    assert.is_true(y[{2, 1, 3, 3}]:item() ~= y[{2, 1, 3, 3}]:item())
+    assert.is_true(y[{1, 1, 3, 3}]:item() == y[{1, 1, 3, 3}]:item(), "other images are untouched")
+    local r = nd.fused_conv2d(x, w, nil, {padding = 1, activation = "relu"})
+    assert.are.equal(0, r[{2, 1, 3, 3}]:item())
+  end)
+
+  it("NEEDLE_CONV_BLAS=1 switches the path off and gives the same results", function()
+    local S = require "spec.helpers.shell"
+    local exe = S.needle_lua()
+    local code = [[
+      local nd = require "needle"
+      nd.manual_seed(5)
+      local x, w, b = nd.randn({6, 4, 5, 5}), nd.randn({7, 4, 3, 3}), nd.randn({7})
+      x.requires_grad = true; w.requires_grad = true
+      local y = nd.conv2d(x, w, b, {stride = 2, padding = 1})
+      local g = nd.grad((y * y):sum(), {x, w})
+      print(nd.devices()[1].packed_conv, y:sum():item(), g[1]:abs():sum():item(), g[2]:abs():sum():item())
+    ]]
+    local function run(env)
+      local out = os.tmpname()
+      local ok = os.execute(("env %s %s -e %s > %s 2>&1"):format(env, S.q(exe), S.q(code), out))
+      local text = S.read_file(out) or ""
+      os.remove(out)
+      assert.is_true(ok == true or ok == 0, text)
+      local flag, a, b2, c2 = text:match("^(%a+)%s+(%S+)%s+(%S+)%s+(%S+)")
+      return flag, {tonumber(a), tonumber(b2), tonumber(c2)}
+    end
+    local flag_blas, blas = run("NEEDLE_CONV_BLAS=1")
+    local flag_default, default = run("NEEDLE_CONV_BLAS=0")
+    assert.are.equal("false", flag_blas)
+    assert.are.equal(tostring(nd.devices()[1].packed_conv), flag_default)
+    for i = 1, 3 do
+      assert.is_true(math.abs(blas[i] - default[i]) <= 1e-4 * math.max(1, math.abs(blas[i])),
+        ("value %d: %s vs %s"):format(i, blas[i], default[i]))
+    end
   end)
 end)
 

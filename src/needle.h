@@ -74,6 +74,11 @@ size_t nd_dtype_size(nd_dtype dt);
 int nd_dtype_is_float(nd_dtype dt);
 void nd_set_num_threads(int n);
 int nd_get_num_threads(void);
+/* The CPU's run-time chosen float32 fast paths (AVX2 + FMA): the packed
+ * conv2d kernels (cpu_conv_packed.c; NEEDLE_CONV_BLAS=1 turns them off) and
+ * the small-batch linear kernel (cpu_linear_small.c; NEEDLE_NO_SMALL_GEMM=1). */
+bool nd_cpu_packed_conv(void);
+bool nd_cpu_small_linear(void);
 
 /* ---- lifetime and metadata ---- */
 void nd_retain(nd_tensor *t);

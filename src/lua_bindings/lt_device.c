@@ -2,7 +2,8 @@
  * nd.opencl_available(). */
 #include "lt_internal.h"
 
-/* nd.devices(): {{name="cpu", type="cpu", threads=N}, {name="opencl:0", ...}} */
+/* nd.devices(): {{name="cpu", type="cpu", threads=N, packed_conv=bool, small_linear=bool},
+ * {name="opencl:0", ...}} */
 static int l_devices(lua_State *L) {
     int n = nd_opencl_device_count();
     lua_createtable(L, n + 1, 0);
@@ -10,6 +11,8 @@ static int l_devices(lua_State *L) {
     lt_set_str(L, "name", "cpu");
     lt_set_str(L, "type", "cpu");
     lt_set_int(L, "threads", nd_get_num_threads());
+    lt_set_bool(L, "packed_conv", nd_cpu_packed_conv());
+    lt_set_bool(L, "small_linear", nd_cpu_small_linear());
     lua_rawseti(L, -2, 1);
     for (int i = 0; i < n; i++) {
         nd_opencl_info in;

@@ -1,8 +1,8 @@
 /* cpu_conv_gemm.c - conv2d forward and backward as chunked im2col + GEMM,
  * the CPU backend's conv2d_fused and conv2d_backward kernels.
  *
- * Work runs per chunk of nb images (nb * L about CHUNK_COLS columns, L the
- * output pixels per image), so the im2col buffer stays in cache between
+ * Work runs per chunk of nb images (nb * L about 1024 columns, L the output
+ * pixels per image; the plan, cpu_conv_plan.c, picks nb), so the im2col buffer stays in cache between
  * its writing and the GEMM that reads it, and is never batch-sized:
  *
  *   cols  (C*nt, nb*L)   im2col of the chunk, written straight into the
@@ -28,114 +28,15 @@
  * themselves. The op layer (op_conv.c, op_fused.c) calls these with
  * contiguous tensors of one float dtype, N, C, O and L all > 0. */
 #include <cblas.h>
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include "cpu_conv_plan.h"
 #include "cpu_kernels.h"
 
-/* Images per chunk: about this many GEMM columns (one image per chunk from
- * 32x32 maps up). Timed on ResNet9 and ResNet-18 at batch 8 and 128 (1
- * thread): 512 to 1024 did best, 4096 to 16384 were 5-15% slower at batch
- * 128 (a larger im2col buffer falls out of cache). NEEDLE_CONV_CHUNK_COLS
- * overrides it, for tuning (read per call: getenv is cheap next to a conv). */
-#define CHUNK_COLS_DEFAULT 1024
-
-static int64_t chunk_cols(void) {
-    const char *e = getenv("NEEDLE_CONV_CHUNK_COLS");
-    long long n = e ? atoll(e) : 0;
-    return n > 0 ? n : CHUNK_COLS_DEFAULT;
-}
-
-/* ------------------------------------------------------------- the plan */
-
-typedef struct {
-    int64_t N, C, H, W, O, G, Cg, Og, kk, L;
-    int64_t nt;       /* live taps */
-    int64_t *tap;     /* their indices i*kw + j, nt of them */
-    int64_t K;        /* GEMM depth per group: Cg * nt */
-    int64_t nb;       /* images per chunk */
-    int32_t *off;     /* small maps: (nt, L) offsets into an input plane, -1 for padding */
-    const nd_conv_geom *g;
-} conv_plan;
-
-/* Output rows up to this wide use the offset table (plan_make): a 4x4 map's
- * im2col row is 4 rows of 4 copies, each with its own edge tests, which
- * cost more than the GEMM (perf on ResNet9's 4x4 layers: im2col 41% of the
- * time, memset 13%). Wider rows copy faster as runs. */
-#define TABLE_MAX_LW 16
-
-/* Does kernel tap (i, j) read only padding at every output position? */
-static bool tap_outside(const nd_conv_geom *g, int64_t i, int64_t j, int64_t H, int64_t W) {
-    bool row = false, col = false;
-    for (int64_t oh = 0; oh < g->lh && !row; oh++) {
-        int64_t y = oh * g->sh - g->ph + i * g->dh;
-        row = y >= 0 && y < H;
-    }
-    for (int64_t ow = 0; ow < g->lw && !col; ow++) {
-        int64_t x = ow * g->sw - g->pw + j * g->dw;
-        col = x >= 0 && x < W;
-    }
-    return !row || !col;
-}
-
-/* x: the input or its gradient (for N, C, H, W and the dtype); O output
- * channels */
-static void plan_free(conv_plan *p) {
-    free(p->tap);
-    free(p->off);
-    p->tap = NULL;
-    p->off = NULL;
-}
-
-static nd_status plan_make(conv_plan *p, const char *op, const nd_tensor *x, int64_t O,
-                           const nd_conv_geom *g, int64_t groups) {
-    memset(p, 0, sizeof *p);
-    p->N = x->shape[0], p->C = x->shape[1], p->H = x->shape[2], p->W = x->shape[3];
-    p->O = O, p->G = groups, p->Cg = p->C / groups, p->Og = O / groups;
-    p->kk = g->kh * g->kw, p->L = g->lh * g->lw, p->g = g;
-    if (x->dtype != ND_FLOAT32 && x->dtype != ND_FLOAT64)
-        return nd_fail(ND_ERR_DTYPE, "%s: no cpu kernel for %s", op, nd_dtype_name(x->dtype));
-    if (p->N < 1 || p->Cg < 1 || p->Og < 1 || p->L < 1) /* the op layer routes these elsewhere */
-        return nd_fail(ND_ERR_ARG, "%s: empty convolution", op);
-    p->tap = malloc(sizeof(int64_t) * (size_t)p->kk);
-    if (!p->tap) return nd_fail(ND_ERR_MEMORY, "%s: out of memory", op);
-    for (int64_t i = 0; i < g->kh; i++)
-        for (int64_t j = 0; j < g->kw; j++)
-            if (!tap_outside(g, i, j, p->H, p->W)) p->tap[p->nt++] = i * g->kw + j;
-    p->K = p->Cg * p->nt;
-    if (g->lw <= TABLE_MAX_LW && p->H * p->W <= INT32_MAX && p->nt > 0) {
-        p->off = malloc(sizeof(int32_t) * (size_t)(p->nt * p->L));
-        if (!p->off) {
-            free(p->tap);
-            p->tap = NULL;
-            return nd_fail(ND_ERR_MEMORY, "%s: out of memory", op);
-        }
-        for (int64_t t = 0; t < p->nt; t++) {
-            const int64_t i = p->tap[t] / g->kw, j = p->tap[t] % g->kw;
-            for (int64_t oh = 0; oh < g->lh; oh++)
-                for (int64_t ow = 0; ow < g->lw; ow++) {
-                    const int64_t y = oh * g->sh - g->ph + i * g->dh;
-                    const int64_t x = ow * g->sw - g->pw + j * g->dw;
-                    const bool in = y >= 0 && y < p->H && x >= 0 && x < p->W;
-                    p->off[t * p->L + oh * g->lw + ow] = in ? (int32_t)(y * p->W + x) : -1;
-                }
-        }
-    }
-    p->nb = (chunk_cols() + p->L - 1) / p->L;
-    if (p->nb > p->N) p->nb = p->N;
-    if (p->nb < 1) p->nb = 1;
-    if (p->Og > INT_MAX || p->K > INT_MAX || p->nb * p->L > INT_MAX) {
-        plan_free(p);
-        return nd_fail(ND_ERR_ARG, "%s: GEMM dims M=%lld N=%lld K=%lld exceed BLAS's int range", op,
-                       (long long)p->Og, (long long)(p->nb * p->L), (long long)p->K);
-    }
-    return ND_OK;
-}
-
-static bool plan_all_live(const conv_plan *p) { return p->nt == p->kk; }
+static bool plan_all_live(const nd_conv_plan *p) { return p->nt == p->kk; }
 
 /* A 1x1 conv, stride 1, no padding, one image per chunk: cols is x itself. */
-static bool plan_pointwise(const conv_plan *p) {
+static bool plan_pointwise(const nd_conv_plan *p) {
     const nd_conv_geom *g = p->g;
     return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0 &&
            g->lh == p->H && g->lw == p->W && p->nb == 1;
@@ -175,7 +76,7 @@ static inline void gemm_f64(bool ta, bool tb, int M, int N, int K, const double 
 
 #define DEFINE_CONV_KERNELS(T, SUF)                                                              \
     /* cols (C*nt, nc*L) of images n0 .. n0+nc-1 */                                             \
-    static void im2col_chunk_##SUF(const conv_plan *p, const T *X, int64_t n0, int64_t nc,      \
+    static void im2col_chunk_##SUF(const nd_conv_plan *p, const T *X, int64_t n0, int64_t nc,      \
                                    T *COLS) {                                                   \
         const nd_conv_geom *g = p->g;                                                           \
         const int64_t rows = p->C * p->nt, NL = nc * p->L, H = p->H, Wd = p->W;                 \
@@ -217,7 +118,7 @@ static inline void gemm_f64(bool ta, bool tb, int M, int N, int K, const double 
     }                                                                                           \
                                                                                                 \
     /* GX planes of images n0 .. n0+nc-1 = the adjoint of im2col_chunk applied to DCOLS */      \
-    static void col2im_chunk_##SUF(const conv_plan *p, const T *DCOLS, int64_t n0, int64_t nc,  \
+    static void col2im_chunk_##SUF(const nd_conv_plan *p, const T *DCOLS, int64_t n0, int64_t nc,  \
                                    T *GX) {                                                     \
         const nd_conv_geom *g = p->g;                                                           \
         const int64_t NL = nc * p->L, H = p->H, Wd = p->W, planes = nc * p->C;                  \
@@ -255,14 +156,14 @@ static inline void gemm_f64(bool ta, bool tb, int M, int N, int K, const double 
     }                                                                                           \
                                                                                                 \
     /* WL (O, K) = w's live taps; and back: GW (O, Cg*kk) from GWL, 0 at dead taps */           \
-    static void gather_live_##SUF(const conv_plan *p, const T *Wt, T *WL) {                     \
+    static void gather_live_##SUF(const nd_conv_plan *p, const T *Wt, T *WL) {                     \
         PAR_IF(p->O * p->K)                                                                     \
         for (int64_t o = 0; o < p->O; o++)                                                      \
             for (int64_t c = 0; c < p->Cg; c++)                                                 \
                 for (int64_t t = 0; t < p->nt; t++)                                             \
                     WL[o * p->K + c * p->nt + t] = Wt[(o * p->Cg + c) * p->kk + p->tap[t]];     \
     }                                                                                           \
-    static void scatter_live_##SUF(const conv_plan *p, const T *GWL, T *GW) {                   \
+    static void scatter_live_##SUF(const nd_conv_plan *p, const T *GWL, T *GW) {                   \
         PAR_IF(p->O * p->Cg * p->kk)                                                            \
         for (int64_t o = 0; o < p->O; o++)                                                      \
             for (int64_t c = 0; c < p->Cg; c++) {                                               \
@@ -273,7 +174,7 @@ static inline void gemm_f64(bool ta, bool tb, int M, int N, int K, const double 
             }                                                                                   \
     }                                                                                           \
                                                                                                 \
-    static void forward_##SUF(const conv_plan *p, const T *X, const T *WL, const T *B,          \
+    static void forward_##SUF(const nd_conv_plan *p, const T *X, const T *WL, const T *B,          \
                               bool relu, T *OUT, T *COLS, T *R) {                               \
         const int64_t O = p->O, Og = p->Og, L = p->L, K = p->K;                                 \
         for (int64_t n0 = 0; n0 < p->N; n0 += p->nb) {                                          \
@@ -313,7 +214,7 @@ static inline void gemm_f64(bool ta, bool tb, int M, int N, int K, const double 
     }                                                                                           \
                                                                                                 \
     /* D (O, nc*L) = dy of images n0 .. n0+nc-1, (nc, O, L) -> (O, nc, L) */                    \
-    static void gather_dy_##SUF(const conv_plan *p, const T *DY, int64_t n0, int64_t nc, T *D) { \
+    static void gather_dy_##SUF(const nd_conv_plan *p, const T *DY, int64_t n0, int64_t nc, T *D) { \
         const int64_t O = p->O, L = p->L, NL = nc * L;                                          \
         PAR_IF(O * NL)                                                                          \
         for (int64_t o = 0; o < O; o++)                                                         \
@@ -321,7 +222,7 @@ static inline void gemm_f64(bool ta, bool tb, int M, int N, int K, const double 
                 memcpy(D + o * NL + n * L, DY + ((n0 + n) * O + o) * L, sizeof(T) * (size_t)L); \
     }                                                                                           \
                                                                                                 \
-    static void bias_grad_##SUF(const conv_plan *p, const T *DY, T *GB) {                       \
+    static void bias_grad_##SUF(const nd_conv_plan *p, const T *DY, T *GB) {                       \
         PAR_IF(p->N * p->O * p->L)                                                              \
         for (int64_t o = 0; o < p->O; o++) {                                                    \
             double s = 0;                                                                       \
@@ -336,7 +237,7 @@ static inline void gemm_f64(bool ta, bool tb, int M, int N, int K, const double 
         }                                                                                       \
     }                                                                                           \
                                                                                                 \
-    static void backward_##SUF(const conv_plan *p, const T *DY, const T *X, const T *WL,        \
+    static void backward_##SUF(const nd_conv_plan *p, const T *DY, const T *X, const T *WL,        \
                                T *GX, T *GWL, T *COLS, T *DCOLS, T *D) {                        \
         const int64_t Og = p->Og, L = p->L, K = p->K;                                           \
         for (int64_t n0 = 0; n0 < p->N; n0 += p->nb) {                                          \
@@ -395,7 +296,7 @@ static void scratch_free(scratch *s) {
 }
 
 /* w itself when every tap is live, else its live taps gathered */
-static const void *live_weight(scratch *s, const conv_plan *p, const nd_tensor *w) {
+static const void *live_weight(scratch *s, const nd_conv_plan *p, const nd_tensor *w) {
     if (plan_all_live(p)) return vptr(w);
     void *wl = scratch_get(s, w, p->O, p->K);
     if (wl && w->dtype == ND_FLOAT32) gather_live_f32(p, vptr(w), wl);
@@ -403,14 +304,40 @@ static const void *live_weight(scratch *s, const conv_plan *p, const nd_tensor *
     return wl;
 }
 
+/* gx and gw by chunked im2col + BLAS */
+static void backward_blas(const nd_conv_plan *p, scratch *s, nd_tensor *gx, nd_tensor *gw,
+                          const nd_tensor *dy, const nd_tensor *x, const nd_tensor *w) {
+    const int64_t NL = p->nb * p->L;
+    const void *wl = gx ? live_weight(s, p, w) : NULL;
+    void *gwl = !gw ? NULL : plan_all_live(p) ? vptr(gw) : scratch_get(s, dy, p->O, p->K);
+    void *cols = gw && !plan_pointwise(p) ? scratch_get(s, dy, p->C * p->nt, NL) : NULL;
+    void *dcols = gx ? scratch_get(s, dy, p->C * p->nt, NL) : NULL;
+    void *d = p->nb > 1 ? scratch_get(s, dy, p->O, NL) : NULL;
+    if (s->st != ND_OK) return;
+    const void *xp = gw ? vptr(x) : NULL;
+    void *gxp = gx ? vptr(gx) : NULL;
+    if (dy->dtype == ND_FLOAT32) backward_f32(p, vptr(dy), xp, wl, gxp, gwl, cols, dcols, d);
+    else backward_f64(p, vptr(dy), xp, wl, gxp, gwl, cols, dcols, d);
+    if (!gw) return;
+    if (p->K == 0) memset(vptr(gw), 0, nd_dtype_size(gw->dtype) * (size_t)(p->O * p->Cg * p->kk));
+    else if (!plan_all_live(p) && dy->dtype == ND_FLOAT32) scatter_live_f32(p, gwl, vptr(gw));
+    else if (!plan_all_live(p)) scatter_live_f64(p, gwl, vptr(gw));
+}
+
 /* ------------------------------------------------------------- entries */
 
 nd_status nd_cpu_conv2d_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
                               nd_activation act) {
-    conv_plan p;
-    ND_TRY(plan_make(&p, "fused_conv2d", x, w->shape[0], g, groups));
+    nd_conv_plan p;
+    ND_TRY(nd_conv_plan_make(&p, "fused_conv2d", x, w->shape[0], g, groups));
     const bool relu = act == ND_ACT_RELU;
+    bool done;
+    nd_status st = nd_cpu_conv2d_packed(&p, out, x, w, b, relu, &done);
+    if (st != ND_OK || done) {
+        nd_conv_plan_free(&p);
+        return st;
+    }
     scratch s = {.st = ND_OK};
     const void *wl = live_weight(&s, &p, w);
     void *cols = plan_pointwise(&p) ? NULL : scratch_get(&s, x, p.C * p.nt, p.nb * p.L);
@@ -422,7 +349,7 @@ nd_status nd_cpu_conv2d_fused(nd_tensor *out, const nd_tensor *x, const nd_tenso
             forward_f64(&p, vptr(x), wl, b ? vptr(b) : NULL, relu, vptr(out), cols, r);
     }
     scratch_free(&s);
-    plan_free(&p);
+    nd_conv_plan_free(&p);
     return s.st;
 }
 
@@ -431,38 +358,24 @@ nd_status nd_cpu_conv2d_backward(nd_tensor *gx, nd_tensor *gw, nd_tensor *gb, co
                                  int64_t groups) {
     if (!gx && !gw) { /* the bias gradient needs no plan */
         if (!gb) return ND_OK;
-        conv_plan p = {.N = dy->shape[0], .O = dy->shape[1], .L = dy->shape[2] * dy->shape[3]};
+        nd_conv_plan p = {.N = dy->shape[0], .O = dy->shape[1], .L = dy->shape[2] * dy->shape[3]};
         if (dy->dtype == ND_FLOAT32) bias_grad_f32(&p, vptr(dy), vptr(gb));
         else if (dy->dtype == ND_FLOAT64) bias_grad_f64(&p, vptr(dy), vptr(gb));
         else return nd_fail(ND_ERR_DTYPE, "conv2d_backward: no cpu kernel for %s",
                             nd_dtype_name(dy->dtype));
         return ND_OK;
     }
-    conv_plan p;
-    ND_TRY(plan_make(&p, "conv2d_backward", gw ? x : gx, dy->shape[1], g, groups));
+    nd_conv_plan p;
+    ND_TRY(nd_conv_plan_make(&p, "conv2d_backward", gw ? x : gx, dy->shape[1], g, groups));
     scratch s = {.st = ND_OK};
-    const int64_t NL = p.nb * p.L;
-    const void *wl = gx ? live_weight(&s, &p, w) : NULL;
-    void *gwl = !gw ? NULL : plan_all_live(&p) ? vptr(gw) : scratch_get(&s, dy, p.O, p.K);
-    void *cols = gw && !plan_pointwise(&p) ? scratch_get(&s, dy, p.C * p.nt, NL) : NULL;
-    void *dcols = gx ? scratch_get(&s, dy, p.C * p.nt, NL) : NULL;
-    void *d = p.nb > 1 ? scratch_get(&s, dy, p.O, NL) : NULL;
-    if (s.st == ND_OK && (gx || gw)) {
-        const void *xp = gw ? vptr(x) : NULL;
-        void *gxp = gx ? vptr(gx) : NULL;
-        if (dy->dtype == ND_FLOAT32) backward_f32(&p, vptr(dy), xp, wl, gxp, gwl, cols, dcols, d);
-        else backward_f64(&p, vptr(dy), xp, wl, gxp, gwl, cols, dcols, d);
-    }
-    if (s.st == ND_OK && gw) {
-        if (p.K == 0) memset(vptr(gw), 0, nd_dtype_size(gw->dtype) * (size_t)(p.O * p.Cg * p.kk));
-        else if (!plan_all_live(&p) && dy->dtype == ND_FLOAT32) scatter_live_f32(&p, gwl, vptr(gw));
-        else if (!plan_all_live(&p)) scatter_live_f64(&p, gwl, vptr(gw));
-    }
+    bool done;
+    s.st = nd_cpu_conv2d_packed_backward(&p, gx, gw, dy, x, w, &done);
+    if (s.st == ND_OK && !done) backward_blas(&p, &s, gx, gw, dy, x, w);
     if (s.st == ND_OK && gb) {
         if (dy->dtype == ND_FLOAT32) bias_grad_f32(&p, vptr(dy), vptr(gb));
         else bias_grad_f64(&p, vptr(dy), vptr(gb));
     }
     scratch_free(&s);
-    plan_free(&p);
+    nd_conv_plan_free(&p);
     return s.st;
 }

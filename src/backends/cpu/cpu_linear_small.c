@@ -141,6 +141,14 @@ static bool cpu_has_avx2_fma(void) {
 }
 #endif
 
+bool nd_cpu_small_linear(void) {
+#ifdef HAVE_AVX2_PATH
+    return cpu_has_avx2_fma();
+#else
+    return false;
+#endif
+}
+
 bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                          const nd_tensor *b, bool relu) {
 #ifdef HAVE_AVX2_PATH

@@ -1,0 +1,602 @@
+/* cpu_conv_packed.c - float32 conv2d forward and backward (groups = 1) on
+ * CPUs with AVX2 + FMA: im2col gathered straight into packed GEMM panels,
+ * one 6x16 register-tile kernel for every product, and threads that each
+ * run their own GEMMs on their own columns.
+ *
+ * Why not BLAS (cpu_conv_gemm.c, still the path for float64, groups,
+ * CPUs without AVX2 and NEEDLE_CONV_BLAS=1): the convolutions of small
+ * networks are thin GEMMs - 16 to 128 output channels against ~1000
+ * columns - where OpenBLAS repacks the im2col matrix it was just handed,
+ * zeroes C in a separate pass (beta = 0), and splits each small product
+ * across threads that then wait at its barriers. perf on the ResNet9
+ * training step showed the GEMM kernel itself at 21% of the CPU time, its
+ * copies and beta pass at 12%, and OpenMP barrier spinning at 16%.
+ *
+ * Here im2col writes the panels the kernel reads, so nothing is copied
+ * twice; the kernel writes or accumulates C directly; and the threads take
+ * disjoint blocks of columns for the whole call (one parallel region, no
+ * BLAS inside it):
+ *
+ *   forward  OUT (O, cols) = W (O, K) @ COLS (K, cols), K = C * live taps.
+ *            A = W in 6-row panels (A[k][6]), once per call;
+ *            B = im2col in 16-column panels (B[k][16]) per block of columns;
+ *            each 6x16 tile gets bias + ReLU and goes to its NCHW place.
+ *   grad x   DCOLS (K, cols) = W^T (K, O) @ DY (O, cols): A = W^T in 6-row
+ *            panels, B = dy in 16-column panels; each tile is added into gx
+ *            at the positions im2col read (col2im), straight from the tile.
+ *   grad w   GW (O, K) = DY (O, cols) @ COLS^T (cols, K): A = dy in 6-row
+ *            panels along the columns, B = im2col transposed into 16-row
+ *            panels (B[col][16]); each thread sums into its own GW, and the
+ *            partial sums are added at the end.
+ *
+ * Columns are output pixels across the batch: column n*L + l is pixel l of
+ * image n. Panels and blocks of columns may span images; the backward
+ * gives each thread whole images, so the col2im adds of two threads never
+ * meet. The packers walk a panel as segments (pieces of one output row of
+ * one image) and copy each tap's input row piece at once: where some live
+ * tap reads padding, each thread first copies the image it works on into
+ * a zero-padded buffer (and accumulates gx in one), so no copy tests
+ * bounds. A table-driven gather (one test per element) had cost as much
+ * as the GEMM on ResNet9's 4x4 maps.
+ *
+ * Sums run in a different order from BLAS's (depth blocks of 256, the
+ * threads' partial weight gradients), so results agree with the BLAS path
+ * to float32 rounding, not bit for bit. spec/fast_kernels_spec.lua checks
+ * both paths against a direct sum and the composed autograd formulas. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#include "cpu_conv_plan.h"
+#include "cpu_kernels.h"
+
+#define MR 6   /* rows of a register tile: 12 accumulators, 2 B loads, 1 broadcast */
+#define NR 16  /* columns of a register tile: two 8-float vectors */
+#define KC 256 /* depth per kernel call: an A panel 6 KB and a B panel 16 KB, in L1 */
+/* Columns per block of the weight gradient: its im2col rows stay near
+ * 256 KB (L2). */
+#define BLOCK_BYTES (256 * 1024)
+#define BLOCK_COLS_MAX 256
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_PACKED_CONV 1
+
+static int64_t round_up(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
+
+/* ------------------------------------------------------------ the kernel */
+
+/* C (6, 16; row stride ldc) = (acc ? C : 0) + A (kc, 6)^T-panel @ B (kc, 16)-panel */
+__attribute__((target("avx2,fma"))) static void tile_6x16(int64_t kc, const float *A,
+                                                          const float *B, float *C, int64_t ldc,
+                                                          bool acc) {
+    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+    if (acc) {
+        c00 = _mm256_loadu_ps(C), c01 = _mm256_loadu_ps(C + 8);
+        c10 = _mm256_loadu_ps(C + ldc), c11 = _mm256_loadu_ps(C + ldc + 8);
+        c20 = _mm256_loadu_ps(C + 2 * ldc), c21 = _mm256_loadu_ps(C + 2 * ldc + 8);
+        c30 = _mm256_loadu_ps(C + 3 * ldc), c31 = _mm256_loadu_ps(C + 3 * ldc + 8);
+        c40 = _mm256_loadu_ps(C + 4 * ldc), c41 = _mm256_loadu_ps(C + 4 * ldc + 8);
+        c50 = _mm256_loadu_ps(C + 5 * ldc), c51 = _mm256_loadu_ps(C + 5 * ldc + 8);
+    } else {
+        c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 =
+            _mm256_setzero_ps();
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const __m256 b0 = _mm256_loadu_ps(B), b1 = _mm256_loadu_ps(B + 8);
+        __m256 a;
+        a = _mm256_broadcast_ss(A + 0), c00 = _mm256_fmadd_ps(a, b0, c00),
+        c01 = _mm256_fmadd_ps(a, b1, c01);
+        a = _mm256_broadcast_ss(A + 1), c10 = _mm256_fmadd_ps(a, b0, c10),
+        c11 = _mm256_fmadd_ps(a, b1, c11);
+        a = _mm256_broadcast_ss(A + 2), c20 = _mm256_fmadd_ps(a, b0, c20),
+        c21 = _mm256_fmadd_ps(a, b1, c21);
+        a = _mm256_broadcast_ss(A + 3), c30 = _mm256_fmadd_ps(a, b0, c30),
+        c31 = _mm256_fmadd_ps(a, b1, c31);
+        a = _mm256_broadcast_ss(A + 4), c40 = _mm256_fmadd_ps(a, b0, c40),
+        c41 = _mm256_fmadd_ps(a, b1, c41);
+        a = _mm256_broadcast_ss(A + 5), c50 = _mm256_fmadd_ps(a, b0, c50),
+        c51 = _mm256_fmadd_ps(a, b1, c51);
+        A += MR, B += NR;
+    }
+    _mm256_storeu_ps(C, c00), _mm256_storeu_ps(C + 8, c01);
+    _mm256_storeu_ps(C + ldc, c10), _mm256_storeu_ps(C + ldc + 8, c11);
+    _mm256_storeu_ps(C + 2 * ldc, c20), _mm256_storeu_ps(C + 2 * ldc + 8, c21);
+    _mm256_storeu_ps(C + 3 * ldc, c30), _mm256_storeu_ps(C + 3 * ldc + 8, c31);
+    _mm256_storeu_ps(C + 4 * ldc, c40), _mm256_storeu_ps(C + 4 * ldc + 8, c41);
+    _mm256_storeu_ps(C + 5 * ldc, c50), _mm256_storeu_ps(C + 5 * ldc + 8, c51);
+}
+
+/* T (rows_pad, 16) = A-panels (rows_pad / 6 of them, depth d each) @ one
+ * B panel (d, 16), in depth blocks of KC. */
+static void panel_product(int64_t d, int64_t rows_pad, const float *A, const float *B, float *T) {
+    for (int64_t k0 = 0; k0 < d; k0 += KC) {
+        const int64_t kc = d - k0 < KC ? d - k0 : KC;
+        for (int64_t r = 0; r < rows_pad; r += MR)
+            tile_6x16(kc, A + r * d + k0 * MR, B + k0 * NR, T + r * NR, NR, k0 > 0);
+    }
+    if (d == 0) memset(T, 0, sizeof(float) * (size_t)(rows_pad * NR));
+}
+
+/* ------------------------------------------------------- input planes */
+
+/* Where each tap reads. Planes are Hp x Wp: x's own (pad false: no live
+ * tap ever reads padding) or zero-padded copies with x at row ph, column
+ * pw. Output pixel (oh, ow) of tap t reads plane[oh*sh*Wp + ow*sw +
+ * tap_off[t]]. */
+typedef struct {
+    const nd_conv_plan *p;
+    bool pad;
+    int64_t Hp, Wp, HWp;
+    int64_t *tap_off; /* nt of them */
+} conv_src;
+
+static bool src_make(conv_src *s, const nd_conv_plan *p) {
+    const nd_conv_geom *g = p->g;
+    s->p = p;
+    s->pad = false;
+    for (int64_t t = 0; t < p->nt; t++) {
+        const int64_t i = p->tap[t] / g->kw, j = p->tap[t] % g->kw;
+        const int64_t y0 = i * g->dh - g->ph, y1 = y0 + (g->lh - 1) * g->sh;
+        const int64_t x0 = j * g->dw - g->pw, x1 = x0 + (g->lw - 1) * g->sw;
+        if (y0 < 0 || y1 >= p->H || x0 < 0 || x1 >= p->W) s->pad = true;
+    }
+    const int64_t py = s->pad ? 0 : g->ph, px = s->pad ? 0 : g->pw;
+    s->Hp = p->H, s->Wp = p->W;
+    if (s->pad) {
+        const int64_t hr = (g->lh - 1) * g->sh + (g->kh - 1) * g->dh + 1;
+        const int64_t wr = (g->lw - 1) * g->sw + (g->kw - 1) * g->dw + 1;
+        s->Hp = hr > p->H + g->ph ? hr : p->H + g->ph;
+        s->Wp = wr > p->W + g->pw ? wr : p->W + g->pw;
+    }
+    s->HWp = s->Hp * s->Wp;
+    s->tap_off = malloc(sizeof(int64_t) * (size_t)p->nt);
+    if (!s->tap_off) return false;
+    for (int64_t t = 0; t < p->nt; t++) {
+        const int64_t i = p->tap[t] / g->kw, j = p->tap[t] % g->kw;
+        s->tap_off[t] = (i * g->dh - py) * s->Wp + (j * g->dw - px);
+    }
+    return true;
+}
+
+/* A thread's padded image: every packer visits images in increasing order
+ * (segments run in column order, and a thread's columns are consecutive),
+ * so an image is padded once and, for gx, written back to GX once, when the
+ * next image takes the buffer or at the end. */
+typedef struct {
+    float *buf;
+    int64_t tag; /* the image in buf, or -1 */
+} pad_slot;
+
+static bool slot_make(pad_slot *r, const conv_src *s) {
+    r->tag = -1;
+    r->buf = s->pad ? malloc(sizeof(float) * (size_t)(s->p->C * s->HWp)) : NULL;
+    return !s->pad || r->buf;
+}
+
+/* image n's planes, to read */
+static const float *image_in(const conv_src *s, pad_slot *r, const float *X, int64_t n) {
+    const nd_conv_plan *p = s->p;
+    const float *xn = X + n * p->C * p->H * p->W;
+    if (!s->pad) return xn;
+    if (r->tag == n) return r->buf;
+    r->tag = n;
+    memset(r->buf, 0, sizeof(float) * (size_t)(p->C * s->HWp));
+    const nd_conv_geom *g = p->g;
+    for (int64_t c = 0; c < p->C; c++)
+        for (int64_t y = 0; y < p->H; y++)
+            memcpy(r->buf + c * s->HWp + (y + g->ph) * s->Wp + g->pw, xn + (c * p->H + y) * p->W,
+                   sizeof(float) * (size_t)p->W);
+    return r->buf;
+}
+
+/* the padded gx image in the slot (if any) back to GX: its interior */
+static void slot_flush(const conv_src *s, pad_slot *r, float *GX) {
+    if (!s->pad || r->tag < 0) return;
+    const nd_conv_plan *p = s->p;
+    const nd_conv_geom *g = p->g;
+    float *gn = GX + r->tag * p->C * p->H * p->W;
+    for (int64_t c = 0; c < p->C; c++)
+        for (int64_t y = 0; y < p->H; y++)
+            memcpy(gn + (c * p->H + y) * p->W, r->buf + c * s->HWp + (y + g->ph) * s->Wp + g->pw,
+                   sizeof(float) * (size_t)p->W);
+    r->tag = -1;
+}
+
+/* image n's gx planes, to add into (GX's own, zeroed by the caller, when
+ * there is no padding) */
+static float *image_grad(const conv_src *s, pad_slot *r, float *GX, int64_t n) {
+    if (!s->pad) return GX + n * s->p->C * s->HWp;
+    if (r->tag == n) return r->buf;
+    slot_flush(s, r, GX);
+    r->tag = n;
+    memset(r->buf, 0, sizeof(float) * (size_t)(s->p->C * s->HWp));
+    return r->buf;
+}
+
+/* ----------------------------------------------------------- segments */
+
+/* Columns j0 .. j1-1 as pieces of output rows: image n, output pixels
+ * l .. l+len-1 (one row), at position j from j0 in the packed data; base =
+ * oh*sh*Wp + ow*sw, where each tap's read starts (plus tap_off). */
+typedef struct {
+    int64_t n, l, len, j, base;
+} col_seg;
+
+static int64_t col_segs(const conv_src *s, int64_t j0, int64_t j1, col_seg *seg) {
+    const nd_conv_geom *g = s->p->g;
+    const int64_t L = s->p->L;
+    int64_t ns = 0;
+    for (int64_t j = j0; j < j1;) {
+        const int64_t n = j / L, l = j % L, oh = l / g->lw, ow = l % g->lw;
+        const int64_t len = g->lw - ow < j1 - j ? g->lw - ow : j1 - j;
+        seg[ns++] = (col_seg){n, l, len, j - j0, oh * g->sh * s->Wp + ow * g->sw};
+        j += len;
+    }
+    return ns;
+}
+
+/* The segments merged into runs of consecutive pixels of one image (dy
+ * and the output are contiguous along a run; only im2col needs rows). */
+static int64_t seg_runs(const col_seg *seg, int64_t ns, col_seg *run) {
+    int64_t nr = 0;
+    for (int64_t q = 0; q < ns; q++) {
+        if (nr > 0 && run[nr - 1].n == seg[q].n && run[nr - 1].l + run[nr - 1].len == seg[q].l)
+            run[nr - 1].len += seg[q].len;
+        else
+            run[nr++] = seg[q];
+    }
+    return nr;
+}
+
+/* ------------------------------------------------------------- packing */
+
+/* A panels of the weight's live taps: (Opad/6, K, 6), zero rows past O */
+static void pack_weight(const nd_conv_plan *p, const float *W, float *A) {
+    const int64_t K = p->K, Opad = round_up(p->O, MR);
+#pragma omp parallel for if (Opad * K >= ND_PARALLEL_THRESHOLD) schedule(static)
+    for (int64_t o = 0; o < Opad; o++) {
+        float *dst = A + (o / MR) * K * MR + o % MR;
+        for (int64_t c = 0; c < p->C; c++)
+            for (int64_t t = 0; t < p->nt; t++)
+                dst[(c * p->nt + t) * MR] = o < p->O ? W[(o * p->C + c) * p->kk + p->tap[t]] : 0;
+    }
+}
+
+/* A panels of the transposed weight: (Kpad/6, O, 6), zero rows past K */
+static void pack_weight_t(const nd_conv_plan *p, const float *W, float *A) {
+    const int64_t O = p->O, Kpad = round_up(p->K, MR);
+#pragma omp parallel for if (Kpad * O >= ND_PARALLEL_THRESHOLD) schedule(static)
+    for (int64_t k = 0; k < Kpad; k++) {
+        float *dst = A + (k / MR) * O * MR + k % MR;
+        const int64_t c = k / p->nt, t = k % p->nt;
+        for (int64_t o = 0; o < O; o++)
+            dst[o * MR] = k < p->K ? W[(o * p->C + c) * p->kk + p->tap[t]] : 0;
+    }
+}
+
+/* im2col of the segments' columns into rows of stride ld: row c*nt + t at
+ * B + (c*nt + t) * ld. ld = 16: a forward B panel; ld = the block's depth:
+ * the weight gradient's plain rows. */
+static void pack_cols(const conv_src *s, pad_slot *r, const float *X, const col_seg *seg,
+                      int64_t ns, int64_t ld, float *B) {
+    const nd_conv_plan *p = s->p;
+    const int64_t sw = p->g->sw, nt = p->nt, C = p->C, HWp = s->HWp;
+    const int64_t *toff = s->tap_off;
+    for (int64_t q = 0; q < ns; q++) {
+        const float *img = image_in(s, r, X, seg[q].n) + seg[q].base;
+        float *dst = B + seg[q].j;
+        const int64_t len = seg[q].len;
+        /* the common widths as fixed-size (vector) moves, chosen once per
+         * segment rather than per row */
+#define ROWS(COPY)                                                             \
+    for (int64_t c = 0; c < C; c++, img += HWp)                                \
+        for (int64_t t = 0; t < nt; t++, dst += ld) {                          \
+            const float *src_ = img + toff[t];                                 \
+            COPY;                                                              \
+        }
+        if (sw == 1 && len == 16) ROWS(memcpy(dst, src_, 16 * sizeof(float)))
+        else if (sw == 1 && len == 8) ROWS(memcpy(dst, src_, 8 * sizeof(float)))
+        else if (sw == 1 && len == 4) ROWS(memcpy(dst, src_, 4 * sizeof(float)))
+        else if (sw == 1) ROWS(memcpy(dst, src_, (size_t)len * sizeof(float)))
+        else ROWS(for (int64_t k = 0; k < len; k++) dst[k] = src_[k * sw])
+#undef ROWS
+    }
+}
+
+/* rows (O, ld) of dy for the runs' columns: a B panel (ld = 16) or the
+ * weight gradient's plain rows */
+static void pack_dy(const nd_conv_plan *p, const float *DY, const col_seg *run, int64_t nr,
+                    int64_t ld, float *B) {
+    const int64_t O = p->O, L = p->L;
+    for (int64_t q = 0; q < nr; q++) {
+        const float *src = DY + run[q].n * O * L + run[q].l;
+        float *dst = B + run[q].j;
+        if (run[q].len == NR)
+            for (int64_t o = 0; o < O; o++, dst += ld, src += L) memcpy(dst, src, NR * sizeof(float));
+        else
+            for (int64_t o = 0; o < O; o++, dst += ld, src += L)
+                for (int64_t k = 0; k < run[q].len; k++) dst[k] = src[k];
+    }
+}
+
+/* [sum(a), sum(b), sum(c), sum(d)] */
+__attribute__((target("avx2,fma"))) static inline __m128 hsum4(__m256 a, __m256 b, __m256 c,
+                                                                __m256 d) {
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* G[o][k] += dot(D row o, B row k) for o < 4, k < 3 (G row stride ldg; D
+ * and B rows dp floats, dp a multiple of 8): 12 accumulators, 7 loads per
+ * 12 FMAs, no transposed packing. */
+__attribute__((target("avx2,fma"))) static void dot_4x3(int64_t dp, const float *D, const float *B,
+                                                        float *G, int64_t ldg) {
+    __m256 s00 = _mm256_setzero_ps(), s01 = s00, s02 = s00, s10 = s00, s11 = s00, s12 = s00,
+           s20 = s00, s21 = s00, s22 = s00, s30 = s00, s31 = s00, s32 = s00;
+    const float *d0 = D, *d1 = D + dp, *d2 = D + 2 * dp, *d3 = D + 3 * dp;
+    const float *b0 = B, *b1 = B + dp, *b2 = B + 2 * dp;
+    for (int64_t j = 0; j < dp; j += 8) {
+        const __m256 x0 = _mm256_loadu_ps(b0 + j), x1 = _mm256_loadu_ps(b1 + j),
+                     x2 = _mm256_loadu_ps(b2 + j);
+        __m256 a = _mm256_loadu_ps(d0 + j);
+        s00 = _mm256_fmadd_ps(a, x0, s00), s01 = _mm256_fmadd_ps(a, x1, s01),
+        s02 = _mm256_fmadd_ps(a, x2, s02);
+        a = _mm256_loadu_ps(d1 + j);
+        s10 = _mm256_fmadd_ps(a, x0, s10), s11 = _mm256_fmadd_ps(a, x1, s11),
+        s12 = _mm256_fmadd_ps(a, x2, s12);
+        a = _mm256_loadu_ps(d2 + j);
+        s20 = _mm256_fmadd_ps(a, x0, s20), s21 = _mm256_fmadd_ps(a, x1, s21),
+        s22 = _mm256_fmadd_ps(a, x2, s22);
+        a = _mm256_loadu_ps(d3 + j);
+        s30 = _mm256_fmadd_ps(a, x0, s30), s31 = _mm256_fmadd_ps(a, x1, s31),
+        s32 = _mm256_fmadd_ps(a, x2, s32);
+    }
+    /* columns k of the 4 rows: hsum4 gives [row0, row1, row2, row3] */
+    float c0[4], c1[4], c2[4];
+    _mm_storeu_ps(c0, hsum4(s00, s10, s20, s30));
+    _mm_storeu_ps(c1, hsum4(s01, s11, s21, s31));
+    _mm_storeu_ps(c2, hsum4(s02, s12, s22, s32));
+    for (int i = 0; i < 4; i++) {
+        G[i * ldg] += c0[i];
+        G[i * ldg + 1] += c1[i];
+        G[i * ldg + 2] += c2[i];
+    }
+}
+
+/* ------------------------------------------------------------ epilogues */
+
+/* OUT[n, o, l] = act(T[o][j] + b[o]) for the runs' columns */
+static void store_out(const nd_conv_plan *p, const float *T, const col_seg *seg, int64_t ns,
+                      const float *Bias, bool relu, float *OUT) {
+    const int64_t O = p->O, L = p->L;
+    for (int64_t o = 0; o < O; o++) {
+        const float bo = Bias ? Bias[o] : 0.0f;
+        for (int64_t q = 0; q < ns; q++) {
+            const float *t = T + o * NR + seg[q].j;
+            float *d = OUT + (seg[q].n * O + o) * L + seg[q].l;
+            const int64_t len = seg[q].len;
+            if (relu)
+                for (int64_t k = 0; k < len; k++) {
+                    const float v = t[k] + bo;
+                    d[k] = v > 0.0f ? v : 0.0f; /* NaN -> 0, as the BLAS path */
+                }
+            else
+                for (int64_t k = 0; k < len; k++) d[k] = t[k] + bo;
+        }
+    }
+}
+
+/* col2im of a (K, 16) tile of DCOLS: each entry added where im2col read it */
+static void add_cols(const conv_src *s, pad_slot *r, const float *T, const col_seg *seg,
+                     int64_t ns, float *GX) {
+    const nd_conv_plan *p = s->p;
+    const int64_t sw = p->g->sw, nt = p->nt, C = p->C, HWp = s->HWp;
+    const int64_t *toff = s->tap_off;
+    for (int64_t q = 0; q < ns; q++) {
+        float *img = image_grad(s, r, GX, seg[q].n) + seg[q].base;
+        const float *src = T + seg[q].j;
+        const int64_t len = seg[q].len;
+#define ROWS(LEN, STEP)                                                        \
+    for (int64_t c = 0; c < C; c++, img += HWp)                                \
+        for (int64_t t = 0; t < nt; t++, src += NR) {                          \
+            float *d_ = img + toff[t];                                         \
+            for (int64_t k = 0; k < (LEN); k++) d_[k * (STEP)] += src[k];      \
+        }
+        if (sw == 1 && len == 16) ROWS(16, 1)
+        else if (sw == 1 && len == 8) ROWS(8, 1)
+        else if (sw == 1 && len == 4) ROWS(4, 1)
+        else if (sw == 1) ROWS(len, 1)
+        else ROWS(len, sw)
+#undef ROWS
+    }
+}
+
+/* ---------------------------------------------------------------- driver */
+
+/* NEEDLE_CONV_BLAS=1 sends every conv to the BLAS path, for comparisons;
+ * read once. */
+static bool packed_available(void) {
+    static int has = -1; /* a benign race: every thread computes the same value */
+    if (has < 0) {
+        __builtin_cpu_init();
+        const char *off = getenv("NEEDLE_CONV_BLAS");
+        has = !(off && *off && *off != '0') && __builtin_cpu_supports("avx2") &&
+              __builtin_cpu_supports("fma");
+    }
+    return has == 1;
+}
+
+bool nd_cpu_packed_conv(void) { return packed_available(); }
+
+static bool packed_applies(const nd_conv_plan *p, const nd_tensor *x) {
+    return x->dtype == ND_FLOAT32 && p->G == 1 && p->nt > 0 && packed_available();
+}
+
+/* threads for work of this many multiply-adds, at most one per unit */
+static int threads_for(int64_t madds, int64_t units) {
+    int nt = madds >= 8 * (int64_t)ND_PARALLEL_THRESHOLD ? omp_get_max_threads() : 1;
+    return nt > units ? (int)(units > 0 ? units : 1) : nt;
+}
+
+static void *alloc_floats(int64_t n) { /* 64-byte aligned, whole cache lines */
+    return aligned_alloc(64, (size_t)round_up(n > 0 ? n : 1, 16) * sizeof(float));
+}
+
+nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
+                               const nd_tensor *w, const nd_tensor *b, bool relu, bool *done) {
+    *done = false;
+    if (!packed_applies(p, x)) return ND_OK;
+    const int64_t K = p->K, O = p->O, Opad = round_up(O, MR), cols = p->N * p->L;
+    const int64_t npanels = (cols + NR - 1) / NR;
+    const float *X = (const float *)nd_ptr(x), *Bias = b ? (const float *)nd_ptr(b) : NULL;
+    float *OUT = (float *)nd_ptr(out);
+    conv_src src;
+    float *A = alloc_floats(Opad * K);
+    if (!src_make(&src, p) || !A) {
+        free(src.tap_off), free(A);
+        return nd_fail(ND_ERR_MEMORY, "fused_conv2d: out of memory");
+    }
+    pack_weight(p, (const float *)nd_ptr(w), A);
+    int failed = 0;
+#pragma omp parallel num_threads(threads_for(O * K * cols, npanels))
+    {
+        float *B = alloc_floats(K * NR), *T = alloc_floats(Opad * NR);
+        pad_slot slot;
+        const bool ok = slot_make(&slot, &src) && B && T;
+        if (!ok) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        /* a thread whose buffers failed still takes part in the loop (no
+         * early exit from a worksharing loop); it just does no work. The
+         * static schedule gives each thread consecutive panels, so the
+         * images it reads only ever increase (pad_slot). */
+#pragma omp for schedule(static)
+        for (int64_t pi = 0; pi < npanels; pi++) {
+            if (!ok) continue;
+            const int64_t j0 = pi * NR, j1 = j0 + NR < cols ? j0 + NR : cols;
+            col_seg seg[NR], run[NR];
+            const int64_t ns = col_segs(&src, j0, j1, seg), nr = seg_runs(seg, ns, run);
+            if (j1 - j0 < NR) memset(B, 0, sizeof(float) * (size_t)(K * NR));
+            pack_cols(&src, &slot, X, seg, ns, NR, B);
+            panel_product(K, Opad, A, B, T);
+            store_out(p, T, run, nr, Bias, relu, OUT);
+        }
+        free(B), free(T), free(slot.buf);
+    }
+    free(A), free(src.tap_off);
+    if (failed) return nd_fail(ND_ERR_MEMORY, "fused_conv2d: out of memory");
+    *done = true;
+    return ND_OK;
+}
+
+nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tensor *gw,
+                                        const nd_tensor *dy, const nd_tensor *x,
+                                        const nd_tensor *w, bool *done) {
+    *done = false;
+    if (!packed_applies(p, dy)) return ND_OK;
+    const int64_t K = p->K, O = p->O, N = p->N, L = p->L;
+    const int64_t Kpad6 = round_up(K, MR), Kpad3 = round_up(K, 3), Opad4 = round_up(O, 4);
+    const float *DY = (const float *)nd_ptr(dy), *X = gw ? (const float *)nd_ptr(x) : NULL;
+    float *GX = gx ? (float *)nd_ptr(gx) : NULL;
+    /* whole images per thread: the col2im adds of two threads never meet */
+    const int nth = threads_for(O * K * N * L * (gx && gw ? 2 : 1), N);
+    /* weight-gradient blocks: their im2col rows (Kpad3, nc) stay in L2 */
+    int64_t nc = BLOCK_BYTES / (int64_t)sizeof(float) / Kpad3 / NR * NR;
+    nc = nc < NR ? NR : nc > BLOCK_COLS_MAX ? BLOCK_COLS_MAX : nc;
+    conv_src src;
+    float *AT = gx ? alloc_floats(Kpad6 * O) : NULL;
+    float *GWP = gw ? calloc((size_t)(nth * Opad4 * Kpad3), sizeof(float)) : NULL;
+    if (!src_make(&src, p) || (gx && !AT) || (gw && !GWP)) {
+        free(src.tap_off), free(AT), free(GWP);
+        return nd_fail(ND_ERR_MEMORY, "conv2d_backward: out of memory");
+    }
+    if (gx) pack_weight_t(p, (const float *)nd_ptr(w), AT);
+    int failed = 0;
+#pragma omp parallel num_threads(nth)
+    {
+        const int id = omp_get_thread_num(), team = omp_get_num_threads();
+        const int64_t n0 = N * id / team, n1 = N * (id + 1) / team;
+        float *BG = gx ? alloc_floats(O * NR) : NULL, *TG = gx ? alloc_floats(Kpad6 * NR) : NULL;
+        float *AD = gw ? alloc_floats(Opad4 * nc) : NULL, *BD = gw ? alloc_floats(Kpad3 * nc) : NULL;
+        col_seg *seg = malloc(sizeof(col_seg) * (size_t)nc), *run = malloc(sizeof(col_seg) * (size_t)nc);
+        pad_slot in_slot, g_slot;
+        const bool slots = slot_make(&in_slot, &src) & slot_make(&g_slot, &src); /* both, always */
+        const bool ok = slots && seg && run &&
+                        (!gx || (BG && TG)) && (!gw || (AD && BD));
+        if (!ok) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+            if (gx && !src.pad)
+                memset(GX + n0 * p->C * src.HWp, 0, sizeof(float) * (size_t)((n1 - n0) * p->C * src.HWp));
+            float *gwp = gw ? GWP + id * Opad4 * Kpad3 : NULL;
+            for (int64_t b0 = n0 * L; b0 < n1 * L; b0 += nc) {
+                const int64_t b1 = b0 + nc < n1 * L ? b0 + nc : n1 * L;
+                if (gx)
+                    for (int64_t j0 = b0; j0 < b1; j0 += NR) {
+                        const int64_t j1 = j0 + NR < b1 ? j0 + NR : b1;
+                        const int64_t ns = col_segs(&src, j0, j1, seg);
+                        const int64_t nr = seg_runs(seg, ns, run);
+                        if (j1 - j0 < NR) memset(BG, 0, sizeof(float) * (size_t)(O * NR));
+                        pack_dy(p, DY, run, nr, NR, BG);
+                        panel_product(O, Kpad6, AT, BG, TG);
+                        add_cols(&src, &g_slot, TG, seg, ns, GX);
+                    }
+                if (gw) { /* rows padded to dp columns and to Opad4 / Kpad3 rows with zeros */
+                    const int64_t dp = round_up(b1 - b0, 8), ns = col_segs(&src, b0, b1, seg);
+                    memset(AD, 0, sizeof(float) * (size_t)(Opad4 * dp));
+                    memset(BD, 0, sizeof(float) * (size_t)(Kpad3 * dp));
+                    pack_dy(p, DY, run, seg_runs(seg, ns, run), dp, AD);
+                    pack_cols(&src, &in_slot, X, seg, ns, dp, BD);
+                    for (int64_t o = 0; o < Opad4; o += 4)
+                        for (int64_t k = 0; k < Kpad3; k += 3)
+                            dot_4x3(dp, AD + o * dp, BD + k * dp, gwp + o * Kpad3 + k, Kpad3);
+                }
+            }
+            if (gx) slot_flush(&src, &g_slot, GX);
+        }
+        free(BG), free(TG), free(AD), free(BD), free(seg), free(run);
+        free(in_slot.buf), free(g_slot.buf);
+    }
+    free(AT), free(src.tap_off);
+    if (failed) {
+        free(GWP);
+        return nd_fail(ND_ERR_MEMORY, "conv2d_backward: out of memory");
+    }
+    if (gw) { /* GW[o, c, tap] = the threads' partial sums; 0 at dead taps */
+        float *GW = (float *)nd_ptr(gw);
+        memset(GW, 0, sizeof(float) * (size_t)(O * p->C * p->kk));
+#pragma omp parallel for if (O * K * nth >= ND_PARALLEL_THRESHOLD) schedule(static)
+        for (int64_t o = 0; o < O; o++)
+            for (int64_t k = 0; k < K; k++) {
+                float sum = 0;
+                for (int th = 0; th < nth; th++) sum += GWP[(th * Opad4 + o) * Kpad3 + k];
+                GW[(o * p->C + k / p->nt) * p->kk + p->tap[k % p->nt]] = sum;
+            }
+        free(GWP);
+    }
+    *done = true;
+    return ND_OK;
+}
+
+#else /* no x86-64 intrinsics: always the BLAS path */
+
+bool nd_cpu_packed_conv(void) { return false; }
+
+nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
+                               const nd_tensor *w, const nd_tensor *b, bool relu, bool *done) {
+    (void)p, (void)out, (void)x, (void)w, (void)b, (void)relu;
+    *done = false;
+    return ND_OK;
+}
+
+nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tensor *gw,
+                                        const nd_tensor *dy, const nd_tensor *x,
+                                        const nd_tensor *w, bool *done) {
+    (void)p, (void)gx, (void)gw, (void)dy, (void)x, (void)w;
+    *done = false;
+    return ND_OK;
+}
+#endif

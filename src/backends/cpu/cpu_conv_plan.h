@@ -1,0 +1,43 @@
+/* cpu_conv_plan.h - what the CPU conv kernels (cpu_conv_gemm.c,
+ * cpu_conv_packed.c) work out once per call: shapes, the live kernel taps
+ * and, for the gathers, a table of input offsets per tap and output pixel. */
+#ifndef ND_CPU_CONV_PLAN_H
+#define ND_CPU_CONV_PLAN_H
+
+#include "backend.h"
+
+typedef struct {
+    int64_t N, C, H, W, O, G, Cg, Og, kk, L;
+    int64_t nt;       /* live taps */
+    int64_t *tap;     /* their indices i*kw + j, nt of them */
+    int64_t K;        /* GEMM depth per group: Cg * nt */
+    int64_t nb;       /* images per chunk (cpu_conv_gemm.c) */
+    int32_t *off;     /* (nt, L) offsets into an input plane, -1 for padding; or NULL */
+    const nd_conv_geom *g;
+} nd_conv_plan;
+
+/* Output rows up to this wide get the offset table from nd_conv_plan_make: a
+ * 4x4 map's im2col row is 4 rows of 4 copies, each with its own edge tests,
+ * which cost more than the GEMM (perf on ResNet9's 4x4 layers: im2col 41% of
+ * the time, memset 13%). Wider rows copy faster as runs. */
+#define ND_CONV_TABLE_MAX_LW 16
+
+/* x: the input or its gradient (for N, C, H, W and the dtype); O output
+ * channels. Fails on a dtype other than float32/float64 and on an empty
+ * convolution (the op layer routes those elsewhere). */
+nd_status nd_conv_plan_make(nd_conv_plan *p, const char *op, const nd_tensor *x, int64_t O,
+                            const nd_conv_geom *g, int64_t groups);
+/* builds p->off whatever the row width; false when out of memory or when
+ * the table would be larger than max_entries */
+bool nd_conv_plan_table(nd_conv_plan *p, int64_t max_entries);
+void nd_conv_plan_free(nd_conv_plan *p);
+
+/* cpu_conv_packed.c: the float32 path on AVX2 + FMA CPUs. *done = false
+ * (and ND_OK) when it does not apply; then the caller runs the BLAS path. */
+nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
+                               const nd_tensor *w, const nd_tensor *b, bool relu, bool *done);
+nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tensor *gw,
+                                        const nd_tensor *dy, const nd_tensor *x,
+                                        const nd_tensor *w, bool *done);
+
+#endif
