@@ -174,9 +174,10 @@ end)
 -- take the BLAS path, which the tests above check against a direct sum. So
 -- here float32 results are checked against float64 ones. The cases reach
 -- the packed path's parts: panels inside one image and across images
--- (L = 64, 16, 9, 4, 1), planes read as they are or padded per thread
--- (the slot), wide rows, strides, dilation, depth blocks (K > 256), output
--- channels that fill no tile, one image (one thread), partial panels.
+-- (L = 64, 16, 9, 4, 1), planes read in place (strided or not) or copied
+-- per thread (padded, and split by stride phase), wide rows, dilation,
+-- depth blocks (K > 256), output channels that fill no tile, one image
+-- (one thread), partial panels.
 local packed_cases = {
   {"4x4 maps, odd batch, O = 7", {9, 5, 4, 4}, {7, 5, 3, 3}, {padding = 1}},
   {"the 7x7 stride-4 stem, 4 panels per image", {5, 3, 32, 32}, {16, 3, 7, 7},
@@ -191,6 +192,10 @@ local packed_cases = {
   {"padding 2 around a 3x3 kernel", {2, 3, 5, 5}, {4, 3, 3, 3}, {padding = 2}},
   {"2x2 outputs, stride 2 (ResNet9's 32->64)", {11, 16, 4, 4}, {32, 16, 3, 3},
     {stride = 2, padding = 1}},
+  {"stride 2 read in place (no live tap reads padding)", {6, 8, 2, 2}, {5, 8, 3, 3},
+    {stride = 2, padding = 1}},
+  {"stride {3,2} phase planes, dilation 2", {3, 5, 17, 19}, {4, 5, 3, 3},
+    {stride = {3, 2}, dilation = 2, padding = {1, 3}}},
 }
 
 -- |a - b| relative to b's largest magnitude

@@ -120,48 +120,81 @@ static void panel_product(int64_t d, int64_t rows_pad, const float *A, const flo
 
 /* ------------------------------------------------------- input planes */
 
-/* Where each tap reads. Planes are Hp x Wp: x's own (pad false: no live
- * tap ever reads padding) or zero-padded copies with x at row ph, column
- * pw. Output pixel (oh, ow) of tap t reads plane[oh*sh*Wp + ow*sw +
- * tap_off[t]]. */
+/* Where each tap reads. Either x's own planes (copy false: no live tap
+ * ever reads padding, and no phase split below), or per-image copies that
+ * are zero-padded and, for strided convolutions with output rows at least 4
+ * wide, split by stride phase: padded pixel (y, x) (x's pixel (y - ph,
+ * x - pw)) goes to phase plane (y % sh, x % sw) at (y / sh, x / sw), each
+ * phase plane Hq x Wq. Output pixel (oh, ow) of tap (i, j) reads padded
+ * pixel (oh*sh + i*dh, ow*sw + j*dw): in phase plane ((i*dh) % sh,
+ * (j*dw) % sw) at (oh + i*dh/sh, ow + j*dw/sw), so consecutive output
+ * pixels of a row read consecutive floats whatever the stride (ResNet9's
+ * 7x7 stem has stride 4: element-by-element copies had cost as much as
+ * its GEMM). Without phases a plane is one phase (sh = sw = 1 here) read
+ * with stride step. Either way output pixel (oh, ow) of tap t reads
+ * channel_plane[oh*row + ow*step + tap_off[t]]. */
 typedef struct {
     const nd_conv_plan *p;
-    bool pad;
-    int64_t Hp, Wp, HWp;
+    bool copy;
+    int64_t sh, sw;  /* phases (1 x 1 for x's own planes) */
+    int64_t Hq, Wq;  /* a phase plane */
+    int64_t HWp;     /* floats per channel: sh * sw * Hq * Wq */
+    int64_t row, step;
     int64_t *tap_off; /* nt of them */
 } conv_src;
 
 static bool src_make(conv_src *s, const nd_conv_plan *p) {
     const nd_conv_geom *g = p->g;
     s->p = p;
-    s->pad = false;
+    /* Phase planes pay for their copy once output rows are 4 wide (fewer,
+     * and the copy is element by element); below that, strided reads. */
+    const bool phases = (g->sh > 1 || g->sw > 1) && g->lw >= 4;
+    s->copy = phases;
     for (int64_t t = 0; t < p->nt; t++) {
         const int64_t i = p->tap[t] / g->kw, j = p->tap[t] % g->kw;
         const int64_t y0 = i * g->dh - g->ph, y1 = y0 + (g->lh - 1) * g->sh;
         const int64_t x0 = j * g->dw - g->pw, x1 = x0 + (g->lw - 1) * g->sw;
-        if (y0 < 0 || y1 >= p->H || x0 < 0 || x1 >= p->W) s->pad = true;
+        if (y0 < 0 || y1 >= p->H || x0 < 0 || x1 >= p->W) s->copy = true;
     }
-    const int64_t py = s->pad ? 0 : g->ph, px = s->pad ? 0 : g->pw;
-    s->Hp = p->H, s->Wp = p->W;
-    if (s->pad) {
-        const int64_t hr = (g->lh - 1) * g->sh + (g->kh - 1) * g->dh + 1;
-        const int64_t wr = (g->lw - 1) * g->sw + (g->kw - 1) * g->dw + 1;
-        s->Hp = hr > p->H + g->ph ? hr : p->H + g->ph;
-        s->Wp = wr > p->W + g->pw ? wr : p->W + g->pw;
-    }
-    s->HWp = s->Hp * s->Wp;
-    s->tap_off = malloc(sizeof(int64_t) * (size_t)p->nt);
+    s->tap_off = malloc(sizeof(int64_t) * (size_t)(p->nt > 0 ? p->nt : 1));
     if (!s->tap_off) return false;
+    if (!s->copy) {
+        s->sh = s->sw = 1, s->Hq = p->H, s->Wq = p->W, s->HWp = p->H * p->W;
+        s->row = g->sh * p->W, s->step = g->sw;
+        for (int64_t t = 0; t < p->nt; t++) {
+            const int64_t i = p->tap[t] / g->kw, j = p->tap[t] % g->kw;
+            s->tap_off[t] = (i * g->dh - g->ph) * p->W + (j * g->dw - g->pw);
+        }
+        return true;
+    }
+    /* the padded extent: x itself, and every position a tap reads */
+    const int64_t hr = (g->lh - 1) * g->sh + (g->kh - 1) * g->dh + 1;
+    const int64_t wr = (g->lw - 1) * g->sw + (g->kw - 1) * g->dw + 1;
+    const int64_t Hp = hr > p->H + g->ph ? hr : p->H + g->ph;
+    const int64_t Wp = wr > p->W + g->pw ? wr : p->W + g->pw;
+    s->sh = phases ? g->sh : 1, s->sw = phases ? g->sw : 1;
+    s->Hq = (Hp + s->sh - 1) / s->sh, s->Wq = (Wp + s->sw - 1) / s->sw;
+    s->HWp = s->sh * s->sw * s->Hq * s->Wq;
+    s->row = phases ? s->Wq : g->sh * s->Wq, s->step = phases ? 1 : g->sw;
     for (int64_t t = 0; t < p->nt; t++) {
-        const int64_t i = p->tap[t] / g->kw, j = p->tap[t] % g->kw;
-        s->tap_off[t] = (i * g->dh - py) * s->Wp + (j * g->dw - px);
+        const int64_t y = (p->tap[t] / g->kw) * g->dh, x = (p->tap[t] % g->kw) * g->dw;
+        s->tap_off[t] = ((y % s->sh) * s->sw + x % s->sw) * s->Hq * s->Wq + (y / s->sh) * s->Wq +
+                        x / s->sw;
     }
     return true;
 }
 
-/* A thread's padded image: every packer visits images in increasing order
+/* where x's pixel (0, xx) of row yy goes in a channel's phase planes:
+ * consecutive xx step through the sw phases */
+static inline int64_t phase_index(const conv_src *s, int64_t yy, int64_t xx) {
+    const nd_conv_geom *g = s->p->g;
+    const int64_t y = yy + g->ph, x = xx + g->pw;
+    return ((y % s->sh) * s->sw + x % s->sw) * s->Hq * s->Wq + (y / s->sh) * s->Wq + x / s->sw;
+}
+
+/* A thread's copied image: every packer visits images in increasing order
  * (segments run in column order, and a thread's columns are consecutive),
- * so an image is padded once and, for gx, written back to GX once, when the
+ * so an image is copied once and, for gx, written back to GX once, when the
  * next image takes the buffer or at the end. */
 typedef struct {
     float *buf;
@@ -170,43 +203,51 @@ typedef struct {
 
 static bool slot_make(pad_slot *r, const conv_src *s) {
     r->tag = -1;
-    r->buf = s->pad ? malloc(sizeof(float) * (size_t)(s->p->C * s->HWp)) : NULL;
-    return !s->pad || r->buf;
+    r->buf = s->copy ? malloc(sizeof(float) * (size_t)(s->p->C * s->HWp)) : NULL;
+    return !s->copy || r->buf;
 }
 
 /* image n's planes, to read */
 static const float *image_in(const conv_src *s, pad_slot *r, const float *X, int64_t n) {
     const nd_conv_plan *p = s->p;
     const float *xn = X + n * p->C * p->H * p->W;
-    if (!s->pad) return xn;
+    if (!s->copy) return xn;
     if (r->tag == n) return r->buf;
     r->tag = n;
     memset(r->buf, 0, sizeof(float) * (size_t)(p->C * s->HWp));
-    const nd_conv_geom *g = p->g;
+    const int64_t sw = s->sw;
     for (int64_t c = 0; c < p->C; c++)
-        for (int64_t y = 0; y < p->H; y++)
-            memcpy(r->buf + c * s->HWp + (y + g->ph) * s->Wp + g->pw, xn + (c * p->H + y) * p->W,
-                   sizeof(float) * (size_t)p->W);
+        for (int64_t y = 0; y < p->H; y++) {
+            const float *src = xn + (c * p->H + y) * p->W;
+            for (int64_t ph = 0; ph < sw && ph < p->W; ph++) { /* one phase: a contiguous run */
+                float *dst = r->buf + c * s->HWp + phase_index(s, y, ph);
+                for (int64_t x = ph, q = 0; x < p->W; x += sw, q++) dst[q] = src[x];
+            }
+        }
     return r->buf;
 }
 
-/* the padded gx image in the slot (if any) back to GX: its interior */
+/* the copied gx image in the slot (if any) back to GX */
 static void slot_flush(const conv_src *s, pad_slot *r, float *GX) {
-    if (!s->pad || r->tag < 0) return;
+    if (!s->copy || r->tag < 0) return;
     const nd_conv_plan *p = s->p;
-    const nd_conv_geom *g = p->g;
+    const int64_t sw = s->sw;
     float *gn = GX + r->tag * p->C * p->H * p->W;
     for (int64_t c = 0; c < p->C; c++)
-        for (int64_t y = 0; y < p->H; y++)
-            memcpy(gn + (c * p->H + y) * p->W, r->buf + c * s->HWp + (y + g->ph) * s->Wp + g->pw,
-                   sizeof(float) * (size_t)p->W);
+        for (int64_t y = 0; y < p->H; y++) {
+            float *dst = gn + (c * p->H + y) * p->W;
+            for (int64_t ph = 0; ph < sw && ph < p->W; ph++) {
+                const float *src = r->buf + c * s->HWp + phase_index(s, y, ph);
+                for (int64_t x = ph, q = 0; x < p->W; x += sw, q++) dst[x] = src[q];
+            }
+        }
     r->tag = -1;
 }
 
 /* image n's gx planes, to add into (GX's own, zeroed by the caller, when
- * there is no padding) */
+ * x's planes are read in place) */
 static float *image_grad(const conv_src *s, pad_slot *r, float *GX, int64_t n) {
-    if (!s->pad) return GX + n * s->p->C * s->HWp;
+    if (!s->copy) return GX + n * s->p->C * s->HWp;
     if (r->tag == n) return r->buf;
     slot_flush(s, r, GX);
     r->tag = n;
@@ -218,7 +259,7 @@ static float *image_grad(const conv_src *s, pad_slot *r, float *GX, int64_t n) {
 
 /* Columns j0 .. j1-1 as pieces of output rows: image n, output pixels
  * l .. l+len-1 (one row), at position j from j0 in the packed data; base =
- * oh*sh*Wp + ow*sw, where each tap's read starts (plus tap_off). */
+ * oh*row + ow*step, where each tap's read starts (plus tap_off). */
 typedef struct {
     int64_t n, l, len, j, base;
 } col_seg;
@@ -230,7 +271,7 @@ static int64_t col_segs(const conv_src *s, int64_t j0, int64_t j1, col_seg *seg)
     for (int64_t j = j0; j < j1;) {
         const int64_t n = j / L, l = j % L, oh = l / g->lw, ow = l % g->lw;
         const int64_t len = g->lw - ow < j1 - j ? g->lw - ow : j1 - j;
-        seg[ns++] = (col_seg){n, l, len, j - j0, oh * g->sh * s->Wp + ow * g->sw};
+        seg[ns++] = (col_seg){n, l, len, j - j0, oh * s->row + ow * s->step};
         j += len;
     }
     return ns;
@@ -281,7 +322,7 @@ static void pack_weight_t(const nd_conv_plan *p, const float *W, float *A) {
 static void pack_cols(const conv_src *s, pad_slot *r, const float *X, const col_seg *seg,
                       int64_t ns, int64_t ld, float *B) {
     const nd_conv_plan *p = s->p;
-    const int64_t sw = p->g->sw, nt = p->nt, C = p->C, HWp = s->HWp;
+    const int64_t sw = s->step, nt = p->nt, C = p->C, HWp = s->HWp;
     const int64_t *toff = s->tap_off;
     for (int64_t q = 0; q < ns; q++) {
         const float *img = image_in(s, r, X, seg[q].n) + seg[q].base;
@@ -298,7 +339,8 @@ static void pack_cols(const conv_src *s, pad_slot *r, const float *X, const col_
         if (sw == 1 && len == 16) ROWS(memcpy(dst, src_, 16 * sizeof(float)))
         else if (sw == 1 && len == 8) ROWS(memcpy(dst, src_, 8 * sizeof(float)))
         else if (sw == 1 && len == 4) ROWS(memcpy(dst, src_, 4 * sizeof(float)))
-        else if (sw == 1) ROWS(memcpy(dst, src_, (size_t)len * sizeof(float)))
+        else if (sw == 1 && len == 2) ROWS(memcpy(dst, src_, 2 * sizeof(float)))
+        else if (sw == 1 && len == 1) ROWS(dst[0] = src_[0])
         else ROWS(for (int64_t k = 0; k < len; k++) dst[k] = src_[k * sw])
 #undef ROWS
     }
@@ -391,7 +433,7 @@ static void store_out(const nd_conv_plan *p, const float *T, const col_seg *seg,
 static void add_cols(const conv_src *s, pad_slot *r, const float *T, const col_seg *seg,
                      int64_t ns, float *GX) {
     const nd_conv_plan *p = s->p;
-    const int64_t sw = p->g->sw, nt = p->nt, C = p->C, HWp = s->HWp;
+    const int64_t sw = s->step, nt = p->nt, C = p->C, HWp = s->HWp;
     const int64_t *toff = s->tap_off;
     for (int64_t q = 0; q < ns; q++) {
         float *img = image_grad(s, r, GX, seg[q].n) + seg[q].base;
@@ -406,6 +448,8 @@ static void add_cols(const conv_src *s, pad_slot *r, const float *T, const col_s
         if (sw == 1 && len == 16) ROWS(16, 1)
         else if (sw == 1 && len == 8) ROWS(8, 1)
         else if (sw == 1 && len == 4) ROWS(4, 1)
+        else if (sw == 1 && len == 2) ROWS(2, 1)
+        else if (sw == 1 && len == 1) ROWS(1, 1)
         else if (sw == 1) ROWS(len, 1)
         else ROWS(len, sw)
 #undef ROWS
@@ -529,7 +573,7 @@ nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tenso
 #pragma omp atomic write
             failed = 1;
         } else {
-            if (gx && !src.pad)
+            if (gx && !src.copy)
                 memset(GX + n0 * p->C * src.HWp, 0, sizeof(float) * (size_t)((n1 - n0) * p->C * src.HWp));
             float *gwp = gw ? GWP + id * Opad4 * Kpad3 : NULL;
             for (int64_t b0 = n0 * L; b0 < n1 * L; b0 += nc) {
