@@ -140,8 +140,16 @@ typedef struct {
     int64_t Hq, Wq;  /* a phase plane */
     int64_t HWp;     /* floats per channel: sh * sw * Hq * Wq */
     int64_t row, step;
+    bool reads_pad;   /* some live tap reads padding: copies start zeroed */
     int64_t *tap_off; /* nt of them */
+    int64_t *row_off; /* copies: where row y of x starts in a channel (H), */
+    int64_t *col_off; /* plus where its pixels x = ph, ph + sw, ... go (sw) */
 } conv_src;
+
+static void src_free(conv_src *s) {
+    free(s->tap_off), free(s->row_off), free(s->col_off);
+    s->tap_off = s->row_off = s->col_off = NULL;
+}
 
 static bool src_make(conv_src *s, const nd_conv_plan *p) {
     const nd_conv_geom *g = p->g;
@@ -149,13 +157,15 @@ static bool src_make(conv_src *s, const nd_conv_plan *p) {
     /* Phase planes pay for their copy once output rows are 4 wide (fewer,
      * and the copy is element by element); below that, strided reads. */
     const bool phases = (g->sh > 1 || g->sw > 1) && g->lw >= 4;
-    s->copy = phases;
+    s->reads_pad = false;
     for (int64_t t = 0; t < p->nt; t++) {
         const int64_t i = p->tap[t] / g->kw, j = p->tap[t] % g->kw;
         const int64_t y0 = i * g->dh - g->ph, y1 = y0 + (g->lh - 1) * g->sh;
         const int64_t x0 = j * g->dw - g->pw, x1 = x0 + (g->lw - 1) * g->sw;
-        if (y0 < 0 || y1 >= p->H || x0 < 0 || x1 >= p->W) s->copy = true;
+        if (y0 < 0 || y1 >= p->H || x0 < 0 || x1 >= p->W) s->reads_pad = true;
     }
+    s->copy = phases || s->reads_pad;
+    s->row_off = s->col_off = NULL;
     s->tap_off = malloc(sizeof(int64_t) * (size_t)(p->nt > 0 ? p->nt : 1));
     if (!s->tap_off) return false;
     if (!s->copy) {
@@ -176,20 +186,26 @@ static bool src_make(conv_src *s, const nd_conv_plan *p) {
     s->Hq = (Hp + s->sh - 1) / s->sh, s->Wq = (Wp + s->sw - 1) / s->sw;
     s->HWp = s->sh * s->sw * s->Hq * s->Wq;
     s->row = phases ? s->Wq : g->sh * s->Wq, s->step = phases ? 1 : g->sw;
+    const int64_t plane = s->Hq * s->Wq;
     for (int64_t t = 0; t < p->nt; t++) {
         const int64_t y = (p->tap[t] / g->kw) * g->dh, x = (p->tap[t] % g->kw) * g->dw;
-        s->tap_off[t] = ((y % s->sh) * s->sw + x % s->sw) * s->Hq * s->Wq + (y / s->sh) * s->Wq +
-                        x / s->sw;
+        s->tap_off[t] = ((y % s->sh) * s->sw + x % s->sw) * plane + (y / s->sh) * s->Wq + x / s->sw;
+    }
+    /* padded pixel (y, x) sits at ((y % sh) * sw + x % sw) * plane + (y / sh)
+     * * Wq + x / sw: a row part and a column part, tabulated here so the
+     * copies divide nothing */
+    s->row_off = malloc(sizeof(int64_t) * (size_t)p->H);
+    s->col_off = malloc(sizeof(int64_t) * (size_t)s->sw);
+    if (!s->row_off || !s->col_off) return false;
+    for (int64_t y = 0; y < p->H; y++) {
+        const int64_t yp = y + g->ph;
+        s->row_off[y] = (yp % s->sh) * s->sw * plane + (yp / s->sh) * s->Wq;
+    }
+    for (int64_t ph = 0; ph < s->sw; ph++) {
+        const int64_t xp = ph + g->pw;
+        s->col_off[ph] = (xp % s->sw) * plane + xp / s->sw;
     }
     return true;
-}
-
-/* where x's pixel (0, xx) of row yy goes in a channel's phase planes:
- * consecutive xx step through the sw phases */
-static inline int64_t phase_index(const conv_src *s, int64_t yy, int64_t xx) {
-    const nd_conv_geom *g = s->p->g;
-    const int64_t y = yy + g->ph, x = xx + g->pw;
-    return ((y % s->sh) * s->sw + x % s->sw) * s->Hq * s->Wq + (y / s->sh) * s->Wq + x / s->sw;
 }
 
 /* A thread's copied image: every packer visits images in increasing order
@@ -214,14 +230,20 @@ static const float *image_in(const conv_src *s, pad_slot *r, const float *X, int
     if (!s->copy) return xn;
     if (r->tag == n) return r->buf;
     r->tag = n;
-    memset(r->buf, 0, sizeof(float) * (size_t)(p->C * s->HWp));
-    const int64_t sw = s->sw;
+    if (s->reads_pad) memset(r->buf, 0, sizeof(float) * (size_t)(p->C * s->HWp));
+    const int64_t sw = s->sw, W = p->W;
     for (int64_t c = 0; c < p->C; c++)
         for (int64_t y = 0; y < p->H; y++) {
-            const float *src = xn + (c * p->H + y) * p->W;
-            for (int64_t ph = 0; ph < sw && ph < p->W; ph++) { /* one phase: a contiguous run */
-                float *dst = r->buf + c * s->HWp + phase_index(s, y, ph);
-                for (int64_t x = ph, q = 0; x < p->W; x += sw, q++) dst[q] = src[x];
+            const float *src = xn + (c * p->H + y) * W;
+            float *row = r->buf + c * s->HWp + s->row_off[y];
+            if (sw == 1) { /* rows of small maps: too short for a memcpy call */
+                float *dst = row + s->col_off[0];
+                for (int64_t x = 0; x < W; x++) dst[x] = src[x];
+                continue;
+            }
+            for (int64_t ph = 0; ph < sw && ph < W; ph++) { /* one phase: a contiguous run */
+                float *dst = row + s->col_off[ph];
+                for (int64_t x = ph, q = 0; x < W; x += sw, q++) dst[q] = src[x];
             }
         }
     return r->buf;
@@ -231,14 +253,20 @@ static const float *image_in(const conv_src *s, pad_slot *r, const float *X, int
 static void slot_flush(const conv_src *s, pad_slot *r, float *GX) {
     if (!s->copy || r->tag < 0) return;
     const nd_conv_plan *p = s->p;
-    const int64_t sw = s->sw;
-    float *gn = GX + r->tag * p->C * p->H * p->W;
+    const int64_t sw = s->sw, W = p->W;
+    float *gn = GX + r->tag * p->C * p->H * W;
     for (int64_t c = 0; c < p->C; c++)
         for (int64_t y = 0; y < p->H; y++) {
-            float *dst = gn + (c * p->H + y) * p->W;
-            for (int64_t ph = 0; ph < sw && ph < p->W; ph++) {
-                const float *src = r->buf + c * s->HWp + phase_index(s, y, ph);
-                for (int64_t x = ph, q = 0; x < p->W; x += sw, q++) dst[x] = src[q];
+            float *dst = gn + (c * p->H + y) * W;
+            const float *row = r->buf + c * s->HWp + s->row_off[y];
+            if (sw == 1) {
+                const float *src = row + s->col_off[0];
+                for (int64_t x = 0; x < W; x++) dst[x] = src[x];
+                continue;
+            }
+            for (int64_t ph = 0; ph < sw && ph < W; ph++) {
+                const float *src = row + s->col_off[ph];
+                for (int64_t x = ph, q = 0; x < W; x += sw, q++) dst[x] = src[q];
             }
         }
     r->tag = -1;
@@ -406,6 +434,13 @@ __attribute__((target("avx2,fma"))) static void dot_4x3(int64_t dp, const float 
     }
 }
 
+/* (rows_pad, dp) rows of which (rows, d) get written: zero the rest */
+static void zero_padding(float *M, int64_t rows, int64_t rows_pad, int64_t d, int64_t dp) {
+    if (dp > d)
+        for (int64_t i = 0; i < rows; i++) memset(M + i * dp + d, 0, sizeof(float) * (size_t)(dp - d));
+    memset(M + rows * dp, 0, sizeof(float) * (size_t)((rows_pad - rows) * dp));
+}
+
 /* ------------------------------------------------------------ epilogues */
 
 /* OUT[n, o, l] = act(T[o][j] + b[o]) for the runs' columns */
@@ -498,7 +533,7 @@ nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor 
     conv_src src;
     float *A = alloc_floats(Opad * K);
     if (!src_make(&src, p) || !A) {
-        free(src.tap_off), free(A);
+        src_free(&src), free(A);
         return nd_fail(ND_ERR_MEMORY, "fused_conv2d: out of memory");
     }
     pack_weight(p, (const float *)nd_ptr(w), A);
@@ -529,7 +564,7 @@ nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor 
         }
         free(B), free(T), free(slot.buf);
     }
-    free(A), free(src.tap_off);
+    free(A), src_free(&src);
     if (failed) return nd_fail(ND_ERR_MEMORY, "fused_conv2d: out of memory");
     *done = true;
     return ND_OK;
@@ -553,7 +588,7 @@ nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tenso
     float *AT = gx ? alloc_floats(Kpad6 * O) : NULL;
     float *GWP = gw ? calloc((size_t)(nth * Opad4 * Kpad3), sizeof(float)) : NULL;
     if (!src_make(&src, p) || (gx && !AT) || (gw && !GWP)) {
-        free(src.tap_off), free(AT), free(GWP);
+        src_free(&src), free(AT), free(GWP);
         return nd_fail(ND_ERR_MEMORY, "conv2d_backward: out of memory");
     }
     if (gx) pack_weight_t(p, (const float *)nd_ptr(w), AT);
@@ -589,9 +624,9 @@ nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tenso
                         add_cols(&src, &g_slot, TG, seg, ns, GX);
                     }
                 if (gw) { /* rows padded to dp columns and to Opad4 / Kpad3 rows with zeros */
-                    const int64_t dp = round_up(b1 - b0, 8), ns = col_segs(&src, b0, b1, seg);
-                    memset(AD, 0, sizeof(float) * (size_t)(Opad4 * dp));
-                    memset(BD, 0, sizeof(float) * (size_t)(Kpad3 * dp));
+                    const int64_t d = b1 - b0, dp = round_up(d, 8), ns = col_segs(&src, b0, b1, seg);
+                    zero_padding(AD, O, Opad4, d, dp);
+                    zero_padding(BD, K, Kpad3, d, dp);
                     pack_dy(p, DY, run, seg_runs(seg, ns, run), dp, AD);
                     pack_cols(&src, &in_slot, X, seg, ns, dp, BD);
                     for (int64_t o = 0; o < Opad4; o += 4)
@@ -604,7 +639,7 @@ nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tenso
         free(BG), free(TG), free(AD), free(BD), free(seg), free(run);
         free(in_slot.buf), free(g_slot.buf);
     }
-    free(AT), free(src.tap_off);
+    free(AT), src_free(&src);
     if (failed) {
         free(GWP);
         return nd_fail(ND_ERR_MEMORY, "conv2d_backward: out of memory");
