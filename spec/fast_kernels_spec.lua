@@ -283,7 +283,9 @@ end)
 
 describe("batch_norm's fused backward", function()
   before_each(function() nd.manual_seed(99) end)
-  local shapes = {{8, 3}, {4, 3, 5, 5}, {2, 4, 1, 1}, {3, 2, 2, 3, 2}}
+  -- channel rows (sp >= 16) and slabs (cpu_batch_norm_slab.c: sp < 16),
+  -- the last one big enough for threads
+  local shapes = {{8, 3}, {4, 3, 5, 5}, {2, 4, 1, 1}, {3, 2, 2, 3, 2}, {300, 40, 2, 2}}
   for _, shape in ipairs(shapes) do
     for _, training in ipairs({true, false}) do
       for _, affine in ipairs({true, false}) do
@@ -308,6 +310,35 @@ describe("batch_norm's fused backward", function()
         end)
       end
     end
+  end
+
+  for _, shape in ipairs({{300, 40}, {6, 5, 3, 3}, {300, 40, 2, 2}, {4, 3, 5, 5}}) do
+    it(("forward (training) equals the composed formula, shape {%s}"):format(table.concat(shape, ",")),
+      function()
+        local x = nd.randn(shape, f64) * 3 + 1
+        local Cn = shape[2]
+        local w, b = nd.randn({Cn}, f64), nd.randn({Cn}, f64)
+        local rm, rv = nd.zeros({Cn}, f64), nd.ones({Cn}, f64)
+        local y = nd.F.batch_norm(x, rm, rv, w, b, true, 0.1, 1e-5)
+        -- channels last, flattened: mean and biased variance per column
+        local perm = {1}
+        for d = 3, #shape do perm[#perm + 1] = d end
+        perm[#perm + 1] = 2
+        local cols = x:permute(perm):reshape({-1, Cn})
+        local mu = cols:mean(1)
+        local var = ((cols - mu) * (cols - mu)):mean(1)
+        local bshape = {1, Cn}
+        for _ = 3, #shape do bshape[#bshape + 1] = 1 end
+        local want = (x - mu:reshape(bshape)) / (var + 1e-5):sqrt():reshape(bshape) *
+          w:reshape(bshape) + b:reshape(bshape)
+        assert.is_true(max_diff(y, want) < 1e-10, "forward differs by " .. max_diff(y, want))
+        local y32 = nd.F.batch_norm(x:float(), nil, nil, w:float(), b:float(), true)
+        assert.is_true(max_diff(y32:double(), want) < 1e-4)
+        -- the running statistics (unbiased variance), momentum 0.1
+        local m = cols:size(1)
+        assert.is_true(max_diff(rm, mu * 0.1) < 1e-10)
+        assert.is_true(max_diff(rv, var * (m / (m - 1)) * 0.1 + 0.9) < 1e-10)
+      end)
   end
 
   it("float32 agrees with float64", function()

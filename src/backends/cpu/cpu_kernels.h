@@ -53,6 +53,16 @@ nd_status nd_cpu_batch_norm_backward(nd_tensor *dx, nd_tensor *dw, nd_tensor *db
 nd_status nd_cpu_cross_entropy_backward(nd_tensor *dlogits, const nd_tensor *logits,
                                         const nd_tensor *labels, const nd_tensor *wrow,
                                         int64_t ignore, double smoothing);
+/* cpu_batch_norm_slab.c: cpu_norm.c's batch norm kernels hand over maps
+ * with fewer pixels per channel than this */
+#define BN_SLAB_MAX_SP 16
+nd_status nd_cpu_batch_norm_slab(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd,
+                                 const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                                 double eps, bool training);
+nd_status nd_cpu_batch_norm_backward_slab(nd_tensor *dx, nd_tensor *dw, nd_tensor *db,
+                                          const nd_tensor *g, const nd_tensor *x,
+                                          const nd_tensor *w, const nd_tensor *mean,
+                                          const nd_tensor *rstd, bool training);
 /* cpu_random.c */
 nd_status nd_cpu_random(nd_tensor *out, nd_random_kind kind, double a, double b,
                         const nd_tensor *p, uint64_t seed, uint64_t offset);

@@ -239,15 +239,24 @@ nd_status nd_cpu_cross_entropy_backward(nd_tensor *dlogits, const nd_tensor *log
         _Pragma("omp parallel for if (n * c * sp >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t ch = 0; ch < c; ch++) {                                                 \
             if (training) {                                                                  \
+                /* two passes (mean, then squared deviations); each row's     \
+                 * partial sum vectorised in T, the rows summed in double */  \
                 double s = 0, v = 0, cnt = (double)(n * sp);                                 \
                 for (int64_t i = 0; i < n; i++) {                                            \
                     const T *xp = X + (i * c + ch) * sp;                                     \
-                    for (int64_t k = 0; k < sp; k++) s += xp[k];                             \
+                    T a = 0;                                                                 \
+                    _Pragma("omp simd reduction(+ : a)")                                     \
+                    for (int64_t k = 0; k < sp; k++) a += xp[k];                             \
+                    s += a;                                                                  \
                 }                                                                            \
                 double mu = s / cnt;                                                         \
+                const T mu_t = (T)mu;                                                        \
                 for (int64_t i = 0; i < n; i++) {                                            \
                     const T *xp = X + (i * c + ch) * sp;                                     \
-                    for (int64_t k = 0; k < sp; k++) { double d = xp[k] - mu; v += d * d; }  \
+                    T a = 0;                                                                 \
+                    _Pragma("omp simd reduction(+ : a)")                                     \
+                    for (int64_t k = 0; k < sp; k++) { T d = xp[k] - mu_t; a += d * d; }     \
+                    v += a;                                                                  \
                 }                                                                            \
                 M[ch] = (T)mu;                                                               \
                 R[ch] = (T)(1.0 / sqrt(v / cnt + eps));                                      \
@@ -256,6 +265,7 @@ nd_status nd_cpu_cross_entropy_backward(nd_tensor *dlogits, const nd_tensor *log
             for (int64_t i = 0; i < n; i++) {                                                \
                 const T *xp = X + (i * c + ch) * sp;                                         \
                 T *yp = Y + (i * c + ch) * sp;                                               \
+                _Pragma("omp simd")                                                          \
                 for (int64_t k = 0; k < sp; k++) yp[k] = xp[k] * scale + shift;              \
             }                                                                                \
         }                                                                                    \
@@ -266,6 +276,7 @@ nd_status nd_cpu_batch_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, cons
     int64_t n = x->shape[0], c = x->shape[1], sp = 1;
     for (int i = 2; i < x->ndim; i++) sp *= x->shape[i];
     if (n * c * sp == 0) return ND_OK;
+    if (sp < BN_SLAB_MAX_SP) return nd_cpu_batch_norm_slab(y, mean, rstd, x, w, b, eps, training);
     if (x->dtype == ND_FLOAT32) BN_CHANNELS(float);
     else BN_CHANNELS(double);
     return ND_OK;
@@ -322,6 +333,10 @@ nd_status nd_cpu_batch_norm_backward(nd_tensor *dx, nd_tensor *dw, nd_tensor *db
     int64_t n = x->shape[0], c = x->shape[1], sp = 1;
     for (int i = 2; i < x->ndim; i++) sp *= x->shape[i];
     if (c == 0) return ND_OK;
+    if (x->dtype != ND_FLOAT32 && x->dtype != ND_FLOAT64)
+        return nd_fail(ND_ERR_DTYPE, "batch_norm: no cpu kernel for %s", nd_dtype_name(x->dtype));
+    if (n > 0 && sp > 0 && sp < BN_SLAB_MAX_SP)
+        return nd_cpu_batch_norm_backward_slab(dx, dw, db, g, x, w, mean, rstd, training);
     if (x->dtype == ND_FLOAT32) BN_BACKWARD(float);
     else if (x->dtype == ND_FLOAT64) BN_BACKWARD(double);
     else return nd_fail(ND_ERR_DTYPE, "batch_norm: no cpu kernel for %s", nd_dtype_name(x->dtype));
