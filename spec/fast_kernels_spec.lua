@@ -10,6 +10,8 @@
 --     copy, groups, dilation, strides, 1x1 convolutions, strided inputs.
 --   * the packed float32 conv2d (cpu_conv_packed.c): against float64, and
 --     against the BLAS path (NEEDLE_CONV_BLAS=1) in a child process.
+--   * relu's fused backward (cpu_elementwise.c): against the composed
+--     formula.
 --   * batch_norm's fused backward (cpu_norm.c): against the composed
 --     formulas, training and evaluation, with and without affine weights.
 --   * the small-M float32 linear kernel (cpu_linear_small.c): against
@@ -278,6 +280,33 @@ describe("conv2d's packed float32 kernels", function()
       assert.is_true(math.abs(blas[i] - default[i]) <= 1e-4 * math.max(1, math.abs(blas[i])),
         ("value %d: %s vs %s"):format(i, blas[i], default[i]))
     end
+  end)
+end)
+
+describe("relu's fused backward", function()
+  it("equals the composed g * (y > 0), for contiguous and broadcast gradients", function()
+    for _, dt in ipairs({"float32", "float64"}) do
+      local x = nd.randn({70, 33}, {dtype = dt, requires_grad = true})
+      local y = nd.relu(x)
+      local gy = nd.randn({70, 33}, {dtype = dt})
+      local fast = nd.grad((y * gy):sum(), {x}, {retain_graph = true})[1]
+      local composed = nd.grad((y * gy):sum(), {x}, {create_graph = true})[1]:detach()
+      assert.are.equal(0, max_diff(fast, composed))
+      assert.are.equal(0, max_diff(fast, gy * x:detach():gt(0):to(dt)))
+      -- sum's backward hands relu an expanded (stride 0) gradient
+      local g1 = nd.grad(nd.relu(x):sum(), {x})[1]
+      assert.are.equal(0, max_diff(g1, x:detach():gt(0):to(dt)))
+    end
+  end)
+
+  it("zeroes where y <= 0 even when the gradient there is NaN or infinite (as PyTorch)", function()
+    local x = nd.tensor({-1, 0, 2, 3}, {requires_grad = true})
+    local y = nd.relu(x)
+    local g = nd.grad(y, {x}, {grad_outputs = {nd.tensor({0 / 0, 1 / 0, 0 / 0, 5})}})[1]:totable()
+    assert.are.equal(0, g[1])
+    assert.are.equal(0, g[2])
+    assert.is_true(g[3] ~= g[3])
+    assert.are.equal(5, g[4])
   end)
 end)
 

@@ -113,6 +113,10 @@ typedef struct nd_backend {
     nd_status (*batch_norm_backward)(nd_tensor *dx, nd_tensor *dw, nd_tensor *db,
                                      const nd_tensor *g, const nd_tensor *x, const nd_tensor *w,
                                      const nd_tensor *mean, const nd_tensor *rstd, bool training);
+    /* relu's: gx = g where y > 0, else 0 (so a NaN or infinite g stays out
+     * of the zeroed positions, as PyTorch's threshold_backward); all
+     * contiguous, one float dtype, one shape. */
+    nd_status (*relu_backward)(nd_tensor *gx, const nd_tensor *g, const nd_tensor *y);
     /* dlogits = (softmax(logits) - target) * wrow[row]; labels 0-based. */
     nd_status (*cross_entropy_backward)(nd_tensor *dlogits, const nd_tensor *logits,
                                         const nd_tensor *labels, const nd_tensor *wrow,

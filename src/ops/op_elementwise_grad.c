@@ -2,14 +2,37 @@
  * with the differentiable ops themselves (so create_graph gives gradients of
  * gradients), and the recording of their nodes. */
 #include <math.h>
+#include "backend.h"
 #include "grad_expr.h"
 #include "grad_fns.h"
 
 /* ------------------------------------------------------------------ unary */
 
+/* relu's backward by the backend's kernel, when it is not itself recorded:
+ * one pass instead of a mask and a product */
+static nd_status bw_relu_fused(nd_node *n, const nd_tensor *g, nd_tensor **grads) {
+    nd_tensor *ys = NULL, *y = NULL, *gc = NULL, *gx = NULL;
+    nd_status st = nd_saved(n, 0, &ys);
+    if (st == ND_OK) st = nd_contiguous(ys, &y);
+    if (st == ND_OK) st = nd_contiguous(g, &gc);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(g), y->shape, y->ndim, g->dtype, &gx);
+    if (st == ND_OK) st = nd_backend_of(g)->relu_backward(gx, gc, y);
+    nd_release(ys);
+    nd_release(y);
+    nd_release(gc);
+    if (st != ND_OK) {
+        nd_release(gx);
+        return st;
+    }
+    grads[0] = gx;
+    return ND_OK;
+}
+
 static nd_status bw_unary(nd_node *n, nd_tensor *g, nd_tensor **grads) {
-    nd_gx c = {0};
     nd_unary_op op = (nd_unary_op)n->iparams[0];
+    if (op == ND_UNARY_relu && !nd_grad_enabled() && nd_backend_of(g)->relu_backward)
+        return bw_relu_fused(n, g, grads);
+    nd_gx c = {0};
     nd_tensor *r = NULL;
     switch (op) {
     case ND_UNARY_neg: r = gx_un(&c, ND_UNARY_neg, g); break;

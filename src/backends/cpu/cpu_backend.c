@@ -26,6 +26,7 @@ const nd_backend nd_cpu_backend = {
     .batch_norm = nd_cpu_batch_norm,
     .layer_norm_backward = nd_cpu_layer_norm_backward,
     .batch_norm_backward = nd_cpu_batch_norm_backward,
+    .relu_backward = nd_cpu_relu_backward,
     .cross_entropy_backward = nd_cpu_cross_entropy_backward,
     .random = nd_cpu_random,
     .im2col = nd_cpu_im2col,

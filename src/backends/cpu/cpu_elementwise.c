@@ -298,3 +298,21 @@ nd_status nd_cpu_clamp(nd_tensor *out, const nd_tensor *x, double lo, double hi)
     nd_loop_run(&L, clamp_run, &c, 1);
     return ND_OK;
 }
+
+/* gx = g where y > 0 (the backend's relu_backward: contiguous, one float
+ * dtype); one pass instead of a mask and a product */
+#define RELU_BACKWARD(T)                                                                 \
+    do {                                                                                 \
+        const T *G = (const T *)nd_ptr(g), *Y = (const T *)nd_ptr(y);                    \
+        T *GX = (T *)nd_ptr(gx);                                                         \
+        _Pragma("omp parallel for simd if (n >= ND_PARALLEL_THRESHOLD) schedule(static)") \
+        for (int64_t i = 0; i < n; i++) GX[i] = Y[i] > (T)0 ? G[i] : (T)0;               \
+    } while (0)
+
+nd_status nd_cpu_relu_backward(nd_tensor *gx, const nd_tensor *g, const nd_tensor *y) {
+    const int64_t n = nd_numel(gx);
+    if (gx->dtype == ND_FLOAT32) RELU_BACKWARD(float);
+    else if (gx->dtype == ND_FLOAT64) RELU_BACKWARD(double);
+    else return nd_fail(ND_ERR_DTYPE, "relu_backward: no cpu kernel for %s", nd_dtype_name(gx->dtype));
+    return ND_OK;
+}

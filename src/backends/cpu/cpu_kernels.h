@@ -16,6 +16,7 @@ nd_status nd_cpu_binary_scalar(nd_binary_op op, nd_tensor *out, const nd_tensor 
 nd_status nd_cpu_where(nd_tensor *out, const nd_tensor *cond, const nd_tensor *a,
                        const nd_tensor *b);
 nd_status nd_cpu_clamp(nd_tensor *out, const nd_tensor *x, double lo, double hi);
+nd_status nd_cpu_relu_backward(nd_tensor *gx, const nd_tensor *g, const nd_tensor *y);
 /* cpu_reduce.c */
 nd_status nd_cpu_reduce(nd_reduce_op op, nd_tensor *out, const nd_tensor *x, const bool *reduced,
                         int correction);
