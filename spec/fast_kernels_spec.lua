@@ -275,7 +275,10 @@ describe("conv2d's packed float32 kernels", function()
     local flag_blas, blas = run("NEEDLE_CONV_BLAS=1")
     local flag_default, default = run("NEEDLE_CONV_BLAS=0")
     assert.are.equal("false", flag_blas)
-    assert.are.equal(tostring(nd.devices()[1].packed_conv), flag_default)
+    local env = os.getenv("NEEDLE_CONV_BLAS")
+    if env == nil or env == "" or env == "0" then -- this process runs the default path too
+      assert.are.equal(tostring(nd.devices()[1].packed_conv), flag_default)
+    end
     for i = 1, 3 do
       assert.is_true(math.abs(blas[i] - default[i]) <= 1e-4 * math.max(1, math.abs(blas[i])),
         ("value %d: %s vs %s"):format(i, blas[i], default[i]))

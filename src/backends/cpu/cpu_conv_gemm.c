@@ -334,6 +334,7 @@ nd_status nd_cpu_conv2d_fused(nd_tensor *out, const nd_tensor *x, const nd_tenso
     const bool relu = act == ND_ACT_RELU;
     bool done;
     nd_status st = nd_cpu_conv2d_packed(&p, out, x, w, b, relu, &done);
+    if (st == ND_OK && !done) st = nd_conv_plan_table(&p, "fused_conv2d");
     if (st != ND_OK || done) {
         nd_conv_plan_free(&p);
         return st;
@@ -370,6 +371,7 @@ nd_status nd_cpu_conv2d_backward(nd_tensor *gx, nd_tensor *gw, nd_tensor *gb, co
     scratch s = {.st = ND_OK};
     bool done;
     s.st = nd_cpu_conv2d_packed_backward(&p, gx, gw, dy, x, w, &done);
+    if (s.st == ND_OK && !done) s.st = nd_conv_plan_table(&p, "conv2d_backward");
     if (s.st == ND_OK && !done) backward_blas(&p, &s, gx, gw, dy, x, w);
     if (s.st == ND_OK && gb) {
         if (dy->dtype == ND_FLOAT32) bias_grad_f32(&p, vptr(dy), vptr(gb));

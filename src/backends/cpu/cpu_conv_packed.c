@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
+#include "cpu_avx2.h"
 #include "cpu_conv_plan.h"
 #include "cpu_kernels.h"
 
@@ -58,9 +59,7 @@
 #define BLOCK_BYTES (256 * 1024)
 #define BLOCK_COLS_MAX 256
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define HAVE_PACKED_CONV 1
+#ifdef ND_HAVE_AVX2_KERNELS
 
 static int64_t round_up(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
 
@@ -223,6 +222,25 @@ static bool slot_make(pad_slot *r, const conv_src *s) {
     return !s->copy || r->buf;
 }
 
+/* One image's C planes between x's layout (C, H, W) and a copy's (padded,
+ * phase-split): src_is_copy says which way. Each phase of a row is a
+ * contiguous run in the copy (one run when sw = 1). */
+static void copy_planes(const conv_src *s, const float *src, float *dst, bool src_is_copy) {
+    const nd_conv_plan *p = s->p;
+    const int64_t sw = s->sw, W = p->W;
+    for (int64_t c = 0; c < p->C; c++)
+        for (int64_t y = 0; y < p->H; y++) {
+            const int64_t dense = (c * p->H + y) * W, row = c * s->HWp + s->row_off[y];
+            for (int64_t ph = 0; ph < sw && ph < W; ph++) {
+                const int64_t run = row + s->col_off[ph];
+                if (src_is_copy)
+                    for (int64_t x = ph, q = 0; x < W; x += sw, q++) dst[dense + x] = src[run + q];
+                else
+                    for (int64_t x = ph, q = 0; x < W; x += sw, q++) dst[run + q] = src[dense + x];
+            }
+        }
+}
+
 /* image n's planes, to read */
 static const float *image_in(const conv_src *s, pad_slot *r, const float *X, int64_t n) {
     const nd_conv_plan *p = s->p;
@@ -231,44 +249,14 @@ static const float *image_in(const conv_src *s, pad_slot *r, const float *X, int
     if (r->tag == n) return r->buf;
     r->tag = n;
     if (s->reads_pad) memset(r->buf, 0, sizeof(float) * (size_t)(p->C * s->HWp));
-    const int64_t sw = s->sw, W = p->W;
-    for (int64_t c = 0; c < p->C; c++)
-        for (int64_t y = 0; y < p->H; y++) {
-            const float *src = xn + (c * p->H + y) * W;
-            float *row = r->buf + c * s->HWp + s->row_off[y];
-            if (sw == 1) { /* rows of small maps: too short for a memcpy call */
-                float *dst = row + s->col_off[0];
-                for (int64_t x = 0; x < W; x++) dst[x] = src[x];
-                continue;
-            }
-            for (int64_t ph = 0; ph < sw && ph < W; ph++) { /* one phase: a contiguous run */
-                float *dst = row + s->col_off[ph];
-                for (int64_t x = ph, q = 0; x < W; x += sw, q++) dst[q] = src[x];
-            }
-        }
+    copy_planes(s, xn, r->buf, false);
     return r->buf;
 }
 
 /* the copied gx image in the slot (if any) back to GX */
 static void slot_flush(const conv_src *s, pad_slot *r, float *GX) {
     if (!s->copy || r->tag < 0) return;
-    const nd_conv_plan *p = s->p;
-    const int64_t sw = s->sw, W = p->W;
-    float *gn = GX + r->tag * p->C * p->H * W;
-    for (int64_t c = 0; c < p->C; c++)
-        for (int64_t y = 0; y < p->H; y++) {
-            float *dst = gn + (c * p->H + y) * W;
-            const float *row = r->buf + c * s->HWp + s->row_off[y];
-            if (sw == 1) {
-                const float *src = row + s->col_off[0];
-                for (int64_t x = 0; x < W; x++) dst[x] = src[x];
-                continue;
-            }
-            for (int64_t ph = 0; ph < sw && ph < W; ph++) {
-                const float *src = row + s->col_off[ph];
-                for (int64_t x = ph, q = 0; x < W; x += sw, q++) dst[x] = src[q];
-            }
-        }
+    copy_planes(s, r->buf, GX + r->tag * s->p->C * s->p->H * s->p->W, true);
     r->tag = -1;
 }
 
@@ -390,13 +378,6 @@ static void pack_dy(const nd_conv_plan *p, const float *DY, const col_seg *run, 
     }
 }
 
-/* [sum(a), sum(b), sum(c), sum(d)] */
-__attribute__((target("avx2,fma"))) static inline __m128 hsum4(__m256 a, __m256 b, __m256 c,
-                                                                __m256 d) {
-    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-}
-
 /* G[o][k] += dot(D row o, B row k) for o < 4, k < 3 (G row stride ldg; D
  * and B rows dp floats, dp a multiple of 8): 12 accumulators, 7 loads per
  * 12 FMAs, no transposed packing. */
@@ -424,9 +405,9 @@ __attribute__((target("avx2,fma"))) static void dot_4x3(int64_t dp, const float 
     }
     /* columns k of the 4 rows: hsum4 gives [row0, row1, row2, row3] */
     float c0[4], c1[4], c2[4];
-    _mm_storeu_ps(c0, hsum4(s00, s10, s20, s30));
-    _mm_storeu_ps(c1, hsum4(s01, s11, s21, s31));
-    _mm_storeu_ps(c2, hsum4(s02, s12, s22, s32));
+    _mm_storeu_ps(c0, nd_hsum4(s00, s10, s20, s30));
+    _mm_storeu_ps(c1, nd_hsum4(s01, s11, s21, s31));
+    _mm_storeu_ps(c2, nd_hsum4(s02, s12, s22, s32));
     for (int i = 0; i < 4; i++) {
         G[i * ldg] += c0[i];
         G[i * ldg + 1] += c1[i];
@@ -493,17 +474,10 @@ static void add_cols(const conv_src *s, pad_slot *r, const float *T, const col_s
 
 /* ---------------------------------------------------------------- driver */
 
-/* NEEDLE_CONV_BLAS=1 sends every conv to the BLAS path, for comparisons;
- * read once. */
+/* NEEDLE_CONV_BLAS=1 sends every conv to the BLAS path, for comparisons. */
 static bool packed_available(void) {
-    static int has = -1; /* a benign race: every thread computes the same value */
-    if (has < 0) {
-        __builtin_cpu_init();
-        const char *off = getenv("NEEDLE_CONV_BLAS");
-        has = !(off && *off && *off != '0') && __builtin_cpu_supports("avx2") &&
-              __builtin_cpu_supports("fma");
-    }
-    return has == 1;
+    static int has = -1;
+    return nd_cpu_avx2_enabled("NEEDLE_CONV_BLAS", &has);
 }
 
 bool nd_cpu_packed_conv(void) { return packed_available(); }

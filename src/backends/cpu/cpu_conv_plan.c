@@ -41,12 +41,12 @@ void nd_conv_plan_free(nd_conv_plan *p) {
     p->off = NULL;
 }
 
-bool nd_conv_plan_table(nd_conv_plan *p, int64_t max_entries) {
-    if (p->off) return true;
-    if (p->nt == 0 || p->H * p->W > INT32_MAX || p->nt * p->L > max_entries) return false;
-    p->off = malloc(sizeof(int32_t) * (size_t)(p->nt * p->L));
-    if (!p->off) return false;
+nd_status nd_conv_plan_table(nd_conv_plan *p, const char *op) {
     const nd_conv_geom *g = p->g;
+    if (p->off || g->lw > ND_CONV_TABLE_MAX_LW || p->nt == 0 || p->H * p->W > INT32_MAX)
+        return ND_OK;
+    p->off = malloc(sizeof(int32_t) * (size_t)(p->nt * p->L));
+    if (!p->off) return nd_fail(ND_ERR_MEMORY, "%s: out of memory", op);
     for (int64_t t = 0; t < p->nt; t++) {
         const int64_t i = p->tap[t] / g->kw, j = p->tap[t] % g->kw;
         for (int64_t oh = 0; oh < g->lh; oh++)
@@ -57,7 +57,7 @@ bool nd_conv_plan_table(nd_conv_plan *p, int64_t max_entries) {
                 p->off[t * p->L + oh * g->lw + ow] = in ? (int32_t)(y * p->W + x) : -1;
             }
     }
-    return true;
+    return ND_OK;
 }
 
 nd_status nd_conv_plan_make(nd_conv_plan *p, const char *op, const nd_tensor *x, int64_t O,
@@ -76,11 +76,6 @@ nd_status nd_conv_plan_make(nd_conv_plan *p, const char *op, const nd_tensor *x,
         for (int64_t j = 0; j < g->kw; j++)
             if (!tap_outside(g, i, j, p->H, p->W)) p->tap[p->nt++] = i * g->kw + j;
     p->K = p->Cg * p->nt;
-    if (g->lw <= ND_CONV_TABLE_MAX_LW && p->nt > 0 && p->H * p->W <= INT32_MAX &&
-        !nd_conv_plan_table(p, INT64_MAX)) {
-        nd_conv_plan_free(p);
-        return nd_fail(ND_ERR_MEMORY, "%s: out of memory", op);
-    }
     p->nb = (chunk_cols() + p->L - 1) / p->L;
     if (p->nb > p->N) p->nb = p->N;
     if (p->nb < 1) p->nb = 1;

@@ -12,14 +12,16 @@ typedef struct {
     int64_t *tap;     /* their indices i*kw + j, nt of them */
     int64_t K;        /* GEMM depth per group: Cg * nt */
     int64_t nb;       /* images per chunk (cpu_conv_gemm.c) */
-    int32_t *off;     /* (nt, L) offsets into an input plane, -1 for padding; or NULL */
+    int32_t *off;     /* (nt, L) offsets into an input plane, -1 for padding; or NULL
+                       * (nd_conv_plan_table; only the BLAS path reads it) */
     const nd_conv_geom *g;
 } nd_conv_plan;
 
-/* Output rows up to this wide get the offset table from nd_conv_plan_make: a
- * 4x4 map's im2col row is 4 rows of 4 copies, each with its own edge tests,
- * which cost more than the GEMM (perf on ResNet9's 4x4 layers: im2col 41% of
- * the time, memset 13%). Wider rows copy faster as runs. */
+/* Output rows up to this wide get the offset table (nd_conv_plan_table),
+ * for the BLAS path's gathers: a 4x4 map's im2col row is 4 rows of 4
+ * copies, each with its own edge tests, which cost more than the GEMM (perf
+ * on ResNet9's 4x4 layers: im2col 41% of the time, memset 13%). Wider rows
+ * copy faster as runs. */
 #define ND_CONV_TABLE_MAX_LW 16
 
 /* x: the input or its gradient (for N, C, H, W and the dtype); O output
@@ -27,9 +29,9 @@ typedef struct {
  * convolution (the op layer routes those elsewhere). */
 nd_status nd_conv_plan_make(nd_conv_plan *p, const char *op, const nd_tensor *x, int64_t O,
                             const nd_conv_geom *g, int64_t groups);
-/* builds p->off whatever the row width; false when out of memory or when
- * the table would be larger than max_entries */
-bool nd_conv_plan_table(nd_conv_plan *p, int64_t max_entries);
+/* p->off for the BLAS path, when its rows are at most ND_CONV_TABLE_MAX_LW
+ * wide (else it stays NULL); fails only when out of memory */
+nd_status nd_conv_plan_table(nd_conv_plan *p, const char *op);
 void nd_conv_plan_free(nd_conv_plan *p);
 
 /* cpu_conv_packed.c: the float32 path on AVX2 + FMA CPUs. *done = false

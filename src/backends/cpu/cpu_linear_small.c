@@ -18,21 +18,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include "cpu_avx2.h"
 #include "cpu_kernels.h"
 
 /* rows of x up to this: each 4-row block of w is reread M/2 times, from L1 */
 #define SMALL_M_MAX 16
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define HAVE_AVX2_PATH 1
-
-/* [sum(a), sum(b), sum(c), sum(d)] */
-__attribute__((target("avx2,fma"))) static inline __m128 hsum4(__m256 a, __m256 b, __m256 c,
-                                                                __m256 d) {
-    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-}
+#ifdef ND_HAVE_AVX2_KERNELS
 
 __attribute__((target("avx2,fma"))) static inline __m128 finish4(__m128 r, const float *b,
                                                                   bool relu) {
@@ -74,7 +66,7 @@ __attribute__((target("avx2,fma"))) static void linear_block_avx2(
                 a03 = _mm256_fmadd_ps(v0, u, a03);
                 a13 = _mm256_fmadd_ps(v1, u, a13);
             }
-            __m128 r0 = hsum4(a00, a01, a02, a03), r1 = hsum4(a10, a11, a12, a13);
+            __m128 r0 = nd_hsum4(a00, a01, a02, a03), r1 = nd_hsum4(a10, a11, a12, a13);
             if (K8 < K) {
                 float t0[4] = {0}, t1[4] = {0};
                 for (int64_t k = K8; k < K; k++) {
@@ -99,7 +91,7 @@ __attribute__((target("avx2,fma"))) static void linear_block_avx2(
                 a2 = _mm256_fmadd_ps(v0, _mm256_loadu_ps(w2 + k), a2);
                 a3 = _mm256_fmadd_ps(v0, _mm256_loadu_ps(w3 + k), a3);
             }
-            __m128 r = hsum4(a0, a1, a2, a3);
+            __m128 r = nd_hsum4(a0, a1, a2, a3);
             if (K8 < K) {
                 float t[4] = {0};
                 for (int64_t k = K8; k < K; k++)
@@ -128,21 +120,15 @@ __attribute__((target("avx2,fma"))) static void linear_block_avx2(
 }
 
 /* NEEDLE_NO_SMALL_GEMM=1 turns the kernel off (BLAS for every shape), for
- * comparisons; read once. */
+ * comparisons. */
 static bool cpu_has_avx2_fma(void) {
-    static int has = -1; /* a benign race: every thread computes the same value */
-    if (has < 0) {
-        __builtin_cpu_init();
-        const char *off = getenv("NEEDLE_NO_SMALL_GEMM");
-        has = !(off && *off && *off != '0') && __builtin_cpu_supports("avx2") &&
-              __builtin_cpu_supports("fma");
-    }
-    return has == 1;
+    static int has = -1;
+    return nd_cpu_avx2_enabled("NEEDLE_NO_SMALL_GEMM", &has);
 }
 #endif
 
 bool nd_cpu_small_linear(void) {
-#ifdef HAVE_AVX2_PATH
+#ifdef ND_HAVE_AVX2_KERNELS
     return cpu_has_avx2_fma();
 #else
     return false;
@@ -151,7 +137,7 @@ bool nd_cpu_small_linear(void) {
 
 bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                          const nd_tensor *b, bool relu) {
-#ifdef HAVE_AVX2_PATH
+#ifdef ND_HAVE_AVX2_KERNELS
     const int64_t M = x->shape[0], K = x->shape[1], O = w->shape[0];
     if (x->dtype != ND_FLOAT32 || M < 1 || M > SMALL_M_MAX || K < 1 || O < 1) return false;
     if (!cpu_has_avx2_fma()) return false;
