@@ -39,13 +39,55 @@ describe("scripts/bench/run.lua", function()
     local lines = {}
     for line in io.lines(d .. "/bench.csv") do lines[#lines + 1] = line end
     assert.are.equal(4, #lines)
-    assert.is_truthy(lines[1]:match("^name,workload,issue,metric,ref,needle_ms,ref_ms,ratio,target,met"))
+    assert.is_truthy(lines[1]:match("^name,workload,issue,metric,ref,needle_ms,ref_ms,ratio,ratio_min,ratio_max,rounds,target,met"),
+                     lines[1])
     assert.is_truthy(lines[2]:match("^small_ops,small_ops,2,ms,PyTorch,[%d%.e%-]+,,"), lines[2])
 
     local svg = assert(S.read_file(d .. "/ratios.svg"))
     assert.is_truthy(svg:match("^<svg"))
     assert.is_truthy(svg:find(">small_ops_grad<", 1, true))
     assert.is_truthy(svg:find("</svg>", 1, true))
+    rmdir(d)
+  end)
+
+  it("reports the median of the rounds' own ratios, each round a needle and a reference process", function()
+    -- a stand-in for python3 whose "torch" answers 0.001, 100, then 2 ms
+    -- in successive runs: the ratio of the medians would differ from the
+    -- median of the per-round ratios that run.lua must report
+    local d = tmpdir()
+    local fake = d .. "/python3"
+    local f = assert(io.open(fake, "w"))
+    f:write([[#!/bin/sh
+if [ "$1" = "-c" ]; then echo 9.9-fake; exit 0; fi
+n=$(cat "$(dirname "$0")/count" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$(dirname "$0")/count"
+case $n in 1) echo "ms 0.001";; 2) echo "ms 100";; *) echo "ms 2";; esac
+echo "rss_mb 5"
+]])
+    f:close()
+    os.execute("chmod +x " .. S.q(fake))
+    local ok, out = run("--only small_ops --rounds 3 --reps 1 --warmup 0 --python " .. S.q(fake) ..
+                        " --out " .. S.q(d))
+    assert.is_true(ok, out)
+    assert.is_truthy(out:find("3 rounds", 1, true), out)
+    local doc = json.decode(assert(S.read_file(d .. "/bench.json")))
+    assert.are.equal(3, doc.meta.rounds)
+    assert.are.equal("9.9-fake", doc.meta.torch)
+    local r = doc.rows[1]
+    assert.are.equal(3, r.rounds)
+    assert.are.equal(3, #r.per_round)
+    local refs, ratios = {}, {}
+    for i, p in ipairs(r.per_round) do
+      assert.is_true(p.needle > 0)
+      refs[i] = p.ref
+      ratios[i] = p.needle / p.ref
+    end
+    assert.are.same({0.001, 100, 2}, refs)
+    table.sort(ratios)
+    assert.is_true(math.abs(r.ratio - ratios[2]) <= 1e-6 * ratios[2], ("%g vs %g"):format(r.ratio, ratios[2]))
+    assert.is_true(math.abs(r.ratio_min - ratios[1]) <= 1e-6 * ratios[1])
+    assert.is_true(math.abs(r.ratio_max - ratios[3]) <= 1e-6 * ratios[3])
+    assert.are.equal(2, r.ref_ms) -- the median of the reference's times
+    assert.are.equal(r.ratio <= 0.3, r.met)
     rmdir(d)
   end)
 
@@ -61,7 +103,11 @@ describe("scripts/bench/run.lua", function()
   end)
 
   it("refuses an unknown workload or option", function()
-    local ok, out, code = run("--only no_such_workload --no-torch")
+    local ok, out, code = run("--rounds 0 --no-torch")
+    assert.is_false(ok)
+    assert.are.equal(2, code)
+    assert.is_truthy(out:find("--rounds must be an integer >= 1", 1, true), out)
+    ok, out, code = run("--only no_such_workload --no-torch")
     assert.is_false(ok)
     assert.are.equal(2, code)
     assert.is_truthy(out:find("unknown workload 'no_such_workload'", 1, true), out)

@@ -392,7 +392,8 @@ const char *nd_grad_fn_name(const nd_tensor *t);
 /* ---- memory accounting ---- */
 /* Bytes held by live tensor storages (all devices). */
 int64_t nd_live_bytes(void);
-/* Bytes kept in the caching allocator's free lists; nd_empty_cache() frees them. */
+/* Bytes kept in the caching allocator's free lists (the shared ones and the
+ * calling thread's own small-block list); nd_empty_cache() frees them. */
 int64_t nd_cached_bytes(void);
 void nd_empty_cache(void);
 /* Bytes of tensor storage allocated since start (never decreases). */

@@ -6,8 +6,15 @@
 -- against cblas_sgemm called directly (scripts/bench/sgemm.c). Prints a table
 -- and writes OUT/bench.json, OUT/bench.csv and OUT/ratios.svg.
 --
---   build/needle-lua scripts/bench/run.lua [--only NAME[,NAME]] [--reps N] [--warmup N]
---                    [--threads N] [--no-torch] [--out DIR]
+-- Each workload runs in several rounds; a round launches the needle, PyTorch
+-- (and cblas) processes back to back, in alternating order, and its ratio
+-- compares processes that ran seconds apart. The reported ratio is the
+-- median of the rounds' ratios: on a shared machine whose speed drifts by
+-- tens of percent over minutes, that is much steadier than the ratio of two
+-- medians taken at different moments.
+--
+--   build/needle-lua scripts/bench/run.lua [--only NAME[,NAME]] [--rounds N] [--reps N]
+--                    [--warmup N] [--threads N] [--no-torch] [--out DIR]
 --
 -- See docs/benchmarks.md for the workloads, the targets and how to read the
 -- output.
@@ -28,11 +35,16 @@ and reports times, needle/PyTorch ratios against the targets, and peak RSS.
 options:
   --only LIST     comma-separated workload names or issue numbers (e.g.
                   small_ops,mlp_train or 1,2); default: all
-  --reps N        timed runs per workload (the median is reported);
+  --rounds N      rounds per workload (default 3): each round runs needle and
+                  the reference back to back, alternating which goes first;
+                  the reported ratio is the median of the rounds' ratios
+  --reps N        timed runs per workload process (the median is reported);
                   default: each workload's own (workloads.lua)
   --warmup N      untimed calls before timing; default: each workload's own
   --threads N     threads for needle, PyTorch and OpenBLAS (default: 2)
   --no-torch      needle only
+  --python PATH   the Python whose torch is the reference (default:
+                  /usr/bin/python3, Debian's python3-torch)
   --out DIR       where bench.json, bench.csv and ratios.svg go (default: runs/bench)
   --list          print the workloads and exit
 
@@ -44,8 +56,10 @@ local function die(msg)
   os.exit(2)
 end
 
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
 -- options ----------------------------------------------------------------------------
-local opts = {threads = 2, out = "runs/bench"}
+local opts = {threads = 2, rounds = 3, out = "runs/bench"}
 do
   local i = 1
   local function value(name)
@@ -61,11 +75,13 @@ do
   while i <= #arg do
     local a = arg[i]
     if a == "--only" then opts.only = value(a)
+    elseif a == "--rounds" then opts.rounds = count(a, 1)
     elseif a == "--reps" then opts.reps = count(a, 1)
     elseif a == "--warmup" then opts.warmup = count(a, 0)
     elseif a == "--threads" then opts.threads = count(a, 1)
     elseif a == "--out" then opts.out = value(a)
     elseif a == "--no-torch" then opts.no_torch = true
+    elseif a == "--python" then C.python = q(value(a))
     elseif a == "--list" or a == "-h" or a == "--help" then
       if a ~= "--list" then io.write(usage) end
       for _, w in ipairs(W.list) do print(("  %-18s %d  %s"):format(w.name, w.issue, w.what)) end
@@ -93,7 +109,6 @@ end
 
 -- processes ----------------------------------------------------------------------------
 local exe = arg[-1] or "needle-lua"
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 local threads = opts.threads
 -- the thread count for every child, also the libraries' own pools
 local env = ("OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d "):format(threads, threads)
@@ -171,22 +186,30 @@ local function startup(cmd, rss_cmd, reps, warmup)
   return kv
 end
 
-local function measure(w)
+-- One round of workload w: needle's process and the references' (PyTorch, and
+-- cblas for the matmuls), back to back; ref_first flips the order, so that a
+-- machine speeding up or slowing down during a round favours neither side.
+local function measure_round(w, ref_first)
   local reps, warmup = reps_of(w), warmup_of(w)
   local mine, theirs, cblas = {}, {}, nil
-  if w.kind == "startup" then
-    mine = startup(q(exe) .. [[ -e 'require "needle"']],
-      q(exe) .. " -e " .. q('require "needle" ' .. rss_lua), reps, warmup)
-    if have_torch then
-      theirs = startup(C.python .. " -c 'import torch'",
-        C.python .. " -c " .. q("import torch; " .. rss_py) .. " " .. q(here), reps, warmup)
+  local function run_mine()
+    if w.kind == "startup" then
+      mine = startup(q(exe) .. [[ -e 'require "needle"']],
+        q(exe) .. " -e " .. q('require "needle" ' .. rss_lua), reps, warmup)
+    else
+      mine = run_child(w.name .. " (needle)", ("%s%s %s %s %d %d %d"):format(env, q(exe),
+        q(here .. "/worker.lua"), w.name, reps, warmup, threads))
     end
-  else
-    mine = run_child(w.name .. " (needle)", ("%s%s %s %s %d %d %d"):format(env, q(exe),
-      q(here .. "/worker.lua"), w.name, reps, warmup, threads))
+  end
+  local function run_refs()
     if have_torch then
-      theirs = run_child(w.name .. " (PyTorch)", ("%s%s %s %s %d %d %d"):format(env, C.python,
-        q(here .. "/torch_ref.py"), w.name, reps, warmup, threads))
+      if w.kind == "startup" then
+        theirs = startup(C.python .. " -c 'import torch'",
+          C.python .. " -c " .. q("import torch; " .. rss_py) .. " " .. q(here), reps, warmup)
+      else
+        theirs = run_child(w.name .. " (PyTorch)", ("%s%s %s %s %d %d %d"):format(env, C.python,
+          q(here .. "/torch_ref.py"), w.name, reps, warmup, threads))
+      end
     end
     if w.cblas and build_sgemm() then
       local m, k, n = table.unpack(w.cblas)
@@ -194,19 +217,44 @@ local function measure(w)
         m, k, n, reps, warmup, threads))
     end
   end
+  if ref_first then run_refs(); run_mine() else run_mine(); run_refs() end
   return mine, theirs, cblas
 end
 
 -- rows ------------------------------------------------------------------------------------
+local function median(xs)
+  if #xs == 0 then return nil end
+  local s = {table.unpack(xs)}
+  table.sort(s)
+  local n = #s
+  return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
+end
+
+-- the row of one comparison over all rounds: mine[i], theirs[i] are round i's
+-- results; times and RSS are the medians over rounds, the ratio the median of
+-- the rounds' own ratios (ratio_min/ratio_max: their spread)
 local function row(w, name, ref, mine, theirs, target)
+  local function col(rs, key)
+    local xs = {}
+    for _, kv in ipairs(rs) do if kv[key] then xs[#xs + 1] = kv[key] end end
+    return median(xs)
+  end
   local r = {name = name, workload = w.name, issue = w.issue, what = w.what, metric = w.metric,
-             ref = ref, target = target, needle_ms = mine.ms, ref_ms = theirs.ms,
-             needle_rss_mb = mine.rss_mb, ref_rss_mb = theirs.rss_mb,
+             ref = ref, target = target, needle_ms = col(mine, "ms"), ref_ms = col(theirs, "ms"),
+             needle_rss_mb = col(mine, "rss_mb"), ref_rss_mb = col(theirs, "rss_mb"),
              reps = w.steps and w.steps or reps_of(w), warmup = w.steps and 0 or warmup_of(w)}
-  local a, b = mine.ms, theirs.ms
-  if w.metric == "rss" then a, b = mine.rss_mb, theirs.rss_mb end
-  if a and b and b > 0 then
-    r.ratio = a / b
+  local key = w.metric == "rss" and "rss_mb" or "ms"
+  local ratios = {}
+  r.per_round = json.array({}) -- {needle = , ref = } of the metric; a key is absent where a process failed
+  for i = 1, #mine do
+    local a, b = mine[i][key], theirs[i] and theirs[i][key]
+    r.per_round[i] = {needle = a, ref = b}
+    if a and b and b > 0 then ratios[#ratios + 1] = a / b end
+  end
+  r.rounds = #ratios
+  if #ratios > 0 then
+    r.ratio = median(ratios)
+    r.ratio_min, r.ratio_max = math.min(table.unpack(ratios)), math.max(table.unpack(ratios))
     r.met = r.ratio <= target
   end
   return r
@@ -216,12 +264,16 @@ local rows = {}
 local t_start = nd.clock()
 for i, w in ipairs(selected) do
   local t0 = nd.clock()
-  local mine, theirs, cblas = measure(w)
+  local mine, theirs, cblas = {}, {}, {}
+  for k = 1, opts.rounds do
+    mine[k], theirs[k], cblas[k] = measure_round(w, k % 2 == 0)
+  end
   local r = row(w, w.name, "PyTorch", mine, theirs, w.target)
   rows[#rows + 1] = r
-  io.stderr:write(("[%d/%d] %-18s needle %s ms, PyTorch %s ms (%.0f s)\n"):format(i, #selected, w.name,
-    C.fmt(mine.ms, "%.3f"), C.fmt(theirs.ms, "%.3f"), nd.clock() - t0))
-  if cblas and cblas.ms then
+  io.stderr:write(("[%d/%d] %-18s needle %s ms, PyTorch %s ms, ratio %s over %d rounds (%.0f s)\n")
+    :format(i, #selected, w.name, C.fmt(r.needle_ms, "%.3f"), C.fmt(r.ref_ms, "%.3f"),
+            C.fmt(r.ratio, "%.3f"), opts.rounds, nd.clock() - t0))
+  if next(cblas) then
     -- issue 7: within 5% of cblas_sgemm called directly
     rows[#rows + 1] = row(w, w.name .. "_vs_cblas", "cblas_sgemm", mine, cblas, 1.05)
   end
@@ -243,22 +295,23 @@ local meta = {
   machine = (shell_out("uname -srm 2>/dev/null"):gsub("%s+$", "")),
   cpu = cpu_model(), cores = tonumber((shell_out("nproc 2>/dev/null"))),
   threads = threads, torch = torch_version or (opts.no_torch and "not run" or "not installed"),
-  needle = nd.version or nd._VERSION, reps = opts.reps, warmup = opts.warmup,
+  needle = nd.version or nd._VERSION, rounds = opts.rounds, reps = opts.reps, warmup = opts.warmup,
   elapsed_s = elapsed,
 }
 
-local header = ("%-24s %2s %11s %11s %-6s %7s %7s %4s %9s %9s"):format("workload", "#", "needle ms",
-  "ref ms", "ref", "ratio", "target", "met", "needle MB", "ref MB")
-print(("needle-lua benchmark  %s  %s, %s cores, threads %d, PyTorch %s"):format(meta.date,
-  meta.cpu or meta.machine, tostring(meta.cores), threads, meta.torch))
+local header = ("%-24s %2s %11s %11s %-6s %7s %13s %7s %4s %9s %9s"):format("workload", "#",
+  "needle ms", "ref ms", "ref", "ratio", "rounds range", "target", "met", "needle MB", "ref MB")
+print(("needle-lua benchmark  %s  %s, %s cores, threads %d, PyTorch %s, %d rounds"):format(meta.date,
+  meta.cpu or meta.machine, tostring(meta.cores), threads, meta.torch, opts.rounds))
 print(header)
 print(("-"):rep(#header))
 local met_n, with_ratio = 0, 0
 for _, r in ipairs(rows) do
   local ms_fmt = (r.needle_ms and r.needle_ms < 10) and "%.3f" or "%.2f"
-  print(("%-24s %2d %11s %11s %-6s %7s %7s %4s %9s %9s"):format(r.name, r.issue,
+  print(("%-24s %2d %11s %11s %-6s %7s %13s %7s %4s %9s %9s"):format(r.name, r.issue,
     C.fmt(r.needle_ms, ms_fmt), C.fmt(r.ref_ms, ms_fmt), r.ref == "PyTorch" and "torch" or "cblas",
-    r.ratio and ("%.3f"):format(r.ratio) or "-", ("<=%.2f"):format(r.target),
+    r.ratio and ("%.3f"):format(r.ratio) or "-",
+    r.ratio and ("%.3f-%.3f"):format(r.ratio_min, r.ratio_max) or "-", ("<=%.2f"):format(r.target),
     r.met == nil and "-" or (r.met and "yes" or "NO"),
     C.fmt(r.needle_rss_mb, "%.1f"), C.fmt(r.ref_rss_mb, "%.1f")))
   if r.ratio then
@@ -266,7 +319,7 @@ for _, r in ipairs(rows) do
     if r.met then met_n = met_n + 1 end
   end
 end
-print(("ratio = needle / ref time (lstm_rss: needle / ref peak RSS); %d of %d targets met; %.0f s")
+print(("ratio = median over rounds of needle / ref time (lstm_rss: peak RSS); %d of %d targets met; %.0f s")
   :format(met_n, with_ratio, elapsed))
 
 -- files -------------------------------------------------------------------------------------
@@ -281,8 +334,8 @@ end
 
 write("bench.json", json.encode({meta = meta, rows = json.array(rows)}) .. "\n")
 
-local cols = {"name", "workload", "issue", "metric", "ref", "needle_ms", "ref_ms", "ratio", "target",
-              "met", "needle_rss_mb", "ref_rss_mb", "reps", "warmup"}
+local cols = {"name", "workload", "issue", "metric", "ref", "needle_ms", "ref_ms", "ratio", "ratio_min",
+              "ratio_max", "rounds", "target", "met", "needle_rss_mb", "ref_rss_mb", "reps", "warmup"}
 local csv = {table.concat(cols, ",")}
 for _, r in ipairs(rows) do
   local cells = {}

@@ -93,9 +93,62 @@ void nd_lua_push_tensor(lua_State *L, nd_tensor *t) {
     lt_push(L, t);
 }
 
+/* ------------------------------------------------- the tensor type check
+ * to_box runs on every operand of every op. Comparing the userdata's
+ * metatable with the registry's (a hash lookup and two more stack slots) was
+ * a tenth of the time of an op on small tensors, so the metatables of the
+ * live needle states are also kept in a small process-wide table and
+ * compared by address. A slot is cleared by the finalizer of a sentinel that
+ * the metatable holds and that holds the metatable as its user value: when
+ * both become garbage, the collector keeps the metatable alive until the
+ * sentinel's finalizer has run, and lua_close runs every finalizer before it
+ * frees anything, so no slot ever names freed memory that a new table could
+ * reuse. States beyond the slots use the registry comparison. */
+#define KNOWN_MT_SLOTS 16
+static _Atomic(const void *) known_mt[KNOWN_MT_SLOTS];
+static atomic_int known_mt_used; /* slots ever claimed: the scan's end */
+static char sentinel_key;
+
+static int sentinel_gc(lua_State *L) {
+    int *slot = lua_touserdata(L, 1);
+    if (slot && *slot >= 0) atomic_store(&known_mt[*slot], NULL);
+    return 0;
+}
+
+/* registers the metatable on top of the stack (left there) */
+static void register_metatable(lua_State *L) {
+    const void *mt = lua_topointer(L, -1);
+    int slot = -1;
+    for (int i = 0; i < KNOWN_MT_SLOTS && slot < 0; i++) {
+        const void *expected = NULL;
+        if (atomic_compare_exchange_strong(&known_mt[i], &expected, mt)) slot = i;
+    }
+    if (slot < 0) return; /* full: this state uses the registry comparison */
+    int used = atomic_load(&known_mt_used);
+    while (used < slot + 1 && !atomic_compare_exchange_weak(&known_mt_used, &used, slot + 1)) {}
+    int *s = lua_newuserdatauv(L, sizeof *s, 1);
+    *s = slot;
+    lua_pushvalue(L, -2);
+    lua_setiuservalue(L, -2, 1);           /* sentinel -> metatable */
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, sentinel_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
+    lua_rawsetp(L, -2, &sentinel_key);     /* metatable -> sentinel */
+}
+
 static lt_box *to_box(lua_State *L, int idx) {
+    if (lua_type(L, idx) != LUA_TUSERDATA || lua_rawlen(L, idx) != sizeof(lt_box)) return NULL;
     lt_box *b = lua_touserdata(L, idx);
-    if (!b || !lua_getmetatable(L, idx)) return NULL;
+    if (!lua_getmetatable(L, idx)) return NULL;
+    const void *mt = lua_topointer(L, -1);
+    int used = atomic_load_explicit(&known_mt_used, memory_order_relaxed);
+    for (int i = 0; i < used; i++) {
+        if (atomic_load_explicit(&known_mt[i], memory_order_relaxed) == mt) {
+            lua_pop(L, 1);
+            return b;
+        }
+    }
     lua_rawgetp(L, LUA_REGISTRYINDEX, &mt_key);
     bool ok = lua_rawequal(L, -1, -2);
     lua_pop(L, 2);
@@ -456,6 +509,7 @@ void lt_register_tensor(lua_State *L) {
     lua_setfield(L, -2, "__name");
     lua_pushvalue(L, -3); /* methods, for completion and Lua-side extension */
     lua_setfield(L, -2, "__methods");
+    register_metatable(L);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &mt_key);
     lua_pushvalue(L, -2);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &methods_key);

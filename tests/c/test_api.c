@@ -9,6 +9,7 @@
  * file:line. The last line is "N checks passed" (or "F of N checks failed"). */
 #include <math.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -661,6 +662,44 @@ static void test_refcount(void) {
     nd_release(v); nd_release(h); nd_release(z);
 }
 
+/* The caching allocator's per-thread front for small blocks: a thread's
+ * blocks go back to the shared lists when it ends (else they would be lost
+ * with its thread-local storage), and nd_empty_cache() frees the calling
+ * thread's own. The thread also frees a tensor the main thread made. */
+static void *small_ops_thread(void *arg) {
+    nd_release((nd_tensor *)arg);
+    for (int i = 0; i < 100; i++) {
+        nd_tensor *a = NULL;
+        if (nd_zeros((const int64_t[]){16}, 1, ND_FLOAT32, &a) == ND_OK) nd_release(a);
+    }
+    return NULL;
+}
+
+static void test_thread_cache(void) {
+    nd_empty_cache();
+    CHECK(nd_cached_bytes() == 0);
+    nd_tensor *made_here = NULL;
+    OK(nd_zeros((const int64_t[]){4}, 1, ND_FLOAT32, &made_here));
+    pthread_t th;
+    checks++;
+    if (pthread_create(&th, NULL, small_ops_thread, made_here) != 0) {
+        FAIL("pthread_create failed");
+        nd_release(made_here);
+        return;
+    }
+    pthread_join(th, NULL);
+    CHECKM(nd_cached_bytes() > 0, "the ended thread's small blocks were not returned (%lld cached)",
+           (long long)nd_cached_bytes());
+    nd_empty_cache();
+    CHECK(nd_cached_bytes() == 0);
+    nd_tensor *a = NULL;
+    OK(nd_zeros((const int64_t[]){16}, 1, ND_FLOAT32, &a));
+    nd_release(a);
+    CHECK(nd_cached_bytes() > 0); /* this thread's front is counted */
+    nd_empty_cache();
+    CHECK(nd_cached_bytes() == 0);
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* failures show even if a sanitizer aborts */
     int64_t live0 = nd_live_bytes();
@@ -675,6 +714,7 @@ int main(void) {
     test_matmul();
     test_errors();
     test_refcount();
+    test_thread_cache();
     checks++;
     if (nd_live_bytes() != live0)
         FAIL("live bytes: %lld at start, %lld after releasing everything", (long long)live0,

@@ -165,6 +165,56 @@ static void test_errors(lua_State *L) {
     CHECK(lua_gettop(L) == 0);
 }
 
+/* Many states at once, more than the tensor type check's fast table holds
+ * (16), opened and closed in turn: every state must still accept its own
+ * tensors (fast or registry comparison) and refuse other userdata. */
+#define MANY_STATES 20
+static void check_state_works(lua_State *L, int i) {
+    checks++;
+    if (!run_chunk(L, "local nd = require 'needle'\n"
+                      "local x = nd.ones(3) + nd.ones(3)\n"
+                      "return (x * 2):sum():item()", 1)) {
+        FAIL("state %d: %s", i, lua_tostring(L, -1));
+        lua_pop(L, 1);
+        return;
+    }
+    CHECKM(lua_tonumber(L, -1) == 12, "state %d: sum %g", i, lua_tonumber(L, -1));
+    lua_pop(L, 1);
+    nd_tensor *t = NULL;
+    OK(nd_zeros((const int64_t[]){2}, 1, ND_FLOAT32, &t));
+    nd_lua_push_tensor(L, t);
+    nd_release(t);
+    CHECKM(nd_lua_to_tensor(L, -1) == t, "state %d: its own tensor refused", i);
+    /* a userdata of the box's size with another metatable is no tensor */
+    void **fake = lua_newuserdatauv(L, sizeof(void *), 0);
+    *fake = t;
+    lua_newtable(L);
+    lua_setmetatable(L, -2);
+    CHECKM(nd_lua_to_tensor(L, -1) == NULL, "state %d: a foreign userdata accepted", i);
+    lua_pop(L, 2);
+}
+
+static void test_many_states(int64_t live0) {
+    lua_State *Ls[MANY_STATES];
+    for (int i = 0; i < MANY_STATES; i++) {
+        Ls[i] = new_state();
+        CHECK(Ls[i] != NULL);
+        if (!Ls[i]) return;
+    }
+    for (int i = 0; i < MANY_STATES; i++) check_state_works(Ls[i], i);
+    /* close every other one and open new ones in their place */
+    for (int i = 0; i < MANY_STATES; i += 2) {
+        lua_close(Ls[i]);
+        Ls[i] = new_state();
+        CHECK(Ls[i] != NULL);
+        if (!Ls[i]) return;
+    }
+    for (int i = 0; i < MANY_STATES; i++) check_state_works(Ls[i], i);
+    for (int i = 0; i < MANY_STATES; i++) lua_close(Ls[i]);
+    CHECKM(nd_live_bytes() == live0, "live bytes %lld after closing %d states, %lld before",
+           (long long)nd_live_bytes(), MANY_STATES, (long long)live0);
+}
+
 /* Borrowed host memory used from Lua: views made in Lua keep it alive, and
  * lua_close gives it back exactly once. */
 static void test_borrowed_lifetime(int64_t live0) {
@@ -205,6 +255,7 @@ int main(void) {
     CHECKM(nd_live_bytes() == live0, "live bytes %lld after lua_close, %lld at start",
            (long long)nd_live_bytes(), (long long)live0);
     test_borrowed_lifetime(live0);
+    test_many_states(live0);
     nd_empty_cache();
     if (failures) printf("%d of %d checks failed\n", failures, checks);
     else printf("%d checks passed\n", checks);
