@@ -543,3 +543,96 @@ describe("nd.nn.utils gradient clipping", function()
     assert_contains(errmsg(utils.clip_grad_value_, {a}, "x"), "needle.nn.utils.clip_grad_value_: clip_value must be a number")
   end)
 end)
+
+-- The CPU runs SGD's update as one fused pass (core.sgd_step_); it must give
+-- the composed formulas' values to the bit, for every option, in float32 and
+-- float64, on the first step (buffer = g) and after.
+describe("optim.SGD's fused update", function()
+  local core = require "needle.core"
+
+  -- the composed reference: PyTorch's formulas as separate tensor ops
+  local function reference_step(p, g, st, o)
+    if o.maximize then g = -g end
+    if (o.weight_decay or 0) ~= 0 then g = g + p * o.weight_decay end
+    local m, d = o.momentum or 0, o.dampening or 0
+    if m ~= 0 then
+      if st.buf == nil then st.buf = g:clone()
+      else
+        st.buf:mul_(m)
+        st.buf:add_(d ~= 0 and g * (1 - d) or g)
+      end
+      if o.nesterov then g = g + st.buf * m else g = st.buf end
+    end
+    p:add_(g * -o.lr)
+  end
+
+  local cases = {
+    {lr = 0.1},
+    {lr = 0.05, momentum = 0.9},
+    {lr = 0.05, momentum = 0.9, dampening = 0.3},
+    {lr = 0.02, momentum = 0.8, weight_decay = 0.01},
+    {lr = 0.02, momentum = 0.8, nesterov = true, weight_decay = 0.1},
+    {lr = 0.3, weight_decay = 0.05, maximize = true},
+    {lr = 0.1, momentum = 0.5, dampening = 0.5, weight_decay = 0.2, maximize = true},
+  }
+  for _, dtype in ipairs({"float32", "float64"}) do
+    for ci, o in ipairs(cases) do
+      it(("matches the composed formulas exactly (%s, case %d)"):format(dtype, ci), function()
+        nd.manual_seed(ci)
+        -- 40000 elements: the threaded path of the kernel too
+        local p = nd.randn({200, 200}, {dtype = dtype}):requires_grad_()
+        local q = p:detach():clone()
+        local opt = optim.SGD({p}, o)
+        local st = {}
+        for _ = 1, 4 do
+          local g = nd.randn({200, 200}, {dtype = dtype})
+          p.grad = g
+          opt:step()
+          nd.no_grad(function() reference_step(q, g, st, o) end)
+          assert.is_true(same_values(p:detach(), q), "parameter differs")
+          if st.buf then
+            assert.is_true(same_values(opt.state[p].momentum_buffer, st.buf), "momentum buffer differs")
+          end
+        end
+      end)
+    end
+  end
+
+  it("runs fused on contiguous CPU float tensors and declines the rest", function()
+    local h = {lr = 0.1, momentum = 0.9, dampening = 0, weight_decay = 0, nesterov = false,
+               maximize = false, first = true}
+    local f64 = {dtype = "float64"}
+    local p, g, buf = nd.ones({3, 4}, f64), nd.ones({3, 4}, f64), nd.zeros({3, 4}, f64)
+    assert.is_true(core.sgd_step_(p, g, buf, h))
+    assert.are.same({0.9, 0.9}, {p[1][1]:item(), p[3][4]:item()})
+    assert.are.equal(1, buf[2][2]:item())
+    -- declined, nothing changed: non-contiguous, mixed dtypes, integer
+    local t = nd.ones({4, 3}, f64):t()
+    assert.is_false(core.sgd_step_(t, g, buf, h))
+    assert.are.equal(1, t[1][1]:item())
+    assert.is_false(core.sgd_step_(p, nd.ones({3, 4}), buf, h))
+    assert.is_false(core.sgd_step_(nd.ones({3, 4}, {dtype = "int64"}), nd.ones({3, 4}, {dtype = "int64"}),
+                                   nd.zeros({3, 4}, {dtype = "int64"}), h))
+    assert.are.equal(0.9, p[1][1]:item())
+    -- a buffer without momentum (or none with it) is a caller's error
+    h.momentum = 0
+    assert_contains(errmsg(core.sgd_step_, p, g, buf, h), "a momentum buffer goes with momentum != 0")
+    assert_contains(errmsg(core.sgd_step_, p, g, nil, {lr = "x"}), "option 'lr' must be a number")
+  end)
+
+  it("takes the composed path for a non-contiguous parameter, with the same values", function()
+    local o = {lr = 0.05, momentum = 0.9, weight_decay = 0.01}
+    local p = nd.randn({30, 20}):t():requires_grad_() -- a non-contiguous leaf
+    assert.is_false(p:is_contiguous())
+    local q = p:detach():contiguous()
+    local qp = q:clone():requires_grad_()
+    local o1, o2 = optim.SGD({p}, o), optim.SGD({qp}, o)
+    for _ = 1, 3 do
+      local g = nd.randn({20, 30})
+      p.grad, qp.grad = g, g:clone()
+      o1:step()
+      o2:step()
+      assert.is_true(same_values(p:detach(), qp:detach()))
+    end
+  end)
+end)

@@ -117,6 +117,10 @@ typedef struct nd_backend {
      * of the zeroed positions, as PyTorch's threshold_backward); all
      * contiguous, one float dtype, one shape. */
     nd_status (*relu_backward)(nd_tensor *gx, const nd_tensor *g, const nd_tensor *y);
+    /* nd_sgd_step_'s update (needle.h): p, grad and buf (NULL without
+     * momentum) contiguous, one float dtype, one shape. */
+    nd_status (*sgd_step)(nd_tensor *p, const nd_tensor *grad, nd_tensor *buf,
+                          const nd_sgd_hyper *h, bool first);
     /* dlogits = (softmax(logits) - target) * wrow[row]; labels 0-based. */
     nd_status (*cross_entropy_backward)(nd_tensor *dlogits, const nd_tensor *logits,
                                         const nd_tensor *labels, const nd_tensor *wrow,

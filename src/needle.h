@@ -329,6 +329,27 @@ nd_status nd_fused_conv2d(const nd_tensor *x, const nd_tensor *weight, const nd_
                           const int64_t *stride, const int64_t *padding, const int64_t *dilation,
                           int64_t groups, nd_activation act, nd_tensor **out);
 
+/* ---- optimizer updates ----
+ * One step of torch.optim.SGD on p, in place and in one pass over memory:
+ *   g = grad (negated when maximize) + weight_decay * p
+ *   buf = g on the first step, else momentum * buf + (1 - dampening) * g
+ *   g = nesterov ? g + momentum * buf : buf           (buf only when momentum != 0)
+ *   p = p - lr * g
+ * computed in p's dtype with the roundings of those formulas written as
+ * separate tensor ops (the hyperparameters rounded to that dtype first), so
+ * the result is the composed one to the bit. buf is NULL when momentum is 0.
+ * *done is false, and nothing is changed, where the fused kernel does not
+ * apply (a device without it, a non-float dtype, tensors that differ in
+ * dtype, shape or device, or that are not contiguous): the caller then
+ * composes the update from tensor ops. Refused while autograd would record
+ * an in-place change of p (grad mode on and p requires grad). */
+typedef struct {
+    double lr, momentum, dampening, weight_decay;
+    bool nesterov, maximize;
+} nd_sgd_hyper;
+nd_status nd_sgd_step_(nd_tensor *p, const nd_tensor *grad, nd_tensor *buf, const nd_sgd_hyper *h,
+                       bool first, bool *done);
+
 /* ---- joining, splitting, reordering ---- */
 nd_status nd_cat(nd_tensor *const *ts, int n, int dim, nd_tensor **out);
 nd_status nd_stack(nd_tensor *const *ts, int n, int dim, nd_tensor **out);

@@ -86,6 +86,7 @@ void lt_register_nn(lua_State *L);  /* lt_nn.c: conv, pooling, dilate */
 void lt_register_io(lua_State *L);  /* lt_io.c: bytes, gunzip, atomic writes, safetensors */
 void lt_register_torch(lua_State *L); /* lt_torch.c: load_torch, null */
 void lt_register_profile(lua_State *L); /* lt_profile.c: the C half of nd.profile */
+void lt_register_optim(lua_State *L);   /* lt_optim.c: fused optimizer updates */
 
 /* Sets name = fn in the methods table (at methods_idx) and/or module table. */
 typedef struct { const char *name; lua_CFunction fn; bool method, function; } lt_reg;

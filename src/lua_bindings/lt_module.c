@@ -37,6 +37,7 @@ int luaopen_needle_core(lua_State *L) {
     lt_register_device(L);
     lt_register_opencl_tune(L);
     lt_register_profile(L);
+    lt_register_optim(L);
     static const lt_reg regs[] = {
         {"live_bytes", l_live_bytes, false, true},
         {"cached_bytes", l_cached_bytes, false, true},

@@ -4,7 +4,13 @@
 --   buf = g on the first step, else momentum * buf + (1 - dampening) * g
 --   g = nesterov and g + momentum * buf or buf
 --   p = p - lr * g
+-- On the CPU (float32/float64, contiguous) the whole update of a parameter is
+-- one fused pass (core.sgd_step_, needle.h nd_sgd_step_) with the same
+-- roundings as the formulas above; elsewhere it is composed from tensor ops.
+local core = require "needle.core"
 local Optimizer = require "needle.optim.optimizer"
+
+local fused_step, zeros_like = core.sgd_step_, core.zeros_like
 
 local fmt = Optimizer._fmt
 
@@ -24,9 +30,26 @@ return Optimizer:extend{
     local state = self.state
     local lr, momentum, dampening, wd = group.lr, group.momentum, group.dampening, group.weight_decay
     local nesterov, maximize = group.nesterov, group.maximize
+    local hyper = {lr = lr, momentum = momentum, dampening = dampening, weight_decay = wd,
+                   nesterov = nesterov, maximize = maximize, first = false}
     for _, p in ipairs(group.params) do
       local g = p.grad
-      if g ~= nil then
+      local done = false
+      if g ~= nil and fused_step then
+        local st, buf
+        hyper.first = false
+        if momentum ~= 0 then
+          st = state[p]
+          buf = st and st.momentum_buffer
+          if buf == nil then buf, hyper.first = zeros_like(p), true end
+        end
+        done = fused_step(p, g, buf, hyper)
+        if done and hyper.first then
+          if st == nil then st = {}; state[p] = st end
+          st.momentum_buffer = buf
+        end
+      end
+      if g ~= nil and not done then
         if maximize then g = -g end
         if wd ~= 0 then g = g + p * wd end
         if momentum ~= 0 then

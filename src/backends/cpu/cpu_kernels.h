@@ -17,6 +17,8 @@ nd_status nd_cpu_where(nd_tensor *out, const nd_tensor *cond, const nd_tensor *a
                        const nd_tensor *b);
 nd_status nd_cpu_clamp(nd_tensor *out, const nd_tensor *x, double lo, double hi);
 nd_status nd_cpu_relu_backward(nd_tensor *gx, const nd_tensor *g, const nd_tensor *y);
+nd_status nd_cpu_sgd_step(nd_tensor *p, const nd_tensor *grad, nd_tensor *buf,
+                          const nd_sgd_hyper *h, bool first); /* cpu_optim.c */
 /* cpu_reduce.c */
 nd_status nd_cpu_reduce(nd_reduce_op op, nd_tensor *out, const nd_tensor *x, const bool *reduced,
                         int correction);

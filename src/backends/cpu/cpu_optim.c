@@ -1,0 +1,53 @@
+/* cpu_optim.c - fused optimizer updates: one pass over a parameter, its
+ * gradient and its state instead of one tensor op (and often a temporary)
+ * per term of the formula. See nd_sgd_step_ in needle.h.
+ *
+ * Each term is rounded to the tensor's dtype where the composed ops round
+ * it (a product, then a sum), so fused and composed agree to the bit; the
+ * build does not contract a * b + c into an FMA (-std=c11 implies
+ * -ffp-contract=off in GCC, and the generic x86-64 target has no FMA). */
+#include "cpu_kernels.h"
+
+#define SGD_STEP(T)                                                                       \
+    do {                                                                                  \
+        T *P = (T *)nd_ptr(p);                                                            \
+        const T *G = (const T *)nd_ptr(grad);                                             \
+        T *B = buf ? (T *)nd_ptr(buf) : NULL;                                             \
+        const T wd = (T)h->weight_decay, m = (T)h->momentum;                              \
+        const T keep = (T)(1.0 - h->dampening), neg_lr = (T)(-h->lr);                     \
+        const bool use_wd = h->weight_decay != 0, damp = h->dampening != 0;               \
+        const bool nesterov = h->nesterov, maximize = h->maximize;                        \
+        _Pragma("omp parallel for if (n >= ND_PARALLEL_THRESHOLD) schedule(static)")       \
+        for (int64_t i = 0; i < n; i++) {                                                 \
+            T g = maximize ? -G[i] : G[i];                                                \
+            if (use_wd) {                                                                 \
+                const T t = P[i] * wd;                                                    \
+                g = g + t;                                                                \
+            }                                                                             \
+            if (B) {                                                                      \
+                T b;                                                                      \
+                if (first) b = g;                                                         \
+                else {                                                                    \
+                    const T bm = B[i] * m;                                                \
+                    const T gd = damp ? g * keep : g;                                     \
+                    b = bm + gd;                                                          \
+                }                                                                         \
+                B[i] = b;                                                                 \
+                if (nesterov) {                                                           \
+                    const T t = b * m;                                                    \
+                    g = g + t;                                                            \
+                } else g = b;                                                             \
+            }                                                                             \
+            const T step = g * neg_lr;                                                    \
+            P[i] = P[i] + step;                                                           \
+        }                                                                                 \
+    } while (0)
+
+nd_status nd_cpu_sgd_step(nd_tensor *p, const nd_tensor *grad, nd_tensor *buf,
+                          const nd_sgd_hyper *h, bool first) {
+    const int64_t n = nd_numel(p);
+    if (p->dtype == ND_FLOAT32) SGD_STEP(float);
+    else if (p->dtype == ND_FLOAT64) SGD_STEP(double);
+    else return nd_fail(ND_ERR_DTYPE, "sgd_step: no cpu kernel for %s", nd_dtype_name(p->dtype));
+    return ND_OK;
+}

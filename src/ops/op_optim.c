@@ -1,0 +1,35 @@
+/* op_optim.c - fused optimizer updates (needle.h, "optimizer updates"):
+ * checks and dispatch; the kernels are the backends' (cpu_optim.c).
+ * Anything the fused kernel does not cover answers *done = false, and
+ * nd.optim composes the same update from tensor ops. */
+#include "backend.h"
+
+static bool same_layout(const nd_tensor *a, const nd_tensor *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim || !nd_same_device(a, b)) return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return false;
+    return nd_is_contiguous(b);
+}
+
+nd_status nd_sgd_step_(nd_tensor *p, const nd_tensor *grad, nd_tensor *buf, const nd_sgd_hyper *h,
+                       bool first, bool *done) {
+    *done = false;
+    if (!p || !grad || !h) return nd_fail(ND_ERR_ARG, "sgd_step_: p, grad and the hyperparameters are required");
+    if ((h->momentum != 0) != (buf != NULL))
+        return nd_fail(ND_ERR_ARG, "sgd_step_: a momentum buffer goes with momentum != 0 (momentum %g, %s)",
+                       h->momentum, buf ? "a buffer given" : "no buffer");
+    ND_TRY(nd_check_inplace_grad("sgd_step_", p));
+    const nd_backend *be = nd_backend_of(p);
+    if (!be->sgd_step || (p->dtype != ND_FLOAT32 && p->dtype != ND_FLOAT64) || !nd_is_contiguous(p) ||
+        !same_layout(p, grad) || (buf && !same_layout(p, buf)))
+        return ND_OK;
+    /* elements are read before they are written at the same index, so only
+     * a partial overlap between the three could change the result */
+    if (grad->storage == p->storage || (buf && (buf->storage == p->storage || buf->storage == grad->storage)))
+        return ND_OK;
+    ND_TRY(be->sgd_step(p, grad, buf, h, first));
+    nd_bump_version(p);
+    if (buf) nd_bump_version(buf);
+    *done = true;
+    return ND_OK;
+}
