@@ -35,7 +35,7 @@ and reports times, needle/PyTorch ratios against the targets, and peak RSS.
 options:
   --only LIST     comma-separated workload names or issue numbers (e.g.
                   small_ops,mlp_train or 1,2); default: all
-  --rounds N      rounds per workload (default 3): each round runs needle and
+  --rounds N      rounds per workload (default 3, lstm_rss 1): each round runs needle and
                   the reference back to back, alternating which goes first;
                   the reported ratio is the median of the rounds' ratios
   --reps N        timed runs per workload process (the median is reported);
@@ -59,7 +59,7 @@ end
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
 -- options ----------------------------------------------------------------------------
-local opts = {threads = 2, rounds = 3, out = "runs/bench"}
+local opts = {threads = 2, out = "runs/bench"}
 do
   local i = 1
   local function value(name)
@@ -265,14 +265,15 @@ local t_start = nd.clock()
 for i, w in ipairs(selected) do
   local t0 = nd.clock()
   local mine, theirs, cblas = {}, {}, {}
-  for k = 1, opts.rounds do
+  local rounds = opts.rounds or w.rounds or 3
+  for k = 1, rounds do
     mine[k], theirs[k], cblas[k] = measure_round(w, k % 2 == 0)
   end
   local r = row(w, w.name, "PyTorch", mine, theirs, w.target)
   rows[#rows + 1] = r
   io.stderr:write(("[%d/%d] %-18s needle %s ms, PyTorch %s ms, ratio %s over %d rounds (%.0f s)\n")
     :format(i, #selected, w.name, C.fmt(r.needle_ms, "%.3f"), C.fmt(r.ref_ms, "%.3f"),
-            C.fmt(r.ratio, "%.3f"), opts.rounds, nd.clock() - t0))
+            C.fmt(r.ratio, "%.3f"), rounds, nd.clock() - t0))
   if next(cblas) then
     -- issue 7: within 5% of cblas_sgemm called directly
     rows[#rows + 1] = row(w, w.name .. "_vs_cblas", "cblas_sgemm", mine, cblas, 1.05)
@@ -301,8 +302,8 @@ local meta = {
 
 local header = ("%-24s %2s %11s %11s %-6s %7s %13s %7s %4s %9s %9s"):format("workload", "#",
   "needle ms", "ref ms", "ref", "ratio", "rounds range", "target", "met", "needle MB", "ref MB")
-print(("needle-lua benchmark  %s  %s, %s cores, threads %d, PyTorch %s, %d rounds"):format(meta.date,
-  meta.cpu or meta.machine, tostring(meta.cores), threads, meta.torch, opts.rounds))
+print(("needle-lua benchmark  %s  %s, %s cores, threads %d, PyTorch %s, %s rounds"):format(meta.date,
+  meta.cpu or meta.machine, tostring(meta.cores), threads, meta.torch, opts.rounds or "3 (lstm_rss 1)"))
 print(header)
 print(("-"):rep(#header))
 local met_n, with_ratio = 0, 0

@@ -14,6 +14,9 @@
 --     inner           calls per timed run (ms is per call), for sub-millisecond calls
 --     cblas           {M, K, N}: also compared with cblas_sgemm called directly
 --     steps           (metric "rss") the number of steps run, all timed, none warm-up
+--     rounds          rounds run.lua makes of it unless --rounds is given (default 3);
+--                     peak RSS hardly varies between runs, and 200 PyTorch LSTM steps take
+--                     about two minutes
 --     kind            "startup": timed by run.lua launching processes, not by a worker
 --     setup(nd)       -> the function one call of which is the workload (needle side)
 --   W.by_name[name]   the same entries by name
@@ -125,7 +128,7 @@ W.list = {
    setup = function(nd) return infer(nd, nd.nn.ResNet9(), nd.randn({8, 3, 32, 32})) end},
   {name = "startup", issue = 8, target = 0.05, reps = 7, warmup = 1, kind = "startup",
    what = "start-up: needle-lua -e 'require \"needle\"' vs python3 -c 'import torch'"},
-  {name = "lstm_rss", issue = 9, target = 0.5, metric = "rss", steps = 200,
+  {name = "lstm_rss", issue = 9, target = 0.5, metric = "rss", steps = 200, rounds = 1,
    what = "peak RSS over 200 LSTM LM train steps (workload 4); ms is the median step",
    setup = lstm_step},
 }
