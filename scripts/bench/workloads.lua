@@ -75,13 +75,17 @@ W.list = {
      local a, b = nd.rand({128, 3072}), nd.rand({3072, 768})
      return function() return a:matmul(b) end
    end},
-  {name = "small_ops", issue = 2, target = 0.3, reps = 15, warmup = 3, inner = 1,
+  -- 30 warm-up calls (30000 adds, about 10 ms): a fresh process's first few
+  -- thousand small ops run while Lua's collector and the allocator's free
+  -- lists grow to their steady size, and with 3 warm-up calls needle's median
+  -- landed at 0.25 or at 0.40 ms from run to run
+  {name = "small_ops", issue = 2, target = 0.3, reps = 30, warmup = 30, inner = 1,
    what = "1000 additions of 16-element tensors, no autograd",
    setup = function(nd)
      local x, y = nd.rand({16}), nd.rand({16})
      return function() for _ = 1, 1000 do local _ = x + y end end
    end},
-  {name = "small_ops_grad", issue = 2, target = 0.3, reps = 15, warmup = 3, inner = 1,
+  {name = "small_ops_grad", issue = 2, target = 0.3, reps = 30, warmup = 30, inner = 1,
    what = "1000 additions of 16-element tensors, recording autograd",
    setup = function(nd)
      local x, y = nd.rand({16}, {requires_grad = true}), nd.rand({16})
