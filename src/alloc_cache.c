@@ -54,7 +54,8 @@ static bool front_key_ok;
 
 static void shared_free(void *p, int bin, size_t rounded);
 
-/* A thread's front back to the shared bins (or the system), at its exit. */
+/* A thread's front back to the shared bins (or the system): at its exit,
+ * and from nd_empty_cache for the calling thread. */
 static void front_exit(void *arg) {
     front *f = arg;
     for (int bin = 0; bin < FRONT_BINS; bin++) {
@@ -172,17 +173,7 @@ int64_t nd_cached_bytes(void) {
 }
 
 void nd_empty_cache(void) {
-    front *f = &tl_front;
-    for (int bin = 0; bin < FRONT_BINS; bin++) {
-        block *b = f->bins[bin];
-        while (b) {
-            block *next = b->next;
-            free(b);
-            b = next;
-        }
-        f->bins[bin] = NULL;
-    }
-    f->bytes = 0;
+    front_exit(&tl_front); /* this thread's front into the shared bins, freed below */
     pthread_mutex_lock(&cache.lock);
     for (int i = 0; i < NUM_BINS; i++) {
         block *b = cache.bins[i];

@@ -78,17 +78,27 @@ static double channel_sum(const double *acc, int64_t ch, int64_t sp) {
         }                                                                                      \
     } while (0)
 
+/* Scratch for one slab pass: acc_rows slabs of double sums and spread_rows
+ * slabs in x's dtype, each cs = C * pixels long; freed by the caller. */
+static nd_status slab_scratch(const nd_tensor *x, int64_t cs, int acc_rows, int spread_rows,
+                              double **acc, void **spread) {
+    *acc = malloc((size_t)acc_rows * sizeof(double) * (size_t)cs);
+    *spread = malloc((size_t)spread_rows * nd_dtype_size(x->dtype) * (size_t)cs);
+    if (!*acc || !*spread) {
+        free(*acc), free(*spread);
+        return nd_fail(ND_ERR_MEMORY, "batch_norm: out of memory");
+    }
+    return ND_OK;
+}
+
 nd_status nd_cpu_batch_norm_slab(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd,
                                  const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                  double eps, bool training) {
     const int64_t n = x->shape[0], c = x->shape[1], sp = nd_numel(x) / (n * c), cs = c * sp;
     const bool par = n * cs >= ND_PARALLEL_THRESHOLD;
-    double *acc = malloc(sizeof(double) * (size_t)cs);
-    void *spread = malloc(3 * nd_dtype_size(x->dtype) * (size_t)cs);
-    if (!acc || !spread) {
-        free(acc), free(spread);
-        return nd_fail(ND_ERR_MEMORY, "batch_norm: out of memory");
-    }
+    double *acc;
+    void *spread;
+    ND_TRY(slab_scratch(x, cs, 1, 3, &acc, &spread));
     if (x->dtype == ND_FLOAT32) BN_SLAB_FORWARD(float);
     else BN_SLAB_FORWARD(double);
     free(acc), free(spread);
@@ -149,12 +159,9 @@ nd_status nd_cpu_batch_norm_backward_slab(nd_tensor *dx, nd_tensor *dw, nd_tenso
                                           const nd_tensor *rstd, bool training) {
     const int64_t n = x->shape[0], c = x->shape[1], sp = nd_numel(x) / (n * c), cs = c * sp;
     const bool par = n * cs >= ND_PARALLEL_THRESHOLD;
-    double *acc = malloc(2 * sizeof(double) * (size_t)cs);
-    void *spread = malloc(4 * nd_dtype_size(x->dtype) * (size_t)cs);
-    if (!acc || !spread) {
-        free(acc), free(spread);
-        return nd_fail(ND_ERR_MEMORY, "batch_norm: out of memory");
-    }
+    double *acc;
+    void *spread;
+    ND_TRY(slab_scratch(x, cs, 2, 4, &acc, &spread));
     if (x->dtype == ND_FLOAT32) BN_SLAB_BACKWARD(float);
     else BN_SLAB_BACKWARD(double);
     free(acc), free(spread);
