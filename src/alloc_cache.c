@@ -16,6 +16,9 @@
  * nd_empty_cache() frees the calling thread's front too. */
 #include <pthread.h>
 #include <stdlib.h>
+#if defined(__GLIBC__)
+#include <malloc.h> /* malloc_trim */
+#endif
 #include <string.h>
 #include "tensor.h"
 
@@ -187,4 +190,12 @@ void nd_empty_cache(void) {
     }
     cache.cached_bytes = 0;
     pthread_mutex_unlock(&cache.lock);
+#if defined(__GLIBC__)
+    /* free() keeps what it gets back in glibc's heaps: blocks between the
+     * mmap threshold's start (128 KiB) and its dynamic ceiling (32 MiB) come
+     * from the heap once a larger block has been freed, and a live block
+     * above them pins the pages below. Without a trim, RSS after emptying
+     * the cache stayed at 650 MiB with 92 MiB of tensors live. */
+    malloc_trim(0);
+#endif
 }

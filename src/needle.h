@@ -419,6 +419,12 @@ int64_t nd_cached_bytes(void);
 void nd_empty_cache(void);
 /* Bytes of tensor storage allocated since start (never decreases). */
 int64_t nd_allocated_bytes(void);
+/* Bytes of memory this process can ever have: physical memory plus swap,
+ * lowered by its cgroup's memory limit; INT64_MAX when unknown. A CPU tensor
+ * larger than this is refused before any memory is touched (where the kernel
+ * overcommits, malloc would succeed and the process be killed while the
+ * pages are filled). Read once per process. */
+int64_t nd_memory_limit(void);
 
 /* ---- profiler (nd.profile, `needle-lua --profile`; docs/profiler.md) ----
  * Named events bracket ops: push returns the depth before the push, pop(d)

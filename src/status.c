@@ -56,6 +56,19 @@ const char *nd_shape_str(const int64_t *shape, int ndim, char *buf) {
     return buf;
 }
 
+const char *nd_bytes_str(uint64_t n, char *buf) {
+    static const char *units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (n < 1024) {
+        snprintf(buf, ND_BYTES_BUF, "%llu bytes", (unsigned long long)n);
+        return buf;
+    }
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024 && u < 6) { v /= 1024; u++; }
+    snprintf(buf, ND_BYTES_BUF, "%.1f %s", v, units[u]);
+    return buf;
+}
+
 nd_status nd_fail_index_bounds(const char *op, const nd_tensor *index, int64_t flat_pos,
                                int64_t value, int dim, int64_t limit) {
     int64_t pos[ND_MAX_DIMS], rem = flat_pos;

@@ -12,12 +12,22 @@ int64_t nd_live_bytes(void) { return atomic_load(&live_bytes); }
 int64_t nd_allocated_bytes(void) { return atomic_load_explicit(&allocated_bytes, memory_order_relaxed); }
 
 nd_status nd_storage_new(size_t nbytes, nd_storage **out) {
+    char want[ND_BYTES_BUF];
+    /* Checked before malloc: where the kernel overcommits, malloc of more
+     * than the machine has succeeds and filling it gets the process killed. */
+    int64_t limit = nd_memory_limit();
+    if ((uint64_t)nbytes > (uint64_t)limit) {
+        char have[ND_BYTES_BUF];
+        return nd_fail(ND_ERR_MEMORY, "%s is more than the %s of memory this process can have (%s)",
+                       nd_bytes_str(nbytes, want), nd_bytes_str((uint64_t)limit, have),
+                       nd_memory_limit_source());
+    }
     nd_storage *s = nd_cache_alloc(sizeof *s); /* headers are pooled too */
     if (!s) return nd_fail(ND_ERR_MEMORY, "out of memory allocating a storage header");
     void *data = nd_cache_alloc(nbytes ? nbytes : 1);
     if (!data) {
         nd_cache_free(s, sizeof *s);
-        return nd_fail(ND_ERR_MEMORY, "out of memory allocating %zu bytes", nbytes);
+        return nd_fail(ND_ERR_MEMORY, "out of memory allocating %s", nd_bytes_str(nbytes, want));
     }
     atomic_init(&s->refcount, 1);
     s->device = ND_DEVICE_CPU;

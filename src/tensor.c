@@ -1,4 +1,5 @@
 /* tensor.c - tensor headers: creation, lifetime, metadata, host buffers. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "autograd.h"
@@ -115,9 +116,10 @@ nd_status nd_empty_on(nd_device dev, const int64_t *shape, int ndim, nd_dtype dt
     nd_storage *s;
     if (dev.type == ND_DEVICE_CPU) {
         if (nd_storage_new(nbytes, &s) != ND_OK) {
-            char buf[ND_SHAPE_BUF];
-            return nd_fail(ND_ERR_MEMORY, "empty: out of memory allocating a %s tensor of shape %s (%zu bytes)",
-                           nd_dtype_name(dt), nd_shape_str(shape, ndim, buf), nbytes);
+            char buf[ND_SHAPE_BUF], why[512];
+            snprintf(why, sizeof why, "%s", nd_last_error());
+            return nd_fail(ND_ERR_MEMORY, "empty: cannot allocate a %s tensor of shape %s: %s",
+                           nd_dtype_name(dt), nd_shape_str(shape, ndim, buf), why);
         }
     } else {
         ND_TRY(nd_storage_new_on(dev, nbytes, &s));

@@ -44,6 +44,14 @@ nd_status nd_fail(nd_status st, const char *fmt, ...) __attribute__((format(prin
 /* Formats a shape as "{2,3}" into buf (at least 200 bytes). */
 const char *nd_shape_str(const int64_t *shape, int ndim, char *buf);
 #define ND_SHAPE_BUF 200
+/* Formats a byte count for people ("4.0 TiB", "512 bytes") into buf. */
+const char *nd_bytes_str(uint64_t n, char *buf);
+#define ND_BYTES_BUF 32
+/* memory_limit.c: the bound (nd_memory_limit) as seen under a root
+ * directory ("" for this system; tests use a fake tree) and what set it
+ * ("physical memory plus swap", "the memory limit of its cgroup", "unknown"). */
+int64_t nd_memory_limit_at(const char *root, const char **source);
+const char *nd_memory_limit_source(void);
 /* Dims and indices in messages are written with ND_IXF ("%lld" between
  * markers) and a 0-based value: nd_last_error() shows them as they are (C is
  * 0-based), nd_last_error_based(1) adds 1 to the non-negative ones for the Lua

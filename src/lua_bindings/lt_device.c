@@ -2,15 +2,17 @@
  * nd.opencl_available(). */
 #include "lt_internal.h"
 
-/* nd.devices(): {{name="cpu", type="cpu", threads=N, packed_conv=bool, small_linear=bool},
+/* nd.devices(): {{name="cpu", type="cpu", threads=N, memory=bytes, packed_conv=bool, small_linear=bool},
  * {name="opencl:0", ...}} */
 static int l_devices(lua_State *L) {
     int n = nd_opencl_device_count();
     lua_createtable(L, n + 1, 0);
-    lua_createtable(L, 0, 4);
+    lua_createtable(L, 0, 6);
     lt_set_str(L, "name", "cpu");
     lt_set_str(L, "type", "cpu");
     lt_set_int(L, "threads", nd_get_num_threads());
+    /* bytes this process can have (tensors above it are refused) */
+    lt_set_int(L, "memory", nd_memory_limit());
     lt_set_bool(L, "packed_conv", nd_cpu_packed_conv());
     lt_set_bool(L, "small_linear", nd_cpu_small_linear());
     lua_rawseti(L, -2, 1);
