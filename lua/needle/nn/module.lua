@@ -12,6 +12,7 @@
 --   function Linear:forward(x) return ... end
 --   local m = Linear(3, 4); local y = m(x)
 local core = require "needle.core"
+local options = require "needle.options"
 
 local Module = {}
 Module.__name = "Module"
@@ -240,7 +241,8 @@ local FLOAT = {float32 = true, float64 = true, float16 = true, bfloat16 = true}
 function Module:to(device)
   local dtype
   if type(device) == "table" and not core.is_tensor(device) then
-    device, dtype = device.device, device.dtype
+    local o = options.check(("nn.%s.to"):format(self.__name), device, {device = "string", dtype = "string"})
+    device, dtype = o.device, o.dtype
   end
   local function fail(msg) error(("needle.nn.%s.to: %s"):format(self.__name, msg), 3) end
   if device ~= nil and type(device) ~= "string" then
@@ -299,7 +301,8 @@ local shape_str = util.shape_str
 -- unexpected and shape-mismatched keys are reported together), then copies;
 -- a failed load leaves the module untouched. Returns missing, unexpected.
 function Module:load_state_dict(sd, opts)
-  local strict = not (opts and opts.strict == false)
+  opts = options.check(("nn.%s.load_state_dict"):format(self.__name), opts, {strict = "boolean"})
+  local strict = opts.strict ~= false
   local targets = {}
   for _, p in ipairs(self:named_parameters()) do targets[p[1]] = p[2] end
   for _, b in ipairs(self:named_buffers()) do targets[b[1]] = b[2] end

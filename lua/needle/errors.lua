@@ -1,0 +1,89 @@
+-- needle.errors: errors that point at the user's code (internal).
+--
+-- An error raised deep inside the package (a Linear called by a Sequential,
+-- an option checked by a helper of a helper) would otherwise carry the
+-- position of a library line, which the user can do nothing with
+-- ("nn/container.lua:143: needle.nn.Linear ..."). Two tools give it the
+-- position of the innermost line of the user's own code instead:
+--
+--   errors.raise(msg)       raises msg at the first stack frame outside the
+--                           package's Lua sources (C frames are skipped too)
+--   errors.call(fn, ...)    calls fn(...); a "needle.<op>: ..." error raised
+--                           inside (by Lua or by a C function) at a library
+--                           line, or with no position, is re-raised with the
+--                           position of the innermost user frame. The nn
+--                           modules' calls and constructors go through it.
+--
+-- Errors that are not needle's own ("attempt to index a nil value", errors
+-- raised by the user's callbacks) pass through unchanged.
+local M = {}
+
+-- "@/path/to/lua/needle/": the package's files share this file's directory
+local ROOT = debug.getinfo(1, "S").source:match("^(@.*[/\\])errors%.lua$")
+
+-- true when source (debug.getinfo's) is one of the package's Lua files
+function M.is_library(source)
+  if ROOT ~= nil and source:sub(1, #ROOT) == ROOT then return true end
+  return source:find("^=%[needle embedded%] needle") ~= nil
+end
+local is_library = M.is_library
+
+-- The level, as error() counts it in the function `from` - 1 levels above
+-- user_level's caller (2: that caller's caller), of the first frame that is
+-- neither C nor the package's; nil when there is none.
+local function user_level(from)
+  local level = from + 1
+  while true do
+    local info = debug.getinfo(level, "S")
+    if info == nil then return nil end
+    if info.what ~= "C" and not is_library(info.source) then return level - 1 end
+    level = level + 1
+  end
+end
+
+function M.raise(msg)
+  local level = user_level(2) -- 2: raise's caller
+  if level == nil then error(msg, 0) end
+  error(msg, level)
+end
+
+-- "needle.<who>: <fmt...>" raised at the user's line
+function M.fail(who, fmt, ...)
+  M.raise(("needle.%s: " .. fmt):format(who, ...))
+end
+
+-- The message handler of errors.call: runs on the stack of the error, so the
+-- frame the message blames and the user's frames above it are all there.
+local function relocate(e)
+  if type(e) ~= "string" then return e end
+  local pos = e:match("^([^\n]-:%d+: )needle%.")
+  if pos == nil then
+    if e:find("^needle%.") == nil then return e end -- not needle's
+    pos = ""
+  end
+  local chunk = pos:match("^(.*):%d+: $")
+  local user, library = nil, {}
+  local level = 2
+  while true do
+    local info = debug.getinfo(level, "Sl")
+    if info == nil then break end
+    if info.what ~= "C" then
+      if is_library(info.source) then library[info.short_src] = true
+      elseif user == nil then user = info end
+    end
+    level = level + 1
+  end
+  if user == nil or (pos ~= "" and not library[chunk]) then return e end
+  return ("%s:%d: %s"):format(user.short_src, user.currentline, e:sub(#pos + 1))
+end
+
+local function rethrow(ok, ...)
+  if ok then return ... end
+  error((...), 0)
+end
+
+function M.call(fn, ...)
+  return rethrow(xpcall(fn, relocate, ...))
+end
+
+return M
