@@ -508,3 +508,22 @@ describe("nn errors name the module, its config and the shapes", function()
     assert.truthy(errmsg(m.load_state_dict, m, sd):find("0.weight (checkpoint {4,4}, model {3,4})", 1, true))
   end)
 end)
+
+describe("nd.nn.models", function()
+  it("holds the ready-made models, as convert_torch.lua --list names them", function()
+    assert.are.equal(nn.MLP, nn.models.MLP)
+    assert.are.equal(nn.ResNet9, nn.models.ResNet9)
+    assert.are.equal(nn.LanguageModel, nn.models.LanguageModel)
+    local cm = require "needle.convert.models"
+    assert.are.equal(cm.ResNetCIFAR, nn.models.ResNetCIFAR)
+    assert.are.equal(cm.TransformerClassifier, nn.models.TransformerClassifier)
+    local m = nn.models.MLP({4, 3, 2})
+    assert.are.same({1, 2}, m(nd.zeros({1, 4})).shape)
+    -- every nd.nn.models.<Name> the converter's descriptions mention exists
+    for _, name in ipairs(cm.names()) do
+      for ref in (cm.get(name).description or ""):gmatch("nd%.nn%.models%.([%w_]+)") do
+        assert.is_not_nil(nn.models[ref], ref)
+      end
+    end
+  end)
+end)
