@@ -77,13 +77,22 @@ local function relocate(e)
   return ("%s:%d: %s"):format(user.short_src, user.currentline, e:sub(#pos + 1))
 end
 
-local function rethrow(ok, ...)
+-- The threads (coroutines) inside an errors.call: only the outermost call of
+-- a thread needs the protected call, since relocate runs on the whole stack
+-- of the error; calls nested in it (the modules of a Sequential) are plain.
+local protected = setmetatable({}, {__mode = "k"})
+
+local function finish(co, ok, ...)
+  protected[co] = nil
   if ok then return ... end
   error((...), 0)
 end
 
 function M.call(fn, ...)
-  return rethrow(xpcall(fn, relocate, ...))
+  local co = coroutine.running()
+  if protected[co] then return fn(...) end
+  protected[co] = true
+  return finish(co, xpcall(fn, relocate, ...))
 end
 
 return M
