@@ -194,6 +194,10 @@ local function make_rnn(kind)
     end
     if self.batch_first then x = x:transpose(1, 2) end
     local T, B, H, L = x:size(1), x:size(2), self.hidden_size, self.num_layers
+    if T == 0 then -- an error, as in PyTorch (there is no last state to return)
+      fail(self, "expected a sequence length larger than 0 (dim %d of the input), got input of shape %s",
+           (self.batch_first and not unbatched) and 2 or 1, shape_str(input))
+    end
     local h0, c0
     if kind == "LSTM" then
       if state ~= nil then h0, c0 = state[1], state[2] end
