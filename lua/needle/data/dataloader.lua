@@ -37,11 +37,34 @@ local function describe(v)
   return "a " .. type(v)
 end
 
+-- Items may nest tables this deep (a deeper item is almost surely a mistake,
+-- and Lua's stack would give out a few thousand levels further).
+local MAX_DEPTH = 100
+
+-- "item.x[2].y": where a field sits inside an item (keys: the path from the
+-- item down); at most the first and last few keys of a long path
+local function path_str(keys, depth)
+  local parts = {"item"}
+  local function add(k)
+    if type(k) == "string" and k:match("^[%a_][%w_]*$") then parts[#parts + 1] = "." .. k
+    elseif type(k) == "string" then parts[#parts + 1] = ("[%q]"):format(k)
+    else parts[#parts + 1] = "[" .. tostring(k) .. "]" end
+  end
+  for i = 1, math.min(depth, 6) do add(keys[i]) end
+  if depth > 8 then parts[#parts + 1] = ("...(%d more)..."):format(depth - 8) end
+  for i = math.max(7, depth - 1), depth do add(keys[i]) end
+  return table.concat(parts)
+end
+
 -- default_collate(samples) -> batch: tensors are stacked along a new dim 1
 -- (nd.stack), numbers become a 1-D tensor (int64 when all are integers, else
 -- float32), booleans a bool tensor, strings stay a list, and tables (lists or
 -- records of fields) are collated field by field into a table of the same shape.
-local function default_collate(samples)
+-- A table that contains itself, or tables nested deeper than MAX_DEPTH, are
+-- errors naming the path (the field-by-field walk would never end).
+-- keys, depth and open (the tables of item 1 being walked) are the walk's.
+local function default_collate(samples, keys, depth, open)
+  keys, depth, open = keys or {}, depth or 0, open or {}
   local first = samples[1]
   if is_tensor(first) then
     for k = 2, #samples do
@@ -69,6 +92,14 @@ local function default_collate(samples)
     for k = 1, #samples do out[k] = samples[k] end
     return out
   elseif t == "table" then
+    if open[first] then
+      errorf("collate: item 1 contains itself (at %s): a table with a cycle cannot be batched",
+             path_str(keys, depth))
+    end
+    if depth >= MAX_DEPTH then
+      errorf("collate: items nest tables more than %d levels deep (at %s)", MAX_DEPTH, path_str(keys, depth))
+    end
+    open[first] = true
     local out = {}
     for key in pairs(first) do
       local column = {}
@@ -81,8 +112,11 @@ local function default_collate(samples)
         if v == nil then errorf("collate: item %d has no field %s (item 1 has)", k, tostring(key)) end
         column[k] = v
       end
-      out[key] = default_collate(column)
+      keys[depth + 1] = key
+      out[key] = default_collate(column, keys, depth + 1, open)
     end
+    keys[depth + 1] = nil
+    open[first] = nil
     return out
   end
   errorf("collate: cannot batch items of type %s (give a collate_fn)", t)
