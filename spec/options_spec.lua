@@ -265,7 +265,10 @@ end)
 -- nd.nn.models (the names that are not also in nd.nn) and nn.init
 local MODELS = {
   ConvBN = {"device, dtype", function(o) return nn.models.ConvBN(1, 2, 3, 1, o) end, "nn.ConvBN"},
-  ResNetCIFAR = {"layers, num_classes, width", function(o) return nn.models.ResNetCIFAR(o) end},
+  ResNetCIFAR = {"layers, num_classes, width", function(o)
+    o.width, o.layers = 2, {1, 1, 1, 1} -- small: the default is ResNet-18
+    return nn.models.ResNetCIFAR(o)
+  end},
   TransformerClassifier = {"activation, dim_feedforward, max_len, norm_first, num_classes, num_layers",
                            function(o) return nn.models.TransformerClassifier(10, 4, 2, o) end},
 }
@@ -369,6 +372,10 @@ describe("the rest of the package", function()
       nd.set_printoptions(saved)
     end},
     {"profile", "print, sort, trace", function(o) return nd.profile(function() end, o) end},
+    {"plot.lines", "series, title, xlabel, ylabel", function(o)
+      if next(o) == nil then return end -- writes a file
+      return nd.plot.lines("/nonexistent/plot", o)
+    end},
     {"convert.load_state_dict", "convert_dtype, mapping, strict",
      function(o) local m = nn.Linear(2, 2); return nd.convert.load_state_dict(m, m:state_dict(), o) end},
     {"convert.model('mlp')", "convert_dtype, mapping, strict",
