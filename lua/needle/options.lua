@@ -77,6 +77,7 @@ local function got(v)
   if type(v) == "string" then return ("%q"):format(v) end
   if type(v) == "number" or type(v) == "boolean" then return tostring(v) end
   if core.is_tensor(v) then return "a tensor" end
+  if is_module(v) then return "a module (" .. tostring(v.__name) .. ")" end
   return "a " .. type(v)
 end
 M.got = got
