@@ -28,23 +28,15 @@ function M.is_library(source)
 end
 local is_library = M.is_library
 
--- The level, as error() counts it in the function `from` - 1 levels above
--- user_level's caller (2: that caller's caller), of the first frame that is
--- neither C nor the package's; nil when there is none.
-local function user_level(from)
-  local level = from + 1
+function M.raise(msg)
+  -- debug.getinfo and error count levels alike here: 1 is raise itself
+  local level = 2
   while true do
     local info = debug.getinfo(level, "S")
-    if info == nil then return nil end
-    if info.what ~= "C" and not is_library(info.source) then return level - 1 end
+    if info == nil then error(msg, 0) end
+    if info.what ~= "C" and not is_library(info.source) then error(msg, level) end
     level = level + 1
   end
-end
-
-function M.raise(msg)
-  local level = user_level(2) -- 2: raise's caller
-  if level == nil then error(msg, 0) end
-  error(msg, level)
 end
 
 -- "needle.<who>: <fmt...>" raised at the user's line
