@@ -122,7 +122,7 @@ nd_tensor *lt_check_tensor_like_on(lua_State *L, int idx, const char *op, nd_dty
     if (t) return t; /* a tensor stays where it is: the op checks devices */
     t = lt_check_tensor_like(L, idx, op, dt); /* pushed */
     if (dev.type == ND_DEVICE_CPU) return t;
-    nd_retain(t);
+    ((lt_box *)lua_touserdata(L, -1))->t = NULL; /* take the reference back */
     lua_pop(L, 1);
     lt_push_on(L, t, dev, op);
     return lt_to(L, -1);
@@ -224,12 +224,13 @@ static int shape_and_opts(lua_State *L, int idx, const char *op, int64_t *shape,
 
 /* Moves a new tensor to opts.device (default dev), sets requires_grad, pushes it. */
 static void finish_new_on(lua_State *L, nd_tensor *t, int opts, const char *op, nd_device dev) {
+    lt_push(L, t); /* owned by the stack while the options are read: they may raise */
     dev = lt_opt_device(L, opts, op, dev);
     bool rg = lt_opt_bool(L, lua_istable(L, opts) ? opts : 0, op, "requires_grad", false);
-    if (rg && !nd_dtype_is_float(t->dtype)) {
-        nd_release(t);
+    if (rg && !nd_dtype_is_float(t->dtype))
         lt_error(L, op, "only floating point tensors can require gradients");
-    }
+    ((lt_box *)lua_touserdata(L, -1))->t = NULL; /* take the reference back */
+    lua_pop(L, 1);
     lt_push_on(L, t, dev, op);
     if (rg) lt_to(L, -1)->requires_grad = true;
 }
