@@ -1,6 +1,8 @@
 -- LuaRocks build of needle-lua from a checkout:
 --   luarocks --lua-version=5.4 make needle-lua-scm-1.rockspec            (system tree)
 --   luarocks --lua-version=5.4 make --tree /tmp/rocktree needle-lua-scm-1.rockspec
+-- --lua-version=5.4 is needed: Debian's luarocks defaults to Lua 5.1, and plain
+-- `luarocks make` then fails on the dependency below.
 -- The CMake build installs needle/core.so into $(LIBDIR), the Lua sources into
 -- $(LUADIR) and needle-lua into $(PREFIX)/bin; LuaRocks deploys them into the
 -- tree. The C embedding API (libneedle, needle.h, needle.pc) is left to
@@ -10,7 +12,7 @@ package = "needle-lua"
 version = "scm-1"
 
 source = {
-   -- `luarocks make` builds the checkout it is run in; this URL is a
+   -- `luarocks --lua-version=5.4 make` builds the checkout it is run in; this URL is a
    -- placeholder until the project has a public home.
    url = "git+https://example.invalid/needle-lua.git",
 }

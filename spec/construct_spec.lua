@@ -533,3 +533,52 @@ describe("random", function()
     assert_contains(errmsg(function() return nd.rand({2}, {dtype = "int64"}) end), "needle.rand")
   end)
 end)
+
+-- Issue 15: a shape table is a list of sizes and nothing else; every op that
+-- reads a shape (constructors, view, reshape, expand, frombytes, ...) goes
+-- through the same reader, so each case is tried on several.
+describe("shape tables", function()
+  local readers = {
+    zeros = function(s) return nd.zeros(s) end,
+    full = function(s) return nd.full(s, 1) end,
+    randn = function(s) return nd.randn(s) end,
+    reshape = function(s) return nd.zeros({8}):reshape(s) end,
+    view = function(s) return nd.zeros({8}):view(s) end,
+  }
+
+  it("with holes is an error, not a shorter shape", function()
+    for name, f in pairs(readers) do
+      local msg = errmsg(f, {[1] = 2, [3] = 4})
+      assert_contains(msg, "needle." .. name .. ": a shape is a list of sizes such as {2, 3}, " ..
+                      "but this one has no size at index 2 (and one at 3)")
+    end
+    -- a hole after the first size too, and one that leaves #t ambiguous
+    assert_contains(errmsg(nd.zeros, {2, nil, 4}), "no size at index 2")
+    assert_contains(errmsg(nd.zeros, {[2] = 3}), "no size at index 1 (and one at 2)")
+  end)
+
+  it("with a key that is not a position is an error", function()
+    for name, f in pairs(readers) do
+      assert_contains(errmsg(f, {2, 4, x = 3}),
+                      "needle." .. name .. ": a shape is a list of sizes such as {2, 3}, but this one has the key 'x'")
+    end
+    assert_contains(errmsg(nd.zeros, {[0] = 1, 2}), "has the key 0")
+    assert_contains(errmsg(nd.zeros, {[1.5] = 1}), "has the key 1.5")
+    assert_contains(errmsg(nd.zeros, {2, [-1] = 3}), "has the key -1")
+  end)
+
+  it("with a size that is not an integer names the size", function()
+    assert_contains(errmsg(nd.zeros, {2, 2.5}), "needle.zeros: size 2 of the shape must be an integer, got 2.5")
+    assert_contains(errmsg(nd.zeros, {"2"}), "needle.zeros: size 1 of the shape must be an integer, got string")
+    assert_contains(errmsg(nd.zeros, {2, {3}}), "size 2 of the shape must be an integer, got table")
+    assert_contains(errmsg(nd.zeros({8}).reshape, nd.zeros({8}), {2, true}),
+                    "needle.reshape: size 2 of the shape must be an integer, got boolean")
+  end)
+
+  it("that are plain lists still work, empty included", function()
+    assert.are.same({2, 4}, nd.zeros({2, 4}).shape)
+    assert.are.same({}, nd.zeros({}).shape)
+    assert.are.same({2, 4}, nd.zeros({8}):reshape({2, -1}).shape)
+    assert.are.same({2, 2}, nd.zeros(2, 2).shape)
+  end)
+end)

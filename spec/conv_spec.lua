@@ -128,7 +128,7 @@ describe("conv2d", function()
         "stride must be an integer or a pair {h, w}, got a table of 3 entries")
       assert_contains(errmsg(nd.conv2d, x, w, nil, {stride = 1.5}), "stride must be an integer")
       assert_contains(errmsg(nd.conv2d, x, w, nil, {strides = 2}),
-        "needle.conv2d: unknown option 'strides' (expected stride, padding, dilation, groups)")
+        "needle.conv2d: unknown option 'strides' (valid: dilation, groups, padding, stride)")
     end)
     it("shapes and dtypes", function()
       assert_contains(errmsg(nd.conv2d, nd.zeros({3, 5}), nd.zeros({2, 3, 3, 3})),

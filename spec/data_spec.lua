@@ -292,6 +292,40 @@ describe("DataLoader", function()
     local bad = data.DataLoader({nd.zeros({2}), nd.zeros({3})}, {batch_size = 2})
     has(errmsg(function() for _ in bad:iter() do end end), "collate: cannot stack")
   end)
+
+  -- issue 15: these ran into Lua's "stack overflow" after seconds
+  it("collating a table that contains itself, or nests too deep, is an error naming the path", function()
+    local t = {x = 1}
+    t.self = t
+    local loader = data.DataLoader({t, t}, {batch_size = 2})
+    local line = debug.getinfo(1, "l").currentline + 1
+    local ok, e = pcall(function() for _ in loader:iter() do end end)
+    assert.is_false(ok)
+    has(e, ("data_spec.lua:%d: needle.data.DataLoader: collate: item 1 contains itself (at item.self): " ..
+            "a table with a cycle cannot be batched"):format(line))
+    local list = {1, {}}
+    list[2][1] = list
+    has(errmsg(data.default_collate, {list}), "item 1 contains itself (at item[2][1])")
+    local deep = {}
+    local c = deep
+    for _ = 1, 150 do c.a = {}; c = c.a end
+    local t0 = os.clock()
+    e = errmsg(data.default_collate, {deep, deep})
+    assert.is_true(os.clock() - t0 < 1)
+    has(e, "needle.data.DataLoader: collate: items nest tables more than 100 levels deep " ..
+           "(at item.a.a.a.a.a.a...(92 more)....a.a)")
+    -- the same table twice (not a cycle) and nesting within the limit are fine
+    local shared = {1, 2}
+    local b = data.default_collate({{p = shared, q = shared}, {p = shared, q = shared}})
+    assert.are.same({{1, 1}, {2, 2}}, {b.p[1]:totable(), b.q[2]:totable()})
+    local ok_deep = {}
+    c = ok_deep
+    for _ = 1, 99 do c.a = {}; c = c.a end
+    c.v = 3
+    local r = data.default_collate({ok_deep})
+    for _ = 1, 99 do r = r.a end
+    assert.are.same({3}, r.v:totable())
+  end)
 end)
 
 describe("transforms", function()

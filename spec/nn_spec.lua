@@ -508,3 +508,82 @@ describe("nn errors name the module, its config and the shapes", function()
     assert.truthy(errmsg(m.load_state_dict, m, sd):find("0.weight (checkpoint {4,4}, model {3,4})", 1, true))
   end)
 end)
+
+-- Issue 15: errors raised inside the library (a Linear called by a
+-- Sequential, an op inside a container's forward, a module built by another's
+-- constructor) carry the position of the user's line, not a library line.
+describe("nn errors point at the user's line", function()
+  -- fn must raise; returns the message and the line fn's own call started on
+  local function raised(fn)
+    local ok, e = pcall(fn)
+    assert.is_false(ok)
+    return tostring(e)
+  end
+  local function here() return debug.getinfo(2, "l").currentline end
+
+  it("a module's error through Sequential and nested containers", function()
+    local model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Sequential(nn.Linear(2, 2)))
+    local line
+    local e = raised(function() line = here(); local y = model(nd.zeros({1, 4})); return y end)
+    assert.truthy(e:find(("^spec/nn_spec%%.lua:%d: needle%%.nn%%.Linear%%(2, 2%%): expected input with last dim 2"):format(line)), e)
+    assert.is_nil(e:find("container.lua", 1, true), e)
+  end)
+
+  it("an op's error inside a library forward", function()
+    local res = nn.Residual(nn.Linear(2, 3))
+    local line
+    local e = raised(function() line = here(); local y = res(nd.zeros({1, 2})); return y end)
+    assert.truthy(e:find(("^spec/nn_spec%%.lua:%d: needle%%.add: "):format(line)), e)
+  end)
+
+  it("inside a user's module: the user's own line in its forward", function()
+    local Net = nn.Module:extend("Net")
+    local inner_line
+    function Net:init() self.fc = nn.Linear(4, 2) end
+    function Net:forward(x)
+      inner_line = here(); local y = self.fc(x); return y
+    end
+    local net = nn.Sequential(Net())
+    local e = raised(function() local y = net(nd.zeros({1, 5})); return y end)
+    assert.truthy(e:find(("^spec/nn_spec%%.lua:%d: needle%%.nn%%.Linear%%(4, 2%%)"):format(inner_line)), e)
+  end)
+
+  it("a constructor's error raised while building an inner module", function()
+    local line
+    local e = raised(function() line = here(); local m = nn.TransformerEncoderLayer(6, 4); return m end)
+    assert.truthy(e:find(("^spec/nn_spec%%.lua:%d: needle%%.nn%%.MultiheadAttention%%(6, 4%%): embed_dim must be " ..
+                          "divisible by num_heads"):format(line)), e)
+    e = raised(function() line = here(); local m = nn.models.MLP({2, 3, 1}, {dropout = "x"}); return m end)
+    assert.truthy(e:find(("^spec/nn_spec%%.lua:%d: needle%%.nn%%.models%%.MLP: option 'dropout'"):format(line)), e)
+  end)
+
+  it("errors that are not needle's own pass through unchanged", function()
+    local Bad = nn.Module:extend("Bad")
+    function Bad:forward() error({code = 7}) end
+    local ok, e = pcall(nn.Sequential(Bad()), nd.zeros({1}))
+    assert.is_false(ok)
+    assert.are.same({code = 7}, e)
+    function Bad:forward() error("my own message", 0) end
+    ok, e = pcall(nn.Sequential(Bad()), nd.zeros({1}))
+    assert.are.equal("my own message", e)
+  end)
+end)
+
+describe("nd.nn.models", function()
+  it("holds the ready-made models, as convert_torch.lua --list names them", function()
+    assert.are.equal(nn.MLP, nn.models.MLP)
+    assert.are.equal(nn.ResNet9, nn.models.ResNet9)
+    assert.are.equal(nn.LanguageModel, nn.models.LanguageModel)
+    local cm = require "needle.convert.models"
+    assert.are.equal(cm.ResNetCIFAR, nn.models.ResNetCIFAR)
+    assert.are.equal(cm.TransformerClassifier, nn.models.TransformerClassifier)
+    local m = nn.models.MLP({4, 3, 2})
+    assert.are.same({1, 2}, m(nd.zeros({1, 4})).shape)
+    -- every nd.nn.models.<Name> the converter's descriptions mention exists
+    for _, name in ipairs(cm.names()) do
+      for ref in (cm.get(name).description or ""):gmatch("nd%.nn%.models%.([%w_]+)") do
+        assert.is_not_nil(nn.models[ref], ref)
+      end
+    end
+  end)
+end)

@@ -446,7 +446,7 @@ describe("optimizer behaviour", function()
       {"RMSprop", {momentum = -1}, "needle.optim.RMSprop: invalid momentum -1"},
       {"Adagrad", {lr_decay = -0.1}, "needle.optim.Adagrad: invalid lr_decay -0.1"},
       {"Adagrad", {initial_accumulator_value = -1}, "needle.optim.Adagrad: invalid initial_accumulator_value -1"},
-      {"Adam", {lr = 0.1, beta = {0.9, 0.99}}, "needle.optim.Adam: unknown option 'beta' (expected amsgrad, betas, eps, lr, maximize, weight_decay)"},
+      {"Adam", {lr = 0.1, beta = {0.9, 0.99}}, "needle.optim.Adam: unknown option 'beta' (valid: amsgrad, betas, eps, lr, maximize, weight_decay)"},
     }
     for _, c in ipairs(cases) do
       assert_contains(errmsg(optim[c[1]], {W}, c[2]), c[3])

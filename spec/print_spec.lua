@@ -534,7 +534,8 @@ describe("needle.tensor_print", function()
 
     it("rejects bad options", function()
       assert.has_error(function() tp.set_printoptions({ precison = 2 }) end,
-        "needle.set_printoptions: unknown option 'precison'")
+        "needle.set_printoptions: unknown option 'precison' " ..
+        "(valid: edgeitems, linewidth, precision, profile, sci_mode, threshold)")
       assert.has_error(function() tp.set_printoptions({ precision = -1 }) end)
       assert.has_error(function() tp.set_printoptions({ edgeitems = 1.5 }) end)
       assert.has_error(function() tp.set_printoptions({ sci_mode = "yes" }) end)

@@ -94,4 +94,25 @@ describe("recurrent modules against PyTorch", function()
     assert.is_false(ok)
     assert.truthy(e:find("expected h0 of shape (1, 3, 20), got {2,3,20}", 1, true), e)
   end)
+
+  -- issue 15: it failed inside needle.stack ("expected a non-empty list of
+  -- tensors"); PyTorch raises too (there is no last state to return)
+  it("a sequence of 0 steps is an error naming the module and the input's shape", function()
+    for _, kind in ipairs({"RNN", "LSTM", "GRU"}) do
+      local m = nn[kind](2, 3)
+      local line = debug.getinfo(1, "l").currentline + 1
+      local ok, e = pcall(function() local y = m(nd.zeros({0, 4, 2})); return y end)
+      assert.is_false(ok)
+      assert.truthy(e:find(("rnn_spec.lua:%d: needle.nn.%s(2, 3): expected a sequence length larger than 0 " ..
+        "(dim 1 of the input), got input of shape {0,4,2}"):format(line, kind), 1, true), e)
+      ok, e = pcall(m, nd.zeros({0, 2}))                       -- unbatched (T, in)
+      assert.truthy(e:find("(dim 1 of the input), got input of shape {0,2}", 1, true), e)
+      ok, e = pcall(nn[kind](2, 3, {batch_first = true}), nd.zeros({4, 0, 2}))
+      assert.truthy(e:find("(dim 2 of the input), got input of shape {4,0,2}", 1, true), e)
+    end
+    -- an empty batch still works: only the time dim must be nonempty
+    local out, hc = nn.LSTM(2, 3)(nd.zeros({5, 0, 2}))
+    assert.are.same({5, 0, 3}, out.shape)
+    assert.are.same({1, 0, 3}, hc[1].shape)
+  end)
 end)

@@ -5,6 +5,8 @@
 -- of gradients). Keyword arguments go in a trailing options table with
 -- PyTorch's names. Dims are 1-based; class labels are 1..C.
 local core = require "needle.core"
+local errors = require "needle.errors"
+local options = require "needle.options"
 
 local F = {}
 
@@ -41,7 +43,7 @@ function F.tanh(x) return core.tanh(x) end
 -- gelu(x, {approximate = "none" | "tanh"})
 function F.gelu(x, opts)
   check_tensor("gelu", x)
-  local approximate = opt(opts, "approximate", "none")
+  local approximate = opt(options.check("gelu", opts, {approximate = "string"}), "approximate", "none")
   if approximate == "tanh" then
     local inner = (x + x ^ 3 * 0.044715) * math.sqrt(2 / math.pi)
     return x * 0.5 * (inner:tanh() + 1)
@@ -60,6 +62,7 @@ end
 -- softplus(x, {beta = 1, threshold = 20}): linear above threshold, as PyTorch
 function F.softplus(x, opts)
   check_tensor("softplus", x)
+  opts = options.check("softplus", opts, {beta = "number", threshold = "number"})
   local beta, threshold = opt(opts, "beta", 1), opt(opts, "threshold", 20)
   local bx = x * beta
   -- log(1 + exp(bx)) without overflow: max(bx, 0) + log(1 + exp(-|bx|))
@@ -126,6 +129,7 @@ end
 
 function F.mse_loss(input, target, opts)
   check_tensor("mse_loss", input)
+  opts = options.check("mse_loss", opts, {reduction = "string"})
   local d = input - target
   return reduce("mse_loss", d * d, opt(opts, "reduction", "mean"))
 end
@@ -133,6 +137,7 @@ end
 -- stable: max(x, 0) - x y + log(1 + exp(-|x|))
 function F.binary_cross_entropy_with_logits(input, target, opts)
   check_tensor("binary_cross_entropy_with_logits", input)
+  opts = options.check("binary_cross_entropy_with_logits", opts, {reduction = "string"})
   local loss = input:maximum(0) - input * target + ((-input:abs()):exp() + 1):log()
   return reduce("binary_cross_entropy_with_logits", loss, opt(opts, "reduction", "mean"))
 end
@@ -165,6 +170,7 @@ end
 function F.nll_loss(log_probs, labels, opts)
   local op = "nll_loss"
   check_tensor(op, log_probs)
+  opts = options.check(op, opts, {ignore_index = "integer", reduction = "string"})
   if log_probs:dim() ~= 2 then fail_at(3, op, "expected input of shape (N, C), got {%s}", table.concat(log_probs.shape, ",")) end
   local n, C = log_probs:size(1), log_probs:size(2)
   local ignore_index = opt(opts, "ignore_index", nil)
@@ -185,15 +191,16 @@ end
 -- form). As PyTorch: with label smoothing the target is
 -- (1 - e) one_hot + e / C; the mean skips ignored rows.
 -- Labels given as a Lua table become a tensor on the logits' device. Errors
--- of the C op are raised again at the caller's position (called through
+-- of the C op are raised again at the user's position (called through
 -- pcall, the C op's own message carries no position).
 function F.cross_entropy(logits, labels, opts)
+  options.check("cross_entropy", opts, {ignore_index = "integer", label_smoothing = "number", reduction = "string"})
   if type(labels) == "table" and not core.is_tensor(labels) and core.is_tensor(logits)
      and logits.device ~= "cpu" then
     labels = core.tensor(labels, {dtype = "int64", device = logits.device})
   end
   local ok, r = pcall(core.cross_entropy, logits, labels, opts)
-  if not ok then error(r, 2) end
+  if not ok then errors.raise(r) end
   return r
 end
 
@@ -217,6 +224,7 @@ F.batch_norm = core.batch_norm
 -- -> indices.shape + {dim}; the padding row gets no gradient
 function F.embedding(indices, weight, opts)
   check_tensor("embedding", weight, "weight")
+  opts = options.check("embedding", opts, {padding_idx = "integer"})
   local idx = core.is_tensor(indices) and indices or core.tensor(indices, {dtype = "int64", device = weight.device})
   local flat = idx:reshape({-1})
   local out = weight:index_select(1, flat)

@@ -86,6 +86,9 @@ local function svg(path, spec)
 end
 
 function M.lines(base, spec)
+  spec = require("needle.options").check("plot.lines", spec, {title = "string", xlabel = "string", ylabel = "string",
+                                                              series = "table"})
+  spec.series = spec.series or {}
   if has_gnuplot() and gnuplot_png(base .. ".png", spec) then return base .. ".png" end
   svg(base .. ".svg", spec)
   return base .. ".svg"

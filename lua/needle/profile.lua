@@ -218,8 +218,8 @@ function M.stop(h, opts)
 end
 
 local function check_opts(opts)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then error(("needle.profile: options must be a table, got %s"):format(type(opts)), 3) end
+  -- trace and sort: checked below, with what they may be
+  opts = require("needle.options").check("profile", opts, {trace = "any", print = "boolean", sort = "any"})
   if opts.trace ~= nil and type(opts.trace) ~= "string" then
     error(("needle.profile: trace must be a file name, got %s"):format(type(opts.trace)), 3)
   end

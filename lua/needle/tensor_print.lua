@@ -35,6 +35,8 @@
 -- The tensor API used: t.shape, t.dtype, t.device, t.requires_grad,
 -- t:narrow(dim, start, length), t:totable(), t:double().
 
+local options = require "needle.options"
+
 local M = {}
 
 local floor, huge, tointeger = math.floor, math.huge, math.tointeger
@@ -56,9 +58,10 @@ local OPTS = {
   edgeitems = DEFAULTS.edgeitems, linewidth = DEFAULTS.linewidth, sci_mode = nil,
 }
 
+-- the options (their values are checked by check below)
 local KNOWN = {
-  precision = true, threshold = true, edgeitems = true, linewidth = true,
-  sci_mode = true, profile = true,
+  precision = "any", threshold = "any", edgeitems = "any", linewidth = "any",
+  sci_mode = "any", profile = "any",
 }
 
 local FLOATING = { float32 = true, float64 = true, float16 = true, bfloat16 = true }
@@ -106,15 +109,7 @@ end
 -- the value given, so leaving it out goes back to the automatic choice.
 -- `profile` ("default", "short", "full") first sets the profile's values.
 function M.set_printoptions(o)
-  if o == nil then o = {} end
-  if type(o) ~= "table" then
-    error("needle.set_printoptions: expected a table of options, got " .. type(o), 2)
-  end
-  for k in pairs(o) do
-    if not KNOWN[k] then
-      error("needle.set_printoptions: unknown option '" .. tostring(k) .. "'", 2)
-    end
-  end
+  o = options.check("set_printoptions", o, KNOWN)
   local new = {}
   for k, v in pairs(OPTS) do new[k] = v end
   if o.profile ~= nil then

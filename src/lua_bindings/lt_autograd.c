@@ -11,8 +11,10 @@ static int t_backward(lua_State *L) {
         grad = lt_check_tensor_like_on(L, 2, "backward", x->dtype, nd_get_device(x));
         opts = 3;
     }
-    bool retain = lt_opt_bool_field(L, opts, "retain_graph", false);
-    bool create = lt_opt_bool_field(L, opts, "create_graph", false);
+    static const char *const valid[] = {"retain_graph", "create_graph", NULL};
+    opts = lt_options(L, opts, "backward", valid);
+    bool retain = lt_opt_bool(L, opts, "backward", "retain_graph", false);
+    bool create = lt_opt_bool(L, opts, "backward", "create_graph", false);
     LT_CHECK(L, nd_backward(x, grad, retain || create, create));
     return 0;
 }
@@ -44,17 +46,20 @@ static int l_grad(lua_State *L) {
     bool out_list, in_list;
     int no = tensor_or_list(L, 1, "grad", "outputs", outs, &out_list);
     int ni = tensor_or_list(L, 2, "grad", "inputs", ins, &in_list);
+    static const char *const valid[] = {"grad_outputs", "retain_graph", "create_graph",
+                                        "allow_unused", NULL};
+    int opts = lt_options(L, 3, "grad", valid);
     bool have_gouts = false;
-    if (lua_istable(L, 3) && lua_getfield(L, 3, "grad_outputs") != LUA_TNIL) {
+    if (opts && lua_getfield(L, opts, "grad_outputs") != LUA_TNIL) {
         bool gl;
         int idx = lua_gettop(L);
         int ng = tensor_or_list(L, idx, "grad", "grad_outputs", gouts, &gl);
         if (ng != no) lt_error(L, "grad", "%d grad_outputs for %d outputs", ng, no);
         have_gouts = true;
     }
-    bool create = lt_opt_bool_field(L, 3, "create_graph", false);
-    bool retain = lt_opt_bool_field(L, 3, "retain_graph", create);
-    bool unused = lt_opt_bool_field(L, 3, "allow_unused", false);
+    bool create = lt_opt_bool(L, opts, "grad", "create_graph", false);
+    bool retain = lt_opt_bool(L, opts, "grad", "retain_graph", create);
+    bool unused = lt_opt_bool(L, opts, "grad", "allow_unused", false);
     LT_CHECK(L, nd_grad(outs, have_gouts ? gouts : NULL, no, ins, ni, retain, create, unused, res));
     if (!in_list) {
         if (res[0]) lt_push(L, res[0]); else lua_pushnil(L);

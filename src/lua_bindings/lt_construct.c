@@ -122,7 +122,7 @@ nd_tensor *lt_check_tensor_like_on(lua_State *L, int idx, const char *op, nd_dty
     if (t) return t; /* a tensor stays where it is: the op checks devices */
     t = lt_check_tensor_like(L, idx, op, dt); /* pushed */
     if (dev.type == ND_DEVICE_CPU) return t;
-    nd_retain(t);
+    ((lt_box *)lua_touserdata(L, -1))->t = NULL; /* take the reference back */
     lua_pop(L, 1);
     lt_push_on(L, t, dev, op);
     return lt_to(L, -1);
@@ -130,8 +130,12 @@ nd_tensor *lt_check_tensor_like_on(lua_State *L, int idx, const char *op, nd_dty
 
 static void finish_new_on(lua_State *L, nd_tensor *t, int opts, const char *op, nd_device dev);
 
+/* The options every constructor takes (PyTorch's factory keywords). */
+static const char *const NEW_OPTS[] = {"dtype", "device", "requires_grad", NULL};
+
 /* nd.tensor(data, {dtype=, device=, requires_grad=}) */
 static int l_tensor(lua_State *L) {
+    lt_options(L, 2, "tensor", NEW_OPTS);
     nd_tensor *src0 = lt_to(L, 1);
     nd_device dev = lt_opt_device(L, 2, "tensor", src0 ? nd_get_device(src0) : nd_cpu_device());
     bool given = false;
@@ -213,18 +217,20 @@ static int shape_and_opts(lua_State *L, int idx, const char *op, int64_t *shape,
     *opts = o;
     if (!lua_isnoneornil(L, o) && !lua_istable(L, o))
         lt_error(L, op, "expected an options table after the shape, got %s", luaL_typename(L, o));
+    lt_options(L, o, op, NEW_OPTS);
     lt_check_device(L, o, op);
     return n;
 }
 
 /* Moves a new tensor to opts.device (default dev), sets requires_grad, pushes it. */
 static void finish_new_on(lua_State *L, nd_tensor *t, int opts, const char *op, nd_device dev) {
+    lt_push(L, t); /* owned by the stack while the options are read: they may raise */
     dev = lt_opt_device(L, opts, op, dev);
-    bool rg = lt_opt_bool_field(L, opts, "requires_grad", false);
-    if (rg && !nd_dtype_is_float(t->dtype)) {
-        nd_release(t);
+    bool rg = lt_opt_bool(L, lua_istable(L, opts) ? opts : 0, op, "requires_grad", false);
+    if (rg && !nd_dtype_is_float(t->dtype))
         lt_error(L, op, "only floating point tensors can require gradients");
-    }
+    ((lt_box *)lua_touserdata(L, -1))->t = NULL; /* take the reference back */
+    lua_pop(L, 1);
     lt_push_on(L, t, dev, op);
     if (rg) lt_to(L, -1)->requires_grad = true;
 }
@@ -258,6 +264,7 @@ static int l_full(lua_State *L) {
     if (!lua_isboolean(L, 2)) luaL_checknumber(L, 2);
     nd_number v = lua_isboolean(L, 2) ? nd_num_i(lua_toboolean(L, 2))
                   : lua_isinteger(L, 2) ? nd_num_i(lua_tointeger(L, 2)) : nd_num_f(lua_tonumber(L, 2));
+    lt_options(L, 3, "full", NEW_OPTS);
     nd_device dev = lt_check_device(L, 3, "full");
     nd_dtype dt = lt_opt_dtype(L, 3, "full", lua_isboolean(L, 2) ? ND_BOOL : ND_FLOAT32);
     nd_tensor *t;
@@ -274,6 +281,7 @@ static int l_full(lua_State *L) {
 static int like_ctor(lua_State *L, const char *op, int kind, double value) {
     nd_tensor *x = lt_check(L, 1, op);
     int opts = kind == 2 ? 3 : 2;
+    lt_options(L, opts, op, NEW_OPTS);
     nd_device dev = lt_opt_device(L, opts, op, nd_get_device(x)); /* x's device by default */
     nd_dtype dt = lt_opt_dtype(L, opts, op, x->dtype);
     nd_tensor *t;
@@ -304,6 +312,7 @@ static int l_arange(lua_State *L) {
     else { start = lua_tonumber(L, 1); end = lua_tonumber(L, 2); }
     if (nargs == 3) step = lua_tonumber(L, 3);
     int opts = nargs + 1;
+    lt_options(L, opts, "arange", NEW_OPTS);
     lt_check_device(L, opts, "arange");
     bool all_int = true;
     for (int i = 1; i <= nargs; i++) all_int = all_int && lua_isinteger(L, i);
@@ -318,6 +327,7 @@ static int l_arange(lua_State *L) {
 static int l_linspace(lua_State *L) {
     double a = luaL_checknumber(L, 1), b = luaL_checknumber(L, 2);
     lua_Integer steps = luaL_checkinteger(L, 3);
+    lt_options(L, 4, "linspace", NEW_OPTS);
     lt_check_device(L, 4, "linspace");
     nd_dtype dt = lt_opt_dtype(L, 4, "linspace", ND_FLOAT32);
     nd_tensor *t;
@@ -333,6 +343,7 @@ static int l_eye(lua_State *L) {
     if (lua_type(L, 2) == LUA_TNUMBER) { m = luaL_checkinteger(L, 2); opts = 3; }
     if (n < 0 || m < 0) return lt_error(L, "eye", "sizes must be >= 0, got %lld x %lld",
                                         (long long)n, (long long)m);
+    lt_options(L, opts, "eye", NEW_OPTS);
     lt_check_device(L, opts, "eye");
     nd_dtype dt = lt_opt_dtype(L, opts, "eye", ND_FLOAT32);
     nd_tensor *t;

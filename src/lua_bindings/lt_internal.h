@@ -66,6 +66,16 @@ bool lt_opt_bool_field(lua_State *L, int idx, const char *field, bool def);
 bool lt_is_options(lua_State *L, int idx);
 nd_dtype lt_check_dtype_name(lua_State *L, int idx, const char *op);
 
+/* lt_options.c - options tables (PyTorch's keyword arguments). The table at
+ * idx must be absent, nil or a plain table whose keys are all in `valid` (a
+ * NULL-terminated list); otherwise raises "needle.<op>: unknown option 'k'
+ * (valid: a, b, c)" (the valid keys sorted) or "expected an options table".
+ * Returns idx as an absolute index, or 0 when there is no table. */
+int lt_options(lua_State *L, int idx, const char *op, const char *const *valid);
+/* opts[field] (opts from lt_options; 0: def) as a boolean; another type
+ * raises "needle.<op>: option '<field>' must be a boolean, got <type>". */
+bool lt_opt_bool(lua_State *L, int opts, const char *op, const char *field, bool def);
+
 /* An int64 tensor of 0-based indices from 1-based Lua indices (tensor or
  * table at idx). Borrowed: owned by a userdata pushed onto the stack. */
 nd_tensor *lt_check_index(lua_State *L, int idx, const char *op);

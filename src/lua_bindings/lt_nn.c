@@ -8,39 +8,6 @@
 #include <string.h>
 #include "lt_internal.h"
 
-/* Raises unless every key of the options table at idx is in `allowed`
- * (a NULL-terminated list). */
-static void check_option_keys(lua_State *L, int idx, const char *op, const char *const *allowed) {
-    lua_pushnil(L);
-    while (lua_next(L, idx)) {
-        lua_pop(L, 1);
-        bool ok = false;
-        if (lua_type(L, -1) == LUA_TSTRING) {
-            const char *k = lua_tostring(L, -1);
-            for (const char *const *a = allowed; *a && !ok; a++) ok = strcmp(k, *a) == 0;
-        }
-        if (!ok) {
-            char list[256] = "";
-            for (const char *const *a = allowed; *a; a++) {
-                if (a != allowed) strncat(list, ", ", sizeof list - strlen(list) - 1);
-                strncat(list, *a, sizeof list - strlen(list) - 1);
-            }
-            const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : luaL_typename(L, -1);
-            lt_error(L, op, "unknown option '%s' (expected %s)", k, list);
-        }
-    }
-}
-
-/* The options table at idx (0 when absent); raises on anything else. */
-static int options_at(lua_State *L, int idx, const char *op, const char *const *allowed) {
-    if (lua_isnoneornil(L, idx)) return 0;
-    if (!lua_istable(L, idx) || lt_to(L, idx))
-        lt_error(L, op, "expected an options table as argument %d, got %s", idx, luaL_typename(L, idx));
-    idx = lua_absindex(L, idx);
-    check_option_keys(L, idx, op, allowed);
-    return idx;
-}
-
 static int64_t pair_item(lua_State *L, int idx, const char *op, const char *what) {
     int isnum;
     lua_Integer v = lua_tointegerx(L, idx, &isnum);
@@ -94,11 +61,11 @@ static int64_t opt_int(lua_State *L, int opts, const char *op, const char *what,
 static const nd_tensor *bias_and_options(lua_State *L, const char *op, const char *const *allowed,
                                          int *opts) {
     if (lua_istable(L, 3) && !lt_to(L, 3) && lua_isnoneornil(L, 4)) {
-        *opts = options_at(L, 3, op, allowed);
+        *opts = lt_options(L, 3, op, allowed);
         return NULL;
     }
     const nd_tensor *b = lua_isnoneornil(L, 3) ? NULL : lt_check(L, 3, op);
-    *opts = options_at(L, 4, op, allowed);
+    *opts = lt_options(L, 4, op, allowed);
     return b;
 }
 
@@ -164,12 +131,12 @@ static int l_max_pool2d(lua_State *L) {
     int64_t kernel[2], stride[2], padding[2], dilation[2];
     if (lua_isnoneornil(L, 2)) lt_error(L, op, "kernel_size is required");
     check_pair(L, 2, op, "kernel_size", kernel);
-    int opts = options_at(L, 3, op, allowed);
+    int opts = lt_options(L, 3, op, allowed);
     bool hs = opt_pair(L, opts, op, "stride", stride);
     bool hp = opt_pair(L, opts, op, "padding", padding);
     bool hd = opt_pair(L, opts, op, "dilation", dilation);
-    bool ceil_mode = opts && lt_opt_bool_field(L, opts, "ceil_mode", false);
-    bool want_ix = opts && lt_opt_bool_field(L, opts, "return_indices", false);
+    bool ceil_mode = lt_opt_bool(L, opts, op, "ceil_mode", false);
+    bool want_ix = lt_opt_bool(L, opts, op, "return_indices", false);
     LT_CHECK(L, nd_max_pool2d(x, kernel, hs ? stride : NULL, hp ? padding : NULL,
                               hd ? dilation : NULL, ceil_mode, &r, want_ix ? &ix : NULL));
     lt_push(L, r);
@@ -188,11 +155,11 @@ static int l_avg_pool2d(lua_State *L) {
     int64_t kernel[2], stride[2], padding[2];
     if (lua_isnoneornil(L, 2)) lt_error(L, op, "kernel_size is required");
     check_pair(L, 2, op, "kernel_size", kernel);
-    int opts = options_at(L, 3, op, allowed);
+    int opts = lt_options(L, 3, op, allowed);
     bool hs = opt_pair(L, opts, op, "stride", stride);
     bool hp = opt_pair(L, opts, op, "padding", padding);
-    bool ceil_mode = opts && lt_opt_bool_field(L, opts, "ceil_mode", false);
-    bool include_pad = !opts || lt_opt_bool_field(L, opts, "count_include_pad", true);
+    bool ceil_mode = lt_opt_bool(L, opts, op, "ceil_mode", false);
+    bool include_pad = lt_opt_bool(L, opts, op, "count_include_pad", true);
     LT_CHECK(L, nd_avg_pool2d(x, kernel, hs ? stride : NULL, hp ? padding : NULL, ceil_mode,
                               include_pad, &r));
     lt_push(L, r);

@@ -146,23 +146,14 @@ static int l_opencl_tune(lua_State *L) {
     if (why) return lt_error(L, OP, "%s", why);
     static const char *const known[] = {"device", "sizes", "layouts", "budget_s", "verbose", "save",
                                         "query", "forget", NULL};
-    lua_pushnil(L);
-    while (lua_next(L, 1)) {
-        lua_pop(L, 1);
-        bool ok = false;
-        for (int i = 0; known[i] && lua_type(L, -1) == LUA_TSTRING; i++)
-            ok = ok || strcmp(known[i], lua_tostring(L, -1)) == 0;
-        if (!ok)
-            return lt_error(L, OP, "unknown option '%s' (device, sizes, layouts, budget_s, verbose, "
-                            "save, query, forget)", lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?");
-    }
+    lt_options(L, 1, OP, known);
     int device = opt_device(L);
     char name[32];
     nd_device dv = {ND_DEVICE_OPENCL, device};
     nd_device_str(dv, name);
 
-    if (lt_opt_bool_field(L, 1, "forget", false)) LT_CHECK_AS(L, OP, nd_ocl_gemm_forget(device));
-    if (lt_opt_bool_field(L, 1, "query", false) || lt_opt_bool_field(L, 1, "forget", false)) {
+    if (lt_opt_bool(L, 1, OP, "forget", false)) LT_CHECK_AS(L, OP, nd_ocl_gemm_forget(device));
+    if (lt_opt_bool(L, 1, OP, "query", false) || lt_opt_bool(L, 1, OP, "forget", false)) {
         char cfg[OCL_GEMM_NCLASS][OCL_GEMM_NGROUP][48], source[1400], file[1100];
         LT_CHECK_AS(L, OP, nd_ocl_gemm_current(device, cfg, source, sizeof source, file, sizeof file));
         nd_opencl_info in;
@@ -190,8 +181,8 @@ static int l_opencl_tune(lua_State *L) {
         o.budget_s = lua_tonumber(L, -1);
     }
     lua_pop(L, 1);
-    o.verbose = lt_opt_bool_field(L, 1, "verbose", false);
-    o.save = lt_opt_bool_field(L, 1, "save", true);
+    o.verbose = lt_opt_bool(L, 1, OP, "verbose", false);
+    o.save = lt_opt_bool(L, 1, OP, "save", true);
 
     /* the result is large: on the heap, owned by a userdata so that a Lua
      * error below cannot leak it */

@@ -158,6 +158,8 @@ static int t_to(lua_State *L) {
         if (strcmp(s, "cpu") == 0 || strncmp(s, "opencl", 6) == 0) dev = lt_device_name(L, 2, "to");
         else dt = lt_check_dtype_name(L, 2, "to");
     } else if (lua_istable(L, 2)) {
+        static const char *const valid[] = {"dtype", "device", NULL};
+        lt_options(L, 2, "to", valid);
         dev = lt_opt_device(L, 2, "to", dev);
         dt = lt_opt_dtype(L, 2, "to", dt);
     } else {

@@ -206,16 +206,47 @@ int lt_opt_dim(lua_State *L, int idx, const char *op, int def_core_dim) {
     return lua_isnoneornil(L, idx) ? def_core_dim : lt_dim(L, idx, op);
 }
 
+/* A shape table must be a list and nothing else: a key that is not a
+ * position, or a hole ({[1] = 2, [3] = 4}, whose length may be 1 or 3), is
+ * an error rather than a shape that drops sizes. Returns the number of dims. */
+static int shape_table(lua_State *L, int idx, const char *op, int64_t *shape) {
+    idx = lua_absindex(L, idx);
+    lua_Integer count = 0, last = 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1) {
+            bool str = lua_type(L, -1) == LUA_TSTRING;
+            const char *k = luaL_tolstring(L, -1, NULL);
+            lt_error(L, op, "a shape is a list of sizes such as {2, 3}, but this one has the key %s%s%s",
+                     str ? "'" : "", k, str ? "'" : "");
+        }
+        count++;
+        if (lua_tointeger(L, -1) > last) last = lua_tointeger(L, -1);
+    }
+    if (last != count) {
+        lua_Integer hole = 1;
+        while (lua_rawgeti(L, idx, hole) != LUA_TNIL) { lua_pop(L, 1); hole++; }
+        lt_error(L, op, "a shape is a list of sizes such as {2, 3}, but this one has no size at "
+                 "index %lld (and one at %lld)", (long long)hole, (long long)last);
+    }
+    if (count > ND_MAX_DIMS)
+        lt_error(L, op, "shape has %lld dims, at most %d supported", (long long)count, ND_MAX_DIMS);
+    for (int i = 0; i < (int)count; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "size %d of the shape", i + 1);
+        if (lua_rawgeti(L, idx, i + 1) != LUA_TNUMBER) /* not even "2" */
+            lt_error(L, op, "%s must be an integer, got %s", what, luaL_typename(L, -1));
+        shape[i] = check_int(L, -1, op, what);
+        lua_pop(L, 1);
+    }
+    return (int)count;
+}
+
 int lt_shape(lua_State *L, int idx, const char *op, int64_t *shape, bool allow_minus1) {
     int n;
     if (lua_istable(L, idx)) {
-        n = (int)luaL_len(L, idx);
-        if (n > ND_MAX_DIMS) lt_error(L, op, "shape has %d dims, at most %d supported", n, ND_MAX_DIMS);
-        for (int i = 0; i < n; i++) {
-            lua_geti(L, idx, i + 1);
-            shape[i] = check_int(L, -1, op, "size");
-            lua_pop(L, 1);
-        }
+        n = shape_table(L, idx, op, shape);
     } else {
         int top = lua_gettop(L);
         n = 0;
@@ -249,9 +280,9 @@ int lt_dims(lua_State *L, int idx, const char *op, int *dims) {
 }
 
 nd_dtype lt_check_dtype_name(lua_State *L, int idx, const char *op) {
-    const char *name = lua_tostring(L, idx);
-    if (lua_type(L, idx) != LUA_TSTRING)
+    if (lua_type(L, idx) != LUA_TSTRING) /* before lua_tostring, which would turn 64 into "64" */
         lt_error(L, op, "dtype must be a string, got %s", luaL_typename(L, idx));
+    const char *name = lua_tostring(L, idx);
     nd_dtype dt;
     if (nd_dtype_from_name(name, &dt) != ND_OK) lt_error(L, op, "%s", nd_last_error_based(1));
     return dt;

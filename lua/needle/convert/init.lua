@@ -28,8 +28,12 @@
 --   put it in eval mode. opts.mapping overrides the registry's mapping; opts.strict.
 -- summary(sd): {tensors=, elements=, bytes=, dtypes = {float32 = n, ...}}
 local core = require "needle.core"
+local options = require "needle.options"
 
 local M = {}
+
+-- the options of load_state_dict (model() takes them too, with the entry's own)
+local LOAD_OPTS = {strict = "boolean", convert_dtype = "boolean", mapping = "string|function|boolean"}
 
 local function fail(fmt, ...)
   error(("needle.convert: " .. fmt):format(...), 0)
@@ -91,7 +95,7 @@ local function targets_of(model)
 end
 
 function M.load_state_dict(model, sd, opts)
-  opts = opts or {}
+  opts = options.check("convert.load_state_dict", opts, LOAD_OPTS)
   if type(model) ~= "table" or type(model.named_parameters) ~= "function" then
     fail("load_state_dict: expected a needle.nn module, got %s", type(model))
   end
@@ -240,8 +244,12 @@ end
 -- the registry ----------------------------------------------------------------
 
 function M.model(name, sd, opts)
-  opts = opts or {}
   local entry = M.models.get(name)
+  -- load_state_dict's options and those the entry declares (entry.options)
+  local spec = {}
+  for k, v in pairs(LOAD_OPTS) do spec[k] = v end
+  for k, v in pairs(entry.options or {}) do spec[k] = v end
+  opts = options.check(("convert.model('%s')"):format(name), opts, spec)
   local mapping = opts.mapping
   if mapping == nil then mapping = entry.mapping end
   local fn = M.mappings.get(mapping)

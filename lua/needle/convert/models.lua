@@ -7,18 +7,21 @@
 --   local e = models.get("mlp")      -- {build=, mapping=, description=, input_example=}
 --   local model = e.build(sd, opts)  -- sizes inferred from sd (after e.mapping is applied)
 --   models.register("my_net", {build = function(sd, opts) ... end, mapping = nil,
---                              description = "...", input_example = function(model) ... end})
+--                              options = {depth = "integer"}, description = "...",
+--                              input_example = function(model) ... end})
 --
 -- build(sd, opts) gets the state dict with needle's key names (the entry's
 -- mapping already applied) and returns a freshly initialised model of the
 -- right sizes; convert.model then loads sd into it. What the weights cannot
--- tell comes from opts (see each entry). input_example(model) returns an input
+-- tell comes from opts: the entry's `options` names those keys and their
+-- types (needle.options), and convert.model refuses any other. input_example(model) returns an input
 -- the model's forward accepts (random, for smoke tests and benchmarks).
 --
 -- Also defined here (and exported): ResNetCIFAR with its BasicBlock, and
 -- TransformerClassifier.
 local nd = require "needle"
 local Module = require "needle.nn.module"
+local options = require "needle.options"
 
 local M = {}
 
@@ -52,6 +55,9 @@ function M.register(name, entry)
   if type(name) ~= "string" or name == "" then fail("register: the name must be a non-empty string") end
   if type(entry) ~= "table" or type(entry.build) ~= "function" then
     fail("register('%s'): the entry needs a build(sd, opts) function", name)
+  end
+  if entry.options ~= nil and type(entry.options) ~= "table" then
+    fail("register('%s'): options must be a table {name = type} of the options build reads", name)
   end
   if registry[name] == nil then order[#order + 1] = name end
   registry[name] = entry
@@ -173,7 +179,7 @@ local ResNetCIFAR = Module:extend("ResNetCIFAR")
 
 function ResNetCIFAR:init(opts)
   local nn = nd.nn
-  opts = opts or {}
+  opts = options.check("nn.models.ResNetCIFAR", opts, {width = "integer", num_classes = "integer", layers = "table"})
   local w = opts.width or 64
   local classes = opts.num_classes or 10
   local layers = opts.layers or {2, 2, 2, 2}
@@ -234,6 +240,7 @@ end
 M.ResNetCIFAR, M.FusedResNetCIFAR = ResNetCIFAR, FusedResNetCIFAR
 
 M.register("resnet18_cifar", {
+  options = {width = "integer", num_classes = "integer"},
   description = "torchvision-style ResNet-18 for 32x32 images (3x3 stem, no max-pool); width from conv1.weight "
              .. "(default 64), num_classes from fc.weight, blocks per stage from the keys ({2,2,2,2})",
   build = function(sd, opts)
@@ -262,6 +269,7 @@ M.register("resnet18_cifar", {
 
 M.register("lstm_lm", {
   mapping = "lstm_lm",
+  options = {seq_model = "string"},
   description = "PyTorch word_language_model RNNModel (LSTM) -> nd.nn.models.LanguageModel; "
              .. "vocab, embedding, hidden size and layers from the weights; forward(ids (T, B), 1-based)",
   build = function(sd, opts)
@@ -290,7 +298,8 @@ local TransformerClassifier = Module:extend("TransformerClassifier")
 
 function TransformerClassifier:init(vocab, d, nhead, opts)
   local nn = nd.nn
-  opts = opts or {}
+  opts = options.check("nn.models.TransformerClassifier", opts, {dim_feedforward = "integer", num_layers = "integer",
+    max_len = "integer", num_classes = "integer", norm_first = "boolean", activation = "string|function|module"})
   self.vocab, self.d_model, self.nhead = vocab, d, nhead
   self.max_len, self.num_classes = opts.max_len or 512, opts.num_classes or 2
   self.embedding = nn.Embedding(vocab, d)
@@ -323,6 +332,7 @@ end
 M.TransformerClassifier = TransformerClassifier
 
 M.register("transformer_classifier", {
+  options = {nhead = "integer", norm_first = "boolean", activation = "string|function|module"},
   description = "Embedding + learned positions + PyTorch TransformerEncoder (batch_first) + mean + Linear; "
              .. "sizes from the weights, nhead from opts (default 4: the weights do not hold it)",
   build = function(sd, opts)

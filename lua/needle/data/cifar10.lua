@@ -11,6 +11,7 @@
 -- the red, green and blue 32x32 planes in row-major order, i.e. CHW. Labels
 -- come back 1-based (the file's value + 1). Files may also be gzip.
 local core = require "needle.core"
+local options = require "needle.options"
 local util = require "needle.data.util"
 
 local M = {}
@@ -80,10 +81,7 @@ end
 -- load(dir, {train = true, raw = false}) -> images, labels
 --   raw = false: float32 (N, 3, 32, 32) in [0, 1]; raw = true: uint8
 function M.load(dir, opts)
-  opts = opts or {}
-  for k in pairs(opts) do
-    if k ~= "train" and k ~= "raw" then error(("%s: unknown option '%s'"):format(WHO, tostring(k)), 2) end
-  end
+  opts = options.check("data.cifar10.load", opts, {train = "boolean", raw = "boolean"})
   local xs, ys = {}, {}
   for _, p in ipairs(M.files(dir, opts.train ~= false)) do
     local x, y = M.read_batch(p)
@@ -97,7 +95,8 @@ end
 
 -- dataset(dir, {train =, raw =, transform =, target_transform =}) -> TensorDataset of (image, label)
 function M.dataset(dir, opts)
-  opts = opts or {}
+  opts = options.check("data.cifar10.dataset", opts, {train = "boolean", raw = "boolean", transform = "callable",
+                                                      target_transform = "callable"})
   local images, labels = M.load(dir, {train = opts.train, raw = opts.raw})
   local TensorDataset = require("needle.data.dataset").TensorDataset
   return TensorDataset(images, labels, {transform = opts.transform, target_transform = opts.target_transform})
@@ -109,7 +108,7 @@ end
 -- not touched): each class has its own mean colour, plus noise, so a model can
 -- learn them. Returns the list of paths written.
 function M.synthetic(dir, opts)
-  opts = opts or {}
+  opts = options.check("data.cifar10.synthetic", opts, {n = "integer", seed = "integer"})
   local n = opts.n or 10
   if math.type(n) ~= "integer" or n < 1 then error(("%s: synthetic: n must be a positive integer"):format(WHO), 2) end
   local state = (opts.seed or 1) * 6364136223846793005 + 1442695040888963407

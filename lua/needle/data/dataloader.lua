@@ -12,6 +12,8 @@
 -- global random stream (nd.rand after a loop equals nd.rand without it).
 local core = require "needle.core"
 local dataset_mod = require "needle.data.dataset"
+local options = require "needle.options"
+local errors = require "needle.errors"
 
 local is_tensor = core.is_tensor
 local TensorDataset = dataset_mod.TensorDataset
@@ -20,8 +22,10 @@ local DataLoader = {}
 DataLoader.__index = DataLoader
 DataLoader.__name = "DataLoader"
 
-local function errorf(level, fmt, ...)
-  error("needle.data.DataLoader: " .. fmt:format(...), level + 1)
+-- raised at the user's line, however deep inside the loader (a collate of a
+-- nested item runs several calls down)
+local function errorf(fmt, ...)
+  errors.raise("needle.data.DataLoader: " .. fmt:format(...))
 end
 
 ---------------------------------------------------------------------------
@@ -33,20 +37,43 @@ local function describe(v)
   return "a " .. type(v)
 end
 
+-- Items may nest tables this deep (a deeper item is almost surely a mistake,
+-- and Lua's stack would give out a few thousand levels further).
+local MAX_DEPTH = 100
+
+-- "item.x[2].y": where a field sits inside an item (keys: the path from the
+-- item down); at most the first and last few keys of a long path
+local function path_str(keys, depth)
+  local parts = {"item"}
+  local function add(k)
+    if type(k) == "string" and k:match("^[%a_][%w_]*$") then parts[#parts + 1] = "." .. k
+    elseif type(k) == "string" then parts[#parts + 1] = ("[%q]"):format(k)
+    else parts[#parts + 1] = "[" .. tostring(k) .. "]" end
+  end
+  for i = 1, math.min(depth, 6) do add(keys[i]) end
+  if depth > 8 then parts[#parts + 1] = ("...(%d more)..."):format(depth - 8) end
+  for i = math.max(7, depth - 1), depth do add(keys[i]) end
+  return table.concat(parts)
+end
+
 -- default_collate(samples) -> batch: tensors are stacked along a new dim 1
 -- (nd.stack), numbers become a 1-D tensor (int64 when all are integers, else
 -- float32), booleans a bool tensor, strings stay a list, and tables (lists or
 -- records of fields) are collated field by field into a table of the same shape.
-local function default_collate(samples)
+-- A table that contains itself, or tables nested deeper than MAX_DEPTH, are
+-- errors naming the path (the field-by-field walk would never end).
+-- keys, depth and open (the tables of item 1 being walked) are the walk's.
+local function default_collate(samples, keys, depth, open)
+  keys, depth, open = keys or {}, depth or 0, open or {}
   local first = samples[1]
   if is_tensor(first) then
     for k = 2, #samples do
       if not is_tensor(samples[k]) then
-        errorf(2, "collate: item 1 is a tensor but item %d is %s", k, describe(samples[k]))
+        errorf("collate: item 1 is a tensor but item %d is %s", k, describe(samples[k]))
       end
     end
     local ok, res = pcall(core.stack, samples, 1)
-    if not ok then errorf(2, "collate: cannot stack the items' tensors: %s", tostring(res)) end
+    if not ok then errorf("collate: cannot stack the items' tensors: %s", tostring(res)) end
     return res
   end
   local t = type(first)
@@ -54,7 +81,7 @@ local function default_collate(samples)
     local all_int = true
     for k = 1, #samples do
       local v = samples[k]
-      if type(v) ~= "number" then errorf(2, "collate: item 1 is a number but item %d is %s", k, describe(v)) end
+      if type(v) ~= "number" then errorf("collate: item 1 is a number but item %d is %s", k, describe(v)) end
       if math.type(v) ~= "integer" then all_int = false end
     end
     return core.tensor(samples, {dtype = all_int and "int64" or "float32"})
@@ -65,23 +92,34 @@ local function default_collate(samples)
     for k = 1, #samples do out[k] = samples[k] end
     return out
   elseif t == "table" then
+    if open[first] then
+      errorf("collate: item 1 contains itself (at %s): a table with a cycle cannot be batched",
+             path_str(keys, depth))
+    end
+    if depth >= MAX_DEPTH then
+      errorf("collate: items nest tables more than %d levels deep (at %s)", MAX_DEPTH, path_str(keys, depth))
+    end
+    open[first] = true
     local out = {}
     for key in pairs(first) do
       local column = {}
       for k = 1, #samples do
         local item = samples[k]
         if type(item) ~= "table" or is_tensor(item) then
-          errorf(2, "collate: item 1 is a table but item %d is %s", k, describe(item))
+          errorf("collate: item 1 is a table but item %d is %s", k, describe(item))
         end
         local v = item[key]
-        if v == nil then errorf(2, "collate: item %d has no field %s (item 1 has)", k, tostring(key)) end
+        if v == nil then errorf("collate: item %d has no field %s (item 1 has)", k, tostring(key)) end
         column[k] = v
       end
-      out[key] = default_collate(column)
+      keys[depth + 1] = key
+      out[key] = default_collate(column, keys, depth + 1, open)
     end
+    keys[depth + 1] = nil
+    open[first] = nil
     return out
   end
-  errorf(2, "collate: cannot batch items of type %s (give a collate_fn)", t)
+  errorf("collate: cannot batch items of type %s (give a collate_fn)", t)
 end
 
 DataLoader.default_collate = default_collate
@@ -99,37 +137,26 @@ local function wrap_dataset(ds)
       return {len = function() return #list end, get = function(_, i) return list[i] end, _list = true}
     end
   end
-  errorf(3, "dataset must be a Dataset (with len and get) or a Lua list of items, got %s", describe(ds))
+  errorf("dataset must be a Dataset (with len and get) or a Lua list of items, got %s", describe(ds))
 end
 
 local function new(_, dataset, opts)
-  opts = opts or {}
-  if type(opts) ~= "table" then errorf(2, "options must be a table, got %s", type(opts)) end
-  local known = {batch_size = true, shuffle = true, seed = true, drop_last = true, collate_fn = true}
-  for k in pairs(opts) do
-    if not known[k] then
-      errorf(2, "unknown option '%s' (expected batch_size, shuffle, seed, drop_last, collate_fn)", tostring(k))
-    end
-  end
+  -- batch_size and seed: checked below, with their ranges
+  opts = options.check("data.DataLoader", opts, {batch_size = "any", shuffle = "boolean", seed = "any",
+                                                 drop_last = "boolean", collate_fn = "callable"})
   local self = setmetatable({}, DataLoader)
   self.dataset = wrap_dataset(dataset)
   local bs = opts.batch_size == nil and 1 or opts.batch_size
   if math.type(bs) ~= "integer" or bs < 1 then
-    errorf(2, "batch_size must be a positive integer, got %s", tostring(bs))
+    errorf("batch_size must be a positive integer, got %s", tostring(bs))
   end
   self.batch_size = bs
   self.shuffle = opts.shuffle and true or false
   self.drop_last = opts.drop_last and true or false
-  if opts.collate_fn ~= nil then
-    local f = opts.collate_fn
-    if type(f) ~= "function" and not (type(f) == "table" and (getmetatable(f) or {}).__call) then
-      errorf(2, "collate_fn must be a function, got %s", type(f))
-    end
-  end
   self.collate_fn = opts.collate_fn
   if opts.seed ~= nil then
     if math.type(opts.seed) ~= "integer" then
-      errorf(2, "seed must be an integer, got %s", tostring(opts.seed))
+      errorf("seed must be an integer, got %s", tostring(opts.seed))
     end
     self.seed = opts.seed
   elseif self.shuffle then
@@ -184,7 +211,7 @@ end
 
 -- set_epoch(e): the next iter() runs epoch e (and e + 1 after it, ...).
 function DataLoader:set_epoch(e)
-  if math.type(e) ~= "integer" then errorf(2, "set_epoch: epoch must be an integer, got %s", tostring(e)) end
+  if math.type(e) ~= "integer" then errorf("set_epoch: epoch must be an integer, got %s", tostring(e)) end
   self._next_epoch = e
 end
 

@@ -14,6 +14,7 @@
 -- opts.transform is applied to the first field of each item, opts.target_transform
 -- to the second (as torchvision's transform / target_transform).
 local core = require "needle.core"
+local options = require "needle.options"
 
 local is_tensor = core.is_tensor
 
@@ -124,12 +125,7 @@ function TensorDataset:init(...)
     end
     tensors[k] = t
   end
-  for _, key in ipairs({"transform", "target_transform"}) do
-    local f = opts[key]
-    if f ~= nil and type(f) ~= "function" and not (getmetatable(f) or {}).__call then
-      error(("needle.data.TensorDataset: opts.%s must be callable, got %s"):format(key, type(f)), 3)
-    end
-  end
+  opts = options.check("data.TensorDataset", opts, {transform = "callable", target_transform = "callable"})
   self.tensors = tensors
   self.n = n
   self.transform = opts.transform

@@ -10,6 +10,7 @@
 --     local input, target = ptb.get_batch(train, i, 35)  -- (seq_len, 20), (seq_len * 20)
 --   end
 local core = require "needle.core"
+local options = require "needle.options"
 local util = require "needle.data.util"
 
 local M = {}
@@ -89,7 +90,7 @@ end
 -- dir/test.txt (in that order, one dictionary for all three, as PyTorch's
 -- example): corpus.dictionary, corpus.train, corpus.valid, corpus.test.
 function Corpus.new(dir, opts)
-  opts = opts or {}
+  opts = options.check("data.ptb.Corpus", opts, {max_lines = "integer"})
   if type(dir) ~= "string" then error(("%s: Corpus: expected a directory name, got %s"):format(WHO, type(dir)), 3) end
   if not util.is_dir(dir) then
     error(("%s: Corpus: directory '%s' does not exist (it should hold train.txt, valid.txt and test.txt)")

@@ -8,6 +8,7 @@
 -- Every transform is a callable object. The random ones draw from the global
 -- generator (as torchvision does), so nd.manual_seed makes them reproducible.
 local core = require "needle.core"
+local options = require "needle.options"
 
 local is_tensor = core.is_tensor
 
@@ -102,7 +103,7 @@ end
 -- (padding: n on every side, or {left, right, top, bottom}), then cuts a
 -- size x size (or {h, w}) window at a uniformly random position.
 function T.RandomCrop(size, opts)
-  opts = opts or {}
+  opts = options.check("data.transforms.RandomCrop", opts, {padding = "integer|table", fill = "number"})
   local h, w = pair("RandomCrop", "size", size)
   if h < 1 or w < 1 then errorf("RandomCrop", "size must be positive, got {%d, %d}", h, w) end
   local pad = opts.padding or 0

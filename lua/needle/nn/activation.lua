@@ -4,12 +4,15 @@
 --   nd.nn.GELU({approximate = "tanh"}); nd.nn.Softmax(-1); nd.nn.LeakyReLU(0.2)
 local nd = require "needle"
 local Module = require "needle.nn.module"
+local util = require "needle.nn.util"
 
 local M = {}
 
+-- ReLU(), Tanh(), Sigmoid(), SiLU(): no options (an options table, if
+-- given, must be empty)
 local function simple(name, fn)
   local C = Module:extend(name)
-  function C:init() end
+  function C:init(opts) util.options(self, opts, {}) end
   function C:forward(x) return fn(x) end
   M[name] = C
   return C
@@ -23,7 +26,12 @@ simple("SiLU", function(x) return nd.F.silu(x) end)
 -- LeakyReLU(negative_slope = 0.01) or LeakyReLU({negative_slope=})
 local LeakyReLU = Module:extend("LeakyReLU")
 function LeakyReLU:init(negative_slope)
-  if type(negative_slope) == "table" then negative_slope = negative_slope.negative_slope end
+  if type(negative_slope) == "table" then
+    negative_slope = util.options(self, negative_slope, {negative_slope = "number"}).negative_slope
+  end
+  if negative_slope ~= nil and type(negative_slope) ~= "number" then
+    util.fail(self, "negative_slope must be a number, got %s", tostring(negative_slope))
+  end
   self.negative_slope = negative_slope or 0.01
 end
 function LeakyReLU:forward(x) return nd.F.leaky_relu(x, self.negative_slope) end
@@ -34,7 +42,7 @@ M.LeakyReLU = LeakyReLU
 local GELU = Module:extend("GELU")
 function GELU:init(opts)
   local approximate = opts
-  if type(opts) == "table" then approximate = opts.approximate end
+  if type(opts) == "table" then approximate = util.options(self, opts, {approximate = "string"}).approximate end
   approximate = approximate or "none"
   if approximate ~= "none" and approximate ~= "tanh" then
     error(("needle.nn.GELU: approximate must be 'none' or 'tanh', got %s"):format(tostring(approximate)), 3)
@@ -49,7 +57,7 @@ M.GELU = GELU
 local function softmax_class(name, fn)
   local C = Module:extend(name)
   function C:init(dim)
-    if type(dim) == "table" then dim = dim.dim end
+    if type(dim) == "table" then dim = util.options(self, dim, {dim = "integer"}).dim end
     if dim ~= nil and (math.type(dim) ~= "integer" or dim == 0) then
       error(("needle.nn.%s: dim must be a nonzero integer (1-based, negative from the end), got %s"):format(
         name, tostring(dim)), 3)

@@ -16,7 +16,13 @@ local init = require "needle.nn.initializers"
 local M = {}
 
 local util = require "needle.nn.util"
-local shape_str, opt = util.shape_str, util.opt
+local shape_str = util.shape_str
+
+local SIZE = "integer|table" -- an int or a pair {h, w}
+local CONV_OPTS = {stride = SIZE, padding = "integer|table|string", dilation = SIZE, groups = "integer",
+                   bias = "boolean", padding_mode = "string"}
+local CONV_T_OPTS = {stride = SIZE, padding = SIZE, output_padding = SIZE, dilation = SIZE,
+                     groups = "integer", bias = "boolean", padding_mode = "string"}
 
 -- an int or a pair -> {h, w}; min is the smallest allowed value
 local function pair(cls, what, v, min, level)
@@ -56,21 +62,22 @@ end
 local function conv_init(self, cls, in_channels, out_channels, kernel_size, opts, transposed)
   check_int(cls, "in_channels", in_channels, 1)
   check_int(cls, "out_channels", out_channels, 1)
-  local groups = opt(opts, "groups", 1)
+  opts = util.options(self, opts, transposed and CONV_T_OPTS or CONV_OPTS, true)
+  local groups = opts.groups or 1
   check_int(cls, "groups", groups, 1)
   if in_channels % groups ~= 0 or out_channels % groups ~= 0 then
     error(("needle.nn.%s(%d, %d): in_channels and out_channels must be divisible by groups (%d)"):format(
       cls, in_channels, out_channels, groups), 4)
   end
-  local pm = opt(opts, "padding_mode", "zeros")
+  local pm = opts.padding_mode or "zeros"
   if pm ~= "zeros" then
     error(("needle.nn.%s: only padding_mode 'zeros' is supported, got %s"):format(cls, tostring(pm)), 4)
   end
   self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
   self.kernel_size = pair(cls, "kernel_size", kernel_size, 1)
-  self.stride = pair(cls, "stride", opt(opts, "stride", 1), 1)
-  self.dilation = pair(cls, "dilation", opt(opts, "dilation", 1), 1)
-  local padding = opt(opts, "padding", 0)
+  self.stride = pair(cls, "stride", opts.stride or 1, 1)
+  self.dilation = pair(cls, "dilation", opts.dilation or 1, 1)
+  local padding = opts.padding or 0
   if padding == "valid" then padding = 0 end
   if padding == "same" and not transposed then
     if self.stride[1] ~= 1 or self.stride[2] ~= 1 then
@@ -81,17 +88,18 @@ local function conv_init(self, cls, in_channels, out_channels, kernel_size, opts
   else
     self.padding = pair(cls, "padding", padding, 0)
   end
-  local dtype = opt(opts, "dtype", "float32")
+  local dtype = opts.dtype or "float32"
   local kh, kw = self.kernel_size[1], self.kernel_size[2]
   local shape = transposed and {in_channels, out_channels // groups, kh, kw}
                              or {out_channels, in_channels // groups, kh, kw}
   self.weight = Module.Parameter(nd.empty(shape, {dtype = dtype}))
-  if opt(opts, "bias", true) then
+  if opts.bias ~= false then
     self.bias = Module.Parameter(nd.empty({out_channels}, {dtype = dtype}))
   else
     self:register_parameter("bias", nil)
   end
   self:reset_parameters()
+  return opts
 end
 
 local function conv_reset(self)
@@ -117,9 +125,10 @@ end
 
 local Conv2d = Module:extend("Conv2d")
 
--- Conv2d(in_channels, out_channels, kernel_size, {stride=1, padding=0, dilation=1, groups=1, bias=true})
+-- Conv2d(in_channels, out_channels, kernel_size, {stride=1, padding=0, dilation=1, groups=1, bias=true,
+--        padding_mode="zeros", dtype="float32", device="cpu"})
 function Conv2d:init(in_channels, out_channels, kernel_size, opts)
-  conv_init(self, "Conv2d", in_channels, out_channels, kernel_size, opts, false)
+  util.place(self, conv_init(self, "Conv2d", in_channels, out_channels, kernel_size, opts, false))
 end
 Conv2d.reset_parameters = conv_reset
 
@@ -151,16 +160,18 @@ M.Conv2d = Conv2d
 local ConvTranspose2d = Module:extend("ConvTranspose2d")
 
 -- ConvTranspose2d(in_channels, out_channels, kernel_size,
---                 {stride=1, padding=0, output_padding=0, groups=1, bias=true, dilation=1})
+--                 {stride=1, padding=0, output_padding=0, groups=1, bias=true, dilation=1,
+--                  padding_mode="zeros", dtype="float32", device="cpu"})
 function ConvTranspose2d:init(in_channels, out_channels, kernel_size, opts)
-  conv_init(self, "ConvTranspose2d", in_channels, out_channels, kernel_size, opts, true)
-  self.output_padding = pair("ConvTranspose2d", "output_padding", opt(opts, "output_padding", 0), 0, 4)
+  opts = conv_init(self, "ConvTranspose2d", in_channels, out_channels, kernel_size, opts, true)
+  self.output_padding = pair("ConvTranspose2d", "output_padding", opts.output_padding or 0, 0, 4)
   for i = 1, 2 do
     if self.output_padding[i] >= math.max(self.stride[i], self.dilation[i]) then
       error(("needle.nn.ConvTranspose2d(%d, %d): output_padding must be smaller than stride or dilation, got %s"):format(
         in_channels, out_channels, pair_str(self.output_padding)), 3)
     end
   end
+  util.place(self, opts)
 end
 ConvTranspose2d.reset_parameters = conv_reset
 
@@ -193,12 +204,14 @@ local MaxPool2d = Module:extend("MaxPool2d")
 
 -- MaxPool2d(kernel_size, {stride=kernel_size, padding=0, dilation=1, return_indices=false, ceil_mode=false})
 function MaxPool2d:init(kernel_size, opts)
+  opts = util.options(self, opts, {stride = SIZE, padding = SIZE, dilation = SIZE, return_indices = "boolean",
+                                   ceil_mode = "boolean"})
   self.kernel_size = pair("MaxPool2d", "kernel_size", kernel_size, 1, 4)
-  self.stride = pair("MaxPool2d", "stride", opt(opts, "stride", self.kernel_size), 1, 4)
-  self.padding = pair("MaxPool2d", "padding", opt(opts, "padding", 0), 0, 4)
-  self.dilation = pair("MaxPool2d", "dilation", opt(opts, "dilation", 1), 1, 4)
-  self.return_indices = opt(opts, "return_indices", false)
-  self.ceil_mode = opt(opts, "ceil_mode", false)
+  self.stride = pair("MaxPool2d", "stride", opts.stride or self.kernel_size, 1, 4)
+  self.padding = pair("MaxPool2d", "padding", opts.padding or 0, 0, 4)
+  self.dilation = pair("MaxPool2d", "dilation", opts.dilation or 1, 1, 4)
+  self.return_indices = opts.return_indices or false
+  self.ceil_mode = opts.ceil_mode or false
 end
 
 function MaxPool2d:forward(x)
@@ -218,11 +231,13 @@ local AvgPool2d = Module:extend("AvgPool2d")
 
 -- AvgPool2d(kernel_size, {stride=kernel_size, padding=0, ceil_mode=false, count_include_pad=true})
 function AvgPool2d:init(kernel_size, opts)
+  opts = util.options(self, opts, {stride = SIZE, padding = SIZE, ceil_mode = "boolean",
+                                   count_include_pad = "boolean"})
   self.kernel_size = pair("AvgPool2d", "kernel_size", kernel_size, 1, 4)
-  self.stride = pair("AvgPool2d", "stride", opt(opts, "stride", self.kernel_size), 1, 4)
-  self.padding = pair("AvgPool2d", "padding", opt(opts, "padding", 0), 0, 4)
-  self.ceil_mode = opt(opts, "ceil_mode", false)
-  self.count_include_pad = opt(opts, "count_include_pad", true)
+  self.stride = pair("AvgPool2d", "stride", opts.stride or self.kernel_size, 1, 4)
+  self.padding = pair("AvgPool2d", "padding", opts.padding or 0, 0, 4)
+  self.ceil_mode = opts.ceil_mode or false
+  self.count_include_pad = opts.count_include_pad ~= false
 end
 
 function AvgPool2d:forward(x)

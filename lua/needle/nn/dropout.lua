@@ -4,6 +4,7 @@
 -- scaled by 1 / (1 - p); in evaluation mode (model:eval()) it is the identity.
 local nd = require "needle"
 local Module = require "needle.nn.module"
+local util = require "needle.nn.util"
 
 local M = {}
 
@@ -11,7 +12,7 @@ local Dropout = Module:extend("Dropout")
 
 -- Dropout(p = 0.5) or Dropout({p=})
 function Dropout:init(p)
-  if type(p) == "table" then p = p.p end
+  if type(p) == "table" then p = util.options(self, p, {p = "number"}).p end
   if p == nil then p = 0.5 end
   if type(p) ~= "number" or p < 0 or p > 1 then
     error(("needle.nn.Dropout: p must be a probability in [0, 1], got %s"):format(tostring(p)), 3)

@@ -23,8 +23,9 @@ function Embedding:init(num_embeddings, embedding_dim, opts)
       error(("needle.nn.Embedding: %s must be a positive integer, got %s"):format(a[1], tostring(a[2])), 3)
     end
   end
+  local o = util.options(self, opts, {padding_idx = "integer"}, true)
   self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-  local pad = opts and opts.padding_idx
+  local pad = o.padding_idx
   if pad ~= nil then
     if math.type(pad) ~= "integer" or pad == 0 or pad > num_embeddings or pad < -num_embeddings then
       error(("needle.nn.Embedding(%d, %d): padding_idx must be within 1..%d or -%d..-1, got %s"):format(
@@ -33,9 +34,10 @@ function Embedding:init(num_embeddings, embedding_dim, opts)
     if pad < 0 then pad = num_embeddings + 1 + pad end
   end
   self.padding_idx = pad
-  local dtype = opts and opts.dtype or "float32"
+  local dtype = o.dtype or "float32"
   self.weight = Module.Parameter(nd.empty({num_embeddings, embedding_dim}, {dtype = dtype}))
   self:reset_parameters()
+  util.place(self, o)
 end
 
 function Embedding:reset_parameters()

@@ -29,6 +29,8 @@
 -- records, so gradients stay correct).
 local nd = require "needle"
 local Module = require "needle.nn.module"
+local options = require "needle.options"
+local util = require "needle.nn.util"
 
 local F = {}
 
@@ -65,7 +67,9 @@ local FusedConv2d = Module:extend("FusedConv2d")
 -- dilation=1, groups=1, bias=true, activation="none"|"relu", dtype=}):
 -- act(conv2d(x, weight, bias)). Built by F.conv_bn; the weights start at 0.
 function FusedConv2d:init(in_channels, out_channels, kernel_size, opts)
-  opts = opts or {}
+  opts = util.options(self, opts, {stride = "integer|table", padding = "integer|table|string",
+                                   dilation = "integer|table", groups = "integer", bias = "boolean",
+                                   activation = "string"}, true)
   local function pr(v) return type(v) == "table" and {v[1], v[2]} or {v, v} end
   self.in_channels, self.out_channels = in_channels, out_channels
   self.kernel_size = pr(kernel_size)
@@ -82,6 +86,7 @@ function FusedConv2d:init(in_channels, out_channels, kernel_size, opts)
   else
     self.bias = Module.Parameter(nd.zeros({out_channels}, {dtype = dtype}))
   end
+  util.place(self, opts)
 end
 
 function FusedConv2d:forward(x)
@@ -115,7 +120,7 @@ local FusedLinear = Module:extend("FusedLinear")
 -- FusedLinear(in_features, out_features, {bias=true, activation="none"|"relu",
 -- dtype=}): act(x @ weight^T + bias), any leading dims. Built by F.linear_bn.
 function FusedLinear:init(in_features, out_features, opts)
-  opts = opts or {}
+  opts = util.options(self, opts, {bias = "boolean", activation = "string", folded_batch_norm = "boolean"}, true)
   self.in_features, self.out_features = in_features, out_features
   self.activation = opts.activation or "none"
   check_activation("FusedLinear", self.activation)
@@ -129,6 +134,7 @@ function FusedLinear:init(in_features, out_features, opts)
   else
     self.bias = Module.Parameter(nd.zeros({out_features}, {dtype = dtype}))
   end
+  util.place(self, opts)
 end
 
 function FusedLinear:forward(x)
@@ -223,8 +229,11 @@ end
 -- F.conv_bn(conv, bn_or_nil, {relu = false, requires_grad = false}) -> a
 -- FusedConv2d equal to relu?(bn(conv(x))) with bn's running statistics. conv
 -- and bn are read, never modified.
+local FOLD_OPTS = {relu = "boolean", requires_grad = "boolean"}
+
 function F.conv_bn(conv, bn, opts)
   local nn = nd.nn
+  opts = options.check("nn.fuse.conv_bn", opts, FOLD_OPTS)
   check_layer("conv_bn", conv, nn.Conv2d, "Conv2d")
   if bn ~= nil then check_layer("conv_bn", bn, nn.BatchNorm2d, "BatchNorm2d (or nil)") end
   local w, b = fold(conv, bn, ("Conv2d(%d, %d)"):format(conv.in_channels, conv.out_channels))
@@ -239,6 +248,7 @@ end
 -- FusedLinear equal to relu?(bn(linear(x))) (BatchNorm1d on (N, C) inputs).
 function F.linear_bn(linear, bn, opts)
   local nn = nd.nn
+  opts = options.check("nn.fuse.linear_bn", opts, FOLD_OPTS)
   check_layer("linear_bn", linear, nn.Linear, "Linear")
   if bn ~= nil then check_layer("linear_bn", bn, nn.BatchNorm1d, "BatchNorm1d (or nil)") end
   local w, b = fold(linear, bn, ("Linear(%d, %d)"):format(linear.in_features, linear.out_features))
@@ -340,12 +350,7 @@ end
 -- F.fuse(model, {requires_grad = false}) -> the fused copy (see the top)
 function F.fuse(model, opts)
   if not Module.is_module(model) then fail("expected a module, got %s", type(model)) end
-  if opts ~= nil and type(opts) ~= "table" then
-    fail("expected an options table {requires_grad=} as argument 2, got %s", type(opts))
-  end
-  for k in pairs(opts or {}) do
-    if k ~= "requires_grad" then fail("unknown option '%s' (valid: requires_grad)", tostring(k)) end
-  end
+  opts = options.check("nn.fuse", opts, {requires_grad = "boolean"})
   local copy = deep_copy(model, {})
   return finish(fuse_tree(copy, {}), opts)
 end

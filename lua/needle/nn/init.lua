@@ -23,20 +23,30 @@ local families = {
   ["needle.nn.models"] = {"LanguageModel", "ResNet9", "MLP"},
   ["needle.nn.fuse"] = {"fuse", "FusedConv2d", "FusedLinear"},
 }
-local lazy = {init = "needle.nn.initializers", utils = "needle.nn.utils"}
+-- submodules that are whole files: nd.nn.init, nd.nn.utils, nd.nn.models
+local whole = {init = "needle.nn.initializers", utils = "needle.nn.utils", models = "needle.nn.models"}
+local lazy = {}
+for k, file in pairs(whole) do lazy[k] = file end
 for file, names in pairs(families) do
   for _, name in ipairs(names) do lazy[name] = file end
 end
 
+local function load(t, k)
+  local file = lazy[k]
+  if not file then return nil end
+  local m = require(file)
+  local v = m
+  if whole[k] == nil then v = m[k] end
+  if v == nil then error(("needle.nn: %s does not define %s"):format(file, k), 2) end
+  rawset(t, k, v)
+  return v
+end
+
 return setmetatable(nn, {
-  __index = function(t, k)
-    local file = lazy[k]
-    if not file then return nil end
-    local m = require(file)
-    local v = m
-    if file ~= lazy.init and file ~= lazy.utils then v = m[k] end
-    if v == nil then error(("needle.nn: %s does not define %s"):format(file, k), 2) end
-    rawset(t, k, v)
-    return v
+  __index = load,
+  -- pairs(nd.nn) walks every name, loading what is not loaded yet
+  __pairs = function(t)
+    for k in pairs(lazy) do if rawget(t, k) == nil then load(t, k) end end
+    return next, t, nil
   end,
 })

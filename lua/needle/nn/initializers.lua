@@ -10,6 +10,7 @@
 -- without the trailing underscore are aliases. Keyword arguments may be given
 -- positionally (PyTorch's order) or in an options table with PyTorch's names.
 local core = require "needle.core"
+local opts_check = require("needle.options").check
 
 local init = {}
 
@@ -24,11 +25,19 @@ local function check(fn, t)
   end
 end
 
--- args: (t, opts_table) or (t, positional...) in the order of `names`
-local function options(names, ...)
+-- the type of each keyword argument (needle.options)
+local TYPES = {a = "number", b = "number", mean = "number", std = "number", val = "number", gain = "number",
+               mode = "string", nonlinearity = "string"}
+
+-- args: (t, opts_table) or (t, positional...) in the order of `names`; an
+-- options table may have only those names
+local function options(fn, names, ...)
   local first = ...
   local out = {}
   if type(first) == "table" and not core.is_tensor(first) then
+    local spec = {}
+    for _, n in ipairs(names) do spec[n] = TYPES[n] end
+    opts_check("nn.init." .. fn, first, spec)
     for _, n in ipairs(names) do out[n] = first[n] end
   else
     local args = table.pack(...)
@@ -94,7 +103,7 @@ local fans = init._calculate_fan_in_and_fan_out
 -- uniform_(t, a = 0, b = 1)
 function init.uniform_(t, ...)
   check("uniform_", t)
-  local o = options({"a", "b"}, ...)
+  local o = options("uniform_", {"a", "b"}, ...)
   local a, b = o.a or 0, o.b or 1
   return fill_from(t, random_scaled(core.rand, t.shape, t.dtype, b - a, a))
 end
@@ -102,7 +111,7 @@ end
 -- normal_(t, mean = 0, std = 1)
 function init.normal_(t, ...)
   check("normal_", t)
-  local o = options({"mean", "std"}, ...)
+  local o = options("normal_", {"mean", "std"}, ...)
   local mean, std = o.mean or 0, o.std or 1
   return fill_from(t, random_scaled(core.randn, t.shape, t.dtype, std, mean))
 end
@@ -110,7 +119,7 @@ end
 -- constant_(t, val)
 function init.constant_(t, ...)
   check("constant_", t)
-  local o = options({"val"}, ...)
+  local o = options("constant_", {"val"}, ...)
   if type(o.val) ~= "number" then fail("constant_", "val must be a number, got %s", type(o.val)) end
   core.no_grad(function() t:fill_(o.val) end)
   return t
@@ -131,7 +140,7 @@ end
 -- xavier_uniform_(t, gain = 1): U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out))
 function init.xavier_uniform_(t, ...)
   check("xavier_uniform_", t)
-  local o = options({"gain"}, ...)
+  local o = options("xavier_uniform_", {"gain"}, ...)
   local fan_in, fan_out = fans(t, "xavier_uniform_")
   local a = (o.gain or 1) * math.sqrt(6 / (fan_in + fan_out))
   return fill_from(t, random_scaled(core.rand, t.shape, t.dtype, 2 * a, -a))
@@ -140,7 +149,7 @@ end
 -- xavier_normal_(t, gain = 1): N(0, std), std = gain * sqrt(2 / (fan_in + fan_out))
 function init.xavier_normal_(t, ...)
   check("xavier_normal_", t)
-  local o = options({"gain"}, ...)
+  local o = options("xavier_normal_", {"gain"}, ...)
   local fan_in, fan_out = fans(t, "xavier_normal_")
   local std = (o.gain or 1) * math.sqrt(2 / (fan_in + fan_out))
   return fill_from(t, random_scaled(core.randn, t.shape, t.dtype, std, 0))
@@ -164,7 +173,7 @@ end
 -- one computed from nonlinearity and a): U(-b, b), b = gain * sqrt(3 / fan)
 function init.kaiming_uniform_(t, ...)
   check("kaiming_uniform_", t)
-  local o = options({"a", "mode", "nonlinearity", "gain"}, ...)
+  local o = options("kaiming_uniform_", {"a", "mode", "nonlinearity", "gain"}, ...)
   local bound = math.sqrt(3) * kaiming_std("kaiming_uniform_", t, o)
   return fill_from(t, random_scaled(core.rand, t.shape, t.dtype, 2 * bound, -bound))
 end
@@ -172,7 +181,7 @@ end
 -- kaiming_normal_(t, a = 0, mode = "fan_in", nonlinearity = "leaky_relu"): N(0, gain / sqrt(fan))
 function init.kaiming_normal_(t, ...)
   check("kaiming_normal_", t)
-  local o = options({"a", "mode", "nonlinearity", "gain"}, ...)
+  local o = options("kaiming_normal_", {"a", "mode", "nonlinearity", "gain"}, ...)
   local std = kaiming_std("kaiming_normal_", t, o)
   return fill_from(t, random_scaled(core.randn, t.shape, t.dtype, std, 0))
 end
@@ -182,7 +191,7 @@ end
 -- PyTorch. Modified Gram-Schmidt in float64 over the shorter side.
 function init.orthogonal_(t, ...)
   check("orthogonal_", t)
-  local o = options({"gain"}, ...)
+  local o = options("orthogonal_", {"gain"}, ...)
   if t:dim() < 2 then
     fail("orthogonal_", "only tensors with 2 or more dimensions are supported (shape %s)", shape_str(t))
   end

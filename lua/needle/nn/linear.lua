@@ -12,7 +12,7 @@ local init = require "needle.nn.initializers"
 local M = {}
 
 local util = require "needle.nn.util"
-local shape_str, opt = util.shape_str, util.opt
+local shape_str = util.shape_str
 
 local function check_int(name, what, v, min)
   if math.type(v) ~= "integer" or v < (min or 1) then
@@ -28,6 +28,8 @@ end
 
 -- Identity ---------------------------------------------------------------------
 
+-- Identity(...): its arguments are ignored, as PyTorch's ("any argument
+-- (unused)"), so that it can stand in for any module
 local Identity = Module:extend("Identity")
 function Identity:init() end
 function Identity:forward(x) return x end
@@ -37,19 +39,21 @@ M.Identity = Identity
 
 local Linear = Module:extend("Linear")
 
--- Linear(in_features, out_features, {bias = true, dtype = "float32"})
+-- Linear(in_features, out_features, {bias = true, dtype = "float32", device = "cpu"})
 function Linear:init(in_features, out_features, opts)
   check_int("Linear", "in_features", in_features, 0)
   check_int("Linear", "out_features", out_features, 0)
+  local o = util.options(self, opts, {bias = "boolean"}, true)
   self.in_features, self.out_features = in_features, out_features
-  local dtype = opt(opts, "dtype", "float32")
+  local dtype = o.dtype or "float32"
   self.weight = Module.Parameter(nd.empty({out_features, in_features}, {dtype = dtype}))
-  if opt(opts, "bias", true) then
+  if o.bias ~= false then
     self.bias = Module.Parameter(nd.empty({out_features}, {dtype = dtype}))
   else
     self:register_parameter("bias", nil)
   end
   self:reset_parameters()
+  util.place(self, o)
 end
 
 function Linear:reset_parameters()
@@ -84,7 +88,13 @@ local Flatten = Module:extend("Flatten")
 -- 1-based dims, so the default keeps the batch dim (PyTorch's start_dim=1)
 function Flatten:init(start_dim, end_dim)
   if type(start_dim) == "table" then
-    start_dim, end_dim = start_dim.start_dim, start_dim.end_dim
+    local o = util.options(self, start_dim, {start_dim = "integer", end_dim = "integer"})
+    start_dim, end_dim = o.start_dim, o.end_dim
+  end
+  for _, d in ipairs({{"start_dim", start_dim}, {"end_dim", end_dim}}) do
+    if d[2] ~= nil and (math.type(d[2]) ~= "integer" or d[2] == 0) then
+      util.fail(self, "%s must be a nonzero integer (1-based, negative from the end), got %s", d[1], tostring(d[2]))
+    end
   end
   self.start_dim, self.end_dim = start_dim or 2, end_dim or -1
 end

@@ -18,22 +18,17 @@ local shape_str = util.shape_str
 
 local REDUCTIONS = {mean = true, sum = true, none = true}
 
-local function loss_init(self, opts, allowed)
-  opts = opts or {}
-  if type(opts) ~= "table" then
-    error(("needle.nn.%s: options must be a table, got %s"):format(self.__name, type(opts)), 4)
-  end
-  for k in pairs(opts) do
-    if not allowed[k] then
-      error(("needle.nn.%s: unknown option '%s'"):format(self.__name, tostring(k)), 4)
-    end
-  end
+-- spec: the options besides reduction (see needle.options)
+local function loss_init(self, opts, spec)
+  spec.reduction = "string"
+  opts = util.options(self, opts, spec)
   local reduction = opts.reduction or "mean"
   if not REDUCTIONS[reduction] then
     error(("needle.nn.%s: reduction must be 'mean', 'sum' or 'none', got %s"):format(
       self.__name, tostring(reduction)), 4)
   end
   self.reduction = reduction
+  return opts
 end
 
 local function check_input(self, x)
@@ -84,9 +79,9 @@ local CrossEntropyLoss = Module:extend("CrossEntropyLoss")
 
 -- CrossEntropyLoss({ignore_index=, label_smoothing=0, reduction="mean"})
 function CrossEntropyLoss:init(opts)
-  loss_init(self, opts, {ignore_index = true, label_smoothing = true, reduction = true})
-  self.ignore_index = opts and opts.ignore_index
-  self.label_smoothing = opts and opts.label_smoothing or 0
+  opts = loss_init(self, opts, {ignore_index = "integer", label_smoothing = "number"})
+  self.ignore_index = opts.ignore_index
+  self.label_smoothing = opts.label_smoothing or 0
 end
 
 function CrossEntropyLoss:forward(input, target)
@@ -114,8 +109,7 @@ local NLLLoss = Module:extend("NLLLoss")
 
 -- NLLLoss({ignore_index=, reduction="mean"}): input is log-probabilities
 function NLLLoss:init(opts)
-  loss_init(self, opts, {ignore_index = true, reduction = true})
-  self.ignore_index = opts and opts.ignore_index
+  self.ignore_index = loss_init(self, opts, {ignore_index = "integer"}).ignore_index
 end
 
 function NLLLoss:forward(input, target)
@@ -144,7 +138,7 @@ end
 local MSELoss = Module:extend("MSELoss")
 
 -- MSELoss({reduction="mean"})
-function MSELoss:init(opts) loss_init(self, opts, {reduction = true}) end
+function MSELoss:init(opts) loss_init(self, opts, {}) end
 
 function MSELoss:forward(input, target)
   check_same(self, input, target)
@@ -159,8 +153,7 @@ local BCEWithLogitsLoss = Module:extend("BCEWithLogitsLoss")
 -- BCEWithLogitsLoss({reduction="mean", pos_weight=}): pos_weight (C) weighs
 -- the positive term, broadcast over the last dim, as PyTorch
 function BCEWithLogitsLoss:init(opts)
-  loss_init(self, opts, {reduction = true, pos_weight = true})
-  local pw = opts and opts.pos_weight
+  local pw = loss_init(self, opts, {pos_weight = "tensor|table|number"}).pos_weight
   if pw ~= nil then self:register_buffer("pos_weight", nd.is_tensor(pw) and pw or nd.tensor(pw)) end
 end
 

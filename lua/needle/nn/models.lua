@@ -1,4 +1,4 @@
--- needle.nn.models: ready-made models.
+-- needle.nn.models (nd.nn.models): ready-made models.
 --
 --   LanguageModel(vocab, {embedding_size=, hidden_size=, num_layers=,
 --                         seq_model="lstm"|"rnn"|"gru", dropout=, tie_weights=})
@@ -11,6 +11,8 @@
 local nd = require "needle"
 local Module = require "needle.nn.module"
 local init = require "needle.nn.initializers"
+local util = require "needle.nn.util"
+local options = require "needle.options"
 
 local M = {}
 
@@ -18,7 +20,8 @@ local LanguageModel = Module:extend("LanguageModel")
 
 function LanguageModel:init(vocab, opts)
   local nn = nd.nn
-  opts = opts or {}
+  opts = util.options(self, opts, {embedding_size = "integer", hidden_size = "integer", num_layers = "integer",
+                                   seq_model = "string", dropout = "number", tie_weights = "boolean"})
   local emb = opts.embedding_size or 64
   local hid = opts.hidden_size or 128
   local seq = opts.seq_model or "lstm"
@@ -76,7 +79,11 @@ M.LanguageModel = LanguageModel
 -- activation (and dropout) between them
 function M.MLP(sizes, opts)
   local nn = nd.nn
-  opts = opts or {}
+  opts = options.check("nn.models.MLP", opts, {activation = "callable", dropout = "number"})
+  if type(sizes) ~= "table" or #sizes < 2 then
+    util.fail("models.MLP", "sizes must be a list of at least 2 layer sizes such as {784, 256, 10}, got %s",
+              options.got(sizes))
+  end
   local layers = {}
   for i = 1, #sizes - 1 do
     layers[#layers + 1] = nn.Linear(sizes[i], sizes[i + 1])
@@ -95,10 +102,12 @@ local ConvBN = Module:extend("ConvBN")
 function ConvBN:init(a, b, k, s, opts)
   local nn = nd.nn
   s = s or 1
-  local dtype = opts and opts.dtype or "float32"
+  opts = util.options(self, opts, {}, true)
+  local dtype = opts.dtype or "float32"
   self.conv = nn.Conv2d(a, b, k, {stride = s, padding = (k - 1) // 2, bias = true, dtype = dtype})
   self.bn = nn.BatchNorm2d(b, {dtype = dtype})
   self.relu = nn.ReLU()
+  util.place(self, opts)
 end
 
 function ConvBN:forward(x) return self.relu(self.bn(self.conv(x))) end
@@ -124,19 +133,9 @@ M.ConvBN = ConvBN
 -- spec/fixtures/gen/gen_torch_resnet9.py).
 local ResNet9 = Module:extend("ResNet9")
 
-local resnet_options = {num_classes = true, dtype = true}
-
 function ResNet9:init(opts)
   local nn = nd.nn
-  opts = opts or {}
-  if type(opts) ~= "table" then
-    error(("needle.nn.ResNet9: expected an options table {num_classes=, dtype=}, got %s"):format(type(opts)), 3)
-  end
-  for k in pairs(opts) do
-    if not resnet_options[k] then
-      error(("needle.nn.ResNet9: unknown option '%s' (valid: num_classes, dtype)"):format(tostring(k)), 3)
-    end
-  end
+  opts = util.options(self, opts, {num_classes = "integer"}, true)
   local classes = opts.num_classes or 10
   if math.type(classes) ~= "integer" or classes < 1 then
     error(("needle.nn.ResNet9: num_classes must be a positive integer, got %s"):format(tostring(classes)), 3)
@@ -159,6 +158,7 @@ function ResNet9:init(opts)
     nn.Linear(128, 128, o),
     nn.ReLU(),
     nn.Linear(128, classes, o))
+  util.place(self, opts)
 end
 
 function ResNet9:extra_repr()
@@ -184,4 +184,18 @@ end
 
 M.ResNet9 = ResNet9
 
-return M
+-- nd.nn.models is this table; it also has the model classes that the
+-- converter's registry defines (needle.convert.models): ResNetCIFAR,
+-- BasicBlock, FusedResNetCIFAR, FusedBasicBlock and TransformerClassifier,
+-- loaded on first use.
+local CONVERT_CLASSES = {ResNetCIFAR = true, BasicBlock = true, FusedResNetCIFAR = true, FusedBasicBlock = true,
+                         TransformerClassifier = true}
+
+return setmetatable(M, {
+  __index = function(t, k)
+    if not CONVERT_CLASSES[k] then return nil end
+    local v = require("needle.convert.models")[k]
+    rawset(t, k, v)
+    return v
+  end,
+})

@@ -12,6 +12,8 @@
 --   function Linear:forward(x) return ... end
 --   local m = Linear(3, 4); local y = m(x)
 local core = require "needle.core"
+local errors = require "needle.errors"
+local options = require "needle.options"
 
 local Module = {}
 Module.__name = "Module"
@@ -37,7 +39,10 @@ local function make_instance_mt(class)
     __newindex = function(self, k, v)
       self:_set(k, v)
     end,
-    __call = function(self, ...) return self:forward(...) end,
+    -- errors.call: an error raised anywhere inside (a Linear in a
+    -- Sequential, an op in a forward) reads with the position of the
+    -- user's line, not the library's
+    __call = function(self, ...) return errors.call(self.forward, self, ...) end,
     __tostring = function(self) return self:_repr("") end,
     __name = class.__name,
     class = class,
@@ -47,7 +52,8 @@ end
 -- Module:extend(name): a subclass; calling the class constructs an instance
 -- (new fields, then init(...)).
 function Module:extend(name)
-  local class = setmetatable({}, {__index = self, __call = function(cls, ...) return cls:new(...) end})
+  local class = setmetatable({}, {__index = self,
+                                  __call = function(cls, ...) return errors.call(cls.new, cls, ...) end})
   class.__name = name or "Module"
   class._instance_mt = nil
   class.super = self
@@ -240,7 +246,8 @@ local FLOAT = {float32 = true, float64 = true, float16 = true, bfloat16 = true}
 function Module:to(device)
   local dtype
   if type(device) == "table" and not core.is_tensor(device) then
-    device, dtype = device.device, device.dtype
+    local o = options.check(("nn.%s.to"):format(self.__name), device, {device = "string", dtype = "string"})
+    device, dtype = o.device, o.dtype
   end
   local function fail(msg) error(("needle.nn.%s.to: %s"):format(self.__name, msg), 3) end
   if device ~= nil and type(device) ~= "string" then
@@ -299,7 +306,8 @@ local shape_str = util.shape_str
 -- unexpected and shape-mismatched keys are reported together), then copies;
 -- a failed load leaves the module untouched. Returns missing, unexpected.
 function Module:load_state_dict(sd, opts)
-  local strict = not (opts and opts.strict == false)
+  opts = options.check(("nn.%s.load_state_dict"):format(self.__name), opts, {strict = "boolean"})
+  local strict = opts.strict ~= false
   local targets = {}
   for _, p in ipairs(self:named_parameters()) do targets[p[1]] = p[2] end
   for _, b in ipairs(self:named_buffers()) do targets[b[1]] = b[2] end

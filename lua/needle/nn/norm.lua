@@ -15,7 +15,7 @@ local Module = require "needle.nn.module"
 local M = {}
 
 local util = require "needle.nn.util"
-local shape_str, opt = util.shape_str, util.opt
+local shape_str = util.shape_str
 
 -- BatchNorm ----------------------------------------------------------------------
 
@@ -26,13 +26,17 @@ function BatchNorm:init(num_features, opts)
     error(("needle.nn.%s: num_features must be a positive integer, got %s"):format(
       self.__name, tostring(num_features)), 3)
   end
+  local o = util.options(self, opts, {eps = "number", momentum = "number|boolean", affine = "boolean",
+                                      track_running_stats = "boolean"}, true)
+  if o.momentum == true then util.fail(self, "momentum must be a number or false (PyTorch's None), got true") end
   self.num_features = num_features
-  self.eps = opt(opts, "eps", 1e-5)
-  local momentum = opt(opts, "momentum", 0.1)
+  self.eps = o.eps or 1e-5
+  local momentum = o.momentum
+  if momentum == nil then momentum = 0.1 end
   self.momentum = momentum          -- false: cumulative average
-  self.affine = opt(opts, "affine", true)
-  self.track_running_stats = opt(opts, "track_running_stats", true)
-  local dtype = opt(opts, "dtype", "float32")
+  self.affine = o.affine ~= false
+  self.track_running_stats = o.track_running_stats ~= false
+  local dtype = o.dtype or "float32"
   if self.affine then
     self.weight = Module.Parameter(nd.ones({num_features}, {dtype = dtype}))
     self.bias = Module.Parameter(nd.zeros({num_features}, {dtype = dtype}))
@@ -49,6 +53,7 @@ function BatchNorm:init(num_features, opts)
     self:register_buffer("running_var", nil)
     self:register_buffer("num_batches_tracked", nil)
   end
+  util.place(self, o)
 end
 
 function BatchNorm:reset_running_stats()
@@ -137,12 +142,13 @@ function LayerNorm:init(normalized_shape, opts)
   for i, s in ipairs(normalized_shape) do shape[i] = s end
   self.normalized_shape = shape
   if type(opts) == "number" then opts = {eps = opts} end
-  self.eps = opt(opts, "eps", 1e-5)
-  self.elementwise_affine = opt(opts, "elementwise_affine", true)
-  local dtype = opt(opts, "dtype", "float32")
+  local o = util.options(self, opts, {eps = "number", elementwise_affine = "boolean", bias = "boolean"}, true)
+  self.eps = o.eps or 1e-5
+  self.elementwise_affine = o.elementwise_affine ~= false
+  local dtype = o.dtype or "float32"
   if self.elementwise_affine then
     self.weight = Module.Parameter(nd.ones(shape, {dtype = dtype}))
-    if opt(opts, "bias", true) then
+    if o.bias ~= false then
       self.bias = Module.Parameter(nd.zeros(shape, {dtype = dtype}))
     else
       self:register_parameter("bias", nil)
@@ -151,6 +157,7 @@ function LayerNorm:init(normalized_shape, opts)
     self:register_parameter("weight", nil)
     self:register_parameter("bias", nil)
   end
+  util.place(self, o)
 end
 
 function LayerNorm:reset_parameters()

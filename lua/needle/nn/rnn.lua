@@ -20,18 +20,26 @@ local function fail(self, fmt, ...)
   error(("needle.nn.%s(%d, %d): " .. fmt):format(self.__name, self.input_size, self.hidden_size, ...), 3)
 end
 
-local function init_uniform(shape, k)
-  return Module.Parameter(init._random_scaled(nd.rand, shape, nil, 2 * k, -k))
+local function init_uniform(shape, k, dtype)
+  return Module.Parameter(init._random_scaled(nd.rand, shape, dtype, 2 * k, -k))
 end
 
 -- one layer's parameters, registered under PyTorch's names
-local function add_layer_params(self, suffix, gates, input_size, hidden_size, bias)
+local function add_layer_params(self, suffix, gates, input_size, hidden_size, bias, dtype)
   local k = 1 / math.sqrt(hidden_size)
-  self["weight_ih" .. suffix] = init_uniform({gates * hidden_size, input_size}, k)
-  self["weight_hh" .. suffix] = init_uniform({gates * hidden_size, hidden_size}, k)
+  self["weight_ih" .. suffix] = init_uniform({gates * hidden_size, input_size}, k, dtype)
+  self["weight_hh" .. suffix] = init_uniform({gates * hidden_size, hidden_size}, k, dtype)
   if bias then
-    self["bias_ih" .. suffix] = init_uniform({gates * hidden_size}, k)
-    self["bias_hh" .. suffix] = init_uniform({gates * hidden_size}, k)
+    self["bias_ih" .. suffix] = init_uniform({gates * hidden_size}, k, dtype)
+    self["bias_hh" .. suffix] = init_uniform({gates * hidden_size}, k, dtype)
+  end
+end
+
+local function check_sizes(self, input_size, hidden_size)
+  for _, a in ipairs({{"input_size", input_size}, {"hidden_size", hidden_size}}) do
+    if math.type(a[2]) ~= "integer" or a[2] < 1 then
+      util.fail(self, "%s must be a positive integer, got %s", a[1], tostring(a[2]))
+    end
   end
 end
 
@@ -70,19 +78,28 @@ end
 
 local GATES = {RNN = 1, LSTM = 4, GRU = 3}
 
+local function check_nonlinearity(self, nl)
+  if nl ~= "tanh" and nl ~= "relu" then
+    util.fail(self, "nonlinearity must be 'tanh' or 'relu', got '%s'", nl)
+  end
+end
+
 -- cells -----------------------------------------------------------------------
 
 local function make_cell(kind)
   local Cell = Module:extend(kind .. "Cell")
+  -- (input_size, hidden_size, {bias=true, nonlinearity="tanh" (RNNCell), dtype=, device=})
   function Cell:init(input_size, hidden_size, opts)
-    opts = opts or {}
+    check_sizes(self, input_size, hidden_size)
+    local spec = {bias = "boolean"}
+    if kind == "RNN" then spec.nonlinearity = "string" end
+    opts = util.options(self, opts, spec, true)
     self.input_size, self.hidden_size = input_size, hidden_size
     self.bias = opts.bias ~= false
     self.nonlinearity = opts.nonlinearity or "tanh"
-    if kind == "RNN" and self.nonlinearity ~= "tanh" and self.nonlinearity ~= "relu" then
-      error(("needle.nn.RNNCell: nonlinearity must be 'tanh' or 'relu', got '%s'"):format(self.nonlinearity), 3)
-    end
-    add_layer_params(self, "", GATES[kind], input_size, hidden_size, self.bias)
+    if kind == "RNN" then check_nonlinearity(self, self.nonlinearity) end
+    add_layer_params(self, "", GATES[kind], input_size, hidden_size, self.bias, opts.dtype)
+    util.place(self, opts)
   end
   function Cell:extra_repr()
     return ("%d, %d%s"):format(self.input_size, self.hidden_size, self.bias and "" or ", bias=false")
@@ -90,6 +107,7 @@ local function make_cell(kind)
   -- forward(x (B, in) or (in), state): RNN/GRU state h; LSTM state {h, c};
   -- returns h (RNN/GRU) or h, c (LSTM)
   function Cell:forward(x, state)
+    if not nd.is_tensor(x) then fail(self, "expected a tensor input (B, %d), got %s", self.input_size, type(x)) end
     if x:size(-1) ~= self.input_size then
       fail(self, "expected input with last dim %d, got %s", self.input_size, shape_str(x))
     end
@@ -125,15 +143,21 @@ M.GRUCell = make_cell("GRU")
 local function make_rnn(kind)
   local R = Module:extend(kind)
   -- (input_size, hidden_size, {num_layers=1, bias=true, batch_first=false,
-  --  dropout=0, nonlinearity="tanh" (RNN)})
+  --  dropout=0, bidirectional=false (true is not supported), nonlinearity="tanh" (RNN),
+  --  dtype=, device=})
   function R:init(input_size, hidden_size, opts)
-    opts = opts or {}
+    check_sizes(self, input_size, hidden_size)
+    local spec = {num_layers = "integer", bias = "boolean", batch_first = "boolean", dropout = "number",
+                  bidirectional = "boolean"}
+    if kind == "RNN" then spec.nonlinearity = "string" end
+    opts = util.options(self, opts, spec, true)
     self.input_size, self.hidden_size = input_size, hidden_size
     self.num_layers = opts.num_layers or 1
     self.bias = opts.bias ~= false
     self.batch_first = opts.batch_first == true
     self.dropout = opts.dropout or 0
     self.nonlinearity = opts.nonlinearity or "tanh"
+    if kind == "RNN" then check_nonlinearity(self, self.nonlinearity) end
     if opts.bidirectional then
       error(("needle.nn.%s: bidirectional is not supported"):format(kind), 3)
     end
@@ -143,8 +167,9 @@ local function make_rnn(kind)
     end
     for l = 0, self.num_layers - 1 do
       add_layer_params(self, "_l" .. l, GATES[kind], l == 0 and input_size or hidden_size, hidden_size,
-                       self.bias)
+                       self.bias, opts.dtype)
     end
+    util.place(self, opts)
   end
 
   function R:extra_repr()
@@ -159,6 +184,8 @@ local function make_rnn(kind)
   -- state: RNN/GRU h0 (L, B, H); LSTM {h0, c0}; nil for zeros.
   -- LSTM returns output, {h_n, c_n} (as PyTorch's tuple).
   function R:forward(x, state)
+    if not nd.is_tensor(x) then fail(self, "expected a tensor input (T, B, %d), got %s", self.input_size, type(x)) end
+    local input = x
     local unbatched = x:dim() == 2
     if unbatched then x = x:unsqueeze(2) end
     if x:dim() ~= 3 or x:size(3) ~= self.input_size then
@@ -167,6 +194,10 @@ local function make_rnn(kind)
     end
     if self.batch_first then x = x:transpose(1, 2) end
     local T, B, H, L = x:size(1), x:size(2), self.hidden_size, self.num_layers
+    if T == 0 then -- an error, as in PyTorch (there is no last state to return)
+      fail(self, "expected a sequence length larger than 0 (dim %d of the input), got input of shape %s",
+           (self.batch_first and not unbatched) and 2 or 1, shape_str(input))
+    end
     local h0, c0
     if kind == "LSTM" then
       if state ~= nil then h0, c0 = state[1], state[2] end

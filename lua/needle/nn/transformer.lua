@@ -27,7 +27,8 @@ local ModuleList = require("needle.nn.container").ModuleList
 local M = {}
 
 local util = require "needle.nn.util"
-local shape_str, opt = util.shape_str, util.opt
+local options = require "needle.options"
+local shape_str = util.shape_str
 
 -- clone_module(m): a deep copy (PyTorch's copy.deepcopy of a module):
 -- parameters and buffers are copied (parameters stay leaves that require
@@ -84,7 +85,11 @@ end
 -- the (sz, sz) float causal mask, -inf above the diagonal and 0 elsewhere
 -- (PyTorch's Transformer static method)
 function M.generate_square_subsequent_mask(sz, opts)
-  local o = {dtype = opt(opts, "dtype", "float32"), device = opt(opts, "device", nil)}
+  opts = options.check("nn.Transformer.generate_square_subsequent_mask", opts, {dtype = "string", device = "string"})
+  if math.type(sz) ~= "integer" or sz < 0 then
+    util.fail("Transformer.generate_square_subsequent_mask", "sz must be an integer >= 0, got %s", tostring(sz))
+  end
+  local o = {dtype = opts.dtype or "float32", device = opts.device}
   local i = nd.arange(1, sz + 1, {device = o.device}):view({sz, 1})
   local j = nd.arange(1, sz + 1, {device = o.device}):view({1, sz})
   return nd.where(j:gt(i), nd.tensor(-math.huge, o), nd.tensor(0.0, o))
@@ -94,7 +99,8 @@ end
 
 local MHA = Module:extend("MultiheadAttention")
 
--- MultiheadAttention(embed_dim, num_heads, {dropout=0, bias=true, batch_first=false})
+-- MultiheadAttention(embed_dim, num_heads, {dropout=0, bias=true, batch_first=false, dtype=, device=})
+-- (kdim, vdim: only equal to embed_dim; add_bias_kv, add_zero_attn: only false)
 function MHA:init(embed_dim, num_heads, opts)
   if math.type(embed_dim) ~= "integer" or embed_dim < 1 or math.type(num_heads) ~= "integer" or num_heads < 1 then
     error(("needle.nn.MultiheadAttention: embed_dim and num_heads must be positive integers, got %s and %s"):format(
@@ -104,23 +110,25 @@ function MHA:init(embed_dim, num_heads, opts)
     error(("needle.nn.MultiheadAttention(%d, %d): embed_dim must be divisible by num_heads"):format(
       embed_dim, num_heads), 3)
   end
+  opts = util.options(self, opts, {dropout = "number", bias = "boolean", batch_first = "boolean", kdim = "integer",
+                                   vdim = "integer", add_bias_kv = "boolean", add_zero_attn = "boolean"}, true)
   for _, k in ipairs({"kdim", "vdim"}) do
-    local v = opt(opts, k, nil)
+    local v = opts[k]
     if v ~= nil and v ~= embed_dim then
       error(("needle.nn.MultiheadAttention(%d, %d): %s different from embed_dim is not supported"):format(
         embed_dim, num_heads, k), 3)
     end
   end
-  if opt(opts, "add_bias_kv", false) or opt(opts, "add_zero_attn", false) then
+  if opts.add_bias_kv or opts.add_zero_attn then
     error(("needle.nn.MultiheadAttention(%d, %d): add_bias_kv and add_zero_attn are not supported"):format(
       embed_dim, num_heads), 3)
   end
   self.embed_dim, self.num_heads = embed_dim, num_heads
   self.head_dim = embed_dim // num_heads
-  self.dropout = opt(opts, "dropout", 0.0)
-  self.batch_first = opt(opts, "batch_first", false)
-  local bias = opt(opts, "bias", true)
-  local dtype = opt(opts, "dtype", "float32")
+  self.dropout = opts.dropout or 0.0
+  self.batch_first = opts.batch_first or false
+  local bias = opts.bias ~= false
+  local dtype = opts.dtype or "float32"
   self.in_proj_weight = Module.Parameter(nd.empty({3 * embed_dim, embed_dim}, {dtype = dtype}))
   if bias then
     self.in_proj_bias = Module.Parameter(nd.empty({3 * embed_dim}, {dtype = dtype}))
@@ -129,6 +137,7 @@ function MHA:init(embed_dim, num_heads, opts)
   end
   self.out_proj = Linear(embed_dim, embed_dim, {bias = bias, dtype = dtype})
   self:reset_parameters()
+  util.place(self, opts)
 end
 
 function MHA:reset_parameters()
@@ -150,7 +159,12 @@ end
 --         average_attn_weights=true, is_causal=false})
 -- -> output (shaped as query), weights (N, L, S) averaged over heads (or
 -- (N, H, L, S) with average_attn_weights = false; nil with need_weights = false)
+-- the masks' types are checked below, with their shapes
+local MHA_CALL = {key_padding_mask = "any", attn_mask = "any", need_weights = "boolean",
+                  average_attn_weights = "boolean", is_causal = "boolean"}
+
 function MHA:forward(query, key, value, opts)
+  opts = options.check("nn.MultiheadAttention" .. self:_sig(), opts, MHA_CALL)
   key = key or query
   value = value or key
   local E, H, D = self.embed_dim, self.num_heads, self.head_dim
@@ -204,9 +218,9 @@ function MHA:forward(query, key, value, opts)
   local scores = (q * (1 / math.sqrt(D))):matmul(k:transpose(3, 4))   -- (N, H, L, S)
 
   -- masks
-  local attn_mask = opts and opts.attn_mask
-  local kpm = opts and opts.key_padding_mask
-  local is_causal = opts and opts.is_causal
+  local attn_mask = opts.attn_mask
+  local kpm = opts.key_padding_mask
+  local is_causal = opts.is_causal
   if attn_mask == nil and is_causal then
     attn_mask = M.generate_square_subsequent_mask(math.max(L, S), {device = scores.device})
       :narrow(1, 1, L):narrow(2, 1, S)
@@ -245,8 +259,8 @@ function MHA:forward(query, key, value, opts)
   out = self.out_proj(out)
 
   local weights
-  if opt(opts, "need_weights", true) then
-    weights = opt(opts, "average_attn_weights", true) and attn:mean(2) or attn
+  if opts.need_weights ~= false then
+    weights = opts.average_attn_weights ~= false and attn:mean(2) or attn
     if not batched then weights = weights:squeeze(1) end
   end
   if not batched then
@@ -276,25 +290,30 @@ local TEL = Module:extend("TransformerEncoderLayer")
 
 -- TransformerEncoderLayer(d_model, nhead, {dim_feedforward=2048, dropout=0.1,
 --   activation="relu" | "gelu" | function | module, layer_norm_eps=1e-5,
---   batch_first=false, norm_first=false, bias=true})
+--   batch_first=false, norm_first=false, bias=true, dtype=, device=})
+local ACTIVATION = "string|function|module"
+
 function TEL:init(d_model, nhead, opts)
-  local dim_ff = opt(opts, "dim_feedforward", 2048)
-  local dropout = opt(opts, "dropout", 0.1)
-  local eps = opt(opts, "layer_norm_eps", 1e-5)
-  local bias = opt(opts, "bias", true)
-  local dtype = opt(opts, "dtype", "float32")
+  opts = util.options(self, opts, {dim_feedforward = "integer", dropout = "number", activation = ACTIVATION,
+                                   layer_norm_eps = "number", batch_first = "boolean", norm_first = "boolean",
+                                   bias = "boolean"}, true)
+  local dim_ff = opts.dim_feedforward or 2048
+  local dropout = opts.dropout or 0.1
+  local eps = opts.layer_norm_eps or 1e-5
+  local bias = opts.bias ~= false
+  local dtype = opts.dtype or "float32"
   self.d_model, self.nhead, self.dim_feedforward = d_model, nhead, dim_ff
-  self.batch_first = opt(opts, "batch_first", false)
+  self.batch_first = opts.batch_first or false
   self.self_attn = MHA(d_model, nhead, {dropout = dropout, bias = bias, batch_first = self.batch_first, dtype = dtype})
   self.linear1 = Linear(d_model, dim_ff, {bias = bias, dtype = dtype})
   self.dropout = Dropout(dropout)
   self.linear2 = Linear(dim_ff, d_model, {bias = bias, dtype = dtype})
-  self.norm_first = opt(opts, "norm_first", false)
+  self.norm_first = opts.norm_first or false
   self.norm1 = LayerNorm(d_model, {eps = eps, bias = bias, dtype = dtype})
   self.norm2 = LayerNorm(d_model, {eps = eps, bias = bias, dtype = dtype})
   self.dropout1 = Dropout(dropout)
   self.dropout2 = Dropout(dropout)
-  local act = opt(opts, "activation", "relu")
+  local act = opts.activation or "relu"
   if type(act) == "string" then
     if not ACTIVATIONS[act] then
       error(("needle.nn.TransformerEncoderLayer: activation must be 'relu', 'gelu', a function or a module, got '%s'"):format(act), 3)
@@ -306,13 +325,17 @@ function TEL:init(d_model, nhead, opts)
   else
     error(("needle.nn.TransformerEncoderLayer: activation must be 'relu', 'gelu', a function or a module, got %s"):format(type(act)), 3)
   end
+  util.place(self, opts)
 end
 
 -- forward(src, {src_mask=, src_key_padding_mask=, is_causal=false}) or
 -- forward(src, src_mask, src_key_padding_mask, is_causal) (PyTorch's order)
+local ENCODER_CALL = {src_mask = "any", mask = "any", src_key_padding_mask = "any", is_causal = "boolean"}
+
 function TEL:forward(src, mask, src_key_padding_mask, is_causal)
   if type(mask) == "table" and not nd.is_tensor(mask) then
-    mask, src_key_padding_mask, is_causal = mask.src_mask or mask.mask, mask.src_key_padding_mask, mask.is_causal
+    local o = options.check(("nn.TransformerEncoderLayer(%d, %d)"):format(self.d_model, self.nhead), mask, ENCODER_CALL)
+    mask, src_key_padding_mask, is_causal = o.src_mask or o.mask, o.src_key_padding_mask, o.is_causal
   end
   local x = src
   if not nd.is_tensor(x) or (x:dim() ~= 2 and x:dim() ~= 3) or x:size(-1) ~= self.d_model then
@@ -367,7 +390,7 @@ function TE:init(encoder_layer, num_layers, opts)
   for i = 1, num_layers do layers[i] = clone_module(encoder_layer) end
   self.layers = ModuleList(layers)
   self.num_layers = num_layers
-  local norm = opt(opts, "norm", nil)
+  local norm = util.options(self, opts, {norm = "module"}).norm
   if norm ~= nil then self.norm = norm end
 end
 
@@ -375,7 +398,8 @@ end
 -- forward(src, mask, src_key_padding_mask, is_causal)
 function TE:forward(src, mask, src_key_padding_mask, is_causal)
   if type(mask) == "table" and not nd.is_tensor(mask) then
-    mask, src_key_padding_mask, is_causal = mask.mask or mask.src_mask, mask.src_key_padding_mask, mask.is_causal
+    local o = options.check("nn.TransformerEncoder", mask, ENCODER_CALL)
+    mask, src_key_padding_mask, is_causal = o.mask or o.src_mask, o.src_key_padding_mask, o.is_causal
   end
   local x = src
   for _, layer in ipairs(self.layers) do
@@ -409,7 +433,9 @@ function Transformer:init(embedding_size, hidden_size, num_layers, opts)
       error(("needle.nn.Transformer: %s must be a positive integer, got %s"):format(a[1], tostring(a[2])), 3)
     end
   end
-  local num_head, dim_head = opt(opts, "num_head", nil), opt(opts, "dim_head", nil)
+  opts = util.options(self, opts, {num_head = "integer", dim_head = "integer", dropout = "number", causal = "boolean",
+                                   batch_first = "boolean", sequence_len = "integer", activation = ACTIVATION}, true)
+  local num_head, dim_head = opts.num_head, opts.dim_head
   if num_head == nil and dim_head ~= nil then
     num_head = embedding_size // dim_head
   elseif num_head == nil then
@@ -424,17 +450,18 @@ function Transformer:init(embedding_size, hidden_size, num_layers, opts)
   end
   self.embedding_size, self.hidden_size, self.num_layers = embedding_size, hidden_size, num_layers
   self.num_head, self.dim_head = num_head, dim_head
-  self.causal = opt(opts, "causal", true)
-  self.batch_first = opt(opts, "batch_first", false)
-  self.sequence_len = opt(opts, "sequence_len", 2048)
-  local dtype = opt(opts, "dtype", "float32")
+  self.causal = opts.causal ~= false
+  self.batch_first = opts.batch_first or false
+  self.sequence_len = opts.sequence_len or 2048
+  local dtype = opts.dtype or "float32"
   self.pos_embedding = Embedding(self.sequence_len, embedding_size, {dtype = dtype})
   local layers = {}
   for i = 1, num_layers do
-    layers[i] = TEL(embedding_size, num_head, {dim_feedforward = hidden_size, dropout = opt(opts, "dropout", 0.0),
-      activation = opt(opts, "activation", "relu"), batch_first = true, norm_first = true, dtype = dtype})
+    layers[i] = TEL(embedding_size, num_head, {dim_feedforward = hidden_size, dropout = opts.dropout or 0.0,
+      activation = opts.activation or "relu", batch_first = true, norm_first = true, dtype = dtype})
   end
   self.layers = ModuleList(layers)
+  util.place(self, opts)
 end
 
 function Transformer:forward(x, h)

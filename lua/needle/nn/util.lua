@@ -1,4 +1,8 @@
 -- needle.nn.util: small helpers shared by the nn family files (internal).
+local core = require "needle.core"
+local options = require "needle.options"
+local errors = require "needle.errors"
+
 local M = {}
 
 -- "{2,3}", the way needle's errors spell a shape
@@ -8,6 +12,44 @@ function M.shape_str(t) return "{" .. table.concat(t.shape, ",") .. "}" end
 function M.opt(opts, name, default)
   if type(opts) ~= "table" or opts[name] == nil then return default end
   return opts[name]
+end
+
+-- "needle.nn.<Name>: <fmt...>", raised at the user's line
+function M.fail(self, fmt, ...)
+  errors.fail("nn." .. (type(self) == "string" and self or self.__name), fmt, ...)
+end
+
+-- The options of a module's constructor, checked against spec (see
+-- needle.options: unknown keys and wrong types are errors naming the module);
+-- with factory = true, PyTorch's factory keywords dtype and device too.
+-- Returns the options table (an empty one when opts is nil).
+function M.options(self, opts, spec, factory)
+  if factory then
+    local s = {dtype = "string", device = "string"}
+    for k, v in pairs(spec) do s[k] = v end
+    spec = s
+  end
+  local o = options.check("nn." .. self.__name, opts, spec)
+  if factory then
+    local dt = o.dtype
+    if dt ~= nil and dt ~= "float32" and dt ~= "float64" and dt ~= "float16" and dt ~= "bfloat16" then
+      M.fail(self, "dtype must be a floating-point dtype (float32, float64, float16 or bfloat16), got %q", dt)
+    end
+    if o.device ~= nil then
+      local ok, err = pcall(core.zeros, {0}, {device = o.device})
+      if not ok then
+        M.fail(self, "cannot use device '%s': %s", o.device, (tostring(err):gsub("^.-needle%.[%w_]+: ", "")))
+      end
+    end
+  end
+  return o
+end
+
+-- Moves a module just built on the cpu to o.device, when given (the last
+-- step of a constructor that took the factory keywords).
+function M.place(self, o)
+  if o.device ~= nil then self:to(o.device) end
+  return self
 end
 
 return M

@@ -7,21 +7,14 @@
 -- p.grad (a grad tensor someone holds is never modified, as everywhere in
 -- needle).
 local core = require "needle.core"
+local errors = require "needle.errors"
+local options = require "needle.options"
 
 local M = {}
 
+-- raised at the caller's code (the first frame outside the package)
 local function raise(fn, msg)
-  -- point at the caller's code: the first frame outside this file
-  local level = 2
-  while true do
-    local info = debug.getinfo(level, "S")
-    if info == nil then error(("needle.nn.utils.%s: %s"):format(fn, msg), 0) end
-    if info.what ~= "C" and not info.source:find("needle/nn/utils%.lua$") and
-       not info.source:find("^=%[needle embedded%] needle%.nn%.utils$") then
-      error(("needle.nn.utils.%s: %s"):format(fn, msg), level)
-    end
-    level = level + 1
-  end
+  errors.raise(("needle.nn.utils.%s: %s"):format(fn, msg))
 end
 
 local function with_grads(fn, parameters)
@@ -80,10 +73,8 @@ local function clip_grad_norm_(parameters, max_norm, norm_type, opts)
     raise("clip_grad_norm_", ("norm_type must be a number (or math.huge / 'inf'), got %s"):format(
       tostring(norm_type)))
   end
-  if opts ~= nil and type(opts) ~= "table" then
-    raise("clip_grad_norm_", ("options must be a table, got %s"):format(type(opts)))
-  end
-  local error_if_nonfinite = opts and opts.error_if_nonfinite or false
+  opts = options.check("nn.utils.clip_grad_norm_", opts, {error_if_nonfinite = "boolean"})
+  local error_if_nonfinite = opts.error_if_nonfinite or false
   local params = with_grads("clip_grad_norm_", parameters)
   if #params == 0 then return 0.0 end
   return core.no_grad(function()

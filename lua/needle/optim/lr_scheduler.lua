@@ -12,6 +12,7 @@
 -- (last_epoch becomes 0). Every scheduler has step(), get_last_lr(),
 -- state_dict() and load_state_dict(sd).
 local Optimizer = require "needle.optim.optimizer"
+local options = require "needle.options"
 
 local raise, fmt = Optimizer._raise, Optimizer._fmt
 local cos, pi, floor = math.cos, math.pi, math.floor
@@ -72,21 +73,11 @@ function LRScheduler.new(cls, optimizer, ...)
     args = {}
     for i, k in ipairs(cls._required) do args[i] = opts[k] end
   end
-  if opts ~= nil and type(opts) ~= "table" then
-    self:_error(("options must be a table, got %s"):format(type(opts)))
-  end
-  opts = opts or {}
-  local known = {last_epoch = true}
-  for k in pairs(cls._options) do known[k] = true end
-  for _, k in ipairs(cls._required) do known[k] = true end
-  for k in pairs(opts) do
-    if not known[k] then
-      local names = {}
-      for n in pairs(known) do names[#names + 1] = n end
-      table.sort(names)
-      self:_error(("unknown option '%s' (expected %s)"):format(tostring(k), table.concat(names, ", ")))
-    end
-  end
+  -- the values are checked by each scheduler's _init
+  local known = {last_epoch = "any"}
+  for k in pairs(cls._options) do known[k] = "any" end
+  for _, k in ipairs(cls._required) do known[k] = "any" end
+  opts = options.check("optim.lr_scheduler." .. cls.name, opts, known)
   for i, k in ipairs(cls._required) do
     local v = args[i]
     if v == nil then v = opts[k] end

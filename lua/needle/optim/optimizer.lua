@@ -18,6 +18,8 @@
 -- Per-parameter state lives in opt.state[p] (a table; tensors there are updated
 -- in place). Parameters are updated in place under no_grad; p.grad is only read.
 local core = require "needle.core"
+local errors = require "needle.errors"
+local options = require "needle.options"
 
 local is_tensor = core.is_tensor
 
@@ -77,23 +79,20 @@ local function copy_value(v)
   return v
 end
 
--- Errors point at the user's code: the first stack frame outside needle.optim
--- (and needle.nn.utils), whatever the depth of the internal calls.
-local function internal(src)
-  return src:find("needle/optim/[%w_]+%.lua$") or src:find("needle/nn/utils%.lua$") or
-         src:find("^=%[needle embedded%] needle%.optim") or src:find("^=%[needle embedded%] needle%.nn%.utils$")
-end
-
-local function raise(msg)
-  local level = 2
-  while true do
-    local info = debug.getinfo(level, "S")
-    if info == nil then error(msg, 0) end
-    if info.what ~= "C" and not internal(info.source) then error(msg, level) end
-    level = level + 1
-  end
-end
+-- Errors point at the user's code: the first stack frame outside the package,
+-- whatever the depth of the internal calls (needle.errors).
+local raise = errors.raise
 Optimizer._raise = raise
+
+-- every key of t, each of any type (options.check spec: the values are
+-- checked by the optimizer's own check)
+local function any_of(...)
+  local spec = {}
+  for _, t in ipairs({...}) do
+    for k in pairs(t) do spec[k] = "any" end
+  end
+  return spec
+end
 
 -- "needle.optim.SGD: ..." errors
 function Optimizer:_error(msg)
@@ -172,19 +171,10 @@ function Optimizer.new(class, params, opts)
     error("needle.optim.Optimizer: the base class cannot be instantiated; use SGD, Adam, ...", 3)
   end
   local self = setmetatable({param_groups = {}, state = {}}, class)
-  opts = opts or {}
-  if type(opts) ~= "table" then
-    self:_error(("options must be a table, got %s"):format(type(opts)))
-  end
+  opts = options.check("optim." .. class.name, opts, any_of(class.defaults))
   local defaults = {}
   for k, v in pairs(class.defaults) do defaults[k] = copy_value(v) end
-  for k, v in pairs(opts) do
-    if class.defaults[k] == nil then
-      self:_error(("unknown option '%s' (expected %s)"):format(tostring(k),
-        table.concat(sorted_keys(class.defaults), ", ")))
-    end
-    defaults[k] = copy_value(v)
-  end
+  for k, v in pairs(opts) do defaults[k] = copy_value(v) end
   self.defaults = defaults
   self:_check_group(defaults)
 
@@ -212,14 +202,10 @@ function Optimizer:_add_param_group(g)
   if #group.params == 0 then
     self:_error("optimizer got an empty parameter list")
   end
+  options.check("optim." .. self.name, g, any_of(self.defaults, EXTRA_GROUP_KEYS, {params = true}),
+                "in a parameter group")
   for k, v in pairs(g) do
-    if k ~= "params" then
-      if self.defaults[k] == nil and not EXTRA_GROUP_KEYS[k] then
-        self:_error(("unknown option '%s' in a parameter group (expected %s)"):format(tostring(k),
-          table.concat(sorted_keys(self.defaults), ", ")))
-      end
-      group[k] = copy_value(v)
-    end
+    if k ~= "params" then group[k] = copy_value(v) end
   end
   for k, v in pairs(self.defaults) do
     if group[k] == nil then group[k] = copy_value(v) end

@@ -1,0 +1,407 @@
+-- options_spec.lua - every options table (PyTorch's keyword arguments)
+-- rejects a misspelt key, naming the valid ones in sorted order, and a value
+-- of the wrong type for a known key (issue 15). One table per area lists
+-- every public function that takes options; the nn table is checked against
+-- nd.nn itself, so a new module cannot skip the check.
+--
+--   build/needle-lua spec/run.lua spec/options_spec.lua
+
+local nd = require "needle"
+
+local A = require("spec.helpers.assertions").bind(assert)
+local S = require "spec.helpers.shell"
+local errmsg, assert_contains = A.errmsg, A.assert_contains
+
+-- fn(opts) must raise "needle.<who>: unknown option '<bad>' (valid: <valid>)"
+-- for opts = {[bad] = 1} and accept an empty table
+local function rejects(who, valid, fn, bad)
+  bad = bad or "bogus"
+  local msg = errmsg(fn, {[bad] = 1})
+  assert_contains(msg, ("needle.%s: unknown option '%s' (%s)"):format(who, bad,
+    valid == "" and "it takes no options" or "valid: " .. valid))
+  local ok, e = pcall(fn, {})
+  assert(ok, ("%s rejects an empty options table: %s"):format(who, tostring(e)))
+end
+
+-- C functions --------------------------------------------------------------------
+
+describe("the C functions' options", function()
+  local NEW = "device, dtype, requires_grad"
+  local x = nd.zeros({2, 2})
+  local img, w = nd.zeros({1, 1, 4, 4}), nd.zeros({1, 1, 3, 3})
+  local cases = {
+    {"tensor", NEW, function(o) return nd.tensor({1, 2}, o) end},
+    {"tensor", NEW, function(o) return nd.tensor(x, o) end},
+    {"zeros", NEW, function(o) return nd.zeros({2}, o) end},
+    {"zeros", NEW, function(o) return nd.zeros(2, 3, o) end},
+    {"ones", NEW, function(o) return nd.ones({2}, o) end},
+    {"empty", NEW, function(o) return nd.empty({2}, o) end},
+    {"full", NEW, function(o) return nd.full({2}, 7, o) end},
+    {"rand", NEW, function(o) return nd.rand({2}, o) end},
+    {"randn", NEW, function(o) return nd.randn({2}, o) end},
+    {"randint", NEW, function(o) return nd.randint(1, 5, {2}, o) end},
+    {"zeros_like", NEW, function(o) return nd.zeros_like(x, o) end},
+    {"ones_like", NEW, function(o) return nd.ones_like(x, o) end},
+    {"full_like", NEW, function(o) return nd.full_like(x, 3, o) end},
+    {"rand_like", NEW, function(o) return nd.rand_like(x, o) end},
+    {"randn_like", NEW, function(o) return nd.randn_like(x, o) end},
+    {"arange", NEW, function(o) return nd.arange(4, o) end},
+    {"arange", NEW, function(o) return nd.arange(1, 4, 2, o) end},
+    {"linspace", NEW, function(o) return nd.linspace(0, 1, 3, o) end},
+    {"eye", NEW, function(o) return nd.eye(2, o) end},
+    {"eye", NEW, function(o) return nd.eye(2, 3, o) end},
+    {"to", "device, dtype", function(o) return x:to(o) end},
+    {"backward", "create_graph, retain_graph", function(o)
+      local p = nd.tensor({1, 2}, {requires_grad = true})
+      return (p * p):sum():backward(next(o) and o or nil)
+    end},
+    {"grad", "allow_unused, create_graph, grad_outputs, retain_graph", function(o)
+      local p = nd.tensor({1, 2}, {requires_grad = true})
+      return nd.grad((p * p):sum(), p, o)
+    end},
+    {"conv2d", "dilation, groups, padding, stride", function(o) return nd.conv2d(img, w, nil, o) end},
+    {"conv2d", "dilation, groups, padding, stride", function(o) return nd.F.conv2d(img, w, o) end},
+    {"conv_transpose2d", "dilation, groups, output_padding, padding, stride",
+     function(o) return nd.conv_transpose2d(img, w, nil, o) end},
+    {"max_pool2d", "ceil_mode, dilation, padding, return_indices, stride",
+     function(o) return nd.max_pool2d(img, 2, o) end},
+    {"avg_pool2d", "ceil_mode, count_include_pad, padding, stride", function(o) return nd.avg_pool2d(img, 2, o) end},
+    {"fused_conv2d", "activation, dilation, groups, padding, stride",
+     function(o) return nd.fused_conv2d(img, w, nil, o) end},
+    {"fused_linear", "activation", function(o) return nd.fused_linear(x, x, nil, o) end},
+  }
+
+  it("reject an unknown key, naming the valid ones sorted", function()
+    for _, c in ipairs(cases) do rejects(c[1], c[2], c[3]) end
+  end)
+
+  it("the issue's example: nd.tensor(t, {dtyp = ...}) is an error, not float32", function()
+    assert_contains(errmsg(nd.tensor, {1, 2}, {dtyp = "float64"}),
+                    "needle.tensor: unknown option 'dtyp' (valid: device, dtype, requires_grad)")
+    assert.are.equal("float64", nd.tensor({1, 2}, {dtype = "float64"}).dtype)
+  end)
+
+  it("report the first unknown key in sorted order, list entries first", function()
+    for _ = 1, 5 do
+      assert_contains(errmsg(nd.zeros, {2}, {zz = 1, bb = 2, dtype = "float32", yy = 3}), "unknown option 'bb'")
+    end
+    assert_contains(errmsg(nd.zeros, {2}, {"float64", zz = 1}), "needle.zeros: unknown option [1] (valid: ")
+  end)
+
+  it("reject a value of the wrong type for a known key", function()
+    assert_contains(errmsg(nd.zeros, {2}, {requires_grad = "yes"}),
+                    "needle.zeros: option 'requires_grad' must be a boolean, got string")
+    assert_contains(errmsg(nd.tensor, {1}, {requires_grad = 1}),
+                    "needle.tensor: option 'requires_grad' must be a boolean, got number")
+    assert_contains(errmsg(nd.zeros, {2}, {dtype = 64}), "needle.zeros: dtype must be a string, got number")
+    assert_contains(errmsg(nd.ones, {2}, {device = true}), "needle.ones: device must be a string")
+    assert_contains(errmsg(nd.max_pool2d, img, 2, {ceil_mode = 1}),
+                    "needle.max_pool2d: option 'ceil_mode' must be a boolean, got number")
+    assert_contains(errmsg(nd.avg_pool2d, img, 2, {count_include_pad = "no"}),
+                    "needle.avg_pool2d: option 'count_include_pad' must be a boolean, got string")
+    local p = nd.tensor({1, 2}, {requires_grad = true})
+    assert_contains(errmsg(nd.grad, (p * p):sum(), p, {create_graph = "yes"}),
+                    "needle.grad: option 'create_graph' must be a boolean, got string")
+  end)
+
+  it("reject options that are not a table", function()
+    assert_contains(errmsg(nd.tensor, {1}, "float64"), "needle.tensor: expected an options table as argument 2, got string")
+    assert_contains(errmsg(nd.zeros_like, x, "float64"), "needle.zeros_like: expected an options table as argument 2")
+    assert_contains(errmsg(nd.linspace, 0, 1, 3, true), "needle.linspace: expected an options table as argument 4")
+  end)
+
+  it("nd.opencl.tune checks its keys before it does anything", function()
+    local ok = nd.opencl.available()
+    if not ok then return end
+    rejects("opencl_tune", "budget_s, device, forget, layouts, query, save, sizes, verbose",
+            function(o) if next(o) == nil then return end return nd.opencl.tune(o) end)
+    assert_contains(errmsg(nd.opencl.tune, {query = "yes"}), "option 'query' must be a boolean, got string")
+  end)
+end)
+
+-- nn ---------------------------------------------------------------------------
+
+local nn = nd.nn
+local FACT = "device, dtype"
+
+-- every public name of nd.nn: how to call it with an options table, and the
+-- valid keys; or why it takes none
+local NN = {
+  Linear = {"bias, device, dtype", function(o) return nn.Linear(2, 3, o) end},
+  Flatten = {"end_dim, start_dim", function(o) return nn.Flatten(o) end},
+  ReLU = {"", function(o) return nn.ReLU(o) end},
+  Tanh = {"", function(o) return nn.Tanh(o) end},
+  Sigmoid = {"", function(o) return nn.Sigmoid(o) end},
+  SiLU = {"", function(o) return nn.SiLU(o) end},
+  LeakyReLU = {"negative_slope", function(o) return nn.LeakyReLU(o) end},
+  GELU = {"approximate", function(o) return nn.GELU(o) end},
+  Softmax = {"dim", function(o) return nn.Softmax(o) end},
+  LogSoftmax = {"dim", function(o) return nn.LogSoftmax(o) end},
+  Dropout = {"p", function(o) return nn.Dropout(o) end},
+  BatchNorm1d = {"affine, device, dtype, eps, momentum, track_running_stats", function(o) return nn.BatchNorm1d(3, o) end},
+  BatchNorm2d = {"affine, device, dtype, eps, momentum, track_running_stats", function(o) return nn.BatchNorm2d(3, o) end},
+  LayerNorm = {"bias, device, dtype, elementwise_affine, eps", function(o) return nn.LayerNorm(3, o) end},
+  LayerNorm1d = {"bias, device, dtype, elementwise_affine, eps", function(o) return nn.LayerNorm1d(3, o) end},
+  Embedding = {"device, dtype, padding_idx", function(o) return nn.Embedding(5, 3, o) end},
+  Conv2d = {"bias, device, dilation, dtype, groups, padding, padding_mode, stride",
+            function(o) return nn.Conv2d(1, 2, 3, o) end},
+  ConvTranspose2d = {"bias, device, dilation, dtype, groups, output_padding, padding, padding_mode, stride",
+                     function(o) return nn.ConvTranspose2d(1, 2, 3, o) end},
+  MaxPool2d = {"ceil_mode, dilation, padding, return_indices, stride", function(o) return nn.MaxPool2d(2, o) end},
+  AvgPool2d = {"ceil_mode, count_include_pad, padding, stride", function(o) return nn.AvgPool2d(2, o) end},
+  RNNCell = {"bias, device, dtype, nonlinearity", function(o) return nn.RNNCell(2, 3, o) end},
+  LSTMCell = {"bias, device, dtype", function(o) return nn.LSTMCell(2, 3, o) end},
+  GRUCell = {"bias, device, dtype", function(o) return nn.GRUCell(2, 3, o) end},
+  RNN = {"batch_first, bias, bidirectional, device, dropout, dtype, nonlinearity, num_layers",
+         function(o) return nn.RNN(2, 3, o) end},
+  LSTM = {"batch_first, bias, bidirectional, device, dropout, dtype, num_layers", function(o) return nn.LSTM(2, 3, o) end},
+  GRU = {"batch_first, bias, bidirectional, device, dropout, dtype, num_layers", function(o) return nn.GRU(2, 3, o) end},
+  MultiheadAttention = {"add_bias_kv, add_zero_attn, batch_first, bias, device, dropout, dtype, kdim, vdim",
+                        function(o) return nn.MultiheadAttention(4, 2, o) end},
+  TransformerEncoderLayer = {"activation, batch_first, bias, device, dim_feedforward, dropout, dtype, layer_norm_eps, " ..
+                             "norm_first", function(o) return nn.TransformerEncoderLayer(4, 2, o) end},
+  TransformerEncoder = {"norm", function(o)
+    return nn.TransformerEncoder(nn.TransformerEncoderLayer(4, 2, {dim_feedforward = 8}), 2, o)
+  end},
+  Transformer = {"activation, batch_first, causal, device, dim_head, dropout, dtype, num_head, sequence_len",
+                 function(o) return nn.Transformer(8, 16, 1, o) end},
+  CrossEntropyLoss = {"ignore_index, label_smoothing, reduction", function(o) return nn.CrossEntropyLoss(o) end},
+  SoftmaxLoss = {"ignore_index, label_smoothing, reduction", function(o) return nn.SoftmaxLoss(o) end},
+  NLLLoss = {"ignore_index, reduction", function(o) return nn.NLLLoss(o) end},
+  MSELoss = {"reduction", function(o) return nn.MSELoss(o) end},
+  BCEWithLogitsLoss = {"pos_weight, reduction", function(o) return nn.BCEWithLogitsLoss(o) end},
+  LanguageModel = {"dropout, embedding_size, hidden_size, num_layers, seq_model, tie_weights",
+                   function(o) return nn.LanguageModel(10, o) end},
+  ResNet9 = {"device, dtype, num_classes", function(o) return nn.ResNet9(o) end},
+  MLP = {"activation, dropout", function(o) return nn.MLP({2, 3, 1}, o) end, "nn.models.MLP"},
+  fuse = {"requires_grad", function(o) return nn.fuse(nn.Sequential(nn.Linear(2, 2)), o) end},
+  FusedConv2d = {"activation, bias, device, dilation, dtype, groups, padding, stride",
+                 function(o) return nn.FusedConv2d(1, 2, 3, o) end},
+  FusedLinear = {"activation, bias, device, dtype, folded_batch_norm", function(o) return nn.FusedLinear(2, 3, o) end},
+}
+
+-- the names of nd.nn without an options table, and why
+local NN_NONE = {
+  Module = "the base class", Parameter = "a function of a tensor",
+  init = "a table: its functions are in INIT below", utils = "a table: see clip_grad_norm_ below",
+  models = "a table: its models are in MODELS below",
+  Identity = "ignores its arguments, as PyTorch's", Sequential = "takes modules", ModuleList = "takes modules",
+  Residual = "takes a module", Unflatten = "takes a dim and sizes", AdaptiveAvgPool2d = "takes an output size",
+}
+
+describe("nn constructors", function()
+  it("list every public name of nd.nn (a new module must be added above)", function()
+    local seen = 0
+    for name in pairs(nn) do
+      assert(NN[name] or NN_NONE[name], ("nd.nn.%s is in neither NN nor NN_NONE of options_spec.lua"):format(name))
+      seen = seen + 1
+    end
+    assert.is_true(seen >= 50)
+    for name in pairs(NN) do assert.is_not_nil(nn[name], name) end
+  end)
+
+  it("reject an unknown option, naming the module and the valid keys sorted", function()
+    for name, c in pairs(NN) do rejects(c[3] or ("nn." .. name), c[1], c[2]) end
+  end)
+
+  it("the issue's examples are errors, not silently different modules", function()
+    assert_contains(errmsg(nn.Linear, 2, 2, {biass = false}),
+                    "needle.nn.Linear: unknown option 'biass' (valid: bias, device, dtype)")
+    assert_contains(errmsg(nn.Conv2d, 1, 16, 3, {pading = 1}), "needle.nn.Conv2d: unknown option 'pading' (valid: ")
+    assert_contains(errmsg(nn.LSTM, 2, 3, {num_layer = 2}), "needle.nn.LSTM: unknown option 'num_layer' (valid: ")
+    -- and the spelling PyTorch uses does what it says
+    assert.is_nil(nn.Linear(2, 2, {bias = false}).bias)
+    assert.are.same({1, 1}, nn.Conv2d(1, 16, 3, {padding = 1}).padding)
+    assert.are.equal(2, nn.LSTM(2, 3, {num_layers = 2}).num_layers)
+  end)
+
+  it("reject a value of the wrong type for a known option", function()
+    assert_contains(errmsg(nn.Linear, 2, 2, {bias = 0}), "needle.nn.Linear: option 'bias' must be a boolean, got 0")
+    assert_contains(errmsg(nn.LSTM, 2, 3, {num_layers = 1.5}),
+                    "needle.nn.LSTM: option 'num_layers' must be an integer, got 1.5")
+    assert_contains(errmsg(nn.Conv2d, 1, 2, 3, {padding = true}),
+                    "needle.nn.Conv2d: option 'padding' must be an integer, a table or a string, got true")
+    assert_contains(errmsg(nn.BatchNorm2d, 3, {momentum = "0.1"}),
+                    "needle.nn.BatchNorm2d: option 'momentum' must be a number or a boolean, got \"0.1\"")
+    assert_contains(errmsg(nn.Linear, 2, 2, {dtype = "int64"}),
+                    "needle.nn.Linear: dtype must be a floating-point dtype (float32, float64, float16 or bfloat16)")
+    assert_contains(errmsg(nn.Linear, 2, 2, {device = "gpu"}), "needle.nn.Linear: cannot use device 'gpu'")
+    assert_contains(errmsg(nn.Linear, 2, 2, "float64"), "needle.nn.Linear: expected an options table, got \"float64\"")
+  end)
+
+  it("take PyTorch's factory keywords dtype and device", function()
+    local m = nn.LSTM(2, 3, {dtype = "float64", device = "cpu"})
+    for _, p in ipairs(m:parameters()) do assert.are.equal("float64", p.dtype) end
+    assert.are.equal("float64", nn.GRUCell(2, 3, {dtype = "float64"}).weight_hh.dtype)
+    for _, dev in ipairs(require("spec.helpers.devices").opencl()) do
+      local l = nn.Linear(2, 3, {device = dev})
+      assert.are.equal(dev, l.weight.device)
+      assert.are.equal(dev, l.bias.device)
+    end
+  end)
+
+  it("module methods and forward options are checked too", function()
+    local m = nn.Linear(2, 2)
+    assert_contains(errmsg(m.load_state_dict, m, m:state_dict(), {stict = false}),
+                    "needle.nn.Linear.load_state_dict: unknown option 'stict' (valid: strict)")
+    assert_contains(errmsg(m.to, m, {dtpye = "float64"}), "needle.nn.Linear.to: unknown option 'dtpye' (valid: device, dtype)")
+    local mha, x = nn.MultiheadAttention(4, 2), nd.randn({3, 1, 4})
+    assert_contains(errmsg(mha, x, x, x, {need_weight = false}),
+                    "needle.nn.MultiheadAttention(4, 2): unknown option 'need_weight' (valid: attn_mask, " ..
+                    "average_attn_weights, is_causal, key_padding_mask, need_weights)")
+    local layer = nn.TransformerEncoderLayer(4, 2, {dim_feedforward = 8})
+    assert_contains(errmsg(layer, x, {causal = true}), "needle.nn.TransformerEncoderLayer(4, 2): unknown option 'causal'")
+    assert_contains(errmsg(nn.TransformerEncoder(layer, 1), x, {causal = true}),
+                    "needle.nn.TransformerEncoder: unknown option 'causal'")
+    assert_contains(errmsg(nn.Transformer.generate_square_subsequent_mask, 3, {dtyp = "float64"}),
+                    "needle.nn.Transformer.generate_square_subsequent_mask: unknown option 'dtyp'")
+    local p = nd.tensor({1.0}, {requires_grad = true})
+    p.grad = nd.tensor({5.0})
+    assert_contains(errmsg(nn.utils.clip_grad_norm_, {p}, 1.0, 2, {error_if_nonfinit = true}),
+                    "needle.nn.utils.clip_grad_norm_: unknown option 'error_if_nonfinit' (valid: error_if_nonfinite)")
+  end)
+end)
+
+-- nd.nn.models (the names that are not also in nd.nn) and nn.init
+local MODELS = {
+  ConvBN = {"device, dtype", function(o) return nn.models.ConvBN(1, 2, 3, 1, o) end, "nn.ConvBN"},
+  ResNetCIFAR = {"layers, num_classes, width", function(o)
+    o.width, o.layers = 2, {1, 1, 1, 1} -- small: the default is ResNet-18
+    return nn.models.ResNetCIFAR(o)
+  end},
+  TransformerClassifier = {"activation, dim_feedforward, max_len, norm_first, num_classes, num_layers",
+                           function(o) return nn.models.TransformerClassifier(10, 4, 2, o) end},
+}
+local MODELS_NONE = {BasicBlock = "takes sizes", FusedBasicBlock = "built by nn.fuse",
+                     FusedResNetCIFAR = "built by nn.fuse"}
+
+describe("nn.models and nn.init", function()
+  it("models reject unknown options", function()
+    for name, c in pairs(MODELS) do rejects(c[3] or ("nn.models." .. name), c[1], c[2]) end
+    for name, v in pairs(nn.models) do
+      if type(v) == "table" or type(v) == "function" then
+        assert(NN[name] or MODELS[name] or MODELS_NONE[name], ("nd.nn.models.%s is not listed in options_spec.lua"):format(name))
+      end
+    end
+  end)
+
+  it("initialisers given an options table accept only their own names", function()
+    local INIT = {
+      uniform_ = "a, b", normal_ = "mean, std", constant_ = "val", xavier_uniform_ = "gain", xavier_normal_ = "gain",
+      kaiming_uniform_ = "a, gain, mode, nonlinearity", kaiming_normal_ = "a, gain, mode, nonlinearity",
+      orthogonal_ = "gain",
+    }
+    for name, valid in pairs(INIT) do
+      local w = nd.empty({3, 4})
+      local o = name == "constant_" and {val = 1} or {}
+      assert_contains(errmsg(nn.init[name], w, {bogus = 1}), ("needle.nn.init.%s: unknown option 'bogus' (valid: %s)")
+        :format(name, valid))
+      nn.init[name](w, o)
+    end
+    assert_contains(errmsg(nn.init.kaiming_uniform_, nd.empty({3, 4}), {mode = 1}),
+                    "needle.nn.init.kaiming_uniform_: option 'mode' must be a string, got 1")
+    -- every initialiser that takes keyword arguments is in the table
+    for name, fn in pairs(nn.init) do
+      if type(fn) == "function" and name:sub(-1) == "_" and name:sub(1, 1) ~= "_" and not INIT[name] then
+        assert(name == "zeros_" or name == "ones_", "nn.init." .. name .. " is not listed in options_spec.lua")
+      end
+    end
+  end)
+end)
+
+-- nd.F ---------------------------------------------------------------------------
+
+describe("nd.F", function()
+  local x = nd.randn({3, 4})
+  local labels = nd.tensor({1, 2, 4}, {dtype = "int64"})
+  local F = nd.F
+  local CASES = {
+    gelu = {"approximate", function(o) return F.gelu(x, o) end},
+    softplus = {"beta, threshold", function(o) return F.softplus(x, o) end},
+    mse_loss = {"reduction", function(o) return F.mse_loss(x, x, o) end},
+    binary_cross_entropy_with_logits = {"reduction", function(o) return F.binary_cross_entropy_with_logits(x, x:sigmoid(), o) end},
+    nll_loss = {"ignore_index, reduction", function(o) return F.nll_loss(F.log_softmax(x, 2), labels, o) end},
+    cross_entropy = {"ignore_index, label_smoothing, reduction", function(o) return F.cross_entropy(x, labels, o) end},
+    embedding = {"padding_idx", function(o) return F.embedding({1, 3}, x, o) end},
+  }
+  -- the C functions of nd.F are covered above; these take no options table
+  local NONE = {relu = 1, sigmoid = 1, tanh = 1, leaky_relu = 1, elu = 1, silu = 1, softmax = 1, log_softmax = 1,
+                logsumexp = 1, linear = 1, dropout = 1, layer_norm = 1, batch_norm = 1, adaptive_avg_pool2d = 1,
+                dilate = 1, undilate = 1, conv2d = 1, conv_transpose2d = 1, max_pool2d = 1, avg_pool2d = 1,
+                fused_conv2d = 1, fused_linear = 1}
+
+  it("functions with options reject unknown ones", function()
+    for name, c in pairs(CASES) do rejects(name, c[1], c[2]) end
+    for name in pairs(F) do
+      assert(CASES[name] or NONE[name], ("nd.F.%s is not listed in options_spec.lua"):format(name))
+    end
+    assert_contains(errmsg(F.cross_entropy, x, labels, {reduction = 1}),
+                    "needle.cross_entropy: option 'reduction' must be a string, got 1")
+  end)
+end)
+
+-- optim, data, printing, profiling, convert ----------------------------------------
+
+describe("the rest of the package", function()
+  local W = nd.tensor({1.0, 2.0}, {requires_grad = true})
+  local function opt() return nd.optim.SGD({W}, {lr = 0.1}) end
+  local ds = nd.data.TensorDataset(nd.zeros({4, 2}))
+  local CASES = {
+    {"optim.SGD", "dampening, lr, maximize, momentum, nesterov, weight_decay", function(o) return nd.optim.SGD({W}, o) end},
+    {"optim.Adam", "amsgrad, betas, eps, lr, maximize, weight_decay", function(o) return nd.optim.Adam({W}, o) end},
+    {"optim.lr_scheduler.StepLR", "gamma, last_epoch, step_size",
+     function(o) o.step_size = o.step_size or 2; return nd.optim.lr_scheduler.StepLR(opt(), o) end},
+    {"data.DataLoader", "batch_size, collate_fn, drop_last, seed, shuffle", function(o) return nd.data.DataLoader(ds, o) end},
+    {"data.TensorDataset", "target_transform, transform",
+     function(o) return nd.data.TensorDataset(nd.zeros({2}), o) end},
+    {"data.transforms.RandomCrop", "fill, padding", function(o) return nd.data.transforms.RandomCrop(2, o) end},
+    {"data.ptb.Corpus", "max_lines", function(o)
+      local dir = S.shell_line("mktemp -d")
+      for _, f in ipairs({"train", "valid", "test"}) do S.write_file(dir .. "/" .. f .. ".txt", "a b\n") end
+      local ok, e = pcall(nd.data.ptb.Corpus, dir, o)
+      os.execute("rm -rf " .. S.q(dir))
+      if not ok then error(e, 0) end
+    end},
+    {"data.cifar10.synthetic", "n, seed", function(o)
+      if next(o) == nil then return end -- writes files
+      return nd.data.cifar10.synthetic("/nonexistent", o)
+    end},
+    {"set_printoptions", "edgeitems, linewidth, precision, profile, sci_mode, threshold", function(o)
+      local saved = nd.get_printoptions()
+      nd.set_printoptions(o)
+      nd.set_printoptions(saved)
+    end},
+    {"profile", "print, sort, trace", function(o) return nd.profile(function() end, o) end},
+    {"plot.lines", "series, title, xlabel, ylabel", function(o)
+      if next(o) == nil then return end -- writes a file
+      return nd.plot.lines("/nonexistent/plot", o)
+    end},
+    {"convert.load_state_dict", "convert_dtype, mapping, strict",
+     function(o) local m = nn.Linear(2, 2); return nd.convert.load_state_dict(m, m:state_dict(), o) end},
+    {"convert.model('mlp')", "convert_dtype, mapping, strict",
+     function(o) return nd.convert.model("mlp", nn.MLP({2, 3, 1}):state_dict(), o) end},
+  }
+
+  it("reject unknown options, naming the valid ones sorted", function()
+    for _, c in ipairs(CASES) do rejects(c[1], c[2], c[3]) end
+  end)
+
+  it("name the entry's own options for convert.model", function()
+    assert_contains(errmsg(nd.convert.model, "lstm_lm", {}, {nheads = 2}),
+                    "needle.convert.model('lstm_lm'): unknown option 'nheads' (valid: convert_dtype, mapping, seq_model, strict)")
+  end)
+
+  it("keep an optimizer's parameter-group check, with the valid keys", function()
+    assert_contains(errmsg(nd.optim.SGD, {{params = {W}, lrr = 1}}),
+                    "needle.optim.SGD: unknown option 'lrr' in a parameter group (valid: ")
+  end)
+
+  it("reject wrong types for known keys", function()
+    assert_contains(errmsg(nd.data.DataLoader, ds, {shuffle = 1}),
+                    "needle.data.DataLoader: option 'shuffle' must be a boolean, got 1")
+    assert_contains(errmsg(nd.data.DataLoader, ds, {collate_fn = 3}),
+                    "needle.data.DataLoader: option 'collate_fn' must be a callable, got 3")
+    assert_contains(errmsg(nd.profile, function() end, {print = "yes"}),
+                    "needle.profile: option 'print' must be a boolean, got \"yes\"")
+  end)
+end)
