@@ -69,9 +69,24 @@ void *nd_cache_alloc(size_t nbytes);
 void nd_cache_free(void *p, size_t nbytes);
 
 /* ---- tensor helpers (tensor.c) ---- */
-/* Largest element count we accept (allocation beyond this is "absurd"). */
+/* The size rule every tensor obeys, however it is made (constructors, op
+ * results, views, files): sizes are >= 0 and their product, with each 0
+ * counted as 1, is at most ND_MAX_NUMEL = 2^48. Then the element count,
+ * every contiguous stride, every product of some of the sizes and every
+ * byte count (x 8) fit in int64 with room to spare, empty tensors included,
+ * and numel/stride arithmetic needs no overflow checks. nd_check_shape
+ * applies it (errors name op) and gives the element count; every path that
+ * makes a shape from user input or other shapes calls it (or nd_empty_on,
+ * nd_expand, nd_broadcast_shape, reshape/view, which do). */
 #define ND_MAX_NUMEL ((int64_t)1 << 48)
 nd_status nd_check_shape(const char *op, const int64_t *shape, int ndim, int64_t *numel);
+/* The matching rule for strides that come from outside (a file's view of a
+ * storage): each is >= 0 and stride * (size - 1) is at most 2^48 (stride at
+ * most 2^48 for dims of size 0 or 1), so stride * size and offsets summed
+ * over the dims fit in int64. needle's own views of tensors within these
+ * bounds stay within a small multiple of them (slices, unsqueeze). */
+nd_status nd_check_strides(const char *op, const int64_t *shape, const int64_t *strides,
+                           int ndim);
 /* A new header over `storage` (retained) with the given geometry. */
 nd_status nd_tensor_wrap(nd_storage *storage, nd_dtype dt, const int64_t *shape,
                          const int64_t *strides, int ndim, int64_t offset, nd_tensor **out);
