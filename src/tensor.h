@@ -134,8 +134,17 @@ nd_status nd_as_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out);
 typedef struct { bool is_int; int64_t i; double f; } nd_number;
 static inline nd_number nd_num_f(double f) { nd_number n = {false, 0, f}; return n; }
 static inline nd_number nd_num_i(int64_t i) { nd_number n = {true, i, (double)i}; return n; }
-/* Stores n into one element of dtype dt at p (exact for integer dtypes). */
+/* Stores n into one element of dtype dt at p: exact where it fits, else
+ * the conversion rule (truncate toward zero, saturate, NaN -> 0). */
 void nd_store_number(void *p, nd_dtype dt, nd_number n);
+/* Is n exactly a value of dt: for an integer dtype an integer (no fraction,
+ * no NaN) within its range? Always true for the floating and bool dtypes. */
+bool nd_number_fits(nd_dtype dt, nd_number n);
+/* "op: value 300 is out of range for uint8 (0..255)" or "op: value 2.5 is
+ * not an integer (...)" unless n fits dt: a number given for an integer
+ * tensor (fill, full, tables, x[i] = v) is stored exactly or refused, never
+ * clamped or truncated (tensor conversions are what truncate). */
+nd_status nd_check_number_fits(const char *op, nd_dtype dt, nd_number n);
 nd_status nd_fill_number_(nd_tensor *dst, nd_number v);
 nd_status nd_binary_number(nd_binary_op op, const nd_tensor *a, nd_number s, int scalar_first,
                            nd_tensor **out);
@@ -145,7 +154,9 @@ int64_t nd_load_i64(const void *p, nd_dtype dt);
 /* ---- dtypes (dtype.c) ---- */
 nd_dtype nd_promote(nd_dtype a, nd_dtype b);
 int nd_dtype_is_int(nd_dtype dt); /* int64, int32, uint8 (not bool) */
-/* Reads/writes one element of dtype dt at p as a double. */
+/* Reads/writes one element of dtype dt at p as a double. Writing into an
+ * integer dtype truncates toward zero and saturates at its range, NaN -> 0;
+ * into bool, anything but 0 (NaN included) is true. */
 double nd_load_f64(const void *p, nd_dtype dt);
 void nd_store_f64(void *p, nd_dtype dt, double v);
 float nd_half_to_float(uint16_t h);
