@@ -523,6 +523,12 @@ describe("Lua numbers for integer tensors", function()
     assert.are.same({ 0, 255 }, b:totable())
     assert.are.same({ -2147483648, -2147483648, -2147483648 }, x:fill_(-2147483648):totable())
   end)
+
+  it("arange refuses an integer dtype its values do not fit (it saturated to 255, 255, ...)", function()
+    assert_contains(errmsg(nd.arange, 250, 260, { dtype = "uint8" }), "needle.arange: value 259 is out of range for uint8 (0..255)")
+    assert_contains(errmsg(nd.arange, -1, 3, { dtype = "uint8" }), "needle.arange: value -1 is out of range for uint8")
+    assert.are.same({ 250, 251, 252, 253, 254, 255 }, nd.arange(250, 256, { dtype = "uint8" }):totable())
+  end)
 end)
 
 -- every conversion on each OpenCL device gives the cpu's bytes (rounding,
