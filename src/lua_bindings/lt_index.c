@@ -112,7 +112,8 @@ static void too_many_indices(lua_State *L, nd_tensor **cur, const nd_tensor *x, 
 
 /* Applies entry pos (of n) of a table index on x, at the top of the stack,
  * to *cur at dim *d. */
-static void apply_entry(lua_State *L, const nd_tensor *x, nd_tensor **cur, int *d, int pos, int n_entries) {
+static void apply_entry(lua_State *L, const nd_tensor *x, nd_tensor **cur, int *d, int pos,
+                        int n_entries) {
     nd_tensor *r = NULL;
     nd_status st = ND_OK;
     int ty = lua_type(L, -1);

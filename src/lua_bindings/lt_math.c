@@ -22,7 +22,6 @@ static bool is_scalar(lua_State *L, int idx) {
     return t == LUA_TNUMBER || t == LUA_TBOOLEAN;
 }
 
-
 /* A tensor for operand idx: tensors as they are, tables converted to the
  * other operand's dtype. Borrowed (see lt_check_tensor_like). */
 static nd_tensor *operand(lua_State *L, int idx, const char *op, nd_tensor *other) {
