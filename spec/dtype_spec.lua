@@ -427,6 +427,110 @@ describe("dtype errors", function()
   end)
 end)
 
+-- The one rule into an integer dtype (docs/tensor.md): truncate toward zero,
+-- saturate at the target's range, NaN -> 0, from floats and wider integers
+-- alike, on every device. int32 and uint8 used to wrap (1e10 -> 1410065408,
+-- inf -> -1, 300.0 -> 44 as uint8, int64 2^40 -> 0 as int32).
+describe("conversions into integer dtypes saturate", function()
+  local D = require "spec.helpers.devices"
+  local I32_MAX, I32_MIN = 2147483647, -2147483648
+  local F = { 1e10, -1e10, math.huge, -math.huge, 0 / 0, 300.0, -1.0, 255.9, -0.9, 2.5, -2.5,
+    2147483647.5, 2147483648.0, -2147483649.0 }
+  for _, dev in ipairs(D.all()) do
+    it("float32 and float64 -> int32, uint8, int64 on " .. dev, function()
+      for _, from in ipairs({ "float64", "float32" }) do
+        local x = nd.tensor(F, { dtype = from, device = dev })
+        local i32 = { I32_MAX, I32_MIN, I32_MAX, I32_MIN, 0, 300, -1, 255, 0, 2, -2, I32_MAX, I32_MAX, I32_MIN }
+        if from == "float32" then i32[12] = I32_MAX end -- 2147483647.5 is 2^31 as float32
+        equal(x:int():cpu(), i32, from .. " -> int32")
+        equal(x:byte():cpu(), { 255, 0, 255, 0, 0, 255, 0, 255, 0, 2, 0, 255, 255, 0 }, from .. " -> uint8")
+        local i64 = x:long():cpu():totable()
+        assert.are.same({ 10000000000, -10000000000, math.maxinteger, math.mininteger, 0, 300, -1, 255, 0, 2, -2 },
+          { table.unpack(i64, 1, 11) }, from .. " -> int64")
+      end
+    end)
+
+    it("float64 2^63 and beyond -> int64 saturates exactly, -2^63 fits, on " .. dev, function()
+      local x = nd.tensor({ 2 ^ 63, -2 ^ 63, 1e300, 2 ^ 63 - 1024 }, { dtype = "float64", device = dev })
+      assert.are.same({ math.maxinteger, math.mininteger, math.maxinteger, (1 << 63) - 1024 }, x:long():cpu():totable())
+    end)
+
+    it("int64 -> int32 and uint8, int32 -> uint8 saturate instead of wrapping, on " .. dev, function()
+      local x = nd.tensor({ 1 << 40, -(1 << 40), 300, -5, 7, math.maxinteger, math.mininteger },
+        { dtype = "int64", device = dev })
+      equal(x:int():cpu(), { I32_MAX, I32_MIN, 300, -5, 7, I32_MAX, I32_MIN })
+      equal(x:byte():cpu(), { 255, 0, 255, 0, 7, 255, 0 })
+      equal(nd.tensor({ 300, -5, 7 }, { dtype = "int32", device = dev }):byte():cpu(), { 255, 0, 7 })
+    end)
+
+    it("copy_ between dtypes follows the same rule on " .. dev, function()
+      local y = nd.zeros({ 3 }, { dtype = "uint8", device = dev })
+      y:copy_(nd.tensor({ 1e10, -7.5, 0 / 0 }, { device = dev }))
+      equal(y:cpu(), { 255, 0, 0 })
+    end)
+  end
+end)
+
+-- A Lua number given for an integer tensor is stored exactly or refused,
+-- naming the op, the value, the dtype and its range; it used to be clamped,
+-- wrapped or truncated (nd.tensor({2^40}, {dtype = "int32"}) gave 0).
+describe("Lua numbers for integer tensors", function()
+  local A = require("spec.helpers.assertions").bind(assert)
+  local errmsg, assert_contains = A.errmsg, A.assert_contains
+  local I32 = "int32 (-2147483648..2147483647)"
+
+  it("nd.tensor refuses values out of range, NaN and fractions, naming the position", function()
+    assert_contains(errmsg(nd.tensor, { 1, 1 << 40 }, { dtype = "int32" }),
+      "needle.tensor: value 1099511627776 is out of range for " .. I32 .. " (at index {2})")
+    assert_contains(errmsg(nd.tensor, { { 1, 2 }, { 3, 1e10 } }, { dtype = "int32" }),
+      "needle.tensor: value 10000000000 is out of range for " .. I32 .. " (at index {2,2})")
+    assert_contains(errmsg(nd.tensor, 256, { dtype = "uint8" }), "needle.tensor: value 256 is out of range for uint8 (0..255)")
+    assert_contains(errmsg(nd.tensor, { -1 }, { dtype = "uint8" }), "value -1 is out of range for uint8 (0..255)")
+    assert_contains(errmsg(nd.tensor, { 2 ^ 63 }, { dtype = "int64" }),
+      "value 9223372036854775808 is out of range for int64 (-9223372036854775808..9223372036854775807)")
+    assert_contains(errmsg(nd.tensor, { math.huge }, { dtype = "int64" }), "value inf is out of range for int64")
+    assert_contains(errmsg(nd.tensor, { 0 / 0 }, { dtype = "int32" }), "needle.tensor: value nan is not an integer (int32")
+    assert_contains(errmsg(nd.tensor, { 1, 2.5 }, { dtype = "int64" }), "value 2.5 is not an integer (int64 holds the integers")
+    assert_contains(errmsg(function() return nd.zeros({ 2 }, { dtype = "int32" }) + { 1, 1e10 } end),
+      "needle.add: value 10000000000 is out of range for " .. I32)
+  end)
+
+  it("nd.tensor keeps every integer that fits, exactly", function()
+    assert.are.same({ math.maxinteger, math.mininteger, -(2 ^ 63) // 1 },
+      nd.tensor({ math.maxinteger, math.mininteger, -2 ^ 63 }, { dtype = "int64" }):totable())
+    assert.are.same({ 2147483647, -2147483648, 3 }, nd.tensor({ 2147483647, -2147483648.0, 3.0 }, { dtype = "int32" }):totable())
+    assert.are.same({ 0, 255 }, nd.tensor({ 0, 255 }, { dtype = "uint8" }):totable())
+  end)
+
+  it("fill_, full, full_like, x[i] = v, masked_fill, scatter and pad refuse them too", function()
+    local x = nd.zeros({ 3 }, { dtype = "int32" })
+    assert_contains(errmsg(function() return x:fill_(1 << 40) end), "needle.fill_: value 1099511627776 is out of range for " .. I32)
+    assert_contains(errmsg(nd.full, { 2 }, 1e10, { dtype = "int32" }), "needle.full: value 10000000000 is out of range for " .. I32)
+    assert_contains(errmsg(nd.full, { 2 }, 2.5, { dtype = "int64" }), "needle.full: value 2.5 is not an integer")
+    assert_contains(errmsg(nd.full_like, nd.zeros({ 2 }, { dtype = "uint8" }), -1), "needle.full_like: value -1 is out of range for uint8 (0..255)")
+    local b = nd.zeros({ 2 }, { dtype = "uint8" })
+    assert_contains(errmsg(function() b[1] = 300 end), "needle.index: value 300 is out of range for uint8 (0..255)")
+    assert_contains(errmsg(function() b[{ { 1, 2 } }] = -1 end), "needle.index: value -1 is out of range for uint8")
+    assert_contains(errmsg(function() return x:masked_fill(nd.tensor({ true, false, true }), 2 ^ 31) end),
+      "needle.masked_fill: value 2147483648 is out of range for " .. I32)
+    assert_contains(errmsg(function() return b:scatter(1, { 1 }, 256) end), "needle.scatter: value 256 is out of range for uint8")
+    assert_contains(errmsg(function() return x:pad({ 1, 1 }, 2 ^ 31) end), "needle.pad: value 2147483648 is out of range for " .. I32)
+    assert.are.same({ 0, 0, 0 }, x:totable())
+    assert.are.same({ 0, 0 }, b:totable())
+    -- what fits is stored exactly
+    assert.are.same({ math.maxinteger, math.maxinteger }, nd.full_like(nd.zeros({ 2 }, { dtype = "int64" }), math.maxinteger):totable())
+    b[2] = 255
+    assert.are.same({ 0, 255 }, b:totable())
+    assert.are.same({ -2147483648, -2147483648, -2147483648 }, x:fill_(-2147483648):totable())
+  end)
+
+  it("arange refuses an integer dtype its values do not fit (it saturated to 255, 255, ...)", function()
+    assert_contains(errmsg(nd.arange, 250, 260, { dtype = "uint8" }), "needle.arange: value 259 is out of range for uint8 (0..255)")
+    assert_contains(errmsg(nd.arange, -1, 3, { dtype = "uint8" }), "needle.arange: value -1 is out of range for uint8")
+    assert.are.same({ 250, 251, 252, 253, 254, 255 }, nd.arange(250, 256, { dtype = "uint8" }):totable())
+  end)
+end)
+
 -- every conversion on each OpenCL device gives the cpu's bytes (rounding,
 -- truncation, saturation, nan -> 0, signed zeros included; a NaN may carry
 -- another payload); without OpenCL one pending line

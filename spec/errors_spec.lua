@@ -102,6 +102,12 @@ local cases = {
    {"needle.", "size 2"}},
   {"too many indices", function() return x23()[{1, 1, 1}] end,
    {"needle.", "too many indices"}},
+  {"too many indices names the indexed tensor's shape, not the view's", function()
+     return nd.zeros({3, 4})[{1, 1, 1}] end,
+   {"needle.index: too many indices (3) for a tensor of shape {3,4}"}},
+  {"too many indices with ':' names the indexed tensor's shape", function()
+     return nd.zeros({3, 4})[{1, ":", ":"}] end,
+   {"needle.index: too many indices (3) for a tensor of shape {3,4}"}},
   {"gather index past the end", function() return x23():gather(2, {{4, 1, 1}, {1, 1, 1}}) end,
    {"needle.gather", "index 4", "size 3"}},
   {"index_select index past the end", function() return x23():index_select(1, {3}) end,
@@ -209,6 +215,10 @@ local cases = {
   {"one float64 element past the memory limit", function()
      return nd.empty({nd.devices()[1].memory // 8 + 1}, {dtype = "float64"})
    end, {"needle.empty:", "float64", "of memory this process can have"}},
+  {"tobytes of a view too large for a string names the op and the size", function()
+     local s = nd.zeros({1}):expand({2 ^ 46}):tobytes(); return s end,
+   {"needle.tobytes: not enough memory for a string of 281474976710656 bytes (a float32 tensor of "
+    .. "shape {70368744177664})"}},
   {"too many dims", function() return nd.zeros({1, 1, 1, 1, 1, 1, 1, 1, 1}) end,
    {"needle.zeros", "8"}},
 

@@ -279,3 +279,77 @@ describe("indexing", function()
     end)
   end)
 end)
+
+-- Class labels and index values are integers, checked in the caller's
+-- 1-based terms on every device: fractions used to be truncated
+-- (cross_entropy(x, {1, 2, 1.5}) used 1), math.mininteger overflowed when
+-- shifted to 0-based (UBSan, lt_math.c), and OpenCL reported label 0 as -1.
+describe("class labels and index values", function()
+  local D = require "spec.helpers.devices"
+  local F = nd.F
+  local RANGE = "is out of range for 3 classes (expected 1..3)"
+
+  for _, dev in ipairs(D.all()) do
+    describe("on " .. dev, function()
+      local x
+      before_each(function() x = nd.zeros({3, 3}, {device = dev}) end)
+
+      it("cross_entropy refuses fractions, booleans and float labels", function()
+        assert_contains(errmsg(F.cross_entropy, x, {1, 2, 1.5}),
+          "needle.cross_entropy: labels must be integers, got 1.5 (at index {3})")
+        assert_contains(errmsg(F.cross_entropy, x, {1, true, 1}), "labels must be integers, got a boolean (at index {2})")
+        assert_contains(errmsg(F.cross_entropy, x, nd.tensor({1, 2, 1}, {device = dev})),
+          "needle.cross_entropy: labels must be integers, got a float32 tensor")
+        assert_contains(errmsg(F.cross_entropy, x, {1, 2, 1}, {ignore_index = 1.5}),
+          "needle.cross_entropy: ignore_index must be an integer, got 1.5")
+      end)
+
+      it("cross_entropy names the user's label and 1..C, from a table or a tensor on the device", function()
+        assert_contains(errmsg(F.cross_entropy, x, {1, 0, 1}), "needle.cross_entropy: label 0 of row 2 " .. RANGE)
+        local y = nd.tensor({1, 0, 1}, {dtype = "int64", device = dev})
+        assert_contains(errmsg(F.cross_entropy, x, y), "needle.cross_entropy: label 0 of row 2 " .. RANGE)
+        assert_contains(errmsg(F.cross_entropy, x, {1, 4, 1}), "label 4 of row 2 " .. RANGE)
+        assert_contains(errmsg(F.cross_entropy, x, {1, math.mininteger, 1}),
+          "label -9223372036854775808 of row 2 " .. RANGE)
+        assert_contains(errmsg(F.cross_entropy, x, {1, math.maxinteger, 1}),
+          "label 9223372036854775807 of row 2 " .. RANGE)
+      end)
+
+      it("cross_entropy ignores any integer ignore_index, math.mininteger included", function()
+        local logits = nd.tensor({{0, 0, 0}, {1, 2, 3}, {0, 0, 0}}, {device = dev})
+        local l3 = math.log(3)
+        for _, ig in ipairs({math.mininteger, -100, 2, 2.0, math.maxinteger}) do
+          local lab = {1, ig, 3}
+          local r = F.cross_entropy(logits, lab, {ignore_index = ig, reduction = "none"}):cpu():totable()
+          assert.is_true(math.abs(r[1] - l3) < 1e-6 and r[2] == 0 and math.abs(r[3] - l3) < 1e-6,
+            ("ignore_index %s: %s"):format(tostring(ig), table.concat(r, ", ")))
+        end
+        -- a label equal to a class that is not ignored is still used
+        local r = F.cross_entropy(logits, {1, 3, 3}, {ignore_index = math.mininteger, reduction = "none"}):cpu():totable()
+        assert.is_true(math.abs(r[2] - (math.log(math.exp(1) + math.exp(2) + math.exp(3)) - 3)) < 1e-5)
+      end)
+
+      it("nll_loss refuses fractions and mininteger labels, and ignores mininteger", function()
+        assert_contains(errmsg(F.nll_loss, x, {1, 2, 1.5}), "needle.nll_loss: labels must be integers, got 1.5 (at index {3})")
+        assert_contains(errmsg(F.nll_loss, x, {1, math.mininteger, 1}),
+          "needle.nll_loss: label -9223372036854775808 " .. RANGE)
+        assert_contains(errmsg(F.nll_loss, x, {1, 2, 1}, {ignore_index = 1.5}), "needle.nll_loss: ignore_index must be an integer")
+        local lp = nd.tensor({{-1, -2, -3}, {-4, -5, -6}, {-7, -8, -9}}, {device = dev})
+        assert.are.equal(5, F.nll_loss(lp, {1, math.mininteger, 3}, {ignore_index = math.mininteger}):item())
+      end)
+    end)
+  end
+
+  it("one_hot, gather and index_select refuse fractions and float tensors alike", function()
+    assert_contains(errmsg(nd.one_hot, {1, 2, 1.5}, 3), "needle.one_hot: index values must be integers, got 1.5 (at index {3})")
+    assert_contains(errmsg(nd.one_hot, nd.tensor({1, 2}), 3), "needle.one_hot: index values must be integers, got a float32 tensor")
+    local v = nd.zeros({3})
+    assert_contains(errmsg(function() return v:gather(1, {1.5}) end), "needle.gather: index values must be integers, got 1.5")
+    assert_contains(errmsg(function() return v:index_select(1, {{1}, {true}}) end),
+      "needle.index_select: index values must be integers, got a boolean (at index {2,1})")
+    assert_contains(errmsg(function() return v:index_select(1, {1e300}) end), "needle.index_select: value 1e+300 is out of range for int64")
+    assert_contains(errmsg(F.embedding, {1, 2.5}, nd.zeros({3, 2})), "needle.embedding: indices must be integers, got 2.5 (at index {2})")
+    -- integral floats are integers
+    assert.are.same({{0, 1, 0}}, nd.one_hot({2.0}, 3):totable())
+  end)
+end)

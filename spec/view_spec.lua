@@ -377,4 +377,73 @@ describe("views", function()
       assert.are.equal(2, c:numel())
     end)
   end)
+
+  -- One rule for every tensor, however it is made (docs/tensor.md, "Sizes"):
+  -- sizes >= 0 whose product, counting 0 as 1, is at most 2^48. Empty
+  -- tensors with huge other dims used to pass reshape/view and then overflow
+  -- int64 in strides, numel and reductions (UBSan: nd_contiguous_strides,
+  -- op_reduce.c); the sanitizer build runs these too.
+  describe("the size rule", function()
+    local H = 1 << 62
+    local RULE = "is too large (the product of its sizes, counting 0 as 1, is more than 2^48)"
+
+    it("reshape and view refuse an empty shape whose other sizes are huge", function()
+      local e = nd.empty({0})
+      assert_contains(errmsg(function() return e:reshape({0, H, H}) end),
+        "needle.reshape: shape {0,4611686018427387904,4611686018427387904} " .. RULE)
+      assert_contains(errmsg(function() return e:view({0, H, H}) end), "needle.view: shape {0,")
+      assert_contains(errmsg(function() return e:reshape({H, 0, -1}) end), "needle.reshape: shape {")
+      assert_contains(errmsg(function() return e:reshape(0, 1 << 24, 1 << 25) end), RULE)
+    end)
+
+    it("accepts empty shapes up to the bound, and their views, sums and copies", function()
+      local x = nd.empty({0}):reshape({0, 1 << 24, 1 << 24})
+      assert.are.same({0, 1 << 24, 1 << 24}, x.shape)
+      assert.are.same({1 << 48, 1 << 24, 1}, x:stride())
+      assert.are.same({1 << 24, 1 << 24, 0}, x:permute({3, 2, 1}):contiguous().shape)
+      assert.are.same({0, 1 << 24}, x:sum(2).shape)
+      assert.are.same({1 << 24}, x:sum({1, 2}).shape)
+      assert.are.same({1, 0, 1 << 24, 1 << 24}, x:unsqueeze(1).shape)
+      assert.are.same({0}, x:flatten().shape)
+      assert.are.same({1 << 24, 1 << 24, 0}, nd.zeros({1 << 24, 1 << 24, 0}).shape)
+      assert_contains(errmsg(nd.zeros, {1 << 24, 1 << 25, 0}),
+        "needle.zeros: shape {16777216,33554432,0} " .. RULE)
+    end)
+
+    it("expand and broadcasting refuse results beyond the bound, zeros or not", function()
+      local one = nd.zeros({1, 1})
+      assert_contains(errmsg(function() return one:expand({1 << 40, 1 << 40}) end),
+        "needle.expand: shape {1099511627776,1099511627776} " .. RULE)
+      local a = nd.zeros({1, 1, 0}):expand({1 << 40, 1, 0})
+      local b = nd.zeros({1, 1, 0}):expand({1, 1 << 40, 0})
+      assert_contains(errmsg(function() return a + b end),
+        "needle.add: shape {1099511627776,1099511627776,0} " .. RULE)
+      assert_contains(errmsg(nd.where, a:eq(0), a, b), "needle.where: shape {")
+      local p = nd.zeros({1, 1, 1, 1}):expand({1 << 30, 1, 1, 1})
+      local q = nd.zeros({1, 1, 1, 1}):expand({1, 1 << 30, 1, 1})
+      assert_contains(errmsg(nd.matmul, p, q), "needle.matmul: shape {1073741824,1073741824} " .. RULE)
+    end)
+
+    it("ops that compute a result shape apply it under their own name", function()
+      local F = nd.F
+      assert_contains(errmsg(F.conv_transpose2d, nd.zeros({1, 1, 2, 2}), nd.zeros({1, 1, 1, 1}), nil,
+        {stride = 1 << 30, dilation = 1 << 30}), "needle.conv_transpose2d: shape {1,1,1073741825,1073741825} " .. RULE)
+      -- an empty weight with huge other dims and a huge group count: no overflow
+      assert_contains(errmsg(F.conv2d, nd.zeros({1, 0, 2, 2}), nd.zeros({0, 1 << 48, 1, 1}), nil,
+        {groups = 1 << 30}), "needle.conv2d: input has 0 channels but weight expects 281474976710656 x 1073741824")
+      assert_contains(errmsg(nd.one_hot, nd.zeros({0}, {dtype = "int64"}), math.maxinteger),
+        "needle.one_hot: shape {0,9223372036854775807} " .. RULE)
+      assert_contains(errmsg(nd.randint, 1, 10, {0, H, H}), "needle.randint: shape {0,")
+      assert_contains(errmsg(nd.eye, 0, H), "needle.eye: shape {0,4611686018427387904} " .. RULE)
+    end)
+
+    it("what nd.save writes at the bound, nd.load reads back", function()
+      local path = os.tmpname()
+      nd.save({a = nd.zeros({1 << 24, 1 << 24, 0}), b = nd.ones({2})}, path)
+      local t = nd.load(path)
+      os.remove(path)
+      assert.are.same({1 << 24, 1 << 24, 0}, t.a.shape)
+      assert.are.same({1, 1}, t.b:totable())
+    end)
+  end)
 end)

@@ -1,5 +1,6 @@
 /* dtype.c - names, sizes, promotion and scalar conversion of element types. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include "tensor.h"
 
@@ -112,23 +113,37 @@ double nd_load_f64(const void *p, nd_dtype dt) {
     }
 }
 
-/* Float to integer conversion truncates toward zero (as C and PyTorch) and
- * saturates instead of invoking undefined behaviour on out-of-range values. */
-static int64_t f64_to_i64(double v) {
+/* The values of integer dtype dt (false for the others). */
+static bool int_range(nd_dtype dt, int64_t *lo, int64_t *hi) {
+    switch (dt) {
+    case ND_INT64: *lo = INT64_MIN; *hi = INT64_MAX; return true;
+    case ND_INT32: *lo = INT32_MIN; *hi = INT32_MAX; return true;
+    case ND_UINT8: *lo = 0; *hi = UINT8_MAX; return true;
+    default: return false;
+    }
+}
+
+/* The one conversion rule into an integer dtype (docs/tensor.md, dtypes):
+ * truncate toward zero, saturate at [lo, hi], NaN gives 0; never a wrap,
+ * never C's undefined float-to-integer cast. (double)hi rounds INT64_MAX up
+ * to 2^63, so v >= it saturates exactly the values that do not fit. */
+static int64_t f64_to_int(double v, int64_t lo, int64_t hi) {
     if (isnan(v)) return 0;
-    if (v >= 9.2233720368547758e18) return INT64_MAX;
-    if (v <= -9.2233720368547758e18) return INT64_MIN;
+    if (v >= (double)hi) return hi;
+    if (v <= (double)lo) return lo;
     return (int64_t)v;
 }
+
+static int64_t i64_to_int(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
 
 void nd_store_f64(void *p, nd_dtype dt, double v) {
     switch (dt) {
     case ND_FLOAT32: *(float *)p = (float)v; break;
     case ND_FLOAT64: *(double *)p = v; break;
-    case ND_INT64: *(int64_t *)p = f64_to_i64(v); break;
-    case ND_INT32: *(int32_t *)p = (int32_t)f64_to_i64(v); break;
-    case ND_UINT8: *(uint8_t *)p = (uint8_t)f64_to_i64(v); break;
-    case ND_BOOL: *(uint8_t *)p = v != 0; break;
+    case ND_INT64: *(int64_t *)p = f64_to_int(v, INT64_MIN, INT64_MAX); break;
+    case ND_INT32: *(int32_t *)p = (int32_t)f64_to_int(v, INT32_MIN, INT32_MAX); break;
+    case ND_UINT8: *(uint8_t *)p = (uint8_t)f64_to_int(v, 0, UINT8_MAX); break;
+    case ND_BOOL: *(uint8_t *)p = v != 0; break; /* NaN is not 0: true */
     case ND_FLOAT16: *(uint16_t *)p = nd_float_to_half((float)v); break;
     case ND_BFLOAT16: *(uint16_t *)p = nd_float_to_bf16((float)v); break;
     default: break;
@@ -139,11 +154,42 @@ void nd_store_number(void *p, nd_dtype dt, nd_number n) {
     if (!n.is_int) { nd_store_f64(p, dt, n.f); return; }
     switch (dt) {
     case ND_INT64: *(int64_t *)p = n.i; break;
-    case ND_INT32: *(int32_t *)p = (int32_t)(uint32_t)(uint64_t)n.i; break; /* wraps, as a cast in PyTorch */
-    case ND_UINT8: *(uint8_t *)p = (uint8_t)(uint64_t)n.i; break;
+    case ND_INT32: *(int32_t *)p = (int32_t)i64_to_int(n.i, INT32_MIN, INT32_MAX); break;
+    case ND_UINT8: *(uint8_t *)p = (uint8_t)i64_to_int(n.i, 0, UINT8_MAX); break;
     case ND_BOOL: *(uint8_t *)p = n.i != 0; break;
     default: nd_store_f64(p, dt, (double)n.i); break;
     }
+}
+
+/* n as an exact value of dt: 0 it is, 1 it is not an integer, 2 out of range */
+static int number_fit(nd_dtype dt, nd_number n, int64_t *lo, int64_t *hi) {
+    if (!int_range(dt, lo, hi)) return 0;
+    if (n.is_int) return n.i >= *lo && n.i <= *hi ? 0 : 2;
+    if (isnan(n.f) || n.f != trunc(n.f)) return 1;
+    /* (double)INT64_MAX is 2^63, which does not fit: compare with < there */
+    bool in = n.f >= (double)*lo && (*hi == INT64_MAX ? n.f < (double)*hi : n.f <= (double)*hi);
+    return in ? 0 : 2;
+}
+
+bool nd_number_fits(nd_dtype dt, nd_number n) {
+    int64_t lo, hi;
+    return number_fit(dt, n, &lo, &hi) == 0;
+}
+
+nd_status nd_check_number_fits(const char *op, nd_dtype dt, nd_number n) {
+    int64_t lo, hi;
+    int fit = number_fit(dt, n, &lo, &hi);
+    if (fit == 0) return ND_OK;
+    char v[48];
+    if (n.is_int) snprintf(v, sizeof v, "%lld", (long long)n.i);
+    else if (isnan(n.f)) snprintf(v, sizeof v, "nan");
+    else if (n.f == trunc(n.f) && fabs(n.f) < 1e20) snprintf(v, sizeof v, "%.0f", n.f); /* 2^63 in full */
+    else snprintf(v, sizeof v, "%.15g", n.f);
+    if (fit == 1)
+        return nd_fail(ND_ERR_ARG, "%s: value %s is not an integer (%s holds the integers "
+                       "%lld..%lld)", op, v, nd_dtype_name(dt), (long long)lo, (long long)hi);
+    return nd_fail(ND_ERR_ARG, "%s: value %s is out of range for %s (%lld..%lld)", op, v,
+                   nd_dtype_name(dt), (long long)lo, (long long)hi);
 }
 
 int64_t nd_load_i64(const void *p, nd_dtype dt) {

@@ -58,12 +58,15 @@ nd_status nd_norm_dim(const char *op, int dim, int ndim, int *out) {
     return ND_OK;
 }
 
+/* The one size rule (tensor.h): every size >= 0, and the product of the
+ * sizes with each 0 counted as 1 (the "span") at most ND_MAX_NUMEL. The span
+ * bounds every contiguous stride and every product of some of the sizes,
+ * so an empty tensor whose other dims are huge ({0, 2^62, 2^62}) is refused
+ * like a full one: its strides would overflow int64. */
 nd_status nd_check_shape(const char *op, const int64_t *shape, int ndim, int64_t *numel) {
     if (ndim < 0 || ndim > ND_MAX_DIMS)
         return nd_fail(ND_ERR_ARG, "%s: %d dims requested, at most %d supported", op, ndim,
                        ND_MAX_DIMS);
-    /* `span` treats 0 as 1 so that strides of an empty tensor cannot overflow
-     * either (a {0, 2^62, 4} tensor has a stride of 2^64). */
     int64_t n = 1, span = 1;
     for (int i = 0; i < ndim; i++) {
         char buf[ND_SHAPE_BUF];
@@ -72,12 +75,26 @@ nd_status nd_check_shape(const char *op, const int64_t *shape, int ndim, int64_t
                            (long long)shape[i], nd_shape_str(shape, ndim, buf));
         int64_t m = shape[i] > 0 ? shape[i] : 1;
         if (span > ND_MAX_NUMEL / m)
-            return nd_fail(ND_ERR_MEMORY, "%s: shape %s is too large (more than 2^48 elements)",
-                           op, nd_shape_str(shape, ndim, buf));
+            return nd_fail(ND_ERR_MEMORY, "%s: shape %s is too large (the product of its sizes, "
+                           "counting 0 as 1, is more than 2^48)", op, nd_shape_str(shape, ndim, buf));
         span *= m;
         n *= shape[i];
     }
     if (numel) *numel = n;
+    return ND_OK;
+}
+
+nd_status nd_check_strides(const char *op, const int64_t *shape, const int64_t *strides,
+                           int ndim) {
+    for (int i = 0; i < ndim; i++) {
+        int64_t reach = shape[i] > 1 ? shape[i] - 1 : 1;
+        if (strides[i] < 0 || strides[i] > ND_MAX_NUMEL / reach) {
+            char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+            return nd_fail(ND_ERR_ARG, "%s: strides %s are invalid for shape %s (each stride "
+                           "must be >= 0 and reach at most 2^48 elements)", op,
+                           nd_shape_str(strides, ndim, b1), nd_shape_str(shape, ndim, b2));
+        }
+    }
     return ND_OK;
 }
 

@@ -77,9 +77,24 @@ void *nd_cache_alloc(size_t nbytes);
 void nd_cache_free(void *p, size_t nbytes);
 
 /* ---- tensor helpers (tensor.c) ---- */
-/* Largest element count we accept (allocation beyond this is "absurd"). */
+/* The size rule every tensor obeys, however it is made (constructors, op
+ * results, views, files): sizes are >= 0 and their product, with each 0
+ * counted as 1, is at most ND_MAX_NUMEL = 2^48. Then the element count,
+ * every contiguous stride, every product of some of the sizes and every
+ * byte count (x 8) fit in int64 with room to spare, empty tensors included,
+ * and numel/stride arithmetic needs no overflow checks. nd_check_shape
+ * applies it (errors name op) and gives the element count; every path that
+ * makes a shape from user input or other shapes calls it (or nd_empty_on,
+ * nd_expand, nd_broadcast_shape, reshape/view, which do). */
 #define ND_MAX_NUMEL ((int64_t)1 << 48)
 nd_status nd_check_shape(const char *op, const int64_t *shape, int ndim, int64_t *numel);
+/* The matching rule for strides that come from outside (a file's view of a
+ * storage): each is >= 0 and stride * (size - 1) is at most 2^48 (stride at
+ * most 2^48 for dims of size 0 or 1), so stride * size and offsets summed
+ * over the dims fit in int64. needle's own views of tensors within these
+ * bounds stay within a small multiple of them (slices, unsqueeze). */
+nd_status nd_check_strides(const char *op, const int64_t *shape, const int64_t *strides,
+                           int ndim);
 /* A new header over `storage` (retained) with the given geometry. */
 nd_status nd_tensor_wrap(nd_storage *storage, nd_dtype dt, const int64_t *shape,
                          const int64_t *strides, int ndim, int64_t offset, nd_tensor **out);
@@ -127,8 +142,17 @@ nd_status nd_as_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out);
 typedef struct { bool is_int; int64_t i; double f; } nd_number;
 static inline nd_number nd_num_f(double f) { nd_number n = {false, 0, f}; return n; }
 static inline nd_number nd_num_i(int64_t i) { nd_number n = {true, i, (double)i}; return n; }
-/* Stores n into one element of dtype dt at p (exact for integer dtypes). */
+/* Stores n into one element of dtype dt at p: exact where it fits, else
+ * the conversion rule (truncate toward zero, saturate, NaN -> 0). */
 void nd_store_number(void *p, nd_dtype dt, nd_number n);
+/* Is n exactly a value of dt: for an integer dtype an integer (no fraction,
+ * no NaN) within its range? Always true for the floating and bool dtypes. */
+bool nd_number_fits(nd_dtype dt, nd_number n);
+/* "op: value 300 is out of range for uint8 (0..255)" or "op: value 2.5 is
+ * not an integer (...)" unless n fits dt: a number given for an integer
+ * tensor (fill, full, tables, x[i] = v) is stored exactly or refused, never
+ * clamped or truncated (tensor conversions are what truncate). */
+nd_status nd_check_number_fits(const char *op, nd_dtype dt, nd_number n);
 nd_status nd_fill_number_(nd_tensor *dst, nd_number v);
 nd_status nd_binary_number(nd_binary_op op, const nd_tensor *a, nd_number s, int scalar_first,
                            nd_tensor **out);
@@ -138,7 +162,9 @@ int64_t nd_load_i64(const void *p, nd_dtype dt);
 /* ---- dtypes (dtype.c) ---- */
 nd_dtype nd_promote(nd_dtype a, nd_dtype b);
 int nd_dtype_is_int(nd_dtype dt); /* int64, int32, uint8 (not bool) */
-/* Reads/writes one element of dtype dt at p as a double. */
+/* Reads/writes one element of dtype dt at p as a double. Writing into an
+ * integer dtype truncates toward zero and saturates at its range, NaN -> 0;
+ * into bool, anything but 0 (NaN included) is true. */
 double nd_load_f64(const void *p, nd_dtype dt);
 void nd_store_f64(void *p, nd_dtype dt, double v);
 float nd_half_to_float(uint16_t h);

@@ -3,36 +3,36 @@
 #include "tensor.h"
 #include "ops/grad_fns.h"
 
-/* Resolves one -1 in a requested shape against numel. */
+/* Resolves one -1 in a requested shape against numel. The request obeys
+ * the size rule (nd_check_shape, with the -1 counted as 1) before anything
+ * is multiplied, so {0, 2^62, 2^62} is refused although it has as many
+ * elements (none) as the tensor. */
 static nd_status infer_shape(const char *op, const nd_tensor *t, const int64_t *shape, int ndim,
                              int64_t *out) {
     if (ndim < 0 || ndim > ND_MAX_DIMS)
         return nd_fail(ND_ERR_ARG, "%s: %d dims requested, at most %d supported", op, ndim,
                        ND_MAX_DIMS);
     int infer = -1;
-    int64_t known = 1, numel = nd_numel(t);
+    int64_t known, numel = nd_numel(t);
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
     for (int i = 0; i < ndim; i++) {
         out[i] = shape[i];
         if (shape[i] == -1) {
             if (infer >= 0) return nd_fail(ND_ERR_ARG, "%s: only one dim can be -1", op);
             infer = i;
+            out[i] = 1;
         } else if (shape[i] < 0) {
             return nd_fail(ND_ERR_ARG, "%s: invalid size %lld in shape %s", op,
                            (long long)shape[i], nd_shape_str(shape, ndim, b1));
-        } else {
-            if (shape[i] > 0 && known > ND_MAX_NUMEL / shape[i])
-                return nd_fail(ND_ERR_SHAPE, "%s: shape %s is too large (more than 2^48 elements)",
-                               op, nd_shape_str(shape, ndim, b1));
-            known *= shape[i];
         }
     }
+    ND_TRY(nd_check_shape(op, out, ndim, &known));
     if (infer >= 0) {
         if (known == 0 || numel % known != 0)
             return nd_fail(ND_ERR_SHAPE, "%s: shape %s is invalid for a tensor of shape %s "
                            "(%lld elements)", op, nd_shape_str(shape, ndim, b1),
                            nd_shape_str(t->shape, t->ndim, b2), (long long)numel);
-        out[infer] = numel / known;
+        out[infer] = numel / known; /* the whole shape then has numel (<= 2^48) elements */
     } else if (known != numel) {
         return nd_fail(ND_ERR_SHAPE, "%s: shape %s is invalid for a tensor of shape %s "
                        "(%lld elements)", op, nd_shape_str(shape, ndim, b1),

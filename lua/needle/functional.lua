@@ -146,10 +146,11 @@ end
 -- table becomes a tensor on the input's device. The range check reads two
 -- numbers back (on a device, the host waits for the labels there).
 local function check_labels(op, labels, n, C, ignore_index, device)
-  local t = core.is_tensor(labels) and labels or core.tensor(labels, {dtype = "int64", device = device})
-  if t.dtype ~= "int64" and t.dtype ~= "int32" and t.dtype ~= "uint8" then
-    fail(op, "labels must be an integer tensor (class indices 1..%d), got %s", C, t.dtype)
-  end
+  -- integers only (a fraction, a boolean or a float tensor is an error), as
+  -- every op that takes labels; raised at the caller (core's message has no
+  -- position when called through pcall)
+  local ok, t = pcall(core._ints, labels, op, "labels", device)
+  if not ok then error(t, 3) end
   if t:dim() ~= 1 or t:size(1) ~= n then
     fail(op, "expected %d labels (one per row of the input), got shape {%s}", n, table.concat(t.shape, ","))
   end
@@ -174,6 +175,9 @@ function F.nll_loss(log_probs, labels, opts)
   if log_probs:dim() ~= 2 then fail_at(3, op, "expected input of shape (N, C), got {%s}", table.concat(log_probs.shape, ",")) end
   local n, C = log_probs:size(1), log_probs:size(2)
   local ignore_index = opt(opts, "ignore_index", nil)
+  if ignore_index ~= nil and math.tointeger(ignore_index) == nil then
+    fail_at(3, op, "ignore_index must be an integer, got %s", tostring(ignore_index))
+  end
   local t, valid = check_labels(op, labels, n, C, ignore_index, log_probs.device)
   local onehot = core.one_hot(valid, C):to(log_probs.dtype)
   local per_row = -(onehot * log_probs):sum(2)
@@ -190,15 +194,12 @@ end
 -- A fused C op (log-softmax and the pick in one pass, backward in closed
 -- form). As PyTorch: with label smoothing the target is
 -- (1 - e) one_hot + e / C; the mean skips ignored rows.
--- Labels given as a Lua table become a tensor on the logits' device. Errors
--- of the C op are raised again at the user's position (called through
--- pcall, the C op's own message carries no position).
+-- Labels given as a Lua table become a tensor on the logits' device (in the
+-- C op, which checks them in 1-based terms on every device). Errors of the
+-- C op are raised again at the user's position (called through pcall, the
+-- C op's own message carries no position).
 function F.cross_entropy(logits, labels, opts)
   options.check("cross_entropy", opts, {ignore_index = "integer", label_smoothing = "number", reduction = "string"})
-  if type(labels) == "table" and not core.is_tensor(labels) and core.is_tensor(logits)
-     and logits.device ~= "cpu" then
-    labels = core.tensor(labels, {dtype = "int64", device = logits.device})
-  end
   local ok, r = pcall(core.cross_entropy, logits, labels, opts)
   if not ok then errors.raise(r) end
   return r
@@ -225,7 +226,8 @@ F.batch_norm = core.batch_norm
 function F.embedding(indices, weight, opts)
   check_tensor("embedding", weight, "weight")
   opts = options.check("embedding", opts, {padding_idx = "integer"})
-  local idx = core.is_tensor(indices) and indices or core.tensor(indices, {dtype = "int64", device = weight.device})
+  local ok, idx = pcall(core._ints, indices, "embedding", "indices", weight.device)
+  if not ok then errors.raise(idx) end
   local flat = idx:reshape({-1})
   local out = weight:index_select(1, flat)
   local pad = opt(opts, "padding_idx", nil)

@@ -418,19 +418,14 @@ static nd_status parse_entry(jparser *p, size_t t, uint64_t data_len, nd_st_info
                         (long long)p->nodes[c].ival);
         info->shape[k] = p->nodes[c].ival;
     }
-    /* element count and bytes without overflow; needle's own size limit */
-    uint64_t numel = 1, span = 1;
+    /* the size rule of every tensor (tensor.h), the one nd.save's tensors obey */
+    int64_t numel;
     size_t es = nd_dtype_size(info->dtype);
-    for (int i = 0; i < info->ndim; i++) {
-        uint64_t m = (uint64_t)info->shape[i];
-        uint64_t mm = m ? m : 1;
-        if (span > (uint64_t)ND_MAX_NUMEL / mm)
-            return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': shape %s is too large", name,
-                        nd_shape_str(info->shape, info->ndim, sb));
-        span *= mm;
-        numel *= m;
-    }
-    uint64_t nbytes = numel * es; /* numel <= 2^48, es <= 8: no overflow */
+    char label[SHOW_BUF + 16];
+    snprintf(label, sizeof label, "tensor '%s'", name);
+    if (nd_check_shape(label, info->shape, info->ndim, &numel) != ND_OK)
+        return nd_io_fail(ND_ERR_IO, op, what, "%s", nd_last_error());
+    uint64_t nbytes = (uint64_t)numel * es; /* numel <= 2^48, es <= 8: no overflow */
     /* data_offsets */
     const jnode *o = &p->nodes[jo];
     if (o->type != J_ARR || o->count != 2 || p->nodes[o->first].type != J_INT ||

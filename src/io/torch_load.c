@@ -257,15 +257,13 @@ static nd_status materialise_tensor(loader *L, nd_pk *t) {
     if (nd < 0 || nd > ND_MAX_DIMS)
         return nd_io_fail(ND_ERR_IO, L->op, L->what, "a tensor over storage '%s' has %d dims (at most %d)", kb, nd, ND_MAX_DIMS);
     const int64_t *shape = t->u.tensor.shape, *stride = t->u.tensor.stride;
-    int64_t off = t->u.tensor.offset, numel = 1;
-    for (int i = 0; i < nd; i++) {
-        if (shape[i] < 0 || stride[i] < 0)
-            return nd_io_fail(ND_ERR_IO, L->op, L->what, "a tensor over storage '%s' has a negative size or stride", kb);
-        if (shape[i] != 0 && numel > ND_MAX_NUMEL / shape[i])
-            return nd_io_fail(ND_ERR_IO, L->op, L->what, "a tensor over storage '%s' has too many elements (shape %s)", kb,
-                         nd_shape_str(shape, nd, sb));
-        numel *= shape[i];
-    }
+    int64_t off = t->u.tensor.offset, numel;
+    /* the size rule of every tensor (tensor.h), as nd.save's files obey it */
+    char label[KEY_BUF + 32];
+    snprintf(label, sizeof label, "a tensor over storage '%s'", kb);
+    if (nd_check_shape(label, shape, nd, &numel) != ND_OK ||
+        nd_check_strides(label, shape, stride, nd) != ND_OK)
+        return nd_io_fail(ND_ERR_IO, L->op, L->what, "%s", nd_last_error());
     if (off < 0 || off > r->numel)
         return nd_io_fail(ND_ERR_IO, L->op, L->what, "a tensor's offset %lld lies outside storage '%s' (%lld elements)",
                      (long long)off, kb, (long long)r->numel);

@@ -22,19 +22,43 @@ static int table_shape(lua_State *L, int idx, int64_t *shape, bool *has_bool) {
     return nd;
 }
 
-typedef struct { char *p; size_t es; nd_dtype dt; int64_t pos; } fill_state;
+/* ints (named what in errors): class labels and indices, where a fraction
+ * or a boolean is a mistake rather than something to truncate. */
+typedef struct {
+    char *p; size_t es; nd_dtype dt; int64_t pos; const char *op; const char *ints;
+} fill_state;
 
 static void path_str(const int64_t *path, int depth, char *buf) {
     nd_shape_str(path, depth, buf);
 }
 
+/* Stores the number or boolean at the top of the stack as element fs->pos.
+ * A number must fit the dtype (nd_check_number_fits: out of range is an
+ * error, never a clamp); at says where it came from ("" for a lone number). */
+static void store_value(lua_State *L, fill_state *fs, const char *at) {
+    int ty = lua_type(L, -1);
+    if (fs->ints && !(ty == LUA_TNUMBER && (lua_isinteger(L, -1) ||
+                                             lua_tonumber(L, -1) == trunc(lua_tonumber(L, -1))))) {
+        if (ty == LUA_TNUMBER)
+            lt_error(L, fs->op, "%s must be integers, got %.15g%s", fs->ints, lua_tonumber(L, -1), at);
+        lt_error(L, fs->op, "%s must be integers, got a %s%s", fs->ints, lua_typename(L, ty), at);
+    }
+    nd_number v = lt_to_number(L, -1);
+    if (nd_check_number_fits(fs->op, fs->dt, v) != ND_OK) {
+        const char *m = nd_last_error(), *c = strstr(m, ": ");
+        lt_error(L, fs->op, "%s%s", c ? c + 2 : m, at);
+    }
+    nd_store_number(fs->p + fs->pos * (int64_t)fs->es, fs->dt, v);
+    fs->pos++;
+}
+
 static void fill_from_table(lua_State *L, int idx, const int64_t *shape, int nd, int depth,
                             int64_t *path, fill_state *fs) {
-    char pbuf[ND_SHAPE_BUF];
+    char pbuf[ND_SHAPE_BUF], at[ND_SHAPE_BUF + 16];
     int64_t n = (int64_t)luaL_len(L, idx);
     if (n != shape[depth]) {
         path_str(path, depth, pbuf);
-        lt_error(L, "tensor", "ragged nested table: expected %lld elements at dim %d, got %lld "
+        lt_error(L, fs->op, "ragged nested table: expected %lld elements at dim %d, got %lld "
                  "(at index %s)", (long long)shape[depth], depth + 1, (long long)n, pbuf);
     }
     for (int64_t i = 1; i <= n; i++) {
@@ -43,30 +67,17 @@ static void fill_from_table(lua_State *L, int idx, const int64_t *shape, int nd,
         if (depth + 1 < nd) {
             if (ty != LUA_TTABLE) {
                 path_str(path, depth + 1, pbuf);
-                lt_error(L, "tensor", "ragged nested table: expected a table at %s, got %s",
+                lt_error(L, fs->op, "ragged nested table: expected a table at %s, got %s",
                          pbuf, lua_typename(L, ty));
             }
             fill_from_table(L, lua_gettop(L), shape, nd, depth + 1, path, fs);
         } else {
-            double v;
-            if (ty == LUA_TNUMBER) {
-                if (lua_isinteger(L, -1) && fs->dt == ND_INT64) {
-                    *(int64_t *)(fs->p + fs->pos * (int64_t)fs->es) = lua_tointeger(L, -1);
-                    fs->pos++;
-                    lua_pop(L, 1);
-                    continue;
-                }
-                v = lua_tonumber(L, -1);
-            } else if (ty == LUA_TBOOLEAN) {
-                v = lua_toboolean(L, -1);
-            } else {
-                path_str(path, depth + 1, pbuf);
-                lt_error(L, "tensor", "expected a number at index %s, got %s", pbuf,
+            path_str(path, depth + 1, pbuf);
+            if (ty != LUA_TNUMBER && ty != LUA_TBOOLEAN)
+                lt_error(L, fs->op, "expected a number at index %s, got %s", pbuf,
                          lua_typename(L, ty));
-                return;
-            }
-            nd_store_f64(fs->p + fs->pos * (int64_t)fs->es, fs->dt, v);
-            fs->pos++;
+            snprintf(at, sizeof at, " (at index %s)", pbuf);
+            store_value(L, fs, at);
         }
         lua_pop(L, 1);
     }
@@ -74,31 +85,29 @@ static void fill_from_table(lua_State *L, int idx, const int64_t *shape, int nd,
 
 /* Builds a tensor from the Lua value at idx and pushes it (as a userdata
  * owning it); returns the borrowed pointer. */
-static nd_tensor *tensor_from_lua(lua_State *L, int idx, nd_dtype dt, bool dtype_given) {
+static nd_tensor *tensor_from_lua(lua_State *L, int idx, const char *op, nd_dtype dt,
+                                  bool dtype_given, const char *ints) {
     nd_tensor *t;
     int ty = lua_type(L, idx);
     if (ty == LUA_TNUMBER || ty == LUA_TBOOLEAN) {
         if (ty == LUA_TBOOLEAN && !dtype_given) dt = ND_BOOL;
-        double v = ty == LUA_TNUMBER ? lua_tonumber(L, idx) : lua_toboolean(L, idx);
-        if (ty == LUA_TNUMBER && lua_isinteger(L, idx) && dt == ND_INT64) {
-            LT_CHECK(L, nd_empty(NULL, 0, dt, &t));
-            *(int64_t *)nd_ptr(t) = lua_tointeger(L, idx);
-            lt_push(L, t);
-            return t;
-        }
-        LT_CHECK(L, nd_scalar(v, dt, &t));
-        lt_push(L, t);
+        LT_CHECK(L, nd_empty(NULL, 0, dt, &t));
+        lt_push(L, t); /* owned by the stack if the value is refused */
+        fill_state fs = {nd_ptr(t), nd_dtype_size(dt), dt, 0, op, ints};
+        lua_pushvalue(L, idx);
+        store_value(L, &fs, "");
+        lua_pop(L, 1);
         return t;
     }
     if (ty != LUA_TTABLE)
-        lt_error(L, "tensor", "expected a number, boolean or nested table, got %s",
+        lt_error(L, op, "expected a number, boolean or nested table, got %s",
                  lua_typename(L, ty));
     int64_t shape[ND_MAX_DIMS], path[ND_MAX_DIMS];
     bool has_bool = false;
     int nd = table_shape(L, idx, shape, &has_bool);
     if (has_bool && !dtype_given) dt = ND_BOOL;
     LT_CHECK(L, nd_empty(shape, nd, dt, &t));
-    fill_state fs = {nd_ptr(t), nd_dtype_size(dt), dt, 0};
+    fill_state fs = {nd_ptr(t), nd_dtype_size(dt), dt, 0, op, ints};
     /* pushed first so that an error inside fill does not leak it */
     lt_push(L, t);
     /* also when empty: every row must agree ({{}, {1, 2}} is ragged) */
@@ -113,7 +122,22 @@ nd_tensor *lt_check_tensor_like(lua_State *L, int idx, const char *op, nd_dtype 
     if (ty != LUA_TNUMBER && ty != LUA_TTABLE && ty != LUA_TBOOLEAN)
         lt_error(L, op, "expected a tensor, number or table for argument %d, got %s", idx,
                  lua_typename(L, ty));
-    return tensor_from_lua(L, idx, dt, ty != LUA_TBOOLEAN);
+    return tensor_from_lua(L, idx, op, dt, ty != LUA_TBOOLEAN, NULL);
+}
+
+nd_tensor *lt_check_ints_like(lua_State *L, int idx, const char *op, const char *what) {
+    nd_tensor *t = lt_to(L, idx);
+    if (t) {
+        if (!nd_dtype_is_int(t->dtype))
+            lt_error(L, op, "%s must be integers, got a %s tensor (expected int64, int32 or uint8)",
+                     what, nd_dtype_name(t->dtype));
+        return t;
+    }
+    int ty = lua_type(L, idx);
+    if (ty != LUA_TNUMBER && ty != LUA_TTABLE)
+        lt_error(L, op, "expected %s as a tensor, table or number for argument %d, got %s", what,
+                 idx, lua_typename(L, ty));
+    return tensor_from_lua(L, idx, op, ND_INT64, true, what);
 }
 
 nd_tensor *lt_check_tensor_like_on(lua_State *L, int idx, const char *op, nd_dtype dt,
@@ -148,7 +172,7 @@ static int l_tensor(lua_State *L) {
     nd_tensor *t;
     if (src) LT_CHECK(L, given ? nd_to_dtype(src, dt, &t) : nd_clone(src, &t));
     else {
-        t = tensor_from_lua(L, 1, dt, given); /* pushed: take it off the stack */
+        t = tensor_from_lua(L, 1, "tensor", dt, given, NULL); /* pushed: take it off the stack */
         nd_retain(t);
         lua_pop(L, 1);
         finish_new_on(L, t, 2, "tensor", dev);
@@ -262,8 +286,7 @@ static int l_full(lua_State *L) {
     int n = lt_shape(L, 1, "full", shape, false);
     if (!lua_istable(L, 1)) return lt_error(L, "full", "expected the shape as a table");
     if (!lua_isboolean(L, 2)) luaL_checknumber(L, 2);
-    nd_number v = lua_isboolean(L, 2) ? nd_num_i(lua_toboolean(L, 2))
-                  : lua_isinteger(L, 2) ? nd_num_i(lua_tointeger(L, 2)) : nd_num_f(lua_tonumber(L, 2));
+    nd_number v = lt_to_number(L, 2);
     lt_options(L, 3, "full", NEW_OPTS);
     nd_device dev = lt_check_device(L, 3, "full");
     nd_dtype dt = lt_opt_dtype(L, 3, "full", lua_isboolean(L, 2) ? ND_BOOL : ND_FLOAT32);
@@ -290,8 +313,17 @@ static int like_ctor(lua_State *L, const char *op, int kind, double value) {
     } else if (kind == 4) {
         LT_CHECK(L, nd_randn_on(dev, x->shape, x->ndim, dt, &t));
     } else {
-        if (kind == 2) value = luaL_checknumber(L, 2);
-        LT_CHECK(L, nd_full_on(dev, x->shape, x->ndim, dt, value, &t));
+        /* full_like's value as given (exact for int64), refused if it does not fit */
+        nd_number v = nd_num_f(value);
+        if (kind == 2) {
+            luaL_checknumber(L, 2);
+            v = lt_to_number(L, 2);
+        }
+        LT_CHECK_AS(L, op, nd_empty_on(dev, x->shape, x->ndim, dt, &t));
+        lt_push(L, t); /* owned by the stack while it is filled */
+        LT_CHECK_AS(L, op, nd_fill_number_(t, v));
+        lua_pop(L, 1);
+        nd_retain(t);
     }
     finish_new_on(L, t, opts, op, dev);
     return 1;

@@ -13,26 +13,17 @@ nd_tensor *lt_check_index(lua_State *L, int idx, const char *op) {
     return lt_check_index_on(L, idx, op, t ? nd_get_device(t) : nd_cpu_device());
 }
 
-nd_tensor *lt_check_index_on(lua_State *L, int idx, const char *op, nd_device target) {
+/* The integers at idx (an integer tensor, or a number or table of them) as
+ * a private contiguous int64 tensor in host memory, pushed, for the caller
+ * to check and shift in place; *dev is where they belong (the tensor's own
+ * device, else target). */
+static nd_tensor *host_ints(lua_State *L, int idx, const char *op, const char *what,
+                            nd_device target, nd_device *dev) {
     nd_tensor *t = lt_to(L, idx), *r;
-    if (t && t->dtype != ND_INT64 && t->dtype != ND_INT32 && t->dtype != ND_UINT8)
-        lt_error(L, op, "index tensor must have an integer dtype, got %s", nd_dtype_name(t->dtype));
-    /* Indices on a device are checked and shifted on the host, then go back;
-     * a table becomes an index tensor on the target's device. */
-    nd_device dev = t ? nd_get_device(t) : target;
-    if (t && !nd_on_cpu(t)) t = lt_push_host(L, t, op);
-    if (!t && !lua_istable(L, idx) && lua_type(L, idx) != LUA_TNUMBER)
-        lt_error(L, op, "expected an index tensor or table for argument %d, got %s", idx,
-                 luaL_typename(L, idx));
-    nd_tensor *src = t;
-    if (!t) {
-        /* A table or number, read once as float64 so that a non-integer
-         * value is an error instead of being truncated. */
-        src = lt_check_tensor_like(L, idx, op, ND_FLOAT64); /* fresh, contiguous */
-        const double *v = (const double *)nd_ptr(src);
-        for (int64_t i = 0, n = nd_numel(src); i < n; i++)
-            if (v[i] != floor(v[i])) lt_error(L, op, "index values must be integers, got %g", v[i]);
-    }
+    *dev = t ? nd_get_device(t) : target;
+    nd_tensor *src = lt_check_ints_like(L, idx, op, what);
+    if (!t) return src; /* made from Lua values: fresh, contiguous int64, stack-owned */
+    if (!nd_on_cpu(t)) src = lt_push_host(L, t, op);
     nd_status st = nd_to_dtype(src, ND_INT64, &r);
     if (st == ND_OK && r == src) { /* need a private copy to shift */
         nd_release(r);
@@ -45,17 +36,49 @@ nd_tensor *lt_check_index_on(lua_State *L, int idx, const char *op, nd_device ta
     }
     LT_CHECK(L, st);
     lt_push(L, r); /* the stack owns it from here */
+    return r;
+}
+
+/* r (host, stack-owned at the top) moved to dev; the result is borrowed. */
+static nd_tensor *ints_to(lua_State *L, nd_tensor *r, nd_device dev, const char *op) {
+    if (dev.type == ND_DEVICE_CPU) return r;
+    nd_retain(r);
+    lt_push_on(L, r, dev, op);
+    return lt_to(L, -1);
+}
+
+nd_tensor *lt_check_index_on(lua_State *L, int idx, const char *op, nd_device target) {
+    nd_device dev;
+    nd_tensor *r = host_ints(L, idx, op, "index values", target, &dev);
     int64_t *p = (int64_t *)nd_ptr(r), n = nd_numel(r);
     for (int64_t i = 0; i < n; i++) {
         if (p[i] < 1) lt_error(L, op, "index %lld out of range (indices are 1-based)", (long long)p[i]);
         p[i] -= 1;
     }
-    if (dev.type != ND_DEVICE_CPU) {
-        nd_retain(r);
-        lt_push_on(L, r, dev, op);
-        r = lt_to(L, -1);
+    return ints_to(L, r, dev, op);
+}
+
+nd_tensor *lt_check_labels_on(lua_State *L, int idx, const char *op, int64_t n, int64_t C,
+                              const int64_t *ignore, nd_device target, int64_t *ignore0) {
+    nd_device dev;
+    nd_tensor *r = host_ints(L, idx, op, "labels", target, &dev);
+    *ignore0 = INT64_MIN;
+    /* not one label per row: the op's own check names both shapes */
+    if (r->ndim != 1 || r->shape[0] != n) return ints_to(L, r, dev, op);
+    /* Checked in the caller's 1-based terms before anything is subtracted
+     * (math.mininteger - 1 would overflow). An ignore_index outside 1..C
+     * becomes -1: no valid label maps there. */
+    bool in_range = ignore && *ignore >= 1 && *ignore <= C;
+    *ignore0 = !ignore ? INT64_MIN : in_range ? *ignore - 1 : -1;
+    int64_t *p = (int64_t *)nd_ptr(r);
+    for (int64_t i = 0; i < n; i++) {
+        if (ignore && p[i] == *ignore) p[i] = *ignore0;
+        else if (p[i] < 1 || p[i] > C)
+            lt_error(L, op, "label %lld of row %lld is out of range for %lld classes (expected 1..%lld)",
+                     (long long)p[i], (long long)i + 1, (long long)C, (long long)C);
+        else p[i] -= 1;
     }
-    return r;
+    return ints_to(L, r, dev, op);
 }
 
 void lt_push_index(lua_State *L, nd_tensor *t) {
@@ -77,20 +100,24 @@ static int64_t lua_index(lua_State *L, lua_Integer i, const char *op) {
     return i > 0 ? i - 1 : i;
 }
 
-/* Applies one table-index entry at the top of the stack to *cur at dim *d. */
-static void apply_entry(lua_State *L, nd_tensor **cur, int *d, int pos) {
+/* "too many indices": n entries for x (the indexed tensor, not the view
+ * that the entries before made of it, which may be 0-dim by then). */
+static void too_many_indices(lua_State *L, nd_tensor **cur, const nd_tensor *x, int n) {
+    char b[ND_SHAPE_BUF];
+    nd_shape_str(x->shape, x->ndim, b);
+    nd_release(*cur);
+    *cur = NULL;
+    lt_error(L, "index", "too many indices (%d) for a tensor of shape %s", n, b);
+}
+
+/* Applies entry pos (of n) of a table index on x, at the top of the stack,
+ * to *cur at dim *d. */
+static void apply_entry(lua_State *L, const nd_tensor *x, nd_tensor **cur, int *d, int pos,
+                        int n_entries) {
     nd_tensor *r = NULL;
     nd_status st = ND_OK;
     int ty = lua_type(L, -1);
-    if (*d >= (*cur)->ndim && !(ty == LUA_TSTRING)) {
-        char b[ND_SHAPE_BUF];
-        nd_tensor *c = *cur;
-        *cur = NULL;
-        int nd = c->ndim;
-        nd_shape_str(c->shape, nd, b);
-        nd_release(c);
-        lt_error(L, "index", "too many indices (%d) for a tensor of shape %s", pos, b);
-    }
+    if (*d >= (*cur)->ndim && !(ty == LUA_TSTRING)) too_many_indices(L, cur, x, n_entries);
     if (ty == LUA_TNUMBER) {
         if (!lua_isinteger(L, -1)) {
             nd_release(*cur); *cur = NULL;
@@ -134,12 +161,7 @@ static void apply_entry(lua_State *L, nd_tensor **cur, int *d, int pos) {
         st = nd_slice(*cur, *d, s, e, v[2], &r);
         (*d)++;
     } else if (ty == LUA_TSTRING && strcmp(lua_tostring(L, -1), ":") == 0) {
-        if (*d >= (*cur)->ndim) {
-            char b[ND_SHAPE_BUF];
-            nd_shape_str((*cur)->shape, (*cur)->ndim, b);
-            nd_release(*cur); *cur = NULL;
-            lt_error(L, "index", "too many indices (%d) for a tensor with shape %s", pos, b);
-        }
+        if (*d >= (*cur)->ndim) too_many_indices(L, cur, x, n_entries);
         (*d)++;
         return;
     } else {
@@ -173,7 +195,7 @@ static nd_tensor *index_view(lua_State *L, nd_tensor *x) {
     int d = 0, n = (int)lua_rawlen(L, 2);
     for (int i = 1; i <= n; i++) {
         lua_rawgeti(L, 2, i);
-        apply_entry(L, &cur, &d, i);
+        apply_entry(L, x, &cur, &d, i, n);
         lua_pop(L, 1);
     }
     return cur;
@@ -192,9 +214,8 @@ int lt_index_set(lua_State *L) {
     nd_status st;
     int ty = lua_type(L, 3);
     if (ty == LUA_TNUMBER || ty == LUA_TBOOLEAN) {
-        nd_number n = ty == LUA_TBOOLEAN ? nd_num_i(lua_toboolean(L, 3))
-                      : lua_isinteger(L, 3) ? nd_num_i(lua_tointeger(L, 3)) : nd_num_f(lua_tonumber(L, 3));
-        st = nd_fill_number_(v, n);
+        st = nd_fill_number_(v, lt_to_number(L, 3)); /* a value out of v's range is an error */
+        if (st != ND_OK) lt_raise_as(L, "index");
     } else {
         st = nd_copy_(v, lt_check_tensor_like(L, 3, "index", v->dtype)); /* copy_ crosses devices */
     }
@@ -224,8 +245,9 @@ static int scatter(lua_State *L, int accumulate) {
     int d = lt_dim(L, 2, op);
     nd_tensor *ix = lt_check_index_on(L, 3, op, nd_get_device(x));
     if (lua_type(L, 4) == LUA_TNUMBER) {
-        LT_CHECK(L, nd_full_on(nd_get_device(x), ix->shape, ix->ndim, x->dtype, lua_tonumber(L, 4), &src));
+        LT_CHECK(L, nd_empty_on(nd_get_device(x), ix->shape, ix->ndim, x->dtype, &src));
         lt_push(L, src); /* stack-owned */
+        LT_CHECK_AS(L, op, nd_fill_number_(src, lt_to_number(L, 4))); /* exact, or refused */
     } else {
         src = lt_to(L, 4);
         if (!src) lt_error(L, op, "src must be a tensor or number, got %s", luaL_typename(L, 4));
@@ -254,8 +276,30 @@ static int t_index_add(lua_State *L) {
 static int t_masked_fill(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "masked_fill"), *r = NULL;
     nd_tensor *m = lt_check_tensor_like_on(L, 2, "masked_fill", ND_BOOL, nd_get_device(x));
-    double v = lua_isboolean(L, 3) ? lua_toboolean(L, 3) : luaL_checknumber(L, 3);
+    if (!lua_isboolean(L, 3)) luaL_checknumber(L, 3);
+    /* the core takes a double: the range is checked here on the exact value */
+    LT_CHECK(L, nd_check_number_fits("masked_fill", x->dtype, lt_to_number(L, 3)));
+    double v = lua_isboolean(L, 3) ? lua_toboolean(L, 3) : lua_tonumber(L, 3);
     return push_result(L, nd_masked_fill(x, m, v, &r), &r);
+}
+
+/* core._ints(value, op, what[, device]): class labels or indices for the
+ * Lua layer (nll_loss, embedding): an integer tensor as it is, a number or
+ * table of integers as an int64 tensor on device (default cpu); anything
+ * else (fractions, booleans, float tensors) is an error naming op and what. */
+static int l_ints(lua_State *L) {
+    const char *op = luaL_checkstring(L, 2), *what = luaL_checkstring(L, 3);
+    nd_device dev = lua_isnoneornil(L, 4) ? nd_cpu_device() : lt_device_name(L, 4, op);
+    if (lt_to(L, 1)) {
+        lt_check_ints_like(L, 1, op, what); /* checks the dtype */
+        lua_settop(L, 1);
+        return 1;
+    }
+    nd_tensor *t = lt_check_ints_like(L, 1, op, what); /* pushed */
+    nd_retain(t);
+    lua_pop(L, 1);
+    lt_push_on(L, t, dev, op);
+    return 1;
 }
 
 /* one_hot(labels 1..C, C): labels as a tensor or table */
@@ -315,6 +359,7 @@ void lt_register_index(lua_State *L) {
         {"index_add", t_index_add, true, true},
         {"masked_fill", t_masked_fill, true, true},
         {"one_hot", l_one_hot, false, true},
+        {"_ints", l_ints, false, true},
         {"cumsum", t_cumsum, true, true},
         {"sort", t_sort, true, true},
         {"argsort", t_argsort, true, true},

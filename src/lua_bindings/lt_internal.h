@@ -35,6 +35,23 @@ nd_tensor *lt_check(lua_State *L, int idx, const char *op);
  * for numbers and tables. */
 nd_tensor *lt_check_tensor_like(lua_State *L, int idx, const char *op, nd_dtype dt);
 nd_tensor *lt_check_index_on(lua_State *L, int idx, const char *op, nd_device target);
+/* Integers (indices, class labels) at idx: an integer tensor as it is, or a
+ * number or nested table of integers as a new int64 tensor (borrowed, as
+ * above). A fraction, a boolean or a float tensor is an error naming op and
+ * what ("labels", "index values"); values are not range-checked. */
+nd_tensor *lt_check_ints_like(lua_State *L, int idx, const char *op, const char *what);
+/* Class labels 1..C (or *ignore, when ignore is not NULL) for the n rows of
+ * op's input, from an integer tensor or a table at idx: checked in 1-based
+ * terms (errors name the label, its row and 1..C), then as a new 0-based
+ * int64 tensor on the tensor's device (a table: on target); labels equal to
+ * *ignore become *ignore0 (ignore - 1 within 1..C, else -1; INT64_MIN without
+ * ignore), which is the core's ignore_index. Labels of another shape than
+ * {n} come back unchecked, for the op to refuse. Borrowed, as above. */
+nd_tensor *lt_check_labels_on(lua_State *L, int idx, const char *op, int64_t n, int64_t C,
+                              const int64_t *ignore, nd_device target, int64_t *ignore0);
+/* The number or boolean at idx: Lua integers stay exact (64 bits), floats
+ * are floats, booleans are 0/1. */
+nd_number lt_to_number(lua_State *L, int idx);
 /* The same, with a table or number made on device dev (an operand next to a
  * tensor on dev); a tensor is returned as it is. */
 nd_tensor *lt_check_tensor_like_on(lua_State *L, int idx, const char *op, nd_dtype dt,

@@ -65,10 +65,10 @@ static int l_frombytes(lua_State *L) {
     return 1;
 }
 
-/* t:tobytes(): the elements, row-major, as a string of raw little-endian bytes */
-static int t_tobytes(lua_State *L) {
-    nd_tensor *t = lt_check(L, 1, "tobytes");
-    t = lt_push_host(L, t, "tobytes");
+/* The string of tobytes for the host tensor at 1 (run under lua_pcall: the
+ * string may be too large for Lua's allocator). */
+static int tobytes_build(lua_State *L) {
+    nd_tensor *t = lt_to(L, 1);
     size_t nbytes = (size_t)nd_numel(t) * nd_dtype_size(t->dtype);
     if (nd_is_contiguous(t)) {
         lua_pushlstring(L, nbytes ? nd_ptr(t) : "", nbytes);
@@ -78,6 +78,23 @@ static int t_tobytes(lua_State *L) {
     char *p = luaL_buffinitsize(L, &b, nbytes);
     LT_CHECK_AS(L, "tobytes", nd_copy_to_buffer(t, p, nbytes));
     luaL_pushresultsize(&b, nbytes);
+    return 1;
+}
+
+/* t:tobytes(): the elements, row-major, as a string of raw little-endian bytes */
+static int t_tobytes(lua_State *L) {
+    nd_tensor *t = lt_check(L, 1, "tobytes");
+    t = lt_push_host(L, t, "tobytes");
+    lua_pushcfunction(L, tobytes_build);
+    lua_pushvalue(L, -2);
+    int st = lua_pcall(L, 1, 1, 0);
+    if (st == LUA_ERRMEM) { /* Lua's bare "not enough memory": say what did not fit */
+        char b[ND_SHAPE_BUF];
+        return lt_error(L, "tobytes", "not enough memory for a string of %llu bytes (a %s tensor "
+                        "of shape %s)", (unsigned long long)nd_numel(t) * nd_dtype_size(t->dtype),
+                        nd_dtype_name(t->dtype), nd_shape_str(t->shape, t->ndim, b));
+    }
+    if (st != LUA_OK) return lua_error(L);
     return 1;
 }
 

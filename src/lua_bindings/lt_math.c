@@ -22,13 +22,6 @@ static bool is_scalar(lua_State *L, int idx) {
     return t == LUA_TNUMBER || t == LUA_TBOOLEAN;
 }
 
-/* Lua integers stay exact (64 bits), floats are floats. */
-static nd_number scalar_value(lua_State *L, int idx) {
-    if (lua_type(L, idx) == LUA_TBOOLEAN) return nd_num_i(lua_toboolean(L, idx));
-    if (lua_isinteger(L, idx)) return nd_num_i(lua_tointeger(L, idx));
-    return nd_num_f(lua_tonumber(L, idx));
-}
-
 /* A tensor for operand idx: tensors as they are, tables converted to the
  * other operand's dtype. Borrowed (see lt_check_tensor_like). */
 static nd_tensor *operand(lua_State *L, int idx, const char *op, nd_tensor *other) {
@@ -41,9 +34,9 @@ static int binary(lua_State *L, nd_binary_op op) {
     nd_tensor *r;
     nd_status st;
     if (is_scalar(L, 2)) {
-        st = nd_binary_number(op, lt_check(L, 1, name), scalar_value(L, 2), 0, &r);
+        st = nd_binary_number(op, lt_check(L, 1, name), lt_to_number(L, 2), 0, &r);
     } else if (is_scalar(L, 1)) {
-        st = nd_binary_number(op, lt_check(L, 2, name), scalar_value(L, 1), 1, &r);
+        st = nd_binary_number(op, lt_check(L, 2, name), lt_to_number(L, 1), 1, &r);
     } else {
         nd_tensor *a = lt_to(L, 1), *b = lt_to(L, 2);
         if (a && b) st = nd_binary(op, a, b, &r);
@@ -68,7 +61,7 @@ static int binary_inplace(lua_State *L, nd_binary_op op) {
     const char *name = nd_binary_name(op);
     nd_tensor *a = lt_check(L, 1, name);
     if (is_scalar(L, 2)) {
-        LT_CHECK(L, nd_binary_number_(op, a, scalar_value(L, 2)));
+        LT_CHECK(L, nd_binary_number_(op, a, lt_to_number(L, 2)));
     } else {
         LT_CHECK(L, nd_binary_(op, a, operand(L, 2, name, a)));
     }
@@ -84,7 +77,7 @@ static int b_pow_(lua_State *L) { return binary_inplace(L, ND_BINARY_pow); }
 static int t_fill_(lua_State *L) {
     nd_tensor *t = lt_check(L, 1, "fill_");
     if (!is_scalar(L, 2)) return lt_error(L, "fill_", "expected a number, got %s", luaL_typename(L, 2));
-    LT_CHECK(L, nd_fill_number_(t, scalar_value(L, 2)));
+    LT_CHECK(L, nd_fill_number_(t, lt_to_number(L, 2)));
     lua_settop(L, 1);
     return 1;
 }
@@ -272,43 +265,41 @@ static int l_batch_norm(lua_State *L) {
 
 /* cross_entropy(logits (N, C), labels 1..C, {ignore_index=, label_smoothing=, reduction=}) */
 static int l_cross_entropy(lua_State *L) {
-    nd_tensor *logits = lt_check(L, 1, "cross_entropy"), *r;
-    nd_tensor *lab = lt_check_tensor_like_on(L, 2, "cross_entropy", ND_INT64, nd_get_device(logits));
-    if (!nd_dtype_is_int(lab->dtype))
-        return lt_error(L, "cross_entropy", "labels must be integers (class indices 1..C), got %s",
-                        nd_dtype_name(lab->dtype));
-    /* 1-based labels (and ignore_index) -> the core's 0-based */
-    nd_tensor *lab64, *lab0;
-    LT_CHECK(L, nd_to_dtype(lab, ND_INT64, &lab64));
-    lt_push(L, lab64);
-    LT_CHECK(L, nd_binary_scalar_int(ND_BINARY_sub, lab64, 1, 0, &lab0));
-    lt_push(L, lab0);
-    int64_t ignore = INT64_MIN;
+    const char *op = "cross_entropy";
+    nd_tensor *logits = lt_check(L, 1, op), *r;
+    int64_t ignore = 0;
+    bool has_ignore = false;
     double smoothing = 0;
     int reduction = 1;
     if (lua_istable(L, 3)) {
-        if (lua_getfield(L, 3, "ignore_index") != LUA_TNIL) ignore = luaL_checkinteger(L, -1) - 1;
+        if (lua_getfield(L, 3, "ignore_index") != LUA_TNIL) {
+            int isint = 0;
+            ignore = lua_tointegerx(L, -1, &isint); /* 3.0 is 3; 1.5 or a string is not */
+            if (!isint || lua_type(L, -1) != LUA_TNUMBER)
+                return lt_error(L, op, "ignore_index must be an integer, got %s",
+                                luaL_tolstring(L, -1, NULL));
+            has_ignore = true;
+        }
         if (lua_getfield(L, 3, "label_smoothing") != LUA_TNIL) smoothing = luaL_checknumber(L, -1);
         if (lua_getfield(L, 3, "reduction") != LUA_TNIL) {
             const char *red = luaL_checkstring(L, -1);
             if (strcmp(red, "none") == 0) reduction = 0;
             else if (strcmp(red, "mean") == 0) reduction = 1;
             else if (strcmp(red, "sum") == 0) reduction = 2;
-            else return lt_error(L, "cross_entropy", "reduction must be 'mean', 'sum' or 'none', got '%s'", red);
+            else return lt_error(L, op, "reduction must be 'mean', 'sum' or 'none', got '%s'", red);
         }
     }
-    /* validate in the caller's terms (the core sees 0-based labels, so a
-     * label 0 would read -1 there) */
-    if (logits->ndim == 2 && lab64->ndim == 1 && nd_is_contiguous(lab64) && nd_on_cpu(lab64)) {
-        const int64_t *v = (const int64_t *)nd_ptr(lab64);
-        int64_t C = logits->shape[1];
-        for (int64_t i = 0; i < lab64->shape[0]; i++)
-            if (v[i] - 1 != ignore && (v[i] < 1 || v[i] > C))
-                return lt_error(L, "cross_entropy", "label %lld of row %lld is out of range for %lld "
-                                "classes (expected 1..%lld)", (long long)v[i], (long long)i + 1,
-                                (long long)C, (long long)C);
+    nd_tensor *lab0;
+    int64_t ignore0 = INT64_MIN;
+    if (logits->ndim == 2) {
+        /* 1-based labels (and ignore_index) checked here, on every device, and
+         * shifted to the core's 0-based ones on the logits' device */
+        lab0 = lt_check_labels_on(L, 2, op, logits->shape[0], logits->shape[1],
+                                  has_ignore ? &ignore : NULL, nd_get_device(logits), &ignore0);
+    } else {
+        lab0 = lt_check_ints_like(L, 2, op, "labels"); /* the core names the logits' shape */
     }
-    LT_CHECK(L, nd_cross_entropy(logits, lab0, ignore, smoothing, reduction, &r));
+    LT_CHECK(L, nd_cross_entropy(logits, lab0, ignore0, smoothing, reduction, &r));
     lt_push(L, r);
     return 1;
 }

@@ -25,6 +25,12 @@ int lt_raise_as(lua_State *L, const char *op) {
     return lua_error(L);
 }
 
+nd_number lt_to_number(lua_State *L, int idx) {
+    if (lua_type(L, idx) == LUA_TBOOLEAN) return nd_num_i(lua_toboolean(L, idx));
+    if (lua_isinteger(L, idx)) return nd_num_i(lua_tointeger(L, idx));
+    return nd_num_f(lua_tonumber(L, idx));
+}
+
 int lt_error(lua_State *L, const char *op, const char *fmt, ...) {
     char msg[512];
     va_list ap;

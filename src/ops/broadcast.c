@@ -19,7 +19,9 @@ nd_status nd_broadcast_shape(const char *op, const int64_t *a, int na, const int
         }
     }
     *nout = n;
-    return ND_OK;
+    /* two shapes within the size rule can broadcast to one beyond it
+     * ({2^40, 1} and {1, 2^40}): refused here, before any op multiplies */
+    return nd_check_shape(op, out, n, NULL);
 }
 
 nd_status nd_expand_to(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {

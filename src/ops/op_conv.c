@@ -92,18 +92,26 @@ static nd_status conv_args(const char *op, bool tr, const nd_tensor *x, const nd
             return nd_fail(ND_ERR_SHAPE, "%s: out_channels %lld (weight shape %s) is not divisible by "
                            "groups %lld", op, (long long)O, nd_shape_str(w->shape, w->ndim, b1),
                            (long long)groups);
-        if (w->shape[1] * groups != C)
-            return nd_fail(ND_ERR_SHAPE, "%s: input has %lld channels but weight expects %lld "
-                           "(weight shape %s, groups %lld)", op, (long long)C,
-                           (long long)(w->shape[1] * groups), nd_shape_str(w->shape, w->ndim, b1),
-                           (long long)groups);
+        int64_t want; /* an empty weight's other dims may be huge: no overflow */
+        bool over = __builtin_mul_overflow(w->shape[1], groups, &want);
+        if (over || want != C) {
+            char wb[48];
+            if (over) snprintf(wb, sizeof wb, "%lld x %lld", (long long)w->shape[1], (long long)groups);
+            else snprintf(wb, sizeof wb, "%lld", (long long)want);
+            return nd_fail(ND_ERR_SHAPE, "%s: input has %lld channels but weight expects %s "
+                           "(weight shape %s, groups %lld)", op, (long long)C, wb,
+                           nd_shape_str(w->shape, w->ndim, b1), (long long)groups);
+        }
     } else {
         if (w->shape[0] != C)
             return nd_fail(ND_ERR_SHAPE, "%s: input has %lld channels but weight expects %lld "
                            "(weight shape %s, groups %lld)", op, (long long)C,
                            (long long)w->shape[0], nd_shape_str(w->shape, w->ndim, b1),
                            (long long)groups);
-        O = w->shape[1] * groups;
+        if (__builtin_mul_overflow(w->shape[1], groups, &O) || O > ND_MAX_NUMEL)
+            return nd_fail(ND_ERR_SHAPE, "%s: weight shape %s with groups %lld gives more than "
+                           "2^48 output channels", op, nd_shape_str(w->shape, w->ndim, b1),
+                           (long long)groups);
     }
     if (b && (b->ndim != 1 || b->shape[0] != O))
         return nd_fail(ND_ERR_SHAPE, "%s: bias must have shape {%lld} (out_channels), got %s", op,
@@ -146,7 +154,9 @@ static nd_status conv_args(const char *op, bool tr, const nd_tensor *x, const nd
             ohw[a] = (int64_t)o;
         }
     }
-    return ND_OK;
+    /* the result under the size rule, named after this op */
+    int64_t osh[4] = {x->ndim == 4 ? x->shape[0] : 1, O, ohw[0], ohw[1]};
+    return nd_check_shape(op, osh, 4, NULL);
 }
 
 /* conv2d's checks under another op's name (op_fused.c's fused_conv2d) */

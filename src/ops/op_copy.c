@@ -45,6 +45,7 @@ nd_status nd_copy_(nd_tensor *dst, const nd_tensor *src) {
 
 nd_status nd_fill_number_(nd_tensor *dst, nd_number v) {
     ND_TRY(nd_check_inplace_grad("fill_", dst));
+    ND_TRY(nd_check_number_fits("fill_", dst->dtype, v)); /* an error, never a clamp */
     _Alignas(8) unsigned char value[8] = {0};
     nd_store_number(value, dst->dtype, v);
     const nd_backend *be = nd_backend_of(dst);

@@ -12,6 +12,10 @@ nd_status nd_arange(double start, double end, double step, nd_dtype dt, nd_tenso
         return nd_fail(ND_ERR_MEMORY, "arange: %g elements is too many", (end - start) / step);
     double n = ceil((end - start) / step);
     int64_t len = n > 0 ? (int64_t)n : 0;
+    if (len > 0 && nd_dtype_is_int(dt)) { /* the ends must fit: no saturated run of 255s */
+        ND_TRY(nd_check_number_fits("arange", dt, nd_num_f(trunc(start))));
+        ND_TRY(nd_check_number_fits("arange", dt, nd_num_f(trunc(start + (double)(len - 1) * step))));
+    }
     ND_TRY(nd_empty(&len, 1, dt, out));
     char *p = nd_ptr(*out);
     size_t es = nd_dtype_size(dt);

@@ -137,16 +137,6 @@ static nd_dtype scalar_promote(nd_dtype t, nd_number s) {
     return t == ND_BOOL ? ND_INT64 : t;
 }
 
-/* Does the integer s fit in integer dtype dt? */
-static bool int_fits(nd_number s, nd_dtype dt) {
-    if (!s.is_int) return true;
-    switch (dt) {
-    case ND_INT32: return s.i >= INT32_MIN && s.i <= INT32_MAX;
-    case ND_UINT8: return s.i >= 0 && s.i <= 255;
-    default: return true;
-    }
-}
-
 static nd_status binary_number_forward(nd_binary_op op, const nd_tensor *a, nd_number s,
                                        int scalar_first, nd_tensor **out) {
     if ((unsigned)op >= ND_NUM_BINARY) return nd_fail(ND_ERR_ARG, "binary: invalid op %d", op);
@@ -157,7 +147,7 @@ static nd_status binary_number_forward(nd_binary_op op, const nd_tensor *a, nd_n
     /* bool compared with a number compares as int64 */
     if (is_comparison(op) && p == ND_BOOL) p = ND_INT64;
     ND_TRY(binary_dtype(op, p, &c));
-    if (!int_fits(s, c)) {
+    if (!nd_number_fits(c, s)) {
         /* a comparison is still well defined: compare in int64 */
         if (!is_comparison(op))
             return nd_fail(ND_ERR_ARG, "%s: the number %lld cannot be converted to %s without "
@@ -289,7 +279,7 @@ nd_status nd_binary_number_(nd_binary_op op, nd_tensor *a, nd_number s) {
     nd_dtype c = ND_FLOAT32;
     ND_TRY(binary_dtype(op, scalar_promote(a->dtype, s), &c));
     if (!is_comparison(op)) ND_TRY(check_inplace_cast(nd_binary_name(op), c, a->dtype));
-    if (!int_fits(s, c))
+    if (!nd_number_fits(c, s))
         return nd_fail(ND_ERR_ARG, "%s_: the number %lld cannot be converted to %s without "
                        "overflow", nd_binary_name(op), (long long)s.i, nd_dtype_name(c));
     if (c == a->dtype && !is_comparison(op)) {

@@ -222,6 +222,7 @@ static nd_status pad_forward(const nd_tensor *x, const int64_t *pads, int npairs
         dst_start[d] = before > 0 ? before : 0;
     }
     ND_TRY(nd_check_shape("pad", shape, x->ndim, NULL));
+    ND_TRY(nd_check_number_fits("pad", x->dtype, nd_num_f(value)));
     nd_tensor *r;
     ND_TRY(nd_full_on(nd_get_device(x), shape, x->ndim, x->dtype, value, &r));
     if (empty_src || nd_shape_numel(src_shape, x->ndim) == 0) {

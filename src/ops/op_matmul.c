@@ -24,7 +24,9 @@ static nd_status matmul_forward(const nd_tensor *a, const nd_tensor *b, nd_tenso
                        (long long)K, (long long)bs[bn - 2]);
     int64_t batch[ND_MAX_DIMS];
     int nb;
-    if (nd_broadcast_shape("matmul", as, an - 2, bs, bn - 2, batch, &nb) != ND_OK)
+    nd_status bst = nd_broadcast_shape("matmul", as, an - 2, bs, bn - 2, batch, &nb);
+    if (bst != ND_OK && bst != ND_ERR_SHAPE) return bst; /* too large: its own message */
+    if (bst != ND_OK)
         return nd_fail(ND_ERR_SHAPE, "matmul: batch dims of shapes %s and %s cannot be broadcast",
                        nd_shape_str(a->shape, a->ndim, b1), nd_shape_str(b->shape, b->ndim, b2));
     if (nb + 2 > ND_MAX_DIMS) return nd_fail(ND_ERR_SHAPE, "matmul: too many dims");
@@ -33,6 +35,10 @@ static nd_status matmul_forward(const nd_tensor *a, const nd_tensor *b, nd_tenso
     ash[nb] = as[an - 2]; ash[nb + 1] = K;
     bsh[nb] = K; bsh[nb + 1] = bs[bn - 1];
     osh[nb] = as[an - 2]; osh[nb + 1] = bs[bn - 1];
+    /* the expanded operands and the result, each under the size rule */
+    ND_TRY(nd_check_shape("matmul", ash, nb + 2, NULL));
+    ND_TRY(nd_check_shape("matmul", bsh, nb + 2, NULL));
+    ND_TRY(nd_check_shape("matmul", osh, nb + 2, NULL));
 
     nd_dtype c = nd_promote(a->dtype, b->dtype);
     if (c == ND_FLOAT16 || c == ND_BFLOAT16) c = ND_FLOAT32;

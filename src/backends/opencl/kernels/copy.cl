@@ -1,10 +1,11 @@
 /* copy.cl - strided copy with dtype conversion: build defines SRC_T/SRC_ID
  * and DST_T/DST_ID (nd_dtype numbers: 0 float32, 1 float64, 2 int64,
  * 3 int32, 4 uint8, 5 bool, 6 float16, 7 bfloat16; the half types are
- * ushort bits). As the CPU: float -> integer truncates toward zero and
- * saturates to int64 (NaN gives 0) before narrowing with wrap-around,
- * anything -> bool is != 0, half types round to nearest even
- * (common.cl's conversions, bit for bit as the CPU). */
+ * ushort bits). As the CPU (dtype.c's nd_store_f64): into an integer
+ * dtype, floats truncate toward zero and everything saturates at the
+ * destination's range (NaN gives 0); anything -> bool is != 0 (NaN too),
+ * half types round to nearest even (common.cl's conversions, bit for bit
+ * as the CPU). */
 
 #define S_FLOAT (SRC_ID == 0 || SRC_ID == 1 || SRC_ID == 6 || SRC_ID == 7)
 #define D_INT (DST_ID >= 2 && DST_ID <= 4)
@@ -38,10 +39,22 @@ inline DST_T convert_one(__global const SRC_T *src, long i) {
 #endif
 #elif D_INT
 #if S_FLOAT
-    long w = isnan(v) ? 0 : convert_long_sat_rtz(v);
-    return (DST_T)w;
+    if (isnan(v)) return 0;
+#if DST_ID == 2
+    return convert_long_sat_rtz(v);
+#elif DST_ID == 3
+    return convert_int_sat_rtz(v);
 #else
-    return (DST_T)iv;
+    return convert_uchar_sat_rtz(v);
+#endif
+#else /* integer -> narrower integer saturates too */
+#if DST_ID == 2
+    return iv;
+#elif DST_ID == 3
+    return convert_int_sat(iv);
+#else
+    return convert_uchar_sat(iv);
+#endif
 #endif
 #else /* float destination */
 #if S_FLOAT

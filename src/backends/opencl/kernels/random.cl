@@ -66,10 +66,10 @@ inline void store_acc(__global T *o, long i, acc_t v) {
     o[i] = (T)v;
 #elif T_ID == 2
     o[i] = acc_to_i64(v);
-#elif T_ID == 3
-    o[i] = (int)acc_to_i64(v);
+#elif T_ID == 3 /* saturating, NaN -> 0, as nd_store_f64 */
+    o[i] = isnan(v) ? 0 : convert_int_sat_rtz(v);
 #elif T_ID == 4
-    o[i] = (uchar)acc_to_i64(v);
+    o[i] = isnan(v) ? 0 : convert_uchar_sat_rtz(v);
 #elif T_ID == 5
     o[i] = v != 0;
 #elif T_ID == 6
