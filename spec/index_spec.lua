@@ -301,7 +301,7 @@ describe("class labels and index values", function()
         assert_contains(errmsg(F.cross_entropy, x, nd.tensor({1, 2, 1}, {device = dev})),
           "needle.cross_entropy: labels must be integers, got a float32 tensor")
         assert_contains(errmsg(F.cross_entropy, x, {1, 2, 1}, {ignore_index = 1.5}),
-          "needle.cross_entropy: ignore_index must be an integer, got 1.5")
+          "needle.cross_entropy: option 'ignore_index' must be an integer, got 1.5")
       end)
 
       it("cross_entropy names the user's label and 1..C, from a table or a tensor on the device", function()
@@ -333,7 +333,7 @@ describe("class labels and index values", function()
         assert_contains(errmsg(F.nll_loss, x, {1, 2, 1.5}), "needle.nll_loss: labels must be integers, got 1.5 (at index {3})")
         assert_contains(errmsg(F.nll_loss, x, {1, math.mininteger, 1}),
           "needle.nll_loss: label -9223372036854775808 " .. RANGE)
-        assert_contains(errmsg(F.nll_loss, x, {1, 2, 1}, {ignore_index = 1.5}), "needle.nll_loss: ignore_index must be an integer")
+        assert_contains(errmsg(F.nll_loss, x, {1, 2, 1}, {ignore_index = 1.5}), "needle.nll_loss: option 'ignore_index' must be an integer, got 1.5")
         local lp = nd.tensor({{-1, -2, -3}, {-4, -5, -6}, {-7, -8, -9}}, {device = dev})
         assert.are.equal(5, F.nll_loss(lp, {1, math.mininteger, 3}, {ignore_index = math.mininteger}):item())
       end)

@@ -215,6 +215,19 @@ describe("nn constructors", function()
     assert.are.equal(2, nn.LSTM(2, 3, {num_layers = 2}).num_layers)
   end)
 
+  it("take an integral float where an integer belongs, as the integer, leaving the caller's table", function()
+    local o = {num_layers = 4 / 2}
+    local m = nn.LSTM(2, 3, o)
+    assert.are.equal("integer", math.type(m.num_layers))
+    assert.are.equal("float", math.type(o.num_layers))
+    assert.is_not_nil(m.weight_ih_l1)
+    assert.are.equal("LSTM(2, 3, num_layers=2)", tostring(m))
+    local checked = require("needle.options").check("t", {n = 3.0, x = 1.5}, {n = "integer|table", x = "number"})
+    assert.are.equal("integer", math.type(checked.n))
+    assert.are.equal(1.5, checked.x)
+    assert_contains(errmsg(nn.LSTM, 2, 3, {num_layers = "2"}), "option 'num_layers' must be an integer, got \"2\"")
+  end)
+
   it("reject a value of the wrong type for a known option", function()
     assert_contains(errmsg(nn.Linear, 2, 2, {bias = 0}), "needle.nn.Linear: option 'bias' must be a boolean, got 0")
     assert_contains(errmsg(nn.LSTM, 2, 3, {num_layers = 1.5}),

@@ -40,7 +40,8 @@ end
 
 local TESTS = {
   any = function() return true end,
-  integer = function(v) return math.type(v) == "integer" end,
+  -- 2.0 is an integer here (n / 2 is a float in Lua 5.4); 2.5 is not
+  integer = function(v) return type(v) == "number" and math.tointeger(v) ~= nil end,
   tensor = core.is_tensor,
   module = is_module,
   callable = is_callable,
@@ -123,7 +124,20 @@ function M.check(who, opts, spec, context)
   if wrong ~= nil then
     errors.fail(who, "option '%s' must be %s, got %s", wrong, describe_types(spec[wrong]), got(opts[wrong]))
   end
-  return opts
+  -- An integral float where only an integer fits (num_layers = 2.0) comes
+  -- back as the integer, in a copy (the caller's table is left alone), so
+  -- that names and printing built from it read "2", not "2.0".
+  local copy
+  for k, v in pairs(opts) do
+    if math.type(v) == "float" and fits(v, "integer") and not fits(v, (spec[k]:gsub("integer", ""))) then
+      if copy == nil then
+        copy = {}
+        for k2, v2 in pairs(opts) do copy[k2] = v2 end
+      end
+      copy[k] = math.tointeger(v)
+    end
+  end
+  return copy or opts
 end
 
 return M
