@@ -69,6 +69,17 @@ describe("the C functions' options", function()
     {"fused_conv2d", "activation, dilation, groups, padding, stride",
      function(o) return nd.fused_conv2d(img, w, nil, o) end},
     {"fused_linear", "activation", function(o) return nd.fused_linear(x, x, nil, o) end},
+    {"sum", "dim, keepdim", function(o) return x:sum(o) end},
+    {"mean", "dim, keepdim", function(o) return x:mean(1, o) end},
+    {"max", "dim, keepdim", function(o) return x:max(o) end},
+    {"argmax", "dim, keepdim", function(o) return x:argmax(o) end},
+    {"logsumexp", "dim, keepdim", function(o) return x:logsumexp(o) end},
+    {"var", "correction, dim, keepdim, unbiased", function(o) return x:var(o) end},
+    {"std", "correction, dim, keepdim, unbiased", function(o) return x:std(1, true, o) end},
+    {"clamp", "max, min", function(o) return x:clamp(o) end},
+    {"sort", "descending, dim", function(o) return x:sort(o) end},
+    {"cross_entropy", "ignore_index, label_smoothing, reduction",
+     function(o) return nd.cross_entropy(x, {1, 2}, o) end},
   }
 
   it("reject an unknown key, naming the valid ones sorted", function()

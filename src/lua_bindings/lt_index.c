@@ -320,9 +320,11 @@ static int t_sort(lua_State *L) {
     int d;
     bool desc;
     if (lua_istable(L, 2)) { /* sort({dim=, descending=}) */
+        static const char *const valid[] = {"dim", "descending", NULL};
+        lt_options(L, 2, "sort", valid);
         lua_getfield(L, 2, "dim");
         d = lua_isnil(L, -1) ? -1 : lt_dim(L, lua_gettop(L), "sort");
-        desc = lt_opt_bool_field(L, 2, "descending", false);
+        desc = lt_opt_bool(L, 2, "sort", "descending", false);
     } else {
         d = lt_opt_dim(L, 2, "sort", -1);
         desc = lua_toboolean(L, 3);

@@ -77,7 +77,6 @@ nd_device lt_check_device(lua_State *L, int opts_idx, const char *op); /* def cp
 nd_tensor *lt_push_host(lua_State *L, nd_tensor *t, const char *op);
 /* Pushes t (consuming the caller's reference) after moving it to d. */
 void lt_push_on(lua_State *L, nd_tensor *t, nd_device d, const char *op);
-bool lt_opt_bool_field(lua_State *L, int idx, const char *field, bool def);
 /* A table argument is an options table when it has named fields
  * ({correction=0}), data or a list of dims otherwise ({1, 3}). */
 bool lt_is_options(lua_State *L, int idx);

@@ -130,6 +130,8 @@ static int t_clamp(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "clamp"), *r;
     double lo, hi;
     if (lua_istable(L, 2)) { /* clamp({min=, max=}) */
+        static const char *const valid[] = {"min", "max", NULL};
+        lt_options(L, 2, "clamp", valid);
         lua_getfield(L, 2, "min");
         lua_getfield(L, 2, "max");
         lo = opt_bound(L, -2);
@@ -168,10 +170,14 @@ static int reduce(lua_State *L, nd_reduce_op op) {
     if (opts != 3 && opts != 2) keepdim = lua_toboolean(L, 3);
     if (!opts && lua_type(L, 4) == LUA_TNUMBER) correction = (int)luaL_checkinteger(L, 4);
     if (opts) {
+        static const char *const valid[] = {"dim", "keepdim", NULL};
+        static const char *const valid_var[] = {"dim", "keepdim", "correction", "unbiased", NULL};
+        bool var = op == ND_REDUCE_var || op == ND_REDUCE_std;
+        lt_options(L, opts, name, var ? valid_var : valid);
         if (lua_getfield(L, opts, "dim") != LUA_TNIL) nd = lt_dims(L, lua_gettop(L), name, dims);
-        if (lua_getfield(L, opts, "keepdim") != LUA_TNIL) keepdim = lua_toboolean(L, -1);
+        keepdim = lt_opt_bool(L, opts, name, "keepdim", keepdim);
         if (lua_getfield(L, opts, "correction") != LUA_TNIL) correction = (int)luaL_checkinteger(L, -1);
-        if (lua_getfield(L, opts, "unbiased") != LUA_TNIL) correction = lua_toboolean(L, -1);
+        if (lua_getfield(L, opts, "unbiased") != LUA_TNIL) correction = lt_opt_bool(L, opts, name, "unbiased", true);
     }
     LT_CHECK(L, nd_reduce(op, x, dims, nd, keepdim, correction, &r));
     if (op == ND_REDUCE_argmax || op == ND_REDUCE_argmin) lt_push_index(L, r);
@@ -272,6 +278,8 @@ static int l_cross_entropy(lua_State *L) {
     double smoothing = 0;
     int reduction = 1;
     if (lua_istable(L, 3)) {
+        static const char *const valid[] = {"ignore_index", "label_smoothing", "reduction", NULL};
+        lt_options(L, 3, op, valid);
         if (lua_getfield(L, 3, "ignore_index") != LUA_TNIL) {
             int isint = 0;
             ignore = lua_tointegerx(L, -1, &isint); /* 3.0 is 3; 1.5 or a string is not */

@@ -356,14 +356,6 @@ bool lt_is_options(lua_State *L, int idx) {
     return false;
 }
 
-bool lt_opt_bool_field(lua_State *L, int idx, const char *field, bool def) {
-    if (!lua_istable(L, idx)) return def;
-    bool v = def;
-    if (lua_getfield(L, idx, field) != LUA_TNIL) v = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-    return v;
-}
-
 /* ----------------------------------------------------------- registration */
 
 void lt_register(lua_State *L, int methods_idx, int module_idx, const lt_reg *regs) {
