@@ -121,7 +121,7 @@ describe("nd.gunzip", function()
     assert.are.equal(#big, #nd.gunzip(tmp("big.gz"), #big))
     assert.matches("decompressed content exceeds the limit of 100 bytes", err_of(nd.gunzip, tmp("big.gz"), 100),
                    1, true)
-    assert.matches("needle.gunzip: cannot read '" .. dir .. "': Is a directory", err_of(nd.gunzip, dir), 1, true)
+    assert.matches("needle.gunzip: cannot open '" .. dir .. "': Is a directory", err_of(nd.gunzip, dir), 1, true)
   end)
 end)
 
