@@ -290,6 +290,7 @@ describe("nd.checkpoint", function()
     assert.matches("checkpoint format version 2 is not supported", err_of(checkpoint.load, p), 1, true)
     -- a target the checkpoint has no state for
     meta["needle.checkpoint.version"] = "1"
+    meta["needle.checkpoint.state"] = '{"$table":[["rng_state",{"$table":[["offset",0],["seed",1]]}],["step",1]]}'
     nd.save({}, p, meta)
     assert.matches("the checkpoint has no optimizer state",
                    err_of(checkpoint.load, p, {optimizer = fake_opt({})}), 1, true)
@@ -314,5 +315,113 @@ describe("nd.checkpoint", function()
     assert.matches("model must have a state_dict() method", save_err({model = 3}), 1, true)
     assert.matches("needle.checkpoint.save: '" .. p .. "': ", save_err({epoch = 1}), 1, true)
     assert.is_nil(io.open(p, "rb"))
+  end)
+end)
+
+describe("nd.checkpoint files it refuses", function()
+  local p
+  before_each(function() p = tmp("root.safetensors") end)
+
+  -- a checkpoint whose state is the JSON `state` (tensors: none)
+  local function with_state(state)
+    nd.save({}, p, {["needle.checkpoint.version"] = "1", ["needle.checkpoint.state"] = state})
+  end
+  local function tbl(entries) return '{"$table":[' .. entries .. ']}' end
+  local RNG = '["rng_state",' .. tbl('["offset",0],["seed",5]') .. ']'
+
+  it("a root without rng_state, with fields checkpoint.save never writes, or a bad rng_state", function()
+    with_state(tbl(RNG .. ',["step",3]'))
+    assert.are.equal(3, checkpoint.load(p).step) -- the valid one
+    local cases = {
+      {tbl('["step",3]'), "no rng_state (checkpoint.save always writes one)"},
+      {tbl('["epoch",1],' .. RNG .. ',["zz",2]'), "unknown root fields epoch, zz (expected model, optimizer, "
+        .. "scheduler, step, extra, rng_state)"},
+      {tbl('["rng_state",3]'), "rng_state is a number, not a table"},
+      {tbl('["rng_state",' .. tbl('["seed",5]') .. ']'), "rng_state.offset is missing, not an integer"},
+      {tbl('["rng_state",' .. tbl('["offset",0],["seed",1.5]') .. ']'), "rng_state.seed is a float, not an integer"},
+      {tbl('["rng_state",' .. tbl('["extra",1],["offset",0],["seed",1]') .. ']'),
+       "rng_state has a field 'extra' (expected seed and offset)"},
+      {tbl(RNG .. ',["step","3"]'), "step is a string, not a number"},
+      {tbl('["model",1],' .. RNG), "the model state is a number, not a table"},
+    }
+    for _, c in ipairs(cases) do
+      with_state(c[1])
+      for _, fn in ipairs({"load", "read"}) do
+        local e = err_of(checkpoint[fn], p)
+        assert.matches("needle.checkpoint." .. fn .. ": '" .. p .. "': corrupt checkpoint state: " .. c[2], e, 1, true)
+      end
+    end
+  end)
+
+  it("keeps every seed nd.manual_seed takes, negative ones included", function()
+    local before = nd.get_rng_state()
+    for _, seed in ipairs({-1, -5, math.mininteger, math.maxinteger, 0}) do
+      nd.manual_seed(seed)
+      nd.rand({3})
+      local st = nd.get_rng_state()
+      checkpoint.save(p, {step = 1})
+      local want = nd.rand({4}):totable()
+      nd.manual_seed(123)
+      assert.are.same(st, checkpoint.load(p).rng_state)
+      assert.are.same(want, nd.rand({4}):totable())
+    end
+    nd.set_rng_state(before)
+  end)
+
+  it("checkpoint.read names itself in its errors", function()
+    assert.matches("needle.checkpoint.read: cannot open '" .. tmp("missing") .. "'",
+                   err_of(checkpoint.read, tmp("missing")), 1, true)
+    nd.save({a = nd.zeros({1})}, p)
+    assert.matches("needle.checkpoint.read: '" .. p .. "': not a needle checkpoint", err_of(checkpoint.read, p), 1,
+                   true)
+    assert.matches("needle.checkpoint.read: path must be a non-empty string", err_of(checkpoint.read, 3), 1, true)
+  end)
+end)
+
+describe("nd.checkpoint and deep nesting", function()
+  it("refuses 100000 nested tables at once, with a short path", function()
+    local deep = {}
+    local t = deep
+    for _ = 1, 100000 do
+      t.child_with_a_long_name = {}
+      t = t.child_with_a_long_name
+    end
+    local p = tmp("deep.safetensors")
+    local t0 = os.clock()
+    local e = err_of(checkpoint.save, p, {extra = deep})
+    assert.truthy(os.clock() - t0 < 2, "took " .. (os.clock() - t0) .. " s")
+    assert.matches("needle.checkpoint.save: '" .. p .. "': 'extra.child_with_a_long_name.", e, 1, true)
+    assert.matches("' is nested deeper than 64 tables", e, 1, true)
+    assert.truthy(#e < 250, #e .. " characters: " .. e)
+    assert.matches("...", e, 1, true)
+    assert.is_nil(io.open(p, "rb"))
+  end)
+
+  it("saves and loads 63 levels, refuses 64 on save and on load", function()
+    local function nest(n)
+      local root = {}
+      local t = root
+      for _ = 1, n - 1 do t.k = {}; t = t.k end
+      t.leaf = 1
+      return root
+    end
+    local p = tmp("nest.safetensors")
+    -- extra is itself one table below the root
+    checkpoint.save(p, {extra = nest(62)})
+    local back = checkpoint.load(p).extra
+    for _ = 1, 61 do back = back.k end
+    assert.are.equal(1, back.leaf)
+    assert.matches("is nested deeper than 64 tables", err_of(checkpoint.save, p, {extra = nest(64)}), 1, true)
+    -- a file written by someone else with the deeper state
+    local function tree(n)
+      if n == 0 then return "1" end
+      return '{"$table":[["k",' .. tree(n - 1) .. ']]}'
+    end
+    local state = '{"$table":[["extra",' .. tree(64) .. '],["rng_state",{"$table":[["offset",0],["seed",1]]}]]}'
+    nd.save({}, p, {["needle.checkpoint.version"] = "1", ["needle.checkpoint.state"] = state})
+    local e = err_of(checkpoint.load, p)
+    assert.matches("corrupt checkpoint state: 'extra.k.k.k", e, 1, true)
+    assert.matches("is nested deeper than 64 tables", e, 1, true)
+    assert.truthy(#e < 250, e)
   end)
 end)

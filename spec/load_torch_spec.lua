@@ -258,3 +258,78 @@ describe("nd.load_torch errors", function()
     assert.are.equal(6, (function() local n = 0 for _ in pairs(nd.load_torch(p, {})) do n = n + 1 end return n end)())
   end)
 end)
+
+describe("nd.load_torch budget options", function()
+  local Z = require "spec.helpers.torch_zip"
+
+  it("name every valid option when one is unknown, and check their values", function()
+    local p = DIR .. "mlp.pt"
+    assert.truthy(err_of(nd.load_torch, p, {max_item = 1}):find(
+      "needle.load_torch: unknown option 'max_item' (expected half_to_float, max_decompressed_bytes, max_items)", 1, true))
+    for _, bad in ipairs({0, -1, 1.5, "10"}) do
+      assert.truthy(err_of(nd.load_torch, p, {max_items = bad}):find(
+        "needle.load_torch: option max_items must be a positive integer", 1, true), tostring(bad))
+      assert.truthy(err_of(nd.load_torch, p, {max_decompressed_bytes = bad}):find(
+        "needle.load_torch: option max_decompressed_bytes must be a positive integer", 1, true), tostring(bad))
+    end
+    assert.are.equal(6, (function()
+      local n = 0
+      for _ in pairs(nd.load_torch(p, {max_items = 1 << 40, max_decompressed_bytes = 1 << 40})) do n = n + 1 end
+      return n
+    end)())
+  end)
+
+  it("max_items counts every list, tuple and dict item of the pickle, to the item", function()
+    -- {"a": [None x 100], "b": (None x 50)}: 2 + 100 + 50 = 152 items
+    local pkl = "\x80\x02}(" .. Z.pickle_str("a") .. "](" .. ("N"):rep(100) .. "e" .. Z.pickle_str("b") .. "("
+                .. ("N"):rep(50) .. "tu."
+    local p = tmp("items.pt", Z.checkpoint(pkl))
+    local v = nd.load_torch(p, {max_items = 152})
+    assert.are.equal(100, #v.a)
+    assert.are.equal(50, #v.b)
+    local msg = err_of(nd.load_torch, p, {max_items = 151})
+    expect_error(msg, "load_torch", p, "more than 151 container items (list, tuple and dict elements) in all")
+    assert.truthy(msg:find("nd.load_torch's option max_items raises it", 1, true), msg)
+  end)
+
+  it("max_decompressed_bytes counts the storages' deflated entries, before any is read", function()
+    -- two storages that claim 1000 bytes each behind bytes that are no deflate stream
+    local pkl = Z.pickle_storages({a = {key = "0", numel = 1000}, b = {key = "1", numel = 1000}})
+    local junk = ("\xa5"):rep(100)
+    local bytes = Z.zip({{name = "archive/data.pkl", data = pkl},
+                         {name = "archive/data/0", data = junk, size = 1000, deflated = true},
+                         {name = "archive/data/1", data = junk, size = 1000, deflated = true}})
+    local p = tmp("deflated.pt", bytes)
+    local msg = err_of(nd.load_torch, p, {max_decompressed_bytes = 1999})
+    expect_error(msg, "load_torch", p, "its 2 deflated storages decompress to 2000 bytes in all, more than the 1999 "
+                 .. "left of the limit of 1999 decompressed bytes per load (nd.load_torch's option "
+                 .. "max_decompressed_bytes raises it)")
+    -- within the budget they are inflated, and the junk is found
+    expect_error(err_of(nd.load_torch, p, {max_decompressed_bytes = 2000}), "load_torch", p, "deflate stream")
+  end)
+end)
+
+describe("nd.load_torch on a whole pickled module", function()
+  local Z = require "spec.helpers.torch_zip"
+
+  it("says to save its state_dict() instead", function()
+    local cases = {
+      {"torch.nn.modules.linear", "Linear", "it is a torch.nn class: the file holds a whole pickled torch.nn module"},
+      {"__main__", "Net", "it is a class of the script that saved the file"},
+      {"torch.optim.adam", "Adam", "it is a torch.optim class: the file holds a whole pickled torch.optim object"},
+    }
+    for _, c in ipairs(cases) do
+      -- what torch.save(model) starts with: NEWOBJ of the model's class
+      local pkl = "\x80\x02c" .. c[1] .. "\n" .. c[2] .. "\n)\x81}b."
+      local p = tmp("model.pt", Z.checkpoint(pkl))
+      local msg = err_of(nd.load_torch, p)
+      expect_error(msg, "load_torch", p, ("global '%s.%s' is not allowed: %s"):format(c[1], c[2], c[3]))
+      local fix = c[1] == "torch.optim.adam" and "save `optimizer.state_dict()` instead"
+                  or "save `model.state_dict()` instead"
+      assert.truthy(msg:find(fix, 1, true), msg)
+    end
+    -- anything else keeps its warning
+    local p = tmp("eval.pt", Z.checkpoint("\x80\x02cbuiltins\neval\n."))
+    expect_error(err_of(nd.load_torch, p), "load_torch", p, "this file may try to run code")
+  end)
+end)

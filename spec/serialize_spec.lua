@@ -121,7 +121,7 @@ describe("nd.gunzip", function()
     assert.are.equal(#big, #nd.gunzip(tmp("big.gz"), #big))
     assert.matches("decompressed content exceeds the limit of 100 bytes", err_of(nd.gunzip, tmp("big.gz"), 100),
                    1, true)
-    assert.matches("needle.gunzip: cannot read '" .. dir .. "': Is a directory", err_of(nd.gunzip, dir), 1, true)
+    assert.matches("needle.gunzip: cannot open '" .. dir .. "': Is a directory", err_of(nd.gunzip, dir), 1, true)
   end)
 end)
 
@@ -271,6 +271,28 @@ describe("nd.save atomicity", function()
     assert.are.equal(before, read(p))
     assert.are.same({}, temporaries())
     assert.are.same({1, 2, 3}, nd.load(p).old:totable())
+  end)
+
+  it("returns File too large under a file size limit with SIGXFSZ at its default (no trap)", function()
+    local p = tmp("keep_nosig.safetensors")
+    nd.save({old = nd.tensor({1, 2, 3})}, p)
+    local before = read(p)
+    -- SIGXFSZ's default action kills the process (exit 153) if a write crosses the limit
+    local exe = S.needle_lua()
+    for _, call in ipairs({
+      ("nd.save({new = nd.zeros({100000})}, %q)"):format(p),
+      ("nd.write_file_atomic(%q, (\"x\"):rep(5000))"):format(p),
+      ("nd.checkpoint.save(%q, {extra = {t = nd.zeros({100000})}})"):format(p),
+    }) do
+      local code = ("local ok, e = pcall(function() %s end); io.write(tostring(e), '\\n')"):format(call)
+      local f = io.popen("ulimit -f 4; " .. S.q(exe) .. " -e " .. S.q(code) .. " 2>&1; echo \"exit $?\"")
+      local out = f:read("a")
+      f:close()
+      local want = "cannot write '" .. p .. "': File too large\nexit 0\n"
+      assert.are.equal(want, out:sub(-#want), out)
+      assert.are.equal(before, read(p))
+      assert.are.same({}, temporaries())
+    end
   end)
 
   it("leaves the old file intact when the directory is not writable", function()
@@ -439,5 +461,292 @@ describe("a file written from PyTorch", function()
     local again, meta2 = nd.load(p)
     assert.are.same(meta, meta2)
     for k, t in pairs(ts) do same_tensor(t, again[k]) end
+  end)
+end)
+
+describe("what a file is (nd.load, nd.load_torch: src/io/format.c)", function()
+  -- the header length of a file nd.save wrote
+  local function header_len(p) return (string.unpack("<I8", read(p))) end
+
+  -- nd.save of one tensor with metadata padded so that the header is exactly n bytes long
+  local function save_with_header(p, n)
+    local t = {w = nd.tensor({1, 2, 3})}
+    local pad = 0
+    for _ = 1, 4 do
+      nd.save(t, p, {pad = ("x"):rep(pad)})
+      local got = header_len(p)
+      if got == n then return end
+      pad = pad + (n - got)
+      assert(pad >= 0, "header too long already")
+    end
+    error("could not reach a header of " .. n .. " bytes")
+  end
+
+  it("reads back files of nd.save whose header length starts like a pickle (0x80 0x02..0x05)", function()
+    local p = tmp("pickle_like.safetensors")
+    for _, n in ipairs({640, 896, 1152, 1408, 65536 + 640, 2 * 65536 + 896, 3 * 65536 + 1152, 4 * 65536 + 1408}) do
+      save_with_header(p, n)
+      local head = read(p):sub(1, 2)
+      assert.are.equal(0x80, head:byte(1))
+      assert.truthy(head:byte(2) >= 2 and head:byte(2) <= 5)
+      local back, meta = nd.load(p)
+      assert.are.same({1, 2, 3}, back.w:totable(), "header length " .. n)
+      assert.is_string(meta.pad) -- the metadata came back
+      assert.are.equal("safetensors", serialize.file_format(p))
+    end
+  end)
+
+  it("reads back a 784-512-512-512-512-512-10 MLP saved with nd.save", function()
+    nd.manual_seed(0)
+    local layers = {nd.nn.Linear(784, 512)}
+    for _ = 1, 4 do
+      layers[#layers + 1] = nd.nn.ReLU()
+      layers[#layers + 1] = nd.nn.Linear(512, 512)
+    end
+    layers[#layers + 1] = nd.nn.ReLU()
+    layers[#layers + 1] = nd.nn.Linear(512, 10)
+    local model = nd.nn.Sequential(table.unpack(layers))
+    local p = tmp("mlp.safetensors")
+    nd.save(model, p)
+    local back = nd.load(p)
+    local n = 0
+    for k, t in pairs(model:state_dict()) do
+      assert.are.equal(t:tobytes(), back[k]:tobytes(), k)
+      n = n + 1
+    end
+    assert.are.equal(12, n)
+    -- and as a checkpoint
+    local c = tmp("mlp.ckpt")
+    nd.checkpoint.save(c, {model = model, step = 1})
+    local other = nd.nn.Sequential(table.unpack(layers))
+    assert.are.equal(1, nd.checkpoint.load(c, {model = other}).step)
+  end)
+
+  it("reads every header length from 1 to 1500", function()
+    local p = tmp("sweep.safetensors")
+    local json = '{"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}'
+    local bad = {}
+    for n = #json, 1500 do
+      write(p, st_file(json .. (" "):rep(n - #json), "\7\9"))
+      local ok, back = pcall(nd.load, p)
+      if not ok or back.w:totable()[2] ~= 9 then bad[#bad + 1] = n .. ": " .. tostring(back) end
+    end
+    assert.are.same({}, bad)
+    for n = 1, #json - 1 do -- too short for the header: refused as safetensors, never as something else
+      write(p, st_file(("{"):rep(n), ""))
+      assert.matches("needle.load: '" .. p .. "': invalid header JSON", err_of(nd.load, p), 1, true)
+    end
+  end)
+
+  it("reads a file whose header length spells PK\\3\\4 (a zip's first bytes)", function()
+    local json = '{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'
+    local n = string.unpack("<I4", "PK\3\4")
+    local p = tmp("pk.safetensors")
+    write(p, st_file(json .. (" "):rep(n - #json), "\42"))
+    assert.are.equal("PK\3\4", read(p):sub(1, 4))
+    assert.are.same({42}, nd.load(p).w:totable())
+    assert.are.equal("safetensors", serialize.file_format(p))
+  end)
+
+  it("sends zips and torch's legacy files to load_torch, the rest to the safetensors reader", function()
+    assert.are.equal("zip", serialize.file_format("spec/fixtures/torch_ckpt/mlp.pt"))
+    assert.are.equal("torch_legacy", serialize.file_format("spec/fixtures/torch_ckpt/legacy.pt"))
+    assert.are.equal("safetensors", serialize.file_format("spec/fixtures/torch_state.safetensors"))
+    local cases = {
+      {"empty", "", "file too short (0 bytes)"},
+      {"text", "just some text, nothing else", "header length"},
+      {"gzip", "\31\139\8\0\0\0\0\0\0\3\3\0\0\0\0\0\0\0\0\0", "(this looks like a gzip file)"},
+      {"bare pickle", "\x80\x02cos\nsystem\n(X\2\0\0\0lstR.", "header length"},
+      {"no brace", string.pack("<I8", 4) .. "    ", "invalid header JSON"},
+    }
+    for _, c in ipairs(cases) do
+      local p = tmp(c[1])
+      write(p, c[2])
+      assert.are.equal("unknown", serialize.file_format(p), c[1])
+      local e = err_of(nd.load, p)
+      assert.matches("needle.load: '" .. p .. "': ", e, 1, true)
+      assert.matches(c[3], e, 1, true)
+      assert.matches("needle.load_torch: '" .. p .. "': not a PyTorch checkpoint (zip) file",
+                     err_of(nd.load_torch, p), 1, true)
+    end
+    assert.matches("it is a bare pickle stream without the magic number", err_of(nd.load_torch, tmp("bare pickle")), 1,
+                   true)
+    assert.matches("needle.load_torch: 'spec/fixtures/torch_state.safetensors': not a PyTorch checkpoint (zip) file: it "
+                   .. "is a safetensors file, which nd.load reads",
+                   err_of(nd.load_torch, "spec/fixtures/torch_state.safetensors"), 1, true)
+  end)
+end)
+
+describe("paths with a NUL byte", function()
+  it("are refused by every function that takes a path, before any file is touched", function()
+    local p = tmp("nul")
+    local bad = p .. "\0.safetensors"
+    local want = "path '" .. p .. "\\0...' contains a NUL byte"
+    local core = require "needle.core"
+    local calls = { -- {the op the error names, the call}
+      {"save", function() nd.save({a = nd.zeros({1})}, bad) end},
+      {"load", function() nd.load(bad) end},
+      {"load_torch", function() nd.load_torch(bad) end},
+      {"read_header", function() serialize.read_header(bad) end},
+      {"file_format", function() serialize.file_format(bad) end},
+      {"gunzip", function() nd.gunzip(bad) end},
+      {"write_file_atomic", function() nd.write_file_atomic(bad, "x") end},
+      {"checkpoint.save", function() nd.checkpoint.save(bad, {step = 1}) end},
+      {"checkpoint.load", function() nd.checkpoint.load(bad) end},
+      {"checkpoint.read", function() nd.checkpoint.read(bad) end},
+      -- the bindings themselves, under the Lua layer
+      {"save", function() core._safetensors_save(bad, {}) end},
+      {"load", function() core._safetensors_load(bad) end},
+      {"load", function() core._file_format(bad) end},
+      {"load_torch", function() core.load_torch(bad) end},
+      {"file_type", function() core._file_type(bad) end},
+    }
+    write(p, "not a checkpoint")
+    for _, c in ipairs(calls) do
+      local e = err_of(c[2])
+      assert.truthy(e:find("needle." .. c[1] .. ": " .. want, 1, true), e)
+    end
+    assert.are.equal("not a checkpoint", read(p))
+    assert.are.same({}, temporaries())
+  end)
+end)
+
+describe("nd.save onto something that is not a regular file", function()
+  it("refuses a FIFO, a socket's or device's place, a symlink to one, and leaves them alone", function()
+    local fifo = tmp("target.fifo")
+    assert.is_true(os.execute("mkfifo " .. S.q(fifo)))
+    local link = tmp("null.link")
+    assert.is_true(os.execute("ln -s /dev/null " .. S.q(link)))
+    local t = {a = nd.zeros({2})}
+    local function kind(p) return S.shell_line("stat -c %F " .. S.q(p)) end
+    for _, case in ipairs({
+      {fifo, "it is a FIFO, not a regular file"},
+      {link, "it is a symbolic link to a character device, not a regular file"},
+    }) do
+      local p, why = case[1], case[2]
+      local before = kind(p)
+      assert.matches("needle.save: cannot replace '" .. p .. "': " .. why, err_of(nd.save, t, p), 1, true)
+      assert.matches("needle.write_file_atomic: cannot replace '" .. p .. "': " .. why,
+                     err_of(nd.write_file_atomic, p, "x"), 1, true)
+      assert.matches("needle.checkpoint.save: cannot replace '" .. p .. "': " .. why,
+                     err_of(nd.checkpoint.save, p, {step = 1}), 1, true)
+      assert.are.equal(before, kind(p))
+    end
+    assert.are.equal("symbolic link", kind(link))
+    assert.are.equal("character special file", kind("/dev/null"))
+    assert.are.same({}, temporaries())
+    if S.shell_line("id -u") == "0" then
+      -- a character device node of our own (as root, the old writer replaced it)
+      local dev = tmp("null.dev")
+      assert.is_true(os.execute("mknod " .. S.q(dev) .. " c 1 3"))
+      assert.matches("needle.save: cannot replace '" .. dev .. "': it is a character device, not a regular file",
+                     err_of(nd.save, t, dev), 1, true)
+      assert.are.equal("character special file", kind(dev))
+    end
+  end)
+
+  it("still replaces a symlink to a regular file (the link, not the file it points to)", function()
+    local target, link = tmp("real.safetensors"), tmp("real.link")
+    nd.save({a = nd.ones({1})}, target)
+    os.execute("ln -sfn " .. S.q(target) .. " " .. S.q(link))
+    nd.save({a = nd.zeros({1})}, link)
+    assert.are.same({0}, nd.load(link).a:totable())
+    assert.are.same({1}, nd.load(target).a:totable())
+  end)
+end)
+
+describe("readers on a FIFO", function()
+  it("refuse it at once instead of waiting for a writer", function()
+    local fifo = tmp("reader.fifo")
+    assert.is_true(os.execute("mkfifo " .. S.q(fifo)))
+    os.execute("mkdir -p " .. S.q(tmp("fifo_data")))
+    assert.is_true(os.execute("mkfifo " .. S.q(tmp("fifo_data") .. "/train.txt")))
+    -- in a child process with a time limit: a reader that blocks cannot hang the suite
+    local exe = S.needle_lua()
+    local code = ([[
+      local nd = require "needle"
+      local fifo, dir = %q, %q
+      local calls = {
+        {"load", function() return nd.load(fifo) end},
+        {"load_torch", function() return nd.load_torch(fifo) end},
+        {"gunzip", function() return nd.gunzip(fifo) end},
+        {"read_header", function() return require("needle.serialize").read_header(fifo) end},
+        {"checkpoint.load", function() return nd.checkpoint.load(fifo) end},
+        {"checkpoint.read", function() return nd.checkpoint.read(fifo) end},
+        {"data.mnist", function() return nd.data.mnist.read_idx(fifo) end},
+        {"data.ptb", function() return nd.data.ptb.Corpus(dir) end},
+      }
+      for _, c in ipairs(calls) do
+        local ok, e = pcall(c[2])
+        io.write(c[1], "\t", tostring(ok), "\t", tostring(e):gsub("\n", " "), "\n")
+      end
+      io.write("done\n")
+    ]]):format(fifo, tmp("fifo_data"))
+    local p = io.popen("timeout 30 " .. S.q(exe) .. " -e " .. S.q(code) .. " 2>&1")
+    local out = p:read("a")
+    p:close()
+    assert.matches("done\n$", out)
+    local n = 0
+    for name, ok, msg in out:gmatch("([^\t\n]+)\t([^\t\n]+)\t([^\n]*)\n") do
+      n = n + 1
+      assert.are.equal("false", ok, name)
+      local path = name == "data.ptb" and tmp("fifo_data") .. "/train.txt" or fifo
+      assert.matches("cannot open '" .. path .. "': not a regular file (a FIFO)", msg, 1, true)
+      assert.matches("needle.", msg, 1, true)
+    end
+    assert.are.equal(8, n, out)
+  end)
+end)
+
+describe("stale temporaries of interrupted saves", function()
+  -- a pid no process has: a child that has exited
+  local function dead_pid()
+    local pid = tonumber(S.shell_line("sh -c 'echo $$'"))
+    assert.is_false(os.execute("kill -0 " .. pid .. " 2>/dev/null") == true)
+    return pid
+  end
+
+  it("are removed by the next save to the same path when their process is gone", function()
+    local p = tmp("stale.safetensors")
+    local dead, dead2 = dead_pid(), dead_pid()
+    local me = tonumber(S.shell_line("echo $PPID")) -- this process (the shell's parent)
+    local files = {
+      gone = p .. ".tmp." .. dead,                 -- removed
+      gone_k = p .. ".tmp." .. dead .. ".3",       -- removed
+      mine = p .. ".tmp." .. me,                   -- this process: kept
+      init = p .. ".tmp.1",                        -- pid 1 lives: kept
+      not_pid = p .. ".tmp.12x",                   -- not a temporary's name: kept
+      other = tmp("other.safetensors") .. ".tmp." .. dead, -- another path's: kept
+    }
+    for _, f in pairs(files) do write(f, ("x"):rep(100)) end
+    local dirlike = p .. ".tmp." .. dead2          -- a directory: kept
+    os.execute("mkdir " .. S.q(dirlike))
+    local link = p .. ".tmp." .. dead2 .. ".1"     -- a symlink: kept (and its target)
+    os.execute("ln -s " .. S.q(files.other) .. " " .. S.q(link))
+    local foreign
+    if S.shell_line("id -u") == "0" then         -- someone else's: kept
+      foreign = p .. ".tmp." .. dead2 .. ".2"
+      write(foreign, "x")
+      os.execute("chown 65534 " .. S.q(foreign))
+    end
+    nd.save({a = nd.zeros({1})}, p)
+    assert.is_nil(io.open(files.gone, "rb"))
+    assert.is_nil(io.open(files.gone_k, "rb"))
+    for _, k in ipairs({"mine", "init", "not_pid", "other"}) do
+      assert.are.equal(("x"):rep(100), read(files[k]), k)
+    end
+    assert.are.equal("directory", S.shell_line("stat -c %F " .. S.q(dirlike)))
+    assert.are.equal("symbolic link", S.shell_line("stat -c %F " .. S.q(link)))
+    if foreign then assert.are.equal("x", read(foreign)) end
+    assert.are.same({0}, nd.load(p).a:totable())
+    -- nd.write_file_atomic and checkpoint.save clean up the same way
+    write(files.gone, "x")
+    nd.write_file_atomic(p, "y")
+    assert.is_nil(io.open(files.gone, "rb"))
+    write(files.gone, "x")
+    nd.checkpoint.save(p, {step = 1})
+    assert.is_nil(io.open(files.gone, "rb"))
+    os.execute("rm -rf " .. S.q(dirlike) .. " " .. S.q(link) .. (foreign and (" " .. S.q(foreign)) or ""))
+    for _, f in pairs(files) do os.remove(f) end
   end)
 end)

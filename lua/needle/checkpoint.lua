@@ -28,6 +28,14 @@ local M = {}
 M.VERSION = 1
 local VERSION_KEY, STATE_KEY = "needle.checkpoint.version", "needle.checkpoint.state"
 
+-- A path (of a value in a state, or in JSON) for a message: at most about
+-- 80 characters, the start and the end kept (deep nesting makes paths of
+-- any length).
+local function short(where)
+  if #where <= 80 then return where end
+  return where:sub(1, 38) .. "..." .. where:sub(-38)
+end
+
 -- ------------------------------------------------------------------ JSON
 -- For plain tables of numbers, strings and booleans. Integers and floats stay
 -- distinct: an integer is written with %d and read back as an integer (exact
@@ -47,7 +55,7 @@ local escapes = {['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f",
                  ["\r"] = "\\r", ["\t"] = "\\t"}
 
 local function encode_string(s, where)
-  if not utf8.len(s) then error(("string %s is not valid UTF-8"):format(where), 0) end
+  if not utf8.len(s) then error(("string %s is not valid UTF-8"):format(short(where)), 0) end
   return '"' .. s:gsub('[%c"\\]', function(c)
     return escapes[c] or (c:byte() < 32 and ("\\u%04x"):format(c:byte())) or c
   end) .. '"'
@@ -56,7 +64,7 @@ end
 local function encode_number(x, where)
   if math.type(x) == "integer" then return ("%d"):format(x) end
   if x ~= x or x == math.huge or x == -math.huge then
-    error(("number %s is %s, which JSON cannot hold"):format(where, x ~= x and "NaN" or tostring(x)), 0)
+    error(("number %s is %s, which JSON cannot hold"):format(short(where), x ~= x and "NaN" or tostring(x)), 0)
   end
   local s = ("%.17g"):format(x)
   if not s:find("[%.eEn]") then s = s .. ".0" end
@@ -75,7 +83,7 @@ local function encode(v, out, where, depth)
   elseif ty == "number" then out[#out + 1] = encode_number(v, where)
   elseif ty == "boolean" then out[#out + 1] = v and "true" or "false"
   elseif ty == "table" then
-    if depth > 200 then error(("table %s is nested too deeply (or contains itself)"):format(where), 0) end
+    if depth > 200 then error(("table %s is nested too deeply (or contains itself)"):format(short(where)), 0) end
     if getmetatable(v) == array_mt or is_sequence(v) then
       out[#out + 1] = "["
       for i = 1, #v do
@@ -87,7 +95,7 @@ local function encode(v, out, where, depth)
       local keys = {}
       for k in pairs(v) do
         if type(k) ~= "string" then
-          error(("table %s has a %s key (%s): JSON objects take string keys"):format(where, type(k), tostring(k)), 0)
+          error(("table %s has a %s key (%s): JSON objects take string keys"):format(short(where), type(k), tostring(k)), 0)
         end
         keys[#keys + 1] = k
       end
@@ -102,7 +110,7 @@ local function encode(v, out, where, depth)
       out[#out + 1] = "}"
     end
   else
-    error(("value %s is a %s, which JSON cannot hold"):format(where, ty), 0)
+    error(("value %s is a %s, which JSON cannot hold"):format(short(where), ty), 0)
   end
 end
 
@@ -252,6 +260,11 @@ local function fail(op, path, fmt, ...)
   error(("needle.%s: '%s': " .. fmt):format(op, path, ...), 0)
 end
 
+-- Tables nested deeper than this are refused (save) and malformed (load):
+-- a state_dict nests a few levels, and each level costs three levels of the
+-- JSON the state is stored as, whose reader allows 512.
+M.MAX_NESTING = 64
+
 local function key_order(a, b)
   local ta, tb = type(a), type(b)
   if ta ~= tb then return ta == "number" end
@@ -262,14 +275,14 @@ local function join(where, k)
   return where == "" and tostring(k) or where .. "." .. tostring(k)
 end
 
-local function to_tree(v, where, tensors, seen)
+local function to_tree(v, where, tensors, seen, depth)
   local ty = type(v)
   if ty == "string" and not utf8.len(v) then
     error(("'%s' is a string that is not valid UTF-8 (the state is stored as JSON text; keep bytes in a "
-           .. "uint8 tensor)"):format(where), 0)
+           .. "uint8 tensor)"):format(short(where)), 0)
   end
   if core.is_tensor(v) then
-    if tensors[where] then error(("two values map to the tensor key '%s'"):format(where), 0) end
+    if tensors[where] then error(("two values map to the tensor key '%s'"):format(short(where)), 0) end
     tensors[where] = v
     return {["$tensor"] = where}
   elseif ty == "string" or ty == "boolean" then
@@ -280,67 +293,73 @@ local function to_tree(v, where, tensors, seen)
     if v == -math.huge then return {["$float"] = "-inf"} end
     return v
   elseif ty == "table" then
-    if seen[v] then error(("'%s' contains itself"):format(where), 0) end
+    if seen[v] then error(("'%s' contains itself"):format(short(where)), 0) end
     if getmetatable(v) ~= nil then
       error(("'%s' is a table with a metatable (a module or an object?): a state holds plain tables, "
-             .. "tensors, numbers, strings and booleans"):format(where), 0)
+             .. "tensors, numbers, strings and booleans"):format(short(where)), 0)
+    end
+    if depth >= M.MAX_NESTING then
+      error(("'%s' is nested deeper than %d tables"):format(short(where), M.MAX_NESTING), 0)
     end
     seen[v] = true
     local keys = {}
     for k in next, v do
       if math.type(k) ~= "integer" and type(k) ~= "string" then
-        error(("'%s' has a %s key (%s): keys must be integers or strings"):format(where, math.type(k) or type(k),
+        error(("'%s' has a %s key (%s): keys must be integers or strings"):format(short(where), math.type(k) or type(k),
               tostring(k)), 0)
       end
       if type(k) == "string" and not utf8.len(k) then
-        error(("'%s' has a key that is not valid UTF-8"):format(where), 0)
+        error(("'%s' has a key that is not valid UTF-8"):format(short(where)), 0)
       end
       keys[#keys + 1] = k
     end
     table.sort(keys, key_order)
     local entries = json.array()
     for i, k in ipairs(keys) do
-      entries[i] = json.array({k, to_tree(v[k], join(where, k), tensors, seen)})
+      entries[i] = json.array({k, to_tree(v[k], join(where, k), tensors, seen, depth + 1)})
     end
     seen[v] = nil
     return {["$table"] = entries}
   else
-    error(("'%s' is a %s: a state holds tensors, numbers, strings, booleans and tables"):format(where, ty), 0)
+    error(("'%s' is a %s: a state holds tensors, numbers, strings, booleans and tables"):format(short(where), ty), 0)
   end
 end
 
 local floats = {nan = 0 / 0, inf = math.huge, ["-inf"] = -math.huge}
 
-local function from_tree(node, where, tensors, used)
+local function from_tree(node, where, tensors, used, depth)
   local ty = type(node)
   if ty == "string" or ty == "boolean" or ty == "number" then return node end
-  if ty ~= "table" or json.is_array(node) then error(("malformed state at '%s'"):format(where), 0) end
+  if ty ~= "table" or json.is_array(node) then error(("malformed state at '%s'"):format(short(where)), 0) end
   local k, v = next(node)
-  if k == nil or next(node, k) ~= nil then error(("malformed state at '%s'"):format(where), 0) end
+  if k == nil or next(node, k) ~= nil then error(("malformed state at '%s'"):format(short(where)), 0) end
   if k == "$tensor" then
-    if type(v) ~= "string" then error(("malformed tensor reference at '%s'"):format(where), 0) end
+    if type(v) ~= "string" then error(("malformed tensor reference at '%s'"):format(short(where)), 0) end
     local t = tensors[v]
-    if not t then error(("tensor '%s' (for '%s') is missing from the file"):format(v, where), 0) end
-    if used[v] then error(("tensor '%s' is referenced twice"):format(v), 0) end
+    if not t then error(("tensor '%s' (for '%s') is missing from the file"):format(short(v), short(where)), 0) end
+    if used[v] then error(("tensor '%s' is referenced twice"):format(short(v)), 0) end
     used[v] = true
     return t
   elseif k == "$float" then
     local f = floats[v]
-    if not f then error(("malformed float at '%s'"):format(where), 0) end
+    if not f then error(("malformed float at '%s'"):format(short(where)), 0) end
     return f
   elseif k == "$table" then
-    if type(v) ~= "table" or not json.is_array(v) then error(("malformed table at '%s'"):format(where), 0) end
+    if type(v) ~= "table" or not json.is_array(v) then error(("malformed table at '%s'"):format(short(where)), 0) end
+    if depth >= M.MAX_NESTING then
+      error(("'%s' is nested deeper than %d tables"):format(short(where), M.MAX_NESTING), 0)
+    end
     local t = {}
     for _, e in ipairs(v) do
       if type(e) ~= "table" or #e ~= 2 or (math.type(e[1]) ~= "integer" and type(e[1]) ~= "string") then
-        error(("malformed table entry at '%s'"):format(where), 0)
+        error(("malformed table entry at '%s'"):format(short(where)), 0)
       end
-      if t[e[1]] ~= nil then error(("duplicate key '%s' at '%s'"):format(tostring(e[1]), where), 0) end
-      t[e[1]] = from_tree(e[2], join(where, e[1]), tensors, used)
+      if t[e[1]] ~= nil then error(("duplicate key '%s' at '%s'"):format(short(tostring(e[1])), short(where)), 0) end
+      t[e[1]] = from_tree(e[2], join(where, e[1]), tensors, used, depth + 1)
     end
     return t
   end
-  error(("malformed state at '%s'"):format(where), 0)
+  error(("malformed state at '%s'"):format(short(where)), 0)
 end
 
 -- ------------------------------------------------------------ save / load
@@ -391,7 +410,7 @@ local function save(path, what)
   end
   state.extra = what.extra
   local tensors = {}
-  local ok, tree = pcall(function() return json.encode(to_tree(state, "", tensors, {})) end)
+  local ok, tree = pcall(function() return json.encode(to_tree(state, "", tensors, {}, 0)) end)
   if not ok then fail("checkpoint.save", path, "%s", (tostring(tree):gsub("^json: ", ""))) end
   serialize.save(tensors, path, {[VERSION_KEY] = tostring(M.VERSION), [STATE_KEY] = tree}, "checkpoint.save")
 end
@@ -412,10 +431,51 @@ local function strip_position(msg)
   return (msg:gsub("^[^\n]-:%d+: ", "", 1))
 end
 
--- read(path) -> the saved state, without loading it anywhere:
+local ROOT_FIELDS = {model = true, optimizer = true, scheduler = true, step = true, extra = true, rng_state = true}
+
+-- The root of a state as checkpoint.save writes it: {model=, optimizer=,
+-- scheduler=, step=, extra=, rng_state = {seed=, offset=}}, rng_state always
+-- there. Seed and offset are the two 64-bit integers nd.get_rng_state()
+-- gives (a seed given to nd.manual_seed as a negative number, or one of
+-- 2^63 and more, is a negative Lua integer: both load back as they were).
+local function check_root(op, path, state)
+  local extra = {}
+  for k in pairs(state) do
+    if not ROOT_FIELDS[k] then extra[#extra + 1] = short(tostring(k)) end
+  end
+  if #extra > 0 then
+    table.sort(extra)
+    fail(op, path, "corrupt checkpoint state: unknown root field%s %s (expected model, optimizer, scheduler, step, "
+         .. "extra, rng_state)", #extra > 1 and "s" or "", table.concat(extra, ", "))
+  end
+  local rng = state.rng_state
+  if rng == nil then fail(op, path, "corrupt checkpoint state: no rng_state (checkpoint.save always writes one)") end
+  if type(rng) ~= "table" then fail(op, path, "corrupt checkpoint state: rng_state is a %s, not a table", type(rng)) end
+  for k in pairs(rng) do
+    if k ~= "seed" and k ~= "offset" then
+      fail(op, path, "corrupt checkpoint state: rng_state has a field '%s' (expected seed and offset)", short(tostring(k)))
+    end
+  end
+  for _, k in ipairs({"seed", "offset"}) do
+    if math.type(rng[k]) ~= "integer" then
+      fail(op, path, "corrupt checkpoint state: rng_state.%s is %s, not an integer", k,
+           rng[k] == nil and "missing" or ("a " .. (math.type(rng[k]) or type(rng[k]))))
+    end
+  end
+  if state.step ~= nil and type(state.step) ~= "number" then
+    fail(op, path, "corrupt checkpoint state: step is a %s, not a number", type(state.step))
+  end
+  for _, name in ipairs(SECTIONS) do
+    if state[name] ~= nil and type(state[name]) ~= "table" then
+      fail(op, path, "corrupt checkpoint state: the %s state is a %s, not a table", name, type(state[name]))
+    end
+  end
+end
+
+-- read(path[, op]) -> the saved state, without loading it anywhere:
 -- {model=, optimizer=, scheduler= (state_dicts), step=, extra=, rng_state=}
-local function read(path)
-  local op = "checkpoint.load"
+local function read(path, op)
+  op = op or "checkpoint.read"
   if type(path) ~= "string" or path == "" then
     error(("needle.%s: path must be a non-empty string, got %s"):format(op, type(path)), 0)
   end
@@ -428,7 +488,7 @@ local function read(path)
     fail(op, path, "checkpoint format version %s is not supported (this needle reads version %d)", version, M.VERSION)
   end
   local used = {}
-  local ok, state = pcall(function() return from_tree(json.decode(meta[STATE_KEY]), "", tensors, used) end)
+  local ok, state = pcall(function() return from_tree(json.decode(meta[STATE_KEY]), "", tensors, used, 0) end)
   if not ok then fail(op, path, "corrupt checkpoint state: %s", strip_position(state)) end
   if type(state) ~= "table" then fail(op, path, "corrupt checkpoint state: the root is not a table") end
   local unused = {}
@@ -437,6 +497,7 @@ local function read(path)
     table.sort(unused)
     fail(op, path, "corrupt checkpoint: tensors not referenced by its state: %s", table.concat(unused, ", "))
   end
+  check_root(op, path, state)
   return state
 end
 
@@ -457,7 +518,7 @@ local function load(path, targets)
         :format(op, tostring(k)), 0)
     end
   end
-  local state = read(path)
+  local state = read(path, op)
   -- every target and its state, checked before anything is touched
   local jobs = {}
   for _, name in ipairs(SECTIONS) do
@@ -471,11 +532,8 @@ local function load(path, targets)
       jobs[#jobs + 1] = {name = name, obj = obj, sd = state[name]}
     end
   end
-  local rng = state.rng_state
-  local restore_rng = targets.restore_rng ~= false and rng ~= nil
-  if restore_rng and (type(rng) ~= "table" or math.type(rng.seed) ~= "integer" or math.type(rng.offset) ~= "integer") then
-    fail(op, path, "corrupt checkpoint: bad rng_state")
-  end
+  local rng = state.rng_state -- check_root made sure it is {seed=, offset=}
+  local restore_rng = targets.restore_rng ~= false
   -- Backups: a module's load_state_dict checks everything before it copies
   -- (atomic); other objects' may stop half way. Objects that are not atomic
   -- go first, and any object that is not atomic, or that is followed by
@@ -516,7 +574,7 @@ local function load(path, targets)
 end
 
 M.save = serialize.public(save)
-M.read = serialize.public(read)
+M.read = serialize.public(function(path) return read(path) end)
 M.load = serialize.public(load)
 
 return M

@@ -39,6 +39,9 @@ end
 local function check_path(op, path)
   if type(path) ~= "string" then fail(op, "path must be a string, got %s", type(path)) end
   if path == "" then fail(op, "path is empty") end
+  -- the C library would stop at a NUL and use another file
+  local nul = path:find("\0", 1, true)
+  if nul then fail(op, "path '%s\\0...' contains a NUL byte (at byte %d of %d)", path:sub(1, nul - 1), nul, #path) end
 end
 
 -- save(tensors, path[, metadata[, op]]): tensors is {name = tensor} (names are
@@ -78,19 +81,15 @@ local function save(tensors, path, metadata, op)
   core._safetensors_save(path, tensors, metadata, op)
 end
 
--- Whether the file is a PyTorch checkpoint: it starts like a zip archive (a
--- local file header, or the end record of an empty archive), or like a bare
--- pickle (torch's legacy format, which load_torch explains how to re-save;
--- as a safetensors header length those bytes would be absurd anyway).
--- Unreadable files are left to the safetensors reader, whose error names them.
-local function is_torch(path)
-  if type(io) ~= "table" then return false end
-  local f = io.open(path, "rb")
-  if not f then return false end
-  local head = f:read(4)
-  f:close()
-  if type(head) ~= "string" then return false end
-  return head == "PK\3\4" or head == "PK\5\6" or head:find("^\x80[\2-\5]") ~= nil
+-- What the file is, from its structure (src/io/format.c, nd_detect_format):
+-- "safetensors", "zip" (a PyTorch checkpoint), "torch_legacy" (PyTorch's
+-- pre-1.6 format, which load_torch explains how to re-save) or "unknown"
+-- (left to the safetensors reader, whose error says what is wrong). A file
+-- that cannot be opened (missing, a directory, a FIFO) is an error naming it.
+local function file_format(path, op)
+  op = op or "file_format"
+  check_path(op, path)
+  return core._file_format(path, op)
 end
 
 -- load_torch(path[, opts[, op]]) -> the checkpoint's object (see nd.load_torch).
@@ -107,7 +106,8 @@ end
 local function load(path, op)
   op = op or "load"
   check_path(op, path)
-  if is_torch(path) then return load_torch(path, nil, op) end
+  local fmt = file_format(path, op)
+  if fmt == "zip" or fmt == "torch_legacy" then return load_torch(path, nil, op) end
   return core._safetensors_load(path, op)
 end
 
@@ -125,5 +125,6 @@ M.save = M.public(save)
 M.load = M.public(load)
 M.load_torch = M.public(load_torch)
 M.read_header = M.public(read_header)
+M.file_format = M.public(file_format)
 
 return M

@@ -1,13 +1,19 @@
 /* atomic.c - crash-safe file replacement: write a temporary next to the
  * target, fsync it, rename it over the target, fsync the directory. A
  * reader (or a crash) sees the old file or the complete new one, never a
- * partial one. */
+ * partial one. Only a regular file (or a symbolic link to one, or nothing)
+ * is replaced; writes stay within the file size limit (RLIMIT_FSIZE) so that
+ * SIGXFSZ never kills the process; an interrupted save's temporaries are
+ * removed by the next save to the same path. */
 #define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "io/io.h"
@@ -21,6 +27,7 @@ struct nd_atomic_file {
     const char *op;
     char *buf;
     size_t used;
+    uint64_t written; /* bytes in the temporary so far (its size: writes are sequential) */
 };
 
 static void destroy(nd_atomic_file *f, bool remove_tmp) {
@@ -43,9 +50,82 @@ static nd_status fail_errno(nd_atomic_file *f, int err, const char *what) {
     return st;
 }
 
+/* path must be nothing yet, a regular file, or a symbolic link to one (or
+ * to nothing): rename would replace a device node, a FIFO or a socket by a
+ * regular file (as root, nd.save(t, "/dev/null") would replace /dev/null). */
+static nd_status check_target(const char *op, const char *path) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0) return ND_OK; /* nothing there (or not visible: the open will say) */
+    bool link = S_ISLNK(sb.st_mode);
+    if (link && stat(path, &sb) != 0) return ND_OK; /* a dangling link is replaced */
+    if (S_ISREG(sb.st_mode)) return ND_OK;
+    if (S_ISDIR(sb.st_mode) && !link) return nd_fail(ND_ERR_IO, "%s: cannot replace '%s': %s", op, path, strerror(EISDIR));
+    return nd_fail(ND_ERR_IO, "%s: cannot replace '%s': it is %s%s, not a regular file", op, path,
+                   link ? "a symbolic link to " : "", nd_file_type_name((unsigned)sb.st_mode));
+}
+
+/* "<digits>" or "<digits>.<digits>" (all of s): the pid of a temporary's
+ * name after "<base>.tmp.", else 0 */
+static pid_t temp_pid(const char *s) {
+    long long pid = 0;
+    const char *p = s;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        pid = pid * 10 + (*p - '0');
+        if (pid > 0x7fffffff) return 0;
+    }
+    if (p == s) return 0;
+    if (*p == '.') {
+        const char *k = ++p;
+        while (*p >= '0' && *p <= '9') p++;
+        if (p == k) return 0;
+    }
+    return *p ? 0 : (pid_t)pid;
+}
+
+/* Removes the temporaries "<path>.tmp.<pid>[.<k>]" left by saves that were
+ * interrupted (killed, out of power), up to the size of the file each: one
+ * whose process is gone (kill(pid, 0) fails with ESRCH), that is a regular
+ * file and that belongs to this user. A live process's (this one's
+ * included: another thread may be saving) is never touched. Best effort:
+ * nothing here makes the save fail. A process of another PID namespace
+ * (another container writing to a shared directory) is not seen: its
+ * temporaries look stale. */
+static void remove_stale(const char *path) {
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    size_t bl = strlen(base);
+    char *dir = slash ? malloc((size_t)(slash - path) + 2) : NULL;
+    if (slash && !dir) return;
+    if (dir) {
+        size_t dl = slash == path ? 1 : (size_t)(slash - path);
+        memcpy(dir, path, dl);
+        dir[dl] = 0;
+    }
+    DIR *d = opendir(dir ? dir : ".");
+    free(dir);
+    if (!d) return;
+    int dfd = dirfd(d);
+    pid_t self = getpid();
+    uid_t me = geteuid();
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *name = e->d_name;
+        if (strncmp(name, base, bl) != 0 || strncmp(name + bl, ".tmp.", 5) != 0) continue;
+        pid_t pid = temp_pid(name + bl + 5);
+        if (pid <= 0 || pid == self) continue;
+        if (kill(pid, 0) == 0 || errno != ESRCH) continue; /* alive (or someone else's: EPERM) */
+        struct stat sb;
+        if (fstatat(dfd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != me) continue;
+        (void)unlinkat(dfd, name, 0);
+    }
+    closedir(d);
+}
+
 nd_status nd_atomic_open(const char *op, const char *path, nd_atomic_file **out) {
     *out = NULL;
     if (!path || !*path) return nd_fail(ND_ERR_ARG, "%s: empty file name", op);
+    ND_TRY(check_target(op, path));
+    remove_stale(path);
     nd_atomic_file *f = calloc(1, sizeof *f);
     size_t n = strlen(path);
     if (f) {
@@ -86,10 +166,23 @@ nd_status nd_atomic_open(const char *op, const char *path, nd_atomic_file **out)
     return ND_OK;
 }
 
-static int write_all(int fd, const char *p, size_t n) {
+/* The file size limit (ulimit -f, RLIMIT_FSIZE): a write that would take
+ * the file past it raises SIGXFSZ, whose default action kills the process
+ * (exit 153) and leaves the temporary behind. Checked before every write,
+ * so the save fails with EFBIG ("File too large") instead, whatever the
+ * signal's disposition, and the process's signal handling is left alone. */
+static int within_fsize_limit(uint64_t end) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_FSIZE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 0;
+    return end > (uint64_t)rl.rlim_cur ? EFBIG : 0;
+}
+
+static int write_all(nd_atomic_file *f, const char *p, size_t n) {
     while (n > 0) {
         size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
-        ssize_t w = write(fd, p, chunk);
+        int err = within_fsize_limit(f->written + chunk);
+        if (err) return err;
+        ssize_t w = write(f->fd, p, chunk);
         if (w < 0) {
             if (errno == EINTR) continue;
             return errno;
@@ -97,13 +190,14 @@ static int write_all(int fd, const char *p, size_t n) {
         if (w == 0) return EIO;
         p += w;
         n -= (size_t)w;
+        f->written += (uint64_t)w;
     }
     return 0;
 }
 
 static nd_status flush_buf(nd_atomic_file *f) {
     if (f->used == 0) return ND_OK;
-    int err = write_all(f->fd, f->buf, f->used);
+    int err = write_all(f, f->buf, f->used);
     f->used = 0;
     return err ? fail_errno(f, err, "write") : ND_OK;
 }
@@ -121,7 +215,7 @@ nd_status nd_atomic_write(nd_atomic_file *f, const void *data, size_t n) {
         f->used = n;
         return ND_OK;
     }
-    int err = write_all(f->fd, data, n);
+    int err = write_all(f, data, n);
     return err ? fail_errno(f, err, "write") : ND_OK;
 }
 

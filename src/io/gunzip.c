@@ -1,10 +1,12 @@
 /* gunzip.c - a whole gzip (or plain) file into memory through zlib's gzFile
- * API, which passes non-gzip files through unchanged. */
+ * API, which passes non-gzip files through unchanged. Only a regular file
+ * is read (nd_open_regular). */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 #include "io/io.h"
 #include "tensor.h"
@@ -29,10 +31,15 @@ nd_status nd_gunzip(const char *op, const char *path, uint64_t max_bytes, char *
     *len = 0;
     if (!path || !*path) return nd_fail(ND_ERR_ARG, "%s: empty file name", op);
     if (max_bytes > (uint64_t)SIZE_MAX / 2) max_bytes = (uint64_t)SIZE_MAX / 2;
+    /* a regular file, opened without waiting (a FIFO is refused, not read) */
+    int fd;
+    uint64_t fsize;
+    ND_TRY(nd_open_regular(op, path, &fd, &fsize));
     errno = 0;
-    gzFile gz = gzopen(path, "rb");
+    gzFile gz = gzdopen(fd, "rb");
     if (!gz) {
         int err = errno ? errno : ENOMEM;
+        close(fd);
         return nd_fail(ND_ERR_IO, "%s: cannot open '%s': %s", op, path, strerror(err));
     }
     gzbuffer(gz, 1 << 17);

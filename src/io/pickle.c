@@ -143,6 +143,7 @@ typedef struct {
     size_t walk_cap;
     uint32_t stamp;
     uint64_t budget;         /* steps the cycle and key checks may still take */
+    uint64_t max_items, items_left; /* container items (nd_pk_limits) */
     uint64_t seed;           /* hash seed: a digest of the whole input, so that keys
                                 cannot be chosen to collide in the tables */
 } parser;
@@ -295,6 +296,11 @@ static nd_status reserve(parser *p, nd_pk *c, size_t more) {
     size_t n = dict ? c->u.dict.n : c->u.seq.n, cap = dict ? c->u.dict.cap : c->u.seq.cap;
     if (more > ND_PK_MAX_ITEMS - n)
         return BAD("a %s with more than %u items (ND_PK_MAX_ITEMS)", kind_name(c->kind), ND_PK_MAX_ITEMS);
+    /* the load's budget: every item added is charged before its slot exists */
+    if (more > p->items_left)
+        return perr(p, ND_ERR_MEMORY, "more than %llu container items (list, tuple and dict elements) in all, the limit "
+                    "per load (nd.load_torch's option max_items raises it)", (unsigned long long)p->max_items);
+    p->items_left -= more;
     if (n + more <= cap) return ND_OK;
     size_t ncap = cap ? cap * 2 : 4;
     if (ncap < n + more) ncap = n + more;
@@ -714,6 +720,28 @@ const char *nd_pk_elem_name(nd_pk_elem e) {
     return "?";
 }
 
+/* The fix for a global that is a class of a whole pickled object, or NULL:
+ * torch.save(model) pickles the model's class (torch.nn.modules.*, or a
+ * class of the script that saved it: __main__.*) and torch.save(optimizer)
+ * torch.optim's; what needle reads is their state_dict(). */
+static const char *object_hint(const char *mod, size_t ml) {
+    static const struct { const char *prefix, *fix; } HINTS[] = {
+        {"torch.nn.", "it is a torch.nn class: the file holds a whole pickled torch.nn module (torch.save(model)), which needle cannot "
+                      "rebuild; save `model.state_dict()` instead: torch.save(model.state_dict(), path)"},
+        {"torch.optim.", "it is a torch.optim class: the file holds a whole pickled torch.optim object (torch.save(optimizer)), which needle "
+                         "cannot rebuild; save `optimizer.state_dict()` instead"},
+        {"__main__", "it is a class of the script that saved the file, so the file holds a whole pickled Python "
+                     "object (a model saved with torch.save(model)?), which needle cannot rebuild; save "
+                     "`model.state_dict()` instead"},
+    };
+    for (size_t i = 0; i < sizeof HINTS / sizeof *HINTS; i++) {
+        size_t pl = strlen(HINTS[i].prefix);
+        bool whole = HINTS[i].prefix[pl - 1] != '.'; /* "__main__" itself, not "__main__x" */
+        if (ml >= pl && memcmp(mod, HINTS[i].prefix, pl) == 0 && (!whole || ml == pl)) return HINTS[i].fix;
+    }
+    return NULL;
+}
+
 /* Resolves module.name against the allow-list; anything else fails here,
  * before a value is ever pushed or memoised. */
 static nd_status push_global(parser *p, const char *mod, size_t ml, const char *name, size_t nl) {
@@ -735,6 +763,9 @@ static nd_status push_global(parser *p, const char *mod, size_t ml, const char *
         }
     }
     char b1[SHOW_BUF], b2[SHOW_BUF];
+    const char *fix = object_hint(mod, ml);
+    if (fix)
+        return BAD("global '%s.%s' is not allowed: %s", show(mod, ml, b1), show(name, nl, b2), fix);
     return BAD("global '%s.%s' is not allowed (a torch checkpoint only needs tensors, storages, "
                "OrderedDict, dtypes and bytes; this file may try to run code)",
                show(mod, ml, b1), show(name, nl, b2));
@@ -1215,8 +1246,15 @@ static nd_status run(parser *p, nd_pk **result) {
 
 nd_status nd_pickle_load(const char *op, const char *what, const void *buf, size_t len,
                          nd_pk_doc **out) {
+    return nd_pickle_load_limited(op, what, buf, len, NULL, out);
+}
+
+nd_status nd_pickle_load_limited(const char *op, const char *what, const void *buf, size_t len,
+                                 const nd_pk_limits *limits, nd_pk_doc **out) {
     *out = NULL;
     parser P = {.op = op, .what = what, .buf = buf, .len = len}, *p = &P;
+    p->max_items = limits && limits->max_items ? limits->max_items : ND_PK_DEFAULT_MAX_ITEMS;
+    p->items_left = p->max_items;
     nd_status st;
     nd_pk_doc *doc = NULL;
     nd_pk *root = NULL;

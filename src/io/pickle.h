@@ -24,7 +24,9 @@
  *
  * Any other global, or a known one used any other way, fails with an error
  * naming it ("global 'builtins.eval' is not allowed; a torch checkpoint
- * only needs ..."). Limits (ND_PK_MAX_*) bound the memo, stack depth,
+ * only needs ..."; for a class of torch.nn, torch.optim or the script that
+ * saved the file, the message says the file holds a whole pickled object
+ * and to save its state_dict() instead). Limits (ND_PK_MAX_*) bound the memo, stack depth,
  * nesting, string/bytes lengths, container sizes and opcode count; every
  * read is bounds-checked. Errors read "<op>: '<what>': <message> (at byte N)".
  *
@@ -49,6 +51,8 @@
 #define ND_PK_MAX_DEPTH     256          /* nesting of containers / marks */
 #define ND_PK_MAX_STR       (1u << 28)   /* bytes in one string or bytes value */
 #define ND_PK_MAX_ITEMS     (1u << 24)   /* elements of one container */
+#define ND_PK_DEFAULT_MAX_ITEMS (1u << 22) /* elements of all containers together, unless
+                                              nd_pk_limits says otherwise */
 #define ND_PK_MAX_DIMS      ND_MAX_DIMS  /* of a rebuilt tensor */
 
 typedef enum {
@@ -126,6 +130,13 @@ typedef struct nd_pk_doc {
  * only for sign and overflow here; torch_load checks it against the storage. */
 nd_status nd_pickle_load(const char *op, const char *what, const void *buf, size_t len,
                          nd_pk_doc **out);
+/* A load's budget: the items of all containers together (list, tuple and
+ * dict elements, counted as they are added, before the memory for them is
+ * allocated); 0 means ND_PK_DEFAULT_MAX_ITEMS. The error names the limit
+ * and nd.load_torch's option max_items. */
+typedef struct { uint64_t max_items; } nd_pk_limits;
+nd_status nd_pickle_load_limited(const char *op, const char *what, const void *buf, size_t len,
+                                 const nd_pk_limits *limits, nd_pk_doc **out);
 void nd_pickle_free(nd_pk_doc *doc);
 
 #endif

@@ -5,14 +5,10 @@
  * integers) with a nesting limit, and no allocation is larger than the file
  * that asks for it. */
 #define _POSIX_C_SOURCE 200809L
-#include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include "io/io.h"
 #include "io/safetensors.h"
 #include "tensor.h"
@@ -572,45 +568,13 @@ nd_status nd_st_parse_header(const char *op, const char *what, const char *json,
 /* ------------------------------------------------------------- reading */
 
 /* a file (fd) or a memory buffer */
-typedef struct {
-    int fd;
-    const unsigned char *mem;
-    uint64_t size;
-    const char *op, *what;
-} source;
-
-static nd_status src_read(const source *s, uint64_t off, void *dst, uint64_t n) {
-    if (off > s->size || n > s->size - off)
-        return nd_io_fail(ND_ERR_IO, s->op, s->what, "unexpected end of file (reading %llu bytes at %llu)",
-                    (unsigned long long)n, (unsigned long long)off);
-    if (s->mem) {
-        if (n) memcpy(dst, s->mem + off, (size_t)n);
-        return ND_OK;
-    }
-    char *d = dst;
-    while (n > 0) {
-        size_t chunk = n > ((uint64_t)1 << 30) ? ((size_t)1 << 30) : (size_t)n;
-        ssize_t r = pread(s->fd, d, chunk, (off_t)off);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return nd_io_fail(ND_ERR_IO, s->op, s->what, "read error: %s", strerror(errno));
-        }
-        if (r == 0) return nd_io_fail(ND_ERR_IO, s->op, s->what, "unexpected end of file (it was truncated "
-                                "while being read?)");
-        d += r;
-        off += (uint64_t)r;
-        n -= (uint64_t)r;
-    }
-    return ND_OK;
-}
-
-static nd_status read_header(const source *s, nd_st_header **out) {
+static nd_status read_header(const nd_io_src *s, nd_st_header **out) {
     *out = NULL;
     if (s->size < 8)
         return nd_io_fail(ND_ERR_IO, s->op, s->what, "file too short (%llu bytes) to be a safetensors file",
                     (unsigned long long)s->size);
     unsigned char le[8];
-    ND_TRY(src_read(s, 0, le, 8));
+    ND_TRY(nd_src_read(s, 0, le, 8));
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | le[i];
     const char *hint = "";
@@ -624,7 +588,7 @@ static nd_status read_header(const source *s, nd_st_header **out) {
                     (unsigned long long)n, (unsigned long long)s->size, hint);
     char *json = malloc((size_t)n + 1);
     if (!json) return nd_io_fail(ND_ERR_MEMORY, s->op, s->what, "out of memory reading the header");
-    nd_status st = src_read(s, 8, json, n);
+    nd_status st = nd_src_read(s, 8, json, n);
     if (st == ND_OK) st = nd_st_parse_header(s->op, s->what, json, n, s->size - 8 - n, out);
     free(json);
     return st;
@@ -637,7 +601,7 @@ void nd_st_free_tensors(nd_tensor **ts, size_t n) {
     free(ts);
 }
 
-static nd_status read_tensors(const source *s, const nd_st_header *h, nd_tensor ***out) {
+static nd_status read_tensors(const nd_io_src *s, const nd_st_header *h, nd_tensor ***out) {
     *out = NULL;
     nd_tensor **ts = calloc(h->ntensors ? h->ntensors : 1, sizeof *ts);
     if (!ts) return nd_io_fail(ND_ERR_MEMORY, s->op, s->what, "out of memory");
@@ -652,7 +616,7 @@ static nd_status read_tensors(const source *s, const nd_st_header *h, nd_tensor 
             return st;
         }
         uint64_t nbytes = t->end - t->begin;
-        st = src_read(s, base + t->begin, nd_ptr(ts[i]), nbytes);
+        st = nd_src_read(s, base + t->begin, nd_ptr(ts[i]), nbytes);
         if (st == ND_OK && t->dtype == ND_BOOL) {
             const unsigned char *b = (const unsigned char *)nd_ptr(ts[i]);
             for (uint64_t k = 0; k < nbytes; k++)
@@ -672,27 +636,20 @@ static nd_status read_tensors(const source *s, const nd_st_header *h, nd_tensor 
     return ND_OK;
 }
 
-static nd_status open_source(const char *op, const char *path, source *s) {
-    memset(s, 0, sizeof *s);
-    s->op = op;
-    s->what = path;
-    return nd_open_regular(op, path, &s->fd, &s->size);
-}
-
 nd_status nd_st_read_header_file(const char *op, const char *path, nd_st_header **header) {
     *header = NULL;
-    source s;
-    ND_TRY(open_source(op, path, &s));
+    nd_io_src s;
+    ND_TRY(nd_src_open(op, path, &s));
     nd_status st = read_header(&s, header);
-    close(s.fd);
+    nd_src_close(&s);
     return st;
 }
 
 nd_status nd_st_load_file(const char *op, const char *path, nd_st_header **header, nd_tensor ***tensors) {
     *header = NULL;
     *tensors = NULL;
-    source s;
-    ND_TRY(open_source(op, path, &s));
+    nd_io_src s;
+    ND_TRY(nd_src_open(op, path, &s));
     nd_st_header *h;
     nd_status st = read_header(&s, &h);
     if (st == ND_OK) {
@@ -700,7 +657,7 @@ nd_status nd_st_load_file(const char *op, const char *path, nd_st_header **heade
         if (st != ND_OK) nd_st_header_free(h);
         else *header = h;
     }
-    close(s.fd);
+    nd_src_close(&s);
     return st;
 }
 
@@ -708,7 +665,7 @@ nd_status nd_st_load_memory(const char *op, const char *what, const void *buf, s
                             nd_st_header **header, nd_tensor ***tensors) {
     *header = NULL;
     *tensors = NULL;
-    source s = {.fd = -1, .mem = buf, .size = len, .op = op, .what = what};
+    nd_io_src s = nd_src_memory(op, what, buf, len);
     nd_st_header *h;
     ND_TRY(read_header(&s, &h));
     nd_status st = read_tensors(&s, h, tensors);

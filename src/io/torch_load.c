@@ -4,17 +4,19 @@
  * of plain values without calling anything, and this file checks every
  * storage against its zip entry (exact byte count) and every tensor's
  * extent against its storage before any tensor exists, so no view can
- * reach outside the memory it was given. */
+ * reach outside the memory it was given. The file is read with pread
+ * (io.h: nd_io_src), never mapped: one truncated or rewritten while it is
+ * read fails with an error (a mapping would raise SIGBUS, which pcall
+ * cannot catch). A load has a budget: the bytes its deflated entries
+ * inflate to, checked for all storages together before any is read, and
+ * the container items of the pickle (pickle.h), so a small file cannot make
+ * it allocate gigabytes. */
 #define _POSIX_C_SOURCE 200809L
-#include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include "io/io.h"
 #include "io/torch_load.h"
 #include "io/zip.h"
@@ -33,11 +35,7 @@ typedef struct srec {
 } srec;
 
 typedef struct {
-    /* the file's bytes: mapped, or read into the heap when mmap fails */
-    void *map;
-    size_t map_len;
-    void *heap;
-    void *pkl_owned; /* an inflated data.pkl */
+    void *pkl_owned; /* data.pkl, inflated or read from the file */
     srec *recs;
     nd_tensor **tensors;
     size_t ntensors, cap_tensors;
@@ -47,7 +45,8 @@ typedef struct {
 typedef struct {
     const char *op, *what;
     const nd_torch_opts *opts;
-    uint64_t max_bytes;
+    uint64_t max_bytes;   /* the budget of decompressed bytes (opts or the default) */
+    uint64_t bytes_left;  /* what is left of it */
     nd_zip *zip;
     const char *root;
     size_t root_len;
@@ -157,8 +156,10 @@ static void convert(void *dst, nd_dtype dt, const uint8_t *src, nd_pk_elem e, si
     }
 }
 
-static nd_status materialise_storage(loader *L, nd_pk *s) {
-    if (s->u.storage.user) return ND_OK;
+/* The zip entry <root>/data/<key> of storage node s, checked: a known
+ * element type, a valid count, and an entry of exactly numel * element size
+ * bytes (overflow-checked). */
+static nd_status storage_entry(loader *L, const nd_pk *s, size_t *entry) {
     char kb[KEY_BUF];
     const char *key = s->u.storage.key;
     size_t key_len = s->u.storage.key_len;
@@ -187,6 +188,52 @@ static nd_status materialise_storage(loader *L, nd_pk *s) {
         return nd_io_fail(ND_ERR_IO, L->op, L->what, "storage '%s' has no entry '%s/data/%s' in the archive", kb,
                      show_key(L->root, L->root_len, rb), kb);
     }
+    /* exact sizes, overflow-checked */
+    if ((uint64_t)numel > SIZE_MAX / 8)
+        return nd_io_fail(ND_ERR_IO, L->op, L->what, "storage '%s' is too large (%lld elements)", kb, (long long)numel);
+    size_t want = (size_t)numel * es;
+    const nd_zip_entry *en = &L->zip->entries[idx];
+    if (en->size != (uint64_t)want)
+        return nd_io_fail(ND_ERR_IO, L->op, L->what, "storage '%s' should hold %lld %s elements (%zu bytes) but its entry has "
+                     "%llu bytes", kb, (long long)numel, nd_pk_elem_name(s->u.storage.elem), want,
+                     (unsigned long long)en->size);
+    *entry = (size_t)idx;
+    return ND_OK;
+}
+
+static const char *const BUDGET_HINT = "nd.load_torch's option max_decompressed_bytes raises it";
+
+/* Charges the bytes entry i inflates to (if it is deflated) to the load's
+ * budget, before anything is allocated for them. */
+static nd_status charge_entry(loader *L, size_t i) {
+    const nd_zip_entry *en = &L->zip->entries[i];
+    if (en->method == 0) return ND_OK;
+    if (en->size > L->bytes_left) {
+        char nb[KEY_BUF];
+        return nd_io_fail(ND_ERR_MEMORY, L->op, L->what, "entry '%s' decompresses to %llu bytes, more than the %llu left of "
+                          "the limit of %llu decompressed bytes per load (%s)",
+                          show_key(en->name, en->name_len, nb), (unsigned long long)en->size,
+                          (unsigned long long)L->bytes_left, (unsigned long long)L->max_bytes, BUDGET_HINT);
+    }
+    L->bytes_left -= en->size;
+    return ND_OK;
+}
+
+/* Entry i's content (nd_zip_read), charged to the budget. */
+static nd_status read_entry_budgeted(loader *L, size_t i, const uint8_t **data, size_t *len, void **owned) {
+    ND_TRY(charge_entry(L, i));
+    return nd_zip_read(L->zip, i, L->zip->entries[i].size, data, len, owned);
+}
+
+static nd_status materialise_storage(loader *L, nd_pk *s) {
+    if (s->u.storage.user) return ND_OK;
+    char kb[KEY_BUF];
+    show_key(s->u.storage.key ? s->u.storage.key : "", s->u.storage.key ? s->u.storage.key_len : 0, kb);
+    size_t idx;
+    ND_TRY(storage_entry(L, s, &idx));
+    int64_t numel = s->u.storage.numel;
+    nd_dtype dt = target_dtype(s->u.storage.elem, L->opts->half_to_float);
+    size_t want = (size_t)numel * nd_pk_elem_size(s->u.storage.elem), nbytes = (size_t)numel * nd_dtype_size(dt);
     for (srec *r = L->by_entry[idx]; r; r = r->next_same)
         if (r->elem == s->u.storage.elem) {
             if (r->numel != numel)
@@ -195,41 +242,39 @@ static nd_status materialise_storage(loader *L, nd_pk *s) {
             s->u.storage.user = r;
             return ND_OK;
         }
-    /* exact sizes, overflow-checked */
-    if ((uint64_t)numel > SIZE_MAX / 8)
-        return nd_io_fail(ND_ERR_IO, L->op, L->what, "storage '%s' is too large (%lld elements)", kb, (long long)numel);
-    size_t want = (size_t)numel * es, nbytes = (size_t)numel * nd_dtype_size(dt);
-    const nd_zip_entry *en = &L->zip->entries[idx];
-    if (en->size != (uint64_t)want)
-        return nd_io_fail(ND_ERR_IO, L->op, L->what, "storage '%s' should hold %lld %s elements (%zu bytes) but its entry has "
-                     "%llu bytes", kb, (long long)numel, nd_pk_elem_name(s->u.storage.elem), want,
-                     (unsigned long long)en->size);
-    const uint8_t *data;
-    size_t len;
-    void *owned;
-    ND_TRY(nd_zip_read(L->zip, (size_t)idx, L->max_bytes, &data, &len, &owned));
-    if (len != want) { /* nd_zip_read returns the central directory's size: checked above */
-        free(owned);
-        return nd_io_fail(ND_ERR_IO, L->op, L->what, "storage '%s': entry size changed while reading", kb);
-    }
-    if (s->u.storage.elem == ND_PKT_BOOL) /* as the safetensors reader: needle's kernels rely on 0/1 */
-        for (size_t k = 0; k < len; k++)
-            if (data[k] > 1) {
-                unsigned v = data[k];
-                free(owned);
-                return nd_io_fail(ND_ERR_IO, L->op, L->what, "storage '%s': bool element %zu has byte value %u (expected 0 or 1)",
-                             kb, k, v);
-            }
+    ND_TRY(charge_entry(L, idx));
     srec *r = calloc(1, sizeof *r);
     nd_storage *st = NULL;
     if (!r || nd_storage_new(nbytes, &st) != ND_OK) {
         free(r);
-        free(owned);
         return nd_fail(ND_ERR_MEMORY, "%s: '%s': out of memory for storage '%s' (%zu bytes)", L->op, L->what, kb,
                        nbytes);
     }
-    convert(st->data, dt, data, s->u.storage.elem, (size_t)numel);
-    free(owned);
+    nd_status status;
+    const uint8_t *data = st->data;
+    if (nbytes == want) {
+        /* kept as it is: read (or inflated) straight into the storage */
+        status = nd_zip_read_into(L->zip, idx, st->data, want);
+    } else {
+        size_t len;
+        void *owned = NULL;
+        status = nd_zip_read(L->zip, idx, want, &data, &len, &owned);
+        if (status == ND_OK) convert(st->data, dt, data, s->u.storage.elem, (size_t)numel);
+        free(owned);
+        data = st->data;
+    }
+    if (status == ND_OK && s->u.storage.elem == ND_PKT_BOOL) /* as the safetensors reader: needle's kernels rely on 0/1 */
+        for (size_t k = 0; k < want; k++)
+            if (data[k] > 1) {
+                status = nd_io_fail(ND_ERR_IO, L->op, L->what, "storage '%s': bool element %zu has byte value %u (expected 0 "
+                                    "or 1)", kb, k, data[k]);
+                break;
+            }
+    if (status != ND_OK) {
+        nd_storage_release(st);
+        free(r);
+        return status;
+    }
     r->elem = s->u.storage.elem;
     r->numel = numel;
     r->dtype = dt;
@@ -295,19 +340,19 @@ static nd_status materialise_tensor(loader *L, nd_pk *t) {
     return ND_OK;
 }
 
-/* Every storage and tensor reachable from the root, each container visited
- * once (the tree may share nodes and contain cycles), without recursion. */
-static nd_status walk(loader *L, nd_pk *root) {
+/* Every storage and tensor reachable from the root, in the order they are
+ * met, each container visited once (the tree may share nodes), without
+ * recursion. */
+static nd_status collect(loader *L, nd_pk *root, nd_pk ***out, size_t *nout) {
     pset seen = {0};
-    nd_pk **stack = NULL;
-    size_t n = 0, cap = 0;
+    nd_pk **stack = NULL, **found = NULL;
+    size_t n = 0, cap = 0, nf = 0, capf = 0;
     nd_status st = ND_OK;
-#define PUSH(v) do { nd_pk *v_ = (v); \
-        if (!v_) break; \
-        if (n == cap) { size_t nc_ = cap ? cap * 2 : 64; nd_pk **ns_ = realloc(stack, nc_ * sizeof *ns_); \
-            if (!ns_) { st = nd_fail(ND_ERR_MEMORY, "%s: '%s': out of memory", L->op, L->what); goto done; } \
-            stack = ns_; cap = nc_; } \
-        stack[n++] = v_; } while (0)
+#define GROW(arr, len, cp) do { if (len == cp) { size_t nc_ = cp ? cp * 2 : 64; \
+            nd_pk **na_ = realloc(arr, nc_ * sizeof *na_); \
+            if (!na_) { st = nd_fail(ND_ERR_MEMORY, "%s: '%s': out of memory", L->op, L->what); goto done; } \
+            arr = na_; cp = nc_; } } while (0)
+#define PUSH(v) do { nd_pk *v_ = (v); if (!v_) break; GROW(stack, n, cap); stack[n++] = v_; } while (0)
     PUSH(root);
     while (n > 0) {
         nd_pk *v = stack[--n];
@@ -326,21 +371,70 @@ static nd_status walk(loader *L, nd_pk *root) {
             }
             break;
         }
-        case ND_PK_STORAGE:
-            st = materialise_storage(L, v);
-            break;
-        case ND_PK_TENSOR:
-            st = materialise_tensor(L, v);
+        case ND_PK_STORAGE: case ND_PK_TENSOR:
+            GROW(found, nf, capf);
+            found[nf++] = v;
             break;
         default:
             break;
         }
-        if (st != ND_OK) goto done;
     }
 #undef PUSH
+#undef GROW
 done:
     free(stack);
     free(seen.slots);
+    if (st != ND_OK) {
+        free(found);
+        return st;
+    }
+    *out = found;
+    *nout = nf;
+    return ND_OK;
+}
+
+/* The budget, before any storage is read: the bytes every deflated entry
+ * the storages name inflates to (each entry counted once per element type
+ * it is read as, as materialise_storage reads it), against what is left. */
+static nd_status check_budget(loader *L, nd_pk **nodes, size_t n) {
+    uint16_t *types = calloc(L->zip->n ? L->zip->n : 1, sizeof *types); /* bit e: read as element type e */
+    if (!types) return nd_fail(ND_ERR_MEMORY, "%s: '%s': out of memory", L->op, L->what);
+    uint64_t total = 0;
+    size_t count = 0;
+    nd_status st = ND_OK;
+    for (size_t i = 0; i < n && st == ND_OK; i++) {
+        const nd_pk *s = nodes[i]->kind == ND_PK_TENSOR ? nodes[i]->u.tensor.storage : nodes[i];
+        if (!s || s->kind != ND_PK_STORAGE) continue; /* materialise_tensor says what is wrong */
+        size_t idx;
+        st = storage_entry(L, s, &idx);
+        if (st != ND_OK) break;
+        const nd_zip_entry *en = &L->zip->entries[idx];
+        unsigned bit = 1u << ((unsigned)s->u.storage.elem & 15);
+        if (en->method == 0 || (types[idx] & bit)) continue;
+        types[idx] |= (uint16_t)bit;
+        total = en->size > UINT64_MAX - total ? UINT64_MAX : total + en->size;
+        count++;
+    }
+    free(types);
+    ND_TRY(st);
+    if (total > L->bytes_left)
+        return nd_io_fail(ND_ERR_MEMORY, L->op, L->what, "its %zu deflated storages decompress to %llu bytes in all, more "
+                          "than the %llu left of the limit of %llu decompressed bytes per load (%s)", count,
+                          (unsigned long long)total, (unsigned long long)L->bytes_left,
+                          (unsigned long long)L->max_bytes, BUDGET_HINT);
+    return ND_OK;
+}
+
+/* Every storage and tensor reachable from the root: the budget is checked
+ * for all of them, then each is read and checked in turn. */
+static nd_status walk(loader *L, nd_pk *root) {
+    nd_pk **nodes;
+    size_t n;
+    ND_TRY(collect(L, root, &nodes, &n));
+    nd_status st = check_budget(L, nodes, n);
+    for (size_t i = 0; i < n && st == ND_OK; i++)
+        st = nodes[i]->kind == ND_PK_STORAGE ? materialise_storage(L, nodes[i]) : materialise_tensor(L, nodes[i]);
+    free(nodes);
     return st;
 }
 
@@ -369,8 +463,8 @@ static nd_status find_root(loader *L, size_t *pkl) {
     return ND_OK;
 }
 
-static nd_status load_zip(loader *L, const uint8_t *buf, size_t len, nd_torch_file *f) {
-    ND_TRY(nd_zip_open(L->op, L->what, buf, len, &L->zip));
+static nd_status load_zip(loader *L, const nd_io_src *src, nd_torch_file *f) {
+    ND_TRY(nd_zip_open_src(src, &L->zip));
     size_t pkl = 0;
     ND_TRY(find_root(L, &pkl));
     /* newer torch records the byte order; the data must be little-endian */
@@ -384,7 +478,10 @@ static nd_status load_zip(loader *L, const uint8_t *buf, size_t len, nd_torch_fi
         const uint8_t *d;
         size_t n;
         void *owned;
-        ND_TRY(nd_zip_read(L->zip, (size_t)bi, 64, &d, &n, &owned));
+        if (L->zip->entries[bi].size > 64)
+            return nd_io_fail(ND_ERR_IO, L->op, L->what, "the checkpoint's byteorder entry has %llu bytes (expected 'little')",
+                              (unsigned long long)L->zip->entries[bi].size);
+        ND_TRY(read_entry_budgeted(L, (size_t)bi, &d, &n, &owned));
         bool little = n == 6 && memcmp(d, "little", 6) == 0;
         char kb[KEY_BUF];
         show_key((const char *)d, n, kb);
@@ -397,39 +494,51 @@ static nd_status load_zip(loader *L, const uint8_t *buf, size_t len, nd_torch_fi
     if (!L->by_entry) return nd_fail(ND_ERR_MEMORY, "%s: '%s': out of memory", L->op, L->what);
     const uint8_t *p;
     size_t n;
-    ND_TRY(nd_zip_read(L->zip, pkl, L->max_bytes, &p, &n, &L->im->pkl_owned));
-    ND_TRY(nd_pickle_load(L->op, L->what, p, n, &f->doc));
+    ND_TRY(read_entry_budgeted(L, pkl, &p, &n, &L->im->pkl_owned));
+    nd_pk_limits lim = {L->opts->max_items};
+    ND_TRY(nd_pickle_load_limited(L->op, L->what, p, n, &lim, &f->doc));
+    /* the pickle's strings live in the doc: a copy read from the file can go */
+    free(L->im->pkl_owned);
+    L->im->pkl_owned = NULL;
     return walk(L, f->doc->root);
 }
 
-/* The legacy format (torch < 1.6, or _use_new_zipfile_serialization=False)
- * is a bare pickle stream starting with the magic number 0x1950a86a20f9469cfc6c
- * (protocol 2: 80 02 8a 0a 6c fc 9c 46 f9 20 6a a8 50 19). */
-static bool is_legacy(const uint8_t *b, size_t len) {
-    return len >= 2 && b[0] == 0x80 && b[1] >= 1 && b[1] <= 5;
-}
-
-static nd_status load_bytes(const char *op, const char *what, const uint8_t *buf, size_t len,
-                            const nd_torch_opts *opts, impl *im, nd_torch_file *f) {
-    if (len >= 4 && buf[0] == 'P' && buf[1] == 'K' &&
-        ((buf[2] == 3 && buf[3] == 4) || (buf[2] == 5 && buf[3] == 6))) {
-        nd_torch_opts defaults = {false, 0};
+/* The checkpoint in src, whatever the format says it is (io.h:
+ * nd_detect_format): a zip is read, the rest is refused with what it is. */
+static nd_status load_src(const nd_io_src *src, const nd_torch_opts *opts, impl *im, nd_torch_file *f) {
+    const char *op = src->op, *what = src->what;
+    nd_file_format fmt;
+    ND_TRY(nd_detect_format(src, &fmt));
+    switch (fmt) {
+    case ND_FMT_ZIP: {
+        nd_torch_opts defaults = {0};
         loader L = {0};
         L.op = op;
         L.what = what;
         L.opts = opts ? opts : &defaults;
-        L.max_bytes = L.opts->max_bytes ? L.opts->max_bytes : ND_GUNZIP_DEFAULT_MAX;
+        L.max_bytes = L.opts->max_decompressed_bytes ? L.opts->max_decompressed_bytes : ND_TORCH_DEFAULT_MAX_DECOMPRESSED;
+        L.bytes_left = L.max_bytes;
         L.im = im;
-        nd_status st = load_zip(&L, buf, len, f);
+        nd_status st = load_zip(&L, src, f);
         free(L.by_entry);
         free(L.name_buf);
         nd_zip_close(L.zip);
         return st;
     }
-    if (is_legacy(buf, len))
+    case ND_FMT_TORCH_LEGACY:
         return nd_io_fail(ND_ERR_IO, op, what, "the file is in PyTorch's legacy (pre-1.6) format, which needle does not read; "
                      "re-save it in PyTorch >= 1.6: torch.save(torch.load(path), path)");
-    if (len == 0) return nd_io_fail(ND_ERR_IO, op, what, "not a PyTorch checkpoint (zip) file: the file is empty");
+    case ND_FMT_SAFETENSORS:
+        return nd_io_fail(ND_ERR_IO, op, what, "not a PyTorch checkpoint (zip) file: it is a safetensors file, which nd.load reads");
+    case ND_FMT_UNKNOWN:
+        break;
+    }
+    if (src->size == 0) return nd_io_fail(ND_ERR_IO, op, what, "not a PyTorch checkpoint (zip) file: the file is empty");
+    unsigned char b[2] = {0, 0};
+    if (src->size >= 2) ND_TRY(nd_src_read(src, 0, b, 2));
+    if (b[0] == 0x80 && b[1] >= 2 && b[1] <= 5)
+        return nd_io_fail(ND_ERR_IO, op, what, "not a PyTorch checkpoint (zip) file: it is a bare pickle stream without "
+                          "the magic number torch.save's legacy format starts with");
     return nd_io_fail(ND_ERR_IO, op, what, "not a PyTorch checkpoint (zip) file");
 }
 
@@ -448,8 +557,6 @@ void nd_torch_free(nd_torch_file *f) {
     nd_pickle_free(f->doc);
     if (im) {
         free(im->pkl_owned);
-        if (im->map) munmap(im->map, im->map_len);
-        free(im->heap);
         free(im);
     }
     free(f);
@@ -466,15 +573,13 @@ static nd_status new_file(const char *op, nd_torch_file **f) {
     return ND_OK;
 }
 
-nd_status nd_torch_load_memory(const char *op, const char *what, const void *buf, size_t len,
-                               const nd_torch_opts *opts, nd_torch_file **out) {
-    *out = NULL;
-    if (!op) op = "load_torch";
-    if (!what) what = "(memory)";
+/* Loads src into a new file object: the storages hold copies and the doc
+ * its own strings, so nothing in the result points into src. */
+static nd_status load_new(const nd_io_src *src, const nd_torch_opts *opts, nd_torch_file **out) {
     nd_torch_file *f;
-    ND_TRY(new_file(op, &f));
+    ND_TRY(new_file(src->op, &f));
     impl *im = f->_impl;
-    nd_status st = load_bytes(op, what, buf, len, opts, im, f);
+    nd_status st = load_src(src, opts, im, f);
     free(im->pkl_owned);
     im->pkl_owned = NULL;
     if (st != ND_OK) {
@@ -485,78 +590,22 @@ nd_status nd_torch_load_memory(const char *op, const char *what, const void *buf
     return ND_OK;
 }
 
-/* The whole file, mapped read-only (or read, where mmap fails). */
-static nd_status map_file(const char *op, const char *path, impl *im, const uint8_t **buf, size_t *len) {
-    int fd;
-    uint64_t fsize;
-    ND_TRY(nd_open_regular(op, path, &fd, &fsize));
-    if (fsize > (uint64_t)SIZE_MAX / 2) {
-        close(fd);
-        return nd_fail(ND_ERR_IO, "%s: '%s': the file is too large", op, path);
-    }
-    size_t n = (size_t)fsize;
-    *len = n;
-    if (n == 0) {
-        close(fd);
-        *buf = (const uint8_t *)"";
-        return ND_OK;
-    }
-    void *m = mmap(NULL, n, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m != MAP_FAILED) {
-        close(fd);
-        im->map = m;
-        im->map_len = n;
-        *buf = m;
-        return ND_OK;
-    }
-    uint8_t *h = malloc(n);
-    if (!h) {
-        close(fd);
-        return nd_fail(ND_ERR_MEMORY, "%s: out of memory reading '%s' (%zu bytes)", op, path, n);
-    }
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, h + got, n - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            int err = r < 0 ? errno : 0;
-            free(h);
-            close(fd);
-            return nd_fail(ND_ERR_IO, "%s: cannot read '%s': %s", op, path,
-                           err ? strerror(err) : "the file shrank while it was read");
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    im->heap = h;
-    *buf = h;
-    return ND_OK;
+nd_status nd_torch_load_memory(const char *op, const char *what, const void *buf, size_t len,
+                               const nd_torch_opts *opts, nd_torch_file **out) {
+    *out = NULL;
+    nd_io_src src = nd_src_memory(op ? op : "load_torch", what ? what : "(memory)", buf, len);
+    return load_new(&src, opts, out);
 }
 
 nd_status nd_torch_load(const char *op, const char *path, const nd_torch_opts *opts, nd_torch_file **out) {
     *out = NULL;
     if (!op) op = "load_torch";
     if (!path || !*path) return nd_fail(ND_ERR_ARG, "%s: empty file name", op);
-    nd_torch_file *f;
-    ND_TRY(new_file(op, &f));
-    const uint8_t *buf = NULL;
-    size_t len = 0;
-    impl *im = f->_impl;
-    nd_status st = map_file(op, path, im, &buf, &len);
-    if (st == ND_OK) st = load_bytes(op, path, buf, len, opts, im, f);
-    /* storages hold copies and the doc its own strings: the file can go */
-    free(im->pkl_owned);
-    im->pkl_owned = NULL;
-    if (im->map) munmap(im->map, im->map_len);
-    im->map = NULL;
-    free(im->heap);
-    im->heap = NULL;
-    if (st != ND_OK) {
-        nd_torch_free(f);
-        return st;
-    }
-    *out = f;
-    return ND_OK;
+    nd_io_src src;
+    ND_TRY(nd_src_open(op, path, &src));
+    nd_status st = load_new(&src, opts, out);
+    nd_src_close(&src);
+    return st;
 }
 
 nd_status nd_torch_storage_tensor(const nd_pk *storage, nd_tensor **out) {

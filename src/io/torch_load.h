@@ -2,8 +2,10 @@
  *
  * A checkpoint is a zip archive <root>/data.pkl + <root>/data/<key> (one
  * entry per storage) + <root>/version (and .data/ files newer versions add);
- * <root> is any single folder name. nd_torch_load maps the file, opens the
- * zip (zip.h), unpickles data.pkl (pickle.h) and materialises every
+ * <root> is any single folder name. nd_torch_load opens the file (read with
+ * pread, never mapped: a file truncated while it is read fails with an
+ * error), opens the zip (zip.h), unpickles data.pkl (pickle.h) and
+ * materialises every
  * ND_PK_STORAGE as one nd_storage read from data/<key> (its size must be
  * numel * element size, exactly) and every ND_PK_TENSOR as an nd_tensor
  * over it: offset + sum((shape-1)*stride) must lie inside the storage
@@ -16,19 +18,30 @@
  * one nd_storage; the same entry read as two element types (a torch >= 2
  * dtype view) gives two storages that do not share memory.
  *
- * A file that is not a zip but starts with a pickle protocol header is the
- * legacy (pre-1.6) format: it fails with a message saying how to re-save it.
- * Errors read "<op>: '<path>': ..." */
+ * Budget: a load reads at most max_decompressed_bytes out of deflated
+ * entries (all of them together, checked for every storage before any is
+ * read) and builds at most max_items container items in the pickle
+ * (pickle.h); the error names the limit and the option that raises it.
+ *
+ * What the file is comes from nd_detect_format (io.h): the legacy (pre-1.6)
+ * format fails with a message saying how to re-save it, a safetensors file
+ * with one pointing at nd.load. Errors read "<op>: '<path>': ..." */
 #ifndef ND_TORCH_LOAD_H
 #define ND_TORCH_LOAD_H
 
 #include <stdbool.h>
 #include "needle.h"
+#include "io/io.h"
 #include "io/pickle.h"
 
+#define ND_TORCH_DEFAULT_MAX_DECOMPRESSED ((uint64_t)4 << 30) /* 4 GiB per load */
+
 typedef struct {
-    bool half_to_float;        /* float16/bfloat16 -> float32 */
-    uint64_t max_bytes;        /* cap on one inflated entry (0: ND_GUNZIP_DEFAULT_MAX) */
+    bool half_to_float;              /* float16/bfloat16 -> float32 */
+    uint64_t max_decompressed_bytes; /* bytes inflated from deflated entries, all together
+                                        (0: ND_TORCH_DEFAULT_MAX_DECOMPRESSED) */
+    uint64_t max_items;              /* container items of the pickle, all together
+                                        (0: ND_PK_DEFAULT_MAX_ITEMS) */
 } nd_torch_opts;
 
 typedef struct nd_torch_file {

@@ -1,9 +1,11 @@
 /* zip.c - a read-only zip reader for torch.save archives and zips written by
  * other tools (see zip.h). The archive is untrusted: every length and offset
- * is checked against the buffer with overflow-safe arithmetic before it is
- * used, and the central directory (the one source of sizes) is checked
+ * is checked against the archive's size with overflow-safe arithmetic before
+ * it is used, and the central directory (the one source of sizes) is checked
  * against each local header, so a reader that walks local headers (as some
- * tools do) and this one cannot be shown different contents. */
+ * tools do) and this one cannot be shown different contents. A file is read
+ * with pread through an nd_io_src, never mapped: one that shrinks while it
+ * is read fails with an error instead of a SIGBUS. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,42 +145,70 @@ typedef struct {
     uint64_t end; /* where the central directory must end: the first record after it */
 } eocd_info;
 
-static nd_status find_eocd(const char *op, const char *what, const uint8_t *b, size_t len,
-                           eocd_info *e) {
-    if (len < EOCD_LEN) return nd_io_fail(ND_ERR_IO, op, what, "not a zip archive (%zu bytes, too short)", len);
-    /* The record is the last thing in the file, followed only by its comment:
-     * scanning back from the end, the first signature whose comment length
-     * reaches exactly the end of the file is it (a comment cannot fake one
-     * that way without also ending exactly there). */
-    size_t pos = len - EOCD_LEN;
-    size_t stop = pos > 0xFFFF ? pos - 0xFFFF : 0;
-    bool found = false;
+/* The end record: the last thing in the archive, followed only by its
+ * comment. Scanning back from the end, the first signature whose comment
+ * length reaches exactly the end of the file is it (a comment cannot fake
+ * one that way without also ending exactly there). *found says whether
+ * there is one; *rec gets its 22 bytes and *at its offset. Fails only when
+ * the bytes cannot be read. */
+static nd_status scan_eocd(const nd_io_src *src, bool *found, uint8_t rec[EOCD_LEN], uint64_t *at) {
+    *found = false;
+    uint64_t len = src->size;
+    if (len < EOCD_LEN) return ND_OK;
+    uint64_t tail = len < (uint64_t)EOCD_LEN + 0xFFFF ? len : (uint64_t)EOCD_LEN + 0xFFFF;
+    const uint8_t *b;
+    void *owned;
+    ND_TRY(nd_src_view(src, len - tail, tail, &b, &owned));
+    size_t pos = (size_t)tail - EOCD_LEN;
     for (;;) {
-        if (rd32(b + pos) == SIG_EOCD && (size_t)rd16(b + pos + 20) == len - pos - EOCD_LEN) {
-            found = true;
+        if (rd32(b + pos) == SIG_EOCD && (uint64_t)rd16(b + pos + 20) == tail - pos - EOCD_LEN) {
+            *found = true;
+            memcpy(rec, b + pos, EOCD_LEN);
+            *at = len - tail + pos;
             break;
         }
-        if (pos == stop) break;
+        if (pos == 0) break;
         pos--;
     }
+    free(owned);
+    return ND_OK;
+}
+
+nd_status nd_zip_probe(const nd_io_src *src, bool *is_zip) {
+    uint8_t rec[EOCD_LEN];
+    uint64_t at;
+    return scan_eocd(src, is_zip, rec, &at);
+}
+
+static nd_status find_eocd(const nd_io_src *src, eocd_info *e) {
+    const char *op = src->op, *what = src->what;
+    uint64_t len = src->size;
+    if (len < EOCD_LEN)
+        return nd_io_fail(ND_ERR_IO, op, what, "not a zip archive (%llu bytes, too short)", (unsigned long long)len);
+    bool found;
+    uint8_t r[EOCD_LEN];
+    uint64_t pos;
+    ND_TRY(scan_eocd(src, &found, r, &pos));
     if (!found)
         return nd_io_fail(ND_ERR_IO, op, what, "no end of central directory record (a truncated or damaged zip archive)");
-    const uint8_t *r = b + pos;
     uint64_t disk = rd16(r + 4), cd_disk = rd16(r + 6);
     uint64_t n_disk = rd16(r + 8), n = rd16(r + 10);
     uint64_t cd_size = rd32(r + 12), cd_offset = rd32(r + 16);
     uint64_t end = pos;
     /* ZIP64: a locator right before the record points at the ZIP64 record */
-    if (pos >= LOC64_LEN && rd32(b + pos - LOC64_LEN) == SIG_LOC64) {
-        const uint8_t *l = b + pos - LOC64_LEN;
+    uint8_t l[LOC64_LEN];
+    if (pos >= LOC64_LEN) ND_TRY(nd_src_read(src, pos - LOC64_LEN, l, LOC64_LEN));
+    if (pos >= LOC64_LEN && rd32(l) == SIG_LOC64) {
         uint32_t l_disk = rd32(l + 4), l_total = rd32(l + 16);
         uint64_t off64 = rd64(l + 8), limit = pos - LOC64_LEN;
         if (l_disk != 0 || l_total > 1)
             return nd_io_fail(ND_ERR_IO, op, what, "multi-disk (split) zip archives are not supported");
-        if (!in_buf(off64, EOCD64_LEN, limit) || rd32(b + off64) != SIG_EOCD64)
+        uint8_t r64[EOCD64_LEN];
+        bool inside = in_buf(off64, EOCD64_LEN, limit);
+        if (inside) ND_TRY(nd_src_read(src, off64, r64, EOCD64_LEN));
+        if (!inside || rd32(r64) != SIG_EOCD64)
             return nd_io_fail(ND_ERR_IO, op, what, "the ZIP64 end of central directory locator points outside the "
                          "archive or at something else (offset %llu)", (unsigned long long)off64);
-        const uint8_t *r64 = b + off64;
         uint64_t rec_size = rd64(r64 + 4); /* what follows its first 12 bytes */
         if (rec_size < EOCD64_LEN - 12 || rec_size > limit || !in_buf(off64, rec_size + 12, limit))
             return nd_io_fail(ND_ERR_IO, op, what, "the ZIP64 end of central directory record has a bad size (%llu)",
@@ -264,16 +294,16 @@ static uint64_t descriptor_len(const uint8_t *p, uint64_t avail, uint32_t crc, u
     return 0;
 }
 
-/* Reads central entry i at *pos and checks it against its local header. */
-static nd_status read_entry(nd_zip *z, const eocd_info *e, uint64_t *pos, size_t i, span *sp) {
-    const uint8_t *b = z->buf;
+/* Reads central entry i at *pos (cd holds the central directory, which
+ * starts at e->cd_offset) and checks it against its local header. */
+static nd_status read_entry(nd_zip *z, const eocd_info *e, const uint8_t *cd, uint64_t *pos, size_t i, span *sp) {
     const char *op = z->op, *what = z->what;
     char nb[NAME_BUF];
     uint64_t cd_end = e->cd_offset + e->cd_size;
-    if (!in_buf(*pos, CENTRAL_LEN, cd_end) || rd32(b + *pos) != SIG_CENTRAL)
+    if (!in_buf(*pos, CENTRAL_LEN, cd_end) || rd32(cd + (*pos - e->cd_offset)) != SIG_CENTRAL)
         return nd_io_fail(ND_ERR_IO, op, what, "central directory entry %zu is damaged (no signature at offset %llu)", i + 1,
                      (unsigned long long)*pos);
-    const uint8_t *c = b + *pos;
+    const uint8_t *c = cd + (*pos - e->cd_offset);
     uint16_t flags = rd16(c + 8), method = rd16(c + 10);
     uint32_t crc = rd32(c + 16);
     uint64_t comp = rd32(c + 20), size = rd32(c + 24);
@@ -305,10 +335,12 @@ static nd_status read_entry(nd_zip *z, const eocd_info *e, uint64_t *pos, size_t
                      "(%llu)", nb, (unsigned long long)comp, (unsigned long long)size);
 
     /* the local header must agree */
-    if (!in_buf(lho, LOCAL_LEN, e->cd_offset) || rd32(b + lho) != SIG_LOCAL)
+    uint8_t l[LOCAL_LEN];
+    bool inside = in_buf(lho, LOCAL_LEN, e->cd_offset);
+    if (inside) ND_TRY(nd_src_read(&z->src, lho, l, LOCAL_LEN));
+    if (!inside || rd32(l) != SIG_LOCAL)
         return nd_io_fail(ND_ERR_IO, op, what, "entry '%s': no local header at offset %llu (inside the archive, before the "
                      "central directory)", nb, (unsigned long long)lho);
-    const uint8_t *l = b + lho;
     uint16_t lflags = rd16(l + 6), lmethod = rd16(l + 8);
     uint32_t lcrc = rd32(l + 14);
     uint64_t lcomp = rd32(l + 18), lsize = rd32(l + 22);
@@ -316,18 +348,34 @@ static nd_status read_entry(nd_zip *z, const eocd_info *e, uint64_t *pos, size_t
     uint64_t data = lho + LOCAL_LEN + lnlen + lxlen;
     if (!in_buf(lho, data - lho, e->cd_offset))
         return nd_io_fail(ND_ERR_IO, op, what, "entry '%s': its local header runs into the central directory", nb);
-    if (lnlen != nlen || memcmp(l + LOCAL_LEN, name, nlen) != 0) {
+    /* the local header's name and extra field */
+    const uint8_t *lv;
+    void *lv_owned;
+    ND_TRY(nd_src_view(&z->src, lho + LOCAL_LEN, lnlen + lxlen, &lv, &lv_owned));
+    if (lnlen != nlen || memcmp(lv, name, nlen) != 0) {
         char lb[NAME_BUF];
-        return nd_io_fail(ND_ERR_IO, op, what, "entry '%s': the local header names it '%s' (the central directory and local "
-                     "headers disagree)", nb, show_name((const char *)l + LOCAL_LEN, lnlen, lb, sizeof lb));
+        nd_status st = nd_io_fail(ND_ERR_IO, op, what, "entry '%s': the local header names it '%s' (the central directory "
+                                  "and local headers disagree)", nb, show_name((const char *)lv, lnlen, lb, sizeof lb));
+        free(lv_owned);
+        return st;
     }
+    extras lx;
+    bool lx_ok = parse_extras(lv + lnlen, lxlen, &lx);
+    /* lx points into lv: keep only what is used of it */
+    uint8_t lz64[16];
+    if (lx_ok && lx.has_z64) {
+        size_t k = lx.z64_len < sizeof lz64 ? lx.z64_len : sizeof lz64;
+        memcpy(lz64, lx.z64, k);
+        lx.z64 = lz64;
+        lx.z64_len = k;
+    }
+    free(lv_owned);
     if (lmethod != method)
         return nd_io_fail(ND_ERR_IO, op, what, "entry '%s': compression method %u in the central directory but %u in the "
                      "local header", nb, method, lmethod);
     if (lflags & (FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION))
         return nd_io_fail(ND_ERR_IO, op, what, "entry '%s' is encrypted, which is not supported", nb);
-    extras lx;
-    if (!parse_extras(l + LOCAL_LEN + lnlen, lxlen, &lx))
+    if (!lx_ok)
         return nd_io_fail(ND_ERR_IO, op, what, "entry '%s': corrupt extra field in the local header", nb);
     if (!(lflags & FLAG_DESCRIPTOR)) {
         err = apply_local_zip64(&lx, &lsize, &lcomp);
@@ -343,8 +391,15 @@ static nd_status read_entry(nd_zip *z, const eocd_info *e, uint64_t *pos, size_t
                      "central directory (truncated or damaged archive)", nb, (unsigned long long)comp,
                      (unsigned long long)data);
     uint64_t dlen = 0;
-    if ((lflags & FLAG_DESCRIPTOR) &&
-        (dlen = descriptor_len(b + data + comp, e->cd_offset - (data + comp), crc, comp, size)) == 0)
+    if (lflags & FLAG_DESCRIPTOR) {
+        /* at most 24 bytes: signature, CRC and two 8-byte sizes */
+        uint8_t dd[24];
+        uint64_t avail = e->cd_offset - (data + comp);
+        if (avail > sizeof dd) avail = sizeof dd;
+        ND_TRY(nd_src_read(&z->src, data + comp, dd, avail));
+        dlen = descriptor_len(dd, avail, crc, comp, size);
+    }
+    if ((lflags & FLAG_DESCRIPTOR) && dlen == 0)
         return nd_io_fail(ND_ERR_IO, op, what, "entry '%s': the data descriptor after its data disagrees with the central "
                      "directory (%llu bytes, %llu compressed, CRC %08x) or is missing", nb,
                      (unsigned long long)size, (unsigned long long)comp, crc);
@@ -368,30 +423,45 @@ static nd_status read_entry(nd_zip *z, const eocd_info *e, uint64_t *pos, size_t
 }
 
 nd_status nd_zip_open(const char *op, const char *what, const void *buf, size_t len, nd_zip **out) {
+    nd_io_src src = nd_src_memory(op ? op : "zip", what ? what : "(memory)", buf, len);
+    return nd_zip_open_src(&src, out);
+}
+
+nd_status nd_zip_open_src(const nd_io_src *src, nd_zip **out) {
     *out = NULL;
-    if (!op) op = "zip";
-    if (!what) what = "(memory)";
+    const char *op = src->op ? src->op : "zip", *what = src->what ? src->what : "(memory)";
+    nd_io_src named = *src;
+    named.op = op;
+    named.what = what;
     eocd_info e = {0, 0, 0, 0};
-    ND_TRY(find_eocd(op, what, buf, len, &e));
+    ND_TRY(find_eocd(&named, &e));
     nd_zip *z = calloc(1, sizeof *z);
     if (!z) return nd_fail(ND_ERR_MEMORY, "%s: '%s': out of memory", op, what);
-    z->buf = buf;
-    z->len = len;
+    z->src = *src;
+    z->buf = src->fd < 0 ? src->mem : NULL;
+    z->len = (size_t)src->size;
     z->op = dupstr(op, strlen(op));
     z->what = dupstr(what, strlen(what));
+    z->src.op = z->op; /* the source's messages name the copies */
+    z->src.what = z->what;
     size_t n = (size_t)e.n;
     z->entries = calloc(n ? n : 1, sizeof *z->entries);
     z->sorted = malloc((n ? n : 1) * sizeof *z->sorted);
     span *spans = malloc((n ? n : 1) * sizeof *spans);
+    const uint8_t *cd = NULL;
+    void *cd_owned = NULL;
     nd_status st = ND_OK;
     if (!z->op || !z->what || !z->entries || !z->sorted || !spans) {
         st = nd_fail(ND_ERR_MEMORY, "%s: '%s': out of memory reading a zip archive of %zu entries", op, what, n);
         goto done;
     }
+    /* the central directory lies inside the archive (find_eocd checked it) */
+    st = nd_src_view(&z->src, e.cd_offset, e.cd_size, &cd, &cd_owned);
+    if (st != ND_OK) goto done;
     uint64_t pos = e.cd_offset;
     for (size_t i = 0; i < n; i++) {
         z->n = i + 1; /* nd_zip_close frees the names read so far */
-        st = read_entry(z, &e, &pos, i, &spans[i]);
+        st = read_entry(z, &e, cd, &pos, i, &spans[i]);
         if (st != ND_OK) goto done;
     }
     z->n = n;
@@ -425,6 +495,7 @@ nd_status nd_zip_open(const char *op, const char *what, const void *buf, size_t 
     }
 done:
     free(spans);
+    free(cd_owned);
     if (st != ND_OK) {
         nd_zip_close(z);
         return st;
@@ -456,15 +527,23 @@ static uint32_t crc_of(const uint8_t *p, uint64_t n) {
     return (uint32_t)c;
 }
 
+#define IN_CHUNK ((size_t)1 << 20) /* compressed bytes read from a file at a time */
+
 /* Inflates entry en (raw deflate) into out[0, en->size): the stream must
  * produce exactly that many bytes and end exactly at the end of its
- * compressed data. */
+ * compressed data. A memory archive is inflated in place; a file's
+ * compressed bytes are read IN_CHUNK at a time. */
 static nd_status inflate_entry(const nd_zip *z, const nd_zip_entry *en, uint8_t *out, const char *nb) {
     z_stream zs;
     memset(&zs, 0, sizeof zs);
-    if (inflateInit2(&zs, -MAX_WBITS) != Z_OK)
+    uint8_t *chunk = NULL;
+    if (z->src.fd >= 0 && !(chunk = malloc(IN_CHUNK)))
+        return nd_fail(ND_ERR_MEMORY, "%s: '%s': entry '%s': out of memory inflating", z->op, z->what, nb);
+    if (inflateInit2(&zs, -MAX_WBITS) != Z_OK) {
+        free(chunk);
         return nd_fail(ND_ERR_MEMORY, "%s: '%s': entry '%s': zlib could not start", z->op, z->what, nb);
-    const uint8_t *in = z->buf + en->data_offset;
+    }
+    uint64_t in_at = en->data_offset; /* the next compressed byte */
     uint64_t in_left = en->comp_size, out_left = en->size;
     uint8_t probe;
     bool probing = false;
@@ -472,9 +551,16 @@ static nd_status inflate_entry(const nd_zip *z, const nd_zip_entry *en, uint8_t 
     for (;;) {
         if (zs.avail_in == 0 && in_left > 0) {
             uInt k = in_left > (1u << 30) ? (1u << 30) : (uInt)in_left;
-            zs.next_in = (Bytef *)in;
+            if (chunk) {
+                if (k > IN_CHUNK) k = (uInt)IN_CHUNK;
+                st = nd_src_read(&z->src, in_at, chunk, k);
+                if (st != ND_OK) break;
+                zs.next_in = chunk;
+            } else {
+                zs.next_in = (Bytef *)(z->buf + in_at);
+            }
             zs.avail_in = k;
-            in += k;
+            in_at += k;
             in_left -= k;
         }
         if (zs.avail_out == 0) {
@@ -528,7 +614,31 @@ static nd_status inflate_entry(const nd_zip *z, const nd_zip_entry *en, uint8_t 
         }
     }
     inflateEnd(&zs);
+    free(chunk);
     return st;
+}
+
+static nd_status crc_check(const nd_zip *z, const nd_zip_entry *en, const uint8_t *p, const char *nb) {
+    uint32_t c = crc_of(p, en->size);
+    if (c != en->crc32)
+        return nd_io_fail(ND_ERR_IO, z->op, z->what, "entry '%s': CRC-32 mismatch (computed %08x, recorded %08x): the data "
+                          "is damaged", nb, c, en->crc32);
+    return ND_OK;
+}
+
+/* What a deflated entry must pass before memory is allocated for it. */
+static nd_status inflate_checks(const nd_zip *z, const nd_zip_entry *en, uint64_t max_bytes, const char *nb) {
+    if (en->size > max_bytes)
+        return nd_fail(ND_ERR_MEMORY, "%s: '%s': entry '%s' inflates to %llu bytes, beyond the limit of %llu",
+                       z->op, z->what, nb, (unsigned long long)en->size, (unsigned long long)max_bytes);
+    /* deflate cannot beat ~1032:1, so a size beyond that is a lie (and a bomb) */
+    if (en->comp_size < UINT64_MAX / 2048 && en->size > (en->comp_size + 16) * 1032)
+        return nd_io_fail(ND_ERR_IO, z->op, z->what, "entry '%s' claims %llu bytes from %llu compressed bytes, more than "
+                     "deflate can encode", nb, (unsigned long long)en->size, (unsigned long long)en->comp_size);
+    if (en->size >= SIZE_MAX)
+        return nd_fail(ND_ERR_MEMORY, "%s: '%s': entry '%s' is too large (%llu bytes)", z->op, z->what, nb,
+                       (unsigned long long)en->size);
+    return ND_OK;
 }
 
 nd_status nd_zip_read(const nd_zip *z, size_t i, uint64_t max_bytes, const uint8_t **data, size_t *len,
@@ -541,37 +651,28 @@ nd_status nd_zip_read(const nd_zip *z, size_t i, uint64_t max_bytes, const uint8
     char nb[NAME_BUF];
     show_name(en->name, en->name_len, nb, sizeof nb);
     if (en->method == 0) {
-        /* in_buf was checked at open */
-        const uint8_t *p = z->buf + en->data_offset;
-        uint32_t c = crc_of(p, en->size);
-        if (c != en->crc32)
-            return nd_io_fail(ND_ERR_IO, z->op, z->what, "entry '%s': CRC-32 mismatch (computed %08x, recorded %08x): the data "
-                         "is damaged", nb, c, en->crc32);
+        /* inside the archive (checked at open): a pointer into a memory
+         * archive, a copy read from a file */
+        const uint8_t *p;
+        void *copy;
+        ND_TRY(nd_src_view(&z->src, en->data_offset, en->size, &p, &copy));
+        nd_status st = crc_check(z, en, p, nb);
+        if (st != ND_OK) {
+            free(copy);
+            return st;
+        }
         *data = p;
         *len = (size_t)en->size;
+        *owned = copy;
         return ND_OK;
     }
-    if (en->size > max_bytes)
-        return nd_fail(ND_ERR_MEMORY, "%s: '%s': entry '%s' inflates to %llu bytes, beyond the limit of %llu",
-                       z->op, z->what, nb, (unsigned long long)en->size, (unsigned long long)max_bytes);
-    /* deflate cannot beat ~1032:1, so a size beyond that is a lie (and a bomb) */
-    if (en->comp_size < UINT64_MAX / 2048 && en->size > (en->comp_size + 16) * 1032)
-        return nd_io_fail(ND_ERR_IO, z->op, z->what, "entry '%s' claims %llu bytes from %llu compressed bytes, more than "
-                     "deflate can encode", nb, (unsigned long long)en->size, (unsigned long long)en->comp_size);
-    if (en->size >= SIZE_MAX)
-        return nd_fail(ND_ERR_MEMORY, "%s: '%s': entry '%s' is too large (%llu bytes)", z->op, z->what, nb,
-                       (unsigned long long)en->size);
+    ND_TRY(inflate_checks(z, en, max_bytes, nb));
     uint8_t *buf = malloc(en->size ? (size_t)en->size : 1);
     if (!buf)
         return nd_fail(ND_ERR_MEMORY, "%s: '%s': out of memory inflating entry '%s' (%llu bytes)", z->op, z->what,
                        nb, (unsigned long long)en->size);
     nd_status st = inflate_entry(z, en, buf, nb);
-    if (st == ND_OK) {
-        uint32_t c = crc_of(buf, en->size);
-        if (c != en->crc32)
-            st = nd_io_fail(ND_ERR_IO, z->op, z->what, "entry '%s': CRC-32 mismatch (computed %08x, recorded %08x): the data is "
-                       "damaged", nb, c, en->crc32);
-    }
+    if (st == ND_OK) st = crc_check(z, en, buf, nb);
     if (st != ND_OK) {
         free(buf);
         return st;
@@ -580,4 +681,21 @@ nd_status nd_zip_read(const nd_zip *z, size_t i, uint64_t max_bytes, const uint8
     *len = (size_t)en->size;
     *owned = buf;
     return ND_OK;
+}
+
+nd_status nd_zip_read_into(const nd_zip *z, size_t i, void *dst, uint64_t n) {
+    if (i >= z->n) return nd_fail(ND_ERR_INDEX, "%s: '%s': no zip entry %zu", z->op, z->what, i);
+    const nd_zip_entry *en = &z->entries[i];
+    char nb[NAME_BUF];
+    show_name(en->name, en->name_len, nb, sizeof nb);
+    if (n != en->size)
+        return nd_fail(ND_ERR_ARG, "%s: '%s': entry '%s' has %llu bytes, not %llu", z->op, z->what, nb,
+                       (unsigned long long)en->size, (unsigned long long)n);
+    if (en->method == 0) {
+        ND_TRY(nd_src_read(&z->src, en->data_offset, dst, en->size));
+    } else {
+        ND_TRY(inflate_checks(z, en, UINT64_MAX, nb));
+        ND_TRY(inflate_entry(z, en, dst, nb));
+    }
+    return crc_check(z, en, dst, nb);
 }

@@ -22,6 +22,11 @@ int lt_raise_as(lua_State *L, const char *op);
 int lt_error(lua_State *L, const char *op, const char *fmt, ...);
 #define LT_CHECK(L, expr) do { if ((expr) != ND_OK) lt_raise(L); } while (0)
 
+/* The file name at idx (lt_io.c): a string, not empty, without a NUL byte
+ * (the C library would stop at it and use another file), else a Lua error
+ * "needle.<op>: path ...". */
+const char *lt_check_path(lua_State *L, int idx, const char *op);
+
 /* Pushes a tensor, taking over the caller's reference (t may not be NULL). */
 void lt_push(lua_State *L, nd_tensor *t);
 /* Tensor at idx or NULL. */

@@ -1,10 +1,14 @@
 /* lt_io.c - binary I/O for Lua: raw bytes <-> tensors, gzip reads, atomic
- * writes, and the safetensors reader/writer under needle.serialize. Results
+ * writes, the safetensors reader/writer under needle.serialize, what a file
+ * is (its format, its type) and the check every path argument gets. Results
  * the core hands over (buffers, headers, tensor arrays) sit in a holder
  * userdata while Lua values are built, so a Lua error (out of memory) in
  * between cannot leak them. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include "io/io.h"
 #include "io/safetensors.h"
 #include "lt_internal.h"
@@ -38,6 +42,16 @@ static const char *check_string(lua_State *L, int idx, const char *op, const cha
     if (lua_type(L, idx) != LUA_TSTRING)
         lt_error(L, op, "%s must be a string, got %s", what, luaL_typename(L, idx));
     return lua_tolstring(L, idx, len);
+}
+
+const char *lt_check_path(lua_State *L, int idx, const char *op) {
+    size_t n;
+    const char *path = check_string(L, idx, op, "path", &n);
+    if (n == 0) lt_error(L, op, "path is empty");
+    /* the C library would stop at the NUL and open another file */
+    const char *nul = memchr(path, 0, n);
+    if (nul) lt_error(L, op, "path '%s\\0...' contains a NUL byte (at byte %d of %d)", path, (int)(nul - path) + 1, (int)n);
+    return path;
 }
 
 /* nd.frombytes(s, dtype[, shape]): shape defaults to 1-D of #s / element size */
@@ -100,7 +114,7 @@ static int t_tobytes(lua_State *L) {
 
 /* nd.gunzip(path[, max_bytes]) */
 static int l_gunzip(lua_State *L) {
-    const char *path = check_string(L, 1, "gunzip", "path", NULL);
+    const char *path = lt_check_path(L, 1, "gunzip");
     uint64_t max = ND_GUNZIP_DEFAULT_MAX;
     if (!lua_isnoneornil(L, 2)) {
         if (!lua_isinteger(L, 2) || lua_tointeger(L, 2) < 0)
@@ -118,7 +132,7 @@ static int l_gunzip(lua_State *L) {
 
 /* nd.write_file_atomic(path, data) */
 static int l_write_file_atomic(lua_State *L) {
-    const char *path = check_string(L, 1, "write_file_atomic", "path", NULL);
+    const char *path = lt_check_path(L, 1, "write_file_atomic");
     size_t n;
     const char *data = check_string(L, 2, "write_file_atomic", "data", &n);
     LT_CHECK(L, nd_write_file_atomic("write_file_atomic", path, data, n));
@@ -147,7 +161,7 @@ static void push_metadata(lua_State *L, const nd_st_header *h) {
 /* core._safetensors_load(path[, op]) -> {name = tensor}, {key = value} */
 static int l_st_load(lua_State *L) {
     const char *op = luaL_optstring(L, 2, "load");
-    const char *path = check_string(L, 1, op, "path", NULL);
+    const char *path = lt_check_path(L, 1, op);
     io_holder *o = new_holder(L);
     nd_st_header *h;
     nd_tensor **ts;
@@ -170,7 +184,7 @@ static int l_st_load(lua_State *L) {
  * (offsets 0-based into the byte buffer, which starts at data_start). Reads no tensor data. */
 static int l_st_header(lua_State *L) {
     const char *op = luaL_optstring(L, 2, "read_header");
-    const char *path = check_string(L, 1, op, "path", NULL);
+    const char *path = lt_check_path(L, 1, op);
     io_holder *o = new_holder(L);
     LT_CHECK(L, nd_st_read_header_file(op, path, &o->h));
     const nd_st_header *h = o->h;
@@ -199,7 +213,7 @@ static int l_st_header(lua_State *L) {
 /* core._safetensors_save(path, {name = tensor}, {key = value} or nil[, op]) */
 static int l_st_save(lua_State *L) {
     const char *op = luaL_optstring(L, 4, "save");
-    const char *path = check_string(L, 1, op, "path", NULL);
+    const char *path = lt_check_path(L, 1, op);
     if (!lua_istable(L, 2)) return lt_error(L, op, "expected a table of tensors, got %s", luaL_typename(L, 2));
     if (!lua_isnoneornil(L, 3) && !lua_istable(L, 3))
         return lt_error(L, op, "metadata must be a table of strings, got %s", luaL_typename(L, 3));
@@ -260,6 +274,42 @@ static int l_st_save(lua_State *L) {
     return 0;
 }
 
+/* ------------------------------------------------------------ what a file is */
+
+/* core._file_format(path[, op]) -> "safetensors" | "zip" | "torch_legacy" | "unknown"
+ * (io.h: nd_detect_format); a file that cannot be opened is an error. */
+static int l_file_format(lua_State *L) {
+    const char *op = luaL_optstring(L, 2, "load");
+    const char *path = lt_check_path(L, 1, op);
+    nd_io_src src;
+    LT_CHECK(L, nd_src_open(op, path, &src));
+    nd_file_format f;
+    nd_status st = nd_detect_format(&src, &f);
+    nd_src_close(&src);
+    LT_CHECK(L, st);
+    lua_pushstring(L, nd_file_format_name(f));
+    return 1;
+}
+
+/* core._file_type(path[, op]) -> "file" | "directory" | "fifo" | "character device" |
+ * "block device" | "socket" | "other", or nil, message when it cannot be
+ * stat'ed. Nothing is opened (opening a FIFO would wait for a writer). */
+static int l_file_type(lua_State *L) {
+    const char *op = luaL_optstring(L, 2, "file_type");
+    const char *path = lt_check_path(L, 1, op);
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, strerror(errno));
+        return 2;
+    }
+    const char *t = S_ISREG(sb.st_mode) ? "file" : S_ISDIR(sb.st_mode) ? "directory" : S_ISFIFO(sb.st_mode) ? "fifo"
+                  : S_ISCHR(sb.st_mode) ? "character device" : S_ISBLK(sb.st_mode) ? "block device"
+                  : S_ISSOCK(sb.st_mode) ? "socket" : "other";
+    lua_pushstring(L, t);
+    return 1;
+}
+
 void lt_register_io(lua_State *L) {
     if (luaL_newmetatable(L, HOLDER_MT)) {
         lua_pushcfunction(L, holder_gc);
@@ -274,6 +324,8 @@ void lt_register_io(lua_State *L) {
         {"_safetensors_load", l_st_load, false, true},
         {"_safetensors_header", l_st_header, false, true},
         {"_safetensors_save", l_st_save, false, true},
+        {"_file_format", l_file_format, false, true},
+        {"_file_type", l_file_type, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

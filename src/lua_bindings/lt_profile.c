@@ -98,7 +98,7 @@ static void write_json_string(FILE *f, const char *s) {
  * (1-based, in nd_profiler_events order) as a Chrome trace: complete ("X")
  * events, ts and dur in microseconds from t0_ns. */
 static int l_write_trace(lua_State *L) {
-    const char *path = luaL_checkstring(L, 1);
+    const char *path = lt_check_path(L, 1, "profile");
     lua_Integer first = luaL_checkinteger(L, 2), last = luaL_checkinteger(L, 3);
     int64_t t0 = (int64_t)luaL_checkinteger(L, 4);
     const nd_profile_event *ev;

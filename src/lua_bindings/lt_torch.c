@@ -1,4 +1,5 @@
-/* lt_torch.c - nd.load_torch(path[, {half_to_float=}]): a PyTorch checkpoint
+/* lt_torch.c - nd.load_torch(path[, {half_to_float=, max_decompressed_bytes=,
+ * max_items=}]): a PyTorch checkpoint
  * (src/io/torch_load.c) as Lua values. dict/OrderedDict -> table (str, int,
  * bool and float keys), list/tuple -> sequence, None -> nd.null (a light
  * userdata: nil cannot be a table value), bool/int/float/str/bytes -> Lua
@@ -189,22 +190,38 @@ static void push_value(conv *c, const nd_pk *v, int depth) {
     }
 }
 
+/* A positive integer option (a budget), or def when absent. */
+static uint64_t opt_limit(lua_State *L, int opts, const char *op, const char *name) {
+    lua_getfield(L, opts, name);
+    uint64_t v = 0;
+    if (!lua_isnil(L, -1)) {
+        if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) <= 0)
+            lt_error(L, op, "option %s must be a positive integer, got %s", name,
+                     lua_isinteger(L, -1) ? lua_tostring(L, -1) : luaL_typename(L, -1));
+        v = (uint64_t)lua_tointeger(L, -1);
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
 /* core.load_torch(path[, opts[, op]]) */
 static int l_load_torch(lua_State *L) {
     const char *op = luaL_optstring(L, 3, "load_torch");
-    if (lua_type(L, 1) != LUA_TSTRING)
-        return lt_error(L, op, "path must be a string, got %s", luaL_typename(L, 1));
-    const char *path = lua_tostring(L, 1);
-    if (!*path) return lt_error(L, op, "path is empty");
-    nd_torch_opts o = {false, 0};
+    const char *path = lt_check_path(L, 1, op);
+    nd_torch_opts o = {0};
     if (!lua_isnoneornil(L, 2)) {
         if (!lua_istable(L, 2)) return lt_error(L, op, "options must be a table, got %s", luaL_typename(L, 2));
+        static const char *const known[] = {"half_to_float", "max_decompressed_bytes", "max_items"};
         lua_pushnil(L);
         while (lua_next(L, 2)) {
             lua_pop(L, 1);
-            if (lua_type(L, -1) != LUA_TSTRING || strcmp(lua_tostring(L, -1), "half_to_float") != 0) {
+            bool ok = false;
+            for (size_t i = 0; i < sizeof known / sizeof *known && lua_type(L, -1) == LUA_TSTRING; i++)
+                ok = ok || strcmp(lua_tostring(L, -1), known[i]) == 0;
+            if (!ok) {
                 lua_pushvalue(L, -1);
-                return lt_error(L, op, "unknown option '%s' (expected half_to_float)", luaL_tolstring(L, -1, NULL));
+                return lt_error(L, op, "unknown option '%s' (expected half_to_float, max_decompressed_bytes, max_items)",
+                                luaL_tolstring(L, -1, NULL));
             }
         }
         lua_getfield(L, 2, "half_to_float");
@@ -212,6 +229,8 @@ static int l_load_torch(lua_State *L) {
             return lt_error(L, op, "option half_to_float must be a boolean, got %s", luaL_typename(L, -1));
         o.half_to_float = lua_toboolean(L, -1);
         lua_pop(L, 1);
+        o.max_decompressed_bytes = opt_limit(L, 2, op, "max_decompressed_bytes");
+        o.max_items = opt_limit(L, 2, op, "max_items");
     }
     lua_settop(L, 1);
     torch_holder *h = lua_newuserdatauv(L, sizeof *h, 0); /* 2 */

@@ -55,7 +55,7 @@ static void touch(const nd_pk *v, int depth) {
 }
 
 static void load(const uint8_t *data, size_t size, bool half) {
-    nd_torch_opts opts = {.half_to_float = half, .max_bytes = 1u << 24};
+    nd_torch_opts opts = {.half_to_float = half, .max_decompressed_bytes = 1u << 24};
     nd_torch_file *f = NULL;
     nd_status st = nd_torch_load_memory("fuzz", "input", data, size, &opts, &f);
     if (getenv("NEEDLE_FUZZ_VERBOSE")) /* replaying one input: say what became of it */

@@ -65,13 +65,14 @@ Corpus.__name = "Corpus"
 -- tokenize(path[, max_lines]) -> int64 1-D tensor of the file's word indices,
 -- "<eos>" after every line, new words added to the dictionary.
 function Corpus:tokenize(path, max_lines)
-  local f, err = io.open(path, "r")
-  if not f then error(("%s: cannot open '%s': %s"):format(WHO, path, err), 0) end
-  if util.is_dir(path) then f:close() error(("%s: '%s' is a directory, expected a text file"):format(WHO, path), 0) end
+  -- read by the C reader: only a regular file (a FIFO is refused, not waited on)
+  local s = util.read(path, WHO)
   local dict = self.dictionary
   local w2i = dict.word2idx
   local ids, n, lines = {}, 0, 0
-  for line in f:lines() do
+  -- the lines as f:lines() gives them: a last line without "\n" counts
+  if s ~= "" and s:sub(-1) ~= "\n" then s = s .. "\n" end
+  for line in s:gmatch("(.-)\n") do
     if max_lines and lines >= max_lines then break end
     lines = lines + 1
     for w in line:gmatch("%S+") do
@@ -81,7 +82,6 @@ function Corpus:tokenize(path, max_lines)
     n = n + 1
     ids[n] = w2i[M.EOS] or dict:add_word(M.EOS)
   end
-  f:close()
   if n == 0 then return core.zeros({0}, {dtype = "int64"}) end
   return core.tensor(ids, {dtype = "int64"})
 end

@@ -3,19 +3,27 @@ local core = require "needle.core"
 
 local util = {}
 
-function util.exists(path)
+-- The type of what path names ("file", "directory", "fifo", ...), or nil
+-- when there is nothing there. Nothing is opened: opening a FIFO for
+-- reading would wait for a writer.
+local function file_type(path)
+  if core._file_type then return (core._file_type(path)) end
+  -- without the C core: io.open (a FIFO would block it)
   local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
+  if not f then return nil end
+  local ok, _, code = f:read(0)
+  f:close()
+  return (ok == nil and code == 21) and "directory" or "file" -- EISDIR
+end
+util.file_type = file_type
+
+-- whether path names something (a file, a directory, ...)
+function util.exists(path)
+  return file_type(path) ~= nil
 end
 
 function util.is_dir(path)
-  -- a directory opens for reading on Linux but fails to read
-  local f = io.open(path, "rb")
-  if not f then return false end
-  local ok, _, code = f:read(0)
-  f:close()
-  return ok == nil and code == 21 -- EISDIR
+  return file_type(path) == "directory"
 end
 
 function util.join(dir, name)
@@ -27,9 +35,10 @@ end
 -- Errors read "<who>: ..." and name the file.
 function util.read(path, who)
   if core.gunzip then
+    -- only a regular file is read (a FIFO or a device is refused, not waited on)
     local ok, s = pcall(core.gunzip, path)
     if ok then return s end
-    s = tostring(s)
+    s = tostring(s):gsub("^needle%.gunzip: ", "", 1)
     if not s:find(path, 1, true) then s = ("'%s': %s"):format(path, s) end
     error(("%s: %s"):format(who, s), 0)
   end
