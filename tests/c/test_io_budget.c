@@ -19,46 +19,10 @@
 #include <string.h>
 #include <unistd.h>
 #include <zlib.h>
+#include "byte_writer.h"
 #include "check.h"
 #include "io/pickle.h"
 #include "io/torch_load.h"
-
-/* ------------------------------------------------------------ bytes */
-
-typedef struct { uint8_t *p; size_t n, cap; } bytes;
-
-static void put(bytes *b, const void *d, size_t n) {
-    if (b->n + n > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n) c *= 2;
-        b->p = realloc(b->p, c);
-        if (!b->p) { printf("out of memory\n"); exit(1); }
-        b->cap = c;
-    }
-    if (n) memcpy(b->p + b->n, d, n);
-    b->n += n;
-}
-static void puts_(bytes *b, const char *s) { put(b, s, strlen(s)); }
-static void put8(bytes *b, uint8_t v) { put(b, &v, 1); }
-static void put16(bytes *b, uint16_t v) { put8(b, (uint8_t)v); put8(b, (uint8_t)(v >> 8)); }
-static void put32(bytes *b, uint32_t v) { put16(b, (uint16_t)v); put16(b, (uint16_t)(v >> 16)); }
-static void put64(bytes *b, uint64_t v) { put32(b, (uint32_t)v); put32(b, (uint32_t)(v >> 32)); }
-
-static size_t raw_deflate(const void *src, size_t n, uint8_t **out) {
-    z_stream zs;
-    memset(&zs, 0, sizeof zs);
-    if (deflateInit2(&zs, 9, Z_DEFLATED, -MAX_WBITS, 9, Z_DEFAULT_STRATEGY) != Z_OK) exit(1);
-    size_t cap = deflateBound(&zs, (uLong)n) + 16;
-    *out = malloc(cap);
-    zs.next_in = (Bytef *)src;
-    zs.avail_in = (uInt)n;
-    zs.next_out = *out;
-    zs.avail_out = (uInt)cap;
-    if (deflate(&zs, Z_FINISH) != Z_STREAM_END) exit(1);
-    size_t k = zs.total_out;
-    deflateEnd(&zs);
-    return k;
-}
 
 /* ------------------------------------------------------------ a zip writer
  * Entries with ZIP64 sizes (so a 1.25 GiB claim fits any field). data is

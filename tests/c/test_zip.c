@@ -11,29 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
+#include "byte_writer.h"
 #include "check.h"
 #include "io/zip.h"
 
 /* ------------------------------------------------------------ a zip writer */
-
-typedef struct { uint8_t *p; size_t n, cap; } bytes;
-
-static void put(bytes *b, const void *d, size_t n) {
-    if (b->n + n > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n) c *= 2;
-        b->p = realloc(b->p, c);
-        if (!b->p) { printf("out of memory\n"); exit(1); }
-        b->cap = c;
-    }
-    if (n) memcpy(b->p + b->n, d, n);
-    b->n += n;
-}
-static void put16(bytes *b, uint16_t v) { uint8_t x[2] = {(uint8_t)v, (uint8_t)(v >> 8)}; put(b, x, 2); }
-static void put32(bytes *b, uint32_t v) { put16(b, (uint16_t)v); put16(b, (uint16_t)(v >> 16)); }
-static void put64(bytes *b, uint64_t v) { put32(b, (uint32_t)v); put32(b, (uint32_t)(v >> 32)); }
-static void set16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static void set32(uint8_t *p, uint32_t v) { set16(p, (uint16_t)v); set16(p + 2, (uint16_t)(v >> 16)); }
 
 typedef struct {
     const char *name;
@@ -55,22 +37,6 @@ typedef struct {
     size_t local[16], central[16], eocd, cd_offset;
     size_t data_off[16], comp[16];
 } zbuild;
-
-static size_t raw_deflate(const void *src, size_t n, uint8_t **out) {
-    z_stream zs;
-    memset(&zs, 0, sizeof zs);
-    if (deflateInit2(&zs, 9, Z_DEFLATED, -MAX_WBITS, 8, Z_DEFAULT_STRATEGY) != Z_OK) exit(1);
-    size_t cap = deflateBound(&zs, (uLong)n) + 16;
-    *out = malloc(cap);
-    zs.next_in = (Bytef *)src;
-    zs.avail_in = (uInt)n;
-    zs.next_out = *out;
-    zs.avail_out = (uInt)cap;
-    if (deflate(&zs, Z_FINISH) != Z_STREAM_END) exit(1);
-    size_t k = zs.total_out;
-    deflateEnd(&zs);
-    return k;
-}
 
 static void build(zbuild *z, const ent *es, int n, const zopts *o) {
     memset(z, 0, sizeof *z);
