@@ -21,6 +21,7 @@
 -- every state is rebuilt, and only then are the objects loaded; if one of them
 -- refuses its state, the ones already loaded are put back as they were, and
 -- the error names the file and the problem.
+local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 local serialize = require "needle.serialize"
 

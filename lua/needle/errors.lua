@@ -3,40 +3,61 @@
 -- An error raised deep inside the package (a Linear called by a Sequential,
 -- an option checked by a helper of a helper) would otherwise carry the
 -- position of a library line, which the user can do nothing with
--- ("nn/container.lua:143: needle.nn.Linear ..."). Two tools give it the
--- position of the innermost line of the user's own code instead:
+-- ("nn/container.lua:143: needle.nn.Linear ..."). The position is chosen
+-- where the error is raised, never by catching and re-raising it, so the
+-- traceback keeps every frame (the user's forward and its helpers included):
 --
---   errors.raise(msg)       raises msg at the first stack frame outside the
---                           package's Lua sources (C frames are skipped too)
---   errors.call(fn, ...)    calls fn(...); a "needle.<op>: ..." error raised
---                           inside (by Lua or by a C function) at a library
---                           line, or with no position, is re-raised with the
---                           position of the innermost user frame. The nn
---                           modules' calls and constructors go through it.
+--   errors.error(msg, level)  the package's `error` (each file that raises
+--                             does `local error = require("needle.errors").error`):
+--                             a "needle.<op>: ..." message whose level lands
+--                             on a line of the package gets the position of
+--                             the innermost user frame above it instead; any
+--                             other message or level behaves as error's
+--   errors.raise(msg)         raises msg at the innermost user frame
+--   errors.fail(who, fmt, ...) raises "needle.<who>: <fmt...>" there
 --
--- Errors that are not needle's own ("attempt to index a nil value", errors
--- raised by the user's callbacks) pass through unchanged.
+-- The C functions do the same for their own errors (lt_error in
+-- src/lua_bindings/lt_tensor.c); this module tells them where the package's
+-- files are when they are not the embedded copies.
+local core = require "needle.core"
+
 local M = {}
 
 -- "@/path/to/lua/needle/": the package's files share this file's directory
 local ROOT = debug.getinfo(1, "S").source:match("^(@.*[/\\])errors%.lua$")
+if ROOT ~= nil then core._set_library_root(ROOT) end
 
 -- true when source (debug.getinfo's) is one of the package's Lua files
-function M.is_library(source)
+local function is_library(source)
   if ROOT ~= nil and source:sub(1, #ROOT) == ROOT then return true end
   return source:find("^=%[needle embedded%] needle") ~= nil
 end
-local is_library = M.is_library
 
-function M.raise(msg)
-  -- debug.getinfo and error count levels alike here: 1 is raise itself
-  local level = 2
+-- The level of the innermost frame at or above `from` that is neither the
+-- package's nor C, or nil. Levels count as the calling function counts them
+-- (1 is itself), so the result can go straight to error().
+local function user_level(from)
+  local level = from + 1 -- this function's own frame is one more
   while true do
     local info = debug.getinfo(level, "S")
-    if info == nil then error(msg, 0) end
-    if info.what ~= "C" and not is_library(info.source) then error(msg, level) end
+    if info == nil then return nil end
+    if info.what ~= "C" and not is_library(info.source) then return level - 1 end
     level = level + 1
   end
+end
+
+-- "file:line: needle.x: ..." -> "needle.x: ..." (a C error already carries a
+-- position; raising it again must not add a second one)
+local function strip_position(msg)
+  return (msg:gsub("^[^\n]-:%d+: (needle%.)", "%1", 1))
+end
+
+function M.raise(msg)
+  if type(msg) == "string" then msg = strip_position(msg) end
+  -- levels here: 1 is raise itself, 2 its caller
+  local level = user_level(2)
+  if level == nil then error(msg, 0) end
+  error(msg, level)
 end
 
 -- "needle.<who>: <fmt...>" raised at the user's line
@@ -44,47 +65,21 @@ function M.fail(who, fmt, ...)
   M.raise(("needle.%s: " .. fmt):format(who, ...))
 end
 
--- The message handler of errors.call: runs on the stack of the error, so the
--- frame the message blames and the user's frames above it are all there.
-local function relocate(e)
-  if type(e) ~= "string" then return e end
-  local pos = e:match("^([^\n]-:%d+: )needle%.")
-  if pos == nil then
-    if e:find("^needle%.") == nil then return e end -- not needle's
-    pos = ""
-  end
-  local chunk = pos:match("^(.*):%d+: $")
-  local user, library = nil, {}
-  local level = 2
-  while true do
-    local info = debug.getinfo(level, "Sl")
-    if info == nil then break end
-    if info.what ~= "C" then
-      if is_library(info.source) then library[info.short_src] = true
-      elseif user == nil then user = info end
+function M.error(msg, level)
+  level = level or 1
+  if level <= 0 or type(msg) ~= "string" then error(msg, 0) end -- no position to choose
+  -- A tail call (`return error(...)`) replaced the caller's frame with this
+  -- one, so the caller's levels are ours; otherwise ours are one deeper.
+  local here = debug.getinfo(1, "t").istailcall and level or level + 1
+  local info = debug.getinfo(here, "S")
+  if info ~= nil and info.what ~= "C" and is_library(info.source) then
+    local stripped = strip_position(msg)
+    if stripped:find("^needle%.") then
+      local user = user_level(here)
+      if user ~= nil then error(stripped, user) end
     end
-    level = level + 1
   end
-  if user == nil or (pos ~= "" and not library[chunk]) then return e end
-  return ("%s:%d: %s"):format(user.short_src, user.currentline, e:sub(#pos + 1))
-end
-
--- The threads (coroutines) inside an errors.call: only the outermost call of
--- a thread needs the protected call, since relocate runs on the whole stack
--- of the error; calls nested in it (the modules of a Sequential) are plain.
-local protected = setmetatable({}, {__mode = "k"})
-
-local function finish(co, ok, ...)
-  protected[co] = nil
-  if ok then return ... end
-  error((...), 0)
-end
-
-function M.call(fn, ...)
-  local co = coroutine.running()
-  if protected[co] then return fn(...) end
-  protected[co] = true
-  return finish(co, xpcall(fn, relocate, ...))
+  error(msg, here)
 end
 
 return M

@@ -4,6 +4,7 @@
 -- differentiable ops, so every function here has gradients (and gradients
 -- of gradients). Keyword arguments go in a trailing options table with
 -- PyTorch's names. Dims are 1-based; class labels are 1..C.
+local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 local errors = require "needle.errors"
 local options = require "needle.options"

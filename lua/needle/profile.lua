@@ -7,6 +7,7 @@
 -- side sums calls, total time, self time (total minus nested events) and
 -- bytes of tensor storage allocated per name; the originals are put back when
 -- the outermost profile ends, also when fn raises.
+local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 
 local M = {}

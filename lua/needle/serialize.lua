@@ -11,6 +11,7 @@
 -- temporary file that replaces `path` only once it is complete and synced, so
 -- a failed save leaves the old file intact. This module checks the Lua-side
 -- arguments and gives the errors their names.
+local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 
 local M = {}

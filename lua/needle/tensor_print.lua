@@ -35,6 +35,7 @@
 -- The tensor API used: t.shape, t.dtype, t.device, t.requires_grad,
 -- t:narrow(dim, start, length), t:totable(), t:double().
 
+local error = require("needle.errors").error -- positions at the user's line
 local options = require "needle.options"
 
 local M = {}

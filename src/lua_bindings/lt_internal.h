@@ -18,8 +18,12 @@ int lt_raise(lua_State *L);
  * reach the core through nd_empty/nd_full, whose names would mislead). */
 int lt_raise_as(lua_State *L, const char *op);
 #define LT_CHECK_AS(L, op, expr) do { if ((expr) != ND_OK) lt_raise_as(L, op); } while (0)
-/* Raises "needle.<op>: <fmt...>" */
+/* Raises "needle.<op>: <fmt...>" at the position of the innermost Lua frame
+ * outside the package's own Lua files (the user's line). */
 int lt_error(lua_State *L, const char *op, const char *fmt, ...);
+/* core._set_library_root(prefix): where the package's Lua files are, when
+ * they are loaded from files rather than embedded (needle.errors sets it). */
+int lt_set_library_root(lua_State *L);
 #define LT_CHECK(L, expr) do { if ((expr) != ND_OK) lt_raise(L); } while (0)
 
 /* The file name at idx (lt_io.c): a string, not empty, without a NUL byte

@@ -43,6 +43,7 @@ int luaopen_needle_core(lua_State *L) {
         {"cached_bytes", l_cached_bytes, false, true},
         {"empty_cache", l_empty_cache, false, true},
         {"clock", l_clock, false, true},
+        {"_set_library_root", lt_set_library_root, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

@@ -9,8 +9,58 @@ static char mt_key, methods_key;
 
 /* ---------------------------------------------------------------- errors */
 
-int lt_raise(lua_State *L) {
+/* The registry field where needle.errors leaves the directory prefix of the
+ * package's Lua files when they are loaded from files ("@/.../lua/needle/"). */
+#define LIBRARY_ROOT_KEY "needle.library_root"
+
+/* Whether a chunk is one of the package's own Lua files: an embedded source
+ * ("=[needle embedded] needle...") or a file under the registered root. */
+static bool is_library_source(lua_State *L, const char *source) {
+    static const char embedded[] = "=[needle embedded] needle";
+    if (strncmp(source, embedded, sizeof embedded - 1) == 0) return true;
+    bool lib = false;
+    if (lua_getfield(L, LUA_REGISTRYINDEX, LIBRARY_ROOT_KEY) == LUA_TSTRING) {
+        size_t n;
+        const char *root = lua_tolstring(L, -1, &n);
+        lib = n > 0 && strncmp(source, root, n) == 0;
+    }
+    lua_pop(L, 1);
+    return lib;
+}
+
+/* Pushes "<file>:<line>: " for an error raised here, as luaL_where(L, 1)
+ * does, except when the caller is one of the package's own Lua files: then
+ * the innermost frame of the user's code above it, so that an op failing
+ * inside the library (F.linear inside Linear:forward inside a Sequential)
+ * names the user's line rather than a library line. Called from C (pcall)
+ * or from the user's code, it is luaL_where's answer. The position is found
+ * where the error is raised, so nothing catches and re-raises it, and the
+ * traceback keeps every frame. */
+static void push_where(lua_State *L) {
+    lua_Debug ar;
+    if (lua_getstack(L, 1, &ar) && lua_getinfo(L, "S", &ar) && ar.what[0] != 'C' &&
+        is_library_source(L, ar.source)) {
+        for (int level = 2; lua_getstack(L, level, &ar); level++) {
+            if (!lua_getinfo(L, "Sl", &ar) || ar.currentline <= 0) continue; /* C frames */
+            if (is_library_source(L, ar.source)) continue;
+            lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.currentline);
+            return;
+        }
+    }
     luaL_where(L, 1);
+}
+
+/* core._set_library_root(prefix): needle.errors registers where the
+ * package's files are when they are not embedded. */
+int lt_set_library_root(lua_State *L) {
+    luaL_checkstring(L, 1);
+    lua_pushvalue(L, 1);
+    lua_setfield(L, LUA_REGISTRYINDEX, LIBRARY_ROOT_KEY);
+    return 0;
+}
+
+int lt_raise(lua_State *L) {
+    push_where(L);
     lua_pushfstring(L, "needle.%s", nd_last_error_based(1)); /* Lua is 1-based */
     lua_concat(L, 2);
     return lua_error(L);
@@ -19,7 +69,7 @@ int lt_raise(lua_State *L) {
 int lt_raise_as(lua_State *L, const char *op) {
     const char *msg = nd_last_error_based(1);
     const char *colon = strstr(msg, ": ");
-    luaL_where(L, 1);
+    push_where(L);
     lua_pushfstring(L, "needle.%s: %s", op, colon ? colon + 2 : msg);
     lua_concat(L, 2);
     return lua_error(L);
@@ -37,7 +87,7 @@ int lt_error(lua_State *L, const char *op, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    luaL_where(L, 1);
+    push_where(L);
     lua_pushfstring(L, "needle.%s: %s", op, msg);
     lua_concat(L, 2);
     return lua_error(L);

@@ -27,6 +27,7 @@
 --   state dict (sizes inferred from it, opts for what cannot be), load it and
 --   put it in eval mode. opts.mapping overrides the registry's mapping; opts.strict.
 -- summary(sd): {tensors=, elements=, bytes=, dtypes = {float32 = n, ...}}
+local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 local options = require "needle.options"
 

@@ -29,6 +29,7 @@
 --                                 (1-based) into new_key; keys are removed
 --   split(key, new_keys, dim[, sizes])  the inverse: equal parts unless sizes is given
 --   compose(m1, m2, ...)          m1 first, then m2, ...
+local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 
 local M = {}

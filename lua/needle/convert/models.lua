@@ -19,6 +19,7 @@
 --
 -- Also defined here (and exported): ResNetCIFAR with its BasicBlock, and
 -- TransformerClassifier.
+local error = require("needle.errors").error -- positions at the user's line
 local nd = require "needle"
 local Module = require "needle.nn.module"
 local options = require "needle.options"

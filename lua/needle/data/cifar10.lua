@@ -10,6 +10,7 @@
 -- sequence of 3073-byte records: one label byte (0..9) and 3072 pixel bytes,
 -- the red, green and blue 32x32 planes in row-major order, i.e. CHW. Labels
 -- come back 1-based (the file's value + 1). Files may also be gzip.
+local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 local options = require "needle.options"
 local util = require "needle.data.util"

@@ -10,6 +10,7 @@
 -- the order, so epoch e of a loader built with seed s is the same in every
 -- run, different epochs give different orders, and iterating never moves the
 -- global random stream (nd.rand after a loop equals nd.rand without it).
+local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 local dataset_mod = require "needle.data.dataset"
 local options = require "needle.options"

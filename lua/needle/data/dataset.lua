@@ -13,6 +13,7 @@
 -- is t1[i] alone for one tensor, else the list {t1[i], t2[i], ...}.
 -- opts.transform is applied to the first field of each item, opts.target_transform
 -- to the second (as torchvision's transform / target_transform).
+local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 local options = require "needle.options"
 

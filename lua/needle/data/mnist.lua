@@ -10,6 +10,7 @@
 -- Labels are PyTorch's plus one (1-based class indices). Files may be plain or
 -- gzip. Fashion-MNIST is Debian's package dataset-fashion-mnist, which puts
 -- it in /usr/share/datasets/fashion-mnist (mnist.FASHION_DIR; mnist.fashion()).
+local error = require("needle.errors").error -- positions at the user's line
 local util = require "needle.data.util"
 
 local M = {}

@@ -9,6 +9,7 @@
 --   for i = 1, train:size(1) - 1, 35 do
 --     local input, target = ptb.get_batch(train, i, 35)  -- (seq_len, 20), (seq_len * 20)
 --   end
+local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 local options = require "needle.options"
 local util = require "needle.data.util"

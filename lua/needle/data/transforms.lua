@@ -7,6 +7,7 @@
 --
 -- Every transform is a callable object. The random ones draw from the global
 -- generator (as torchvision does), so nd.manual_seed makes them reproducible.
+local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 local options = require "needle.options"
 

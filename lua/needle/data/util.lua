@@ -1,4 +1,5 @@
 -- needle.data.util: file helpers shared by the dataset readers.
+local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 
 local util = {}

@@ -2,6 +2,7 @@
 -- LogSoftmax - modules around the nd.F functions (no parameters).
 --
 --   nd.nn.GELU({approximate = "tanh"}); nd.nn.Softmax(-1); nd.nn.LeakyReLU(0.2)
+local error = require("needle.errors").error -- positions at the user's line
 local nd = require "needle"
 local Module = require "needle.nn.module"
 local util = require "needle.nn.util"

@@ -7,6 +7,7 @@
 --
 -- Children are named "0" .. "n-1", PyTorch's names, so that state_dict keys
 -- match PyTorch's; integer indexing is 1-based (negative counts from the end).
+local error = require("needle.errors").error -- positions at the user's line
 local Module = require "needle.nn.module"
 
 local M = {}

@@ -9,6 +9,7 @@
 -- (in, out/groups, kh, kw) - and PyTorch's default initialisation
 -- (kaiming_uniform with a = sqrt(5), bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))).
 -- Conv2d's padding may also be "valid" or "same" (stride 1).
+local error = require("needle.errors").error -- positions at the user's line
 local nd = require "needle"
 local Module = require "needle.nn.module"
 local init = require "needle.nn.initializers"

@@ -2,6 +2,7 @@
 --
 -- In training mode each element is zeroed with probability p and the rest are
 -- scaled by 1 / (1 - p); in evaluation mode (model:eval()) it is the identity.
+local error = require("needle.errors").error -- positions at the user's line
 local nd = require "needle"
 local Module = require "needle.nn.module"
 local util = require "needle.nn.util"

@@ -6,6 +6,7 @@
 -- Indices are 1-based (1..num_embeddings), as everywhere in needle; so is
 -- padding_idx (negative counts from the end). The weight is N(0, 1) with the
 -- padding row zeroed, as PyTorch; the padding row gets no gradient.
+local error = require("needle.errors").error -- positions at the user's line
 local nd = require "needle"
 local Module = require "needle.nn.module"
 local init = require "needle.nn.initializers"

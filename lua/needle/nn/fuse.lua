@@ -27,6 +27,7 @@
 -- require grad (pass {requires_grad = true} to keep them trainable: the
 -- fused ops then run as the composed differentiable ops whenever autograd
 -- records, so gradients stay correct).
+local error = require("needle.errors").error -- positions at the user's line
 local nd = require "needle"
 local Module = require "needle.nn.module"
 local options = require "needle.options"

@@ -2,6 +2,7 @@
 --
 --   local nn = nd.nn
 --   local model = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+local error = require("needle.errors").error -- positions at the user's line
 local Module = require "needle.nn.module"
 
 local nn = {Module = Module, Parameter = Module.Parameter}

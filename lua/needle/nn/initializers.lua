@@ -9,6 +9,7 @@
 -- (out, in, k...) fan_in = in * prod(k), fan_out = out * prod(k). The names
 -- without the trailing underscore are aliases. Keyword arguments may be given
 -- positionally (PyTorch's order) or in an options table with PyTorch's names.
+local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 local opts_check = require("needle.options").check
 

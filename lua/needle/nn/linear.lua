@@ -5,6 +5,7 @@
 --
 -- Linear's default initialisation is PyTorch's: weight kaiming_uniform with
 -- a = sqrt(5) (U(-1/sqrt(in), 1/sqrt(in))), bias U(-1/sqrt(in), 1/sqrt(in)).
+local error = require("needle.errors").error -- positions at the user's line
 local nd = require "needle"
 local Module = require "needle.nn.module"
 local init = require "needle.nn.initializers"

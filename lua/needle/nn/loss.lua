@@ -8,6 +8,7 @@
 -- ignore_index (a 1-based class index), label_smoothing. Class-index losses
 -- take logits (N, C) or (N, C, d1, ...) with labels (N) or (N, d1, ...), as
 -- PyTorch.
+local error = require("needle.errors").error -- positions at the user's line
 local nd = require "needle"
 local Module = require "needle.nn.module"
 

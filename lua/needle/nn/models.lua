@@ -8,6 +8,7 @@
 --   ResNet9({num_classes=10, dtype=}): needle's (CMU 10-714 hw4) small residual
 --     network for 3x32x32 images; forward(x (N, 3, 32, 32)) -> logits (N, num_classes)
 --   ConvBN(a, b, k, s, {dtype=}): Conv2d(a, b, k, {stride=s, padding=(k-1)//2}) -> BatchNorm2d(b) -> ReLU
+local error = require("needle.errors").error -- positions at the user's line
 local nd = require "needle"
 local Module = require "needle.nn.module"
 local init = require "needle.nn.initializers"

@@ -11,8 +11,8 @@
 --   function Linear:init(i, o) self.weight = ... end       -- constructor
 --   function Linear:forward(x) return ... end
 --   local m = Linear(3, 4); local y = m(x)
+local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
-local errors = require "needle.errors"
 local options = require "needle.options"
 
 local Module = {}
@@ -39,10 +39,7 @@ local function make_instance_mt(class)
     __newindex = function(self, k, v)
       self:_set(k, v)
     end,
-    -- errors.call: an error raised anywhere inside (a Linear in a
-    -- Sequential, an op in a forward) reads with the position of the
-    -- user's line, not the library's
-    __call = function(self, ...) return errors.call(self.forward, self, ...) end,
+    __call = function(self, ...) return self:forward(...) end,
     __tostring = function(self) return self:_repr("") end,
     __name = class.__name,
     class = class,
@@ -52,8 +49,7 @@ end
 -- Module:extend(name): a subclass; calling the class constructs an instance
 -- (new fields, then init(...)).
 function Module:extend(name)
-  local class = setmetatable({}, {__index = self,
-                                  __call = function(cls, ...) return errors.call(cls.new, cls, ...) end})
+  local class = setmetatable({}, {__index = self, __call = function(cls, ...) return cls:new(...) end})
   class.__name = name or "Module"
   class._instance_mt = nil
   class.super = self

@@ -9,6 +9,7 @@
 -- batch statistics and updates the running ones in place, in eval mode it
 -- uses the running ones. momentum = false is PyTorch's momentum=None (a
 -- cumulative average).
+local error = require("needle.errors").error -- positions at the user's line
 local nd = require "needle"
 local Module = require "needle.nn.module"
 

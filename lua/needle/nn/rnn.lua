@@ -7,6 +7,7 @@
 -- name. Inputs are (T, B, in), or (B, T, in) with batch_first; the input
 -- projection of all T steps is one GEMM, so a step costs one (B, H) x (H, G*H)
 -- product and the gate arithmetic.
+local error = require("needle.errors").error -- positions at the user's line
 local nd = require "needle"
 local Module = require "needle.nn.module"
 local init = require "needle.nn.initializers"

@@ -15,6 +15,7 @@
 -- true where attention is NOT allowed, a float mask is added to the scores.
 -- is_causal = true with no attn_mask builds the causal mask (PyTorch treats
 -- it only as a hint and needs the mask too).
+local error = require("needle.errors").error -- positions at the user's line
 local nd = require "needle"
 local Module = require "needle.nn.module"
 local init = require "needle.nn.initializers"

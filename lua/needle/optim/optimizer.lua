@@ -17,6 +17,7 @@
 --
 -- Per-parameter state lives in opt.state[p] (a table; tensors there are updated
 -- in place). Parameters are updated in place under no_grad; p.grad is only read.
+local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 local errors = require "needle.errors"
 local options = require "needle.options"
