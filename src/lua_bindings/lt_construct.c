@@ -26,27 +26,48 @@ static int table_shape(lua_State *L, int idx, int64_t *shape, bool *has_bool) {
  * or a boolean is a mistake rather than something to truncate. */
 typedef struct {
     char *p; size_t es; nd_dtype dt; int64_t pos; const char *op; const char *ints;
+    bool any_number; /* a float dtype and no integer rule: every number is stored as it is */
 } fill_state;
 
-static void path_str(const int64_t *path, int depth, char *buf) {
-    nd_shape_str(path, depth, buf);
+/* " (at index {i,j})" for an error about the element at path, built only
+ * when an error is raised (formatting it per element made nd.tensor of a
+ * big table 4x slower); "" for a lone number (path NULL). */
+static const char *at_index(const int64_t *path, int depth, char *buf, size_t size) {
+    if (!path) return "";
+    char p[ND_SHAPE_BUF];
+    snprintf(buf, size, " (at index %s)", nd_shape_str(path, depth, p));
+    return buf;
 }
 
 /* Stores the number or boolean at the top of the stack as element fs->pos.
  * A number must fit the dtype (nd_check_number_fits: out of range is an
- * error, never a clamp); at says where it came from ("" for a lone number). */
-static void store_value(lua_State *L, fill_state *fs, const char *at) {
+ * error, never a clamp); path/depth say where it came from (NULL for a lone
+ * number). */
+static void store_value(lua_State *L, fill_state *fs, const int64_t *path, int depth) {
+    char at[ND_SHAPE_BUF + 16];
     int ty = lua_type(L, -1);
+    if (ty == LUA_TNUMBER) { /* the common cases, kept short: any number into a
+                              * float dtype, a Lua integer into int64 */
+        if (fs->any_number) {
+            nd_store_f64(fs->p + fs->pos++ * (int64_t)fs->es, fs->dt, lua_tonumber(L, -1));
+            return;
+        }
+        if (fs->dt == ND_INT64 && lua_isinteger(L, -1)) {
+            ((int64_t *)(void *)fs->p)[fs->pos++] = lua_tointeger(L, -1);
+            return;
+        }
+    }
     if (fs->ints && !(ty == LUA_TNUMBER && (lua_isinteger(L, -1) ||
                                              lua_tonumber(L, -1) == trunc(lua_tonumber(L, -1))))) {
+        const char *where = at_index(path, depth, at, sizeof at);
         if (ty == LUA_TNUMBER)
-            lt_error(L, fs->op, "%s must be integers, got %.15g%s", fs->ints, lua_tonumber(L, -1), at);
-        lt_error(L, fs->op, "%s must be integers, got a %s%s", fs->ints, lua_typename(L, ty), at);
+            lt_error(L, fs->op, "%s must be integers, got %.15g%s", fs->ints, lua_tonumber(L, -1), where);
+        lt_error(L, fs->op, "%s must be integers, got a %s%s", fs->ints, lua_typename(L, ty), where);
     }
     nd_number v = lt_to_number(L, -1);
     if (nd_check_number_fits(fs->op, fs->dt, v) != ND_OK) {
         const char *m = nd_last_error(), *c = strstr(m, ": ");
-        lt_error(L, fs->op, "%s%s", c ? c + 2 : m, at);
+        lt_error(L, fs->op, "%s%s", c ? c + 2 : m, at_index(path, depth, at, sizeof at));
     }
     nd_store_number(fs->p + fs->pos * (int64_t)fs->es, fs->dt, v);
     fs->pos++;
@@ -54,10 +75,10 @@ static void store_value(lua_State *L, fill_state *fs, const char *at) {
 
 static void fill_from_table(lua_State *L, int idx, const int64_t *shape, int nd, int depth,
                             int64_t *path, fill_state *fs) {
-    char pbuf[ND_SHAPE_BUF], at[ND_SHAPE_BUF + 16];
+    char pbuf[ND_SHAPE_BUF];
     int64_t n = (int64_t)luaL_len(L, idx);
     if (n != shape[depth]) {
-        path_str(path, depth, pbuf);
+        nd_shape_str(path, depth, pbuf);
         lt_error(L, fs->op, "ragged nested table: expected %lld elements at dim %d, got %lld "
                  "(at index %s)", (long long)shape[depth], depth + 1, (long long)n, pbuf);
     }
@@ -66,18 +87,16 @@ static void fill_from_table(lua_State *L, int idx, const int64_t *shape, int nd,
         int ty = lua_geti(L, idx, i);
         if (depth + 1 < nd) {
             if (ty != LUA_TTABLE) {
-                path_str(path, depth + 1, pbuf);
+                nd_shape_str(path, depth + 1, pbuf);
                 lt_error(L, fs->op, "ragged nested table: expected a table at %s, got %s",
                          pbuf, lua_typename(L, ty));
             }
             fill_from_table(L, lua_gettop(L), shape, nd, depth + 1, path, fs);
         } else {
-            path_str(path, depth + 1, pbuf);
             if (ty != LUA_TNUMBER && ty != LUA_TBOOLEAN)
-                lt_error(L, fs->op, "expected a number at index %s, got %s", pbuf,
-                         lua_typename(L, ty));
-            snprintf(at, sizeof at, " (at index %s)", pbuf);
-            store_value(L, fs, at);
+                lt_error(L, fs->op, "expected a number at index %s, got %s",
+                         nd_shape_str(path, depth + 1, pbuf), lua_typename(L, ty));
+            store_value(L, fs, path, depth + 1);
         }
         lua_pop(L, 1);
     }
@@ -93,9 +112,9 @@ static nd_tensor *tensor_from_lua(lua_State *L, int idx, const char *op, nd_dtyp
         if (ty == LUA_TBOOLEAN && !dtype_given) dt = ND_BOOL;
         LT_CHECK(L, nd_empty(NULL, 0, dt, &t));
         lt_push(L, t); /* owned by the stack if the value is refused */
-        fill_state fs = {nd_ptr(t), nd_dtype_size(dt), dt, 0, op, ints};
+        fill_state fs = {nd_ptr(t), nd_dtype_size(dt), dt, 0, op, ints, !ints && nd_dtype_is_float(dt)};
         lua_pushvalue(L, idx);
-        store_value(L, &fs, "");
+        store_value(L, &fs, NULL, 0);
         lua_pop(L, 1);
         return t;
     }
@@ -107,7 +126,7 @@ static nd_tensor *tensor_from_lua(lua_State *L, int idx, const char *op, nd_dtyp
     int nd = table_shape(L, idx, shape, &has_bool);
     if (has_bool && !dtype_given) dt = ND_BOOL;
     LT_CHECK(L, nd_empty(shape, nd, dt, &t));
-    fill_state fs = {nd_ptr(t), nd_dtype_size(dt), dt, 0, op, ints};
+    fill_state fs = {nd_ptr(t), nd_dtype_size(dt), dt, 0, op, ints, !ints && nd_dtype_is_float(dt)};
     /* pushed first so that an error inside fill does not leak it */
     lt_push(L, t);
     /* also when empty: every row must agree ({{}, {1, 2}} is ragged) */

@@ -289,11 +289,12 @@ static int shape_table(lua_State *L, int idx, const char *op, int64_t *shape) {
     if (count > ND_MAX_DIMS)
         lt_error(L, op, "shape has %lld dims, at most %d supported", (long long)count, ND_MAX_DIMS);
     for (int i = 0; i < (int)count; i++) {
-        char what[32];
-        snprintf(what, sizeof what, "size %d of the shape", i + 1);
-        if (lua_rawgeti(L, idx, i + 1) != LUA_TNUMBER) /* not even "2" */
-            lt_error(L, op, "%s must be an integer, got %s", what, luaL_typename(L, -1));
-        shape[i] = check_int(L, -1, op, what);
+        int ty = lua_rawgeti(L, idx, i + 1), isint = 0;
+        lua_Integer v = ty == LUA_TNUMBER ? lua_tointegerx(L, -1, &isint) : 0; /* not even "2" */
+        if (!isint) /* the message is formatted only here: shapes are read on every call */
+            lt_error(L, op, "size %d of the shape must be an integer, got %s", i + 1,
+                     ty == LUA_TNUMBER ? lua_tostring(L, -1) : luaL_typename(L, -1));
+        shape[i] = v;
         lua_pop(L, 1);
     }
     return (int)count;
