@@ -178,7 +178,7 @@ describe("hostile files made at run time", function()
     local list = "]" .. ("(" .. ("N"):rep(1000) .. "e"):rep(1100)
     local p = file("many_items.pt", Z.checkpoint("\x80\x02(" .. list:rep(4) .. "t."))
     for _, loader in ipairs({"load_torch", "load"}) do
-      refused(loader, p, "more than 4194304 container items (list, tuple and dict elements) in all, the limit per "
+      refused(loader, p, "more than 4194304 items (values, and list, tuple and dict elements) in all, the limit per "
               .. "load (nd.load_torch's option max_items raises it)")
     end
   end)

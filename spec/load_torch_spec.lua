@@ -279,16 +279,17 @@ describe("nd.load_torch budget options", function()
     end)())
   end)
 
-  it("max_items counts every list, tuple and dict item of the pickle, to the item", function()
-    -- {"a": [None x 100], "b": (None x 50)}: 2 + 100 + 50 = 152 items
+  it("max_items counts every value and every list, tuple and dict item of the pickle, to the item", function()
+    -- {"a": [None x 100], "b": (None x 50)}: 6 values (the dict, "a", the list, "b", the
+    -- tuple, and None, built once and then shared) and 2 + 100 + 50 elements = 158 items
     local pkl = "\x80\x02}(" .. Z.pickle_str("a") .. "](" .. ("N"):rep(100) .. "e" .. Z.pickle_str("b") .. "("
                 .. ("N"):rep(50) .. "tu."
     local p = tmp("items.pt", Z.checkpoint(pkl))
-    local v = nd.load_torch(p, {max_items = 152})
+    local v = nd.load_torch(p, {max_items = 158})
     assert.are.equal(100, #v.a)
     assert.are.equal(50, #v.b)
-    local msg = err_of(nd.load_torch, p, {max_items = 151})
-    expect_error(msg, "load_torch", p, "more than 151 container items (list, tuple and dict elements) in all")
+    local msg = err_of(nd.load_torch, p, {max_items = 157})
+    expect_error(msg, "load_torch", p, "more than 157 items (values, and list, tuple and dict elements) in all")
     assert.truthy(msg:find("nd.load_torch's option max_items raises it", 1, true), msg)
   end)
 

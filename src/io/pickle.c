@@ -143,7 +143,8 @@ typedef struct {
     size_t walk_cap;
     uint32_t stamp;
     uint64_t budget;         /* steps the cycle and key checks may still take */
-    uint64_t max_items, items_left; /* container items (nd_pk_limits) */
+    uint64_t max_items, items_left; /* values built and container elements (nd_pk_limits) */
+    bool out_of_items;       /* new_node found items_left at 0 */
     uint64_t seed;           /* hash seed: a digest of the whole input, so that keys
                                 cannot be chosen to collide in the tables */
 } parser;
@@ -171,7 +172,17 @@ static nd_status perr(parser *p, nd_status st, const char *fmt, ...) {
     return nd_fail(st, "%s: '%s': %s (at byte %zu)", p->op, p->what, msg, p->op_pos);
 }
 #define BAD(...) perr(p, ND_ERR_IO, __VA_ARGS__)
-#define NOMEM() perr(p, ND_ERR_MEMORY, "out of memory (a stream may use at most 1 GiB)")
+static nd_status items_exhausted(parser *p) {
+    return perr(p, ND_ERR_MEMORY, "more than %llu items (values, and list, tuple and dict elements) in all, "
+                "the limit per load (nd.load_torch's option max_items raises it)",
+                (unsigned long long)p->max_items);
+}
+/* a NULL from new_node or arena_alloc: the load's item budget, or memory */
+static nd_status nomem(parser *p) {
+    if (p->out_of_items) return items_exhausted(p);
+    return perr(p, ND_ERR_MEMORY, "out of memory (a stream may use at most 1 GiB)");
+}
+#define NOMEM() nomem(p)
 #define TRY(x) do { nd_status s_ = (x); if (s_ != ND_OK) return s_; } while (0)
 
 static const char *kind_name(nd_pk_kind k) {
@@ -200,6 +211,14 @@ static size_t member_size(nd_pk_kind k) {
 static nd_pk *new_node(parser *p, nd_pk_kind k) {
     /* None, True and False are immutable: one node each per stream */
     if (k == ND_PK_NONE && p->none) return p->none;
+    /* every value built is charged to the load's budget, not only container
+     * elements: values pushed and popped again (BININT1, POP) stay in the
+     * arena, and 20 million of them came from a 58 KB file */
+    if (p->items_left == 0) {
+        p->out_of_items = true;
+        return NULL;
+    }
+    p->items_left--;
     size_t size = sizeof(node_hdr) + offsetof(nd_pk, u) + member_size(k);
     char *m = arena_alloc(&p->ar, size);
     if (!m) return NULL;
@@ -297,9 +316,7 @@ static nd_status reserve(parser *p, nd_pk *c, size_t more) {
     if (more > ND_PK_MAX_ITEMS - n)
         return BAD("a %s with more than %u items (ND_PK_MAX_ITEMS)", kind_name(c->kind), ND_PK_MAX_ITEMS);
     /* the load's budget: every item added is charged before its slot exists */
-    if (more > p->items_left)
-        return perr(p, ND_ERR_MEMORY, "more than %llu container items (list, tuple and dict elements) in all, the limit "
-                    "per load (nd.load_torch's option max_items raises it)", (unsigned long long)p->max_items);
+    if (more > p->items_left) return items_exhausted(p);
     p->items_left -= more;
     if (n + more <= cap) return ND_OK;
     size_t ncap = cap ? cap * 2 : 4;

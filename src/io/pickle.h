@@ -51,8 +51,8 @@
 #define ND_PK_MAX_DEPTH     256          /* nesting of containers / marks */
 #define ND_PK_MAX_STR       (1u << 28)   /* bytes in one string or bytes value */
 #define ND_PK_MAX_ITEMS     (1u << 24)   /* elements of one container */
-#define ND_PK_DEFAULT_MAX_ITEMS (1u << 22) /* elements of all containers together, unless
-                                              nd_pk_limits says otherwise */
+#define ND_PK_DEFAULT_MAX_ITEMS (1u << 22) /* values built and elements of all containers
+                                              together, unless nd_pk_limits says otherwise */
 #define ND_PK_MAX_DIMS      ND_MAX_DIMS  /* of a rebuilt tensor */
 
 typedef enum {
@@ -130,10 +130,11 @@ typedef struct nd_pk_doc {
  * only for sign and overflow here; torch_load checks it against the storage. */
 nd_status nd_pickle_load(const char *op, const char *what, const void *buf, size_t len,
                          nd_pk_doc **out);
-/* A load's budget: the items of all containers together (list, tuple and
- * dict elements, counted as they are added, before the memory for them is
- * allocated); 0 means ND_PK_DEFAULT_MAX_ITEMS. The error names the limit
- * and nd.load_torch's option max_items. */
+/* A load's budget of items: every value the unpickler builds (None, True
+ * and False are built once and then shared) and every element of its lists, tuples
+ * and dicts, counted before the memory for it is allocated; 0 means
+ * ND_PK_DEFAULT_MAX_ITEMS. The error names the limit and nd.load_torch's
+ * option max_items. */
 typedef struct { uint64_t max_items; } nd_pk_limits;
 nd_status nd_pickle_load_limited(const char *op, const char *what, const void *buf, size_t len,
                                  const nd_pk_limits *limits, nd_pk_doc **out);

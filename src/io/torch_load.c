@@ -9,8 +9,8 @@
  * read fails with an error (a mapping would raise SIGBUS, which pcall
  * cannot catch). A load has a budget: the bytes its deflated entries
  * inflate to, checked for all storages together before any is read, and
- * the container items of the pickle (pickle.h), so a small file cannot make
- * it allocate gigabytes. */
+ * the items of the pickle (values and container elements, pickle.h), so a
+ * small file cannot make it allocate gigabytes. */
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
 #include <stdarg.h>

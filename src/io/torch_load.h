@@ -20,8 +20,9 @@
  *
  * Budget: a load reads at most max_decompressed_bytes out of deflated
  * entries (all of them together, checked for every storage before any is
- * read) and builds at most max_items container items in the pickle
- * (pickle.h); the error names the limit and the option that raises it.
+ * read) and builds at most max_items items in the pickle (values and
+ * container elements, pickle.h); the error names the limit and the option
+ * that raises it.
  *
  * What the file is comes from nd_detect_format (io.h): the legacy (pre-1.6)
  * format fails with a message saying how to re-save it, a safetensors file
@@ -40,7 +41,7 @@ typedef struct {
     bool half_to_float;              /* float16/bfloat16 -> float32 */
     uint64_t max_decompressed_bytes; /* bytes inflated from deflated entries, all together
                                         (0: ND_TORCH_DEFAULT_MAX_DECOMPRESSED) */
-    uint64_t max_items;              /* container items of the pickle, all together
+    uint64_t max_items;              /* values and container elements of the pickle, all together
                                         (0: ND_PK_DEFAULT_MAX_ITEMS) */
 } nd_torch_opts;
 
