@@ -529,6 +529,17 @@ describe("Lua numbers for integer tensors", function()
     assert_contains(errmsg(nd.arange, -1, 3, { dtype = "uint8" }), "needle.arange: value -1 is out of range for uint8")
     assert.are.same({ 250, 251, 252, 253, 254, 255 }, nd.arange(250, 256, { dtype = "uint8" }):totable())
   end)
+
+  it("linspace refuses an integer dtype its ends do not fit (it saturated to 2147483647)", function()
+    assert_contains(errmsg(nd.linspace, 0, 1e10, 3, { dtype = "int32" }),
+                    "needle.linspace: value 10000000000 is out of range for int32 (-2147483648..2147483647)")
+    assert_contains(errmsg(nd.linspace, -1, 3, 5, { dtype = "uint8" }), "needle.linspace: value -1 is out of range for uint8")
+    assert_contains(errmsg(nd.linspace, 0 / 0, 3, 5, { dtype = "int64" }), "needle.linspace: value nan")
+    -- values in range truncate toward zero, as PyTorch's integer linspace
+    assert.are.same({ 0, 0, 1 }, nd.linspace(0, 1, 3, { dtype = "int64" }):totable())
+    assert.are.same({ 255, 127, 0 }, nd.linspace(255, 0, 3, { dtype = "uint8" }):totable())
+    assert.are.same({ 7 }, nd.linspace(7.9, 1e10, 1, { dtype = "int32" }):totable())
+  end)
 end)
 
 -- every conversion on each OpenCL device gives the cpu's bytes (rounding,

@@ -217,8 +217,11 @@ local cases = {
    end, {"needle.empty:", "float64", "of memory this process can have"}},
   {"tobytes of a view too large for a string names the op and the size", function()
      local s = nd.zeros({1}):expand({2 ^ 46}):tobytes(); return s end,
-   {"needle.tobytes: not enough memory for a string of 281474976710656 bytes (a float32 tensor of "
-    .. "shape {70368744177664})"}},
+   {"needle.tobytes: a string of 281474976710656 bytes (256.0 TiB, a float32 tensor of "
+    .. "shape {70368744177664}) is more than the", "of memory this process can have"}},
+  {"tobytes of a view past the memory limit is refused before Lua allocates", function()
+     local s = nd.zeros({1}, {dtype = "uint8"}):expand({nd.devices()[1].memory + 1}):tobytes(); return s end,
+   {"needle.tobytes: a string of", "of memory this process can have"}},
   {"too many dims", function() return nd.zeros({1, 1, 1, 1, 1, 1, 1, 1, 1}) end,
    {"needle.zeros", "8"}},
 

@@ -98,6 +98,17 @@ static int tobytes_build(lua_State *L) {
 /* t:tobytes(): the elements, row-major, as a string of raw little-endian bytes */
 static int t_tobytes(lua_State *L) {
     nd_tensor *t = lt_check(L, 1, "tobytes");
+    /* An expanded view can stand for far more bytes than it holds; Lua's
+     * allocator would zero-fill them where the kernel overcommits, so the
+     * string is held to the bound tensors are held to (nd_memory_limit). */
+    uint64_t nbytes = (uint64_t)nd_numel(t) * nd_dtype_size(t->dtype);
+    if (nbytes > (uint64_t)nd_memory_limit()) {
+        char b[ND_SHAPE_BUF], want[ND_BYTES_BUF], have[ND_BYTES_BUF];
+        return lt_error(L, "tobytes", "a string of %llu bytes (%s, a %s tensor of shape %s) is more than "
+                        "the %s of memory this process can have (%s)", (unsigned long long)nbytes,
+                        nd_bytes_str(nbytes, want), nd_dtype_name(t->dtype), nd_shape_str(t->shape, t->ndim, b),
+                        nd_bytes_str((uint64_t)nd_memory_limit(), have), nd_memory_limit_source());
+    }
     t = lt_push_host(L, t, "tobytes");
     lua_pushcfunction(L, tobytes_build);
     lua_pushvalue(L, -2);

@@ -25,6 +25,10 @@ nd_status nd_arange(double start, double end, double step, nd_dtype dt, nd_tenso
 
 nd_status nd_linspace(double start, double end, int64_t steps, nd_dtype dt, nd_tensor **out) {
     if (steps < 0) return nd_fail(ND_ERR_ARG, "linspace: steps must be >= 0, got %lld", (long long)steps);
+    if (steps > 0 && nd_dtype_is_int(dt)) { /* as arange: the ends must fit, every value lies between */
+        ND_TRY(nd_check_number_fits("linspace", dt, nd_num_f(trunc(start))));
+        if (steps > 1) ND_TRY(nd_check_number_fits("linspace", dt, nd_num_f(trunc(end))));
+    }
     ND_TRY(nd_empty(&steps, 1, dt, out));
     char *p = nd_ptr(*out);
     size_t es = nd_dtype_size(dt);
