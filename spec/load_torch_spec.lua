@@ -329,8 +329,19 @@ describe("nd.load_torch on a whole pickled module", function()
                   or "save `model.state_dict()` instead"
       assert.truthy(msg:find(fix, 1, true), msg)
     end
-    -- anything else keeps its warning
+    -- a class of another package (torchvision's models, a project's own): the warning and the fix
+    for _, c in ipairs({{"torchvision.models.resnet", "ResNet"}, {"mypkg.models", "Net"}}) do
+      local p = tmp("model.pt", Z.checkpoint("\x80\x02c" .. c[1] .. "\n" .. c[2] .. "\n)\x81}b."))
+      local msg = err_of(nd.load_torch, p)
+      expect_error(msg, "load_torch", p, ("global '%s.%s' is not allowed"):format(c[1], c[2]))
+      assert.truthy(msg:find("this file may try to run code", 1, true), msg)
+      assert.truthy(msg:find("if it is a class of a whole model saved with torch.save(model), save "
+                             .. "`model.state_dict()` instead", 1, true), msg)
+    end
+    -- anything else keeps its warning alone
     local p = tmp("eval.pt", Z.checkpoint("\x80\x02cbuiltins\neval\n."))
-    expect_error(err_of(nd.load_torch, p), "load_torch", p, "this file may try to run code")
+    local msg = err_of(nd.load_torch, p)
+    expect_error(msg, "load_torch", p, "this file may try to run code")
+    assert.falsy(msg:find("state_dict", 1, true), msg)
   end)
 end)

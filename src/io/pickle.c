@@ -783,9 +783,15 @@ static nd_status push_global(parser *p, const char *mod, size_t ml, const char *
     const char *fix = object_hint(mod, ml);
     if (fix)
         return BAD("global '%s.%s' is not allowed: %s", show(mod, ml, b1), show(name, nl, b2), fix);
+    /* A name spelt as a class (ResNet, Net) from any other package: most
+     * likely a whole model pickled by torch.save(model) (torchvision's, or a
+     * package's own), and the fix is the same. */
+    bool class_like = nl > 0 && name[0] >= 'A' && name[0] <= 'Z';
     return BAD("global '%s.%s' is not allowed (a torch checkpoint only needs tensors, storages, "
-               "OrderedDict, dtypes and bytes; this file may try to run code)",
-               show(mod, ml, b1), show(name, nl, b2));
+               "OrderedDict, dtypes and bytes; this file may try to run code)%s",
+               show(mod, ml, b1), show(name, nl, b2),
+               class_like ? "; if it is a class of a whole model saved with torch.save(model), save "
+                            "`model.state_dict()` instead: torch.save(model.state_dict(), path)" : "");
 }
 
 /* ---- interpreting the allowed callables */
