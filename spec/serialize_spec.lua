@@ -749,4 +749,30 @@ describe("stale temporaries of interrupted saves", function()
     os.execute("rm -rf " .. S.q(dirlike) .. " " .. S.q(link) .. (foreign and (" " .. S.q(foreign)) or ""))
     for _, f in pairs(files) do os.remove(f) end
   end)
+
+  it("are kept while a writer holds their lock (a process kill() cannot see, as in another container)", function()
+    local p = tmp("locked.safetensors")
+    local t = p .. ".tmp." .. dead_pid()
+    write(t, "x")
+    -- flock(1) holds the lock while its child runs; READY says it has it
+    local ready = p .. ".ready"
+    local holder = S.shell_line(("flock %s sh -c 'echo > %s; exec sleep 30' >/dev/null 2>&1 & echo $!")
+                                :format(S.q(t), S.q(ready)))
+    for _ = 1, 500 do
+      if S.exists(ready) then break end
+      os.execute("sleep 0.01")
+    end
+    -- its child first (it inherited the locked descriptor), then flock itself
+    local function release()
+      os.execute("pkill -P " .. holder .. " 2>/dev/null; kill " .. holder .. " 2>/dev/null; sleep 0.1")
+    end
+    finally(release)
+    assert.is_true(S.exists(ready), "flock did not start")
+    nd.save({a = nd.zeros({1})}, p)
+    assert.are.equal("x", read(t))
+    release()
+    nd.save({a = nd.zeros({1})}, p) -- unlocked now: removed
+    assert.is_nil(io.open(t, "rb"))
+    os.remove(ready)
+  end)
 end)

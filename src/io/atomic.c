@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h> /* flock */
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -88,8 +89,9 @@ static pid_t temp_pid(const char *s) {
  * file and that belongs to this user. A live process's (this one's
  * included: another thread may be saving) is never touched. Best effort:
  * nothing here makes the save fail. A process of another PID namespace
- * (another container writing to a shared directory) is not seen: its
- * temporaries look stale. */
+ * (another container writing to a shared directory) is not seen by kill(),
+ * so a writer also holds an flock on its temporary while it writes, and a
+ * temporary that is locked is kept whatever its pid says. */
 static void remove_stale(const char *path) {
     const char *slash = strrchr(path, '/');
     const char *base = slash ? slash + 1 : path;
@@ -114,9 +116,15 @@ static void remove_stale(const char *path) {
         pid_t pid = temp_pid(name + bl + 5);
         if (pid <= 0 || pid == self) continue;
         if (kill(pid, 0) == 0 || errno != ESRCH) continue; /* alive (or someone else's: EPERM) */
+        /* O_NOFOLLOW|O_NONBLOCK: a symlink or a FIFO planted under the name
+         * is neither followed nor waited on */
+        int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+        if (fd < 0) continue;
         struct stat sb;
-        if (fstatat(dfd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != me) continue;
-        (void)unlinkat(dfd, name, 0);
+        if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_uid == me &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0) /* no writer holds it */
+            (void)unlinkat(dfd, name, 0);
+        close(fd); /* and the lock with it */
     }
     closedir(d);
 }
@@ -159,6 +167,9 @@ nd_status nd_atomic_open(const char *op, const char *path, nd_atomic_file **out)
         destroy(f, false); /* not ours to remove */
         return st;
     }
+    /* held until the temporary is closed: remove_stale in another PID
+     * namespace, which cannot see this process, leaves a locked file alone */
+    (void)flock(f->fd, LOCK_EX | LOCK_NB);
     /* keep the permissions of the file being replaced */
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) (void)fchmod(f->fd, sb.st_mode & 07777);
