@@ -23,8 +23,13 @@ static nd_tensor *host_ints(lua_State *L, int idx, const char *op, const char *w
     *dev = t ? nd_get_device(t) : target;
     nd_tensor *src = lt_check_ints_like(L, idx, op, what);
     if (!t) return src; /* made from Lua values: fresh, contiguous int64, stack-owned */
-    if (!nd_on_cpu(t)) src = lt_push_host(L, t, op);
+    bool fresh = !nd_on_cpu(t); /* the host copy below is already private */
+    if (fresh) src = lt_push_host(L, t, op);
     nd_status st = nd_to_dtype(src, ND_INT64, &r);
+    if (st == ND_OK && r == src && fresh && nd_is_contiguous(src)) {
+        nd_release(r); /* src itself, stack-owned already */
+        return src;
+    }
     if (st == ND_OK && r == src) { /* need a private copy to shift */
         nd_release(r);
         st = nd_clone(src, &r);
