@@ -410,6 +410,16 @@ describe("views", function()
         "needle.zeros: shape {16777216,33554432,0} " .. RULE)
     end)
 
+    it("cat and stack name themselves when their result is beyond the bound", function()
+      local a = nd.zeros({1}):expand({1 << 47})
+      assert_contains(errmsg(nd.stack, {a, a, a}), "needle.stack: shape {3,140737488355328} " .. RULE)
+      assert_contains(errmsg(nd.cat, {a, a, a}), "needle.cat: shape {")
+      assert_contains(errmsg(nd.cat, {a, a, a}), RULE)
+      local many = {}
+      for i = 1, 70000 do many[i] = a end -- the sum of sizes would pass 2^63: stopped at the bound
+      assert_contains(errmsg(nd.cat, many), "needle.cat: shape {")
+    end)
+
     it("expand and broadcasting refuse results beyond the bound, zeros or not", function()
       local one = nd.zeros({1, 1})
       assert_contains(errmsg(function() return one:expand({1 << 40, 1 << 40}) end),

@@ -64,7 +64,9 @@ static nd_status cat_forward(nd_tensor *const *ts, int n, int dim, nd_tensor **o
                            ND_IX(ref_i), nd_shape_str(ref->shape, ref->ndim, b1), ND_IX(i),
                            nd_shape_str(t->shape, t->ndim, b2));
         shape[d] += t->shape[d];
+        if (shape[d] > ND_MAX_NUMEL) break; /* too large already (and no int64 overflow) */
     }
+    ND_TRY(nd_check_shape("cat", shape, ref->ndim, NULL)); /* the error names cat, not empty */
     nd_tensor *r;
     ND_TRY(nd_empty_on(nd_get_device(ref), shape, ref->ndim, dt, &r));
     int64_t off = 0;
@@ -118,6 +120,7 @@ static nd_status stack_forward(nd_tensor *const *ts, int n, int dim, nd_tensor *
     /* result shape: ref's with n inserted at d; slot i is the view without d */
     int64_t shape[ND_MAX_DIMS], vshape[ND_MAX_DIMS], vstrides[ND_MAX_DIMS];
     for (int k = 0, j = 0; k <= ref->ndim; k++) shape[k] = k == d ? n : ref->shape[j++];
+    ND_TRY(nd_check_shape("stack", shape, ref->ndim + 1, NULL)); /* the error names stack */
     nd_tensor *r;
     ND_TRY(nd_empty_on(nd_get_device(ref), shape, ref->ndim + 1, dt, &r));
     for (int k = 0, j = 0; k <= ref->ndim; k++) {
