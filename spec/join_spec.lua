@@ -79,6 +79,21 @@ describe("cat", function()
   end)
 end)
 
+describe("cat and stack of more than 64 tensors (a buffer of their own)", function()
+  it("join them with and without a dim", function()
+    local ts = {}
+    for i = 1, 65 do ts[i] = nd.full({2}, i) end
+    local c = nd.cat(ts) -- the buffer used to be read as the missing dim
+    assert.are.same({130}, c.shape)
+    assert.are.same({65, 65}, {c[129]:item(), c[130]:item()})
+    local s = nd.stack(ts)
+    assert.are.same({65, 2}, s.shape)
+    assert.are.same({3, 3}, s[3]:totable())
+    assert.are.same({2, 65}, nd.stack(ts, 2).shape)
+    assert.are.same({130}, nd.cat(ts, 1).shape)
+  end)
+end)
+
 describe("stack", function()
   it("adds a new first dim", function()
     local a, b = nd.tensor({1, 2}), nd.tensor({3, 4})

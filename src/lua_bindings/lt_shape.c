@@ -235,10 +235,10 @@ static int tensor_list(lua_State *L, int idx, const char *op, nd_tensor **ts, in
 static int join(lua_State *L, bool stack) {
     const char *op = stack ? "stack" : "cat";
     nd_tensor *buf[64], **ts = buf, *r;
+    int d = lt_opt_dim(L, 2, op, 0); /* before the buffer below lands at index 2 when dim is absent */
     lua_Unsigned len = lua_istable(L, 1) ? lua_rawlen(L, 1) : 0;
     if (len > 64 && len <= MAX_JOIN) ts = lua_newuserdatauv(L, sizeof(nd_tensor *) * (size_t)len, 0);
     int n = tensor_list(L, 1, op, ts, len > 64 ? MAX_JOIN : 64);
-    int d = lt_opt_dim(L, 2, op, 0);
     nd_status st = stack ? nd_stack(ts, n, d, &r) : nd_cat(ts, n, d, &r);
     return push_result(L, st, &r);
 }
