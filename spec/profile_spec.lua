@@ -73,6 +73,28 @@ describe("nd.profile", function()
     assert.are.equal(1, r.by_name["F.linear"].calls)
   end)
 
+  it("writes the trace as every file is written: a FIFO or a directory is refused, not waited on", function()
+    local dir = S.shell_line("mktemp -d")
+    local fifo = dir .. "/fifo"
+    os.execute("mkfifo " .. S.q(fifo))
+    local exe = S.needle_lua()
+    -- in a child under timeout: opening a FIFO to write blocks until a reader comes
+    local code = ("local ok, e = pcall(nd.profile, function() return nd.ones({2}) + 1 end, {trace = %q}); "
+                  .. "io.write(tostring(e))"):format(fifo)
+    local msg = S.shell_line("timeout 20 " .. S.q(exe) .. " -e " .. S.q(code) .. " 2>&1; echo \" exit=$?\"")
+    assert.is_truthy(msg:find("needle.profile: cannot replace '" .. fifo .. "': it is a FIFO, not a regular file", 1, true), msg)
+    local ok
+    ok, msg = pcall(nd.profile, function() end, {trace = dir})
+    assert.is_truthy(msg:find("needle.profile: cannot replace '" .. dir .. "'", 1, true), msg)
+    -- and under a file-size limit the trace is an error, not SIGXFSZ
+    code = ("local ok, e = pcall(nd.profile, function() for _ = 1, 200 do local y = nd.ones({2}) + 1 end end, "
+                  .. "{trace = %q}); io.write(tostring(e))"):format(dir .. "/t.json")
+    local out = S.shell_line("ulimit -f 1; " .. S.q(exe) .. " -e " .. S.q(code) .. " 2>&1; echo \" exit=$?\"")
+    assert.is_truthy(out:find("needle.profile: cannot write '" .. dir .. "/t.json': File too large", 1, true), out)
+    assert.is_truthy(out:find(" exit=0", 1, true), out)
+    os.execute("rm -rf " .. S.q(dir))
+  end)
+
   it("writes a Chrome trace of complete events", function()
     local path = os.tmpname()
     local a = nd.randn({4, 4})

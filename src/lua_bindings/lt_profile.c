@@ -5,10 +5,10 @@
  * while profiling and puts the originals back after. The closure calls fn
  * protected, so an error inside still closes its event, and re-raises the
  * same error value. The per-name sums and the Chrome trace are read here. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "io/io.h"
 #include "lt_internal.h"
 
 static int profiled_call(lua_State *L) {
@@ -83,20 +83,27 @@ static int by_start(const void *a, const void *b) {
     return (x->depth > y->depth) - (x->depth < y->depth); /* parents first */
 }
 
-static void write_json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
+/* s as a JSON string (quoted, escaped) into buf of cap bytes; its length.
+ * Names are op names: a long one is cut rather than overflowing buf. */
+static size_t json_string(char *buf, size_t cap, const char *s) {
+    size_t o = 0;
+    buf[o++] = '"';
+    for (; *s && o + 8 < cap; s++) {
         unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
+        if (c == '"' || c == '\\') { buf[o++] = '\\'; buf[o++] = (char)c; }
+        else if (c < 0x20) o += (size_t)snprintf(buf + o, cap - o, "\\u%04x", c);
+        else buf[o++] = (char)c;
     }
-    fputc('"', f);
+    buf[o++] = '"';
+    buf[o] = 0;
+    return o;
 }
 
 /* profiler_write_trace(path, first, last, t0_ns): events first..last
  * (1-based, in nd_profiler_events order) as a Chrome trace: complete ("X")
- * events, ts and dur in microseconds from t0_ns. */
+ * events, ts and dur in microseconds from t0_ns. Written as every file of
+ * needle's is (nd_atomic_*: a temporary renamed into place; a FIFO or
+ * device is refused; a file-size limit is an error, not SIGXFSZ). */
 static int l_write_trace(lua_State *L) {
     const char *path = lt_check_path(L, 1, "profile");
     lua_Integer first = luaL_checkinteger(L, 2), last = luaL_checkinteger(L, 3);
@@ -106,33 +113,30 @@ static int l_write_trace(lua_State *L) {
     if (first < 1) first = 1;
     if (last > (lua_Integer)n) last = (lua_Integer)n;
     size_t count = last >= first ? (size_t)(last - first + 1) : 0;
-    size_t *order = malloc((count ? count : 1) * sizeof *order);
-    if (!order) return luaL_error(L, "needle.profile: out of memory writing the trace");
+    /* a userdata, so that an error below leaves nothing to free */
+    size_t *order = lua_newuserdatauv(L, (count ? count : 1) * sizeof *order, 0);
     for (size_t i = 0; i < count; i++) order[i] = (size_t)first - 1 + i;
     sort_events = ev;
     qsort(order, count, sizeof *order, by_start);
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        free(order);
-        return luaL_error(L, "needle.profile: cannot write the trace '%s': %s", path, strerror(errno));
-    }
-    fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", f);
-    fputs("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"needle-lua\"}}", f);
+    nd_atomic_file *f;
+    LT_CHECK(L, nd_atomic_open("profile", path, &f));
+    static const char head[] = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"
+        "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"needle-lua\"}}";
+    LT_CHECK(L, nd_atomic_write(f, head, sizeof head - 1)); /* a failed write frees f */
     for (size_t i = 0; i < count; i++) {
         const nd_profile_event *e = &ev[order[i]];
-        fputs(",\n{\"name\":", f);
-        write_json_string(f, nd_profiler_name(e->name));
-        fprintf(f, ",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,\"tid\":1,"
-                   "\"args\":{\"bytes\":%lld,\"self_bytes\":%lld}}",
-                strstr(nd_profiler_name(e->name), "_backward") ? "backward" : "op",
-                (double)(e->start_ns - t0) / 1e3, (double)(e->end_ns - e->start_ns) / 1e3,
-                (long long)e->total_bytes, (long long)e->self_bytes);
+        const char *name = nd_profiler_name(e->name);
+        char js[256], line[512];
+        json_string(js, sizeof js, name);
+        int k = snprintf(line, sizeof line, ",\n{\"name\":%s,\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,"
+                         "\"dur\":%.3f,\"pid\":1,\"tid\":1,\"args\":{\"bytes\":%lld,\"self_bytes\":%lld}}",
+                         js, strstr(name, "_backward") ? "backward" : "op",
+                         (double)(e->start_ns - t0) / 1e3, (double)(e->end_ns - e->start_ns) / 1e3,
+                         (long long)e->total_bytes, (long long)e->self_bytes);
+        LT_CHECK(L, nd_atomic_write(f, line, (size_t)k < sizeof line ? (size_t)k : sizeof line - 1));
     }
-    fputs("\n]}\n", f);
-    free(order);
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad)
-        return luaL_error(L, "needle.profile: cannot write the trace '%s': %s", path, strerror(errno));
+    LT_CHECK(L, nd_atomic_write(f, "\n]}\n", 4));
+    LT_CHECK(L, nd_atomic_commit(f));
     lua_pushinteger(L, (lua_Integer)count);
     return 1;
 }
