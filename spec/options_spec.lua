@@ -140,15 +140,15 @@ local FACT = "device, dtype"
 local NN = {
   Linear = {"bias, device, dtype", function(o) return nn.Linear(2, 3, o) end},
   Flatten = {"end_dim, start_dim", function(o) return nn.Flatten(o) end},
-  ReLU = {"", function(o) return nn.ReLU(o) end},
+  ReLU = {"inplace", function(o) return nn.ReLU(o) end},
   Tanh = {"", function(o) return nn.Tanh(o) end},
   Sigmoid = {"", function(o) return nn.Sigmoid(o) end},
-  SiLU = {"", function(o) return nn.SiLU(o) end},
-  LeakyReLU = {"negative_slope", function(o) return nn.LeakyReLU(o) end},
+  SiLU = {"inplace", function(o) return nn.SiLU(o) end},
+  LeakyReLU = {"inplace, negative_slope", function(o) return nn.LeakyReLU(o) end},
   GELU = {"approximate", function(o) return nn.GELU(o) end},
   Softmax = {"dim", function(o) return nn.Softmax(o) end},
   LogSoftmax = {"dim", function(o) return nn.LogSoftmax(o) end},
-  Dropout = {"p", function(o) return nn.Dropout(o) end},
+  Dropout = {"inplace, p", function(o) return nn.Dropout(o) end},
   BatchNorm1d = {"affine, device, dtype, eps, momentum, track_running_stats", function(o) return nn.BatchNorm1d(3, o) end},
   BatchNorm2d = {"affine, device, dtype, eps, momentum, track_running_stats", function(o) return nn.BatchNorm2d(3, o) end},
   LayerNorm = {"bias, device, dtype, elementwise_affine, eps", function(o) return nn.LayerNorm(3, o) end},
@@ -224,6 +224,21 @@ describe("nn constructors", function()
     assert.is_nil(nn.Linear(2, 2, {bias = false}).bias)
     assert.are.same({1, 1}, nn.Conv2d(1, 16, 3, {padding = 1}).padding)
     assert.are.equal(2, nn.LSTM(2, 3, {num_layers = 2}).num_layers)
+  end)
+
+  it("accept PyTorch's inplace where PyTorch has it (the result is a new tensor), also after a positional argument", function()
+    local x = nd.tensor({-1, 2})
+    for _, m in ipairs({nn.ReLU({inplace = true}), nn.SiLU({inplace = false}), nn.LeakyReLU(0.5, {inplace = true}),
+                        nn.LeakyReLU({negative_slope = 0.5, inplace = true}), nn.Dropout(0, {inplace = true})}) do
+      local y = m(x)
+      assert.are.same({-1, 2}, x:totable()) -- the input is left as it was
+      assert.are.equal(2, #y:totable())
+    end
+    assert.are.equal("ReLU(inplace=true)", tostring(nn.ReLU({inplace = true})))
+    assert_contains(errmsg(nn.Dropout, 0.5, {inplce = true}), "needle.nn.Dropout: unknown option 'inplce' (valid: inplace)")
+    assert_contains(errmsg(nn.LeakyReLU, 0.1, {slope = 1}), "needle.nn.LeakyReLU: unknown option 'slope' (valid: inplace)")
+    assert_contains(errmsg(nn.Dropout, {p = 0.1}, {}), "needle.nn.Dropout: options given twice")
+    assert_contains(errmsg(nn.Tanh, {inplace = true}), "needle.nn.Tanh: unknown option 'inplace' (it takes no options)")
   end)
 
   it("take an integral float where an integer belongs, as the integer, leaving the caller's table", function()

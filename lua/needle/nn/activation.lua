@@ -9,34 +9,47 @@ local util = require "needle.nn.util"
 
 local M = {}
 
--- ReLU(), Tanh(), Sigmoid(), SiLU(): no options (an options table, if
--- given, must be empty)
-local function simple(name, fn)
+-- PyTorch's `inplace` (ReLU, LeakyReLU, SiLU, Dropout) is accepted so that
+-- ported code builds the same model; the result is computed into a new
+-- tensor either way (the values are the same; the input is left as it was).
+local INPLACE = {inplace = "boolean"}
+
+-- ReLU(), SiLU() ({inplace=} only), Tanh(), Sigmoid() (no options: an
+-- options table, if given, must be empty)
+local function simple(name, fn, spec)
   local C = Module:extend(name)
-  function C:init(opts) util.options(self, opts, {}) end
+  function C:init(opts) self.inplace = util.options(self, opts, spec).inplace end
   function C:forward(x) return fn(x) end
+  function C:extra_repr() return self.inplace and "inplace=true" or "" end
   M[name] = C
   return C
 end
 
-simple("ReLU", function(x) return nd.F.relu(x) end)
-simple("Tanh", function(x) return nd.F.tanh(x) end)
-simple("Sigmoid", function(x) return nd.F.sigmoid(x) end)
-simple("SiLU", function(x) return nd.F.silu(x) end)
+simple("ReLU", function(x) return nd.F.relu(x) end, INPLACE)
+simple("Tanh", function(x) return nd.F.tanh(x) end, {})
+simple("Sigmoid", function(x) return nd.F.sigmoid(x) end, {})
+simple("SiLU", function(x) return nd.F.silu(x) end, INPLACE)
 
--- LeakyReLU(negative_slope = 0.01) or LeakyReLU({negative_slope=})
+-- LeakyReLU(negative_slope = 0.01[, {inplace=}]) or LeakyReLU({negative_slope=, inplace=})
 local LeakyReLU = Module:extend("LeakyReLU")
-function LeakyReLU:init(negative_slope)
+function LeakyReLU:init(negative_slope, opts)
   if type(negative_slope) == "table" then
-    negative_slope = util.options(self, negative_slope, {negative_slope = "number"}).negative_slope
+    if opts ~= nil then util.fail(self, "options given twice (a table and then %s)", type(opts)) end
+    opts = negative_slope
+    negative_slope = util.options(self, opts, {negative_slope = "number", inplace = "boolean"}).negative_slope
+  else
+    opts = util.options(self, opts, INPLACE)
   end
+  self.inplace = opts.inplace
   if negative_slope ~= nil and type(negative_slope) ~= "number" then
     util.fail(self, "negative_slope must be a number, got %s", tostring(negative_slope))
   end
   self.negative_slope = negative_slope or 0.01
 end
 function LeakyReLU:forward(x) return nd.F.leaky_relu(x, self.negative_slope) end
-function LeakyReLU:extra_repr() return ("negative_slope=%s"):format(self.negative_slope) end
+function LeakyReLU:extra_repr()
+  return ("negative_slope=%s%s"):format(self.negative_slope, self.inplace and ", inplace=true" or "")
+end
 M.LeakyReLU = LeakyReLU
 
 -- GELU({approximate = "none" | "tanh"}) or GELU("tanh")

@@ -11,9 +11,17 @@ local M = {}
 
 local Dropout = Module:extend("Dropout")
 
--- Dropout(p = 0.5) or Dropout({p=})
-function Dropout:init(p)
-  if type(p) == "table" then p = util.options(self, p, {p = "number"}).p end
+-- Dropout(p = 0.5[, {inplace=}]) or Dropout({p=, inplace=}); inplace, as
+-- in nn.ReLU, is accepted and the result is a new tensor
+function Dropout:init(p, opts)
+  if type(p) == "table" then
+    if opts ~= nil then util.fail(self, "options given twice (a table and then %s)", type(opts)) end
+    opts = p
+    p = util.options(self, opts, {p = "number", inplace = "boolean"}).p
+  else
+    opts = util.options(self, opts, {inplace = "boolean"})
+  end
+  self.inplace = opts.inplace
   if p == nil then p = 0.5 end
   if type(p) ~= "number" or p < 0 or p > 1 then
     error(("needle.nn.Dropout: p must be a probability in [0, 1], got %s"):format(tostring(p)), 3)
@@ -23,7 +31,7 @@ end
 
 function Dropout:forward(x) return nd.F.dropout(x, self.p, self.training) end
 
-function Dropout:extra_repr() return ("p=%s"):format(self.p) end
+function Dropout:extra_repr() return ("p=%s%s"):format(self.p, self.inplace and ", inplace=true" or "") end
 M.Dropout = Dropout
 
 return M
