@@ -254,7 +254,7 @@ describe("nd.load_torch errors", function()
     assert.truthy(err_of(nd.load_torch, p, {half_to_floats = true})
                   :find("needle.load_torch: unknown option 'half_to_floats'", 1, true))
     assert.truthy(err_of(nd.load_torch, p, {half_to_float = 1})
-                  :find("needle.load_torch: option half_to_float must be a boolean", 1, true))
+                  :find("needle.load_torch: option 'half_to_float' must be a boolean, got number", 1, true))
     assert.are.equal(6, (function() local n = 0 for _ in pairs(nd.load_torch(p, {})) do n = n + 1 end return n end)())
   end)
 end)
@@ -265,12 +265,12 @@ describe("nd.load_torch budget options", function()
   it("name every valid option when one is unknown, and check their values", function()
     local p = DIR .. "mlp.pt"
     assert.truthy(err_of(nd.load_torch, p, {max_item = 1}):find(
-      "needle.load_torch: unknown option 'max_item' (expected half_to_float, max_decompressed_bytes, max_items)", 1, true))
+      "needle.load_torch: unknown option 'max_item' (valid: half_to_float, max_decompressed_bytes, max_items)", 1, true))
     for _, bad in ipairs({0, -1, 1.5, "10"}) do
       assert.truthy(err_of(nd.load_torch, p, {max_items = bad}):find(
-        "needle.load_torch: option max_items must be a positive integer", 1, true), tostring(bad))
+        "needle.load_torch: option 'max_items' must be a positive integer", 1, true), tostring(bad))
       assert.truthy(err_of(nd.load_torch, p, {max_decompressed_bytes = bad}):find(
-        "needle.load_torch: option max_decompressed_bytes must be a positive integer", 1, true), tostring(bad))
+        "needle.load_torch: option 'max_decompressed_bytes' must be a positive integer", 1, true), tostring(bad))
     end
     assert.are.equal(6, (function()
       local n = 0

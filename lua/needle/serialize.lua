@@ -40,9 +40,7 @@ end
 local function check_path(op, path)
   if type(path) ~= "string" then fail(op, "path must be a string, got %s", type(path)) end
   if path == "" then fail(op, "path is empty") end
-  -- the C library would stop at a NUL and use another file
-  local nul = path:find("\0", 1, true)
-  if nul then fail(op, "path '%s\\0...' contains a NUL byte (at byte %d of %d)", path:sub(1, nul - 1), nul, #path) end
+  -- a NUL byte in it is refused by the C functions (lt_check_path)
 end
 
 -- save(tensors, path[, metadata[, op]]): tensors is {name = tensor} (names are

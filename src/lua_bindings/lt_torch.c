@@ -196,7 +196,7 @@ static uint64_t opt_limit(lua_State *L, int opts, const char *op, const char *na
     uint64_t v = 0;
     if (!lua_isnil(L, -1)) {
         if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) <= 0)
-            lt_error(L, op, "option %s must be a positive integer, got %s", name,
+            lt_error(L, op, "option '%s' must be a positive integer, got %s", name,
                      lua_isinteger(L, -1) ? lua_tostring(L, -1) : luaL_typename(L, -1));
         v = (uint64_t)lua_tointeger(L, -1);
     }
@@ -209,26 +209,9 @@ static int l_load_torch(lua_State *L) {
     const char *op = luaL_optstring(L, 3, "load_torch");
     const char *path = lt_check_path(L, 1, op);
     nd_torch_opts o = {0};
-    if (!lua_isnoneornil(L, 2)) {
-        if (!lua_istable(L, 2)) return lt_error(L, op, "options must be a table, got %s", luaL_typename(L, 2));
-        static const char *const known[] = {"half_to_float", "max_decompressed_bytes", "max_items"};
-        lua_pushnil(L);
-        while (lua_next(L, 2)) {
-            lua_pop(L, 1);
-            bool ok = false;
-            for (size_t i = 0; i < sizeof known / sizeof *known && lua_type(L, -1) == LUA_TSTRING; i++)
-                ok = ok || strcmp(lua_tostring(L, -1), known[i]) == 0;
-            if (!ok) {
-                lua_pushvalue(L, -1);
-                return lt_error(L, op, "unknown option '%s' (expected half_to_float, max_decompressed_bytes, max_items)",
-                                luaL_tolstring(L, -1, NULL));
-            }
-        }
-        lua_getfield(L, 2, "half_to_float");
-        if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
-            return lt_error(L, op, "option half_to_float must be a boolean, got %s", luaL_typename(L, -1));
-        o.half_to_float = lua_toboolean(L, -1);
-        lua_pop(L, 1);
+    static const char *const valid[] = {"half_to_float", "max_decompressed_bytes", "max_items", NULL};
+    if (lt_options(L, 2, op, valid)) {
+        o.half_to_float = lt_opt_bool(L, 2, op, "half_to_float", false);
         o.max_decompressed_bytes = opt_limit(L, 2, op, "max_decompressed_bytes");
         o.max_items = opt_limit(L, 2, op, "max_items");
     }
