@@ -38,6 +38,22 @@ local function rss_checks_apply()
   return true
 end
 
+-- Runs body (Lua code) in a fresh needle-lua with one thread, `nd` and an
+-- rss() in bytes defined, and returns the first line it writes: a fresh
+-- process, so that the heap's history is the body's alone.
+local function in_child(body)
+  local S = require "spec.helpers.shell"
+  local script = ([[
+    local nd = require "needle"
+    nd.set_num_threads(1)
+    local function rss()
+      local f = io.open("/proc/self/statm"); local s = f:read("a"); f:close()
+      return tonumber(s:match("^%%d+%%s+(%%d+)")) * %d
+    end
+  ]]):format(PAGE) .. body
+  return S.shell_line(S.q((S.needle_lua())) .. " -e " .. S.q(script) .. " 2>&1")
+end
+
 describe("memory", function()
   -- One thread: memory behaviour does not depend on it, and on a busy machine
   -- OpenMP workers spinning for a core made the 3000-iteration loop take
@@ -142,14 +158,7 @@ describe("memory", function()
   -- cycle), so late in a whole-suite run, with a bigger heap, more garbage
   -- waited (34 MiB on the 16-core GPU machine) than this loop makes alone.
   it("100000 views of a big tensor copy nothing", function()
-    local S = require "spec.helpers.shell"
-    local script = [[
-      local nd = require "needle"
-      nd.set_num_threads(1)
-      local function rss()
-        local f = io.open("/proc/self/statm"); local s = f:read("a"); f:close()
-        return tonumber(s:match("^%d+%s+(%d+)")) * PAGE
-      end
+    local line = in_child([[
       local big = nd.zeros({1024, 1024})
       collectgarbage()
       local live0, rss0, peak_live = nd.live_bytes(), rss(), 0
@@ -160,9 +169,7 @@ describe("memory", function()
         if live > peak_live then peak_live = live end
       end
       io.write(("%d %d %d"):format(live0, peak_live, rss() - rss0))
-    ]]
-    script = script:gsub("PAGE", tostring(PAGE))
-    local line = S.shell_line(S.q((S.needle_lua())) .. " -e " .. S.q(script) .. " 2>&1")
+    ]])
     local live0, peak_live, grown = (line or ""):match("^(%d+) (%d+) (%-?%d+)$")
     assert(live0, "the child printed: " .. tostring(line))
     assert.are.equal(live0, peak_live) -- views allocate no tensor memory at all
@@ -206,17 +213,9 @@ describe("memory", function()
   -- Issue 15, item 12: free() keeps blocks of 128 KiB..32 MiB in glibc's heap
   -- once the mmap threshold has risen, and a live block above them pins the
   -- pages: without a trim, RSS stayed at 650 MiB with 92 MiB of tensors live.
-  -- A fresh process, so that the heap's history is this loop's alone.
   it("empty_cache gives freed memory back to the system (RSS falls to the live tensors)", function()
     if not rss_checks_apply() then return end
-    local S = require "spec.helpers.shell"
-    local script = [[
-      local nd = require "needle"
-      nd.set_num_threads(1)
-      local function rss()
-        local f = io.open("/proc/self/statm"); local s = f:read("a"); f:close()
-        return tonumber(s:match("^%d+%s+(%d+)")) * PAGE
-      end
+    local line = in_child([[
       local keep = {}
       local peak = 0
       for step = 1, 6 do
@@ -232,10 +231,7 @@ describe("memory", function()
       collectgarbage()
       nd.empty_cache()
       io.write(("%d %d %d"):format(peak, rss(), nd.live_bytes()))
-    ]]
-    script = script:gsub("PAGE", tostring(PAGE))
-    local exe = S.needle_lua()
-    local line = S.shell_line(S.q(exe) .. " -e " .. S.q(script) .. " 2>&1")
+    ]])
     local peak, after, live = (line or ""):match("^(%d+) (%d+) (%d+)$")
     assert(peak, "the child printed: " .. tostring(line))
     peak, after, live = tonumber(peak), tonumber(after), tonumber(live)
