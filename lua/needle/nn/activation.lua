@@ -33,13 +33,7 @@ simple("SiLU", function(x) return nd.F.silu(x) end, INPLACE)
 -- LeakyReLU(negative_slope = 0.01[, {inplace=}]) or LeakyReLU({negative_slope=, inplace=})
 local LeakyReLU = Module:extend("LeakyReLU")
 function LeakyReLU:init(negative_slope, opts)
-  if type(negative_slope) == "table" then
-    if opts ~= nil then util.fail(self, "options given twice (a table and then %s)", type(opts)) end
-    opts = negative_slope
-    negative_slope = util.options(self, opts, {negative_slope = "number", inplace = "boolean"}).negative_slope
-  else
-    opts = util.options(self, opts, INPLACE)
-  end
+  negative_slope, opts = util.first_or_options(self, negative_slope, opts, "negative_slope", "number", INPLACE)
   self.inplace = opts.inplace
   if negative_slope ~= nil and type(negative_slope) ~= "number" then
     util.fail(self, "negative_slope must be a number, got %s", tostring(negative_slope))

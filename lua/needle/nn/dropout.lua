@@ -14,13 +14,7 @@ local Dropout = Module:extend("Dropout")
 -- Dropout(p = 0.5[, {inplace=}]) or Dropout({p=, inplace=}); inplace, as
 -- in nn.ReLU, is accepted and the result is a new tensor
 function Dropout:init(p, opts)
-  if type(p) == "table" then
-    if opts ~= nil then util.fail(self, "options given twice (a table and then %s)", type(opts)) end
-    opts = p
-    p = util.options(self, opts, {p = "number", inplace = "boolean"}).p
-  else
-    opts = util.options(self, opts, {inplace = "boolean"})
-  end
+  p, opts = util.first_or_options(self, p, opts, "p", "number", {inplace = "boolean"})
   self.inplace = opts.inplace
   if p == nil then p = 0.5 end
   if type(p) ~= "number" or p < 0 or p > 1 then

@@ -39,6 +39,19 @@ function M.options(self, opts, spec, factory)
   return o
 end
 
+-- Constructors whose first argument may also come inside the options table,
+-- as PyTorch's keyword (Dropout(0.3, {inplace = true}) or Dropout({p = 0.3})):
+-- returns that argument and the checked options. spec lists the other
+-- options; `name` joins them for the table form.
+function M.first_or_options(self, first, opts, name, name_type, spec)
+  if type(first) ~= "table" then return first, M.options(self, opts, spec) end
+  if opts ~= nil then M.fail(self, "options given twice (a table and then %s)", type(opts)) end
+  local full = {[name] = name_type}
+  for k, v in pairs(spec) do full[k] = v end
+  local o = M.options(self, first, full)
+  return o[name], o
+end
+
 -- Moves a module just built on the cpu to o.device, when given (the last
 -- step of a constructor that took the factory keywords).
 function M.place(self, o)
