@@ -26,6 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "op_registry.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -178,23 +180,16 @@ nd_status nd_set_data_(nd_tensor *t, const nd_tensor *src);
 nd_status nd_fill_(nd_tensor *dst, double value);
 nd_status nd_fill_int_(nd_tensor *dst, int64_t value); /* exact for int64 */
 
-/* ---- elementwise ---- */
-#define ND_UNARY_OPS(X) \
-    X(neg) X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(tanh) X(sigmoid) X(relu) \
-    X(sign) X(floor) X(ceil) X(round) X(sin) X(cos) X(erf)
-#define ND_BINARY_OPS(X) \
-    X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum) \
-    X(eq) X(ne) X(lt) X(le) X(gt) X(ge)
-
+/* ---- elementwise ---- (the ops and their rules: op_registry.h) */
 typedef enum {
-#define ND_X(name) ND_UNARY_##name,
+#define ND_X(name, ...) ND_UNARY_##name,
     ND_UNARY_OPS(ND_X)
 #undef ND_X
     ND_NUM_UNARY
 } nd_unary_op;
 
 typedef enum {
-#define ND_X(name) ND_BINARY_##name,
+#define ND_X(name, ...) ND_BINARY_##name,
     ND_BINARY_OPS(ND_X)
 #undef ND_X
     ND_NUM_BINARY
@@ -223,10 +218,8 @@ nd_status nd_clamp(const nd_tensor *x, double lo, double hi, nd_tensor **out);
 /* ---- reductions ----
  * dims: list of 0-based dims (negative allowed); ndims 0 means all dims.
  * correction: for var/std (1 = unbiased). */
-#define ND_REDUCE_OPS(X) \
-    X(sum) X(mean) X(prod) X(max) X(min) X(argmax) X(argmin) X(var) X(std) X(logsumexp)
 typedef enum {
-#define ND_X(name) ND_REDUCE_##name,
+#define ND_X(name, ...) ND_REDUCE_##name,
     ND_REDUCE_OPS(ND_X)
 #undef ND_X
     ND_NUM_REDUCE
@@ -237,6 +230,21 @@ nd_status nd_reduce(nd_reduce_op op, const nd_tensor *x, const int *dims, int nd
 /* values and (int64) indices of max/min along one dim */
 nd_status nd_max_dim(const nd_tensor *x, int dim, int keepdim, int is_min,
                      nd_tensor **values, nd_tensor **indices);
+
+/* ---- the op registry (op_registry.h), for bindings and tools ----
+ * One entry per op, in a fixed order: unary, binary, reduction, other. */
+typedef struct {
+    const char *name;
+    const char *kind;       /* "unary", "binary", "reduce", "view", "gemm", ... (lower case) */
+    int arity;              /* tensor inputs; -1: a list of tensors */
+    const char *dtype_rule; /* "same", "float", "promote", "index", "output", "compare" */
+    bool differentiable;    /* records a backward node for float inputs */
+    const char *expr;       /* elementwise ops: the float expression (x, or a and b); else NULL */
+    const char *backward;   /* unary ops: the backward formula; else NULL */
+} nd_op_info;
+int nd_op_count(void);
+const nd_op_info *nd_op_at(int i);               /* NULL outside 0 .. nd_op_count() - 1 */
+const nd_op_info *nd_op_find(const char *name);  /* NULL when no op has that name */
 
 /* ---- neural-network ops ---- */
 /* Fused, numerically stable softmax / log_softmax along dim (float types). */

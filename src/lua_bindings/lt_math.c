@@ -6,7 +6,7 @@
 
 /* ------------------------------------------------------------------ unary */
 
-#define UNARY_WRAPPER(name) \
+#define UNARY_WRAPPER(name, ...) \
     static int u_##name(lua_State *L) { \
         nd_tensor *r; \
         LT_CHECK(L, nd_unary(ND_UNARY_##name, lt_check(L, 1, #name), &r)); \
@@ -53,7 +53,7 @@ static int binary(lua_State *L, nd_binary_op op) {
     return 1;
 }
 
-#define BINARY_WRAPPER(name) static int b_##name(lua_State *L) { return binary(L, ND_BINARY_##name); }
+#define BINARY_WRAPPER(name, ...) static int b_##name(lua_State *L) { return binary(L, ND_BINARY_##name); }
 ND_BINARY_OPS(BINARY_WRAPPER)
 
 /* In place: x:add_(y) returns x. */
@@ -326,10 +326,10 @@ static int l_get_num_threads(lua_State *L) {
 
 void lt_register_math(lua_State *L) {
     static const lt_reg regs[] = {
-#define REG_U(name) {#name, u_##name, true, true},
+#define REG_U(name, ...) {#name, u_##name, true, true},
         ND_UNARY_OPS(REG_U)
 #undef REG_U
-#define REG_B(name) {#name, b_##name, true, true},
+#define REG_B(name, ...) {#name, b_##name, true, true},
         ND_BINARY_OPS(REG_B)
 #undef REG_B
         {"add_", b_add_, true, false},

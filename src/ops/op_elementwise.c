@@ -2,49 +2,68 @@
  * broadcasting and checks in front of the backend's kernels. */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 #include "backend.h"
 #include "grad_fns.h"
 
-static const char *unary_names[] = {
-#define ND_X(name) #name,
+/* ---------------------------------------------------- rules from the registry */
+
+static bool is_comparison(nd_binary_op op) {
+    switch (op) {
+#define ND_X(name, kind, ...) case ND_BINARY_##name: return KIND_IS_CMP_##kind;
+#define KIND_IS_CMP_ARITH false
+#define KIND_IS_CMP_CMP true
+    ND_BINARY_OPS(ND_X)
+#undef ND_X
+    default: return false;
+    }
+}
+
+typedef enum { RULE_KEEP, RULE_FLOAT, RULE_UINT8, RULE_INT64, RULE_REFUSE } dtype_rule;
+
+static const dtype_rule unary_int_rule[ND_NUM_UNARY] = {
+#define ND_X(name, ints, ...) [ND_UNARY_##name] = RULE_##ints,
     ND_UNARY_OPS(ND_X)
 #undef ND_X
 };
-static const char *binary_names[] = {
-#define ND_X(name) #name,
+static const dtype_rule unary_bool_rule[ND_NUM_UNARY] = {
+#define ND_X(name, ints, bools, ...) [ND_UNARY_##name] = RULE_##bools,
+    ND_UNARY_OPS(ND_X)
+#undef ND_X
+};
+static const dtype_rule binary_int_rule[ND_NUM_BINARY] = {
+#define ND_X(name, kind, ints, ...) [ND_BINARY_##name] = RULE_##ints,
+    ND_BINARY_OPS(ND_X)
+#undef ND_X
+};
+static const dtype_rule binary_bool_rule[ND_NUM_BINARY] = {
+#define ND_X(name, kind, ints, bools, ...) [ND_BINARY_##name] = RULE_##bools,
     ND_BINARY_OPS(ND_X)
 #undef ND_X
 };
 
-const char *nd_unary_name(nd_unary_op op) {
-    return (unsigned)op < ND_NUM_UNARY ? unary_names[op] : "unary?";
+/* What to do instead, for the ops that refuse bool tensors. */
+static const char *bool_hint(const char *op) {
+    if (strcmp(op, "neg") == 0) return " (use logical not: x:eq(0))";
+    if (strcmp(op, "sub") == 0) return " (use x:ne(y))";
+    return "";
 }
-const char *nd_binary_name(nd_binary_op op) {
-    return (unsigned)op < ND_NUM_BINARY ? binary_names[op] : "binary?";
-}
-
-static bool is_comparison(nd_binary_op op) { return op >= ND_BINARY_eq; }
 
 static nd_status where_forward(const nd_tensor *cond, const nd_tensor *a, const nd_tensor *b,
                                nd_tensor **out);
 static nd_status clamp_forward(const nd_tensor *x, double lo, double hi, nd_tensor **out);
 
-/* Ops that keep an integer dtype (others compute in float32 for ints). */
-static bool unary_keeps_int(nd_unary_op op) {
-    return op == ND_UNARY_neg || op == ND_UNARY_abs || op == ND_UNARY_relu ||
-           op == ND_UNARY_sign || op == ND_UNARY_floor || op == ND_UNARY_ceil ||
-           op == ND_UNARY_round;
-}
-
 /* The dtype a unary op computes in for input dtype dt. */
 static nd_status unary_dtype(nd_unary_op op, nd_dtype dt, nd_dtype *out) {
     if (dt == ND_FLOAT16 || dt == ND_BFLOAT16) dt = ND_FLOAT32; /* storage-only types */
     if (dt == ND_BOOL) {
-        if (op == ND_UNARY_neg)
-            return nd_fail(ND_ERR_DTYPE, "neg: not supported for bool tensors (use logical not: x:eq(0))");
-        if (unary_keeps_int(op)) dt = ND_UINT8;
+        if (unary_bool_rule[op] == RULE_REFUSE)
+            return nd_fail(ND_ERR_DTYPE, "%s: not supported for bool tensors%s", nd_unary_name(op),
+                           bool_hint(nd_unary_name(op)));
+        dt = unary_bool_rule[op] == RULE_UINT8 ? ND_UINT8 : ND_FLOAT32;
+    } else if (nd_dtype_is_int(dt) && unary_int_rule[op] == RULE_FLOAT) {
+        dt = ND_FLOAT32;
     }
-    if ((nd_dtype_is_int(dt) || dt == ND_BOOL) && !unary_keeps_int(op)) dt = ND_FLOAT32;
     *out = dt;
     return ND_OK;
 }
@@ -69,11 +88,17 @@ static nd_status unary_forward(nd_unary_op op, const nd_tensor *x, nd_tensor **o
 /* The dtype a binary op computes in for promoted operand dtype c. */
 static nd_status binary_dtype(nd_binary_op op, nd_dtype c, nd_dtype *out) {
     if (c == ND_FLOAT16 || c == ND_BFLOAT16) c = ND_FLOAT32;
-    if (op == ND_BINARY_div && !nd_dtype_is_float(c)) c = ND_FLOAT32; /* true division */
     if (c == ND_BOOL) {
-        if (op == ND_BINARY_sub)
-            return nd_fail(ND_ERR_DTYPE, "sub: not supported for bool tensors (use x:ne(y))");
-        if (op == ND_BINARY_pow) c = ND_INT64;
+        switch (binary_bool_rule[op]) {
+        case RULE_REFUSE:
+            return nd_fail(ND_ERR_DTYPE, "%s: not supported for bool tensors%s", nd_binary_name(op),
+                           bool_hint(nd_binary_name(op)));
+        case RULE_INT64: c = ND_INT64; break;
+        case RULE_FLOAT: c = ND_FLOAT32; break;
+        default: break;
+        }
+    } else if (nd_dtype_is_int(c) && binary_int_rule[op] == RULE_FLOAT) {
+        c = ND_FLOAT32; /* true division */
     }
     *out = c;
     return ND_OK;

@@ -3,6 +3,9 @@
  * gradients), and the recording of their nodes. */
 #include <math.h>
 #include "backend.h"
+/* Every binary op needs a case in each backward switch below: adding an op
+ * to op_registry.h without its formula fails the build. */
+#pragma GCC diagnostic error "-Wswitch"
 #include "grad_expr.h"
 #include "grad_fns.h"
 
@@ -28,54 +31,64 @@ static nd_status bw_relu_fused(nd_node *n, const nd_tensor *g, nd_tensor **grads
     return ND_OK;
 }
 
+/* The backward formulas of op_registry.h, one function per op. The saved
+ * tensor is declared only under the name the registry's save column gives
+ * (x: the input, y: the output), so a formula that reads the other one
+ * fails to compile. */
+#define SAVED_NONE
+#define SAVED_INPUT nd_tensor *x = gx_saved(c, n, 0);
+#define SAVED_OUTPUT nd_tensor *y = gx_saved(c, n, 0);
+#define MUL(a, b) gx_bin(c, ND_BINARY_mul, a, b)
+#define DIV(a, b) gx_bin(c, ND_BINARY_div, a, b)
+#define ADD(a, b) gx_bin(c, ND_BINARY_add, a, b)
+#define SUB(a, b) gx_bin(c, ND_BINARY_sub, a, b)
+#define MULS(a, s) gx_sc(c, ND_BINARY_mul, a, s, 0)
+#define ADDS(a, s) gx_sc(c, ND_BINARY_add, a, s, 0)
+#define POWS(a, s) gx_sc(c, ND_BINARY_pow, a, s, 0)
+#define GTS(a, s) gx_sc(c, ND_BINARY_gt, a, s, 0)
+#define RSUBS(s, a) gx_sc(c, ND_BINARY_sub, a, s, 1)
+#define UN(op, a) gx_un(c, ND_UNARY_##op, a)
+#define ZEROS gx_zeros(c, g, n->in_shape[0], n->in_ndim[0], g->dtype)
+#define ND_X(name, ints, bools, save, fexpr, iexpr, bw)                          \
+    static nd_tensor *grad_##name(nd_gx *c, nd_node *n, nd_tensor *g) {         \
+        SAVED_##save                                                            \
+        return bw;                                                              \
+    }
+ND_UNARY_OPS(ND_X)
+#undef ND_X
+#undef MUL
+#undef DIV
+#undef ADD
+#undef SUB
+#undef MULS
+#undef ADDS
+#undef POWS
+#undef GTS
+#undef RSUBS
+#undef UN
+#undef ZEROS
+
+typedef nd_tensor *(*unary_grad_fn)(nd_gx *c, nd_node *n, nd_tensor *g);
+static const unary_grad_fn unary_grads[ND_NUM_UNARY] = {
+#define ND_X(name, ...) [ND_UNARY_##name] = grad_##name,
+    ND_UNARY_OPS(ND_X)
+#undef ND_X
+};
+
+/* What each unary op's node saves for its formula. */
+enum { SAVE_NONE, SAVE_INPUT, SAVE_OUTPUT };
+static const unsigned char unary_saves[ND_NUM_UNARY] = {
+#define ND_X(name, ints, bools, save, ...) [ND_UNARY_##name] = SAVE_##save,
+    ND_UNARY_OPS(ND_X)
+#undef ND_X
+};
+
 static nd_status bw_unary(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     nd_unary_op op = (nd_unary_op)n->iparams[0];
     if (op == ND_UNARY_relu && !nd_grad_enabled() && nd_backend_of(g)->relu_backward)
         return bw_relu_fused(n, g, grads);
     nd_gx c = {0};
-    nd_tensor *r = NULL;
-    switch (op) {
-    case ND_UNARY_neg: r = gx_un(&c, ND_UNARY_neg, g); break;
-    case ND_UNARY_abs: r = gx_bin(&c, ND_BINARY_mul, g, gx_un(&c, ND_UNARY_sign, gx_saved(&c, n, 0))); break;
-    case ND_UNARY_exp: r = gx_bin(&c, ND_BINARY_mul, g, gx_saved(&c, n, 0)); break;
-    case ND_UNARY_log: r = gx_bin(&c, ND_BINARY_div, g, gx_saved(&c, n, 0)); break;
-    case ND_UNARY_sqrt: /* g / (2 y) */
-        r = gx_bin(&c, ND_BINARY_div, g, gx_sc(&c, ND_BINARY_mul, gx_saved(&c, n, 0), 2, 0));
-        break;
-    case ND_UNARY_rsqrt: { /* -1/2 y^3 g */
-        nd_tensor *y = gx_saved(&c, n, 0);
-        nd_tensor *y3 = gx_sc(&c, ND_BINARY_pow, y, 3, 0);
-        r = gx_bin(&c, ND_BINARY_mul, g, gx_sc(&c, ND_BINARY_mul, y3, -0.5, 0));
-        break;
-    }
-    case ND_UNARY_tanh: { /* g (1 - y^2) */
-        nd_tensor *y = gx_saved(&c, n, 0);
-        r = gx_bin(&c, ND_BINARY_mul, g, gx_sc(&c, ND_BINARY_sub, gx_bin(&c, ND_BINARY_mul, y, y), 1, 1));
-        break;
-    }
-    case ND_UNARY_sigmoid: { /* g y (1 - y) */
-        nd_tensor *y = gx_saved(&c, n, 0);
-        r = gx_bin(&c, ND_BINARY_mul, g, gx_bin(&c, ND_BINARY_mul, y, gx_sc(&c, ND_BINARY_sub, y, 1, 1)));
-        break;
-    }
-    case ND_UNARY_relu: /* g where y > 0 */
-        r = gx_bin(&c, ND_BINARY_mul, g, gx_sc(&c, ND_BINARY_gt, gx_saved(&c, n, 0), 0, 0));
-        break;
-    case ND_UNARY_sin: r = gx_bin(&c, ND_BINARY_mul, g, gx_un(&c, ND_UNARY_cos, gx_saved(&c, n, 0))); break;
-    case ND_UNARY_cos:
-        r = gx_bin(&c, ND_BINARY_mul, g, gx_un(&c, ND_UNARY_neg, gx_un(&c, ND_UNARY_sin, gx_saved(&c, n, 0))));
-        break;
-    case ND_UNARY_erf: { /* 2/sqrt(pi) exp(-x^2) */
-        nd_tensor *x = gx_saved(&c, n, 0);
-        nd_tensor *e = gx_un(&c, ND_UNARY_exp, gx_un(&c, ND_UNARY_neg, gx_bin(&c, ND_BINARY_mul, x, x)));
-        r = gx_bin(&c, ND_BINARY_mul, g, gx_sc(&c, ND_BINARY_mul, e, 1.1283791670955126, 0));
-        break;
-    }
-    default: /* sign, floor, ceil, round: zero almost everywhere */
-        r = gx_zeros(&c, g, n->in_shape[0], n->in_ndim[0], g->dtype);
-        break;
-    }
-    grads[0] = gx_out(&c, r);
+    grads[0] = gx_out(&c, unary_grads[op](&c, n, g));
     return gx_end(&c);
 }
 
@@ -86,15 +99,10 @@ nd_status nd_record_unary(nd_unary_op op, const nd_tensor *x, nd_tensor *out) {
     ND_TRY(nd_record(nd_unary_name(op), bw_unary, out, 1, in, &n));
     if (!n) return ND_OK;
     n->iparams[0] = op;
-    switch (op) {
-    case ND_UNARY_exp: case ND_UNARY_sqrt: case ND_UNARY_rsqrt: case ND_UNARY_tanh:
-    case ND_UNARY_sigmoid: case ND_UNARY_relu:
-        return nd_save(n, out, true);
-    case ND_UNARY_abs: case ND_UNARY_log: case ND_UNARY_sin: case ND_UNARY_cos:
-    case ND_UNARY_erf:
-        return nd_save(n, x, false);
-    default:
-        return ND_OK;
+    switch (unary_saves[op]) {
+    case SAVE_OUTPUT: return nd_save(n, out, true);
+    case SAVE_INPUT: return nd_save(n, x, false);
+    default: return ND_OK;
     }
 }
 
@@ -150,7 +158,10 @@ static nd_status bw_binary(nd_node *n, nd_tensor *g, nd_tensor **grads) {
         if (wb) gb = gx_bin(&c, ND_BINARY_mul, g, win_mask(&c, is_max, b, a, 0, false));
         break;
     }
-    default: break;
+    case ND_BINARY_eq: case ND_BINARY_ne: case ND_BINARY_lt: case ND_BINARY_le:
+    case ND_BINARY_gt: case ND_BINARY_ge:
+    case ND_NUM_BINARY:
+        break; /* comparisons give bool results: never recorded */
     }
     if (wa && ga) grads[0] = gx_out(&c, gx_sum_to(&c, ga, n, 0));
     if (wb && gb) grads[1] = gx_out(&c, gx_sum_to(&c, gb, n, 1));
@@ -204,7 +215,10 @@ static nd_status bw_binary_number(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     case ND_BINARY_maximum: case ND_BINARY_minimum:
         r = gx_bin(&c, ND_BINARY_mul, g, win_mask(&c, op == ND_BINARY_maximum, gx_saved(&c, n, 0), NULL, s, true));
         break;
-    default: break;
+    case ND_BINARY_eq: case ND_BINARY_ne: case ND_BINARY_lt: case ND_BINARY_le:
+    case ND_BINARY_gt: case ND_BINARY_ge:
+    case ND_NUM_BINARY:
+        break; /* comparisons give bool results: never recorded */
     }
     grads[0] = gx_out(&c, r);
     return gx_end(&c);

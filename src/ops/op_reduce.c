@@ -3,16 +3,6 @@
 #include "backend.h"
 #include "grad_fns.h"
 
-static const char *reduce_names[] = {
-#define ND_X(name) #name,
-    ND_REDUCE_OPS(ND_X)
-#undef ND_X
-};
-
-const char *nd_reduce_name(nd_reduce_op op) {
-    return (unsigned)op < ND_NUM_REDUCE ? reduce_names[op] : "reduce?";
-}
-
 /* Marks the reduced dims; ndims == 0 means all. */
 static nd_status reduced_mask(const char *op, const nd_tensor *x, const int *dims, int ndims,
                               bool *mask) {

@@ -1,20 +1,24 @@
 /* cpu_elementwise.c - unary, binary, where and clamp kernels.
  *
- * One inner function per (op, dtype), written once as an expression and
- * instantiated per element type by the small macros below. Each inner
+ * One inner function per (op, dtype), instantiated from the op's expression
+ * in op_registry.h (the OpenCL kernels use the same text). Each inner
  * function has a dense fast path (vectorisable), fast paths for a broadcast
  * scalar on either side, and a strided fallback. Signed integer arithmetic
  * wraps (computed in the unsigned type) as in PyTorch, instead of being
  * undefined behaviour. */
-#include <math.h>
 #include <string.h>
+#include <tgmath.h> /* exp(x) is expf for a float x: the registry's expressions are type-generic */
 #include "cpu_kernels.h"
 #include "cpu_loop.h"
 
 /* ---------------------------------------------------------------- binary */
 
-#define BIN_FN(NAME, T, OT, EXPR)                                                     \
+/* The inner function of one (op, dtype): T the operand type, U the unsigned
+ * type its wrapping arithmetic uses, OT the output type. */
+#define BIN_FN(NAME, TY, UTY, OT, EXPR)                                               \
     static void NAME(char **p, const int64_t *s, int64_t n, void *ctx) {             \
+        typedef TY T;                                                                 \
+        typedef UTY U;                                                                \
         (void)ctx;                                                                    \
         if (s[0] == sizeof(OT) && s[1] == sizeof(T) && s[2] == sizeof(T)) {           \
             OT *o = (OT *)p[0];                                                       \
@@ -49,71 +53,46 @@ static inline int64_t ipow64(int64_t base, int64_t e) {
     return (int64_t)r;
 }
 
-/* max/min propagate NaN like torch.maximum */
-#define FMAX(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
-#define FMIN(a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
+/* The kernels of op_registry.h's binary ops: the float expression for f32
+ * and f64, the integer one for the ints (when the op keeps ints), the bool
+ * one for bool (when it keeps bools). OUT_ARITH / OUT_CMP: the output type. */
+#define OUT_ARITH(T) T
+#define OUT_CMP(T) uint8_t
+#define KEEP_IF_KEEP(...) __VA_ARGS__
+#define KEEP_IF_FLOAT(...)
+#define KEEP_IF_INT64(...)
+#define KEEP_IF_REFUSE(...)
+#define ND_X(name, kind, ints, bools, fexpr, iexpr, bexpr)                              \
+    BIN_FN(name##_f32, float, uint32_t, OUT_##kind(float), fexpr)                       \
+    BIN_FN(name##_f64, double, uint64_t, OUT_##kind(double), fexpr)                    \
+    KEEP_IF_##ints(BIN_FN(name##_i64, int64_t, uint64_t, OUT_##kind(int64_t), iexpr)    \
+                   BIN_FN(name##_i32, int32_t, uint32_t, OUT_##kind(int32_t), iexpr)    \
+                   BIN_FN(name##_u8, uint8_t, uint32_t, OUT_##kind(uint8_t), iexpr))    \
+    KEEP_IF_##bools(BIN_FN(name##_b8, uint8_t, uint32_t, uint8_t, bexpr))
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wtype-limits" /* x < 0 on uint8 */
+#pragma GCC diagnostic ignored "-Wunused-local-typedefs" /* U: only wrapping ops use it */
+#pragma GCC diagnostic ignored "-Wsign-compare"
+ND_BINARY_OPS(ND_X)
+#pragma GCC diagnostic pop
+#undef ND_X
 
-#define FLOAT_BINARY(SUF, T, POW)                                     \
-    BIN_FN(add_##SUF, T, T, a + b)                                    \
-    BIN_FN(sub_##SUF, T, T, a - b)                                    \
-    BIN_FN(mul_##SUF, T, T, a * b)                                    \
-    BIN_FN(div_##SUF, T, T, a / b)                                    \
-    BIN_FN(pow_##SUF, T, T, POW(a, b))                                \
-    BIN_FN(maximum_##SUF, T, T, FMAX(a, b))                           \
-    BIN_FN(minimum_##SUF, T, T, FMIN(a, b))                           \
-    BIN_FN(eq_##SUF, T, uint8_t, a == b)                              \
-    BIN_FN(ne_##SUF, T, uint8_t, a != b)                              \
-    BIN_FN(lt_##SUF, T, uint8_t, a < b)                               \
-    BIN_FN(le_##SUF, T, uint8_t, a <= b)                              \
-    BIN_FN(gt_##SUF, T, uint8_t, a > b)                               \
-    BIN_FN(ge_##SUF, T, uint8_t, a >= b)
+#define FN_IF_KEEP(fn) fn
+#define FN_IF_FLOAT(fn) NULL
+#define FN_IF_INT64(fn) NULL
+#define FN_IF_REFUSE(fn) NULL
 
-/* U: the unsigned type used for wrapping arithmetic */
-#define INT_BINARY(SUF, T, U)                                         \
-    BIN_FN(add_##SUF, T, T, (T)((U)a + (U)b))                         \
-    BIN_FN(sub_##SUF, T, T, (T)((U)a - (U)b))                         \
-    BIN_FN(mul_##SUF, T, T, (T)((U)a * (U)b))                         \
-    BIN_FN(pow_##SUF, T, T, (T)ipow64(a, b))                          \
-    BIN_FN(maximum_##SUF, T, T, a > b ? a : b)                        \
-    BIN_FN(minimum_##SUF, T, T, a < b ? a : b)                        \
-    BIN_FN(eq_##SUF, T, uint8_t, a == b)                              \
-    BIN_FN(ne_##SUF, T, uint8_t, a != b)                              \
-    BIN_FN(lt_##SUF, T, uint8_t, a < b)                               \
-    BIN_FN(le_##SUF, T, uint8_t, a <= b)                              \
-    BIN_FN(gt_##SUF, T, uint8_t, a > b)                               \
-    BIN_FN(ge_##SUF, T, uint8_t, a >= b)
-
-FLOAT_BINARY(f32, float, powf)
-FLOAT_BINARY(f64, double, pow)
-INT_BINARY(i64, int64_t, uint64_t)
-INT_BINARY(i32, int32_t, uint32_t)
-INT_BINARY(u8, uint8_t, uint32_t)
-/* bool: + is or, * is and (as PyTorch) */
-BIN_FN(add_b8, uint8_t, uint8_t, a | b)
-BIN_FN(mul_b8, uint8_t, uint8_t, a & b)
-BIN_FN(maximum_b8, uint8_t, uint8_t, a | b)
-BIN_FN(minimum_b8, uint8_t, uint8_t, a & b)
-BIN_FN(eq_b8, uint8_t, uint8_t, a == b)
-BIN_FN(ne_b8, uint8_t, uint8_t, a != b)
-BIN_FN(lt_b8, uint8_t, uint8_t, a < b)
-BIN_FN(le_b8, uint8_t, uint8_t, a <= b)
-BIN_FN(gt_b8, uint8_t, uint8_t, a > b)
-BIN_FN(ge_b8, uint8_t, uint8_t, a >= b)
-
-#define ROW_F(SUF) {add_##SUF, sub_##SUF, mul_##SUF, div_##SUF, pow_##SUF, maximum_##SUF,  \
-                    minimum_##SUF, eq_##SUF, ne_##SUF, lt_##SUF, le_##SUF, gt_##SUF, ge_##SUF}
-#define ROW_I(SUF) {add_##SUF, sub_##SUF, mul_##SUF, NULL, pow_##SUF, maximum_##SUF,       \
-                    minimum_##SUF, eq_##SUF, ne_##SUF, lt_##SUF, le_##SUF, gt_##SUF, ge_##SUF}
-
-/* [dtype][op]; NULL where the op layer must have converted first. */
+/* [dtype][op]; NULL where the op layer converts first (op_registry.h). */
 static const nd_inner_fn binary_fns[ND_NUM_DTYPES][ND_NUM_BINARY] = {
-    [ND_FLOAT32] = ROW_F(f32),
-    [ND_FLOAT64] = ROW_F(f64),
-    [ND_INT64] = ROW_I(i64),
-    [ND_INT32] = ROW_I(i32),
-    [ND_UINT8] = ROW_I(u8),
-    [ND_BOOL] = {add_b8, NULL, mul_b8, NULL, NULL, maximum_b8, minimum_b8, eq_b8, ne_b8,
-                 lt_b8, le_b8, gt_b8, ge_b8},
+#define ND_X(name, kind, ints, bools, ...)                                 \
+    [ND_FLOAT32][ND_BINARY_##name] = name##_f32,                          \
+    [ND_FLOAT64][ND_BINARY_##name] = name##_f64,                          \
+    [ND_INT64][ND_BINARY_##name] = FN_IF_##ints(name##_i64),              \
+    [ND_INT32][ND_BINARY_##name] = FN_IF_##ints(name##_i32),              \
+    [ND_UINT8][ND_BINARY_##name] = FN_IF_##ints(name##_u8),               \
+    [ND_BOOL][ND_BINARY_##name] = FN_IF_##bools(name##_b8),
+    ND_BINARY_OPS(ND_X)
+#undef ND_X
 };
 
 static nd_inner_fn binary_fn(nd_binary_op op, nd_dtype dt) {
@@ -161,8 +140,10 @@ nd_status nd_cpu_binary_scalar(nd_binary_op op, nd_tensor *out, const nd_tensor 
 
 /* ----------------------------------------------------------------- unary */
 
-#define UN_FN(NAME, T, EXPR)                                                   \
+#define UN_FN(NAME, TY, UTY, EXPR)                                             \
     static void NAME(char **p, const int64_t *s, int64_t n, void *ctx) {       \
+        typedef TY T;                                                          \
+        typedef UTY U;                                                         \
         (void)ctx;                                                             \
         if (s[0] == sizeof(T) && s[1] == sizeof(T)) {                          \
             T *o = (T *)p[0];                                                  \
@@ -176,42 +157,29 @@ nd_status nd_cpu_binary_scalar(nd_binary_op op, nd_tensor *out, const nd_tensor 
         }                                                                      \
     }
 
-#define FSIGN(x) ((x) > 0 ? 1 : (x) < 0 ? -1 : (x)) /* keeps 0, -0 and NaN */
-
-UN_FN(neg_f32, float, -x) UN_FN(abs_f32, float, fabsf(x)) UN_FN(exp_f32, float, expf(x))
-UN_FN(log_f32, float, logf(x)) UN_FN(sqrt_f32, float, sqrtf(x))
-UN_FN(rsqrt_f32, float, 1.0f / sqrtf(x)) UN_FN(tanh_f32, float, tanhf(x))
-UN_FN(sigmoid_f32, float, 1.0f / (1.0f + expf(-x))) UN_FN(relu_f32, float, x > 0 ? x : (x != x ? x : 0.0f))
-UN_FN(sign_f32, float, FSIGN(x)) UN_FN(floor_f32, float, floorf(x)) UN_FN(ceil_f32, float, ceilf(x))
-UN_FN(round_f32, float, nearbyintf(x)) UN_FN(sin_f32, float, sinf(x)) UN_FN(cos_f32, float, cosf(x))
-UN_FN(erf_f32, float, erff(x))
-
-UN_FN(neg_f64, double, -x) UN_FN(abs_f64, double, fabs(x)) UN_FN(exp_f64, double, exp(x))
-UN_FN(log_f64, double, log(x)) UN_FN(sqrt_f64, double, sqrt(x))
-UN_FN(rsqrt_f64, double, 1.0 / sqrt(x)) UN_FN(tanh_f64, double, tanh(x))
-UN_FN(sigmoid_f64, double, 1.0 / (1.0 + exp(-x))) UN_FN(relu_f64, double, x > 0 ? x : (x != x ? x : 0.0))
-UN_FN(sign_f64, double, FSIGN(x)) UN_FN(floor_f64, double, floor(x)) UN_FN(ceil_f64, double, ceil(x))
-UN_FN(round_f64, double, nearbyint(x)) UN_FN(sin_f64, double, sin(x)) UN_FN(cos_f64, double, cos(x))
-UN_FN(erf_f64, double, erf(x))
-
-#define INT_UNARY(SUF, T, U)                                                              \
-    UN_FN(neg_##SUF, T, (T)(0 - (U)x)) UN_FN(abs_##SUF, T, x < 0 ? (T)(0 - (U)x) : x)      \
-    UN_FN(relu_##SUF, T, x > 0 ? x : 0) UN_FN(sign_##SUF, T, (x > 0) - (x < 0))            \
-    UN_FN(ident_##SUF, T, x)
-INT_UNARY(i64, int64_t, uint64_t)
-INT_UNARY(i32, int32_t, uint32_t)
-UN_FN(abs_u8, uint8_t, x) UN_FN(relu_u8, uint8_t, x) UN_FN(sign_u8, uint8_t, x > 0)
-UN_FN(neg_u8, uint8_t, (uint8_t)(0u - x)) UN_FN(ident_u8, uint8_t, x)
-
-#define ROW_UF(SUF) {neg_##SUF, abs_##SUF, exp_##SUF, log_##SUF, sqrt_##SUF, rsqrt_##SUF, \
-                     tanh_##SUF, sigmoid_##SUF, relu_##SUF, sign_##SUF, floor_##SUF,        \
-                     ceil_##SUF, round_##SUF, sin_##SUF, cos_##SUF, erf_##SUF}
-#define ROW_UI(SUF) {neg_##SUF, abs_##SUF, NULL, NULL, NULL, NULL, NULL, NULL, relu_##SUF, \
-                     sign_##SUF, ident_##SUF, ident_##SUF, ident_##SUF, NULL, NULL, NULL}
+/* The kernels of op_registry.h's unary ops (bool inputs arrive as uint8). */
+#define ND_X(name, ints, bools, save, fexpr, iexpr, bw)                  \
+    UN_FN(name##_f32, float, uint32_t, fexpr)                            \
+    UN_FN(name##_f64, double, uint64_t, fexpr)                           \
+    KEEP_IF_##ints(UN_FN(name##_i64, int64_t, uint64_t, iexpr)           \
+                   UN_FN(name##_i32, int32_t, uint32_t, iexpr)           \
+                   UN_FN(name##_u8, uint8_t, uint32_t, iexpr))
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wtype-limits"
+#pragma GCC diagnostic ignored "-Wunused-local-typedefs"
+ND_UNARY_OPS(ND_X)
+#pragma GCC diagnostic pop
+#undef ND_X
 
 static const nd_inner_fn unary_fns[ND_NUM_DTYPES][ND_NUM_UNARY] = {
-    [ND_FLOAT32] = ROW_UF(f32), [ND_FLOAT64] = ROW_UF(f64),
-    [ND_INT64] = ROW_UI(i64),   [ND_INT32] = ROW_UI(i32), [ND_UINT8] = ROW_UI(u8),
+#define ND_X(name, ints, ...)                                      \
+    [ND_FLOAT32][ND_UNARY_##name] = name##_f32,                   \
+    [ND_FLOAT64][ND_UNARY_##name] = name##_f64,                   \
+    [ND_INT64][ND_UNARY_##name] = FN_IF_##ints(name##_i64),       \
+    [ND_INT32][ND_UNARY_##name] = FN_IF_##ints(name##_i32),       \
+    [ND_UINT8][ND_UNARY_##name] = FN_IF_##ints(name##_u8),
+    ND_UNARY_OPS(ND_X)
+#undef ND_X
 };
 
 nd_status nd_cpu_unary(nd_unary_op op, nd_tensor *out, const nd_tensor *x) {

@@ -154,12 +154,13 @@ static nd_status build_program(ocl_device *d, const char *file, const char *defi
     const char *body = ocl_source(file);
     if (!common || !body)
         return nd_fail(ND_ERR_INTERNAL, "opencl: no embedded kernel source '%s.cl'", file);
-    size_t lc = strlen(common), lb = strlen(body);
-    char *src = malloc(lc + lb + 2);
+    size_t lc = strlen(common), lr = strlen(ocl_registry_source), lb = strlen(body);
+    char *src = malloc(lc + lr + lb + 2);
     if (!src) return nd_fail(ND_ERR_MEMORY, "opencl: out of memory building '%s'", file);
     memcpy(src, common, lc);
     src[lc] = '\n';
-    memcpy(src + lc + 1, body, lb + 1);
+    memcpy(src + lc + 1, ocl_registry_source, lr);
+    memcpy(src + lc + 1 + lr, body, lb + 1);
     char opts[1024];
     snprintf(opts, sizeof opts, "%s%s -cl-std=CL1.2", defines,
              d->info.fp64 ? " -DND_FP64=1" : "");

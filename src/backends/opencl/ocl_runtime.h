@@ -77,6 +77,12 @@ nd_status ocl_kernel(ocl_device *d, const char *file, const char *defines, const
                      cl_kernel *out);
 /* The embedded source of kernels/<file>.cl (NULL if there is none). */
 const char *ocl_source(const char *file);
+/* The registry's elementwise ops as OpenCL C (ocl_registry_source.c),
+ * compiled in front of every program after kernels/common.cl. */
+extern const char ocl_registry_source[];
+bool ocl_unary_has_kernel(nd_unary_op op, nd_dtype dt);
+bool ocl_binary_has_kernel(nd_binary_op op, nd_dtype dt);
+bool ocl_binary_is_comparison(nd_binary_op op);
 /* Drops every cached program binary of this process's devices from disk
  * and memory (tests; nd.opencl.clear_cache()). */
 void ocl_forget_programs(ocl_device *d);

@@ -1,8 +1,8 @@
 /* elementwise.cl - unary, binary (arithmetic and comparisons), scalar forms,
  * where, clamp and fill for one element type T (build define).
  *
- * Op codes are nd_unary_op / nd_binary_op (needle.h; ocl_elementwise.c
- * checks the numbering). Every kernel has a flat form (operands contiguous
+ * Op codes and the per-op cases are generated from op_registry.h
+ * (ocl_registry_source.c). Every kernel has a flat form (operands contiguous
  * from their offsets) and a strided one driven by an nd_geom. Semantics
  * follow the CPU kernels: signed integers wrap, max/min propagate NaN,
  * round is half-to-even, bool + is or and * is and. */
@@ -21,10 +21,6 @@ typedef uint U;
 #endif
 #define IS_BOOL (T_ID == 5)
 
-enum { U_NEG, U_ABS, U_EXP, U_LOG, U_SQRT, U_RSQRT, U_TANH, U_SIGMOID, U_RELU, U_SIGN,
-       U_FLOOR, U_CEIL, U_ROUND, U_SIN, U_COS, U_ERF };
-enum { B_ADD, B_SUB, B_MUL, B_DIV, B_POW, B_MAX, B_MIN, B_EQ, B_NE, B_LT, B_LE, B_GT, B_GE };
-
 #if !IS_FLOAT
 inline long ipow64(long base, long e) {
     if (e < 0) return base == 1 ? 1 : base == -1 ? ((e & 1) ? -1 : 1) : 0;
@@ -38,80 +34,44 @@ inline long ipow64(long base, long e) {
 }
 #endif
 
+/* The cases come from op_registry.h (ocl_registry_source.c); the host
+ * launches an op only for the dtypes it has a case for, so the returns after
+ * the switches are not reached. */
 inline T un_op(int op, T x) {
+    switch (op) {
 #if IS_FLOAT
-    switch (op) {
-    case U_NEG: return -x;
-    case U_ABS: return fabs(x);
-    case U_EXP: return exp(x);
-    case U_LOG: return log(x);
-    case U_SQRT: return sqrt(x);
-    case U_RSQRT: return (T)1 / sqrt(x);
-    case U_TANH: return tanh(x);
-    case U_SIGMOID: return (T)1 / ((T)1 + exp(-x));
-    case U_RELU: return x > 0 ? x : (isnan(x) ? x : (T)0);
-    case U_SIGN: return x > 0 ? (T)1 : x < 0 ? (T)-1 : x;
-    case U_FLOOR: return floor(x);
-    case U_CEIL: return ceil(x);
-    case U_ROUND: return rint(x);
-    case U_SIN: return sin(x);
-    case U_COS: return cos(x);
-    default: return erf(x);
-    }
-#elif T_ID == 4 || IS_BOOL
-    switch (op) {
-    case U_NEG: return (T)(0u - (uint)x);
-    case U_SIGN: return (T)(x > 0);
-    default: return x; /* abs, relu, floor, ceil, round */
-    }
+    ND_UNARY_FLOAT_CASES
 #else
-    switch (op) {
-    case U_NEG: return (T)(0 - (U)x);
-    case U_ABS: return x < 0 ? (T)(0 - (U)x) : x;
-    case U_RELU: return x > 0 ? x : 0;
-    case U_SIGN: return (T)((x > 0) - (x < 0));
-    default: return x; /* floor, ceil, round */
-    }
+    ND_UNARY_INT_CASES
 #endif
+    }
+    return x;
 }
 
 inline T bin_op(int op, T a, T b) {
+    switch (op) {
 #if IS_FLOAT
-    switch (op) {
-    case B_ADD: return a + b;
-    case B_SUB: return a - b;
-    case B_MUL: return a * b;
-    case B_DIV: return a / b;
-    case B_POW: return pow(a, b);
-    case B_MAX: return (a > b || isnan(a)) ? a : b;
-    default: return (a < b || isnan(a)) ? a : b;
-    }
+    ND_BINARY_FLOAT_CASES
 #elif IS_BOOL
-    switch (op) {
-    case B_ADD: case B_MAX: return a | b;
-    default: return a & b; /* mul, min */
-    }
+    ND_BINARY_BOOL_CASES
 #else
-    switch (op) {
-    case B_ADD: return (T)((U)a + (U)b);
-    case B_SUB: return (T)((U)a - (U)b);
-    case B_MUL: return (T)((U)a * (U)b);
-    case B_POW: return (T)ipow64((long)a, (long)b);
-    case B_MAX: return a > b ? a : b;
-    default: return a < b ? a : b;
-    }
+    ND_BINARY_INT_CASES
 #endif
+    }
+    return a;
 }
 
 inline uchar cmp_op(int op, T a, T b) {
     switch (op) {
-    case B_EQ: return a == b;
-    case B_NE: return a != b;
-    case B_LT: return a < b;
-    case B_LE: return a <= b;
-    case B_GT: return a > b;
-    default: return a >= b;
+#if IS_FLOAT
+    ND_COMPARE_FLOAT_CASES
+#elif IS_BOOL
+    ND_COMPARE_BOOL_CASES
+#else
+    ND_COMPARE_INT_CASES
+#endif
     }
+    return 0;
 }
 
 __kernel void unary_flat(int op, long n, __global T *o, long oo, __global const T *x, long xo) {

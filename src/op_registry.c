@@ -1,0 +1,95 @@
+/* op_registry.c - the op registry (op_registry.h) as data: names for error
+ * messages, autograd nodes and the profiler, and descriptions for bindings
+ * and tools (nd.ops() in Lua). */
+#include <string.h>
+#include "needle.h"
+
+static const char *const unary_names[] = {
+#define ND_X(name, ...) #name,
+    ND_UNARY_OPS(ND_X)
+#undef ND_X
+};
+static const char *const binary_names[] = {
+#define ND_X(name, ...) #name,
+    ND_BINARY_OPS(ND_X)
+#undef ND_X
+};
+static const char *const reduce_names[] = {
+#define ND_X(name, ...) #name,
+    ND_REDUCE_OPS(ND_X)
+#undef ND_X
+};
+_Static_assert(sizeof unary_names / sizeof *unary_names == ND_NUM_UNARY, "unary names");
+_Static_assert(sizeof binary_names / sizeof *binary_names == ND_NUM_BINARY, "binary names");
+_Static_assert(sizeof reduce_names / sizeof *reduce_names == ND_NUM_REDUCE, "reduce names");
+
+const char *nd_unary_name(nd_unary_op op) {
+    return (unsigned)op < ND_NUM_UNARY ? unary_names[op] : "unary?";
+}
+const char *nd_binary_name(nd_binary_op op) {
+    return (unsigned)op < ND_NUM_BINARY ? binary_names[op] : "binary?";
+}
+const char *nd_reduce_name(nd_reduce_op op) {
+    return (unsigned)op < ND_NUM_REDUCE ? reduce_names[op] : "reduce?";
+}
+
+/* Column tokens of op_registry.h as the strings nd_op_info reports. */
+#define KIND_TERNARY "ternary"
+#define KIND_UNARY "unary"
+#define KIND_REDUCE "reduce"
+#define KIND_VIEW "view"
+#define KIND_COPY "copy"
+#define KIND_CREATE "create"
+#define KIND_INDEX "index"
+#define KIND_NORM "norm"
+#define KIND_LOSS "loss"
+#define KIND_GEMM "gemm"
+#define KIND_CONV "conv"
+#define KIND_POOL "pool"
+#define KIND_JOIN "join"
+#define KIND_SCAN "scan"
+#define KIND_SORT "sort"
+#define KIND_RANDOM "random"
+#define KIND_OPTIM "optim"
+#define RULE_SAME "same"
+#define RULE_FLOAT "float"
+#define RULE_PROMOTE "promote"
+#define RULE_INDEX "index"
+#define RULE_OUTPUT "output"
+#define BINARY_RULE_ARITH "promote"
+#define BINARY_RULE_CMP "compare"
+#define BINARY_DIFF_ARITH true
+#define BINARY_DIFF_CMP false
+/* A unary op differentiates unless its formula is ZEROS (sign, floor, ...:
+ * zero almost everywhere; they still record, as PyTorch's do). */
+#define UNARY_RULE_KEEP "same"
+#define UNARY_RULE_FLOAT "float"
+
+static const nd_op_info ops[] = {
+#define ND_X(name, ints, bools, save, fexpr, iexpr, bw) \
+    {#name, "unary", 1, UNARY_RULE_##ints, true, #fexpr, #bw},
+    ND_UNARY_OPS(ND_X)
+#undef ND_X
+#define ND_X(name, kind, ints, bools, fexpr, iexpr, bexpr) \
+    {#name, "binary", 2, BINARY_RULE_##kind, BINARY_DIFF_##kind, #fexpr, NULL},
+    ND_BINARY_OPS(ND_X)
+#undef ND_X
+#define ND_X(name, diff) {#name, "reduce", 1, "same", diff, NULL, NULL},
+    ND_REDUCE_OPS(ND_X)
+#undef ND_X
+#define ND_X(name, kind, arity, rule, diff) \
+    {#name, KIND_##kind, arity, RULE_##rule, diff, NULL, NULL},
+    ND_OTHER_OPS(ND_X)
+#undef ND_X
+};
+
+int nd_op_count(void) { return (int)(sizeof ops / sizeof *ops); }
+
+const nd_op_info *nd_op_at(int i) { return i >= 0 && i < nd_op_count() ? &ops[i] : NULL; }
+
+const nd_op_info *nd_op_find(const char *name) {
+    if (!name) return NULL;
+    for (int i = 0; i < nd_op_count(); i++)
+        if (strcmp(ops[i].name, name) == 0) return &ops[i];
+    return NULL;
+}

@@ -1,0 +1,176 @@
+/* op_registry.h - every op of needle, described once.
+ *
+ * The lists below are X-macros: each consumer defines X to pick the columns
+ * it needs, so the enums, the name tables, the CPU kernels, the OpenCL
+ * kernel cases, the dtype rules and the backward formulas of the
+ * elementwise ops are all derived from one line per op. A column that a
+ * consumer needs and an entry lacks is a preprocessor error (wrong number of
+ * macro arguments), not a silent default. docs/ARCHITECTURE.md ("Adding an
+ * op") walks through adding one.
+ *
+ * Part of the core layer: it names ops and holds expressions as text; it
+ * calls nothing. Installed next to needle.h, which includes it. */
+#ifndef ND_OP_REGISTRY_H
+#define ND_OP_REGISTRY_H
+
+/* ---- elementwise unary ops ----
+ * X(name, ints, bools, save, float_expr, int_expr, backward)
+ *   ints   KEEP: integer inputs compute in their own dtype with int_expr;
+ *          FLOAT: integer inputs compute in float32 (int_expr unused: -).
+ *   bools  UINT8: a bool input computes as uint8 and the result is bool;
+ *          FLOAT: as float32; REFUSE: an error (see nd_unary_bool_hint).
+ *   save   what the backward formula reads: NONE, INPUT (x) or OUTPUT (y).
+ *   float_expr  the value for an element x of float type T. It is C with
+ *          <tgmath.h> on the CPU and OpenCL C on OpenCL, so only functions
+ *          both have (exp, log, sqrt, tanh, fabs, floor, ceil, rint, sin,
+ *          cos, erf, expm1, log1p, isnan, ...) and casts to T.
+ *   int_expr    the same for an integer T; U is an unsigned type at least
+ *          as wide as T (signed arithmetic wraps, as in PyTorch).
+ *   backward    the gradient with respect to x, given the incoming gradient
+ *          g, written with differentiable ops (so gradients of gradients
+ *          work): MUL, DIV, ADD, SUB (tensor, tensor); MULS, ADDS, POWS,
+ *          GTS (tensor, number); RSUBS (number, tensor): number - tensor;
+ *          UN(op, t); ZEROS (zeros of x's shape). x or y as save says; a
+ *          formula that reads the other one does not compile. */
+#define ND_UNARY_OPS(X)                                                                      \
+    X(neg,     KEEP,  REFUSE, NONE,   -x,                            (T)(0 - (U)x),         \
+      UN(neg, g))                                                                           \
+    X(abs,     KEEP,  UINT8,  INPUT,  fabs(x),                       x < 0 ? (T)(0 - (U)x) : x, \
+      MUL(g, UN(sign, x)))                                                                  \
+    X(exp,     FLOAT, FLOAT,  OUTPUT, exp(x),                        -,                     \
+      MUL(g, y))                                                                            \
+    X(log,     FLOAT, FLOAT,  INPUT,  log(x),                        -,                     \
+      DIV(g, x))                                                                            \
+    X(sqrt,    FLOAT, FLOAT,  OUTPUT, sqrt(x),                       -,                     \
+      DIV(g, MULS(y, 2)))                                                                   \
+    X(rsqrt,   FLOAT, FLOAT,  OUTPUT, (T)1 / sqrt(x),                -,                     \
+      MUL(g, MULS(POWS(y, 3), -0.5)))                                                      \
+    X(tanh,    FLOAT, FLOAT,  OUTPUT, tanh(x),                       -,                     \
+      MUL(g, RSUBS(1, MUL(y, y))))                                                          \
+    X(sigmoid, FLOAT, FLOAT,  OUTPUT, (T)1 / ((T)1 + exp(-x)),       -,                     \
+      MUL(g, MUL(y, RSUBS(1, y))))                                                          \
+    X(relu,    KEEP,  UINT8,  OUTPUT, x > 0 ? x : (isnan(x) ? x : (T)0), x > 0 ? x : (T)0,  \
+      MUL(g, GTS(y, 0)))                                                                    \
+    X(sign,    KEEP,  UINT8,  NONE,   x > 0 ? (T)1 : x < 0 ? (T)-1 : x, (T)((x > 0) - (x < 0)), \
+      ZEROS)                                                                                \
+    X(floor,   KEEP,  UINT8,  NONE,   floor(x),                      x,                     \
+      ZEROS)                                                                                \
+    X(ceil,    KEEP,  UINT8,  NONE,   ceil(x),                       x,                     \
+      ZEROS)                                                                                \
+    X(round,   KEEP,  UINT8,  NONE,   rint(x),                       x,                     \
+      ZEROS)                                                                                \
+    X(sin,     FLOAT, FLOAT,  INPUT,  sin(x),                        -,                     \
+      MUL(g, UN(cos, x)))                                                                   \
+    X(cos,     FLOAT, FLOAT,  INPUT,  cos(x),                        -,                     \
+      MUL(g, UN(neg, UN(sin, x))))                                                          \
+    X(erf,     FLOAT, FLOAT,  INPUT,  erf(x),                        -,                     \
+      MUL(g, MULS(UN(exp, UN(neg, MUL(x, x))), 1.1283791670955126)))
+
+/* ---- elementwise binary ops ----
+ * X(name, kind, ints, bools, float_expr, int_expr, bool_expr)
+ *   kind   ARITH: the result has the compute dtype; CMP: the result is bool.
+ *   ints   KEEP: integer operands compute in their dtype with int_expr;
+ *          FLOAT: they compute in float32 (true division).
+ *   bools  KEEP: bool operands compute with bool_expr (0/1 bytes);
+ *          INT64 / FLOAT: they compute in that dtype; REFUSE: an error.
+ *   a and b are the operands (type T; U as for unary ops). The backward
+ *   formulas are in op_elementwise.c, one switch case per op, checked
+ *   complete at compile time (-Werror=switch there). */
+#define ND_BINARY_OPS(X)                                                                     \
+    X(add,     ARITH, KEEP,  KEEP,   a + b,                      (T)((U)a + (U)b), a | b)   \
+    X(sub,     ARITH, KEEP,  REFUSE, a - b,                      (T)((U)a - (U)b), -)       \
+    X(mul,     ARITH, KEEP,  KEEP,   a * b,                      (T)((U)a * (U)b), a & b)   \
+    X(div,     ARITH, FLOAT, FLOAT,  a / b,                      -,                -)       \
+    X(pow,     ARITH, KEEP,  INT64,  pow(a, b),                  (T)ipow64(a, b),  -)       \
+    X(maximum, ARITH, KEEP,  KEEP,   (a > b || isnan(a)) ? a : b, a > b ? a : b,   a | b)   \
+    X(minimum, ARITH, KEEP,  KEEP,   (a < b || isnan(a)) ? a : b, a < b ? a : b,   a & b)   \
+    X(eq,      CMP,   KEEP,  KEEP,   a == b,                     a == b,           a == b)  \
+    X(ne,      CMP,   KEEP,  KEEP,   a != b,                     a != b,           a != b)  \
+    X(lt,      CMP,   KEEP,  KEEP,   a < b,                      a < b,            a < b)   \
+    X(le,      CMP,   KEEP,  KEEP,   a <= b,                     a <= b,           a <= b)  \
+    X(gt,      CMP,   KEEP,  KEEP,   a > b,                      a > b,            a > b)   \
+    X(ge,      CMP,   KEEP,  KEEP,   a >= b,                     a >= b,           a >= b)
+
+/* ---- reductions ---- X(name, differentiable) */
+#define ND_REDUCE_OPS(X) \
+    X(sum, 1) X(mean, 1) X(prod, 1) X(max, 1) X(min, 1) X(argmax, 0) X(argmin, 0) X(var, 1) \
+    X(std, 1) X(logsumexp, 1)
+
+/* ---- every other op ----
+ * X(name, kind, arity, dtype_rule, differentiable)
+ *   kind        what a compiler may assume (see nd_op_kind below).
+ *   arity       tensor inputs (-1: a list of tensors).
+ *   dtype_rule  SAME: the result has the input's dtype; FLOAT: float inputs
+ *               only; PROMOTE: the operands' promoted dtype; INDEX: values
+ *               keep the dtype, indices are int64; OUTPUT: chosen by the
+ *               caller (creation, conversion, random).
+ *   differentiable  1 when the op records a backward node for float
+ *               inputs (the backward formula lives with the op's forward,
+ *               in src/ops/op_<family>.c). */
+#define ND_OTHER_OPS(X)                                                    \
+    X(where,               TERNARY, 3, PROMOTE, 1)                         \
+    X(clamp,               UNARY,   1, SAME,    1)                         \
+    X(max_dim,             REDUCE,  1, INDEX,   1)                         \
+    X(view,                VIEW,    1, SAME,    1)                         \
+    X(reshape,             VIEW,    1, SAME,    1)                         \
+    X(permute,             VIEW,    1, SAME,    1)                         \
+    X(transpose,           VIEW,    1, SAME,    1)                         \
+    X(expand,              VIEW,    1, SAME,    1)                         \
+    X(select,              VIEW,    1, SAME,    1)                         \
+    X(narrow,              VIEW,    1, SAME,    1)                         \
+    X(slice,               VIEW,    1, SAME,    1)                         \
+    X(squeeze,             VIEW,    1, SAME,    1)                         \
+    X(unsqueeze,           VIEW,    1, SAME,    1)                         \
+    X(flatten,             VIEW,    1, SAME,    1)                         \
+    X(contiguous,          COPY,    1, SAME,    1)                         \
+    X(clone,               COPY,    1, SAME,    1)                         \
+    X(to_dtype,            COPY,    1, OUTPUT,  1)                         \
+    X(to_device,           COPY,    1, SAME,    1)                         \
+    X(copy_,               COPY,    2, SAME,    1)                         \
+    X(fill_,               CREATE,  1, SAME,    0)                         \
+    X(empty,               CREATE,  0, OUTPUT,  0)                         \
+    X(zeros,               CREATE,  0, OUTPUT,  0)                         \
+    X(full,                CREATE,  0, OUTPUT,  0)                         \
+    X(arange,              CREATE,  0, OUTPUT,  0)                         \
+    X(linspace,            CREATE,  0, OUTPUT,  0)                         \
+    X(eye,                 CREATE,  0, OUTPUT,  0)                         \
+    X(one_hot,             INDEX,   1, OUTPUT,  0)                         \
+    X(softmax,             NORM,    1, FLOAT,   1)                         \
+    X(log_softmax,         NORM,    1, FLOAT,   1)                         \
+    X(layer_norm,          NORM,    3, FLOAT,   1)                         \
+    X(batch_norm,          NORM,    3, FLOAT,   1)                         \
+    X(cross_entropy,       LOSS,    2, FLOAT,   1)                         \
+    X(matmul,              GEMM,    2, PROMOTE, 1)                         \
+    X(linear,              GEMM,    3, FLOAT,   1)                         \
+    X(fused_linear,        GEMM,    3, FLOAT,   0)                         \
+    X(conv2d,              CONV,    3, FLOAT,   1)                         \
+    X(conv_transpose2d,    CONV,    3, FLOAT,   1)                         \
+    X(fused_conv2d,        CONV,    3, FLOAT,   0)                         \
+    X(im2col,              CONV,    1, FLOAT,   1)                         \
+    X(col2im,              CONV,    1, FLOAT,   1)                         \
+    X(dilate,              VIEW,    1, SAME,    1)                         \
+    X(undilate,            VIEW,    1, SAME,    1)                         \
+    X(max_pool2d,          POOL,    1, FLOAT,   1)                         \
+    X(avg_pool2d,          POOL,    1, FLOAT,   1)                         \
+    X(adaptive_avg_pool2d, POOL,    1, FLOAT,   1)                         \
+    X(cat,                 JOIN,   -1, PROMOTE, 1)                         \
+    X(stack,               JOIN,   -1, PROMOTE, 1)                         \
+    X(flip,                INDEX,   1, SAME,    1)                         \
+    X(pad,                 INDEX,   1, SAME,    1)                         \
+    X(cumsum,              SCAN,    1, SAME,    1)                         \
+    X(sort,                SORT,    1, INDEX,   1)                         \
+    X(topk,                SORT,    1, INDEX,   1)                         \
+    X(gather,              INDEX,   2, SAME,    1)                         \
+    X(scatter,             INDEX,   3, SAME,    1)                         \
+    X(scatter_add,         INDEX,   3, SAME,    1)                         \
+    X(index_select,        INDEX,   2, SAME,    1)                         \
+    X(index_add,           INDEX,   3, SAME,    1)                         \
+    X(masked_fill,         INDEX,   2, SAME,    1)                         \
+    X(rand,                RANDOM,  0, OUTPUT,  0)                         \
+    X(randn,               RANDOM,  0, OUTPUT,  0)                         \
+    X(randint,             RANDOM,  0, OUTPUT,  0)                         \
+    X(bernoulli,           RANDOM,  1, SAME,    0)                         \
+    X(randperm,            RANDOM,  0, OUTPUT,  0)                         \
+    X(sgd_step_,           OPTIM,  -1, FLOAT,   0)
+
+#endif
