@@ -64,7 +64,11 @@
     X(cos,     FLOAT, FLOAT,  INPUT,  cos(x),                        -,                     \
       MUL(g, UN(neg, UN(sin, x))))                                                          \
     X(erf,     FLOAT, FLOAT,  INPUT,  erf(x),                        -,                     \
-      MUL(g, MULS(UN(exp, UN(neg, MUL(x, x))), 1.1283791670955126)))
+      MUL(g, MULS(UN(exp, UN(neg, MUL(x, x))), 1.1283791670955126)))                        \
+    X(log1p,   FLOAT, FLOAT,  INPUT,  log1p(x),                      -,                     \
+      DIV(g, ADDS(x, 1)))                                                                   \
+    X(expm1,   FLOAT, FLOAT,  OUTPUT, expm1(x),                      -,                     \
+      MUL(g, ADDS(y, 1)))
 
 /* ---- elementwise binary ops ----
  * X(name, kind, ints, bools, float_expr, int_expr, bool_expr)
