@@ -324,6 +324,26 @@ static int l_get_num_threads(lua_State *L) {
     return 1;
 }
 
+/* nd.ops(): the op registry (op_registry.h) as a list of tables, for specs
+ * that must cover every op and for tools. */
+static int l_ops(lua_State *L) {
+    int n = nd_op_count();
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        const nd_op_info *op = nd_op_at(i);
+        lua_createtable(L, 0, 7);
+        lt_set_str(L, "name", op->name);
+        lt_set_str(L, "kind", op->kind);
+        lt_set_int(L, "arity", op->arity);
+        lt_set_str(L, "dtype_rule", op->dtype_rule);
+        lt_set_bool(L, "differentiable", op->differentiable);
+        if (op->expr) lt_set_str(L, "expr", op->expr);
+        if (op->backward) lt_set_str(L, "backward", op->backward);
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
 void lt_register_math(lua_State *L) {
     static const lt_reg regs[] = {
 #define REG_U(name, ...) {#name, u_##name, true, true},
@@ -363,6 +383,7 @@ void lt_register_math(lua_State *L) {
         {"cross_entropy", l_cross_entropy, false, true},
         {"set_num_threads", l_set_num_threads, false, true},
         {"get_num_threads", l_get_num_threads, false, true},
+        {"ops", l_ops, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);
