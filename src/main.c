@@ -10,28 +10,24 @@
  *   - preloads the global `nd = require "needle"` for -e and the REPL;
  *   - gives the REPL readline editing, persistent history, Ctrl-C handling at
  *     the prompt, and tab completion of globals, table fields and tensor
- *     methods.
+ *     methods (repl.c).
+ * This file is the command line, the package setup and the script runner.
  */
 #define _XOPEN_SOURCE 700 /* POSIX 2008 + realpath */
 
-#include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/select.h>
 #include <unistd.h>
-
-#include <readline/history.h>
-#include <readline/readline.h>
 
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
+
+#include "repl.h"
 
 /* From needle.h (the library is linked in); repeated so that this file does
  * not depend on the header. */
@@ -39,13 +35,10 @@ extern int luaopen_needle_core(lua_State *L);
 extern const char *nd_version(void);
 
 #define PROGNAME "needle-lua"
-#define PROMPT "> "
-#define PROMPT2 ">> "
-#define HISTORY_MAX 1000
 #define LUA_DIR LUA_VERSION_MAJOR "." LUA_VERSION_MINOR /* "5.4" */
 
 /* Prefix of error reports; NULL inside the REPL, where it would be noise. */
-static const char *progname = PROGNAME;
+const char *nlua_progname = PROGNAME;
 
 /* ---------------------------------------------------------------------------
  * Running chunks (as lua.c): message handler with traceback, Ctrl-C via hook
@@ -53,7 +46,7 @@ static const char *progname = PROGNAME;
 
 static lua_State *global_L; /* the state the SIGINT handler interrupts */
 
-static void set_signal(int sig, void (*handler)(int)) {
+void nlua_set_signal(int sig, void (*handler)(int)) {
     struct sigaction sa;
     sa.sa_handler = handler;
     sa.sa_flags = 0; /* no SA_RESTART: blocking reads return on Ctrl-C */
@@ -72,22 +65,22 @@ static void stop_hook(lua_State *L, lua_Debug *ar) {
  * arms a hook that fires at the next instruction. A second Ctrl-C gets the
  * default action, in case the chunk is stuck in C code where hooks never run. */
 static void on_sigint_running(int sig) {
-    set_signal(sig, SIG_DFL);
+    nlua_set_signal(sig, SIG_DFL);
     lua_sethook(global_L, stop_hook,
                 LUA_MASKCALL | LUA_MASKRET | LUA_MASKLINE | LUA_MASKCOUNT, 1);
 }
 
-static void print_message(const char *prefix, const char *msg) {
+void nlua_print_message(const char *prefix, const char *msg) {
     if (prefix) fprintf(stderr, "%s: ", prefix);
     fprintf(stderr, "%s\n", msg);
     fflush(stderr);
 }
 
 /* Prints the error on top of the stack, if status is an error, and pops it. */
-static int report(lua_State *L, int status) {
+int nlua_report(lua_State *L, int status) {
     if (status != LUA_OK) {
         const char *msg = lua_tostring(L, -1);
-        print_message(progname, msg ? msg : "(error object is not a string)");
+        nlua_print_message(nlua_progname, msg ? msg : "(error object is not a string)");
         lua_pop(L, 1);
     }
     return status;
@@ -106,21 +99,21 @@ static int msg_handler(lua_State *L) {
 }
 
 /* Calls the function below narg arguments, with traceback and Ctrl-C. */
-static int docall(lua_State *L, int narg, int nres) {
+int nlua_docall(lua_State *L, int narg, int nres) {
     int base = lua_gettop(L) - narg;
     lua_pushcfunction(L, msg_handler);
     lua_insert(L, base);
     global_L = L;
-    set_signal(SIGINT, on_sigint_running);
+    nlua_set_signal(SIGINT, on_sigint_running);
     int status = lua_pcall(L, narg, nres, base);
-    set_signal(SIGINT, SIG_DFL);
+    nlua_set_signal(SIGINT, SIG_DFL);
     lua_remove(L, base);
     return status;
 }
 
 static int dochunk(lua_State *L, int status) {
-    if (status == LUA_OK) status = docall(L, 0, 0);
-    return report(L, status);
+    if (status == LUA_OK) status = nlua_docall(L, 0, 0);
+    return nlua_report(L, status);
 }
 
 static int dofile(lua_State *L, const char *name) {
@@ -137,14 +130,14 @@ static int dolibrary(lua_State *L, const char *spec) {
     const char *modname = eq ? eq + 1 : spec;
     lua_getglobal(L, "require");
     lua_pushstring(L, modname);
-    int status = docall(L, 1, 1);
+    int status = nlua_docall(L, 1, 1);
     if (status == LUA_OK) {
         lua_pushlstring(L, spec, eq ? (size_t)(eq - spec) : strlen(spec));
         lua_insert(L, -2);
         lua_setglobal(L, lua_tostring(L, -2));
         lua_pop(L, 1);
     }
-    return report(L, status);
+    return nlua_report(L, status);
 }
 
 /* ---------------------------------------------------------------------------
@@ -258,14 +251,14 @@ static int collect_args(int argc, char **argv, int *first) {
 static bool profile_call(lua_State *L, const char *fn, const char *arg) {
     lua_getglobal(L, "require");
     lua_pushliteral(L, "needle.profile");
-    int status = docall(L, 1, 1);
+    int status = nlua_docall(L, 1, 1);
     if (status == LUA_OK) {
         lua_getfield(L, -1, fn);
         lua_remove(L, -2);
         lua_pushstring(L, arg);
-        status = docall(L, 1, 0);
+        status = nlua_docall(L, 1, 0);
     }
-    return report(L, status) == LUA_OK;
+    return nlua_report(L, status) == LUA_OK;
 }
 
 /* Runs -e, -l and -W in command-line order, up to the script. */
@@ -311,8 +304,8 @@ static int handle_script(lua_State *L, char **argv) {
     /* "-" means stdin, unless it came after "--" (then it is a file name) */
     if (strcmp(fname, "-") == 0 && strcmp(argv[-1], "--") != 0) fname = NULL;
     int status = luaL_loadfile(L, fname);
-    if (status == LUA_OK) status = docall(L, push_args(L), LUA_MULTRET);
-    return report(L, status);
+    if (status == LUA_OK) status = nlua_docall(L, push_args(L), LUA_MULTRET);
+    return nlua_report(L, status);
 }
 
 /* LUA_INIT_5_4, else LUA_INIT: "@file" runs a file, anything else is code. */
@@ -401,469 +394,6 @@ static void preload_nd(lua_State *L) {
 }
 
 /* ---------------------------------------------------------------------------
- * REPL input: readline on a terminal, plain lines otherwise
- * ------------------------------------------------------------------------- */
-
-enum { INPUT_OK, INPUT_EOF, INPUT_CANCELLED };
-
-#define CTRL_G 7 /* readline's abort key */
-
-static bool use_readline;   /* stdin is a terminal */
-static char *history_path;  /* NULL: history is not saved */
-static volatile sig_atomic_t prompt_interrupted;
-static bool abort_sent;     /* read_key answered the Ctrl-C already */
-static sigset_t wait_mask;  /* signal mask while waiting for a key */
-/* The terminal opened again, non-blocking: a Ctrl-C flushes typed-ahead
- * input, so a key that pselect saw may be gone by the time we read it, and a
- * blocking read would then hang with SIGINT blocked. (Setting O_NONBLOCK on
- * stdin itself would leak to the shell, which shares that file.) */
-static int key_fd = -1;
-static char *accepted_line; /* set by on_line */
-static bool line_done;
-static pthread_t repl_thread; /* the one that runs read_key */
-
-/* A Ctrl-C is sent to the whole process, and the kernel hands it to any
- * thread that does not block it: while the REPL thread has SIGINT blocked,
- * that is an OpenBLAS/OpenMP worker (they start with it unblocked, some
- * before main). Setting the flag there races with read_key, which may have
- * just checked it and then sleeps in pselect for good. So pass the signal on
- * to the REPL thread, where it waits, pending, for pselect to unblock it. */
-static void on_sigint_prompt(int sig) {
-    if (!pthread_equal(pthread_self(), repl_thread)) {
-        pthread_kill(repl_thread, sig);
-        return;
-    }
-    prompt_interrupted = 1;
-}
-
-static void on_line(char *line) {
-    accepted_line = line;
-    line_done = true;
-    rl_callback_handler_remove();
-}
-
-/* readline's rl_getc_function. SIGINT is blocked while readline runs and
- * unblocked only inside pselect here, so a Ctrl-C can never slip in between
- * the check and the wait. After a Ctrl-C it hands readline the abort key
- * once: readline may be reading keys inside a command (typeahead, a y/n
- * question) and must return to read_line_tty, which drops the input. */
-static int read_key(FILE *in) {
-    int fd = key_fd >= 0 ? key_fd : fileno(in);
-    for (;;) {
-        if (prompt_interrupted && !abort_sent) {
-            abort_sent = true;
-            return CTRL_G;
-        }
-        fd_set fds;
-        FD_ZERO(&fds);
-        FD_SET(fd, &fds);
-        int n = pselect(fd + 1, &fds, NULL, NULL, NULL, &wait_mask);
-        if (n > 0) {
-            unsigned char c;
-            ssize_t r = read(fd, &c, 1);
-            if (r == 1) return c;
-            if (r == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) return EOF;
-        } else if (n < 0 && errno != EINTR) {
-            return EOF;
-        } else {
-            rl_check_signals(); /* e.g. SIGWINCH: the terminal was resized */
-        }
-    }
-}
-
-/* Reads a line with readline's callback interface: unlike a blocking
- * readline(), it lets Ctrl-C at the prompt throw away the typed input (and a
- * half-typed multi-line chunk) without jumping out of readline. */
-static int read_line_tty(const char *prompt, char **line) {
-    sigset_t sigint, orig;
-    sigemptyset(&sigint);
-    sigaddset(&sigint, SIGINT);
-    sigprocmask(SIG_BLOCK, &sigint, &orig);
-    wait_mask = orig;
-    sigdelset(&wait_mask, SIGINT);
-    set_signal(SIGINT, on_sigint_prompt);
-    prompt_interrupted = 0;
-    abort_sent = false;
-    line_done = false;
-    accepted_line = NULL;
-    rl_callback_handler_install(prompt, on_line);
-    while (!line_done && !prompt_interrupted) rl_callback_read_char();
-    int result = accepted_line ? INPUT_OK : INPUT_EOF;
-    if (!line_done) { /* Ctrl-C */
-        rl_free_line_state();
-        rl_callback_sigcleanup();
-        rl_callback_handler_remove();
-        fputc('\n', rl_outstream ? rl_outstream : stdout);
-        result = INPUT_CANCELLED;
-    }
-    set_signal(SIGINT, SIG_DFL);
-    sigprocmask(SIG_SETMASK, &orig, NULL);
-    *line = accepted_line;
-    return result;
-}
-
-static int read_line_plain(const char *prompt, char **line) {
-    fputs(prompt, stdout);
-    fflush(stdout);
-    size_t cap = 0;
-    *line = NULL;
-    ssize_t n = getline(line, &cap, stdin);
-    if (n < 0) {
-        free(*line);
-        return INPUT_EOF;
-    }
-    if (n > 0 && (*line)[n - 1] == '\n') (*line)[n - 1] = '\0';
-    return INPUT_OK;
-}
-
-static void history_open(void) {
-    const char *path = getenv("NEEDLE_HISTORY");
-    const char *home = getenv("HOME");
-    if (path && *path) {
-        history_path = strdup(path);
-    } else if (home && *home) {
-        history_path = malloc(strlen(home) + sizeof "/.needle_history");
-        if (history_path) sprintf(history_path, "%s/.needle_history", home);
-    }
-    using_history();
-    stifle_history(HISTORY_MAX);
-    if (history_path) read_history(history_path);
-}
-
-/* Adds an entered chunk to the history and appends it to the history file at
- * once, so that history survives os.exit() and crashes. */
-static void save_line(const char *line) {
-    if (!use_readline || line[0] == '\0') return;
-    HIST_ENTRY *last = history_length > 0 ? history_get(history_base + history_length - 1) : NULL;
-    if (last && strcmp(last->line, line) == 0) return; /* no repeats */
-    add_history(line);
-    if (history_path && append_history(1, history_path) != 0)
-        write_history(history_path); /* the file did not exist yet */
-}
-
-static void history_close(void) {
-    if (history_path) history_truncate_file(history_path, HISTORY_MAX);
-}
-
-/* ---------------------------------------------------------------------------
- * Tab completion
- * ------------------------------------------------------------------------- */
-
-static lua_State *completion_L;
-
-static const char *const keywords[] = {
-    "and", "break", "do", "else", "elseif", "end", "false", "for", "function",
-    "goto", "if", "in", "local", "nil", "not", "or", "repeat", "return", "then",
-    "true", "until", "while", NULL};
-
-static bool is_keyword(const char *s, size_t len) {
-    for (int i = 0; keywords[i]; i++)
-        if (strlen(keywords[i]) == len && memcmp(keywords[i], s, len) == 0) return true;
-    return false;
-}
-
-/* Only names that can follow '.' or ':' are worth completing. */
-static bool is_name(const char *s, size_t len) {
-    if (len == 0 || (s[0] >= '0' && s[0] <= '9')) return false;
-    for (size_t i = 0; i < len; i++) {
-        char c = s[i];
-        if (!(c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')))
-            return false;
-    }
-    return !is_keyword(s, len);
-}
-
-/* Pushes value[key] found without running code: a raw get, then the __index
- * tables of the metatable chain. __index functions are never called:
- * completion must not have side effects. Pushes nil when not found. */
-static void lookup_field(lua_State *L, int value, const char *key, size_t len, int depth) {
-    value = lua_absindex(L, value);
-    if (lua_type(L, value) == LUA_TTABLE) {
-        lua_pushlstring(L, key, len);
-        if (lua_rawget(L, value) != LUA_TNIL) return;
-        lua_pop(L, 1);
-    }
-    if (depth > 0 && lua_getmetatable(L, value)) {
-        lua_pushliteral(L, "__index");
-        if (lua_rawget(L, -2) == LUA_TTABLE) {
-            lookup_field(L, -1, key, len, depth - 1);
-            lua_replace(L, -3); /* result in place of the metatable */
-            lua_pop(L, 1);
-            return;
-        }
-        lua_pop(L, 2);
-    }
-    lua_pushnil(L);
-}
-
-/* Adds names[k] = v for the fields of a value: its own (if a table), then
- * its metatable's __methods (tensors) and __index tables, recursively. A name
- * found first wins, as it would at run time. */
-static void add_names(lua_State *L, int value, int names, int depth) {
-    value = lua_absindex(L, value);
-    if (lua_type(L, value) == LUA_TTABLE) {
-        lua_pushnil(L);
-        while (lua_next(L, value)) {
-            lua_pushvalue(L, -2); /* key */
-            if (lua_type(L, -1) == LUA_TSTRING && lua_rawget(L, names) == LUA_TNIL) {
-                lua_pushvalue(L, -3);
-                lua_pushvalue(L, -3);
-                lua_rawset(L, names);
-            }
-            lua_pop(L, 2); /* lookup result (or key copy), value */
-        }
-    }
-    if (depth > 0 && lua_getmetatable(L, value)) {
-        lua_pushliteral(L, "__methods");
-        if (lua_rawget(L, -2) == LUA_TTABLE) add_names(L, -1, names, 0);
-        lua_pop(L, 1);
-        lua_pushliteral(L, "__index");
-        if (lua_rawget(L, -2) == LUA_TTABLE) add_names(L, -1, names, depth - 1);
-        lua_pop(L, 2);
-    }
-}
-
-/* Completion candidates for `text` ("pri", "string.fo", "x:ex"), as a list of
- * full replacements. Runs under lua_pcall, so a memory error only loses the
- * completion. */
-static int collect_completions(lua_State *L) {
-    const char *text = luaL_checkstring(L, 1);
-    const char *sep = NULL; /* the last '.' or ':' */
-    for (const char *p = text; *p; p++)
-        if (*p == '.' || *p == ':') sep = p;
-    const char *partial = sep ? sep + 1 : text;
-    size_t partial_len = strlen(partial);
-
-    /* Resolve the prefix "a.b" from _G, one name at a time. */
-    lua_pushglobaltable(L);
-    for (const char *p = text; sep && p < sep;) {
-        size_t len = strcspn(p, ".:");
-        if (p + len < sep && p[len] == ':') return 0; /* "a:b.c" is not a value */
-        if (!is_name(p, len)) return 0;
-        lookup_field(L, -1, p, len, 16);
-        lua_remove(L, -2);
-        if (lua_isnil(L, -1)) return 0;
-        p += len + 1;
-    }
-    int value = lua_gettop(L);
-    lua_newtable(L);
-    int names = lua_gettop(L);
-    add_names(L, value, names, 16);
-    if (!sep)
-        for (int i = 0; keywords[i]; i++) {
-            lua_pushboolean(L, 1); /* a keyword gets no suffix */
-            lua_setfield(L, names, keywords[i]);
-        }
-
-    bool method = sep && *sep == ':';
-    bool show_private = partial_len >= 2 && partial[0] == '_' && partial[1] == '_';
-    lua_newtable(L);
-    int list = lua_gettop(L);
-    lua_Integer n = 0;
-    lua_pushnil(L);
-    while (lua_next(L, names)) {
-        size_t len;
-        const char *name = lua_tolstring(L, -2, &len);
-        int type = lua_type(L, -1);
-        bool keyword = !sep && lua_isboolean(L, -1) && is_keyword(name, len);
-        if ((keyword || is_name(name, len)) && len >= partial_len &&
-            memcmp(name, partial, partial_len) == 0 &&
-            (show_private || strncmp(name, "__", 2) != 0) &&
-            (!method || type == LUA_TFUNCTION)) {
-            const char *suffix = keyword ? "" : type == LUA_TTABLE ? "."
-                                            : method               ? "("
-                                                                   : "";
-            lua_pushlstring(L, text, (size_t)(partial - text));
-            lua_pushvalue(L, -3);
-            lua_pushstring(L, suffix);
-            lua_concat(L, 3);
-            lua_rawseti(L, list, ++n);
-        }
-        lua_pop(L, 1);
-    }
-    return 1;
-}
-
-/* readline's hook: matches[0] is what replaces the text (the longest common
- * prefix of the candidates), then the candidates; NULL for none. */
-static char **complete(const char *text, int start, int end) {
-    (void)start;
-    (void)end;
-    rl_attempted_completion_over = 1;      /* never fall back to file names */
-    rl_completion_append_character = '\0'; /* suffixes are part of matches */
-    lua_State *L = completion_L;
-    int top = lua_gettop(L);
-    char **matches = NULL;
-    lua_pushcfunction(L, collect_completions);
-    lua_pushstring(L, text);
-    if (lua_pcall(L, 1, 1, 0) == LUA_OK && lua_istable(L, -1)) {
-        size_t n = (size_t)lua_rawlen(L, -1);
-        if (n > 0 && (matches = calloc(n + 2, sizeof *matches)) != NULL) {
-            for (size_t i = 1; i <= n; i++) {
-                lua_rawgeti(L, -1, (lua_Integer)i);
-                matches[i] = strdup(lua_tostring(L, -1));
-                lua_pop(L, 1);
-            }
-            size_t common = strlen(matches[1]);
-            for (size_t i = 2; i <= n; i++) {
-                size_t k = 0;
-                while (k < common && matches[i][k] == matches[1][k]) k++;
-                common = k;
-            }
-            if (n == 1) { /* a single match is its own substitution */
-                matches[0] = matches[1];
-                matches[1] = NULL;
-            } else {
-                matches[0] = strndup(matches[1], common);
-            }
-        }
-    }
-    lua_settop(L, top);
-    return matches;
-}
-
-/* ---------------------------------------------------------------------------
- * The REPL (the structure of lua.c's doREPL)
- * ------------------------------------------------------------------------- */
-
-enum { STATUS_EOF = -1, STATUS_CANCELLED = -2 };
-
-/* _PROMPT / _PROMPT2 override the prompts, as in lua.c. Leaves the prompt
- * string on the stack to keep it alive. */
-static const char *get_prompt(lua_State *L, bool first) {
-    if (lua_getglobal(L, first ? "_PROMPT" : "_PROMPT2") == LUA_TNIL) {
-        lua_pop(L, 1);
-        lua_pushstring(L, first ? PROMPT : PROMPT2);
-        return lua_tostring(L, -1);
-    }
-    const char *p = luaL_tolstring(L, -1, NULL);
-    lua_remove(L, -2);
-    return p;
-}
-
-/* Reads a line and pushes it as a string. */
-static int push_line(lua_State *L, bool first) {
-    const char *prompt = get_prompt(L, first);
-    char *line;
-    int r = use_readline ? read_line_tty(prompt, &line) : read_line_plain(prompt, &line);
-    lua_pop(L, 1); /* prompt */
-    if (r != INPUT_OK) return r;
-    if (first && line[0] == '=') /* "=expr", as in Lua 5.2 */
-        lua_pushfstring(L, "return %s", line + 1);
-    else
-        lua_pushstring(L, line);
-    free(line);
-    return INPUT_OK;
-}
-
-/* A syntax error at <eof> means the chunk is unfinished: read more. */
-static bool incomplete(lua_State *L, int status) {
-    static const char mark[] = "<eof>";
-    size_t len;
-    const char *msg;
-    if (status != LUA_ERRSYNTAX) return false;
-    msg = lua_tolstring(L, -1, &len);
-    if (len < sizeof mark - 1 || strcmp(msg + len - (sizeof mark - 1), mark) != 0) return false;
-    lua_pop(L, 1);
-    return true;
-}
-
-/* Tries the line as an expression ("return <line>;"), so that its values get
- * printed. On failure leaves only the line on the stack. */
-static int add_return(lua_State *L) {
-    const char *line = lua_tostring(L, -1);
-    const char *code = lua_pushfstring(L, "return %s;", line);
-    int status = luaL_loadbuffer(L, code, strlen(code), "=stdin");
-    if (status == LUA_OK) {
-        lua_remove(L, -2); /* the "return" code */
-        save_line(line);
-    } else {
-        lua_pop(L, 2); /* error and "return" code */
-    }
-    return status;
-}
-
-/* Compiles the line at index 1 as statements, appending continuation lines
- * while the chunk is incomplete. */
-static int multiline(lua_State *L) {
-    for (;;) {
-        size_t len;
-        const char *chunk = lua_tolstring(L, 1, &len);
-        int status = luaL_loadbuffer(L, chunk, len, "=stdin");
-        if (!incomplete(L, status)) {
-            save_line(chunk);
-            return status;
-        }
-        int r = push_line(L, false);
-        if (r == INPUT_CANCELLED) return STATUS_CANCELLED;
-        if (r == INPUT_EOF) { /* report the unfinished chunk's syntax error */
-            save_line(chunk);
-            return luaL_loadbuffer(L, chunk, len, "=stdin");
-        }
-        lua_pushliteral(L, "\n");
-        lua_insert(L, -2);
-        lua_concat(L, 3); /* chunk .. "\n" .. line */
-    }
-}
-
-/* Leaves the compiled chunk (or an error message) as the only stack value. */
-static int load_input(lua_State *L) {
-    lua_settop(L, 0);
-    int r = push_line(L, true);
-    if (r != INPUT_OK) return r == INPUT_EOF ? STATUS_EOF : STATUS_CANCELLED;
-    int status = add_return(L);
-    if (status != LUA_OK) status = multiline(L);
-    if (status == STATUS_CANCELLED) return status;
-    lua_remove(L, 1); /* the source text */
-    return status;
-}
-
-/* Prints the chunk's results with the global print (tostring, tabs). */
-static void print_results(lua_State *L) {
-    int n = lua_gettop(L);
-    if (n == 0) return;
-    luaL_checkstack(L, LUA_MINSTACK, "too many results to print");
-    lua_getglobal(L, "print");
-    lua_insert(L, 1);
-    if (lua_pcall(L, n, 0, 0) != LUA_OK)
-        print_message(progname, lua_pushfstring(L, "error calling 'print' (%s)", lua_tostring(L, -1)));
-}
-
-static void run_repl(lua_State *L) {
-    const char *old_progname = progname;
-    progname = NULL;
-    use_readline = isatty(STDIN_FILENO);
-    if (use_readline) {
-        rl_readline_name = "needle-lua"; /* for $if needle-lua in ~/.inputrc */
-        rl_catch_signals = 0;              /* we handle SIGINT ourselves */
-        rl_persistent_signal_handlers = 1; /* catch SIGWINCH while waiting */
-        rl_getc_function = read_key;
-        repl_thread = pthread_self();
-        const char *tty = ttyname(STDIN_FILENO);
-        if (tty) key_fd = open(tty, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-        rl_basic_word_break_characters = " \t\n\"'`@$><=;|&{}()[],+-*/%^~#";
-        rl_attempted_completion_function = complete;
-        completion_L = L;
-        history_open();
-    }
-    int status;
-    while ((status = load_input(L)) != STATUS_EOF) {
-        if (status == STATUS_CANCELLED) continue;
-        if (status == LUA_OK) status = docall(L, 0, LUA_MULTRET);
-        if (status == LUA_OK)
-            print_results(L);
-        else
-            report(L, status);
-    }
-    lua_settop(L, 0);
-    fputc('\n', stdout); /* leave the shell prompt on a fresh line */
-    fflush(stdout);
-    if (use_readline) history_close();
-    if (key_fd >= 0) close(key_fd);
-    progname = old_progname;
-}
-
-/* ---------------------------------------------------------------------------
  * main
  * ------------------------------------------------------------------------- */
 
@@ -908,7 +438,7 @@ static int pmain(lua_State *L) {
     bool ok = run_args(L, argv, optlim);
     if (ok && script > 0) ok = handle_script(L, argv + script) == LUA_OK;
     if (ok && repl) {
-        run_repl(L);
+        nlua_repl_run(L);
     } else if (ok && nothing_to_do) {
         ok = dofile(L, NULL) == LUA_OK; /* stdin is a script */
     }
@@ -921,7 +451,7 @@ static int pmain(lua_State *L) {
 int main(int argc, char **argv) {
     lua_State *L = luaL_newstate();
     if (L == NULL) {
-        print_message(PROGNAME, "cannot create state: not enough memory");
+        nlua_print_message(PROGNAME, "cannot create state: not enough memory");
         return EXIT_FAILURE;
     }
     lua_gc(L, LUA_GCSTOP); /* no collections while starting up */
@@ -930,7 +460,7 @@ int main(int argc, char **argv) {
     lua_pushlightuserdata(L, argv);
     int status = lua_pcall(L, 2, 1, 0);
     int ok = lua_toboolean(L, -1);
-    report(L, status);
+    nlua_report(L, status);
     lua_close(L);
     return ok && status == LUA_OK ? EXIT_SUCCESS : EXIT_FAILURE;
 }

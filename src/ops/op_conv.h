@@ -80,8 +80,6 @@ nd_status nd_record_avg_pool2d(const char *name, const nd_tensor *x, const nd_po
                                nd_tensor *out);
 nd_status nd_record_avg_pool2d_backward(const nd_tensor *g, const nd_pool_geom *p,
                                         nd_tensor *out);
-nd_status nd_record_dilate(const char *name, const nd_tensor *x, const int *dims, int ndims,
-                           int64_t dilation, nd_tensor *out);
 
 /* ---- geometry kept in a node: the 8 kernel fields (kh..dw, each checked
  * to fit an int by the ops) in dims[], the rest in iparams[] ---- */

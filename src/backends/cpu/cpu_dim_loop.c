@@ -67,40 +67,10 @@ static void step(const nd_dim_loop *L, int64_t *idx, char **p) {
     }
 }
 
-/* Runs slices [start, end), walking the outer coordinates with a counter. */
-static void run_slices(const nd_dim_loop *L, int64_t start, int64_t end, nd_inner_fn fn,
-                       void *ctx) {
-    int64_t idx[ND_MAX_DIMS];
-    char *p[ND_LOOP_MAX_OPS];
-    seek(L, start, idx, p);
-    for (int64_t s = start; s < end; s++) {
-        fn(p, L->inner, L->n, ctx);
-        if (s + 1 < end) step(L, idx, p);
-    }
-}
-
 static int pick_threads(const nd_dim_loop *L, int64_t tasks, int parallel) {
     if (!parallel || tasks < 2 || L->nouter * L->n < ND_PARALLEL_THRESHOLD) return 1;
     int nt = omp_get_max_threads();
     return nt > tasks ? (int)tasks : nt;
-}
-
-void nd_dim_loop_run(const nd_dim_loop *L, nd_inner_fn fn, void *ctx, int parallel) {
-    int64_t total = L->nouter;
-    if (total == 0 || L->n == 0) return;
-    int nthreads = pick_threads(L, total, parallel);
-    if (nthreads <= 1) {
-        run_slices(L, 0, total, fn, ctx);
-        return;
-    }
-#pragma omp parallel num_threads(nthreads)
-    {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        int64_t chunk = (total + nt - 1) / nt;
-        int64_t s = (int64_t)t * chunk, e = s + chunk;
-        if (e > total) e = total;
-        if (s < e) run_slices(L, s, e, fn, ctx);
-    }
 }
 
 int nd_dim_loop_chunks(const nd_dim_loop *L, int parallel) {
@@ -108,7 +78,8 @@ int nd_dim_loop_chunks(const nd_dim_loop *L, int parallel) {
     return pick_threads(L, L->nouter, parallel);
 }
 
-/* As run_slices, for an nd_chunk_fn. */
+/* Runs slices [start, end) as chunk `chunk`, walking the outer coordinates
+ * with a counter. */
 static void run_chunk(const nd_dim_loop *L, int64_t start, int64_t end, nd_chunk_fn fn,
                       int chunk, void *ctx) {
     int64_t idx[ND_MAX_DIMS];

@@ -26,10 +26,6 @@ typedef struct {
  * shape is one slice of length 1. */
 void nd_dim_loop_init(nd_dim_loop *L, int nops, const nd_tensor *const *ts,
                       const int64_t *shape, int ndim, int dim);
-/* Calls fn once per slice; slices go to OpenMP threads when `parallel` and
- * the total work is large. fn gets the same arguments as an nd_inner_fn. */
-void nd_dim_loop_run(const nd_dim_loop *L, nd_inner_fn fn, void *ctx, int parallel);
-
 /* For kernels that keep scratch per worker (sort): the slices are split into
  * `nchunks` runs of neighbouring slices, each run by one thread, and fn gets
  * the run's number `chunk` (0 <= chunk < nchunks), so scratch indexed by it
