@@ -38,6 +38,14 @@ typedef struct {
 
 typedef struct nd_backend {
     const char *name;
+    /* ---- discovery (devices other than the cpu; device.c) ----
+     * count: how many devices of this type (0 when none or the runtime
+     * failed, then unavailable_reason says why); info: one device's
+     * description; default_device: the index "opencl" without ":N" means. */
+    int (*device_count)(void);
+    const char *(*unavailable_reason)(void);
+    nd_status (*device_info)(int index, nd_opencl_info *out);
+    nd_status (*default_device)(int *index);
     /* ---- memory of devices other than the cpu (storage.c, device.c) ----
      * alloc: a buffer of nbytes (>= 0) on device `index`; errors name the
      * device and the size (out of memory is a status, never an abort). */

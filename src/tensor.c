@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "autograd.h"
+#include "autograd_node.h"
 #include "backend.h"
 #include "tensor.h"
 
@@ -152,34 +152,6 @@ nd_status nd_empty(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out)
     return nd_empty_on(nd_cpu_device(), shape, ndim, dt, out);
 }
 
-nd_status nd_full_on(nd_device dev, const int64_t *shape, int ndim, nd_dtype dt, double value,
-                     nd_tensor **out) {
-    ND_TRY(nd_empty_on(dev, shape, ndim, dt, out));
-    nd_status st = nd_fill_(*out, value);
-    if (st != ND_OK) { nd_release(*out); *out = NULL; }
-    return st;
-}
-
-nd_status nd_full(const int64_t *shape, int ndim, nd_dtype dt, double value, nd_tensor **out) {
-    return nd_full_on(nd_cpu_device(), shape, ndim, dt, value, out);
-}
-
-nd_status nd_zeros_on(nd_device dev, const int64_t *shape, int ndim, nd_dtype dt,
-                      nd_tensor **out) {
-    if (dev.type != ND_DEVICE_CPU) return nd_full_on(dev, shape, ndim, dt, 0, out);
-    ND_TRY(nd_empty(shape, ndim, dt, out));
-    memset(nd_ptr(*out), 0, (*out)->storage->nbytes); /* all-zero bits are 0 in every dtype */
-    return ND_OK;
-}
-
-nd_status nd_zeros(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out) {
-    return nd_zeros_on(nd_cpu_device(), shape, ndim, dt, out);
-}
-
-nd_status nd_scalar(double value, nd_dtype dt, nd_tensor **out) {
-    return nd_full(NULL, 0, dt, value, out);
-}
-
 nd_status nd_from_buffer(const void *data, const int64_t *shape, int ndim, nd_dtype dt,
                          nd_tensor **out) {
     ND_TRY(nd_empty(shape, ndim, dt, out));
@@ -212,20 +184,6 @@ nd_status nd_from_borrowed(void *data, const int64_t *shape, int ndim, nd_dtype 
     nd_contiguous_strides(shape, ndim, strides);
     nd_status st = nd_tensor_wrap(s, dt, shape, strides, ndim, 0, out);
     nd_storage_release(s);
-    return st;
-}
-
-nd_status nd_copy_to_buffer(const nd_tensor *t, void *dst, size_t dst_bytes) {
-    size_t need = (size_t)nd_numel(t) * nd_dtype_size(t->dtype);
-    if (dst_bytes != need)
-        return nd_fail(ND_ERR_ARG, "copy_to_buffer: buffer has %zu bytes, tensor needs %zu",
-                       dst_bytes, need);
-    nd_tensor *view, *host;
-    ND_TRY(nd_to_host(t, &host));
-    nd_status st = nd_from_borrowed(dst, t->shape, t->ndim, t->dtype, NULL, NULL, &view);
-    if (st == ND_OK) st = nd_copy_(view, host);
-    nd_release(view);
-    nd_release(host);
     return st;
 }
 

@@ -112,6 +112,8 @@ static inline bool nd_same_device(const nd_tensor *a, const nd_tensor *b) {
 }
 /* "op: <what> are on different devices (cpu and opencl:0)" unless a and b share one. */
 nd_status nd_check_same_device(const char *op, const nd_tensor *a, const nd_tensor *b);
+/* Fails naming `name` when OpenCL device `index` does not exist (or none does). */
+nd_status nd_check_opencl_index(int index, const char *name);
 /* t's elements in host memory: t itself (new reference) on the cpu, else a
  * contiguous cpu copy (waits for the device). For checks that must read
  * values (labels, indices) and for printing. */

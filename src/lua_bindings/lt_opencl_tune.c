@@ -17,7 +17,7 @@
 #include <string.h>
 #include "lt_internal.h"
 #ifdef NEEDLE_HAVE_OPENCL
-#include "backends/opencl/ocl_gemm.h"
+#include "opencl_tune.h"
 #endif
 
 #define OP "opencl_tune"

@@ -1,6 +1,7 @@
-/* op_copy.c - copies, conversions and fills. */
+/* op_copy.c - copies, conversions and fills, and the backward of the copies. */
 #include <math.h>
 #include "backend.h"
+#include "grad_expr.h"
 #include "grad_fns.h"
 
 static nd_status clone_forward(const nd_tensor *t, nd_tensor **out);
@@ -96,4 +97,31 @@ nd_status nd_clone(const nd_tensor *t, nd_tensor **out) {
 
 nd_status nd_to_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out) {
     ND_FORWARD_THEN_RECORD(to_dtype_forward(t, dt, out), nd_record_to_dtype(t, *out), out);
+}
+
+/* ------------------------------------------------------------- copies */
+
+static nd_status bw_identity(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    (void)n;
+    nd_retain(g);
+    grads[0] = g;
+    return ND_OK;
+}
+
+nd_status nd_record_identity(const char *name, const nd_tensor *x, nd_tensor *out) {
+    if (!nd_dtype_is_float(out->dtype) || out == x) return ND_OK;
+    nd_node *n;
+    const nd_tensor *in[1] = {x};
+    return nd_record(name, bw_identity, out, 1, in, &n);
+}
+
+static nd_status bw_to_dtype(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    return nd_to_dtype(g, n->in_dtype[0], &grads[0]);
+}
+
+nd_status nd_record_to_dtype(const nd_tensor *x, nd_tensor *out) {
+    if (out == x || !nd_dtype_is_float(out->dtype) || !nd_dtype_is_float(x->dtype)) return ND_OK;
+    nd_node *n;
+    const nd_tensor *in[1] = {x};
+    return nd_record("to", bw_to_dtype, out, 1, in, &n);
 }

@@ -1,6 +1,9 @@
 /* op_matmul.c - matmul with PyTorch's rules: 1-D operands are promoted to
- * matrices and the added dim removed again, batch dims broadcast. */
+ * matrices and the added dim removed again, batch dims broadcast; and its
+ * backward. */
+#include <string.h>
 #include "backend.h"
+#include "grad_expr.h"
 #include "grad_fns.h"
 
 static nd_status matmul_forward(const nd_tensor *a, const nd_tensor *b, nd_tensor **out) {
@@ -71,4 +74,53 @@ static nd_status matmul_forward(const nd_tensor *a, const nd_tensor *b, nd_tenso
 
 nd_status nd_matmul(const nd_tensor *a, const nd_tensor *b, nd_tensor **out) {
     ND_FORWARD_THEN_RECORD(matmul_forward(a, b, out), nd_record_matmul(a, b, *out), out);
+}
+
+/* ------------------------------------------------------------ matmul */
+
+static nd_status bw_matmul(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    nd_gx c = {0};
+    nd_tensor *a = gx_saved(&c, n, 0), *b = gx_saved(&c, n, 1);
+    if (c.st != ND_OK || !a || !b) return gx_end(&c);
+    /* 1-D operands as a row / a column, and g with those dims put back */
+    bool a_vec = a->ndim == 1, b_vec = b->ndim == 1;
+    int64_t as[ND_MAX_DIMS], bs[ND_MAX_DIMS], gs[ND_MAX_DIMS];
+    int an = a->ndim, bn = b->ndim, gn = 0;
+    memcpy(as, a->shape, sizeof as);
+    memcpy(bs, b->shape, sizeof bs);
+    if (a_vec) { as[1] = as[0]; as[0] = 1; an = 2; }
+    if (b_vec) { bs[1] = 1; bn = 2; }
+    int nb = g->ndim - !a_vec - !b_vec;
+    for (int i = 0; i < nb; i++) gs[gn++] = g->shape[i];
+    gs[gn++] = as[an - 2];
+    gs[gn++] = bs[bn - 1];
+    nd_tensor *a2 = gx_reshape(&c, a, as, an), *b2 = gx_reshape(&c, b, bs, bn);
+    nd_tensor *g2 = gx_reshape(&c, g, gs, gn);
+    if (n->needs_grad[0] && c.st == ND_OK) { /* g b^T, summed over broadcast batch dims */
+        nd_tensor *bt = NULL, *r = NULL;
+        bt = gx_own(&c, nd_transpose(b2, -1, -2, &bt), &bt);
+        if (c.st == ND_OK) r = gx_own(&c, nd_matmul(g2, bt, &r), &r);
+        nd_tensor *rs = NULL;
+        if (c.st == ND_OK) rs = gx_own(&c, nd_sum_to_shape(r, as, an, &rs), &rs);
+        grads[0] = gx_out(&c, gx_reshape(&c, rs, n->in_shape[0], n->in_ndim[0]));
+    }
+    if (n->needs_grad[1] && c.st == ND_OK) { /* a^T g */
+        nd_tensor *at = NULL, *r = NULL;
+        at = gx_own(&c, nd_transpose(a2, -1, -2, &at), &at);
+        if (c.st == ND_OK) r = gx_own(&c, nd_matmul(at, g2, &r), &r);
+        nd_tensor *rs = NULL;
+        if (c.st == ND_OK) rs = gx_own(&c, nd_sum_to_shape(r, bs, bn, &rs), &rs);
+        grads[1] = gx_out(&c, gx_reshape(&c, rs, n->in_shape[1], n->in_ndim[1]));
+    }
+    return gx_end(&c);
+}
+
+nd_status nd_record_matmul(const nd_tensor *a, const nd_tensor *b, nd_tensor *out) {
+    if (!nd_dtype_is_float(out->dtype)) return ND_OK;
+    nd_node *n;
+    const nd_tensor *in[2] = {a, b};
+    ND_TRY(nd_record("matmul", bw_matmul, out, 2, in, &n));
+    if (!n) return ND_OK;
+    ND_TRY(nd_save(n, a, false));
+    return nd_save(n, b, false);
 }

@@ -91,3 +91,10 @@ nd_status nd_cpu_fill(nd_tensor *dst, const void *value) {
     nd_loop_run(&L, fill_run, &c, 1);
     return ND_OK;
 }
+
+nd_status nd_cpu_contiguous(const nd_tensor *t, nd_tensor **out) {
+    ND_TRY(nd_empty(t->shape, t->ndim, t->dtype, out));
+    nd_status st = nd_cpu_copy(*out, t);
+    if (st != ND_OK) { nd_release(*out); *out = NULL; }
+    return st;
+}

@@ -7,6 +7,8 @@
 
 /* cpu_copy.c */
 nd_status nd_cpu_copy(nd_tensor *dst, const nd_tensor *src);
+/* A fresh contiguous copy of t (a backend must not call the contiguous op). */
+nd_status nd_cpu_contiguous(const nd_tensor *t, nd_tensor **out);
 nd_status nd_cpu_fill(nd_tensor *dst, const void *value);
 /* cpu_elementwise.c */
 nd_status nd_cpu_unary(nd_unary_op op, nd_tensor *out, const nd_tensor *x);

@@ -63,9 +63,9 @@ nd_status nd_cpu_matmul(nd_tensor *out, const nd_tensor *a_in, const nd_tensor *
     const nd_tensor *a = a_in, *b = b_in;
     nd_tensor *ac = NULL, *bc = NULL;
     bool blas = out->dtype == ND_FLOAT32 || out->dtype == ND_FLOAT64;
-    if (blas && !operand_ok(a)) { ND_TRY(nd_contiguous(a, &ac)); a = ac; }
+    if (blas && !operand_ok(a)) { ND_TRY(nd_cpu_contiguous(a, &ac)); a = ac; }
     if (blas && !operand_ok(b)) {
-        nd_status st = nd_contiguous(b, &bc);
+        nd_status st = nd_cpu_contiguous(b, &bc);
         if (st != ND_OK) { nd_release(ac); return st; }
         b = bc;
     }

@@ -4,6 +4,10 @@
 
 const nd_backend nd_opencl_backend = {
     .name = "opencl",
+    .device_count = nd_ocl_device_count,
+    .unavailable_reason = nd_ocl_unavailable_reason,
+    .device_info = nd_ocl_device_info,
+    .default_device = nd_ocl_default_device,
     .alloc = ocl_alloc,
     .free = ocl_free,
     .read = ocl_read,

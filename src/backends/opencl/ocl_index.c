@@ -38,11 +38,26 @@ static nd_status ix_kernel(ocl_device *d, nd_dtype dt, bool acc, const char *nam
 
 /* ---------------------------------------------------------------- checks */
 
+/* A contiguous host copy of t (device memory): copied into a contiguous
+ * buffer on the device, then read in one transfer. */
+static nd_status ocl_to_host(const nd_tensor *t, nd_tensor **out) {
+    nd_tensor *c = NULL, *h = NULL;
+    nd_status st = nd_empty_on(nd_get_device(t), t->shape, t->ndim, t->dtype, &c);
+    if (st == ND_OK) st = ocl_copy(c, t);
+    if (st == ND_OK) st = nd_empty(t->shape, t->ndim, t->dtype, &h);
+    size_t nbytes = (size_t)nd_numel(t) * nd_dtype_size(t->dtype);
+    if (st == ND_OK && nbytes) st = nd_opencl_backend.read(c->storage, 0, nd_ptr(h), nbytes);
+    nd_release(c);
+    if (st != ND_OK) { nd_release(h); h = NULL; }
+    *out = h;
+    return st;
+}
+
 /* The CPU's message (cpu_index.c check_indices) for the first value of the
  * host copy of index outside [0, limit). */
 static nd_status index_error(const char *op, const nd_tensor *index, int64_t limit, int dim) {
     nd_tensor *h;
-    ND_TRY(nd_to_host(index, &h));
+    ND_TRY(ocl_to_host(index, &h));
     const int64_t *v = (const int64_t *)nd_ptr(h);
     int64_t n = nd_numel(h), bad = -1;
     for (int64_t i = 0; i < n && bad < 0; i++)

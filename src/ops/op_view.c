@@ -1,7 +1,13 @@
-/* tensor_view.c - views: new geometry over the same storage, no copies. */
+/* op_view.c - views: new geometry over the same storage, no copies; then
+ * their backward formulas. A view's gradient is the inverse view of the
+ * output gradient (reshape back, permute back, sum over expanded dims),
+ * except select and slice: their gradient is the output gradient embedded
+ * into zeros of the input's shape, an op of its own ("slice_backward")
+ * whose backward is the slice again - so second derivatives flow through
+ * views too. */
 #include <string.h>
-#include "tensor.h"
-#include "ops/grad_fns.h"
+#include "grad_expr.h"
+#include "grad_fns.h"
 
 /* Resolves one -1 in a requested shape against numel. The request obeys
  * the size rule (nd_check_shape, with the -1 counted as 1) before anything
@@ -306,4 +312,147 @@ nd_status nd_slice(const nd_tensor *t, int dim, int64_t start, int64_t stop, int
                    nd_tensor **out) {
     ND_FORWARD_THEN_RECORD(slice_forward(t, dim, start, stop, step, out),
                            nd_record_slice(t, dim, start, step, *out), out);
+}
+
+/* ====================================================== backward formulas */
+
+/* ------------------------------------------------ reshape-like, permute */
+
+static nd_status bw_reshape(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    nd_gx c = {0};
+    grads[0] = gx_out(&c, gx_reshape(&c, g, n->in_shape[0], n->in_ndim[0]));
+    return gx_end(&c);
+}
+
+nd_status nd_record_reshape(const char *name, const nd_tensor *x, nd_tensor *out) {
+    if (!nd_dtype_is_float(out->dtype)) return ND_OK;
+    nd_node *n;
+    const nd_tensor *in[1] = {x};
+    return nd_record(name, bw_reshape, out, 1, in, &n);
+}
+
+static nd_status bw_permute(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    int inv[ND_MAX_DIMS];
+    for (int i = 0; i < n->ndims; i++) inv[n->dims[i]] = i;
+    nd_tensor *r;
+    ND_TRY(nd_permute(g, inv, n->ndims, &r));
+    grads[0] = r;
+    return ND_OK;
+}
+
+nd_status nd_record_permute(const nd_tensor *x, const int *dims, int ndim, nd_tensor *out) {
+    if (!nd_dtype_is_float(out->dtype)) return ND_OK;
+    nd_node *n;
+    const nd_tensor *in[1] = {x};
+    ND_TRY(nd_record("permute", bw_permute, out, 1, in, &n));
+    if (!n) return ND_OK;
+    for (int i = 0; i < ndim; i++) ND_TRY(nd_norm_dim("permute", dims[i], x->ndim, &n->dims[i]));
+    n->ndims = ndim;
+    return ND_OK;
+}
+
+static nd_status bw_transpose(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    return nd_transpose(g, n->dims[0], n->dims[1], &grads[0]);
+}
+
+nd_status nd_record_transpose(const nd_tensor *x, int d0, int d1, nd_tensor *out) {
+    if (!nd_dtype_is_float(out->dtype)) return ND_OK;
+    nd_node *n;
+    const nd_tensor *in[1] = {x};
+    ND_TRY(nd_record("transpose", bw_transpose, out, 1, in, &n));
+    if (!n) return ND_OK;
+    n->dims[0] = d0;
+    n->dims[1] = d1;
+    return ND_OK;
+}
+
+static nd_status bw_expand(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    return nd_sum_to_shape(g, n->in_shape[0], n->in_ndim[0], &grads[0]);
+}
+
+nd_status nd_record_expand(const nd_tensor *x, nd_tensor *out) {
+    if (!nd_dtype_is_float(out->dtype)) return ND_OK;
+    nd_node *n;
+    const nd_tensor *in[1] = {x};
+    return nd_record("expand", bw_expand, out, 1, in, &n);
+}
+
+/* ------------------------------------------------------ select, slice */
+
+/* g embedded into zeros of shape (shape, ndim) at [start : : step] along dim */
+static nd_status slice_backward(const nd_tensor *g, const int64_t *shape, int ndim, int dim,
+                                int64_t start, int64_t step, nd_tensor **out);
+
+static nd_status bw_slice_backward(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    int64_t start = n->iparams[0], step = n->iparams[1], len = n->in_shape[0][n->dims[0]];
+    return nd_slice(g, n->dims[0], start, start + len * step, step, &grads[0]);
+}
+
+static nd_status slice_backward(const nd_tensor *g, const int64_t *shape, int ndim, int dim,
+                                int64_t start, int64_t step, nd_tensor **out) {
+    bool grad_on = nd_set_grad_enabled(false);
+    nd_tensor *z = NULL, *v = NULL;
+    nd_status st = nd_zeros_on(nd_get_device(g), shape, ndim, g->dtype, &z);
+    if (st == ND_OK) st = nd_slice(z, dim, start, start + g->shape[dim] * step, step, &v);
+    if (st == ND_OK) st = nd_copy_(v, g);
+    nd_release(v);
+    nd_set_grad_enabled(grad_on);
+    if (st == ND_OK && grad_on) {
+        nd_node *n;
+        const nd_tensor *in[1] = {g};
+        st = nd_record("slice_backward", bw_slice_backward, z, 1, in, &n);
+        if (st == ND_OK && n) {
+            n->dims[0] = dim;
+            n->iparams[0] = start;
+            n->iparams[1] = step;
+        }
+    }
+    if (st != ND_OK) { nd_release(z); z = NULL; }
+    *out = z;
+    return st;
+}
+
+static nd_status bw_slice(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    return slice_backward(g, n->in_shape[0], n->in_ndim[0], n->dims[0], n->iparams[0],
+                          n->iparams[1], &grads[0]);
+}
+
+nd_status nd_record_slice(const nd_tensor *x, int dim, int64_t start, int64_t step, nd_tensor *out) {
+    if (!nd_dtype_is_float(out->dtype)) return ND_OK;
+    nd_node *n;
+    const nd_tensor *in[1] = {x};
+    ND_TRY(nd_record("slice", bw_slice, out, 1, in, &n));
+    if (!n) return ND_OK;
+    int d;
+    ND_TRY(nd_norm_dim("slice", dim, x->ndim, &d));
+    int64_t len = x->shape[d]; /* the same clamping as the forward */
+    if (start < 0) start += len;
+    if (start < 0) start = 0;
+    if (start > len) start = len;
+    n->dims[0] = d;
+    n->iparams[0] = start;
+    n->iparams[1] = step;
+    return ND_OK;
+}
+
+static nd_status bw_select(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    nd_tensor *u;
+    ND_TRY(nd_unsqueeze(g, n->dims[0], &u));
+    nd_status st = slice_backward(u, n->in_shape[0], n->in_ndim[0], n->dims[0], n->iparams[0], 1,
+                                  &grads[0]);
+    nd_release(u);
+    return st;
+}
+
+nd_status nd_record_select(const nd_tensor *x, int dim, int64_t index, nd_tensor *out) {
+    if (!nd_dtype_is_float(out->dtype)) return ND_OK;
+    nd_node *n;
+    const nd_tensor *in[1] = {x};
+    ND_TRY(nd_record("select", bw_select, out, 1, in, &n));
+    if (!n) return ND_OK;
+    int d;
+    ND_TRY(nd_norm_dim("select", dim, x->ndim, &d));
+    n->dims[0] = d;
+    n->iparams[0] = index < 0 ? index + x->shape[d] : index;
+    return ND_OK;
 }

@@ -1,4 +1,5 @@
-/* autograd.h - reverse-mode automatic differentiation (internal).
+/* autograd_node.h - the autograd graph's node (core; the engine that builds
+ * and runs the graph is ops/autograd.{h,c}).
  *
  * Every op result that needs a gradient gets a node (its grad_fn). A node
  * knows, for each differentiable input, where the gradient goes next: the
@@ -16,8 +17,8 @@
  * instead of giving a wrong gradient. A saved OUTPUT of the node itself is
  * stored without its grad_fn (that would be a reference cycle) and is
  * re-attached to the node when unpacked. */
-#ifndef ND_AUTOGRAD_H
-#define ND_AUTOGRAD_H
+#ifndef ND_AUTOGRAD_NODE_H
+#define ND_AUTOGRAD_NODE_H
 
 #include "tensor.h"
 
@@ -25,9 +26,8 @@
  * per-input arrays below live in the node's own allocation, sized by its
  * ninputs, so a unary node pays for one input and a wide one for all of
  * them. Inputs up to ND_NODE_INLINE_INPUTS need no extra allocation in the
- * engine. (ND_NODE_MAX_INPUTS is the old name of that count, not a limit.) */
+ * engine. */
 #define ND_NODE_INLINE_INPUTS 8
-#define ND_NODE_MAX_INPUTS ND_NODE_INLINE_INPUTS
 #define ND_NODE_MAX_SAVED 4
 
 typedef struct nd_node nd_node;
@@ -71,41 +71,10 @@ struct nd_node {
     int mark;
 };
 
-/* ---- grad mode (thread-local) ---- */
-bool nd_grad_enabled(void);
-/* Sets grad mode, returns the previous one. */
-bool nd_set_grad_enabled(bool on);
-
-/* ---- recording (used by ops) ----
- * If grad mode is on and any input requires grad, creates the node, makes it
- * out's grad_fn (out->requires_grad = true) and returns it in *node; else
- * *node = NULL. Inputs may be NULL (non-tensor arguments). */
-nd_status nd_record(const char *name, nd_backward_fn fn, nd_tensor *out, int ninputs,
-                    const nd_tensor *const *inputs, nd_node **node);
-/* Saves t for backward (retained; version stamped). is_output: t is the
- * node's own output (saved without its grad_fn to avoid a cycle). */
-nd_status nd_save(nd_node *n, const nd_tensor *t, bool is_output);
-/* The i-th saved tensor for use in a backward formula: a new reference, or
- * an error if it was freed (backward ran without retain_graph) or modified
- * in place since it was saved. */
-nd_status nd_saved(nd_node *n, int i, nd_tensor **out);
-
+/* A tensor's grad_fn holds one reference; so does every node whose input it
+ * is. Releasing the last one frees the node and, iteratively (no recursion
+ * along long chains), the nodes only it kept alive. */
 void nd_node_retain(nd_node *n);
 void nd_node_release(nd_node *n);
-
-/* ---- running backward ---- */
-/* root.backward(grad): grad NULL means 1 for a one-element root. */
-nd_status nd_backward(nd_tensor *root, const nd_tensor *grad, bool retain_graph,
-                      bool create_graph);
-/* Gradients of outputs w.r.t. inputs without touching .grad.
- * grad_outputs entries may be NULL (1 for one-element outputs). result[i]
- * is a new reference or NULL when the input is unused and allow_unused. */
-nd_status nd_grad(nd_tensor *const *outputs, nd_tensor *const *grad_outputs, int noutputs,
-                  nd_tensor *const *inputs, int ninputs, bool retain_graph, bool create_graph,
-                  bool allow_unused, nd_tensor **result);
-
-/* ---- formula helpers ---- */
-/* Sums g over the dims that broadcasting expanded, giving shape (shape, ndim). */
-nd_status nd_sum_to_shape(const nd_tensor *g, const int64_t *shape, int ndim, nd_tensor **out);
 
 #endif
