@@ -616,6 +616,7 @@ describe("sort, argsort, topk", function()
     assert.are.same({1, 3, 2}, i:totable())
   end)
 
+  -- (sorts from the caller's own OpenMP region: tests/c/test_sort_threads.c)
   describe("with per-chunk scratch (sort, topk and randperm)", function()
     local function ascending_rows(v, i, x)
       local vt, it, xt = v:totable(), i:totable(), x:totable()
