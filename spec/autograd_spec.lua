@@ -178,4 +178,12 @@ describe("autograd", function()
       assert(grown < 8 * 1024 * 1024, ("RSS grew by %.1f MiB over 9000 steps"):format(grown / 2^20))
     end
   end)
+
+  it("a tensor cannot be its own gradient; the dtype must match", function()
+    local x = nd.zeros({2}, {requires_grad = true})
+    local e = err_of(function() x.grad = x end)
+    has(e, "needle.grad: a tensor cannot be its own gradient")
+    e = err_of(function() x.grad = nd.zeros({2}, {dtype = "float64"}) end)
+    has(e, "dtype float64, expected float32")
+  end)
 end)

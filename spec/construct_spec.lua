@@ -9,6 +9,10 @@ local nd = require "needle"
 
 local A = require("spec.helpers.assertions").bind(assert)
 local errmsg, assert_contains = A.errmsg, A.assert_contains
+local err_of, has = A.err_of, A.has
+
+local maxi = math.maxinteger
+local function i64(t) return nd.tensor(t, {dtype = "int64"}) end
 
 -- nearest float32 to v (for values that are not exact in float32)
 local function f32(v) return (string.unpack("<f", string.pack("<f", v))) end
@@ -121,6 +125,11 @@ describe("nd.tensor", function()
 
   it("errors on a string argument", function()
     assert_contains(errmsg(function() return nd.tensor("abc") end), "string")
+  end)
+
+  it("a ragged table is caught even when the first row is empty", function()
+    local e = err_of(function() return nd.tensor({{}, {1, 2}}) end)
+    has(e, "ragged nested table")
   end)
 end)
 
@@ -299,6 +308,28 @@ describe("one_hot", function()
     assert_contains(msg, "needle.one_hot")
     assert_contains(msg, "5")
     assert_contains(msg, "1..3")
+  end)
+
+  describe("huge labels", function()
+    it("fails as one_hot, naming the shape, for a math.maxinteger label", function()
+      local msg = errmsg(function() return nd.one_hot({1, maxi}) end)
+      assert_contains(msg, "needle.one_hot: shape {2,9223372036854775807} is too large")
+      msg = errmsg(function() return nd.one_hot(i64({1, maxi})) end)
+      assert_contains(msg, "needle.one_hot: shape {2,9223372036854775807} is too large")
+    end)
+
+    it("compares labels with num_classes exactly (beyond 2^53)", function()
+      -- 2^53 + 1 classes: the label 2^53 + 1 fits, 2^53 + 2 does not
+      local msg = errmsg(function() return nd.one_hot(i64({2 ^ 53 + 2 | 0}), (2 ^ 53 | 0) + 1) end)
+      assert_contains(msg, "needle.one_hot: class value 9007199254740994 is out of range for "
+        .. "num_classes 9007199254740993")
+      msg = errmsg(function() return nd.one_hot(i64({(2 ^ 53 | 0) + 1}), (2 ^ 53 | 0) + 1) end)
+      assert_contains(msg, "needle.one_hot: shape {1,9007199254740993} is too large")
+    end)
+
+    it("still infers num_classes", function()
+      assert.are.same({{0, 1, 0}, {0, 0, 1}}, nd.one_hot({2, 3}):totable())
+    end)
   end)
 end)
 

@@ -540,6 +540,13 @@ describe("Lua numbers for integer tensors", function()
     assert.are.same({ 255, 127, 0 }, nd.linspace(255, 0, 3, { dtype = "uint8" }):totable())
     assert.are.same({ 7 }, nd.linspace(7.9, 1e10, 1, { dtype = "int32" }):totable())
   end)
+
+  it("int64 values stay exact in full, full_like and clamp", function()
+    local big = 9007199254740993 -- 2^53 + 1: not representable in a double
+    assert.are.equal(big, nd.full({1}, big, {dtype = "int64"}):item())
+    assert.are.equal(big, nd.tensor({big}, {dtype = "int64"}):clamp(0, nil):item())
+    assert.are.equal(5, nd.tensor({9}, {dtype = "int64"}):clamp(nil, 5.5):item())
+  end)
 end)
 
 -- every conversion on each OpenCL device gives the cpu's bytes (rounding,

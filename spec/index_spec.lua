@@ -15,6 +15,7 @@ end
 
 local A = require("spec.helpers.assertions").bind(assert)
 local errmsg, assert_contains = A.errmsg, A.assert_contains
+local err_of, has = A.err_of, A.has
 
 describe("indexing", function()
   describe("reads", function()
@@ -277,6 +278,13 @@ describe("indexing", function()
       assert_contains(errmsg(function() return x[{true}] end), "needle.")
       assert_contains(errmsg(function() return x[{"a"}] end), "needle.")
     end)
+  end)
+
+  it("index errors: extra ':' entries and non-integer index values", function()
+    local e = err_of(function() return nd.arange(3)[{":", ":"}] end)
+    has(e, "needle.index: too many indices (2)")
+    e = err_of(function() return nd.arange(3):index_select(1, {1.7}) end)
+    has(e, "needle.index_select: index values must be integers")
   end)
 end)
 

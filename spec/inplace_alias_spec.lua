@@ -46,4 +46,16 @@ describe("in-place ops and aliasing", function()
     assert.truthy(err:find("float32", 1, true), err)
     assert.are.same({0, 1, 2}, i:totable())     -- untouched
   end)
+
+  it("copy_ with an overlapping shifted source reads the original values", function()
+    local x = nd.arange(20):reshape({10, 2})
+    x[{{2, 10}, 1}] = x[{{1, 9}, 1}]
+    assert.are.same({0, 0, 2, 4, 6, 8, 10, 12, 14, 16}, x[{":", 1}]:totable())
+  end)
+
+  it("copy_ of a transposed view of itself transposes", function()
+    local y = nd.arange(9):reshape({3, 3})
+    y:copy_(y:t())
+    assert.are.same({{0, 3, 6}, {1, 4, 7}, {2, 5, 8}}, y:totable())
+  end)
 end)

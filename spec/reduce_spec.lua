@@ -7,6 +7,7 @@
 
 local nd = require "needle"
 local R = require "spec.helpers.reference"
+local S = require "spec.helpers.shell"
 
 local close, equal = R.asserts(assert)
 
@@ -532,6 +533,13 @@ describe("large inputs (threaded paths)", function()
       assert.are.equal(R.red.min(ref.data), r[2])
       assert.is_true(math.abs(r[3] - R.red.sum(ref.data)) <= 1e-5 * math.abs(R.red.sum(ref.data)) + 1e-3)
     end
+  end)
+
+  it("a full reduction is right when OpenMP grants fewer threads than asked", function()
+    local exe = S.needle_lua()
+    local out = S.shell_line("OMP_NUM_THREADS=8 OMP_THREAD_LIMIT=2 " .. S.q(exe) ..
+      " -e 'print(nd.ones({1000000}):sum():item(), nd.ones({1000000}):max():item())'")
+    assert.are.equal("1000000.0\t1.0", out)
   end)
 end)
 

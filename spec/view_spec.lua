@@ -18,6 +18,7 @@ end
 
 local A = require("spec.helpers.assertions").bind(assert)
 local errmsg, assert_contains = A.errmsg, A.assert_contains
+local err_of, has = A.err_of, A.has
 
 -- x[idx...] as a Lua number, through the public indexing API
 local function at(x, idx) return x[idx]:item() end
@@ -455,5 +456,33 @@ describe("views", function()
       assert.are.same({1 << 24, 1 << 24, 0}, t.a.shape)
       assert.are.same({1, 1}, t.b:totable())
     end)
+  end)
+
+  it("huge steps, lengths and chunk counts do not overflow", function()
+    local x = nd.arange(5)
+    assert.are.same({0}, x:slice(1, 1, 3, math.maxinteger):totable())
+    assert.are.same({0}, x[{{1, 3, math.maxinteger}}]:totable())
+    local e = err_of(function() return x:narrow(1, 2, math.maxinteger) end)
+    has(e, "needle.narrow: start 2 and length")
+    local parts = x:chunk(math.maxinteger)
+    assert.are.equal(5, #parts)
+    e = err_of(function() return x:split({math.maxinteger, math.maxinteger}) end)
+    has(e, "needle.split: split sizes add up to more than dim 1")
+  end)
+
+  it("narrow names the start the caller passed", function()
+    local e = err_of(function() return nd.zeros({5}):narrow(1, -10, 2) end)
+    has(e, "needle.narrow: start -10 and length 2 out of range for dim 1 of size 5")
+  end)
+
+  it("flatten and expand name 1-based dims", function()
+    local e = err_of(function() return nd.zeros({2, 3, 4}):flatten(3, 2) end)
+    has(e, "start_dim 3 comes after end_dim 2")
+    e = err_of(function() return nd.zeros({3}):expand({-1, 3}) end)
+    has(e, "new leading dim 1")
+  end)
+
+  it("empty tensors are contiguous", function()
+    assert.is_true(nd.zeros({2, 0, 3}):is_contiguous())
   end)
 end)

@@ -15,6 +15,17 @@
 --                             other message or level behaves as error's
 --   errors.raise(msg)         raises msg at the innermost user frame
 --   errors.fail(who, fmt, ...) raises "needle.<who>: <fmt...>" there
+--   errors.fail_at(level, who, fmt, ...)
+--                             "needle.<who>: <fmt...>" through errors.error
+--                             with `level` counted as error() counts it where
+--                             fail_at is called (0: no position)
+--   errors.failer(who[, level])
+--                             a file's local helper made once: a function(fmt,
+--                             ...) that does fail_at(level, who, fmt, ...) as
+--                             if written in it (level 1 is the helper itself);
+--                             without level, fail(who, fmt, ...)
+--   errors.shape_str(t)       "{2,3}", the way needle's messages spell the
+--                             shape of a tensor (or a shape table)
 --
 -- The C functions do the same for their own errors (lt_error in
 -- src/lua_bindings/lt_tensor.c); this module tells them where the package's
@@ -63,6 +74,34 @@ end
 -- "needle.<who>: <fmt...>" raised at the user's line
 function M.fail(who, fmt, ...)
   M.raise(("needle.%s: " .. fmt):format(who, ...))
+end
+
+-- "needle.<who>: <fmt...>" through M.error at `level`, counted from fail_at's
+-- caller as error() counts it there (1: that caller's line; 0: no position)
+function M.fail_at(level, who, fmt, ...)
+  local msg = ("needle.%s: " .. fmt):format(who, ...)
+  if level <= 0 then error(msg, 0) end
+  M.error(msg, level + 1) -- not a tail call: one frame (this one) deeper
+end
+
+-- A file's local error helper, made once: failer(who, level)(fmt, ...) is
+-- fail_at(level, who, fmt, ...) called from a helper of the file's own, so
+-- `local function fail(fmt, ...) error(("needle.x: " .. fmt):format(...), 3) end`
+-- becomes `local fail = errors.failer("x", 3)` with the same positions.
+-- Without level the helper is fail(who, fmt, ...) (the user's line).
+function M.failer(who, level)
+  if level == nil then
+    return function(fmt, ...) M.fail(who, fmt, ...) end
+  end
+  return function(fmt, ...) M.fail_at(level, who, fmt, ...) end
+end
+
+-- "{2,3}": a tensor's shape (or a shape table) the way needle's errors spell it
+function M.shape_str(t)
+  local shape = type(t) == "table" and t or t.shape
+  local s = {}
+  for i = 1, #shape do s[i] = tostring(math.tointeger(shape[i]) or shape[i]) end
+  return "{" .. table.concat(s, ",") .. "}"
 end
 
 function M.error(msg, level)

@@ -16,15 +16,14 @@ local function opt(opts, name, default)
   return opts[name]
 end
 
--- raises at the caller of the public function; helpers one call deeper
--- pass level 4
-local function fail_at(level, op, fmt, ...)
-  error(("needle.%s: " .. fmt):format(op, ...), level)
-end
-local function fail(op, fmt, ...) fail_at(5, op, fmt, ...) end -- fail_at, fail, helper, public fn, caller
+-- errors raise at the caller of the public function: a public function
+-- passes level 2, a helper one call deeper 3 (errors.fail_at counts levels as
+-- error() does)
+local fail_at = errors.fail_at
+local function fail(op, fmt, ...) fail_at(4, op, fmt, ...) end -- fail, helper, public fn, caller
 
 local function check_tensor(op, x, what)
-  if not core.is_tensor(x) then fail_at(4, op, "%s must be a tensor, got %s", what or "input", type(x)) end
+  if not core.is_tensor(x) then fail_at(3, op, "%s must be a tensor, got %s", what or "input", type(x)) end
 end
 
 -- reduction = "mean" | "sum" | "none"
@@ -51,7 +50,7 @@ function F.gelu(x, opts)
   elseif approximate == "none" then
     return x * 0.5 * ((x * (1 / math.sqrt(2))):erf() + 1)
   end
-  fail_at(3, "gelu", "approximate must be 'none' or 'tanh', got %s", tostring(approximate))
+  fail_at(2, "gelu", "approximate must be 'none' or 'tanh', got %s", tostring(approximate))
 end
 
 function F.leaky_relu(x, negative_slope)
@@ -104,7 +103,7 @@ function F.linear(x, weight, bias)
   check_tensor("linear", x)
   check_tensor("linear", weight, "weight")
   if x:size(-1) ~= weight:size(2) then
-    fail_at(3, "linear", "input of shape {%s} does not match weight of shape {%s} (%d ~= %d)",
+    fail_at(2, "linear", "input of shape {%s} does not match weight of shape {%s} (%d ~= %d)",
       table.concat(x.shape, ","), table.concat(weight.shape, ","), x:size(-1), weight:size(2))
   end
   -- one C call: the GEMM with the bias added in its epilogue; recorded as
@@ -118,7 +117,7 @@ function F.dropout(x, p, training)
   check_tensor("dropout", x)
   p = p or 0.5
   if training == nil then training = true end
-  if p < 0 or p > 1 then fail_at(3, "dropout", "p must be in [0, 1], got %s", tostring(p)) end
+  if p < 0 or p > 1 then fail_at(2, "dropout", "p must be in [0, 1], got %s", tostring(p)) end
   if not training or p == 0 then return x end
   if p == 1 then return x * 0 end
   -- the mask is drawn on x's device (no transfer per call)
@@ -173,11 +172,11 @@ function F.nll_loss(log_probs, labels, opts)
   local op = "nll_loss"
   check_tensor(op, log_probs)
   opts = options.check(op, opts, {ignore_index = "integer", reduction = "string"})
-  if log_probs:dim() ~= 2 then fail_at(3, op, "expected input of shape (N, C), got {%s}", table.concat(log_probs.shape, ",")) end
+  if log_probs:dim() ~= 2 then fail_at(2, op, "expected input of shape (N, C), got {%s}", table.concat(log_probs.shape, ",")) end
   local n, C = log_probs:size(1), log_probs:size(2)
   local ignore_index = opt(opts, "ignore_index", nil)
   if ignore_index ~= nil and math.tointeger(ignore_index) == nil then
-    fail_at(3, op, "ignore_index must be an integer, got %s", tostring(ignore_index))
+    fail_at(2, op, "ignore_index must be an integer, got %s", tostring(ignore_index))
   end
   local t, valid = check_labels(op, labels, n, C, ignore_index, log_probs.device)
   local onehot = core.one_hot(valid, C):to(log_probs.dtype)

@@ -15,17 +15,8 @@ nd.F = require "needle.functional"
 
 -- Submodules load on first use (nd.nn, nd.optim, nd.data), so `require
 -- "needle"` stays fast and a script pays only for what it touches.
-local lazy = {nn = "needle.nn", optim = "needle.optim", data = "needle.data",
-              checkpoint = "needle.checkpoint", plot = "needle.plot", convert = "needle.convert"}
-setmetatable(nd, {
-  __index = function(t, k)
-    local name = lazy[k]
-    if not name then return nil end
-    local m = require(name)
-    rawset(t, k, m)
-    return m
-  end,
-})
+require("needle.lazy")(nd, {nn = "needle.nn", optim = "needle.optim", data = "needle.data",
+                            checkpoint = "needle.checkpoint", plot = "needle.plot", convert = "needle.convert"})
 
 -- checkpoints (safetensors): nd.save(tensors, path[, metadata]) / nd.load(path);
 -- nd.load also reads a PyTorch checkpoint (zip), as nd.load_torch does.

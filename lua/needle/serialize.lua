@@ -16,9 +16,8 @@ local core = require "needle.core"
 
 local M = {}
 
-local function fail(op, fmt, ...)
-  error(("needle.%s: " .. fmt):format(op, ...), 0)
-end
+-- "needle.<op>: ..." with no position (0)
+local fail_at = require("needle.errors").fail_at
 
 -- Strips the "file:line: " an error picked up inside this package, so that
 -- the message starts with "needle.<op>:".
@@ -38,8 +37,8 @@ function M.public(impl)
 end
 
 local function check_path(op, path)
-  if type(path) ~= "string" then fail(op, "path must be a string, got %s", type(path)) end
-  if path == "" then fail(op, "path is empty") end
+  if type(path) ~= "string" then fail_at(0, op, "path must be a string, got %s", type(path)) end
+  if path == "" then fail_at(0, op, "path is empty") end
   -- a NUL byte in it is refused by the C functions (lt_check_path)
 end
 
@@ -54,26 +53,26 @@ local function save(tensors, path, metadata, op)
     tensors = tensors:state_dict()
   end
   if core.is_tensor(tensors) then
-    fail(op, "expected a table of named tensors ({name = tensor}), got a single tensor")
+    fail_at(0, op, "expected a table of named tensors ({name = tensor}), got a single tensor")
   end
-  if type(tensors) ~= "table" then fail(op, "expected a table of tensors, got %s", type(tensors)) end
+  if type(tensors) ~= "table" then fail_at(0, op, "expected a table of tensors, got %s", type(tensors)) end
   check_path(op, path)
   for k, v in pairs(tensors) do
     if type(k) ~= "string" then
-      fail(op, "tensor names must be strings, got %s key %s", type(k), tostring(k))
+      fail_at(0, op, "tensor names must be strings, got %s key %s", type(k), tostring(k))
     end
     if not core.is_tensor(v) then
-      fail(op, "value for '%s' is a %s, not a tensor%s", k, type(v),
+      fail_at(0, op, "value for '%s' is a %s, not a tensor%s", k, type(v),
            type(v) == "table" and " (nested state: use nd.checkpoint.save)" or "")
     end
-    if k == "__metadata__" then fail(op, "'__metadata__' cannot be a tensor name") end
+    if k == "__metadata__" then fail_at(0, op, "'__metadata__' cannot be a tensor name") end
   end
   if metadata ~= nil then
-    if type(metadata) ~= "table" then fail(op, "metadata must be a table of strings, got %s", type(metadata)) end
+    if type(metadata) ~= "table" then fail_at(0, op, "metadata must be a table of strings, got %s", type(metadata)) end
     for k, v in pairs(metadata) do
-      if type(k) ~= "string" then fail(op, "metadata keys must be strings, got %s key %s", type(k), tostring(k)) end
+      if type(k) ~= "string" then fail_at(0, op, "metadata keys must be strings, got %s key %s", type(k), tostring(k)) end
       if type(v) ~= "string" then
-        fail(op, "metadata value for '%s' must be a string, got %s", k, type(v))
+        fail_at(0, op, "metadata value for '%s' must be a string, got %s", k, type(v))
       end
     end
   end
@@ -95,7 +94,7 @@ end
 local function load_torch(path, opts, op)
   op = op or "load_torch"
   check_path(op, path)
-  if opts ~= nil and type(opts) ~= "table" then fail(op, "options must be a table, got %s", type(opts)) end
+  if opts ~= nil and type(opts) ~= "table" then fail_at(0, op, "options must be a table, got %s", type(opts)) end
   return core.load_torch(path, opts, op)
 end
 

@@ -353,11 +353,7 @@ local function tensor_str(node, d, D, sumd, indent, f, p)
   return "[" .. concat(slices, "," .. srep("\n", D - d) .. srep(" ", indent + 1)) .. "]"
 end
 
-local function shape_str(shape)
-  local s = {}
-  for i = 1, #shape do s[i] = tostring(tointeger(shape[i]) or shape[i]) end
-  return "{" .. concat(s, ",") .. "}"
-end
+local shape_str = require("needle.errors").shape_str
 
 ---------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 /* test_index_sort_random.c - gather/scatter/index_select/index_add/
  * masked_fill/one_hot, cumsum/sort/topk, cat/stack/flip/pad and the random
  * ops, checked against hand-computed values on small inputs (contiguous and
- * not), their error messages, reproducibility across thread counts, and
+ * not), their error messages (with the positions the Lua layer shows
+ * 1-based), reproducibility across thread counts, and
  * that nothing leaks (live bytes return to where they started). */
 #include <math.h>
 #include <omp.h>
@@ -706,6 +707,66 @@ static void test_random(void) {
     for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) nd_release(ts[k]);
 }
 
+/* The message as the Lua layer shows it (dims and indices 1-based). */
+static void expect_lua_msg_at(int line, const char *what, const char *frag) {
+    checks++;
+    const char *msg = nd_last_error_based(1);
+    if (!strstr(msg, frag)) FAIL_AT(line, "%s: 1-based message '%s' lacks '%s'", what, msg, frag);
+}
+#define EXPECT_LUA_MSG(what, frag) expect_lua_msg_at(__LINE__, what, frag)
+
+/* ---- positions in messages render 1-based for Lua ---- */
+
+static void test_positions(void) {
+    nd_tensor *a = NULL, *s = NULL, *r = NULL;
+    OK(nd_full(S(2), ND_FLOAT32, 1, &a));
+    OK(nd_scalar(1, ND_FLOAT32, &s));
+    nd_tensor *list[3] = {a, a, s};
+    EXPECT_ERR("cat 0-dim", nd_cat(list, 3, 0, &r), ND_ERR_SHAPE,
+               "cat: zero-dimensional tensor (at position 2) cannot be concatenated", NULL);
+    EXPECT_LUA_MSG("cat 0-dim, Lua", "zero-dimensional tensor (at position 3)");
+    nd_tensor *nulls[2] = {a, NULL};
+    EXPECT_ERR("cat NULL", nd_cat(nulls, 2, 0, &r), ND_ERR_ARG, "cat: tensor 1 is NULL", NULL);
+    EXPECT_LUA_MSG("cat NULL, Lua", "cat: tensor 2 is NULL");
+    EXPECT_ERR("stack NULL", nd_stack(nulls, 2, 0, &r), ND_ERR_ARG, "stack: tensor 1 is NULL",
+               NULL);
+    EXPECT_LUA_MSG("stack NULL, Lua", "stack: tensor 2 is NULL");
+    nd_release(s);
+    nd_release(a);
+
+    /* gather: the bad index 4 sits at (1, 1) of the index tensor */
+    nd_tensor *x, *idx;
+    OK(nd_full(S(2, 3), ND_FLOAT32, 1, &x));
+    idx = mk(ND_INT64, S(2, 2), V(0, 1, 2, 4));
+    EXPECT_ERR("gather position", nd_gather(x, 1, idx, &r), ND_ERR_INDEX,
+               "gather: index 4 is out of bounds for dim 1 with size 3",
+               "(at position {1,1} of the index tensor)");
+    EXPECT_LUA_MSG("gather position, Lua", "gather: index 5 is out of bounds for dim 2 with size "
+                   "3 (at position {2,2} of the index tensor)");
+    EXPECT_ERR("scatter position", nd_scatter(x, 1, idx, x, 0, &r), ND_ERR_INDEX,
+               "scatter: index 4", "(at position {1,1} of the index tensor)");
+    EXPECT_LUA_MSG("scatter position, Lua", "(at position {2,2} of the index tensor)");
+    nd_release(idx);
+    /* a negative index keeps its value; its position is still 1-based */
+    idx = mk(ND_INT64, S(2, 2), V(0, 0, -1, 0));
+    EXPECT_ERR("scatter_add negative index", nd_scatter(x, 0, idx, x, 1, &r), ND_ERR_INDEX,
+               "scatter_add: index -1 is out of bounds for dim 0 with size 2",
+               "(at position {1,0} of the index tensor)");
+    EXPECT_LUA_MSG("scatter_add negative index, Lua", "index -1 is out of bounds for dim 1 with "
+                   "size 2 (at position {2,1} of the index tensor)");
+    nd_release(idx);
+    /* 8-dim index: the longest position fits */
+    nd_tensor *x8, *i8;
+    OK(nd_full(S(1, 1, 1, 1, 1, 1, 1, 2), ND_FLOAT32, 0, &x8));
+    i8 = mk(ND_INT64, S(1, 1, 1, 1, 1, 1, 1, 2), V(0, 9));
+    EXPECT_ERR("gather 8-dim position", nd_gather(x8, 7, i8, &r), ND_ERR_INDEX,
+               "(at position {0,0,0,0,0,0,0,1} of the index tensor)", NULL);
+    EXPECT_LUA_MSG("gather 8-dim position, Lua", "(at position {1,1,1,1,1,1,1,2} of the index");
+    nd_release(i8);
+    nd_release(x8);
+    nd_release(x);
+}
+
 int main(void) {
     int64_t live0 = nd_live_bytes();
     int threads = omp_get_max_threads();
@@ -717,6 +778,7 @@ int main(void) {
     test_sort_topk();
     omp_set_num_threads(threads);
     test_join();
+    test_positions();
     test_random();
     omp_set_num_threads(threads);
     int64_t live1 = nd_live_bytes();

@@ -4,7 +4,7 @@
 Wraps a raw pickle (e.g. a libFuzzer artifact of fuzz_pickle) into the
 smallest torch.save-style zip: <root>/data.pkl, <root>/version, stored
 entries. The result goes to spec/fixtures/fuzz/ so that
-spec/fuzz_findings_spec.lua can load it through nd.load_torch. Standard
+spec/load_torch_spec.lua (its fuzz findings) can load it through nd.load_torch. Standard
 library only (no PyTorch)."""
 import sys
 import zipfile

@@ -27,7 +27,7 @@
 --   state dict (sizes inferred from it, opts for what cannot be), load it and
 --   put it in eval mode. opts.mapping overrides the registry's mapping; opts.strict.
 -- summary(sd): {tensors=, elements=, bytes=, dtypes = {float32 = n, ...}}
-local error = require("needle.errors").error -- positions at the user's line
+local errors = require "needle.errors"
 local core = require "needle.core"
 local options = require "needle.options"
 
@@ -36,20 +36,9 @@ local M = {}
 -- the options of load_state_dict (model() takes them too, with the entry's own)
 local LOAD_OPTS = {strict = "boolean", convert_dtype = "boolean", mapping = "string|function|boolean"}
 
-local function fail(fmt, ...)
-  error(("needle.convert: " .. fmt):format(...), 0)
-end
+local fail = errors.failer("convert", 0)
 
-local lazy = {mappings = "needle.convert.mappings", models = "needle.convert.models"}
-setmetatable(M, {
-  __index = function(t, k)
-    local name = lazy[k]
-    if not name then return nil end
-    local m = require(name)
-    rawset(t, k, m)
-    return m
-  end,
-})
+require("needle.lazy")(M, {mappings = "needle.convert.mappings", models = "needle.convert.models"})
 
 local FLOAT = {float32 = true, float64 = true, float16 = true, bfloat16 = true}
 local INT = {int64 = true, int32 = true, int16 = true, int8 = true, uint8 = true}
@@ -62,7 +51,7 @@ local function kind(dtype)
   return dtype
 end
 
-local function shape_str(t) return "{" .. table.concat(t.shape, ",") .. "}" end
+local shape_str = errors.shape_str
 
 -- an error message without the "file:line: " a plain error() adds and
 -- without our own prefix (it is added again)

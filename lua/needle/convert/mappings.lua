@@ -29,14 +29,12 @@
 --                                 (1-based) into new_key; keys are removed
 --   split(key, new_keys, dim[, sizes])  the inverse: equal parts unless sizes is given
 --   compose(m1, m2, ...)          m1 first, then m2, ...
-local error = require("needle.errors").error -- positions at the user's line
+local errors = require "needle.errors"
 local core = require "needle.core"
 
 local M = {}
 
-local function fail(fmt, ...)
-  error(("needle.convert: " .. fmt):format(...), 0)
-end
+local fail = errors.failer("convert", 0)
 
 local function copy(sd)
   local out = {}
@@ -52,7 +50,7 @@ local function sorted_keys(sd)
 end
 M.sorted_keys = sorted_keys
 
-local function shape_str(t) return "{" .. table.concat(t.shape, ",") .. "}" end
+local shape_str = errors.shape_str
 
 -- helpers ------------------------------------------------------------------
 

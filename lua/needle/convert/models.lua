@@ -20,17 +20,16 @@
 -- Also defined here (and exported): ResNetCIFAR with its BasicBlock, and
 -- TransformerClassifier.
 local error = require("needle.errors").error -- positions at the user's line
+local errors = require "needle.errors"
 local nd = require "needle"
 local Module = require "needle.nn.module"
 local options = require "needle.options"
 
 local M = {}
 
-local function fail(fmt, ...)
-  error(("needle.convert: " .. fmt):format(...), 0)
-end
+local fail = errors.failer("convert", 0)
 
-local function shape_str(t) return "{" .. table.concat(t.shape, ",") .. "}" end
+local shape_str = errors.shape_str
 
 -- sd[key] as a tensor of `dims` dims, or an error naming what was expected
 local function need(sd, key, dims, model)

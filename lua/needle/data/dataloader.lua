@@ -25,9 +25,7 @@ DataLoader.__name = "DataLoader"
 
 -- raised at the user's line, however deep inside the loader (a collate of a
 -- nested item runs several calls down)
-local function errorf(fmt, ...)
-  errors.raise("needle.data.DataLoader: " .. fmt:format(...))
-end
+local errorf = errors.failer("data.DataLoader")
 
 ---------------------------------------------------------------------------
 -- collate

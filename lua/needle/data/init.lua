@@ -19,15 +19,5 @@ local data = {
 }
 
 -- the readers and transforms load on first use
-local lazy = {transforms = "needle.data.transforms", mnist = "needle.data.mnist",
-              cifar10 = "needle.data.cifar10", ptb = "needle.data.ptb"}
-
-return setmetatable(data, {
-  __index = function(t, k)
-    local name = lazy[k]
-    if not name then return nil end
-    local m = require(name)
-    rawset(t, k, m)
-    return m
-  end,
-})
+return require("needle.lazy")(data, {transforms = "needle.data.transforms", mnist = "needle.data.mnist",
+                                     cifar10 = "needle.data.cifar10", ptb = "needle.data.ptb"})

@@ -11,6 +11,7 @@
 -- gzip. Fashion-MNIST is Debian's package dataset-fashion-mnist, which puts
 -- it in /usr/share/datasets/fashion-mnist (mnist.FASHION_DIR; mnist.fashion()).
 local error = require("needle.errors").error -- positions at the user's line
+local errors = require "needle.errors"
 local util = require "needle.data.util"
 
 local M = {}
@@ -23,9 +24,7 @@ M.fashion_classes = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "San
 
 local WHO = "needle.data.mnist"
 
-local function fail(path, fmt, ...)
-  error(("%s: '%s': " .. fmt):format(WHO, path, ...), 0)
-end
+local function fail(path, fmt, ...) errors.fail_at(0, ("data.mnist: '%s'"):format(path), fmt, ...) end
 
 local TYPE_NAMES = {[0x08] = "unsigned byte", [0x09] = "signed byte", [0x0B] = "short",
                     [0x0C] = "int", [0x0D] = "float", [0x0E] = "double"}

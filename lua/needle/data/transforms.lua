@@ -7,7 +7,7 @@
 --
 -- Every transform is a callable object. The random ones draw from the global
 -- generator (as torchvision does), so nd.manual_seed makes them reproducible.
-local error = require("needle.errors").error -- positions at the user's line
+local errors = require "needle.errors"
 local core = require "needle.core"
 local options = require "needle.options"
 
@@ -15,9 +15,7 @@ local is_tensor = core.is_tensor
 
 local T = {}
 
-local function errorf(name, fmt, ...)
-  error(("needle.data.transforms.%s: " .. fmt):format(name, ...), 3)
-end
+local function errorf(name, fmt, ...) errors.fail_at(3, "data.transforms." .. name, fmt, ...) end
 
 local Transform = {}
 Transform.__index = Transform

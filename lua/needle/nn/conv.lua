@@ -17,7 +17,7 @@ local init = require "needle.nn.initializers"
 local M = {}
 
 local util = require "needle.nn.util"
-local shape_str = util.shape_str
+local shape_str = require("needle.errors").shape_str
 
 local SIZE = "integer|table" -- an int or a pair {h, w}
 local CONV_OPTS = {stride = SIZE, padding = "integer|table|string", dilation = SIZE, groups = "integer",

@@ -14,7 +14,7 @@ local init = require "needle.nn.initializers"
 local M = {}
 
 local util = require "needle.nn.util"
-local shape_str = util.shape_str
+local shape_str = require("needle.errors").shape_str
 
 local Embedding = Module:extend("Embedding")
 

@@ -28,6 +28,7 @@
 -- fused ops then run as the composed differentiable ops whenever autograd
 -- records, so gradients stay correct).
 local error = require("needle.errors").error -- positions at the user's line
+local errors = require "needle.errors"
 local nd = require "needle"
 local Module = require "needle.nn.module"
 local options = require "needle.options"
@@ -35,7 +36,7 @@ local util = require "needle.nn.util"
 
 local F = {}
 
-local function fail(fmt, ...) error(("needle.nn.fuse: " .. fmt):format(...), 3) end
+local fail = errors.failer("nn.fuse", 3)
 
 local function class_of(m) return getmetatable(m).class end
 
@@ -50,7 +51,7 @@ end
 
 local function pair_str(p) return ("{%d, %d}"):format(p[1], p[2]) end
 
-local function shape_str(t) return "{" .. table.concat(t.shape, ",") .. "}" end
+local shape_str = errors.shape_str
 
 local ACTS = {none = true, relu = true}
 

@@ -9,15 +9,13 @@
 -- (out, in, k...) fan_in = in * prod(k), fan_out = out * prod(k). The names
 -- without the trailing underscore are aliases. Keyword arguments may be given
 -- positionally (PyTorch's order) or in an options table with PyTorch's names.
-local error = require("needle.errors").error -- positions at the user's line
+local errors = require "needle.errors"
 local core = require "needle.core"
 local opts_check = require("needle.options").check
 
 local init = {}
 
-local function fail(fn, fmt, ...)
-  error(("needle.nn.init.%s: " .. fmt):format(fn, ...), 3)
-end
+local function fail(fn, fmt, ...) errors.fail_at(3, "nn.init." .. fn, fmt, ...) end
 
 local function check(fn, t)
   if not core.is_tensor(t) then fail(fn, "expected a tensor, got %s", type(t)) end
@@ -66,8 +64,7 @@ function init._random_scaled(gen, shape, dtype, scale, shift)
 end
 local random_scaled = init._random_scaled
 
-local util = require "needle.nn.util"
-local shape_str = util.shape_str
+local shape_str = errors.shape_str
 
 -- calculate_gain(nonlinearity, param): PyTorch's recommended gains
 function init.calculate_gain(nonlinearity, param)

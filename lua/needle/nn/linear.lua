@@ -13,7 +13,7 @@ local init = require "needle.nn.initializers"
 local M = {}
 
 local util = require "needle.nn.util"
-local shape_str = util.shape_str
+local shape_str = require("needle.errors").shape_str
 
 local function check_int(name, what, v, min)
   if math.type(v) ~= "integer" or v < (min or 1) then

@@ -15,7 +15,7 @@ local Module = require "needle.nn.module"
 local M = {}
 
 local util = require "needle.nn.util"
-local shape_str = util.shape_str
+local shape_str = require("needle.errors").shape_str
 
 local REDUCTIONS = {mean = true, sum = true, none = true}
 

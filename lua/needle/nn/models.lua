@@ -189,14 +189,6 @@ M.ResNet9 = ResNet9
 -- converter's registry defines (needle.convert.models): ResNetCIFAR,
 -- BasicBlock, FusedResNetCIFAR, FusedBasicBlock and TransformerClassifier,
 -- loaded on first use.
-local CONVERT_CLASSES = {ResNetCIFAR = true, BasicBlock = true, FusedResNetCIFAR = true, FusedBasicBlock = true,
-                         TransformerClassifier = true}
-
-return setmetatable(M, {
-  __index = function(t, k)
-    if not CONVERT_CLASSES[k] then return nil end
-    local v = require("needle.convert.models")[k]
-    rawset(t, k, v)
-    return v
-  end,
-})
+local CONVERT = {"needle.convert.models"}
+return require("needle.lazy")(M, {ResNetCIFAR = CONVERT, BasicBlock = CONVERT, FusedResNetCIFAR = CONVERT,
+                                  FusedBasicBlock = CONVERT, TransformerClassifier = CONVERT}, {who = "nn.models"})

@@ -12,6 +12,7 @@
 --   function Linear:forward(x) return ... end
 --   local m = Linear(3, 4); local y = m(x)
 local error = require("needle.errors").error -- positions at the user's line
+local errors = require "needle.errors"
 local core = require "needle.core"
 local options = require "needle.options"
 
@@ -245,21 +246,19 @@ function Module:to(device)
     local o = options.check(("nn.%s.to"):format(self.__name), device, {device = "string", dtype = "string"})
     device, dtype = o.device, o.dtype
   end
-  local function fail(msg) error(("needle.nn.%s.to: %s"):format(self.__name, msg), 3) end
+  local fail = errors.failer(("nn.%s.to"):format(self.__name), 3)
   if device ~= nil and type(device) ~= "string" then
-    fail(("expected a device name (\"cpu\", \"opencl\" or \"opencl:N\") or {device=, dtype=}, got %s"):format(
-      type(device)))
+    fail("expected a device name (\"cpu\", \"opencl\" or \"opencl:N\") or {device=, dtype=}, got %s", type(device))
   end
   if dtype ~= nil and not FLOAT[dtype] then
-    fail(("dtype must be a floating-point dtype (float32, float64, float16 or bfloat16), got %s"):format(
-      tostring(dtype)))
+    fail("dtype must be a floating-point dtype (float32, float64, float16 or bfloat16), got %s", tostring(dtype))
   end
   if device == nil and dtype == nil then return self end
   -- the device is checked once, before anything moves: a bad name changes nothing
   if device ~= nil then
     local ok, err = pcall(core.zeros, {0}, {device = device})
     if not ok then
-      fail(("cannot move to device '%s': %s"):format(device, (tostring(err):gsub("^.-needle%.[%w_]+: ", ""))))
+      fail("cannot move to device '%s': %s", device, (tostring(err):gsub("^.-needle%.[%w_]+: ", "")))
     end
   end
   local moved, err = {}, nil -- a tensor shared by several modules moves once
@@ -295,8 +294,7 @@ function Module:state_dict()
   return sd
 end
 
-local util = require "needle.nn.util"
-local shape_str = util.shape_str
+local shape_str = errors.shape_str
 
 -- load_state_dict(sd, {strict = true}): checks everything first (missing,
 -- unexpected and shape-mismatched keys are reported together), then copies;

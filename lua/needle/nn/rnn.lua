@@ -15,10 +15,11 @@ local init = require "needle.nn.initializers"
 local M = {}
 
 local util = require "needle.nn.util"
-local shape_str = util.shape_str
+local errors = require "needle.errors"
+local shape_str = errors.shape_str
 
 local function fail(self, fmt, ...)
-  error(("needle.nn.%s(%d, %d): " .. fmt):format(self.__name, self.input_size, self.hidden_size, ...), 3)
+  errors.fail_at(3, ("nn.%s(%d, %d)"):format(self.__name, self.input_size, self.hidden_size), fmt, ...)
 end
 
 local function init_uniform(shape, k, dtype)

@@ -29,7 +29,7 @@ local M = {}
 
 local util = require "needle.nn.util"
 local options = require "needle.options"
-local shape_str = util.shape_str
+local shape_str = require("needle.errors").shape_str
 
 -- clone_module(m): a deep copy (PyTorch's copy.deepcopy of a module):
 -- parameters and buffers are copied (parameters stay leaves that require

@@ -5,9 +5,6 @@ local errors = require "needle.errors"
 
 local M = {}
 
--- "{2,3}", the way needle's errors spell a shape
-function M.shape_str(t) return "{" .. table.concat(t.shape, ",") .. "}" end
-
 -- "needle.nn.<Name>: <fmt...>", raised at the user's line
 function M.fail(self, fmt, ...)
   errors.fail("nn." .. (type(self) == "string" and self or self.__name), fmt, ...)

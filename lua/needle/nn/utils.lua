@@ -13,9 +13,7 @@ local options = require "needle.options"
 local M = {}
 
 -- raised at the caller's code (the first frame outside the package)
-local function raise(fn, msg)
-  errors.raise(("needle.nn.utils.%s: %s"):format(fn, msg))
-end
+local function raise(fn, msg) errors.fail("nn.utils." .. fn, "%s", msg) end
 
 local function with_grads(fn, parameters)
   if core.is_tensor(parameters) then parameters = {parameters} end

@@ -14,7 +14,8 @@
 local Optimizer = require "needle.optim.optimizer"
 local options = require "needle.options"
 
-local raise, fmt = Optimizer._raise, Optimizer._fmt
+local errors = require "needle.errors"
+local fmt = Optimizer._fmt
 local cos, pi, floor = math.cos, math.pi, math.floor
 
 local M = {}
@@ -38,7 +39,7 @@ LRScheduler.name = "LRScheduler"
 M.LRScheduler = LRScheduler
 
 function LRScheduler:_error(msg)
-  raise(("needle.optim.lr_scheduler.%s: %s"):format(self.name, msg))
+  errors.fail("optim.lr_scheduler." .. self.name, "%s", msg)
 end
 
 -- class(name, {required = {"step_size"}, options = {gamma = 0.1}}): the

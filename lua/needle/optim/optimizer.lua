@@ -46,9 +46,7 @@ local function sorted_keys(t)
   return ks
 end
 
-local function shape_str(t)
-  return "{" .. table.concat(t.shape, ",") .. "}"
-end
+local shape_str = errors.shape_str
 
 local function fmt(v)
   if type(v) == "table" then
@@ -80,11 +78,6 @@ local function copy_value(v)
   return v
 end
 
--- Errors point at the user's code: the first stack frame outside the package,
--- whatever the depth of the internal calls (needle.errors).
-local raise = errors.raise
-Optimizer._raise = raise
-
 -- every key of t, each of any type (options.check spec: the values are
 -- checked by the optimizer's own check)
 local function any_of(...)
@@ -95,9 +88,10 @@ local function any_of(...)
   return spec
 end
 
--- "needle.optim.SGD: ..." errors
+-- "needle.optim.SGD: ..." errors, at the user's code: the first stack frame
+-- outside the package, whatever the depth of the internal calls (needle.errors)
 function Optimizer:_error(msg)
-  raise(("needle.optim.%s: %s"):format(self.name, msg))
+  errors.fail("optim." .. self.name, "%s", msg)
 end
 
 -- a list of tensors from what the user passed as a group's params
@@ -318,7 +312,7 @@ end
 -- before anything changes: group and parameter counts, state keys, tensor
 -- shapes, hyperparameter values; the error names the mismatch.
 function Optimizer:load_state_dict(sd)
-  local function fail(msg) self:_error("load_state_dict: " .. msg) end
+  local function fail(msg) errors.fail("optim." .. self.name, "load_state_dict: %s", msg) end
   if type(sd) ~= "table" then fail(("expected a table, got %s"):format(type(sd))) end
   local saved_groups, saved_state = sd.param_groups, sd.state
   if type(saved_groups) ~= "table" then fail("the state dict has no param_groups table") end
