@@ -36,6 +36,10 @@ local function i64(t) return nd.tensor(t, {dtype = "int64"}) end
 --   fn = function(inputs...) -> tensor(s) or a list of tensors,
 --   rtol=, atol=, grad = false (no gradient comparison), nograd = {i = true}
 --   (inputs that never require grad), fp64 = true (needs a float64 device)}
+-- Ops with no OpenCL case, and why (the coverage check at the end accepts
+-- only these).
+local HOST_ONLY = {}
+
 local CASES = {}
 local function case(name, make, fn, o)
   o = o or {}
@@ -531,6 +535,23 @@ end
 
 -- runs case c on dev with the cpu inputs; returns outputs (on dev) and
 -- gradients (on dev, nil where unused)
+-- The registry's ops seen running on a device (profiler events: the
+-- bindings called and, as "<op>_backward", the autograd nodes run), for the
+-- coverage check at the end; c.covers names ops a case runs that no event
+-- names (indexing x[i] is select/slice without an event of its own).
+local SEEN = {}
+local function observe(dev, fn, ...)
+  if dev == "cpu" then return fn(...) end
+  local args = table.pack(...)
+  local r = table.pack(nd.profile(function() return fn(table.unpack(args, 1, args.n)) end))
+  for name in pairs(r[1].by_name) do
+    SEEN[name] = true
+    local op = name:match("^(.+)_backward$")
+    if op then SEEN[op] = true end
+  end
+  return table.unpack(r, 2, r.n)
+end
+
 local function run_case(c, inputs, weights, dev)
   local leaves, grad_leaves = {}, {}
   for i, t in ipairs(inputs) do
@@ -541,7 +562,7 @@ local function run_case(c, inputs, weights, dev)
     end
     leaves[i] = x
   end
-  local outs = flatten({c.fn(table.unpack(leaves, 1, #inputs))})
+  local outs = flatten({observe(dev, c.fn, table.unpack(leaves, 1, #inputs))})
   local grads
   if #grad_leaves > 0 then
     local douts, ws = {}, {}
@@ -552,8 +573,11 @@ local function run_case(c, inputs, weights, dev)
       end
     end
     if #douts > 0 then
-      grads = nd.grad(douts, grad_leaves, {grad_outputs = ws, allow_unused = true})
+      grads = observe(dev, nd.grad, douts, grad_leaves, {grad_outputs = ws, allow_unused = true})
     end
+  end
+  if dev ~= "cpu" then
+    for _, op in ipairs(c.covers or {}) do SEEN[op] = true end
   end
   return outs, grads, #grad_leaves
 end
@@ -700,7 +724,7 @@ for _, dev in ipairs(TARGETS) do
         r[#r + 1] = nd.zeros({1000}, o):bernoulli()
         return r
       end
-      local want, got = draw("cpu"), draw(dev)
+      local want, got = draw("cpu"), observe(dev, draw, dev)
       local problems = {}
       for k = 1, #want do
         if got[k].device ~= dev then problems[#problems + 1] = ("draw %d on %s"):format(k, got[k].device) end
@@ -743,6 +767,15 @@ for _, dev in ipairs(TARGETS) do
       local y = F.dropout(leaf, 0.4, true)
       local g = nd.grad({y}, {leaf}, {grad_outputs = {nd.ones({50, 40}):to(dev)}})[1]
       assert.are.same(y:cpu():totable(), g:cpu():totable())
+    end)
+
+    -- after every case above (busted runs them in order)
+    it("every op of nd.ops() ran on " .. dev .. " in a case above", function()
+      local missing = {}
+      for _, op in ipairs(nd.ops()) do
+        if not SEEN[op.name] and not HOST_ONLY[op.name] then missing[#missing + 1] = op.name end
+      end
+      assert(#missing == 0, "ops without an OpenCL parity case: " .. table.concat(missing, ", "))
     end)
   end)
 end

@@ -238,10 +238,25 @@ typedef struct {
     const char *kind;       /* "unary", "binary", "reduce", "view", "gemm", ... (lower case) */
     int arity;              /* tensor inputs; -1: a list of tensors */
     const char *dtype_rule; /* "same", "float", "promote", "index", "output", "compare" */
-    bool differentiable;    /* records a backward node for float inputs */
+    bool differentiable;    /* has a gradient for float inputs */
+    bool records_node;      /* ... through an autograd node of its own, named after the op */
     const char *expr;       /* elementwise ops: the float expression (x, or a and b); else NULL */
     const char *backward;   /* unary ops: the backward formula; else NULL */
 } nd_op_info;
+/* Every op: ND_OP_<name>, in the order of nd_op_at. A name that two lists
+ * of op_registry.h share would be a duplicate enumerator: a build error. */
+typedef enum {
+#define ND_X(name, ...) ND_OP_##name,
+    ND_UNARY_OPS(ND_X) ND_BINARY_OPS(ND_X) ND_REDUCE_OPS(ND_X) ND_OTHER_OPS(ND_X)
+#undef ND_X
+    ND_NUM_OPS
+} nd_op;
+static inline nd_op nd_unary_op_id(nd_unary_op op) { return (nd_op)op; }
+static inline nd_op nd_binary_op_id(nd_binary_op op) { return (nd_op)(ND_NUM_UNARY + op); }
+static inline nd_op nd_reduce_op_id(nd_reduce_op op) {
+    return (nd_op)(ND_NUM_UNARY + ND_NUM_BINARY + op);
+}
+const char *nd_op_name(nd_op op);
 int nd_op_count(void);
 const nd_op_info *nd_op_at(int i);               /* NULL outside 0 .. nd_op_count() - 1 */
 const nd_op_info *nd_op_find(const char *name);  /* NULL when no op has that name */

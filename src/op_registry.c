@@ -51,6 +51,13 @@ const char *nd_reduce_name(nd_reduce_op op) {
 #define KIND_SORT "sort"
 #define KIND_RANDOM "random"
 #define KIND_OPTIM "optim"
+#define KIND_BACKWARD "backward"
+#define GRAD_NODE true
+#define GRAD_VIA true
+#define GRAD_NONE false
+#define NODE_NODE true
+#define NODE_VIA false
+#define NODE_NONE false
 #define RULE_SAME "same"
 #define RULE_FLOAT "float"
 #define RULE_PROMOTE "promote"
@@ -67,23 +74,39 @@ const char *nd_reduce_name(nd_reduce_op op) {
 
 static const nd_op_info ops[] = {
 #define ND_X(name, ints, bools, save, fexpr, iexpr, bw) \
-    {#name, "unary", 1, UNARY_RULE_##ints, true, #fexpr, #bw},
+    {#name, "unary", 1, UNARY_RULE_##ints, true, true, #fexpr, #bw},
     ND_UNARY_OPS(ND_X)
 #undef ND_X
 #define ND_X(name, kind, ints, bools, fexpr, iexpr, bexpr) \
-    {#name, "binary", 2, BINARY_RULE_##kind, BINARY_DIFF_##kind, #fexpr, NULL},
+    {#name, "binary", 2, BINARY_RULE_##kind, BINARY_DIFF_##kind, BINARY_DIFF_##kind, #fexpr, NULL},
     ND_BINARY_OPS(ND_X)
 #undef ND_X
-#define ND_X(name, diff) {#name, "reduce", 1, "same", diff, NULL, NULL},
+#define ND_X(name, grad) {#name, "reduce", 1, "same", GRAD_##grad, NODE_##grad, NULL, NULL},
     ND_REDUCE_OPS(ND_X)
 #undef ND_X
-#define ND_X(name, kind, arity, rule, diff) \
-    {#name, KIND_##kind, arity, RULE_##rule, diff, NULL, NULL},
+#define ND_X(name, kind, arity, rule, grad) \
+    {#name, KIND_##kind, arity, RULE_##rule, GRAD_##grad, NODE_##grad, NULL, NULL},
     ND_OTHER_OPS(ND_X)
 #undef ND_X
 };
 
+_Static_assert(sizeof ops / sizeof *ops == ND_NUM_OPS, "one description per op");
+/* nd_unary_op_id and friends map by offset: the lists keep their order in nd_op. */
+#define ND_X(name, ...) _Static_assert((int)ND_OP_##name == (int)ND_UNARY_##name, #name);
+ND_UNARY_OPS(ND_X)
+#undef ND_X
+#define ND_X(name, ...) \
+    _Static_assert((int)ND_OP_##name == ND_NUM_UNARY + (int)ND_BINARY_##name, #name);
+ND_BINARY_OPS(ND_X)
+#undef ND_X
+#define ND_X(name, ...) \
+    _Static_assert((int)ND_OP_##name == ND_NUM_UNARY + ND_NUM_BINARY + (int)ND_REDUCE_##name, #name);
+ND_REDUCE_OPS(ND_X)
+#undef ND_X
+
 int nd_op_count(void) { return (int)(sizeof ops / sizeof *ops); }
+
+const char *nd_op_name(nd_op op) { return (unsigned)op < ND_NUM_OPS ? ops[op].name : "op?"; }
 
 const nd_op_info *nd_op_at(int i) { return i >= 0 && i < nd_op_count() ? &ops[i] : NULL; }
 

@@ -95,86 +95,94 @@
     X(gt,      CMP,   KEEP,  KEEP,   a > b,                      a > b,            a > b)   \
     X(ge,      CMP,   KEEP,  KEEP,   a >= b,                     a >= b,           a >= b)
 
-/* ---- reductions ---- X(name, differentiable) */
+/* ---- reductions ---- X(name, grad): grad as for the other ops below (max
+ * and min with a dim, giving values and indices, record the same nodes). */
 #define ND_REDUCE_OPS(X) \
-    X(sum, 1) X(mean, 1) X(prod, 1) X(max, 1) X(min, 1) X(argmax, 0) X(argmin, 0) X(var, 1) \
-    X(std, 1) X(logsumexp, 1)
+    X(sum, NODE) X(mean, NODE) X(prod, NODE) X(max, NODE) X(min, NODE) X(argmax, NONE) \
+    X(argmin, NONE) X(var, NODE) X(std, NODE) X(logsumexp, NODE)
 
 /* ---- every other op ----
- * X(name, kind, arity, dtype_rule, differentiable)
- *   kind        what a compiler may assume (see nd_op_kind below).
+ * X(name, kind, arity, dtype_rule, grad)
+ *   kind        what a compiler may assume: TERNARY, UNARY (elementwise with
+ *               parameters), REDUCE, VIEW, COPY, CREATE, INDEX, NORM, LOSS,
+ *               GEMM, CONV, POOL, JOIN, SCAN, SORT, RANDOM, OPTIM, or
+ *               BACKWARD (an op that exists as the gradient of another, with
+ *               a backward of its own so second derivatives work).
  *   arity       tensor inputs (-1: a list of tensors).
  *   dtype_rule  SAME: the result has the input's dtype; FLOAT: float inputs
  *               only; PROMOTE: the operands' promoted dtype; INDEX: values
  *               keep the dtype, indices are int64; OUTPUT: chosen by the
  *               caller (creation, conversion, random).
- *   differentiable  1 when the op records a backward node for float
- *               inputs (the backward formula lives with the op's forward,
- *               in src/ops/op_<family>.c). */
+ *   grad        NODE: records an autograd node named after the op (its
+ *               backward formula lives with the forward, in
+ *               src/ops/op_<family>.c); VIA: differentiable through the ops
+ *               it is made of (no node of its own); NONE: no gradient. */
 #define ND_OTHER_OPS(X)                                                    \
-    X(where,               TERNARY, 3, PROMOTE, 1)                         \
-    X(clamp,               UNARY,   1, SAME,    1)                         \
-    X(max_dim,             REDUCE,  1, INDEX,   1)                         \
-    X(view,                VIEW,    1, SAME,    1)                         \
-    X(reshape,             VIEW,    1, SAME,    1)                         \
-    X(permute,             VIEW,    1, SAME,    1)                         \
-    X(transpose,           VIEW,    1, SAME,    1)                         \
-    X(expand,              VIEW,    1, SAME,    1)                         \
-    X(select,              VIEW,    1, SAME,    1)                         \
-    X(narrow,              VIEW,    1, SAME,    1)                         \
-    X(slice,               VIEW,    1, SAME,    1)                         \
-    X(squeeze,             VIEW,    1, SAME,    1)                         \
-    X(unsqueeze,           VIEW,    1, SAME,    1)                         \
-    X(flatten,             VIEW,    1, SAME,    1)                         \
-    X(contiguous,          COPY,    1, SAME,    1)                         \
-    X(clone,               COPY,    1, SAME,    1)                         \
-    X(to_dtype,            COPY,    1, OUTPUT,  1)                         \
-    X(to_device,           COPY,    1, SAME,    1)                         \
-    X(copy_,               COPY,    2, SAME,    1)                         \
-    X(fill_,               CREATE,  1, SAME,    0)                         \
-    X(empty,               CREATE,  0, OUTPUT,  0)                         \
-    X(zeros,               CREATE,  0, OUTPUT,  0)                         \
-    X(full,                CREATE,  0, OUTPUT,  0)                         \
-    X(arange,              CREATE,  0, OUTPUT,  0)                         \
-    X(linspace,            CREATE,  0, OUTPUT,  0)                         \
-    X(eye,                 CREATE,  0, OUTPUT,  0)                         \
-    X(one_hot,             INDEX,   1, OUTPUT,  0)                         \
-    X(softmax,             NORM,    1, FLOAT,   1)                         \
-    X(log_softmax,         NORM,    1, FLOAT,   1)                         \
-    X(layer_norm,          NORM,    3, FLOAT,   1)                         \
-    X(batch_norm,          NORM,    3, FLOAT,   1)                         \
-    X(cross_entropy,       LOSS,    2, FLOAT,   1)                         \
-    X(matmul,              GEMM,    2, PROMOTE, 1)                         \
-    X(linear,              GEMM,    3, FLOAT,   1)                         \
-    X(fused_linear,        GEMM,    3, FLOAT,   0)                         \
-    X(conv2d,              CONV,    3, FLOAT,   1)                         \
-    X(conv_transpose2d,    CONV,    3, FLOAT,   1)                         \
-    X(fused_conv2d,        CONV,    3, FLOAT,   0)                         \
-    X(im2col,              CONV,    1, FLOAT,   1)                         \
-    X(col2im,              CONV,    1, FLOAT,   1)                         \
-    X(dilate,              VIEW,    1, SAME,    1)                         \
-    X(undilate,            VIEW,    1, SAME,    1)                         \
-    X(max_pool2d,          POOL,    1, FLOAT,   1)                         \
-    X(avg_pool2d,          POOL,    1, FLOAT,   1)                         \
-    X(adaptive_avg_pool2d, POOL,    1, FLOAT,   1)                         \
-    X(cat,                 JOIN,   -1, PROMOTE, 1)                         \
-    X(stack,               JOIN,   -1, PROMOTE, 1)                         \
-    X(flip,                INDEX,   1, SAME,    1)                         \
-    X(pad,                 INDEX,   1, SAME,    1)                         \
-    X(cumsum,              SCAN,    1, SAME,    1)                         \
-    X(sort,                SORT,    1, INDEX,   1)                         \
-    X(topk,                SORT,    1, INDEX,   1)                         \
-    X(gather,              INDEX,   2, SAME,    1)                         \
-    X(scatter,             INDEX,   3, SAME,    1)                         \
-    X(scatter_add,         INDEX,   3, SAME,    1)                         \
-    X(index_select,        INDEX,   2, SAME,    1)                         \
-    X(index_add,           INDEX,   3, SAME,    1)                         \
-    X(masked_fill,         INDEX,   2, SAME,    1)                         \
-    X(rand,                RANDOM,  0, OUTPUT,  0)                         \
-    X(randn,               RANDOM,  0, OUTPUT,  0)                         \
-    X(randint,             RANDOM,  0, OUTPUT,  0)                         \
-    X(bernoulli,           RANDOM,  1, SAME,    0)                         \
-    X(randperm,            RANDOM,  0, OUTPUT,  0)                         \
-    X(sgd_step_,           OPTIM,  -1, FLOAT,   0)
+    X(where,               TERNARY,  3, PROMOTE, NODE)                     \
+    X(clamp,               UNARY,    1, SAME,    NODE)                     \
+    X(view,                VIEW,     1, SAME,    NODE)                     \
+    X(reshape,             VIEW,     1, SAME,    NODE)                     \
+    X(permute,             VIEW,     1, SAME,    NODE)                     \
+    X(transpose,           VIEW,     1, SAME,    NODE)                     \
+    X(expand,              VIEW,     1, SAME,    NODE)                     \
+    X(select,              VIEW,     1, SAME,    NODE)                     \
+    X(slice,               VIEW,     1, SAME,    NODE)                     \
+    X(narrow,              VIEW,     1, SAME,    VIA)                      \
+    X(squeeze,             VIEW,     1, SAME,    NODE)                     \
+    X(unsqueeze,           VIEW,     1, SAME,    NODE)                     \
+    X(flatten,             VIEW,     1, SAME,    VIA)                      \
+    X(contiguous,          COPY,     1, SAME,    NODE)                     \
+    X(clone,               COPY,     1, SAME,    NODE)                     \
+    X(to,                  COPY,     1, OUTPUT,  NODE)                     \
+    X(copy_,               COPY,     2, SAME,    NONE)                     \
+    X(fill_,               CREATE,   1, SAME,    NONE)                     \
+    X(empty,               CREATE,   0, OUTPUT,  NONE)                     \
+    X(zeros,               CREATE,   0, OUTPUT,  NONE)                     \
+    X(full,                CREATE,   0, OUTPUT,  NONE)                     \
+    X(arange,              CREATE,   0, OUTPUT,  NONE)                     \
+    X(linspace,            CREATE,   0, OUTPUT,  NONE)                     \
+    X(eye,                 CREATE,   0, OUTPUT,  NONE)                     \
+    X(one_hot,             INDEX,    1, OUTPUT,  NONE)                     \
+    X(softmax,             NORM,     1, FLOAT,   NODE)                     \
+    X(log_softmax,         NORM,     1, FLOAT,   NODE)                     \
+    X(layer_norm,          NORM,     3, FLOAT,   NODE)                     \
+    X(batch_norm,          NORM,     3, FLOAT,   NODE)                     \
+    X(cross_entropy,       LOSS,     2, FLOAT,   NODE)                     \
+    X(matmul,              GEMM,     2, PROMOTE, NODE)                     \
+    X(linear,              GEMM,     3, FLOAT,   NODE)                     \
+    X(fused_linear,        GEMM,     3, FLOAT,   VIA)                      \
+    X(conv2d,              CONV,     3, FLOAT,   NODE)                     \
+    X(conv_transpose2d,    CONV,     3, FLOAT,   NODE)                     \
+    X(fused_conv2d,        CONV,     3, FLOAT,   VIA)                      \
+    X(im2col,              CONV,     1, FLOAT,   NODE)                     \
+    X(col2im,              CONV,     1, FLOAT,   NODE)                     \
+    X(dilate,              VIEW,     1, SAME,    NODE)                     \
+    X(undilate,            VIEW,     1, SAME,    NODE)                     \
+    X(max_pool2d,          POOL,     1, FLOAT,   NODE)                     \
+    X(avg_pool2d,          POOL,     1, FLOAT,   NODE)                     \
+    X(adaptive_avg_pool2d, POOL,     1, FLOAT,   NODE)                     \
+    X(cat,                 JOIN,    -1, PROMOTE, NODE)                     \
+    X(stack,               JOIN,    -1, PROMOTE, NODE)                     \
+    X(flip,                INDEX,    1, SAME,    NODE)                     \
+    X(pad,                 INDEX,    1, SAME,    NODE)                     \
+    X(cumsum,              SCAN,     1, SAME,    NODE)                     \
+    X(sort,                SORT,     1, INDEX,   NODE)                     \
+    X(topk,                SORT,     1, INDEX,   NODE)                     \
+    X(gather,              INDEX,    2, SAME,    NODE)                     \
+    X(scatter,             INDEX,    3, SAME,    NODE)                     \
+    X(scatter_add,         INDEX,    3, SAME,    NODE)                     \
+    X(index_select,        INDEX,    2, SAME,    NODE)                     \
+    X(index_add,           INDEX,    3, SAME,    NODE)                     \
+    X(masked_fill,         INDEX,    2, SAME,    NODE)                     \
+    X(rand,                RANDOM,   0, OUTPUT,  NONE)                     \
+    X(randn,               RANDOM,   0, OUTPUT,  NONE)                     \
+    X(randint,             RANDOM,   0, OUTPUT,  NONE)                     \
+    X(bernoulli,           RANDOM,   1, SAME,    NONE)                     \
+    X(randperm,            RANDOM,   0, OUTPUT,  NONE)                     \
+    X(sgd_step_,           OPTIM,   -1, FLOAT,   NONE)                     \
+    X(slice_backward,      BACKWARD, 1, SAME,    NODE)                     \
+    X(max_pool2d_backward, BACKWARD, 1, FLOAT,   NODE)                     \
+    X(max_pool2d_gather,   BACKWARD, 1, FLOAT,   NODE)                     \
+    X(avg_pool2d_backward, BACKWARD, 1, FLOAT,   NODE)
 
 #endif

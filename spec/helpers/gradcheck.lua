@@ -13,9 +13,24 @@
 --   C.check(build, leaves, opts)   -- gradcheck passes, else fails with its message
 --   C.check2(build, leaves, opts)  -- gradgradcheck; opts default to bind's second
 --                                  -- argument (nil: gradcheck's own defaults)
+--
+-- M.covered: the ops whose autograd node's backward ran inside a passing
+-- gradcheck in this process (from the profiler's "<op>_backward" events), so
+-- a spec can check that every op of the registry (nd.ops()) has a case.
 local nd = require "needle"
 
-local M = {}
+local M = {covered = {}}
+
+-- nd.grad(...) under the profiler; the names of the nodes it ran go to `into`.
+local function grad_recording(into, ...)
+  local args = table.pack(...)
+  local report, result = nd.profile(function() return nd.grad(table.unpack(args, 1, args.n)) end)
+  for name in pairs(report.by_name) do
+    local op = name:match("^(.+)_backward$")
+    if op then into[op] = true end
+  end
+  return result
+end
 
 local function weighted_sum(out, w) return (out * w):sum() end
 
@@ -25,7 +40,8 @@ function M.gradcheck(build, leaves, opts)
   local eps, atol, rtol = opts.eps or 1e-6, opts.atol or 1e-6, opts.rtol or 1e-4
   local out = build(table.unpack(leaves))
   local w = nd.randn(out.shape, {dtype = "float64"})
-  local analytical = nd.grad(weighted_sum(out, w), leaves, {allow_unused = opts.allow_unused})
+  local ran = {}
+  local analytical = grad_recording(ran, weighted_sum(out, w), leaves, {allow_unused = opts.allow_unused})
   for li, leaf in ipairs(leaves) do
     local flat = nd.no_grad(function() return leaf:view({-1}) end)
     local numel = leaf:numel()
@@ -50,7 +66,34 @@ function M.gradcheck(build, leaves, opts)
       end
     end
   end
+  for op in pairs(ran) do M.covered[op] = true end
+  -- ops with no node of their own (nd.ops(): records_node false) name
+  -- themselves: {covers = {"narrow"}}
+  for _, op in ipairs(opts.covers or {}) do M.covered[op] = true end
   return true
+end
+
+-- Where the gradchecks of some registry ops live, outside gradcheck_spec.lua
+-- (each of those files ends with M.assert_covers for its own list, so the
+-- claim is checked where the cases run; gradcheck_spec.lua accepts it).
+M.ELSEWHERE = {
+  ["gradcheck_index_spec.lua"] = {"cat", "stack", "flip", "pad", "cumsum", "sort", "topk", "gather",
+    "scatter", "scatter_add", "index_select", "index_add", "masked_fill"},
+  ["conv_spec.lua"] = {"conv2d", "conv_transpose2d", "im2col", "dilate", "undilate", "max_pool2d",
+    "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward", "adaptive_avg_pool2d"},
+  ["functional_spec.lua"] = {"softmax", "log_softmax", "layer_norm", "batch_norm", "cross_entropy",
+    "linear"},
+}
+
+-- In a busted spec: every op the file claims in M.ELSEWHERE had a passing
+-- gradcheck in this file's run.
+function M.assert_covers(assert, file)
+  local missing = {}
+  for _, op in ipairs(M.ELSEWHERE[file]) do
+    if not M.covered[op] then missing[#missing + 1] = op end
+  end
+  assert(#missing == 0, file .. " claims gradcheck cases for ops it did not check: "
+    .. table.concat(missing, ", "))
 end
 
 -- second order: the gradient of <grad(out . w1, leaves), w2> w.r.t. the leaves

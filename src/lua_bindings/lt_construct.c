@@ -463,12 +463,21 @@ static int l_randint(lua_State *L) {
     return 1;
 }
 
+/* nd.randperm(n[, {device =}]): drawn on the cpu (one stream for every
+ * device, as the other draws), then moved. */
 static int l_randperm(lua_State *L) {
     lua_Integer n = luaL_checkinteger(L, 1);
+    static const char *const valid[] = {"device", NULL};
+    int opts = lt_options(L, 2, "randperm", valid);
+    nd_device dev = lt_check_device(L, opts, "randperm");
     if (n < 0) return lt_error(L, "randperm", "n must be >= 0, got %lld", (long long)n);
     nd_tensor *t;
     LT_CHECK_AS(L, "randperm", nd_randperm(n, &t));
     lt_push_index(L, t); /* a permutation of 1..n */
+    nd_tensor *p = lt_check(L, -1, "randperm");
+    nd_retain(p);
+    lua_pop(L, 1);
+    lt_push_on(L, p, dev, "randperm");
     return 1;
 }
 

@@ -337,6 +337,7 @@ static int l_ops(lua_State *L) {
         lt_set_int(L, "arity", op->arity);
         lt_set_str(L, "dtype_rule", op->dtype_rule);
         lt_set_bool(L, "differentiable", op->differentiable);
+        lt_set_bool(L, "records_node", op->records_node);
         if (op->expr) lt_set_str(L, "expr", op->expr);
         if (op->backward) lt_set_str(L, "backward", op->backward);
         lua_rawseti(L, -2, i + 1);

@@ -39,9 +39,10 @@ static nd_node *node_alloc(int ninputs) {
     return n;
 }
 
-nd_status nd_record(const char *name, nd_backward_fn fn, nd_tensor *out, int ninputs,
+nd_status nd_record(nd_op op, nd_backward_fn fn, nd_tensor *out, int ninputs,
                     const nd_tensor *const *inputs, nd_node **node) {
     *node = NULL;
+    const char *name = nd_op_name(op);
     if (grad_disabled) return ND_OK;
     bool any = false;
     for (int i = 0; i < ninputs; i++) any = any || (inputs[i] && inputs[i]->requires_grad);

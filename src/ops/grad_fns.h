@@ -22,7 +22,7 @@ nd_status nd_record_max_dim(const nd_tensor *x, int dim, int keepdim, nd_tensor 
 nd_status nd_record_matmul(const nd_tensor *a, const nd_tensor *b, nd_tensor *out);
 
 /* views */
-nd_status nd_record_reshape(const char *name, const nd_tensor *x, nd_tensor *out);
+nd_status nd_record_reshape(nd_op op, const nd_tensor *x, nd_tensor *out);
 nd_status nd_record_permute(const nd_tensor *x, const int *dims, int ndim, nd_tensor *out);
 nd_status nd_record_transpose(const nd_tensor *x, int d0, int d1, nd_tensor *out);
 nd_status nd_record_expand(const nd_tensor *x, nd_tensor *out);
@@ -30,7 +30,7 @@ nd_status nd_record_select(const nd_tensor *x, int dim, int64_t index, nd_tensor
 /* out = x.slice(dim, start, ..., step): out->shape[dim] elements from start */
 nd_status nd_record_slice(const nd_tensor *x, int dim, int64_t start, int64_t step, nd_tensor *out);
 /* copies */
-nd_status nd_record_identity(const char *name, const nd_tensor *x, nd_tensor *out);
+nd_status nd_record_identity(nd_op op, const nd_tensor *x, nd_tensor *out);
 nd_status nd_record_to_dtype(const nd_tensor *x, nd_tensor *out);
 
 /* index ops (op_index_grad.c) */
@@ -57,7 +57,7 @@ nd_status nd_record_pad(const nd_tensor *x, const int64_t *pads, int npairs, nd_
 /* cumsum, sort, topk (op_sort_grad.c). values = x gathered at indices along
  * dim: name is "sort" or "topk"; the indices get no node. */
 nd_status nd_record_cumsum(const nd_tensor *x, int dim, nd_tensor *out);
-nd_status nd_record_sort_values(const char *name, const nd_tensor *x, int dim, nd_tensor *values,
+nd_status nd_record_sort_values(nd_op op, const nd_tensor *x, int dim, nd_tensor *values,
                                 const nd_tensor *indices);
 
 /* Runs a forward expression with grad mode off, then records: the pattern

@@ -229,7 +229,7 @@ static nd_status bw_col2im(nd_node *n, nd_tensor *g, nd_tensor **grads) {
 nd_status nd_record_im2col(const nd_tensor *x, const nd_conv_geom *g, nd_tensor *out) {
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record("im2col", bw_im2col, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_im2col, bw_im2col, out, 1, in, &n));
     if (n) nd_node_put_conv_geom(n, g);
     return ND_OK;
 }
@@ -237,7 +237,7 @@ nd_status nd_record_im2col(const nd_tensor *x, const nd_conv_geom *g, nd_tensor 
 nd_status nd_record_col2im(const nd_tensor *cols, const nd_conv_geom *g, nd_tensor *out) {
     nd_node *n;
     const nd_tensor *in[1] = {cols};
-    ND_TRY(nd_record("col2im", bw_col2im, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_col2im, bw_col2im, out, 1, in, &n));
     if (n) nd_node_put_conv_geom(n, g);
     return ND_OK;
 }
@@ -561,12 +561,12 @@ static nd_status bw_conv_transpose2d(nd_node *n, nd_tensor *g, nd_tensor **grads
     return gx_end(&c);
 }
 
-static nd_status record_conv(const char *name, nd_backward_fn fn, const nd_tensor *x,
+static nd_status record_conv(nd_op op, nd_backward_fn fn, const nd_tensor *x,
                              const nd_tensor *w, const nd_tensor *b, const nd_conv_params *cp,
                              nd_tensor *out) {
     nd_node *n;
     const nd_tensor *in[3] = {x, w, b};
-    ND_TRY(nd_record(name, fn, out, 3, in, &n));
+    ND_TRY(nd_record(op, fn, out, 3, in, &n));
     if (!n) return ND_OK;
     put_conv_params(n, cp);
     /* keep only what the formulas need: x for gw, w for gx */
@@ -584,12 +584,12 @@ static nd_status record_conv(const char *name, nd_backward_fn fn, const nd_tenso
 
 nd_status nd_record_conv2d(const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                            const nd_conv_params *cp, nd_tensor *out) {
-    return record_conv("conv2d", bw_conv2d, x, w, b, cp, out);
+    return record_conv(ND_OP_conv2d, bw_conv2d, x, w, b, cp, out);
 }
 
 nd_status nd_record_conv_transpose2d(const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                      const nd_conv_params *cp, nd_tensor *out) {
-    return record_conv("conv_transpose2d", bw_conv_transpose2d, x, w, b, cp, out);
+    return record_conv(ND_OP_conv_transpose2d, bw_conv_transpose2d, x, w, b, cp, out);
 }
 
 /* ----------------------------------------------------------- public ops */

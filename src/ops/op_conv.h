@@ -76,7 +76,7 @@ nd_status nd_record_max_pool2d_backward(const nd_tensor *g, const nd_tensor *ind
                                         nd_tensor *out);
 nd_status nd_record_max_pool2d_gather(const nd_tensor *x, const nd_tensor *indices,
                                       nd_tensor *out);
-nd_status nd_record_avg_pool2d(const char *name, const nd_tensor *x, const nd_pool_geom *p,
+nd_status nd_record_avg_pool2d(nd_op op, const nd_tensor *x, const nd_pool_geom *p,
                                nd_tensor *out);
 nd_status nd_record_avg_pool2d_backward(const nd_tensor *g, const nd_pool_geom *p,
                                         nd_tensor *out);

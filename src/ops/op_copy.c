@@ -88,11 +88,11 @@ static nd_status to_dtype_forward(const nd_tensor *t, nd_dtype dt, nd_tensor **o
 }
 
 nd_status nd_contiguous(const nd_tensor *t, nd_tensor **out) {
-    ND_FORWARD_THEN_RECORD(contiguous_forward(t, out), nd_record_identity("contiguous", t, *out), out);
+    ND_FORWARD_THEN_RECORD(contiguous_forward(t, out), nd_record_identity(ND_OP_contiguous, t, *out), out);
 }
 
 nd_status nd_clone(const nd_tensor *t, nd_tensor **out) {
-    ND_FORWARD_THEN_RECORD(clone_forward(t, out), nd_record_identity("clone", t, *out), out);
+    ND_FORWARD_THEN_RECORD(clone_forward(t, out), nd_record_identity(ND_OP_clone, t, *out), out);
 }
 
 nd_status nd_to_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out) {
@@ -108,11 +108,11 @@ static nd_status bw_identity(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     return ND_OK;
 }
 
-nd_status nd_record_identity(const char *name, const nd_tensor *x, nd_tensor *out) {
+nd_status nd_record_identity(nd_op op, const nd_tensor *x, nd_tensor *out) {
     if (!nd_dtype_is_float(out->dtype) || out == x) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    return nd_record(name, bw_identity, out, 1, in, &n);
+    return nd_record(op, bw_identity, out, 1, in, &n);
 }
 
 static nd_status bw_to_dtype(nd_node *n, nd_tensor *g, nd_tensor **grads) {
@@ -123,5 +123,5 @@ nd_status nd_record_to_dtype(const nd_tensor *x, nd_tensor *out) {
     if (out == x || !nd_dtype_is_float(out->dtype) || !nd_dtype_is_float(x->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    return nd_record("to", bw_to_dtype, out, 1, in, &n);
+    return nd_record(ND_OP_to, bw_to_dtype, out, 1, in, &n);
 }

@@ -91,12 +91,12 @@ static nd_status bw_undilate(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     return gx_end(&c);
 }
 
-static nd_status record_dilate(const char *name, const nd_tensor *x, const int *dims, int ndims,
+static nd_status record_dilate(bool un, const nd_tensor *x, const int *dims, int ndims,
                                int64_t dilation, nd_tensor *out) {
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    bool un = strcmp(name, "undilate") == 0;
-    ND_TRY(nd_record(name, un ? bw_undilate : bw_dilate, out, 1, in, &n));
+    const char *name = nd_op_name(un ? ND_OP_undilate : ND_OP_dilate);
+    ND_TRY(nd_record(un ? ND_OP_undilate : ND_OP_dilate, un ? bw_undilate : bw_dilate, out, 1, in, &n));
     if (!n) return ND_OK;
     n->ndims = 0;
     for (int i = 0; i < ndims; i++) { /* normalised (0-based, non-negative) */
@@ -108,21 +108,22 @@ static nd_status record_dilate(const char *name, const nd_tensor *x, const int *
     return ND_OK;
 }
 
-static nd_status dilate_op(const char *name, const nd_tensor *x, const int *dims, int ndims,
-                           int64_t dilation, bool un, nd_tensor **out) {
+static nd_status dilate_op(const nd_tensor *x, const int *dims, int ndims, int64_t dilation,
+                           bool un, nd_tensor **out) {
+    const char *name = nd_op_name(un ? ND_OP_undilate : ND_OP_dilate);
     bool mask[ND_MAX_DIMS];
     ND_TRY(dilate_args(name, x, dims, ndims, dilation, mask));
     ND_FORWARD_THEN_RECORD(un ? undilate_forward(x, mask, dilation, out)
                               : dilate_forward(x, mask, dilation, out),
-                           record_dilate(name, x, dims, ndims, dilation, *out), out);
+                           record_dilate(un, x, dims, ndims, dilation, *out), out);
 }
 
 nd_status nd_dilate(const nd_tensor *x, const int *dims, int ndims, int64_t dilation,
                     nd_tensor **out) {
-    return dilate_op("dilate", x, dims, ndims, dilation, false, out);
+    return dilate_op(x, dims, ndims, dilation, false, out);
 }
 
 nd_status nd_undilate(const nd_tensor *x, const int *dims, int ndims, int64_t dilation,
                       nd_tensor **out) {
-    return dilate_op("undilate", x, dims, ndims, dilation, true, out);
+    return dilate_op(x, dims, ndims, dilation, true, out);
 }

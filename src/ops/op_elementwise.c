@@ -462,7 +462,7 @@ nd_status nd_record_unary(nd_unary_op op, const nd_tensor *x, nd_tensor *out) {
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record(nd_unary_name(op), bw_unary, out, 1, in, &n));
+    ND_TRY(nd_record(nd_unary_op_id(op), bw_unary, out, 1, in, &n));
     if (!n) return ND_OK;
     n->iparams[0] = op;
     switch (unary_saves[op]) {
@@ -538,7 +538,7 @@ nd_status nd_record_binary(nd_binary_op op, const nd_tensor *a, const nd_tensor 
     if (!nd_dtype_is_float(out->dtype)) return ND_OK; /* comparisons, integer math */
     nd_node *n;
     const nd_tensor *in[2] = {a, b};
-    ND_TRY(nd_record(nd_binary_name(op), bw_binary, out, 2, in, &n));
+    ND_TRY(nd_record(nd_binary_op_id(op), bw_binary, out, 2, in, &n));
     if (!n) return ND_OK;
     n->iparams[0] = op;
     switch (op) {
@@ -595,7 +595,7 @@ nd_status nd_record_binary_number(nd_binary_op op, const nd_tensor *a, nd_number
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {a};
-    ND_TRY(nd_record(nd_binary_name(op), bw_binary_number, out, 1, in, &n));
+    ND_TRY(nd_record(nd_binary_op_id(op), bw_binary_number, out, 1, in, &n));
     if (!n) return ND_OK;
     n->iparams[0] = op;
     n->iparams[1] = scalar_first;
@@ -621,7 +621,7 @@ nd_status nd_record_where(const nd_tensor *cond, const nd_tensor *a, const nd_te
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[3] = {NULL, a, b};
-    ND_TRY(nd_record("where", bw_where, out, 3, in, &n));
+    ND_TRY(nd_record(ND_OP_where, bw_where, out, 3, in, &n));
     return n ? nd_save(n, cond, false) : ND_OK;
 }
 
@@ -640,7 +640,7 @@ nd_status nd_record_clamp(const nd_tensor *x, double lo, double hi, nd_tensor *o
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record("clamp", bw_clamp, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_clamp, bw_clamp, out, 1, in, &n));
     if (!n) return ND_OK;
     n->fparams[0] = lo;
     n->fparams[1] = hi;

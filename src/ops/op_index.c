@@ -429,7 +429,7 @@ nd_status nd_record_gather(const nd_tensor *x, int dim, const nd_tensor *index, 
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record("gather", bw_gather, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_gather, bw_gather, out, 1, in, &n));
     if (!n) return ND_OK;
     ND_TRY(nd_norm_dim("gather", dim, x->ndim, &n->dims[0]));
     return nd_save(n, index, false);
@@ -465,11 +465,12 @@ static nd_status bw_scatter(nd_node *n, nd_tensor *g, nd_tensor **grads) {
 nd_status nd_record_scatter(const nd_tensor *x, int dim, const nd_tensor *index,
                             const nd_tensor *src, int accumulate, nd_tensor *out) {
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
-    const char *name = accumulate ? "scatter_add" : "scatter";
+    nd_op op = accumulate ? ND_OP_scatter_add : ND_OP_scatter;
+    const char *name = nd_op_name(op);
     nd_node *n;
     /* an integer src cast to x's dtype carries no gradient */
     const nd_tensor *in[3] = {x, NULL, src};
-    ND_TRY(nd_record(name, bw_scatter, out, 3, in, &n));
+    ND_TRY(nd_record(op, bw_scatter, out, 3, in, &n));
     if (!n) return ND_OK;
     ND_TRY(nd_norm_dim(name, dim, x->ndim, &n->dims[0]));
     n->iparams[0] = accumulate;
@@ -491,7 +492,7 @@ nd_status nd_record_index_select(const nd_tensor *x, int dim, const nd_tensor *i
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record("index_select", bw_index_select, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_index_select, bw_index_select, out, 1, in, &n));
     if (!n) return ND_OK;
     ND_TRY(nd_norm_dim("index_select", dim, x->ndim, &n->dims[0]));
     return nd_save(n, index, false);
@@ -516,7 +517,7 @@ nd_status nd_record_index_add(const nd_tensor *x, int dim, const nd_tensor *inde
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[3] = {x, NULL, src};
-    ND_TRY(nd_record("index_add", bw_index_add, out, 3, in, &n));
+    ND_TRY(nd_record(ND_OP_index_add, bw_index_add, out, 3, in, &n));
     if (!n) return ND_OK;
     ND_TRY(nd_norm_dim("index_add", dim, x->ndim, &n->dims[0]));
     n->fparams[0] = alpha;
@@ -537,6 +538,6 @@ nd_status nd_record_masked_fill(const nd_tensor *x, const nd_tensor *mask, nd_te
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record("masked_fill", bw_masked_fill, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_masked_fill, bw_masked_fill, out, 1, in, &n));
     return n ? nd_save(n, mask, false) : ND_OK;
 }

@@ -306,7 +306,7 @@ static nd_status bw_cat(nd_node *n, nd_tensor *g, nd_tensor **grads) {
 nd_status nd_record_cat(nd_tensor *const *ts, int n, int dim, nd_tensor *out) {
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *node;
-    ND_TRY(nd_record("cat", bw_cat, out, n, (const nd_tensor *const *)ts, &node));
+    ND_TRY(nd_record(ND_OP_cat, bw_cat, out, n, (const nd_tensor *const *)ts, &node));
     if (!node) return ND_OK;
     for (int i = 0; i < n; i++) /* the dim is normalised against the first kept input */
         if (!(ts[i]->ndim == 1 && ts[i]->shape[0] == 0))
@@ -325,7 +325,7 @@ static nd_status bw_stack(nd_node *n, nd_tensor *g, nd_tensor **grads) {
 nd_status nd_record_stack(nd_tensor *const *ts, int n, int dim, nd_tensor *out) {
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *node;
-    ND_TRY(nd_record("stack", bw_stack, out, n, (const nd_tensor *const *)ts, &node));
+    ND_TRY(nd_record(ND_OP_stack, bw_stack, out, n, (const nd_tensor *const *)ts, &node));
     if (!node) return ND_OK;
     return nd_norm_dim("stack", dim, ts[0]->ndim + 1, &node->dims[0]);
 }
@@ -340,7 +340,7 @@ nd_status nd_record_flip(const nd_tensor *x, const int *dims, int ndims, nd_tens
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record("flip", bw_flip, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_flip, bw_flip, out, 1, in, &n));
     if (!n) return ND_OK;
     for (int i = 0; i < ndims; i++) ND_TRY(nd_norm_dim("flip", dims[i], x->ndim, &n->dims[i]));
     n->ndims = ndims;
@@ -369,7 +369,7 @@ nd_status nd_record_pad(const nd_tensor *x, const int64_t *pads, int npairs, nd_
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record("pad", bw_pad, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_pad, bw_pad, out, 1, in, &n));
     if (!n) return ND_OK;
     for (int i = 0; i < npairs; i++) {
         int d = x->ndim - 1 - i;

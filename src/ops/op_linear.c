@@ -105,7 +105,7 @@ static nd_status record_linear(const nd_tensor *x, const nd_tensor *w, const nd_
                                nd_tensor *out) {
     nd_node *n;
     const nd_tensor *in[3] = {x, w, b};
-    ND_TRY(nd_record("linear", bw_linear, out, b ? 3 : 2, in, &n));
+    ND_TRY(nd_record(ND_OP_linear, bw_linear, out, b ? 3 : 2, in, &n));
     if (!n) return ND_OK;
     /* keep only what the formulas need: x for gw, w for gx */
     n->iparams[0] = n->iparams[1] = -1;

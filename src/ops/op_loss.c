@@ -130,7 +130,7 @@ nd_status nd_cross_entropy(const nd_tensor *logits, const nd_tensor *labels, int
     if (st == ND_OK && grad_on) {
         nd_node *n;
         const nd_tensor *in[1] = {logits};
-        st = nd_record("cross_entropy", bw_cross_entropy, *out, 1, in, &n);
+        st = nd_record(ND_OP_cross_entropy, bw_cross_entropy, *out, 1, in, &n);
         if (st == ND_OK && n) {
             n->iparams[0] = ignore_index;
             n->iparams[1] = reduction;

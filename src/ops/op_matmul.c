@@ -119,7 +119,7 @@ nd_status nd_record_matmul(const nd_tensor *a, const nd_tensor *b, nd_tensor *ou
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[2] = {a, b};
-    ND_TRY(nd_record("matmul", bw_matmul, out, 2, in, &n));
+    ND_TRY(nd_record(ND_OP_matmul, bw_matmul, out, 2, in, &n));
     if (!n) return ND_OK;
     ND_TRY(nd_save(n, a, false));
     return nd_save(n, b, false);

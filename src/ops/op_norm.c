@@ -155,7 +155,7 @@ nd_status nd_layer_norm(const nd_tensor *x, int nnorm, const nd_tensor *weight,
     if (st == ND_OK && grad_on) {
         nd_node *n;
         const nd_tensor *in[3] = {x, weight, bias};
-        st = nd_record("layer_norm", bw_layer_norm, *out, 3, in, &n);
+        st = nd_record(ND_OP_layer_norm, bw_layer_norm, *out, 3, in, &n);
         if (st == ND_OK && n) {
             n->iparams[0] = nnorm;
             n->iparams[1] = weight != NULL;
@@ -367,7 +367,7 @@ nd_status nd_batch_norm(const nd_tensor *x, nd_tensor *running_mean, nd_tensor *
     if (st == ND_OK && grad_on) {
         nd_node *n;
         const nd_tensor *in[3] = {x, weight, bias};
-        st = nd_record("batch_norm", bw_batch_norm, *out, 3, in, &n);
+        st = nd_record(ND_OP_batch_norm, bw_batch_norm, *out, 3, in, &n);
         if (st == ND_OK && n) {
             n->iparams[0] = training;
             n->iparams[1] = weight != NULL;

@@ -123,7 +123,7 @@ static nd_status bw_max_pool2d(nd_node *n, nd_tensor *g, nd_tensor **grads) {
 nd_status nd_record_max_pool2d(const nd_tensor *x, const nd_tensor *indices, nd_tensor *out) {
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record("max_pool2d", bw_max_pool2d, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_max_pool2d, bw_max_pool2d, out, 1, in, &n));
     return n ? nd_save(n, indices, false) : ND_OK;
 }
 
@@ -224,7 +224,7 @@ nd_status nd_record_max_pool2d_backward(const nd_tensor *g, const nd_tensor *ind
                                         nd_tensor *out) {
     nd_node *n;
     const nd_tensor *in[1] = {g};
-    ND_TRY(nd_record("max_pool2d_backward", bw_max_backward, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_max_pool2d_backward, bw_max_backward, out, 1, in, &n));
     return n ? nd_save(n, indices, false) : ND_OK;
 }
 
@@ -232,7 +232,7 @@ nd_status nd_record_max_pool2d_gather(const nd_tensor *x, const nd_tensor *indic
                                       nd_tensor *out) {
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record("max_pool2d_gather", bw_max_gather, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_max_pool2d_gather, bw_max_gather, out, 1, in, &n));
     return n ? nd_save(n, indices, false) : ND_OK;
 }
 
@@ -269,7 +269,7 @@ static nd_status avg_backward_forward(const nd_tensor *g, const nd_pool_geom *p,
 
 nd_status nd_avg_pool2d_op(const nd_tensor *x, const nd_pool_geom *p, nd_tensor **out) {
     ND_FORWARD_THEN_RECORD(avg_forward(x, p, out),
-                           nd_record_avg_pool2d(p->adaptive ? "adaptive_avg_pool2d" : "avg_pool2d",
+                           nd_record_avg_pool2d(p->adaptive ? ND_OP_adaptive_avg_pool2d : ND_OP_avg_pool2d,
                                                 x, p, *out), out);
 }
 
@@ -289,11 +289,11 @@ static nd_status bw_avg_backward(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     return nd_avg_pool2d_op(g, &p, &grads[0]);
 }
 
-nd_status nd_record_avg_pool2d(const char *name, const nd_tensor *x, const nd_pool_geom *p,
+nd_status nd_record_avg_pool2d(nd_op op, const nd_tensor *x, const nd_pool_geom *p,
                                nd_tensor *out) {
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record(name, bw_avg_pool2d, out, 1, in, &n));
+    ND_TRY(nd_record(op, bw_avg_pool2d, out, 1, in, &n));
     if (n) nd_node_put_pool_geom(n, p);
     return ND_OK;
 }
@@ -302,7 +302,7 @@ nd_status nd_record_avg_pool2d_backward(const nd_tensor *g, const nd_pool_geom *
                                         nd_tensor *out) {
     nd_node *n;
     const nd_tensor *in[1] = {g};
-    ND_TRY(nd_record("avg_pool2d_backward", bw_avg_backward, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_avg_pool2d_backward, bw_avg_backward, out, 1, in, &n));
     if (n) nd_node_put_pool_geom(n, p);
     return ND_OK;
 }

@@ -242,7 +242,7 @@ nd_status nd_record_reduce(nd_reduce_op op, const nd_tensor *x, const int *dims,
     if (!nd_dtype_is_float(out->dtype)) return ND_OK; /* argmax/argmin, integer sums */
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record(nd_reduce_name(op), bw_reduce, out, 1, in, &n));
+    ND_TRY(nd_record(nd_reduce_op_id(op), bw_reduce, out, 1, in, &n));
     if (!n) return ND_OK;
     n->iparams[0] = op;
     n->iparams[1] = correction;
@@ -290,7 +290,7 @@ nd_status nd_record_max_dim(const nd_tensor *x, int dim, int keepdim, nd_tensor 
     if (!nd_dtype_is_float(values->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record("max", bw_max_dim, values, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_max, bw_max_dim, values, 1, in, &n));
     if (!n) return ND_OK;
     int d;
     ND_TRY(nd_norm_dim("max", dim, x->ndim, &d));

@@ -46,14 +46,14 @@ static nd_status bw_softmax(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     return gx_end(&c);
 }
 
-static nd_status record_softmax(const char *name, const nd_tensor *x, int dim, bool log,
+static nd_status record_softmax(nd_op op, const nd_tensor *x, int dim, bool log,
                                 nd_tensor *out) {
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record(name, bw_softmax, out, 1, in, &n));
+    ND_TRY(nd_record(op, bw_softmax, out, 1, in, &n));
     if (!n) return ND_OK;
     int d;
-    ND_TRY(nd_norm_dim(name, dim, x->ndim, &d));
+    ND_TRY(nd_norm_dim(nd_op_name(op), dim, x->ndim, &d));
     n->dims[0] = d;
     n->iparams[0] = log;
     return nd_save(n, out, true);
@@ -61,10 +61,10 @@ static nd_status record_softmax(const char *name, const nd_tensor *x, int dim, b
 
 nd_status nd_softmax(const nd_tensor *x, int dim, nd_tensor **out) {
     ND_FORWARD_THEN_RECORD(softmax_forward("softmax", x, dim, false, out),
-                           record_softmax("softmax", x, dim, false, *out), out);
+                           record_softmax(ND_OP_softmax, x, dim, false, *out), out);
 }
 
 nd_status nd_log_softmax(const nd_tensor *x, int dim, nd_tensor **out) {
     ND_FORWARD_THEN_RECORD(softmax_forward("log_softmax", x, dim, true, out),
-                           record_softmax("log_softmax", x, dim, true, *out), out);
+                           record_softmax(ND_OP_log_softmax, x, dim, true, *out), out);
 }

@@ -106,13 +106,12 @@ static nd_status sort_or_topk(bool topk, const nd_tensor *x, int64_t k, int dim,
                               nd_tensor **values, nd_tensor **indices) {
     if (values) *values = NULL;
     if (indices) *indices = NULL;
-    const char *name = topk ? "topk" : "sort";
     nd_tensor *v = NULL, *i = NULL;
     bool grad_on = nd_set_grad_enabled(false);
     nd_status st = topk ? topk_forward(x, k, dim, flag, values ? &v : NULL, &i)
                         : sort_forward(x, dim, flag, values ? &v : NULL, &i);
     nd_set_grad_enabled(grad_on);
-    if (st == ND_OK && grad_on && v) st = nd_record_sort_values(name, x, dim, v, i);
+    if (st == ND_OK && grad_on && v) st = nd_record_sort_values(topk ? ND_OP_topk : ND_OP_sort, x, dim, v, i);
     if (st != ND_OK) {
         nd_release(v);
         nd_release(i);
@@ -161,7 +160,7 @@ nd_status nd_record_cumsum(const nd_tensor *x, int dim, nd_tensor *out) {
     if (!nd_dtype_is_float(out->dtype)) return ND_OK; /* integer sums are int64 */
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record("cumsum", bw_cumsum, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_cumsum, bw_cumsum, out, 1, in, &n));
     if (!n) return ND_OK;
     return nd_norm_dim("cumsum", dim, x->ndim, &n->dims[0]);
 }
@@ -180,12 +179,13 @@ static nd_status bw_sort_values(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     return st;
 }
 
-nd_status nd_record_sort_values(const char *name, const nd_tensor *x, int dim, nd_tensor *values,
+nd_status nd_record_sort_values(nd_op op, const nd_tensor *x, int dim, nd_tensor *values,
                                 const nd_tensor *indices) {
+    const char *name = nd_op_name(op);
     if (!nd_dtype_is_float(values->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record(name, bw_sort_values, values, 1, in, &n));
+    ND_TRY(nd_record(op, bw_sort_values, values, 1, in, &n));
     if (!n) return ND_OK;
     ND_TRY(nd_norm_dim(name, dim, x->ndim, &n->dims[0]));
     return nd_save(n, indices, false);

@@ -73,7 +73,7 @@ static nd_status record_to_device(const nd_tensor *t, nd_tensor *out) {
     if (out == t || !nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {t};
-    ND_TRY(nd_record("to", bw_to_device, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_to, bw_to_device, out, 1, in, &n));
     if (n) {
         n->iparams[0] = t->storage->device;
         n->iparams[1] = t->storage->device_index;

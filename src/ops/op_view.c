@@ -282,19 +282,19 @@ nd_status nd_flatten(const nd_tensor *t, int start_dim, int end_dim, nd_tensor *
  * records a node whose backward maps the gradient back (views/grad.c). */
 
 nd_status nd_view(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {
-    ND_FORWARD_THEN_RECORD(view_forward(t, shape, ndim, out), nd_record_reshape("view", t, *out), out);
+    ND_FORWARD_THEN_RECORD(view_forward(t, shape, ndim, out), nd_record_reshape(ND_OP_view, t, *out), out);
 }
 nd_status nd_reshape(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out) {
-    ND_FORWARD_THEN_RECORD(reshape_forward(t, shape, ndim, out), nd_record_reshape("reshape", t, *out), out);
+    ND_FORWARD_THEN_RECORD(reshape_forward(t, shape, ndim, out), nd_record_reshape(ND_OP_reshape, t, *out), out);
 }
 nd_status nd_squeeze(const nd_tensor *t, int dim, nd_tensor **out) {
-    ND_FORWARD_THEN_RECORD(squeeze_forward(t, dim, out), nd_record_reshape("squeeze", t, *out), out);
+    ND_FORWARD_THEN_RECORD(squeeze_forward(t, dim, out), nd_record_reshape(ND_OP_squeeze, t, *out), out);
 }
 nd_status nd_squeeze_all(const nd_tensor *t, nd_tensor **out) {
-    ND_FORWARD_THEN_RECORD(squeeze_all_forward(t, out), nd_record_reshape("squeeze", t, *out), out);
+    ND_FORWARD_THEN_RECORD(squeeze_all_forward(t, out), nd_record_reshape(ND_OP_squeeze, t, *out), out);
 }
 nd_status nd_unsqueeze(const nd_tensor *t, int dim, nd_tensor **out) {
-    ND_FORWARD_THEN_RECORD(unsqueeze_forward(t, dim, out), nd_record_reshape("unsqueeze", t, *out), out);
+    ND_FORWARD_THEN_RECORD(unsqueeze_forward(t, dim, out), nd_record_reshape(ND_OP_unsqueeze, t, *out), out);
 }
 nd_status nd_permute(const nd_tensor *t, const int *dims, int ndim, nd_tensor **out) {
     ND_FORWARD_THEN_RECORD(permute_forward(t, dims, ndim, out), nd_record_permute(t, dims, ndim, *out), out);
@@ -324,11 +324,11 @@ static nd_status bw_reshape(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     return gx_end(&c);
 }
 
-nd_status nd_record_reshape(const char *name, const nd_tensor *x, nd_tensor *out) {
+nd_status nd_record_reshape(nd_op op, const nd_tensor *x, nd_tensor *out) {
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    return nd_record(name, bw_reshape, out, 1, in, &n);
+    return nd_record(op, bw_reshape, out, 1, in, &n);
 }
 
 static nd_status bw_permute(nd_node *n, nd_tensor *g, nd_tensor **grads) {
@@ -344,7 +344,7 @@ nd_status nd_record_permute(const nd_tensor *x, const int *dims, int ndim, nd_te
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record("permute", bw_permute, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_permute, bw_permute, out, 1, in, &n));
     if (!n) return ND_OK;
     for (int i = 0; i < ndim; i++) ND_TRY(nd_norm_dim("permute", dims[i], x->ndim, &n->dims[i]));
     n->ndims = ndim;
@@ -359,7 +359,7 @@ nd_status nd_record_transpose(const nd_tensor *x, int d0, int d1, nd_tensor *out
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record("transpose", bw_transpose, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_transpose, bw_transpose, out, 1, in, &n));
     if (!n) return ND_OK;
     n->dims[0] = d0;
     n->dims[1] = d1;
@@ -374,7 +374,7 @@ nd_status nd_record_expand(const nd_tensor *x, nd_tensor *out) {
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    return nd_record("expand", bw_expand, out, 1, in, &n);
+    return nd_record(ND_OP_expand, bw_expand, out, 1, in, &n);
 }
 
 /* ------------------------------------------------------ select, slice */
@@ -400,7 +400,7 @@ static nd_status slice_backward(const nd_tensor *g, const int64_t *shape, int nd
     if (st == ND_OK && grad_on) {
         nd_node *n;
         const nd_tensor *in[1] = {g};
-        st = nd_record("slice_backward", bw_slice_backward, z, 1, in, &n);
+        st = nd_record(ND_OP_slice_backward, bw_slice_backward, z, 1, in, &n);
         if (st == ND_OK && n) {
             n->dims[0] = dim;
             n->iparams[0] = start;
@@ -421,7 +421,7 @@ nd_status nd_record_slice(const nd_tensor *x, int dim, int64_t start, int64_t st
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record("slice", bw_slice, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_slice, bw_slice, out, 1, in, &n));
     if (!n) return ND_OK;
     int d;
     ND_TRY(nd_norm_dim("slice", dim, x->ndim, &d));
@@ -448,7 +448,7 @@ nd_status nd_record_select(const nd_tensor *x, int dim, int64_t index, nd_tensor
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
     const nd_tensor *in[1] = {x};
-    ND_TRY(nd_record("select", bw_select, out, 1, in, &n));
+    ND_TRY(nd_record(ND_OP_select, bw_select, out, 1, in, &n));
     if (!n) return ND_OK;
     int d;
     ND_TRY(nd_norm_dim("select", dim, x->ndim, &d));
