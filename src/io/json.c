@@ -300,7 +300,9 @@ static const char *type_word(nd_json_type t) {
 static nd_status parse(parser *p) {
     nd_json_doc *d = p->doc;
     const char *name = p->o.name;
-    frame *stack = malloc((size_t)p->o.max_depth * sizeof *stack);
+    /* every open container took a byte: no more than n frames are ever used */
+    size_t frames = (size_t)p->o.max_depth < p->n ? (size_t)p->o.max_depth : p->n;
+    frame *stack = malloc((frames ? frames : 1) * sizeof *stack);
     if (!stack) return oom(p);
     int depth = 0;
     nd_status st = ND_OK;
@@ -313,7 +315,8 @@ value: /* a value starts at p->pos (after whitespace) */
     {
         unsigned char c = p->s[p->pos];
         if (c == '{' || c == '[') {
-            if (depth >= p->o.max_depth) FAIL(perr(p, p->pos, "nesting deeper than %d levels", p->o.max_depth));
+            if (depth >= p->o.max_depth || (size_t)depth >= frames) /* the second cannot happen */
+                FAIL(perr(p, p->pos, "nesting deeper than %d levels", p->o.max_depth));
             bool obj = c == '{';
             if ((st = new_node(p, obj ? ND_JSON_OBJECT : ND_JSON_ARRAY, &me)) != ND_OK) goto done;
             p->pos++;

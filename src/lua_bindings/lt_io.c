@@ -350,6 +350,8 @@ static int l_json_decode(lua_State *L) {
         return 2;
     }
     push_json(L, o->doc, 0, array_mt);
+    nd_json_free(o->doc); /* now, not when the holder is collected */
+    o->doc = NULL;
     return 1;
 }
 
@@ -534,6 +536,7 @@ static int l_json_encode(lua_State *L) {
     e->b = &o->json;
     e->array_mt = array_mt;
     if (!enc_value(e, 1, 0)) {
+        nd_json_buf_free(&o->json);
         lua_pushnil(L);
         lua_insert(L, -2);
         return 2;
