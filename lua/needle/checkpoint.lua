@@ -38,13 +38,18 @@ local function short(where)
 end
 
 -- ------------------------------------------------------------------ JSON
--- For plain tables of numbers, strings and booleans. Integers and floats stay
--- distinct: an integer is written with %d and read back as an integer (exact
--- to 64 bits); a float is written with %.17g (which round-trips every double)
--- and always with a '.' or an exponent, so it is read back as a float. NaN and
+-- needle's one JSON codec, in C (src/io/json.c; the safetensors header is
+-- read and written with it too), for plain tables of numbers, strings and
+-- booleans. Integers and floats stay distinct: an integer is written with %d
+-- and read back as an integer (exact to 64 bits; out of range is an error);
+-- a float is written with %.17g (which round-trips every double) and always
+-- with a '.' or an exponent, so it is read back as a float. NaN and
 -- infinities have no JSON form and are refused. A table is an array when it
 -- is a non-empty sequence or marked with json.array(t), an object when all
--- its keys are strings (written sorted, so output is deterministic).
+-- its keys are strings (written sorted bytewise, so output is
+-- deterministic). Decoding is strict RFC 8259 without null: duplicate keys,
+-- invalid UTF-8 and nesting deeper than 512 levels are errors; arrays come
+-- back marked with json.array.
 local json = {}
 M.json = json
 
@@ -52,201 +57,20 @@ local array_mt = {__name = "json.array"}
 function json.array(t) return setmetatable(t or {}, array_mt) end
 function json.is_array(t) return getmetatable(t) == array_mt end
 
-local escapes = {['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f", ["\n"] = "\\n",
-                 ["\r"] = "\\r", ["\t"] = "\\t"}
-
-local function encode_string(s, where)
-  if not utf8.len(s) then error(("string %s is not valid UTF-8"):format(short(where)), 0) end
-  return '"' .. s:gsub('[%c"\\]', function(c)
-    return escapes[c] or (c:byte() < 32 and ("\\u%04x"):format(c:byte())) or c
-  end) .. '"'
-end
-
-local function encode_number(x, where)
-  if math.type(x) == "integer" then return ("%d"):format(x) end
-  if x ~= x or x == math.huge or x == -math.huge then
-    error(("number %s is %s, which JSON cannot hold"):format(short(where), x ~= x and "NaN" or tostring(x)), 0)
-  end
-  local s = ("%.17g"):format(x)
-  if not s:find("[%.eEn]") then s = s .. ".0" end
+-- json.encode(v) -> string; raises "json: ..." naming where the bad value is
+-- ("json: number at the root.x is NaN, which JSON cannot hold")
+function json.encode(v)
+  local s, err = core._json_encode(v, array_mt)
+  if not s then error("json: " .. err, 2) end
   return s
 end
 
-local function is_sequence(t)
-  local n = 0
-  for _ in pairs(t) do n = n + 1 end
-  return n > 0 and n == #t
-end
-
-local function encode(v, out, where, depth)
-  local ty = type(v)
-  if ty == "string" then out[#out + 1] = encode_string(v, where)
-  elseif ty == "number" then out[#out + 1] = encode_number(v, where)
-  elseif ty == "boolean" then out[#out + 1] = v and "true" or "false"
-  elseif ty == "table" then
-    if depth > 200 then error(("table %s is nested too deeply (or contains itself)"):format(short(where)), 0) end
-    if getmetatable(v) == array_mt or is_sequence(v) then
-      out[#out + 1] = "["
-      for i = 1, #v do
-        if i > 1 then out[#out + 1] = "," end
-        encode(v[i], out, where .. "[" .. i .. "]", depth + 1)
-      end
-      out[#out + 1] = "]"
-    else
-      local keys = {}
-      for k in pairs(v) do
-        if type(k) ~= "string" then
-          error(("table %s has a %s key (%s): JSON objects take string keys"):format(short(where), type(k), tostring(k)), 0)
-        end
-        keys[#keys + 1] = k
-      end
-      table.sort(keys)
-      out[#out + 1] = "{"
-      for i, k in ipairs(keys) do
-        if i > 1 then out[#out + 1] = "," end
-        out[#out + 1] = encode_string(k, where)
-        out[#out + 1] = ":"
-        encode(v[k], out, where .. "." .. k, depth + 1)
-      end
-      out[#out + 1] = "}"
-    end
-  else
-    error(("value %s is a %s, which JSON cannot hold"):format(short(where), ty), 0)
-  end
-end
-
--- json.encode(v) -> string; raises "json: ..." naming where the bad value is
-function json.encode(v)
-  local out = {}
-  local ok, err = pcall(encode, v, out, "at the root", 0)
-  if not ok then error("json: " .. tostring(err), 2) end
-  return table.concat(out)
-end
-
--- json.decode(s) -> value; strict (RFC 8259 minus null), raises "json: ... at byte N"
+-- json.decode(s) -> value; raises "json: <problem> at byte N" (N counts from 1)
 function json.decode(s)
   if type(s) ~= "string" then error("json: expected a string, got " .. type(s), 2) end
-  local pos = 1
-  local function fail(msg, at) error(("json: %s at byte %d"):format(msg, at or pos), 0) end
-  local function ws() pos = s:find("[^ \t\r\n]", pos) or #s + 1 end
-  local value
-  local function str()
-    local start = pos
-    pos = pos + 1
-    local parts = {}
-    while true do
-      local a, b = s:find('[%c"\\]', pos)
-      if not a then fail("unterminated string", start) end
-      parts[#parts + 1] = s:sub(pos, a - 1)
-      local c = s:sub(a, a)
-      if c == '"' then pos = b + 1; break end
-      if c ~= "\\" then fail("control character in a string", a) end
-      local e = s:sub(a + 1, a + 1)
-      if e == "u" then
-        local h = s:match("^%x%x%x%x", a + 2)
-        if not h then fail("bad \\u escape", a) end
-        local cp = tonumber(h, 16)
-        pos = a + 6
-        if cp >= 0xD800 and cp <= 0xDBFF then
-          local l = s:match("^\\u(%x%x%x%x)", pos)
-          local lo = l and tonumber(l, 16)
-          if not lo or lo < 0xDC00 or lo > 0xDFFF then fail("unpaired surrogate", a) end
-          cp = 0x10000 + (cp - 0xD800) * 0x400 + (lo - 0xDC00)
-          pos = pos + 6
-        elseif cp >= 0xDC00 and cp <= 0xDFFF then
-          fail("unpaired surrogate", a)
-        end
-        parts[#parts + 1] = utf8.char(cp)
-      else
-        local map = {['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n", r = "\r", t = "\t"}
-        if not map[e] then fail("bad escape", a) end
-        parts[#parts + 1] = map[e]
-        pos = a + 2
-      end
-    end
-    local r = table.concat(parts)
-    if not utf8.len(r) then fail("string is not valid UTF-8", start) end
-    return r
-  end
-  local function number()
-    local e = select(2, s:find("^-?%d+", pos))
-    if not e then fail("bad number") end
-    if s:find("^-?0%d", pos) then fail("number with a leading zero") end
-    local float = false
-    if s:sub(e + 1, e + 1) == "." then
-      e = select(2, s:find("^%.%d+", e + 1))
-      if not e then fail("bad fraction") end
-      float = true
-    end
-    if s:find("^[eE]", e + 1) then
-      e = select(2, s:find("^[eE][-+]?%d+", e + 1))
-      if not e then fail("bad exponent") end
-      float = true
-    end
-    local tok = s:sub(pos, e)
-    local v
-    if float then
-      v = tonumber(tok)
-    else
-      v = math.tointeger(tonumber(tok))
-      if not v then fail("integer out of the 64-bit range") end
-    end
-    pos = e + 1
-    return v
-  end
-  function value(depth)
-    if depth > 512 then fail("nesting too deep") end
-    ws()
-    local c = s:sub(pos, pos)
-    if c == "{" then
-      pos = pos + 1
-      local t = {}
-      ws()
-      if s:sub(pos, pos) == "}" then pos = pos + 1; return t end
-      while true do
-        ws()
-        if s:sub(pos, pos) ~= '"' then fail("expected a string key") end
-        local kpos = pos
-        local k = str()
-        ws()
-        if s:sub(pos, pos) ~= ":" then fail("expected ':'") end
-        pos = pos + 1
-        if t[k] ~= nil then fail(("duplicate key '%s'"):format(k), kpos) end
-        t[k] = value(depth + 1)
-        ws()
-        c = s:sub(pos, pos)
-        pos = pos + 1
-        if c == "}" then return t end
-        if c ~= "," then fail("expected ',' or '}'", pos - 1) end
-      end
-    elseif c == "[" then
-      pos = pos + 1
-      local t = json.array()
-      ws()
-      if s:sub(pos, pos) == "]" then pos = pos + 1; return t end
-      while true do
-        t[#t + 1] = value(depth + 1)
-        ws()
-        c = s:sub(pos, pos)
-        pos = pos + 1
-        if c == "]" then return t end
-        if c ~= "," then fail("expected ',' or ']'", pos - 1) end
-      end
-    elseif c == '"' then return str()
-    elseif c == "-" or c:match("%d") then return number()
-    elseif s:sub(pos, pos + 3) == "true" then pos = pos + 4; return true
-    elseif s:sub(pos, pos + 4) == "false" then pos = pos + 5; return false
-    elseif c == "" then fail("unexpected end")
-    else fail(("unexpected '%s'"):format(c)) end
-  end
-  local ok, res = pcall(function()
-    local v = value(0)
-    ws()
-    if pos <= #s then fail("trailing characters") end
-    return v
-  end)
-  if not ok then error(res, 2) end
-  return res
+  local v, err = core._json_decode(s, array_mt)
+  if err ~= nil then error("json: " .. err, 2) end
+  return v
 end
 
 -- ------------------------------------------------------- state <-> tree
@@ -263,7 +87,7 @@ end
 
 -- Tables nested deeper than this are refused (save) and malformed (load):
 -- a state_dict nests a few levels, and each level costs three levels of the
--- JSON the state is stored as, whose reader allows 512.
+-- JSON the state is stored as, whose reader allows 512 and writer 200.
 M.MAX_NESTING = 64
 
 local function key_order(a, b)

@@ -1,324 +1,22 @@
 /* safetensors.c - reader and writer of the safetensors format; see
  * safetensors.h. The reader treats the file as hostile: every integer is
- * range-checked before it is used as a size or an offset, the JSON parser
- * accepts only the subset the format needs (objects, arrays, strings,
- * integers) with a nesting limit, and no allocation is larger than the file
- * that asks for it. */
+ * range-checked before it is used as a size or an offset, the header is
+ * parsed by the JSON codec (json.h) restricted to what the format needs
+ * (objects, arrays, strings, integers; 32 levels of nesting), and no
+ * allocation is larger than the file that asks for it. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "io/io.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "tensor.h"
 
 #define JSON_MAX_DEPTH 32
-#define SHOW_MAX 120 /* bytes of a name shown in a message */
-
-
-/* A name for a message: at most SHOW_MAX bytes, control bytes (and every
- * byte above 0x7f when the name is not UTF-8) escaped. */
-static const char *show(const char *s, size_t len, char *buf) {
-    size_t o = 0, i;
-    bool ascii_only = nd_utf8_check((const unsigned char *)s, len) != len;
-    for (i = 0; i < len && o < SHOW_MAX; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c < 0x20 || c == 0x7f || (ascii_only && c >= 0x80)) o += (size_t)snprintf(buf + o, 8, "\\x%02x", c);
-        else buf[o++] = (char)c;
-    }
-    if (i < len) { memcpy(buf + o, "...", 3); o += 3; }
-    buf[o] = 0;
-    return buf;
-}
-#define SHOW_BUF (SHOW_MAX + 16)
-
-
-/* ------------------------------------------------------------------ JSON */
-
-enum { J_OBJ = 1, J_ARR, J_STR, J_INT };
-
-typedef struct {
-    int type;
-    size_t pos;              /* where it starts in the header */
-    size_t key_off, key_len; /* as an object member: its key (arena) */
-    size_t str_off, str_len; /* J_STR (arena) */
-    int64_t ival;            /* J_INT */
-    size_t first, last, next, count; /* children; 0 = none (0 is the root) */
-} jnode;
-
-typedef struct {
-    const char *op, *what;
-    const unsigned char *s;
-    size_t n, pos;
-    jnode *nodes;
-    size_t nnodes, cap;
-    char *arena; /* decoded strings, each NUL-terminated; never needs more than n + 1 */
-    size_t used;
-    nd_status err;
-} jparser;
-
-static nd_status jerr(jparser *p, size_t at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static nd_status jerr(jparser *p, size_t at, const char *fmt, ...) {
-    char msg[600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return nd_io_fail(ND_ERR_IO, p->op, p->what, "invalid header JSON at byte %zu: %s", at, msg);
-}
-
-static const char *char_str(int c, char *buf) {
-    if (c > 0x20 && c < 0x7f) snprintf(buf, 8, "'%c'", c);
-    else snprintf(buf, 8, "0x%02x", c);
-    return buf;
-}
-
-static void skip_ws(jparser *p) {
-    while (p->pos < p->n) {
-        unsigned char c = p->s[p->pos];
-        if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
-        p->pos++;
-    }
-}
-
-static nd_status new_node(jparser *p, int type, size_t *out) {
-    if (p->nnodes == p->cap) {
-        size_t ncap = p->cap ? p->cap * 2 : 64;
-        jnode *nn = realloc(p->nodes, ncap * sizeof *nn);
-        if (!nn) return nd_io_fail(ND_ERR_MEMORY, p->op, p->what, "out of memory parsing the header");
-        p->nodes = nn;
-        p->cap = ncap;
-    }
-    jnode *j = &p->nodes[p->nnodes];
-    memset(j, 0, sizeof *j);
-    j->type = type;
-    j->pos = p->pos;
-    *out = p->nnodes++;
-    return ND_OK;
-}
-
-static int hexval(unsigned char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-static nd_status read_hex4(jparser *p, unsigned *out) {
-    if (p->n - p->pos < 4) return jerr(p, p->pos, "truncated \\u escape");
-    unsigned v = 0;
-    for (int k = 0; k < 4; k++) {
-        int h = hexval(p->s[p->pos + (size_t)k]);
-        if (h < 0) return jerr(p, p->pos + (size_t)k, "bad hex digit in \\u escape");
-        v = v * 16 + (unsigned)h;
-    }
-    p->pos += 4;
-    *out = v;
-    return ND_OK;
-}
-
-/* p->pos is at the opening quote; decodes into the arena. */
-static nd_status parse_string(jparser *p, size_t *off, size_t *len) {
-    size_t start = p->pos++;
-    char *o = p->arena + p->used;
-    size_t k = 0;
-    for (;;) {
-        if (p->pos >= p->n) return jerr(p, start, "unterminated string");
-        unsigned char c = p->s[p->pos];
-        if (c == '"') { p->pos++; break; }
-        if (c < 0x20) return jerr(p, p->pos, "unescaped control character 0x%02x in a string", c);
-        if (c != '\\') { o[k++] = (char)c; p->pos++; continue; }
-        size_t esc = p->pos++;
-        if (p->pos >= p->n) return jerr(p, esc, "unterminated escape");
-        c = p->s[p->pos++];
-        switch (c) {
-        case '"': o[k++] = '"'; break;
-        case '\\': o[k++] = '\\'; break;
-        case '/': o[k++] = '/'; break;
-        case 'b': o[k++] = '\b'; break;
-        case 'f': o[k++] = '\f'; break;
-        case 'n': o[k++] = '\n'; break;
-        case 'r': o[k++] = '\r'; break;
-        case 't': o[k++] = '\t'; break;
-        case 'u': {
-            unsigned cp;
-            ND_TRY(read_hex4(p, &cp));
-            if (cp >= 0xdc00 && cp <= 0xdfff) return jerr(p, esc, "lone low surrogate \\u%04x", cp);
-            if (cp >= 0xd800 && cp <= 0xdbff) {
-                unsigned lo;
-                if (p->n - p->pos < 2 || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u')
-                    return jerr(p, esc, "high surrogate \\u%04x without a low surrogate", cp);
-                p->pos += 2;
-                ND_TRY(read_hex4(p, &lo));
-                if (lo < 0xdc00 || lo > 0xdfff)
-                    return jerr(p, esc, "high surrogate \\u%04x followed by \\u%04x", cp, lo);
-                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-            }
-            if (cp < 0x80) o[k++] = (char)cp;
-            else if (cp < 0x800) {
-                o[k++] = (char)(0xc0 | (cp >> 6));
-                o[k++] = (char)(0x80 | (cp & 0x3f));
-            } else if (cp < 0x10000) {
-                o[k++] = (char)(0xe0 | (cp >> 12));
-                o[k++] = (char)(0x80 | ((cp >> 6) & 0x3f));
-                o[k++] = (char)(0x80 | (cp & 0x3f));
-            } else {
-                o[k++] = (char)(0xf0 | (cp >> 18));
-                o[k++] = (char)(0x80 | ((cp >> 12) & 0x3f));
-                o[k++] = (char)(0x80 | ((cp >> 6) & 0x3f));
-                o[k++] = (char)(0x80 | (cp & 0x3f));
-            }
-            break;
-        }
-        default: {
-            char cb[8];
-            return jerr(p, esc, "invalid escape \\%s", char_str(c, cb));
-        }
-        }
-    }
-    o[k] = 0;
-    *off = p->used;
-    *len = k;
-    p->used += k + 1; /* decoded + NUL never exceeds the raw bytes incl. quotes */
-    return ND_OK;
-}
-
-static nd_status parse_int(jparser *p, int64_t *out) {
-    size_t start = p->pos;
-    bool neg = false;
-    if (p->s[p->pos] == '-') { neg = true; p->pos++; }
-    if (p->pos >= p->n || p->s[p->pos] < '0' || p->s[p->pos] > '9')
-        return jerr(p, start, "'-' without digits");
-    if (p->s[p->pos] == '0' && p->pos + 1 < p->n && p->s[p->pos + 1] >= '0' && p->s[p->pos + 1] <= '9')
-        return jerr(p, start, "number with a leading zero");
-    uint64_t v = 0, limit = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
-    bool over = false;
-    while (p->pos < p->n && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') {
-        unsigned d = p->s[p->pos++] - '0';
-        if (v > (limit - d) / 10) over = true;
-        else v = v * 10 + d;
-    }
-    if (p->pos < p->n && (p->s[p->pos] == '.' || p->s[p->pos] == 'e' || p->s[p->pos] == 'E'))
-        return jerr(p, start, "a number with a fraction or exponent (safetensors headers hold integers)");
-    if (over) return jerr(p, start, "integer out of the 64-bit range");
-    *out = neg ? (v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v) : (int64_t)v;
-    return ND_OK;
-}
-
-typedef struct { const char *k; size_t len, pos; } keyref;
-
-static int keyref_cmp(const void *a, const void *b) {
-    const keyref *x = a, *y = b;
-    size_t m = x->len < y->len ? x->len : y->len;
-    int c = memcmp(x->k, y->k, m);
-    if (c) return c;
-    return x->len < y->len ? -1 : x->len > y->len;
-}
-
-static nd_status check_duplicates(jparser *p, size_t obj) {
-    size_t n = p->nodes[obj].count;
-    if (n < 2) return ND_OK;
-    keyref *keys = malloc(n * sizeof *keys);
-    if (!keys) return nd_io_fail(ND_ERR_MEMORY, p->op, p->what, "out of memory parsing the header");
-    size_t i = 0;
-    for (size_t c = p->nodes[obj].first; c; c = p->nodes[c].next, i++)
-        keys[i] = (keyref){p->arena + p->nodes[c].key_off, p->nodes[c].key_len, p->nodes[c].pos};
-    qsort(keys, n, sizeof *keys, keyref_cmp);
-    for (i = 1; i < n; i++)
-        if (keyref_cmp(&keys[i - 1], &keys[i]) == 0) {
-            char sb[SHOW_BUF];
-            size_t at = keys[i].pos > keys[i - 1].pos ? keys[i].pos : keys[i - 1].pos;
-            nd_status st = jerr(p, at, "duplicate key '%s'", show(keys[i].k, keys[i].len, sb));
-            free(keys);
-            return st;
-        }
-    free(keys);
-    return ND_OK;
-}
-
-static void append_child(jparser *p, size_t parent, size_t child) {
-    jnode *j = &p->nodes[parent];
-    if (j->last) p->nodes[j->last].next = child;
-    else j->first = child;
-    j->last = child;
-    j->count++;
-}
-
-static nd_status parse_value(jparser *p, int depth, size_t *out) {
-    skip_ws(p);
-    if (p->pos >= p->n) return jerr(p, p->pos, "unexpected end of the header");
-    unsigned char c = p->s[p->pos];
-    size_t me;
-    if (c == '{' || c == '[') {
-        if (depth >= JSON_MAX_DEPTH) return jerr(p, p->pos, "nesting deeper than %d levels", JSON_MAX_DEPTH);
-        bool obj = c == '{';
-        char close = obj ? '}' : ']';
-        ND_TRY(new_node(p, obj ? J_OBJ : J_ARR, &me));
-        p->pos++;
-        skip_ws(p);
-        if (p->pos < p->n && p->s[p->pos] == (unsigned char)close) {
-            p->pos++;
-            *out = me;
-            return ND_OK;
-        }
-        for (;;) {
-            size_t koff = 0, klen = 0, kpos = 0, child = 0;
-            if (obj) {
-                skip_ws(p);
-                if (p->pos >= p->n) return jerr(p, p->pos, "unexpected end of the header in an object");
-                if (p->s[p->pos] != '"') {
-                    char cb[8];
-                    return jerr(p, p->pos, "expected a string key, found %s", char_str(p->s[p->pos], cb));
-                }
-                kpos = p->pos;
-                ND_TRY(parse_string(p, &koff, &klen));
-                skip_ws(p);
-                if (p->pos >= p->n || p->s[p->pos] != ':')
-                    return jerr(p, p->pos, "expected ':' after an object key");
-                p->pos++;
-            }
-            ND_TRY(parse_value(p, depth + 1, &child));
-            if (obj) {
-                p->nodes[child].key_off = koff;
-                p->nodes[child].key_len = klen;
-                p->nodes[child].pos = kpos;
-            }
-            append_child(p, me, child);
-            skip_ws(p);
-            if (p->pos >= p->n)
-                return jerr(p, p->pos, "unexpected end of the header in an %s", obj ? "object" : "array");
-            unsigned char d = p->s[p->pos++];
-            if (d == (unsigned char)close) break;
-            if (d != ',') {
-                char cb[8];
-                return jerr(p, p->pos - 1, "expected ',' or '%c', found %s", close, char_str(d, cb));
-            }
-        }
-        if (obj) ND_TRY(check_duplicates(p, me));
-        *out = me;
-        return ND_OK;
-    }
-    if (c == '"') {
-        ND_TRY(new_node(p, J_STR, &me));
-        size_t off, len;
-        ND_TRY(parse_string(p, &off, &len));
-        p->nodes[me].str_off = off;
-        p->nodes[me].str_len = len;
-        *out = me;
-        return ND_OK;
-    }
-    if (c == '-' || (c >= '0' && c <= '9')) {
-        ND_TRY(new_node(p, J_INT, &me));
-        int64_t v;
-        ND_TRY(parse_int(p, &v));
-        p->nodes[me].ival = v;
-        *out = me;
-        return ND_OK;
-    }
-    char cb[8];
-    return jerr(p, p->pos, "unexpected %s (expected an object, array, string or integer)", char_str(c, cb));
-}
+#define show nd_json_show /* a name for a message (json.h) */
+#define SHOW_BUF ND_JSON_SHOW_BUF
 
 /* ---------------------------------------------------------- the header */
 
@@ -348,10 +46,16 @@ void nd_st_header_free(nd_st_header *h) {
     free(h);
 }
 
-static bool key_is(const jparser *p, const jnode *j, const char *k) {
+static bool key_is(const nd_json_node *j, const char *k) {
     size_t n = strlen(k);
-    return j->key_len == n && memcmp(p->arena + j->key_off, k, n) == 0;
+    return j->key_len == n && memcmp(j->key, k, n) == 0;
 }
+
+/* what parse_entry and validate read */
+typedef struct {
+    const char *op, *what;
+    const nd_json_node *nodes;
+} jheader;
 
 typedef struct { uint64_t begin, end; size_t idx; } span;
 static int span_cmp(const void *a, const void *b) {
@@ -362,28 +66,28 @@ static int span_cmp(const void *a, const void *b) {
 }
 
 /* fills *info from the member node t (an entry of the root object) */
-static nd_status parse_entry(jparser *p, size_t t, uint64_t data_len, nd_st_info *info) {
-    const jnode *e = &p->nodes[t];
+static nd_status parse_entry(const jheader *p, size_t t, uint64_t data_len, nd_st_info *info) {
+    const nd_json_node *e = &p->nodes[t];
     char nb[SHOW_BUF], sb[ND_SHAPE_BUF], db[SHOW_BUF];
-    const char *name = show(p->arena + e->key_off, e->key_len, nb);
+    const char *name = show(e->key, e->key_len, nb);
     const char *op = p->op, *what = p->what;
-    info->name = p->arena + e->key_off;
+    info->name = (char *)e->key; /* owned by the header (its _arena) */
     info->name_len = e->key_len;
-    if (e->type != J_OBJ) return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': entry is not a JSON object", name);
+    if (e->type != ND_JSON_OBJECT) return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': entry is not a JSON object", name);
     size_t jd = 0, js = 0, jo = 0;
     for (size_t c = e->first; c; c = p->nodes[c].next) {
-        if (key_is(p, &p->nodes[c], "dtype")) jd = c;
-        else if (key_is(p, &p->nodes[c], "shape")) js = c;
-        else if (key_is(p, &p->nodes[c], "data_offsets")) jo = c;
+        if (key_is(&p->nodes[c], "dtype")) jd = c;
+        else if (key_is(&p->nodes[c], "shape")) js = c;
+        else if (key_is(&p->nodes[c], "data_offsets")) jo = c;
         /* other fields are ignored, as by the reference implementation */
     }
     if (!jd) return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': missing \"dtype\"", name);
     if (!js) return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': missing \"shape\"", name);
     if (!jo) return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': missing \"data_offsets\"", name);
     /* dtype */
-    const jnode *d = &p->nodes[jd];
-    if (d->type != J_STR) return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': \"dtype\" is not a string", name);
-    const char *ds = p->arena + d->str_off;
+    const nd_json_node *d = &p->nodes[jd];
+    if (d->type != ND_JSON_STRING) return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': \"dtype\" is not a string", name);
+    const char *ds = d->str;
     bool found = false;
     for (size_t i = 0; i < sizeof st_dtypes / sizeof *st_dtypes; i++)
         if (strlen(st_dtypes[i].name) == d->str_len && memcmp(st_dtypes[i].name, ds, d->str_len) == 0) {
@@ -399,20 +103,20 @@ static nd_status parse_entry(jparser *p, size_t t, uint64_t data_len, nd_st_info
                     name, show(ds, d->str_len, db));
     }
     /* shape */
-    const jnode *s = &p->nodes[js];
-    if (s->type != J_ARR) return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': \"shape\" is not an array", name);
+    const nd_json_node *s = &p->nodes[js];
+    if (s->type != ND_JSON_ARRAY) return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': \"shape\" is not an array", name);
     if (s->count > ND_MAX_DIMS)
         return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': shape has %zu dims (needle supports at most %d)",
                     name, s->count, ND_MAX_DIMS);
     info->ndim = (int)s->count;
     int k = 0;
     for (size_t c = s->first; c; c = p->nodes[c].next, k++) {
-        if (p->nodes[c].type != J_INT)
+        if (p->nodes[c].type != ND_JSON_INT)
             return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': shape entry %d is not an integer", name, k + 1);
-        if (p->nodes[c].ival < 0)
+        if (p->nodes[c].i < 0)
             return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': shape entry %d is negative (%lld)", name, k + 1,
-                        (long long)p->nodes[c].ival);
-        info->shape[k] = p->nodes[c].ival;
+                        (long long)p->nodes[c].i);
+        info->shape[k] = p->nodes[c].i;
     }
     /* the size rule of every tensor (tensor.h), the one nd.save's tensors obey */
     int64_t numel;
@@ -423,12 +127,12 @@ static nd_status parse_entry(jparser *p, size_t t, uint64_t data_len, nd_st_info
         return nd_io_fail(ND_ERR_IO, op, what, "%s", nd_last_error());
     uint64_t nbytes = (uint64_t)numel * es; /* numel <= 2^48, es <= 8: no overflow */
     /* data_offsets */
-    const jnode *o = &p->nodes[jo];
-    if (o->type != J_ARR || o->count != 2 || p->nodes[o->first].type != J_INT ||
-        p->nodes[p->nodes[o->first].next].type != J_INT)
+    const nd_json_node *o = &p->nodes[jo];
+    if (o->type != ND_JSON_ARRAY || o->count != 2 || p->nodes[o->first].type != ND_JSON_INT ||
+        p->nodes[p->nodes[o->first].next].type != ND_JSON_INT)
         return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s': \"data_offsets\" is not an array of two integers",
                     name);
-    int64_t b = p->nodes[o->first].ival, en = p->nodes[p->nodes[o->first].next].ival;
+    int64_t b = p->nodes[o->first].i, en = p->nodes[p->nodes[o->first].next].i;
     if (b < 0 || en < 0)
         return nd_io_fail(ND_ERR_IO, op, what, "tensor '%s' data_offsets [%lld, %lld] are negative", name,
                     (long long)b, (long long)en);
@@ -448,17 +152,17 @@ static nd_status parse_entry(jparser *p, size_t t, uint64_t data_len, nd_st_info
     return ND_OK;
 }
 
-static nd_status validate(jparser *p, uint64_t data_len, nd_st_header *h) {
+static nd_status validate(const jheader *p, uint64_t data_len, nd_st_header *h) {
     const char *op = p->op, *what = p->what;
-    const jnode *root = &p->nodes[0];
-    if (root->type != J_OBJ) return nd_io_fail(ND_ERR_IO, op, what, "the header is not a JSON object");
+    const nd_json_node *root = &p->nodes[0];
+    if (root->type != ND_JSON_OBJECT) return nd_io_fail(ND_ERR_IO, op, what, "the header is not a JSON object");
     size_t nt = root->count, nm = 0;
     size_t jmeta = 0;
     for (size_t c = root->first; c; c = p->nodes[c].next)
-        if (key_is(p, &p->nodes[c], "__metadata__")) { jmeta = c; nt--; }
+        if (key_is(&p->nodes[c], "__metadata__")) { jmeta = c; nt--; }
     if (jmeta) {
-        const jnode *m = &p->nodes[jmeta];
-        if (m->type != J_OBJ) return nd_io_fail(ND_ERR_IO, op, what, "__metadata__ is not a JSON object");
+        const nd_json_node *m = &p->nodes[jmeta];
+        if (m->type != ND_JSON_OBJECT) return nd_io_fail(ND_ERR_IO, op, what, "__metadata__ is not a JSON object");
         nm = m->count;
     }
     h->tensors = calloc(nt ? nt : 1, sizeof *h->tensors);
@@ -471,15 +175,15 @@ static nd_status validate(jparser *p, uint64_t data_len, nd_st_header *h) {
     if (jmeta) {
         size_t i = 0;
         for (size_t c = p->nodes[jmeta].first; c; c = p->nodes[c].next, i++) {
-            const jnode *v = &p->nodes[c];
-            if (v->type != J_STR) {
+            const nd_json_node *v = &p->nodes[c];
+            if (v->type != ND_JSON_STRING) {
                 char kb[SHOW_BUF];
                 return nd_io_fail(ND_ERR_IO, op, what, "__metadata__ value of '%s' is not a string",
-                            show(p->arena + v->key_off, v->key_len, kb));
+                            show(v->key, v->key_len, kb));
             }
-            h->meta_keys[i] = p->arena + v->key_off;
+            h->meta_keys[i] = (char *)v->key;
             h->meta_key_lens[i] = v->key_len;
-            h->meta_values[i] = p->arena + v->str_off;
+            h->meta_values[i] = (char *)v->str;
             h->meta_value_lens[i] = v->str_len;
         }
         h->nmeta = nm;
@@ -537,26 +241,29 @@ nd_status nd_st_parse_header(const char *op, const char *what, const char *json,
     if (json_len == 0) return nd_io_fail(ND_ERR_IO, op, what, "the header is empty");
     size_t bad = nd_utf8_check((const unsigned char *)json, (size_t)json_len);
     if (bad != json_len) return nd_io_fail(ND_ERR_IO, op, what, "the header is not valid UTF-8 (byte %zu)", bad);
-    nd_st_header *h = calloc(1, sizeof *h);
-    jparser p = {.op = op, .what = what, .s = (const unsigned char *)json, .n = (size_t)json_len};
-    p.arena = malloc((size_t)json_len + 1);
-    if (!h || !p.arena) {
-        free(h);
-        free(p.arena);
+    /* the format's subset of JSON: integers only, no true/false */
+    const nd_json_opts jo = {.max_depth = JSON_MAX_DEPTH, .integers_only = "safetensors headers hold integers",
+                             .no_booleans = true, .name = "the header"};
+    nd_json_doc *doc;
+    nd_json_error je;
+    nd_status st = nd_json_parse(json, (size_t)json_len, &jo, &doc, &je);
+    if (st == ND_ERR_MEMORY)
         return nd_io_fail(ND_ERR_MEMORY, op, what, "out of memory reading a header of %llu bytes",
-                    (unsigned long long)json_len);
+                          (unsigned long long)json_len);
+    if (st != ND_OK) return nd_io_fail(ND_ERR_IO, op, what, "invalid header JSON at byte %zu: %s", je.offset, je.msg);
+    nd_st_header *h = calloc(1, sizeof *h);
+    if (!h) {
+        nd_json_free(doc);
+        return nd_io_fail(ND_ERR_MEMORY, op, what, "out of memory reading a header of %llu bytes",
+                          (unsigned long long)json_len);
     }
-    h->_arena = p.arena;
     h->header_len = json_len;
     h->data_len = data_len;
-    size_t root;
-    nd_status st = parse_value(&p, 0, &root);
-    if (st == ND_OK) {
-        skip_ws(&p);
-        if (p.pos != p.n) st = jerr(&p, p.pos, "trailing characters after the header object");
-    }
-    if (st == ND_OK) st = validate(&p, data_len, h);
-    free(p.nodes);
+    const jheader p = {op, what, doc->nodes};
+    st = validate(&p, data_len, h);
+    /* the names and metadata point into the document's strings: the header keeps them */
+    h->_arena = nd_json_take_strings(doc);
+    nd_json_free(doc);
     if (st != ND_OK) {
         nd_st_header_free(h);
         return st;
@@ -676,67 +383,7 @@ nd_status nd_st_load_memory(const char *op, const char *what, const void *buf, s
 
 /* ------------------------------------------------------------- writing */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const void *s, size_t n) {
-    if (b->oom) return;
-    if (b->cap - b->n < n + 1) {
-        size_t ncap = b->cap ? b->cap : 256;
-        while (ncap - b->n < n + 1) {
-            if (ncap > SIZE_MAX / 2) { b->oom = true; return; }
-            ncap *= 2;
-        }
-        char *np = realloc(b->p, ncap);
-        if (!np) { b->oom = true; return; }
-        b->p = np;
-        b->cap = ncap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-static void sb_fmt(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_fmt(sbuf *b, const char *fmt, ...) {
-    char tmp[64];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n > 0) sb_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
-/* a JSON string: ", \ and control characters escaped (as serde_json) */
-static void sb_json_str(sbuf *b, const char *s, size_t n) {
-    sb_put(b, "\"", 1);
-    size_t run = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        const char *esc = NULL;
-        char ub[8];
-        switch (c) {
-        case '"': esc = "\\\""; break;
-        case '\\': esc = "\\\\"; break;
-        case '\n': esc = "\\n"; break;
-        case '\r': esc = "\\r"; break;
-        case '\t': esc = "\\t"; break;
-        case '\b': esc = "\\b"; break;
-        case '\f': esc = "\\f"; break;
-        default:
-            if (c < 0x20) { snprintf(ub, sizeof ub, "\\u%04x", c); esc = ub; }
-        }
-        if (!esc) continue;
-        sb_put(b, s + run, i - run);
-        sb_str(b, esc);
-        run = i + 1;
-    }
-    sb_put(b, s + run, n - run);
-    sb_put(b, "\"", 1);
-}
+typedef nd_json_buf sbuf; /* the header, and the file when it is written to memory */
 
 typedef struct { const char *k; size_t len; size_t es; size_t idx; } wkey;
 
@@ -765,7 +412,7 @@ static nd_status sink_write(sink *k, const char *op, const void *p, size_t n) {
         if (st != ND_OK) k->file = NULL; /* the atomic file aborted itself */
         return st;
     }
-    sb_put(k->mem, p, n);
+    nd_json_put(k->mem, p, n);
     return k->mem->oom ? nd_fail(ND_ERR_MEMORY, "%s: out of memory", op) : ND_OK;
 }
 
@@ -837,34 +484,42 @@ static nd_status build_header(const char *op, const char *what, const nd_st_entr
         pos += (uint64_t)nd_numel(t) * nd_dtype_size(t->dtype);
     }
     /* the JSON */
-    sb_str(hdr, "{");
+    nd_json_puts(hdr, "{");
     bool first = true;
     if (nmeta > 0) {
-        sb_str(hdr, "\"__metadata__\":{");
+        nd_json_puts(hdr, "\"__metadata__\":{");
         for (size_t i = 0; i < nmeta; i++) {
             const nd_st_meta *m = &meta[mk[i].idx];
-            if (i) sb_str(hdr, ",");
-            sb_json_str(hdr, m->key, m->key_len);
-            sb_str(hdr, ":");
-            sb_json_str(hdr, m->value, m->value_len);
+            if (i) nd_json_puts(hdr, ",");
+            nd_json_string(hdr, m->key, m->key_len);
+            nd_json_puts(hdr, ":");
+            nd_json_string(hdr, m->value, m->value_len);
         }
-        sb_str(hdr, "}");
+        nd_json_puts(hdr, "}");
         first = false;
     }
     for (size_t i = 0; i < n; i++) {
         const nd_st_entry *e = &entries[byname[i].idx];
         const nd_tensor *t = e->tensor;
-        if (!first) sb_str(hdr, ",");
+        if (!first) nd_json_puts(hdr, ",");
         first = false;
-        sb_json_str(hdr, e->name, e->name_len);
-        sb_fmt(hdr, ":{\"dtype\":\"%s\",\"shape\":[", nd_st_dtype_name(t->dtype));
-        for (int d = 0; d < t->ndim; d++) sb_fmt(hdr, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+        nd_json_string(hdr, e->name, e->name_len);
+        nd_json_puts(hdr, ":{\"dtype\":");
+        nd_json_string(hdr, nd_st_dtype_name(t->dtype), strlen(nd_st_dtype_name(t->dtype)));
+        nd_json_puts(hdr, ",\"shape\":[");
+        for (int d = 0; d < t->ndim; d++) {
+            if (d) nd_json_puts(hdr, ",");
+            nd_json_int(hdr, t->shape[d]);
+        }
         uint64_t b = at[byname[i].idx];
-        sb_fmt(hdr, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)b,
-               (unsigned long long)(b + (uint64_t)nd_numel(t) * nd_dtype_size(t->dtype)));
+        nd_json_puts(hdr, "],\"data_offsets\":[");
+        nd_json_uint(hdr, b);
+        nd_json_puts(hdr, ",");
+        nd_json_uint(hdr, b + (uint64_t)nd_numel(t) * nd_dtype_size(t->dtype));
+        nd_json_puts(hdr, "]}");
     }
-    sb_str(hdr, "}");
-    while (hdr->n % 8 != 0) sb_str(hdr, " "); /* 8-byte aligned buffer, as the reference */
+    nd_json_puts(hdr, "}");
+    while (hdr->n % 8 != 0) nd_json_puts(hdr, " "); /* 8-byte aligned buffer, as the reference */
     free(at);
     free(byname);
     free(mk);

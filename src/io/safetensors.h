@@ -6,8 +6,9 @@
  *   rest      the byte buffer; tensor bytes are [b, e) of it, row-major, little-endian
  *
  * Files are untrusted input: the reader checks every length, offset, shape and
- * dtype, parses the header with a strict JSON parser (objects, arrays,
- * strings with escapes, integers; UTF-8; duplicate keys rejected) and
+ * dtype, parses the header with the strict JSON codec of json.h limited to
+ * what the format uses (objects, arrays, strings with escapes, integers;
+ * UTF-8; duplicate keys rejected; 32 levels) and
  * requires the tensors to cover the buffer exactly, without overlap, as the
  * specification does. Failures are nd_status errors whose message reads
  * "<op>: '<file>': <what is wrong>". */

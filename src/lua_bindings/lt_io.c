@@ -1,6 +1,7 @@
 /* lt_io.c - binary I/O for Lua: raw bytes <-> tensors, gzip reads, atomic
- * writes, the safetensors reader/writer under needle.serialize, what a file
- * is (its format, its type) and the check every path argument gets. Results
+ * writes, the safetensors reader/writer under needle.serialize, the JSON
+ * codec (io/json.h) under needle.checkpoint's json, what a file is (its
+ * format, its type) and the check every path argument gets. Results
  * the core hands over (buffers, headers, tensor arrays) sit in a holder
  * userdata while Lua values are built, so a Lua error (out of memory) in
  * between cannot leak them. */
@@ -10,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "io/io.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "lt_internal.h"
 
@@ -20,6 +22,8 @@ typedef struct {
     nd_st_header *h;
     nd_tensor **ts;
     size_t nts;
+    nd_json_doc *doc;
+    nd_json_buf json;
 } io_holder;
 
 static int holder_gc(lua_State *L) {
@@ -27,6 +31,8 @@ static int holder_gc(lua_State *L) {
     free(o->buf);
     nd_st_header_free(o->h);
     nd_st_free_tensors(o->ts, o->nts);
+    nd_json_free(o->doc);
+    nd_json_buf_free(&o->json);
     memset(o, 0, sizeof *o);
     return 0;
 }
@@ -285,6 +291,262 @@ static int l_st_save(lua_State *L) {
     return 0;
 }
 
+/* ------------------------------------------------------------ JSON
+ * The value mapping of needle.checkpoint's json (see there): strings,
+ * booleans, integers and floats (kept apart: 3 and 3.0), arrays (a table
+ * that is a non-empty sequence, or has the array metatable the caller
+ * passes) and objects (every other table: string keys, written sorted
+ * bytewise, so the same value gives the same bytes). Both functions return
+ * nil and a message instead of raising, so the Lua side words the error. */
+
+#define JSON_ENCODE_MAX_DEPTH 200 /* tables inside tables; also what stops a table that contains itself */
+
+/* a decoded value: the recursion is bounded by the reader's depth limit */
+static void push_json(lua_State *L, const nd_json_doc *d, size_t i, int array_mt) {
+    const nd_json_node *j = &d->nodes[i];
+    switch (j->type) {
+    case ND_JSON_STRING: lua_pushlstring(L, j->str, j->str_len); return;
+    case ND_JSON_INT: lua_pushinteger(L, (lua_Integer)j->i); return;
+    case ND_JSON_FLOAT: lua_pushnumber(L, (lua_Number)j->f); return;
+    case ND_JSON_BOOL: lua_pushboolean(L, j->b); return;
+    case ND_JSON_ARRAY: {
+        luaL_checkstack(L, 4, "JSON nested too deeply");
+        lua_createtable(L, j->count < 1000000 ? (int)j->count : 0, 0);
+        lua_Integer k = 1;
+        for (size_t c = j->first; c; c = d->nodes[c].next) {
+            push_json(L, d, c, array_mt);
+            lua_rawseti(L, -2, k++);
+        }
+        if (array_mt) {
+            lua_pushvalue(L, array_mt);
+            lua_setmetatable(L, -2);
+        }
+        return;
+    }
+    case ND_JSON_OBJECT:
+        luaL_checkstack(L, 4, "JSON nested too deeply");
+        lua_createtable(L, 0, j->count < 1000000 ? (int)j->count : 0);
+        for (size_t c = j->first; c; c = d->nodes[c].next) {
+            lua_pushlstring(L, d->nodes[c].key, d->nodes[c].key_len);
+            push_json(L, d, c, array_mt);
+            lua_rawset(L, -3);
+        }
+        return;
+    }
+}
+
+/* core._json_decode(s[, array_mt]) -> value, or nil, "<problem> at byte <1-based offset>" */
+static int l_json_decode(lua_State *L) {
+    size_t n;
+    const char *s = check_string(L, 1, "json_decode", "text", &n);
+    int array_mt = lua_istable(L, 2) ? 2 : 0;
+    io_holder *o = new_holder(L);
+    nd_json_error e;
+    nd_status st = nd_json_parse(s, n, NULL, &o->doc, &e);
+    if (st == ND_ERR_MEMORY) return lt_error(L, "json_decode", "%s", e.msg);
+    if (st != ND_OK) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s at byte %I", e.msg, (lua_Integer)e.offset + 1);
+        return 2;
+    }
+    push_json(L, o->doc, 0, array_mt);
+    nd_json_free(o->doc); /* now, not when the holder is collected */
+    o->doc = NULL;
+    return 1;
+}
+
+typedef struct {
+    lua_State *L;
+    nd_json_buf *b;
+    int array_mt;
+    /* the path to the value being written, for messages: a key or an index per level */
+    struct { const char *k; size_t len; lua_Integer i; } path[JSON_ENCODE_MAX_DEPTH + 2];
+} encoder;
+
+/* "at the root.a[2].b", as needle.checkpoint has always named values, at
+ * most about 80 bytes: the start and the end kept */
+static void push_where(encoder *e, int depth) {
+    lua_State *L = e->L;
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    luaL_addstring(&b, "at the root");
+    for (int d = 1; d <= depth; d++) {
+        if (e->path[d].k) {
+            luaL_addchar(&b, '.');
+            luaL_addlstring(&b, e->path[d].k, e->path[d].len);
+        } else {
+            char t[32];
+            snprintf(t, sizeof t, "[%lld]", (long long)e->path[d].i);
+            luaL_addstring(&b, t);
+        }
+    }
+    luaL_pushresult(&b);
+    size_t n;
+    const char *w = lua_tolstring(L, -1, &n);
+    if (n > 80) {
+        lua_pushlstring(L, w, 38);
+        lua_pushliteral(L, "...");
+        lua_pushlstring(L, w + n - 38, 38);
+        lua_concat(L, 3);
+        lua_remove(L, -2);
+    }
+}
+
+/* leaves the message on the stack and returns false */
+static bool enc_fail(encoder *e, int depth, const char *fmt1, const char *fmt2, const char *a, const char *b) {
+    lua_State *L = e->L;
+    push_where(e, depth);
+    const char *w = lua_tostring(L, -1);
+    lua_pushfstring(L, fmt1, w);
+    if (fmt2) lua_pushfstring(L, fmt2, a, b);
+    else lua_pushliteral(L, "");
+    lua_concat(L, 2);
+    lua_remove(L, -2);
+    return false;
+}
+
+static bool enc_string(encoder *e, int idx, int depth) {
+    size_t n;
+    const char *s = lua_tolstring(e->L, idx, &n);
+    if (nd_utf8_check((const unsigned char *)s, n) != n)
+        return enc_fail(e, depth, "string %s is not valid UTF-8", NULL, NULL, NULL);
+    nd_json_string(e->b, s, n);
+    return true;
+}
+
+typedef struct { const char *k; size_t len; } enc_key;
+static int enc_key_cmp(const void *a, const void *b) {
+    const enc_key *x = a, *y = b;
+    size_t m = x->len < y->len ? x->len : y->len;
+    int c = memcmp(x->k, y->k, m);
+    if (c) return c;
+    return x->len < y->len ? -1 : x->len > y->len;
+}
+
+/* writes the value at idx (an absolute index) */
+static bool enc_value(encoder *e, int idx, int depth) {
+    lua_State *L = e->L;
+    switch (lua_type(L, idx)) {
+    case LUA_TSTRING: return enc_string(e, idx, depth);
+    case LUA_TBOOLEAN: nd_json_puts(e->b, lua_toboolean(L, idx) ? "true" : "false"); return true;
+    case LUA_TNUMBER:
+        if (lua_isinteger(L, idx)) {
+            nd_json_int(e->b, (int64_t)lua_tointeger(L, idx));
+            return true;
+        }
+        if (!nd_json_float(e->b, (double)lua_tonumber(L, idx))) {
+            lua_Number x = lua_tonumber(L, idx);
+            return enc_fail(e, depth, "number %s is ", "%s%s, which JSON cannot hold", x != x ? "NaN" : x > 0 ? "inf" : "-inf", "");
+        }
+        return true;
+    case LUA_TTABLE: break;
+    default:
+        return enc_fail(e, depth, "value %s is a ", "%s%s, which JSON cannot hold", luaL_typename(L, idx), "");
+    }
+    if (depth > JSON_ENCODE_MAX_DEPTH || !lua_checkstack(L, 8))
+        return enc_fail(e, depth, "table %s is nested too deeply (or contains itself)", NULL, NULL, NULL);
+    bool array = false;
+    if (e->array_mt && lua_getmetatable(L, idx)) {
+        array = lua_rawequal(L, -1, e->array_mt);
+        lua_pop(L, 1);
+    }
+    size_t count = 0;
+    lua_Unsigned len = lua_rawlen(L, idx);
+    if (!array) { /* a non-empty sequence: as many keys as its length */
+        lua_pushnil(L);
+        while (lua_next(L, idx)) {
+            lua_pop(L, 1);
+            count++;
+        }
+        array = count > 0 && count == len;
+    }
+    if (array) {
+        nd_json_puts(e->b, "[");
+        for (lua_Unsigned i = 1; i <= len; i++) {
+            if (i > 1) nd_json_puts(e->b, ",");
+            lua_rawgeti(L, idx, (lua_Integer)i);
+            e->path[depth + 1].k = NULL;
+            e->path[depth + 1].i = (lua_Integer)i;
+            bool ok = enc_value(e, lua_gettop(L), depth + 1);
+            if (!ok) {
+                lua_remove(L, -2); /* the element, under the message */
+                return false;
+            }
+            lua_pop(L, 1);
+        }
+        nd_json_puts(e->b, "]");
+        return true;
+    }
+    /* an object: string keys, sorted */
+    enc_key *keys = lua_newuserdatauv(L, (count ? count : 1) * sizeof *keys, 0);
+    int keys_idx = lua_gettop(L);
+    size_t n = 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        if (lua_type(L, -1) != LUA_TSTRING) {
+            const char *ty = luaL_typename(L, -1);
+            const char *shown = luaL_tolstring(L, -1, NULL);
+            bool r = enc_fail(e, depth, "table %s has a ", "%s key (%s): JSON objects take string keys", ty, shown);
+            lua_replace(L, keys_idx); /* the message where the keys were; drop the rest */
+            lua_settop(L, keys_idx);
+            return r;
+        }
+        keys[n].k = lua_tolstring(L, -1, &keys[n].len);
+        n++;
+    }
+    /* n == count: nothing ran between the two walks that could change the table */
+    qsort(keys, n, sizeof *keys, enc_key_cmp);
+    nd_json_puts(e->b, "{");
+    for (size_t i = 0; i < n; i++) {
+        if (i) nd_json_puts(e->b, ",");
+        lua_pushlstring(L, keys[i].k, keys[i].len);
+        if (nd_utf8_check((const unsigned char *)keys[i].k, keys[i].len) != keys[i].len) {
+            bool r = enc_fail(e, depth, "string %s is not valid UTF-8", NULL, NULL, NULL);
+            lua_replace(L, keys_idx);
+            lua_settop(L, keys_idx);
+            return r;
+        }
+        nd_json_string(e->b, keys[i].k, keys[i].len);
+        nd_json_puts(e->b, ":");
+        lua_rawget(L, idx);
+        e->path[depth + 1].k = keys[i].k;
+        e->path[depth + 1].len = keys[i].len;
+        bool ok = enc_value(e, lua_gettop(L), depth + 1);
+        if (!ok) {
+            lua_replace(L, keys_idx);
+            lua_settop(L, keys_idx);
+            return false;
+        }
+        lua_pop(L, 1);
+    }
+    nd_json_puts(e->b, "}");
+    lua_pop(L, 1); /* keys */
+    return true;
+}
+
+/* core._json_encode(value[, array_mt]) -> string, or nil, "<what> at the root.<path> <problem>" */
+static int l_json_encode(lua_State *L) {
+    lua_settop(L, 2);
+    int array_mt = lua_istable(L, 2) ? 2 : 0;
+    io_holder *o = new_holder(L); /* frees the buffer if Lua raises (out of memory) */
+    encoder *e = lua_newuserdatauv(L, sizeof *e, 0);
+    memset(e, 0, sizeof *e);
+    e->L = L;
+    e->b = &o->json;
+    e->array_mt = array_mt;
+    if (!enc_value(e, 1, 0)) {
+        nd_json_buf_free(&o->json);
+        lua_pushnil(L);
+        lua_insert(L, -2);
+        return 2;
+    }
+    if (o->json.oom) return lt_error(L, "json_encode", "out of memory writing a JSON text of %zu bytes", o->json.n);
+    lua_pushlstring(L, o->json.p ? o->json.p : "", o->json.n);
+    nd_json_buf_free(&o->json);
+    return 1;
+}
+
 /* ------------------------------------------------------------ what a file is */
 
 /* core._file_format(path[, op]) -> "safetensors" | "zip" | "torch_legacy" | "unknown"
@@ -337,6 +599,8 @@ void lt_register_io(lua_State *L) {
         {"_safetensors_save", l_st_save, false, true},
         {"_file_format", l_file_format, false, true},
         {"_file_type", l_file_type, false, true},
+        {"_json_decode", l_json_decode, false, true},
+        {"_json_encode", l_json_encode, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);
