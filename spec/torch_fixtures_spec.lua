@@ -10,7 +10,8 @@ local fixtures = X.load("torch_ops")
 local ops = {
   neg = function(x) return -x end, abs = nd.abs, exp = nd.exp, log = nd.log, sqrt = nd.sqrt,
   rsqrt = nd.rsqrt, tanh = nd.tanh, sigmoid = nd.sigmoid, relu = nd.relu, sin = nd.sin,
-  cos = nd.cos, erf = nd.erf,
+  cos = nd.cos, erf = nd.erf, log1p = nd.log1p, log1p_tiny = nd.log1p, expm1 = nd.expm1,
+  expm1_tiny = nd.expm1,
   add = function(a, b) return a + b end, sub = function(a, b) return a - b end,
   mul = function(a, b) return a * b end, div = function(a, b) return a / b end,
   pow = function(a, b) return a ^ b end, maximum = nd.maximum, minimum = nd.minimum,
