@@ -469,7 +469,7 @@ static int l_randperm(lua_State *L) {
     lua_Integer n = luaL_checkinteger(L, 1);
     static const char *const valid[] = {"device", NULL};
     int opts = lt_options(L, 2, "randperm", valid);
-    nd_device dev = lt_check_device(L, opts, "randperm");
+    nd_device dev = opts ? lt_check_device(L, opts, "randperm") : nd_cpu_device();
     if (n < 0) return lt_error(L, "randperm", "n must be >= 0, got %lld", (long long)n);
     nd_tensor *t;
     LT_CHECK_AS(L, "randperm", nd_randperm(n, &t));

@@ -5,7 +5,7 @@
 # its committed seeds (tests/fuzz/corpus/<target>) plus what earlier runs
 # found (build-fuzz/fuzz/corpus/<target>, not committed); crashes, leaks and
 # timeouts are written to build-fuzz/fuzz/artifacts/<target>/. TARGET is
-# pickle, safetensors, zip or torch_load (default: every one that was built).
+# pickle, safetensors, zip, torch_load or json (default: every one that was built).
 # Exit status: 1 when any harness found something. See docs/fuzzing.md.
 set -eu
 cd "$(dirname "$0")/../.."
@@ -15,7 +15,7 @@ build=${NEEDLE_FUZZ_BUILD:-build-fuzz}
 CC=${CC:-clang} cmake -S . -B "$build" -DNEEDLE_FUZZ=ON -DNEEDLE_OPENCL=OFF \
     -DNEEDLE_BUILD_TESTS=OFF >/dev/null
 cmake --build "$build" --target needle_fuzz -j "${JOBS:-2}"
-targets=${*:-"pickle safetensors zip torch_load"}
+targets=${*:-"pickle safetensors zip torch_load json"}
 status=0
 for t in $targets; do
     bin="$build/fuzz/fuzz_$t"
@@ -23,6 +23,7 @@ for t in $targets; do
     case $t in
         pickle) dict=tests/fuzz/pickle.dict ;;
         safetensors) dict=tests/fuzz/safetensors.dict ;;
+        json) dict=tests/fuzz/json.dict ;;
         *) dict=tests/fuzz/zip.dict ;;
     esac
     work="$build/fuzz/corpus/$t"
