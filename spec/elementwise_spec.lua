@@ -70,7 +70,7 @@ local function check_layout(x, layout)
 end
 
 -- Unary ops whose inputs must be positive.
-local positive_unary = { log = true, sqrt = true, rsqrt = true }
+local positive_unary = { log = true, sqrt = true, rsqrt = true, log1p = true }
 -- Unary ops that are exact in float32 (compared bit for bit).
 local exact_unary = { neg = true, abs = true, relu = true, sign = true, floor = true,
                       ceil = true, round = true }
@@ -87,6 +87,43 @@ end
 
 ---------------------------------------------------------------------------
 describe("unary ops", function()
+  it("every unary op of the registry (nd.ops()) is tested here against a reference", function()
+    local listed = {}
+    for _, name in ipairs(R.unary_names) do listed[name] = true end
+    for _, op in ipairs(nd.ops()) do
+      if op.kind == "unary" and op.expr then
+        assert(listed[op.name] and R.unary[op.name],
+          "unary op " .. op.name .. " has no reference in spec/helpers/reference.lua")
+      end
+    end
+  end)
+
+  -- the reason log1p and expm1 exist: log(1 + x) and exp(x) - 1 lose their
+  -- digits near 0 (in float64 at x = 1e-12, about 4 of 16). Reference: the
+  -- Taylor series, exact to double precision at these sizes.
+  it("log1p and expm1 keep full precision near 0 (float64, against the series)", function()
+    local xs = {1e-12, -3e-13, 2.5e-10, -7e-9, 1e-8}
+    local t = nd.tensor(xs, {dtype = "float64"})
+    local l, e = t:log1p():totable(), nd.expm1(t):totable()
+    for i, x in ipairs(xs) do
+      local want_l = x - x ^ 2 / 2 + x ^ 3 / 3
+      local want_e = x + x ^ 2 / 2 + x ^ 3 / 6
+      assert(math.abs(l[i] - want_l) <= 4e-16 * math.abs(want_l),
+        ("log1p(%g) = %.17g, series %.17g"):format(x, l[i], want_l))
+      assert(math.abs(e[i] - want_e) <= 4e-16 * math.abs(want_e),
+        ("expm1(%g) = %.17g, series %.17g"):format(x, e[i], want_e))
+    end
+  end)
+
+  it("log1p and expm1: integer inputs compute in float32, -1 and large values", function()
+    local r = nd.tensor({0, 1, 3}, {dtype = "int64"}):log1p()
+    assert.are.equal("float32", r.dtype)
+    assert.is_true(math.abs(r:totable()[3] - math.log(4)) < 1e-6)
+    assert.are.equal(-math.huge, nd.tensor({-1}, {dtype = "float64"}):log1p():item())
+    local big = nd.expm1(nd.tensor({100}, {dtype = "float64"})):item()
+    assert.is_true(math.abs(big - (math.exp(100) - 1)) <= 1e-15 * big)
+  end)
+
   for _, name in ipairs(R.unary_names) do
     local gen = positive_unary[name] and positive or grid
     describe(name, function()

@@ -70,9 +70,36 @@ R.unary = {
   round = function(x) return R.round_half_even(x) end,
   sin = function(x) return math.sin(x) end,
   cos = function(x) return math.cos(x) end,
+  -- erf: its Taylor series below 3 (alternating, terms below 1e-17 of the
+  -- sum at the end), 1 - the asymptotic erfc above (erfc(3) = 2.2e-5)
+  erf = function(x)
+    if x ~= x or x == 0 then return x end
+    local a = math.abs(x)
+    local r
+    if a < 3 then
+      local term, sum, n = a, a, 0
+      repeat
+        n = n + 1
+        term = -term * a * a / n
+        local t = term / (2 * n + 1)
+        sum = sum + t
+      until math.abs(t) < 1e-17 * math.abs(sum) or n > 200
+      r = sum * 2 / math.sqrt(math.pi)
+    else
+      local inv = 1 / (2 * a * a)
+      r = 1 - math.exp(-a * a) / (a * math.sqrt(math.pi)) * (1 - inv + 3 * inv ^ 2 - 15 * inv ^ 3)
+    end
+    return x < 0 and -r or r
+  end,
+  log1p = function(x)
+    if x < -1 then return 0 / 0 end
+    if x == -1 then return -math.huge end
+    return math.log(1 + x)
+  end,
+  expm1 = function(x) return math.exp(x) - 1 end,
 }
 R.unary_names = { "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu",
-                  "sign", "floor", "ceil", "round", "sin", "cos" }
+                  "sign", "floor", "ceil", "round", "sin", "cos", "erf", "log1p", "expm1" }
 
 local function fmax(a, b) if a ~= a then return a end if b ~= b then return b end return a > b and a or b end
 local function fmin(a, b) if a ~= a then return a end if b ~= b then return b end return a < b and a or b end
