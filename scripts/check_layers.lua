@@ -80,10 +80,13 @@ for _, rel in ipairs(list_sources()) do
     local lineno = 0
     for line in io.lines(src_dir .. "/" .. rel) do
       lineno = lineno + 1
-      local inc = line:match('^%s*#%s*include%s*"([^"]+)"')
+      -- "x.h" and <x.h> alike: src/ is an include directory, so <ops/grad_fns.h>
+      -- reaches an ops header as surely as "ops/grad_fns.h"
+      local quoted = line:match('^%s*#%s*include%s*"([^"]+)"')
+      local inc = quoted or line:match('^%s*#%s*include%s*<([^>]+)>')
       if inc then
-        -- as the compiler looks: next to the file first, then src/
-        local target = normalize((dir ~= "" and dir .. "/" or "") .. inc)
+        -- as the compiler looks: next to the file first (quoted only), then src/
+        local target = quoted and normalize((dir ~= "" and dir .. "/" or "") .. inc) or normalize(inc)
         if not exists(src_dir .. "/" .. target) then target = normalize(inc) end
         if exists(src_dir .. "/" .. target) then
           nincludes = nincludes + 1
@@ -115,7 +118,9 @@ end
 -- src-relative source path of an object ("<...>/src/ops/op_view.c.o"); the
 -- generated sources belong to the layer that uses them.
 local function object_source(o)
-  local rel = o:match("/src/(.+)%.o$") or o:match("/src/(.+)%.obj$")
+  -- CMake's object path: <build>/CMakeFiles/<target>.dir/src/<rel>.o (the
+  -- last "/src/" after ".dir", whatever the checkout's own path holds)
+  local rel = o:match("%.dir/src/(.+)%.o$") or o:match("%.dir/src/(.+)%.obj$")
   if rel then return rel end
   if o:match("ocl_sources%.c%.o$") or o:match("ocl_sources%.c%.obj$") then return "backends/opencl/ocl_sources.c" end
   if o:match("needle_embedded_lua%.c%.o$") or o:match("needle_embedded_lua%.c%.obj$") then
@@ -140,8 +145,13 @@ for _, o in ipairs(objects) do
       for line in p:lines() do
         local sym, kind = line:match("^(%S+) (%a)")
         if sym then
-          if kind == "U" then und[#und + 1] = sym
-          elseif kind:match("[TDBRCV]") then defined[sym] = {layer = layer, backend = backend, rel = rel} end
+          -- U: undefined here; global definitions are the upper-case kinds
+          -- (T D B R C V W G S I ...), u (unique) and i (indirect function,
+          -- as target_clones makes); w/v are weak undefined references
+          if kind == "U" or kind == "w" or kind == "v" then und[#und + 1] = sym
+          elseif kind:match("%u") or kind == "u" or kind == "i" then
+            defined[sym] = {layer = layer, backend = backend, rel = rel}
+          end
         end
       end
       local ok = p:close()

@@ -77,7 +77,7 @@ describe("cmake --install", function()
     for _, rel in ipairs({
       "bin/needle-lua",
       "lib/libneedle.so", "lib/libneedle.so.0", "lib/libneedle.a",
-      "include/needle.h", "include/op_registry.h",
+      "include/needle.h", "include/needle_ops.h",
       "lib/pkgconfig/needle.pc",
       "lib/lua/5.4/needle/core.so",
       "share/lua/5.4/needle/init.lua",

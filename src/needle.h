@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "op_registry.h"
+#include "needle_ops.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -180,7 +180,7 @@ nd_status nd_set_data_(nd_tensor *t, const nd_tensor *src);
 nd_status nd_fill_(nd_tensor *dst, double value);
 nd_status nd_fill_int_(nd_tensor *dst, int64_t value); /* exact for int64 */
 
-/* ---- elementwise ---- (the ops and their rules: op_registry.h) */
+/* ---- elementwise ---- (the ops and their rules: needle_ops.h) */
 typedef enum {
 #define ND_X(name, ...) ND_UNARY_##name,
     ND_UNARY_OPS(ND_X)
@@ -231,20 +231,21 @@ nd_status nd_reduce(nd_reduce_op op, const nd_tensor *x, const int *dims, int nd
 nd_status nd_max_dim(const nd_tensor *x, int dim, int keepdim, int is_min,
                      nd_tensor **values, nd_tensor **indices);
 
-/* ---- the op registry (op_registry.h), for bindings and tools ----
+/* ---- the op registry (needle_ops.h), for bindings and tools ----
  * One entry per op, in a fixed order: unary, binary, reduction, other. */
 typedef struct {
     const char *name;
     const char *kind;       /* "unary", "binary", "reduce", "view", "gemm", ... (lower case) */
     int arity;              /* tensor inputs; -1: a list of tensors */
-    const char *dtype_rule; /* "same", "float", "promote", "index", "output", "compare" */
+    const char *dtype_rule; /* "same", "float", "promote", "promote_float" (ints too give
+                             * float32), "index", "output", "compare" */
     bool differentiable;    /* has a gradient for float inputs */
     bool records_node;      /* ... through an autograd node of its own, named after the op */
     const char *expr;       /* elementwise ops: the float expression (x, or a and b); else NULL */
     const char *backward;   /* unary ops: the backward formula; else NULL */
 } nd_op_info;
 /* Every op: ND_OP_<name>, in the order of nd_op_at. A name that two lists
- * of op_registry.h share would be a duplicate enumerator: a build error. */
+ * of needle_ops.h share would be a duplicate enumerator: a build error. */
 typedef enum {
 #define ND_X(name, ...) ND_OP_##name,
     ND_UNARY_OPS(ND_X) ND_BINARY_OPS(ND_X) ND_REDUCE_OPS(ND_X) ND_OTHER_OPS(ND_X)

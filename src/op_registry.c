@@ -1,4 +1,4 @@
-/* op_registry.c - the op registry (op_registry.h) as data: names for error
+/* op_registry.c - the op registry (needle_ops.h) as data: names for error
  * messages, autograd nodes and the profiler, and descriptions for bindings
  * and tools (nd.ops() in Lua). */
 #include <string.h>
@@ -33,7 +33,7 @@ const char *nd_reduce_name(nd_reduce_op op) {
     return (unsigned)op < ND_NUM_REDUCE ? reduce_names[op] : "reduce?";
 }
 
-/* Column tokens of op_registry.h as the strings nd_op_info reports. */
+/* Column tokens of needle_ops.h as the strings nd_op_info reports. */
 #define KIND_TERNARY "ternary"
 #define KIND_UNARY "unary"
 #define KIND_REDUCE "reduce"
@@ -63,8 +63,9 @@ const char *nd_reduce_name(nd_reduce_op op) {
 #define RULE_PROMOTE "promote"
 #define RULE_INDEX "index"
 #define RULE_OUTPUT "output"
-#define BINARY_RULE_ARITH "promote"
-#define BINARY_RULE_CMP "compare"
+#define BINARY_RULE_ARITH_KEEP "promote"
+#define BINARY_RULE_ARITH_FLOAT "promote_float" /* integers and bools compute in float32 */
+#define BINARY_RULE_CMP_KEEP "compare"
 #define BINARY_DIFF_ARITH true
 #define BINARY_DIFF_CMP false
 /* A unary op differentiates unless its formula is ZEROS (sign, floor, ...:
@@ -78,7 +79,7 @@ static const nd_op_info ops[] = {
     ND_UNARY_OPS(ND_X)
 #undef ND_X
 #define ND_X(name, kind, ints, bools, fexpr, iexpr, bexpr) \
-    {#name, "binary", 2, BINARY_RULE_##kind, BINARY_DIFF_##kind, BINARY_DIFF_##kind, #fexpr, NULL},
+    {#name, "binary", 2, BINARY_RULE_##kind##_##ints, BINARY_DIFF_##kind, BINARY_DIFF_##kind, #fexpr, NULL},
     ND_BINARY_OPS(ND_X)
 #undef ND_X
 #define ND_X(name, grad) {#name, "reduce", 1, "same", GRAD_##grad, NODE_##grad, NULL, NULL},

@@ -324,7 +324,7 @@ static int l_get_num_threads(lua_State *L) {
     return 1;
 }
 
-/* nd.ops(): the op registry (op_registry.h) as a list of tables, for specs
+/* nd.ops(): the op registry (needle_ops.h) as a list of tables, for specs
  * that must cover every op and for tools. */
 static int l_ops(lua_State *L) {
     int n = nd_op_count();

@@ -15,7 +15,7 @@ bool nd_set_grad_enabled(bool on);
  * If grad mode is on and any input requires grad, creates the node, makes it
  * out's grad_fn (out->requires_grad = true) and returns it in *node; else
  * *node = NULL. Inputs may be NULL (non-tensor arguments). The node is
- * named after op (op_registry.h): errors, the profiler and grad_fn use it. */
+ * named after op (needle_ops.h): errors, the profiler and grad_fn use it. */
 nd_status nd_record(nd_op op, nd_backward_fn fn, nd_tensor *out, int ninputs,
                     const nd_tensor *const *inputs, nd_node **node);
 /* Saves t for backward (retained; version stamped). is_output: t is the

@@ -2,7 +2,7 @@
  * broadcasting and checks in front of the backend's kernels, then their
  * backward formulas (written with the differentiable ops themselves, so
  * create_graph gives gradients of gradients) and the recording of nodes.
- * The ops, their dtype rules and the unary formulas are in op_registry.h. */
+ * The ops, their dtype rules and the unary formulas are in needle_ops.h. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -10,7 +10,7 @@
 #include "grad_expr.h"
 #include "grad_fns.h"
 /* Every binary op needs a case in each backward switch below: adding an op
- * to op_registry.h without its formula fails the build. */
+ * to needle_ops.h without its formula fails the build. */
 #pragma GCC diagnostic error "-Wswitch"
 
 /* ---------------------------------------------------- rules from the registry */
@@ -397,7 +397,7 @@ static nd_status bw_relu_fused(nd_node *n, const nd_tensor *g, nd_tensor **grads
     return ND_OK;
 }
 
-/* The backward formulas of op_registry.h, one function per op. The saved
+/* The backward formulas of needle_ops.h, one function per op. The saved
  * tensor is declared only under the name the registry's save column gives
  * (x: the input, y: the output), so a formula that reads the other one
  * fails to compile. */
@@ -541,14 +541,18 @@ nd_status nd_record_binary(nd_binary_op op, const nd_tensor *a, const nd_tensor 
     ND_TRY(nd_record(nd_binary_op_id(op), bw_binary, out, 2, in, &n));
     if (!n) return ND_OK;
     n->iparams[0] = op;
-    switch (op) {
+    switch (op) { /* what bw_binary reads: every op decides (-Wswitch is an error here) */
     case ND_BINARY_mul: case ND_BINARY_div: case ND_BINARY_pow:
     case ND_BINARY_maximum: case ND_BINARY_minimum:
         ND_TRY(nd_save(n, a, false));
         return nd_save(n, b, false);
-    default:
+    case ND_BINARY_add: case ND_BINARY_sub:
+    case ND_BINARY_eq: case ND_BINARY_ne: case ND_BINARY_lt: case ND_BINARY_le:
+    case ND_BINARY_gt: case ND_BINARY_ge:
+    case ND_NUM_BINARY:
         return ND_OK;
     }
+    return ND_OK;
 }
 
 /* a op s (scalar_first: s op a); the number gets no gradient */
@@ -600,9 +604,18 @@ nd_status nd_record_binary_number(nd_binary_op op, const nd_tensor *a, nd_number
     n->iparams[0] = op;
     n->iparams[1] = scalar_first;
     n->fparams[0] = s.is_int ? (double)s.i : s.f;
-    bool needs_a = op == ND_BINARY_pow || op == ND_BINARY_maximum || op == ND_BINARY_minimum ||
-                   (op == ND_BINARY_div && scalar_first);
-    return needs_a ? nd_save(n, a, false) : ND_OK;
+    switch (op) { /* what bw_binary_number reads: every op decides */
+    case ND_BINARY_pow: case ND_BINARY_maximum: case ND_BINARY_minimum:
+        return nd_save(n, a, false);
+    case ND_BINARY_div:
+        return scalar_first ? nd_save(n, a, false) : ND_OK;
+    case ND_BINARY_add: case ND_BINARY_sub: case ND_BINARY_mul:
+    case ND_BINARY_eq: case ND_BINARY_ne: case ND_BINARY_lt: case ND_BINARY_le:
+    case ND_BINARY_gt: case ND_BINARY_ge:
+    case ND_NUM_BINARY:
+        return ND_OK;
+    }
+    return ND_OK;
 }
 
 /* ---------------------------------------------------------- where, clamp */

@@ -1,7 +1,7 @@
 /* cpu_elementwise.c - unary, binary, where and clamp kernels.
  *
  * One inner function per (op, dtype), instantiated from the op's expression
- * in op_registry.h (the OpenCL kernels use the same text). Each inner
+ * in needle_ops.h (the OpenCL kernels use the same text). Each inner
  * function has a dense fast path (vectorisable), fast paths for a broadcast
  * scalar on either side, and a strided fallback. Signed integer arithmetic
  * wraps (computed in the unsigned type) as in PyTorch, instead of being
@@ -53,7 +53,7 @@ static inline int64_t ipow64(int64_t base, int64_t e) {
     return (int64_t)r;
 }
 
-/* The kernels of op_registry.h's binary ops: the float expression for f32
+/* The kernels of needle_ops.h's binary ops: the float expression for f32
  * and f64, the integer one for the ints (when the op keeps ints), the bool
  * one for bool (when it keeps bools). OUT_ARITH / OUT_CMP: the output type. */
 #define OUT_ARITH(T) T
@@ -82,7 +82,7 @@ ND_BINARY_OPS(ND_X)
 #define FN_IF_INT64(fn) NULL
 #define FN_IF_REFUSE(fn) NULL
 
-/* [dtype][op]; NULL where the op layer converts first (op_registry.h). */
+/* [dtype][op]; NULL where the op layer converts first (needle_ops.h). */
 static const nd_inner_fn binary_fns[ND_NUM_DTYPES][ND_NUM_BINARY] = {
 #define ND_X(name, kind, ints, bools, ...)                                 \
     [ND_FLOAT32][ND_BINARY_##name] = name##_f32,                          \
@@ -157,7 +157,7 @@ nd_status nd_cpu_binary_scalar(nd_binary_op op, nd_tensor *out, const nd_tensor 
         }                                                                      \
     }
 
-/* The kernels of op_registry.h's unary ops (bool inputs arrive as uint8). */
+/* The kernels of needle_ops.h's unary ops (bool inputs arrive as uint8). */
 #define ND_X(name, ints, bools, save, fexpr, iexpr, bw)                  \
     UN_FN(name##_f32, float, uint32_t, fexpr)                            \
     UN_FN(name##_f64, double, uint64_t, fexpr)                           \

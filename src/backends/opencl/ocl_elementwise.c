@@ -8,7 +8,7 @@
 #include "ocl_kernels.h"
 
 
-/* The op layer converts operands first wherever op_registry.h says so;
+/* The op layer converts operands first wherever needle_ops.h says so;
  * reaching this is a bug in that layer, reported rather than computed. */
 static nd_status no_kernel(const char *op, nd_dtype dt) {
     return nd_fail(ND_ERR_DTYPE, "%s: not supported for dtype %s", op, nd_dtype_name(dt));

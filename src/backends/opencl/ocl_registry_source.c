@@ -1,6 +1,7 @@
-/* ocl_registry_source.c - the elementwise ops of op_registry.h as OpenCL C.
+/* ocl_registry_source.c - the elementwise ops of needle_ops.h as OpenCL C.
  *
- * The op enums and one `case` per op are generated from the registry's
+ * The op enums (reductions included: kernels/reduce.cl numbers its ops with
+ * them) and one `case` per elementwise op are generated from the registry's
  * expressions (stringified, so the OpenCL compiler sees the same text the
  * CPU kernels are instantiated from) and put in front of every program,
  * after kernels/common.cl. kernels/elementwise.cl expands the cases in its
@@ -28,6 +29,11 @@ const char ocl_registry_source[] =
     ND_BINARY_OPS(ND_X)
 #undef ND_X
     " ND_NUM_BINARY };\n"
+    "enum nd_reduce_op {"
+#define ND_X(name, ...) " ND_REDUCE_" #name ","
+    ND_REDUCE_OPS(ND_X)
+#undef ND_X
+    " ND_NUM_REDUCE };\n"
     /* unary: T x -> T */
     "#define ND_UNARY_FLOAT_CASES"
 #define ND_X(name, ints, bools, save, fexpr, iexpr, bw) \

@@ -1,7 +1,7 @@
 /* elementwise.cl - unary, binary (arithmetic and comparisons), scalar forms,
  * where, clamp and fill for one element type T (build define).
  *
- * Op codes and the per-op cases are generated from op_registry.h
+ * Op codes and the per-op cases are generated from needle_ops.h
  * (ocl_registry_source.c). Every kernel has a flat form (operands contiguous
  * from their offsets) and a strided one driven by an nd_geom. Semantics
  * follow the CPU kernels: signed integers wrap, max/min propagate NaN,
@@ -34,7 +34,7 @@ inline long ipow64(long base, long e) {
 }
 #endif
 
-/* The cases come from op_registry.h (ocl_registry_source.c); the host
+/* The cases come from needle_ops.h (ocl_registry_source.c); the host
  * launches an op only for the dtypes it has a case for, so the returns after
  * the switches are not reached. */
 inline T un_op(int op, T x) {

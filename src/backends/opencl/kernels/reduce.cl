@@ -20,7 +20,17 @@
 #define WG_MAX 256
 #endif
 
-enum { R_SUM, R_MEAN, R_PROD, R_MAX, R_MIN, R_ARGMAX, R_ARGMIN, R_VAR, R_STD, R_LSE };
+/* the op codes are nd_reduce_op, generated from needle_ops.h (ocl_registry_source.c) */
+#define R_SUM ND_REDUCE_sum
+#define R_MEAN ND_REDUCE_mean
+#define R_PROD ND_REDUCE_prod
+#define R_MAX ND_REDUCE_max
+#define R_MIN ND_REDUCE_min
+#define R_ARGMAX ND_REDUCE_argmax
+#define R_ARGMIN ND_REDUCE_argmin
+#define R_VAR ND_REDUCE_var
+#define R_STD ND_REDUCE_std
+#define R_LSE ND_REDUCE_logsumexp
 
 /* ocl_reduce.c's rgeom, same layout. */
 typedef struct {

@@ -1,4 +1,4 @@
-/* op_registry.h - every op of needle, described once.
+/* needle_ops.h - the op registry: every op of needle, described once.
  *
  * The lists below are X-macros: each consumer defines X to pick the columns
  * it needs, so the enums, the name tables, the CPU kernels, the OpenCL
@@ -10,20 +10,24 @@
  *
  * Part of the core layer: it names ops and holds expressions as text; it
  * calls nothing. Installed next to needle.h, which includes it. */
-#ifndef ND_OP_REGISTRY_H
-#define ND_OP_REGISTRY_H
+#ifndef ND_NEEDLE_OPS_H
+#define ND_NEEDLE_OPS_H
 
 /* ---- elementwise unary ops ----
  * X(name, ints, bools, save, float_expr, int_expr, backward)
  *   ints   KEEP: integer inputs compute in their own dtype with int_expr;
  *          FLOAT: integer inputs compute in float32 (int_expr unused: -).
  *   bools  UINT8: a bool input computes as uint8 and the result is bool;
- *          FLOAT: as float32; REFUSE: an error (see nd_unary_bool_hint).
+ *          FLOAT: as float32; REFUSE: an error (whose hint, what to use
+ *          instead, is bool_hint in ops/op_elementwise.c).
  *   save   what the backward formula reads: NONE, INPUT (x) or OUTPUT (y).
  *   float_expr  the value for an element x of float type T. It is C with
  *          <tgmath.h> on the CPU and OpenCL C on OpenCL, so only functions
  *          both have (exp, log, sqrt, tanh, fabs, floor, ceil, rint, sin,
- *          cos, erf, expm1, log1p, isnan, ...) and casts to T.
+ *          cos, erf, expm1, log1p, isnan, ...) and casts to T. The C compiler
+ *          checks it at build time; OpenCL compiles it at run time, so
+ *          spec/opencl_ops_spec.lua is where an expression OpenCL C rejects
+ *          shows up.
  *   int_expr    the same for an integer T; U is an unsigned type at least
  *          as wide as T (signed arithmetic wraps, as in PyTorch).
  *   backward    the gradient with respect to x, given the incoming gradient
@@ -108,7 +112,7 @@
  *               GEMM, CONV, POOL, JOIN, SCAN, SORT, RANDOM, OPTIM, or
  *               BACKWARD (an op that exists as the gradient of another, with
  *               a backward of its own so second derivatives work).
- *   arity       tensor inputs (-1: a list of tensors).
+ *   arity       tensor inputs, optional ones counted (-1: a list of tensors).
  *   dtype_rule  SAME: the result has the input's dtype; FLOAT: float inputs
  *               only; PROMOTE: the operands' promoted dtype; INDEX: values
  *               keep the dtype, indices are int64; OUTPUT: chosen by the
@@ -146,7 +150,7 @@
     X(softmax,             NORM,     1, FLOAT,   NODE)                     \
     X(log_softmax,         NORM,     1, FLOAT,   NODE)                     \
     X(layer_norm,          NORM,     3, FLOAT,   NODE)                     \
-    X(batch_norm,          NORM,     3, FLOAT,   NODE)                     \
+    X(batch_norm,          NORM,     5, FLOAT,   NODE)                     \
     X(cross_entropy,       LOSS,     2, FLOAT,   NODE)                     \
     X(matmul,              GEMM,     2, PROMOTE, NODE)                     \
     X(linear,              GEMM,     3, FLOAT,   NODE)                     \
@@ -179,7 +183,7 @@
     X(randint,             RANDOM,   0, OUTPUT,  NONE)                     \
     X(bernoulli,           RANDOM,   1, SAME,    NONE)                     \
     X(randperm,            RANDOM,   0, OUTPUT,  NONE)                     \
-    X(sgd_step_,           OPTIM,   -1, FLOAT,   NONE)                     \
+    X(sgd_step_,           OPTIM,    3, FLOAT,   NONE)                     \
     X(slice_backward,      BACKWARD, 1, SAME,    NODE)                     \
     X(max_pool2d_backward, BACKWARD, 1, FLOAT,   NODE)                     \
     X(max_pool2d_gather,   BACKWARD, 1, FLOAT,   NODE)                     \
