@@ -89,3 +89,7 @@ nd_status nd_fail_index_bounds(const char *op, const nd_tensor *index, int64_t f
                    "(at position %s of the index tensor)", op, ND_IX(value), ND_IX(dim),
                    (long long)limit, b1);
 }
+
+nd_status nd_fail_dtype_kernel(const char *op, nd_dtype dt) {
+    return nd_fail(ND_ERR_DTYPE, "%s: not supported for dtype %s", op, nd_dtype_name(dt));
+}

@@ -41,6 +41,9 @@ struct nd_tensor {
 /* Sets the thread-local message and returns the status, so call sites read
  * `return nd_fail(ND_ERR_SHAPE, "matmul: ...", ...)`. */
 nd_status nd_fail(nd_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "<op>: not supported for dtype <dt>": a backend with no kernel for a dtype
+ * the op layer should have converted first (one message on every device). */
+nd_status nd_fail_dtype_kernel(const char *op, nd_dtype dt);
 /* Formats a shape as "{2,3}" into buf (at least 200 bytes). */
 const char *nd_shape_str(const int64_t *shape, int ndim, char *buf);
 #define ND_SHAPE_BUF 200

@@ -99,13 +99,9 @@ static nd_inner_fn binary_fn(nd_binary_op op, nd_dtype dt) {
     return (unsigned)dt < ND_NUM_DTYPES ? binary_fns[dt][op] : NULL;
 }
 
-static nd_status no_kernel(const char *op, nd_dtype dt) {
-    return nd_fail(ND_ERR_DTYPE, "%s: not supported for dtype %s", op, nd_dtype_name(dt));
-}
-
 nd_status nd_cpu_binary(nd_binary_op op, nd_tensor *out, const nd_tensor *a, const nd_tensor *b) {
     nd_inner_fn fn = binary_fn(op, a->dtype);
-    if (!fn) return no_kernel(nd_binary_name(op), a->dtype);
+    if (!fn) return nd_fail_dtype_kernel(nd_binary_name(op), a->dtype);
     nd_loop L;
     const nd_tensor *ts[3] = {out, a, b};
     nd_loop_init(&L, 3, ts);
@@ -116,7 +112,7 @@ nd_status nd_cpu_binary(nd_binary_op op, nd_tensor *out, const nd_tensor *a, con
 nd_status nd_cpu_binary_scalar(nd_binary_op op, nd_tensor *out, const nd_tensor *a, const void *s,
                                int scalar_first) {
     nd_inner_fn fn = binary_fn(op, a->dtype);
-    if (!fn) return no_kernel(nd_binary_name(op), a->dtype);
+    if (!fn) return nd_fail_dtype_kernel(nd_binary_name(op), a->dtype);
     /* The scalar becomes a 0-stride operand of a's dtype. */
     _Alignas(8) unsigned char value[8];
     memcpy(value, s, nd_dtype_size(a->dtype));
@@ -184,7 +180,7 @@ static const nd_inner_fn unary_fns[ND_NUM_DTYPES][ND_NUM_UNARY] = {
 
 nd_status nd_cpu_unary(nd_unary_op op, nd_tensor *out, const nd_tensor *x) {
     nd_inner_fn fn = (unsigned)x->dtype < ND_NUM_DTYPES ? unary_fns[x->dtype][op] : NULL;
-    if (!fn) return no_kernel(nd_unary_name(op), x->dtype);
+    if (!fn) return nd_fail_dtype_kernel(nd_unary_name(op), x->dtype);
     nd_loop L;
     const nd_tensor *ts[2] = {out, x};
     nd_loop_init(&L, 2, ts);

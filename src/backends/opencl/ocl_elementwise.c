@@ -8,12 +8,6 @@
 #include "ocl_kernels.h"
 
 
-/* The op layer converts operands first wherever needle_ops.h says so;
- * reaching this is a bug in that layer, reported rather than computed. */
-static nd_status no_kernel(const char *op, nd_dtype dt) {
-    return nd_fail(ND_ERR_DTYPE, "%s: not supported for dtype %s", op, nd_dtype_name(dt));
-}
-
 static nd_status ew_kernel(ocl_device *d, nd_dtype dt, const char *name, const char *op,
                            cl_kernel *k) {
     ND_TRY(ocl_check_dtype(d, dt, op));
@@ -113,7 +107,7 @@ nd_status ocl_fill(nd_tensor *dst, const void *value) {
 nd_status ocl_unary(nd_unary_op op, nd_tensor *out, const nd_tensor *x) {
     ocl_device *d = ocl_dev(out);
     const char *name = nd_unary_name(op);
-    if (!ocl_unary_has_kernel(op, x->dtype)) return no_kernel(name, x->dtype);
+    if (!ocl_unary_has_kernel(op, x->dtype)) return nd_fail_dtype_kernel(name, x->dtype);
     cl_kernel k;
     ND_TRY(ew_kernel(d, x->dtype, "unary_strided", name, &k));
     cl_int o = op;
@@ -126,7 +120,7 @@ nd_status ocl_unary(nd_unary_op op, nd_tensor *out, const nd_tensor *x) {
 nd_status ocl_binary(nd_binary_op op, nd_tensor *out, const nd_tensor *a, const nd_tensor *b) {
     ocl_device *d = ocl_dev(out);
     const char *name = nd_binary_name(op);
-    if (!ocl_binary_has_kernel(op, a->dtype)) return no_kernel(name, a->dtype);
+    if (!ocl_binary_has_kernel(op, a->dtype)) return nd_fail_dtype_kernel(name, a->dtype);
     bool cmp = ocl_binary_is_comparison(op);
     cl_kernel k;
     ND_TRY(ew_kernel(d, a->dtype, cmp ? "compare_strided" : "binary_strided", name, &k));
@@ -141,7 +135,7 @@ nd_status ocl_binary_scalar(nd_binary_op op, nd_tensor *out, const nd_tensor *a,
                             int scalar_first) {
     ocl_device *d = ocl_dev(out);
     const char *name = nd_binary_name(op);
-    if (!ocl_binary_has_kernel(op, a->dtype)) return no_kernel(name, a->dtype);
+    if (!ocl_binary_has_kernel(op, a->dtype)) return nd_fail_dtype_kernel(name, a->dtype);
     bool cmp = ocl_binary_is_comparison(op);
     cl_kernel k;
     ND_TRY(ew_kernel(d, a->dtype, cmp ? "compare_scalar_strided" : "scalar_strided", name, &k));

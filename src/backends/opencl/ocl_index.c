@@ -46,7 +46,7 @@ static nd_status ocl_to_host(const nd_tensor *t, nd_tensor **out) {
     if (st == ND_OK) st = ocl_copy(c, t);
     if (st == ND_OK) st = nd_empty(t->shape, t->ndim, t->dtype, &h);
     size_t nbytes = (size_t)nd_numel(t) * nd_dtype_size(t->dtype);
-    if (st == ND_OK && nbytes) st = nd_opencl_backend.read(c->storage, 0, nd_ptr(h), nbytes);
+    if (st == ND_OK && nbytes) st = ocl_read(c->storage, 0, nd_ptr(h), nbytes);
     nd_release(c);
     if (st != ND_OK) { nd_release(h); h = NULL; }
     *out = h;

@@ -18,6 +18,9 @@
 #define IF_CMP_ARITH(...)
 #define IF_CMP_CMP(...) __VA_ARGS__
 
+/* Each case stringifies the registry's expression right in ND_X (#fexpr),
+ * never through a helper macro: an argument passed on would be
+ * macro-expanded first, and isnan() is a macro of <math.h>. */
 const char ocl_registry_source[] =
     "enum nd_unary_op {"
 #define ND_X(name, ...) " ND_UNARY_" #name ","
