@@ -49,12 +49,13 @@ options:
                       order); the model and every batch move there (default: cpu)
   --threads N         CPU threads (default: all)
   --max-lines N       read at most N lines of each file (quick runs)
+  --compile           run each training step through nd.compile (docs/compile.md)
   -h, --help          this text
 ]]
 
 local numbers = {epochs = true, ["batch-size"] = true, lr = true, seed = true, bptt = true, emsize = true,
                  nhid = true, nlayers = true, dropout = true, clip = true, threads = true, ["max-lines"] = true}
-local opts = cli.parse(arg, defaults, usage, {prog = "train_lstm", numbers = numbers,
+local opts = cli.parse(arg, defaults, usage, {prog = "train_lstm", numbers = numbers, flags = {compile = true},
                                               optional = {"checkpoint", "resume", "threads", "max-lines"}})
 local device, device_info = cli.check_device("train_lstm", opts)
 if opts.threads then nd.set_num_threads(opts.threads) end
@@ -121,6 +122,21 @@ local function evaluate(source)
   return total / count
 end
 
+-- One step of truncated backpropagation; with --compile it is captured once
+-- per batch shape (the last, shorter batch of an epoch is a second entry)
+-- and replayed without Lua in the loop.
+local function train_step(x, y, state)
+  local logits
+  logits, state = model(x, state)
+  local loss = nd.F.cross_entropy(logits, y)
+  optimizer:zero_grad()
+  loss:backward()
+  nd.nn.utils.clip_grad_norm_(model:parameters(), opts.clip)
+  optimizer:step()
+  return loss, state
+end
+if opts.compile then train_step = nd.compile(train_step) end
+
 -- CSV log (appended when resuming)
 local log_path = opts.out .. "/log.csv"
 local log = cli.open_log(log_path, "epoch,step,train_loss,train_ppl,val_loss,val_ppl,tokens_per_s,seconds",
@@ -137,14 +153,8 @@ for epoch = start_epoch, opts.epochs do
     b = b + 1
     local x, y = ptb.get_batch(train, i, opts.bptt)
     x, y = x:to(device), y:to(device)
-    state = nd.nn.LanguageModel.detach_state(state) -- truncated backpropagation
-    local logits
-    logits, state = model(x, state)
-    local loss = nd.F.cross_entropy(logits, y)
-    optimizer:zero_grad()
-    loss:backward()
-    nd.nn.utils.clip_grad_norm_(model:parameters(), opts.clip)
-    optimizer:step()
+    local loss
+    loss, state = train_step(x, y, nd.nn.LanguageModel.detach_state(state)) -- truncated backpropagation
     step = step + 1
     local l = loss:item()
     loss_sum, loss_n = loss_sum + l, loss_n + 1

@@ -200,9 +200,4 @@ static inline const nd_backend *nd_backend_of(const nd_tensor *t) {
     return nd_backend_for(t->storage->device);
 }
 
-/* Calls fn, or fails with "<op>: no kernel on device <name>" when the backend lacks it. */
-#define ND_BACKEND_CALL(be, fn, opname, ...) \
-    ((be)->fn ? (be)->fn(__VA_ARGS__) \
-              : nd_fail(ND_ERR_UNSUPPORTED, "%s: no kernel on device '%s'", opname, (be)->name))
-
 #endif

@@ -437,6 +437,10 @@ const char *nd_grad_fn_name(const nd_tensor *t);
 /* ---- memory accounting ---- */
 /* Bytes held by live tensor storages (all devices). */
 int64_t nd_live_bytes(void);
+/* The most nd_live_bytes has been since the last reset (a reset starts from
+ * the current value). */
+int64_t nd_peak_live_bytes(void);
+void nd_reset_peak_live_bytes(void);
 /* Bytes kept in the caching allocator's free lists (the shared ones and the
  * calling thread's own small-block list); nd_empty_cache() frees them. */
 int64_t nd_cached_bytes(void);
@@ -488,6 +492,57 @@ size_t nd_profiler_events(const nd_profile_event **events, size_t *dropped);
 void nd_profiler_reset(void);
 /* Monotonic clock, nanoseconds. */
 int64_t nd_profiler_now_ns(void);
+
+/* ---- graph capture and replay (the engine under nd.compile; docs/compile.md) ----
+ * nd_graph_begin starts recording, on this thread, every backend call the
+ * ops make (they still run); nd_graph_end stops and fails if the capture
+ * hit something a replay cannot reproduce (a graph break: reading tensor
+ * values on the host). nd_graph_replay runs the recorded kernels again on
+ * the same buffers. */
+typedef struct nd_graph nd_graph;
+nd_status nd_graph_begin(nd_graph **out);
+nd_status nd_graph_end(nd_graph *g);
+nd_status nd_graph_replay(nd_graph *g);
+void nd_graph_free(nd_graph *g);
+/* Plans the memory of an ended graph: the intermediates that only its
+ * kernels see share buffers by liveness (graph.c). */
+nd_status nd_graph_plan(nd_graph *g);
+/* Is a graph being captured on this thread (and not paused)? */
+bool nd_graph_capturing(void);
+/* "<op>: reads tensor values on the host ..." while capturing (outside an
+ * op's own host checks): what Lua computes from such values, a replay would
+ * never update (a graph break). ND_OK when not capturing. */
+nd_status nd_graph_check_host_read(const char *op);
+/* With fallback on, a graph break stops the recording (the ops go on
+ * eagerly) and nd_graph_end fails with its reason, instead of the op that
+ * read the values failing. */
+void nd_graph_set_fallback(nd_graph *g, bool on);
+/* Pauses (true) or resumes recording; returns whether it was paused. */
+bool nd_graph_set_paused(bool paused);
+size_t nd_graph_size(const nd_graph *g);
+typedef struct {
+    int64_t records, storages, leaves;
+    int64_t internal_bytes;  /* bytes of the storages made during the capture (unplanned) */
+    int64_t restored, restored_bytes; /* constants copied back before each replay */
+    /* after nd_graph_plan: bytes of its shared buffers (how many), and of the
+     * storages made inside that stay as they are (seen outside the graph) */
+    int64_t planned_bytes, fixed_bytes, buffers;
+    int64_t bound_bytes;  /* the least any plan could use: the most bytes live at once */
+    int64_t captured;     /* records the capture made (the plan may add zero fills) */
+} nd_graph_stat;
+void nd_graph_stats(const nd_graph *g, nd_graph_stat *out);
+typedef struct {
+    const char *entry;   /* the backend entry ("binary", "matmul", ...) */
+    const char *op;      /* the op that called it */
+    const char *detail;  /* the registry op of elementwise/reduce entries, else NULL */
+    const char *device;  /* the backend's name, "host" for host checks */
+    int ntensors;
+    const nd_tensor *tensors[8];  /* borrowed, NULL where the call passed none */
+    int roles[8];                 /* 1 read, 2 write, 3 read and write */
+    int storage[8];               /* storage number within the graph, -1 for none */
+    char storage_kind[8];         /* 'e' existed before, 'i' made inside, 'c' constant restored */
+} nd_graph_rec_info;
+nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out);
 
 /* ---- Lua (declared without including lua.h) ---- */
 struct lua_State;

@@ -5,10 +5,24 @@
 #include "tensor.h"
 
 static atomic_llong live_bytes;
+static _Atomic uint64_t last_serial;
+
+uint64_t nd_storage_serial(void) { return atomic_load(&last_serial); }
+uint64_t nd_storage_next_serial(void) { return atomic_fetch_add(&last_serial, 1) + 1; }
 
 static atomic_llong allocated_bytes; /* cumulative: the profiler's "bytes allocated" */
 
+static atomic_llong peak_bytes; /* the most live_bytes has been since the last reset */
+
 int64_t nd_live_bytes(void) { return atomic_load(&live_bytes); }
+int64_t nd_peak_live_bytes(void) { return atomic_load(&peak_bytes); }
+void nd_reset_peak_live_bytes(void) { atomic_store(&peak_bytes, atomic_load(&live_bytes)); }
+
+static void add_live(size_t nbytes) {
+    long long now = atomic_fetch_add(&live_bytes, (long long)nbytes) + (long long)nbytes;
+    long long peak = atomic_load(&peak_bytes);
+    while (now > peak && !atomic_compare_exchange_weak(&peak_bytes, &peak, now)) {}
+}
 int64_t nd_allocated_bytes(void) { return atomic_load_explicit(&allocated_bytes, memory_order_relaxed); }
 
 nd_status nd_storage_new(size_t nbytes, nd_storage **out) {
@@ -35,9 +49,10 @@ nd_status nd_storage_new(size_t nbytes, nd_storage **out) {
     s->nbytes = nbytes;
     s->data = data;
     s->version = 0;
+    s->serial = nd_storage_next_serial();
     s->release = NULL;
     s->release_ctx = NULL;
-    atomic_fetch_add(&live_bytes, (long long)nbytes);
+    add_live(nbytes);
     atomic_fetch_add_explicit(&allocated_bytes, (long long)nbytes, memory_order_relaxed);
     *out = s;
     return ND_OK;
@@ -60,9 +75,10 @@ nd_status nd_storage_new_on(nd_device dev, size_t nbytes, nd_storage **out) {
     s->nbytes = nbytes;
     s->data = handle;
     s->version = 0;
+    s->serial = nd_storage_next_serial();
     s->release = NULL;
     s->release_ctx = NULL;
-    atomic_fetch_add(&live_bytes, (long long)nbytes);
+    add_live(nbytes);
     atomic_fetch_add_explicit(&allocated_bytes, (long long)nbytes, memory_order_relaxed);
     *out = s;
     return ND_OK;

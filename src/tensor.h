@@ -16,6 +16,9 @@ typedef struct nd_storage {
     void *data;         /* host memory, or the device's buffer handle (cl_mem) */
     /* Bumped by every in-place write; autograd compares it at backward time. */
     uint64_t version;
+    /* Order of creation (nd_storage_serial): a graph capture tells the
+     * storages made during it from those that existed before. */
+    uint64_t serial;
     /* Borrowed memory: release(ctx) instead of returning data to the cache. */
     void (*release)(void *ctx);
     void *release_ctx;
@@ -74,6 +77,9 @@ nd_status nd_storage_new(size_t nbytes, nd_storage **out);
 /* On any device (its backend allocates); the message names the device. */
 nd_status nd_storage_new_on(nd_device dev, size_t nbytes, nd_storage **out);
 void nd_storage_retain(nd_storage *s);
+/* The serial of the storage made last (each new storage takes the next). */
+uint64_t nd_storage_serial(void);
+uint64_t nd_storage_next_serial(void);
 void nd_storage_release(nd_storage *s);
 /* caching allocator (alloc_cache.c) */
 void *nd_cache_alloc(size_t nbytes);

@@ -25,14 +25,16 @@ end
 -- Parses argv (--name value pairs, -h/--help) over a copy of defaults.
 -- o.prog names the program in messages; o.optional lists the options that
 -- have no default value (a list of names, or a table keyed by them); o.numbers
--- is the set of options whose value is a number. --help writes usage and
+-- is the set of options whose value is a number; o.flags the set of options
+-- that take no value (--compile: true when given). --help writes usage and
 -- exits 0; an unknown option, a missing value or a value that is not a number
 -- ends the program with status 2. Returns the options and the set of those
 -- given on the command line.
 function M.parse(argv, defaults, usage, o)
-  local prog, numbers = o.prog, o.numbers or {}
+  local prog, numbers, flags = o.prog, o.numbers or {}, o.flags or {}
   local known = {}
   for k in pairs(defaults) do known[k] = true end
+  for k in pairs(flags) do known[k] = true end
   for k, v in pairs(o.optional or {}) do
     if type(k) == "number" then known[v] = true else known[k] = true end
   end
@@ -47,6 +49,11 @@ function M.parse(argv, defaults, usage, o)
       io.stderr:write(("%s: unknown option '%s'\n\n"):format(prog, a), usage)
       os.exit(2)
     end
+    if flags[name] then
+      opts[name], given[name] = true, true
+      i = i + 1
+      goto next
+    end
     local v = argv[i + 1]
     if v == nil then M.die(prog, 2, "option --%s needs a value", name) end
     if numbers[name] then
@@ -56,6 +63,7 @@ function M.parse(argv, defaults, usage, o)
     end
     opts[name], given[name] = v, true
     i = i + 2
+    ::next::
   end
   return opts, given
 end

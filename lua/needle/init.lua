@@ -31,6 +31,10 @@ nd.null = core.null
 -- nd.profile(fn[, {trace=, print=, sort=}]) -> report (docs/profiler.md)
 function nd.profile(...) return require("needle.profile").profile(...) end
 
+-- nd.compile(fn_or_module[, {warmup=, cache_size=, fallback=, verify=}]) -> a
+-- callable that replays the captured kernels (docs/compile.md)
+function nd.compile(...) return require("needle.compile").compile(...) end
+
 -- OpenCL: nd.opencl.available() -> true | false, why; nd.opencl.tune{...}
 -- autotunes the GEMM for a device (docs/opencl-gemm.md); nd.devices() lists
 -- every device.

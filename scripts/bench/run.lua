@@ -323,6 +323,28 @@ end
 print(("ratio = median over rounds of needle / ref time (lstm_rss: peak RSS); %d of %d targets met; %.0f s")
   :format(met_n, with_ratio, elapsed))
 
+-- compiled rows against their eager needle rows (issue 17)
+do
+  local by = {}
+  for _, r in ipairs(rows) do by[r.name] = r end
+  local any = false
+  for _, r in ipairs(rows) do
+    local w = W.by_name[r.name]
+    local e = w and w.compiled_of and by[w.compiled_of]
+    if e and e.needle_ms and r.needle_ms then
+      if not any then
+        print(("\n%-24s %11s %11s %8s %7s %4s"):format("compiled", "eager ms", "compiled ms", "speed-up",
+                                                      "target", "met"))
+        any = true
+      end
+      r.speedup = e.needle_ms / r.needle_ms
+      r.speedup_met = r.speedup >= w.speedup_target
+      print(("%-24s %11.3f %11.3f %7.2fx %6.1fx %4s"):format(r.name, e.needle_ms, r.needle_ms, r.speedup,
+                                                            w.speedup_target, r.speedup_met and "yes" or "NO"))
+    end
+  end
+end
+
 -- files -------------------------------------------------------------------------------------
 os.execute("mkdir -p " .. q(opts.out))
 local function write(name, text)
@@ -336,7 +358,8 @@ end
 write("bench.json", json.encode({meta = meta, rows = json.array(rows)}) .. "\n")
 
 local cols = {"name", "workload", "issue", "metric", "ref", "needle_ms", "ref_ms", "ratio", "ratio_min",
-              "ratio_max", "rounds", "target", "met", "needle_rss_mb", "ref_rss_mb", "reps", "warmup"}
+              "ratio_max", "rounds", "target", "met", "needle_rss_mb", "ref_rss_mb", "reps", "warmup",
+              "speedup", "speedup_met"}
 local csv = {table.concat(cols, ",")}
 for _, r in ipairs(rows) do
   local cells = {}

@@ -142,6 +142,14 @@ WORKLOADS = {
     "mlp5_infer": (mlp5_infer, 20, None),
     "resnet9_infer": (lambda: infer(ResNet9(), torch.randn(8, 3, 32, 32)), 5, None),
     "lstm_rss": (lstm_step, 1, 200),
+    # needle's compiled variants (issue 17) against the same eager PyTorch code
+    "small_ops_compiled": (lambda: small_ops(False), 1, None),
+    "mlp_train_compiled": (mlp_train, 1, None),
+    "lstm_train_compiled": (lstm_step, 1, None),
+    "resnet9_train_compiled": (resnet9_train, 1, None),
+    "transformer_infer_compiled": (transformer_infer, 1, None),
+    "mlp5_infer_compiled": (mlp5_infer, 20, None),
+    "resnet9_infer_compiled": (lambda: infer(ResNet9(), torch.randn(8, 3, 32, 32)), 5, None),
 }
 
 

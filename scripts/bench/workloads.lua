@@ -137,6 +137,24 @@ W.list = {
    setup = lstm_step},
 }
 
+-- Compiled variants (issue 17): the same workload through nd.compile; the
+-- reference side runs the same eager PyTorch code. run.lua also prints each
+-- one's speed-up over the eager needle row (speedup_target: the issue's aim).
+local COMPILED = {mlp_train = 1.3, lstm_train = 1.3, resnet9_train = 1.3, transformer_infer = 1.3,
+                  mlp5_infer = 2.0, resnet9_infer = 2.0, small_ops = 2.0}
+do
+  local base = {}
+  for _, w in ipairs(W.list) do base[w.name] = w end
+  for _, name in ipairs({"small_ops", "mlp_train", "lstm_train", "resnet9_train", "transformer_infer",
+                         "mlp5_infer", "resnet9_infer"}) do
+    local b = base[name]
+    W.list[#W.list + 1] = {name = name .. "_compiled", issue = 17, compiled_of = name,
+      speedup_target = COMPILED[name], target = b.target, reps = b.reps, warmup = b.warmup + 2,
+      inner = b.inner, what = b.what .. ", through nd.compile",
+      setup = function(nd) return nd.compile(b.setup(nd)) end}
+  end
+end
+
 W.by_name = {}
 for _, w in ipairs(W.list) do
   w.metric = w.metric or "ms"

@@ -52,8 +52,42 @@ static nd_tensor *ints_to(lua_State *L, nd_tensor *r, nd_device dev, const char 
     return lt_to(L, -1);
 }
 
+/* While a graph captures, an index or label tensor may be a graph input
+ * whose values change from call to call: it is shifted to 0-based by
+ * recorded ops on its device, never on the host (the kernels and the ops'
+ * host checks bound-check the result on every replay). Labels equal to
+ * *ignore become ignore0. Pushed (stack-owned), borrowed. */
+static nd_tensor *shift_on_device(lua_State *L, nd_tensor *t, const char *op, const char *what,
+                                  const int64_t *ignore, int64_t ignore0) {
+    lt_check_ints_like(L, lua_gettop(L), op, what); /* integer dtype, else the usual error */
+    nd_tensor *i64 = NULL, *r = NULL, *eq = NULL, *alt = NULL;
+    bool grad_on = nd_set_grad_enabled(false);
+    nd_status st = nd_to_dtype(t, ND_INT64, &i64);
+    if (st == ND_OK) st = nd_binary_scalar_int(ND_BINARY_sub, i64, 1, 0, &r);
+    if (st == ND_OK && ignore) {
+        st = nd_binary_scalar_int(ND_BINARY_eq, i64, *ignore, 0, &eq);
+        if (st == ND_OK) st = nd_empty_on(nd_get_device(t), t->shape, t->ndim, ND_INT64, &alt);
+        if (st == ND_OK) st = nd_fill_number_(alt, nd_num_i(ignore0));
+        nd_tensor *w = NULL;
+        if (st == ND_OK) st = nd_where(eq, alt, r, &w);
+        if (st == ND_OK) { nd_release(r); r = w; }
+    }
+    nd_set_grad_enabled(grad_on);
+    nd_release(i64);
+    nd_release(eq);
+    nd_release(alt);
+    if (st != ND_OK) nd_release(r);
+    LT_CHECK_AS(L, op, st);
+    lt_push(L, r);
+    return r;
+}
+
 nd_tensor *lt_check_index_on(lua_State *L, int idx, const char *op, nd_device target) {
     nd_device dev;
+    if (nd_graph_capturing() && lt_to(L, idx)) {
+        lua_pushvalue(L, idx);
+        return shift_on_device(L, lt_to(L, idx), op, "index values", NULL, 0);
+    }
     nd_tensor *r = host_ints(L, idx, op, "index values", target, &dev);
     int64_t *p = (int64_t *)nd_ptr(r), n = nd_numel(r);
     for (int64_t i = 0; i < n; i++) {
@@ -66,6 +100,14 @@ nd_tensor *lt_check_index_on(lua_State *L, int idx, const char *op, nd_device ta
 nd_tensor *lt_check_labels_on(lua_State *L, int idx, const char *op, int64_t n, int64_t C,
                               const int64_t *ignore, nd_device target, int64_t *ignore0) {
     nd_device dev;
+    nd_tensor *lt = lt_to(L, idx);
+    if (nd_graph_capturing() && lt && lt->ndim == 1 && lt->shape[0] == n) {
+        /* 0-based ignore as below, except that an ignore outside 1..C maps
+         * to INT64_MIN: -1 would also be what a label 0 becomes */
+        *ignore0 = !ignore ? INT64_MIN : (*ignore >= 1 && *ignore <= C) ? *ignore - 1 : INT64_MIN;
+        lua_pushvalue(L, idx);
+        return shift_on_device(L, lt, op, "labels", ignore, *ignore0);
+    }
     nd_tensor *r = host_ints(L, idx, op, "labels", target, &dev);
     *ignore0 = INT64_MIN;
     /* not one label per row: the op's own check names both shapes */

@@ -122,6 +122,7 @@ void lt_register_io(lua_State *L);  /* lt_io.c: bytes, gunzip, atomic writes, sa
 void lt_register_torch(lua_State *L); /* lt_torch.c: load_torch, null */
 void lt_register_profile(lua_State *L); /* lt_profile.c: the C half of nd.profile */
 void lt_register_optim(lua_State *L);   /* lt_optim.c: fused optimizer updates */
+void lt_register_graph(lua_State *L);   /* lt_graph.c: the C half of nd.compile */
 
 /* Sets name = fn in the methods table (at methods_idx) and/or module table. */
 typedef struct { const char *name; lua_CFunction fn; bool method, function; } lt_reg;

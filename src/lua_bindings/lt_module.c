@@ -10,6 +10,8 @@
 void lt_push_metatable(lua_State *L);
 
 static int l_live_bytes(lua_State *L) { lua_pushinteger(L, nd_live_bytes()); return 1; }
+static int l_peak_live_bytes(lua_State *L) { lua_pushinteger(L, nd_peak_live_bytes()); return 1; }
+static int l_reset_peak(lua_State *L) { (void)L; nd_reset_peak_live_bytes(); return 0; }
 static int l_cached_bytes(lua_State *L) { lua_pushinteger(L, nd_cached_bytes()); return 1; }
 static int l_empty_cache(lua_State *L) { (void)L; nd_empty_cache(); return 0; }
 
@@ -38,8 +40,11 @@ int luaopen_needle_core(lua_State *L) {
     lt_register_opencl_tune(L);
     lt_register_profile(L);
     lt_register_optim(L);
+    lt_register_graph(L);
     static const lt_reg regs[] = {
         {"live_bytes", l_live_bytes, false, true},
+        {"peak_live_bytes", l_peak_live_bytes, false, true},
+        {"reset_peak_live_bytes", l_reset_peak, false, true},
         {"cached_bytes", l_cached_bytes, false, true},
         {"empty_cache", l_empty_cache, false, true},
         {"clock", l_clock, false, true},

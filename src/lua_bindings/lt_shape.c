@@ -182,6 +182,9 @@ static int t_to(lua_State *L) {
 /* x:set_data_(y): x takes y's memory, shape and dtype (PyTorch's x.data = y) */
 static int t_set_data(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "set_data_"), *y = lt_check(L, 2, "set_data_");
+    if (nd_graph_capturing()) /* a replay would keep using the old storage */
+        return lt_error(L, "set_data_", "cannot run inside a compiled function (it swaps the "
+                        "tensor's memory, which a replay cannot follow)");
     LT_CHECK_AS(L, "set_data_", nd_set_data_(x, y));
     lua_settop(L, 1);
     return 1;

@@ -376,6 +376,7 @@ nd_device lt_check_device(lua_State *L, int idx, const char *op) {
 
 nd_tensor *lt_push_host(lua_State *L, nd_tensor *t, const char *op) {
     nd_tensor *h;
+    LT_CHECK_AS(L, op, nd_graph_check_host_read(op));
     LT_CHECK_AS(L, op, nd_to_host(t, &h));
     lt_push(L, h);
     return h;

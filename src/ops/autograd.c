@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "autograd.h"
+#include "backend_call.h" /* nd_graph_note_leaf_grad */
 
 /* ------------------------------------------------------------- grad mode */
 
@@ -271,6 +272,7 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
             } else if (grads[i]) {
                 nd_tensor *leaf = n->leaf[i];
                 st = capture_grad(cap, NULL, leaf, grads[i]);
+                if (st == ND_OK && accumulate_leaves) st = nd_graph_note_leaf_grad(leaf, true);
                 if (st == ND_OK && accumulate_leaves) st = accumulate(&leaf->grad, grads[i]);
             }
         }
@@ -396,6 +398,7 @@ nd_status nd_requires_grad_(nd_tensor *t, bool on) {
 nd_tensor *nd_get_grad(const nd_tensor *t) { return t->grad; }
 
 nd_status nd_set_grad(nd_tensor *t, nd_tensor *grad) {
+    ND_TRY(nd_graph_note_leaf_grad(t, false));
     if (grad) {
         char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
         bool same = grad->ndim == t->ndim;

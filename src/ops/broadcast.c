@@ -1,7 +1,7 @@
 /* broadcast.c - shape broadcasting and the "give me t as X" helpers that
  * every op uses to line its operands up before calling a kernel. */
 #include "autograd.h"
-#include "backend.h"
+#include "backend_call.h"
 
 nd_status nd_broadcast_shape(const char *op, const int64_t *a, int na, const int64_t *b, int nb,
                              int64_t *out, int *nout) {

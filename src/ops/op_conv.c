@@ -13,7 +13,7 @@
  * order. */
 #include <limits.h>
 #include <stdio.h>
-#include "backend.h"
+#include "backend_call.h"
 #include "grad_expr.h"
 #include "grad_fns.h"
 #include "op_conv.h"
@@ -335,7 +335,7 @@ nd_status nd_conv2d_by_backend(const nd_tensor *x, const nd_tensor *w, const nd_
     if (st == ND_OK) st = nd_contiguous(w, &wc);
     if (st == ND_OK && b) st = nd_contiguous(b, &bc);
     if (st == ND_OK) st = nd_empty_on(nd_get_device(x), shape, 4, x->dtype, &r);
-    if (st == ND_OK) st = be->conv2d_fused(r, xc, wc, bc, g, groups, act);
+    if (st == ND_OK) st = ND_BACKEND_CALL(be, conv2d_fused, "conv2d", r, xc, wc, bc, g, groups, act);
     nd_release(xc);
     nd_release(wc);
     nd_release(bc);
@@ -454,7 +454,7 @@ static nd_status bw_conv2d_direct(nd_node *n, const nd_tensor *g, const nd_conv_
     nd_tensor *xc = NULL, *wc = NULL;
     if (st == ND_OK && x) st = nd_contiguous(x, &xc);
     if (st == ND_OK && w) st = nd_contiguous(w, &wc);
-    if (st == ND_OK) st = be->conv2d_backward(gx, gw, gb, gc, xc, wc, &geom, cp->groups);
+    if (st == ND_OK) st = ND_BACKEND_CALL(be, conv2d_backward, "conv2d", gx, gw, gb, gc, xc, wc, &geom, cp->groups);
     nd_release(gc);
     nd_release(x);
     nd_release(w);

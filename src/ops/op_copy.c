@@ -1,6 +1,6 @@
 /* op_copy.c - copies, conversions and fills, and the backward of the copies. */
 #include <math.h>
-#include "backend.h"
+#include "backend_call.h"
 #include "grad_expr.h"
 #include "grad_fns.h"
 

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
-#include "backend.h"
+#include "backend_call.h"
 
 nd_status nd_arange(double start, double end, double step, nd_dtype dt, nd_tensor **out) {
     if (step == 0 || isnan(step) || isnan(start) || isnan(end))

@@ -5,7 +5,7 @@
  * (dilation + 1)-th element. Each is the other's backward (undilate's cut
  * back to its input's size), so gradients of any order exist. */
 #include <string.h>
-#include "backend.h"
+#include "backend_call.h"
 #include "grad_expr.h"
 #include "grad_fns.h"
 

@@ -6,7 +6,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include "backend.h"
+#include "backend_call.h"
 #include "grad_expr.h"
 #include "grad_fns.h"
 /* Every binary op needs a case in each backward switch below: adding an op
@@ -385,7 +385,7 @@ static nd_status bw_relu_fused(nd_node *n, const nd_tensor *g, nd_tensor **grads
     if (st == ND_OK) st = nd_contiguous(ys, &y);
     if (st == ND_OK) st = nd_contiguous(g, &gc);
     if (st == ND_OK) st = nd_empty_on(nd_get_device(g), y->shape, y->ndim, g->dtype, &gx);
-    if (st == ND_OK) st = nd_backend_of(g)->relu_backward(gx, gc, y);
+    if (st == ND_OK) st = ND_BACKEND_CALL(nd_backend_of(g), relu_backward, "relu", gx, gc, y);
     nd_release(ys);
     nd_release(y);
     nd_release(gc);

@@ -10,7 +10,7 @@
  * same values and exact gradients (of any order). A backend without the
  * fused kernels (OpenCL) runs the composed ops too, on its own device.
  * fused_linear is linear's driver with an activation (op_linear.c). */
-#include "backend.h"
+#include "backend_call.h"
 #include "op_conv.h"
 #include "op_fused.h"
 

@@ -5,7 +5,7 @@
  * run these forwards with grad mode off, then record (the backward section). */
 #include <math.h>
 #include <string.h>
-#include "backend.h"
+#include "backend_call.h"
 #include "grad_expr.h"
 #include "grad_fns.h"
 #include "tensor.h"

@@ -5,7 +5,7 @@
  * The differentiable entry points at the end run these forwards with grad
  * mode off, then record (the backward section). */
 #include <string.h>
-#include "backend.h"
+#include "backend_call.h"
 #include "grad_fns.h"
 #include "tensor.h"
 

@@ -7,7 +7,7 @@
  * differentiable ops:
  *   gx = g @ w,  gw = g^T @ x (all M = numel(x) / K rows as one GEMM),
  *   gb = g summed to (O). */
-#include "backend.h"
+#include "backend_call.h"
 #include "grad_expr.h"
 #include "grad_fns.h"
 #include "op_conv.h" /* nd_check_float_weights */
@@ -63,7 +63,7 @@ static nd_status linear_forward_fused(const nd_tensor *x, const nd_tensor *weigh
     if (st == ND_OK) st = nd_contiguous(weight, &wc);
     if (st == ND_OK && bias) st = nd_contiguous(bias, &bc);
     if (st == ND_OK) st = nd_empty_on(nd_get_device(x), os, x->ndim, x->dtype, &r);
-    if (st == ND_OK) st = be->linear_fused(r, x2, wc, bc, act);
+    if (st == ND_OK) st = ND_BACKEND_CALL(be, linear_fused, "linear", r, x2, wc, bc, act);
     nd_release(xc);
     nd_release(x2);
     nd_release(wc);

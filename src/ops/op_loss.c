@@ -10,9 +10,42 @@
  * With create_graph the same formula is built from differentiable ops (the
  * target is a constant); without it one fused backend pass computes it. */
 #include <string.h>
-#include "backend.h"
+#include "backend_call.h"
 #include "grad_expr.h"
 #include "grad_fns.h"
+
+/* Every label in range: iv = {classes, ignore, expected kept (-1: any,
+ * -2: learn it), kept}. A host check (backend_call.h): a compiled call runs
+ * it again on each batch's labels, and, when the mean divides by the count
+ * of rows kept, also refuses a batch whose count differs from the captured
+ * one (the divisor is part of the recorded kernels). */
+static nd_status ce_check_labels(const char *op, nd_tensor *const *t, int64_t *iv) {
+    const nd_tensor *labels = t[0];
+    int64_t c = iv[0], ignore = iv[1];
+    nd_tensor *host;
+    ND_TRY(nd_to_host(labels, &host));
+    int64_t n = labels->shape[0], kept = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v;
+        memcpy(&v, (const char *)nd_ptr(host) + i * host->strides[0] * 8, 8);
+        kept += v != ignore;
+        if (v != ignore && (v < 0 || v >= c)) {
+            nd_release(host);
+            return nd_fail(ND_ERR_INDEX, "%s: label " ND_IXF " of row " ND_IXF " is out "
+                           "of range for %lld classes (expected " ND_IXF ".." ND_IXF ")", op, ND_IX(v),
+                           ND_IX(i), (long long)c, ND_IX(0), ND_IX(c - 1));
+        }
+    }
+    nd_release(host);
+    if (iv[2] >= 0 && kept != iv[2])
+        return nd_fail(ND_ERR_UNSUPPORTED, "%s: this batch has %lld rows not equal to ignore_index "
+                       "where the compiled call was captured with %lld (the mean divides by that "
+                       "count): use reduction 'sum' and divide outside, or keep the count fixed",
+                       op, (long long)kept, (long long)iv[2]);
+    if (iv[2] == -2) iv[2] = kept;
+    iv[3] = kept;
+    return ND_OK;
+}
 
 /* Checks the arguments and every label; *kept counts the rows not ignored
  * (the mean's divisor), from the same single read of the labels. */
@@ -34,22 +67,10 @@ static nd_status ce_check(const nd_tensor *logits, const nd_tensor *labels, int6
         return nd_fail(ND_ERR_ARG, "cross_entropy: invalid reduction %d", reduction);
     ND_TRY(nd_check_same_device("cross_entropy", logits, labels));
     /* Labels are read on the host (a device copies them over: N values). */
-    nd_tensor *host;
-    ND_TRY(nd_to_host(labels, &host));
-    int64_t n = labels->shape[0], c = logits->shape[1];
-    *kept = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t v;
-        memcpy(&v, (const char *)nd_ptr(host) + i * host->strides[0] * 8, 8);
-        *kept += v != ignore;
-        if (v != ignore && (v < 0 || v >= c)) {
-            nd_release(host);
-            return nd_fail(ND_ERR_INDEX, "cross_entropy: label " ND_IXF " of row " ND_IXF " is out "
-                           "of range for %lld classes (expected " ND_IXF ".." ND_IXF ")", ND_IX(v),
-                           ND_IX(i), (long long)c, ND_IX(0), ND_IX(c - 1));
-        }
-    }
-    nd_release(host);
+    nd_tensor *t[1] = {(nd_tensor *)labels};
+    int64_t iv[4] = {logits->shape[1], ignore, reduction == 1 ? -2 : -1, 0};
+    ND_TRY(nd_host_check("cross_entropy", ce_check_labels, t, 1, iv, 4));
+    *kept = iv[3];
     return ND_OK;
 }
 

@@ -2,7 +2,7 @@
  * matrices and the added dim removed again, batch dims broadcast; and its
  * backward. */
 #include <string.h>
-#include "backend.h"
+#include "backend_call.h"
 #include "grad_expr.h"
 #include "grad_fns.h"
 

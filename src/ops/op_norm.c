@@ -12,7 +12,7 @@
  * With create_graph the statistics are recomputed with differentiable ops
  * (the saved mean/rstd are constants and would hide their dependence on x). */
 #include <math.h>
-#include "backend.h"
+#include "backend_call.h"
 #include "grad_expr.h"
 #include "grad_fns.h"
 
@@ -214,7 +214,8 @@ static nd_status bw_batch_norm_fused(nd_node *n, const nd_tensor *g, nd_tensor *
     if (st == ND_OK && want_w) st = nd_empty_on(dev, &C, 1, g->dtype, &dw);
     if (st == ND_OK && want_b) st = nd_empty_on(dev, &C, 1, g->dtype, &db);
     if (st == ND_OK)
-        st = be->batch_norm_backward(dx, dw, db, gc, x, w, mean, rstd, n->iparams[0] != 0);
+        st = ND_BACKEND_CALL(be, batch_norm_backward, "batch_norm", dx, dw, db, gc, x, w, mean, rstd,
+                                n->iparams[0] != 0);
     nd_release(xs);
     nd_release(ws);
     nd_release(x);

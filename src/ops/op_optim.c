@@ -2,7 +2,7 @@
  * checks and dispatch; the kernels are the backends' (cpu_optim.c).
  * Anything the fused kernel does not cover answers *done = false, and
  * nd.optim composes the same update from tensor ops. */
-#include "backend.h"
+#include "backend_call.h"
 
 static bool same_layout(const nd_tensor *a, const nd_tensor *b) {
     if (a->dtype != b->dtype || a->ndim != b->ndim || !nd_same_device(a, b)) return false;
@@ -27,7 +27,7 @@ nd_status nd_sgd_step_(nd_tensor *p, const nd_tensor *grad, nd_tensor *buf, cons
      * a partial overlap between the three could change the result */
     if (grad->storage == p->storage || (buf && (buf->storage == p->storage || buf->storage == grad->storage)))
         return ND_OK;
-    ND_TRY(be->sgd_step(p, grad, buf, h, first));
+    ND_TRY(ND_BACKEND_CALL(be, sgd_step, "sgd_step_", p, grad, buf, h, first));
     nd_bump_version(p);
     if (buf) nd_bump_version(buf);
     *done = true;

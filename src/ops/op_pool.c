@@ -8,7 +8,7 @@
  *   max_pool2d_gather:   g -> max_pool2d_backward(g, indices)
  *   avg_pool2d <-> avg_pool2d_backward (each the other's adjoint) */
 #include <limits.h>
-#include "backend.h"
+#include "backend_call.h"
 #include "grad_expr.h"
 #include "grad_fns.h"
 #include "op_conv.h"

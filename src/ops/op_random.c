@@ -7,7 +7,7 @@
  * thread count or the device. */
 #include <math.h>
 #include <stdatomic.h>
-#include "backend.h"
+#include "backend_call.h"
 #include "tensor.h"
 
 #define ND_DEFAULT_SEED UINT64_C(0x5eed5eed5eed5eed)
@@ -31,7 +31,7 @@ void nd_rng_set_state(uint64_t seed, uint64_t offset) {
 }
 
 /* Takes `count` counters from the stream. */
-static void rng_reserve(int64_t count, uint64_t *seed, uint64_t *offset) {
+void nd_rng_reserve(int64_t count, uint64_t *seed, uint64_t *offset) {
     uint64_t n = ((uint64_t)count + 3) / 4 * 4;
     *seed = atomic_load(&rng_seed);
     *offset = atomic_fetch_add(&rng_offset, n);
@@ -47,7 +47,7 @@ static nd_status random_new(const char *op, nd_device dev, const int64_t *shape,
     nd_tensor *t;
     ND_TRY(nd_empty_on(dev, shape, ndim, dt, &t));
     uint64_t seed, offset;
-    rng_reserve(numel, &seed, &offset);
+    nd_rng_reserve(numel, &seed, &offset);
     const nd_backend *be = nd_backend_of(t);
     nd_status st = ND_BACKEND_CALL(be, random, op, t, kind, a, b, p, seed, offset);
     if (st != ND_OK) {

@@ -1,7 +1,7 @@
 /* op_reduce.c - reductions: dim lists, keepdim, result dtypes; then their
  * backward formulas and the recording of their nodes. */
 #include <math.h>
-#include "backend.h"
+#include "backend_call.h"
 #include "grad_expr.h"
 #include "grad_fns.h"
 

@@ -2,7 +2,7 @@
  * backward written with differentiable ops (so it has a second derivative):
  *   softmax:     dx = y * (g - sum(g * y, dim))
  *   log_softmax: dx = g - exp(y) * sum(g, dim) */
-#include "backend.h"
+#include "backend_call.h"
 #include "grad_expr.h"
 #include "grad_fns.h"
 

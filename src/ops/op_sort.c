@@ -1,7 +1,7 @@
 /* op_sort.c - cumsum, sort and topk: checks, outputs, then the backend.
  * The differentiable entry points at the end run these forwards with grad
  * mode off, then record (the backward section). */
-#include "backend.h"
+#include "backend_call.h"
 #include "grad_fns.h"
 #include "tensor.h"
 

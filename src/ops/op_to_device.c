@@ -2,7 +2,7 @@
  * gradient goes back to the source's device). Transfers go through the
  * host: the source is made contiguous on its own device, then its bytes are
  * read or written in one blocking call of the device backend. */
-#include "backend.h"
+#include "backend_call.h"
 #include "grad_fns.h"
 
 /* ---------------------------------------------------------------- transfers */
@@ -11,14 +11,13 @@
 static nd_status transfer(const nd_tensor *t, nd_device dev, nd_tensor **out) {
     nd_tensor *c;
     ND_TRY(nd_contiguous(t, &c));
-    size_t es = nd_dtype_size(t->dtype);
-    size_t nbytes = (size_t)nd_numel(c) * es;
+    size_t nbytes = (size_t)nd_numel(c) * nd_dtype_size(t->dtype);
     nd_tensor *r = NULL, *host = NULL;
     nd_status st = ND_OK;
     if (!nd_on_cpu(c)) { /* device -> host */
         st = nd_empty(c->shape, c->ndim, c->dtype, &host);
         if (st == ND_OK && nbytes)
-            st = nd_backend_of(c)->read(c->storage, (size_t)c->offset * es, nd_ptr(host), nbytes);
+            st = ND_BACKEND_CALL(nd_backend_of(c), read, "to", host, c);
     } else {
         host = c;
         nd_retain(c);
@@ -28,7 +27,7 @@ static nd_status transfer(const nd_tensor *t, nd_device dev, nd_tensor **out) {
         host = NULL;
     } else if (st == ND_OK) { /* host -> device */
         st = nd_empty_on(dev, c->shape, c->ndim, c->dtype, &r);
-        if (st == ND_OK && nbytes) st = nd_backend_of(r)->write(r->storage, 0, nd_ptr(host), nbytes);
+        if (st == ND_OK && nbytes) st = ND_BACKEND_CALL(nd_backend_of(r), write, "to", r, host);
         if (st != ND_OK) { nd_release(r); r = NULL; }
     }
     nd_release(host);
@@ -38,6 +37,8 @@ static nd_status transfer(const nd_tensor *t, nd_device dev, nd_tensor **out) {
 }
 
 nd_status nd_to_host(const nd_tensor *t, nd_tensor **out) {
+    *out = NULL;
+    ND_TRY(nd_graph_check_host_read("to_host"));
     if (nd_on_cpu(t)) {
         nd_retain((nd_tensor *)t);
         *out = (nd_tensor *)t;

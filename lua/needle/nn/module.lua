@@ -15,6 +15,7 @@ local error = require("needle.errors").error -- positions at the user's line
 local errors = require "needle.errors"
 local core = require "needle.core"
 local options = require "needle.options"
+local capture = require "needle.compile.state"
 
 local Module = {}
 Module.__name = "Module"
@@ -40,7 +41,10 @@ local function make_instance_mt(class)
     __newindex = function(self, k, v)
       self:_set(k, v)
     end,
-    __call = function(self, ...) return self:forward(...) end,
+    __call = function(self, ...)
+      if capture.active then capture.note_module(self) end
+      return self:forward(...)
+    end,
     __tostring = function(self) return self:_repr("") end,
     __name = class.__name,
     class = class,

@@ -9,6 +9,7 @@
 local core = require "needle.core"
 local errors = require "needle.errors"
 local options = require "needle.options"
+local capture = require "needle.compile.state"
 
 local M = {}
 
@@ -60,6 +61,35 @@ local function combine(norms, norm_type)
   return s ^ (1 / norm_type)
 end
 
+-- Inside nd.compile the norm never reaches the host: the same formulas as
+-- norm_of and combine in float64 tensors (the per-parameter sums in the
+-- grad's dtype, as above, then float64 as Lua numbers are), and every grad
+-- is multiplied by min(coef, 1) (by exactly 1 when no clipping is due).
+-- Returns the total norm as a 0-dim float64 tensor.
+local function clip_on_device(params, max_norm, norm_type)
+  local total
+  for _, p in ipairs(params) do
+    local g, n = p.grad, nil
+    if norm_type == math.huge then n = g:abs():max():double()
+    elseif norm_type == -math.huge then n = g:abs():min():double()
+    elseif norm_type == 0 then n = g:ne(0):sum():double()
+    elseif norm_type == 1 then n = g:abs():sum():double()
+    elseif norm_type == 2 then n = (g * g):sum():double():sqrt()
+    else n = ((g:abs() ^ norm_type):sum():double()) ^ (1 / norm_type) end
+    if #params == 1 then total = n
+    elseif norm_type == math.huge then total = total and core.maximum(total, n) or n
+    elseif norm_type == -math.huge then total = total and core.minimum(total, n) or n
+    elseif norm_type == 0 then total = total and total + n:ne(0):double() or n:ne(0):double()
+    else total = total and total + n ^ norm_type or n ^ norm_type end
+  end
+  if #params > 1 and norm_type ~= math.huge and norm_type ~= -math.huge and norm_type ~= 0 then
+    total = total ^ (1 / norm_type)
+  end
+  local coef = (max_norm / (total + 1e-6)):clamp(-math.huge, 1)
+  for _, p in ipairs(params) do p.grad = p.grad * coef:to(p.grad.dtype) end
+  return total
+end
+
 local function clip_grad_norm_(parameters, max_norm, norm_type, opts)
   if type(norm_type) == "table" and opts == nil then norm_type, opts = nil, norm_type end
   if type(max_norm) ~= "number" then
@@ -75,6 +105,13 @@ local function clip_grad_norm_(parameters, max_norm, norm_type, opts)
   local error_if_nonfinite = opts.error_if_nonfinite or false
   local params = with_grads("clip_grad_norm_", parameters)
   if #params == 0 then return 0.0 end
+  if capture.active then
+    if error_if_nonfinite then
+      raise("clip_grad_norm_", "error_if_nonfinite = true reads the norm on the host, which a " ..
+            "compiled function cannot do (a graph break)")
+    end
+    return core.no_grad(clip_on_device, params, max_norm, norm_type)
+  end
   return core.no_grad(function()
     local grads, norms = {}, {}
     for i, p in ipairs(params) do

@@ -6,6 +6,7 @@
 -- AdamW (needle.optim.adamw) shares this update with decoupled weight decay.
 local core = require "needle.core"
 local Optimizer = require "needle.optim.optimizer"
+local capture = require "needle.compile.state"
 
 local fmt = Optimizer._fmt
 local sqrt, maximum, zeros_like = math.sqrt, core.maximum, core.zeros_like
@@ -27,6 +28,36 @@ end
 
 M.state_keys = {step = "number", exp_avg = "tensor", exp_avg_sq = "tensor", max_exp_avg_sq = "tensor"}
 
+-- Under nd.compile the per-step factors (which change with the step count
+-- and the lr) are 0-dim tensors on the parameter's device, refreshed before
+-- every replay by a hook that also advances st.step, exactly as an eager
+-- step would: the recorded kernels read the tensors, never a constant.
+local function scalar_like(p)
+  return core.full({}, 0, {dtype = p.dtype, device = p.device})
+end
+
+local function compiled_factors(st, p, group, decoupled)
+  local was = core._graph_pause(true) -- made and filled outside the graph
+  local f = st._compiled
+  if f == nil then
+    f = {step_size = scalar_like(p), bc2_sqrt = scalar_like(p), decay = scalar_like(p)}
+    st._compiled = f
+  end
+  local function refresh()
+    local lr, beta1, beta2, step = group.lr, group.betas[1], group.betas[2], st.step
+    f.step_size:fill_(-(lr / (1 - beta1 ^ step)))
+    f.bc2_sqrt:fill_(sqrt(1 - beta2 ^ step))
+    if decoupled then f.decay:fill_(1 - lr * group.weight_decay) end
+  end
+  refresh()
+  core._graph_pause(was)
+  capture.on_replay(function()
+    st.step = st.step + 1
+    refresh()
+  end)
+  return f
+end
+
 -- one step for one group; decoupled = true is AdamW
 function M.update(self, group, decoupled)
   local state = self.state
@@ -44,9 +75,10 @@ function M.update(self, group, decoupled)
       if amsgrad and st.max_exp_avg_sq == nil then st.max_exp_avg_sq = zeros_like(p) end
       local step = st.step + 1
       st.step = step
+      local f = capture.active and compiled_factors(st, p, group, decoupled)
       if maximize then g = -g end
       if decoupled then
-        if wd ~= 0 then p:mul_(1 - lr * wd) end
+        if wd ~= 0 then p:mul_(f and f.decay or 1 - lr * wd) end
       elseif wd ~= 0 then
         g = g + p * wd
       end
@@ -63,8 +95,8 @@ function M.update(self, group, decoupled)
       else
         denom = v:sqrt()
       end
-      denom:div_(bc2_sqrt):add_(eps)
-      p:add_((m * -step_size):div_(denom))
+      denom:div_(f and f.bc2_sqrt or bc2_sqrt):add_(eps)
+      p:add_((m * (f and f.step_size or -step_size)):div_(denom))
     end
   end
 end
@@ -75,6 +107,7 @@ M.Adam = Optimizer:extend{
               maximize = false},
   state_keys = M.state_keys,
   check = M.check,
+  dynamic = {lr = true},
   update = function(self, group) return M.update(self, group, false) end,
 }
 

@@ -10,5 +10,6 @@ return Optimizer:extend{
               maximize = false},
   state_keys = adam.state_keys,
   check = adam.check,
+  dynamic = {lr = true},
   update = function(self, group) return adam.update(self, group, true) end,
 }

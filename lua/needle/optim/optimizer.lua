@@ -19,6 +19,7 @@
 -- in place). Parameters are updated in place under no_grad; p.grad is only read.
 local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
+local capture = require "needle.compile.state"
 local errors = require "needle.errors"
 local options = require "needle.options"
 
@@ -142,7 +143,8 @@ function Optimizer:_check_group(group, fail)
   if self._check then self._check(group, fail) end
 end
 
--- the class: Optimizer:extend{name=, defaults=, state_keys=, check=, update=, init_state=}
+-- the class: Optimizer:extend{name=, defaults=, state_keys=, check=, update=, init_state=,
+-- dynamic=} (dynamic: the group keys a compiled step refreshes itself, above)
 function Optimizer:extend(spec)
   local class = setmetatable({}, {
     __index = self,
@@ -158,6 +160,7 @@ function Optimizer:extend(spec)
   class._check = spec.check
   class._update = spec.update
   class._init_state = spec.init_state
+  class.dynamic = spec.dynamic
   return class
 end
 
@@ -254,9 +257,32 @@ end
 -- opt:step([closure]): one update of every parameter that has a grad.
 -- closure (optional) re-evaluates the model with grad mode on and returns the
 -- loss, which step returns.
+-- Under nd.compile, the hyperparameters that the recorded kernels hold as
+-- constants become a guard: changing one (a scheduler's new lr) traces the
+-- function again. An optimizer class lists in `dynamic` the ones its update
+-- reads from tensors that a replay hook refreshes instead (Adam's lr).
+local function hyper_key(self)
+  local dynamic, parts = self.dynamic or {}, {}
+  for gi, group in ipairs(self.param_groups) do
+    local keys = {}
+    for k in pairs(group) do
+      if k ~= "params" and not dynamic[k] then keys[#keys + 1] = k end
+    end
+    table.sort(keys)
+    parts[#parts + 1] = ("[%d]#%d"):format(gi, #group.params)
+    for _, k in ipairs(keys) do
+      local v = group[k]
+      if type(v) == "table" then v = table.concat(v, ",") end
+      parts[#parts + 1] = ("%s=%s"):format(k, tostring(v))
+    end
+  end
+  return table.concat(parts, " ")
+end
+
 function Optimizer:step(closure)
   local loss
   if closure ~= nil then loss = core.enable_grad(closure) end
+  if capture.active then capture.guard(function() return hyper_key(self) end) end
   core.no_grad(step_groups, self)
   return loss
 end
@@ -289,8 +315,8 @@ function Optimizer:state_dict()
       local i = index[p]
       if i then
         local s = {}
-        for k, v in pairs(st) do
-          s[k] = is_tensor(v) and v:clone() or copy_value(v)
+        for k, v in pairs(st) do -- "_" keys are private (a compiled step's scalars)
+          if k:sub(1, 1) ~= "_" then s[k] = is_tensor(v) and v:clone() or copy_value(v) end
         end
         state[i] = s
       end

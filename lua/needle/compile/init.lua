@@ -1,0 +1,364 @@
+-- needle.compile: nd.compile(fn_or_module[, opts]) -> a compiled callable
+-- (docs/compile.md).
+--
+-- The first calls with a new signature run eagerly (opts.warmup, default 1:
+-- optimizers and modules create their state lazily). The next one is
+-- captured: it runs eagerly too, while the C core records every backend call
+-- that the ops, autograd's backward and the optimizer make (src/ops/graph.c).
+-- Later calls with the same guards replay the recorded kernels in one C call:
+-- no Lua per op, no op checks, no allocation.
+--
+-- Guards: the key of the arguments (shapes, dtypes, devices of tensors;
+-- values of numbers, strings and booleans; the structure of tables) and grad
+-- mode pick a cache entry (at most opts.cache_size, least recently used out);
+-- the modules that ran in the capture must keep their train/eval mode and
+-- their parameters' memory, and the optimizers their hyperparameters (except
+-- the ones they refresh themselves), else the entry is traced again
+-- (cf.stats.retraces counts it).
+--
+-- The arguments' tensors are copied into the graph's own input tensors on
+-- every call, and the results' tensors are returned as copies (detached):
+-- the graph's buffers are reused by the next call.
+local core = require "needle.core"
+local errors = require "needle.errors"
+local options = require "needle.options"
+local state = require "needle.compile.state"
+
+local is_tensor = core.is_tensor
+local fail = errors.failer("compile", 3)
+
+local M = {}
+
+local CF = {}
+CF.__index = CF
+
+-- arguments ----------------------------------------------------------------------------
+
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b)
+    local ta, tb = type(a), type(b)
+    if ta ~= tb then return ta < tb end
+    return a < b
+  end)
+  return keys
+end
+
+-- Appends v's key to parts and its tensors to flat, in a fixed order.
+local function walk(v, parts, flat, depth)
+  local tv = type(v)
+  if is_tensor(v) then
+    local s = v.shape
+    parts[#parts + 1] = ("T%s%s[%s]%s"):format(v.dtype, v.device, table.concat(s, ","),
+                                               v.requires_grad and "g" or "")
+    flat[#flat + 1] = v
+  elseif tv == "table" then
+    if depth > 16 then fail("arguments nested deeper than 16 tables") end
+    if getmetatable(v) ~= nil then
+      parts[#parts + 1] = "O" .. tostring(v) -- a module or another object: by identity
+      return
+    end
+    parts[#parts + 1] = "{"
+    for _, k in ipairs(sorted_keys(v)) do
+      parts[#parts + 1] = tostring(k) .. "="
+      walk(v[k], parts, flat, depth + 1)
+    end
+    parts[#parts + 1] = "}"
+  elseif tv == "number" then
+    parts[#parts + 1] = (math.type(v) == "integer" and "i" or "f") .. ("%.17g"):format(v)
+  elseif tv == "string" then
+    parts[#parts + 1] = ("%q"):format(v)
+  else
+    parts[#parts + 1] = tv:sub(1, 1) .. tostring(v)
+  end
+end
+
+local function signature(args)
+  local parts, flat = {core.is_grad_enabled() and "G" or "N"}, {}
+  for i = 1, args.n do
+    parts[#parts + 1] = "|"
+    walk(args[i], parts, flat, 0)
+  end
+  return table.concat(parts), flat
+end
+
+-- v with every tensor replaced by f(tensor) (tables copied, others as they are)
+local function map_tensors(v, f)
+  if is_tensor(v) then return f(v) end
+  if type(v) == "table" and getmetatable(v) == nil then
+    local out = {}
+    for k, x in pairs(v) do out[k] = map_tensors(x, f) end
+    return out
+  end
+  return v
+end
+
+local function detached_copy(t)
+  return core.no_grad(function() return t:detach():clone() end)
+end
+
+-- guards ---------------------------------------------------------------------------------
+
+-- What the modules that ran must keep: mode and the identity and memory of
+-- their own parameters and buffers (each module of the tree checks its own).
+local function own_tensors(m)
+  local out = {}
+  for k, t in pairs(rawget(m, "_params") or {}) do out["p." .. k] = t end
+  for k, t in pairs(rawget(m, "_buffers") or {}) do out["b." .. k] = t end
+  return out
+end
+
+local function module_guards(modules)
+  local list, seen = {}, {}
+  for _, top in ipairs(modules) do
+    for _, m in ipairs(top:modules()) do
+      if not seen[m] then
+        seen[m] = true
+        local tensors, keys, n = own_tensors(m), {}, 0
+        for k, t in pairs(tensors) do keys[k] = core._storage_key(t); n = n + 1 end
+        list[#list + 1] = {module = m, training = m.training, tensors = tensors, keys = keys, n = n}
+      end
+    end
+  end
+  return list
+end
+
+-- nil when every guard holds, else the reason
+local function failed_guard(e)
+  for _, g in ipairs(e.module_guards) do
+    local m = g.module
+    if m.training ~= g.training then
+      return ("a module switched to %s mode"):format(m.training and "train" or "eval")
+    end
+    local n = 0
+    for k, t in pairs(own_tensors(m)) do
+      n = n + 1
+      if not rawequal(g.tensors[k], t) then
+        return ("%s '%s' was added or replaced"):format(k:sub(1, 1) == "p" and "parameter" or "buffer",
+                                                      k:sub(3))
+      end
+      if core._storage_key(t) ~= g.keys[k] then
+        return ("'%s' got new memory (set_data_)"):format(k:sub(3))
+      end
+    end
+    if n ~= g.n then return "a module lost a parameter or buffer" end
+  end
+  for _, g in ipairs(e.guards) do
+    if g.fn() ~= g.value then return "an optimizer hyperparameter changed" end
+  end
+  return nil
+end
+
+-- the compiled callable ---------------------------------------------------------------------
+
+local OPTS = {warmup = "integer", cache_size = "integer", fallback = "boolean", verify = "boolean"}
+
+-- nd.compile(fn_or_module[, {warmup = 1, cache_size = 8, fallback = false}])
+function M.compile(fn, opts)
+  local is_module = type(fn) == "table" and getmetatable(fn) ~= nil and
+                    type(getmetatable(fn).class) == "table"
+  if type(fn) ~= "function" and not is_module then
+    fail("expected a function or an nn.Module, got %s", type(fn))
+  end
+  opts = options.check("compile", opts, OPTS)
+  local warmup = opts.warmup or 1
+  local cache_size = opts.cache_size or 8
+  if warmup < 0 then fail("warmup must be >= 0, got %d", warmup) end
+  if cache_size < 1 then fail("cache_size must be >= 1, got %d", cache_size) end
+  local self = setmetatable({
+    fn = fn, warmup = warmup, cache_size = cache_size, fallback = opts.fallback == true,
+    verify = opts.verify == true,
+    entries = {}, order = {},
+    stats = {calls = 0, replays = 0, captures = 0, retraces = 0, eager = 0, evictions = 0},
+    breaks = {}, last = nil,
+  }, CF)
+  return self
+end
+
+local function touch(self, key)
+  local order = self.order
+  for i = #order, 1, -1 do
+    if order[i] == key then table.remove(order, i) break end
+  end
+  order[#order + 1] = key
+end
+
+local function drop(self, key)
+  local e = self.entries[key]
+  if e and e.graph then e.graph:free() end
+  self.entries[key] = nil
+end
+
+local function new_entry(self, key)
+  local e = {key = key, seen = 0}
+  self.entries[key] = e
+  touch(self, key)
+  while #self.order > self.cache_size do
+    local old = table.remove(self.order, 1)
+    drop(self, old)
+    self.stats.evictions = self.stats.evictions + 1
+  end
+  return e
+end
+
+local function unpack_args(args) return table.unpack(args, 1, args.n) end
+
+local function capture_call(self, e, args, flat)
+  for i, t in ipairs(flat) do
+    if t.requires_grad then
+      fail("argument tensor %d requires grad: a compiled function differentiates with respect "
+           .. "to parameters, not to its arguments", i)
+    end
+  end
+  -- the graph's own inputs: later calls copy their arguments into these
+  local inputs = {}
+  local cargs = map_tensors(args, function(t)
+    local c = detached_copy(t)
+    inputs[#inputs + 1] = c
+    return c
+  end)
+  cargs.n = args.n
+  local st = state.new()
+  state.active = st
+  local ok, g = pcall(core._graph_begin, self.fallback)
+  if not ok then state.active = nil; error(g, 0) end
+  local res
+  ok, res = pcall(function() return table.pack(self.fn(unpack_args(cargs))) end)
+  state.active = nil
+  local fok, why = pcall(g.finish, g)
+  if not ok then
+    g:free()
+    error(res, 0)
+  end
+  self.stats.captures = self.stats.captures + 1
+  if not fok then
+    g:free()
+    if not self.fallback then error(why, 0) end
+    e.broken = tostring(why)
+    self.breaks[#self.breaks + 1] = e.broken
+    return res
+  end
+  if self.verify then
+    local problems = require("needle.compile.ir").verify(g:records())
+    if problems then
+      g:free()
+      fail("the captured graph is inconsistent:\n  %s", table.concat(problems, "\n  "))
+    end
+  end
+  e.graph, e.inputs, e.outputs = g, inputs, res
+  -- what the capture left unreachable (autograd nodes and their saved
+  -- tensors, Lua temporaries) must be gone for the plan to see which
+  -- intermediates only the graph holds
+  collectgarbage("collect")
+  collectgarbage("collect")
+  g:plan()
+  e.module_guards = module_guards(st.modules)
+  e.guards, e.hooks = st.guards, st.hooks
+  return map_tensors(res, detached_copy)
+end
+
+local function replay(self, e, flat)
+  local inputs = e.inputs
+  core.no_grad(function()
+    for i, t in ipairs(flat) do
+      local c = inputs[i]
+      if not rawequal(c, t) then c:copy_(t) end
+    end
+  end)
+  for _, h in ipairs(e.hooks) do h() end
+  e.graph:replay()
+  self.stats.replays = self.stats.replays + 1
+  return map_tensors(e.outputs, detached_copy)
+end
+
+function CF:__call(...)
+  local args = table.pack(...)
+  local key, flat = signature(args)
+  local stats = self.stats
+  stats.calls = stats.calls + 1
+  local e = self.entries[key]
+  if e and e.graph then
+    local why = failed_guard(e)
+    if why == nil then
+      if self.order[#self.order] ~= key then touch(self, key) end
+      self.last = e
+      return unpack_args(replay(self, e, flat))
+    end
+    drop(self, key)
+    stats.retraces = stats.retraces + 1
+    self.retrace_reasons = self.retrace_reasons or {}
+    self.retrace_reasons[#self.retrace_reasons + 1] = why
+    e = nil
+  end
+  if e == nil then e = new_entry(self, key) end
+  self.last = e
+  if e.broken or e.seen < self.warmup then
+    e.seen = e.seen + 1
+    stats.eager = stats.eager + 1
+    if e.broken then return self.fn(...) end
+    -- the eager call's peak memory, for explain()'s comparison (garbage of
+    -- earlier calls collected first: it would be freed during the call)
+    collectgarbage("collect")
+    local base = core.live_bytes()
+    core.reset_peak_live_bytes()
+    local out = table.pack(self.fn(...))
+    e.eager_peak = core.peak_live_bytes() - base
+    return unpack_args(out)
+  end
+  return unpack_args(capture_call(self, e, args, flat))
+end
+
+-- introspection -----------------------------------------------------------------------------
+
+local function last_graph(self, who)
+  local e = self.last
+  if not (e and e.graph) then
+    errors.fail_at(3, "compile", "%s: nothing compiled yet (the function has been called %d "
+                   .. "time(s); it is captured on call %d)", who, self.stats.calls, self.warmup + 1)
+  end
+  return e
+end
+
+-- cf:ir() -> text of the last used graph: one line per recorded kernel
+function CF:ir()
+  return require("needle.compile.ir").text(last_graph(self, "ir").graph:records())
+end
+
+-- cf:dot() -> the same graph in Graphviz's dot language
+function CF:dot()
+  return require("needle.compile.ir").dot(last_graph(self, "dot").graph:records())
+end
+
+-- cf:explain() -> a report: kernels per call, memory held, guards, breaks
+function CF:explain()
+  local lines = {}
+  local s = self.stats
+  lines[#lines + 1] = ("calls %d: %d replayed, %d captured, %d eager, %d retraced, %d evicted")
+                      :format(s.calls, s.replays, s.captures, s.eager, s.retraces, s.evictions)
+  local e = self.last
+  if e and e.graph then
+    local gs = e.graph:stats()
+    local ir = require "needle.compile.ir"
+    lines[#lines + 1] = ("graph: %d kernel calls per replay: the %d the eager call made%s; "
+                         .. "%d storages"):format(gs.records, gs.captured,
+                         gs.records > gs.captured and (", and %d zero fills for its host-side zeros")
+                           :format(gs.records - gs.captured) or "", gs.storages)
+    lines[#lines + 1] = ("memory: intermediates %s in %d shared buffer(s) (at least %s; %s "
+                         .. "unplanned), %s seen outside the graph; eager call's peak %s"):format(
+                         ir.bytes(gs.planned_bytes), gs.buffers, ir.bytes(gs.bound_bytes),
+                         ir.bytes(gs.internal_bytes),
+                         ir.bytes(gs.fixed_bytes), e.eager_peak and ir.bytes(e.eager_peak) or "not measured")
+    lines[#lines + 1] = ("constants: %d (%s) copied back before each replay"):format(gs.restored,
+                         ir.bytes(gs.restored_bytes))
+    lines[#lines + 1] = ("guards: %d module(s), %d optimizer guard(s), %d replay hook(s); "
+                         .. "gradients of %d leaves restored"):format(#e.module_guards, #e.guards,
+                         #e.hooks, gs.leaves)
+    lines[#lines + 1] = "kernels by entry: " .. ir.histogram(e.graph:records())
+  end
+  for _, why in ipairs(self.retrace_reasons or {}) do lines[#lines + 1] = "retraced: " .. why end
+  for _, why in ipairs(self.breaks) do lines[#lines + 1] = "graph break (runs eagerly): " .. why end
+  return table.concat(lines, "\n")
+end
+
+return M

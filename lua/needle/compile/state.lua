@@ -1,0 +1,37 @@
+-- needle.compile.state: what Lua code tells a capture in progress (small and
+-- loaded by nn.Module and the optimizers, so they need not load the compiler).
+--
+--   state.active            the capture in progress, or nil
+--   state.note_module(m)    m ran inside it: its train/eval mode and the
+--                           identity of its parameters become guards
+--   state.guard(fn)         fn() must return the same value (==) on every
+--                           later call, else the function is traced again
+--                           (an optimizer's hyperparameters)
+--   state.on_replay(fn)     fn() runs before every replay: it refreshes what
+--                           the recorded kernels read but Lua computes (an
+--                           optimizer's step count and bias corrections)
+local M = {active = nil}
+
+function M.note_module(m)
+  local a = M.active
+  if a and not a.module_seen[m] then
+    a.module_seen[m] = true
+    a.modules[#a.modules + 1] = m
+  end
+end
+
+function M.guard(fn)
+  local a = M.active
+  if a then a.guards[#a.guards + 1] = {fn = fn, value = fn()} end
+end
+
+function M.on_replay(fn)
+  local a = M.active
+  if a then a.hooks[#a.hooks + 1] = fn end
+end
+
+function M.new()
+  return {modules = {}, module_seen = {}, guards = {}, hooks = {}}
+end
+
+return M

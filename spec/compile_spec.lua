@@ -1,0 +1,520 @@
+-- compile_spec.lua - nd.compile (lua/needle/compile, src/ops/graph.c): a
+-- compiled training step or forward gives what the eager one gives (losses,
+-- every gradient, parameters after 10 optimizer steps) on the cpu and on
+-- every OpenCL device; guards trace again when they must; reads of values
+-- on the host are refused (or fall back); constants, random streams,
+-- gradients and optimizer state follow the eager semantics on every replay;
+-- the memory plan shares buffers; memory stays flat over many replays.
+local nd = require "needle"
+local A = require("spec.helpers.assertions").bind(assert)
+local D = require "spec.helpers.devices"
+local ir = require "needle.compile.ir"
+local errmsg, assert_contains = A.errmsg, A.assert_contains
+local nn = nd.nn
+
+local DEVICES = D.all()
+
+-- the largest |a - b| / max(|b|, tiny) over two tensors (same shape)
+local function rel_diff(a, b)
+  a, b = a:to("cpu"):double(), b:to("cpu"):double()
+  return ((a - b):abs() / (b:abs() + 1e-30)):max():item()
+end
+
+local function max_abs(a, b) return (a:to("cpu"):double() - b:to("cpu"):double()):abs():max():item() end
+
+-- Runs `steps` calls of the step made by make(device) eagerly and compiled,
+-- from the same seed and inputs; returns both runs' outputs, parameters,
+-- gradients and the compiled callable.
+local function twin(make, device, steps, copts)
+  local runs = {}
+  for _, compiled in ipairs({false, true}) do
+    nd.manual_seed(11)
+    local step, params, inputs, driver = make(device)
+    local f = compiled and nd.compile(step, copts) or step
+    local call = driver and driver(f) or f
+    local outs = {}
+    for i = 1, steps do
+      nd.manual_seed(100 + i) -- the same draws (dropout) in both runs
+      outs[i] = call(table.unpack(inputs(i)))
+    end
+    local grads = {}
+    for i, p in ipairs(params) do grads[i] = p.grad end
+    runs[#runs + 1] = {outs = outs, params = params, grads = grads, f = f}
+  end
+  return runs[1], runs[2]
+end
+
+local function assert_same_run(e, c, tol, what)
+  for i, o in ipairs(e.outs) do
+    if nd.is_tensor(o) then
+      local d = rel_diff(c.outs[i], o)
+      assert(d <= tol, ("%s: output of call %d differs by %g (relative)"):format(what, i, d))
+    end
+  end
+  assert.are.equal(#e.params, #c.params)
+  for i, p in ipairs(e.params) do
+    local d = max_abs(c.params[i], p) / math.max(p:to("cpu"):double():abs():max():item(), 1e-30)
+    assert(d <= tol, ("%s: parameter %d differs by %g after the steps"):format(what, i, d))
+    if e.grads[i] ~= nil then
+      assert(c.grads[i] ~= nil, what .. ": compiled run lost gradient " .. i)
+      local dg = max_abs(c.grads[i], e.grads[i]) /
+                 math.max(e.grads[i]:to("cpu"):double():abs():max():item(), 1e-30)
+      assert(dg <= tol, ("%s: gradient %d differs by %g"):format(what, i, dg))
+    end
+  end
+end
+
+-- models and steps ------------------------------------------------------------------------
+
+local function train_step(model, opt, loss_fn)
+  return function(x, y)
+    opt:zero_grad()
+    local loss = loss_fn(model(x), y)
+    loss:backward()
+    opt:step()
+    return loss
+  end
+end
+
+local function batches(device, shape, classes, n_rows)
+  return function(i)
+    nd.manual_seed(1000 + i)
+    local x = nd.randn(shape):to(device)
+    local y = nd.randint(1, classes, {n_rows}):to(device)
+    return {x, y}
+  end
+end
+
+local MODELS = {
+  {name = "MLP, SGD momentum", steps = 10, make = function(device)
+    local m = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)):to(device)
+    local opt = nd.optim.SGD(m:parameters(), {lr = 0.1, momentum = 0.9})
+    return train_step(m, opt, nn.CrossEntropyLoss()), m:parameters(), batches(device, {8, 12}, 4, 8)
+  end},
+  {name = "MLP, Adam", steps = 10, make = function(device)
+    local m = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 4)):to(device)
+    local opt = nd.optim.Adam(m:parameters(), {lr = 1e-2})
+    return train_step(m, opt, nn.CrossEntropyLoss()), m:parameters(), batches(device, {8, 12}, 4, 8)
+  end},
+  {name = "MLP, AdamW amsgrad", steps = 10, make = function(device)
+    local m = nn.Sequential(nn.Linear(12, 16), nn.GELU(), nn.Linear(16, 4)):to(device)
+    local opt = nd.optim.AdamW(m:parameters(), {lr = 1e-2, amsgrad = true})
+    return train_step(m, opt, nn.CrossEntropyLoss()), m:parameters(), batches(device, {8, 12}, 4, 8)
+  end},
+  {name = "conv + batch norm + pooling (ResNet9's layers), SGD", steps = 10, make = function(device)
+    local m = nn.Sequential(nn.models.ConvBN(3, 8, 3, 1), nn.MaxPool2d(2), nn.models.ConvBN(8, 8, 3, 1),
+                            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5)):to(device)
+    m:train()
+    local opt = nd.optim.SGD(m:parameters(), {lr = 0.05, momentum = 0.9, weight_decay = 1e-4})
+    return train_step(m, opt, nn.CrossEntropyLoss()), m:parameters(), batches(device, {4, 3, 8, 8}, 5, 4)
+  end},
+  {name = "LSTM language model, clipped gradients, state carried over", steps = 10, make = function(device)
+    local V, T, B = 30, 5, 3
+    local m = nn.LanguageModel(V, {embedding_size = 8, hidden_size = 12, num_layers = 2}):to(device)
+    m:train()
+    local opt = nd.optim.SGD(m:parameters(), {lr = 1.0})
+    local step = function(ids, y, h, c)
+      opt:zero_grad()
+      local logits, state = m(ids, {h, c})
+      local loss = nd.F.cross_entropy(logits, y)
+      loss:backward()
+      nn.utils.clip_grad_norm_(m:parameters(), 0.25)
+      opt:step()
+      return loss, state[1]:detach(), state[2]:detach()
+    end
+    -- the recurrent state goes out of one call and into the next
+    local driver = function(f)
+      local h, c = nd.zeros(2, B, 12):to(device), nd.zeros(2, B, 12):to(device)
+      return function(ids, y)
+        local loss
+        loss, h, c = f(ids, y, h, c)
+        return loss
+      end
+    end
+    local inputs = function(i)
+      nd.manual_seed(1000 + i)
+      return {nd.randint(1, V, {T, B}):to(device), nd.randint(1, V, {T * B}):to(device)}
+    end
+    return step, m:parameters(), inputs, driver
+  end},
+  {name = "Transformer encoder with dropout, Adam", steps = 8, make = function(device)
+    local layer = nn.TransformerEncoderLayer(16, 2, {dim_feedforward = 32, dropout = 0.1, batch_first = true})
+    local m = nn.Sequential(nn.TransformerEncoder(layer, 2), nn.Flatten(2, 3), nn.Linear(4 * 16, 3)):to(device)
+    m:train()
+    local opt = nd.optim.Adam(m:parameters(), {lr = 1e-3})
+    return train_step(m, opt, nn.CrossEntropyLoss()), m:parameters(), batches(device, {2, 4, 16}, 3, 2)
+  end},
+  {name = "needle's decoder-only Transformer, SGD", steps = 8, make = function(device)
+    local tr = nn.Transformer(16, 32, 2, {num_head = 2, batch_first = true, sequence_len = 8}):to(device)
+    local head = nn.Linear(4 * 16, 3):to(device)
+    tr:train()
+    local params = tr:parameters()
+    for _, p in ipairs(head:parameters()) do params[#params + 1] = p end
+    local opt = nd.optim.SGD(params, {lr = 0.05})
+    local step = function(x, y)
+      opt:zero_grad()
+      local out = tr(x)
+      local loss = nd.F.cross_entropy(head(out:reshape({2, 4 * 16})), y)
+      loss:backward()
+      opt:step()
+      return loss
+    end
+    return step, params, batches(device, {2, 4, 16}, 3, 2)
+  end},
+}
+
+for _, device in ipairs(DEVICES) do
+  describe("nd.compile on " .. device .. ": compiled training steps equal eager ones", function()
+    for _, model in ipairs(MODELS) do
+      it(model.name .. " (10 steps: outputs, gradients, parameters)", function()
+        local e, c = twin(model.make, device, model.steps, {verify = true})
+        assert_same_run(e, c, 1e-5, model.name)
+        assert.are.equal(model.steps - 2, c.f.stats.replays, "every call after warm-up and capture replays")
+        assert.are.equal(0, c.f.stats.retraces)
+      end)
+    end
+
+    it("a compiled forward (eval) equals the eager one, and its output is a copy", function()
+      nd.manual_seed(3)
+      local m = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2)):to(device)
+      m:eval()
+      local cf = nd.compile(m)
+      local outs = {}
+      for i = 1, 4 do
+        local x = nd.randn(5, 6):to(device)
+        outs[i] = {cf(x), nd.no_grad(function() return m(x) end)}
+      end
+      for i = 1, 4 do assert.are.equal(0, max_abs(outs[i][1], outs[i][2])) end
+      -- the output of call 3 was not overwritten by call 4
+      assert(max_abs(outs[3][1], outs[4][1]) > 0)
+      assert.are.equal(2, cf.stats.replays)
+    end)
+  end)
+end
+
+describe("nd.compile guards", function()
+  local function counter_step()
+    nd.manual_seed(5)
+    local m = nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.5), nn.Linear(3, 2))
+    local cf = nd.compile(function(x) return m(x) end)
+    return cf, m
+  end
+
+  it("a new shape, dtype or device is a new cache entry; the old one still replays", function()
+    local cf = nd.compile(function(x) return x * 2 + 1 end)
+    local a, b = nd.ones(3), nd.ones(4)
+    for _ = 1, 3 do cf(a) end
+    assert.are.equal(1, cf.stats.captures)
+    for _ = 1, 3 do cf(b) end
+    assert.are.equal(2, cf.stats.captures)
+    cf(a)
+    assert.are.equal(2, cf.stats.captures)
+    assert.are.equal(3, cf.stats.replays)
+    for _ = 1, 3 do cf(nd.ones(3, {dtype = "float64"})) end
+    assert.are.equal(3, cf.stats.captures)
+    assert.are.equal("float64", cf(nd.ones(3, {dtype = "float64"})).dtype)
+    if D.available then
+      local dev = D.opencl()[1]
+      for _ = 1, 3 do cf(nd.ones(3):to(dev)) end
+      assert.are.equal(4, cf.stats.captures)
+      assert.are.equal(dev, cf(nd.ones(3):to(dev)).device)
+    end
+    assert.are.equal(0, cf.stats.retraces)
+  end)
+
+  it("numbers among the arguments are part of the key", function()
+    local cf = nd.compile(function(x, s) return x * s end)
+    for _ = 1, 3 do assert.are.equal(6, cf(nd.ones(1), 6):item()) end
+    for _ = 1, 3 do assert.are.equal(7, cf(nd.ones(1), 7):item()) end
+    assert.are.equal(2, cf.stats.captures)
+  end)
+
+  it("train/eval retraces (dropout on, then off)", function()
+    local cf, m = counter_step()
+    local x = nd.ones(2, 4)
+    for _ = 1, 3 do cf(x) end
+    m:eval()
+    local y = cf(x)
+    assert.are.equal(1, cf.stats.retraces)
+    assert.are.equal(0, max_abs(y, nd.no_grad(function() return m(x) end)))
+    assert_contains(cf:explain(), "eval mode")
+  end)
+
+  it("replacing a parameter, or its memory, retraces", function()
+    local cf, m = counter_step()
+    m:eval()
+    local x = nd.ones(2, 4)
+    for _ = 1, 3 do cf(x) end
+    m[1].weight = nd.nn.Parameter(nd.zeros(3, 4))
+    local y = cf(x)
+    assert.are.equal(1, cf.stats.retraces)
+    assert.are.equal(0, max_abs(y, nd.no_grad(function() return m(x) end)))
+    for _ = 1, 2 do cf(x) end
+    m[3].weight:set_data_(nd.ones(2, 3))
+    y = cf(x)
+    assert.are.equal(2, cf.stats.retraces)
+    assert.are.equal(0, max_abs(y, nd.no_grad(function() return m(x) end)))
+  end)
+
+  it("grad mode is part of the key", function()
+    local w = nd.ones(3):requires_grad_()
+    local cf = nd.compile(function(x) return (x * w):sum() end)
+    for _ = 1, 3 do cf(nd.ones(3)) end
+    nd.no_grad(function() for _ = 1, 3 do cf(nd.ones(3)) end end)
+    assert.are.equal(2, cf.stats.captures)
+  end)
+
+  it("SGD's lr changing retraces, and the step uses the new lr", function()
+    local function run(compiled)
+      nd.manual_seed(2)
+      local m = nn.Linear(3, 2)
+      local opt = nd.optim.SGD(m:parameters(), {lr = 0.1, momentum = 0.5})
+      local step = train_step(m, opt, function(o, y) return nd.F.mse_loss(o, y) end)
+      local f = compiled and nd.compile(step) or step
+      for i = 1, 8 do
+        if i == 5 then opt.param_groups[1].lr = 0.01 end
+        f(nd.ones(4, 3) * i, nd.zeros(4, 2))
+      end
+      return m, f
+    end
+    local e, c = run(false), nil
+    local mc, f = run(true)
+    c = mc
+    assert.are.equal(0, max_abs(c.weight, e.weight))
+    assert.are.equal(1, f.stats.retraces)
+  end)
+
+  it("Adam's lr follows a scheduler without retracing, with eager's results", function()
+    local function run(compiled)
+      nd.manual_seed(2)
+      local m = nn.Linear(3, 2)
+      local opt = nd.optim.Adam(m:parameters(), {lr = 0.1})
+      local sched = nd.optim.lr_scheduler.StepLR(opt, {step_size = 2, gamma = 0.5})
+      local step = train_step(m, opt, function(o, y) return nd.F.mse_loss(o, y) end)
+      local f = compiled and nd.compile(step) or step
+      for i = 1, 9 do
+        f(nd.ones(4, 3) * i, nd.zeros(4, 2))
+        sched:step()
+      end
+      return m, opt, f
+    end
+    local me, oe = run(false)
+    local mc, oc, f = run(true)
+    assert.are.equal(0, max_abs(mc.weight, me.weight))
+    assert.are.equal(0, f.stats.retraces)
+    -- the step count in the state advanced as eagerly
+    assert.are.equal(oe.state[me.weight].step, oc.state[mc.weight].step)
+    -- and the private scalars stay out of the state dict
+    local sd = oc:state_dict()
+    for _, st in pairs(sd.state) do
+      for k in pairs(st) do assert.are_not.equal("_", k:sub(1, 1)) end
+    end
+  end)
+
+  it("the cache keeps cache_size entries, least recently used out", function()
+    local cf = nd.compile(function(x) return x + 1 end, {cache_size = 2, warmup = 0})
+    cf(nd.ones(1)); cf(nd.ones(2)); cf(nd.ones(3))
+    assert.are.equal(1, cf.stats.evictions)
+    cf(nd.ones(3)); cf(nd.ones(2))
+    assert.are.equal(3, cf.stats.captures)
+    cf(nd.ones(1))
+    assert.are.equal(4, cf.stats.captures)
+  end)
+end)
+
+describe("nd.compile: what a replay must redo", function()
+  it("constants made on the host and then updated in place are put back each call", function()
+    local step = function(x)
+      local acc = nd.zeros(3) -- memset on the host: no kernel to replay
+      acc:add_(x)
+      acc:add_(x)
+      local r = nd.tensor({1, 2, 3}, {dtype = "int64"})
+      r:mul_(2)
+      return acc + r
+    end
+    local cf = nd.compile(step, {verify = true})
+    for i = 1, 5 do
+      local x = nd.ones(3) * i
+      assert.are.equal(0, max_abs(cf(x), step(x)))
+    end
+    assert.are.equal(3, cf.stats.replays)
+    assert_contains(cf:explain(), "constants: 2")
+  end)
+
+  it("a gradient filled in part (select's backward) keeps its zeros in a shared buffer", function()
+    local w = nd.randn(4, 3):requires_grad_()
+    local step = function(x)
+      w.grad = nil
+      local loss = (w[2] * x):sum() + (w[4] * x):sum()
+      loss:backward()
+      return w.grad:clone()
+    end
+    local cf = nd.compile(step)
+    for i = 1, 5 do
+      local x = nd.randn(3)
+      assert.are.equal(0, max_abs(cf(x), step(x)))
+    end
+  end)
+
+  it("dropout draws fresh numbers on every replay, exactly as eager calls would", function()
+    local f = function(x) return nd.F.dropout(x, 0.5, true) end
+    local cf = nd.compile(f)
+    nd.manual_seed(9)
+    local eager = {}
+    for i = 1, 5 do eager[i] = f(nd.ones(64)) end
+    nd.manual_seed(9)
+    for i = 1, 5 do assert.are.equal(0, max_abs(cf(nd.ones(64)), eager[i])) end
+    assert(max_abs(eager[4], eager[5]) > 0)
+  end)
+
+  it("labels and indices change from call to call (shifted on the device, checked every replay)", function()
+    local emb = nn.Embedding(10, 2)
+    local step = function(ids, y)
+      local logits = emb(ids):sum(2)
+      return nd.F.cross_entropy(logits, y)
+    end
+    local cf = nd.compile(step)
+    for i = 1, 5 do
+      local ids = nd.randint(1, 10, {3, 3})
+      local y = nd.randint(1, 2, {3})
+      assert.are.equal(0, max_abs(cf(ids, y), step(ids, y)), "call " .. i)
+    end
+    local msg = errmsg(cf, nd.tensor({{1, 2, 3}, {4, 5, 6}, {7, 8, 9}}, {dtype = "int64"}), nd.tensor({1, 3, 1}, {dtype = "int64"}))
+    assert_contains(msg, "cross_entropy")
+    assert_contains(msg, "label 3 of row 2 is out of range for 2 classes")
+    msg = errmsg(cf, nd.tensor({{1, 2, 3}, {4, 11, 6}, {7, 8, 9}}, {dtype = "int64"}), nd.tensor({1, 2, 1}, {dtype = "int64"}))
+    assert_contains(msg, "out of bounds")
+  end)
+
+  it("a replay refused by a host check leaves the parameters as they were", function()
+    nd.manual_seed(1)
+    local m = nn.Linear(3, 2)
+    local opt = nd.optim.SGD(m:parameters(), {lr = 0.5})
+    local cf = nd.compile(train_step(m, opt, nn.CrossEntropyLoss()))
+    for _ = 1, 3 do cf(nd.randn(4, 3), nd.tensor({1, 2, 1, 2}, {dtype = "int64"})) end
+    local before = m.weight:clone()
+    errmsg(cf, nd.randn(4, 3), nd.tensor({1, 2, 3, 2}, {dtype = "int64"}))
+    assert.are.equal(0, max_abs(m.weight, before))
+  end)
+
+  it("a mean over labels with a different count of ignored rows is refused, not wrong", function()
+    local f = function(x, y) return nd.F.cross_entropy(x, y, {ignore_index = 2}) end
+    local cf = nd.compile(f)
+    local x = nd.randn(4, 3)
+    for _ = 1, 3 do assert.are.equal(0, max_abs(cf(x, nd.tensor({1, 2, 3, 1}, {dtype = "int64"})), f(x, nd.tensor({1, 2, 3, 1}, {dtype = "int64"})))) end
+    assert.are.equal(0, max_abs(cf(x, nd.tensor({2, 1, 3, 3}, {dtype = "int64"})), f(x, nd.tensor({2, 1, 3, 3}, {dtype = "int64"}))))
+    assert_contains(errmsg(cf, x, nd.tensor({2, 2, 3, 1}, {dtype = "int64"})), "rows not equal to ignore_index")
+  end)
+end)
+
+describe("nd.compile: graph breaks and refusals", function()
+  it("reading a value on the host inside is an error naming the op and the line", function()
+    local cf = nd.compile(function(x)
+      local s = (x * 2):sum()
+      if s:item() > 0 then return x end -- a value-dependent branch
+      return -x
+    end, {warmup = 0})
+    local msg = errmsg(cf, nd.ones(2))
+    assert_contains(msg, "needle.item: reads tensor values on the host inside a compiled function")
+    assert_contains(msg, "compile_spec.lua:")
+    assert.are.equal(0, cf.stats.replays)
+  end)
+
+  it("with fallback = true the function runs eagerly and explain() says why", function()
+    local f = function(x)
+      local s = (x * 2):sum()
+      if s:item() > 0 then return x + 1 end
+      return x - 1
+    end
+    local cf = nd.compile(f, {fallback = true})
+    assert.are.equal(2, cf(nd.ones(1)):item())
+    assert.are.equal(2, cf(nd.ones(1)):item())
+    assert.are.equal(0, cf(-nd.ones(1)):item() + 2)
+    assert.are.equal(0, cf.stats.replays)
+    assert_contains(cf:explain(), "graph break (runs eagerly): needle.item")
+  end)
+
+  it("tolist/totable and printing are graph breaks too", function()
+    local cf = nd.compile(function(x) return x:totable() end, {warmup = 0})
+    assert_contains(errmsg(cf, nd.ones(2)), "totable: reads tensor values on the host")
+  end)
+
+  it("backward adding to gradients from before the call is refused", function()
+    local w = nd.ones(3):requires_grad_()
+    local cf = nd.compile(function(x) (w * x):sum():backward() end)
+    cf(nd.ones(3))
+    assert_contains(errmsg(cf, nd.ones(3)), "adds to a gradient that existed before the compiled call")
+  end)
+
+  it("set_data_ inside, nesting, arguments that require grad and bad options are refused", function()
+    local t = nd.ones(2)
+    local cf = nd.compile(function(x) t:set_data_(x) return x end, {warmup = 0})
+    assert_contains(errmsg(cf, nd.ones(2)), "set_data_: cannot run inside a compiled function")
+    local inner = nd.compile(function(x) return x + 1 end, {warmup = 0})
+    inner(nd.ones(1))
+    inner(nd.ones(1))
+    local outer = nd.compile(function(x) return inner(x) end, {warmup = 0})
+    assert_contains(errmsg(outer, nd.ones(1)), "cannot be nested")
+    local cg = nd.compile(function(x) return x * 2 end, {warmup = 0})
+    assert_contains(errmsg(cg, nd.ones(1):requires_grad_()), "requires grad")
+    assert_contains(errmsg(nd.compile, function() end, {warmpu = 1}), "unknown option 'warmpu'")
+    assert_contains(errmsg(nd.compile, 42), "expected a function or an nn.Module")
+    assert_contains(errmsg(nd.compile, function() end, {cache_size = 0}), "cache_size must be >= 1")
+  end)
+
+  it("ir(), dot() and explain() describe the graph; ir() before a capture says when it comes", function()
+    local m = nn.Linear(3, 2)
+    local cf = nd.compile(function(x) return m(x):relu() end)
+    assert_contains(errmsg(function() return cf:ir() end), "nothing compiled yet")
+    for _ = 1, 3 do cf(nd.ones(4, 3)) end
+    local text = cf:ir()
+    assert_contains(text, "linear_fused")
+    assert_contains(text, "unary.relu")
+    assert_contains(text, "float32 {4,2}")
+    assert(cf:dot():match("^digraph needle {"))
+    assert.is_nil(ir.verify(cf.last.graph:records()))
+    local ex = cf:explain()
+    assert_contains(ex, "calls 3: 1 replayed, 1 captured, 1 eager")
+    assert_contains(ex, "kernels by entry: ")
+  end)
+
+  it("verify finds a broken record", function()
+    local bad = {{entry = "copy", args = {{role = "x", storage = 1, kind = "i", shape = {2}, strides = {1, 1},
+                                           offset = -1}}}}
+    local problems = ir.verify(bad)
+    assert.are.equal(3, #problems)
+  end)
+end)
+
+describe("nd.compile memory", function()
+  it("the plan shares buffers between intermediates that do not live at once", function()
+    local f = function(x)
+      local y = x
+      for _ = 1, 12 do y = (y * 1.5):relu() end
+      return y:sum()
+    end
+    local cf = nd.compile(f)
+    for _ = 1, 3 do cf(nd.ones(1000)) end
+    local gs = cf.last.graph:stats()
+    assert(gs.buffers <= 3, "buffers: " .. gs.buffers)
+    assert(gs.planned_bytes <= 3 * 4000, "planned bytes: " .. gs.planned_bytes)
+    assert(gs.internal_bytes >= 24 * 4000)
+  end)
+
+  it("stays flat over 3000 replays of a training step", function()
+    nd.manual_seed(4)
+    local m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    local opt = nd.optim.Adam(m:parameters(), {lr = 1e-3})
+    local cf = nd.compile(train_step(m, opt, nn.CrossEntropyLoss()))
+    local x, y = nd.randn(8, 16), nd.randint(1, 4, {8})
+    for _ = 1, 200 do cf(x, y) end
+    collectgarbage()
+    collectgarbage()
+    local before = nd.live_bytes()
+    for _ = 1, 3000 do cf(x, y) end
+    collectgarbage()
+    collectgarbage()
+    local grown = nd.live_bytes() - before
+    assert(grown <= 4096, "live bytes grew by " .. grown)
+  end)
+end)

@@ -1,0 +1,170 @@
+/* lt_graph.c - the C half of nd.compile (lua/needle/compile): a captured
+ * graph as a userdata (core._graph_begin() -> g; g:finish(), g:replay(),
+ * g:stats(), g:records(), g:free()), pausing a capture, and the identity of
+ * a tensor's storage (the parameter guards). */
+#include <stdint.h>
+#include "lt_internal.h"
+
+#define GRAPH_MT "needle.graph"
+
+typedef struct { nd_graph *g; bool capturing; } graph_box;
+
+static graph_box *check_graph(lua_State *L, const char *op) {
+    graph_box *b = luaL_checkudata(L, 1, GRAPH_MT);
+    if (!b->g) lt_error(L, op, "the graph was freed");
+    return b;
+}
+
+static int graph_gc(lua_State *L) {
+    graph_box *b = luaL_checkudata(L, 1, GRAPH_MT);
+    if (b->g && b->capturing) nd_graph_end(b->g); /* an error unwound the capture */
+    nd_graph_free(b->g);
+    b->g = NULL;
+    return 0;
+}
+
+/* core._graph_begin([fallback]) -> a graph that records from now on */
+static int l_begin(lua_State *L) {
+    bool fallback = lua_toboolean(L, 1);
+    graph_box *b = lua_newuserdatauv(L, sizeof *b, 0);
+    b->g = NULL;
+    b->capturing = false;
+    luaL_setmetatable(L, GRAPH_MT);
+    LT_CHECK(L, nd_graph_begin(&b->g));
+    nd_graph_set_fallback(b->g, fallback);
+    b->capturing = true;
+    return 1;
+}
+
+/* g:finish(): stops recording; a Lua error if the capture saw a graph break */
+static int l_finish(lua_State *L) {
+    graph_box *b = check_graph(L, "compile");
+    b->capturing = false;
+    LT_CHECK(L, nd_graph_end(b->g));
+    return 0;
+}
+
+static int l_replay(lua_State *L) {
+    graph_box *b = check_graph(L, "compile");
+    LT_CHECK(L, nd_graph_replay(b->g));
+    return 0;
+}
+
+static int l_free(lua_State *L) { return graph_gc(L); }
+
+static int l_plan(lua_State *L) {
+    graph_box *b = check_graph(L, "compile");
+    LT_CHECK(L, nd_graph_plan(b->g));
+    return 0;
+}
+
+static int l_stats(lua_State *L) {
+    graph_box *b = check_graph(L, "compile");
+    nd_graph_stat s;
+    nd_graph_stats(b->g, &s);
+    lua_createtable(L, 0, 6);
+    lt_set_int(L, "records", s.records);
+    lt_set_int(L, "storages", s.storages);
+    lt_set_int(L, "leaves", s.leaves);
+    lt_set_int(L, "internal_bytes", s.internal_bytes);
+    lt_set_int(L, "restored", s.restored);
+    lt_set_int(L, "restored_bytes", s.restored_bytes);
+    lt_set_int(L, "planned_bytes", s.planned_bytes);
+    lt_set_int(L, "fixed_bytes", s.fixed_bytes);
+    lt_set_int(L, "buffers", s.buffers);
+    lt_set_int(L, "bound_bytes", s.bound_bytes);
+    lt_set_int(L, "captured", s.captured);
+    return 1;
+}
+
+/* g:records() -> {{entry, op, detail, device, args = {{storage, kind, role,
+ * dtype, shape = {...}, strides = {...}, offset}, ...}}, ...}; an argument
+ * the call passed as NULL is {role = ...} alone. */
+static int l_records(lua_State *L) {
+    graph_box *b = check_graph(L, "compile");
+    size_t n = nd_graph_size(b->g);
+    lua_createtable(L, n > INT32_MAX ? 0 : (int)n, 0);
+    static const char *const roles[] = {"", "r", "w", "rw"};
+    for (size_t i = 0; i < n; i++) {
+        nd_graph_rec_info info;
+        LT_CHECK(L, nd_graph_record(b->g, i, &info));
+        lua_createtable(L, 0, 5);
+        lt_set_str(L, "entry", info.entry);
+        lt_set_str(L, "op", info.op);
+        lt_set_str(L, "device", info.device);
+        if (info.detail) lt_set_str(L, "detail", info.detail);
+        lua_createtable(L, info.ntensors, 0);
+        for (int k = 0; k < info.ntensors; k++) {
+            lua_createtable(L, 0, 7);
+            lt_set_str(L, "role", roles[info.roles[k] & 3]);
+            const nd_tensor *t = info.tensors[k];
+            if (t) {
+                lt_set_int(L, "storage", info.storage[k] + 1);
+                char kind[2] = {info.storage_kind[k], 0};
+                lt_set_str(L, "kind", kind);
+                lt_set_str(L, "dtype", nd_dtype_name(t->dtype));
+                lt_set_int(L, "offset", t->offset);
+                lua_createtable(L, t->ndim, 0);
+                for (int d = 0; d < t->ndim; d++) {
+                    lua_pushinteger(L, t->shape[d]);
+                    lua_rawseti(L, -2, d + 1);
+                }
+                lua_setfield(L, -2, "shape");
+                lua_createtable(L, t->ndim, 0);
+                for (int d = 0; d < t->ndim; d++) {
+                    lua_pushinteger(L, t->strides[d]);
+                    lua_rawseti(L, -2, d + 1);
+                }
+                lua_setfield(L, -2, "strides");
+            }
+            lua_rawseti(L, -2, k + 1);
+        }
+        lua_setfield(L, -2, "args");
+        lua_rawseti(L, -2, (lua_Integer)i + 1);
+    }
+    return 1;
+}
+
+/* core._graph_pause(on) -> whether it was paused: work the capturing code
+ * does outside the graph (an optimizer filling the scalars a replay hook
+ * refreshes) */
+static int l_pause(lua_State *L) {
+    lua_pushboolean(L, nd_graph_set_paused(lua_toboolean(L, 1)));
+    return 1;
+}
+
+static int l_capturing(lua_State *L) {
+    lua_pushboolean(L, nd_graph_capturing());
+    return 1;
+}
+
+/* core._storage_key(t) -> an integer naming t's storage (equal for views of
+ * one storage, different once t gets other memory through set_data_) */
+static int l_storage_key(lua_State *L) {
+    nd_tensor *t = lt_check(L, 1, "compile");
+    lua_pushinteger(L, (lua_Integer)(uintptr_t)t->storage);
+    return 1;
+}
+
+void lt_register_graph(lua_State *L) {
+    if (luaL_newmetatable(L, GRAPH_MT)) {
+        static const luaL_Reg methods[] = {
+            {"finish", l_finish}, {"replay", l_replay}, {"stats", l_stats},
+            {"records", l_records}, {"free", l_free}, {"plan", l_plan}, {NULL, NULL},
+        };
+        lua_newtable(L);
+        luaL_setfuncs(L, methods, 0);
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, graph_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+    static const lt_reg regs[] = {
+        {"_graph_begin", l_begin, false, true},
+        {"_graph_pause", l_pause, false, true},
+        {"_graph_capturing", l_capturing, false, true},
+        {"_storage_key", l_storage_key, false, true},
+        {NULL, NULL, false, false},
+    };
+    lt_register(L, -2, -1, regs);
+}

@@ -1,0 +1,375 @@
+/* backend_call.c - the one way ops call a backend (backend_call.h): each
+ * nd_call_<fn> checks the entry exists, records the call while a graph is
+ * being captured, and runs it; nd_graph_rec_replay runs a record again with
+ * the arguments it kept. Keep each wrapper and its replay case side by side
+ * in argument order: the record's tensor slots are positional. */
+#include <string.h>
+#include "graph_record.h"
+
+static const char *const entry_names[] = {
+#define ND_CALL_NAME_(name) #name,
+    ND_CALL_ENTRIES(ND_CALL_NAME_)
+#undef ND_CALL_NAME_
+};
+
+const char *nd_call_entry_name(nd_call_entry e) {
+    return (unsigned)e < ND_CALL_COUNT ? entry_names[e] : "?";
+}
+
+static nd_status no_kernel(const nd_backend *be, const char *op) {
+    return nd_fail(ND_ERR_UNSUPPORTED, "%s: no kernel on device '%s'", op, be->name);
+}
+
+/* The prologue of every wrapper: the entry must exist; r is the record
+ * (NULL when not capturing). */
+#define BEGIN(fn)                                                                   \
+    if (!be->fn) return no_kernel(be, op);                                          \
+    nd_graph_rec *r = nd_graph_capturing() ? nd_graph_rec_new(ND_CALL_##fn, be, op) : NULL
+#define R(x) if (r) nd_graph_rec_tensor(r, (x), ND_ROLE_READ)
+#define W(x) if (r) nd_graph_rec_tensor(r, (x), ND_ROLE_WRITE)
+#define U(x) if (r) nd_graph_rec_tensor(r, (x), ND_ROLE_UPDATE)
+#define DONE() if (r) nd_graph_rec_done(r)
+#define T(k) (r->t[k])
+
+static void keep_value(nd_graph_rec *r, const void *v, nd_dtype dt) {
+    if (r) memcpy(r->u.value, v, nd_dtype_size(dt));
+}
+
+nd_status nd_call_copy(const nd_backend *be, const char *op, nd_tensor *dst, const nd_tensor *src) {
+    BEGIN(copy); W(dst); R(src); DONE();
+    return be->copy(dst, src);
+}
+
+nd_status nd_call_fill(const nd_backend *be, const char *op, nd_tensor *dst, const void *value) {
+    BEGIN(fill); W(dst); keep_value(r, value, dst->dtype); DONE();
+    return be->fill(dst, value);
+}
+
+nd_status nd_call_unary(const nd_backend *be, const char *op, nd_unary_op u, nd_tensor *out,
+                        const nd_tensor *x) {
+    BEGIN(unary); W(out); R(x); if (r) r->i[0] = u; DONE();
+    return be->unary(u, out, x);
+}
+
+nd_status nd_call_binary(const nd_backend *be, const char *op, nd_binary_op b, nd_tensor *out,
+                         const nd_tensor *x, const nd_tensor *y) {
+    BEGIN(binary); W(out); R(x); R(y); if (r) r->i[0] = b; DONE();
+    return be->binary(b, out, x, y);
+}
+
+nd_status nd_call_binary_scalar(const nd_backend *be, const char *op, nd_binary_op b, nd_tensor *out,
+                                const nd_tensor *x, const void *s, int scalar_first) {
+    BEGIN(binary_scalar); W(out); R(x);
+    if (r) { r->i[0] = b; r->i[1] = scalar_first; }
+    keep_value(r, s, x->dtype); DONE();
+    return be->binary_scalar(b, out, x, s, scalar_first);
+}
+
+nd_status nd_call_where(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *cond,
+                        const nd_tensor *a, const nd_tensor *b) {
+    BEGIN(where); W(out); R(cond); R(a); R(b); DONE();
+    return be->where(out, cond, a, b);
+}
+
+nd_status nd_call_clamp(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *x,
+                        double lo, double hi) {
+    BEGIN(clamp); W(out); R(x); if (r) { r->f[0] = lo; r->f[1] = hi; } DONE();
+    return be->clamp(out, x, lo, hi);
+}
+
+nd_status nd_call_reduce(const nd_backend *be, const char *op, nd_reduce_op rop, nd_tensor *out,
+                         const nd_tensor *x, const bool *reduced, int correction) {
+    BEGIN(reduce); W(out); R(x);
+    if (r) {
+        r->i[0] = rop;
+        r->i[1] = correction;
+        r->i[2] = reduced != NULL;
+        if (reduced) memcpy(r->u.reduced, reduced, (size_t)x->ndim * sizeof *reduced);
+    }
+    DONE();
+    return be->reduce(rop, out, x, reduced, correction);
+}
+
+nd_status nd_call_max_dim(const nd_backend *be, const char *op, nd_tensor *values,
+                          nd_tensor *indices, const nd_tensor *x, int dim, int is_min) {
+    BEGIN(max_dim); W(values); W(indices); R(x); if (r) { r->i[0] = dim; r->i[1] = is_min; } DONE();
+    return be->max_dim(values, indices, x, dim, is_min);
+}
+
+nd_status nd_call_matmul(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *a,
+                         const nd_tensor *b) {
+    BEGIN(matmul); W(out); R(a); R(b); DONE();
+    return be->matmul(out, a, b);
+}
+
+nd_status nd_call_gather(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *x,
+                         int dim, const nd_tensor *index) {
+    BEGIN(gather); W(out); R(x); R(index); if (r) r->i[0] = dim; DONE();
+    return be->gather(out, x, dim, index);
+}
+
+nd_status nd_call_scatter(const nd_backend *be, const char *op, nd_tensor *out, int dim,
+                          const nd_tensor *index, const nd_tensor *src, int accumulate) {
+    BEGIN(scatter); U(out); R(index); R(src); if (r) { r->i[0] = dim; r->i[1] = accumulate; } DONE();
+    return be->scatter(out, dim, index, src, accumulate);
+}
+
+nd_status nd_call_index_select(const nd_backend *be, const char *op, nd_tensor *out,
+                               const nd_tensor *x, int dim, const nd_tensor *index) {
+    BEGIN(index_select); W(out); R(x); R(index); if (r) r->i[0] = dim; DONE();
+    return be->index_select(out, x, dim, index);
+}
+
+nd_status nd_call_index_add(const nd_backend *be, const char *op, nd_tensor *out, int dim,
+                            const nd_tensor *index, const nd_tensor *src, double alpha) {
+    BEGIN(index_add); U(out); R(index); R(src); if (r) { r->i[0] = dim; r->f[0] = alpha; } DONE();
+    return be->index_add(out, dim, index, src, alpha);
+}
+
+nd_status nd_call_masked_fill(const nd_backend *be, const char *op, nd_tensor *out,
+                              const nd_tensor *mask, double value) {
+    BEGIN(masked_fill); U(out); R(mask); if (r) r->f[0] = value; DONE();
+    return be->masked_fill(out, mask, value);
+}
+
+nd_status nd_call_cumsum(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *x,
+                         int dim) {
+    BEGIN(cumsum); W(out); R(x); if (r) r->i[0] = dim; DONE();
+    return be->cumsum(out, x, dim);
+}
+
+nd_status nd_call_sort(const nd_backend *be, const char *op, nd_tensor *values, nd_tensor *indices,
+                       const nd_tensor *x, int dim, int descending) {
+    BEGIN(sort); W(values); W(indices); R(x); if (r) { r->i[0] = dim; r->i[1] = descending; } DONE();
+    return be->sort(values, indices, x, dim, descending);
+}
+
+nd_status nd_call_softmax(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *x,
+                          int dim, bool log) {
+    BEGIN(softmax); W(out); R(x); if (r) { r->i[0] = dim; r->i[1] = log; } DONE();
+    return be->softmax(out, x, dim, log);
+}
+
+nd_status nd_call_layer_norm(const nd_backend *be, const char *op, nd_tensor *y, nd_tensor *mean,
+                             nd_tensor *rstd, const nd_tensor *x, const nd_tensor *w,
+                             const nd_tensor *b, double eps) {
+    BEGIN(layer_norm); W(y); W(mean); W(rstd); R(x); R(w); R(b); if (r) r->f[0] = eps; DONE();
+    return be->layer_norm(y, mean, rstd, x, w, b, eps);
+}
+
+nd_status nd_call_cross_entropy(const nd_backend *be, const char *op, nd_tensor *loss,
+                                const nd_tensor *logits, const nd_tensor *labels, int64_t ignore,
+                                double smoothing) {
+    BEGIN(cross_entropy); W(loss); R(logits); R(labels);
+    if (r) { r->i[0] = ignore; r->f[0] = smoothing; }
+    DONE();
+    return be->cross_entropy(loss, logits, labels, ignore, smoothing);
+}
+
+nd_status nd_call_batch_norm(const nd_backend *be, const char *op, nd_tensor *y, nd_tensor *mean,
+                             nd_tensor *rstd, const nd_tensor *x, const nd_tensor *w,
+                             const nd_tensor *b, double eps, bool training) {
+    BEGIN(batch_norm); W(y);
+    if (training) { W(mean); W(rstd); } else { R(mean); R(rstd); }
+    R(x); R(w); R(b);
+    if (r) { r->f[0] = eps; r->i[0] = training; }
+    DONE();
+    return be->batch_norm(y, mean, rstd, x, w, b, eps, training);
+}
+
+nd_status nd_call_layer_norm_backward(const nd_backend *be, const char *op, nd_tensor *dx,
+                                      nd_tensor *dw, nd_tensor *db, const nd_tensor *g,
+                                      const nd_tensor *x, const nd_tensor *w,
+                                      const nd_tensor *mean, const nd_tensor *rstd) {
+    BEGIN(layer_norm_backward); W(dx); W(dw); W(db); R(g); R(x); R(w); R(mean); R(rstd); DONE();
+    return be->layer_norm_backward(dx, dw, db, g, x, w, mean, rstd);
+}
+
+nd_status nd_call_batch_norm_backward(const nd_backend *be, const char *op, nd_tensor *dx,
+                                      nd_tensor *dw, nd_tensor *db, const nd_tensor *g,
+                                      const nd_tensor *x, const nd_tensor *w,
+                                      const nd_tensor *mean, const nd_tensor *rstd, bool training) {
+    BEGIN(batch_norm_backward); W(dx); W(dw); W(db); R(g); R(x); R(w); R(mean); R(rstd);
+    if (r) r->i[0] = training;
+    DONE();
+    return be->batch_norm_backward(dx, dw, db, g, x, w, mean, rstd, training);
+}
+
+nd_status nd_call_relu_backward(const nd_backend *be, const char *op, nd_tensor *gx,
+                                const nd_tensor *g, const nd_tensor *y) {
+    BEGIN(relu_backward); W(gx); R(g); R(y); DONE();
+    return be->relu_backward(gx, g, y);
+}
+
+nd_status nd_call_sgd_step(const nd_backend *be, const char *op, nd_tensor *p, const nd_tensor *grad,
+                           nd_tensor *buf, const nd_sgd_hyper *h, bool first) {
+    BEGIN(sgd_step); U(p); R(grad); U(buf);
+    /* Replays never start a momentum buffer: the step after the captured
+     * one finds it made, as the eager step would. */
+    if (r) { r->u.sgd = *h; r->i[0] = 0; }
+    DONE();
+    return be->sgd_step(p, grad, buf, h, first);
+}
+
+nd_status nd_call_cross_entropy_backward(const nd_backend *be, const char *op, nd_tensor *dlogits,
+                                         const nd_tensor *logits, const nd_tensor *labels,
+                                         const nd_tensor *wrow, int64_t ignore, double smoothing) {
+    BEGIN(cross_entropy_backward); W(dlogits); R(logits); R(labels); R(wrow);
+    if (r) { r->i[0] = ignore; r->f[0] = smoothing; }
+    DONE();
+    return be->cross_entropy_backward(dlogits, logits, labels, wrow, ignore, smoothing);
+}
+
+nd_status nd_call_random(const nd_backend *be, const char *op, nd_tensor *out, nd_random_kind kind,
+                         double a, double b, const nd_tensor *p, uint64_t seed, uint64_t offset) {
+    BEGIN(random); W(out); R(p);
+    if (r) { r->i[0] = kind; r->f[0] = a; r->f[1] = b; }
+    DONE();
+    return be->random(out, kind, a, b, p, seed, offset);
+}
+
+nd_status nd_call_im2col(const nd_backend *be, const char *op, nd_tensor *cols, const nd_tensor *x,
+                         const nd_conv_geom *g) {
+    BEGIN(im2col); W(cols); R(x); if (r) r->u.conv = *g; DONE();
+    return be->im2col(cols, x, g);
+}
+
+nd_status nd_call_col2im(const nd_backend *be, const char *op, nd_tensor *x, const nd_tensor *cols,
+                         const nd_conv_geom *g) {
+    BEGIN(col2im); W(x); R(cols); if (r) r->u.conv = *g; DONE();
+    return be->col2im(x, cols, g);
+}
+
+nd_status nd_call_max_pool2d(const nd_backend *be, const char *op, nd_tensor *out,
+                             nd_tensor *indices, const nd_tensor *x, const nd_pool_geom *p) {
+    BEGIN(max_pool2d); W(out); W(indices); R(x); if (r) r->u.pool = *p; DONE();
+    return be->max_pool2d(out, indices, x, p);
+}
+
+nd_status nd_call_max_pool2d_backward(const nd_backend *be, const char *op, nd_tensor *gx,
+                                      const nd_tensor *g, const nd_tensor *indices) {
+    BEGIN(max_pool2d_backward); W(gx); R(g); R(indices); DONE();
+    return be->max_pool2d_backward(gx, g, indices);
+}
+
+nd_status nd_call_avg_pool2d(const nd_backend *be, const char *op, nd_tensor *out,
+                             const nd_tensor *x, const nd_pool_geom *p) {
+    BEGIN(avg_pool2d); W(out); R(x); if (r) r->u.pool = *p; DONE();
+    return be->avg_pool2d(out, x, p);
+}
+
+nd_status nd_call_avg_pool2d_backward(const nd_backend *be, const char *op, nd_tensor *gx,
+                                      const nd_tensor *g, const nd_pool_geom *p) {
+    BEGIN(avg_pool2d_backward); W(gx); R(g); if (r) r->u.pool = *p; DONE();
+    return be->avg_pool2d_backward(gx, g, p);
+}
+
+nd_status nd_call_conv2d_fused(const nd_backend *be, const char *op, nd_tensor *out,
+                               const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                               const nd_conv_geom *g, int64_t groups, nd_activation act) {
+    BEGIN(conv2d_fused); W(out); R(x); R(w); R(b);
+    if (r) { r->u.conv = *g; r->i[0] = groups; r->i[1] = act; }
+    DONE();
+    return be->conv2d_fused(out, x, w, b, g, groups, act);
+}
+
+nd_status nd_call_conv2d_backward(const nd_backend *be, const char *op, nd_tensor *gx,
+                                  nd_tensor *gw, nd_tensor *gb, const nd_tensor *dy,
+                                  const nd_tensor *x, const nd_tensor *w, const nd_conv_geom *g,
+                                  int64_t groups) {
+    BEGIN(conv2d_backward); W(gx); W(gw); W(gb); R(dy); R(x); R(w);
+    if (r) { r->u.conv = *g; r->i[0] = groups; }
+    DONE();
+    return be->conv2d_backward(gx, gw, gb, dy, x, w, g, groups);
+}
+
+nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *out,
+                               const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                               nd_activation act) {
+    BEGIN(linear_fused); W(out); R(x); R(w); R(b); if (r) r->i[0] = act; DONE();
+    return be->linear_fused(out, x, w, b, act);
+}
+
+static size_t bytes_of(const nd_tensor *t) { return (size_t)nd_numel(t) * nd_dtype_size(t->dtype); }
+static size_t byte_offset(const nd_tensor *t) { return (size_t)t->offset * nd_dtype_size(t->dtype); }
+
+nd_status nd_call_write(const nd_backend *be, const char *op, nd_tensor *dst, const nd_tensor *host) {
+    BEGIN(write); W(dst); R(host); DONE();
+    size_t n = bytes_of(dst);
+    return n ? be->write(dst->storage, byte_offset(dst), nd_ptr(host), n) : ND_OK;
+}
+
+nd_status nd_call_read(const nd_backend *be, const char *op, nd_tensor *host, const nd_tensor *src) {
+    BEGIN(read); W(host); R(src); DONE();
+    size_t n = bytes_of(src);
+    return n ? be->read(src->storage, byte_offset(src), nd_ptr(host), n) : ND_OK;
+}
+
+nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
+    const nd_backend *be = r->be;
+    switch (r->entry) {
+    case ND_CALL_copy: return be->copy(T(0), T(1));
+    case ND_CALL_fill: return be->fill(T(0), r->u.value);
+    case ND_CALL_unary: return be->unary((nd_unary_op)r->i[0], T(0), T(1));
+    case ND_CALL_binary: return be->binary((nd_binary_op)r->i[0], T(0), T(1), T(2));
+    case ND_CALL_binary_scalar:
+        return be->binary_scalar((nd_binary_op)r->i[0], T(0), T(1), r->u.value, (int)r->i[1]);
+    case ND_CALL_where: return be->where(T(0), T(1), T(2), T(3));
+    case ND_CALL_clamp: return be->clamp(T(0), T(1), r->f[0], r->f[1]);
+    case ND_CALL_reduce:
+        return be->reduce((nd_reduce_op)r->i[0], T(0), T(1), r->i[2] ? r->u.reduced : NULL, (int)r->i[1]);
+    case ND_CALL_max_dim: return be->max_dim(T(0), T(1), T(2), (int)r->i[0], (int)r->i[1]);
+    case ND_CALL_matmul: return be->matmul(T(0), T(1), T(2));
+    case ND_CALL_gather: return be->gather(T(0), T(1), (int)r->i[0], T(2));
+    case ND_CALL_scatter: return be->scatter(T(0), (int)r->i[0], T(1), T(2), (int)r->i[1]);
+    case ND_CALL_index_select: return be->index_select(T(0), T(1), (int)r->i[0], T(2));
+    case ND_CALL_index_add: return be->index_add(T(0), (int)r->i[0], T(1), T(2), r->f[0]);
+    case ND_CALL_masked_fill: return be->masked_fill(T(0), T(1), r->f[0]);
+    case ND_CALL_cumsum: return be->cumsum(T(0), T(1), (int)r->i[0]);
+    case ND_CALL_sort: return be->sort(T(0), T(1), T(2), (int)r->i[0], (int)r->i[1]);
+    case ND_CALL_softmax: return be->softmax(T(0), T(1), (int)r->i[0], r->i[1] != 0);
+    case ND_CALL_layer_norm: return be->layer_norm(T(0), T(1), T(2), T(3), T(4), T(5), r->f[0]);
+    case ND_CALL_cross_entropy: return be->cross_entropy(T(0), T(1), T(2), r->i[0], r->f[0]);
+    case ND_CALL_batch_norm:
+        return be->batch_norm(T(0), T(1), T(2), T(3), T(4), T(5), r->f[0], r->i[0] != 0);
+    case ND_CALL_layer_norm_backward:
+        return be->layer_norm_backward(T(0), T(1), T(2), T(3), T(4), T(5), T(6), T(7));
+    case ND_CALL_batch_norm_backward:
+        return be->batch_norm_backward(T(0), T(1), T(2), T(3), T(4), T(5), T(6), T(7), r->i[0] != 0);
+    case ND_CALL_relu_backward: return be->relu_backward(T(0), T(1), T(2));
+    case ND_CALL_sgd_step: return be->sgd_step(T(0), T(1), T(2), &r->u.sgd, r->i[0] != 0);
+    case ND_CALL_cross_entropy_backward:
+        return be->cross_entropy_backward(T(0), T(1), T(2), T(3), r->i[0], r->f[0]);
+    case ND_CALL_random: {
+        uint64_t seed, offset; /* fresh counters, as the eager call would take */
+        nd_rng_reserve(nd_numel(T(0)), &seed, &offset);
+        return be->random(T(0), (nd_random_kind)r->i[0], r->f[0], r->f[1], T(1), seed, offset);
+    }
+    case ND_CALL_im2col: return be->im2col(T(0), T(1), &r->u.conv);
+    case ND_CALL_col2im: return be->col2im(T(0), T(1), &r->u.conv);
+    case ND_CALL_max_pool2d: return be->max_pool2d(T(0), T(1), T(2), &r->u.pool);
+    case ND_CALL_max_pool2d_backward: return be->max_pool2d_backward(T(0), T(1), T(2));
+    case ND_CALL_avg_pool2d: return be->avg_pool2d(T(0), T(1), &r->u.pool);
+    case ND_CALL_avg_pool2d_backward: return be->avg_pool2d_backward(T(0), T(1), &r->u.pool);
+    case ND_CALL_conv2d_fused:
+        return be->conv2d_fused(T(0), T(1), T(2), T(3), &r->u.conv, r->i[0], (nd_activation)r->i[1]);
+    case ND_CALL_conv2d_backward:
+        return be->conv2d_backward(T(0), T(1), T(2), T(3), T(4), T(5), &r->u.conv, r->i[0]);
+    case ND_CALL_linear_fused: return be->linear_fused(T(0), T(1), T(2), T(3), (nd_activation)r->i[0]);
+    case ND_CALL_write: {
+        size_t n = bytes_of(T(0));
+        return n ? be->write(T(0)->storage, byte_offset(T(0)), nd_ptr(T(1)), n) : ND_OK;
+    }
+    case ND_CALL_read: {
+        size_t n = bytes_of(T(1));
+        return n ? be->read(T(1)->storage, byte_offset(T(1)), nd_ptr(T(0)), n) : ND_OK;
+    }
+    case ND_CALL_host_check: {
+        int64_t iv[6];
+        memcpy(iv, r->i, sizeof iv);
+        return r->check(r->op, r->t, iv);
+    }
+    case ND_CALL_COUNT: break;
+    }
+    return nd_fail(ND_ERR_INTERNAL, "graph replay: record of unknown kind %d", (int)r->entry);
+}

@@ -1,0 +1,147 @@
+/* backend_call.h - how ops call a backend, and the graph capture behind it.
+ *
+ * Every op ends in one backend call through ND_BACKEND_CALL (never be->fn
+ * directly): nd_call_<fn> checks that the backend has the entry, and while a
+ * graph is being captured (nd.compile, graph.c) it also appends a record of
+ * the call - the entry, its tensors (headers copied, storages retained) and
+ * its scalar arguments - so that nd_graph_replay can run the same kernels on
+ * the same buffers again without Lua, op checks or allocations. */
+#ifndef ND_BACKEND_CALL_H
+#define ND_BACKEND_CALL_H
+
+#include "backend.h"
+
+/* Calls be->fn (recording it while a capture is on), or fails with
+ * "<op>: no kernel on device <name>" when the backend lacks it. */
+#define ND_BACKEND_CALL(be, fn, opname, ...) nd_call_##fn((be), (opname), __VA_ARGS__)
+
+/* The backend entries a record can hold (the order is the enum's). */
+#define ND_CALL_ENTRIES(X) \
+    X(copy) X(fill) X(unary) X(binary) X(binary_scalar) X(where) X(clamp) X(reduce) X(max_dim) \
+    X(matmul) X(gather) X(scatter) X(index_select) X(index_add) X(masked_fill) X(cumsum) X(sort) \
+    X(softmax) X(layer_norm) X(cross_entropy) X(batch_norm) X(layer_norm_backward) \
+    X(batch_norm_backward) X(relu_backward) X(sgd_step) X(cross_entropy_backward) X(random) \
+    X(im2col) X(col2im) X(max_pool2d) X(max_pool2d_backward) X(avg_pool2d) X(avg_pool2d_backward) \
+    X(conv2d_fused) X(conv2d_backward) X(linear_fused) X(write) X(read) X(host_check)
+
+typedef enum {
+#define ND_CALL_ENUM_(name) ND_CALL_##name,
+    ND_CALL_ENTRIES(ND_CALL_ENUM_)
+#undef ND_CALL_ENUM_
+    ND_CALL_COUNT
+} nd_call_entry;
+
+const char *nd_call_entry_name(nd_call_entry e);
+
+nd_status nd_call_copy(const nd_backend *be, const char *op, nd_tensor *dst, const nd_tensor *src);
+nd_status nd_call_fill(const nd_backend *be, const char *op, nd_tensor *dst, const void *value);
+nd_status nd_call_unary(const nd_backend *be, const char *op, nd_unary_op u, nd_tensor *out,
+                        const nd_tensor *x);
+nd_status nd_call_binary(const nd_backend *be, const char *op, nd_binary_op b, nd_tensor *out,
+                         const nd_tensor *x, const nd_tensor *y);
+nd_status nd_call_binary_scalar(const nd_backend *be, const char *op, nd_binary_op b, nd_tensor *out,
+                                const nd_tensor *x, const void *s, int scalar_first);
+nd_status nd_call_where(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *cond,
+                        const nd_tensor *a, const nd_tensor *b);
+nd_status nd_call_clamp(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *x,
+                        double lo, double hi);
+nd_status nd_call_reduce(const nd_backend *be, const char *op, nd_reduce_op r, nd_tensor *out,
+                         const nd_tensor *x, const bool *reduced, int correction);
+nd_status nd_call_max_dim(const nd_backend *be, const char *op, nd_tensor *values,
+                          nd_tensor *indices, const nd_tensor *x, int dim, int is_min);
+nd_status nd_call_matmul(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *a,
+                         const nd_tensor *b);
+nd_status nd_call_gather(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *x,
+                         int dim, const nd_tensor *index);
+nd_status nd_call_scatter(const nd_backend *be, const char *op, nd_tensor *out, int dim,
+                          const nd_tensor *index, const nd_tensor *src, int accumulate);
+nd_status nd_call_index_select(const nd_backend *be, const char *op, nd_tensor *out,
+                               const nd_tensor *x, int dim, const nd_tensor *index);
+nd_status nd_call_index_add(const nd_backend *be, const char *op, nd_tensor *out, int dim,
+                            const nd_tensor *index, const nd_tensor *src, double alpha);
+nd_status nd_call_masked_fill(const nd_backend *be, const char *op, nd_tensor *out,
+                              const nd_tensor *mask, double value);
+nd_status nd_call_cumsum(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *x,
+                         int dim);
+nd_status nd_call_sort(const nd_backend *be, const char *op, nd_tensor *values, nd_tensor *indices,
+                       const nd_tensor *x, int dim, int descending);
+nd_status nd_call_softmax(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *x,
+                          int dim, bool log);
+nd_status nd_call_layer_norm(const nd_backend *be, const char *op, nd_tensor *y, nd_tensor *mean,
+                             nd_tensor *rstd, const nd_tensor *x, const nd_tensor *w,
+                             const nd_tensor *b, double eps);
+nd_status nd_call_cross_entropy(const nd_backend *be, const char *op, nd_tensor *loss,
+                                const nd_tensor *logits, const nd_tensor *labels, int64_t ignore,
+                                double smoothing);
+nd_status nd_call_batch_norm(const nd_backend *be, const char *op, nd_tensor *y, nd_tensor *mean,
+                             nd_tensor *rstd, const nd_tensor *x, const nd_tensor *w,
+                             const nd_tensor *b, double eps, bool training);
+nd_status nd_call_layer_norm_backward(const nd_backend *be, const char *op, nd_tensor *dx,
+                                      nd_tensor *dw, nd_tensor *db, const nd_tensor *g,
+                                      const nd_tensor *x, const nd_tensor *w,
+                                      const nd_tensor *mean, const nd_tensor *rstd);
+nd_status nd_call_batch_norm_backward(const nd_backend *be, const char *op, nd_tensor *dx,
+                                      nd_tensor *dw, nd_tensor *db, const nd_tensor *g,
+                                      const nd_tensor *x, const nd_tensor *w,
+                                      const nd_tensor *mean, const nd_tensor *rstd, bool training);
+nd_status nd_call_relu_backward(const nd_backend *be, const char *op, nd_tensor *gx,
+                                const nd_tensor *g, const nd_tensor *y);
+nd_status nd_call_sgd_step(const nd_backend *be, const char *op, nd_tensor *p, const nd_tensor *grad,
+                           nd_tensor *buf, const nd_sgd_hyper *h, bool first);
+nd_status nd_call_cross_entropy_backward(const nd_backend *be, const char *op, nd_tensor *dlogits,
+                                         const nd_tensor *logits, const nd_tensor *labels,
+                                         const nd_tensor *wrow, int64_t ignore, double smoothing);
+nd_status nd_call_random(const nd_backend *be, const char *op, nd_tensor *out, nd_random_kind kind,
+                         double a, double b, const nd_tensor *p, uint64_t seed, uint64_t offset);
+nd_status nd_call_im2col(const nd_backend *be, const char *op, nd_tensor *cols, const nd_tensor *x,
+                         const nd_conv_geom *g);
+nd_status nd_call_col2im(const nd_backend *be, const char *op, nd_tensor *x, const nd_tensor *cols,
+                         const nd_conv_geom *g);
+nd_status nd_call_max_pool2d(const nd_backend *be, const char *op, nd_tensor *out,
+                             nd_tensor *indices, const nd_tensor *x, const nd_pool_geom *p);
+nd_status nd_call_max_pool2d_backward(const nd_backend *be, const char *op, nd_tensor *gx,
+                                      const nd_tensor *g, const nd_tensor *indices);
+nd_status nd_call_avg_pool2d(const nd_backend *be, const char *op, nd_tensor *out,
+                             const nd_tensor *x, const nd_pool_geom *p);
+nd_status nd_call_avg_pool2d_backward(const nd_backend *be, const char *op, nd_tensor *gx,
+                                      const nd_tensor *g, const nd_pool_geom *p);
+nd_status nd_call_conv2d_fused(const nd_backend *be, const char *op, nd_tensor *out,
+                               const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                               const nd_conv_geom *g, int64_t groups, nd_activation act);
+nd_status nd_call_conv2d_backward(const nd_backend *be, const char *op, nd_tensor *gx,
+                                  nd_tensor *gw, nd_tensor *gb, const nd_tensor *dy,
+                                  const nd_tensor *x, const nd_tensor *w, const nd_conv_geom *g,
+                                  int64_t groups);
+nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *out,
+                               const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                               nd_activation act);
+/* Transfers as tensors (the backend's read/write take storages and bytes):
+ * dst (device, contiguous) = host (cpu, contiguous, same numel), and the
+ * reverse. Recorded with both tensors, so a replay moves the current
+ * contents, never the bytes seen at capture. */
+nd_status nd_call_write(const nd_backend *be, const char *op, nd_tensor *dst, const nd_tensor *host);
+nd_status nd_call_read(const nd_backend *be, const char *op, nd_tensor *host, const nd_tensor *src);
+
+/* ---- host checks ----
+ * A check an op makes by reading tensor values on the host (labels in
+ * range, ...). nd_host_check runs fn now and, while capturing, records it so
+ * that every replay runs it again on the then-current values: a replay must
+ * refuse what eager would refuse. fn may update iv (ni values, kept in the
+ * record as fn left them). Reading values on the host any other way while
+ * capturing is a graph break (nd_graph_check_host_read). */
+typedef nd_status (*nd_host_check_fn)(const char *op, nd_tensor *const *t, int64_t *iv);
+nd_status nd_host_check(const char *op, nd_host_check_fn fn, nd_tensor *const *t, int nt,
+                        int64_t *iv, int ni);
+
+/* ---- the capture state (graph.c) ---- */
+/* leaf->grad is about to change (the autograd engine accumulates into it,
+ * or it is assigned): a capture notes the leaf so that every replay restores
+ * leaf->grad to the tensor the capture left there. With reads_old, fails
+ * when the old gradient predates the capture (the step would add to a
+ * gradient from before the call, which a replay cannot see). */
+nd_status nd_graph_note_leaf_grad(nd_tensor *leaf, bool reads_old);
+/* The next n values of the global random stream (op_random.c); replays of a
+ * random kernel draw fresh counters as eager calls do. */
+void nd_rng_reserve(int64_t count, uint64_t *seed, uint64_t *offset);
+
+#endif

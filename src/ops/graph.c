@@ -1,0 +1,710 @@
+/* graph.c - capturing a sequence of backend calls and replaying it (the
+ * engine under nd.compile; docs/compile.md).
+ *
+ * While a graph captures, every backend call an op makes is also appended
+ * to the graph as a record (backend_call.c) that keeps the call's tensors -
+ * their storages retained - and its scalar arguments. A replay runs the
+ * records in order on the same storages: no Lua, no op checks, no
+ * allocation. What a replay must reproduce besides the kernels:
+ *   - storages made during the capture and filled on the host, not by a
+ *     recorded kernel (zeros, tensors from Lua tables): their first use
+ *     takes a snapshot, restored before each replay if a record writes them;
+ *   - leaf gradients: the tensors that backward left in leaf->grad during
+ *     the capture are put back after each replay (the records rewrote them);
+ *   - random kernels draw fresh counters (backend_call.c);
+ *   - host checks (labels in range) run again (nd_host_check).
+ * Everything else that Lua computes from tensor values is a graph break:
+ * refused while capturing (nd_graph_check_host_read). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "graph_record.h"
+
+typedef struct {
+    nd_storage *s;      /* retained */
+    int id;
+    bool internal;      /* made during the capture */
+    bool seen_write;    /* some record wrote it */
+    bool produced;      /* its first use was a whole-storage write */
+    void *snapshot;     /* host copy taken at its first use (internal, not produced) */
+    /* Storages made inside whose first use is not a whole write (zeros
+     * filled in part, cat, stack): which elements (of es bytes) some record
+     * wrote, and which one read before any record wrote them. Their
+     * snapshot is restored before each replay only if an element read
+     * before being written is also written (else the records never see
+     * what it held, or it never changes); only a storage whose initial
+     * content no record reads can share a buffer of the memory plan. */
+    unsigned char *wbits, *rbw;
+    size_t es;
+    bool untracked;     /* a use the bitmaps could not follow: assume the worst */
+    bool observed;      /* some record read its initial content */
+    bool zero_init;     /* ... and that content was all zero bytes (zeros filled in part) */
+    bool planned;       /* moved into a buffer of the memory plan */
+    size_t nbytes;      /* its own size (a planned buffer may be larger) */
+} stor_info;
+
+typedef struct { nd_tensor *leaf, *grad; } leaf_grad;
+
+struct nd_graph {
+    nd_graph_rec *recs;
+    size_t n, cap;
+    stor_info *stor;
+    size_t nstor, capstor;
+    int *slots;          /* open addressing: index + 1 into stor, 0 empty */
+    size_t nslots;
+    leaf_grad *leaves;
+    size_t nleaves, capleaves;
+    uint64_t start_serial;
+    bool capturing;
+    bool ended;
+    bool fallback;       /* a graph break stops the recording instead of failing the op */
+    int64_t planned_bytes, fixed_bytes; /* after nd_graph_plan: its buffers, and the rest */
+    int64_t bound_bytes;  /* the most bytes of planned storages live at one record */
+    int64_t captured;     /* records the capture made (the plan adds zero fills) */
+    int nbuffers;
+    nd_status error;     /* the first failure while recording: the capture is invalid */
+    char message[512];
+};
+
+static _Thread_local nd_graph *current;
+static _Thread_local int paused;
+
+bool nd_graph_capturing(void) { return current && !paused; }
+
+bool nd_graph_set_paused(bool on) {
+    bool was = paused > 0;
+    paused = on;
+    return was;
+}
+
+static void poison(nd_graph *g, nd_status st, const char *why) {
+    if (g->error != ND_OK) return;
+    g->error = st;
+    snprintf(g->message, sizeof g->message, "%s", why);
+}
+
+nd_status nd_graph_check_host_read(const char *op) {
+    if (!nd_graph_capturing()) return ND_OK;
+    char why[400];
+    snprintf(why, sizeof why, "%s: reads tensor values on the host inside a compiled function (a "
+             "graph break): a replay would reuse the values read at capture. Move it out of the "
+             "compiled function, or compile with {fallback = true}", op);
+    poison(current, ND_ERR_UNSUPPORTED, why);
+    if (current->fallback) { /* the call goes on eagerly; nd_graph_end reports the break */
+        paused = 1;
+        return ND_OK;
+    }
+    return nd_fail(ND_ERR_UNSUPPORTED, "%s", why);
+}
+
+/* ------------------------------------------------------------ storages */
+
+static size_t hash_ptr(const void *p, size_t mask) {
+    uintptr_t x = (uintptr_t)p;
+    x ^= x >> 17;
+    x *= UINT64_C(0x9e3779b97f4a7c15);
+    return (size_t)(x >> 20) & mask;
+}
+
+static bool grow_slots(nd_graph *g) {
+    size_t ns = g->nslots ? g->nslots * 2 : 256;
+    int *slots = calloc(ns, sizeof *slots);
+    if (!slots) return false;
+    for (size_t k = 0; k < g->nstor; k++) {
+        size_t h = hash_ptr(g->stor[k].s, ns - 1);
+        while (slots[h]) h = (h + 1) & (ns - 1);
+        slots[h] = (int)k + 1;
+    }
+    free(g->slots);
+    g->slots = slots;
+    g->nslots = ns;
+    return true;
+}
+
+/* The info of storage s, added (retained) on its first use; NULL on OOM. */
+static stor_info *storage_info(nd_graph *g, nd_storage *s) {
+    if (g->nslots == 0 || (g->nstor + 1) * 2 > g->nslots) {
+        if (!grow_slots(g)) return NULL;
+    }
+    size_t h = hash_ptr(s, g->nslots - 1);
+    while (g->slots[h]) {
+        stor_info *in = &g->stor[g->slots[h] - 1];
+        if (in->s == s) return in;
+        h = (h + 1) & (g->nslots - 1);
+    }
+    if (g->nstor == g->capstor) {
+        size_t cap = g->capstor ? g->capstor * 2 : 64;
+        stor_info *st = realloc(g->stor, cap * sizeof *st);
+        if (!st) return NULL;
+        g->stor = st;
+        g->capstor = cap;
+    }
+    stor_info *in = &g->stor[g->nstor];
+    memset(in, 0, sizeof *in);
+    nd_storage_retain(s);
+    in->s = s;
+    in->id = (int)g->nstor;
+    in->internal = s->serial > g->start_serial;
+    in->nbytes = s->nbytes;
+    g->slots[h] = (int)g->nstor + 1;
+    g->nstor++;
+    return in;
+}
+
+static nd_status take_snapshot(stor_info *in) {
+    size_t n = in->s->nbytes;
+    in->snapshot = malloc(n ? n : 1);
+    if (!in->snapshot) return nd_fail(ND_ERR_MEMORY, "compile: out of memory copying a constant");
+    if (in->s->device == ND_DEVICE_CPU) {
+        if (n) memcpy(in->snapshot, in->s->data, n);
+        return ND_OK;
+    }
+    const nd_backend *be = nd_backend_for(in->s->device);
+    return n ? be->read(in->s, 0, in->snapshot, n) : ND_OK;
+}
+
+static nd_status restore_snapshot(const stor_info *in) {
+    size_t n = in->s->nbytes;
+    if (!n) return ND_OK;
+    if (in->s->device == ND_DEVICE_CPU) {
+        memcpy(in->s->data, in->snapshot, n);
+        return ND_OK;
+    }
+    return nd_backend_for(in->s->device)->write(in->s, 0, in->snapshot, n);
+}
+
+/* ------------------------------------------------------------ coverage */
+
+static void track_stop(stor_info *in) {
+    free(in->wbits);
+    free(in->rbw);
+    in->wbits = in->rbw = NULL;
+}
+
+static void track_start(stor_info *in, const nd_tensor *t) {
+    in->es = nd_dtype_size(t->dtype);
+    size_t bytes = in->s->nbytes / in->es / 8 + 1;
+    in->wbits = calloc(bytes, 1);
+    in->rbw = calloc(bytes, 1);
+    if (!in->wbits || !in->rbw) {
+        track_stop(in);
+        in->untracked = true;
+    }
+}
+
+/* Marks view t's elements: written, or read before written. */
+static void track_use(stor_info *in, const nd_tensor *t, bool reads) {
+    if (!in->wbits) return;
+    size_t es = nd_dtype_size(t->dtype), units = in->s->nbytes / es;
+    if (es != in->es) { track_stop(in); in->untracked = true; return; }
+    int64_t idx[ND_MAX_DIMS] = {0}, numel = nd_numel(t);
+    for (int64_t n = 0; n < numel; n++) {
+        int64_t off = t->offset;
+        for (int d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
+        if (off < 0 || (size_t)off >= units) { track_stop(in); in->untracked = true; return; }
+        unsigned char bit = (unsigned char)(1u << (off & 7));
+        if (reads) {
+            if (!(in->wbits[off >> 3] & bit)) in->rbw[off >> 3] |= bit;
+        } else {
+            in->wbits[off >> 3] |= bit;
+        }
+        for (int d = t->ndim - 1; d >= 0; d--) {
+            if (++idx[d] < t->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
+
+/* At the end of the capture: is the snapshot needed, and did any record
+ * see the initial content? */
+static void track_finish(stor_info *in, bool *restore, bool *observed) {
+    *restore = *observed = in->untracked;
+    if (!in->wbits) return;
+    size_t bytes = in->s->nbytes / in->es / 8 + 1;
+    for (size_t b = 0; b < bytes; b++) {
+        if (in->rbw[b]) *observed = true;
+        if (in->rbw[b] & in->wbits[b]) *restore = true;
+    }
+    track_stop(in);
+}
+
+/* ------------------------------------------------------------- records */
+
+nd_graph_rec *nd_graph_rec_new(nd_call_entry e, const nd_backend *be, const char *op) {
+    nd_graph *g = current;
+    if (!g || g->error != ND_OK) return NULL;
+    if (g->n == g->cap) {
+        size_t cap = g->cap ? g->cap * 2 : 256;
+        nd_graph_rec *recs = realloc(g->recs, cap * sizeof *recs);
+        if (!recs) {
+            poison(g, ND_ERR_MEMORY, "compile: out of memory recording the graph");
+            return NULL;
+        }
+        g->recs = recs;
+        g->cap = cap;
+    }
+    nd_graph_rec *r = &g->recs[g->n++];
+    memset(r, 0, sizeof *r);
+    r->entry = e;
+    r->be = be;
+    r->op = op;
+    return r;
+}
+
+static bool covers_storage(const nd_tensor *t) {
+    return t->offset == 0 && nd_is_contiguous(t) &&
+           (size_t)nd_numel(t) * nd_dtype_size(t->dtype) == t->storage->nbytes;
+}
+
+void nd_graph_rec_tensor(nd_graph_rec *r, const nd_tensor *t, nd_rec_role role) {
+    nd_graph *g = current;
+    if (r->nt == ND_REC_MAX_TENSORS) {
+        poison(g, ND_ERR_INTERNAL, "compile: a backend call with too many tensors");
+        return;
+    }
+    int k = r->nt++;
+    r->role[k] = (unsigned char)role;
+    if (!t) return;
+    if (nd_tensor_view_of(t, t->shape, t->strides, t->ndim, t->offset, &r->t[k]) != ND_OK) {
+        poison(g, ND_ERR_MEMORY, "compile: out of memory recording a tensor");
+        return;
+    }
+    r->full[k] = covers_storage(t);
+}
+
+/* Classifies each storage at its first use: reads (and partial writes) of a
+ * storage made during the capture see what the host put there, so it is
+ * kept; reads come before writes (an in-place op reads first). */
+void nd_graph_rec_done(nd_graph_rec *r) {
+    nd_graph *g = current;
+    for (int pass = 0; pass < 2 && g->error == ND_OK; pass++) {
+        for (int k = 0; k < r->nt; k++) {
+            if (!r->t[k]) continue;
+            bool reads = r->role[k] & ND_ROLE_READ, writes = r->role[k] & ND_ROLE_WRITE;
+            if (pass == 0 ? !reads : reads) continue;
+            stor_info *in = storage_info(g, r->t[k]->storage);
+            if (!in) { poison(g, ND_ERR_MEMORY, "compile: out of memory recording a storage"); return; }
+            r->sid[k] = in->id;
+            bool first_use = !in->seen_write && !in->produced && !in->snapshot;
+            if (in->internal && first_use) {
+                if (!reads && r->full[k]) in->produced = true;
+                else {
+                    nd_status st = take_snapshot(in);
+                    if (st != ND_OK) { poison(g, st, nd_last_error()); return; }
+                    track_start(in, r->t[k]);
+                }
+            }
+            track_use(in, r->t[k], reads);
+            if (reads && writes) track_use(in, r->t[k], false);
+            if (writes) in->seen_write = true;
+        }
+    }
+}
+
+nd_status nd_host_check(const char *op, nd_host_check_fn fn, nd_tensor *const *t, int nt,
+                        int64_t *iv, int ni) {
+    int was = paused;
+    paused = 1; /* its reads are its own: not graph breaks, not records */
+    nd_status st = fn(op, t, iv);
+    paused = was;
+    if (st != ND_OK || !nd_graph_capturing()) return st;
+    nd_graph_rec *r = nd_graph_rec_new(ND_CALL_host_check, NULL, op);
+    if (!r) return ND_OK;
+    r->check = fn;
+    for (int k = 0; k < nt && k < ND_REC_MAX_TENSORS; k++) nd_graph_rec_tensor(r, t[k], ND_ROLE_READ);
+    for (int k = 0; k < ni && k < 6; k++) r->i[k] = iv[k];
+    nd_graph_rec_done(r);
+    return ND_OK;
+}
+
+/* ------------------------------------------------------------- leaves */
+
+nd_status nd_graph_note_leaf_grad(nd_tensor *leaf, bool reads_old) {
+    nd_graph *g = current;
+    if (!g || paused || g->error != ND_OK) return ND_OK;
+    bool known = false;
+    for (size_t k = 0; k < g->nleaves && !known; k++) known = g->leaves[k].leaf == leaf;
+    if (reads_old && leaf->grad && leaf->grad->storage->serial <= g->start_serial) {
+        nd_status st = nd_fail(ND_ERR_UNSUPPORTED,
+                               "backward: adds to a gradient that existed before the compiled call "
+                               "(a replay would add to the gradient left at capture): clear the "
+                               "gradients inside the compiled function (opt:zero_grad()) or before "
+                               "calling it");
+        poison(g, st, nd_last_error());
+        return st;
+    }
+    if (known) return ND_OK;
+    if (g->nleaves == g->capleaves) {
+        size_t cap = g->capleaves ? g->capleaves * 2 : 32;
+        leaf_grad *l = realloc(g->leaves, cap * sizeof *l);
+        if (!l) return nd_fail(ND_ERR_MEMORY, "compile: out of memory noting a gradient");
+        g->leaves = l;
+        g->capleaves = cap;
+    }
+    nd_retain(leaf);
+    g->leaves[g->nleaves].leaf = leaf;
+    g->leaves[g->nleaves].grad = NULL;
+    g->nleaves++;
+    return ND_OK;
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+void nd_graph_set_fallback(nd_graph *g, bool on) { if (g) g->fallback = on; }
+
+nd_status nd_graph_begin(nd_graph **out) {
+    *out = NULL;
+    if (current)
+        return nd_fail(ND_ERR_UNSUPPORTED, "compile: a graph is already being captured on this "
+                       "thread (compiled functions cannot be captured inside each other)");
+    nd_graph *g = calloc(1, sizeof *g);
+    if (!g) return nd_fail(ND_ERR_MEMORY, "compile: out of memory starting a capture");
+    g->start_serial = nd_storage_serial();
+    g->capturing = true;
+    current = g;
+    paused = 0;
+    *out = g;
+    return ND_OK;
+}
+
+nd_status nd_graph_end(nd_graph *g) {
+    if (!g || !g->capturing) return nd_fail(ND_ERR_ARG, "compile: this graph is not capturing");
+    g->capturing = false;
+    g->ended = true;
+    if (current == g) current = NULL;
+    paused = 0;
+    if (g->error != ND_OK) return nd_fail(g->error, "%s", g->message);
+    g->captured = (int64_t)g->n;
+    for (size_t k = 0; k < g->nleaves; k++) {
+        g->leaves[k].grad = g->leaves[k].leaf->grad;
+        if (g->leaves[k].grad) nd_retain(g->leaves[k].grad);
+    }
+    /* a snapshot no replay needs is dropped: no copy per replay */
+    for (size_t k = 0; k < g->nstor; k++) {
+        stor_info *in = &g->stor[k];
+        if (!in->snapshot) continue;
+        bool restore, observed;
+        track_finish(in, &restore, &observed);
+        in->observed = observed;
+        if (observed && !restore) {
+            const unsigned char *b = in->snapshot;
+            bool zero = true;
+            for (size_t i = 0; i < in->nbytes && zero; i++) zero = b[i] == 0;
+            in->zero_init = zero;
+        }
+        if (!restore) {
+            free(in->snapshot);
+            in->snapshot = NULL;
+        }
+    }
+    return ND_OK;
+}
+
+nd_status nd_graph_replay(nd_graph *g) {
+    if (!g || !g->ended || g->error != ND_OK)
+        return nd_fail(ND_ERR_ARG, "compile: replay of a graph that was not captured successfully");
+    if (current)
+        return nd_fail(ND_ERR_UNSUPPORTED, "compile: a compiled function called while a graph is "
+                       "being captured (compiled functions cannot be nested)");
+    for (size_t k = 0; k < g->nstor; k++)
+        if (g->stor[k].snapshot) ND_TRY(restore_snapshot(&g->stor[k]));
+    for (size_t k = 0; k < g->n; k++) {
+        nd_status st = nd_graph_rec_replay(&g->recs[k]);
+        if (st != ND_OK) return st;
+    }
+    for (size_t k = 0; k < g->nleaves; k++) {
+        leaf_grad *l = &g->leaves[k];
+        if (l->leaf->grad == l->grad) continue;
+        if (l->grad) nd_retain(l->grad);
+        nd_release(l->leaf->grad);
+        l->leaf->grad = l->grad;
+    }
+    return ND_OK;
+}
+
+void nd_graph_free(nd_graph *g) {
+    if (!g) return;
+    if (current == g) { current = NULL; paused = 0; }
+    for (size_t k = 0; k < g->n; k++)
+        for (int j = 0; j < g->recs[k].nt; j++) nd_release(g->recs[k].t[j]);
+    for (size_t k = 0; k < g->nstor; k++) {
+        free(g->stor[k].snapshot);
+        track_stop(&g->stor[k]);
+        nd_storage_release(g->stor[k].s);
+    }
+    for (size_t k = 0; k < g->nleaves; k++) {
+        nd_release(g->leaves[k].leaf);
+        nd_release(g->leaves[k].grad);
+    }
+    free(g->recs);
+    free(g->stor);
+    free(g->slots);
+    free(g->leaves);
+    free(g);
+}
+
+/* ---------------------------------------------------------- memory plan */
+
+typedef struct {
+    nd_device_type device;
+    int device_index;
+    size_t nbytes;
+    struct { size_t first, last; } *live; /* its occupants' lives (record indices) */
+    size_t nlive, caplive;
+    nd_storage *s;
+} plan_buffer;
+
+static _Thread_local const nd_graph *qsort_ctx; /* the graph whose storages by_size_desc compares */
+
+static int by_size_desc(const void *a, const void *b) {
+    size_t x = qsort_ctx->stor[*(const int *)a].nbytes, y = qsort_ctx->stor[*(const int *)b].nbytes;
+    if (x != y) return x < y ? 1 : -1;
+    return *(const int *)a - *(const int *)b; /* stable: by storage number */
+}
+
+static nd_dtype dtype_of_size(size_t es) {
+    return es == 8 ? ND_INT64 : es == 4 ? ND_INT32 : ND_UINT8;
+}
+
+/* A planned storage whose zeros some record read (a gradient filled in
+ * part) shares its buffer: a fill record before its first use puts the
+ * zeros back on every replay, as the eager call's zeros() did. */
+static nd_status insert_zero_fills(nd_graph *g, const size_t *first, const int *buf_of) {
+    size_t extra = 0;
+    for (size_t k = 0; k < g->nstor; k++) extra += buf_of[k] >= 0 && g->stor[k].zero_init;
+    if (!extra) return ND_OK;
+    nd_graph_rec *recs = calloc(g->n + extra, sizeof *recs);
+    size_t *at = malloc(extra * sizeof *at);
+    int *who = malloc(extra * sizeof *who);
+    if (!recs || !at || !who) {
+        free(recs); free(at); free(who);
+        return nd_fail(ND_ERR_MEMORY, "compile: out of memory planning the graph's memory");
+    }
+    size_t m = 0;
+    for (size_t k = 0; k < g->nstor; k++)
+        if (buf_of[k] >= 0 && g->stor[k].zero_init) { at[m] = first[k]; who[m] = (int)k; m++; }
+    nd_status st = ND_OK;
+    size_t out = 0;
+    for (size_t i = 0; i < g->n; i++) {
+        for (size_t z = 0; z < extra; z++) {
+            if (at[z] != i) continue;
+            stor_info *in = &g->stor[who[z]];
+            nd_graph_rec *r = &recs[out++];
+            r->entry = ND_CALL_fill;
+            r->be = nd_backend_for(in->s->device);
+            r->op = "zeros";
+            r->nt = 1;
+            r->role[0] = ND_ROLE_WRITE;
+            r->sid[0] = in->id;
+            nd_dtype dt = dtype_of_size(in->es ? in->es : 1);
+            int64_t numel = (int64_t)(in->nbytes / nd_dtype_size(dt)), stride = 1;
+            if (st == ND_OK) st = nd_tensor_wrap(in->s, dt, &numel, &stride, 1, 0, &r->t[0]);
+            r->full[0] = false;
+            memset(r->u.value, 0, sizeof r->u.value);
+        }
+        recs[out++] = g->recs[i];
+    }
+    free(at);
+    free(who);
+    if (st != ND_OK) { /* the new headers go; the old records are untouched */
+        for (size_t i = 0; i < out; i++)
+            if (recs[i].op && recs[i].entry == ND_CALL_fill && !strcmp(recs[i].op, "zeros") && recs[i].nt == 1)
+                nd_release(recs[i].t[0]);
+        free(recs);
+        return st;
+    }
+    free(g->recs);
+    g->recs = recs;
+    g->n = out;
+    g->cap = g->n;
+    return ND_OK;
+}
+
+/* Storages made inside the capture, produced by a kernel and held by
+ * nothing but the graph's records (no Lua tensor, gradient or output) live
+ * from their first to their last record: storages whose lives do not
+ * overlap share one buffer (greedy, by first use, best fit). Call after
+ * nd_graph_end, once Lua has collected what the capture left behind. */
+nd_status nd_graph_plan(nd_graph *g) {
+    if (!g || !g->ended || g->error != ND_OK)
+        return nd_fail(ND_ERR_ARG, "compile: plan of a graph that was not captured successfully");
+    if (g->nbuffers) return ND_OK;
+    size_t ns = g->nstor;
+    int64_t *refs = calloc(ns + 1, sizeof *refs);
+    size_t *first = malloc((ns + 1) * sizeof *first), *last = calloc(ns + 1, sizeof *last);
+    int *order = malloc((ns + 1) * sizeof *order), *buf_of = malloc((ns + 1) * sizeof *buf_of);
+    plan_buffer *bufs = calloc(ns + 1, sizeof *bufs);
+    nd_status st = ND_OK;
+    int nb = 0;
+    if (!refs || !first || !last || !order || !buf_of || !bufs) {
+        st = nd_fail(ND_ERR_MEMORY, "compile: out of memory planning the graph's memory");
+        goto done;
+    }
+    for (size_t k = 0; k < ns; k++) first[k] = SIZE_MAX;
+    for (size_t i = 0; i < g->n; i++) {
+        const nd_graph_rec *r = &g->recs[i];
+        for (int k = 0; k < r->nt; k++) {
+            if (!r->t[k]) continue;
+            int id = r->sid[k];
+            refs[id]++;
+            if (first[id] == SIZE_MAX) first[id] = i;
+            last[id] = i;
+        }
+    }
+    int n = 0;
+    for (size_t k = 0; k < ns; k++) {
+        stor_info *in = &g->stor[k];
+        buf_of[k] = -1;
+        bool only_graph = (int64_t)atomic_load(&in->s->refcount) == 1 + refs[k];
+        bool initial_unseen = in->produced || (in->seen_write && !in->observed && !in->snapshot) ||
+                              in->zero_init; /* re-zeroed before its first use below */
+        if (in->internal && initial_unseen && only_graph && !in->s->release && first[k] != SIZE_MAX)
+            order[n++] = (int)k;
+        else if (in->internal)
+            g->fixed_bytes += (int64_t)in->s->nbytes;
+    }
+    /* the least any plan could do: the most bytes live at one record */
+    {
+        int64_t *delta = calloc(g->n + 1, sizeof *delta), live = 0;
+        if (delta) {
+            for (int a = 0; a < n; a++) {
+                delta[first[order[a]]] += (int64_t)g->stor[order[a]].nbytes;
+                delta[last[order[a]] + 1] -= (int64_t)g->stor[order[a]].nbytes;
+            }
+            for (size_t i = 0; i <= g->n; i++) {
+                live += delta[i];
+                if (live > g->bound_bytes) g->bound_bytes = live;
+            }
+            free(delta);
+        }
+    }
+    /* Greedy by size: the largest storages first, each into the smallest
+     * buffer (every earlier one is at least as large) none of whose
+     * occupants lives at the same time, else into a new buffer of its size. */
+    qsort_ctx = g;
+    qsort(order, (size_t)n, sizeof *order, by_size_desc);
+    for (int a = 0; a < n; a++) {
+        stor_info *in = &g->stor[order[a]];
+        size_t need = in->s->nbytes, f = first[order[a]], l = last[order[a]];
+        int best = -1;
+        for (int b = 0; b < nb; b++) {
+            plan_buffer *pb = &bufs[b];
+            if (pb->device != in->s->device || pb->device_index != in->s->device_index ||
+                (best >= 0 && pb->nbytes >= bufs[best].nbytes))
+                continue;
+            bool clash = false;
+            for (size_t v = 0; v < pb->nlive && !clash; v++)
+                clash = pb->live[v].first <= l && f <= pb->live[v].last;
+            if (!clash) best = b;
+        }
+        if (best < 0) {
+            best = nb++;
+            bufs[best].device = in->s->device;
+            bufs[best].device_index = in->s->device_index;
+            bufs[best].nbytes = need;
+        }
+        plan_buffer *pb = &bufs[best];
+        if (pb->nlive == pb->caplive) {
+            size_t cap = pb->caplive ? pb->caplive * 2 : 8;
+            void *lv = realloc(pb->live, cap * sizeof *pb->live);
+            if (!lv) { st = nd_fail(ND_ERR_MEMORY, "compile: out of memory planning the graph's memory"); goto done; }
+            pb->live = lv;
+            pb->caplive = cap;
+        }
+        pb->live[pb->nlive].first = f;
+        pb->live[pb->nlive].last = l;
+        pb->nlive++;
+        buf_of[order[a]] = best;
+    }
+    for (int b = 0; b < nb && st == ND_OK; b++) {
+        nd_device dev = {bufs[b].device, bufs[b].device_index};
+        st = nd_storage_new_on(dev, bufs[b].nbytes, &bufs[b].s);
+    }
+    if (st != ND_OK) goto done;
+    /* move every record's tensors onto the buffers */
+    for (size_t i = 0; i < g->n; i++) {
+        nd_graph_rec *r = &g->recs[i];
+        for (int k = 0; k < r->nt; k++) {
+            if (!r->t[k] || buf_of[r->sid[k]] < 0) continue;
+            nd_storage *nb_s = bufs[buf_of[r->sid[k]]].s;
+            nd_storage_retain(nb_s);
+            nd_storage_release(r->t[k]->storage);
+            r->t[k]->storage = nb_s;
+        }
+    }
+    for (size_t k = 0; k < ns; k++) {
+        if (buf_of[k] < 0) continue;
+        stor_info *in = &g->stor[k];
+        nd_storage *nb_s = bufs[buf_of[k]].s;
+        nd_storage_retain(nb_s);
+        nd_storage_release(in->s);
+        in->s = nb_s;
+        in->planned = true;
+    }
+    for (int b = 0; b < nb; b++) g->planned_bytes += (int64_t)bufs[b].nbytes;
+    g->nbuffers = nb;
+    st = insert_zero_fills(g, first, buf_of);
+done:
+    for (int b = 0; b < nb; b++) {
+        nd_storage_release(bufs[b].s); /* the records hold them */
+        free(bufs[b].live);
+    }
+    free(refs);
+    free(first);
+    free(last);
+    free(order);
+    free(buf_of);
+    free(bufs);
+    return st;
+}
+
+/* --------------------------------------------------------- introspection */
+
+size_t nd_graph_size(const nd_graph *g) { return g ? g->n : 0; }
+
+void nd_graph_stats(const nd_graph *g, nd_graph_stat *out) {
+    memset(out, 0, sizeof *out);
+    if (!g) return;
+    out->records = (int64_t)g->n;
+    out->storages = (int64_t)g->nstor;
+    for (size_t k = 0; k < g->nstor; k++) {
+        const stor_info *in = &g->stor[k];
+        if (in->internal) out->internal_bytes += (int64_t)in->nbytes;
+        if (in->snapshot) {
+            out->restored++;
+            out->restored_bytes += (int64_t)in->nbytes;
+        }
+    }
+    out->leaves = (int64_t)g->nleaves;
+    out->planned_bytes = g->planned_bytes;
+    out->fixed_bytes = g->fixed_bytes;
+    out->buffers = g->nbuffers;
+    out->bound_bytes = g->bound_bytes;
+    out->captured = g->captured ? g->captured : (int64_t)g->n;
+}
+
+nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out) {
+    if (!g || i >= g->n) return nd_fail(ND_ERR_INDEX, "compile: no record %zu", i);
+    const nd_graph_rec *r = &g->recs[i];
+    memset(out, 0, sizeof *out);
+    out->entry = nd_call_entry_name(r->entry);
+    out->op = r->op;
+    out->device = r->be ? r->be->name : "host";
+    out->ntensors = r->nt;
+    for (int k = 0; k < r->nt; k++) {
+        out->tensors[k] = r->t[k];
+        out->roles[k] = r->role[k];
+        out->storage[k] = -1;
+        if (!r->t[k]) continue;
+        const stor_info *in = &g->stor[r->sid[k]];
+        out->storage[k] = in->id;
+        out->storage_kind[k] = in->snapshot ? 'c' : in->internal ? (in->planned ? 'p' : 'i') : 'e';
+    }
+    switch (r->entry) {
+    case ND_CALL_unary: out->detail = nd_unary_name((nd_unary_op)r->i[0]); break;
+    case ND_CALL_binary: case ND_CALL_binary_scalar: out->detail = nd_binary_name((nd_binary_op)r->i[0]); break;
+    case ND_CALL_reduce: out->detail = nd_reduce_name((nd_reduce_op)r->i[0]); break;
+    default: out->detail = NULL;
+    }
+    return ND_OK;
+}

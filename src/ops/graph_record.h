@@ -1,0 +1,45 @@
+/* graph_record.h - one recorded backend call of a captured graph (graph.c
+ * keeps the list, backend_call.c makes and replays the records). */
+#ifndef ND_GRAPH_RECORD_H
+#define ND_GRAPH_RECORD_H
+
+#include "backend_call.h"
+
+#define ND_REC_MAX_TENSORS 8
+
+typedef enum { ND_ROLE_READ = 1, ND_ROLE_WRITE = 2, ND_ROLE_UPDATE = 3 } nd_rec_role;
+
+typedef struct nd_graph_rec {
+    nd_call_entry entry;
+    const nd_backend *be;
+    const char *op;            /* the op's name (static text) */
+    int nt;
+    /* The call's tensors in argument order (NULL where the call passed
+     * NULL): private headers with the captured geometry, storages retained. */
+    nd_tensor *t[ND_REC_MAX_TENSORS];
+    unsigned char role[ND_REC_MAX_TENSORS]; /* nd_rec_role */
+    bool full[ND_REC_MAX_TENSORS];          /* a write covers its whole storage */
+    int sid[ND_REC_MAX_TENSORS];            /* the graph's number of each tensor's storage */
+    int64_t i[6];
+    double f[4];
+    union {
+        nd_conv_geom conv;
+        nd_pool_geom pool;
+        nd_sgd_hyper sgd;
+        bool reduced[ND_MAX_DIMS];
+        _Alignas(8) unsigned char value[16];
+    } u;
+    nd_host_check_fn check;
+} nd_graph_rec;
+
+/* A new record at the end of the capturing graph, or NULL when none is
+ * capturing (or the capture already failed: it is then poisoned). */
+nd_graph_rec *nd_graph_rec_new(nd_call_entry e, const nd_backend *be, const char *op);
+/* Adds tensor t (may be NULL) with its role. */
+void nd_graph_rec_tensor(nd_graph_rec *r, const nd_tensor *t, nd_rec_role role);
+/* Done adding: the storages are classified (graph.c). */
+void nd_graph_rec_done(nd_graph_rec *r);
+/* Runs one record again (backend_call.c). */
+nd_status nd_graph_rec_replay(const nd_graph_rec *r);
+
+#endif
