@@ -386,6 +386,27 @@ describe("nd.compile: what a replay must redo", function()
     assert_contains(msg, "out of bounds")
   end)
 
+  it("an argument updated in place gets the update back, as eagerly", function()
+    local f = function(x, y) x:mul_(2); x:narrow(1, 1, 1):add_(y:sum()); return x * 1 end
+    local cf = nd.compile(f)
+    for i = 1, 4 do
+      local a, b = nd.ones(3) * i, nd.ones(3) * i
+      local y = nd.ones(2)
+      local got, want = cf(a, y), f(b, y)
+      assert.are.equal(0, max_abs(got, want))
+      assert.are.equal(0, max_abs(a, b), "the argument itself, call " .. i)
+    end
+    assert.are.equal(2, cf.stats.replays)
+  end)
+
+  it("arguments sharing memory that the function updates are refused", function()
+    local cf = nd.compile(function(a, b) a:add_(1) return a + b end, {warmup = 0})
+    local x = nd.ones(3)
+    assert_contains(errmsg(cf, x, x), "arguments 1, 2 share memory")
+    local cr = nd.compile(function(a, b) return a + b end, {warmup = 0})
+    assert.are.equal(6, cr(x, x):sum():item()) -- read only: fine
+  end)
+
   it("a replay refused by a host check leaves the parameters as they were", function()
     nd.manual_seed(1)
     local m = nn.Linear(3, 2)

@@ -50,6 +50,7 @@ nd_status nd_storage_new(size_t nbytes, nd_storage **out) {
     s->data = data;
     s->version = 0;
     s->serial = nd_storage_next_serial();
+    s->graph_refs = 0;
     s->release = NULL;
     s->release_ctx = NULL;
     add_live(nbytes);
@@ -76,6 +77,7 @@ nd_status nd_storage_new_on(nd_device dev, size_t nbytes, nd_storage **out) {
     s->data = handle;
     s->version = 0;
     s->serial = nd_storage_next_serial();
+    s->graph_refs = 0;
     s->release = NULL;
     s->release_ctx = NULL;
     add_live(nbytes);
@@ -86,16 +88,34 @@ nd_status nd_storage_new_on(nd_device dev, size_t nbytes, nd_storage **out) {
 
 void nd_storage_retain(nd_storage *s) { atomic_fetch_add(&s->refcount, 1); }
 
-void nd_storage_release(nd_storage *s) {
-    if (!s || atomic_fetch_sub(&s->refcount, 1) != 1) return;
-    if (s->release) s->release(s->release_ctx);
-    else if (s->device != ND_DEVICE_CPU) {
+void (*nd_storage_idle_hook)(nd_storage *s);
+
+/* The memory itself goes (to the cache or the device); the header stays. */
+static void free_data(nd_storage *s) {
+    if (!s->data) return;
+    if (s->device != ND_DEVICE_CPU) {
         const nd_backend *be = nd_backend_for(s->device);
         if (be && be->free) be->free(s->device_index, s->data, s->nbytes);
-        atomic_fetch_sub(&live_bytes, (long long)s->nbytes);
-    } else if (s->data) {
+    } else {
         nd_cache_free(s->data, s->nbytes ? s->nbytes : 1);
-        atomic_fetch_sub(&live_bytes, (long long)s->nbytes);
     }
+    atomic_fetch_sub(&live_bytes, (long long)s->nbytes);
+    s->data = NULL;
+}
+
+void nd_storage_drop_data(nd_storage *s) {
+    if (s && !s->release) free_data(s);
+}
+
+void nd_storage_release(nd_storage *s) {
+    if (!s) return;
+    int left = atomic_fetch_sub(&s->refcount, 1) - 1;
+    if (left > 0) {
+        /* only a capturing graph holds it now: eager would have freed it */
+        if (left == s->graph_refs && nd_storage_idle_hook) nd_storage_idle_hook(s);
+        return;
+    }
+    if (s->release) s->release(s->release_ctx);
+    else free_data(s);
     nd_cache_free(s, sizeof *s);
 }

@@ -19,6 +19,10 @@ typedef struct nd_storage {
     /* Order of creation (nd_storage_serial): a graph capture tells the
      * storages made during it from those that existed before. */
     uint64_t serial;
+    /* References a capturing graph holds (graph.c); when the count of all
+     * references drops to it, nd_storage_idle_hook runs: the graph may give
+     * the memory back while it captures, as eager would (0: no graph). */
+    int graph_refs;
     /* Borrowed memory: release(ctx) instead of returning data to the cache. */
     void (*release)(void *ctx);
     void *release_ctx;
@@ -81,6 +85,10 @@ void nd_storage_retain(nd_storage *s);
 uint64_t nd_storage_serial(void);
 uint64_t nd_storage_next_serial(void);
 void nd_storage_release(nd_storage *s);
+extern void (*nd_storage_idle_hook)(nd_storage *s);
+/* Frees s's memory (not borrowed memory) and leaves s without data: only a
+ * capturing graph does this, to a storage only it still refers to. */
+void nd_storage_drop_data(nd_storage *s);
 /* caching allocator (alloc_cache.c) */
 void *nd_cache_alloc(size_t nbytes);
 void nd_cache_free(void *p, size_t nbytes);

@@ -77,9 +77,10 @@ static int l_stats(lua_State *L) {
     return 1;
 }
 
-/* g:records() -> {{entry, op, detail, device, args = {{storage, kind, role,
- * dtype, shape = {...}, strides = {...}, offset}, ...}}, ...}; an argument
- * the call passed as NULL is {role = ...} alone. */
+/* g:records() -> {{entry, op, detail, device, args = {{storage, key, kind,
+ * role, dtype, shape = {...}, strides = {...}, offset}, ...}}, ...} (key:
+ * core._storage_key of the memory it uses now); an argument the call passed
+ * as NULL is {role = ...} alone. */
 static int l_records(lua_State *L) {
     graph_box *b = check_graph(L, "compile");
     size_t n = nd_graph_size(b->g);
@@ -100,6 +101,7 @@ static int l_records(lua_State *L) {
             const nd_tensor *t = info.tensors[k];
             if (t) {
                 lt_set_int(L, "storage", info.storage[k] + 1);
+                lt_set_int(L, "key", (lua_Integer)(uintptr_t)t->storage); /* core._storage_key's */
                 char kind[2] = {info.storage_kind[k], 0};
                 lt_set_str(L, "kind", kind);
                 lt_set_str(L, "dtype", nd_dtype_name(t->dtype));

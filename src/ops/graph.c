@@ -27,6 +27,9 @@ typedef struct {
     bool seen_write;    /* some record wrote it */
     bool produced;      /* its first use was a whole-storage write */
     void *snapshot;     /* host copy taken at its first use (internal, not produced) */
+    bool snap_zero;     /* ... which was all zero bytes: kept as this flag, not as a copy */
+    bool settled;       /* tracking done (at the end, or once only the graph held it) */
+    bool dropped;       /* its memory went back while capturing (planned later) */
     /* Storages made inside whose first use is not a whole write (zeros
      * filled in part, cat, stack): which elements (of es bytes) some record
      * wrote, and which one read before any record wrote them. Their
@@ -57,6 +60,8 @@ struct nd_graph {
     uint64_t start_serial;
     bool capturing;
     bool ended;
+    int64_t dropped;     /* storages whose memory went back while capturing */
+    bool plan_done;
     bool fallback;       /* a graph break stops the recording instead of failing the op */
     int64_t planned_bytes, fixed_bytes; /* after nd_graph_plan: its buffers, and the rest */
     int64_t bound_bytes;  /* the most bytes of planned storages live at one record */
@@ -142,6 +147,7 @@ static stor_info *storage_info(nd_graph *g, nd_storage *s) {
     stor_info *in = &g->stor[g->nstor];
     memset(in, 0, sizeof *in);
     nd_storage_retain(s);
+    s->graph_refs++;
     in->s = s;
     in->id = (int)g->nstor;
     in->internal = s->serial > g->start_serial;
@@ -151,26 +157,44 @@ static stor_info *storage_info(nd_graph *g, nd_storage *s) {
     return in;
 }
 
+static bool has_snapshot(const stor_info *in) { return in->snapshot || in->snap_zero; }
+
 static nd_status take_snapshot(stor_info *in) {
     size_t n = in->s->nbytes;
     in->snapshot = malloc(n ? n : 1);
     if (!in->snapshot) return nd_fail(ND_ERR_MEMORY, "compile: out of memory copying a constant");
     if (in->s->device == ND_DEVICE_CPU) {
         if (n) memcpy(in->snapshot, in->s->data, n);
-        return ND_OK;
+    } else if (n) {
+        ND_TRY(nd_backend_for(in->s->device)->read(in->s, 0, in->snapshot, n));
     }
-    const nd_backend *be = nd_backend_for(in->s->device);
-    return n ? be->read(in->s, 0, in->snapshot, n) : ND_OK;
+    /* zeros (the common constant: a gradient filled in part) need no copy */
+    const unsigned char *b = in->snapshot;
+    bool zero = true;
+    for (size_t i = 0; i < n && zero; i++) zero = b[i] == 0;
+    if (zero) {
+        free(in->snapshot);
+        in->snapshot = NULL;
+        in->snap_zero = true;
+    }
+    return ND_OK;
 }
 
 static nd_status restore_snapshot(const stor_info *in) {
     size_t n = in->s->nbytes;
     if (!n) return ND_OK;
     if (in->s->device == ND_DEVICE_CPU) {
-        memcpy(in->s->data, in->snapshot, n);
+        if (in->snapshot) memcpy(in->s->data, in->snapshot, n);
+        else memset(in->s->data, 0, n);
         return ND_OK;
     }
-    return nd_backend_for(in->s->device)->write(in->s, 0, in->snapshot, n);
+    const nd_backend *be = nd_backend_for(in->s->device);
+    if (in->snapshot) return be->write(in->s, 0, in->snapshot, n);
+    void *zeros = calloc(n, 1);
+    if (!zeros) return nd_fail(ND_ERR_MEMORY, "compile: out of memory restoring a constant");
+    nd_status st = be->write(in->s, 0, zeros, n);
+    free(zeros);
+    return st;
 }
 
 /* ------------------------------------------------------------ coverage */
@@ -228,6 +252,54 @@ static void track_finish(stor_info *in, bool *restore, bool *observed) {
     track_stop(in);
 }
 
+/* Decides what a tracked storage needs, once no record can use it again:
+ * its snapshot only if a replay must restore it (else it goes: no copy per
+ * replay); zero_init when records read its zeros (the plan re-zeroes it). */
+static void settle(stor_info *in) {
+    if (in->settled || !has_snapshot(in)) return;
+    in->settled = true;
+    bool restore, observed;
+    track_finish(in, &restore, &observed);
+    in->observed = observed;
+    in->zero_init = observed && !restore && in->snap_zero;
+    if (!restore) {
+        free(in->snapshot);
+        in->snapshot = NULL;
+        in->snap_zero = false;
+    }
+}
+
+static stor_info *find_info(nd_graph *g, const nd_storage *s) {
+    if (!g->nslots) return NULL;
+    size_t h = hash_ptr(s, g->nslots - 1);
+    while (g->slots[h]) {
+        stor_info *in = &g->stor[g->slots[h] - 1];
+        if (in->s == s) return in;
+        h = (h + 1) & (g->nslots - 1);
+    }
+    return NULL;
+}
+
+static bool initial_unseen(const stor_info *in) {
+    return in->produced || (in->seen_write && !in->observed && !has_snapshot(in)) || in->zero_init;
+}
+
+/* nd_storage_idle_hook: only the capturing graph refers to s now, so no
+ * record can use it again and eager would have freed it. A storage the
+ * memory plan will place (its initial content unseen) gives its memory back
+ * now: a capture then needs about what the eager call needs. */
+static void graph_idle(nd_storage *s) {
+    nd_graph *g = current;
+    if (!g || !g->capturing || g->error != ND_OK) return;
+    stor_info *in = find_info(g, s);
+    if (!in || !in->internal || in->dropped || s->release) return;
+    settle(in);
+    if (!initial_unseen(in)) return;
+    nd_storage_drop_data(s);
+    in->dropped = true;
+    g->dropped++;
+}
+
 /* ------------------------------------------------------------- records */
 
 nd_graph_rec *nd_graph_rec_new(nd_call_entry e, const nd_backend *be, const char *op) {
@@ -270,6 +342,7 @@ void nd_graph_rec_tensor(nd_graph_rec *r, const nd_tensor *t, nd_rec_role role) 
         return;
     }
     r->full[k] = covers_storage(t);
+    t->storage->graph_refs++;
 }
 
 /* Classifies each storage at its first use: reads (and partial writes) of a
@@ -285,7 +358,7 @@ void nd_graph_rec_done(nd_graph_rec *r) {
             stor_info *in = storage_info(g, r->t[k]->storage);
             if (!in) { poison(g, ND_ERR_MEMORY, "compile: out of memory recording a storage"); return; }
             r->sid[k] = in->id;
-            bool first_use = !in->seen_write && !in->produced && !in->snapshot;
+            bool first_use = !in->seen_write && !in->produced && !has_snapshot(in);
             if (in->internal && first_use) {
                 if (!reads && r->full[k]) in->produced = true;
                 else {
@@ -361,6 +434,7 @@ nd_status nd_graph_begin(nd_graph **out) {
     if (!g) return nd_fail(ND_ERR_MEMORY, "compile: out of memory starting a capture");
     g->start_serial = nd_storage_serial();
     g->capturing = true;
+    nd_storage_idle_hook = graph_idle;
     current = g;
     paused = 0;
     *out = g;
@@ -379,23 +453,9 @@ nd_status nd_graph_end(nd_graph *g) {
         g->leaves[k].grad = g->leaves[k].leaf->grad;
         if (g->leaves[k].grad) nd_retain(g->leaves[k].grad);
     }
-    /* a snapshot no replay needs is dropped: no copy per replay */
     for (size_t k = 0; k < g->nstor; k++) {
-        stor_info *in = &g->stor[k];
-        if (!in->snapshot) continue;
-        bool restore, observed;
-        track_finish(in, &restore, &observed);
-        in->observed = observed;
-        if (observed && !restore) {
-            const unsigned char *b = in->snapshot;
-            bool zero = true;
-            for (size_t i = 0; i < in->nbytes && zero; i++) zero = b[i] == 0;
-            in->zero_init = zero;
-        }
-        if (!restore) {
-            free(in->snapshot);
-            in->snapshot = NULL;
-        }
+        settle(&g->stor[k]);
+        g->stor[k].s->graph_refs = 0; /* the idle hook is for captures only */
     }
     return ND_OK;
 }
@@ -406,10 +466,28 @@ nd_status nd_graph_replay(nd_graph *g) {
     if (current)
         return nd_fail(ND_ERR_UNSUPPORTED, "compile: a compiled function called while a graph is "
                        "being captured (compiled functions cannot be nested)");
+    if (g->dropped && !g->plan_done) ND_TRY(nd_graph_plan(g)); /* storages without memory */
     for (size_t k = 0; k < g->nstor; k++)
-        if (g->stor[k].snapshot) ND_TRY(restore_snapshot(&g->stor[k]));
+        if (has_snapshot(&g->stor[k])) ND_TRY(restore_snapshot(&g->stor[k]));
+    bool profiling = nd_profiler_on_; /* each kernel its own row: "compiled:binary.add" */
     for (size_t k = 0; k < g->n; k++) {
-        nd_status st = nd_graph_rec_replay(&g->recs[k]);
+        nd_graph_rec *r = &g->recs[k];
+        int depth = -1;
+        if (profiling) {
+            if (!r->profile_id) {
+                char name[96];
+                const char *detail = r->entry == ND_CALL_unary ? nd_unary_name((nd_unary_op)r->i[0])
+                    : (r->entry == ND_CALL_binary || r->entry == ND_CALL_binary_scalar)
+                        ? nd_binary_name((nd_binary_op)r->i[0])
+                    : r->entry == ND_CALL_reduce ? nd_reduce_name((nd_reduce_op)r->i[0]) : NULL;
+                snprintf(name, sizeof name, "compiled:%s%s%s", nd_call_entry_name(r->entry),
+                         detail ? "." : "", detail ? detail : "");
+                r->profile_id = nd_profiler_intern(name) + 1;
+            }
+            if (r->profile_id > 0) depth = nd_profiler_push(r->profile_id - 1);
+        }
+        nd_status st = nd_graph_rec_replay(r);
+        if (depth >= 0) nd_profiler_pop(depth);
         if (st != ND_OK) return st;
     }
     for (size_t k = 0; k < g->nleaves; k++) {
@@ -425,6 +503,7 @@ nd_status nd_graph_replay(nd_graph *g) {
 void nd_graph_free(nd_graph *g) {
     if (!g) return;
     if (current == g) { current = NULL; paused = 0; }
+    for (size_t k = 0; k < g->nstor; k++) g->stor[k].s->graph_refs = 0;
     for (size_t k = 0; k < g->n; k++)
         for (int j = 0; j < g->recs[k].nt; j++) nd_release(g->recs[k].t[j]);
     for (size_t k = 0; k < g->nstor; k++) {
@@ -528,7 +607,7 @@ static nd_status insert_zero_fills(nd_graph *g, const size_t *first, const int *
 nd_status nd_graph_plan(nd_graph *g) {
     if (!g || !g->ended || g->error != ND_OK)
         return nd_fail(ND_ERR_ARG, "compile: plan of a graph that was not captured successfully");
-    if (g->nbuffers) return ND_OK;
+    if (g->plan_done) return ND_OK;
     size_t ns = g->nstor;
     int64_t *refs = calloc(ns + 1, sizeof *refs);
     size_t *first = malloc((ns + 1) * sizeof *first), *last = calloc(ns + 1, sizeof *last);
@@ -556,9 +635,8 @@ nd_status nd_graph_plan(nd_graph *g) {
         stor_info *in = &g->stor[k];
         buf_of[k] = -1;
         bool only_graph = (int64_t)atomic_load(&in->s->refcount) == 1 + refs[k];
-        bool initial_unseen = in->produced || (in->seen_write && !in->observed && !in->snapshot) ||
-                              in->zero_init; /* re-zeroed before its first use below */
-        if (in->internal && initial_unseen && only_graph && !in->s->release && first[k] != SIZE_MAX)
+        /* (zero_init ones are re-zeroed before their first use, below) */
+        if (in->internal && initial_unseen(in) && only_graph && !in->s->release && first[k] != SIZE_MAX)
             order[n++] = (int)k;
         else if (in->internal)
             g->fixed_bytes += (int64_t)in->s->nbytes;
@@ -641,8 +719,14 @@ nd_status nd_graph_plan(nd_graph *g) {
         in->s = nb_s;
         in->planned = true;
     }
+    for (size_t k = 0; k < ns && st == ND_OK; k++)
+        if (g->stor[k].dropped && !g->stor[k].planned)
+            st = nd_fail(ND_ERR_INTERNAL, "compile: storage %zu gave its memory back but has no place "
+                         "in the plan", k);
+    if (st != ND_OK) goto done;
     for (int b = 0; b < nb; b++) g->planned_bytes += (int64_t)bufs[b].nbytes;
     g->nbuffers = nb;
+    g->plan_done = true;
     st = insert_zero_fills(g, first, buf_of);
 done:
     for (int b = 0; b < nb; b++) {
@@ -670,7 +754,7 @@ void nd_graph_stats(const nd_graph *g, nd_graph_stat *out) {
     for (size_t k = 0; k < g->nstor; k++) {
         const stor_info *in = &g->stor[k];
         if (in->internal) out->internal_bytes += (int64_t)in->nbytes;
-        if (in->snapshot) {
+        if (has_snapshot(in)) {
             out->restored++;
             out->restored_bytes += (int64_t)in->nbytes;
         }
@@ -698,7 +782,7 @@ nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out) {
         if (!r->t[k]) continue;
         const stor_info *in = &g->stor[r->sid[k]];
         out->storage[k] = in->id;
-        out->storage_kind[k] = in->snapshot ? 'c' : in->internal ? (in->planned ? 'p' : 'i') : 'e';
+        out->storage_kind[k] = has_snapshot(in) ? 'c' : in->internal ? (in->planned ? 'p' : 'i') : 'e';
     }
     switch (r->entry) {
     case ND_CALL_unary: out->detail = nd_unary_name((nd_unary_op)r->i[0]); break;

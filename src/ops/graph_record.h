@@ -30,6 +30,7 @@ typedef struct nd_graph_rec {
         _Alignas(8) unsigned char value[16];
     } u;
     nd_host_check_fn check;
+    int profile_id;   /* the profiler's name "compiled:<entry>[.<op>]" + 1, 0 until first profiled */
 } nd_graph_rec;
 
 /* A new record at the end of the capturing graph, or NULL when none is

@@ -211,6 +211,13 @@ local function capture_call(self, e, args, flat)
            .. "to parameters, not to its arguments", i)
     end
   end
+  -- arguments sharing memory: their in-place updates could not be replayed
+  -- into each other (each gets its own copy below)
+  local shared = {}
+  for i, t in ipairs(flat) do
+    local k = core._storage_key(t)
+    if shared[k] then shared[k][#shared[k] + 1] = i else shared[k] = {i} end
+  end
   -- the graph's own inputs: later calls copy their arguments into these
   local inputs = {}
   local cargs = map_tensors(args, function(t)
@@ -246,6 +253,33 @@ local function capture_call(self, e, args, flat)
       fail("the captured graph is inconsistent:\n  %s", table.concat(problems, "\n  "))
     end
   end
+  -- arguments the function updates in place get the update back (as the
+  -- eager call would give it), after the capture and after every replay
+  local written = {}
+  do
+    local wkeys = {}
+    for _, r in ipairs(g:records()) do
+      for _, a in ipairs(r.args) do
+        if a.key and a.role:find("w", 1, true) then wkeys[a.key] = true end
+      end
+    end
+    for i, c in ipairs(inputs) do
+      if wkeys[core._storage_key(c)] then written[#written + 1] = i end
+    end
+    for _, same in pairs(shared) do
+      if #same > 1 then
+        for _, i in ipairs(same) do
+          if wkeys[core._storage_key(inputs[i])] then
+            g:free()
+            fail("arguments %s share memory and the function updates argument %d in place: pass "
+                 .. "separate tensors", table.concat(same, ", "), i)
+          end
+        end
+      end
+    end
+  end
+  e.written = written
+  core.no_grad(function() for _, i in ipairs(written) do flat[i]:copy_(inputs[i]) end end)
   e.graph, e.inputs, e.outputs = g, inputs, res
   -- what the capture left unreachable (autograd nodes and their saved
   -- tensors, Lua temporaries) must be gone for the plan to see which
@@ -269,6 +303,9 @@ local function replay(self, e, flat)
   for _, h in ipairs(e.hooks) do h() end
   e.graph:replay()
   self.stats.replays = self.stats.replays + 1
+  if #e.written > 0 then
+    core.no_grad(function() for _, i in ipairs(e.written) do flat[i]:copy_(inputs[i]) end end)
+  end
   return map_tensors(e.outputs, detached_copy)
 end
 
