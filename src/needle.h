@@ -540,7 +540,9 @@ typedef struct {
     const nd_tensor *tensors[8];  /* borrowed, NULL where the call passed none */
     int roles[8];                 /* 1 read, 2 write, 3 read and write */
     int storage[8];               /* storage number within the graph, -1 for none */
-    char storage_kind[8];         /* 'e' existed before, 'i' made inside, 'c' constant restored */
+    char storage_kind[8];         /* 'e' existed before, 'i' made inside, 'p' made inside and
+                                   * placed by the memory plan, 'c' constant restored per replay */
+    bool outside[8];              /* made inside and, at the plan, also held outside the graph */
 } nd_graph_rec_info;
 nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out);
 

@@ -104,6 +104,7 @@ static int l_records(lua_State *L) {
                 lt_set_int(L, "key", (lua_Integer)(uintptr_t)t->storage); /* core._storage_key's */
                 char kind[2] = {info.storage_kind[k], 0};
                 lt_set_str(L, "kind", kind);
+                if (info.outside[k]) lt_set_bool(L, "outside", true);
                 lt_set_str(L, "dtype", nd_dtype_name(t->dtype));
                 lt_set_int(L, "offset", t->offset);
                 lua_createtable(L, t->ndim, 0);

@@ -30,6 +30,14 @@ static nd_status no_kernel(const nd_backend *be, const char *op) {
 #define U(x) if (r) nd_graph_rec_tensor(r, (x), ND_ROLE_UPDATE)
 #define DONE() if (r) nd_graph_rec_done(r)
 #define T(k) (r->t[k])
+/* A recorded call that fails poisons the capture: a replay would run it
+ * (and fail, or write where eager never wrote) even if Lua caught the error. */
+#define FINISH(call) finish(r, (call))
+
+static nd_status finish(nd_graph_rec *r, nd_status st) {
+    if (st != ND_OK && r) nd_graph_rec_failed(st);
+    return st;
+}
 
 static void keep_value(nd_graph_rec *r, const void *v, nd_dtype dt) {
     if (r) memcpy(r->u.value, v, nd_dtype_size(dt));
@@ -37,24 +45,24 @@ static void keep_value(nd_graph_rec *r, const void *v, nd_dtype dt) {
 
 nd_status nd_call_copy(const nd_backend *be, const char *op, nd_tensor *dst, const nd_tensor *src) {
     BEGIN(copy); W(dst); R(src); DONE();
-    return be->copy(dst, src);
+    return FINISH(be->copy(dst, src));
 }
 
 nd_status nd_call_fill(const nd_backend *be, const char *op, nd_tensor *dst, const void *value) {
     BEGIN(fill); W(dst); keep_value(r, value, dst->dtype); DONE();
-    return be->fill(dst, value);
+    return FINISH(be->fill(dst, value));
 }
 
 nd_status nd_call_unary(const nd_backend *be, const char *op, nd_unary_op u, nd_tensor *out,
                         const nd_tensor *x) {
     BEGIN(unary); W(out); R(x); if (r) r->i[0] = u; DONE();
-    return be->unary(u, out, x);
+    return FINISH(be->unary(u, out, x));
 }
 
 nd_status nd_call_binary(const nd_backend *be, const char *op, nd_binary_op b, nd_tensor *out,
                          const nd_tensor *x, const nd_tensor *y) {
     BEGIN(binary); W(out); R(x); R(y); if (r) r->i[0] = b; DONE();
-    return be->binary(b, out, x, y);
+    return FINISH(be->binary(b, out, x, y));
 }
 
 nd_status nd_call_binary_scalar(const nd_backend *be, const char *op, nd_binary_op b, nd_tensor *out,
@@ -62,19 +70,19 @@ nd_status nd_call_binary_scalar(const nd_backend *be, const char *op, nd_binary_
     BEGIN(binary_scalar); W(out); R(x);
     if (r) { r->i[0] = b; r->i[1] = scalar_first; }
     keep_value(r, s, x->dtype); DONE();
-    return be->binary_scalar(b, out, x, s, scalar_first);
+    return FINISH(be->binary_scalar(b, out, x, s, scalar_first));
 }
 
 nd_status nd_call_where(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *cond,
                         const nd_tensor *a, const nd_tensor *b) {
     BEGIN(where); W(out); R(cond); R(a); R(b); DONE();
-    return be->where(out, cond, a, b);
+    return FINISH(be->where(out, cond, a, b));
 }
 
 nd_status nd_call_clamp(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *x,
                         double lo, double hi) {
     BEGIN(clamp); W(out); R(x); if (r) { r->f[0] = lo; r->f[1] = hi; } DONE();
-    return be->clamp(out, x, lo, hi);
+    return FINISH(be->clamp(out, x, lo, hi));
 }
 
 nd_status nd_call_reduce(const nd_backend *be, const char *op, nd_reduce_op rop, nd_tensor *out,
@@ -87,74 +95,74 @@ nd_status nd_call_reduce(const nd_backend *be, const char *op, nd_reduce_op rop,
         if (reduced) memcpy(r->u.reduced, reduced, (size_t)x->ndim * sizeof *reduced);
     }
     DONE();
-    return be->reduce(rop, out, x, reduced, correction);
+    return FINISH(be->reduce(rop, out, x, reduced, correction));
 }
 
 nd_status nd_call_max_dim(const nd_backend *be, const char *op, nd_tensor *values,
                           nd_tensor *indices, const nd_tensor *x, int dim, int is_min) {
     BEGIN(max_dim); W(values); W(indices); R(x); if (r) { r->i[0] = dim; r->i[1] = is_min; } DONE();
-    return be->max_dim(values, indices, x, dim, is_min);
+    return FINISH(be->max_dim(values, indices, x, dim, is_min));
 }
 
 nd_status nd_call_matmul(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *a,
                          const nd_tensor *b) {
     BEGIN(matmul); W(out); R(a); R(b); DONE();
-    return be->matmul(out, a, b);
+    return FINISH(be->matmul(out, a, b));
 }
 
 nd_status nd_call_gather(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *x,
                          int dim, const nd_tensor *index) {
     BEGIN(gather); W(out); R(x); R(index); if (r) r->i[0] = dim; DONE();
-    return be->gather(out, x, dim, index);
+    return FINISH(be->gather(out, x, dim, index));
 }
 
 nd_status nd_call_scatter(const nd_backend *be, const char *op, nd_tensor *out, int dim,
                           const nd_tensor *index, const nd_tensor *src, int accumulate) {
     BEGIN(scatter); U(out); R(index); R(src); if (r) { r->i[0] = dim; r->i[1] = accumulate; } DONE();
-    return be->scatter(out, dim, index, src, accumulate);
+    return FINISH(be->scatter(out, dim, index, src, accumulate));
 }
 
 nd_status nd_call_index_select(const nd_backend *be, const char *op, nd_tensor *out,
                                const nd_tensor *x, int dim, const nd_tensor *index) {
     BEGIN(index_select); W(out); R(x); R(index); if (r) r->i[0] = dim; DONE();
-    return be->index_select(out, x, dim, index);
+    return FINISH(be->index_select(out, x, dim, index));
 }
 
 nd_status nd_call_index_add(const nd_backend *be, const char *op, nd_tensor *out, int dim,
                             const nd_tensor *index, const nd_tensor *src, double alpha) {
     BEGIN(index_add); U(out); R(index); R(src); if (r) { r->i[0] = dim; r->f[0] = alpha; } DONE();
-    return be->index_add(out, dim, index, src, alpha);
+    return FINISH(be->index_add(out, dim, index, src, alpha));
 }
 
 nd_status nd_call_masked_fill(const nd_backend *be, const char *op, nd_tensor *out,
                               const nd_tensor *mask, double value) {
     BEGIN(masked_fill); U(out); R(mask); if (r) r->f[0] = value; DONE();
-    return be->masked_fill(out, mask, value);
+    return FINISH(be->masked_fill(out, mask, value));
 }
 
 nd_status nd_call_cumsum(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *x,
                          int dim) {
     BEGIN(cumsum); W(out); R(x); if (r) r->i[0] = dim; DONE();
-    return be->cumsum(out, x, dim);
+    return FINISH(be->cumsum(out, x, dim));
 }
 
 nd_status nd_call_sort(const nd_backend *be, const char *op, nd_tensor *values, nd_tensor *indices,
                        const nd_tensor *x, int dim, int descending) {
     BEGIN(sort); W(values); W(indices); R(x); if (r) { r->i[0] = dim; r->i[1] = descending; } DONE();
-    return be->sort(values, indices, x, dim, descending);
+    return FINISH(be->sort(values, indices, x, dim, descending));
 }
 
 nd_status nd_call_softmax(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *x,
                           int dim, bool log) {
     BEGIN(softmax); W(out); R(x); if (r) { r->i[0] = dim; r->i[1] = log; } DONE();
-    return be->softmax(out, x, dim, log);
+    return FINISH(be->softmax(out, x, dim, log));
 }
 
 nd_status nd_call_layer_norm(const nd_backend *be, const char *op, nd_tensor *y, nd_tensor *mean,
                              nd_tensor *rstd, const nd_tensor *x, const nd_tensor *w,
                              const nd_tensor *b, double eps) {
     BEGIN(layer_norm); W(y); W(mean); W(rstd); R(x); R(w); R(b); if (r) r->f[0] = eps; DONE();
-    return be->layer_norm(y, mean, rstd, x, w, b, eps);
+    return FINISH(be->layer_norm(y, mean, rstd, x, w, b, eps));
 }
 
 nd_status nd_call_cross_entropy(const nd_backend *be, const char *op, nd_tensor *loss,
@@ -163,7 +171,7 @@ nd_status nd_call_cross_entropy(const nd_backend *be, const char *op, nd_tensor 
     BEGIN(cross_entropy); W(loss); R(logits); R(labels);
     if (r) { r->i[0] = ignore; r->f[0] = smoothing; }
     DONE();
-    return be->cross_entropy(loss, logits, labels, ignore, smoothing);
+    return FINISH(be->cross_entropy(loss, logits, labels, ignore, smoothing));
 }
 
 nd_status nd_call_batch_norm(const nd_backend *be, const char *op, nd_tensor *y, nd_tensor *mean,
@@ -174,7 +182,7 @@ nd_status nd_call_batch_norm(const nd_backend *be, const char *op, nd_tensor *y,
     R(x); R(w); R(b);
     if (r) { r->f[0] = eps; r->i[0] = training; }
     DONE();
-    return be->batch_norm(y, mean, rstd, x, w, b, eps, training);
+    return FINISH(be->batch_norm(y, mean, rstd, x, w, b, eps, training));
 }
 
 nd_status nd_call_layer_norm_backward(const nd_backend *be, const char *op, nd_tensor *dx,
@@ -182,7 +190,7 @@ nd_status nd_call_layer_norm_backward(const nd_backend *be, const char *op, nd_t
                                       const nd_tensor *x, const nd_tensor *w,
                                       const nd_tensor *mean, const nd_tensor *rstd) {
     BEGIN(layer_norm_backward); W(dx); W(dw); W(db); R(g); R(x); R(w); R(mean); R(rstd); DONE();
-    return be->layer_norm_backward(dx, dw, db, g, x, w, mean, rstd);
+    return FINISH(be->layer_norm_backward(dx, dw, db, g, x, w, mean, rstd));
 }
 
 nd_status nd_call_batch_norm_backward(const nd_backend *be, const char *op, nd_tensor *dx,
@@ -192,13 +200,13 @@ nd_status nd_call_batch_norm_backward(const nd_backend *be, const char *op, nd_t
     BEGIN(batch_norm_backward); W(dx); W(dw); W(db); R(g); R(x); R(w); R(mean); R(rstd);
     if (r) r->i[0] = training;
     DONE();
-    return be->batch_norm_backward(dx, dw, db, g, x, w, mean, rstd, training);
+    return FINISH(be->batch_norm_backward(dx, dw, db, g, x, w, mean, rstd, training));
 }
 
 nd_status nd_call_relu_backward(const nd_backend *be, const char *op, nd_tensor *gx,
                                 const nd_tensor *g, const nd_tensor *y) {
     BEGIN(relu_backward); W(gx); R(g); R(y); DONE();
-    return be->relu_backward(gx, g, y);
+    return FINISH(be->relu_backward(gx, g, y));
 }
 
 nd_status nd_call_sgd_step(const nd_backend *be, const char *op, nd_tensor *p, const nd_tensor *grad,
@@ -208,7 +216,7 @@ nd_status nd_call_sgd_step(const nd_backend *be, const char *op, nd_tensor *p, c
      * one finds it made, as the eager step would. */
     if (r) { r->u.sgd = *h; r->i[0] = 0; }
     DONE();
-    return be->sgd_step(p, grad, buf, h, first);
+    return FINISH(be->sgd_step(p, grad, buf, h, first));
 }
 
 nd_status nd_call_cross_entropy_backward(const nd_backend *be, const char *op, nd_tensor *dlogits,
@@ -217,7 +225,7 @@ nd_status nd_call_cross_entropy_backward(const nd_backend *be, const char *op, n
     BEGIN(cross_entropy_backward); W(dlogits); R(logits); R(labels); R(wrow);
     if (r) { r->i[0] = ignore; r->f[0] = smoothing; }
     DONE();
-    return be->cross_entropy_backward(dlogits, logits, labels, wrow, ignore, smoothing);
+    return FINISH(be->cross_entropy_backward(dlogits, logits, labels, wrow, ignore, smoothing));
 }
 
 nd_status nd_call_random(const nd_backend *be, const char *op, nd_tensor *out, nd_random_kind kind,
@@ -225,43 +233,43 @@ nd_status nd_call_random(const nd_backend *be, const char *op, nd_tensor *out, n
     BEGIN(random); W(out); R(p);
     if (r) { r->i[0] = kind; r->f[0] = a; r->f[1] = b; }
     DONE();
-    return be->random(out, kind, a, b, p, seed, offset);
+    return FINISH(be->random(out, kind, a, b, p, seed, offset));
 }
 
 nd_status nd_call_im2col(const nd_backend *be, const char *op, nd_tensor *cols, const nd_tensor *x,
                          const nd_conv_geom *g) {
     BEGIN(im2col); W(cols); R(x); if (r) r->u.conv = *g; DONE();
-    return be->im2col(cols, x, g);
+    return FINISH(be->im2col(cols, x, g));
 }
 
 nd_status nd_call_col2im(const nd_backend *be, const char *op, nd_tensor *x, const nd_tensor *cols,
                          const nd_conv_geom *g) {
     BEGIN(col2im); W(x); R(cols); if (r) r->u.conv = *g; DONE();
-    return be->col2im(x, cols, g);
+    return FINISH(be->col2im(x, cols, g));
 }
 
 nd_status nd_call_max_pool2d(const nd_backend *be, const char *op, nd_tensor *out,
                              nd_tensor *indices, const nd_tensor *x, const nd_pool_geom *p) {
     BEGIN(max_pool2d); W(out); W(indices); R(x); if (r) r->u.pool = *p; DONE();
-    return be->max_pool2d(out, indices, x, p);
+    return FINISH(be->max_pool2d(out, indices, x, p));
 }
 
 nd_status nd_call_max_pool2d_backward(const nd_backend *be, const char *op, nd_tensor *gx,
                                       const nd_tensor *g, const nd_tensor *indices) {
     BEGIN(max_pool2d_backward); W(gx); R(g); R(indices); DONE();
-    return be->max_pool2d_backward(gx, g, indices);
+    return FINISH(be->max_pool2d_backward(gx, g, indices));
 }
 
 nd_status nd_call_avg_pool2d(const nd_backend *be, const char *op, nd_tensor *out,
                              const nd_tensor *x, const nd_pool_geom *p) {
     BEGIN(avg_pool2d); W(out); R(x); if (r) r->u.pool = *p; DONE();
-    return be->avg_pool2d(out, x, p);
+    return FINISH(be->avg_pool2d(out, x, p));
 }
 
 nd_status nd_call_avg_pool2d_backward(const nd_backend *be, const char *op, nd_tensor *gx,
                                       const nd_tensor *g, const nd_pool_geom *p) {
     BEGIN(avg_pool2d_backward); W(gx); R(g); if (r) r->u.pool = *p; DONE();
-    return be->avg_pool2d_backward(gx, g, p);
+    return FINISH(be->avg_pool2d_backward(gx, g, p));
 }
 
 nd_status nd_call_conv2d_fused(const nd_backend *be, const char *op, nd_tensor *out,
@@ -270,7 +278,7 @@ nd_status nd_call_conv2d_fused(const nd_backend *be, const char *op, nd_tensor *
     BEGIN(conv2d_fused); W(out); R(x); R(w); R(b);
     if (r) { r->u.conv = *g; r->i[0] = groups; r->i[1] = act; }
     DONE();
-    return be->conv2d_fused(out, x, w, b, g, groups, act);
+    return FINISH(be->conv2d_fused(out, x, w, b, g, groups, act));
 }
 
 nd_status nd_call_conv2d_backward(const nd_backend *be, const char *op, nd_tensor *gx,
@@ -280,14 +288,14 @@ nd_status nd_call_conv2d_backward(const nd_backend *be, const char *op, nd_tenso
     BEGIN(conv2d_backward); W(gx); W(gw); W(gb); R(dy); R(x); R(w);
     if (r) { r->u.conv = *g; r->i[0] = groups; }
     DONE();
-    return be->conv2d_backward(gx, gw, gb, dy, x, w, g, groups);
+    return FINISH(be->conv2d_backward(gx, gw, gb, dy, x, w, g, groups));
 }
 
 nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *out,
                                const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                nd_activation act) {
     BEGIN(linear_fused); W(out); R(x); R(w); R(b); if (r) r->i[0] = act; DONE();
-    return be->linear_fused(out, x, w, b, act);
+    return FINISH(be->linear_fused(out, x, w, b, act));
 }
 
 static size_t bytes_of(const nd_tensor *t) { return (size_t)nd_numel(t) * nd_dtype_size(t->dtype); }
@@ -296,13 +304,13 @@ static size_t byte_offset(const nd_tensor *t) { return (size_t)t->offset * nd_dt
 nd_status nd_call_write(const nd_backend *be, const char *op, nd_tensor *dst, const nd_tensor *host) {
     BEGIN(write); W(dst); R(host); DONE();
     size_t n = bytes_of(dst);
-    return n ? be->write(dst->storage, byte_offset(dst), nd_ptr(host), n) : ND_OK;
+    return FINISH(n ? be->write(dst->storage, byte_offset(dst), nd_ptr(host), n) : ND_OK);
 }
 
 nd_status nd_call_read(const nd_backend *be, const char *op, nd_tensor *host, const nd_tensor *src) {
     BEGIN(read); W(host); R(src); DONE();
     size_t n = bytes_of(src);
-    return n ? be->read(src->storage, byte_offset(src), nd_ptr(host), n) : ND_OK;
+    return FINISH(n ? be->read(src->storage, byte_offset(src), nd_ptr(host), n) : ND_OK);
 }
 
 nd_status nd_graph_rec_replay(const nd_graph_rec *r) {

@@ -30,6 +30,7 @@ typedef struct {
     bool snap_zero;     /* ... which was all zero bytes: kept as this flag, not as a copy */
     bool settled;       /* tracking done (at the end, or once only the graph held it) */
     bool dropped;       /* its memory went back while capturing (planned later) */
+    bool outside;       /* at the plan, someone besides the graph held it */
     /* Storages made inside whose first use is not a whole write (zeros
      * filled in part, cat, stack): which elements (of es bytes) some record
      * wrote, and which one read before any record wrote them. Their
@@ -46,7 +47,12 @@ typedef struct {
     size_t nbytes;      /* its own size (a planned buffer may be larger) */
 } stor_info;
 
-typedef struct { nd_tensor *leaf, *grad; } leaf_grad;
+typedef struct {
+    nd_tensor *leaf, *grad;
+    bool cleared;     /* the function set its grad (to nil: zero_grad) during the capture */
+    bool needs_null;  /* backward found no grad and the function had not cleared it: the
+                       * caller did, and must before every replay (else eager would add) */
+} leaf_grad;
 
 struct nd_graph {
     nd_graph_rec *recs;
@@ -323,6 +329,10 @@ nd_graph_rec *nd_graph_rec_new(nd_call_entry e, const nd_backend *be, const char
     return r;
 }
 
+void nd_graph_rec_failed(nd_status st) {
+    if (current) poison(current, st, nd_last_error());
+}
+
 static bool covers_storage(const nd_tensor *t) {
     return t->offset == 0 && nd_is_contiguous(t) &&
            (size_t)nd_numel(t) * nd_dtype_size(t->dtype) == t->storage->nbytes;
@@ -395,29 +405,33 @@ nd_status nd_host_check(const char *op, nd_host_check_fn fn, nd_tensor *const *t
 nd_status nd_graph_note_leaf_grad(nd_tensor *leaf, bool reads_old) {
     nd_graph *g = current;
     if (!g || paused || g->error != ND_OK) return ND_OK;
-    bool known = false;
-    for (size_t k = 0; k < g->nleaves && !known; k++) known = g->leaves[k].leaf == leaf;
+    leaf_grad *l = NULL;
+    for (size_t k = 0; k < g->nleaves && !l; k++)
+        if (g->leaves[k].leaf == leaf) l = &g->leaves[k];
     if (reads_old && leaf->grad && leaf->grad->storage->serial <= g->start_serial) {
         nd_status st = nd_fail(ND_ERR_UNSUPPORTED,
                                "backward: adds to a gradient that existed before the compiled call "
                                "(a replay would add to the gradient left at capture): clear the "
-                               "gradients inside the compiled function (opt:zero_grad()) or before "
-                               "calling it");
+                               "gradients inside the compiled function (opt:zero_grad()) or set "
+                               "them to nil before calling it");
         poison(g, st, nd_last_error());
         return st;
     }
-    if (known) return ND_OK;
-    if (g->nleaves == g->capleaves) {
-        size_t cap = g->capleaves ? g->capleaves * 2 : 32;
-        leaf_grad *l = realloc(g->leaves, cap * sizeof *l);
-        if (!l) return nd_fail(ND_ERR_MEMORY, "compile: out of memory noting a gradient");
-        g->leaves = l;
-        g->capleaves = cap;
+    if (!l) {
+        if (g->nleaves == g->capleaves) {
+            size_t cap = g->capleaves ? g->capleaves * 2 : 32;
+            leaf_grad *nl = realloc(g->leaves, cap * sizeof *nl);
+            if (!nl) return nd_fail(ND_ERR_MEMORY, "compile: out of memory noting a gradient");
+            g->leaves = nl;
+            g->capleaves = cap;
+        }
+        nd_retain(leaf);
+        l = &g->leaves[g->nleaves++];
+        memset(l, 0, sizeof *l);
+        l->leaf = leaf;
     }
-    nd_retain(leaf);
-    g->leaves[g->nleaves].leaf = leaf;
-    g->leaves[g->nleaves].grad = NULL;
-    g->nleaves++;
+    if (!reads_old) l->cleared = true;
+    else if (!leaf->grad && !l->cleared) l->needs_null = true;
     return ND_OK;
 }
 
@@ -446,6 +460,9 @@ nd_status nd_graph_end(nd_graph *g) {
     g->capturing = false;
     g->ended = true;
     if (current == g) current = NULL;
+    if (paused && g->error == ND_OK) /* not a graph break: someone paused and never resumed */
+        poison(g, ND_ERR_UNSUPPORTED, "compile: the capture ended while paused (an error between "
+               "a pause and its resume?): the kernels after the pause were not recorded");
     paused = 0;
     if (g->error != ND_OK) return nd_fail(g->error, "%s", g->message);
     g->captured = (int64_t)g->n;
@@ -467,6 +484,12 @@ nd_status nd_graph_replay(nd_graph *g) {
         return nd_fail(ND_ERR_UNSUPPORTED, "compile: a compiled function called while a graph is "
                        "being captured (compiled functions cannot be nested)");
     if (g->dropped && !g->plan_done) ND_TRY(nd_graph_plan(g)); /* storages without memory */
+    for (size_t k = 0; k < g->nleaves; k++)
+        if (g->leaves[k].needs_null && g->leaves[k].leaf->grad)
+            return nd_fail(ND_ERR_UNSUPPORTED, "compile: a parameter has a gradient from before this "
+                           "call, which backward would add to; the compiled function was captured "
+                           "with its gradients cleared (set them to nil before each call, or call "
+                           "opt:zero_grad() inside the function)");
     for (size_t k = 0; k < g->nstor; k++)
         if (has_snapshot(&g->stor[k])) ND_TRY(restore_snapshot(&g->stor[k]));
     bool profiling = nd_profiler_on_; /* each kernel its own row: "compiled:binary.add" */
@@ -489,6 +512,9 @@ nd_status nd_graph_replay(nd_graph *g) {
         nd_status st = nd_graph_rec_replay(r);
         if (depth >= 0) nd_profiler_pop(depth);
         if (st != ND_OK) return st;
+        /* as eager in-place writes do: a saved tensor this changed fails its backward */
+        for (int j = 0; j < r->nt; j++)
+            if (r->t[j] && (r->role[j] & ND_ROLE_WRITE)) r->t[j]->storage->version++;
     }
     for (size_t k = 0; k < g->nleaves; k++) {
         leaf_grad *l = &g->leaves[k];
@@ -548,50 +574,48 @@ static nd_dtype dtype_of_size(size_t es) {
 /* A planned storage whose zeros some record read (a gradient filled in
  * part) shares its buffer: a fill record before its first use puts the
  * zeros back on every replay, as the eager call's zeros() did. */
-static nd_status insert_zero_fills(nd_graph *g, const size_t *first, const int *buf_of) {
+static nd_status insert_zero_fills(nd_graph *g, const size_t *first, const int *buf_of,
+                                   const plan_buffer *bufs) {
     size_t extra = 0;
     for (size_t k = 0; k < g->nstor; k++) extra += buf_of[k] >= 0 && g->stor[k].zero_init;
     if (!extra) return ND_OK;
     nd_graph_rec *recs = calloc(g->n + extra, sizeof *recs);
+    nd_graph_rec *fills = calloc(extra, sizeof *fills);
     size_t *at = malloc(extra * sizeof *at);
-    int *who = malloc(extra * sizeof *who);
-    if (!recs || !at || !who) {
-        free(recs); free(at); free(who);
+    if (!recs || !fills || !at) {
+        free(recs); free(fills); free(at);
         return nd_fail(ND_ERR_MEMORY, "compile: out of memory planning the graph's memory");
     }
     size_t m = 0;
-    for (size_t k = 0; k < g->nstor; k++)
-        if (buf_of[k] >= 0 && g->stor[k].zero_init) { at[m] = first[k]; who[m] = (int)k; m++; }
     nd_status st = ND_OK;
-    size_t out = 0;
-    for (size_t i = 0; i < g->n; i++) {
-        for (size_t z = 0; z < extra; z++) {
-            if (at[z] != i) continue;
-            stor_info *in = &g->stor[who[z]];
-            nd_graph_rec *r = &recs[out++];
-            r->entry = ND_CALL_fill;
-            r->be = nd_backend_for(in->s->device);
-            r->op = "zeros";
-            r->nt = 1;
-            r->role[0] = ND_ROLE_WRITE;
-            r->sid[0] = in->id;
-            nd_dtype dt = dtype_of_size(in->es ? in->es : 1);
-            int64_t numel = (int64_t)(in->nbytes / nd_dtype_size(dt)), stride = 1;
-            if (st == ND_OK) st = nd_tensor_wrap(in->s, dt, &numel, &stride, 1, 0, &r->t[0]);
-            r->full[0] = false;
-            memset(r->u.value, 0, sizeof r->u.value);
-        }
-        recs[out++] = g->recs[i];
+    for (size_t k = 0; k < g->nstor && st == ND_OK; k++) {
+        stor_info *in = &g->stor[k];
+        if (buf_of[k] < 0 || !in->zero_init) continue;
+        nd_graph_rec *r = &fills[m];
+        at[m++] = first[k];
+        r->entry = ND_CALL_fill;
+        r->be = nd_backend_for(in->s->device);
+        r->op = "zeros";
+        r->nt = 1;
+        r->role[0] = ND_ROLE_WRITE;
+        r->sid[0] = in->id;
+        nd_dtype dt = dtype_of_size(in->es ? in->es : 1);
+        int64_t numel = (int64_t)(in->nbytes / nd_dtype_size(dt)), stride = 1;
+        st = nd_tensor_wrap(bufs[buf_of[k]].s, dt, &numel, &stride, 1, 0, &r->t[0]);
     }
-    free(at);
-    free(who);
-    if (st != ND_OK) { /* the new headers go; the old records are untouched */
-        for (size_t i = 0; i < out; i++)
-            if (recs[i].op && recs[i].entry == ND_CALL_fill && !strcmp(recs[i].op, "zeros") && recs[i].nt == 1)
-                nd_release(recs[i].t[0]);
-        free(recs);
+    if (st != ND_OK) { /* nothing has changed yet */
+        for (size_t z = 0; z < m; z++) nd_release(fills[z].t[0]);
+        free(recs); free(fills); free(at);
         return st;
     }
+    size_t out = 0;
+    for (size_t i = 0; i < g->n; i++) {
+        for (size_t z = 0; z < extra; z++)
+            if (at[z] == i) recs[out++] = fills[z];
+        recs[out++] = g->recs[i];
+    }
+    free(fills);
+    free(at);
     free(g->recs);
     g->recs = recs;
     g->n = out;
@@ -635,6 +659,7 @@ nd_status nd_graph_plan(nd_graph *g) {
         stor_info *in = &g->stor[k];
         buf_of[k] = -1;
         bool only_graph = (int64_t)atomic_load(&in->s->refcount) == 1 + refs[k];
+        in->outside = !only_graph;
         /* (zero_init ones are re-zeroed before their first use, below) */
         if (in->internal && initial_unseen(in) && only_graph && !in->s->release && first[k] != SIZE_MAX)
             order[n++] = (int)k;
@@ -694,12 +719,19 @@ nd_status nd_graph_plan(nd_graph *g) {
         pb->nlive++;
         buf_of[order[a]] = best;
     }
+    for (size_t k = 0; k < ns && st == ND_OK; k++)
+        if (g->stor[k].dropped && buf_of[k] < 0)
+            st = nd_fail(ND_ERR_INTERNAL, "compile: storage %zu gave its memory back but has no place "
+                         "in the plan", k);
     for (int b = 0; b < nb && st == ND_OK; b++) {
         nd_device dev = {bufs[b].device, bufs[b].device_index};
         st = nd_storage_new_on(dev, bufs[b].nbytes, &bufs[b].s);
     }
     if (st != ND_OK) goto done;
-    /* move every record's tensors onto the buffers */
+    /* the zero fills first (a failure there leaves the graph as it was), then
+     * every record's tensors onto the buffers */
+    st = insert_zero_fills(g, first, buf_of, bufs);
+    if (st != ND_OK) goto done;
     for (size_t i = 0; i < g->n; i++) {
         nd_graph_rec *r = &g->recs[i];
         for (int k = 0; k < r->nt; k++) {
@@ -719,15 +751,9 @@ nd_status nd_graph_plan(nd_graph *g) {
         in->s = nb_s;
         in->planned = true;
     }
-    for (size_t k = 0; k < ns && st == ND_OK; k++)
-        if (g->stor[k].dropped && !g->stor[k].planned)
-            st = nd_fail(ND_ERR_INTERNAL, "compile: storage %zu gave its memory back but has no place "
-                         "in the plan", k);
-    if (st != ND_OK) goto done;
     for (int b = 0; b < nb; b++) g->planned_bytes += (int64_t)bufs[b].nbytes;
     g->nbuffers = nb;
     g->plan_done = true;
-    st = insert_zero_fills(g, first, buf_of);
 done:
     for (int b = 0; b < nb; b++) {
         nd_storage_release(bufs[b].s); /* the records hold them */
@@ -783,6 +809,7 @@ nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out) {
         const stor_info *in = &g->stor[r->sid[k]];
         out->storage[k] = in->id;
         out->storage_kind[k] = has_snapshot(in) ? 'c' : in->internal ? (in->planned ? 'p' : 'i') : 'e';
+        out->outside[k] = in->internal && in->outside;
     }
     switch (r->entry) {
     case ND_CALL_unary: out->detail = nd_unary_name((nd_unary_op)r->i[0]); break;

@@ -40,6 +40,9 @@ nd_graph_rec *nd_graph_rec_new(nd_call_entry e, const nd_backend *be, const char
 void nd_graph_rec_tensor(nd_graph_rec *r, const nd_tensor *t, nd_rec_role role);
 /* Done adding: the storages are classified (graph.c). */
 void nd_graph_rec_done(nd_graph_rec *r);
+/* The call just recorded failed: the capture is invalid (its message says
+ * which op). */
+void nd_graph_rec_failed(nd_status st);
 /* Runs one record again (backend_call.c). */
 nd_status nd_graph_rec_replay(const nd_graph_rec *r);
 

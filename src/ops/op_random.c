@@ -127,18 +127,26 @@ static nd_status reduce_item(nd_reduce_op op, const nd_tensor *p, double *v) {
     return st;
 }
 
+/* The probabilities in [0, 1]: a host check (backend_call.h), so a compiled
+ * call checks each replay's p as the eager call would. */
+static nd_status check_probabilities(const char *op, nd_tensor *const *t, int64_t *iv) {
+    (void)iv;
+    double lo, hi;
+    ND_TRY(reduce_item(ND_REDUCE_min, t[0], &lo));
+    ND_TRY(reduce_item(ND_REDUCE_max, t[0], &hi));
+    if (!(lo >= 0 && lo <= 1))
+        return nd_fail(ND_ERR_ARG, "%s: probabilities must be in [0, 1], got %g", op, lo);
+    if (!(hi >= 0 && hi <= 1))
+        return nd_fail(ND_ERR_ARG, "%s: probabilities must be in [0, 1], got %g", op, hi);
+    return ND_OK;
+}
+
 nd_status nd_bernoulli(const nd_tensor *p, nd_tensor **out) {
     *out = NULL;
     ND_TRY(check_float("bernoulli", p->dtype));
-    if (nd_numel(p) > 0) {
-        /* Checked with reductions so any backend can run it. */
-        double lo, hi;
-        ND_TRY(reduce_item(ND_REDUCE_min, p, &lo));
-        ND_TRY(reduce_item(ND_REDUCE_max, p, &hi));
-        if (!(lo >= 0 && lo <= 1))
-            return nd_fail(ND_ERR_ARG, "bernoulli: probabilities must be in [0, 1], got %g", lo);
-        if (!(hi >= 0 && hi <= 1))
-            return nd_fail(ND_ERR_ARG, "bernoulli: probabilities must be in [0, 1], got %g", hi);
+    if (nd_numel(p) > 0) { /* checked with reductions so any backend can run it */
+        nd_tensor *t[1] = {(nd_tensor *)p};
+        ND_TRY(nd_host_check("bernoulli", check_probabilities, t, 1, NULL, 0));
     }
     return random_new("bernoulli", nd_get_device(p), p->shape, p->ndim, p->dtype, ND_RANDOM_BERNOULLI, 0.0, 0.0,
                       p, out);

@@ -40,7 +40,8 @@ local function sorted_keys(t)
   table.sort(keys, function(a, b)
     local ta, tb = type(a), type(b)
     if ta ~= tb then return ta < tb end
-    return a < b
+    if ta == "number" or ta == "string" then return a < b end
+    return tostring(a) < tostring(b)
   end)
   return keys
 end
@@ -50,8 +51,14 @@ local function walk(v, parts, flat, depth)
   local tv = type(v)
   if is_tensor(v) then
     local s = v.shape
-    parts[#parts + 1] = ("T%s%s[%s]%s"):format(v.dtype, v.device, table.concat(s, ","),
-                                               v.requires_grad and "g" or "")
+    -- which earlier argument tensor it is, or shares memory with (aliasing)
+    local key, alias = core._storage_key(v), ""
+    for j, u in ipairs(flat) do
+      if rawequal(u, v) then alias = "=" .. j break end
+      if core._storage_key(u) == key then alias = "~" .. j break end
+    end
+    parts[#parts + 1] = ("T%s%s[%s]%s%s"):format(v.dtype, v.device, table.concat(s, ","),
+                                                 v.requires_grad and "g" or "", alias)
     flat[#flat + 1] = v
   elseif tv == "table" then
     if depth > 16 then fail("arguments nested deeper than 16 tables") end
@@ -61,7 +68,7 @@ local function walk(v, parts, flat, depth)
     end
     parts[#parts + 1] = "{"
     for _, k in ipairs(sorted_keys(v)) do
-      parts[#parts + 1] = tostring(k) .. "="
+      parts[#parts + 1] = type(k):sub(1, 1) .. tostring(k) .. "="
       walk(v[k], parts, flat, depth + 1)
     end
     parts[#parts + 1] = "}"
@@ -83,12 +90,13 @@ local function signature(args)
   return table.concat(parts), flat
 end
 
--- v with every tensor replaced by f(tensor) (tables copied, others as they are)
+-- v with every tensor replaced by f(tensor) (tables copied, others as they
+-- are), visiting the tensors in walk's order
 local function map_tensors(v, f)
   if is_tensor(v) then return f(v) end
   if type(v) == "table" and getmetatable(v) == nil then
     local out = {}
-    for k, x in pairs(v) do out[k] = map_tensors(x, f) end
+    for _, k in ipairs(sorted_keys(v)) do out[k] = map_tensors(v[k], f) end
     return out
   end
   return v
@@ -109,15 +117,30 @@ local function own_tensors(m)
   return out
 end
 
+-- the module's plain settings (numbers, strings, booleans: dropout's p,
+-- batch norm's momentum and eps), which the kernels hold as constants
+local function plain_attrs(m)
+  local out = {}
+  for k, v in pairs(rawget(m, "_attrs") or {}) do
+    local tv = type(v)
+    if tv == "number" or tv == "string" or tv == "boolean" then out[k] = v end
+  end
+  return out
+end
+
 local function module_guards(modules)
   local list, seen = {}, {}
   for _, top in ipairs(modules) do
     for _, m in ipairs(top:modules()) do
       if not seen[m] then
         seen[m] = true
-        local tensors, keys, n = own_tensors(m), {}, 0
-        for k, t in pairs(tensors) do keys[k] = core._storage_key(t); n = n + 1 end
-        list[#list + 1] = {module = m, training = m.training, tensors = tensors, keys = keys, n = n}
+        local tensors, keys, grads, n = own_tensors(m), {}, {}, 0
+        for k, t in pairs(tensors) do
+          keys[k], grads[k] = core._storage_key(t), t.requires_grad
+          n = n + 1
+        end
+        list[#list + 1] = {module = m, training = m.training, tensors = tensors, keys = keys,
+                           grads = grads, n = n, attrs = plain_attrs(m)}
       end
     end
   end
@@ -141,8 +164,14 @@ local function failed_guard(e)
       if core._storage_key(t) ~= g.keys[k] then
         return ("'%s' got new memory (set_data_)"):format(k:sub(3))
       end
+      if t.requires_grad ~= g.grads[k] then
+        return ("'%s' changed requires_grad"):format(k:sub(3))
+      end
     end
     if n ~= g.n then return "a module lost a parameter or buffer" end
+    for k, v in pairs(g.attrs) do
+      if rawget(m, "_attrs")[k] ~= v then return ("a module's setting '%s' changed"):format(k) end
+    end
   end
   for _, g in ipairs(e.guards) do
     if g.fn() ~= g.value then return "an optimizer hyperparameter changed" end
@@ -211,28 +240,32 @@ local function capture_call(self, e, args, flat)
            .. "to parameters, not to its arguments", i)
     end
   end
-  -- arguments sharing memory: their in-place updates could not be replayed
-  -- into each other (each gets its own copy below)
-  local shared = {}
+  -- different argument tensors sharing memory: their in-place updates could
+  -- not be replayed into each other (each gets its own copy below)
+  local shared, first_of = {}, {}
   for i, t in ipairs(flat) do
-    local k = core._storage_key(t)
-    if shared[k] then shared[k][#shared[k] + 1] = i else shared[k] = {i} end
+    if not first_of[t] then
+      first_of[t] = i
+      local k = core._storage_key(t)
+      if shared[k] then shared[k][#shared[k] + 1] = i else shared[k] = {i} end
+    end
   end
-  -- the graph's own inputs: later calls copy their arguments into these
-  local inputs = {}
-  local cargs = map_tensors(args, function(t)
-    local c = detached_copy(t)
-    inputs[#inputs + 1] = c
-    return c
-  end)
+  -- the graph's own inputs (one per argument position, in walk's order; the
+  -- same tensor twice gets one copy): later calls copy their arguments into these
+  local inputs, copy_of = {}, {}
+  for i, t in ipairs(flat) do
+    copy_of[t] = copy_of[t] or detached_copy(t)
+    inputs[i] = copy_of[t]
+  end
+  local cargs = map_tensors(args, function(t) return copy_of[t] end)
   cargs.n = args.n
-  local st = state.new()
+  local st, outer = state.new(), state.active
   state.active = st
   local ok, g = pcall(core._graph_begin, self.fallback)
-  if not ok then state.active = nil; error(g, 0) end
+  if not ok then state.active = outer; error(g, 0) end
   local res
   ok, res = pcall(function() return table.pack(self.fn(unpack_args(cargs))) end)
-  state.active = nil
+  state.active = outer
   local fok, why = pcall(g.finish, g)
   if not ok then
     g:free()
@@ -278,17 +311,34 @@ local function capture_call(self, e, args, flat)
       end
     end
   end
-  e.written = written
   core.no_grad(function() for _, i in ipairs(written) do flat[i]:copy_(inputs[i]) end end)
-  e.graph, e.inputs, e.outputs = g, inputs, res
   -- what the capture left unreachable (autograd nodes and their saved
   -- tensors, Lua temporaries) must be gone for the plan to see which
   -- intermediates only the graph holds
   collectgarbage("collect")
   collectgarbage("collect")
-  g:plan()
+  local pok, perr = pcall(g.plan, g)
+  if not pok then g:free(); error(perr, 0) end
+  -- State made during the capture that lives on (an optimizer's moments made
+  -- by its first step) would be reset to its first value before every replay
+  local out_keys = {}
+  map_tensors(res, function(t) out_keys[core._storage_key(t)] = true end)
+  -- (made inside on the host, kept by Lua and put back before each replay;
+  -- the optimizers refuse to make their state inside a capture themselves)
+  for _, r in ipairs(g:records()) do
+    for _, a in ipairs(r.args) do
+      if a.outside and not out_keys[a.key] and a.kind == "c" then
+        g:free()
+        fail("state made during the capture (an optimizer's momentum or moments, a buffer made "
+             .. "on the first call) lives on after it, and a replay would start it over: call the "
+             .. "function once before it is captured (warmup >= 1)")
+      end
+    end
+  end
+  e.written, e.inputs, e.outputs = written, inputs, res
   e.module_guards = module_guards(st.modules)
   e.guards, e.hooks = st.guards, st.hooks
+  e.graph = g -- last: an entry with a graph is complete
   return map_tensors(res, detached_copy)
 end
 
@@ -300,8 +350,12 @@ local function replay(self, e, flat)
       if not rawequal(c, t) then c:copy_(t) end
     end
   end)
-  for _, h in ipairs(e.hooks) do h() end
-  e.graph:replay()
+  for _, h in ipairs(e.hooks) do h.run() end
+  local ok, err = pcall(e.graph.replay, e.graph)
+  if not ok then -- a refused replay (a label out of range) leaves Lua's state as it was
+    for i = #e.hooks, 1, -1 do if e.hooks[i].undo then e.hooks[i].undo() end end
+    error(err, 0)
+  end
   self.stats.replays = self.stats.replays + 1
   if #e.written > 0 then
     core.no_grad(function() for _, i in ipairs(e.written) do flat[i]:copy_(inputs[i]) end end)

@@ -7,9 +7,11 @@
 --   state.guard(fn)         fn() must return the same value (==) on every
 --                           later call, else the function is traced again
 --                           (an optimizer's hyperparameters)
---   state.on_replay(fn)     fn() runs before every replay: it refreshes what
+--   state.on_replay(fn[, undo])
+--                           fn() runs before every replay: it refreshes what
 --                           the recorded kernels read but Lua computes (an
---                           optimizer's step count and bias corrections)
+--                           optimizer's step count and bias corrections);
+--                           undo() takes it back when the replay is refused
 local M = {active = nil}
 
 function M.note_module(m)
@@ -25,9 +27,9 @@ function M.guard(fn)
   if a then a.guards[#a.guards + 1] = {fn = fn, value = fn()} end
 end
 
-function M.on_replay(fn)
+function M.on_replay(fn, undo)
   local a = M.active
-  if a then a.hooks[#a.hooks + 1] = fn end
+  if a then a.hooks[#a.hooks + 1] = {run = fn, undo = undo} end
 end
 
 function M.new()

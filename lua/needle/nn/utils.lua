@@ -85,7 +85,9 @@ local function clip_on_device(params, max_norm, norm_type)
   if #params > 1 and norm_type ~= math.huge and norm_type ~= -math.huge and norm_type ~= 0 then
     total = total ^ (1 / norm_type)
   end
-  local coef = (max_norm / (total + 1e-6)):clamp(-math.huge, 1)
+  -- min(coef, 1), where a NaN norm leaves the grads as they are (as eagerly: coef < 1 is false)
+  local coef = max_norm / (total + 1e-6)
+  coef = core.where(coef:lt(1), coef, core.ones_like(coef))
   for _, p in ipairs(params) do p.grad = p.grad * coef:to(p.grad.dtype) end
   return total
 end

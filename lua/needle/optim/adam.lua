@@ -7,6 +7,7 @@
 local core = require "needle.core"
 local Optimizer = require "needle.optim.optimizer"
 local capture = require "needle.compile.state"
+local errors = require "needle.errors"
 
 local fmt = Optimizer._fmt
 local sqrt, maximum, zeros_like = math.sqrt, core.maximum, core.zeros_like
@@ -37,10 +38,19 @@ local function scalar_like(p)
 end
 
 local function compiled_factors(st, p, group, decoupled)
+  if st._captured_by == capture.active then
+    errors.fail("optim.Adam", "two steps of one parameter in one compiled call: a replay would "
+                .. "give both the factors of the last (step once per compiled call)")
+  end
+  st._captured_by = capture.active
   local was = core._graph_pause(true) -- made and filled outside the graph
   local f = st._compiled
   if f == nil then
-    f = {step_size = scalar_like(p), bc2_sqrt = scalar_like(p), decay = scalar_like(p)}
+    local ok, made = pcall(function()
+      return {step_size = scalar_like(p), bc2_sqrt = scalar_like(p), decay = scalar_like(p)}
+    end)
+    if not ok then core._graph_pause(was); error(made, 0) end
+    f = made
     st._compiled = f
   end
   local function refresh()
@@ -54,7 +64,7 @@ local function compiled_factors(st, p, group, decoupled)
   capture.on_replay(function()
     st.step = st.step + 1
     refresh()
-  end)
+  end, function() st.step = st.step - 1 end)
   return f
 end
 
@@ -69,10 +79,14 @@ function M.update(self, group, decoupled)
     if g ~= nil then
       local st = state[p]
       if st == nil or st.exp_avg == nil then
+        self:_refuse_fresh_state()
         st = {step = 0, exp_avg = zeros_like(p), exp_avg_sq = zeros_like(p)}
         state[p] = st
       end
-      if amsgrad and st.max_exp_avg_sq == nil then st.max_exp_avg_sq = zeros_like(p) end
+      if amsgrad and st.max_exp_avg_sq == nil then
+        self:_refuse_fresh_state()
+        st.max_exp_avg_sq = zeros_like(p)
+      end
       local step = st.step + 1
       st.step = step
       local f = capture.active and compiled_factors(st, p, group, decoupled)
@@ -108,6 +122,7 @@ M.Adam = Optimizer:extend{
   state_keys = M.state_keys,
   check = M.check,
   dynamic = {lr = true},
+  capturable = true,
   update = function(self, group) return M.update(self, group, false) end,
 }
 

@@ -11,5 +11,6 @@ return Optimizer:extend{
   state_keys = adam.state_keys,
   check = adam.check,
   dynamic = {lr = true},
+  capturable = true,
   update = function(self, group) return adam.update(self, group, true) end,
 }

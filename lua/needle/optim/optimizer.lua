@@ -144,7 +144,8 @@ function Optimizer:_check_group(group, fail)
 end
 
 -- the class: Optimizer:extend{name=, defaults=, state_keys=, check=, update=, init_state=,
--- dynamic=} (dynamic: the group keys a compiled step refreshes itself, above)
+-- dynamic=, capturable=} (dynamic: the group keys a compiled step refreshes itself, above;
+-- capturable: the update can run inside nd.compile)
 function Optimizer:extend(spec)
   local class = setmetatable({}, {
     __index = self,
@@ -161,6 +162,7 @@ function Optimizer:extend(spec)
   class._update = spec.update
   class._init_state = spec.init_state
   class.dynamic = spec.dynamic
+  class.capturable = spec.capturable
   return class
 end
 
@@ -272,8 +274,44 @@ local function hyper_key(self)
     parts[#parts + 1] = ("[%d]#%d"):format(gi, #group.params)
     for _, k in ipairs(keys) do
       local v = group[k]
-      if type(v) == "table" then v = table.concat(v, ",") end
+      if type(v) == "table" then
+        local items = {}
+        for i, x in ipairs(v) do items[i] = type(x) == "number" and ("%.17g"):format(x) or tostring(x) end
+        v = table.concat(items, ",")
+      elseif type(v) == "number" then
+        v = ("%.17g"):format(v)
+      end
       parts[#parts + 1] = ("%s=%s"):format(k, tostring(v))
+    end
+  end
+  return table.concat(parts, " ")
+end
+
+-- Under nd.compile an optimizer must find its per-parameter state made: a
+-- replay would make it anew (zeros) on every call. (Optimizer._fresh_state)
+function Optimizer:_refuse_fresh_state()
+  if capture.active then
+    errors.fail("optim." .. self.name, "its state (momentum, moments) would be made inside "
+                .. "nd.compile, and every replay would start it over: call the step once before "
+                .. "it is captured (nd.compile's warmup >= 1, the default)")
+  end
+end
+
+-- The identity of the optimizer's state (load_state_dict replaces the tables
+-- and tensors that the recorded kernels update): groups, state tables and
+-- their tensors' memory.
+local function state_key(self)
+  local parts = {tostring(self.state)}
+  for _, group in ipairs(self.param_groups) do
+    parts[#parts + 1] = tostring(group)
+    for _, p in ipairs(group.params) do
+      local st = self.state[p]
+      parts[#parts + 1] = tostring(st)
+      if st then
+        for _, k in ipairs({"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) do
+          if st[k] then parts[#parts + 1] = tostring(core._storage_key(st[k])) end
+        end
+      end
     end
   end
   return table.concat(parts, " ")
@@ -282,7 +320,14 @@ end
 function Optimizer:step(closure)
   local loss
   if closure ~= nil then loss = core.enable_grad(closure) end
-  if capture.active then capture.guard(function() return hyper_key(self) end) end
+  if capture.active then
+    if not self.capturable then
+      errors.fail("optim." .. self.name, "cannot step inside nd.compile yet (its per-step values "
+                  .. "live in Lua); SGD, Adam and AdamW can")
+    end
+    capture.guard(function() return hyper_key(self) end)
+    capture.guard(function() return state_key(self) end)
+  end
   core.no_grad(step_groups, self)
   return loss
 end

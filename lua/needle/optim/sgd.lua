@@ -19,6 +19,7 @@ return Optimizer:extend{
   defaults = {lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false,
               maximize = false},
   state_keys = {momentum_buffer = "tensor"},
+  capturable = true,
   check = function(g, fail)
     if g.momentum < 0 then fail(("invalid momentum %s (expected >= 0)"):format(fmt(g.momentum))) end
     if g.nesterov and (g.momentum <= 0 or g.dampening ~= 0) then
@@ -41,7 +42,10 @@ return Optimizer:extend{
         if momentum ~= 0 then
           st = state[p]
           buf = st and st.momentum_buffer
-          if buf == nil then buf, hyper.first = zeros_like(p), true end
+          if buf == nil then
+            self:_refuse_fresh_state()
+            buf, hyper.first = zeros_like(p), true
+          end
         end
         done = fused_step(p, g, buf, hyper)
         if done and hyper.first then
@@ -57,6 +61,7 @@ return Optimizer:extend{
           if st == nil then st = {}; state[p] = st end
           local buf = st.momentum_buffer
           if buf == nil then
+            self:_refuse_fresh_state()
             buf = g:clone()
             st.momentum_buffer = buf
           else
