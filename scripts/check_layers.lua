@@ -9,6 +9,9 @@
 --     <- bindings (src/lua_bindings)
 --     <- app (src/main.c, src/repl.c: the needle-lua program)
 --
+-- Also: the ops call backend entries only through ND_BACKEND_CALL (a direct
+-- be->fn(...) would escape a graph capture).
+--
 -- Two checks, both needed: includes (a file may include headers of its own
 -- layer or below; a backend's headers are private to that backend, the ops'
 -- headers to the ops), and symbols (an object file may reference only
@@ -78,8 +81,16 @@ for _, rel in ipairs(list_sources()) do
     nsources = nsources + 1
     local dir = rel:match("^(.*)/") or ""
     local lineno = 0
+    local wrappers = rel:match("^ops/backend_call%.[ch]$") or rel == "ops/graph.c"
     for line in io.lines(src_dir .. "/" .. rel) do
       lineno = lineno + 1
+      -- ops call a backend entry only through ND_BACKEND_CALL: a direct call
+      -- would be invisible to a graph capture (nd.compile), so a replay would skip it
+      if layer == "ops" and not wrappers and (line:match("be%->[%w_]+%s*%(") or
+                                              line:match("backend_of%b()%->[%w_]+%s*%(")) then
+        fail("%s:%d calls a backend entry directly: use ND_BACKEND_CALL (src/ops/backend_call.h), "
+             .. "which a graph capture records", rel, lineno)
+      end
       -- "x.h" and <x.h> alike: src/ is an include directory, so <ops/grad_fns.h>
       -- reaches an ops header as surely as "ops/grad_fns.h"
       local quoted = line:match('^%s*#%s*include%s*"([^"]+)"')

@@ -52,12 +52,14 @@ options:
   --device NAME       cpu, opencl (the default OpenCL device) or opencl:N (nd.devices()
                       order); the model and every batch move there (default: cpu)
   --threads N         CPU threads (default: all)
+  --compile           run each training step through nd.compile (docs/compile.md)
   -h, --help          this text
 ]]
 
 local function die(code, fmt, ...) cli.die("train_mlp", code, fmt, ...) end
 
-local opts = cli.parse(arg, defaults, usage, {prog = "train_mlp", numbers = numeric, optional = optional})
+local opts = cli.parse(arg, defaults, usage, {prog = "train_mlp", numbers = numeric, optional = optional,
+                                             flags = {compile = true}})
 local device, device_info = cli.check_device("train_mlp", opts)
 cli.positive_integers("train_mlp", opts, {"epochs", "batch-size", "threads", "limit", "stop-after"},
                       "option --%s expects a positive integer, got '%s'")
@@ -193,6 +195,18 @@ local log = cli.open_log(log_path, header, opts.resume, function(line)
   end
 end)
 
+-- One step; with --compile captured once per batch shape (the last, smaller
+-- batch is a second entry) and replayed without Lua in the loop.
+local function train_step(xb, yb)
+  local logits = model(xb)
+  local loss = nd.F.cross_entropy(logits, yb)
+  optimizer:zero_grad()
+  loss:backward()
+  optimizer:step()
+  return loss, logits
+end
+if opts.compile then train_step = nd.compile(train_step) end
+
 local n_test = x_test:size(1)
 local batches = #loader
 local t_start = nd.clock()
@@ -207,11 +221,7 @@ for epoch = start_epoch, last_epoch do
   for xb, yb in loader:iter() do
     b = b + 1
     xb, yb = xb:to(device), yb:to(device)
-    local logits = model(xb)
-    local loss = nd.F.cross_entropy(logits, yb)
-    optimizer:zero_grad()
-    loss:backward()
-    optimizer:step()
+    local loss, logits = train_step(xb, yb)
     step = step + 1
     local l, m = loss:item(), yb:size(1)
     loss_sum, seen = loss_sum + l * m, seen + m

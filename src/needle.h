@@ -504,8 +504,11 @@ nd_status nd_graph_begin(nd_graph **out);
 nd_status nd_graph_end(nd_graph *g);
 nd_status nd_graph_replay(nd_graph *g);
 void nd_graph_free(nd_graph *g);
+/* Runs one pass over an ended graph's records before its plan (graph_passes.c):
+ * "dce" (dead kernels) or "cse" (repeated kernels); *changed: records removed. */
+nd_status nd_graph_pass(nd_graph *g, const char *name, int64_t *changed);
 /* Plans the memory of an ended graph: the intermediates that only its
- * kernels see share buffers by liveness (graph.c). */
+ * kernels see share buffers by liveness (graph_plan.c). */
 nd_status nd_graph_plan(nd_graph *g);
 /* Is a graph being captured on this thread (and not paused)? */
 bool nd_graph_capturing(void);

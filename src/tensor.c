@@ -208,11 +208,16 @@ nd_status nd_get_item(const nd_tensor *t, const int64_t *index, double *out) {
     return ND_OK;
 }
 
+static _Atomic uint64_t meta_generation;
+uint64_t nd_meta_generation(void) { return atomic_load(&meta_generation); }
+void nd_bump_meta_generation(void) { atomic_fetch_add(&meta_generation, 1); }
+
 nd_status nd_set_data_(nd_tensor *t, const nd_tensor *src) {
     if (t == src) return ND_OK;
     if (t->grad_fn)
         return nd_fail(ND_ERR_ARG, "set_data_: the tensor is the result of an op (it has a "
                        "gradient history); only leaves can take new data");
+    nd_bump_meta_generation();
     nd_storage_retain(src->storage);
     nd_storage_release(t->storage);
     t->storage = src->storage;

@@ -76,6 +76,12 @@ nd_status nd_fail_index_bounds(const char *op, const nd_tensor *index, int64_t f
                                int64_t value, int dim, int64_t limit);
 #define ND_TRY(expr) do { nd_status st_ = (expr); if (st_ != ND_OK) return st_; } while (0)
 
+/* A counter bumped whenever a tensor gets other memory (set_data_) or its
+ * requires_grad flips: nd.compile's guards recheck parameters only when it
+ * moved (tensor.c). */
+uint64_t nd_meta_generation(void);
+void nd_bump_meta_generation(void);
+
 /* ---- storage (storage.c) ---- */
 nd_status nd_storage_new(size_t nbytes, nd_storage **out);
 /* On any device (its backend allocates); the message names the device. */

@@ -52,6 +52,15 @@ static int l_replay(lua_State *L) {
 
 static int l_free(lua_State *L) { return graph_gc(L); }
 
+/* g:pass(name) -> records removed */
+static int l_pass(lua_State *L) {
+    graph_box *b = check_graph(L, "compile");
+    int64_t changed = 0;
+    LT_CHECK(L, nd_graph_pass(b->g, luaL_checkstring(L, 2), &changed));
+    lua_pushinteger(L, changed);
+    return 1;
+}
+
 static int l_plan(lua_State *L) {
     graph_box *b = check_graph(L, "compile");
     LT_CHECK(L, nd_graph_plan(b->g));
@@ -149,11 +158,17 @@ static int l_storage_key(lua_State *L) {
     return 1;
 }
 
+/* core._meta_generation() -> nd_meta_generation (tensor.h) */
+static int l_meta_generation(lua_State *L) {
+    lua_pushinteger(L, (lua_Integer)nd_meta_generation());
+    return 1;
+}
+
 void lt_register_graph(lua_State *L) {
     if (luaL_newmetatable(L, GRAPH_MT)) {
         static const luaL_Reg methods[] = {
             {"finish", l_finish}, {"replay", l_replay}, {"stats", l_stats},
-            {"records", l_records}, {"free", l_free}, {"plan", l_plan}, {NULL, NULL},
+            {"records", l_records}, {"free", l_free}, {"plan", l_plan}, {"pass", l_pass}, {NULL, NULL},
         };
         lua_newtable(L);
         luaL_setfuncs(L, methods, 0);
@@ -167,6 +182,7 @@ void lt_register_graph(lua_State *L) {
         {"_graph_pause", l_pause, false, true},
         {"_graph_capturing", l_capturing, false, true},
         {"_storage_key", l_storage_key, false, true},
+        {"_meta_generation", l_meta_generation, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

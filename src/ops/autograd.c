@@ -391,6 +391,7 @@ nd_status nd_requires_grad_(nd_tensor *t, bool on) {
     if (!on && t->grad_fn)
         return nd_fail(ND_ERR_ARG, "requires_grad: only leaf tensors can stop requiring grad "
                        "(use detach() for a non-leaf)");
+    if (t->requires_grad != on) nd_bump_meta_generation();
     t->requires_grad = on;
     return ND_OK;
 }

@@ -147,8 +147,7 @@ local function module_guards(modules)
   return list
 end
 
--- nil when every guard holds, else the reason
-local function failed_guard(e)
+local function failed_module_guard(e)
   for _, g in ipairs(e.module_guards) do
     local m = g.module
     if m.training ~= g.training then
@@ -173,17 +172,34 @@ local function failed_guard(e)
       if rawget(m, "_attrs")[k] ~= v then return ("a module's setting '%s' changed"):format(k) end
     end
   end
+  return nil
+end
+
+-- nil when every guard holds, else the reason
+local function failed_guard(e)
+  -- the module guards, rechecked only when a module or tensor changed since
+  -- they last held (state.generation, core._meta_generation)
+  local gen, meta = state.generation, core._meta_generation()
+  if e.gen ~= gen or e.meta ~= meta then
+    local why = failed_module_guard(e)
+    if why then return why end
+    e.gen, e.meta = gen, meta
+  end
   for _, g in ipairs(e.guards) do
-    if g.fn() ~= g.value then return "an optimizer hyperparameter changed" end
+    if g.fn() ~= g.value then return "an optimizer hyperparameter or its state changed" end
   end
   return nil
 end
 
 -- the compiled callable ---------------------------------------------------------------------
 
-local OPTS = {warmup = "integer", cache_size = "integer", fallback = "boolean", verify = "boolean"}
+local OPTS = {warmup = "integer", cache_size = "integer", fallback = "boolean", verify = "boolean",
+              passes = "table|boolean"}
+local PASSES = {dce = true, cse = true}
+local DEFAULT_PASSES = {"cse", "dce"}
 
--- nd.compile(fn_or_module[, {warmup = 1, cache_size = 8, fallback = false}])
+-- nd.compile(fn_or_module[, {warmup = 1, cache_size = 8, fallback = false, verify = false,
+--                           passes = {"cse", "dce"}}])
 function M.compile(fn, opts)
   local is_module = type(fn) == "table" and getmetatable(fn) ~= nil and
                     type(getmetatable(fn).class) == "table"
@@ -195,9 +211,19 @@ function M.compile(fn, opts)
   local cache_size = opts.cache_size or 8
   if warmup < 0 then fail("warmup must be >= 0, got %d", warmup) end
   if cache_size < 1 then fail("cache_size must be >= 1, got %d", cache_size) end
+  local passes = DEFAULT_PASSES
+  if opts.passes == false then passes = {}
+  elseif opts.passes == true then passes = DEFAULT_PASSES
+  elseif opts.passes ~= nil then
+    passes = {}
+    for i, name in ipairs(opts.passes) do
+      if not PASSES[name] then fail("passes[%d]: unknown pass '%s' (valid: cse, dce)", i, tostring(name)) end
+      passes[i] = name
+    end
+  end
   local self = setmetatable({
     fn = fn, warmup = warmup, cache_size = cache_size, fallback = opts.fallback == true,
-    verify = opts.verify == true,
+    verify = opts.verify == true, passes = passes,
     entries = {}, order = {},
     stats = {calls = 0, replays = 0, captures = 0, retraces = 0, eager = 0, evictions = 0},
     breaks = {}, last = nil,
@@ -317,7 +343,17 @@ local function capture_call(self, e, args, flat)
   -- intermediates only the graph holds
   collectgarbage("collect")
   collectgarbage("collect")
-  local pok, perr = pcall(g.plan, g)
+  local pok, perr = pcall(function()
+    e.passes = {}
+    for _, name in ipairs(self.passes) do e.passes[#e.passes + 1] = {name, g:pass(name)} end
+    if self.verify then
+      local problems = require("needle.compile.ir").verify(g:records())
+      if problems then
+        fail("the graph is inconsistent after the passes:\n  %s", table.concat(problems, "\n  "))
+      end
+    end
+    g:plan()
+  end)
   if not pok then g:free(); error(perr, 0) end
   -- State made during the capture that lives on (an optimizer's moments made
   -- by its first step) would be reset to its first value before every replay
@@ -431,10 +467,13 @@ function CF:explain()
   if e and e.graph then
     local gs = e.graph:stats()
     local ir = require "needle.compile.ir"
-    lines[#lines + 1] = ("graph: %d kernel calls per replay: the %d the eager call made%s; "
-                         .. "%d storages"):format(gs.records, gs.captured,
-                         gs.records > gs.captured and (", and %d zero fills for its host-side zeros")
-                           :format(gs.records - gs.captured) or "", gs.storages)
+    local removed = 0
+    for _, p in ipairs(e.passes or {}) do removed = removed + p[2] end
+    local fills = gs.records - (gs.captured - removed)
+    lines[#lines + 1] = ("graph: %d kernel calls per replay: the eager call made %d, the passes "
+                         .. "removed %d%s; %d storages"):format(gs.records, gs.captured, removed,
+                         fills > 0 and (", %d zero fills stand for its host-side zeros"):format(fills) or "",
+                         gs.storages)
     lines[#lines + 1] = ("memory: intermediates %s in %d shared buffer(s) (at least %s; %s "
                          .. "unplanned), %s seen outside the graph; eager call's peak %s"):format(
                          ir.bytes(gs.planned_bytes), gs.buffers, ir.bytes(gs.bound_bytes),
@@ -446,6 +485,9 @@ function CF:explain()
                          .. "gradients of %d leaves restored"):format(#e.module_guards, #e.guards,
                          #e.hooks, gs.leaves)
     lines[#lines + 1] = "kernels by entry: " .. ir.histogram(e.graph:records())
+    local done = {}
+    for _, p in ipairs(e.passes or {}) do done[#done + 1] = ("%s removed %d"):format(p[1], p[2]) end
+    if #done > 0 then lines[#lines + 1] = "passes: " .. table.concat(done, ", ") end
   end
   for _, why in ipairs(self.retrace_reasons or {}) do lines[#lines + 1] = "retraced: " .. why end
   for _, why in ipairs(self.breaks) do lines[#lines + 1] = "graph break (runs eagerly): " .. why end

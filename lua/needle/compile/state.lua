@@ -14,6 +14,12 @@
 --                           undo() takes it back when the replay is refused
 local M = {active = nil}
 
+-- Bumped by every change to a module's parameters, buffers, children,
+-- settings or train/eval mode (nn.Module): a compiled call rechecks its
+-- module guards only when it moved.
+M.generation = 0
+function M.bump() M.generation = M.generation + 1 end
+
 function M.note_module(m)
   local a = M.active
   if a and not a.module_seen[m] then

@@ -96,6 +96,7 @@ end
 
 -- routes an assignment; removes k from every other kind first
 function Module:_set(k, v)
+  capture.bump()
   if RESERVED[k] then rawset(self, k, v); return end
   local params, buffers, children, attrs =
     rawget(self, "_params"), rawget(self, "_buffers"), rawget(self, "_children"), rawget(self, "_attrs")
@@ -219,6 +220,7 @@ end
 
 function Module:train(mode)
   if mode == nil then mode = true end
+  capture.bump()
   for _, m in ipairs(self:modules()) do rawset(m, "training", mode) end
   return self
 end

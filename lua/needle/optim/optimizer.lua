@@ -298,22 +298,11 @@ function Optimizer:_refuse_fresh_state()
 end
 
 -- The identity of the optimizer's state (load_state_dict replaces the tables
--- and tensors that the recorded kernels update): groups, state tables and
--- their tensors' memory.
+-- and tensors that the recorded kernels update; it counts its loads): the
+-- state table, the groups, the number of loads.
 local function state_key(self)
-  local parts = {tostring(self.state)}
-  for _, group in ipairs(self.param_groups) do
-    parts[#parts + 1] = tostring(group)
-    for _, p in ipairs(group.params) do
-      local st = self.state[p]
-      parts[#parts + 1] = tostring(st)
-      if st then
-        for _, k in ipairs({"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) do
-          if st[k] then parts[#parts + 1] = tostring(core._storage_key(st[k])) end
-        end
-      end
-    end
-  end
+  local parts = {tostring(self.state), tostring(rawget(self, "_loads") or 0)}
+  for _, group in ipairs(self.param_groups) do parts[#parts + 1] = tostring(group) end
   return table.concat(parts, " ")
 end
 
@@ -383,6 +372,7 @@ end
 -- before anything changes: group and parameter counts, state keys, tensor
 -- shapes, hyperparameter values; the error names the mismatch.
 function Optimizer:load_state_dict(sd)
+  rawset(self, "_loads", (rawget(self, "_loads") or 0) + 1) -- a compiled step's guard (state_key)
   local function fail(msg) errors.fail("optim." .. self.name, "load_state_dict: %s", msg) end
   if type(sd) ~= "table" then fail(("expected a table, got %s"):format(type(sd))) end
   local saved_groups, saved_state = sd.param_groups, sd.state

@@ -1,0 +1,79 @@
+/* graph_internal.h - the captured graph's own state, shared by the files
+ * that build it (graph.c), plan its memory (graph_plan.c) and rewrite it
+ * (graph_passes.c). Private to src/ops. */
+#ifndef ND_GRAPH_INTERNAL_H
+#define ND_GRAPH_INTERNAL_H
+
+#include "graph_record.h"
+
+typedef struct {
+    nd_storage *s;      /* retained */
+    int id;
+    bool internal;      /* made during the capture */
+    bool seen_write;    /* some record wrote it */
+    bool produced;      /* its first use was a whole-storage write */
+    void *snapshot;     /* host copy taken at its first use (internal, not produced) */
+    bool snap_zero;     /* ... which was all zero bytes: kept as this flag, not as a copy */
+    bool settled;       /* tracking done (at the end, or once only the graph held it) */
+    bool dropped;       /* its memory went back while capturing (planned later) */
+    bool outside;       /* at the plan, someone besides the graph held it */
+    /* Storages made inside whose first use is not a whole write (zeros
+     * filled in part, cat, stack): which elements (of es bytes) some record
+     * wrote, and which one read before any record wrote them. Their
+     * snapshot is restored before each replay only if an element read
+     * before being written is also written (else the records never see
+     * what it held, or it never changes); only a storage whose initial
+     * content no record reads can share a buffer of the memory plan. */
+    unsigned char *wbits, *rbw;
+    size_t es;
+    bool untracked;     /* a use the bitmaps could not follow: assume the worst */
+    bool observed;      /* some record read its initial content */
+    bool zero_init;     /* ... and that content was all zero bytes (zeros filled in part) */
+    bool planned;       /* moved into a buffer of the memory plan */
+    size_t nbytes;      /* its own size (a planned buffer may be larger) */
+} stor_info;
+
+typedef struct {
+    nd_tensor *leaf, *grad;
+    bool cleared;     /* the function set its grad (to nil: zero_grad) during the capture */
+    bool needs_null;  /* backward found no grad and the function had not cleared it: the
+                       * caller did, and must before every replay (else eager would add) */
+} leaf_grad;
+
+struct nd_graph {
+    nd_graph_rec *recs;
+    size_t n, cap;
+    stor_info *stor;
+    size_t nstor, capstor;
+    int *slots;          /* open addressing: index + 1 into stor, 0 empty */
+    size_t nslots;
+    leaf_grad *leaves;
+    size_t nleaves, capleaves;
+    uint64_t start_serial;
+    bool capturing;
+    bool ended;
+    int64_t dropped;     /* storages whose memory went back while capturing */
+    bool plan_done;
+    bool fallback;       /* a graph break stops the recording instead of failing the op */
+    int64_t planned_bytes, fixed_bytes; /* after nd_graph_plan: its buffers, and the rest */
+    int64_t bound_bytes;  /* the most bytes of planned storages live at one record */
+    int64_t captured;     /* records the capture made (the plan adds zero fills) */
+    int nbuffers;
+    nd_status error;     /* the first failure while recording: the capture is invalid */
+    char message[512];
+};
+
+static inline bool has_snapshot(const stor_info *in) { return in->snapshot || in->snap_zero; }
+
+/* No record reads what the storage held before the graph first wrote it
+ * (or it held zeros, which the plan puts back): it may share a buffer. */
+static inline bool initial_unseen(const stor_info *in) {
+    return in->produced || (in->seen_write && !in->observed && !has_snapshot(in)) || in->zero_init;
+}
+
+/* How many references the graph's records hold on each storage, and the
+ * first and last record using it (SIZE_MAX / 0 when none): arrays of
+ * g->nstor entries, filled here. */
+void nd_graph_uses(const nd_graph *g, int64_t *refs, size_t *first, size_t *last);
+
+#endif

@@ -1,0 +1,235 @@
+/* graph_plan.c - the memory plan of a captured graph (nd_graph_plan): the
+ * intermediates that only the graph's kernels see share buffers by
+ * liveness, greedy by size; zero fills stand in for the host-side zeros a
+ * shared buffer no longer keeps. */
+#include <stdlib.h>
+#include <string.h>
+#include "graph_internal.h"
+
+void nd_graph_uses(const nd_graph *g, int64_t *refs, size_t *first, size_t *last) {
+    for (size_t k = 0; k < g->nstor; k++) {
+        refs[k] = 0;
+        first[k] = SIZE_MAX;
+        last[k] = 0;
+    }
+    for (size_t i = 0; i < g->n; i++) {
+        const nd_graph_rec *r = &g->recs[i];
+        for (int k = 0; k < r->nt; k++) {
+            if (!r->t[k]) continue;
+            int id = r->sid[k];
+            refs[id]++;
+            if (first[id] == SIZE_MAX) first[id] = i;
+            last[id] = i;
+        }
+    }
+}
+
+
+typedef struct {
+    nd_device_type device;
+    int device_index;
+    size_t nbytes;
+    struct { size_t first, last; } *live; /* its occupants' lives (record indices) */
+    size_t nlive, caplive;
+    nd_storage *s;
+} plan_buffer;
+
+static _Thread_local const nd_graph *qsort_ctx; /* the graph whose storages by_size_desc compares */
+
+static int by_size_desc(const void *a, const void *b) {
+    size_t x = qsort_ctx->stor[*(const int *)a].nbytes, y = qsort_ctx->stor[*(const int *)b].nbytes;
+    if (x != y) return x < y ? 1 : -1;
+    return *(const int *)a - *(const int *)b; /* stable: by storage number */
+}
+
+static nd_dtype dtype_of_size(size_t es) {
+    return es == 8 ? ND_INT64 : es == 4 ? ND_INT32 : ND_UINT8;
+}
+
+/* A planned storage whose zeros some record read (a gradient filled in
+ * part) shares its buffer: a fill record before its first use puts the
+ * zeros back on every replay, as the eager call's zeros() did. */
+static nd_status insert_zero_fills(nd_graph *g, const size_t *first, const int *buf_of,
+                                   const plan_buffer *bufs) {
+    size_t extra = 0;
+    for (size_t k = 0; k < g->nstor; k++) extra += buf_of[k] >= 0 && g->stor[k].zero_init;
+    if (!extra) return ND_OK;
+    nd_graph_rec *recs = calloc(g->n + extra, sizeof *recs);
+    nd_graph_rec *fills = calloc(extra, sizeof *fills);
+    size_t *at = malloc(extra * sizeof *at);
+    if (!recs || !fills || !at) {
+        free(recs); free(fills); free(at);
+        return nd_fail(ND_ERR_MEMORY, "compile: out of memory planning the graph's memory");
+    }
+    size_t m = 0;
+    nd_status st = ND_OK;
+    for (size_t k = 0; k < g->nstor && st == ND_OK; k++) {
+        stor_info *in = &g->stor[k];
+        if (buf_of[k] < 0 || !in->zero_init) continue;
+        nd_graph_rec *r = &fills[m];
+        at[m++] = first[k];
+        r->entry = ND_CALL_fill;
+        r->be = nd_backend_for(in->s->device);
+        r->op = "zeros";
+        r->nt = 1;
+        r->role[0] = ND_ROLE_WRITE;
+        r->sid[0] = in->id;
+        nd_dtype dt = dtype_of_size(in->es ? in->es : 1);
+        int64_t numel = (int64_t)(in->nbytes / nd_dtype_size(dt)), stride = 1;
+        st = nd_tensor_wrap(bufs[buf_of[k]].s, dt, &numel, &stride, 1, 0, &r->t[0]);
+    }
+    if (st != ND_OK) { /* nothing has changed yet */
+        for (size_t z = 0; z < m; z++) nd_release(fills[z].t[0]);
+        free(recs); free(fills); free(at);
+        return st;
+    }
+    size_t out = 0;
+    for (size_t i = 0; i < g->n; i++) {
+        for (size_t z = 0; z < extra; z++)
+            if (at[z] == i) recs[out++] = fills[z];
+        recs[out++] = g->recs[i];
+    }
+    free(fills);
+    free(at);
+    free(g->recs);
+    g->recs = recs;
+    g->n = out;
+    g->cap = g->n;
+    return ND_OK;
+}
+
+/* Storages made inside the capture, produced by a kernel and held by
+ * nothing but the graph's records (no Lua tensor, gradient or output) live
+ * from their first to their last record: storages whose lives do not
+ * overlap share one buffer (greedy, by first use, best fit). Call after
+ * nd_graph_end, once Lua has collected what the capture left behind. */
+nd_status nd_graph_plan(nd_graph *g) {
+    if (!g || !g->ended || g->error != ND_OK)
+        return nd_fail(ND_ERR_ARG, "compile: plan of a graph that was not captured successfully");
+    if (g->plan_done) return ND_OK;
+    size_t ns = g->nstor;
+    int64_t *refs = calloc(ns + 1, sizeof *refs);
+    size_t *first = malloc((ns + 1) * sizeof *first), *last = calloc(ns + 1, sizeof *last);
+    int *order = malloc((ns + 1) * sizeof *order), *buf_of = malloc((ns + 1) * sizeof *buf_of);
+    plan_buffer *bufs = calloc(ns + 1, sizeof *bufs);
+    nd_status st = ND_OK;
+    int nb = 0;
+    if (!refs || !first || !last || !order || !buf_of || !bufs) {
+        st = nd_fail(ND_ERR_MEMORY, "compile: out of memory planning the graph's memory");
+        goto done;
+    }
+    nd_graph_uses(g, refs, first, last);
+    int n = 0;
+    for (size_t k = 0; k < ns; k++) {
+        stor_info *in = &g->stor[k];
+        buf_of[k] = -1;
+        bool only_graph = (int64_t)atomic_load(&in->s->refcount) == 1 + refs[k];
+        in->outside = !only_graph;
+        /* (zero_init ones are re-zeroed before their first use, below) */
+        if (in->internal && initial_unseen(in) && only_graph && !in->s->release && first[k] != SIZE_MAX)
+            order[n++] = (int)k;
+        else if (in->internal)
+            g->fixed_bytes += (int64_t)in->s->nbytes;
+    }
+    /* the least any plan could do: the most bytes live at one record */
+    {
+        int64_t *delta = calloc(g->n + 1, sizeof *delta), live = 0;
+        if (delta) {
+            for (int a = 0; a < n; a++) {
+                delta[first[order[a]]] += (int64_t)g->stor[order[a]].nbytes;
+                delta[last[order[a]] + 1] -= (int64_t)g->stor[order[a]].nbytes;
+            }
+            for (size_t i = 0; i <= g->n; i++) {
+                live += delta[i];
+                if (live > g->bound_bytes) g->bound_bytes = live;
+            }
+            free(delta);
+        }
+    }
+    /* Greedy by size: the largest storages first, each into the smallest
+     * buffer (every earlier one is at least as large) none of whose
+     * occupants lives at the same time, else into a new buffer of its size. */
+    qsort_ctx = g;
+    qsort(order, (size_t)n, sizeof *order, by_size_desc);
+    for (int a = 0; a < n; a++) {
+        stor_info *in = &g->stor[order[a]];
+        size_t need = in->s->nbytes, f = first[order[a]], l = last[order[a]];
+        int best = -1;
+        for (int b = 0; b < nb; b++) {
+            plan_buffer *pb = &bufs[b];
+            if (pb->device != in->s->device || pb->device_index != in->s->device_index ||
+                (best >= 0 && pb->nbytes >= bufs[best].nbytes))
+                continue;
+            bool clash = false;
+            for (size_t v = 0; v < pb->nlive && !clash; v++)
+                clash = pb->live[v].first <= l && f <= pb->live[v].last;
+            if (!clash) best = b;
+        }
+        if (best < 0) {
+            best = nb++;
+            bufs[best].device = in->s->device;
+            bufs[best].device_index = in->s->device_index;
+            bufs[best].nbytes = need;
+        }
+        plan_buffer *pb = &bufs[best];
+        if (pb->nlive == pb->caplive) {
+            size_t cap = pb->caplive ? pb->caplive * 2 : 8;
+            void *lv = realloc(pb->live, cap * sizeof *pb->live);
+            if (!lv) { st = nd_fail(ND_ERR_MEMORY, "compile: out of memory planning the graph's memory"); goto done; }
+            pb->live = lv;
+            pb->caplive = cap;
+        }
+        pb->live[pb->nlive].first = f;
+        pb->live[pb->nlive].last = l;
+        pb->nlive++;
+        buf_of[order[a]] = best;
+    }
+    for (size_t k = 0; k < ns && st == ND_OK; k++)
+        if (g->stor[k].dropped && buf_of[k] < 0 && first[k] != SIZE_MAX)
+            st = nd_fail(ND_ERR_INTERNAL, "compile: storage %zu gave its memory back but has no place "
+                         "in the plan", k);
+    for (int b = 0; b < nb && st == ND_OK; b++) {
+        nd_device dev = {bufs[b].device, bufs[b].device_index};
+        st = nd_storage_new_on(dev, bufs[b].nbytes, &bufs[b].s);
+    }
+    if (st != ND_OK) goto done;
+    /* the zero fills first (a failure there leaves the graph as it was), then
+     * every record's tensors onto the buffers */
+    st = insert_zero_fills(g, first, buf_of, bufs);
+    if (st != ND_OK) goto done;
+    for (size_t i = 0; i < g->n; i++) {
+        nd_graph_rec *r = &g->recs[i];
+        for (int k = 0; k < r->nt; k++) {
+            if (!r->t[k] || buf_of[r->sid[k]] < 0) continue;
+            nd_storage *nb_s = bufs[buf_of[r->sid[k]]].s;
+            nd_storage_retain(nb_s);
+            nd_storage_release(r->t[k]->storage);
+            r->t[k]->storage = nb_s;
+        }
+    }
+    for (size_t k = 0; k < ns; k++) {
+        if (buf_of[k] < 0) continue;
+        stor_info *in = &g->stor[k];
+        nd_storage *nb_s = bufs[buf_of[k]].s;
+        nd_storage_retain(nb_s);
+        nd_storage_release(in->s);
+        in->s = nb_s;
+        in->planned = true;
+    }
+    for (int b = 0; b < nb; b++) g->planned_bytes += (int64_t)bufs[b].nbytes;
+    g->nbuffers = nb;
+    g->plan_done = true;
+done:
+    for (int b = 0; b < nb; b++) {
+        nd_storage_release(bufs[b].s); /* the records hold them */
+        free(bufs[b].live);
+    }
+    free(refs);
+    free(first);
+    free(last);
+    free(order);
+    free(buf_of);
+    free(bufs);
+    return st;
+}
+
