@@ -45,6 +45,21 @@ describe("scripts/train_lstm.lua", function()
     os.execute("rm -rf " .. S.q(a) .. " " .. S.q(b))
   end)
 
+  it("--compile trains exactly as the eager run (losses and perplexities)", function()
+    local a, b = tmpdir(), tmpdir()
+    local ok, text = run(tiny .. " --out " .. S.q(a))
+    assert(ok, text)
+    ok, text = run(tiny .. " --compile --out " .. S.q(b))
+    assert(ok, text)
+    local ra, rb = csv(a .. "/log.csv"), csv(b .. "/log.csv")
+    assert.are.equal(2, #rb)
+    for i = 1, 2 do
+      assert.are.equal(ra[i]:match("^([^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*)"),
+                       rb[i]:match("^([^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*)"))
+    end
+    os.execute("rm -rf " .. S.q(a) .. " " .. S.q(b))
+  end)
+
   it("--help, unknown options and missing data", function()
     local ok, text = run("--help")
     assert(ok, text)

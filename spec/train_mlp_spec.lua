@@ -139,6 +139,23 @@ describe("scripts/train_mlp.lua", function()
     end)
   end
 
+  it("--compile trains exactly as the eager run", function()
+    local d = synthetic_data()
+    local common = "--data " .. S.q(d) .. " --epochs 2 --limit 96 --batch-size 32 --hidden 24 --seed 4"
+    local ok, text = run(common .. " --out " .. S.q(d .. "/eager"))
+    assert(ok, text)
+    ok, text = run(common .. " --compile --out " .. S.q(d .. "/compiled"))
+    assert(ok, text)
+    local re, rc = csv(d .. "/eager/log.csv"), csv(d .. "/compiled/log.csv")
+    assert.are.equal(2, #rc)
+    for i = 1, 2 do
+      for _, c in ipairs({4, 5, 6, 7}) do -- train loss and accuracy, test loss and accuracy
+        assert.are.equal(re[i][c], rc[i][c], ("epoch %d column %d"):format(i, c))
+      end
+    end
+    rmdir(d)
+  end)
+
   it("a missing dataset is the loader's error (where it looked, what to install) and exit code 1", function()
     local ok, text, code = run("--data /nonexistent/fashion-mnist --out " .. S.q(os.tmpname() .. ".d"))
     assert.is_false(ok)

@@ -9,10 +9,37 @@
 -- roundings as the formulas above; elsewhere it is composed from tensor ops.
 local core = require "needle.core"
 local Optimizer = require "needle.optim.optimizer"
+local capture = require "needle.compile.state"
 
 local fused_step, zeros_like = core.sgd_step_, core.zeros_like
 
 local fmt = Optimizer._fmt
+
+-- Under nd.compile the update is the composed one (bit for bit the fused
+-- one's, cpu_optim.c) with -lr read from a 0-dim tensor that a hook
+-- refreshes before every replay: a scheduler can change lr without a retrace.
+local function compiled_neg_lr(self, group, p)
+  self._compiled_lr = self._compiled_lr or setmetatable({}, {__mode = "k"})
+  local per_group = self._compiled_lr[group] or {}
+  self._compiled_lr[group] = per_group
+  local key = p.dtype .. "@" .. p.device
+  local t = per_group[key]
+  local was = core._graph_pause(true) -- made and filled outside the graph
+  local ok, err = pcall(function()
+    if t == nil then
+      t = core.full({}, 0, {dtype = p.dtype, device = p.device})
+      per_group[key] = t
+    end
+    t:fill_(-group.lr)
+  end)
+  core._graph_pause(was)
+  if not ok then error(err, 0) end
+  if not per_group[key .. "#hooked"] or per_group[key .. "#hooked"] ~= capture.active then
+    per_group[key .. "#hooked"] = capture.active
+    capture.on_replay(function() t:fill_(-group.lr) end)
+  end
+  return t
+end
 
 return Optimizer:extend{
   name = "SGD",
@@ -20,6 +47,7 @@ return Optimizer:extend{
               maximize = false},
   state_keys = {momentum_buffer = "tensor"},
   capturable = true,
+  dynamic = {lr = true},
   check = function(g, fail)
     if g.momentum < 0 then fail(("invalid momentum %s (expected >= 0)"):format(fmt(g.momentum))) end
     if g.nesterov and (g.momentum <= 0 or g.dampening ~= 0) then
@@ -36,7 +64,7 @@ return Optimizer:extend{
     for _, p in ipairs(group.params) do
       local g = p.grad
       local done = false
-      if g ~= nil and fused_step then
+      if g ~= nil and fused_step and not capture.active then
         local st, buf
         hyper.first = false
         if momentum ~= 0 then
@@ -70,7 +98,7 @@ return Optimizer:extend{
           end
           if nesterov then g = g + buf * momentum else g = buf end
         end
-        p:add_(g * -lr)
+        p:add_(g * (capture.active and compiled_neg_lr(self, group, p) or -lr))
       end
     end
   end,
