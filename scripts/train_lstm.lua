@@ -203,4 +203,7 @@ local file = plot.lines(opts.out .. "/loss", {
     end)()},
     {name = "valid", x = history.epochs, y = history.val_ppl},
   }})
+if opts.compile then -- what the compiler did (docs/compile.md)
+  print((train_step:explain():match("^[^\n]*")))
+end
 print(("wrote %s, %s and %s"):format(ckpt_path, log_path, file))

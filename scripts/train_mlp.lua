@@ -274,5 +274,8 @@ if #history.steps > 0 then
     series = {{name = "train", x = history.epochs, y = history.train_acc},
               {name = "test", x = history.epochs, y = history.test_acc}}})
 end
+if opts.compile then -- what the compiler did (docs/compile.md)
+  print((train_step:explain():match("^[^\n]*")))
+end
 print(("wrote %s, %s%s"):format(ckpt_path, log_path,
   #files > 0 and (" and " .. table.concat(files, ", ")) or ""))

@@ -65,6 +65,7 @@ options:
   --device NAME       cpu, opencl (the default OpenCL device) or opencl:N (nd.devices()
                       order); the model and every batch move there (default: cpu)
   --threads N         CPU threads (default: all)
+  --compile           run each training step through nd.compile (docs/compile.md)
   -h, --help          this text
 ]]
 
@@ -72,7 +73,7 @@ local function fail(fmt, ...) cli.die("train_resnet", 2, fmt, ...) end
 
 local function parse_args(argv)
   local opts, given = cli.parse(argv, defaults, usage, {prog = "train_resnet", numbers = numeric,
-                                                        optional = optional})
+                                                        optional = optional, flags = {compile = true}})
   cli.positive_integers("train_resnet", opts,
                         {"epochs", "batch-size", "eval-batch-size", "synthetic", "stop-after", "threads"})
   if opts.lr ~= nil and not (opts.lr > 0) then fail("option --lr expects a positive number, got %s", tostring(opts.lr)) end
@@ -233,6 +234,19 @@ end)
 
 -- training ----------------------------------------------------------------------
 
+-- One step; with --compile captured once per batch shape and replayed without
+-- Lua in the loop (the schedules change lr and momentum through the
+-- optimizer's replay hooks: no retrace).
+local function train_step(xb, yb)
+  local logits = model(xb)
+  local loss = nd.F.cross_entropy(logits, yb)
+  optimizer:zero_grad()
+  loss:backward()
+  optimizer:step()
+  return loss, logits
+end
+if opts.compile then train_step = nd.compile(train_step) end
+
 local t_start = nd.clock()
 local epoch_times = {}
 for epoch = start_epoch, last_epoch do
@@ -243,11 +257,7 @@ for epoch = start_epoch, last_epoch do
   for xb, yb in loader:iter() do
     b = b + 1
     xb, yb = xb:to(device), yb:to(device)
-    local logits = model(xb)
-    local loss = nd.F.cross_entropy(logits, yb)
-    optimizer:zero_grad()
-    loss:backward()
-    optimizer:step()
+    local loss, logits = train_step(xb, yb)
     if sched then sched:step() end
     step = step + 1
     local n = yb:size(1)
@@ -309,4 +319,7 @@ local acc_file = plot.lines(opts.out .. "/accuracy", {
   title = "ResNet9 on CIFAR-10: accuracy", xlabel = "epoch", ylabel = "accuracy",
   series = {{name = "train (augmented)", x = cols.epoch, y = cols.train_acc},
             {name = "test", x = cols.epoch, y = cols.test_acc}}})
+if opts.compile then -- what the compiler did (docs/compile.md)
+  print((train_step:explain():match("^[^\n]*")))
+end
 print(("wrote %s, %s, %s and %s"):format(ckpt_path, log_path, loss_file, acc_file))

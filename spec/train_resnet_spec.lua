@@ -68,6 +68,24 @@ describe("scripts/train_resnet.lua", function()
     end)
   end
 
+  it("--compile trains exactly as the eager run (one-cycle lr and momentum, no retrace)", function()
+    local a, b = tmpdir(), tmpdir()
+    local short = "--synthetic 64 --batch-size 16 --epochs 2"
+    local ok, text = run(short .. " --out " .. S.q(a))
+    assert(ok, text)
+    ok, text = run(short .. " --compile --out " .. S.q(b))
+    assert(ok, text)
+    assert.truthy(text:find("0 retraced", 1, true), text)
+    local ra, rb = csv(a .. "/log.csv"), csv(b .. "/log.csv")
+    assert.are.equal(2, #rb)
+    for i = 1, 2 do
+      for _, c in ipairs({4, 5, 6, 7}) do
+        assert.are.equal(ra[i][c], rb[i][c], ("epoch %d column %d"):format(i, c))
+      end
+    end
+    os.execute("rm -rf " .. S.q(a) .. " " .. S.q(b))
+  end)
+
   it("a missing data directory says where it looked and how to get CIFAR-10", function()
     local ok, text = run("--data /nonexistent/cifar --out /nonexistent/out")
     assert.is_false(ok)

@@ -16,29 +16,37 @@ local fused_step, zeros_like = core.sgd_step_, core.zeros_like
 local fmt = Optimizer._fmt
 
 -- Under nd.compile the update is the composed one (bit for bit the fused
--- one's, cpu_optim.c) with -lr read from a 0-dim tensor that a hook
--- refreshes before every replay: a scheduler can change lr without a retrace.
-local function compiled_neg_lr(self, group, p)
-  self._compiled_lr = self._compiled_lr or setmetatable({}, {__mode = "k"})
-  local per_group = self._compiled_lr[group] or {}
-  self._compiled_lr[group] = per_group
+-- one's, cpu_optim.c) with -lr and the momentum read from 0-dim tensors that
+-- a hook refreshes before every replay: a scheduler can change both (one-cycle
+-- cycles the momentum) without a retrace. compiled_scalars -> {neg_lr, momentum}
+local function compiled_scalars(self, group, p)
+  self._compiled_scalars = self._compiled_scalars or setmetatable({}, {__mode = "k"})
+  local per_group = self._compiled_scalars[group] or {}
+  self._compiled_scalars[group] = per_group
   local key = p.dtype .. "@" .. p.device
-  local t = per_group[key]
+  local f = per_group[key]
+  local function refresh()
+    f.neg_lr:fill_(-group.lr)
+    f.momentum:fill_(group.momentum)
+  end
   local was = core._graph_pause(true) -- made and filled outside the graph
   local ok, err = pcall(function()
-    if t == nil then
-      t = core.full({}, 0, {dtype = p.dtype, device = p.device})
-      per_group[key] = t
+    if f == nil then
+      f = {neg_lr = core.full({}, 0, {dtype = p.dtype, device = p.device}),
+           momentum = core.full({}, 0, {dtype = p.dtype, device = p.device})}
+      per_group[key] = f
     end
-    t:fill_(-group.lr)
+    refresh()
   end)
   core._graph_pause(was)
   if not ok then error(err, 0) end
-  if not per_group[key .. "#hooked"] or per_group[key .. "#hooked"] ~= capture.active then
-    per_group[key .. "#hooked"] = capture.active
-    capture.on_replay(function() t:fill_(-group.lr) end)
+  if f.hooked ~= capture.active then -- one hook per capture
+    f.hooked = capture.active
+    capture.on_replay(refresh)
+    -- whether there is momentum at all shapes the graph: that retraces
+    capture.guard(function() return group.momentum ~= 0 end)
   end
-  return t
+  return f
 end
 
 return Optimizer:extend{
@@ -47,7 +55,7 @@ return Optimizer:extend{
               maximize = false},
   state_keys = {momentum_buffer = "tensor"},
   capturable = true,
-  dynamic = {lr = true},
+  dynamic = {lr = true, momentum = true},
   check = function(g, fail)
     if g.momentum < 0 then fail(("invalid momentum %s (expected >= 0)"):format(fmt(g.momentum))) end
     if g.nesterov and (g.momentum <= 0 or g.dampening ~= 0) then
@@ -82,6 +90,7 @@ return Optimizer:extend{
         end
       end
       if g ~= nil and not done then
+        local f = capture.active and compiled_scalars(self, group, p)
         if maximize then g = -g end
         if wd ~= 0 then g = g + p * wd end
         if momentum ~= 0 then
@@ -93,12 +102,12 @@ return Optimizer:extend{
             buf = g:clone()
             st.momentum_buffer = buf
           else
-            buf:mul_(momentum)
+            buf:mul_(f and f.momentum or momentum)
             buf:add_(dampening ~= 0 and g * (1 - dampening) or g)
           end
-          if nesterov then g = g + buf * momentum else g = buf end
+          if nesterov then g = g + buf * (f and f.momentum or momentum) else g = buf end
         end
-        p:add_(g * (capture.active and compiled_neg_lr(self, group, p) or -lr))
+        p:add_(g * (f and f.neg_lr or -lr))
       end
     end
   end,
