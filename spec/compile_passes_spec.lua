@@ -52,6 +52,21 @@ describe("pass dce", function()
     end
     local cf = compiled(f, {"dce"}, nd.ones(3))
     assert.are.equal(0, removed(cf, "dce"))
+    for i = 1, 3 do -- replays: the argument and w still change
+      local x = nd.ones(3) * i
+      local before = w:clone()
+      cf(x)
+      assert.are.equal(0, max_abs(x, nd.ones(3) * 2 * i))
+      assert.are.equal(0, max_abs(w, before + 1))
+    end
+  end)
+
+  it("keeps index kernels whose results are unused (their bounds checks must still refuse)", function()
+    local table_ = nd.randn(10, 2)
+    local f = function(ids) local _ = table_:index_select(1, ids); return ids * 1 end
+    local cf = compiled(f, {"dce"}, nd.tensor({1, 2}, {dtype = "int64"}))
+    assert.are.equal(1, entries(cf).index_select)
+    assert_contains(errmsg(cf, nd.tensor({1, 99}, {dtype = "int64"})), "out of bounds")
   end)
 
   it("keeps random draws (the stream must advance as eagerly) and host checks", function()

@@ -558,6 +558,106 @@ describe("nd.compile: what the review found", function()
     assert.are.equal(2, cf.stats.retraces)
   end)
 
+  it("a replaced child module, a tensor attribute, a raw training flag and register_buffer retrace", function()
+    nd.manual_seed(3)
+    local m = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 2))
+    m:eval()
+    local cf = nd.compile(function(x) return m(x) end)
+    local x = nd.ones(2, 4)
+    local function check(n)
+      assert.are.equal(0, max_abs(cf(x), nd.no_grad(function() return m(x) end)))
+      assert.are.equal(n, cf.stats.retraces)
+      for _ = 1, 2 do cf(x) end -- warm-up and capture again
+    end
+    for _ = 1, 3 do cf(x) end
+    m[3] = nn.Linear(4, 2)
+    check(1)
+    m[2].training = true -- a raw field: no generation counts it
+    nd.manual_seed(5)
+    local got = cf(x)
+    nd.manual_seed(5)
+    local want = nd.no_grad(function() return m(x) end)
+    assert.are.equal(0, max_abs(got, want))
+    assert.are.equal(2, cf.stats.retraces)
+    for _ = 1, 2 do cf(x) end
+    m[2].training = false
+    check(3)
+    m[1]:register_buffer("extra", nd.ones(1))
+    check(4)
+    local holder = nn.Module:extend("Holder")
+    function holder:init() self.scale = nd.ones(2) end
+    function holder:forward(y) return y * self.scale end
+    local h = holder()
+    local ch = nd.compile(function(y) return h(y) end)
+    for _ = 1, 3 do ch(nd.ones(2)) end
+    h.scale = nd.ones(2) * 3
+    assert.are.equal(6, ch(nd.ones(2)):sum():item())
+    assert.are.equal(1, ch.stats.retraces)
+  end)
+
+  it("SGD with nesterov, dampening, weight decay and maximize under a changing lr and momentum equals eager", function()
+    for _, hp in ipairs({{nesterov = true, momentum = 0.9}, {momentum = 0.9, dampening = 0.3, weight_decay = 0.01},
+                         {momentum = 0.5, maximize = true, weight_decay = 0.1}}) do
+      local function run(compiled)
+        nd.manual_seed(2)
+        local m = nn.Linear(3, 2)
+        local o = {lr = 0.1}
+        for k, v in pairs(hp) do o[k] = v end
+        local opt = nd.optim.SGD(m:parameters(), o)
+        local f = train_step(m, opt, function(out, y) return nd.F.mse_loss(out, y) end)
+        if compiled then f = nd.compile(f) end
+        for i = 1, 8 do
+          opt.param_groups[1].lr = 0.1 / i
+          if hp.nesterov then opt.param_groups[1].momentum = 0.8 + 0.01 * i end
+          f(nd.ones(4, 3) * i, nd.zeros(4, 2))
+        end
+        return m, f
+      end
+      local me = run(false)
+      local mc, f = run(true)
+      assert.are.equal(0, max_abs(mc.weight, me.weight))
+      assert.are.equal(0, max_abs(mc.bias, me.bias))
+      assert.are.equal(0, f.stats.retraces)
+      assert.are.equal(6, f.stats.replays)
+    end
+  end)
+
+  it("Adam under a one-cycle schedule (lr and betas move every step) replays without retracing", function()
+    local function run(compiled)
+      nd.manual_seed(2)
+      local m = nn.Linear(3, 2)
+      local opt = nd.optim.Adam(m:parameters(), {lr = 0.01})
+      local sched = nd.optim.lr_scheduler.OneCycleLR(opt, 0.05, {total_steps = 20})
+      local f = train_step(m, opt, function(out, y) return nd.F.mse_loss(out, y) end)
+      if compiled then f = nd.compile(f) end
+      for i = 1, 10 do f(nd.ones(4, 3) * i, nd.zeros(4, 2)); sched:step() end
+      return m, f
+    end
+    local me = run(false)
+    local mc, f = run(true)
+    assert.are.equal(0, max_abs(mc.weight, me.weight))
+    assert.are.equal(0, f.stats.retraces)
+  end)
+
+  it("a reset momentum buffer or a swapped parameter retraces, with eager's results", function()
+    local function run(compiled)
+      nd.manual_seed(2)
+      local m = nn.Linear(3, 2)
+      local opt = nd.optim.SGD(m:parameters(), {lr = 0.1, momentum = 0.9})
+      local f = train_step(m, opt, function(out, y) return nd.F.mse_loss(out, y) end)
+      if compiled then f = nd.compile(f) end
+      for i = 1, 8 do
+        if i == 5 then opt.state[m.weight].momentum_buffer = nd.zeros_like(m.weight) end
+        f(nd.ones(4, 3) * i, nd.zeros(4, 2))
+      end
+      return m, f
+    end
+    local me = run(false)
+    local mc, f = run(true)
+    assert.are.equal(0, max_abs(mc.weight, me.weight))
+    assert.are.equal(1, f.stats.retraces)
+  end)
+
   it("a NaN gradient norm leaves the gradients as eager does", function()
     local function run(compiled)
       local w = nd.tensor({1, 2, 3}):requires_grad_()

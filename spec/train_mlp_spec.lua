@@ -146,6 +146,8 @@ describe("scripts/train_mlp.lua", function()
     assert(ok, text)
     ok, text = run(common .. " --compile --out " .. S.q(d .. "/compiled"))
     assert(ok, text)
+    local replays = tonumber(text:match("calls %d+: (%d+) replayed"))
+    assert(replays and replays > 0, text)
     local re, rc = csv(d .. "/eager/log.csv"), csv(d .. "/compiled/log.csv")
     assert.are.equal(2, #rc)
     for i = 1, 2 do
@@ -153,6 +155,7 @@ describe("scripts/train_mlp.lua", function()
         assert.are.equal(re[i][c], rc[i][c], ("epoch %d column %d"):format(i, c))
       end
     end
+    H.same_model(d .. "/eager/checkpoint.safetensors", d .. "/compiled/checkpoint.safetensors")
     rmdir(d)
   end)
 

@@ -75,7 +75,9 @@ describe("scripts/train_resnet.lua", function()
     assert(ok, text)
     ok, text = run(short .. " --compile --out " .. S.q(b))
     assert(ok, text)
-    assert.truthy(text:find("0 retraced", 1, true), text)
+    assert.truthy(text:find(", 0 retraced", 1, true), text)
+    local replays = tonumber(text:match("calls %d+: (%d+) replayed"))
+    assert(replays and replays > 0, text)
     local ra, rb = csv(a .. "/log.csv"), csv(b .. "/log.csv")
     assert.are.equal(2, #rb)
     for i = 1, 2 do
@@ -83,6 +85,7 @@ describe("scripts/train_resnet.lua", function()
         assert.are.equal(ra[i][c], rb[i][c], ("epoch %d column %d"):format(i, c))
       end
     end
+    H.same_model(a .. "/checkpoint.safetensors", b .. "/checkpoint.safetensors")
     os.execute("rm -rf " .. S.q(a) .. " " .. S.q(b))
   end)
 

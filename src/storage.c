@@ -50,7 +50,7 @@ nd_status nd_storage_new(size_t nbytes, nd_storage **out) {
     s->data = data;
     s->version = 0;
     s->serial = nd_storage_next_serial();
-    s->graph_refs = 0;
+    atomic_init(&s->graph_refs, 0);
     s->release = NULL;
     s->release_ctx = NULL;
     add_live(nbytes);
@@ -77,7 +77,7 @@ nd_status nd_storage_new_on(nd_device dev, size_t nbytes, nd_storage **out) {
     s->data = handle;
     s->version = 0;
     s->serial = nd_storage_next_serial();
-    s->graph_refs = 0;
+    atomic_init(&s->graph_refs, 0);
     s->release = NULL;
     s->release_ctx = NULL;
     add_live(nbytes);
@@ -112,7 +112,7 @@ void nd_storage_release(nd_storage *s) {
     int left = atomic_fetch_sub(&s->refcount, 1) - 1;
     if (left > 0) {
         /* only a capturing graph holds it now: eager would have freed it */
-        if (left == s->graph_refs && nd_storage_idle_hook) nd_storage_idle_hook(s);
+        if (left == atomic_load(&s->graph_refs) && nd_storage_idle_hook) nd_storage_idle_hook(s);
         return;
     }
     if (s->release) s->release(s->release_ctx);

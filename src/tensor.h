@@ -22,7 +22,7 @@ typedef struct nd_storage {
     /* References a capturing graph holds (graph.c); when the count of all
      * references drops to it, nd_storage_idle_hook runs: the graph may give
      * the memory back while it captures, as eager would (0: no graph). */
-    int graph_refs;
+    atomic_int graph_refs;
     /* Borrowed memory: release(ctx) instead of returning data to the cache. */
     void (*release)(void *ctx);
     void *release_ctx;

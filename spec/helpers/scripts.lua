@@ -53,4 +53,22 @@ function H.csv_rows(path)
   return rows
 end
 
+-- The model tensors of two checkpoints (checkpoint.safetensors files) are
+-- identical, bit for bit: same keys, same dtypes and shapes, same values.
+function H.same_model(path_a, path_b)
+  local nd = require "needle"
+  local a, b = nd.checkpoint.read(path_a).model, nd.checkpoint.read(path_b).model
+  local n, seen = 0, 0
+  for k, t in pairs(a) do
+    n, seen = n + 1, seen + 1
+    local u = b[k]
+    assert(u ~= nil, "second checkpoint lacks " .. k)
+    assert(t.dtype == u.dtype and table.concat(t.shape, ",") == table.concat(u.shape, ","), k .. ": dtype or shape")
+    assert(t:tobytes() == u:tobytes(), k .. ": values differ")
+  end
+  for _ in pairs(b) do n = n - 1 end
+  assert(n == 0, "the checkpoints hold different numbers of tensors")
+  assert(seen > 0, "the checkpoints hold no model tensors")
+end
+
 return H

@@ -97,7 +97,7 @@ static stor_info *storage_info(nd_graph *g, nd_storage *s) {
     stor_info *in = &g->stor[g->nstor];
     memset(in, 0, sizeof *in);
     nd_storage_retain(s);
-    s->graph_refs++;
+    atomic_fetch_add(&s->graph_refs, 1);
     in->s = s;
     in->id = (int)g->nstor;
     in->internal = s->serial > g->start_serial;
@@ -291,7 +291,7 @@ void nd_graph_rec_tensor(nd_graph_rec *r, const nd_tensor *t, nd_rec_role role) 
         return;
     }
     r->full[k] = covers_storage(t);
-    t->storage->graph_refs++;
+    atomic_fetch_add(&t->storage->graph_refs, 1);
 }
 
 /* Classifies each storage at its first use: reads (and partial writes) of a
@@ -403,16 +403,15 @@ nd_status nd_graph_end(nd_graph *g) {
         poison(g, ND_ERR_UNSUPPORTED, "compile: the capture ended while paused (an error between "
                "a pause and its resume?): the kernels after the pause were not recorded");
     paused = 0;
+    for (size_t k = 0; k < g->nstor; k++) /* the idle hook is for captures only */
+        atomic_store(&g->stor[k].s->graph_refs, 0);
     if (g->error != ND_OK) return nd_fail(g->error, "%s", g->message);
     g->captured = (int64_t)g->n;
     for (size_t k = 0; k < g->nleaves; k++) {
         g->leaves[k].grad = g->leaves[k].leaf->grad;
         if (g->leaves[k].grad) nd_retain(g->leaves[k].grad);
     }
-    for (size_t k = 0; k < g->nstor; k++) {
-        settle(&g->stor[k]);
-        g->stor[k].s->graph_refs = 0; /* the idle hook is for captures only */
-    }
+    for (size_t k = 0; k < g->nstor; k++) settle(&g->stor[k]);
     return ND_OK;
 }
 
@@ -468,7 +467,8 @@ nd_status nd_graph_replay(nd_graph *g) {
 void nd_graph_free(nd_graph *g) {
     if (!g) return;
     if (current == g) { current = NULL; paused = 0; }
-    for (size_t k = 0; k < g->nstor; k++) g->stor[k].s->graph_refs = 0;
+    if (g->capturing) /* an ended graph reset its counts at its end */
+        for (size_t k = 0; k < g->nstor; k++) atomic_store(&g->stor[k].s->graph_refs, 0);
     for (size_t k = 0; k < g->n; k++)
         for (int j = 0; j < g->recs[k].nt; j++) nd_release(g->recs[k].t[j]);
     for (size_t k = 0; k < g->nstor; k++) {

@@ -21,12 +21,17 @@
 static bool live_out(const nd_graph *g, size_t k, const int64_t *refs) {
     const stor_info *in = &g->stor[k];
     bool outside = (int64_t)atomic_load(&in->s->refcount) > 1 + refs[k];
-    return !in->internal || outside || has_snapshot(in);
+    return !in->internal || outside || has_snapshot(in) || in->s->release; /* borrowed: the owner reads it */
 }
 
+/* Kept even when their outputs are dead: random draws advance the stream,
+ * host checks and the index kernels' bounds checks refuse bad values (a
+ * replay must refuse what eager refuses), transfers and optimizer updates
+ * write outside the graph. */
 static bool has_effects(nd_call_entry e) {
     return e == ND_CALL_random || e == ND_CALL_host_check || e == ND_CALL_write || e == ND_CALL_read ||
-           e == ND_CALL_sgd_step;
+           e == ND_CALL_sgd_step || e == ND_CALL_gather || e == ND_CALL_index_select ||
+           e == ND_CALL_scatter || e == ND_CALL_index_add;
 }
 
 static void release_record(nd_graph_rec *r) {

@@ -128,6 +128,8 @@ nd_status nd_graph_plan(nd_graph *g) {
         /* (zero_init ones are re-zeroed before their first use, below) */
         if (in->internal && initial_unseen(in) && only_graph && !in->s->release && first[k] != SIZE_MAX)
             order[n++] = (int)k;
+        else if (in->internal && only_graph && first[k] == SIZE_MAX && !in->s->release)
+            nd_storage_drop_data(in->s); /* no kernel uses it any more (the passes removed them) */
         else if (in->internal)
             g->fixed_bytes += (int64_t)in->s->nbytes;
     }

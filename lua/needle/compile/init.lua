@@ -123,8 +123,16 @@ local function plain_attrs(m)
   local out = {}
   for k, v in pairs(rawget(m, "_attrs") or {}) do
     local tv = type(v)
-    if tv == "number" or tv == "string" or tv == "boolean" then out[k] = v end
+    -- tensors held as plain attributes (a mask) by identity
+    if tv == "number" or tv == "string" or tv == "boolean" or is_tensor(v) then out[k] = v end
   end
+  return out
+end
+
+-- the module's children, by identity (a replaced child is another graph)
+local function children_of(m)
+  local out = {}
+  for k, c in pairs(rawget(m, "_children") or {}) do out[k] = c end
   return out
 end
 
@@ -140,7 +148,7 @@ local function module_guards(modules)
           n = n + 1
         end
         list[#list + 1] = {module = m, training = m.training, tensors = tensors, keys = keys,
-                           grads = grads, n = n, attrs = plain_attrs(m)}
+                           grads = grads, n = n, attrs = plain_attrs(m), children = children_of(m)}
       end
     end
   end
@@ -169,8 +177,15 @@ local function failed_module_guard(e)
     end
     if n ~= g.n then return "a module lost a parameter or buffer" end
     for k, v in pairs(g.attrs) do
-      if rawget(m, "_attrs")[k] ~= v then return ("a module's setting '%s' changed"):format(k) end
+      if not rawequal(rawget(m, "_attrs")[k], v) then return ("a module's setting '%s' changed"):format(k) end
     end
+    local nc = 0
+    for k, c in pairs(rawget(m, "_children") or {}) do
+      nc = nc + 1
+      if not rawequal(g.children[k], c) then return ("child module '%s' was replaced"):format(tostring(k)) end
+    end
+    for _ in pairs(g.children) do nc = nc - 1 end
+    if nc ~= 0 then return "a module gained or lost a child" end
   end
   return nil
 end
@@ -184,6 +199,12 @@ local function failed_guard(e)
     local why = failed_module_guard(e)
     if why then return why end
     e.gen, e.meta = gen, meta
+  else -- `m.training = x` is a raw field: no generation counts it, so always compared
+    for _, g in ipairs(e.module_guards) do
+      if g.module.training ~= g.training then
+        return ("a module switched to %s mode"):format(g.module.training and "train" or "eval")
+      end
+    end
   end
   for _, g in ipairs(e.guards) do
     if g.fn() ~= g.value then return "an optimizer hyperparameter or its state changed" end

@@ -124,6 +124,7 @@ function Module.Parameter(t)
 end
 
 function Module:register_buffer(name, t)
+  capture.bump()
   local buffers = rawget(self, "_buffers")
   buffers[name] = t
   rawget(self, "_params")[name], rawget(self, "_children")[name], rawget(self, "_attrs")[name] = nil, nil, nil
@@ -131,6 +132,7 @@ function Module:register_buffer(name, t)
 end
 
 function Module:register_parameter(name, t)
+  capture.bump()
   if t ~= nil then t.requires_grad = true end
   rawget(self, "_params")[name] = t
   note(self, "param", name)

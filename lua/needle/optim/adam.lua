@@ -29,8 +29,8 @@ end
 
 M.state_keys = {step = "number", exp_avg = "tensor", exp_avg_sq = "tensor", max_exp_avg_sq = "tensor"}
 
--- Under nd.compile the per-step factors (which change with the step count
--- and the lr) are 0-dim tensors on the parameter's device, refreshed before
+-- Under nd.compile the per-step factors (which change with the step count,
+-- the lr and the betas, which one-cycle cycles) are 0-dim tensors on the parameter's device, refreshed before
 -- every replay by a hook that also advances st.step, exactly as an eager
 -- step would: the recorded kernels read the tensors, never a constant.
 local function scalar_like(p)
@@ -47,7 +47,9 @@ local function compiled_factors(st, p, group, decoupled)
   local f = st._compiled
   if f == nil then
     local ok, made = pcall(function()
-      return {step_size = scalar_like(p), bc2_sqrt = scalar_like(p), decay = scalar_like(p)}
+      return {step_size = scalar_like(p), bc2_sqrt = scalar_like(p), decay = scalar_like(p),
+              beta1 = scalar_like(p), one_minus_beta1 = scalar_like(p), beta2 = scalar_like(p),
+              one_minus_beta2 = scalar_like(p)}
     end)
     if not ok then core._graph_pause(was); error(made, 0) end
     f = made
@@ -57,6 +59,10 @@ local function compiled_factors(st, p, group, decoupled)
     local lr, beta1, beta2, step = group.lr, group.betas[1], group.betas[2], st.step
     f.step_size:fill_(-(lr / (1 - beta1 ^ step)))
     f.bc2_sqrt:fill_(sqrt(1 - beta2 ^ step))
+    f.beta1:fill_(beta1)
+    f.one_minus_beta1:fill_(1 - beta1)
+    f.beta2:fill_(beta2)
+    f.one_minus_beta2:fill_(1 - beta2)
     if decoupled then f.decay:fill_(1 - lr * group.weight_decay) end
   end
   refresh()
@@ -97,8 +103,8 @@ function M.update(self, group, decoupled)
         g = g + p * wd
       end
       local m, v = st.exp_avg, st.exp_avg_sq
-      m:mul_(beta1):add_(g * (1 - beta1))
-      v:mul_(beta2):add_((g * (1 - beta2)):mul_(g))
+      m:mul_(f and f.beta1 or beta1):add_(g * (f and f.one_minus_beta1 or 1 - beta1))
+      v:mul_(f and f.beta2 or beta2):add_((g * (f and f.one_minus_beta2 or 1 - beta2)):mul_(g))
       local step_size = lr / (1 - beta1 ^ step)
       local bc2_sqrt = sqrt(1 - beta2 ^ step)
       local denom
@@ -121,7 +127,7 @@ M.Adam = Optimizer:extend{
               maximize = false},
   state_keys = M.state_keys,
   check = M.check,
-  dynamic = {lr = true},
+  dynamic = {lr = true, betas = true},
   capturable = true,
   update = function(self, group) return M.update(self, group, false) end,
 }

@@ -10,7 +10,7 @@ return Optimizer:extend{
               maximize = false},
   state_keys = adam.state_keys,
   check = adam.check,
-  dynamic = {lr = true},
+  dynamic = {lr = true, betas = true},
   capturable = true,
   update = function(self, group) return adam.update(self, group, true) end,
 }

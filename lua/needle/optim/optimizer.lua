@@ -297,12 +297,26 @@ function Optimizer:_refuse_fresh_state()
   end
 end
 
--- The identity of the optimizer's state (load_state_dict replaces the tables
--- and tensors that the recorded kernels update; it counts its loads): the
--- state table, the groups, the number of loads.
+-- The identity of the optimizer's state, which the recorded kernels update:
+-- the state table, each group and its parameters, each parameter's state
+-- table and the memory of its tensors (load_state_dict, a reset momentum
+-- buffer or a swapped parameter are other graphs).
 local function state_key(self)
-  local parts = {tostring(self.state), tostring(rawget(self, "_loads") or 0)}
-  for _, group in ipairs(self.param_groups) do parts[#parts + 1] = tostring(group) end
+  local id = function(v) return ("%p"):format(v) end -- never __tostring (a tensor would print)
+  local parts = {id(self.state)}
+  for _, group in ipairs(self.param_groups) do
+    parts[#parts + 1] = id(group)
+    for _, p in ipairs(group.params) do
+      local st = self.state[p]
+      parts[#parts + 1] = id(p)
+      if st then
+        parts[#parts + 1] = id(st)
+        for _, k in ipairs({"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) do
+          if st[k] then parts[#parts + 1] = tostring(core._storage_key(st[k])) end
+        end
+      end
+    end
+  end
   return table.concat(parts, " ")
 end
 
@@ -372,7 +386,6 @@ end
 -- before anything changes: group and parameter counts, state keys, tensor
 -- shapes, hyperparameter values; the error names the mismatch.
 function Optimizer:load_state_dict(sd)
-  rawset(self, "_loads", (rawget(self, "_loads") or 0) + 1) -- a compiled step's guard (state_key)
   local function fail(msg) errors.fail("optim." .. self.name, "load_state_dict: %s", msg) end
   if type(sd) ~= "table" then fail(("expected a table, got %s"):format(type(sd))) end
   local saved_groups, saved_state = sd.param_groups, sd.state
