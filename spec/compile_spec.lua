@@ -799,6 +799,22 @@ describe("nd.compile: graph breaks and refusals", function()
   end)
 end)
 
+describe("nd.compile on OpenCL: launches", function()
+  if D.pending_without_opencl(pending, "OpenCL launch counts") then return end
+  it("nd.opencl.launches counts kernels; explain() compares a replay's with the eager call's", function()
+    local dev = D.opencl()[1]
+    local x = nd.ones(16):to(dev)
+    local before = nd.opencl.launches()
+    local _ = (x + 1) * 2
+    assert.are.equal(2, nd.opencl.launches() - before)
+    local cf = nd.compile(function(t) local _ = t * 7; return (t + 1) * 2 end)
+    for _ = 1, 3 do cf(x) end
+    -- the eager call: 3 kernels; a replay: 2 (dce removed t * 7; copying the argument in and
+    -- the output out happen around the replay, not in it)
+    assert_contains(cf:explain(), "OpenCL kernel launches: 2 per replay, 3 in the eager call")
+  end)
+end)
+
 describe("nd.compile memory", function()
   it("the plan shares buffers between intermediates that do not live at once", function()
     local f = function(x)

@@ -46,6 +46,9 @@ typedef struct nd_backend {
     const char *(*unavailable_reason)(void);
     nd_status (*device_info)(int index, nd_opencl_info *out);
     nd_status (*default_device)(int *index);
+    /* kernels launched so far on this backend's devices (NULL: not counted;
+     * nd.opencl.launches(), and nd.compile's launch figures) */
+    uint64_t (*launch_count)(void);
     /* ---- memory of devices other than the cpu (storage.c, device.c) ----
      * alloc: a buffer of nbytes (>= 0) on device `index`; errors name the
      * device and the size (out of memory is a status, never an abort). */

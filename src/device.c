@@ -39,6 +39,11 @@ int nd_opencl_device_count(void) {
     return be ? be->device_count() : 0;
 }
 
+uint64_t nd_opencl_launch_count(void) {
+    const nd_backend *be = nd_backend_for(ND_DEVICE_OPENCL);
+    return be && be->launch_count ? be->launch_count() : 0;
+}
+
 const char *nd_opencl_unavailable_reason(void) {
     const nd_backend *be = nd_backend_for(ND_DEVICE_OPENCL);
     return be ? be->unavailable_reason() : no_opencl_build;

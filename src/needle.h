@@ -129,6 +129,8 @@ nd_status nd_opencl_device_info(int index, nd_opencl_info *out);
 /* Why there is no OpenCL device (build option, missing ICD, no platform),
  * with how to install one; NULL when devices exist. */
 const char *nd_opencl_unavailable_reason(void);
+/* OpenCL kernels launched so far by this process (0 without OpenCL). */
+uint64_t nd_opencl_launch_count(void);
 
 /* ---- creation ---- */
 nd_status nd_empty(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out);

@@ -41,6 +41,7 @@ function nd.compile(...) return require("needle.compile").compile(...) end
 nd.opencl = {
   available = core.opencl_available,
   tune = function(...) return core.opencl_tune(...) end,
+  launches = core.opencl_launches, -- kernels launched so far (docs/devices.md)
 }
 
 nd.dtypes = { "float32", "float64", "int64", "int32", "uint8", "bool", "float16", "bfloat16" }

@@ -67,11 +67,18 @@ static int l_opencl_available(lua_State *L) {
     return 2;
 }
 
+/* nd.opencl.launches(): OpenCL kernels launched so far by this process */
+static int l_opencl_launches(lua_State *L) {
+    lua_pushinteger(L, (lua_Integer)nd_opencl_launch_count());
+    return 1;
+}
+
 void lt_register_device(lua_State *L) {
     static const lt_reg regs[] = {
         {"devices", l_devices, false, true},
         {"synchronize", l_synchronize, false, true},
         {"opencl_available", l_opencl_available, false, true},
+        {"opencl_launches", l_opencl_launches, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

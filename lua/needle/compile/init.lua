@@ -408,7 +408,9 @@ local function replay(self, e, flat)
     end
   end)
   for _, h in ipairs(e.hooks) do h.run() end
+  local launches = core.opencl_launches()
   local ok, err = pcall(e.graph.replay, e.graph)
+  e.replay_launches = core.opencl_launches() - launches
   if not ok then -- a refused replay (a label out of range) leaves Lua's state as it was
     for i = #e.hooks, 1, -1 do if e.hooks[i].undo then e.hooks[i].undo() end end
     error(err, 0)
@@ -448,10 +450,11 @@ function CF:__call(...)
     -- the eager call's peak memory, for explain()'s comparison (garbage of
     -- earlier calls collected first: it would be freed during the call)
     collectgarbage("collect")
-    local base = core.live_bytes()
+    local base, launches = core.live_bytes(), core.opencl_launches()
     core.reset_peak_live_bytes()
     local out = table.pack(self.fn(...))
     e.eager_peak = core.peak_live_bytes() - base
+    e.eager_launches = core.opencl_launches() - launches
     return unpack_args(out)
   end
   return unpack_args(capture_call(self, e, args, flat))
@@ -500,6 +503,10 @@ function CF:explain()
                          ir.bytes(gs.planned_bytes), gs.buffers, ir.bytes(gs.bound_bytes),
                          ir.bytes(gs.internal_bytes),
                          ir.bytes(gs.fixed_bytes), e.eager_peak and ir.bytes(e.eager_peak) or "not measured")
+    if (e.eager_launches or 0) > 0 or (e.replay_launches or 0) > 0 then
+      lines[#lines + 1] = ("OpenCL kernel launches: %s per replay, %s in the eager call"):format(
+        tostring(e.replay_launches or "-"), tostring(e.eager_launches or "-"))
+    end
     lines[#lines + 1] = ("constants: %d (%s) copied back before each replay"):format(gs.restored,
                          ir.bytes(gs.restored_bytes))
     lines[#lines + 1] = ("guards: %d module(s), %d optimizer guard(s), %d replay hook(s); "

@@ -8,6 +8,7 @@ const nd_backend nd_opencl_backend = {
     .unavailable_reason = nd_ocl_unavailable_reason,
     .device_info = nd_ocl_device_info,
     .default_device = nd_ocl_default_device,
+    .launch_count = nd_ocl_launch_count,
     .alloc = ocl_alloc,
     .free = ocl_free,
     .read = ocl_read,

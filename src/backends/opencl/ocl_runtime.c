@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
 #include "ocl_runtime.h"
 
 #define OCL_MAX_DEVICES 16
@@ -215,6 +216,10 @@ nd_status ocl_check_dtype(const ocl_device *d, nd_dtype dt, const char *op) {
 
 /* ---------------------------------------------------------------- launches */
 
+static _Atomic uint64_t launches;
+
+uint64_t nd_ocl_launch_count(void) { return atomic_load(&launches); }
+
 nd_status ocl_launch(ocl_device *d, cl_kernel k, const char *op, int dims, const size_t *global,
                      const size_t *local) {
     size_t g[3];
@@ -225,6 +230,7 @@ nd_status ocl_launch(ocl_device *d, cl_kernel k, const char *op, int dims, const
     }
     cl_int err = clEnqueueNDRangeKernel(d->queue, k, (cl_uint)dims, NULL, g, local, 0, NULL, NULL);
     if (err != CL_SUCCESS) return ocl_fail(err, op, "kernel launch", d);
+    atomic_fetch_add(&launches, 1);
     return ND_OK;
 }
 

@@ -47,6 +47,8 @@ typedef struct ocl_device {
 
 /* ---- devices (ocl_runtime.c) ---- */
 int nd_ocl_device_count(void);
+/* kernels enqueued so far, all devices (nd_backend.launch_count) */
+uint64_t nd_ocl_launch_count(void);
 const char *nd_ocl_unavailable_reason(void);
 nd_status nd_ocl_device_info(int index, nd_opencl_info *out);
 /* NEEDLE_OPENCL_DEVICE (an index or part of a device name), else the first
