@@ -7,8 +7,16 @@
 static atomic_llong live_bytes;
 static _Atomic uint64_t last_serial;
 
+atomic_int nd_captures_running;
+
 uint64_t nd_storage_serial(void) { return atomic_load(&last_serial); }
-uint64_t nd_storage_next_serial(void) { return atomic_fetch_add(&last_serial, 1) + 1; }
+/* Storages made while no capture runs on any thread all get 0 (no atomic
+ * increment on the hot path): a capture only asks whether a storage is
+ * newer than its own start, and nothing made before it is. */
+uint64_t nd_storage_next_serial(void) {
+    if (!atomic_load_explicit(&nd_captures_running, memory_order_relaxed)) return 0;
+    return atomic_fetch_add(&last_serial, 1) + 1;
+}
 
 static atomic_llong allocated_bytes; /* cumulative: the profiler's "bytes allocated" */
 
@@ -112,7 +120,8 @@ void nd_storage_release(nd_storage *s) {
     int left = atomic_fetch_sub(&s->refcount, 1) - 1;
     if (left > 0) {
         /* only a capturing graph holds it now: eager would have freed it */
-        if (left == atomic_load(&s->graph_refs) && nd_storage_idle_hook) nd_storage_idle_hook(s);
+        if (left == atomic_load_explicit(&s->graph_refs, memory_order_relaxed) && nd_storage_idle_hook)
+            nd_storage_idle_hook(s);
         return;
     }
     if (s->release) s->release(s->release_ctx);

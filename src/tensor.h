@@ -87,9 +87,13 @@ nd_status nd_storage_new(size_t nbytes, nd_storage **out);
 /* On any device (its backend allocates); the message names the device. */
 nd_status nd_storage_new_on(nd_device dev, size_t nbytes, nd_storage **out);
 void nd_storage_retain(nd_storage *s);
-/* The serial of the storage made last (each new storage takes the next). */
+/* The serial of the storage made last (each new storage takes the next, or
+ * 0 while no capture runs: see nd_captures_running). */
 uint64_t nd_storage_serial(void);
 uint64_t nd_storage_next_serial(void);
+/* Graph captures running on all threads (graph.c counts them): when 0, the
+ * capture checks on every op's path are one relaxed load. */
+extern atomic_int nd_captures_running;
 void nd_storage_release(nd_storage *s);
 extern void (*nd_storage_idle_hook)(nd_storage *s);
 /* Frees s's memory (not borrowed memory) and leaves s without data: only a

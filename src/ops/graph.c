@@ -24,7 +24,11 @@
 static _Thread_local nd_graph *current;
 static _Thread_local int paused;
 
-bool nd_graph_capturing(void) { return current && !paused; }
+bool nd_graph_capturing(void) {
+    /* one relaxed load when nothing captures (thread-local access costs a call in a shared library) */
+    if (!atomic_load_explicit(&nd_captures_running, memory_order_relaxed)) return false;
+    return current && !paused;
+}
 
 bool nd_graph_set_paused(bool on) {
     bool was = paused > 0;
@@ -342,6 +346,7 @@ nd_status nd_host_check(const char *op, nd_host_check_fn fn, nd_tensor *const *t
 /* ------------------------------------------------------------- leaves */
 
 nd_status nd_graph_note_leaf_grad(nd_tensor *leaf, bool reads_old) {
+    if (!atomic_load_explicit(&nd_captures_running, memory_order_relaxed)) return ND_OK;
     nd_graph *g = current;
     if (!g || paused || g->error != ND_OK) return ND_OK;
     leaf_grad *l = NULL;
@@ -385,6 +390,7 @@ nd_status nd_graph_begin(nd_graph **out) {
                        "thread (compiled functions cannot be captured inside each other)");
     nd_graph *g = calloc(1, sizeof *g);
     if (!g) return nd_fail(ND_ERR_MEMORY, "compile: out of memory starting a capture");
+    atomic_fetch_add(&nd_captures_running, 1); /* before the serial: storages made from here count as new */
     g->start_serial = nd_storage_serial();
     g->capturing = true;
     nd_storage_idle_hook = graph_idle;
@@ -398,6 +404,7 @@ nd_status nd_graph_end(nd_graph *g) {
     if (!g || !g->capturing) return nd_fail(ND_ERR_ARG, "compile: this graph is not capturing");
     g->capturing = false;
     g->ended = true;
+    atomic_fetch_sub(&nd_captures_running, 1);
     if (current == g) current = NULL;
     if (paused && g->error == ND_OK) /* not a graph break: someone paused and never resumed */
         poison(g, ND_ERR_UNSUPPORTED, "compile: the capture ended while paused (an error between "
@@ -466,6 +473,7 @@ nd_status nd_graph_replay(nd_graph *g) {
 
 void nd_graph_free(nd_graph *g) {
     if (!g) return;
+    if (g->capturing) atomic_fetch_sub(&nd_captures_running, 1); /* freed without an end */
     if (current == g) { current = NULL; paused = 0; }
     if (g->capturing) /* an ended graph reset its counts at its end */
         for (size_t k = 0; k < g->nstor; k++) atomic_store(&g->stor[k].s->graph_refs, 0);
