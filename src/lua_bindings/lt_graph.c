@@ -3,6 +3,7 @@
  * g:stats(), g:records(), g:free()), pausing a capture, and the identity of
  * a tensor's storage (the parameter guards). */
 #include <stdint.h>
+#include <stdio.h>
 #include "lt_internal.h"
 
 #define GRAPH_MT "needle.graph"
@@ -158,6 +159,21 @@ static int l_storage_key(lua_State *L) {
     return 1;
 }
 
+/* core._tensor_sig(t) -> "float32 cpu 8,512 g": what nd.compile's signature
+ * keeps of a tensor argument (dtype, device, shape, requires_grad), in one
+ * call instead of four property reads and a format. */
+static int l_tensor_sig(lua_State *L) {
+    nd_tensor *t = lt_check(L, 1, "compile");
+    char buf[64 + 21 * ND_MAX_DIMS], dev[32];
+    int n = snprintf(buf, sizeof buf, "%s %s ", nd_dtype_name(t->dtype),
+                     nd_device_str(nd_get_device(t), dev));
+    for (int d = 0; d < t->ndim && n < (int)sizeof buf; d++)
+        n += snprintf(buf + n, sizeof buf - (size_t)n, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+    if (t->requires_grad && n < (int)sizeof buf) n += snprintf(buf + n, sizeof buf - (size_t)n, " g");
+    lua_pushlstring(L, buf, n < (int)sizeof buf ? (size_t)n : sizeof buf - 1);
+    return 1;
+}
+
 /* core._meta_generation() -> nd_meta_generation (tensor.h) */
 static int l_meta_generation(lua_State *L) {
     lua_pushinteger(L, (lua_Integer)nd_meta_generation());
@@ -183,6 +199,7 @@ void lt_register_graph(lua_State *L) {
         {"_graph_capturing", l_capturing, false, true},
         {"_storage_key", l_storage_key, false, true},
         {"_meta_generation", l_meta_generation, false, true},
+        {"_tensor_sig", l_tensor_sig, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

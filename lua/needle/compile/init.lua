@@ -24,7 +24,7 @@ local errors = require "needle.errors"
 local options = require "needle.options"
 local state = require "needle.compile.state"
 
-local is_tensor = core.is_tensor
+local is_tensor, tensor_sig = core.is_tensor, core._tensor_sig
 local fail = errors.failer("compile", 3)
 
 local M = {}
@@ -50,15 +50,16 @@ end
 local function walk(v, parts, flat, depth)
   local tv = type(v)
   if is_tensor(v) then
-    local s = v.shape
     -- which earlier argument tensor it is, or shares memory with (aliasing)
-    local key, alias = core._storage_key(v), ""
-    for j, u in ipairs(flat) do
-      if rawequal(u, v) then alias = "=" .. j break end
-      if core._storage_key(u) == key then alias = "~" .. j break end
+    local alias = ""
+    if #flat > 0 then
+      local key = core._storage_key(v)
+      for j, u in ipairs(flat) do
+        if rawequal(u, v) then alias = "=" .. j break end
+        if core._storage_key(u) == key then alias = "~" .. j break end
+      end
     end
-    parts[#parts + 1] = ("T%s%s[%s]%s%s"):format(v.dtype, v.device, table.concat(s, ","),
-                                                 v.requires_grad and "g" or "", alias)
+    parts[#parts + 1] = "T" .. tensor_sig(v) .. alias
     flat[#flat + 1] = v
   elseif tv == "table" then
     if depth > 16 then fail("arguments nested deeper than 16 tables") end
@@ -399,14 +400,30 @@ local function capture_call(self, e, args, flat)
   return map_tensors(res, detached_copy)
 end
 
+local function copy_in(flat, inputs)
+  for i, t in ipairs(flat) do
+    local c = inputs[i]
+    if not rawequal(c, t) then c:copy_(t) end
+  end
+end
+
+local function copy_back(flat, inputs, written)
+  for _, i in ipairs(written) do flat[i]:copy_(inputs[i]) end
+end
+
+local function clone(t) return t:clone() end
+
+-- the results as fresh tensors (detached: cloned under no_grad); the packed
+-- top level walked directly
+local function copy_out(res)
+  local out = {n = res.n}
+  for i = 1, res.n do out[i] = map_tensors(res[i], clone) end
+  return out
+end
+
 local function replay(self, e, flat)
   local inputs = e.inputs
-  core.no_grad(function()
-    for i, t in ipairs(flat) do
-      local c = inputs[i]
-      if not rawequal(c, t) then c:copy_(t) end
-    end
-  end)
+  core.no_grad(copy_in, flat, inputs)
   for _, h in ipairs(e.hooks) do h.run() end
   local launches = core.opencl_launches()
   local ok, err = pcall(e.graph.replay, e.graph)
@@ -416,10 +433,8 @@ local function replay(self, e, flat)
     error(err, 0)
   end
   self.stats.replays = self.stats.replays + 1
-  if #e.written > 0 then
-    core.no_grad(function() for _, i in ipairs(e.written) do flat[i]:copy_(inputs[i]) end end)
-  end
-  return map_tensors(e.outputs, detached_copy)
+  if #e.written > 0 then core.no_grad(copy_back, flat, inputs, e.written) end
+  return core.no_grad(copy_out, e.outputs)
 end
 
 function CF:__call(...)
