@@ -195,17 +195,8 @@ local log = cli.open_log(log_path, header, opts.resume, function(line)
   end
 end)
 
--- One step; with --compile captured once per batch shape (the last, smaller
--- batch is a second entry) and replayed without Lua in the loop.
-local function train_step(xb, yb)
-  local logits = model(xb)
-  local loss = nd.F.cross_entropy(logits, yb)
-  optimizer:zero_grad()
-  loss:backward()
-  optimizer:step()
-  return loss, logits
-end
-if opts.compile then train_step = nd.compile(train_step) end
+-- one step (through nd.compile with --compile)
+local train_step = cli.classifier_step(model, optimizer, opts.compile)
 
 local n_test = x_test:size(1)
 local batches = #loader

@@ -234,18 +234,8 @@ end)
 
 -- training ----------------------------------------------------------------------
 
--- One step; with --compile captured once per batch shape and replayed without
--- Lua in the loop (the schedules change lr and momentum through the
--- optimizer's replay hooks: no retrace).
-local function train_step(xb, yb)
-  local logits = model(xb)
-  local loss = nd.F.cross_entropy(logits, yb)
-  optimizer:zero_grad()
-  loss:backward()
-  optimizer:step()
-  return loss, logits
-end
-if opts.compile then train_step = nd.compile(train_step) end
+-- one step (through nd.compile with --compile)
+local train_step = cli.classifier_step(model, optimizer, opts.compile)
 
 local t_start = nd.clock()
 local epoch_times = {}

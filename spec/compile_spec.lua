@@ -76,6 +76,28 @@ local function train_step(model, opt, loss_fn)
   end
 end
 
+-- A Linear(3, 2) trained `steps` steps on (ones * i, zeros) with mse, eagerly and then
+-- through nd.compile, from one seed. make_opt(m) -> opt[, scheduler stepped after each
+-- step]; each(i, m, opt), if given, runs before step i. Returns the two runs, each
+-- {m = module, opt = optimizer, f = the step (compiled in the second)}.
+local function linear_twins(steps, make_opt, each)
+  local runs = {}
+  for _, compiled in ipairs({false, true}) do
+    nd.manual_seed(2)
+    local m = nn.Linear(3, 2)
+    local opt, sched = make_opt(m)
+    local f = train_step(m, opt, function(o, y) return nd.F.mse_loss(o, y) end)
+    if compiled then f = nd.compile(f) end
+    for i = 1, steps do
+      if each then each(i, m, opt) end
+      f(nd.ones(4, 3) * i, nd.zeros(4, 2))
+      if sched then sched:step() end
+    end
+    runs[#runs + 1] = {m = m, opt = opt, f = f}
+  end
+  return runs[1], runs[2]
+end
+
 local function batches(device, shape, classes, n_rows)
   return function(i)
     nd.manual_seed(1000 + i)
@@ -271,23 +293,14 @@ describe("nd.compile guards", function()
   end)
 
   it("SGD's lr and momentum can change without a retrace, with eager's results; weight decay retraces", function()
-    local function run(compiled)
-      nd.manual_seed(2)
-      local m = nn.Linear(3, 2)
-      local opt = nd.optim.SGD(m:parameters(), {lr = 0.1, momentum = 0.5})
-      local step = train_step(m, opt, function(o, y) return nd.F.mse_loss(o, y) end)
-      local f = compiled and nd.compile(step) or step
-      for i = 1, 8 do
-        if i == 5 then opt.param_groups[1].lr = 0.01 end
-        if i == 6 then opt.param_groups[1].momentum = 0.8 end
-        f(nd.ones(4, 3) * i, nd.zeros(4, 2))
-      end
-      return m, f
-    end
-    local e = run(false)
-    local c, f = run(true)
-    assert.are.equal(0, max_abs(c.weight, e.weight))
-    assert.are.equal(0, f.stats.retraces)
+    local e, c = linear_twins(8, function(m)
+      return nd.optim.SGD(m:parameters(), {lr = 0.1, momentum = 0.5})
+    end, function(i, _, opt)
+      if i == 5 then opt.param_groups[1].lr = 0.01 end
+      if i == 6 then opt.param_groups[1].momentum = 0.8 end
+    end)
+    assert.are.equal(0, max_abs(c.m.weight, e.m.weight))
+    assert.are.equal(0, c.f.stats.retraces)
     -- a hyperparameter the kernels hold as a constant retraces
     local m = nn.Linear(3, 2)
     local opt = nd.optim.SGD(m:parameters(), {lr = 0.1, momentum = 0.5})
@@ -303,21 +316,11 @@ describe("nd.compile guards", function()
   end)
 
   it("Adam's lr follows a scheduler without retracing, with eager's results", function()
-    local function run(compiled)
-      nd.manual_seed(2)
-      local m = nn.Linear(3, 2)
+    local e, c = linear_twins(9, function(m)
       local opt = nd.optim.Adam(m:parameters(), {lr = 0.1})
-      local sched = nd.optim.lr_scheduler.StepLR(opt, {step_size = 2, gamma = 0.5})
-      local step = train_step(m, opt, function(o, y) return nd.F.mse_loss(o, y) end)
-      local f = compiled and nd.compile(step) or step
-      for i = 1, 9 do
-        f(nd.ones(4, 3) * i, nd.zeros(4, 2))
-        sched:step()
-      end
-      return m, opt, f
-    end
-    local me, oe = run(false)
-    local mc, oc, f = run(true)
+      return opt, nd.optim.lr_scheduler.StepLR(opt, {step_size = 2, gamma = 0.5})
+    end)
+    local me, oe, mc, oc, f = e.m, e.opt, c.m, c.opt, c.f
     assert.are.equal(0, max_abs(mc.weight, me.weight))
     assert.are.equal(0, f.stats.retraces)
     -- the step count in the state advanced as eagerly
@@ -523,24 +526,14 @@ describe("nd.compile: what the review found", function()
   end)
 
   it("load_state_dict retraces and the steps go on as eagerly", function()
-    local function run(compiled)
-      nd.manual_seed(6)
-      local m = nn.Linear(3, 2)
-      local opt = nd.optim.Adam(m:parameters(), {lr = 0.05})
-      local step = train_step(m, opt, function(o, y) return nd.F.mse_loss(o, y) end)
-      local f = compiled and nd.compile(step) or step
-      local saved
-      for i = 1, 8 do
+    local saved
+    local e, c = linear_twins(8, function(m) return nd.optim.Adam(m:parameters(), {lr = 0.05}) end,
+      function(i, _, opt)
         if i == 4 then saved = opt:state_dict() end
         if i == 6 then opt:load_state_dict(saved) end
-        f(nd.ones(4, 3) * i, nd.zeros(4, 2))
-      end
-      return m, f
-    end
-    local me = run(false)
-    local mc, f = run(true)
-    assert.are.equal(0, max_abs(mc.weight, me.weight))
-    assert(f.stats.retraces >= 1)
+      end)
+    assert.are.equal(0, max_abs(c.m.weight, e.m.weight))
+    assert(c.f.stats.retraces >= 1)
   end)
 
   it("requires_grad and a module's settings are guards", function()
@@ -598,64 +591,38 @@ describe("nd.compile: what the review found", function()
   it("SGD with nesterov, dampening, weight decay and maximize under a changing lr and momentum equals eager", function()
     for _, hp in ipairs({{nesterov = true, momentum = 0.9}, {momentum = 0.9, dampening = 0.3, weight_decay = 0.01},
                          {momentum = 0.5, maximize = true, weight_decay = 0.1}}) do
-      local function run(compiled)
-        nd.manual_seed(2)
-        local m = nn.Linear(3, 2)
+      local e, c = linear_twins(8, function(m)
         local o = {lr = 0.1}
         for k, v in pairs(hp) do o[k] = v end
-        local opt = nd.optim.SGD(m:parameters(), o)
-        local f = train_step(m, opt, function(out, y) return nd.F.mse_loss(out, y) end)
-        if compiled then f = nd.compile(f) end
-        for i = 1, 8 do
-          opt.param_groups[1].lr = 0.1 / i
-          if hp.nesterov then opt.param_groups[1].momentum = 0.8 + 0.01 * i end
-          f(nd.ones(4, 3) * i, nd.zeros(4, 2))
-        end
-        return m, f
-      end
-      local me = run(false)
-      local mc, f = run(true)
-      assert.are.equal(0, max_abs(mc.weight, me.weight))
-      assert.are.equal(0, max_abs(mc.bias, me.bias))
-      assert.are.equal(0, f.stats.retraces)
-      assert.are.equal(6, f.stats.replays)
+        return nd.optim.SGD(m:parameters(), o)
+      end, function(i, _, opt)
+        opt.param_groups[1].lr = 0.1 / i
+        if hp.nesterov then opt.param_groups[1].momentum = 0.8 + 0.01 * i end
+      end)
+      assert.are.equal(0, max_abs(c.m.weight, e.m.weight))
+      assert.are.equal(0, max_abs(c.m.bias, e.m.bias))
+      assert.are.equal(0, c.f.stats.retraces)
+      assert.are.equal(6, c.f.stats.replays)
     end
   end)
 
   it("Adam under a one-cycle schedule (lr and betas move every step) replays without retracing", function()
-    local function run(compiled)
-      nd.manual_seed(2)
-      local m = nn.Linear(3, 2)
+    local e, c = linear_twins(10, function(m)
       local opt = nd.optim.Adam(m:parameters(), {lr = 0.01})
-      local sched = nd.optim.lr_scheduler.OneCycleLR(opt, 0.05, {total_steps = 20})
-      local f = train_step(m, opt, function(out, y) return nd.F.mse_loss(out, y) end)
-      if compiled then f = nd.compile(f) end
-      for i = 1, 10 do f(nd.ones(4, 3) * i, nd.zeros(4, 2)); sched:step() end
-      return m, f
-    end
-    local me = run(false)
-    local mc, f = run(true)
-    assert.are.equal(0, max_abs(mc.weight, me.weight))
-    assert.are.equal(0, f.stats.retraces)
+      return opt, nd.optim.lr_scheduler.OneCycleLR(opt, 0.05, {total_steps = 20})
+    end)
+    assert.are.equal(0, max_abs(c.m.weight, e.m.weight))
+    assert.are.equal(0, c.f.stats.retraces)
   end)
 
   it("a reset momentum buffer or a swapped parameter retraces, with eager's results", function()
-    local function run(compiled)
-      nd.manual_seed(2)
-      local m = nn.Linear(3, 2)
-      local opt = nd.optim.SGD(m:parameters(), {lr = 0.1, momentum = 0.9})
-      local f = train_step(m, opt, function(out, y) return nd.F.mse_loss(out, y) end)
-      if compiled then f = nd.compile(f) end
-      for i = 1, 8 do
-        if i == 5 then opt.state[m.weight].momentum_buffer = nd.zeros_like(m.weight) end
-        f(nd.ones(4, 3) * i, nd.zeros(4, 2))
-      end
-      return m, f
-    end
-    local me = run(false)
-    local mc, f = run(true)
-    assert.are.equal(0, max_abs(mc.weight, me.weight))
-    assert.are.equal(1, f.stats.retraces)
+    local e, c = linear_twins(8, function(m)
+      return nd.optim.SGD(m:parameters(), {lr = 0.1, momentum = 0.9})
+    end, function(i, m, opt)
+      if i == 5 then opt.state[m.weight].momentum_buffer = nd.zeros_like(m.weight) end
+    end)
+    assert.are.equal(0, max_abs(c.m.weight, e.m.weight))
+    assert.are.equal(1, c.f.stats.retraces)
   end)
 
   it("a NaN gradient norm leaves the gradients as eager does", function()

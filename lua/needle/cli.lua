@@ -210,4 +210,23 @@ function M.resume(prog, path, objects, check)
   return start_epoch, step
 end
 
+-- The training step of a classifier, shared by the scripts: forward,
+-- cross-entropy, zero_grad, backward, optimizer step; returns the loss and
+-- the logits. With compile (--compile) it goes through nd.compile: captured
+-- once per batch shape (a smaller last batch is another entry) and replayed
+-- without Lua in the loop; schedules change lr and momentum through the
+-- optimizer's replay hooks, without a retrace (docs/compile.md).
+function M.classifier_step(model, optimizer, compile)
+  local nd = require "needle"
+  local function step(xb, yb)
+    local logits = model(xb)
+    local loss = nd.F.cross_entropy(logits, yb)
+    optimizer:zero_grad()
+    loss:backward()
+    optimizer:step()
+    return loss, logits
+  end
+  return compile and nd.compile(step) or step
+end
+
 return M

@@ -281,6 +281,27 @@ end
 
 local function unpack_args(args) return table.unpack(args, 1, args.n) end
 
+local function copy_in(flat, inputs)
+  for i, t in ipairs(flat) do
+    local c = inputs[i]
+    if not rawequal(c, t) then c:copy_(t) end
+  end
+end
+
+local function copy_back(flat, inputs, written)
+  for _, i in ipairs(written) do flat[i]:copy_(inputs[i]) end
+end
+
+local function clone(t) return t:clone() end
+
+-- the results as fresh tensors (detached: cloned under no_grad); the packed
+-- top level walked directly
+local function copy_out(res)
+  local out = {n = res.n}
+  for i = 1, res.n do out[i] = map_tensors(res[i], clone) end
+  return out
+end
+
 local function capture_call(self, e, args, flat)
   for i, t in ipairs(flat) do
     if t.requires_grad then
@@ -359,7 +380,7 @@ local function capture_call(self, e, args, flat)
       end
     end
   end
-  core.no_grad(function() for _, i in ipairs(written) do flat[i]:copy_(inputs[i]) end end)
+  core.no_grad(copy_back, flat, inputs, written)
   -- what the capture left unreachable (autograd nodes and their saved
   -- tensors, Lua temporaries) must be gone for the plan to see which
   -- intermediates only the graph holds
@@ -397,28 +418,7 @@ local function capture_call(self, e, args, flat)
   e.module_guards = module_guards(st.modules)
   e.guards, e.hooks = st.guards, st.hooks
   e.graph = g -- last: an entry with a graph is complete
-  return map_tensors(res, detached_copy)
-end
-
-local function copy_in(flat, inputs)
-  for i, t in ipairs(flat) do
-    local c = inputs[i]
-    if not rawequal(c, t) then c:copy_(t) end
-  end
-end
-
-local function copy_back(flat, inputs, written)
-  for _, i in ipairs(written) do flat[i]:copy_(inputs[i]) end
-end
-
-local function clone(t) return t:clone() end
-
--- the results as fresh tensors (detached: cloned under no_grad); the packed
--- top level walked directly
-local function copy_out(res)
-  local out = {n = res.n}
-  for i = 1, res.n do out[i] = map_tensors(res[i], clone) end
-  return out
+  return core.no_grad(copy_out, res)
 end
 
 local function replay(self, e, flat)
