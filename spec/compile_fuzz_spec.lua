@@ -115,6 +115,7 @@ for _, device in ipairs(D.all()) do
     local cases = device == "cpu" and CASES or math.max(1, CASES // 4)
     it(("%d random programs, compiled and replayed, equal eager (seeds %d..%d)"):format(
         cases, SEED0, SEED0 + cases - 1), function()
+      local fused_runs = 0
       for seed = SEED0, SEED0 + cases - 1 do
         local rng = seed
         local function rand(lo, hi) -- a small LCG: the program depends on the seed only
@@ -139,13 +140,17 @@ for _, device in ipairs(D.all()) do
           for o = 1, #want do
             local eq, why = same(got[o], want[o])
             if not eq then
-              error(("seed %d (NEEDLE_FUZZ_SEED=%d NEEDLE_FUZZ_CASES=1), call %d, output %d differs: %s")
-                    :format(seed, seed, call, o, why), 0)
+              error(("seed %d (NEEDLE_FUZZ_SEED=%d NEEDLE_FUZZ_CASES=1), call %d, output %d differs: %s%s")
+                    :format(seed, seed, call, o, why,
+                            os.getenv("NEEDLE_FUZZ_SEED") and "\n" .. cf:ir() or ""), 0)
             end
           end
         end
         assert(cf.stats.replays == 2, ("seed %d: %d replays"):format(seed, cf.stats.replays))
+        fused_runs = fused_runs + cf.last.graph:stats().fused_runs
       end
+      -- the programs must exercise the fuse pass, not just pass around it
+      assert(fused_runs >= cases // 5, ("only %d fused kernels in %d programs"):format(fused_runs, cases))
     end)
   end)
 end

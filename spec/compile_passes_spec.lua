@@ -136,19 +136,170 @@ describe("pass cse", function()
 end)
 
 describe("passes option", function()
-  it("runs cse then dce by default, none with passes = false, and refuses unknown names", function()
+  it("runs cse, dce then fuse by default, none with passes = false, and refuses unknown names", function()
     local f = function(x) local _ = x * 7; return (x * 2) + (x * 2) end
     local cf = compiled(f, nil, nd.ones(2))
     assert.are.equal(1, removed(cf, "cse"))
     assert.are.equal(1, removed(cf, "dce"))
-    assert_contains(cf:explain(), "passes: cse removed 1, dce removed 1")
+    assert.are.equal(1, removed(cf, "fuse")) -- x * 2 and the add: one kernel
+    assert_contains(cf:explain(), "passes: cse removed 1, dce removed 1, fuse removed 1")
     local none = compiled(f, false, nd.ones(2))
     assert.are.equal(0, #none.last.passes)
-    assert_contains(errmsg(nd.compile, f, {passes = {"dce", "fuse"}}), "unknown pass 'fuse'")
+    assert_contains(errmsg(nd.compile, f, {passes = {"dce", "fold"}}), "unknown pass 'fold' (valid: cse, dce, fuse)")
     local g = require("needle.core")._graph_begin()
     g:finish()
     g:plan()
     assert_contains(errmsg(g.pass, g, "dce"), "passes run before the memory plan")
     g:free()
+  end)
+end)
+
+describe("pass fuse", function()
+  local D = require "spec.helpers.devices"
+
+  -- the fused records of cf's graph
+  local function fused(cf)
+    local out = {}
+    for _, r in ipairs(cf.last.graph:records()) do
+      if r.entry == "fused_elementwise" then out[#out + 1] = r end
+    end
+    return out
+  end
+
+  local function writes(r)
+    local n = 0
+    for _, a in ipairs(r.args) do if a.role:find("w") then n = n + 1 end end
+    return n
+  end
+
+  for _, dev in ipairs(D.all()) do
+    it("turns a chain of elementwise kernels into one kernel that stores only its result on " .. dev, function()
+      local b = nd.randn(33):to(dev)
+      local f = function(x)
+        local y = (x * 2 + b):sigmoid() * x - 1
+        return nd.where(y:gt(0), y, y * -0.25):clamp(-0.3, 0.5) + y:tanh()
+      end
+      local cf = compiled(f, {"fuse"}, nd.randn(64, 33):to(dev))
+      local runs = fused(cf)
+      assert.are.equal(1, #cf.last.graph:records())
+      assert.are.equal("mul+add+sigmoid+mul+sub+gt+mul+where+clamp+tanh+add", runs[1].detail)
+      assert.are.equal(1, writes(runs[1])) -- y, the mask and the other intermediates: registers
+      assert.are.equal(10, removed(cf, "fuse"))
+      assert_contains(cf:explain(), "fused: 1 kernel(s) in place of 11 elementwise ones; 10 intermediate(s)")
+      for _, dt in ipairs(D.fp64(dev) and {"float32", "float64"} or {"float32"}) do
+        local g = nd.compile(f)
+        local bb = b
+        b = bb:to(dt)
+        for i = 1, 3 do -- exactly the eager results (the same arithmetic, no contraction)
+          local x = nd.randn(64, 33):to(dev):to(dt) * i
+          assert.are.equal(0, max_abs(g(x), f(x)))
+        end
+        b = bb
+      end
+    end)
+
+    it("stores a value read after the run, and updates an argument in place, on " .. dev, function()
+      local f = function(x, y)
+        x:mul_(2):add_(1)          -- in place, through the run
+        local h = (x * y):tanh()   -- read again below, after a reduction
+        local s = h:sum()
+        return h * s + x, s
+      end
+      local x0, y = nd.randn(5, 7):to(dev), nd.randn(5, 7):to(dev)
+      local cf = compiled(f, {"fuse"}, x0:clone(), y)
+      local runs = fused(cf)
+      assert.are.equal(2, #runs)
+      assert.are.equal("mul+add+mul+tanh", runs[1].detail)
+      assert.are.equal(2, writes(runs[1])) -- x (in place) and h (read by the sum and the second run)
+      for i = 1, 3 do
+        local xa, xb = x0:clone() * i, x0:clone() * i
+        local ga, gs = cf(xa, y)
+        local wa, ws = f(xb, y)
+        assert.are.equal(0, max_abs(ga, wa))
+        assert.are.equal(0, max_abs(gs, ws))
+        assert.are.equal(0, max_abs(xa, xb)) -- the argument got the update
+      end
+    end)
+
+    it("ends a run where a written tensor is read through another view on " .. dev, function()
+      local f = function(x)
+        local y = x * 2
+        return y:t() + y -- y element (j, i) for output (i, j): not the element the run has
+      end
+      local cf = compiled(f, {"fuse"}, nd.randn(6, 6):to(dev))
+      assert.are.equal(0, #fused(cf))
+      for i = 1, 3 do
+        local x = nd.randn(6, 6):to(dev) * i
+        assert.are.equal(0, max_abs(cf(x), f(x)))
+      end
+    end)
+  end
+
+  it("runs broadcast and strided inputs larger than a tile, in parallel, exactly", function()
+    local b = nd.randn(1, 257)
+    local f = function(x) return ((x:t() * b):exp() - b):relu() * 0.5 end
+    local cf = compiled(f, {"fuse"}, nd.randn(257, 300))
+    assert.are.equal(1, #fused(cf))
+    for i = 1, 3 do
+      local x = nd.randn(257, 300) * i
+      assert.are.equal(0, max_abs(cf(x), f(x)))
+    end
+  end)
+
+  it("splits runs longer than a program's steps or with more tensors than it holds", function()
+    local long = function(x) for k = 1, 60 do x = x * 1.01 + k * 1e-3 end return x end
+    local cf = compiled(long, {"fuse"}, nd.randn(8))
+    local runs = fused(cf)
+    assert.are.equal(3, #runs) -- 120 kernels: 48 + 48 + 24 steps
+    assert.are.equal(117, removed(cf, "fuse"))
+    local x = nd.randn(8)
+    assert.are.equal(0, max_abs(cf(x), long(x)))
+    local ins = {}
+    for k = 1, 20 do ins[k] = nd.randn(4) end
+    local wide = function(...)
+      local acc = select(1, ...)
+      for k = 2, select("#", ...) do acc = acc + select(k, ...) end
+      return acc
+    end
+    local cw = compiled(wide, {"fuse"}, table.unpack(ins))
+    local wr = fused(cw)
+    assert(#wr >= 2, "twenty inputs fit one program")
+    for _, r in ipairs(wr) do assert(#r.args <= 16, "a program with more than 16 tensors") end
+    assert.are.equal(0, max_abs(cw(table.unpack(ins)), wide(table.unpack(ins))))
+  end)
+
+  it("leaves integer kernels and runs of one kernel as they were", function()
+    local f = function(x) return (x * 3 + 1) * 2 end
+    local cf = compiled(f, {"fuse"}, nd.tensor({1, 2, 3}, {dtype = "int64"}))
+    assert.are.equal(0, #fused(cf))
+    local g = function(x) return x:sum() * 2 end
+    local cg = compiled(g, {"fuse"}, nd.randn(3))
+    assert.are.equal(0, #fused(cg))
+  end)
+
+  it("keeps a compiled training step bit for bit the eager one", function()
+    local function make()
+      nd.manual_seed(7)
+      local m = nd.nn.Sequential(nd.nn.Linear(6, 8), nd.nn.Tanh(), nd.nn.Linear(8, 3))
+      return m, nd.optim.Adam(m:parameters(), {lr = 1e-2})
+    end
+    local me, oe = make()
+    local mc, oc = make()
+    local function step(m, o, x, y)
+      o:zero_grad()
+      local loss = nd.F.cross_entropy(m(x), y)
+      loss:backward()
+      o:step()
+      return loss
+    end
+    local cf = nd.compile(function(x, y) return step(mc, oc, x, y) end)
+    for i = 1, 6 do
+      nd.manual_seed(100 + i)
+      local x, y = nd.randn(5, 6), nd.randint(1, 3, {5})
+      assert.are.equal(0, max_abs(cf(x, y), step(me, oe, x, y)))
+    end
+    assert(#fused(cf) > 0, "the Adam update and the tanh backward have runs to fuse")
+    local pe, pc = me:parameters(), mc:parameters()
+    for k = 1, #pe do assert.are.equal(0, max_abs(pc[k], pe[k])) end
   end)
 end)

@@ -774,11 +774,16 @@ describe("nd.compile on OpenCL: launches", function()
     local before = nd.opencl.launches()
     local _ = (x + 1) * 2
     assert.are.equal(2, nd.opencl.launches() - before)
-    local cf = nd.compile(function(t) local _ = t * 7; return (t + 1) * 2 end)
+    local f = function(t) local _ = t * 7; return (t + 1) * 2 end
+    local cf = nd.compile(f, {passes = {"cse", "dce"}})
     for _ = 1, 3 do cf(x) end
     -- the eager call: 3 kernels; a replay: 2 (dce removed t * 7; copying the argument in and
     -- the output out happen around the replay, not in it)
     assert_contains(cf:explain(), "OpenCL kernel launches: 2 per replay, 3 in the eager call")
+    -- and 1 with the default passes: fuse makes the add and the multiply one generated kernel
+    local fused = nd.compile(f)
+    for _ = 1, 3 do fused(x) end
+    assert_contains(fused:explain(), "OpenCL kernel launches: 1 per replay, 3 in the eager call")
   end)
 end)
 

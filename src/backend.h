@@ -36,6 +36,40 @@ typedef struct {
     bool adaptive;
 } nd_pool_geom;
 
+/* ---- fused elementwise programs (nd.compile's fuse pass, ops/graph_fuse.c) ----
+ * A run of elementwise kernels over one shape, done as one pass: for each
+ * element (row-major over the shape), the steps in order. A step reads up to
+ * three values and makes one; value v < nt is element i of tensor v (all nt
+ * tensors have the shape, any strides, broadcast ones 0-strided), value
+ * nt + j is step j's result. A step with store >= 0 writes its result into
+ * tensor `store` (the last write of that tensor in the run); the other
+ * results are never stored. Each step computes exactly what the unfused
+ * kernel (unary, binary, binary_scalar, where, clamp, relu_backward) would:
+ * a fused run is bit for bit the unfused one. */
+#define ND_EW_MAX_TENSORS 16
+#define ND_EW_MAX_STEPS 48
+#define ND_EW_SCALAR (-1) /* an operand that is the step's scalar */
+typedef enum { ND_EW_UNARY, ND_EW_BINARY, ND_EW_WHERE, ND_EW_CLAMP, ND_EW_RELU_BACKWARD } nd_ew_kind;
+typedef struct {
+    uint8_t kind;        /* nd_ew_kind */
+    uint8_t op;          /* nd_unary_op (UNARY) or nd_binary_op (BINARY) */
+    uint8_t dtype;       /* the result's nd_dtype: the program's, or bool for comparisons */
+    int8_t store;        /* the tensor it is stored into, -1: none */
+    int16_t in[3];       /* UNARY, CLAMP: x; BINARY: a, b (one may be ND_EW_SCALAR);
+                          * WHERE: cond (bool), a, b; RELU_BACKWARD: g, y */
+    double lo, hi;       /* CLAMP's bounds (NaN: none), as the clamp entry takes them */
+    _Alignas(8) unsigned char scalar[8]; /* BINARY's scalar, one element of the program's dtype */
+} nd_ew_step;
+typedef struct nd_ew_program {
+    int nt, nsteps;
+    nd_dtype dtype;       /* every operand's and result's (bool: where's conditions, comparisons) */
+    nd_ew_step steps[ND_EW_MAX_STEPS];
+    void *backend_cache;  /* what the backend prepared at the first run (OpenCL: the kernel,
+                           * owned by the device's program cache), never freed with it */
+    uint64_t backend_tag; /* ... and the backend's note on it (OpenCL: the cache's generation) */
+    char desc[128];       /* the ops, "mul+add+sigmoid" (introspection, profiler rows) */
+} nd_ew_program;
+
 typedef struct nd_backend {
     const char *name;
     /* ---- discovery (devices other than the cpu; device.c) ----
@@ -182,6 +216,9 @@ typedef struct nd_backend {
     /* out (M, O) = act(x (M, K) @ w (O, K)^T + b (O)) */
     nd_status (*linear_fused)(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, nd_activation act);
+    /* Runs program p over ts[0 .. p->nt) (see nd_ew_program); NULL: the fuse
+     * pass leaves this backend's elementwise kernels unfused. */
+    nd_status (*fused_elementwise)(nd_ew_program *p, nd_tensor *const *ts);
 } nd_backend;
 
 extern const nd_backend nd_cpu_backend;

@@ -534,20 +534,24 @@ typedef struct {
     int64_t planned_bytes, fixed_bytes, buffers;
     int64_t bound_bytes;  /* the least any plan could use: the most bytes live at once */
     int64_t captured;     /* records the capture made (the plan may add zero fills) */
+    int64_t fused_runs;   /* fused elementwise kernels the fuse pass made */
+    int64_t fused_registers, fused_register_bytes; /* intermediates they never store (bytes) */
 } nd_graph_stat;
 void nd_graph_stats(const nd_graph *g, nd_graph_stat *out);
+#define ND_GRAPH_REC_TENSORS 16 /* the most tensors a record has (a fused run's) */
 typedef struct {
     const char *entry;   /* the backend entry ("binary", "matmul", ...) */
     const char *op;      /* the op that called it */
-    const char *detail;  /* the registry op of elementwise/reduce entries, else NULL */
+    const char *detail;  /* the registry op of elementwise/reduce entries, a fused
+                          * run's ops ("mul+add+sigmoid"), else NULL */
     const char *device;  /* the backend's name, "host" for host checks */
     int ntensors;
-    const nd_tensor *tensors[8];  /* borrowed, NULL where the call passed none */
-    int roles[8];                 /* 1 read, 2 write, 3 read and write */
-    int storage[8];               /* storage number within the graph, -1 for none */
-    char storage_kind[8];         /* 'e' existed before, 'i' made inside, 'p' made inside and
+    const nd_tensor *tensors[ND_GRAPH_REC_TENSORS];  /* borrowed, NULL where the call passed none */
+    int roles[ND_GRAPH_REC_TENSORS];                 /* 1 read, 2 write, 3 read and write */
+    int storage[ND_GRAPH_REC_TENSORS];               /* storage number within the graph, -1 for none */
+    char storage_kind[ND_GRAPH_REC_TENSORS];         /* 'e' existed before, 'i' made inside, 'p' made inside and
                                    * placed by the memory plan, 'c' constant restored per replay */
-    bool outside[8];              /* made inside and, at the plan, also held outside the graph */
+    bool outside[ND_GRAPH_REC_TENSORS];              /* made inside and, at the plan, also held outside the graph */
 } nd_graph_rec_info;
 nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out);
 

@@ -3,6 +3,7 @@
  * being captured, and runs it; nd_graph_rec_replay runs a record again with
  * the arguments it kept. Keep each wrapper and its replay case side by side
  * in argument order: the record's tensor slots are positional. */
+#include <stdlib.h>
 #include <string.h>
 #include "graph_record.h"
 
@@ -313,6 +314,13 @@ nd_status nd_call_read(const nd_backend *be, const char *op, nd_tensor *host, co
     return FINISH(n ? be->read(src->storage, byte_offset(src), nd_ptr(host), n) : ND_OK);
 }
 
+void nd_graph_rec_release(nd_graph_rec *r) {
+    for (int k = 0; k < r->nt; k++) nd_release(r->t[k]);
+    r->nt = 0;
+    free(r->prog);
+    r->prog = NULL;
+}
+
 nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
     const nd_backend *be = r->be;
     switch (r->entry) {
@@ -377,6 +385,7 @@ nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
         memcpy(iv, r->i, sizeof iv);
         return r->check(r->op, r->t, iv);
     }
+    case ND_CALL_fused_elementwise: return be->fused_elementwise(r->prog, r->t);
     case ND_CALL_COUNT: break;
     }
     return nd_fail(ND_ERR_INTERNAL, "graph replay: record of unknown kind %d", (int)r->entry);

@@ -443,11 +443,12 @@ nd_status nd_graph_replay(nd_graph *g) {
         int depth = -1;
         if (profiling) {
             if (!r->profile_id) {
-                char name[96];
+                char name[192];
                 const char *detail = r->entry == ND_CALL_unary ? nd_unary_name((nd_unary_op)r->i[0])
                     : (r->entry == ND_CALL_binary || r->entry == ND_CALL_binary_scalar)
                         ? nd_binary_name((nd_binary_op)r->i[0])
-                    : r->entry == ND_CALL_reduce ? nd_reduce_name((nd_reduce_op)r->i[0]) : NULL;
+                    : r->entry == ND_CALL_reduce ? nd_reduce_name((nd_reduce_op)r->i[0])
+                    : r->entry == ND_CALL_fused_elementwise ? r->prog->desc : NULL;
                 snprintf(name, sizeof name, "compiled:%s%s%s", nd_call_entry_name(r->entry),
                          detail ? "." : "", detail ? detail : "");
                 r->profile_id = nd_profiler_intern(name) + 1;
@@ -477,8 +478,7 @@ void nd_graph_free(nd_graph *g) {
     if (current == g) { current = NULL; paused = 0; }
     if (g->capturing) /* an ended graph reset its counts at its end */
         for (size_t k = 0; k < g->nstor; k++) atomic_store(&g->stor[k].s->graph_refs, 0);
-    for (size_t k = 0; k < g->n; k++)
-        for (int j = 0; j < g->recs[k].nt; j++) nd_release(g->recs[k].t[j]);
+    for (size_t k = 0; k < g->n; k++) nd_graph_rec_release(&g->recs[k]);
     for (size_t k = 0; k < g->nstor; k++) {
         free(g->stor[k].snapshot);
         track_stop(&g->stor[k]);
@@ -518,6 +518,9 @@ void nd_graph_stats(const nd_graph *g, nd_graph_stat *out) {
     out->buffers = g->nbuffers;
     out->bound_bytes = g->bound_bytes;
     out->captured = g->captured ? g->captured : (int64_t)g->n;
+    out->fused_runs = g->fused_runs;
+    out->fused_registers = g->fused_registers;
+    out->fused_register_bytes = g->fused_register_bytes;
 }
 
 nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out) {
@@ -542,6 +545,7 @@ nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out) {
     case ND_CALL_unary: out->detail = nd_unary_name((nd_unary_op)r->i[0]); break;
     case ND_CALL_binary: case ND_CALL_binary_scalar: out->detail = nd_binary_name((nd_binary_op)r->i[0]); break;
     case ND_CALL_reduce: out->detail = nd_reduce_name((nd_reduce_op)r->i[0]); break;
+    case ND_CALL_fused_elementwise: out->detail = r->prog->desc; break;
     default: out->detail = NULL;
     }
     return ND_OK;

@@ -59,6 +59,8 @@ struct nd_graph {
     int64_t bound_bytes;  /* the most bytes of planned storages live at one record */
     int64_t captured;     /* records the capture made (the plan adds zero fills) */
     int nbuffers;
+    int64_t fused_runs;             /* fused_elementwise records the fuse pass made */
+    int64_t fused_registers, fused_register_bytes; /* values they never store (and their bytes) */
     nd_status error;     /* the first failure while recording: the capture is invalid */
     char message[512];
 };
@@ -70,6 +72,28 @@ static inline bool has_snapshot(const stor_info *in) { return in->snapshot || in
 static inline bool initial_unseen(const stor_info *in) {
     return in->produced || (in->seen_write && !in->observed && !has_snapshot(in)) || in->zero_init;
 }
+
+/* The storage's value is seen after the graph runs: it existed before, Lua
+ * (or a gradient, an output) holds it, it is a constant, or it is borrowed
+ * (its owner reads it). refs as nd_graph_uses. */
+static inline bool nd_graph_live_out(const nd_graph *g, size_t k, const int64_t *refs) {
+    const stor_info *in = &g->stor[k];
+    bool outside = (int64_t)atomic_load(&in->s->refcount) > 1 + refs[k];
+    return !in->internal || outside || has_snapshot(in) || in->s->release;
+}
+
+/* The same dtype, offset, shape and strides (storages not compared). */
+static inline bool nd_graph_same_view(const nd_tensor *a, const nd_tensor *b) {
+    if (!a || !b) return a == b;
+    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d] || a->strides[d] != b->strides[d]) return false;
+    return true;
+}
+
+/* The fuse pass (graph_fuse.c): runs of elementwise records become one
+ * fused_elementwise record each; *changed counts the records it removed. */
+nd_status nd_graph_pass_fuse(nd_graph *g, int64_t *changed);
 
 /* How many references the graph's records hold on each storage, and the
  * first and last record using it (SIZE_MAX / 0 when none): arrays of

@@ -16,14 +16,6 @@
 #include <string.h>
 #include "graph_internal.h"
 
-/* Storages whose value is seen after the graph runs: existing ones, those Lua
- * (or a gradient, an output) holds, constants. refs/first/last as nd_graph_uses. */
-static bool live_out(const nd_graph *g, size_t k, const int64_t *refs) {
-    const stor_info *in = &g->stor[k];
-    bool outside = (int64_t)atomic_load(&in->s->refcount) > 1 + refs[k];
-    return !in->internal || outside || has_snapshot(in) || in->s->release; /* borrowed: the owner reads it */
-}
-
 /* Kept even when their outputs are dead: random draws advance the stream,
  * host checks and the index kernels' bounds checks refuse bad values (a
  * replay must refuse what eager refuses), transfers and optimizer updates
@@ -34,16 +26,11 @@ static bool has_effects(nd_call_entry e) {
            e == ND_CALL_scatter || e == ND_CALL_index_add;
 }
 
-static void release_record(nd_graph_rec *r) {
-    for (int k = 0; k < r->nt; k++) nd_release(r->t[k]);
-    r->nt = 0;
-}
-
 /* Removes the records marked in drop (keeping order). */
 static void compact(nd_graph *g, const bool *drop) {
     size_t out = 0;
     for (size_t i = 0; i < g->n; i++) {
-        if (drop[i]) { release_record(&g->recs[i]); continue; }
+        if (drop[i]) { nd_graph_rec_release(&g->recs[i]); continue; }
         g->recs[out++] = g->recs[i];
     }
     g->n = out;
@@ -59,7 +46,7 @@ static nd_status pass_dce(nd_graph *g, int64_t *changed) {
         return nd_fail(ND_ERR_MEMORY, "compile: out of memory in the dce pass");
     }
     nd_graph_uses(g, refs, first, last);
-    for (size_t k = 0; k < ns; k++) live[k] = live_out(g, k, refs);
+    for (size_t k = 0; k < ns; k++) live[k] = nd_graph_live_out(g, k, refs);
     for (size_t i = n; i-- > 0;) {
         nd_graph_rec *r = &g->recs[i];
         bool needed = has_effects(r->entry);
@@ -92,14 +79,6 @@ static bool pure_single_output(nd_call_entry e) {
     }
 }
 
-static bool same_view(const nd_tensor *a, const nd_tensor *b) {
-    if (!a || !b) return a == b;
-    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d] || a->strides[d] != b->strides[d]) return false;
-    return true;
-}
-
 /* Same kernel on the same inputs (storage and view) with the same scalars. */
 static bool same_call(const nd_graph_rec *a, const nd_graph_rec *b) {
     if (a->entry != b->entry || a->be != b->be || a->nt != b->nt) return false;
@@ -107,7 +86,7 @@ static bool same_call(const nd_graph_rec *a, const nd_graph_rec *b) {
         memcmp(&a->u, &b->u, sizeof a->u))
         return false;
     for (int k = 0; k < a->nt; k++) {
-        if (a->role[k] != b->role[k] || !same_view(a->t[k], b->t[k])) return false;
+        if (a->role[k] != b->role[k] || !nd_graph_same_view(a->t[k], b->t[k])) return false;
         if ((a->role[k] & ND_ROLE_READ) && a->t[k] && a->sid[k] != b->sid[k]) return false;
     }
     return true;
@@ -207,5 +186,6 @@ nd_status nd_graph_pass(nd_graph *g, const char *name, int64_t *changed) {
         return nd_fail(ND_ERR_ARG, "compile: passes run before the memory plan");
     if (!strcmp(name, "dce")) return pass_dce(g, changed);
     if (!strcmp(name, "cse")) return pass_cse(g, changed);
-    return nd_fail(ND_ERR_ARG, "compile: unknown pass '%s' (expected dce or cse)", name);
+    if (!strcmp(name, "fuse")) return nd_graph_pass_fuse(g, changed);
+    return nd_fail(ND_ERR_ARG, "compile: unknown pass '%s' (expected cse, dce or fuse)", name);
 }

@@ -5,7 +5,7 @@
 
 #include "backend_call.h"
 
-#define ND_REC_MAX_TENSORS 8
+#define ND_REC_MAX_TENSORS ND_EW_MAX_TENSORS /* a fused record's operands */
 
 typedef enum { ND_ROLE_READ = 1, ND_ROLE_WRITE = 2, ND_ROLE_UPDATE = 3 } nd_rec_role;
 
@@ -30,6 +30,7 @@ typedef struct nd_graph_rec {
         _Alignas(8) unsigned char value[16];
     } u;
     nd_host_check_fn check;
+    nd_ew_program *prog;      /* fused_elementwise's program (owned) */
     int profile_id;   /* the profiler's name "compiled:<entry>[.<op>]" + 1, 0 until first profiled */
 } nd_graph_rec;
 
@@ -43,6 +44,8 @@ void nd_graph_rec_done(nd_graph_rec *r);
 /* The call just recorded failed: the capture is invalid (its message says
  * which op). */
 void nd_graph_rec_failed(nd_status st);
+/* Gives back what the record holds (its tensors, its program). */
+void nd_graph_rec_release(nd_graph_rec *r);
 /* Runs one record again (backend_call.c). */
 nd_status nd_graph_rec_replay(const nd_graph_rec *r);
 

@@ -217,11 +217,11 @@ end
 
 local OPTS = {warmup = "integer", cache_size = "integer", fallback = "boolean", verify = "boolean",
               passes = "table|boolean"}
-local PASSES = {dce = true, cse = true}
-local DEFAULT_PASSES = {"cse", "dce"}
+local PASSES = {dce = true, cse = true, fuse = true}
+local DEFAULT_PASSES = {"cse", "dce", "fuse"}
 
 -- nd.compile(fn_or_module[, {warmup = 1, cache_size = 8, fallback = false, verify = false,
---                           passes = {"cse", "dce"}}])
+--                           passes = {"cse", "dce", "fuse"}}])
 function M.compile(fn, opts)
   local is_module = type(fn) == "table" and getmetatable(fn) ~= nil and
                     type(getmetatable(fn).class) == "table"
@@ -239,7 +239,7 @@ function M.compile(fn, opts)
   elseif opts.passes ~= nil then
     passes = {}
     for i, name in ipairs(opts.passes) do
-      if not PASSES[name] then fail("passes[%d]: unknown pass '%s' (valid: cse, dce)", i, tostring(name)) end
+      if not PASSES[name] then fail("passes[%d]: unknown pass '%s' (valid: cse, dce, fuse)", i, tostring(name)) end
       passes[i] = name
     end
   end
@@ -528,6 +528,23 @@ function CF:explain()
                          .. "gradients of %d leaves restored"):format(#e.module_guards, #e.guards,
                          #e.hooks, gs.leaves)
     lines[#lines + 1] = "kernels by entry: " .. ir.histogram(e.graph:records())
+    if gs.fused_runs > 0 then
+      local fuse_removed = 0
+      for _, p in ipairs(e.passes or {}) do if p[1] == "fuse" then fuse_removed = fuse_removed + p[2] end end
+      lines[#lines + 1] = ("fused: %d kernel(s) in place of %d elementwise ones; %d intermediate(s) "
+                           .. "(%s) never stored"):format(gs.fused_runs, gs.fused_runs + fuse_removed,
+                           gs.fused_registers, ir.bytes(gs.fused_register_bytes))
+      local shown = 0
+      for _, r in ipairs(e.graph:records()) do
+        if r.entry == "fused_elementwise" and shown < 8 then
+          shown = shown + 1
+          local out = r.args[1] and r.args[1].shape or {}
+          lines[#lines + 1] = ("  %s {%s} %s: %d tensor(s)"):format(r.detail, table.concat(out, ","),
+                              r.device, #r.args)
+        end
+      end
+      if gs.fused_runs > shown then lines[#lines + 1] = ("  ... and %d more"):format(gs.fused_runs - shown) end
+    end
     local done = {}
     for _, p in ipairs(e.passes or {}) do done[#done + 1] = ("%s removed %d"):format(p[1], p[2]) end
     if #done > 0 then lines[#lines + 1] = "passes: " .. table.concat(done, ", ") end

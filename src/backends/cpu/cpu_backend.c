@@ -39,4 +39,5 @@ const nd_backend nd_cpu_backend = {
     .conv2d_fused = nd_cpu_conv2d_fused,
     .conv2d_backward = nd_cpu_conv2d_backward,
     .linear_fused = nd_cpu_linear_fused,
+    .fused_elementwise = nd_cpu_fused_elementwise,
 };

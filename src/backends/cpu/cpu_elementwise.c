@@ -96,8 +96,10 @@ static const nd_inner_fn binary_fns[ND_NUM_DTYPES][ND_NUM_BINARY] = {
 };
 
 static nd_inner_fn binary_fn(nd_binary_op op, nd_dtype dt) {
-    return (unsigned)dt < ND_NUM_DTYPES ? binary_fns[dt][op] : NULL;
+    return (unsigned)dt < ND_NUM_DTYPES && (unsigned)op < ND_NUM_BINARY ? binary_fns[dt][op] : NULL;
 }
+
+nd_inner_fn nd_cpu_binary_inner(nd_binary_op op, nd_dtype dt) { return binary_fn(op, dt); }
 
 nd_status nd_cpu_binary(nd_binary_op op, nd_tensor *out, const nd_tensor *a, const nd_tensor *b) {
     nd_inner_fn fn = binary_fn(op, a->dtype);
@@ -178,8 +180,12 @@ static const nd_inner_fn unary_fns[ND_NUM_DTYPES][ND_NUM_UNARY] = {
 #undef ND_X
 };
 
+nd_inner_fn nd_cpu_unary_inner(nd_unary_op op, nd_dtype dt) {
+    return (unsigned)dt < ND_NUM_DTYPES && (unsigned)op < ND_NUM_UNARY ? unary_fns[dt][op] : NULL;
+}
+
 nd_status nd_cpu_unary(nd_unary_op op, nd_tensor *out, const nd_tensor *x) {
-    nd_inner_fn fn = (unsigned)x->dtype < ND_NUM_DTYPES ? unary_fns[x->dtype][op] : NULL;
+    nd_inner_fn fn = nd_cpu_unary_inner(op, x->dtype);
     if (!fn) return nd_fail_dtype_kernel(nd_unary_name(op), x->dtype);
     nd_loop L;
     const nd_tensor *ts[2] = {out, x};
@@ -190,7 +196,7 @@ nd_status nd_cpu_unary(nd_unary_op op, nd_tensor *out, const nd_tensor *x) {
 
 /* ----------------------------------------------------------- where, clamp */
 
-static void where_run(char **p, const int64_t *s, int64_t n, void *ctx) {
+void nd_cpu_where_inner(char **p, const int64_t *s, int64_t n, void *ctx) {
     size_t sz = *(const size_t *)ctx;
     for (int64_t i = 0; i < n; i++) {
         const char *src = p[1][i * s[1]] ? p[2] + i * s[2] : p[3] + i * s[3];
@@ -204,11 +210,9 @@ nd_status nd_cpu_where(nd_tensor *out, const nd_tensor *cond, const nd_tensor *a
     nd_loop L;
     const nd_tensor *ts[4] = {out, cond, a, b};
     nd_loop_init(&L, 4, ts);
-    nd_loop_run(&L, where_run, &sz, 1);
+    nd_loop_run(&L, nd_cpu_where_inner, &sz, 1);
     return ND_OK;
 }
-
-typedef struct { double lo, hi; nd_dtype dt; } clamp_ctx;
 
 /* NaN bounds mean "unbounded"; a NaN input stays NaN. */
 #define CLAMP_LOOP(T)                                                               \
@@ -232,8 +236,8 @@ static int64_t bound_i64(double v, bool lower) {
     return (int64_t)v;
 }
 
-static void clamp_run(char **p, const int64_t *s, int64_t n, void *vctx) {
-    const clamp_ctx *c = vctx;
+void nd_cpu_clamp_inner(char **p, const int64_t *s, int64_t n, void *vctx) {
+    const nd_cpu_clamp_ctx *c = vctx;
     if (c->dt == ND_FLOAT32) { CLAMP_LOOP(float); return; }
     if (c->dt == ND_FLOAT64) { CLAMP_LOOP(double); return; }
     if (nd_dtype_is_int(c->dt)) {
@@ -255,11 +259,11 @@ static void clamp_run(char **p, const int64_t *s, int64_t n, void *vctx) {
 }
 
 nd_status nd_cpu_clamp(nd_tensor *out, const nd_tensor *x, double lo, double hi) {
-    clamp_ctx c = {lo, hi, x->dtype};
+    nd_cpu_clamp_ctx c = {lo, hi, x->dtype};
     nd_loop L;
     const nd_tensor *ts[2] = {out, x};
     nd_loop_init(&L, 2, ts);
-    nd_loop_run(&L, clamp_run, &c, 1);
+    nd_loop_run(&L, nd_cpu_clamp_inner, &c, 1);
     return ND_OK;
 }
 
@@ -278,6 +282,31 @@ nd_status nd_cpu_clamp(nd_tensor *out, const nd_tensor *x, double lo, double hi)
             GX[i] = yi > (T)0 ? gi : (T)0;                                               \
         }                                                                                \
     } while (0)
+
+/* The same as an inner loop (operands gx, g, y; any strides), for fused runs. */
+#define RELU_BACKWARD_INNER(NAME, T)                                                    \
+    static void NAME(char **p, const int64_t *s, int64_t n, void *ctx) {                \
+        (void)ctx;                                                                      \
+        if (s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == sizeof(T)) {              \
+            T *GX = (T *)p[0];                                                          \
+            const T *G = (const T *)p[1], *Y = (const T *)p[2];                         \
+            for (int64_t i = 0; i < n; i++) {                                           \
+                const T gi = G[i], yi = Y[i];                                           \
+                GX[i] = yi > (T)0 ? gi : (T)0;                                          \
+            }                                                                           \
+        } else {                                                                        \
+            for (int64_t i = 0; i < n; i++) {                                           \
+                const T gi = *(const T *)(p[1] + i * s[1]), yi = *(const T *)(p[2] + i * s[2]); \
+                *(T *)(p[0] + i * s[0]) = yi > (T)0 ? gi : (T)0;                        \
+            }                                                                           \
+        }                                                                               \
+    }
+RELU_BACKWARD_INNER(relu_backward_f32, float)
+RELU_BACKWARD_INNER(relu_backward_f64, double)
+
+nd_inner_fn nd_cpu_relu_backward_inner(nd_dtype dt) {
+    return dt == ND_FLOAT32 ? relu_backward_f32 : dt == ND_FLOAT64 ? relu_backward_f64 : NULL;
+}
 
 nd_status nd_cpu_relu_backward(nd_tensor *gx, const nd_tensor *g, const nd_tensor *y) {
     const int64_t n = nd_numel(gx);

@@ -4,6 +4,7 @@
 #define ND_CPU_KERNELS_H
 
 #include "backend.h"
+#include "cpu_loop.h"
 
 /* cpu_copy.c */
 nd_status nd_cpu_copy(nd_tensor *dst, const nd_tensor *src);
@@ -19,6 +20,17 @@ nd_status nd_cpu_where(nd_tensor *out, const nd_tensor *cond, const nd_tensor *a
                        const nd_tensor *b);
 nd_status nd_cpu_clamp(nd_tensor *out, const nd_tensor *x, double lo, double hi);
 nd_status nd_cpu_relu_backward(nd_tensor *gx, const nd_tensor *g, const nd_tensor *y);
+/* Their inner loops (cpu_loop.h), which fused runs reuse so that a fused
+ * step computes exactly what its kernel does; NULL where no kernel exists.
+ * where's ctx: the element size (size_t); clamp's: an nd_cpu_clamp_ctx. */
+nd_inner_fn nd_cpu_unary_inner(nd_unary_op op, nd_dtype dt);
+nd_inner_fn nd_cpu_binary_inner(nd_binary_op op, nd_dtype dt);
+nd_inner_fn nd_cpu_relu_backward_inner(nd_dtype dt);
+void nd_cpu_where_inner(char **p, const int64_t *s, int64_t n, void *ctx);
+typedef struct { double lo, hi; nd_dtype dt; } nd_cpu_clamp_ctx;
+void nd_cpu_clamp_inner(char **p, const int64_t *s, int64_t n, void *ctx);
+/* cpu_fused_elementwise.c */
+nd_status nd_cpu_fused_elementwise(nd_ew_program *p, nd_tensor *const *ts);
 nd_status nd_cpu_sgd_step(nd_tensor *p, const nd_tensor *grad, nd_tensor *buf,
                           const nd_sgd_hyper *h, bool first); /* cpu_optim.c */
 /* cpu_reduce.c */

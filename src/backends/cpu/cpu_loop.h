@@ -10,7 +10,7 @@
 
 #include "tensor.h"
 
-#define ND_LOOP_MAX_OPS 4
+#define ND_LOOP_MAX_OPS 16 /* a fused run's tensors (ND_EW_MAX_TENSORS) */
 
 typedef void (*nd_inner_fn)(char **ptrs, const int64_t *strides, int64_t n, void *ctx);
 

@@ -44,4 +44,5 @@ const nd_backend nd_opencl_backend = {
     .max_pool2d_backward = ocl_max_pool2d_backward,
     .avg_pool2d = ocl_avg_pool2d,
     .avg_pool2d_backward = ocl_avg_pool2d_backward,
+    .fused_elementwise = ocl_fused_elementwise,
 };

@@ -21,6 +21,9 @@ nd_status ocl_binary_scalar(nd_binary_op op, nd_tensor *out, const nd_tensor *a,
 nd_status ocl_where(nd_tensor *out, const nd_tensor *cond, const nd_tensor *a, const nd_tensor *b);
 nd_status ocl_clamp(nd_tensor *out, const nd_tensor *x, double lo, double hi);
 
+/* ocl_fused.c: fused elementwise programs as generated kernels (nd.compile) */
+nd_status ocl_fused_elementwise(nd_ew_program *p, nd_tensor *const *ts);
+
 /* ocl_reduce.c: reductions (kernels/reduce.cl) */
 nd_status ocl_reduce(nd_reduce_op op, nd_tensor *out, const nd_tensor *x, const bool *reduced, int correction);
 nd_status ocl_max_dim(nd_tensor *values, nd_tensor *indices, const nd_tensor *x, int dim, int is_min);

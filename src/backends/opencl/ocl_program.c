@@ -9,6 +9,7 @@
  * driver rejects is rebuilt from source. Files are written atomically. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,24 +149,34 @@ static void save_binary(ocl_device *d, cl_program p, const char *path) {
     (void)d;
 }
 
-static nd_status build_program(ocl_device *d, const char *file, const char *defines,
-                               cl_program *out) {
+/* Files compiled with another file in front (after common.cl and the
+ * registry): the elementwise kernels and generated fused kernels share the
+ * per-op functions of ew_ops.cl. */
+static const char *prelude_of(const char *file) {
+    return strcmp(file, "elementwise") == 0 ? "ew_ops" : NULL;
+}
+
+/* Builds common.cl + the registry + prelude (may be NULL) + body; label
+ * names the program in the disk cache's file names and in errors. */
+static nd_status build_source(ocl_device *d, const char *label, const char *prelude,
+                              const char *body, const char *defines, cl_program *out) {
     const char *common = ocl_source("common");
-    const char *body = ocl_source(file);
-    if (!common || !body)
-        return nd_fail(ND_ERR_INTERNAL, "opencl: no embedded kernel source '%s.cl'", file);
-    size_t lc = strlen(common), lr = strlen(ocl_registry_source), lb = strlen(body);
-    char *src = malloc(lc + lr + lb + 2);
-    if (!src) return nd_fail(ND_ERR_MEMORY, "opencl: out of memory building '%s'", file);
-    memcpy(src, common, lc);
-    src[lc] = '\n';
-    memcpy(src + lc + 1, ocl_registry_source, lr);
-    memcpy(src + lc + 1 + lr, body, lb + 1);
+    if (!common) return nd_fail(ND_ERR_INTERNAL, "opencl: no embedded kernel source 'common.cl'");
+    if (!prelude) prelude = "";
+    size_t lc = strlen(common), lr = strlen(ocl_registry_source), lp = strlen(prelude),
+           lb = strlen(body);
+    char *src = malloc(lc + lr + lp + lb + 3);
+    if (!src) return nd_fail(ND_ERR_MEMORY, "opencl: out of memory building '%s'", label);
+    char *w = src;
+    memcpy(w, common, lc); w += lc; *w++ = '\n';
+    memcpy(w, ocl_registry_source, lr); w += lr;
+    memcpy(w, prelude, lp); w += lp; *w++ = '\n';
+    memcpy(w, body, lb + 1);
     char opts[1024];
     snprintf(opts, sizeof opts, "%s%s -cl-std=CL1.2", defines,
              d->info.fp64 ? " -DND_FP64=1" : "");
     char path[1100];
-    cache_path(d, file, opts, src, path, sizeof path);
+    cache_path(d, label, opts, src, path, sizeof path);
     cl_program p = path[0] ? load_binary(d, path, opts) : NULL;
     if (p) {
         free(src);
@@ -176,7 +187,7 @@ static nd_status build_program(ocl_device *d, const char *file, const char *defi
     const char *srcs[1] = {src};
     p = clCreateProgramWithSource(d->ctx, 1, srcs, NULL, &err);
     free(src);
-    if (err != CL_SUCCESS) return ocl_fail(err, file, "clCreateProgramWithSource", d);
+    if (err != CL_SUCCESS) return ocl_fail(err, label, "clCreateProgramWithSource", d);
     err = clBuildProgram(p, 1, &d->id, opts, NULL, NULL);
     if (err != CL_SUCCESS) {
         char log[4096] = "";
@@ -185,7 +196,7 @@ static nd_status build_program(ocl_device *d, const char *file, const char *defi
         log[sizeof log - 1] = 0;
         clReleaseProgram(p);
         return nd_fail(ND_ERR_DEVICE, "opencl: building kernels/%s.cl (%s) failed on opencl:%d "
-                       "(%s): %s\nbuild log:\n%s", file, defines, d->index, d->info.name,
+                       "(%s): %s\nbuild log:\n%s", label, defines, d->index, d->info.name,
                        ocl_error_name(err), log);
     }
     save_binary(d, p, path);
@@ -193,15 +204,27 @@ static nd_status build_program(ocl_device *d, const char *file, const char *defi
     return ND_OK;
 }
 
-nd_status ocl_kernel(ocl_device *d, const char *file, const char *defines, const char *name,
-                     cl_kernel *out) {
+static nd_status build_program(ocl_device *d, const char *file, const char *defines,
+                               cl_program *out) {
+    const char *body = ocl_source(file);
+    const char *pre = prelude_of(file);
+    const char *prelude = pre ? ocl_source(pre) : NULL;
+    if (!body || (pre && !prelude))
+        return nd_fail(ND_ERR_INTERNAL, "opencl: no embedded kernel source '%s.cl'", body ? pre : file);
+    return build_source(d, file, prelude, body, defines, out);
+}
+
+/* file: a kernels/ file, or (label given) the generated source itself. */
+static nd_status find_kernel(ocl_device *d, const char *file, const char *label,
+                             const char *defines, const char *name, cl_kernel *out) {
     pthread_mutex_lock(&lock);
     ocl_cached_program *cp = d->programs;
     while (cp && (strcmp(cp->file, file) != 0 || strcmp(cp->defines, defines) != 0)) cp = cp->next;
     nd_status st = ND_OK;
     if (!cp) {
         cl_program p;
-        st = build_program(d, file, defines, &p);
+        st = label ? build_source(d, label, ocl_source("ew_ops"), file, defines, &p)
+                   : build_program(d, file, defines, &p);
         if (st == ND_OK) {
             cp = calloc(1, sizeof *cp);
             if (cp) {
@@ -227,7 +250,7 @@ nd_status ocl_kernel(ocl_device *d, const char *file, const char *defines, const
             cl_kernel k = clCreateKernel(cp->prog, name, &err);
             if (err != CL_SUCCESS) {
                 st = nd_fail(ND_ERR_INTERNAL, "opencl: kernel '%s' not found in kernels/%s.cl (%s): %s",
-                             name, file, defines, ocl_error_name(err));
+                             name, label ? label : file, defines, ocl_error_name(err));
             } else {
                 ck = calloc(1, sizeof *ck);
                 if (ck) ck->name = dup_str(name);
@@ -249,8 +272,23 @@ nd_status ocl_kernel(ocl_device *d, const char *file, const char *defines, const
     return st;
 }
 
+nd_status ocl_kernel(ocl_device *d, const char *file, const char *defines, const char *name,
+                     cl_kernel *out) {
+    return find_kernel(d, file, NULL, defines, name, out);
+}
+
+nd_status ocl_kernel_generated(ocl_device *d, const char *label, const char *defines,
+                               const char *body, const char *name, cl_kernel *out) {
+    return find_kernel(d, body, label, defines, name, out);
+}
+
+static atomic_uint_fast64_t generation = 1;
+
+uint64_t ocl_programs_generation(void) { return atomic_load(&generation); }
+
 void ocl_forget_programs(ocl_device *d) {
     pthread_mutex_lock(&lock);
+    atomic_fetch_add(&generation, 1);
     for (ocl_cached_kernel *k = d->kernels, *n; k; k = n) {
         n = k->next;
         clReleaseKernel(k->kernel);

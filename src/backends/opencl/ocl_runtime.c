@@ -262,15 +262,15 @@ nd_status ocl_synchronize(int index) {
 
 /* ---------------------------------------------------------------- geometry */
 
-void ocl_geom_make(ocl_geom *g, int nops, const nd_tensor *const *ops) {
-    memset(g, 0, sizeof *g);
+int ocl_merge_dims(int nops, const nd_tensor *const *ops, int64_t *shape,
+                   int64_t (*strides)[ND_MAX_DIMS]) {
     const nd_tensor *o = ops[0];
     int nd = 0;
     /* keep dims of size != 1, outermost first */
     for (int i = 0; i < o->ndim; i++) {
         if (o->shape[i] == 1) continue;
-        g->shape[nd] = o->shape[i];
-        for (int k = 0; k < nops; k++) g->strides[k][nd] = ops[k]->strides[i];
+        shape[nd] = o->shape[i];
+        for (int k = 0; k < nops; k++) strides[k][nd] = ops[k]->strides[i];
         nd++;
     }
     /* merge dim i into i+1 when every operand steps contiguously across them */
@@ -279,23 +279,33 @@ void ocl_geom_make(ocl_geom *g, int nops, const nd_tensor *const *ops) {
         if (m > 0) {
             bool mergeable = true;
             for (int k = 0; k < nops && mergeable; k++)
-                mergeable = g->strides[k][m - 1] == g->strides[k][i] * g->shape[i];
+                mergeable = strides[k][m - 1] == strides[k][i] * shape[i];
             if (mergeable) {
-                g->shape[m - 1] *= g->shape[i];
-                for (int k = 0; k < nops; k++) g->strides[k][m - 1] = g->strides[k][i];
+                shape[m - 1] *= shape[i];
+                for (int k = 0; k < nops; k++) strides[k][m - 1] = strides[k][i];
                 continue;
             }
         }
-        g->shape[m] = g->shape[i];
-        for (int k = 0; k < nops; k++) g->strides[k][m] = g->strides[k][i];
+        shape[m] = shape[i];
+        for (int k = 0; k < nops; k++) strides[k][m] = strides[k][i];
         m++;
     }
     if (m == 0) { /* a single element */
-        g->shape[0] = 1;
-        for (int k = 0; k < nops; k++) g->strides[k][0] = 1;
+        shape[0] = 1;
+        for (int k = 0; k < nops; k++) strides[k][0] = 1;
         m = 1;
     }
-    g->ndim = m;
+    return m;
+}
+
+void ocl_geom_make(ocl_geom *g, int nops, const nd_tensor *const *ops) {
+    memset(g, 0, sizeof *g);
+    int64_t shape[ND_MAX_DIMS], strides[4][ND_MAX_DIMS];
+    g->ndim = ocl_merge_dims(nops, ops, shape, strides);
+    for (int d = 0; d < g->ndim; d++) {
+        g->shape[d] = shape[d];
+        for (int k = 0; k < nops; k++) g->strides[k][d] = strides[k][d];
+    }
     for (int k = 0; k < nops; k++) g->offset[k] = ops[k]->offset;
 }
 

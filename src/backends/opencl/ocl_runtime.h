@@ -77,6 +77,15 @@ void ocl_dtype_defines(nd_dtype dt, char *buf, size_t n);
  * A build failure returns the compiler's log in the error. */
 nd_status ocl_kernel(ocl_device *d, const char *file, const char *defines, const char *name,
                      cl_kernel *out);
+/* A kernel of generated source (common.cl, the registry's cases and
+ * kernels/ew_ops.cl come in front of body), cached like the files' ones:
+ * in memory by (defines, body), on disk by its hash; label names it in
+ * file names and errors. */
+nd_status ocl_kernel_generated(ocl_device *d, const char *label, const char *defines,
+                               const char *body, const char *name, cl_kernel *out);
+/* Bumped by ocl_forget_programs: a kernel kept from an older generation is
+ * gone. */
+uint64_t ocl_programs_generation(void);
 /* The embedded source of kernels/<file>.cl (NULL if there is none). */
 const char *ocl_source(const char *file);
 /* The registry's elementwise ops as OpenCL C (ocl_registry_source.c),
@@ -133,6 +142,10 @@ typedef struct {
     cl_int pad_;
 } ocl_geom;
 void ocl_geom_make(ocl_geom *g, int nops, const nd_tensor *const *ops);
+/* The merging behind it, for any number of operands: fills shape[0 .. nd)
+ * and strides[k][0 .. nd) (elements) and returns nd (>= 1). */
+int ocl_merge_dims(int nops, const nd_tensor *const *ops, int64_t *shape,
+                   int64_t (*strides)[ND_MAX_DIMS]);
 /* True when every operand is contiguous from its offset after merging
  * (kernels can then index plainly with offset + i). */
 bool ocl_geom_is_flat(const ocl_geom *g, int nops);

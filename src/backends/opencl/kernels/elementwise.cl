@@ -1,78 +1,12 @@
 /* elementwise.cl - unary, binary (arithmetic and comparisons), scalar forms,
- * where, clamp and fill for one element type T (build define).
+ * where, clamp and fill for one element type T (build define). The per-op
+ * functions come from kernels/ew_ops.cl, compiled in front of this file.
  *
  * Op codes and the per-op cases are generated from needle_ops.h
  * (ocl_registry_source.c). Every kernel has a flat form (operands contiguous
  * from their offsets) and a strided one driven by an nd_geom. Semantics
  * follow the CPU kernels: signed integers wrap, max/min propagate NaN,
  * round is half-to-even, bool + is or and * is and. */
-
-#if T_ID == 0 || T_ID == 1
-#define IS_FLOAT 1
-#else
-#define IS_FLOAT 0
-#endif
-#if T_ID == 2
-typedef ulong U;
-#elif T_ID == 3
-typedef uint U;
-#else
-typedef uint U;
-#endif
-#define IS_BOOL (T_ID == 5)
-
-#if !IS_FLOAT
-inline long ipow64(long base, long e) {
-    if (e < 0) return base == 1 ? 1 : base == -1 ? ((e & 1) ? -1 : 1) : 0;
-    ulong r = 1, b = (ulong)base;
-    while (e) {
-        if (e & 1) r *= b;
-        b *= b;
-        e >>= 1;
-    }
-    return (long)r;
-}
-#endif
-
-/* The cases come from needle_ops.h (ocl_registry_source.c); the host
- * launches an op only for the dtypes it has a case for, so the returns after
- * the switches are not reached. */
-inline T un_op(int op, T x) {
-    switch (op) {
-#if IS_FLOAT
-    ND_UNARY_FLOAT_CASES
-#else
-    ND_UNARY_INT_CASES
-#endif
-    }
-    return x;
-}
-
-inline T bin_op(int op, T a, T b) {
-    switch (op) {
-#if IS_FLOAT
-    ND_BINARY_FLOAT_CASES
-#elif IS_BOOL
-    ND_BINARY_BOOL_CASES
-#else
-    ND_BINARY_INT_CASES
-#endif
-    }
-    return a;
-}
-
-inline uchar cmp_op(int op, T a, T b) {
-    switch (op) {
-#if IS_FLOAT
-    ND_COMPARE_FLOAT_CASES
-#elif IS_BOOL
-    ND_COMPARE_BOOL_CASES
-#else
-    ND_COMPARE_INT_CASES
-#endif
-    }
-    return 0;
-}
 
 __kernel void unary_flat(int op, long n, __global T *o, long oo, __global const T *x, long xo) {
     long i = get_global_id(0);

@@ -1,0 +1,318 @@
+/* graph_fuse.c - the fuse pass of a captured graph (nd_graph_pass "fuse").
+ *
+ * A run of consecutive elementwise records (unary, binary, binary_scalar,
+ * where, clamp, relu_backward) over one shape, one device and one float
+ * dtype becomes one fused_elementwise record: a small program (backend.h,
+ * nd_ew_program) that the backend runs in one pass over the elements -
+ * OpenCL as one generated kernel, the CPU tile by tile with its own
+ * elementwise inner loops. A value written inside the run and read only
+ * inside it, in a storage nothing but the graph holds, is never stored
+ * (the memory plan then drops the storage). Each step computes what its
+ * unfused kernel computes, so results stay bit for bit the same.
+ *
+ * The run must not change what any step sees: element i of a step reads
+ * element i of the values before it. So a storage the run writes is used
+ * through exactly one view (same offset, shape and strides) inside the
+ * run, and written views have no 0 strides (no overlapping writes); a
+ * record that would break this ends the run. Storages only read may be
+ * seen through any views (broadcasts, transposes). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "graph_internal.h"
+
+#define STEP_REF 1000 /* while building, value STEP_REF + j is step j's result (< that: a tensor) */
+
+typedef struct {
+    const nd_tensor *t; /* the view (a record's header, borrowed) */
+    int sid;
+    bool loaded;        /* read before the run wrote it: an input */
+    bool written;
+    bool full;          /* every write of it covers its whole storage */
+    int value;          /* the value it holds now; -1: its element in memory */
+    int last_step;      /* the step that wrote it last */
+} fuse_slot;
+
+/* A run has a slot per view it uses; those that become registers need no
+ * tensor, so a run may use more views than a program holds tensors. */
+#define MAX_SLOTS (ND_EW_MAX_TENSORS + ND_EW_MAX_STEPS)
+
+typedef struct {
+    const nd_graph *g;
+    const int64_t *refs;
+    const size_t *first, *last; /* as nd_graph_uses */
+    size_t start;               /* the run's first record */
+} fuse_ctx;
+
+typedef struct {
+    const nd_backend *be;
+    nd_dtype dt;
+    const nd_tensor *shape_of; /* a tensor with the run's shape */
+    fuse_slot slot[MAX_SLOTS];
+    int nslot;
+    nd_ew_step step[ND_EW_MAX_STEPS];
+    int nstep;
+} fuse_run;
+
+static bool same_shape(const nd_tensor *a, const nd_tensor *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+static bool overlapping_write(const nd_tensor *t) {
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] > 1 && t->strides[d] == 0) return true;
+    return false;
+}
+
+/* The step a record would add (operands as record tensor slots, >= 100 for
+ * none / the scalar), or false when the record cannot join a run of dtype
+ * dt (ND_NUM_DTYPES: any float dtype). */
+static bool record_step(const nd_graph_rec *r, nd_ew_step *s, int in_slot[3], nd_dtype *dt) {
+    memset(s, 0, sizeof *s);
+    in_slot[0] = in_slot[1] = in_slot[2] = -1;
+    for (int k = 0; k < r->nt; k++)
+        if (!r->t[k]) return false;
+    if (!r->be || !r->be->fused_elementwise) return false;
+    const nd_tensor *out = r->t[0];
+    nd_dtype T;
+    switch (r->entry) {
+    case ND_CALL_unary:
+        s->kind = ND_EW_UNARY; s->op = (uint8_t)r->i[0]; T = r->t[1]->dtype;
+        in_slot[0] = 1;
+        if (out->dtype != T) return false;
+        break;
+    case ND_CALL_binary:
+        s->kind = ND_EW_BINARY; s->op = (uint8_t)r->i[0]; T = r->t[1]->dtype;
+        in_slot[0] = 1; in_slot[1] = 2;
+        if (r->t[2]->dtype != T || (out->dtype != T && out->dtype != ND_BOOL)) return false;
+        break;
+    case ND_CALL_binary_scalar:
+        s->kind = ND_EW_BINARY; s->op = (uint8_t)r->i[0]; T = r->t[1]->dtype;
+        in_slot[r->i[1] ? 1 : 0] = 1;
+        s->in[r->i[1] ? 0 : 1] = ND_EW_SCALAR;
+        memcpy(s->scalar, r->u.value, sizeof s->scalar);
+        if (out->dtype != T && out->dtype != ND_BOOL) return false;
+        break;
+    case ND_CALL_where:
+        s->kind = ND_EW_WHERE; T = out->dtype;
+        in_slot[0] = 1; in_slot[1] = 2; in_slot[2] = 3;
+        if (r->t[1]->dtype != ND_BOOL || r->t[2]->dtype != T || r->t[3]->dtype != T) return false;
+        break;
+    case ND_CALL_clamp:
+        s->kind = ND_EW_CLAMP; T = out->dtype; s->lo = r->f[0]; s->hi = r->f[1];
+        in_slot[0] = 1;
+        if (r->t[1]->dtype != T) return false;
+        break;
+    case ND_CALL_relu_backward:
+        s->kind = ND_EW_RELU_BACKWARD; T = out->dtype;
+        in_slot[0] = 1; in_slot[1] = 2;
+        if (r->t[1]->dtype != T || r->t[2]->dtype != T) return false;
+        break;
+    default:
+        return false;
+    }
+    if (T != ND_FLOAT32 && T != ND_FLOAT64) return false;
+    if (*dt != ND_NUM_DTYPES && *dt != T) return false;
+    for (int k = 1; k < r->nt; k++)
+        if (!same_shape(r->t[k], out)) return false;
+    s->dtype = (uint8_t)out->dtype;
+    *dt = T;
+    return true;
+}
+
+/* The run's slot for view t of storage sid, or -1 when using it would let a
+ * step see another element than eager would (see the top of the file). */
+static int find_slot(fuse_run *R, const nd_tensor *t, int sid, bool writes) {
+    int same = -1;
+    for (int k = 0; k < R->nslot; k++) {
+        if (R->slot[k].sid != sid) continue;
+        if (nd_graph_same_view(R->slot[k].t, t)) { same = k; continue; }
+        if (R->slot[k].written || writes) return -1;
+    }
+    if (same >= 0) return same;
+    if (R->nslot == MAX_SLOTS) return -1;
+    fuse_slot *s = &R->slot[R->nslot];
+    memset(s, 0, sizeof *s);
+    s->t = t;
+    s->sid = sid;
+    s->full = true;
+    s->value = -1;
+    s->last_step = -1;
+    return R->nslot++;
+}
+
+/* Slot sl needs no tensor if the run ends before record `end`: written
+ * (first as a whole) and read only inside the run, in a storage made by the
+ * run that nothing outside the graph holds. */
+static bool is_register(const fuse_ctx *c, const fuse_slot *sl, size_t end) {
+    const stor_info *in = &c->g->stor[sl->sid];
+    return sl->written && !sl->loaded && sl->full && in->internal &&
+           !nd_graph_live_out(c->g, (size_t)sl->sid, c->refs) && c->first[sl->sid] >= c->start &&
+           c->last[sl->sid] < end;
+}
+
+/* Adds record r (number c->start + R->nstep) to the run; false (the run
+ * unchanged) when it cannot join. */
+static bool try_add(const fuse_ctx *c, fuse_run *R, const nd_graph_rec *r) {
+    nd_ew_step s;
+    int in_slot[3];
+    nd_dtype dt = R->nstep ? R->dt : ND_NUM_DTYPES;
+    if (R->nstep == ND_EW_MAX_STEPS || !record_step(r, &s, in_slot, &dt)) return false;
+    if (R->nstep && (r->be != R->be || !same_shape(r->t[0], R->shape_of))) return false;
+    if (overlapping_write(r->t[0])) return false;
+    fuse_slot saved[MAX_SLOTS];
+    int nsaved = R->nslot;
+    memcpy(saved, R->slot, (size_t)nsaved * sizeof *saved);
+    bool ok = true;
+    for (int j = 0; j < 3 && ok; j++) { /* reads first: an in-place op reads the old value */
+        if (in_slot[j] < 0) continue;
+        int k = find_slot(R, r->t[in_slot[j]], r->sid[in_slot[j]], false);
+        if (k < 0) { ok = false; break; }
+        fuse_slot *sl = &R->slot[k];
+        if (sl->value < 0) { sl->loaded = true; s.in[j] = (int16_t)k; }
+        else s.in[j] = (int16_t)sl->value;
+    }
+    int w = ok ? find_slot(R, r->t[0], r->sid[0], true) : -1;
+    if (w >= 0) {
+        fuse_slot *ws = &R->slot[w];
+        ws->written = true;
+        ws->full = ws->full && r->full[0];
+        ws->value = STEP_REF + R->nstep;
+        ws->last_step = R->nstep;
+        int tensors = 0; /* were the run to end here */
+        for (int k = 0; k < R->nslot; k++)
+            tensors += !is_register(c, &R->slot[k], c->start + (size_t)R->nstep + 1);
+        if (tensors > ND_EW_MAX_TENSORS) w = -1;
+    }
+    if (w < 0) {
+        R->nslot = nsaved;
+        memcpy(R->slot, saved, (size_t)nsaved * sizeof *saved);
+        return false;
+    }
+    int id = R->nstep;
+    R->step[R->nstep++] = s;
+    if (id == 0) {
+        R->be = r->be;
+        R->dt = dt;
+        R->shape_of = r->t[0];
+    }
+    return true;
+}
+
+static const char *step_name(const nd_ew_step *s) {
+    switch ((nd_ew_kind)s->kind) {
+    case ND_EW_UNARY: return nd_unary_name((nd_unary_op)s->op);
+    case ND_EW_BINARY: return nd_binary_name((nd_binary_op)s->op);
+    case ND_EW_WHERE: return "where";
+    case ND_EW_CLAMP: return "clamp";
+    case ND_EW_RELU_BACKWARD: return "relu_backward";
+    }
+    return "?";
+}
+
+/* The fused record of run R (records first .. first + R->nstep - 1 of the
+ * original numbering); refs/first/last as nd_graph_uses. */
+static nd_status make_fused(const fuse_ctx *c, const fuse_run *R, nd_graph_rec *out,
+                            int64_t *registers, int64_t *register_bytes) {
+    size_t end = c->start + (size_t)R->nstep; /* one past the run */
+    int newidx[MAX_SLOTS];
+    nd_ew_program *p = calloc(1, sizeof *p);
+    if (!p) return nd_fail(ND_ERR_MEMORY, "compile: out of memory in the fuse pass");
+    memset(out, 0, sizeof *out);
+    out->entry = ND_CALL_fused_elementwise;
+    out->be = R->be;
+    out->op = "fused";
+    int nt = 0;
+    for (int k = 0; k < R->nslot; k++) {
+        const fuse_slot *sl = &R->slot[k];
+        if (is_register(c, sl, end)) {
+            newidx[k] = -1;
+            (*registers)++;
+            *register_bytes += (int64_t)c->g->stor[sl->sid].nbytes;
+            continue;
+        }
+        newidx[k] = nt;
+        nd_tensor *t = (nd_tensor *)sl->t;
+        nd_retain(t);
+        out->t[nt] = t;
+        out->role[nt] = (unsigned char)((sl->loaded ? ND_ROLE_READ : 0) | (sl->written ? ND_ROLE_WRITE : 0));
+        out->full[nt] = sl->written && sl->full;
+        out->sid[nt] = sl->sid;
+        nt++;
+    }
+    out->nt = nt;
+    p->nt = nt;
+    p->nsteps = R->nstep;
+    p->dtype = R->dt;
+    size_t len = 0;
+    for (int j = 0; j < R->nstep; j++) {
+        nd_ew_step s = R->step[j];
+        for (int q = 0; q < 3; q++) {
+            if (s.kind == ND_EW_UNARY || s.kind == ND_EW_CLAMP ? q > 0 : (s.kind != ND_EW_WHERE && q > 1))
+                continue;
+            if (s.in[q] == ND_EW_SCALAR) continue;
+            s.in[q] = (int16_t)(s.in[q] >= STEP_REF ? nt + (s.in[q] - STEP_REF) : newidx[s.in[q]]);
+        }
+        s.store = -1;
+        p->steps[j] = s;
+        const char *name = step_name(&s);
+        size_t nl = strlen(name);
+        if (len + nl + 5 < sizeof p->desc) {
+            if (j) p->desc[len++] = '+';
+            memcpy(p->desc + len, name, nl);
+            len += nl;
+            p->desc[len] = 0;
+        } else if (len + 4 < sizeof p->desc && !strstr(p->desc, "...")) {
+            memcpy(p->desc + len, "+...", 5);
+            len += 4;
+        }
+    }
+    for (int k = 0; k < R->nslot; k++)
+        if (R->slot[k].written && newidx[k] >= 0) p->steps[R->slot[k].last_step].store = (int8_t)newidx[k];
+    out->prog = p;
+    return ND_OK;
+}
+
+nd_status nd_graph_pass_fuse(nd_graph *g, int64_t *changed) {
+    size_t ns = g->nstor, n = g->n;
+    int64_t *refs = malloc((ns + 1) * sizeof *refs);
+    size_t *first = malloc((ns + 1) * sizeof *first), *last = malloc((ns + 1) * sizeof *last);
+    nd_graph_rec *recs = malloc((n + 1) * sizeof *recs);
+    fuse_run *R = malloc(sizeof *R);
+    nd_status st = ND_OK;
+    if (!refs || !first || !last || !recs || !R) {
+        st = nd_fail(ND_ERR_MEMORY, "compile: out of memory in the fuse pass");
+        goto done;
+    }
+    nd_graph_uses(g, refs, first, last);
+    fuse_ctx c = {g, refs, first, last, 0};
+    size_t out = 0, i = 0;
+    while (i < n) {
+        R->nslot = R->nstep = 0;
+        c.start = i;
+        size_t j = i;
+        while (j < n && try_add(&c, R, &g->recs[j])) j++;
+        if (R->nstep < 2) { /* nothing to gain from a run of one */
+            recs[out++] = g->recs[i++];
+            continue;
+        }
+        st = make_fused(&c, R, &recs[out], &g->fused_registers, &g->fused_register_bytes);
+        if (st != ND_OK) { /* keep the rest as it was */
+            while (i < n) recs[out++] = g->recs[i++];
+            break;
+        }
+        out++;
+        for (size_t k = i; k < j; k++) nd_graph_rec_release(&g->recs[k]);
+        *changed += (int64_t)(j - i) - 1;
+        g->fused_runs++;
+        i = j;
+    }
+    memcpy(g->recs, recs, out * sizeof *recs);
+    g->n = out;
+done:
+    free(refs); free(first); free(last); free(recs); free(R);
+    return st;
+}
