@@ -186,4 +186,33 @@ describe("autograd", function()
     e = err_of(function() x.grad = nd.zeros({2}, {dtype = "float64"}) end)
     has(e, "dtype float64, expected float32")
   end)
+
+  it("select and slice backwards add into one gradient of their input, as the composed backward does", function()
+    -- a loop over the steps of a sequence, as the RNNs do: each step's gradient goes into its
+    -- slice of one zeros tensor (not a zeros tensor per step, summed afterwards)
+    local function run(create_graph)
+      nd.manual_seed(3)
+      local x = nd.randn({7, 3, 8}, {requires_grad = true})
+      local xw = x * 2 -- an intermediate: its pending gradient collects the slices
+      local loss = nd.zeros({})
+      for t = 1, 7 do
+        local part = xw[t]:narrow(2, 2, 5) + xw[t]:narrow(2, 1, 4):sum(2, true) -- overlapping slices
+        loss = loss + (part * t):tanh():sum()
+      end
+      loss = loss + (xw:narrow(1, 2, 3) * 0.5):sum() -- and a whole-tensor slice on top
+      loss:backward({create_graph = create_graph})
+      return x.grad
+    end
+    local fast, composed = run(false), run(true) -- create_graph keeps the differentiable formulas
+    assert.are.equal(0, (fast - composed:detach()):abs():max():item())
+    -- a gradient the engine may not write in place is copied first: here y's pending gradient
+    -- is sum's backward, an expanded view of one number, when y[1]'s slice arrives
+    local x1 = nd.zeros({3, 2}, {requires_grad = true})
+    local x2 = nd.zeros({3, 2}, {requires_grad = true})
+    local y, c = x1 * 1, x2 * 1
+    local loss = (y[1] * 3):sum() + (y + c):sum()
+    loss:backward()
+    assert.are.same({{4, 4}, {1, 1}, {1, 1}}, x1.grad:totable())
+    assert.are.same({{1, 1}, {1, 1}, {1, 1}}, x2.grad:totable())
+  end)
 end)

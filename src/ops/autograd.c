@@ -5,6 +5,7 @@
 #include <string.h>
 #include "autograd.h"
 #include "backend_call.h" /* nd_graph_note_leaf_grad */
+#include "grad_fns.h"      /* nd_view_grad_into */
 
 /* ------------------------------------------------------------- grad mode */
 
@@ -252,7 +253,10 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
             if (st == ND_OK) {
                 /* the profiler's "<op>_backward" events (one flag test when off) */
                 int pdepth = nd_profiler_on_ ? nd_profiler_push_backward(n->name) : -1;
-                st = n->backward(n, g, grads);
+                bool done = false;
+                if (!create_graph && n->ninputs == 1 && n->needs_grad[0] && n->next[0])
+                    st = nd_view_grad_into(n, g, &n->next[0]->pending, &done);
+                if (st == ND_OK && !done) st = n->backward(n, g, grads);
                 if (pdepth >= 0) nd_profiler_pop(pdepth);
             }
         }

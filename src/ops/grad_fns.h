@@ -29,6 +29,14 @@ nd_status nd_record_expand(const nd_tensor *x, nd_tensor *out);
 nd_status nd_record_select(const nd_tensor *x, int dim, int64_t index, nd_tensor *out);
 /* out = x.slice(dim, start, ..., step): out->shape[dim] elements from start */
 nd_status nd_record_slice(const nd_tensor *x, int dim, int64_t start, int64_t step, nd_tensor *out);
+/* The engine's shortcut for select and slice nodes (no create_graph): g is
+ * added into the selected part of *slot (the input's pending gradient) in
+ * place - made of zeros when empty, copied first when someone besides the
+ * engine holds it - instead of the backward's zeros of the whole input per
+ * node, summed afterwards: a loop over the T steps of a sequence costs T
+ * slices, not T whole tensors each way. *done false: n is not such a node
+ * (or its gradient has another dtype): run its backward. */
+nd_status nd_view_grad_into(nd_node *n, nd_tensor *g, nd_tensor **slot, bool *done);
 /* copies */
 nd_status nd_record_identity(nd_op op, const nd_tensor *x, nd_tensor *out);
 nd_status nd_record_to_dtype(const nd_tensor *x, nd_tensor *out);

@@ -444,6 +444,45 @@ static nd_status bw_select(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     return st;
 }
 
+nd_status nd_view_grad_into(nd_node *n, nd_tensor *g, nd_tensor **slot, bool *done) {
+    *done = false;
+    bool sel = n->backward == bw_select;
+    if ((!sel && n->backward != bw_slice) || g->dtype != n->in_dtype[0]) return ND_OK;
+    int dim = n->dims[0];
+    int64_t start = n->iparams[0], step = sel ? 1 : n->iparams[1];
+    nd_tensor *u;
+    if (sel) ND_TRY(nd_unsqueeze(g, dim, &u));
+    else {
+        nd_retain(g);
+        u = g;
+    }
+    nd_status st = ND_OK;
+    nd_tensor *acc = *slot;
+    if (!acc) {
+        st = slice_backward(u, n->in_shape[0], n->in_ndim[0], dim, start, step, slot);
+    } else {
+        /* only the engine holds it (a capturing graph's references aside) */
+        int held = atomic_load(&acc->storage->refcount) - atomic_load(&acc->storage->graph_refs);
+        bool owned = atomic_load(&acc->refcount) == 1 && held == 1 && nd_is_contiguous(acc) &&
+                     acc->dtype == u->dtype;
+        if (!owned) {
+            nd_tensor *c;
+            st = nd_clone(acc, &c);
+            if (st == ND_OK) {
+                nd_release(acc);
+                *slot = acc = c;
+            }
+        }
+        nd_tensor *v = NULL;
+        if (st == ND_OK) st = nd_slice(acc, dim, start, start + u->shape[dim] * step, step, &v);
+        if (st == ND_OK) st = nd_binary_(ND_BINARY_add, v, u);
+        nd_release(v);
+    }
+    nd_release(u);
+    *done = st == ND_OK;
+    return st;
+}
+
 nd_status nd_record_select(const nd_tensor *x, int dim, int64_t index, nd_tensor *out) {
     if (!nd_dtype_is_float(out->dtype)) return ND_OK;
     nd_node *n;
