@@ -558,6 +558,17 @@ case("avg_pool2d's input gradient differentiated w.r.t. its grad_output (avg_poo
     return nd.grad(nd.avg_pool2d(x, 2), x, {grad_outputs = g, create_graph = true})
   end)
 
+case("a compiled forward's output, differentiated through its replayed backward graph (compiled_forward)",
+  function() return {randn({5, 4}), randn({3, 4}), randn({3})} end,
+  function(x, w, b)
+    -- parameters as upvalues (a compiled function refuses arguments that require grad)
+    local cf = nd.compile(function(a) return (F.linear(a, w, b):tanh() * a:sum(2, true)):sigmoid() end,
+                          {warmup = 0})
+    local xd = x:detach()
+    cf(xd) -- captured
+    return cf(xd) -- replayed: its output's backward replays the captured backward
+  end, {nograd = {[1] = true}})
+
 -- errors that must be errors on every device, with the cpu's message -----------------------------------
 
 local ERROR_CASES = {

@@ -65,6 +65,10 @@ struct nd_node {
     int ndims;
     int64_t iparams[ND_MAX_DIMS]; /* one per dim for pad */
     double fparams[4];
+    /* a backward's own state beyond the fields above (compiled_forward's
+     * graphs), freed with the node by ctx_free */
+    void *ctx;
+    void (*ctx_free)(void *ctx);
     /* engine scratch (one backward at a time per graph) */
     nd_tensor *pending;         /* accumulated gradient of the output */
     int deps;

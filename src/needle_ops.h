@@ -109,9 +109,11 @@
  * X(name, kind, arity, dtype_rule, grad)
  *   kind        what a compiler may assume: TERNARY, UNARY (elementwise with
  *               parameters), REDUCE, VIEW, COPY, CREATE, INDEX, NORM, LOSS,
- *               GEMM, CONV, POOL, JOIN, SCAN, SORT, RANDOM, OPTIM, or
+ *               GEMM, CONV, POOL, JOIN, SCAN, SORT, RANDOM, OPTIM,
  *               BACKWARD (an op that exists as the gradient of another, with
- *               a backward of its own so second derivatives work).
+ *               a backward of its own so second derivatives work), or GRAPH
+ *               (the output of a function nd.compile replays: its inputs are
+ *               the parameters, its backward replays a captured backward).
  *   arity       tensor inputs, optional ones counted (-1: a list of tensors).
  *   dtype_rule  SAME: the result has the input's dtype; FLOAT: float inputs
  *               only; PROMOTE: the operands' promoted dtype; INDEX: values
@@ -187,6 +189,7 @@
     X(slice_backward,      BACKWARD, 1, SAME,    NODE)                     \
     X(max_pool2d_backward, BACKWARD, 1, FLOAT,   NODE)                     \
     X(max_pool2d_gather,   BACKWARD, 1, FLOAT,   NODE)                     \
-    X(avg_pool2d_backward, BACKWARD, 1, FLOAT,   NODE)
+    X(avg_pool2d_backward, BACKWARD, 1, FLOAT,   NODE)                     \
+    X(compiled_forward,    GRAPH,   -1, OUTPUT,  NODE)
 
 #endif

@@ -52,6 +52,7 @@ const char *nd_reduce_name(nd_reduce_op op) {
 #define KIND_RANDOM "random"
 #define KIND_OPTIM "optim"
 #define KIND_BACKWARD "backward"
+#define KIND_GRAPH "graph"
 #define GRAD_NODE true
 #define GRAD_VIA true
 #define GRAD_NONE false

@@ -4,6 +4,8 @@
  * a tensor's storage (the parameter guards). */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include "autograd_node.h"
 #include "lt_internal.h"
 
 #define GRAPH_MT "needle.graph"
@@ -141,6 +143,107 @@ static int l_records(lua_State *L) {
     return 1;
 }
 
+/* g:attach_backward(out, bw, grad_in, leaves, grads): out gets the node of
+ * nd_graph_attach_backward (grads[i] false: no gradient for leaves[i]) */
+static int l_attach_backward(lua_State *L) {
+    graph_box *b = check_graph(L, "compile");
+    nd_tensor *out = lt_check(L, 2, "compile");
+    graph_box *bw = luaL_checkudata(L, 3, GRAPH_MT);
+    if (!bw->g) return lt_error(L, "compile", "the backward graph was freed");
+    nd_tensor *grad_in = lt_check(L, 4, "compile");
+    luaL_checktype(L, 5, LUA_TTABLE);
+    luaL_checktype(L, 6, LUA_TTABLE);
+    int n = (int)lua_rawlen(L, 5);
+    nd_tensor **leaves = malloc((size_t)(2 * n + 1) * sizeof *leaves), **grads = leaves + n;
+    if (!leaves) return lt_error(L, "compile", "out of memory");
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 5, i + 1);
+        leaves[i] = nd_lua_to_tensor(L, -1);
+        lua_rawgeti(L, 6, i + 1);
+        grads[i] = nd_lua_to_tensor(L, -1); /* NULL for false */
+        lua_pop(L, 2);
+        if (!leaves[i]) {
+            free(leaves);
+            return lt_error(L, "compile", "attach_backward: leaf %d is not a tensor", i + 1);
+        }
+    }
+    nd_status st = nd_graph_attach_backward(out, b->g, bw->g, grad_in, n, leaves, grads);
+    free(leaves);
+    LT_CHECK(L, st);
+    return 0;
+}
+
+/* A set of pointers (open addressing, grown at half full). */
+typedef struct { const void **slot; size_t cap, n; } ptr_set;
+
+/* 1: p was new and is in now; 0: it was in; -1: out of memory */
+static int ptr_set_add(ptr_set *s, const void *p) {
+    if (2 * (s->n + 1) > s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 1024;
+        const void **slot = calloc(cap, sizeof *slot);
+        if (!slot) return -1;
+        for (size_t q = 0; q < s->cap; q++) {
+            if (!s->slot[q]) continue;
+            size_t h = ((uintptr_t)s->slot[q] >> 4) & (cap - 1);
+            while (slot[h]) h = (h + 1) & (cap - 1);
+            slot[h] = s->slot[q];
+        }
+        free(s->slot);
+        s->slot = slot;
+        s->cap = cap;
+    }
+    size_t h = ((uintptr_t)p >> 4) & (s->cap - 1);
+    for (; s->slot[h]; h = (h + 1) & (s->cap - 1))
+        if (s->slot[h] == p) return 0;
+    s->slot[h] = p;
+    s->n++;
+    return 1;
+}
+
+/* core._grad_leaves({t, ...}) -> the tensors that require grad and have no
+ * grad_fn (parameters) reached through the ts' autograd graphs, each once,
+ * in the order a depth-first walk meets them */
+static int l_grad_leaves(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    size_t cap = 256, n = 0;
+    nd_node **stack = malloc(cap * sizeof *stack);
+    ptr_set seen = {0};
+    int ok = stack ? 1 : -1, nleaves = 0;
+    lua_newtable(L);
+    for (lua_Integer i = 1; ok >= 0 && i <= (lua_Integer)lua_rawlen(L, 1); i++) {
+        lua_rawgeti(L, 1, i);
+        nd_tensor *t = nd_lua_to_tensor(L, -1);
+        lua_pop(L, 1);
+        if (!t || !t->grad_fn || (ok = ptr_set_add(&seen, t->grad_fn)) <= 0) continue;
+        stack[n++] = t->grad_fn;
+        while (ok >= 0 && n) {
+            nd_node *node = stack[--n];
+            for (int k = node->ninputs - 1; ok >= 0 && k >= 0; k--) {
+                nd_node *next = node->next[k];
+                nd_tensor *leaf = next ? NULL : node->leaf[k];
+                if ((!next && !leaf) || (ok = ptr_set_add(&seen, next ? (void *)next : (void *)leaf)) <= 0)
+                    continue;
+                if (leaf) {
+                    nd_lua_push_tensor(L, leaf);
+                    lua_rawseti(L, -2, ++nleaves);
+                    continue;
+                }
+                if (n == cap) {
+                    nd_node **ns = realloc(stack, cap * 2 * sizeof *ns);
+                    if (!ns) { ok = -1; break; }
+                    stack = ns;
+                    cap *= 2;
+                }
+                stack[n++] = next;
+            }
+        }
+    }
+    free(stack);
+    free(seen.slot);
+    if (ok < 0) return lt_error(L, "compile", "out of memory walking the autograd graph");
+    return 1;
+}
+
 /* core._graph_pause(on) -> whether it was paused: work the capturing code
  * does outside the graph (an optimizer filling the scalars a replay hook
  * refreshes) */
@@ -187,7 +290,8 @@ void lt_register_graph(lua_State *L) {
     if (luaL_newmetatable(L, GRAPH_MT)) {
         static const luaL_Reg methods[] = {
             {"finish", l_finish}, {"replay", l_replay}, {"stats", l_stats},
-            {"records", l_records}, {"free", l_free}, {"plan", l_plan}, {"pass", l_pass}, {NULL, NULL},
+            {"records", l_records}, {"free", l_free}, {"plan", l_plan}, {"pass", l_pass},
+            {"attach_backward", l_attach_backward}, {NULL, NULL},
         };
         lua_newtable(L);
         luaL_setfuncs(L, methods, 0);
@@ -203,6 +307,7 @@ void lt_register_graph(lua_State *L) {
         {"_storage_key", l_storage_key, false, true},
         {"_meta_generation", l_meta_generation, false, true},
         {"_tensor_sig", l_tensor_sig, false, true},
+        {"_grad_leaves", l_grad_leaves, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

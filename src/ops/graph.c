@@ -390,6 +390,7 @@ nd_status nd_graph_begin(nd_graph **out) {
                        "thread (compiled functions cannot be captured inside each other)");
     nd_graph *g = calloc(1, sizeof *g);
     if (!g) return nd_fail(ND_ERR_MEMORY, "compile: out of memory starting a capture");
+    atomic_init(&g->refs, 1);
     atomic_fetch_add(&nd_captures_running, 1); /* before the serial: storages made from here count as new */
     g->start_serial = nd_storage_serial();
     g->capturing = true;
@@ -462,6 +463,7 @@ nd_status nd_graph_replay(nd_graph *g) {
         for (int j = 0; j < r->nt; j++)
             if (r->t[j] && (r->role[j] & ND_ROLE_WRITE)) r->t[j]->storage->version++;
     }
+    g->replays++;
     for (size_t k = 0; k < g->nleaves; k++) {
         leaf_grad *l = &g->leaves[k];
         if (l->leaf->grad == l->grad) continue;
@@ -472,8 +474,10 @@ nd_status nd_graph_replay(nd_graph *g) {
     return ND_OK;
 }
 
+void nd_graph_retain(nd_graph *g) { if (g) atomic_fetch_add(&g->refs, 1); }
+
 void nd_graph_free(nd_graph *g) {
-    if (!g) return;
+    if (!g || atomic_fetch_sub(&g->refs, 1) > 1) return;
     if (g->capturing) atomic_fetch_sub(&nd_captures_running, 1); /* freed without an end */
     if (current == g) { current = NULL; paused = 0; }
     if (g->capturing) /* an ended graph reset its counts at its end */

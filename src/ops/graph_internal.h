@@ -41,6 +41,8 @@ typedef struct {
 } leaf_grad;
 
 struct nd_graph {
+    atomic_int refs;     /* the owner's, and each compiled output's autograd node's */
+    uint64_t replays;    /* replays so far (an output's backward checks that none came since) */
     nd_graph_rec *recs;
     size_t n, cap;
     stor_info *stor;

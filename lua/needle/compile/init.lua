@@ -17,8 +17,10 @@
 -- (cf.stats.retraces counts it).
 --
 -- The arguments' tensors are copied into the graph's own input tensors on
--- every call, and the results' tensors are returned as copies (detached):
--- the graph's buffers are reused by the next call.
+-- every call, and the results' tensors are returned as copies: the graph's
+-- buffers are reused by the next call. A result that needs gradients (a
+-- compiled forward, trained with an eager backward) gets an autograd node
+-- whose backward replays a backward graph captured with the forward.
 local core = require "needle.core"
 local errors = require "needle.errors"
 local options = require "needle.options"
@@ -264,6 +266,7 @@ end
 local function drop(self, key)
   local e = self.entries[key]
   if e and e.graph then e.graph:free() end
+  if e and e.backward then e.backward.graph:free() end
   self.entries[key] = nil
 end
 
@@ -294,12 +297,58 @@ end
 
 local function clone(t) return t:clone() end
 
--- the results as fresh tensors (detached: cloned under no_grad); the packed
--- top level walked directly
+-- the results as fresh tensors (cloned under no_grad); the packed top level
+-- walked directly
 local function copy_out(res)
   local out = {n = res.n}
   for i = 1, res.n do out[i] = map_tensors(res[i], clone) end
   return out
+end
+
+-- copy_out, and the results that need gradients get their backward node
+local function results(e)
+  local bw = e.backward
+  if not (bw and core.is_grad_enabled()) then return core.no_grad(copy_out, e.outputs) end
+  local res, graph = e.outputs, e.graph
+  local function out(t)
+    local c = core.no_grad(clone, t)
+    local k = bw.index[t]
+    if k then graph:attach_backward(c, bw.graph, bw.grad_in[k], bw.leaves, bw.grads) end
+    return c
+  end
+  local r = {n = res.n}
+  for i = 1, res.n do r[i] = map_tensors(res[i], out) end
+  return r
+end
+
+-- The backward graph of the results that need gradients (see the top of the
+-- file): the gradients of the results with respect to the parameters, from
+-- gradients placed in grad_in[k] (zeros but while result k's backward runs);
+-- captured right after the forward, while its autograd graph is alive. nil
+-- when no result needs one.
+local function capture_backward(res)
+  local diff, index = {}, {}
+  map_tensors(res, function(t)
+    if t.requires_grad and not index[t] then
+      diff[#diff + 1] = t
+      index[t] = #diff
+    end
+  end)
+  if #diff == 0 then return nil end
+  local leaves = core._grad_leaves(diff)
+  if #leaves == 0 then return nil end
+  local grad_in = {}
+  for k, o in ipairs(diff) do grad_in[k] = core.no_grad(core.zeros_like, o) end
+  local bg = core._graph_begin(false)
+  local ok, grads = pcall(core.grad, diff, leaves, {grad_outputs = grad_in, allow_unused = true})
+  local fok, why = pcall(bg.finish, bg)
+  if not (ok and fok) then
+    bg:free()
+    fail("capturing the backward of the results: %s", tostring(ok and why or grads))
+  end
+  local gs = {}
+  for i = 1, #leaves do gs[i] = grads[i] or false end
+  return {leaves = leaves, graph = bg, grad_in = grad_in, grads = gs, index = index, results = #diff}
 end
 
 local function capture_call(self, e, args, flat)
@@ -381,6 +430,28 @@ local function capture_call(self, e, args, flat)
     end
   end
   core.no_grad(copy_back, flat, inputs, written)
+  -- results that need gradients: their backward graph, unless the function
+  -- ran a backward itself (a whole training step returns its loss detached)
+  local bw
+  if core.is_grad_enabled() and g:stats().leaves == 0 then
+    local bok, b = pcall(capture_backward, res)
+    if not bok then g:free(); error(b, 0) end
+    bw = b
+  end
+  -- the results as the graph's tensors, without the capture's autograd graph
+  -- (its saved activations would otherwise look held from outside)
+  local detached = {}
+  local outputs = map_tensors(res, function(t)
+    detached[t] = detached[t] or t:detach()
+    return detached[t]
+  end)
+  outputs.n = res.n
+  if bw then
+    local index = {}
+    for t, k in pairs(bw.index) do index[detached[t]] = k end
+    bw.index = index
+  end
+  res = nil
   -- what the capture left unreachable (autograd nodes and their saved
   -- tensors, Lua temporaries) must be gone for the plan to see which
   -- intermediates only the graph holds
@@ -396,29 +467,38 @@ local function capture_call(self, e, args, flat)
       end
     end
     g:plan()
+    if bw then
+      for _, name in ipairs(self.passes) do bw.graph:pass(name) end
+      bw.graph:plan()
+    end
   end)
-  if not pok then g:free(); error(perr, 0) end
+  if not pok then
+    g:free()
+    if bw then bw.graph:free() end
+    error(perr, 0)
+  end
   -- State made during the capture that lives on (an optimizer's moments made
   -- by its first step) would be reset to its first value before every replay
   local out_keys = {}
-  map_tensors(res, function(t) out_keys[core._storage_key(t)] = true end)
+  map_tensors(outputs, function(t) out_keys[core._storage_key(t)] = true end)
   -- (made inside on the host, kept by Lua and put back before each replay;
   -- the optimizers refuse to make their state inside a capture themselves)
   for _, r in ipairs(g:records()) do
     for _, a in ipairs(r.args) do
       if a.outside and not out_keys[a.key] and a.kind == "c" then
         g:free()
+        if bw then bw.graph:free() end
         fail("state made during the capture (an optimizer's momentum or moments, a buffer made "
              .. "on the first call) lives on after it, and a replay would start it over: call the "
              .. "function once before it is captured (warmup >= 1)")
       end
     end
   end
-  e.written, e.inputs, e.outputs = written, inputs, res
+  e.written, e.inputs, e.outputs, e.backward = written, inputs, outputs, bw
   e.module_guards = module_guards(st.modules)
   e.guards, e.hooks = st.guards, st.hooks
   e.graph = g -- last: an entry with a graph is complete
-  return core.no_grad(copy_out, res)
+  return results(e)
 end
 
 local function replay(self, e, flat)
@@ -434,7 +514,7 @@ local function replay(self, e, flat)
   end
   self.stats.replays = self.stats.replays + 1
   if #e.written > 0 then core.no_grad(copy_back, flat, inputs, e.written) end
-  return core.no_grad(copy_out, e.outputs)
+  return results(e)
 end
 
 function CF:__call(...)
@@ -528,6 +608,11 @@ function CF:explain()
                          .. "gradients of %d leaves restored"):format(#e.module_guards, #e.guards,
                          #e.hooks, gs.leaves)
     lines[#lines + 1] = "kernels by entry: " .. ir.histogram(e.graph:records())
+    if e.backward then
+      lines[#lines + 1] = ("backward: %d result(s) differentiable with respect to %d parameter(s); "
+                           .. "their backward graph replays %d kernel calls"):format(
+                           e.backward.results, #e.backward.leaves, e.backward.graph:stats().records)
+    end
     if gs.fused_runs > 0 then
       local fuse_removed = 0
       for _, p in ipairs(e.passes or {}) do if p[1] == "fuse" then fuse_removed = fuse_removed + p[2] end end

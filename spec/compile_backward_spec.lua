@@ -1,0 +1,175 @@
+-- compile_backward_spec.lua - backward through a compiled forward (op
+-- compiled_forward, src/ops/graph_backward.c): nd.compile of a model or a
+-- forward function, trained with an eager backward and optimizer, gives the
+-- eager gradients and parameters; a finite-difference gradcheck in float64
+-- through the compiled function; the refusals (a stale output, create_graph).
+local nd = require "needle"
+local A = require("spec.helpers.assertions").bind(assert)
+local D = require "spec.helpers.devices"
+local G = require "spec.helpers.gradcheck"
+local errmsg, assert_contains = A.errmsg, A.assert_contains
+
+local function max_abs(a, b) return (a:to("cpu"):double() - b:to("cpu"):double()):abs():max():item() end
+
+local function model(device)
+  nd.manual_seed(5)
+  return nd.nn.Sequential(nd.nn.Linear(6, 16), nd.nn.Tanh(), nd.nn.Linear(16, 16), nd.nn.ReLU(),
+                          nd.nn.Linear(16, 3)):to(device)
+end
+
+describe("backward through a compiled forward", function()
+  for _, dev in ipairs(D.all()) do
+    it("trains as eagerly: losses, gradients and parameters after 10 Adam steps, on " .. dev, function()
+      local runs = {}
+      for _, compiled in ipairs({false, true}) do
+        local m = model(dev)
+        local f = compiled and nd.compile(m) or m
+        local opt = nd.optim.Adam(m:parameters(), {lr = 1e-2})
+        local losses = {}
+        for i = 1, 10 do
+          nd.manual_seed(100 + i)
+          local x, y = nd.randn(8, 6):to(dev), nd.randint(1, 3, {8}):to(dev)
+          opt:zero_grad()
+          local loss = nd.F.cross_entropy(f(x), y)
+          loss:backward()
+          opt:step()
+          losses[i] = loss:item()
+        end
+        runs[compiled] = {m = m, losses = losses, f = f}
+      end
+      for i = 1, 10 do assert.are.equal(runs[false].losses[i], runs[true].losses[i]) end
+      local pe, pc = runs[false].m:parameters(), runs[true].m:parameters()
+      for k = 1, #pe do
+        assert.are.equal(0, max_abs(pc[k], pe[k]))
+        assert.are.equal(0, max_abs(pc[k].grad, pe[k].grad))
+      end
+      local cf = runs[true].f
+      assert.are.equal(8, cf.stats.replays)
+      assert_contains(cf:explain(), "backward: 1 result(s) differentiable with respect to 6 parameter(s)")
+    end)
+  end
+
+  it("trains the LSTM language model with its state carried between calls, exactly as eagerly", function()
+    local V, T, B = 200, 12, 4
+    local runs = {}
+    for _, compiled in ipairs({false, true}) do
+      nd.manual_seed(0)
+      local m = nd.nn.LanguageModel(V, {embedding_size = 16, hidden_size = 32, num_layers = 2})
+      local f = compiled and nd.compile(m) or m
+      local opt = nd.optim.SGD(m:parameters(), {lr = 0.5})
+      local h, c
+      local losses = {}
+      for i = 1, 6 do
+        nd.manual_seed(10 + i)
+        local ids, y = nd.randint(1, V, {T, B}), nd.randint(1, V, {T * B})
+        opt:zero_grad()
+        local logits, state = f(ids, h and {h, c} or nil)
+        local loss = nd.F.cross_entropy(logits, y)
+        loss:backward()
+        nd.nn.utils.clip_grad_norm_(m:parameters(), 0.25)
+        opt:step()
+        h, c = state[1]:detach(), state[2]:detach()
+        losses[i] = loss:item()
+      end
+      runs[compiled] = {m = m, losses = losses, f = f}
+    end
+    for i = 1, 6 do assert.are.equal(runs[false].losses[i], runs[true].losses[i]) end
+    local pe, pc = runs[false].m:parameters(), runs[true].m:parameters()
+    for k = 1, #pe do assert.are.equal(0, max_abs(pc[k], pe[k])) end
+    assert(runs[true].f.stats.replays >= 3, "no replays")
+    -- logits, h and c need gradients: one backward graph for the three
+    assert_contains(runs[true].f:explain(), "backward: 3 result(s) differentiable with respect to 11 parameter(s)")
+  end)
+
+  it("sums the gradients of several results (per parameter: equal within rounding)", function()
+    local lin = nd.nn.Linear(4, 4)
+    local f = function(x) local h = lin(x); return h:tanh(), h * 2 end
+    local cf = nd.compile(f)
+    for i = 1, 3 do
+      local x = nd.randn(3, 4) * i
+      lin.weight.grad, lin.bias.grad = nil, nil
+      local a, b = cf(x);
+      ((a * b):sum() + a:sum()):backward()
+      local gw, gb = lin.weight.grad:clone(), lin.bias.grad:clone()
+      lin.weight.grad, lin.bias.grad = nil, nil
+      local ea, eb = f(x);
+      ((ea * eb):sum() + ea:sum()):backward()
+      -- eager adds the two results' gradients at h, before the GEMMs; each result's backward
+      -- graph runs its own GEMMs and the engine adds the parameters' gradients: same sum,
+      -- other rounding
+      assert(max_abs(gw, lin.weight.grad) <= 1e-5 * (1 + lin.weight.grad:abs():max():item()))
+      assert(max_abs(gb, lin.bias.grad) <= 1e-5 * (1 + lin.bias.grad:abs():max():item()))
+    end
+  end)
+
+  it("passes a float64 gradcheck through the compiled function (captured and replayed)", function()
+    nd.manual_seed(2)
+    local w1 = nd.randn({5, 4}, {dtype = "float64", requires_grad = true})
+    local b1 = nd.randn({5}, {dtype = "float64", requires_grad = true})
+    local w2 = nd.randn({2, 5}, {dtype = "float64", requires_grad = true})
+    local x = nd.randn({3, 4}, {dtype = "float64"})
+    local cf = nd.compile(function(inp) return nd.F.linear(nd.F.linear(inp, w1, b1):sigmoid() * 1.5, w2) end,
+                          {warmup = 0})
+    local function build() return cf(x) end
+    local ok, why = G.gradcheck(build, {w1, b1, w2}, {covers = {"compiled_forward"}}) -- call 1: the capture
+    assert(ok, why)
+    ok, why = G.gradcheck(build, {w1, b1, w2}) -- every call a replay
+    assert(ok, why)
+    assert(cf.stats.replays > 20, "the gradcheck did not run replays")
+  end)
+
+  it("refuses a stale output and create_graph; no_grad calls get no backward", function()
+    local lin = nd.nn.Linear(3, 2)
+    local cf = nd.compile(lin)
+    local x = nd.randn(4, 3)
+    cf(x); cf(x)
+    local old = cf(x)
+    local new = cf(x)
+    assert_contains(errmsg(function() old:sum():backward() end),
+                    "compiled_forward: the compiled function ran again after it made this output")
+    new:sum():backward() -- the latest output is fine
+    assert.is_true(lin.weight.grad ~= nil)
+    local again = cf(x)
+    assert_contains(errmsg(nd.grad, again:sum(), {lin.weight}, {create_graph = true}),
+                    "backward with create_graph through the output of a compiled function is not supported")
+    local y = nd.no_grad(function() return cf(x) end)
+    assert.is_false(y.requires_grad)
+  end)
+
+  it("a whole training step returns its loss without a graph (its backward already ran)", function()
+    local lin = nd.nn.Linear(3, 1)
+    local opt = nd.optim.SGD(lin:parameters(), {lr = 0.1})
+    local step = nd.compile(function(x)
+      opt:zero_grad()
+      local loss = lin(x):sum()
+      loss:backward()
+      opt:step()
+      return loss
+    end)
+    for i = 1, 3 do
+      local loss = step(nd.randn(2, 3))
+      assert.are.equal(i == 1, loss.requires_grad) -- call 1 runs eagerly
+    end
+    assert.is_nil(step.last.backward)
+  end)
+
+  it("keeps memory flat over many steps (nodes give their graphs back)", function()
+    local m = model("cpu")
+    local f = nd.compile(m)
+    local opt = nd.optim.SGD(m:parameters(), {lr = 1e-3})
+    local x, y = nd.randn(8, 6), nd.randint(1, 3, {8})
+    local live
+    for i = 1, 3000 do
+      opt:zero_grad()
+      nd.F.cross_entropy(f(x), y):backward()
+      opt:step()
+      if i == 300 then collectgarbage(); live = nd.live_bytes() end
+    end
+    collectgarbage()
+    assert(nd.live_bytes() <= live, ("live bytes %d, at step 300 %d"):format(nd.live_bytes(), live))
+  end)
+
+  it("claims only the gradchecks it ran", function()
+    G.assert_covers(assert, "compile_backward_spec.lua")
+  end)
+end)

@@ -1,0 +1,98 @@
+/* graph_backward.c - backward through a compiled forward (nd.compile of a
+ * model or a forward function, trained with an eager backward).
+ *
+ * When the function's outputs need gradients, nd.compile captures, next to
+ * the forward graph fw, one backward graph bw: the gradients of the outputs
+ * with respect to the parameters, from gradients placed in tensors of the
+ * outputs' shapes (grad_in, one per output, zeros between backwards). Each
+ * output of a replay gets a node (op compiled_forward) whose inputs are
+ * those parameters; its backward copies the gradient it receives into the
+ * output's grad_in, replays bw, zeroes grad_in again and hands copies of
+ * bw's results to the engine, which accumulates them into the parameters'
+ * .grad as for any node (several outputs: one replay each, summed per
+ * parameter). bw reads activations that fw wrote, so the node refuses once
+ * fw has replayed again. */
+#include <stdlib.h>
+#include "autograd.h"
+#include "graph_internal.h"
+
+typedef struct {
+    nd_graph *fw, *bw;
+    uint64_t fw_replays; /* fw's replay count when the output was made */
+    nd_tensor *grad_in;
+    int n;
+    nd_tensor *grads[]; /* bw's results, one per leaf (NULL: no gradient) */
+} compiled_backward;
+
+static void free_ctx(void *p) {
+    compiled_backward *c = p;
+    for (int i = 0; i < c->n; i++) nd_release(c->grads[i]);
+    nd_release(c->grad_in);
+    nd_graph_free(c->fw);
+    nd_graph_free(c->bw);
+    free(c);
+}
+
+static nd_status bw_compiled(nd_node *node, nd_tensor *g, nd_tensor **grads) {
+    const compiled_backward *c = node->ctx;
+    if (nd_grad_enabled())
+        return nd_fail(ND_ERR_UNSUPPORTED, "compiled_forward: backward with create_graph through "
+                       "the output of a compiled function is not supported (its backward is a "
+                       "replayed graph, not differentiable ops): run that function eagerly");
+    if (c->fw->replays != c->fw_replays)
+        return nd_fail(ND_ERR_UNSUPPORTED, "compiled_forward: the compiled function ran again after "
+                       "it made this output, and overwrote the activations its backward reads: call "
+                       "backward before the next call (or compile the whole training step)");
+    nd_status st = nd_copy_(c->grad_in, g);
+    if (st == ND_OK) st = nd_graph_replay(c->bw);
+    /* the other outputs' backwards replay bw too: their grad_in must read zeros */
+    nd_status zst = nd_fill_(c->grad_in, 0.0);
+    if (st == ND_OK) st = zst;
+    for (int i = 0; i < c->n && st == ND_OK; i++)
+        if (c->grads[i] && node->needs_grad[i]) st = nd_clone(c->grads[i], &grads[i]);
+    return st;
+}
+
+static bool same_geometry(const nd_tensor *a, const nd_tensor *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+nd_status nd_graph_attach_backward(nd_tensor *out, nd_graph *fw, nd_graph *bw, nd_tensor *grad_in,
+                                   int n, nd_tensor *const *leaves, nd_tensor *const *grads) {
+    if (!fw || !bw || !fw->ended || !bw->ended)
+        return nd_fail(ND_ERR_ARG, "compiled_forward: the graphs were not captured");
+    if (!same_geometry(out, grad_in))
+        return nd_fail(ND_ERR_SHAPE, "compiled_forward: the output and its gradient's place differ "
+                       "in shape or dtype");
+    for (int i = 0; i < n; i++)
+        if (grads[i] && !same_geometry(grads[i], leaves[i]))
+            return nd_fail(ND_ERR_SHAPE, "compiled_forward: gradient %d differs from its parameter "
+                           "in shape or dtype", i + 1);
+    compiled_backward *c = calloc(1, sizeof *c + (size_t)n * sizeof *c->grads);
+    if (!c) return nd_fail(ND_ERR_MEMORY, "compiled_forward: out of memory");
+    nd_node *node;
+    nd_status st = nd_record(ND_OP_compiled_forward, bw_compiled, out, n,
+                             (const nd_tensor *const *)leaves, &node);
+    if (st != ND_OK || !node) {
+        free(c);
+        return st;
+    }
+    c->fw = fw;
+    c->bw = bw;
+    nd_graph_retain(fw);
+    nd_graph_retain(bw);
+    c->fw_replays = fw->replays;
+    c->grad_in = grad_in;
+    nd_retain(grad_in);
+    c->n = n;
+    for (int i = 0; i < n; i++) {
+        c->grads[i] = grads[i];
+        if (grads[i]) nd_retain(grads[i]);
+    }
+    node->ctx = c;
+    node->ctx_free = free_ctx;
+    return ND_OK;
+}
