@@ -50,13 +50,17 @@ options:
   --threads N         CPU threads (default: all)
   --max-lines N       read at most N lines of each file (quick runs)
   --compile           run each training step through nd.compile (docs/compile.md)
+  --tune S            --compile, and tune its fused kernels within S seconds (choices are
+                      kept on disk: a later run starts with them)
   -h, --help          this text
 ]]
 
 local numbers = {epochs = true, ["batch-size"] = true, lr = true, seed = true, bptt = true, emsize = true,
-                 nhid = true, nlayers = true, dropout = true, clip = true, threads = true, ["max-lines"] = true}
+                 nhid = true, nlayers = true, dropout = true, clip = true, threads = true, ["max-lines"] = true,
+                 tune = true}
 local opts = cli.parse(arg, defaults, usage, {prog = "train_lstm", numbers = numbers, flags = {compile = true},
-                                              optional = {"checkpoint", "resume", "threads", "max-lines"}})
+                                              optional = {"checkpoint", "resume", "threads", "max-lines", "tune"}})
+local compile_opts = cli.compile_opts(opts)
 local device, device_info = cli.check_device("train_lstm", opts)
 if opts.threads then nd.set_num_threads(opts.threads) end
 cli.mkdir_p(opts.out)
@@ -135,7 +139,7 @@ local function train_step(x, y, state)
   optimizer:step()
   return loss, state
 end
-if opts.compile then train_step = nd.compile(train_step) end
+if compile_opts then train_step = nd.compile(train_step, compile_opts) end
 
 -- CSV log (appended when resuming)
 local log_path = opts.out .. "/log.csv"
@@ -203,7 +207,5 @@ local file = plot.lines(opts.out .. "/loss", {
     end)()},
     {name = "valid", x = history.epochs, y = history.val_ppl},
   }})
-if opts.compile then -- what the compiler did (docs/compile.md)
-  print((train_step:explain():match("^[^\n]*")))
-end
+if compile_opts then cli.compile_report(train_step) end
 print(("wrote %s, %s and %s"):format(ckpt_path, log_path, file))

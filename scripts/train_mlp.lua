@@ -23,8 +23,8 @@ local defaults = {
 }
 -- options that take a number, and those that have no default value
 local numeric = {epochs = true, ["batch-size"] = true, lr = true, ["weight-decay"] = true,
-                 dropout = true, seed = true, threads = true, limit = true, ["stop-after"] = true}
-local optional = {"data", "checkpoint", "resume", "threads", "limit", "stop-after"}
+                 dropout = true, seed = true, threads = true, limit = true, ["stop-after"] = true, tune = true}
+local optional = {"data", "checkpoint", "resume", "threads", "limit", "stop-after", "tune"}
 
 local usage = [[
 usage: needle-lua scripts/train_mlp.lua [options]
@@ -53,6 +53,8 @@ options:
                       order); the model and every batch move there (default: cpu)
   --threads N         CPU threads (default: all)
   --compile           run each training step through nd.compile (docs/compile.md)
+  --tune S            --compile, and tune its fused kernels within S seconds (choices are
+                      kept on disk: a later run starts with them)
   -h, --help          this text
 ]]
 
@@ -60,6 +62,7 @@ local function die(code, fmt, ...) cli.die("train_mlp", code, fmt, ...) end
 
 local opts = cli.parse(arg, defaults, usage, {prog = "train_mlp", numbers = numeric, optional = optional,
                                              flags = {compile = true}})
+local compile_opts = cli.compile_opts(opts)
 local device, device_info = cli.check_device("train_mlp", opts)
 cli.positive_integers("train_mlp", opts, {"epochs", "batch-size", "threads", "limit", "stop-after"},
                       "option --%s expects a positive integer, got '%s'")
@@ -195,8 +198,8 @@ local log = cli.open_log(log_path, header, opts.resume, function(line)
   end
 end)
 
--- one step (through nd.compile with --compile)
-local train_step = cli.classifier_step(model, optimizer, opts.compile)
+-- one step (through nd.compile with --compile or --tune)
+local train_step = cli.classifier_step(model, optimizer, compile_opts)
 
 local n_test = x_test:size(1)
 local batches = #loader
@@ -265,8 +268,6 @@ if #history.steps > 0 then
     series = {{name = "train", x = history.epochs, y = history.train_acc},
               {name = "test", x = history.epochs, y = history.test_acc}}})
 end
-if opts.compile then -- what the compiler did (docs/compile.md)
-  print((train_step:explain():match("^[^\n]*")))
-end
+if compile_opts then cli.compile_report(train_step) end
 print(("wrote %s, %s%s"):format(ckpt_path, log_path,
   #files > 0 and (" and " .. table.concat(files, ", ")) or ""))

@@ -32,10 +32,10 @@ local defaults = {
 }
 -- options without a default value, and whether each is a number
 local optional = {lr = true, checkpoint = false, resume = false, threads = true, synthetic = true,
-                  ["stop-after"] = true}
+                  ["stop-after"] = true, tune = true}
 local numeric = {epochs = true, ["batch-size"] = true, lr = true, seed = true, momentum = true,
                  ["weight-decay"] = true, threads = true, synthetic = true, ["stop-after"] = true,
-                 ["eval-batch-size"] = true}
+                 ["eval-batch-size"] = true, tune = true}
 
 local usage = [[
 usage: needle-lua scripts/train_resnet.lua [options]
@@ -66,6 +66,8 @@ options:
                       order); the model and every batch move there (default: cpu)
   --threads N         CPU threads (default: all)
   --compile           run each training step through nd.compile (docs/compile.md)
+  --tune S            --compile, and tune its fused kernels within S seconds (choices are
+                      kept on disk: a later run starts with them)
   -h, --help          this text
 ]]
 
@@ -88,6 +90,7 @@ local function parse_args(argv)
 end
 
 local opts = parse_args(arg)
+local compile_opts = cli.compile_opts(opts)
 local device, device_info = cli.check_device("train_resnet", opts)
 if opts.threads then nd.set_num_threads(opts.threads) end
 
@@ -234,8 +237,8 @@ end)
 
 -- training ----------------------------------------------------------------------
 
--- one step (through nd.compile with --compile)
-local train_step = cli.classifier_step(model, optimizer, opts.compile)
+-- one step (through nd.compile with --compile or --tune)
+local train_step = cli.classifier_step(model, optimizer, compile_opts)
 
 local t_start = nd.clock()
 local epoch_times = {}
@@ -309,7 +312,5 @@ local acc_file = plot.lines(opts.out .. "/accuracy", {
   title = "ResNet9 on CIFAR-10: accuracy", xlabel = "epoch", ylabel = "accuracy",
   series = {{name = "train (augmented)", x = cols.epoch, y = cols.train_acc},
             {name = "test", x = cols.epoch, y = cols.test_acc}}})
-if opts.compile then -- what the compiler did (docs/compile.md)
-  print((train_step:explain():match("^[^\n]*")))
-end
+if compile_opts then cli.compile_report(train_step) end
 print(("wrote %s, %s, %s and %s"):format(ckpt_path, log_path, loss_file, acc_file))

@@ -64,6 +64,11 @@ typedef struct nd_ew_program {
     int nt, nsteps;
     nd_dtype dtype;       /* every operand's and result's (bool: where's conditions, comparisons) */
     nd_ew_step steps[ND_EW_MAX_STEPS];
+    /* Chosen by nd.compile's tuner (graph_tune.c), 0 / false: the backend's
+     * default. tune_size: elements per tile (CPU) or the work-group size
+     * (OpenCL); tune_serial: one thread (CPU). */
+    int32_t tune_size;
+    bool tune_serial;
     void *backend_cache;  /* what the backend prepared at the first run (OpenCL: the kernel,
                            * owned by the device's program cache), never freed with it */
     uint64_t backend_tag; /* ... and the backend's note on it (OpenCL: the cache's generation) */

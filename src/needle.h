@@ -562,9 +562,20 @@ typedef struct {
     int storage[ND_GRAPH_REC_TENSORS];               /* storage number within the graph, -1 for none */
     char storage_kind[ND_GRAPH_REC_TENSORS];         /* 'e' existed before, 'i' made inside, 'p' made inside and
                                    * placed by the memory plan, 'c' constant restored per replay */
-    bool outside[ND_GRAPH_REC_TENSORS];              /* made inside and, at the plan, also held outside the graph */
+    bool outside[ND_GRAPH_REC_TENSORS];
+    int tune_size;     /* a fused kernel's tuned size (0: the default) and thread choice */
+    bool tune_serial;              /* made inside and, at the plan, also held outside the graph */
 } nd_graph_rec_info;
 nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out);
+/* Autotuning of a planned graph's fused kernels (graph_tune.c): choices on
+ * file (nd_cache_dir "compile/tune.txt") are applied; with seconds > 0 the
+ * others are timed within that budget and the fastest exact choice kept and
+ * written to the file. */
+typedef struct {
+    int64_t kernels, cached, tuned; /* fused kernels; choices from the file; tuned now */
+    double seconds, best_speedup;   /* time spent; the best default-over-tuned ratio */
+} nd_graph_tune_stat;
+nd_status nd_graph_tune(nd_graph *g, double seconds, nd_graph_tune_stat *out);
 
 /* ---- Lua (declared without including lua.h) ---- */
 struct lua_State;

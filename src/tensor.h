@@ -62,6 +62,12 @@ const char *nd_bytes_str(uint64_t n, char *buf);
  * ("physical memory plus swap", "the memory limit of its cgroup", "unknown"). */
 int64_t nd_memory_limit_at(const char *root, const char **source);
 const char *nd_memory_limit_source(void);
+/* The directory of what needle measured on this machine, with sub appended
+ * and created (cache_dir.c): $NEEDLE_CACHE_DIR/sub, else
+ * $XDG_CACHE_HOME/needle/sub, else ~/.cache/needle/sub. False when there is
+ * none (no variable set, too long, not creatable). */
+bool nd_cache_dir(const char *sub, char *out, size_t n);
+int nd_mkdirs(const char *path); /* mkdir -p; 0 on success */
 /* Dims and indices in messages are written with ND_IXF ("%lld" between
  * markers) and a 0-based value: nd_last_error() shows them as they are (C is
  * 0-based), nd_last_error_based(1) adds 1 to the non-negative ones for the Lua

@@ -226,7 +226,26 @@ function M.classifier_step(model, optimizer, compile)
     optimizer:step()
     return loss, logits
   end
-  return compile and nd.compile(step) or step
+  return compile and nd.compile(step, type(compile) == "table" and compile or nil) or step
+end
+
+-- The nd.compile options of the training scripts' --compile and --tune
+-- SECONDS (--tune implies --compile), or false when neither was given.
+function M.compile_opts(opts)
+  if opts.tune ~= nil and not (opts.tune >= 0) then
+    M.die(opts.prog or "needle", 2, "option --tune expects seconds >= 0, got %s", tostring(opts.tune))
+  end
+  if not (opts.compile or opts.tune) then return false end
+  return {tune = opts.tune}
+end
+
+-- What the compiler did, after training (docs/compile.md): explain()'s first
+-- line, and its tuning line when there is one.
+function M.compile_report(step)
+  local text = step:explain()
+  print((text:match("^[^\n]*")))
+  local tuning = text:match("\n(tuning: [^\n]*)")
+  if tuning then print(tuning) end
 end
 
 return M

@@ -2,7 +2,8 @@
 -- (scripts/train_*.lua) as a user runs them.
 --
 --   local H = require "spec.helpers.scripts"
---   local run = H.runner("train_mlp") -- run(args): ok, output (stdout and stderr), exit code
+--   local run = H.runner("train_mlp") -- run(args[, env]): ok, output (stdout and stderr), exit
+--                                     -- code; env: "NAME=value ..." put before the command
 --   H.tmpdir()                        -- a new empty directory
 --   H.rmdir(d)                        -- rm -rf d
 --   H.csv_lines(path)                 -- the data rows of a CSV log, as lines
@@ -16,9 +17,10 @@ local H = {}
 function H.runner(name)
   local exe, root = S.needle_lua()
   local script = root .. "/scripts/" .. name .. ".lua"
-  return function(args)
+  return function(args, env)
     local out = os.tmpname()
-    local ok, _, code = os.execute(("%s %s %s > %s 2>&1"):format(S.q(exe), S.q(script), args, out))
+    local ok, _, code = os.execute(("%s%s %s %s > %s 2>&1"):format(env and env .. " " or "", S.q(exe),
+                                                                 S.q(script), args, out))
     local text = S.read_file(out)
     os.remove(out)
     return ok == true or ok == 0, text, code

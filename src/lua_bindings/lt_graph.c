@@ -109,6 +109,8 @@ static int l_records(lua_State *L) {
         lt_set_str(L, "op", info.op);
         lt_set_str(L, "device", info.device);
         if (info.detail) lt_set_str(L, "detail", info.detail);
+        if (info.tune_size) lt_set_int(L, "tune_size", info.tune_size);
+        if (info.tune_serial) lt_set_bool(L, "tune_serial", true);
         lua_createtable(L, info.ntensors, 0);
         for (int k = 0; k < info.ntensors; k++) {
             lua_createtable(L, 0, 7);
@@ -140,6 +142,23 @@ static int l_records(lua_State *L) {
         lua_setfield(L, -2, "args");
         lua_rawseti(L, -2, (lua_Integer)i + 1);
     }
+    return 1;
+}
+
+/* g:tune(seconds) -> {kernels, cached, tuned, seconds, best_speedup} (nd_graph_tune) */
+static int l_tune(lua_State *L) {
+    graph_box *b = check_graph(L, "compile");
+    double secs = luaL_checknumber(L, 2);
+    nd_graph_tune_stat s;
+    LT_CHECK(L, nd_graph_tune(b->g, secs, &s));
+    lua_createtable(L, 0, 5);
+    lt_set_int(L, "kernels", s.kernels);
+    lt_set_int(L, "cached", s.cached);
+    lt_set_int(L, "tuned", s.tuned);
+    lua_pushnumber(L, s.seconds);
+    lua_setfield(L, -2, "seconds");
+    lua_pushnumber(L, s.best_speedup);
+    lua_setfield(L, -2, "best_speedup");
     return 1;
 }
 
@@ -291,7 +310,7 @@ void lt_register_graph(lua_State *L) {
         static const luaL_Reg methods[] = {
             {"finish", l_finish}, {"replay", l_replay}, {"stats", l_stats},
             {"records", l_records}, {"free", l_free}, {"plan", l_plan}, {"pass", l_pass},
-            {"attach_backward", l_attach_backward}, {NULL, NULL},
+            {"attach_backward", l_attach_backward}, {"tune", l_tune}, {NULL, NULL},
         };
         lua_newtable(L);
         luaL_setfuncs(L, methods, 0);

@@ -549,7 +549,11 @@ nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out) {
     case ND_CALL_unary: out->detail = nd_unary_name((nd_unary_op)r->i[0]); break;
     case ND_CALL_binary: case ND_CALL_binary_scalar: out->detail = nd_binary_name((nd_binary_op)r->i[0]); break;
     case ND_CALL_reduce: out->detail = nd_reduce_name((nd_reduce_op)r->i[0]); break;
-    case ND_CALL_fused_elementwise: out->detail = r->prog->desc; break;
+    case ND_CALL_fused_elementwise:
+        out->detail = r->prog->desc;
+        out->tune_size = r->prog->tune_size;
+        out->tune_serial = r->prog->tune_serial;
+        break;
     default: out->detail = NULL;
     }
     return ND_OK;

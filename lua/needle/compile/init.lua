@@ -218,12 +218,12 @@ end
 -- the compiled callable ---------------------------------------------------------------------
 
 local OPTS = {warmup = "integer", cache_size = "integer", fallback = "boolean", verify = "boolean",
-              passes = "table|boolean"}
+              passes = "table|boolean", tune = "number"}
 local PASSES = {dce = true, cse = true, fuse = true}
 local DEFAULT_PASSES = {"cse", "dce", "fuse"}
 
 -- nd.compile(fn_or_module[, {warmup = 1, cache_size = 8, fallback = false, verify = false,
---                           passes = {"cse", "dce", "fuse"}}])
+--                           passes = {"cse", "dce", "fuse"}, tune = seconds}])
 function M.compile(fn, opts)
   local is_module = type(fn) == "table" and getmetatable(fn) ~= nil and
                     type(getmetatable(fn).class) == "table"
@@ -235,6 +235,9 @@ function M.compile(fn, opts)
   local cache_size = opts.cache_size or 8
   if warmup < 0 then fail("warmup must be >= 0, got %d", warmup) end
   if cache_size < 1 then fail("cache_size must be >= 1, got %d", cache_size) end
+  if opts.tune ~= nil and not (opts.tune >= 0 and opts.tune < math.huge) then
+    fail("tune must be a number of seconds >= 0, got %s", tostring(opts.tune))
+  end
   local passes = DEFAULT_PASSES
   if opts.passes == false then passes = {}
   elseif opts.passes == true then passes = DEFAULT_PASSES
@@ -247,7 +250,7 @@ function M.compile(fn, opts)
   end
   local self = setmetatable({
     fn = fn, warmup = warmup, cache_size = cache_size, fallback = opts.fallback == true,
-    verify = opts.verify == true, passes = passes,
+    verify = opts.verify == true, passes = passes, tune = opts.tune,
     entries = {}, order = {},
     stats = {calls = 0, replays = 0, captures = 0, retraces = 0, eager = 0, evictions = 0},
     breaks = {}, last = nil,
@@ -494,6 +497,24 @@ local function capture_call(self, e, args, flat)
       end
     end
   end
+  -- the fused kernels' tuned choices: from the file, then timed within opts.tune seconds
+  if self.tune then
+    local tok, t = pcall(function()
+      local r = g:tune(self.tune)
+      if bw then
+        local b = bw.graph:tune(math.max(0, self.tune - r.seconds))
+        for _, k in ipairs({"kernels", "cached", "tuned", "seconds"}) do r[k] = r[k] + b[k] end
+        r.best_speedup = math.max(r.best_speedup, b.best_speedup)
+      end
+      return r
+    end)
+    if not tok then
+      g:free()
+      if bw then bw.graph:free() end
+      error(t, 0)
+    end
+    e.tuning = t
+  end
   e.written, e.inputs, e.outputs, e.backward = written, inputs, outputs, bw
   e.module_guards = module_guards(st.modules)
   e.guards, e.hooks = st.guards, st.hooks
@@ -624,11 +645,20 @@ function CF:explain()
         if r.entry == "fused_elementwise" and shown < 8 then
           shown = shown + 1
           local out = r.args[1] and r.args[1].shape or {}
-          lines[#lines + 1] = ("  %s {%s} %s: %d tensor(s)"):format(r.detail, table.concat(out, ","),
-                              r.device, #r.args)
+          local tuned = r.tune_size and ((r.device == "cpu" and ", tile %d" or ", work-group %d"):format(r.tune_size))
+                        or ""
+          if r.tune_serial then tuned = tuned .. ", one thread" end
+          lines[#lines + 1] = ("  %s {%s} %s: %d tensor(s)%s"):format(r.detail, table.concat(out, ","),
+                              r.device, #r.args, tuned)
         end
       end
       if gs.fused_runs > shown then lines[#lines + 1] = ("  ... and %d more"):format(gs.fused_runs - shown) end
+    end
+    if e.tuning then
+      local t = e.tuning
+      lines[#lines + 1] = ("tuning: %d fused kernel(s): %d from the cache, %d timed now in %.2f s%s"):format(
+        t.kernels, t.cached, t.tuned, t.seconds,
+        t.tuned > 0 and (" (best: %.2fx the default)"):format(t.best_speedup) or "")
     end
     local done = {}
     for _, p in ipairs(e.passes or {}) do done[#done + 1] = ("%s removed %d"):format(p[1], p[2]) end

@@ -9,8 +9,8 @@
 #include <string.h>
 #include "cpu_kernels.h"
 
-#define SCRATCH_BYTES (48 * 1024)
-#define MAX_TILE 1024
+#define SCRATCH_BYTES (64 * 1024)
+#define DEFAULT_TILE 1024 /* elements; the tuner may pick another (prog->tune_size) */
 
 typedef struct {
     const nd_ew_program *p;
@@ -117,11 +117,11 @@ nd_status nd_cpu_fused_elementwise(nd_ew_program *p, nd_tensor *const *ts) {
             owner[nblocks++] = j;
         }
     }
-    x->tile = MAX_TILE;
+    x->tile = p->tune_size > 0 ? p->tune_size : DEFAULT_TILE;
     if (nblocks && x->tile * 8 * nblocks > SCRATCH_BYTES) x->tile = SCRATCH_BYTES / (8 * nblocks) / 16 * 16;
     if (x->tile < 16) x->tile = 16; /* 48 blocks at most: 48 * 16 * 8 bytes fits */
     nd_loop L;
     nd_loop_init(&L, p->nt, (const nd_tensor *const *)ts);
-    nd_loop_run(&L, run_tiles, x, 1);
+    nd_loop_run(&L, run_tiles, x, !p->tune_serial);
     return ND_OK;
 }

@@ -168,5 +168,7 @@ nd_status ocl_fused_elementwise(nd_ew_program *p, nd_tensor *const *ts) {
         e |= clSetKernelArg(k, (cl_uint)(1 + j), sizeof m, &m);
     }
     if (e != CL_SUCCESS) return ocl_fail(e, p->desc, "setting kernel arguments", d);
-    return ocl_launch_1d(d, k, p->desc, n);
+    if (p->tune_size <= 0) return ocl_launch_1d(d, k, p->desc, n);
+    size_t local = ocl_max_group(d, k, (size_t)p->tune_size), global = (size_t)n;
+    return ocl_launch(d, k, p->desc, 1, &global, &local);
 }

@@ -7,13 +7,11 @@
  * device name, vendor, driver version, platform, defines and source, so a
  * new driver or an edited kernel never loads a stale binary; a binary the
  * driver rejects is rebuilt from source. Files are written atomically. */
-#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include "ocl_runtime.h"
 #include "ocl_sources.h"
@@ -56,28 +54,8 @@ static uint64_t fnv(uint64_t h, const char *s) {
 static char cache_dir[1024];
 static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 
-static int mkdirs(const char *path) {
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-            *p = '/';
-        }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-    return 0;
-}
-
 static void find_cache_dir(void) {
-    const char *base = getenv("NEEDLE_CACHE_DIR");
-    char buf[900];
-    if (base && *base) snprintf(buf, sizeof buf, "%s", base);
-    else if ((base = getenv("XDG_CACHE_HOME")) && *base) snprintf(buf, sizeof buf, "%s/needle", base);
-    else if ((base = getenv("HOME")) && *base) snprintf(buf, sizeof buf, "%s/.cache/needle", base);
-    else return;
-    snprintf(cache_dir, sizeof cache_dir, "%s/opencl", buf);
-    if (mkdirs(cache_dir) != 0) cache_dir[0] = 0;
+    if (!nd_cache_dir("opencl", cache_dir, sizeof cache_dir)) cache_dir[0] = 0;
 }
 
 const char *ocl_cache_dir(void) {

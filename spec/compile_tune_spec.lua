@@ -1,0 +1,144 @@
+-- compile_tune_spec.lua - nd.compile's autotuning (opts.tune, src/ops/graph_tune.c) and
+-- scripts/tune_model.lua, run as a user runs them: each in a child process with its own
+-- cache directory (NEEDLE_CACHE_DIR), so nothing here touches the user's cache and the
+-- choices can be seen on disk. (train_mlp_spec.lua checks that a tuned training run
+-- equals the eager one.)
+local nd = require "needle"
+local A = require("spec.helpers.assertions").bind(assert)
+local D = require "spec.helpers.devices"
+local H = require "spec.helpers.scripts"
+local S = require "spec.helpers.shell"
+local errmsg, assert_contains = A.errmsg, A.assert_contains
+
+local tune_model = H.runner("tune_model")
+
+local function read_lines(path)
+  local out = {}
+  local f = io.open(path)
+  if not f then return out end
+  for l in f:lines() do out[#out + 1] = l end
+  f:close()
+  return out
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+-- runs a Lua program in a child process with the cache in dir
+local function run_lua(dir, program)
+  local exe = S.needle_lua()
+  local file = os.tmpname()
+  write(file, program)
+  local out = os.tmpname()
+  local ok = os.execute(("NEEDLE_CACHE_DIR=%s %s %s > %s 2>&1"):format(S.q(dir), S.q(exe), S.q(file), out))
+  local text = S.read_file(out)
+  os.remove(file)
+  os.remove(out)
+  return ok == true or ok == 0, text
+end
+
+describe("nd.compile tuning", function()
+  local dir
+  before_each(function() dir = H.tmpdir() end)
+  after_each(function() H.rmdir(dir) end)
+
+  it("tune_model.lua tunes a workload, and a second process takes the choices from disk", function()
+    local env = "NEEDLE_CACHE_DIR=" .. S.q(dir)
+    local ok, text = tune_model("--workload mlp_train --seconds 2 --threads 2", env)
+    assert(ok, text)
+    local n, cached, timed = text:match("tuning: (%d+) fused kernel%(s%): (%d+) from the cache, (%d+) timed now")
+    assert(n and tonumber(n) > 0 and cached == "0" and timed == n, text)
+    local lines = read_lines(dir .. "/compile/tune.txt")
+    assert.are.equal("needle-compile-tune 1", lines[1])
+    assert.are.equal(tonumber(n) + 1, #lines)
+    for i = 2, #lines do assert.truthy(lines[i]:match("^%x+ %d+ [01]$"), lines[i]) end
+    ok, text = tune_model("--workload mlp_train --seconds 2 --threads 2", env)
+    assert(ok, text)
+    assert_contains(text, ("tuning: %s fused kernel(s): %s from the cache, 0 timed now"):format(n, n))
+    -- another thread count is another machine as far as the choices go
+    ok, text = tune_model("--workload mlp_train --seconds 0 --threads 1", env)
+    assert(ok, text)
+    assert_contains(text, ("tuning: %s fused kernel(s): 0 from the cache, 0 timed now"):format(n))
+  end)
+
+  it("ignores a malformed choices file and replaces it with a valid one", function()
+    os.execute("mkdir -p " .. S.q(dir .. "/compile"))
+    local junk = {"needle-compile-tune 1", "0123456789abcdef 512 0", "zzzz 1 1", "0123456789abcdef 99999999 0",
+                  "0123456789abcdee 5 0", "0123456789abcded 512 7", "0123456789abcdec 512 0 trailing",
+                  ("f"):rep(400), "\0\1\2\255", "0123456789abcdeb -16 1", "12345 64 0", ""}
+    write(dir .. "/compile/tune.txt", table.concat(junk, "\n"))
+    local env = "NEEDLE_CACHE_DIR=" .. S.q(dir)
+    local ok, text = tune_model("--workload mlp_train --seconds 0 --threads 2", env)
+    assert(ok, text)
+    assert_contains(text, "0 from the cache, 0 timed now")
+    ok, text = tune_model("--workload mlp_train --seconds 1 --threads 2", env)
+    assert(ok, text)
+    local lines = read_lines(dir .. "/compile/tune.txt")
+    assert.are.equal("needle-compile-tune 1", lines[1])
+    assert.are.equal("0123456789abcdef 512 0", lines[2]) -- the one valid line stays
+    for i = 3, #lines do assert.truthy(lines[i]:match("^%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x %d+ [01]$"), lines[i]) end
+    -- a file of random bytes, or one without the header, is ignored as a whole
+    local rng = 7
+    local bytes = {}
+    for i = 1, 3000 do
+      rng = (rng * 1103515245 + 12345) % 2147483648
+      bytes[i] = string.char(rng % 256)
+    end
+    write(dir .. "/compile/tune.txt", table.concat(bytes))
+    ok, text = tune_model("--workload mlp_train --seconds 0 --threads 2", env)
+    assert(ok, text)
+    assert_contains(text, "0 from the cache")
+  end)
+
+  it("keeps compiled results exact on every device, and parameters as they were", function()
+    for _, dev in ipairs(D.all()) do
+      local ok, text = run_lua(dir, ([[
+        local nd = require "needle"
+        local dev = %q
+        nd.manual_seed(3)
+        local b = nd.randn(257):to(dev)
+        local w = nd.randn(300, 257):to(dev)
+        local f = function(x)
+          w:mul_(0.5):add_(1) -- an update in place: tuning must not repeat it
+          return ((x * 2 + b):sigmoid() * x - w):tanh()
+        end
+        local cf = nd.compile(f, {tune = 1})
+        local w0 = w:clone()
+        local x = nd.randn(300, 257):to(dev)
+        local got = cf(x) -- eager
+        got = cf(x)       -- captured and tuned
+        local want_w = ((w0 * 0.5 + 1) * 0.5 + 1)
+        assert((w - want_w):abs():max():item() == 0, "tuning changed the parameter")
+        for i = 1, 3 do
+          local x = nd.randn(300, 257):to(dev) * i
+          local w_before = w:clone()
+          got = cf(x)
+          local w_after = w:clone()
+          w:copy_(w_before)
+          local want = f(x)
+          assert((w - w_after):abs():max():item() == 0)
+          assert((got - want):abs():max():item() == 0, "tuned result differs")
+        end
+        print(cf:explain():match("tuning: [^\n]*"))
+      ]]):format(dev))
+      assert(ok, text)
+      assert_contains(text, "tuning: 1 fused kernel(s): 0 from the cache, 1 timed now")
+    end
+  end)
+
+  it("refuses a bad tune option, and bad script arguments", function()
+    assert_contains(errmsg(nd.compile, function() end, {tune = -1}), "tune must be a number of seconds >= 0")
+    assert_contains(errmsg(nd.compile, function() end, {tune = "fast"}), "tune")
+    assert_contains(errmsg(nd.compile, function() end, {tunes = 1}), "tunes")
+    local ok, text, code = tune_model("--workload nope")
+    assert.is_false(ok)
+    assert.are.equal(2, code)
+    assert_contains(text, "unknown workload 'nope'")
+    ok, text = tune_model("--list")
+    assert(ok, text)
+    assert_contains(text, "lstm_train")
+  end)
+end)
