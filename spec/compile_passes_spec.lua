@@ -221,6 +221,38 @@ describe("pass fuse", function()
       end
     end)
 
+    it("fuses writes into disjoint slices of one tensor, and copies, on " .. dev, function()
+      local f = function(x)
+        local out = nd.zeros({4, 12}, {device = x.device})
+        out:narrow(2, 1, 4):copy_(x:sigmoid())  -- a copy into a slice
+        out:narrow(2, 5, 4):add_(x * 2)         -- an update of another slice
+        out:narrow(2, 9, 4):copy_(x:tanh())
+        return out
+      end
+      local cf = compiled(f, {"fuse"}, nd.randn(4, 4):to(dev))
+      local runs = fused(cf)
+      assert.are.equal(1, #runs)
+      assert.are.equal("sigmoid+copy+mul+add+tanh+copy", runs[1].detail)
+      for i = 1, 3 do
+        local x = nd.randn(4, 4):to(dev) * i
+        assert.are.equal(0, max_abs(cf(x), f(x)))
+      end
+      -- slices that overlap (columns 3..4 in both) end the run between them
+      local g = function(x)
+        local out = nd.zeros({4, 12}, {device = x.device})
+        out:narrow(2, 1, 4):add_(x:exp())
+        out:narrow(2, 3, 4):mul_(x)
+        return out
+      end
+      local cg = compiled(g, {"fuse"}, nd.randn(4, 4):to(dev))
+      local gr = fused(cg)
+      for _, r in ipairs(gr) do assert.falsy(r.detail:find("exp+add+mul", 1, true), r.detail) end
+      for i = 1, 3 do
+        local x = nd.randn(4, 4):to(dev) * i
+        assert.are.equal(0, max_abs(cg(x), g(x)))
+      end
+    end)
+
     it("ends a run where a written tensor is read through another view on " .. dev, function()
       local f = function(x)
         local y = x * 2

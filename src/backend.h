@@ -44,22 +44,27 @@ typedef struct {
  * nt + j is step j's result. A step with store >= 0 writes its result into
  * tensor `store` (the last write of that tensor in the run); the other
  * results are never stored. Each step computes exactly what the unfused
- * kernel (unary, binary, binary_scalar, where, clamp, relu_backward) would:
+ * kernel (unary, binary, binary_scalar, where, clamp, relu_backward, copy) would:
  * a fused run is bit for bit the unfused one. */
 #define ND_EW_MAX_TENSORS 16
 #define ND_EW_MAX_STEPS 48
 #define ND_EW_SCALAR (-1) /* an operand that is the step's scalar */
-typedef enum { ND_EW_UNARY, ND_EW_BINARY, ND_EW_WHERE, ND_EW_CLAMP, ND_EW_RELU_BACKWARD } nd_ew_kind;
+typedef enum { ND_EW_UNARY, ND_EW_BINARY, ND_EW_WHERE, ND_EW_CLAMP, ND_EW_RELU_BACKWARD, ND_EW_COPY } nd_ew_kind;
 typedef struct {
     uint8_t kind;        /* nd_ew_kind */
     uint8_t op;          /* nd_unary_op (UNARY) or nd_binary_op (BINARY) */
     uint8_t dtype;       /* the result's nd_dtype: the program's, or bool for comparisons */
     int8_t store;        /* the tensor it is stored into, -1: none */
-    int16_t in[3];       /* UNARY, CLAMP: x; BINARY: a, b (one may be ND_EW_SCALAR);
+    int16_t in[3];       /* UNARY, CLAMP, COPY: x; BINARY: a, b (one may be ND_EW_SCALAR);
                           * WHERE: cond (bool), a, b; RELU_BACKWARD: g, y */
     double lo, hi;       /* CLAMP's bounds (NaN: none), as the clamp entry takes them */
     _Alignas(8) unsigned char scalar[8]; /* BINARY's scalar, one element of the program's dtype */
 } nd_ew_step;
+/* How many of in[] a step reads. */
+static inline int nd_ew_inputs(const nd_ew_step *s) {
+    return s->kind == ND_EW_UNARY || s->kind == ND_EW_CLAMP || s->kind == ND_EW_COPY ? 1
+           : s->kind == ND_EW_WHERE ? 3 : 2;
+}
 typedef struct nd_ew_program {
     int nt, nsteps;
     nd_dtype dtype;       /* every operand's and result's (bool: where's conditions, comparisons) */

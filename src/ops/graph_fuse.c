@@ -1,7 +1,7 @@
 /* graph_fuse.c - the fuse pass of a captured graph (nd_graph_pass "fuse").
  *
  * A run of consecutive elementwise records (unary, binary, binary_scalar,
- * where, clamp, relu_backward) over one shape, one device and one float
+ * where, clamp, relu_backward, copy without a cast) over one shape, one device and one float
  * dtype becomes one fused_elementwise record: a small program (backend.h,
  * nd_ew_program) that the backend runs in one pass over the elements -
  * OpenCL as one generated kernel, the CPU tile by tile with its own
@@ -11,11 +11,12 @@
  * unfused kernel computes, so results stay bit for bit the same.
  *
  * The run must not change what any step sees: element i of a step reads
- * element i of the values before it. So a storage the run writes is used
- * through exactly one view (same offset, shape and strides) inside the
- * run, and written views have no 0 strides (no overlapping writes); a
- * record that would break this ends the run. Storages only read may be
- * seen through any views (broadcasts, transposes). */
+ * element i of the values before it. So the views of a storage the run
+ * writes are either the same view (same offset, shape and strides) or share
+ * no element (the slices of a narrow, gradients added into them), and
+ * written views have no 0 strides (no overlapping writes); a record that
+ * would break this ends the run. Storages only read may be seen through any
+ * views (broadcasts, transposes). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +107,11 @@ static bool record_step(const nd_graph_rec *r, nd_ew_step *s, int in_slot[3], nd
         in_slot[0] = 1;
         if (r->t[1]->dtype != T) return false;
         break;
+    case ND_CALL_copy: /* the same dtype only: a cast is a kernel of its own */
+        s->kind = ND_EW_COPY; T = out->dtype;
+        in_slot[0] = 1;
+        if (r->t[1]->dtype != T) return false;
+        break;
     case ND_CALL_relu_backward:
         s->kind = ND_EW_RELU_BACKWARD; T = out->dtype;
         in_slot[0] = 1; in_slot[1] = 2;
@@ -123,6 +129,57 @@ static bool record_step(const nd_graph_rec *r, nd_ew_step *s, int in_slot[3], nd
     return true;
 }
 
+/* Whether offset difference delta (elements) is sum_d c_d * st[d] for some
+ * |c_d| < sh[d], over dims d >= k sorted by decreasing stride, each stride
+ * larger than the reach of the dims after it (checked by the caller): then
+ * at most two c_k can work at each level. */
+static bool reachable(int64_t delta, const int64_t *sh, const int64_t *st, int k, int nd) {
+    if (k == nd) return delta == 0;
+    int64_t reach = 0; /* how far the dims after k can go */
+    for (int d = k + 1; d < nd; d++) reach += (sh[d] - 1) * st[d];
+    int64_t c0 = delta >= 0 ? delta / st[k] : -((-delta) / st[k]);
+    for (int64_t c = c0 - 1; c <= c0 + 1; c++) {
+        if (c <= -sh[k] || c >= sh[k]) continue;
+        int64_t rest = delta - c * st[k];
+        if (rest < -reach || rest > reach) continue;
+        if (reachable(rest, sh, st, k + 1, nd)) return true;
+    }
+    return false;
+}
+
+/* Views a and b (of one storage) share no element: same dtype, shape and
+ * strides (the slices of a narrow, the steps of a select), the strides
+ * positive and nested (each larger than what the dims inside it reach), and
+ * their offsets apart by no element distance of the view. Anything else
+ * counts as overlapping. */
+static bool disjoint(const nd_tensor *a, const nd_tensor *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
+    int64_t sh[ND_MAX_DIMS], st[ND_MAX_DIMS];
+    int nd = 0;
+    for (int d = 0; d < a->ndim; d++) {
+        if (a->shape[d] != b->shape[d] || a->strides[d] != b->strides[d]) return false;
+        if (a->shape[d] == 0) return true; /* no elements */
+        if (a->shape[d] == 1) continue;
+        if (a->strides[d] <= 0) return false;
+        int at = nd++; /* insertion by decreasing stride */
+        while (at > 0 && st[at - 1] < a->strides[d]) {
+            sh[at] = sh[at - 1];
+            st[at] = st[at - 1];
+            at--;
+        }
+        sh[at] = a->shape[d];
+        st[at] = a->strides[d];
+    }
+    int64_t reach = 0;
+    for (int d = nd - 1; d >= 0; d--) {
+        if (st[d] <= reach) return false; /* not nested: give up */
+        reach += (sh[d] - 1) * st[d];
+    }
+    int64_t delta = b->offset - a->offset;
+    if (delta == 0) return false;
+    return !reachable(delta, sh, st, 0, nd);
+}
+
 /* The run's slot for view t of storage sid, or -1 when using it would let a
  * step see another element than eager would (see the top of the file). */
 static int find_slot(fuse_run *R, const nd_tensor *t, int sid, bool writes) {
@@ -130,7 +187,7 @@ static int find_slot(fuse_run *R, const nd_tensor *t, int sid, bool writes) {
     for (int k = 0; k < R->nslot; k++) {
         if (R->slot[k].sid != sid) continue;
         if (nd_graph_same_view(R->slot[k].t, t)) { same = k; continue; }
-        if (R->slot[k].written || writes) return -1;
+        if ((R->slot[k].written || writes) && !disjoint(R->slot[k].t, t)) return -1;
     }
     if (same >= 0) return same;
     if (R->nslot == MAX_SLOTS) return -1;
@@ -209,6 +266,7 @@ static const char *step_name(const nd_ew_step *s) {
     case ND_EW_WHERE: return "where";
     case ND_EW_CLAMP: return "clamp";
     case ND_EW_RELU_BACKWARD: return "relu_backward";
+    case ND_EW_COPY: return "copy";
     }
     return "?";
 }
@@ -250,9 +308,7 @@ static nd_status make_fused(const fuse_ctx *c, const fuse_run *R, nd_graph_rec *
     size_t len = 0;
     for (int j = 0; j < R->nstep; j++) {
         nd_ew_step s = R->step[j];
-        for (int q = 0; q < 3; q++) {
-            if (s.kind == ND_EW_UNARY || s.kind == ND_EW_CLAMP ? q > 0 : (s.kind != ND_EW_WHERE && q > 1))
-                continue;
+        for (int q = 0; q < nd_ew_inputs(&s); q++) {
             if (s.in[q] == ND_EW_SCALAR) continue;
             s.in[q] = (int16_t)(s.in[q] >= STEP_REF ? nt + (s.in[q] - STEP_REF) : newidx[s.in[q]]);
         }

@@ -22,8 +22,14 @@ typedef struct {
     int64_t tile;                  /* elements per tile */
 } ew_exec;
 
-static int n_inputs(const nd_ew_step *s) {
-    return s->kind == ND_EW_UNARY || s->kind == ND_EW_CLAMP ? 1 : s->kind == ND_EW_WHERE ? 3 : 2;
+/* copy's inner loop: operands out, x of one element size (ctx: size_t) */
+static void copy_inner(char **p, const int64_t *s, int64_t n, void *ctx) {
+    size_t es = *(const size_t *)ctx;
+    if (s[0] == (int64_t)es && s[1] == (int64_t)es) {
+        memmove(p[0], p[1], (size_t)n * es);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * s[0], p[1] + i * s[1], es);
 }
 
 static void run_tiles(char **p, const int64_t *s, int64_t n, void *vctx) {
@@ -54,7 +60,7 @@ static void run_tiles(char **p, const int64_t *s, int64_t n, void *vctx) {
             int64_t str[4];
             ptr[0] = vp[v];
             str[0] = vs[v];
-            for (int q = 0; q < n_inputs(st); q++) {
+            for (int q = 0; q < nd_ew_inputs(st); q++) {
                 if (st->in[q] == ND_EW_SCALAR) {
                     ptr[q + 1] = (char *)st->scalar;
                     str[q + 1] = 0;
@@ -78,7 +84,7 @@ nd_status nd_cpu_fused_elementwise(nd_ew_program *p, nd_tensor *const *ts) {
     int last_use[ND_EW_MAX_STEPS], owner[ND_EW_MAX_STEPS], nblocks = 0;
     for (int j = 0; j < p->nsteps; j++) last_use[j] = j;
     for (int j = 0; j < p->nsteps; j++)
-        for (int q = 0; q < n_inputs(&p->steps[j]); q++) {
+        for (int q = 0; q < nd_ew_inputs(&p->steps[j]); q++) {
             int v = p->steps[j].in[q];
             if (v >= p->nt) last_use[v - p->nt] = j;
         }
@@ -94,6 +100,7 @@ nd_status nd_cpu_fused_elementwise(nd_ew_program *p, nd_tensor *const *ts) {
             x->ctx[j] = &x->clamp[j];
             break;
         case ND_EW_RELU_BACKWARD: x->fn[j] = nd_cpu_relu_backward_inner(p->dtype); break;
+        case ND_EW_COPY: x->fn[j] = copy_inner; x->ctx[j] = &x->es; break;
         default: x->fn[j] = NULL;
         }
         if (!x->fn[j])

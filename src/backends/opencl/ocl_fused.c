@@ -79,7 +79,7 @@ static char *generate(const nd_ew_program *p, nd_tensor *const *ts) {
     bool reads[ND_EW_MAX_TENSORS] = {0}, writes[ND_EW_MAX_TENSORS] = {0};
     for (int j = 0; j < p->nsteps; j++) {
         const nd_ew_step *s = &p->steps[j];
-        for (int q = 0; q < 3; q++)
+        for (int q = 0; q < nd_ew_inputs(s); q++)
             if (s->in[q] >= 0 && s->in[q] < nt) reads[s->in[q]] = true;
         if (s->store >= 0) writes[s->store] = true;
     }
@@ -130,6 +130,7 @@ static char *generate(const nd_ew_program *p, nd_tensor *const *ts) {
             break;
         }
         case ND_EW_RELU_BACKWARD: put(&b, "v%d > (T)0 ? v%d : (T)0", s->in[1], s->in[0]); break;
+        case ND_EW_COPY: put(&b, "v%d", s->in[0]); break;
         }
         put(&b, ";\n");
         if (s->store >= 0) put(&b, "    t%d[o%d] = v%d;\n", s->store, s->store, v);
