@@ -136,6 +136,59 @@ describe("backward through a compiled forward", function()
     assert.is_false(y.requires_grad)
   end)
 
+  it("gets gradients that are the output's own gradient, and of parameters returned as they are", function()
+    -- (what the review found: the gradient of w in x + w is the incoming gradient itself, and a
+    -- returned parameter's gradient too; both came back as zeros or nil)
+    nd.manual_seed(0)
+    local w = nd.randn({3, 4}, {requires_grad = true})
+    local v = nd.randn({3, 4}, {requires_grad = true})
+    local fn = function(x) return x + w, v, x * v end
+    local cf = nd.compile(fn)
+    for i = 1, 4 do
+      local x = nd.randn(3, 4)
+      local grads = {}
+      for _, f in ipairs({fn, cf}) do
+        w.grad, v.grad = nil, nil
+        local a, b, c = f(x);
+        ((a * a):sum() + (b * c):sum()):backward()
+        grads[#grads + 1] = {w.grad:clone(), v.grad:clone()}
+      end
+      assert.are.equal(0, max_abs(grads[1][1], grads[2][1]), "call " .. i)
+      assert(max_abs(grads[1][2], grads[2][2]) <= 1e-6, "call " .. i) -- two results: rounding
+    end
+  end)
+
+  it("refuses a backward once what it reads changed: a later refused call, an update in place", function()
+    local m = nd.nn.Sequential(nd.nn.Linear(4, 8), nd.nn.Tanh(), nd.nn.Linear(8, 3))
+    local f = nd.compile(function(x, y) return nd.F.cross_entropy(m(x), y) end)
+    local y = nd.tensor({1, 2, 3, 2}, {dtype = "int64"})
+    for _ = 1, 2 do f(nd.randn(4, 4), y) end
+    local l = f(nd.randn(4, 4), y)
+    -- refused by its label check after the model's kernels overwrote the activations
+    assert_contains(errmsg(f, nd.randn(4, 4), nd.tensor({1, 2, 3, 9}, {dtype = "int64"})), "out of range")
+    assert_contains(errmsg(function() l:backward() end), "was modified in place after the call")
+    local l2 = f(nd.randn(4, 4), y)
+    nd.no_grad(function() m[3].weight:add_(0.1) end) -- read by the backward (the tanh output's gradient)
+    assert_contains(errmsg(function() l2:backward() end), "was modified in place after the call")
+  end)
+
+  it("handles models with more parameters than one nd.grad list used to take (64)", function()
+    local layers = {}
+    for i = 1, 40 do layers[i] = nd.nn.Linear(3, 3) end
+    local m = nd.nn.Sequential(table.unpack(layers)) -- 80 parameters
+    local cf = nd.compile(m)
+    local x = nd.randn(2, 3)
+    for _ = 1, 3 do
+      for _, p in ipairs(m:parameters()) do p.grad = nil end
+      cf(x):sum():backward()
+    end
+    local gc = {}
+    for k, p in ipairs(m:parameters()) do gc[k] = p.grad:clone(); p.grad = nil end
+    m(x):sum():backward()
+    for k, p in ipairs(m:parameters()) do assert.are.equal(0, max_abs(gc[k], p.grad)) end
+    assert.are.equal(80, #cf.last.backward.leaves)
+  end)
+
   it("a whole training step returns its loss without a graph (its backward already ran)", function()
     local lin = nd.nn.Linear(3, 1)
     local opt = nd.optim.SGD(lin:parameters(), {lr = 0.1})

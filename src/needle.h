@@ -507,15 +507,17 @@ nd_status nd_graph_end(nd_graph *g);
 nd_status nd_graph_replay(nd_graph *g);
 void nd_graph_free(nd_graph *g); /* drops the caller's reference (see nd_graph_retain) */
 void nd_graph_retain(nd_graph *g);
-/* Backward through a compiled forward: out (a fresh tensor, output of a
+/* Backward through a compiled forward: out (a fresh tensor, output k of a
  * replay of fw) gets an autograd node whose inputs are leaves[0 .. n): its
- * backward copies the incoming gradient into grad_in, replays bw (captured
- * to compute the gradients of the output with respect to the leaves from
- * grad_in) and returns copies of grads[i] (NULL: no gradient). It fails
- * when fw replayed again since out was made (the saved activations bw
- * reads were overwritten) and under create_graph. Nothing is attached when
- * grad mode is off or no leaf requires grad. */
-nd_status nd_graph_attach_backward(nd_tensor *out, nd_graph *fw, nd_graph *bw, nd_tensor *grad_in,
+ * backward copies the incoming gradient into grad_ins[k], replays bw
+ * (captured to compute the gradients of the outputs with respect to the
+ * leaves from grad_ins, zeros but while an output's backward runs) and
+ * returns copies of grads[i] (NULL: no gradient). It fails when fw replayed
+ * again since out was made, when anything else bw reads was written since
+ * (storage versions), and under create_graph. Nothing is attached when grad
+ * mode is off or no leaf requires grad. */
+nd_status nd_graph_attach_backward(nd_tensor *out, nd_graph *fw, nd_graph *bw,
+                                   nd_tensor *const *grad_ins, int ngrad_in, int k,
                                    int n, nd_tensor *const *leaves, nd_tensor *const *grads);
 /* Runs one pass over an ended graph's records before its plan (graph_passes.c):
  * "dce" (dead kernels) or "cse" (repeated kernels); *changed: records removed. */

@@ -1,5 +1,6 @@
 /* lt_autograd.c - autograd from Lua: x:backward(), nd.grad(), nd.no_grad(),
  * nd.enable_grad(), x:detach(). */
+#include <string.h>
 #include "lt_internal.h"
 
 /* x:backward([grad][, {retain_graph=, create_graph=}]) */
@@ -19,33 +20,46 @@ static int t_backward(lua_State *L) {
     return 0;
 }
 
-/* Reads a tensor or a list of tensors at idx into ts; returns the count. */
-static int tensor_or_list(lua_State *L, int idx, const char *op, const char *what, nd_tensor **ts,
-                          bool *was_list) {
-    nd_tensor *t = lt_to(L, idx);
-    *was_list = false;
-    if (t) { ts[0] = t; return 1; }
+#define GRAD_MAX_TENSORS (1 << 20) /* per list: a sanity bound, not a table size */
+
+/* How many tensors a tensor or a list of tensors at idx holds (a list: its
+ * length, checked against 1..GRAD_MAX_TENSORS). */
+static int tensor_count(lua_State *L, int idx, const char *op, const char *what) {
+    if (lt_to(L, idx)) return 1;
     if (!lua_istable(L, idx))
         lt_error(L, op, "%s must be a tensor or a list of tensors, got %s", what, luaL_typename(L, idx));
-    *was_list = true;
-    int n = (int)luaL_len(L, idx);
-    if (n < 1 || n > 64) lt_error(L, op, "%s: expected 1..64 tensors, got %d", what, n);
+    lua_Integer n = luaL_len(L, idx);
+    if (n < 1 || n > GRAD_MAX_TENSORS)
+        lt_error(L, op, "%s: expected 1..%d tensors, got %lld", what, GRAD_MAX_TENSORS, (long long)n);
+    return (int)n;
+}
+
+/* Reads a tensor or a list of n tensors at idx into ts. */
+static void tensor_or_list(lua_State *L, int idx, const char *op, const char *what, nd_tensor **ts,
+                           int n, bool *was_list) {
+    nd_tensor *t = lt_to(L, idx);
+    *was_list = t == NULL;
+    if (t) { ts[0] = t; return; }
     for (int i = 0; i < n; i++) {
         lua_geti(L, idx, i + 1);
         ts[i] = lt_to(L, -1);
         if (!ts[i]) lt_error(L, op, "%s[%d] is a %s, expected a tensor", what, i + 1, luaL_typename(L, -1));
         lua_pop(L, 1);
     }
-    return n;
 }
 
 /* nd.grad(outputs, inputs[, {grad_outputs=, retain_graph=, create_graph=, allow_unused=}])
  * -> the gradient (or a list of them, when inputs is a list) */
 static int l_grad(lua_State *L) {
-    nd_tensor *outs[64], *ins[64], *gouts[64] = {0}, *res[64];
+    lua_settop(L, 3); /* the scratch userdata below goes above the arguments */
+    int no = tensor_count(L, 1, "grad", "outputs"), ni = tensor_count(L, 2, "grad", "inputs");
+    /* the arrays live in a userdata: a Lua error below frees them with it */
+    nd_tensor **outs = lua_newuserdatauv(L, sizeof *outs * (size_t)(2 * no + 2 * ni), 0);
+    nd_tensor **gouts = outs + no, **ins = gouts + no, **res = ins + ni;
+    memset(outs, 0, sizeof *outs * (size_t)(2 * no + 2 * ni));
     bool out_list, in_list;
-    int no = tensor_or_list(L, 1, "grad", "outputs", outs, &out_list);
-    int ni = tensor_or_list(L, 2, "grad", "inputs", ins, &in_list);
+    tensor_or_list(L, 1, "grad", "outputs", outs, no, &out_list);
+    tensor_or_list(L, 2, "grad", "inputs", ins, ni, &in_list);
     static const char *const valid[] = {"grad_outputs", "retain_graph", "create_graph",
                                         "allow_unused", NULL};
     int opts = lt_options(L, 3, "grad", valid);
@@ -53,8 +67,9 @@ static int l_grad(lua_State *L) {
     if (opts && lua_getfield(L, opts, "grad_outputs") != LUA_TNIL) {
         bool gl;
         int idx = lua_gettop(L);
-        int ng = tensor_or_list(L, idx, "grad", "grad_outputs", gouts, &gl);
+        int ng = tensor_count(L, idx, "grad", "grad_outputs");
         if (ng != no) lt_error(L, "grad", "%d grad_outputs for %d outputs", ng, no);
+        tensor_or_list(L, idx, "grad", "grad_outputs", gouts, ng, &gl);
         have_gouts = true;
     }
     bool create = lt_opt_bool(L, opts, "grad", "create_graph", false);

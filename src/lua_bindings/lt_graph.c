@@ -162,33 +162,37 @@ static int l_tune(lua_State *L) {
     return 1;
 }
 
-/* g:attach_backward(out, bw, grad_in, leaves, grads): out gets the node of
- * nd_graph_attach_backward (grads[i] false: no gradient for leaves[i]) */
+/* g:attach_backward(out, bw, grad_ins, k, leaves, grads): out (output k)
+ * gets the node of nd_graph_attach_backward (grads[i] false: no gradient for
+ * leaves[i]) */
+static nd_tensor **tensor_list(lua_State *L, int idx, int n, nd_tensor **into, bool allow_false) {
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, idx, i + 1);
+        into[i] = nd_lua_to_tensor(L, -1);
+        bool bad = !into[i] && !(allow_false && lua_toboolean(L, -1) == 0);
+        lua_pop(L, 1);
+        if (bad) return NULL;
+    }
+    return into;
+}
+
 static int l_attach_backward(lua_State *L) {
     graph_box *b = check_graph(L, "compile");
     nd_tensor *out = lt_check(L, 2, "compile");
     graph_box *bw = luaL_checkudata(L, 3, GRAPH_MT);
     if (!bw->g) return lt_error(L, "compile", "the backward graph was freed");
-    nd_tensor *grad_in = lt_check(L, 4, "compile");
-    luaL_checktype(L, 5, LUA_TTABLE);
+    luaL_checktype(L, 4, LUA_TTABLE);
+    int k = (int)luaL_checkinteger(L, 5) - 1;
     luaL_checktype(L, 6, LUA_TTABLE);
-    int n = (int)lua_rawlen(L, 5);
-    nd_tensor **leaves = malloc((size_t)(2 * n + 1) * sizeof *leaves), **grads = leaves + n;
-    if (!leaves) return lt_error(L, "compile", "out of memory");
-    for (int i = 0; i < n; i++) {
-        lua_rawgeti(L, 5, i + 1);
-        leaves[i] = nd_lua_to_tensor(L, -1);
-        lua_rawgeti(L, 6, i + 1);
-        grads[i] = nd_lua_to_tensor(L, -1); /* NULL for false */
-        lua_pop(L, 2);
-        if (!leaves[i]) {
-            free(leaves);
-            return lt_error(L, "compile", "attach_backward: leaf %d is not a tensor", i + 1);
-        }
-    }
-    nd_status st = nd_graph_attach_backward(out, b->g, bw->g, grad_in, n, leaves, grads);
-    free(leaves);
-    LT_CHECK(L, st);
+    luaL_checktype(L, 7, LUA_TTABLE);
+    int ng = (int)lua_rawlen(L, 4), n = (int)lua_rawlen(L, 6);
+    /* scratch in a userdata: freed with it on any error */
+    nd_tensor **buf = lua_newuserdatauv(L, sizeof *buf * (size_t)(ng + 2 * n + 1), 0);
+    nd_tensor **gin = buf, **leaves = buf + ng, **grads = leaves + n;
+    if (!tensor_list(L, 4, ng, gin, false) || !tensor_list(L, 6, n, leaves, false) ||
+        !tensor_list(L, 7, n, grads, true))
+        return lt_error(L, "compile", "attach_backward: expected lists of tensors");
+    LT_CHECK(L, nd_graph_attach_backward(out, b->g, bw->g, gin, ng, k, n, leaves, grads));
     return 0;
 }
 
@@ -220,8 +224,8 @@ static int ptr_set_add(ptr_set *s, const void *p) {
 }
 
 /* core._grad_leaves({t, ...}) -> the tensors that require grad and have no
- * grad_fn (parameters) reached through the ts' autograd graphs, each once,
- * in the order a depth-first walk meets them */
+ * grad_fn (parameters) reached through the ts' autograd graphs (or among the
+ * ts themselves), each once, in the order a depth-first walk meets them */
 static int l_grad_leaves(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
     size_t cap = 256, n = 0;
@@ -233,6 +237,13 @@ static int l_grad_leaves(lua_State *L) {
         lua_rawgeti(L, 1, i);
         nd_tensor *t = nd_lua_to_tensor(L, -1);
         lua_pop(L, 1);
+        if (t && !t->grad_fn && t->requires_grad) { /* a parameter returned as it is */
+            if ((ok = ptr_set_add(&seen, t)) > 0) {
+                nd_lua_push_tensor(L, t);
+                lua_rawseti(L, -2, ++nleaves);
+            }
+            continue;
+        }
         if (!t || !t->grad_fn || (ok = ptr_set_add(&seen, t->grad_fn)) <= 0) continue;
         stack[n++] = t->grad_fn;
         while (ok >= 0 && n) {

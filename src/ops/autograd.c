@@ -342,17 +342,20 @@ nd_status nd_backward(nd_tensor *root, const nd_tensor *grad, bool retain_graph,
 nd_status nd_grad(nd_tensor *const *outputs, nd_tensor *const *grad_outputs, int noutputs,
                   nd_tensor *const *inputs, int ninputs, bool retain_graph, bool create_graph,
                   bool allow_unused, nd_tensor **result) {
-    if (noutputs < 1 || noutputs > 64 || ninputs < 1 || ninputs > 64)
-        return nd_fail(ND_ERR_ARG, "grad: expected 1..64 outputs and inputs, got %d and %d",
+    if (noutputs < 1 || ninputs < 1)
+        return nd_fail(ND_ERR_ARG, "grad: expected at least one output and one input, got %d and %d",
                        noutputs, ninputs);
-    nd_node *roots[64], *in_nodes[64];
-    nd_tensor *gs[64] = {0};
     for (int i = 0; i < ninputs; i++) {
         result[i] = NULL;
         if (!inputs[i]->requires_grad)
             return nd_fail(ND_ERR_ARG, "grad: input " ND_IXF " does not require grad", ND_IX(i));
-        in_nodes[i] = inputs[i]->grad_fn;
     }
+    /* one allocation: roots and their gradients per output, nodes per input */
+    void **mem = calloc((size_t)(2 * noutputs + ninputs), sizeof *mem);
+    if (!mem) return nd_fail(ND_ERR_MEMORY, "grad: out of memory");
+    nd_node **roots = (nd_node **)mem, **in_nodes = (nd_node **)mem + 2 * noutputs;
+    nd_tensor **gs = (nd_tensor **)mem + noutputs;
+    for (int i = 0; i < ninputs; i++) in_nodes[i] = inputs[i]->grad_fn;
     nd_status st = ND_OK;
     int nroots = 0;
     for (int o = 0; o < noutputs && st == ND_OK; o++) {
@@ -383,6 +386,7 @@ nd_status nd_grad(nd_tensor *const *outputs, nd_tensor *const *grad_outputs, int
                          "outputs (pass allow_unused=true to get nil)", ND_IX(i));
     if (st != ND_OK)
         for (int i = 0; i < ninputs; i++) { nd_release(result[i]); result[i] = NULL; }
+    free(mem);
     return st;
 }
 

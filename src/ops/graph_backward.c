@@ -11,7 +11,8 @@
  * bw's results to the engine, which accumulates them into the parameters'
  * .grad as for any node (several outputs: one replay each, summed per
  * parameter). bw reads activations that fw wrote, so the node refuses once
- * fw has replayed again. */
+ * fw has replayed again, or anything bw reads from outside was written
+ * since (storage versions). */
 #include <stdlib.h>
 #include "autograd.h"
 #include "graph_internal.h"
@@ -20,12 +21,21 @@ typedef struct {
     nd_graph *fw, *bw;
     uint64_t fw_replays; /* fw's replay count when the output was made */
     nd_tensor *grad_in;
+    /* what bw reads from outside (activations, parameters, the graph's inputs)
+     * and its version when the output was made: any write since (a later
+     * call, a refused replay, an in-place update) makes the backward refuse,
+     * as eager refuses a saved tensor modified in place */
+    size_t nread;
+    nd_storage **read;    /* (bw holds them) */
+    uint64_t *version;
     int n;
     nd_tensor *grads[]; /* bw's results, one per leaf (NULL: no gradient) */
 } compiled_backward;
 
 static void free_ctx(void *p) {
     compiled_backward *c = p;
+    free(c->read);
+    free(c->version);
     for (int i = 0; i < c->n; i++) nd_release(c->grads[i]);
     nd_release(c->grad_in);
     nd_graph_free(c->fw);
@@ -43,14 +53,20 @@ static nd_status bw_compiled(nd_node *node, nd_tensor *g, nd_tensor **grads) {
         return nd_fail(ND_ERR_UNSUPPORTED, "compiled_forward: the compiled function ran again after "
                        "it made this output, and overwrote the activations its backward reads: call "
                        "backward before the next call (or compile the whole training step)");
+    for (size_t k = 0; k < c->nread; k++)
+        if (c->read[k]->version != c->version[k])
+            return nd_fail(ND_ERR_UNSUPPORTED, "compiled_forward: a tensor this output's backward "
+                           "reads (an activation, a parameter or an argument of the compiled call) "
+                           "was modified in place after the call, or a later call was refused "
+                           "half way: call backward before changing them");
     nd_status st = nd_copy_(c->grad_in, g);
     if (st == ND_OK) st = nd_graph_replay(c->bw);
-    /* the other outputs' backwards replay bw too: their grad_in must read zeros */
-    nd_status zst = nd_fill_(c->grad_in, 0.0);
-    if (st == ND_OK) st = zst;
+    /* copies first: a gradient may be grad_in itself (x + w), or a view of it */
     for (int i = 0; i < c->n && st == ND_OK; i++)
         if (c->grads[i] && node->needs_grad[i]) st = nd_clone(c->grads[i], &grads[i]);
-    return st;
+    /* the other outputs' backwards replay bw too: their grad_in must read zeros */
+    nd_status zst = nd_fill_(c->grad_in, 0.0);
+    return st != ND_OK ? st : zst;
 }
 
 static bool same_geometry(const nd_tensor *a, const nd_tensor *b) {
@@ -60,8 +76,19 @@ static bool same_geometry(const nd_tensor *a, const nd_tensor *b) {
     return true;
 }
 
-nd_status nd_graph_attach_backward(nd_tensor *out, nd_graph *fw, nd_graph *bw, nd_tensor *grad_in,
+/* s is where one of the outputs' gradients goes (written by the nodes themselves) */
+static bool is_grad_in(const nd_storage *s, nd_tensor *const *grad_ins, int ngrad_in) {
+    for (int k = 0; k < ngrad_in; k++)
+        if (grad_ins[k]->storage == s) return true;
+    return false;
+}
+
+nd_status nd_graph_attach_backward(nd_tensor *out, nd_graph *fw, nd_graph *bw,
+                                   nd_tensor *const *grad_ins, int ngrad_in, int k,
                                    int n, nd_tensor *const *leaves, nd_tensor *const *grads) {
+    if (k < 0 || k >= ngrad_in)
+        return nd_fail(ND_ERR_ARG, "compiled_forward: output %d of %d", k + 1, ngrad_in);
+    nd_tensor *grad_in = grad_ins[k];
     if (!fw || !bw || !fw->ended || !bw->ended)
         return nd_fail(ND_ERR_ARG, "compiled_forward: the graphs were not captured");
     if (!same_geometry(out, grad_in))
@@ -72,11 +99,29 @@ nd_status nd_graph_attach_backward(nd_tensor *out, nd_graph *fw, nd_graph *bw, n
             return nd_fail(ND_ERR_SHAPE, "compiled_forward: gradient %d differs from its parameter "
                            "in shape or dtype", i + 1);
     compiled_backward *c = calloc(1, sizeof *c + (size_t)n * sizeof *c->grads);
-    if (!c) return nd_fail(ND_ERR_MEMORY, "compiled_forward: out of memory");
+    size_t nread = 0;
+    for (size_t q = 0; q < bw->nstor; q++)
+        nread += !bw->stor[q].internal && !is_grad_in(bw->stor[q].s, grad_ins, ngrad_in);
+    if (c) {
+        c->read = malloc((nread + 1) * sizeof *c->read);
+        c->version = malloc((nread + 1) * sizeof *c->version);
+    }
+    if (!c || !c->read || !c->version) {
+        if (c) { free(c->read); free(c->version); free(c); }
+        return nd_fail(ND_ERR_MEMORY, "compiled_forward: out of memory");
+    }
+    for (size_t q = 0; q < bw->nstor; q++) {
+        nd_storage *s = bw->stor[q].s;
+        if (bw->stor[q].internal || is_grad_in(s, grad_ins, ngrad_in)) continue;
+        c->read[c->nread] = s;
+        c->version[c->nread++] = s->version;
+    }
     nd_node *node;
     nd_status st = nd_record(ND_OP_compiled_forward, bw_compiled, out, n,
                              (const nd_tensor *const *)leaves, &node);
     if (st != ND_OK || !node) {
+        free(c->read);
+        free(c->version);
         free(c);
         return st;
     }

@@ -218,7 +218,10 @@ static bool try_add(const fuse_ctx *c, fuse_run *R, const nd_graph_rec *r) {
     int in_slot[3];
     nd_dtype dt = R->nstep ? R->dt : ND_NUM_DTYPES;
     if (R->nstep == ND_EW_MAX_STEPS || !record_step(r, &s, in_slot, &dt)) return false;
-    if (R->nstep && (r->be != R->be || !same_shape(r->t[0], R->shape_of))) return false;
+    /* one backend object serves every OpenCL device: the device index too */
+    if (R->nstep && (r->be != R->be || !same_shape(r->t[0], R->shape_of) ||
+                     r->t[0]->storage->device_index != R->shape_of->storage->device_index))
+        return false;
     if (overlapping_write(r->t[0])) return false;
     fuse_slot saved[MAX_SLOTS];
     int nsaved = R->nslot;
@@ -366,7 +369,7 @@ nd_status nd_graph_pass_fuse(nd_graph *g, int64_t *changed) {
         g->fused_runs++;
         i = j;
     }
-    memcpy(g->recs, recs, out * sizeof *recs);
+    if (out) memcpy(g->recs, recs, out * sizeof *recs);
     g->n = out;
 done:
     free(refs); free(first); free(last); free(recs); free(R);

@@ -316,7 +316,7 @@ local function results(e)
   local function out(t)
     local c = core.no_grad(clone, t)
     local k = bw.index[t]
-    if k then graph:attach_backward(c, bw.graph, bw.grad_in[k], bw.leaves, bw.grads) end
+    if k then graph:attach_backward(c, bw.graph, bw.grad_in, k, bw.leaves, bw.grads) end
     return c
   end
   local r = {n = res.n}
