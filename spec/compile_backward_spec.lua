@@ -81,6 +81,40 @@ describe("backward through a compiled forward", function()
     assert_contains(runs[true].f:explain(), "backward: 3 result(s) differentiable with respect to 11 parameter(s)")
   end)
 
+  it("passes gradients on to arguments that require grad (a compiled block inside an eager model)", function()
+    nd.manual_seed(0)
+    local pre = nd.nn.Linear(4, 6)
+    local block = nd.nn.Sequential(nd.nn.Linear(6, 6), nd.nn.Tanh(), nd.nn.Linear(6, 3))
+    local cblock = nd.compile(block)
+    for i = 1, 4 do
+      local x = nd.randn(5, 4) * i
+      local g = {}
+      for _, f in ipairs({block, cblock}) do
+        for _, p in ipairs(pre:parameters()) do p.grad = nil end
+        for _, p in ipairs(block:parameters()) do p.grad = nil end
+        local y = f(pre(x):relu());
+        (y * y):sum():backward()
+        local t = {}
+        for _, p in ipairs(pre:parameters()) do t[#t + 1] = p.grad:clone() end
+        for _, p in ipairs(block:parameters()) do t[#t + 1] = p.grad:clone() end
+        g[#g + 1] = t
+      end
+      for k = 1, #g[1] do assert.are.equal(0, max_abs(g[1][k], g[2][k]), ("call %d tensor %d"):format(i, k)) end
+    end
+    assert_contains(cblock:explain(), "with respect to 4 parameter(s) and 1 argument(s)")
+    -- a leaf argument gets its .grad; an argument without requires_grad traces another entry
+    local x = nd.randn({5, 6}, {requires_grad = true})
+    cblock(x):sum():backward()
+    local want = x.grad:clone()
+    x.grad = nil
+    block(x):sum():backward()
+    assert.are.equal(0, max_abs(want, x.grad))
+    local before = cblock.stats.retraces + cblock.stats.captures
+    cblock(nd.randn(5, 6))
+    cblock(nd.randn(5, 6))
+    assert(cblock.stats.retraces + cblock.stats.captures > before, "requires_grad is part of the key")
+  end)
+
   it("sums the gradients of several results (per parameter: equal within rounding)", function()
     local lin = nd.nn.Linear(4, 4)
     local f = function(x) local h = lin(x); return h:tanh(), h * 2 end
@@ -220,6 +254,48 @@ describe("backward through a compiled forward", function()
     end
     collectgarbage()
     assert(nd.live_bytes() <= live, ("live bytes %d, at step 300 %d"):format(nd.live_bytes(), live))
+  end)
+
+  it("splits a module at a graph break (fallback): children compile, training equals eager", function()
+    local Odd = nd.nn.Module:extend("Odd")
+    function Odd:init() end
+    function Odd:forward(x) return x:sum():item() > 0 and x * 2 or x * 3 end -- reads a value: a break
+    local Twice = nd.nn.Module:extend("Twice")
+    function Twice:init() self.lin = nd.nn.Linear(4, 4); self.odd = Odd() end
+    function Twice:forward(x) return self.odd(self.lin(self.lin(x):tanh())) end -- breaks; lin runs twice
+    local function make()
+      nd.manual_seed(4)
+      return nd.nn.Sequential(nd.nn.Linear(4, 4), nd.nn.Tanh(), Odd(), Twice(), nd.nn.Linear(4, 2))
+    end
+    local me, mc = make(), make()
+    local cf = nd.compile(mc, {fallback = true})
+    local oe = nd.optim.SGD(me:parameters(), {lr = 0.01, momentum = 0.9})
+    local oc = nd.optim.SGD(mc:parameters(), {lr = 0.01, momentum = 0.9})
+    for i = 1, 10 do
+      nd.manual_seed(50 + i)
+      local x = nd.randn(3, 4)
+      oe:zero_grad()
+      oc:zero_grad()
+      local le = (me(x) ^ 2):sum()
+      le:backward()
+      oe:step()
+      local lc = (cf(x) ^ 2):sum()
+      lc:backward()
+      oc:step()
+      assert.are.equal(le:item(), lc:item(), "step " .. i)
+    end
+    local pe, pc = me:parameters(), mc:parameters()
+    for k = 1, #pe do assert.are.equal(0, max_abs(pc[k], pe[k])) end
+    local text = cf:explain()
+    assert_contains(text, "split: the module's own code runs eagerly; its children:")
+    assert_contains(text, "0 (Linear): compiled: calls 8: 6 replayed")
+    assert_contains(text, "2 (Odd): eager: its own graph break: needle.item")
+    assert_contains(text, "3 (Twice): compiled:") -- split in turn: its Linear runs twice, eagerly
+    assert_contains(text, "(split in turn)")
+    local twice = cf.last.split.children[4].compiled
+    assert_contains(twice:explain(), "lin (Linear): eager: called 2 times per call")
+    -- the break was found by the eager call before the capture: no capture of the whole model
+    assert.are.equal(0, cf.stats.captures)
   end)
 
   it("claims only the gradchecks it ran", function()

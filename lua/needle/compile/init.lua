@@ -234,6 +234,8 @@ function M.compile(fn, opts)
   local warmup = opts.warmup or 1
   local cache_size = opts.cache_size or 8
   if warmup < 0 then fail("warmup must be >= 0, got %d", warmup) end
+  -- with fallback, the last eager call before the capture looks for graph breaks (below)
+  if opts.fallback == true and warmup == 0 then warmup = 1 end
   if cache_size < 1 then fail("cache_size must be >= 1, got %d", cache_size) end
   if opts.tune ~= nil and not (opts.tune >= 0 and opts.tune < math.huge) then
     fail("tune must be a number of seconds >= 0, got %s", tostring(opts.tune))
@@ -250,13 +252,16 @@ function M.compile(fn, opts)
   end
   local self = setmetatable({
     fn = fn, warmup = warmup, cache_size = cache_size, fallback = opts.fallback == true,
-    verify = opts.verify == true, passes = passes, tune = opts.tune,
+    verify = opts.verify == true, passes = passes, tune = opts.tune, is_module = is_module,
+    opts = opts, -- the children of a split module are compiled with the same options
     entries = {}, order = {},
     stats = {calls = 0, replays = 0, captures = 0, retraces = 0, eager = 0, evictions = 0},
     breaks = {}, last = nil,
   }, CF)
   return self
 end
+
+local split_call -- below: a module split at a graph break
 
 local function touch(self, key)
   local order = self.order
@@ -290,7 +295,10 @@ local function unpack_args(args) return table.unpack(args, 1, args.n) end
 local function copy_in(flat, inputs)
   for i, t in ipairs(flat) do
     local c = inputs[i]
-    if not rawequal(c, t) then c:copy_(t) end
+    if not rawequal(c, t) then
+      if c.requires_grad then c = c:detach() end -- a leaf of the capture (an argument that requires grad)
+      c:copy_(t)
+    end
   end
 end
 
@@ -309,14 +317,19 @@ local function copy_out(res)
 end
 
 -- copy_out, and the results that need gradients get their backward node
-local function results(e)
+local function results(e, flat)
   local bw = e.backward
   if not (bw and core.is_grad_enabled()) then return core.no_grad(copy_out, e.outputs) end
   local res, graph = e.outputs, e.graph
+  local leaves = bw.leaves
+  if bw.arg_of then -- the gradients of the arguments' copies go to this call's arguments
+    leaves = {}
+    for i, l in ipairs(bw.leaves) do leaves[i] = bw.arg_of[i] and flat[bw.arg_of[i]] or l end
+  end
   local function out(t)
     local c = core.no_grad(clone, t)
     local k = bw.index[t]
-    if k then graph:attach_backward(c, bw.graph, bw.grad_in, k, bw.leaves, bw.grads) end
+    if k then graph:attach_backward(c, bw.graph, bw.grad_in, k, leaves, bw.grads) end
     return c
   end
   local r = {n = res.n}
@@ -329,7 +342,7 @@ end
 -- gradients placed in grad_in[k] (zeros but while result k's backward runs);
 -- captured right after the forward, while its autograd graph is alive. nil
 -- when no result needs one.
-local function capture_backward(res)
+local function capture_backward(res, inputs)
   local diff, index = {}, {}
   map_tensors(res, function(t)
     if t.requires_grad and not index[t] then
@@ -351,16 +364,23 @@ local function capture_backward(res)
   end
   local gs = {}
   for i = 1, #leaves do gs[i] = grads[i] or false end
-  return {leaves = leaves, graph = bg, grad_in = grad_in, grads = gs, index = index, results = #diff}
+  -- leaves that are the copies of arguments: which argument (walk's order) each stands for
+  local pos, arg_of = {}, nil
+  for i, c in ipairs(inputs) do
+    if c.requires_grad then pos[core._storage_key(c)] = pos[core._storage_key(c)] or i end
+  end
+  for i, l in ipairs(leaves) do
+    local p = pos[core._storage_key(l)]
+    if p then
+      arg_of = arg_of or {}
+      arg_of[i] = p
+    end
+  end
+  return {leaves = leaves, graph = bg, grad_in = grad_in, grads = gs, index = index, results = #diff,
+          arg_of = arg_of}
 end
 
 local function capture_call(self, e, args, flat)
-  for i, t in ipairs(flat) do
-    if t.requires_grad then
-      fail("argument tensor %d requires grad: a compiled function differentiates with respect "
-           .. "to parameters, not to its arguments", i)
-    end
-  end
   -- different argument tensors sharing memory: their in-place updates could
   -- not be replayed into each other (each gets its own copy below)
   local shared, first_of = {}, {}
@@ -375,7 +395,12 @@ local function capture_call(self, e, args, flat)
   -- same tensor twice gets one copy): later calls copy their arguments into these
   local inputs, copy_of = {}, {}
   for i, t in ipairs(flat) do
-    copy_of[t] = copy_of[t] or detached_copy(t)
+    if not copy_of[t] then
+      copy_of[t] = detached_copy(t)
+      -- an argument that requires grad (an activation of a bigger model): its copy is a leaf
+      -- of the capture, and the backward graph gives its gradient to the argument of each call
+      if t.requires_grad then copy_of[t]:requires_grad_(true) end
+    end
     inputs[i] = copy_of[t]
   end
   local cargs = map_tensors(args, function(t) return copy_of[t] end)
@@ -437,7 +462,7 @@ local function capture_call(self, e, args, flat)
   -- ran a backward itself (a whole training step returns its loss detached)
   local bw
   if core.is_grad_enabled() and g:stats().leaves == 0 then
-    local bok, b = pcall(capture_backward, res)
+    local bok, b = pcall(capture_backward, res, inputs)
     if not bok then g:free(); error(b, 0) end
     bw = b
   end
@@ -519,7 +544,7 @@ local function capture_call(self, e, args, flat)
   e.module_guards = module_guards(st.modules)
   e.guards, e.hooks = st.guards, st.hooks
   e.graph = g -- last: an entry with a graph is complete
-  return results(e)
+  return results(e, flat)
 end
 
 local function replay(self, e, flat)
@@ -535,7 +560,56 @@ local function replay(self, e, flat)
   end
   self.stats.replays = self.stats.replays + 1
   if #e.written > 0 then core.no_grad(copy_back, flat, inputs, e.written) end
-  return results(e)
+  return results(e, flat)
+end
+
+-- A module whose capture broke (fallback): its own Lua runs eagerly, and
+-- each child that runs once per call goes through a compiled function of its
+-- own (compiled with the same options, so a child that breaks splits in
+-- turn). The first such call runs eagerly and counts the children's calls: a
+-- child called twice per call stays eager, as the backward of its first
+-- result would find the activations overwritten by the second.
+local function run_split(map, fn, ...)
+  local saved = state.split
+  state.split = map
+  local r = table.pack(pcall(fn, ...))
+  state.split = saved
+  if not r[1] then error(r[2], 0) end
+  return table.unpack(r, 2, r.n)
+end
+
+split_call = function(self, e, ...)
+  local sp = e.split
+  if sp then return run_split(sp.map, self.fn, ...) end
+  local counts, count_map = {}, {}
+  local children = self.fn:named_children()
+  if #children == 0 then return self.fn(...) end -- nothing to split: eager
+  for _, c in ipairs(children) do
+    local m = c[2]
+    count_map[m] = function(...)
+      counts[m] = (counts[m] or 0) + 1
+      return m:forward(...)
+    end
+  end
+  local out = table.pack(run_split(count_map, self.fn, ...))
+  sp = {children = {}, map = {}}
+  local copts = {}
+  for k, v in pairs(self.opts) do copts[k] = v end
+  copts.fallback = true
+  for _, c in ipairs(children) do
+    local name, m = c[1], c[2]
+    local item = {name = name, class = tostring(getmetatable(m).__name or "Module"), calls = counts[m] or 0}
+    if item.calls == 1 then
+      item.compiled = M.compile(m, copts)
+      sp.map[m] = item.compiled
+    else
+      item.why = item.calls == 0 and "not called" or
+                 ("called %d times per call (the backward of a result needs its own activations)"):format(item.calls)
+    end
+    sp.children[#sp.children + 1] = item
+  end
+  e.split = sp
+  return table.unpack(out, 1, out.n)
 end
 
 function CF:__call(...)
@@ -562,13 +636,30 @@ function CF:__call(...)
   if e.broken or e.seen < self.warmup then
     e.seen = e.seen + 1
     stats.eager = stats.eager + 1
-    if e.broken then return self.fn(...) end
+    if e.broken then
+      if self.is_module and self.fallback then return split_call(self, e, ...) end
+      return self.fn(...)
+    end
     -- the eager call's peak memory, for explain()'s comparison (garbage of
     -- earlier calls collected first: it would be freed during the call)
     collectgarbage("collect")
     local base, launches = core.live_bytes(), core.opencl_launches()
     core.reset_peak_live_bytes()
-    local out = table.pack(self.fn(...))
+    -- With fallback, the last eager call runs under a probe capture that only looks for
+    -- graph breaks: a break found here leaves this signature eager before any capture on
+    -- the graph's own input copies (whose results would not connect to the caller's
+    -- autograd graph), with this call's results the eager ones.
+    local probe = self.fallback and e.seen == self.warmup and core._graph_begin(true)
+    local ok, out = pcall(function(...) return table.pack(self.fn(...)) end, ...)
+    if probe then
+      local fok, why = pcall(probe.finish, probe)
+      probe:free()
+      if ok and not fok then
+        e.broken = tostring(why)
+        self.breaks[#self.breaks + 1] = e.broken
+      end
+    end
+    if not ok then error(out, 0) end
     e.eager_peak = core.peak_live_bytes() - base
     e.eager_launches = core.opencl_launches() - launches
     return unpack_args(out)
@@ -630,9 +721,13 @@ function CF:explain()
                          #e.hooks, gs.leaves)
     lines[#lines + 1] = "kernels by entry: " .. ir.histogram(e.graph:records())
     if e.backward then
-      lines[#lines + 1] = ("backward: %d result(s) differentiable with respect to %d parameter(s); "
+      local nargs = 0
+      for _ in pairs(e.backward.arg_of or {}) do nargs = nargs + 1 end
+      lines[#lines + 1] = ("backward: %d result(s) differentiable with respect to %d parameter(s)%s; "
                            .. "their backward graph replays %d kernel calls"):format(
-                           e.backward.results, #e.backward.leaves, e.backward.graph:stats().records)
+                           e.backward.results, #e.backward.leaves - nargs,
+                           nargs > 0 and (" and %d argument(s)"):format(nargs) or "",
+                           e.backward.graph:stats().records)
     end
     if gs.fused_runs > 0 then
       local fuse_removed = 0
@@ -666,6 +761,21 @@ function CF:explain()
   end
   for _, why in ipairs(self.retrace_reasons or {}) do lines[#lines + 1] = "retraced: " .. why end
   for _, why in ipairs(self.breaks) do lines[#lines + 1] = "graph break (runs eagerly): " .. why end
+  local sp = self.last and self.last.split
+  if sp then
+    lines[#lines + 1] = "split: the module's own code runs eagerly; its children:"
+    for _, c in ipairs(sp.children) do
+      local what
+      if not c.compiled then what = "eager: " .. c.why
+      elseif c.compiled.last and c.compiled.last.broken and not c.compiled.last.split then
+        what = "eager: its own graph break: " .. c.compiled.last.broken:match("^[^\n]*")
+      else
+        what = "compiled: " .. c.compiled:explain():match("^[^\n]*")
+        if c.compiled.last and c.compiled.last.split then what = what .. " (split in turn)" end
+      end
+      lines[#lines + 1] = ("  %s (%s): %s"):format(c.name, c.class, what)
+    end
+  end
   return table.concat(lines, "\n")
 end
 

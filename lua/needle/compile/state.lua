@@ -12,7 +12,11 @@
 --                           the recorded kernels read but Lua computes (an
 --                           optimizer's step count and bias corrections);
 --                           undo() takes it back when the replay is refused
-local M = {active = nil}
+--   state.split             while a compiled module that was split at a graph
+--                           break runs its own Lua: {[child] = fn}, the
+--                           children nn.Module's __call sends to their
+--                           compiled functions (fn), else nil
+local M = {active = nil, split = nil}
 
 -- Bumped by every change to a module's parameters, buffers, children,
 -- settings or train/eval mode (nn.Module): a compiled call rechecks its
@@ -36,6 +40,16 @@ end
 function M.on_replay(fn, undo)
   local a = M.active
   if a then a.hooks[#a.hooks + 1] = {run = fn, undo = undo} end
+end
+
+-- child's compiled function, run without the parent's split table (the child
+-- may be split itself)
+function M.call_split(split, child, ...)
+  M.split = nil
+  local r = table.pack(pcall(split[child], ...))
+  M.split = split
+  if not r[1] then error(r[2], 0) end
+  return table.unpack(r, 2, r.n)
 end
 
 function M.new()

@@ -43,6 +43,8 @@ local function make_instance_mt(class)
     end,
     __call = function(self, ...)
       if capture.active then capture.note_module(self) end
+      local split = capture.split
+      if split and split[self] then return capture.call_split(split, self, ...) end
       return self:forward(...)
     end,
     __tostring = function(self) return self:_repr("") end,
