@@ -21,12 +21,7 @@ local function read_lines(path)
   return out
 end
 
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
-
+local write = S.write_file
 -- runs a Lua program in a child process with the cache in dir
 local function run_lua(dir, program)
   local exe = S.needle_lua()
