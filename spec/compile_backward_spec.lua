@@ -298,6 +298,62 @@ describe("backward through a compiled forward", function()
     assert.are.equal(0, cf.stats.captures)
   end)
 
+  it("a split model called twice before one backward (a siamese pair) trains as eagerly", function()
+    local Odd = nd.nn.Module:extend("Odd")
+    function Odd:init() end
+    function Odd:forward(x) return x:sum():item() > 0 and x * 2 or x * 3 end
+    local function make()
+      nd.manual_seed(6)
+      return nd.nn.Sequential(nd.nn.Linear(4, 4), nd.nn.Tanh(), Odd(), nd.nn.Linear(4, 2))
+    end
+    local me, mc = make(), make()
+    local cf = nd.compile(mc, {fallback = true})
+    for i = 1, 6 do
+      nd.manual_seed(70 + i)
+      local x1, x2 = nd.randn(3, 4), nd.randn(3, 4)
+      for _, p in ipairs(me:parameters()) do p.grad = nil end
+      for _, p in ipairs(mc:parameters()) do p.grad = nil end;
+      ((me(x1) - me(x2)) ^ 2):sum():backward();
+      ((cf(x1) - cf(x2)) ^ 2):sum():backward()
+      for k, p in ipairs(me:parameters()) do assert.are.equal(0, max_abs(mc:parameters()[k].grad, p.grad)) end
+    end
+    assert_contains(cf:explain(), "call(s) eager, made while an earlier result's backward was to come")
+  end)
+
+  it("leaves the gradient of a parameter nil when only a result without gradient reaches it", function()
+    local a, b = nd.nn.Linear(3, 3), nd.nn.Linear(3, 3)
+    local cf = nd.compile(function(x) return a(x), b(x) end)
+    for _ = 1, 3 do
+      for _, p in ipairs({a.weight, a.bias, b.weight, b.bias}) do p.grad = nil end
+      local ya = cf(nd.randn(2, 3)) -- b's result unused
+      ya:sum():backward()
+      assert.is_true(a.weight.grad ~= nil)
+      assert.is_nil(b.weight.grad) -- eagerly nil, not zeros (momentum or decay would move it)
+    end
+  end)
+
+  it("refuses an argument that requires grad when the function runs backward itself", function()
+    local m = nd.nn.Linear(3, 1)
+    local step = nd.compile(function(x) m:zero_grad(); m(x):sum():backward() end)
+    local x = nd.ones({4, 3}, {requires_grad = true})
+    step(x)
+    assert_contains(errmsg(step, x), "an argument requires grad and the function runs backward itself")
+  end)
+
+  it("with fallback, the probe finds no break where a capture has none (clip_grad_norm_, Embedding)", function()
+    local emb = nd.nn.Embedding(10, 4)
+    local opt = nd.optim.SGD(emb:parameters(), {lr = 0.1})
+    local step = nd.compile(function(ids)
+      opt:zero_grad()
+      emb(ids):sum():backward()
+      nd.nn.utils.clip_grad_norm_(emb:parameters(), 1.0)
+      opt:step()
+    end, {fallback = true})
+    for _ = 1, 4 do step(nd.tensor({1, 2, 3}, {dtype = "int64"})) end
+    assert.are.equal(0, #step.breaks)
+    assert.are.equal(2, step.stats.replays)
+  end)
+
   it("claims only the gradchecks it ran", function()
     G.assert_covers(assert, "compile_backward_spec.lua")
   end)

@@ -516,6 +516,9 @@ void nd_graph_retain(nd_graph *g);
  * again since out was made, when anything else bw reads was written since
  * (storage versions), and under create_graph. Nothing is attached when grad
  * mode is off or no leaf requires grad. */
+/* Outputs of fw with an attached backward that has not run yet and that are
+ * still alive (their next replay would make that backward refuse). */
+int64_t nd_graph_pending_backwards(const nd_graph *g);
 nd_status nd_graph_attach_backward(nd_tensor *out, nd_graph *fw, nd_graph *bw,
                                    nd_tensor *const *grad_ins, int ngrad_in, int k,
                                    int n, nd_tensor *const *leaves, nd_tensor *const *grads);

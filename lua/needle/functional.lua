@@ -159,7 +159,7 @@ local function check_labels(op, labels, n, C, ignore_index, device)
   -- ones_like: a tensor on t's device (a number operand of where is made on the cpu)
   if ignore_index ~= nil then valid = core.where(t:eq(ignore_index), core.ones_like(t), t) end
   -- (inside nd.compile the gather's own bounds check, run by every replay, refuses them)
-  if n > 0 and not capture.active then
+  if n > 0 and not capture.compiling() then
     local lo, hi = valid:min():item(), valid:max():item()
     if lo < 1 or hi > C then
       local bad = lo < 1 and lo or hi

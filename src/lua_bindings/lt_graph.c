@@ -145,6 +145,13 @@ static int l_records(lua_State *L) {
     return 1;
 }
 
+/* g:pending() -> nd_graph_pending_backwards */
+static int l_pending(lua_State *L) {
+    graph_box *b = check_graph(L, "compile");
+    lua_pushinteger(L, (lua_Integer)nd_graph_pending_backwards(b->g));
+    return 1;
+}
+
 /* g:tune(seconds) -> {kernels, cached, tuned, seconds, best_speedup} (nd_graph_tune) */
 static int l_tune(lua_State *L) {
     graph_box *b = check_graph(L, "compile");
@@ -295,6 +302,13 @@ static int l_storage_key(lua_State *L) {
     return 1;
 }
 
+/* core._storage_version(t) -> its storage's version (bumped by every write) */
+static int l_storage_version(lua_State *L) {
+    nd_tensor *t = lt_check(L, 1, "compile");
+    lua_pushinteger(L, (lua_Integer)t->storage->version);
+    return 1;
+}
+
 /* core._tensor_sig(t) -> "float32 cpu 8,512 g": what nd.compile's signature
  * keeps of a tensor argument (dtype, device, shape, requires_grad), in one
  * call instead of four property reads and a format. */
@@ -321,7 +335,8 @@ void lt_register_graph(lua_State *L) {
         static const luaL_Reg methods[] = {
             {"finish", l_finish}, {"replay", l_replay}, {"stats", l_stats},
             {"records", l_records}, {"free", l_free}, {"plan", l_plan}, {"pass", l_pass},
-            {"attach_backward", l_attach_backward}, {"tune", l_tune}, {NULL, NULL},
+            {"attach_backward", l_attach_backward}, {"tune", l_tune}, {"pending", l_pending},
+            {NULL, NULL},
         };
         lua_newtable(L);
         luaL_setfuncs(L, methods, 0);
@@ -335,6 +350,7 @@ void lt_register_graph(lua_State *L) {
         {"_graph_pause", l_pause, false, true},
         {"_graph_capturing", l_capturing, false, true},
         {"_storage_key", l_storage_key, false, true},
+        {"_storage_version", l_storage_version, false, true},
         {"_meta_generation", l_meta_generation, false, true},
         {"_tensor_sig", l_tensor_sig, false, true},
         {"_grad_leaves", l_grad_leaves, false, true},

@@ -19,6 +19,7 @@
 
 typedef struct {
     nd_graph *fw, *bw;
+    bool pending;        /* counted in fw->pending: alive, its backward not run yet */
     uint64_t fw_replays; /* fw's replay count when the output was made */
     nd_tensor *grad_in;
     /* what bw reads from outside (activations, parameters, the graph's inputs)
@@ -32,8 +33,14 @@ typedef struct {
     nd_tensor *grads[]; /* bw's results, one per leaf (NULL: no gradient) */
 } compiled_backward;
 
+static void settle(compiled_backward *c) {
+    if (c->pending) atomic_fetch_sub(&c->fw->pending, 1);
+    c->pending = false;
+}
+
 static void free_ctx(void *p) {
     compiled_backward *c = p;
+    settle(c);
     free(c->read);
     free(c->version);
     for (int i = 0; i < c->n; i++) nd_release(c->grads[i]);
@@ -44,7 +51,7 @@ static void free_ctx(void *p) {
 }
 
 static nd_status bw_compiled(nd_node *node, nd_tensor *g, nd_tensor **grads) {
-    const compiled_backward *c = node->ctx;
+    compiled_backward *c = node->ctx;
     if (nd_grad_enabled())
         return nd_fail(ND_ERR_UNSUPPORTED, "compiled_forward: backward with create_graph through "
                        "the output of a compiled function is not supported (its backward is a "
@@ -66,6 +73,7 @@ static nd_status bw_compiled(nd_node *node, nd_tensor *g, nd_tensor **grads) {
         if (c->grads[i] && node->needs_grad[i]) st = nd_clone(c->grads[i], &grads[i]);
     /* the other outputs' backwards replay bw too: their grad_in must read zeros */
     nd_status zst = nd_fill_(c->grad_in, 0.0);
+    if (st == ND_OK) settle(c);
     return st != ND_OK ? st : zst;
 }
 
@@ -127,6 +135,7 @@ nd_status nd_graph_attach_backward(nd_tensor *out, nd_graph *fw, nd_graph *bw,
     }
     c->fw = fw;
     c->bw = bw;
+    c->pending = false;
     nd_graph_retain(fw);
     nd_graph_retain(bw);
     c->fw_replays = fw->replays;
@@ -137,7 +146,13 @@ nd_status nd_graph_attach_backward(nd_tensor *out, nd_graph *fw, nd_graph *bw,
         c->grads[i] = grads[i];
         if (grads[i]) nd_retain(grads[i]);
     }
+    c->pending = true;
+    atomic_fetch_add(&fw->pending, 1);
     node->ctx = c;
     node->ctx_free = free_ctx;
     return ND_OK;
+}
+
+int64_t nd_graph_pending_backwards(const nd_graph *g) {
+    return g ? (int64_t)atomic_load(&((nd_graph *)g)->pending) : 0;
 }

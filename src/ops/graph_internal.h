@@ -43,6 +43,7 @@ typedef struct {
 struct nd_graph {
     atomic_int refs;     /* the owner's, and each compiled output's autograd node's */
     uint64_t replays;    /* replays so far (an output's backward checks that none came since) */
+    atomic_llong pending; /* outputs' backward nodes alive that have not run (graph_backward.c) */
     nd_graph_rec *recs;
     size_t n, cap;
     stor_info *stor;

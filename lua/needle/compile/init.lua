@@ -275,6 +275,11 @@ local function drop(self, key)
   local e = self.entries[key]
   if e and e.graph then e.graph:free() end
   if e and e.backward then e.backward.graph:free() end
+  for _, c in ipairs(e and e.split and e.split.children or {}) do -- a split's compiled children
+    if c.compiled then
+      for k in pairs(c.compiled.entries) do drop(c.compiled, k) end
+    end
+  end
   self.entries[key] = nil
 end
 
@@ -321,15 +326,17 @@ local function results(e, flat)
   local bw = e.backward
   if not (bw and core.is_grad_enabled()) then return core.no_grad(copy_out, e.outputs) end
   local res, graph = e.outputs, e.graph
-  local leaves = bw.leaves
-  if bw.arg_of then -- the gradients of the arguments' copies go to this call's arguments
-    leaves = {}
-    for i, l in ipairs(bw.leaves) do leaves[i] = bw.arg_of[i] and flat[bw.arg_of[i]] or l end
-  end
   local function out(t)
     local c = core.no_grad(clone, t)
     local k = bw.index[t]
-    if k then graph:attach_backward(c, bw.graph, bw.grad_in, k, leaves, bw.grads) end
+    if k then -- the leaves result k reaches; an argument's copy stands for this call's argument
+      local leaves, grads = {}, {}
+      for j, i in ipairs(bw.reach[k]) do
+        leaves[j] = bw.arg_of and bw.arg_of[i] and flat[bw.arg_of[i]] or bw.leaves[i]
+        grads[j] = bw.grads[i]
+      end
+      graph:attach_backward(c, bw.graph, bw.grad_in, k, leaves, grads)
+    end
     return c
   end
   local r = {n = res.n}
@@ -364,6 +371,15 @@ local function capture_backward(res, inputs)
   end
   local gs = {}
   for i = 1, #leaves do gs[i] = grads[i] or false end
+  -- the leaves each result reaches: another result's leaves get no gradient (nil, as eagerly,
+  -- not zeros: an optimizer would still decay or move them)
+  local at = {}
+  for i, l in ipairs(leaves) do at[core._storage_key(l)] = i end
+  local reach = {}
+  for k, o in ipairs(diff) do
+    reach[k] = {}
+    for _, l in ipairs(core._grad_leaves({o})) do reach[k][#reach[k] + 1] = at[core._storage_key(l)] end
+  end
   -- leaves that are the copies of arguments: which argument (walk's order) each stands for
   local pos, arg_of = {}, nil
   for i, c in ipairs(inputs) do
@@ -377,7 +393,7 @@ local function capture_backward(res, inputs)
     end
   end
   return {leaves = leaves, graph = bg, grad_in = grad_in, grads = gs, index = index, results = #diff,
-          arg_of = arg_of}
+          arg_of = arg_of, reach = reach}
 end
 
 local function capture_call(self, e, args, flat)
@@ -405,6 +421,11 @@ local function capture_call(self, e, args, flat)
   end
   local cargs = map_tensors(args, function(t) return copy_of[t] end)
   cargs.n = args.n
+  local grad_args, versions = false, {}
+  for i, c in ipairs(inputs) do
+    grad_args = grad_args or c.requires_grad
+    versions[i] = core._storage_version(c)
+  end
   local st, outer = state.new(), state.active
   state.active = st
   local ok, g = pcall(core._graph_begin, self.fallback)
@@ -421,9 +442,27 @@ local function capture_call(self, e, args, flat)
   if not fok then
     g:free()
     if not self.fallback then error(why, 0) end
+    -- a break the probe did not meet: this call ran on the graph's input copies, so the
+    -- arguments get their in-place updates back here; results that needed the arguments'
+    -- gradients cannot have them (the next calls run eagerly)
     e.broken = tostring(why)
     self.breaks[#self.breaks + 1] = e.broken
+    for i, c in ipairs(inputs) do
+      if core._storage_version(c) ~= versions[i] and not rawequal(c, flat[i]) then
+        core.no_grad(function() flat[i]:copy_(c) end)
+      end
+    end
+    if grad_args then
+      fail("a graph break first met at the capture (%s), on a call whose arguments require grad: "
+           .. "its results are not connected to them; the next calls run eagerly", e.broken)
+    end
     return res
+  end
+  if grad_args and g:stats().leaves > 0 then
+    g:free()
+    fail("an argument requires grad and the function runs backward itself: the backward would "
+         .. "fill its copy's gradient, not the argument's (pass it detached, or compile the "
+         .. "forward alone)")
   end
   if self.verify then
     local problems = require("needle.compile.ir").verify(g:records())
@@ -600,8 +639,22 @@ split_call = function(self, e, ...)
     local name, m = c[1], c[2]
     local item = {name = name, class = tostring(getmetatable(m).__name or "Module"), calls = counts[m] or 0}
     if item.calls == 1 then
-      item.compiled = M.compile(m, copts)
-      sp.map[m] = item.compiled
+      local cf = M.compile(m, copts)
+      item.compiled, item.eager_calls = cf, 0
+      -- a call while an earlier result's backward is still to come (the parent called twice
+      -- before one backward: a siamese pair) runs eagerly: a replay would overwrite what that
+      -- backward reads
+      sp.map[m] = function(...)
+        if core.is_grad_enabled() then
+          for _, ce in pairs(cf.entries) do
+            if ce.graph and ce.graph:pending() > 0 then
+              item.eager_calls = item.eager_calls + 1
+              return m:forward(...)
+            end
+          end
+        end
+        return cf(...)
+      end
     else
       item.why = item.calls == 0 and "not called" or
                  ("called %d times per call (the backward of a result needs its own activations)"):format(item.calls)
@@ -650,7 +703,10 @@ function CF:__call(...)
     -- the graph's own input copies (whose results would not connect to the caller's
     -- autograd graph), with this call's results the eager ones.
     local probe = self.fallback and e.seen == self.warmup and core._graph_begin(true)
+    local was_probing = state.probing
+    if probe then state.probing = true end
     local ok, out = pcall(function(...) return table.pack(self.fn(...)) end, ...)
+    state.probing = was_probing
     if probe then
       local fok, why = pcall(probe.finish, probe)
       probe:free()
@@ -772,6 +828,10 @@ function CF:explain()
       else
         what = "compiled: " .. c.compiled:explain():match("^[^\n]*")
         if c.compiled.last and c.compiled.last.split then what = what .. " (split in turn)" end
+        if c.eager_calls > 0 then
+          what = what .. ("; %d call(s) eager, made while an earlier result's backward was to come")
+                 :format(c.eager_calls)
+        end
       end
       lines[#lines + 1] = ("  %s (%s): %s"):format(c.name, c.class, what)
     end

@@ -16,7 +16,14 @@
 --                           break runs its own Lua: {[child] = fn}, the
 --                           children nn.Module's __call sends to their
 --                           compiled functions (fn), else nil
-local M = {active = nil, split = nil}
+--   state.probing           true while nd.compile's probe (fallback) looks for
+--                           graph breaks in the call before the capture
+--   state.compiling()       active or probing: library code that would read
+--                           values on the host takes its capture path (the
+--                           probe must find the breaks a capture would, no more)
+local M = {active = nil, split = nil, probing = false}
+
+function M.compiling() return M.active ~= nil or M.probing end
 
 -- Bumped by every change to a module's parameters, buffers, children,
 -- settings or train/eval mode (nn.Module): a compiled call rechecks its

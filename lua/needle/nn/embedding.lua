@@ -63,7 +63,7 @@ function Embedding:forward(indices)
       sig, idx.dtype, shape_str(idx)), 2)
   end
   -- (inside nd.compile the lookup's own bounds check, run by every replay, refuses them)
-  if idx:numel() > 0 and not capture.active then
+  if idx:numel() > 0 and not capture.compiling() then
     local lo, hi = idx:min():item(), idx:max():item()
     if lo < 1 or hi > self.num_embeddings then
       error(("needle.nn.Embedding%s: index %d is out of range (expected 1..%d)"):format(

@@ -107,7 +107,7 @@ local function clip_grad_norm_(parameters, max_norm, norm_type, opts)
   local error_if_nonfinite = opts.error_if_nonfinite or false
   local params = with_grads("clip_grad_norm_", parameters)
   if #params == 0 then return 0.0 end
-  if capture.active then
+  if capture.compiling() then
     if error_if_nonfinite then
       raise("clip_grad_norm_", "error_if_nonfinite = true reads the norm on the host, which a " ..
             "compiled function cannot do (a graph break)")
