@@ -136,21 +136,60 @@ describe("pass cse", function()
 end)
 
 describe("passes option", function()
-  it("runs cse, dce then fuse by default, none with passes = false, and refuses unknown names", function()
-    local f = function(x) local _ = x * 7; return (x * 2) + (x * 2) end
+  it("runs simplify, cse, dce then fuse by default, none with passes = false, and refuses unknown names", function()
+    local f = function(x) local _ = x * 7; return (x * 2) + (x * 2) * 1 end
     local cf = compiled(f, nil, nd.ones(2))
+    assert.are.equal(1, removed(cf, "simplify")) -- the * 1
     assert.are.equal(1, removed(cf, "cse"))
     assert.are.equal(1, removed(cf, "dce"))
     assert.are.equal(1, removed(cf, "fuse")) -- x * 2 and the add: one kernel
-    assert_contains(cf:explain(), "passes: cse removed 1, dce removed 1, fuse removed 1")
+    assert_contains(cf:explain(), "passes: simplify removed 1, cse removed 1, dce removed 1, fuse removed 1")
     local none = compiled(f, false, nd.ones(2))
     assert.are.equal(0, #none.last.passes)
-    assert_contains(errmsg(nd.compile, f, {passes = {"dce", "fold"}}), "unknown pass 'fold' (valid: cse, dce, fuse)")
+    assert_contains(errmsg(nd.compile, f, {passes = {"dce", "fold"}}),
+                    "unknown pass 'fold' (valid: simplify, cse, dce, fuse)")
     local g = require("needle.core")._graph_begin()
     g:finish()
     g:plan()
     assert_contains(errmsg(g.pass, g, "dce"), "passes run before the memory plan")
     g:free()
+  end)
+end)
+
+describe("pass simplify", function()
+  it("drops kernels whose result is their input (x * 1, x / 1, x - 0, x + -0, a clone)", function()
+    local f = function(x)
+      local y = ((x * 1) / 1 - 0 + (-0.0)):clone()
+      return (y + x):exp()
+    end
+    local cf = compiled(f, {"simplify"}, nd.randn(4, 5))
+    assert.are.equal(5, removed(cf, "simplify"))
+    assert.are.same({["binary.add"] = 1, ["unary.exp"] = 1}, entries(cf))
+    for i = 1, 3 do
+      local x = nd.randn(4, 5) * i
+      x[1][1] = -0.0 -- signed zeros stay
+      assert.are.equal(0, max_abs(cf(x), f(x)))
+    end
+  end)
+
+  it("keeps x + 0 (it turns -0 into +0), results seen outside, and inputs written later", function()
+    local keep
+    local f = function(x)
+      local a = x + 0          -- not an identity: -0 + 0 is +0
+      keep = x * 1             -- held by Lua after the call
+      local c = x:clone()
+      x:add_(1)                -- x changes after the clone: its readers must see the old x
+      return a + c + x
+    end
+    local cf = compiled(f, {"simplify"}, nd.randn(3))
+    assert.are.equal(0, removed(cf, "simplify"))
+    for i = 1, 3 do
+      local x1 = nd.randn(3) * i
+      local x2 = x1:clone()
+      assert.are.equal(0, max_abs(cf(x1), f(x2)))
+      assert.are.equal(0, max_abs(x1, x2))
+    end
+    local _ = keep
   end)
 end)
 

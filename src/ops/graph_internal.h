@@ -94,6 +94,10 @@ static inline bool nd_graph_same_view(const nd_tensor *a, const nd_tensor *b) {
     return true;
 }
 
+/* The simplify pass (graph_simplify.c): kernels whose result is their input
+ * (x * 1, a copy without a cast) go; *changed counts them. */
+nd_status nd_graph_pass_simplify(nd_graph *g, int64_t *changed);
+
 /* The fuse pass (graph_fuse.c): runs of elementwise records become one
  * fused_elementwise record each; *changed counts the records it removed. */
 nd_status nd_graph_pass_fuse(nd_graph *g, int64_t *changed);

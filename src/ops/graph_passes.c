@@ -187,5 +187,6 @@ nd_status nd_graph_pass(nd_graph *g, const char *name, int64_t *changed) {
     if (!strcmp(name, "dce")) return pass_dce(g, changed);
     if (!strcmp(name, "cse")) return pass_cse(g, changed);
     if (!strcmp(name, "fuse")) return nd_graph_pass_fuse(g, changed);
-    return nd_fail(ND_ERR_ARG, "compile: unknown pass '%s' (expected cse, dce or fuse)", name);
+    if (!strcmp(name, "simplify")) return nd_graph_pass_simplify(g, changed);
+    return nd_fail(ND_ERR_ARG, "compile: unknown pass '%s' (expected simplify, cse, dce or fuse)", name);
 }

@@ -219,11 +219,11 @@ end
 
 local OPTS = {warmup = "integer", cache_size = "integer", fallback = "boolean", verify = "boolean",
               passes = "table|boolean", tune = "number"}
-local PASSES = {dce = true, cse = true, fuse = true}
-local DEFAULT_PASSES = {"cse", "dce", "fuse"}
+local PASSES = {simplify = true, dce = true, cse = true, fuse = true}
+local DEFAULT_PASSES = {"simplify", "cse", "dce", "fuse"}
 
 -- nd.compile(fn_or_module[, {warmup = 1, cache_size = 8, fallback = false, verify = false,
---                           passes = {"cse", "dce", "fuse"}, tune = seconds}])
+--                           passes = {"simplify", "cse", "dce", "fuse"}, tune = seconds}])
 function M.compile(fn, opts)
   local is_module = type(fn) == "table" and getmetatable(fn) ~= nil and
                     type(getmetatable(fn).class) == "table"
@@ -246,7 +246,7 @@ function M.compile(fn, opts)
   elseif opts.passes ~= nil then
     passes = {}
     for i, name in ipairs(opts.passes) do
-      if not PASSES[name] then fail("passes[%d]: unknown pass '%s' (valid: cse, dce, fuse)", i, tostring(name)) end
+      if not PASSES[name] then fail("passes[%d]: unknown pass '%s' (valid: simplify, cse, dce, fuse)", i, tostring(name)) end
       passes[i] = name
     end
   end
