@@ -94,6 +94,12 @@ static inline bool nd_graph_same_view(const nd_tensor *a, const nd_tensor *b) {
     return true;
 }
 
+/* Shared by the passes (graph_passes.c): removes the records marked in drop
+ * (keeping order); points r's tensors of storage k at storage alias[k]
+ * (a pass that removed k's writer: its readers read alias[k] instead). */
+void nd_graph_compact(nd_graph *g, const bool *drop);
+void nd_graph_redirect_reads(nd_graph *g, nd_graph_rec *r, const int *alias);
+
 /* The simplify pass (graph_simplify.c): kernels whose result is their input
  * (x * 1, a copy without a cast) go; *changed counts them. */
 nd_status nd_graph_pass_simplify(nd_graph *g, int64_t *changed);

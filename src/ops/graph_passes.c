@@ -27,13 +27,24 @@ static bool has_effects(nd_call_entry e) {
 }
 
 /* Removes the records marked in drop (keeping order). */
-static void compact(nd_graph *g, const bool *drop) {
+void nd_graph_compact(nd_graph *g, const bool *drop) {
     size_t out = 0;
     for (size_t i = 0; i < g->n; i++) {
         if (drop[i]) { nd_graph_rec_release(&g->recs[i]); continue; }
         g->recs[out++] = g->recs[i];
     }
     g->n = out;
+}
+
+void nd_graph_redirect_reads(nd_graph *g, nd_graph_rec *r, const int *alias) {
+    for (int k = 0; k < r->nt; k++) {
+        if (!r->t[k] || alias[r->sid[k]] == r->sid[k]) continue;
+        stor_info *to = &g->stor[alias[r->sid[k]]];
+        nd_storage_retain(to->s);
+        nd_storage_release(r->t[k]->storage);
+        r->t[k]->storage = to->s;
+        r->sid[k] = to->id;
+    }
 }
 
 static nd_status pass_dce(nd_graph *g, int64_t *changed) {
@@ -60,7 +71,7 @@ static nd_status pass_dce(nd_graph *g, int64_t *changed) {
         for (int k = 0; k < r->nt; k++)
             if (r->t[k] && (r->role[k] & ND_ROLE_READ)) live[r->sid[k]] = true;
     }
-    compact(g, drop);
+    nd_graph_compact(g, drop);
     free(refs); free(first); free(last); free(live); free(drop);
     return ND_OK;
 }
@@ -133,15 +144,7 @@ static nd_status pass_cse(nd_graph *g, int64_t *changed) {
     for (size_t b = 0; b < nb; b++) bucket[b] = -1;
     for (size_t i = 0; i < n; i++) {
         nd_graph_rec *r = &g->recs[i];
-        /* reads of a merged storage go to the one it repeats */
-        for (int k = 0; k < r->nt; k++) {
-            if (!r->t[k] || alias[r->sid[k]] == r->sid[k]) continue;
-            stor_info *to = &g->stor[alias[r->sid[k]]];
-            nd_storage_retain(to->s);
-            nd_storage_release(r->t[k]->storage);
-            r->t[k]->storage = to->s;
-            r->sid[k] = to->id;
-        }
+        nd_graph_redirect_reads(g, r, alias); /* reads of a merged storage go to the one it repeats */
         int o = pure_single_output(r->entry) ? output_slot(r) : -1;
         bool candidate = false;
         if (o >= 0) {
@@ -171,7 +174,7 @@ static nd_status pass_cse(nd_graph *g, int64_t *changed) {
             if (r->t[k] && (r->role[k] & ND_ROLE_WRITE)) lastw[r->sid[k]] = i;
         if (candidate) { chain[i] = bucket[h]; bucket[h] = (long)i; }
     }
-    compact(g, drop);
+    nd_graph_compact(g, drop);
 done:
     free(refs); free(writers); free(first); free(last); free(lastw); free(alias);
     free(bucket); free(chain); free(drop);

@@ -72,15 +72,7 @@ nd_status nd_graph_pass_simplify(nd_graph *g, int64_t *changed) {
     }
     for (size_t i = 0; i < n; i++) {
         nd_graph_rec *r = &g->recs[i];
-        /* reads of a result that went read its input */
-        for (int k = 0; k < r->nt; k++) {
-            if (!r->t[k] || alias[r->sid[k]] == r->sid[k]) continue;
-            stor_info *to = &g->stor[alias[r->sid[k]]];
-            nd_storage_retain(to->s);
-            nd_storage_release(r->t[k]->storage);
-            r->t[k]->storage = to->s;
-            r->sid[k] = to->id;
-        }
+        nd_graph_redirect_reads(g, r, alias); /* reads of a result that went read its input */
         if (!is_identity(r) || r->role[0] != ND_ROLE_WRITE || r->role[1] != ND_ROLE_READ) continue;
         int o = r->sid[0], in = r->sid[1];
         const stor_info *out = &g->stor[o];
@@ -92,13 +84,7 @@ nd_status nd_graph_pass_simplify(nd_graph *g, int64_t *changed) {
         drop[i] = true;
         (*changed)++;
     }
-    /* (compact as the other passes do) */
-    size_t outn = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (drop[i]) { nd_graph_rec_release(&g->recs[i]); continue; }
-        g->recs[outn++] = g->recs[i];
-    }
-    g->n = outn;
+    nd_graph_compact(g, drop);
 done:
     free(refs); free(writers); free(first); free(last); free(lastw); free(alias); free(drop);
     return st;
