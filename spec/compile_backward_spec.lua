@@ -11,6 +11,11 @@ local errmsg, assert_contains = A.errmsg, A.assert_contains
 
 local function max_abs(a, b) return (a:to("cpu"):double() - b:to("cpu"):double()):abs():max():item() end
 
+-- a module that reads a value on the host (a graph break): it doubles or triples x
+local Odd = nd.nn.Module:extend("Odd")
+function Odd:init() end
+function Odd:forward(x) return x:sum():item() > 0 and x * 2 or x * 3 end
+
 local function model(device)
   nd.manual_seed(5)
   return nd.nn.Sequential(nd.nn.Linear(6, 16), nd.nn.Tanh(), nd.nn.Linear(16, 16), nd.nn.ReLU(),
@@ -257,9 +262,6 @@ describe("backward through a compiled forward", function()
   end)
 
   it("splits a module at a graph break (fallback): children compile, training equals eager", function()
-    local Odd = nd.nn.Module:extend("Odd")
-    function Odd:init() end
-    function Odd:forward(x) return x:sum():item() > 0 and x * 2 or x * 3 end -- reads a value: a break
     local Twice = nd.nn.Module:extend("Twice")
     function Twice:init() self.lin = nd.nn.Linear(4, 4); self.odd = Odd() end
     function Twice:forward(x) return self.odd(self.lin(self.lin(x):tanh())) end -- breaks; lin runs twice
@@ -299,9 +301,6 @@ describe("backward through a compiled forward", function()
   end)
 
   it("a split model called twice before one backward (a siamese pair) trains as eagerly", function()
-    local Odd = nd.nn.Module:extend("Odd")
-    function Odd:init() end
-    function Odd:forward(x) return x:sum():item() > 0 and x * 2 or x * 3 end
     local function make()
       nd.manual_seed(6)
       return nd.nn.Sequential(nd.nn.Linear(4, 4), nd.nn.Tanh(), Odd(), nd.nn.Linear(4, 2))

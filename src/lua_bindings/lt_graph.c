@@ -162,10 +162,8 @@ static int l_tune(lua_State *L) {
     lt_set_int(L, "kernels", s.kernels);
     lt_set_int(L, "cached", s.cached);
     lt_set_int(L, "tuned", s.tuned);
-    lua_pushnumber(L, s.seconds);
-    lua_setfield(L, -2, "seconds");
-    lua_pushnumber(L, s.best_speedup);
-    lua_setfield(L, -2, "best_speedup");
+    lt_set_num(L, "seconds", s.seconds);
+    lt_set_num(L, "best_speedup", s.best_speedup);
     return 1;
 }
 

@@ -305,7 +305,10 @@ nd_status nd_graph_tune(nd_graph *g, double seconds, nd_graph_tune_stat *out) {
     size_t nfused = 0;
     for (size_t i = 0; i < g->n; i++) nfused += g->recs[i].entry == ND_CALL_fused_elementwise;
     tune_entry *add = calloc(nfused + 1, sizeof *add);
-    if (!add) {
+    uint64_t *keys = malloc((g->n + 1) * sizeof *keys); /* per record (fused ones only) */
+    if (!add || !keys) {
+        free(add);
+        free(keys);
         free(known);
         return nd_fail(ND_ERR_MEMORY, "compile: out of memory tuning");
     }
@@ -316,7 +319,8 @@ nd_status nd_graph_tune(nd_graph *g, double seconds, nd_graph_tune_stat *out) {
         nd_graph_rec *r = &g->recs[i];
         if (r->entry != ND_CALL_fused_elementwise) continue;
         out->kernels++;
-        const tune_entry *e = find_entry(known, nknown, record_key(r));
+        keys[i] = record_key(r);
+        const tune_entry *e = find_entry(known, nknown, keys[i]);
         if (e) {
             r->prog->tune_size = e->size;
             r->prog->tune_serial = e->serial;
@@ -328,7 +332,7 @@ nd_status nd_graph_tune(nd_graph *g, double seconds, nd_graph_tune_stat *out) {
     for (size_t i = 0; i < g->n && st == ND_OK && seconds > 0 && left; i++) {
         nd_graph_rec *r = &g->recs[i];
         if (r->entry != ND_CALL_fused_elementwise) continue;
-        uint64_t key = record_key(r);
+        uint64_t key = keys[i];
         if (find_entry(known, nknown, key)) continue;
         const tune_entry *done = find_entry(add, nadd, key); /* the same kernel earlier in this graph */
         if (done) {
@@ -353,6 +357,7 @@ nd_status nd_graph_tune(nd_graph *g, double seconds, nd_graph_tune_stat *out) {
         nadd++;
     }
     if (have_file) save_entries(path, add, nadd);
+    free(keys);
     free(add);
     free(known);
     out->seconds = now_s() - t0;
