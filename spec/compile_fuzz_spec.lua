@@ -115,7 +115,10 @@ for _, device in ipairs(D.all()) do
     local cases = device == "cpu" and CASES or math.max(1, CASES // 4)
     it(("%d random programs, compiled and replayed, equal eager (seeds %d..%d)"):format(
         cases, SEED0, SEED0 + cases - 1), function()
-      local fused_runs = 0
+      local fused_runs, moved, prepared = 0, 0, 0
+      -- on OpenCL two more replays: the first two record each kernel call's launches, the
+      -- later ones enqueue them prepared (ocl_prepared.c)
+      local calls = device == "cpu" and 3 or 5
       for seed = SEED0, SEED0 + cases - 1 do
         local rng = seed
         local function rand(lo, hi) -- a small LCG: the program depends on the seed only
@@ -130,7 +133,7 @@ for _, device in ipairs(D.all()) do
           shapes[i] = sh
         end
         local cf = nd.compile(function(...) return run_program(steps, {...}) end, {warmup = 0, verify = true})
-        for call = 1, 3 do
+        for call = 1, calls do
           local xs = random_inputs(rand, shapes, device)
           local ok, got = pcall(cf, table.unpack(xs))
           if not ok then
@@ -146,11 +149,18 @@ for _, device in ipairs(D.all()) do
             end
           end
         end
-        assert(cf.stats.replays == 2, ("seed %d: %d replays"):format(seed, cf.stats.replays))
-        fused_runs = fused_runs + cf.last.graph:stats().fused_runs
+        assert(cf.stats.replays == calls - 1, ("seed %d: %d replays"):format(seed, cf.stats.replays))
+        local gs = cf.last.graph:stats()
+        fused_runs = fused_runs + gs.fused_runs
+        prepared = prepared + gs.prepared
+        for _, p in ipairs(cf.last.passes) do if p[1] == "reorder" then moved = moved + p[2] end end
       end
-      -- the programs must exercise the fuse pass, not just pass around it
+      -- the programs must exercise the passes, not just pass around them
       assert(fused_runs >= cases // 5, ("only %d fused kernels in %d programs"):format(fused_runs, cases))
+      assert(moved >= cases // 20, ("the reorder pass moved only %d kernels in %d programs"):format(moved, cases))
+      if device ~= "cpu" then
+        assert(prepared >= cases, ("only %d prepared kernel calls in %d programs"):format(prepared, cases))
+      end
     end)
   end)
 end

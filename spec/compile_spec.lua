@@ -346,8 +346,8 @@ end)
 describe("nd.compile: what a replay must redo", function()
   it("constants made on the host and then updated in place are put back each call", function()
     local step = function(x)
-      local acc = nd.zeros(3) -- memset on the host: no kernel to replay
-      acc:add_(x)
+      local acc = nd.tensor({0.5, 0.5, 0.5}) -- made on the host: no kernel to replay
+      acc:add_(x)              -- (zeros would be folded away: compile_passes_spec, simplify)
       acc:add_(x)
       local r = nd.tensor({1, 2, 3}, {dtype = "int64"})
       r:mul_(2)
@@ -782,6 +782,41 @@ describe("nd.compile on OpenCL: launches", function()
     local fused = nd.compile(f)
     for _ = 1, 3 do fused(x) end
     assert_contains(fused:explain(), "OpenCL kernel launches: 1 per replay, 3 in the eager call")
+  end)
+
+  it("replays enqueue prepared launches; random draws, index checks and host checks still run each time", function()
+    local dev = D.opencl()[1]
+    nd.manual_seed(1)
+    local w = nd.randn(10, 4):to(dev)
+    local f = function(x, ids)
+      local e = w:index_select(1, ids) -- checks its indices on the host's word: never prepared
+      local d = nd.F.dropout(x, 0.5, true) -- a random stream: its counter moves on every call
+      return (e:sum(2) + d) * 3, d
+    end
+    local cf = nd.compile(f)
+    local x = nd.ones(64):to(dev)
+    local ids = nd.randint(1, 10, {64}):to(dev)
+    local masks = {}
+    for i = 1, 6 do
+      local out, d = cf(x, ids)
+      -- the same arithmetic eagerly, from the mask this call drew
+      local ref = (w:index_select(1, ids):sum(2) + d) * 3
+      assert.are.equal(0, max_abs(out, ref))
+      masks[i] = d:to("cpu")
+    end
+    local gs = cf.last.graph:stats()
+    -- the sum and the fused add/multiply (and the fill of dropout's probabilities) are
+    -- prepared; index_select, the probability check and the draw are not
+    assert(gs.prepared >= 3 and gs.prepared <= gs.records - 3, ("%d of %d prepared"):format(gs.prepared, gs.records))
+    assert_contains(cf:explain(), ("%d of %d kernel calls replay as prepared launches"):format(gs.prepared, gs.records))
+    for i = 4, 6 do assert(max_abs(masks[i], masks[i - 1]) > 0, "replay " .. i .. " drew the mask of the one before") end
+    local bad = nd.tensor({1, 2, 11}, {dtype = "int64"}):to(dev)
+    local ok, err = pcall(cf, nd.ones(3):to(dev), bad) -- another shape: a new entry, eager first
+    assert.is_false(ok)
+    ids[1] = 11 -- out of range, in the captured shape: a replay must still check it
+    ok, err = pcall(cf, x, ids)
+    assert.is_false(ok)
+    assert_contains(tostring(err), "index 11 is out of bounds")
   end)
 end)
 

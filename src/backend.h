@@ -119,12 +119,21 @@ typedef struct nd_backend {
     /* out has x's rank with reduced dims of size 1 (keepdim form). */
     nd_status (*reduce)(nd_reduce_op op, nd_tensor *out, const nd_tensor *x,
                         const bool *reduced, int correction);
+    /* out += the sum of x over `reduced` (float dtypes; out in reduce's
+     * keepdim shape), one add per element after the sum (bit for bit a sum
+     * then an add); made by nd.compile's epilogue pass only. NULL: the pass
+     * leaves the sum and the add. */
+    nd_status (*reduce_sum_acc)(nd_tensor *out, const nd_tensor *x, const bool *reduced);
     /* values (x's dtype) and int64 indices along dim, keepdim form. */
     nd_status (*max_dim)(nd_tensor *values, nd_tensor *indices, const nd_tensor *x, int dim,
                          int is_min);
     /* a (B..., M, K) @ b (B..., K, N) -> out (B..., M, N); batch dims equal
      * (possibly 0-strided), any strides on a and b. */
     nd_status (*matmul)(nd_tensor *out, const nd_tensor *a, const nd_tensor *b);
+    /* out += a @ b, one add per element after the product (bit for bit a
+     * matmul then an add); made by nd.compile's epilogue pass only. NULL:
+     * the pass leaves the matmul and the add. */
+    nd_status (*matmul_acc)(nd_tensor *out, const nd_tensor *a, const nd_tensor *b);
     nd_status (*gather)(nd_tensor *out, const nd_tensor *x, int dim, const nd_tensor *index);
     /* out already holds a copy of the destination; writes src at index. */
     nd_status (*scatter)(nd_tensor *out, int dim, const nd_tensor *index, const nd_tensor *src,
@@ -229,6 +238,19 @@ typedef struct nd_backend {
     /* Runs program p over ts[0 .. p->nt) (see nd_ew_program); NULL: the fuse
      * pass leaves this backend's elementwise kernels unfused. */
     nd_status (*fused_elementwise)(nd_ew_program *p, nd_tensor *const *ts);
+    /* Prepared launches (nd.compile's replays; NULL where a call costs
+     * nothing to prepare, as on the CPU). Between prepare_begin and
+     * prepare_end this thread's calls note the commands they enqueue;
+     * prepare_end(keep) returns them as an opaque handle, or NULL when keep
+     * is false or the calls did anything a handle cannot repeat (read or
+     * write host memory, allocate, wait). prepared_run enqueues the same
+     * commands with the same arguments again; prepared_equal says whether
+     * two handles would enqueue the same commands. */
+    nd_status (*prepare_begin)(void);
+    void *(*prepare_end)(bool keep);
+    bool (*prepared_equal)(const void *a, const void *b);
+    nd_status (*prepared_run)(void *prepared);
+    void (*prepared_free)(void *prepared);
 } nd_backend;
 
 extern const nd_backend nd_cpu_backend;

@@ -552,6 +552,7 @@ typedef struct {
     int64_t captured;     /* records the capture made (the plan may add zero fills) */
     int64_t fused_runs;   /* fused elementwise kernels the fuse pass made */
     int64_t fused_registers, fused_register_bytes; /* intermediates they never store (bytes) */
+    int64_t prepared;            /* records replayed through prepared launches (OpenCL) */
 } nd_graph_stat;
 void nd_graph_stats(const nd_graph *g, nd_graph_stat *out);
 #define ND_GRAPH_REC_TENSORS 16 /* the most tensors a record has (a fused run's) */

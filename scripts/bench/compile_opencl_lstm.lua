@@ -29,7 +29,7 @@ local t0 = nd.clock()
 local l0 = nd.opencl.launches()
 h, c = step(ids, y, h, c); nd.synchronize(dev)
 print("eager launches per step", nd.opencl.launches() - l0, "ms", (nd.clock() - t0) * 1000)
-for i = 1, 4 do
+for i = 1, 6 do
   t0 = nd.clock(); l0 = nd.opencl.launches()
   h, c = cf(ids, y, h, c); nd.synchronize(dev)
   print("compiled call", i, "launches", nd.opencl.launches() - l0, "ms", (nd.clock() - t0) * 1000)

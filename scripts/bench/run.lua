@@ -15,6 +15,7 @@
 --
 --   build/needle-lua scripts/bench/run.lua [--only NAME[,NAME]] [--rounds N] [--reps N]
 --                    [--warmup N] [--threads N] [--no-torch] [--out DIR]
+--                    [--device DEV] [--torch-device DEV]
 --
 -- See docs/benchmarks.md for the workloads, the targets and how to read the
 -- output.
@@ -45,6 +46,12 @@ options:
   --no-torch      needle only
   --python PATH   the Python whose torch is the reference (default:
                   /usr/bin/python3, Debian's python3-torch)
+  --device DEV    needle's device for the models and inputs (default cpu; e.g.
+                  opencl:0); start-up, peak-RSS and cblas rows are CPU-only
+                  and are left out on another device
+  --torch-device DEV
+                  PyTorch's device (default cpu; e.g. cuda); each timed call
+                  of either side ends by synchronizing its device
   --out DIR       where bench.json, bench.csv and ratios.svg go (default: runs/bench)
   --list          print the workloads and exit
 
@@ -82,6 +89,8 @@ do
     elseif a == "--out" then opts.out = value(a)
     elseif a == "--no-torch" then opts.no_torch = true
     elseif a == "--python" then C.python = q(value(a))
+    elseif a == "--device" then opts.device = value(a)
+    elseif a == "--torch-device" then opts.torch_device = value(a)
     elseif a == "--list" or a == "-h" or a == "--help" then
       if a ~= "--list" then io.write(usage) end
       for _, w in ipairs(W.list) do print(("  %-18s %d  %s"):format(w.name, w.issue, w.what)) end
@@ -106,6 +115,13 @@ if opts.only then
 else
   selected = W.list
 end
+if opts.device and opts.device ~= "cpu" then
+  local on_dev = {}
+  for _, w in ipairs(selected) do if not w.host_only then on_dev[#on_dev + 1] = w end end
+  selected = on_dev
+end
+local dev_arg = opts.device and (" " .. q(opts.device)) or ""
+local torch_dev_arg = opts.torch_device and (" " .. q(opts.torch_device)) or ""
 
 -- processes ----------------------------------------------------------------------------
 local exe = arg[-1] or "needle-lua"
@@ -197,8 +213,8 @@ local function measure_round(w, ref_first)
       mine = startup(q(exe) .. [[ -e 'require "needle"']],
         q(exe) .. " -e " .. q('require "needle" ' .. rss_lua), reps, warmup)
     else
-      mine = run_child(w.name .. " (needle)", ("%s%s %s %s %d %d %d"):format(env, q(exe),
-        q(here .. "/worker.lua"), w.name, reps, warmup, threads))
+      mine = run_child(w.name .. " (needle)", ("%s%s %s %s %d %d %d%s"):format(env, q(exe),
+        q(here .. "/worker.lua"), w.name, reps, warmup, threads, dev_arg))
     end
   end
   local function run_refs()
@@ -207,11 +223,11 @@ local function measure_round(w, ref_first)
         theirs = startup(C.python .. " -c 'import torch'",
           C.python .. " -c " .. q("import torch; " .. rss_py) .. " " .. q(here), reps, warmup)
       else
-        theirs = run_child(w.name .. " (PyTorch)", ("%s%s %s %s %d %d %d"):format(env, C.python,
-          q(here .. "/torch_ref.py"), w.name, reps, warmup, threads))
+        theirs = run_child(w.name .. " (PyTorch)", ("%s%s %s %s %d %d %d%s"):format(env, C.python,
+          q(here .. "/torch_ref.py"), w.name, reps, warmup, threads, torch_dev_arg))
       end
     end
-    if w.cblas and build_sgemm() then
+    if w.cblas and dev_arg == "" and build_sgemm() then
       local m, k, n = table.unpack(w.cblas)
       cblas = run_child(w.name .. " (cblas)", ("%s%s %d %d %d %d %d %d"):format(env, sgemm_bin,
         m, k, n, reps, warmup, threads))
@@ -296,14 +312,16 @@ local meta = {
   machine = (shell_out("uname -srm 2>/dev/null"):gsub("%s+$", "")),
   cpu = cpu_model(), cores = tonumber((shell_out("nproc 2>/dev/null"))),
   threads = threads, torch = torch_version or (opts.no_torch and "not run" or "not installed"),
+  device = opts.device or "cpu", torch_device = opts.torch_device or "cpu",
   needle = nd.version or nd._VERSION, rounds = opts.rounds, reps = opts.reps, warmup = opts.warmup,
   elapsed_s = elapsed,
 }
 
 local header = ("%-24s %2s %11s %11s %-6s %7s %13s %7s %4s %9s %9s"):format("workload", "#",
   "needle ms", "ref ms", "ref", "ratio", "rounds range", "target", "met", "needle MB", "ref MB")
-print(("needle-lua benchmark  %s  %s, %s cores, threads %d, PyTorch %s, %s rounds"):format(meta.date,
-  meta.cpu or meta.machine, tostring(meta.cores), threads, meta.torch, opts.rounds or "3 (lstm_rss 1)"))
+print(("needle-lua benchmark  %s  %s, %s cores, threads %d, PyTorch %s, %s rounds, devices %s / %s"):format(meta.date,
+  meta.cpu or meta.machine, tostring(meta.cores), threads, meta.torch, opts.rounds or "3 (lstm_rss 1)",
+  meta.device, meta.torch_device))
 print(header)
 print(("-"):rep(#header))
 local met_n, with_ratio = 0, 0

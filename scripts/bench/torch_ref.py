@@ -4,7 +4,7 @@ per-call counts and timing method (bench_common.per_iter: WARMUP untimed
 calls, then the median of REPS timed runs). Runs one workload per process, so
 that its peak RSS is its own, and prints "key value" lines:
 
-    torch_ref.py NAME REPS WARMUP THREADS
+    torch_ref.py NAME REPS WARMUP THREADS [DEVICE]
     torch_ref.py --list          the workload names, one a line
 
     ms N        median time of one call (for a workload with steps: the
@@ -14,7 +14,11 @@ that its peak RSS is its own, and prints "key value" lines:
 
 Word ids and labels are 0-based here (1-based on the needle side). Training
 steps are zero_grad(set_to_none=True), forward, cross-entropy, backward, step,
-as needle's optimizers set grads to nil."""
+as needle's optimizers set grads to nil.
+
+DEVICE (default cpu, e.g. cuda) holds the model and inputs; each timed call
+ends with torch.cuda.synchronize() there, and TF32 is off (float32 as needle
+computes it)."""
 import os
 import sys
 import time
@@ -31,6 +35,8 @@ from bench_common import peak_rss_mb, per_iter  # noqa: E402
 GEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "spec", "fixtures", "gen")
 sys.path.insert(0, GEN)
 from gen_torch_resnet9 import ResNet9  # noqa: E402
+
+DEV = torch.device("cpu")  # main() sets it from the command line
 
 
 class RNNModel(nn.Module):
@@ -51,11 +57,11 @@ class RNNModel(nn.Module):
 
 def lstm_step():
     V, T, B = 10000, 35, 20
-    model = RNNModel(V, 128, 256, 2)
+    model = RNNModel(V, 128, 256, 2).to(DEV)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    ids = torch.randint(0, V, (T, B))
-    y = torch.randint(0, V, (T * B,))
+    ids = torch.randint(0, V, (T, B)).to(DEV)
+    y = torch.randint(0, V, (T * B,)).to(DEV)
     box = [None]
 
     def step():
@@ -72,6 +78,8 @@ def lstm_step():
 
 
 def train_step(model, opt, x, y):
+    x, y = x.to(DEV), y.to(DEV)
+
     def step():
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
@@ -81,7 +89,8 @@ def train_step(model, opt, x, y):
 
 
 def infer(model, x):
-    model.eval()
+    model.to(DEV).eval()
+    x = x.to(DEV)
 
     def call():
         with torch.no_grad():
@@ -90,12 +99,12 @@ def infer(model, x):
 
 
 def matmul(m, k, n):
-    a, b = torch.rand(m, k), torch.rand(k, n)
+    a, b = torch.rand(m, k).to(DEV), torch.rand(k, n).to(DEV)
     return lambda: a @ b
 
 
 def small_ops(grad):
-    x, y = torch.rand(16, requires_grad=grad), torch.rand(16)
+    x, y = torch.rand(16).to(DEV).requires_grad_(grad), torch.rand(16).to(DEV)
 
     def call():
         for _ in range(1000):
@@ -105,13 +114,13 @@ def small_ops(grad):
 
 def mlp_train():
     model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
-                          nn.Linear(256, 10))
+                          nn.Linear(256, 10)).to(DEV)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     return train_step(model, opt, torch.randn(128, 784), torch.randint(0, 10, (128,)))
 
 
 def resnet9_train():
-    model = ResNet9()
+    model = ResNet9().to(DEV)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     return train_step(model, opt, torch.randn(128, 3, 32, 32), torch.randint(0, 10, (128,)))
@@ -157,13 +166,23 @@ def main():
     if sys.argv[1:] == ["--list"]:
         print("\n".join(WORKLOADS))
         return
-    if len(sys.argv) != 5 or sys.argv[1] not in WORKLOADS:
-        sys.exit("usage: torch_ref.py NAME REPS WARMUP THREADS (NAME: %s)" % ", ".join(WORKLOADS))
+    global DEV
+    if len(sys.argv) not in (5, 6) or sys.argv[1] not in WORKLOADS:
+        sys.exit("usage: torch_ref.py NAME REPS WARMUP THREADS [DEVICE] (NAME: %s)" % ", ".join(WORKLOADS))
     name, reps, warmup, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    DEV = torch.device(sys.argv[5] if len(sys.argv) == 6 else "cpu")
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     setup, inner, steps = WORKLOADS[name]
     fn = setup()
+    if DEV.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        call = fn
+
+        def fn():
+            call()
+            torch.cuda.synchronize()
     if steps:
         ts = []
         for _ in range(steps):

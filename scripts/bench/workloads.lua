@@ -18,7 +18,9 @@
 --                     peak RSS hardly varies between runs, and 200 PyTorch LSTM steps take
 --                     about two minutes
 --     kind            "startup": timed by run.lua launching processes, not by a worker
---     setup(nd)       -> the function one call of which is the workload (needle side)
+--     setup(nd, dev)  -> the function one call of which is the workload (needle side), its
+--                     model and inputs on device dev ("cpu" unless run.lua --device)
+--     host_only       the workload means nothing on another device (start-up, peak RSS)
 --   W.by_name[name]   the same entries by name
 --
 -- Inputs are random (seed 0); labels and word ids are 1-based on this side,
@@ -26,13 +28,13 @@
 -- PyTorch: set_to_none=True), forward, cross-entropy, backward, step.
 local W = {}
 
-local function lstm_step(nd)
+local function lstm_step(nd, dev)
   local V, T, B = 10000, 35, 20
-  local model = nd.nn.LanguageModel(V, {embedding_size = 128, hidden_size = 256, num_layers = 2})
+  local model = nd.nn.LanguageModel(V, {embedding_size = 128, hidden_size = 256, num_layers = 2}):to(dev)
   model:train()
   local opt = nd.optim.SGD(model:parameters(), {lr = 1.0})
-  local ids = nd.randint(1, V, {T, B})
-  local y = nd.randint(1, V, {T * B})
+  local ids = nd.randint(1, V, {T, B}):to(dev)
+  local y = nd.randint(1, V, {T * B}):to(dev)
   local state
   return function()
     opt:zero_grad()
@@ -46,7 +48,8 @@ local function lstm_step(nd)
   end
 end
 
-local function train_step(nd, model, opt, x, y)
+local function train_step(nd, dev, model, opt, x, y)
+  x, y = x:to(dev), y:to(dev)
   return function()
     opt:zero_grad()
     local loss = nd.F.cross_entropy(model(x), y)
@@ -55,8 +58,9 @@ local function train_step(nd, model, opt, x, y)
   end
 end
 
-local function infer(nd, model, x)
-  model:eval()
+local function infer(nd, dev, model, x)
+  model:to(dev):eval()
+  x = x:to(dev)
   return function() return nd.no_grad(function() return model(x) end) end
 end
 
@@ -64,15 +68,15 @@ W.list = {
   {name = "matmul_1024", issue = 1, target = 1.0, reps = 10, warmup = 3, inner = 1,
    cblas = {1024, 1024, 1024},
    what = "matmul (1024,1024) @ (1024,1024) float32",
-   setup = function(nd)
-     local a, b = nd.rand({1024, 1024}), nd.rand({1024, 1024})
+   setup = function(nd, dev)
+     local a, b = nd.rand({1024, 1024}):to(dev), nd.rand({1024, 1024}):to(dev)
      return function() return a:matmul(b) end
    end},
   {name = "matmul_bert", issue = 1, target = 1.0, reps = 15, warmup = 3, inner = 1,
    cblas = {128, 3072, 768},
    what = "matmul (128,3072) @ (3072,768) float32 (BERT's FFN output GEMM)",
-   setup = function(nd)
-     local a, b = nd.rand({128, 3072}), nd.rand({3072, 768})
+   setup = function(nd, dev)
+     local a, b = nd.rand({128, 3072}):to(dev), nd.rand({3072, 768}):to(dev)
      return function() return a:matmul(b) end
    end},
   -- 30 warm-up calls (30000 adds, about 10 ms): a fresh process's first few
@@ -81,58 +85,58 @@ W.list = {
   -- landed at 0.25 or at 0.40 ms from run to run
   {name = "small_ops", issue = 2, target = 0.3, reps = 30, warmup = 30, inner = 1,
    what = "1000 additions of 16-element tensors, no autograd",
-   setup = function(nd)
-     local x, y = nd.rand({16}), nd.rand({16})
+   setup = function(nd, dev)
+     local x, y = nd.rand({16}):to(dev), nd.rand({16}):to(dev)
      return function() for _ = 1, 1000 do local _ = x + y end end
    end},
   {name = "small_ops_grad", issue = 2, target = 0.3, reps = 30, warmup = 30, inner = 1,
    what = "1000 additions of 16-element tensors, recording autograd",
-   setup = function(nd)
-     local x, y = nd.rand({16}, {requires_grad = true}), nd.rand({16})
+   setup = function(nd, dev)
+     local x, y = nd.rand({16}):to(dev):requires_grad_(), nd.rand({16}):to(dev)
      return function() for _ = 1, 1000 do local _ = x + y end end
    end},
   {name = "mlp_train", issue = 3, target = 0.8, reps = 15, warmup = 3, inner = 1,
    what = "MLP 784-512-256-10 (ReLU) train step, batch 128, SGD momentum 0.9",
-   setup = function(nd)
+   setup = function(nd, dev)
      local nn = nd.nn
      local model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
-                                 nn.Linear(256, 10))
+                                 nn.Linear(256, 10)):to(dev)
      local opt = nd.optim.SGD(model:parameters(), {lr = 0.01, momentum = 0.9})
-     return train_step(nd, model, opt, nd.randn({128, 784}), nd.randint(1, 10, {128}))
+     return train_step(nd, dev, model, opt, nd.randn({128, 784}), nd.randint(1, 10, {128}))
    end},
   {name = "lstm_train", issue = 4, target = 1.0, reps = 7, warmup = 2, inner = 1,
    what = "LSTM LM train step: vocab 10000, emb 128, hidden 256, 2 layers, bptt 35, batch 20, SGD, clip 0.25",
    setup = lstm_step},
   {name = "resnet9_train", issue = 5, target = 1.0, reps = 7, warmup = 2, inner = 1,
    what = "needle's ResNet9 train step, batch 128, 3x32x32, SGD momentum 0.9",
-   setup = function(nd)
-     local model = nd.nn.ResNet9()
+   setup = function(nd, dev)
+     local model = nd.nn.ResNet9():to(dev)
      model:train()
      local opt = nd.optim.SGD(model:parameters(), {lr = 0.01, momentum = 0.9})
-     return train_step(nd, model, opt, nd.randn({128, 3, 32, 32}), nd.randint(1, 10, {128}))
+     return train_step(nd, dev, model, opt, nd.randn({128, 3, 32, 32}), nd.randint(1, 10, {128}))
    end},
   {name = "transformer_infer", issue = 6, target = 1.0, reps = 7, warmup = 2, inner = 1,
    what = "Transformer encoder inference: 4 layers, d 256, 4 heads, ff 1024, batch 8, seq 128",
-   setup = function(nd)
+   setup = function(nd, dev)
      local nn = nd.nn
      local layer = nn.TransformerEncoderLayer(256, 4, {dim_feedforward = 1024, dropout = 0,
                                                        batch_first = true})
-     return infer(nd, nn.TransformerEncoder(layer, 4), nd.randn({8, 128, 256}))
+     return infer(nd, dev, nn.TransformerEncoder(layer, 4), nd.randn({8, 128, 256}))
    end},
   {name = "mlp5_infer", issue = 7, target = 0.8, reps = 15, warmup = 3, inner = 20,
    what = "5 x (Linear 512->512 + ReLU) inference, batch 8",
-   setup = function(nd)
+   setup = function(nd, dev)
      local nn = nd.nn
      local mods = {}
      for _ = 1, 5 do mods[#mods + 1] = nn.Linear(512, 512); mods[#mods + 1] = nn.ReLU() end
-     return infer(nd, nn.Sequential(mods), nd.randn({8, 512}))
+     return infer(nd, dev, nn.Sequential(mods), nd.randn({8, 512}))
    end},
   {name = "resnet9_infer", issue = 7, target = 0.8, reps = 15, warmup = 3, inner = 5,
    what = "needle's ResNet9 inference (eval), batch 8, 3x32x32",
-   setup = function(nd) return infer(nd, nd.nn.ResNet9(), nd.randn({8, 3, 32, 32})) end},
-  {name = "startup", issue = 8, target = 0.05, reps = 7, warmup = 1, kind = "startup",
+   setup = function(nd, dev) return infer(nd, dev, nd.nn.ResNet9(), nd.randn({8, 3, 32, 32})) end},
+  {name = "startup", issue = 8, target = 0.05, reps = 7, warmup = 1, kind = "startup", host_only = true,
    what = "start-up: needle-lua -e 'require \"needle\"' vs python3 -c 'import torch'"},
-  {name = "lstm_rss", issue = 9, target = 0.5, metric = "rss", steps = 200, rounds = 1,
+  {name = "lstm_rss", issue = 9, target = 0.5, metric = "rss", steps = 200, rounds = 1, host_only = true,
    what = "peak RSS over 200 LSTM LM train steps (workload 4); ms is the median step",
    setup = lstm_step},
 }
@@ -154,13 +158,15 @@ do
     W.list[#W.list + 1] = {name = name .. "_compiled", issue = 17, compiled_of = name,
       speedup_target = COMPILED[name], target = b.target, reps = b.reps, warmup = b.warmup + 2,
       inner = b.inner, what = b.what .. ", through nd.compile",
-      setup = function(nd) return nd.compile(b.setup(nd), COMPILE_OPTS[name]) end}
+      setup = function(nd, dev) return nd.compile(b.setup(nd, dev), COMPILE_OPTS[name]) end}
   end
 end
 
 W.by_name = {}
 for _, w in ipairs(W.list) do
   w.metric = w.metric or "ms"
+  local setup = w.setup
+  if setup then w.setup = function(nd, dev) return setup(nd, dev or "cpu") end end
   W.by_name[w.name] = w
 end
 

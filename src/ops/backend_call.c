@@ -314,7 +314,66 @@ nd_status nd_call_read(const nd_backend *be, const char *op, nd_tensor *host, co
     return FINISH(n ? be->read(src->storage, byte_offset(src), nd_ptr(host), n) : ND_OK);
 }
 
+/* ---- prepared launches ----
+ * A record on a backend with prepared launches (OpenCL) is recorded on two
+ * replays; when both enqueued the same commands with the same arguments
+ * over the same buffers, later replays enqueue them directly, without the
+ * backend call (no kernel lookup, geometry or argument setting). Calls that
+ * run host code (checks, reads, writes) or draw random numbers (their
+ * counter changes each call) are never prepared. */
+static bool preparable(nd_call_entry e) {
+    return e != ND_CALL_host_check && e != ND_CALL_read && e != ND_CALL_write && e != ND_CALL_random;
+}
+
+static bool same_buffers(const nd_graph_rec *r) {
+    for (int k = 0; k < r->nt; k++)
+        if ((r->t[k] ? r->t[k]->storage->data : NULL) != r->prep_data[k]) return false;
+    return true;
+}
+
+void nd_graph_rec_unprepare(nd_graph_rec *r) {
+    if (r->prepared && r->be && r->be->prepared_free) r->be->prepared_free(r->prepared);
+    r->prepared = NULL;
+    r->prep_state = ND_PREP_NONE;
+}
+
+nd_status nd_graph_rec_run(nd_graph_rec *r) {
+    const nd_backend *be = r->be;
+    if (!be || !be->prepare_begin || r->prep_state == ND_PREP_NEVER || !preparable(r->entry))
+        return nd_graph_rec_replay(r);
+    if (r->prep_state == ND_PREP_READY) {
+        if (same_buffers(r)) return be->prepared_run(r->prepared);
+        nd_graph_rec_unprepare(r); /* the plan gave it new buffers: record again */
+    }
+    ND_TRY(be->prepare_begin());
+    nd_status st = nd_graph_rec_replay(r);
+    void *p = be->prepare_end(st == ND_OK);
+    if (st != ND_OK || !p) {
+        if (p) be->prepared_free(p);
+        if (st == ND_OK) {
+            nd_graph_rec_unprepare(r);
+            r->prep_state = ND_PREP_NEVER;
+        }
+        return st;
+    }
+    if (r->prep_state == ND_PREP_NONE) {
+        r->prepared = p;
+        r->prep_state = ND_PREP_FIRST;
+        for (int k = 0; k < r->nt; k++) r->prep_data[k] = r->t[k] ? r->t[k]->storage->data : NULL;
+        return ND_OK;
+    }
+    bool agree = same_buffers(r) && be->prepared_equal(r->prepared, p);
+    be->prepared_free(p);
+    if (agree) r->prep_state = ND_PREP_READY;
+    else {
+        nd_graph_rec_unprepare(r);
+        r->prep_state = ND_PREP_NEVER;
+    }
+    return ND_OK;
+}
+
 void nd_graph_rec_release(nd_graph_rec *r) {
+    nd_graph_rec_unprepare(r);
     for (int k = 0; k < r->nt; k++) nd_release(r->t[k]);
     r->nt = 0;
     free(r->prog);
@@ -336,6 +395,8 @@ nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
         return be->reduce((nd_reduce_op)r->i[0], T(0), T(1), r->i[2] ? r->u.reduced : NULL, (int)r->i[1]);
     case ND_CALL_max_dim: return be->max_dim(T(0), T(1), T(2), (int)r->i[0], (int)r->i[1]);
     case ND_CALL_matmul: return be->matmul(T(0), T(1), T(2));
+    case ND_CALL_matmul_acc: return be->matmul_acc(T(0), T(1), T(2));
+    case ND_CALL_reduce_sum_acc: return be->reduce_sum_acc(T(0), T(1), r->i[2] ? r->u.reduced : NULL);
     case ND_CALL_gather: return be->gather(T(0), T(1), (int)r->i[0], T(2));
     case ND_CALL_scatter: return be->scatter(T(0), (int)r->i[0], T(1), T(2), (int)r->i[1]);
     case ND_CALL_index_select: return be->index_select(T(0), T(1), (int)r->i[0], T(2));

@@ -16,8 +16,9 @@
 #define ND_BACKEND_CALL(be, fn, opname, ...) nd_call_##fn((be), (opname), __VA_ARGS__)
 
 /* The backend entries a record can hold (the order is the enum's).
- * fused_elementwise records are made by the fuse pass (graph_fuse.c), never
- * by an op. */
+ * fused_elementwise records are made by the fuse pass (graph_fuse.c) and
+ * matmul_acc and reduce_sum_acc ones by the epilogue pass
+ * (graph_epilogue.c), never by an op. */
 #define ND_CALL_ENTRIES(X) \
     X(copy) X(fill) X(unary) X(binary) X(binary_scalar) X(where) X(clamp) X(reduce) X(max_dim) \
     X(matmul) X(gather) X(scatter) X(index_select) X(index_add) X(masked_fill) X(cumsum) X(sort) \
@@ -25,7 +26,7 @@
     X(batch_norm_backward) X(relu_backward) X(sgd_step) X(cross_entropy_backward) X(random) \
     X(im2col) X(col2im) X(max_pool2d) X(max_pool2d_backward) X(avg_pool2d) X(avg_pool2d_backward) \
     X(conv2d_fused) X(conv2d_backward) X(linear_fused) X(write) X(read) X(host_check) \
-    X(fused_elementwise)
+    X(fused_elementwise) X(matmul_acc) X(reduce_sum_acc)
 
 typedef enum {
 #define ND_CALL_ENUM_(name) ND_CALL_##name,

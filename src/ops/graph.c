@@ -456,7 +456,7 @@ nd_status nd_graph_replay(nd_graph *g) {
             }
             if (r->profile_id > 0) depth = nd_profiler_push(r->profile_id - 1);
         }
-        nd_status st = nd_graph_rec_replay(r);
+        nd_status st = nd_graph_rec_run(r);
         if (depth >= 0) nd_profiler_pop(depth);
         if (st != ND_OK) return st;
         /* as eager in-place writes do: a saved tensor this changed fails its backward */
@@ -525,6 +525,7 @@ void nd_graph_stats(const nd_graph *g, nd_graph_stat *out) {
     out->fused_runs = g->fused_runs;
     out->fused_registers = g->fused_registers;
     out->fused_register_bytes = g->fused_register_bytes;
+    for (size_t i = 0; i < g->n; i++) out->prepared += g->recs[i].prep_state == ND_PREP_READY;
 }
 
 nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out) {

@@ -129,6 +129,13 @@ static bool record_step(const nd_graph_rec *r, nd_ew_step *s, int in_slot[3], nd
     return true;
 }
 
+bool nd_graph_fusable(const nd_graph_rec *r, nd_dtype *dt) {
+    nd_ew_step s;
+    int in_slot[3];
+    *dt = ND_NUM_DTYPES;
+    return record_step(r, &s, in_slot, dt) && !overlapping_write(r->t[0]);
+}
+
 /* Whether offset difference delta (elements) is sum_d c_d * st[d] for some
  * |c_d| < sh[d], over dims d >= k sorted by decreasing stride, each stride
  * larger than the reach of the dims after it (checked by the caller): then
@@ -147,37 +154,56 @@ static bool reachable(int64_t delta, const int64_t *sh, const int64_t *st, int k
     return false;
 }
 
+/* t's dims of size > 1 by decreasing stride into sh/st; their count, or -1
+ * when a stride is not positive or not nested (each larger than what the
+ * dims inside it reach: then t's elements are distinct); *reach how far
+ * from its first element t reaches. */
+static int nested_dims(const nd_tensor *t, int64_t *sh, int64_t *st, int64_t *reach) {
+    int nd = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] == 1) continue;
+        if (t->strides[d] <= 0) return -1;
+        int at = nd++; /* insertion by decreasing stride */
+        while (at > 0 && st[at - 1] < t->strides[d]) {
+            sh[at] = sh[at - 1];
+            st[at] = st[at - 1];
+            at--;
+        }
+        sh[at] = t->shape[d];
+        st[at] = t->strides[d];
+    }
+    *reach = 0;
+    for (int d = nd - 1; d >= 0; d--) {
+        if (st[d] <= *reach) return -1;
+        *reach += (sh[d] - 1) * st[d];
+    }
+    return nd;
+}
+
 /* Views a and b (of one storage) share no element: same dtype, shape and
  * strides (the slices of a narrow, the steps of a select), the strides
  * positive and nested (each larger than what the dims inside it reach), and
  * their offsets apart by no element distance of the view. Anything else
  * counts as overlapping. */
-static bool disjoint(const nd_tensor *a, const nd_tensor *b) {
+bool nd_graph_views_disjoint(const nd_tensor *a, const nd_tensor *b) {
     if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
-    int64_t sh[ND_MAX_DIMS], st[ND_MAX_DIMS];
-    int nd = 0;
-    for (int d = 0; d < a->ndim; d++) {
+    for (int d = 0; d < a->ndim; d++)
         if (a->shape[d] != b->shape[d] || a->strides[d] != b->strides[d]) return false;
-        if (a->shape[d] == 0) return true; /* no elements */
-        if (a->shape[d] == 1) continue;
-        if (a->strides[d] <= 0) return false;
-        int at = nd++; /* insertion by decreasing stride */
-        while (at > 0 && st[at - 1] < a->strides[d]) {
-            sh[at] = sh[at - 1];
-            st[at] = st[at - 1];
-            at--;
-        }
-        sh[at] = a->shape[d];
-        st[at] = a->strides[d];
-    }
-    int64_t reach = 0;
-    for (int d = nd - 1; d >= 0; d--) {
-        if (st[d] <= reach) return false; /* not nested: give up */
-        reach += (sh[d] - 1) * st[d];
-    }
+    if (nd_numel(a) == 0) return true; /* no elements */
+    int64_t sh[ND_MAX_DIMS], st[ND_MAX_DIMS], reach;
+    int nd = nested_dims(a, sh, st, &reach);
+    if (nd < 0) return false; /* not nested: give up */
     int64_t delta = b->offset - a->offset;
     if (delta == 0) return false;
     return !reachable(delta, sh, st, 0, nd);
+}
+
+bool nd_graph_view_injective(const nd_tensor *t, int64_t total, int64_t *n) {
+    *n = nd_numel(t);
+    if (*n == 0) return true;
+    int64_t sh[ND_MAX_DIMS], st[ND_MAX_DIMS], reach;
+    if (nested_dims(t, sh, st, &reach) < 0) return false;
+    return t->offset >= 0 && t->offset + reach < total;
 }
 
 /* The run's slot for view t of storage sid, or -1 when using it would let a
@@ -187,7 +213,7 @@ static int find_slot(fuse_run *R, const nd_tensor *t, int sid, bool writes) {
     for (int k = 0; k < R->nslot; k++) {
         if (R->slot[k].sid != sid) continue;
         if (nd_graph_same_view(R->slot[k].t, t)) { same = k; continue; }
-        if ((R->slot[k].written || writes) && !disjoint(R->slot[k].t, t)) return -1;
+        if ((R->slot[k].written || writes) && !nd_graph_views_disjoint(R->slot[k].t, t)) return -1;
     }
     if (same >= 0) return same;
     if (R->nslot == MAX_SLOTS) return -1;

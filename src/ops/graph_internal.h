@@ -94,6 +94,13 @@ static inline bool nd_graph_same_view(const nd_tensor *a, const nd_tensor *b) {
     return true;
 }
 
+/* t covers its whole storage, contiguous from offset 0 (element i of one
+ * such view of a storage is element i of any other of the same dtype). */
+static inline bool nd_graph_whole(const nd_tensor *t) {
+    return t->offset == 0 && nd_is_contiguous(t) &&
+           (size_t)nd_numel(t) * nd_dtype_size(t->dtype) == t->storage->nbytes;
+}
+
 /* Shared by the passes (graph_passes.c): removes the records marked in drop
  * (keeping order); points r's tensors of storage k at storage alias[k]
  * (a pass that removed k's writer: its readers read alias[k] instead). */
@@ -107,6 +114,25 @@ nd_status nd_graph_pass_simplify(nd_graph *g, int64_t *changed);
 /* The fuse pass (graph_fuse.c): runs of elementwise records become one
  * fused_elementwise record each; *changed counts the records it removed. */
 nd_status nd_graph_pass_fuse(nd_graph *g, int64_t *changed);
+/* Views a and b of one storage provably share no element (graph_fuse.c):
+ * the same dtype, shape and strides, positive nested strides, offsets no
+ * element distance apart (the slices of a narrow, the steps of a select). */
+bool nd_graph_views_disjoint(const nd_tensor *a, const nd_tensor *b);
+/* View t reaches distinct elements only (positive nested strides), all in
+ * [0, total) elements of its storage; *n its element count (graph_fuse.c). */
+bool nd_graph_view_injective(const nd_tensor *t, int64_t total, int64_t *n);
+/* Whether record r could be a step of a fused run (graph_fuse.c); *dt its
+ * float dtype. */
+bool nd_graph_fusable(const nd_graph_rec *r, nd_dtype *dt);
+
+/* The epilogue pass (graph_epilogue.c): a matmul whose result an add puts
+ * into an accumulator becomes a matmul that adds into it; *changed counts
+ * the adds removed. */
+nd_status nd_graph_pass_epilogue(nd_graph *g, int64_t *changed);
+
+/* The reorder pass (graph_reorder.c): elementwise records move up next to
+ * an earlier one the fuse pass could join them to; *changed counts moves. */
+nd_status nd_graph_pass_reorder(nd_graph *g, int64_t *changed);
 
 /* How many references the graph's records hold on each storage, and the
  * first and last record using it (SIZE_MAX / 0 when none): arrays of

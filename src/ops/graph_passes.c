@@ -191,5 +191,8 @@ nd_status nd_graph_pass(nd_graph *g, const char *name, int64_t *changed) {
     if (!strcmp(name, "cse")) return pass_cse(g, changed);
     if (!strcmp(name, "fuse")) return nd_graph_pass_fuse(g, changed);
     if (!strcmp(name, "simplify")) return nd_graph_pass_simplify(g, changed);
-    return nd_fail(ND_ERR_ARG, "compile: unknown pass '%s' (expected simplify, cse, dce or fuse)", name);
+    if (!strcmp(name, "reorder")) return nd_graph_pass_reorder(g, changed);
+    if (!strcmp(name, "epilogue")) return nd_graph_pass_epilogue(g, changed);
+    return nd_fail(ND_ERR_ARG, "compile: unknown pass '%s' (expected simplify, cse, dce, epilogue, "
+                   "reorder or fuse)", name);
 }

@@ -31,6 +31,12 @@ typedef struct nd_graph_rec {
     } u;
     nd_host_check_fn check;
     nd_ew_program *prog;      /* fused_elementwise's program (owned) */
+    /* Prepared launches (backend.h prepare_begin; nd_graph_rec_run): the
+     * commands of the first recorded replay, kept once a second recording
+     * agrees, with the buffers they were recorded over. */
+    int prep_state;           /* nd_prep_state */
+    void *prepared;
+    void *prep_data[ND_REC_MAX_TENSORS];
     int profile_id;   /* the profiler's name "compiled:<entry>[.<op>]" + 1, 0 until first profiled */
 } nd_graph_rec;
 
@@ -48,5 +54,12 @@ void nd_graph_rec_failed(nd_status st);
 void nd_graph_rec_release(nd_graph_rec *r);
 /* Runs one record again (backend_call.c). */
 nd_status nd_graph_rec_replay(const nd_graph_rec *r);
+
+typedef enum { ND_PREP_NONE, ND_PREP_FIRST, ND_PREP_READY, ND_PREP_NEVER } nd_prep_state;
+/* Runs one record of a replay: through its prepared launches where its
+ * backend has them and two recordings agreed, else nd_graph_rec_replay. */
+nd_status nd_graph_rec_run(nd_graph_rec *r);
+/* Forgets r's prepared launches (its kernels' parameters changed: tuning). */
+void nd_graph_rec_unprepare(nd_graph_rec *r);
 
 #endif

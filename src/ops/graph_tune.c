@@ -303,7 +303,11 @@ nd_status nd_graph_tune(nd_graph *g, double seconds, nd_graph_tune_stat *out) {
     tune_entry *known = NULL;
     size_t nknown = have_file ? load_entries(path, &known) : 0;
     size_t nfused = 0;
-    for (size_t i = 0; i < g->n; i++) nfused += g->recs[i].entry == ND_CALL_fused_elementwise;
+    for (size_t i = 0; i < g->n; i++) {
+        if (g->recs[i].entry != ND_CALL_fused_elementwise) continue;
+        nfused++;
+        nd_graph_rec_unprepare(&g->recs[i]); /* its launch geometry may change */
+    }
     tune_entry *add = calloc(nfused + 1, sizeof *add);
     uint64_t *keys = malloc((g->n + 1) * sizeof *keys); /* per record (fused ones only) */
     if (!add || !keys) {

@@ -219,11 +219,12 @@ end
 
 local OPTS = {warmup = "integer", cache_size = "integer", fallback = "boolean", verify = "boolean",
               passes = "table|boolean", tune = "number"}
-local PASSES = {simplify = true, dce = true, cse = true, fuse = true}
-local DEFAULT_PASSES = {"simplify", "cse", "dce", "fuse"}
+local PASSES = {simplify = true, dce = true, cse = true, epilogue = true, reorder = true, fuse = true}
+local DEFAULT_PASSES = {"simplify", "cse", "dce", "epilogue", "reorder", "fuse"}
 
 -- nd.compile(fn_or_module[, {warmup = 1, cache_size = 8, fallback = false, verify = false,
---                           passes = {"simplify", "cse", "dce", "fuse"}, tune = seconds}])
+--                           passes = {"simplify", "cse", "dce", "epilogue", "reorder", "fuse"},
+--                           tune = seconds}])
 function M.compile(fn, opts)
   local is_module = type(fn) == "table" and getmetatable(fn) ~= nil and
                     type(getmetatable(fn).class) == "table"
@@ -246,7 +247,7 @@ function M.compile(fn, opts)
   elseif opts.passes ~= nil then
     passes = {}
     for i, name in ipairs(opts.passes) do
-      if not PASSES[name] then fail("passes[%d]: unknown pass '%s' (valid: simplify, cse, dce, fuse)", i, tostring(name)) end
+      if not PASSES[name] then fail("passes[%d]: unknown pass '%s' (valid: simplify, cse, dce, epilogue, reorder, fuse)", i, tostring(name)) end
       passes[i] = name
     end
   end
@@ -754,8 +755,8 @@ function CF:explain()
   if e and e.graph then
     local gs = e.graph:stats()
     local ir = require "needle.compile.ir"
-    local removed = 0
-    for _, p in ipairs(e.passes or {}) do removed = removed + p[2] end
+    local removed = 0 -- (reorder moves records, it removes none)
+    for _, p in ipairs(e.passes or {}) do if p[1] ~= "reorder" then removed = removed + p[2] end end
     local fills = gs.records - (gs.captured - removed)
     lines[#lines + 1] = ("graph: %d kernel calls per replay: the eager call made %d, the passes "
                          .. "removed %d%s; %d storages"):format(gs.records, gs.captured, removed,
@@ -767,8 +768,9 @@ function CF:explain()
                          ir.bytes(gs.internal_bytes),
                          ir.bytes(gs.fixed_bytes), e.eager_peak and ir.bytes(e.eager_peak) or "not measured")
     if (e.eager_launches or 0) > 0 or (e.replay_launches or 0) > 0 then
-      lines[#lines + 1] = ("OpenCL kernel launches: %s per replay, %s in the eager call"):format(
-        tostring(e.replay_launches or "-"), tostring(e.eager_launches or "-"))
+      lines[#lines + 1] = ("OpenCL kernel launches: %s per replay, %s in the eager call; %d of %d "
+        .. "kernel calls replay as prepared launches"):format(
+        tostring(e.replay_launches or "-"), tostring(e.eager_launches or "-"), gs.prepared, gs.records)
     end
     lines[#lines + 1] = ("constants: %d (%s) copied back before each replay"):format(gs.restored,
                          ir.bytes(gs.restored_bytes))
@@ -812,7 +814,9 @@ function CF:explain()
         t.tuned > 0 and (" (best: %.2fx the default)"):format(t.best_speedup) or "")
     end
     local done = {}
-    for _, p in ipairs(e.passes or {}) do done[#done + 1] = ("%s removed %d"):format(p[1], p[2]) end
+    for _, p in ipairs(e.passes or {}) do
+      done[#done + 1] = ("%s %s %d"):format(p[1], p[1] == "reorder" and "moved" or "removed", p[2])
+    end
     if #done > 0 then lines[#lines + 1] = "passes: " .. table.concat(done, ", ") end
   end
   for _, why in ipairs(self.retrace_reasons or {}) do lines[#lines + 1] = "retraced: " .. why end

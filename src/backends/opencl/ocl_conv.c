@@ -48,8 +48,8 @@ static cl_int set_bufs(cl_kernel k, int first, int n, const nd_tensor *const *ts
     for (int i = 0; i < n; i++) {
         cl_mem m = ocl_mem(ts[i]);
         cl_long off = ts[i]->offset;
-        e |= clSetKernelArg(k, first + 2 * i, sizeof m, &m);
-        e |= clSetKernelArg(k, first + 2 * i + 1, sizeof off, &off);
+        e |= ocl_set_arg(k, first + 2 * i, sizeof m, &m);
+        e |= ocl_set_arg(k, first + 2 * i + 1, sizeof off, &off);
     }
     return e;
 }
@@ -60,7 +60,7 @@ static nd_status run_geom(ocl_device *d, cl_kernel k, const char *op, int64_t n,
                           const nd_tensor *const *ts) {
     if (n == 0) return ND_OK;
     cl_long nn = n, h = H, w = W;
-    cl_int e = OCL_ARG(k, 0, nn) | clSetKernelArg(k, 1, geom_size, geom) | OCL_ARG(k, 2, h) |
+    cl_int e = OCL_ARG(k, 0, nn) | ocl_set_arg(k, 1, geom_size, geom) | OCL_ARG(k, 2, h) |
                OCL_ARG(k, 3, w) | set_bufs(k, 4, nt, ts);
     if (e != CL_SUCCESS) return ocl_fail(e, op, "setting kernel arguments", d);
     return ocl_launch_1d(d, k, op, n);

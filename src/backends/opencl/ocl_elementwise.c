@@ -21,11 +21,11 @@ static nd_status ew_kernel(ocl_device *d, nd_dtype dt, const char *name, const c
 static cl_int set_strided(cl_kernel k, int first, int64_t n, const ocl_geom *g, int nops,
                           const nd_tensor *const *ts) {
     cl_long nn = n;
-    cl_int e = clSetKernelArg(k, first, sizeof nn, &nn);
-    e |= clSetKernelArg(k, first + 1, sizeof *g, g);
+    cl_int e = ocl_set_arg(k, first, sizeof nn, &nn);
+    e |= ocl_set_arg(k, first + 1, sizeof *g, g);
     for (int i = 0; i < nops; i++) {
         cl_mem m = ocl_mem(ts[i]);
-        e |= clSetKernelArg(k, first + 2 + i, sizeof m, &m);
+        e |= ocl_set_arg(k, first + 2 + i, sizeof m, &m);
     }
     return e;
 }
@@ -63,6 +63,8 @@ nd_status ocl_copy(nd_tensor *dst, const nd_tensor *src) {
                                            (size_t)g.offset[1] * es, (size_t)g.offset[0] * es,
                                            (size_t)n * es, 0, NULL, NULL);
             if (e != CL_SUCCESS) return ocl_fail(e, "copy", "clEnqueueCopyBuffer", d);
+            ocl_prepare_note_copy(d, ocl_mem(src), ocl_mem(dst), (size_t)g.offset[1] * es,
+                                  (size_t)g.offset[0] * es, (size_t)n * es);
             return ND_OK;
         }
         ND_TRY(ocl_kernel(d, "copy", defs, "copy_flat", &k));
@@ -93,11 +95,12 @@ nd_status ocl_fill(nd_tensor *dst, const void *value) {
         cl_int e = clEnqueueFillBuffer(d->queue, ocl_mem(dst), value, es, (size_t)g.offset[0] * es,
                                        (size_t)n * es, 0, NULL, NULL);
         if (e != CL_SUCCESS) return ocl_fail(e, "fill", "clEnqueueFillBuffer", d);
+        ocl_prepare_note_fill(d, ocl_mem(dst), value, es, (size_t)g.offset[0] * es, (size_t)n * es);
         return ND_OK;
     }
     cl_kernel k;
     ND_TRY(ew_kernel(d, dst->dtype, "fill_strided", "fill", &k));
-    cl_int e = clSetKernelArg(k, 0, es, value);
+    cl_int e = ocl_set_arg(k, 0, es, value);
     if (e != CL_SUCCESS) return ocl_fail(e, "fill", "setting kernel arguments", d);
     return ocl_run_strided(d, k, "fill", 1, 1, ts);
 }
@@ -141,7 +144,7 @@ nd_status ocl_binary_scalar(nd_binary_op op, nd_tensor *out, const nd_tensor *a,
     ND_TRY(ew_kernel(d, a->dtype, cmp ? "compare_scalar_strided" : "scalar_strided", name, &k));
     cl_int o = op, sf = scalar_first;
     cl_int e = OCL_ARG(k, 0, o) | OCL_ARG(k, 1, sf) |
-               clSetKernelArg(k, 2, nd_dtype_size(a->dtype), s);
+               ocl_set_arg(k, 2, nd_dtype_size(a->dtype), s);
     if (e != CL_SUCCESS) return ocl_fail(e, name, "setting kernel arguments", d);
     const nd_tensor *ts[2] = {out, a};
     return ocl_run_strided(d, k, name, 3, 2, ts);
@@ -200,7 +203,7 @@ nd_status ocl_clamp(nd_tensor *out, const nd_tensor *x, double lo, double hi) {
         return nd_fail(ND_ERR_DTYPE, "clamp: no OpenCL kernel for %s", nd_dtype_name(x->dtype));
     }
     size_t es = nd_dtype_size(x->dtype);
-    cl_int e = clSetKernelArg(k, 0, es, l) | clSetKernelArg(k, 1, es, h);
+    cl_int e = ocl_set_arg(k, 0, es, l) | ocl_set_arg(k, 1, es, h);
     if (e != CL_SUCCESS) return ocl_fail(e, "clamp", "setting kernel arguments", d);
     const nd_tensor *ts[2] = {out, x};
     return ocl_run_strided(d, k, "clamp", 2, 2, ts);

@@ -7,7 +7,14 @@
  * constant divisions, loads the inputs, runs the steps through ew_ops.cl's
  * un_op / bin_op / cmp_op (the unfused kernels' own code, FP_CONTRACT off)
  * and stores the outputs. Built once through the program cache (memory and
- * disk); the kernel is kept in the program for the next replays. */
+ * disk); the kernel is kept in the program for the next replays.
+ *
+ * The steps' scalar operands are kernel arguments, as in the unfused
+ * kernels, not literals: a compiler that sees x / 3.0f or pow(x, 2.0f) with
+ * a constant may rewrite it (a reciprocal multiply, x * x), which OpenCL's
+ * 2.5-ulp division allows, and the fused result would no longer be the
+ * eager one bit for bit (NVIDIA's compiler did: a Transformer trained with
+ * Adam drifted from its eager twin). */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -53,20 +60,14 @@ static void put_value(strbuf *b, nd_dtype dt, double v) {
     }
 }
 
-static void put_scalar(strbuf *b, nd_dtype dt, const unsigned char *bytes) {
-    if (dt == ND_FLOAT32) {
-        float f;
-        memcpy(&f, bytes, 4);
-        put_value(b, dt, f);
-    } else {
-        double v;
-        memcpy(&v, bytes, 8);
-        put_value(b, dt, v);
-    }
+/* Whether step s has a scalar operand (kernel argument "s<step>"). */
+static bool has_scalar(const nd_ew_step *s) {
+    if (s->kind != ND_EW_BINARY) return false;
+    return s->in[0] == ND_EW_SCALAR || s->in[1] == ND_EW_SCALAR;
 }
 
-static void put_operand(strbuf *b, const nd_ew_step *s, int q, nd_dtype dt) {
-    if (s->in[q] == ND_EW_SCALAR) put_scalar(b, dt, s->scalar);
+static void put_operand(strbuf *b, const nd_ew_step *s, int step, int q) {
+    if (s->in[q] == ND_EW_SCALAR) put(b, "s%d", step);
     else put(b, "v%d", s->in[q]);
 }
 
@@ -88,6 +89,8 @@ static char *generate(const nd_ew_program *p, nd_tensor *const *ts) {
     put(&b, "/* %s */\n__kernel void nd_fused(long n", p->desc);
     for (int k = 0; k < nt; k++)
         put(&b, ", __global %s%s *t%d", writes[k] ? "" : "const ", elem_type(ts[k]->dtype), k);
+    for (int j = 0; j < p->nsteps; j++)
+        if (has_scalar(&p->steps[j])) put(&b, ", T s%d", j);
     put(&b, ") {\n    long i = get_global_id(0);\n    if (i >= n) return;\n");
     if (nd == 1) put(&b, "    long c0 = i;\n");
     else {
@@ -111,9 +114,9 @@ static char *generate(const nd_ew_program *p, nd_tensor *const *ts) {
         case ND_EW_UNARY: put(&b, "un_op(%d, v%d)", s->op, s->in[0]); break;
         case ND_EW_BINARY:
             put(&b, "%s(%d, ", s->dtype == ND_BOOL ? "cmp_op" : "bin_op", s->op);
-            put_operand(&b, s, 0, p->dtype);
+            put_operand(&b, s, j, 0);
             put(&b, ", ");
-            put_operand(&b, s, 1, p->dtype);
+            put_operand(&b, s, j, 1);
             put(&b, ")");
             break;
         case ND_EW_WHERE: put(&b, "v%d ? v%d : v%d", s->in[0], s->in[1], s->in[2]); break;
@@ -166,8 +169,13 @@ nd_status ocl_fused_elementwise(nd_ew_program *p, nd_tensor *const *ts) {
     cl_int e = OCL_ARG(k, 0, nn);
     for (int j = 0; j < p->nt; j++) {
         cl_mem m = ocl_mem(ts[j]);
-        e |= clSetKernelArg(k, (cl_uint)(1 + j), sizeof m, &m);
+        e |= ocl_set_arg(k, (cl_uint)(1 + j), sizeof m, &m);
     }
+    /* the scalars in the program's dtype, as the steps hold them */
+    cl_uint arg = (cl_uint)(1 + p->nt);
+    for (int j = 0; j < p->nsteps; j++)
+        if (has_scalar(&p->steps[j]))
+            e |= ocl_set_arg(k, arg++, nd_dtype_size(p->dtype), p->steps[j].scalar);
     if (e != CL_SUCCESS) return ocl_fail(e, p->desc, "setting kernel arguments", d);
     if (p->tune_size <= 0) return ocl_launch_1d(d, k, p->desc, n);
     size_t local = ocl_max_group(d, k, (size_t)p->tune_size), global = (size_t)n;

@@ -24,6 +24,7 @@ typedef enum {
 typedef struct {
     int kind;
     int tsm, tsn, tsk, wptm, wptn, vw;
+    int accumulate; /* C += A @ B (ocl_matmul_acc); not part of a tuned configuration */
 } ocl_gemm_cfg;
 /* Products with M * N * K at or below this are "small" (128^3). */
 #define OCL_GEMM_SMALL_FLOPS (INT64_C(1) << 21)

@@ -104,7 +104,7 @@ static size_t elem_of(nd_dtype dt) { return nd_dtype_size(dt); }
 
 ocl_gemm_cfg ocl_gemm_default(ocl_device *d, int cls, int group, nd_dtype dt) {
     const char *const *list = d->info.is_gpu ? gpu_defaults[cls][group] : cpu_defaults[cls][group];
-    ocl_gemm_cfg c = {OCL_GEMM_NAIVE, 0, 0, 0, 0, 0, 0};
+    ocl_gemm_cfg c = {OCL_GEMM_NAIVE, 0, 0, 0, 0, 0, 0, 0};
     for (int i = 0; i < 5 && list[i]; i++) {
         ocl_gemm_cfg t;
         if (ocl_gemm_cfg_parse(list[i], &t) && ocl_gemm_cfg_valid(d, &t, elem_of(dt), NULL, 0))
@@ -234,7 +234,7 @@ static gemm_state *state_locked(ocl_device *d) {
 ocl_gemm_cfg ocl_gemm_config(ocl_device *d, int cls, int group, nd_dtype dt) {
     pthread_mutex_lock(&state_lock);
     gemm_state *s = state_locked(d);
-    ocl_gemm_cfg c = {OCL_GEMM_NAIVE, 0, 0, 0, 0, 0, 0};
+    ocl_gemm_cfg c = {OCL_GEMM_NAIVE, 0, 0, 0, 0, 0, 0, 0};
     bool f64 = dt == ND_FLOAT64;
     if (s && !s->disabled[cls][group][f64]) {
         c = s->cfg[cls][group];
@@ -448,7 +448,7 @@ static nd_status every_step(const nd_tensor *t, int dim, int64_t start, int64_t 
 /* The naive kernel's result on p's sample (p->ref) and its time. */
 static nd_status reference(ocl_device *d, problem *p, double *secs) {
     nd_device dev = {ND_DEVICE_OPENCL, d->index};
-    ocl_gemm_cfg naive = {OCL_GEMM_NAIVE, 0, 0, 0, 0, 0, 0};
+    ocl_gemm_cfg naive = {OCL_GEMM_NAIVE, 0, 0, 0, 0, 0, 0, 0};
     nd_tensor *as = NULL, *bs = NULL, *cs = NULL;
     int64_t shape[2] = {p->rm, p->rn};
     nd_status st = every_step(p->a, 0, p->start_m, p->m, p->step_m, &as);
@@ -630,7 +630,7 @@ nd_status nd_ocl_gemm_tune(const ocl_gemm_tune_opts *o, ocl_gemm_tune_result *r)
     say(o->verbose, "opencl_tune: opencl:%d (%s), %d problems, %d candidates, budget %.1f s\n",
         d->index, d->info.name, np, cl.n, o->budget_s);
     /* the reference results (naive kernel) and its speed */
-    ocl_gemm_cfg naive = {OCL_GEMM_NAIVE, 0, 0, 0, 0, 0, 0};
+    ocl_gemm_cfg naive = {OCL_GEMM_NAIVE, 0, 0, 0, 0, 0, 0, 0};
     cl_kernel nk;
     st = ocl_gemm_kernel(d, &naive, ND_FLOAT32, 2, 1, &nk); /* built before the clock runs */
     for (int i = 0; i < np && st == ND_OK; i++) {

@@ -175,13 +175,13 @@ static nd_status run_lanes(const char *op, const nd_tensor *out_v, const nd_tens
     if (acc) {
         _Alignas(8) unsigned char ab[8];
         size_t n = alpha_bytes(d, out_v->dtype, alpha, ab);
-        e |= clSetKernelArg(k, a++, n, ab);
+        e |= ocl_set_arg(k, a++, n, ab);
     }
     cl_long kk = K, o_s = os, i_s = is, s_s = ss;
-    e |= clSetKernelArg(k, a, sizeof kk, &kk);
-    e |= clSetKernelArg(k, a + 1, sizeof o_s, &o_s);
-    e |= clSetKernelArg(k, a + 2, sizeof i_s, &i_s);
-    e |= clSetKernelArg(k, a + 3, sizeof s_s, &s_s);
+    e |= ocl_set_arg(k, a, sizeof kk, &kk);
+    e |= ocl_set_arg(k, a + 1, sizeof o_s, &o_s);
+    e |= ocl_set_arg(k, a + 2, sizeof i_s, &i_s);
+    e |= ocl_set_arg(k, a + 3, sizeof s_s, &s_s);
     if (e != CL_SUCCESS) return ocl_fail(e, op, "setting kernel arguments", d);
     const nd_tensor *ts[3] = {out_v, idx_v, src_v};
     return ocl_run_strided(d, k, op, a + 4, 3, ts);
@@ -253,7 +253,7 @@ nd_status ocl_masked_fill(nd_tensor *out, const nd_tensor *mask, double value) {
     nd_store_f64(v, out->dtype, value);
     cl_kernel k;
     ND_TRY(ix_kernel(d, out->dtype, false, "masked_fill", "masked_fill", &k));
-    cl_int e = clSetKernelArg(k, 0, nd_dtype_size(out->dtype), v);
+    cl_int e = ocl_set_arg(k, 0, nd_dtype_size(out->dtype), v);
     if (e != CL_SUCCESS) return ocl_fail(e, "masked_fill", "setting kernel arguments", d);
     const nd_tensor *ts[2] = {out, mask};
     return ocl_run_strided(d, k, "masked_fill", 1, 2, ts);

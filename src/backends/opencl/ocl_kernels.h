@@ -26,6 +26,7 @@ nd_status ocl_fused_elementwise(nd_ew_program *p, nd_tensor *const *ts);
 
 /* ocl_reduce.c: reductions (kernels/reduce.cl) */
 nd_status ocl_reduce(nd_reduce_op op, nd_tensor *out, const nd_tensor *x, const bool *reduced, int correction);
+nd_status ocl_reduce_sum_acc(nd_tensor *out, const nd_tensor *x, const bool *reduced);
 nd_status ocl_max_dim(nd_tensor *values, nd_tensor *indices, const nd_tensor *x, int dim, int is_min);
 
 /* ocl_scan_sort.c: cumsum and sort (kernels/scan_sort.cl) */
@@ -42,6 +43,7 @@ nd_status ocl_cross_entropy_backward(nd_tensor *dlogits, const nd_tensor *logits
 
 /* ocl_matmul.c: matmul: the tuned GEMM (kernels/gemm.cl) */
 nd_status ocl_matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b);
+nd_status ocl_matmul_acc(nd_tensor *out, const nd_tensor *a, const nd_tensor *b);
 
 /* ocl_index.c: index ops (kernels/index.cl) */
 nd_status ocl_gather(nd_tensor *out, const nd_tensor *x, int dim, const nd_tensor *index);

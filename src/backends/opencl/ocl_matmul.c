@@ -169,6 +169,7 @@ nd_status ocl_gemm_kernel(ocl_device *d, const ocl_gemm_cfg *c, nd_dtype dt, int
                           cl_kernel *k) {
     char defs[320];
     ocl_dtype_defines(dt, defs, sizeof defs);
+    if (c->accumulate) strncat(defs, " -DACCUMULATE=1", sizeof defs - strlen(defs) - 1);
     if (c->kind == OCL_GEMM_NAIVE) return ocl_kernel(d, "gemm", defs, "gemm_naive", k);
     size_t n = strlen(defs);
     bool tiled = c->kind == OCL_GEMM_TILED, dot = c->kind == OCL_GEMM_DOT;
@@ -234,7 +235,7 @@ nd_status ocl_gemm_run(ocl_device *d, const ocl_gemm_cfg *c, nd_tensor *out, con
 
 /* ---------------------------------------------------------------- the entry */
 
-nd_status ocl_matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b) {
+static nd_status matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b, bool accumulate) {
     ocl_device *d = ocl_dev(out);
     nd_dtype dt = out->dtype;
     if (a->dtype != dt || b->dtype != dt)
@@ -249,14 +250,16 @@ nd_status ocl_matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b) {
     int n = out->ndim;
     int64_t M = out->shape[n - 2], N = out->shape[n - 1], K = a->shape[n - 1];
     if (K == 0) {
+        if (accumulate) return ND_OK; /* out += 0 */
         const uint64_t zero = 0; /* every dtype's 0 is all-zero bytes */
         return ocl_fill(out, &zero);
     }
-    ocl_gemm_cfg c = {OCL_GEMM_NAIVE, 0, 0, 0, 0, 0, 0};
+    ocl_gemm_cfg c = {OCL_GEMM_NAIVE, 0, 0, 0, 0, 0, 0, 0};
     int cls = ocl_gemm_class(M, N, K), la, lb;
     ocl_gemm_layouts(a, b, &la, &lb);
     int group = ocl_gemm_group(lb);
     if (fl) c = ocl_gemm_config(d, cls, group, dt);
+    c.accumulate = accumulate;
     nd_status st = ocl_gemm_run(d, &c, out, a, b);
     if (st != ND_OK && c.kind != OCL_GEMM_NAIVE && st != ND_ERR_MEMORY) {
         /* The device's compiler or launcher refused this configuration:
@@ -267,4 +270,12 @@ nd_status ocl_matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b) {
         st = ocl_gemm_run(d, &c, out, a, b);
     }
     return st;
+}
+
+nd_status ocl_matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b) {
+    return matmul(out, a, b, false);
+}
+
+nd_status ocl_matmul_acc(nd_tensor *out, const nd_tensor *a, const nd_tensor *b) {
+    return matmul(out, a, b, true);
 }

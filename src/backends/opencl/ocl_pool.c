@@ -47,6 +47,7 @@ void ocl_pool_drain(ocl_device *d) {
 }
 
 nd_status ocl_alloc(int index, size_t nbytes, void **handle) {
+    ocl_prepare_impure(); /* not repeatable by a prepared replay (ocl_prepared.c) */
     ocl_device *d = ocl_device_at(index);
     if (!d) return nd_fail(ND_ERR_DEVICE, "opencl: no device %d", index);
     size_t size = round_size(nbytes);
@@ -105,6 +106,7 @@ void ocl_free(int index, void *handle, size_t nbytes) {
 }
 
 nd_status ocl_read(const nd_storage *s, size_t off, void *dst, size_t n) {
+    ocl_prepare_impure(); /* not repeatable by a prepared replay (ocl_prepared.c) */
     ocl_device *d = ocl_device_at(s->device_index);
     if (!n) return ND_OK;
     cl_int err = clEnqueueReadBuffer(d->queue, (cl_mem)s->data, CL_TRUE, off, n, dst, 0, NULL, NULL);
@@ -113,6 +115,7 @@ nd_status ocl_read(const nd_storage *s, size_t off, void *dst, size_t n) {
 }
 
 nd_status ocl_write(nd_storage *s, size_t off, const void *src, size_t n) {
+    ocl_prepare_impure(); /* not repeatable by a prepared replay (ocl_prepared.c) */
     ocl_device *d = ocl_device_at(s->device_index);
     if (!n) return ND_OK;
     /* Blocking: the host buffer may be freed as soon as this returns. */
@@ -122,6 +125,7 @@ nd_status ocl_write(nd_storage *s, size_t off, const void *src, size_t n) {
 }
 
 nd_status ocl_upload(ocl_device *d, const void *src, size_t n, const char *op, cl_mem *out) {
+    ocl_prepare_impure(); /* not repeatable by a prepared replay (ocl_prepared.c) */
     static const unsigned char none[8];
     if (!n) { src = none; n = 1; }
     cl_int err;

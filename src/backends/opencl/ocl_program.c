@@ -150,9 +150,17 @@ static nd_status build_source(ocl_device *d, const char *label, const char *prel
     memcpy(w, ocl_registry_source, lr); w += lr;
     memcpy(w, prelude, lp); w += lp; *w++ = '\n';
     memcpy(w, body, lb + 1);
+    /* IEEE float32 division and square root in every program where the
+     * device offers them (OpenCL allows 2.5 and 3 ulp otherwise): then a
+     * quotient is one value whatever kernel computes it. Without this,
+     * NVIDIA's driver divided by a scalar differently in a fused kernel than
+     * in the unfused one (1 ulp), and compiled training drifted from eager;
+     * the CPU backend's results are IEEE too. */
+    const char *rounded = " -cl-fp32-correctly-rounded-divide-sqrt";
+    bool want_rounded = d->fp32_rounded_div_sqrt && !strstr(defines, rounded + 1);
     char opts[1024];
-    snprintf(opts, sizeof opts, "%s%s -cl-std=CL1.2", defines,
-             d->info.fp64 ? " -DND_FP64=1" : "");
+    snprintf(opts, sizeof opts, "%s%s%s -cl-std=CL1.2", defines, d->info.fp64 ? " -DND_FP64=1" : "",
+             want_rounded ? rounded : "");
     char path[1100];
     cache_path(d, label, opts, src, path, sizeof path);
     cl_program p = path[0] ? load_binary(d, path, opts) : NULL;

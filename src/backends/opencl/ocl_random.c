@@ -73,8 +73,8 @@ nd_status ocl_random(nd_tensor *out, nd_random_kind kind, double a, double b, co
             pb = as_acc(d, b, false);
             top = as_acc(d, b > a ? nextafter(b, a) : b, false);
         }
-        e = clSetKernelArg(k, 0, pa.n, pa.b) | clSetKernelArg(k, 1, pw.n, pw.b) |
-            clSetKernelArg(k, 2, pb.n, pb.b) | clSetKernelArg(k, 3, top.n, top.b) |
+        e = ocl_set_arg(k, 0, pa.n, pa.b) | ocl_set_arg(k, 1, pw.n, pw.b) |
+            ocl_set_arg(k, 2, pb.n, pb.b) | ocl_set_arg(k, 3, top.n, top.b) |
             OCL_ARG(k, 4, s) | OCL_ARG(k, 5, o);
         next = 6;
         break;
@@ -82,7 +82,7 @@ nd_status ocl_random(nd_tensor *out, nd_random_kind kind, double a, double b, co
     case ND_RANDOM_NORMAL: {
         ND_TRY(ocl_kernel(d, "random", defs, "rand_normal", &k));
         acc_arg m = as_acc(d, a, f32), sd = as_acc(d, b, f32);
-        e = clSetKernelArg(k, 0, m.n, m.b) | clSetKernelArg(k, 1, sd.n, sd.b) |
+        e = ocl_set_arg(k, 0, m.n, m.b) | ocl_set_arg(k, 1, sd.n, sd.b) |
             OCL_ARG(k, 2, s) | OCL_ARG(k, 3, o);
         next = 4;
         break;

@@ -79,7 +79,7 @@ static size_t group_size(ocl_device *d, cl_kernel k, int64_t work) {
     return L;
 }
 
-static nd_status reduce_kernel(ocl_device *d, nd_dtype dt, const char *kname, const char *op,
+static nd_status reduce_kernel(ocl_device *d, nd_dtype dt, bool accumulate, const char *kname, const char *op,
                                cl_kernel *k) {
     ND_TRY(ocl_check_dtype(d, dt, op));
     switch (dt) {
@@ -88,8 +88,9 @@ static nd_status reduce_kernel(ocl_device *d, nd_dtype dt, const char *kname, co
     default:
         return nd_fail(ND_ERR_DTYPE, "%s: no OpenCL reduction kernel for %s", op, nd_dtype_name(dt));
     }
-    char defs[128];
+    char defs[160];
     ocl_dtype_defines(dt, defs, sizeof defs);
+    if (accumulate) strncat(defs, " -DACCUMULATE=1", sizeof defs - strlen(defs) - 1);
     return ocl_kernel(d, "reduce", defs, kname, k);
 }
 
@@ -98,14 +99,14 @@ static cl_int set_common(cl_kernel k, int op, int corr, int both, const rgeom *g
                          cl_mem outv, cl_mem outi) {
     cl_int o = op, c = corr, b = both;
     return OCL_ARG(k, 0, o) | OCL_ARG(k, 1, c) | OCL_ARG(k, 2, b) |
-           clSetKernelArg(k, 3, sizeof *g, g) | OCL_ARG(k, 4, src) | OCL_ARG(k, 5, outv) |
+           ocl_set_arg(k, 3, sizeof *g, g) | OCL_ARG(k, 4, src) | OCL_ARG(k, 5, outv) |
            OCL_ARG(k, 6, outi);
 }
 
 /* Reduces x over `reduced` into outv (values) and/or outi (int64: indices,
  * integer sums and products); both: max_dim, which writes the two. */
 static nd_status run_reduce(const char *name, int op, int corr, int both, const nd_tensor *x,
-                            const bool *reduced, nd_tensor *outv, nd_tensor *outi) {
+                            const bool *reduced, nd_tensor *outv, nd_tensor *outi, bool accumulate) {
     ocl_device *d = ocl_dev(x);
     rgeom g;
     geom_init(&g, x, reduced);
@@ -122,7 +123,7 @@ static nd_status run_reduce(const char *name, int op, int corr, int both, const 
     if (columns && !split && rc > 32) {
         g.groups = 1;
         g.chunk = rc;
-        ND_TRY(reduce_kernel(d, x->dtype, "reduce_tiles", name, &k));
+        ND_TRY(reduce_kernel(d, x->dtype, accumulate, "reduce_tiles", name, &k));
         e = set_common(k, op, corr, both, &g, xm, vm, im);
         if (e != CL_SUCCESS) return ocl_fail(e, name, "setting kernel arguments", d);
         /* 32 outputs (fewer when there are fewer) x up to 256/32 lanes */
@@ -138,7 +139,7 @@ static nd_status run_reduce(const char *name, int op, int corr, int both, const 
     if (rc <= 32 || (oc >= 8192 && rc <= 1024 && inner_strided)) {
         g.groups = 1;
         g.chunk = rc;
-        ND_TRY(reduce_kernel(d, x->dtype, "reduce_serial", name, &k));
+        ND_TRY(reduce_kernel(d, x->dtype, accumulate, "reduce_serial", name, &k));
         e = set_common(k, op, corr, both, &g, xm, vm, im);
         if (e != CL_SUCCESS) return ocl_fail(e, name, "setting kernel arguments", d);
         return ocl_launch_1d(d, k, name, oc);
@@ -155,7 +156,7 @@ static nd_status run_reduce(const char *name, int op, int corr, int both, const 
     groups = (rc + chunk - 1) / chunk;
     g.groups = (cl_int)groups;
     g.chunk = chunk;
-    ND_TRY(reduce_kernel(d, x->dtype, "reduce_groups", name, &k));
+    ND_TRY(reduce_kernel(d, x->dtype, accumulate, "reduce_groups", name, &k));
     cl_mem part = NULL;
     void *h = NULL;
     size_t part_bytes = (size_t)(oc * groups) * STATE_BYTES;
@@ -173,7 +174,7 @@ static nd_status run_reduce(const char *name, int op, int corr, int both, const 
     }
     if (st == ND_OK && part) {
         cl_kernel kf;
-        st = reduce_kernel(d, x->dtype, "reduce_finish", name, &kf);
+        st = reduce_kernel(d, x->dtype, accumulate, "reduce_finish", name, &kf);
         if (st == ND_OK) {
             e = set_common(kf, op, corr, both, &g, part, vm, im);
             if (e != CL_SUCCESS) st = ocl_fail(e, name, "setting kernel arguments", d);
@@ -200,7 +201,7 @@ nd_status ocl_reduce(nd_reduce_op op, nd_tensor *out, const nd_tensor *x, const 
                        nd_dtype_name(x->dtype));
     /* int64 results (indices, integer sums and products) go to outi; the
      * other output argument is never written and just gets the same buffer */
-    return run_reduce(name, (int)op, correction, 0, x, reduced, out, out);
+    return run_reduce(name, (int)op, correction, 0, x, reduced, out, out, false);
 }
 
 nd_status ocl_max_dim(nd_tensor *values, nd_tensor *indices, const nd_tensor *x, int dim,
@@ -208,5 +209,17 @@ nd_status ocl_max_dim(nd_tensor *values, nd_tensor *indices, const nd_tensor *x,
     bool reduced[ND_MAX_DIMS] = {0};
     if (x->ndim > 0) reduced[dim] = true;
     return run_reduce(is_min ? "min" : "max", is_min ? ND_REDUCE_argmin : ND_REDUCE_argmax, 0, 1,
-                      x, reduced, values, indices);
+                      x, reduced, values, indices, false);
+}
+
+nd_status ocl_reduce_sum_acc(nd_tensor *out, const nd_tensor *x, const bool *reduced) {
+    if ((x->dtype != ND_FLOAT32 && x->dtype != ND_FLOAT64) || out->dtype != x->dtype)
+        return nd_fail(ND_ERR_DTYPE, "sum: adding into an output takes float32 or float64, got %s into %s",
+                       nd_dtype_name(x->dtype), nd_dtype_name(out->dtype));
+    bool all[ND_MAX_DIMS];
+    if (!reduced) {
+        for (int d = 0; d < ND_MAX_DIMS; d++) all[d] = true;
+        reduced = all;
+    }
+    return run_reduce("sum", ND_REDUCE_sum, 0, 0, x, reduced, out, out, true);
 }

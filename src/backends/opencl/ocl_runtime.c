@@ -91,6 +91,9 @@ static void init_device(ocl_device *d, cl_platform_id p, cl_device_id id, int in
     clGetDeviceInfo(id, CL_DEVICE_TYPE, sizeof type, &type, NULL);
     in->is_gpu = (type & CL_DEVICE_TYPE_GPU) != 0;
     cl_device_fp_config fp = 0;
+    clGetDeviceInfo(id, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
+    d->fp32_rounded_div_sqrt = (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
+    fp = 0;
     clGetDeviceInfo(id, CL_DEVICE_DOUBLE_FP_CONFIG, sizeof fp, &fp, NULL);
     in->fp64 = fp != 0;
 }
@@ -231,8 +234,11 @@ nd_status ocl_launch(ocl_device *d, cl_kernel k, const char *op, int dims, const
     cl_int err = clEnqueueNDRangeKernel(d->queue, k, (cl_uint)dims, NULL, g, local, 0, NULL, NULL);
     if (err != CL_SUCCESS) return ocl_fail(err, op, "kernel launch", d);
     atomic_fetch_add(&launches, 1);
+    ocl_prepare_note_launch(d, k, (cl_uint)dims, g, local);
     return ND_OK;
 }
+
+void ocl_count_launch(void) { atomic_fetch_add(&launches, 1); }
 
 nd_status ocl_launch_1d(ocl_device *d, cl_kernel k, const char *op, int64_t n) {
     if (n <= 0) return ND_OK;
@@ -255,6 +261,7 @@ size_t ocl_max_group(ocl_device *d, cl_kernel k, size_t limit) {
 nd_status ocl_synchronize(int index) {
     ocl_device *d = ocl_device_at(index);
     if (!d) return ND_OK;
+    ocl_prepare_impure();
     cl_int err = clFinish(d->queue);
     if (err != CL_SUCCESS) return ocl_fail(err, "synchronize", "clFinish", d);
     return ND_OK;

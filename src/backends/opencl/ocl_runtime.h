@@ -35,6 +35,7 @@ typedef struct ocl_device {
     nd_opencl_info info;
     size_t max_wg;            /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
     size_t local_mem;         /* bytes of local memory per work-group */
+    bool fp32_rounded_div_sqrt; /* CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT: ocl_program.c asks for it */
     ocl_cached_program *programs;
     ocl_cached_kernel *kernels;
     /* buffer pool */
@@ -102,8 +103,11 @@ void ocl_forget_programs(ocl_device *d);
 const char *ocl_cache_dir(void);
 
 /* ---- launches ---- */
+/* clSetKernelArg, noted while a call is being prepared (ocl_prepared.c):
+ * every kernel argument goes through it. */
+cl_int ocl_set_arg(cl_kernel k, cl_uint index, size_t size, const void *value);
 /* Sets argument i to the bytes of v (the kernel's declared type). */
-#define OCL_ARG(k, i, v) clSetKernelArg((k), (i), sizeof(v), &(v))
+#define OCL_ARG(k, i, v) ocl_set_arg((k), (i), sizeof(v), &(v))
 /* Enqueues k over `global` items (rounded up to a multiple of `local`;
  * local 0 lets the driver choose). Kernels guard their own bounds. */
 nd_status ocl_launch(ocl_device *d, cl_kernel k, const char *op, int dims, const size_t *global,
@@ -115,6 +119,25 @@ nd_status ocl_launch_1d(ocl_device *d, cl_kernel k, const char *op, int64_t n);
 /* The largest power-of-two work-group size <= limit that the device and the
  * kernel allow (kernels with local arrays of `limit` elements use it). */
 size_t ocl_max_group(ocl_device *d, cl_kernel k, size_t limit);
+
+/* ---- prepared launches (ocl_prepared.c; backend.h prepare_begin) ---- */
+/* What a call does while it is being prepared: the commands it enqueues
+ * (ocl_launch notes its launches itself), or something a prepared replay
+ * could not repeat (host reads and writes, allocations, waits). */
+void ocl_prepare_note_launch(ocl_device *d, cl_kernel k, cl_uint dims, const size_t *global,
+                             const size_t *local);
+void ocl_prepare_note_fill(ocl_device *d, cl_mem dst, const void *pattern, size_t pattern_size,
+                           size_t off, size_t size);
+void ocl_prepare_note_copy(ocl_device *d, cl_mem src, cl_mem dst, size_t src_off, size_t dst_off,
+                           size_t size);
+void ocl_prepare_impure(void);
+/* Counts one kernel launch (nd.opencl.launches()). */
+void ocl_count_launch(void);
+nd_status ocl_prepare_begin(void);
+void *ocl_prepare_end(bool keep);
+bool ocl_prepared_equal(const void *a, const void *b);
+nd_status ocl_prepared_run(void *p);
+void ocl_prepared_free(void *p);
 
 /* ---- buffers (ocl_pool.c) ---- */
 nd_status ocl_alloc(int index, size_t nbytes, void **handle);

@@ -91,7 +91,7 @@ nd_status ocl_cumsum(nd_tensor *out, const nd_tensor *x, int dim) {
     }
     if (nchunks <= 1) {
         ND_TRY(ocl_kernel(d, "scan_sort", defs, "cumsum_lines", &k));
-        e = clSetKernelArg(k, 0, sizeof g, &g) | OCL_ARG(k, 1, om) | OCL_ARG(k, 2, xm);
+        e = ocl_set_arg(k, 0, sizeof g, &g) | OCL_ARG(k, 1, om) | OCL_ARG(k, 2, xm);
         if (e != CL_SUCCESS) return ocl_fail(e, "cumsum", "setting kernel arguments", d);
         return ocl_launch_1d(d, k, "cumsum", g.lines);
     }
@@ -103,9 +103,9 @@ nd_status ocl_cumsum(nd_tensor *out, const nd_tensor *x, int dim) {
     ND_TRY(ocl_kernel(d, "scan_sort", defs, "cumsum_chunks", &k));
     cl_mem sums;
     ND_TRY(scratch(d, bytes, "cumsum", &sums));
-    e = clSetKernelArg(ks, 0, sizeof g, &g) | OCL_ARG(ks, 1, chunk) | OCL_ARG(ks, 2, nc) |
+    e = ocl_set_arg(ks, 0, sizeof g, &g) | OCL_ARG(ks, 1, chunk) | OCL_ARG(ks, 2, nc) |
         OCL_ARG(ks, 3, xm) | OCL_ARG(ks, 4, sums);
-    e |= clSetKernelArg(k, 0, sizeof g, &g) | OCL_ARG(k, 1, chunk) | OCL_ARG(k, 2, nc) |
+    e |= ocl_set_arg(k, 0, sizeof g, &g) | OCL_ARG(k, 1, chunk) | OCL_ARG(k, 2, nc) |
          OCL_ARG(k, 3, om) | OCL_ARG(k, 4, xm) | OCL_ARG(k, 5, sums);
     nd_status st = e == CL_SUCCESS ? ND_OK : ocl_fail(e, "cumsum", "setting kernel arguments", d);
     if (st == ND_OK) st = ocl_launch_1d(d, ks, "cumsum", g.lines * nc);
@@ -149,7 +149,7 @@ nd_status ocl_sort(nd_tensor *values, nd_tensor *indices, const nd_tensor *x, in
     }
     cl_mem vm = ocl_mem(values), im = ocl_mem(indices), xm = ocl_mem(x);
     cl_int desc = descending != 0;
-    cl_int e = clSetKernelArg(kinit, 0, sizeof g, &g) | OCL_ARG(kinit, 1, np) |
+    cl_int e = ocl_set_arg(kinit, 0, sizeof g, &g) | OCL_ARG(kinit, 1, np) |
                OCL_ARG(kinit, 2, desc) | OCL_ARG(kinit, 3, xm) | OCL_ARG(kinit, 4, keys) |
                OCL_ARG(kinit, 5, idx);
     if (e != CL_SUCCESS) st = ocl_fail(e, "sort", "setting kernel arguments", d);
@@ -181,7 +181,7 @@ nd_status ocl_sort(nd_tensor *values, nd_tensor *indices, const nd_tensor *x, in
         }
     }
     if (st == ND_OK) {
-        e = clSetKernelArg(kgather, 0, sizeof g, &g) | OCL_ARG(kgather, 1, np) |
+        e = ocl_set_arg(kgather, 0, sizeof g, &g) | OCL_ARG(kgather, 1, np) |
             OCL_ARG(kgather, 2, vm) | OCL_ARG(kgather, 3, im) | OCL_ARG(kgather, 4, xm) |
             OCL_ARG(kgather, 5, idx);
         if (e != CL_SUCCESS) st = ocl_fail(e, "sort", "setting kernel arguments", d);

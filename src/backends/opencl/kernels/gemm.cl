@@ -29,6 +29,15 @@
  * Edges: M, N, K need not be multiples of the tiles: tile loads outside
  * the matrix read 0 and stores outside C are skipped. */
 
+/* C = A @ B, or with ACCUMULATE (nd.compile's epilogue pass) C += A @ B:
+ * one add per element after the whole product, as an add kernel after the
+ * matmul rounds it (bit for bit the two kernels' result). */
+#if defined(ACCUMULATE) && ACCUMULATE
+#define STORE_C(dst, v) ((dst) = (dst) + (v))
+#else
+#define STORE_C(dst, v) ((dst) = (v))
+#endif
+
 /* ------------------------------------------------------------- naive
  * One work-item per element of C: obviously correct, used for integer
  * dtypes, tiny products, and as the reference the autotuner checks every
@@ -47,11 +56,11 @@ __kernel void gemm_naive(long M, long N, long K, nd_geom bg,
 #if T_FLOAT
     T acc = 0;
     for (long k = 0; k < K; k++) acc += pa[k * a_sk] * pb[k * b_sk];
-    C[off[0] + m * c_sm + n * c_sn] = acc;
+    STORE_C(C[off[0] + m * c_sm + n * c_sn], acc);
 #else
     ulong acc = 0;
     for (long k = 0; k < K; k++) acc += (ulong)(long)pa[k * a_sk] * (ulong)(long)pb[k * b_sk];
-    C[off[0] + m * c_sm + n * c_sn] = (T)acc;
+    STORE_C(C[off[0] + m * c_sm + n * c_sn], (T)acc);
 #endif
 }
 
@@ -196,7 +205,7 @@ void gemm_tiled(long M, long N, long K, nd_geom bg,
 #pragma unroll
         for (int j = 0; j < WPTN; j++) {
             long n = n0 + tn + j * RTSN;
-            if (n < N) pc[m * c_sm + n * c_sn] = acc[i][j];
+            if (n < N) STORE_C(pc[m * c_sm + n * c_sn], acc[i][j]);
         }
     }
 }
@@ -309,16 +318,21 @@ void gemm_direct(long M, long N, long K, nd_geom bg,
         for (int j = 0; j < NV; j++) {
 #if VW > 1
             if (c_sn == 1 && col[j] + VW <= N) {
+#if defined(ACCUMULATE) && ACCUMULATE
+                CAT(vstore, VW)(CAT(vload, VW)(0, pc + m * c_sm + col[j]) + acc[i][j], 0,
+                                pc + m * c_sm + col[j]);
+#else
                 CAT(vstore, VW)(acc[i][j], 0, pc + m * c_sm + col[j]);
+#endif
             } else {
                 T t[VW];
                 CAT(vstore, VW)(acc[i][j], 0, t);
 #pragma unroll
                 for (int v = 0; v < VW; v++)
-                    if (col[j] + v < N) pc[m * c_sm + (col[j] + v) * c_sn] = t[v];
+                    if (col[j] + v < N) STORE_C(pc[m * c_sm + (col[j] + v) * c_sn], t[v]);
             }
 #else
-            if (col[j] < N) pc[m * c_sm + col[j] * c_sn] = acc[i][j];
+            if (col[j] < N) STORE_C(pc[m * c_sm + col[j] * c_sn], acc[i][j]);
 #endif
         }
     }
@@ -422,7 +436,7 @@ void gemm_dot(long M, long N, long K, nd_geom bg,
 #pragma unroll
         for (int j = 0; j < WPTN; j++) {
             long n = n0 + j * RTSN;
-            if (n < N) pc[m * c_sm + n * c_sn] = sum[i][j];
+            if (n < N) STORE_C(pc[m * c_sm + n * c_sn], sum[i][j]);
         }
     }
 }

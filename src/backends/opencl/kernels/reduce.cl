@@ -251,7 +251,11 @@ inline void st_store(int op, const rstate *s, const rgeom *g, int corr, int both
         break;
     default: break;
     }
+#if defined(ACCUMULATE) && ACCUMULATE /* nd.compile's epilogue pass: out += the sum */
+    outv[g->voff + o] = outv[g->voff + o] + (T)r;
+#else
     outv[g->voff + o] = (T)r;
+#endif
 #else
     switch (op) {
     case R_SUM:

@@ -1,0 +1,190 @@
+/* graph_epilogue.c - the epilogue pass of a captured graph (nd_graph_pass
+ * "epilogue"): elementwise work a GEMM can do as it stores its result.
+ *
+ * Built: accumulation. A weight used at every step of a recurrence gets one
+ * gradient GEMM per step, and autograd sums them: acc' = acc + a @ b, an
+ * add kernel (and a GEMM result written and read back) per step - in the
+ * LSTM's backward, one per time step and layer, and as many for its bias
+ * (a sum over the batch, then an add). Where the add's other operand is an
+ * accumulator nothing reads afterwards, the GEMM or the sum adds into it
+ * instead (matmul_acc: out += a @ b; reduce_sum_acc: out += sum(x); one add
+ * per element after the product or sum, so the same bits as the two
+ * kernels), and later kernels read the accumulator where they read the
+ * add's result. The add may read the product transposed (a weight's
+ * gradient): the GEMM then writes into the accumulator through the
+ * transposed view.
+ *
+ * Safe when: the add, the GEMM result and the accumulator are whole
+ * storages of one float dtype and size, the result and the accumulator seen
+ * through one view covering their storage once, the product through a
+ * permutation of its dims; the GEMM (or sum) result is made
+ * inside and read by the add alone; the accumulator is made inside, seen
+ * nowhere after the call, and nothing reads or writes it between the GEMM
+ * and the add (it now changes at the GEMM) or after the add; the GEMM's
+ * operands are not the accumulator; the add's result is made inside,
+ * written by the add alone and seen nowhere after the call; and the
+ * backend has matmul_acc (OpenCL; on the CPU the pass changes nothing).
+ *
+ * Still to come here: bias, activation and residual epilogues of GEMM and
+ * convolution. */
+#include <stdlib.h>
+#include "graph_internal.h"
+
+typedef struct {
+    int64_t *refs, *reads, *writes;
+    size_t *first, *last;
+} uses;
+
+static bool is_float(nd_dtype dt) { return dt == ND_FLOAT32 || dt == ND_FLOAT64; }
+
+/* Whether any record in (from, to) touches storage sid. */
+static bool touched_between(const nd_graph *g, size_t from, size_t to, int sid) {
+    for (size_t j = from + 1; j < to; j++)
+        for (int k = 0; k < g->recs[j].nt; k++)
+            if (g->recs[j].t[k] && g->recs[j].sid[k] == sid) return true;
+    return false;
+}
+
+/* Whether any record after `at` touches storage sid. */
+static bool touched_after(const nd_graph *g, size_t at, int sid) {
+    return touched_between(g, at, g->n, sid);
+}
+
+/* The record before `at` that last touched storage sid (SIZE_MAX: none). */
+static size_t last_toucher(const nd_graph *g, size_t at, int sid) {
+    for (size_t j = at; j-- > 0;)
+        for (int k = 0; k < g->recs[j].nt; k++)
+            if (g->recs[j].t[k] && g->recs[j].sid[k] == sid) return j;
+    return SIZE_MAX;
+}
+
+/* View v reaches every element of its storage exactly once. */
+static bool covers_once(const nd_tensor *v) {
+    size_t es = nd_dtype_size(v->dtype);
+    int64_t total = (int64_t)(v->storage->nbytes / es), n;
+    return v->offset == 0 && nd_graph_view_injective(v, total, &n) && n == total &&
+           (size_t)total * es == v->storage->nbytes && n > 0;
+}
+
+/* The add reads the GEMM's result m_out through vt, a permutation of m_out's
+ * dims (a transpose of a weight gradient); the accumulator through vx. The
+ * view of the accumulator's storage in m_out's shape that puts each product
+ * element where the add would have added it: false when vt is no permutation. */
+static bool accumulator_view(const nd_tensor *m_out, const nd_tensor *vt, const nd_tensor *vx,
+                             int64_t *strides) {
+    if (vt->offset != 0 || vt->ndim != vx->ndim) return false;
+    int matched = 0, big = 0;
+    for (int e = 0; e < vt->ndim; e++) big += vt->shape[e] > 1;
+    for (int d = 0; d < m_out->ndim; d++) {
+        strides[d] = 0;
+        if (m_out->shape[d] == 1) continue;
+        int found = -1;
+        for (int e = 0; e < vt->ndim && found < 0; e++)
+            if (vt->shape[e] == m_out->shape[d] && vt->strides[e] == m_out->strides[d]) found = e;
+        if (found < 0) return false;
+        strides[d] = vx->strides[found];
+        matched++;
+    }
+    return matched == big;
+}
+
+/* Tries p = add(o; x, t) with t from a matmul m: m becomes x += a @ b. */
+static nd_status try_accumulate(nd_graph *g, size_t p, uses *u, int *alias, bool *drop, bool *done) {
+    nd_graph_rec *add = &g->recs[p];
+    *done = false;
+    if (add->entry != ND_CALL_binary || add->i[0] != ND_BINARY_add || add->nt != 3) return ND_OK;
+    for (int k = 0; k < 3; k++)
+        if (!add->t[k] || !is_float(add->t[k]->dtype) || add->t[k]->dtype != add->t[0]->dtype ||
+            add->t[k]->storage->nbytes != add->t[0]->storage->nbytes)
+            return ND_OK;
+    int o = add->sid[0];
+    const stor_info *so = &g->stor[o];
+    if (add->role[0] != ND_ROLE_WRITE || !add->full[0] || !covers_once(add->t[0]) || !so->internal ||
+        u->writes[o] != 1 || nd_graph_live_out(g, (size_t)o, u->refs))
+        return ND_OK;
+    for (int q = 1; q <= 2; q++) {
+        const nd_tensor *vt = add->t[q], *vx = add->t[3 - q];
+        int ts = add->sid[q], xs = add->sid[3 - q];
+        if (ts == xs || ts == o || xs == o || add->role[q] != ND_ROLE_READ || add->role[3 - q] != ND_ROLE_READ)
+            continue;
+        /* the add's result lives where the accumulator's elements are: its readers read those */
+        if (!nd_graph_same_view(vx, add->t[0])) continue;
+        size_t m = last_toucher(g, p, ts);
+        if (m == SIZE_MAX) continue;
+        nd_graph_rec *mm = &g->recs[m];
+        bool gemm = mm->entry == ND_CALL_matmul && mm->be && mm->be->matmul_acc && mm->nt == 3;
+        bool sum = mm->entry == ND_CALL_reduce && mm->i[0] == ND_REDUCE_sum && mm->be &&
+                   mm->be->reduce_sum_acc && mm->nt == 2 && mm->t[1] && mm->t[1]->dtype == add->t[0]->dtype;
+        if ((!gemm && !sum) || mm->sid[0] != ts || mm->role[0] != ND_ROLE_WRITE || !mm->full[0] ||
+            !nd_graph_whole(mm->t[0]) || mm->t[0]->dtype != add->t[0]->dtype)
+            continue;
+        int64_t strides[ND_MAX_DIMS];
+        if (!accumulator_view(mm->t[0], vt, vx, strides)) continue;
+        /* the product: made inside, read by the add alone */
+        if (!g->stor[ts].internal || u->reads[ts] != 1 || nd_graph_live_out(g, (size_t)ts, u->refs)) continue;
+        /* the accumulator: made inside, not seen after, untouched from the GEMM on */
+        const stor_info *sx = &g->stor[xs];
+        bool reads_acc = false; /* the GEMM's operands, the sum's input */
+        for (int k = 1; k < mm->nt; k++) reads_acc |= mm->t[k] && mm->sid[k] == xs;
+        if (!sx->internal || nd_graph_live_out(g, (size_t)xs, u->refs) || reads_acc ||
+            touched_between(g, m, p, xs) || touched_after(g, p, xs))
+            continue;
+        nd_tensor *acc;
+        ND_TRY(nd_tensor_view_of(vx, mm->t[0]->shape, strides, mm->t[0]->ndim, vx->offset, &acc));
+        nd_release(mm->t[0]);
+        mm->t[0] = acc;
+        u->refs[ts]--; /* the storage references records hold (nd_graph_live_out counts them) */
+        u->refs[xs]++;
+        mm->entry = gemm ? ND_CALL_matmul_acc : ND_CALL_reduce_sum_acc;
+        mm->role[0] = ND_ROLE_UPDATE;
+        mm->sid[0] = xs;
+        mm->full[0] = false;
+        alias[o] = xs;
+        drop[p] = true;
+        *done = true;
+        return ND_OK;
+    }
+    return ND_OK;
+}
+
+nd_status nd_graph_pass_epilogue(nd_graph *g, int64_t *changed) {
+    size_t ns = g->nstor, n = g->n;
+    uses u = {malloc((ns + 1) * sizeof *u.refs), calloc(ns + 1, sizeof *u.reads),
+              calloc(ns + 1, sizeof *u.writes), malloc((ns + 1) * sizeof *u.first),
+              malloc((ns + 1) * sizeof *u.last)};
+    int *alias = malloc((ns + 1) * sizeof *alias);
+    bool *drop = calloc(n + 1, 1);
+    nd_status st = ND_OK;
+    if (!u.refs || !u.reads || !u.writes || !u.first || !u.last || !alias || !drop) {
+        st = nd_fail(ND_ERR_MEMORY, "compile: out of memory in the epilogue pass");
+        goto done;
+    }
+    nd_graph_uses(g, u.refs, u.first, u.last);
+    for (size_t i = 0; i < n; i++) {
+        const nd_graph_rec *r = &g->recs[i];
+        for (int k = 0; k < r->nt; k++) {
+            if (!r->t[k]) continue;
+            if (r->role[k] & ND_ROLE_READ) u.reads[r->sid[k]]++;
+            if (r->role[k] & ND_ROLE_WRITE) u.writes[r->sid[k]]++;
+        }
+    }
+    for (size_t k = 0; k < ns; k++) alias[k] = (int)k;
+    for (size_t i = 0; i < n && st == ND_OK; i++) {
+        /* reads of an add's result that went read its accumulator (before the
+         * tests: a chain's next add finds the accumulator as its operand) */
+        const nd_graph_rec *r = &g->recs[i];
+        for (int k = 0; k < r->nt; k++)
+            if (r->t[k] && alias[r->sid[k]] != r->sid[k]) {
+                u.refs[r->sid[k]]--;
+                u.refs[alias[r->sid[k]]]++;
+            }
+        nd_graph_redirect_reads(g, &g->recs[i], alias);
+        bool done;
+        st = try_accumulate(g, i, &u, alias, drop, &done);
+        if (done) (*changed)++;
+    }
+    nd_graph_compact(g, drop);
+done:
+    free(u.refs); free(u.reads); free(u.writes); free(u.first); free(u.last); free(alias); free(drop);
+    return st;
+}

@@ -1,0 +1,72 @@
+/* graph_reorder.c - the reorder pass of a captured graph (nd_graph_pass
+ * "reorder"): moves elementwise records up, next to an earlier elementwise
+ * record of the same shape, device and dtype, so that the fuse pass (which
+ * fuses consecutive records only) finds longer runs.
+ *
+ * The order autograd runs kernels in is not the only one that computes the
+ * same values: in the LSTM's backward each time step adds its output's
+ * gradient to the recurrent one, then accumulates the weight and bias
+ * gradients (other shapes), then starts the gate gradients - the add and
+ * the gate arithmetic are one kernel's worth of work split by two
+ * unrelated adds. A record may move above records it shares no storage
+ * with, or only reads along with them: then every read still sees the
+ * version it saw before (no read moves across a write of its storage, no
+ * write across a read or write of its storage). It never moves across
+ * records that talk to the host (checks, reads, writes) or draw random
+ * numbers, and looks back at most WINDOW records. */
+#include <string.h>
+#include "graph_internal.h"
+
+#define WINDOW 24
+
+static bool barrier(const nd_graph_rec *r) {
+    return r->entry == ND_CALL_host_check || r->entry == ND_CALL_read || r->entry == ND_CALL_write ||
+           r->entry == ND_CALL_random;
+}
+
+/* Whether a and b touch a storage that one of them writes. */
+static bool conflict(const nd_graph_rec *a, const nd_graph_rec *b) {
+    if (barrier(a) || barrier(b)) return true;
+    for (int i = 0; i < a->nt; i++) {
+        if (!a->t[i]) continue;
+        for (int j = 0; j < b->nt; j++) {
+            if (!b->t[j] || a->sid[i] != b->sid[j]) continue;
+            if ((a->role[i] & ND_ROLE_WRITE) || (b->role[j] & ND_ROLE_WRITE)) return true;
+        }
+    }
+    return false;
+}
+
+static bool same_shape(const nd_tensor *a, const nd_tensor *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+/* Whether the fuse pass could put a and b (both fusable) in one run. */
+static bool joinable(const nd_graph_rec *a, nd_dtype da, const nd_graph_rec *b, nd_dtype db) {
+    return da == db && a->be == b->be &&
+           a->t[0]->storage->device_index == b->t[0]->storage->device_index &&
+           same_shape(a->t[0], b->t[0]);
+}
+
+nd_status nd_graph_pass_reorder(nd_graph *g, int64_t *changed) {
+    for (size_t j = 1; j < g->n; j++) {
+        nd_dtype dx, dp;
+        nd_graph_rec *x = &g->recs[j];
+        if (!nd_graph_fusable(x, &dx)) continue;
+        if (nd_graph_fusable(&g->recs[j - 1], &dp) && joinable(&g->recs[j - 1], dp, x, dx)) continue;
+        size_t lo = j > WINDOW ? j - WINDOW : 0;
+        for (size_t q = j - 1; q > lo; q--) { /* x would go to q, above records q .. j-1 */
+            if (conflict(&g->recs[q], x)) break;
+            if (!nd_graph_fusable(&g->recs[q - 1], &dp) || !joinable(&g->recs[q - 1], dp, x, dx)) continue;
+            nd_graph_rec moved = *x;
+            memmove(&g->recs[q + 1], &g->recs[q], (j - q) * sizeof *g->recs);
+            g->recs[q] = moved;
+            (*changed)++;
+            break;
+        }
+    }
+    return ND_OK;
+}
