@@ -821,6 +821,56 @@ describe("nd.compile on OpenCL: launches", function()
 end)
 
 describe("nd.compile memory", function()
+  for _, device in ipairs(DEVICES) do
+    it("writes an elementwise kernel's result over its input where the input dies there, on " .. device, function()
+      nd.manual_seed(4)
+      local w, b = nd.randn(6, 40):to(device), nd.randn(40):to(device)
+      local f = function(x) return ((x:matmul(w) + b):tanh() * 3):sum(2) end
+      local cf = nd.compile(f, {passes = {"dce"}}) -- unfused: each kernel its own record
+      for i = 1, 4 do
+        local x = nd.randn(8, 6):to(device) * i
+        assert.are.equal(0, max_abs(cf(x), f(x)))
+      end
+      local keys = {}
+      for _, r in ipairs(cf.last.graph:records()) do
+        if r.entry ~= "reduce" then keys[#keys + 1] = r.args[1].key end
+      end
+      -- the product, the bias add, the tanh and the multiply: one buffer
+      assert.are.equal(4, #keys)
+      for i = 2, 4 do assert.are.equal(keys[1], keys[i]) end
+    end)
+
+    it("puts the logits' gradient over the logits, which die at cross_entropy's backward, on " .. device, function()
+      local function run(compiled)
+        nd.manual_seed(9)
+        local m = nn.Sequential(nn.Linear(8, 50), nn.Tanh(), nn.Linear(50, 40)):to(device)
+        local opt = nd.optim.SGD(m:parameters(), {lr = 0.5})
+        local step = function(x, y)
+          opt:zero_grad()
+          local loss = nd.F.cross_entropy(m(x), y)
+          loss:backward()
+          opt:step()
+          return loss
+        end
+        local f = compiled and nd.compile(step) or step
+        local losses = {}
+        for i = 1, 5 do
+          nd.manual_seed(70 + i)
+          losses[i] = f(nd.randn(16, 8):to(device), nd.randint(1, 40, {16}):to(device)):item()
+        end
+        return f, m:parameters(), losses
+      end
+      local cf, pc, lc = run(true)
+      local _, pe, le = run(false)
+      for i = 1, 5 do assert.are.equal(le[i], lc[i]) end
+      for i, p in ipairs(pe) do assert.are.equal(0, max_abs(pc[i], p)) end -- bit for bit
+      local ce
+      for _, r in ipairs(cf.last.graph:records()) do if r.entry == "cross_entropy_backward" then ce = r end end
+      assert.is_not_nil(ce)
+      assert.are.equal(ce.args[2].key, ce.args[1].key) -- one buffer: the gradient over the logits
+    end)
+  end
+
   it("the plan shares buffers between intermediates that do not live at once", function()
     local f = function(x)
       local y = x

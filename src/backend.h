@@ -185,7 +185,10 @@ typedef struct nd_backend {
      * momentum) contiguous, one float dtype, one shape. */
     nd_status (*sgd_step)(nd_tensor *p, const nd_tensor *grad, nd_tensor *buf,
                           const nd_sgd_hyper *h, bool first);
-    /* dlogits = (softmax(logits) - target) * wrow[row]; labels 0-based. */
+    /* dlogits = (softmax(logits) - target) * wrow[row]; labels 0-based.
+     * dlogits may be logits itself (the same view: nd.compile's memory plan
+     * puts the gradient over the logits when they die there), so each
+     * element of a row is read before it is written, by whoever writes it. */
     nd_status (*cross_entropy_backward)(nd_tensor *dlogits, const nd_tensor *logits,
                                         const nd_tensor *labels, const nd_tensor *wrow,
                                         int64_t ignore, double smoothing);

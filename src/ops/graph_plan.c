@@ -98,6 +98,38 @@ static nd_status insert_zero_fills(nd_graph *g, const size_t *first, const int *
     return ND_OK;
 }
 
+/* Record i may write storage out_sid over storage in_sid, which dies there:
+ * its kernel reads each input element before writing the output element in
+ * the same place, and no other. True of cross_entropy_backward (the
+ * gradient over the logits; backend.h) and of the single elementwise
+ * kernels when output and input are the same view; not of the CPU's fused
+ * runs, whose executor may store a tile before a later step reads it. Then
+ * the two share a buffer although both are live at record i. */
+static bool in_place_ok(const nd_graph *g, size_t i, int in_sid, int out_sid) {
+    const nd_graph_rec *r = &g->recs[i];
+    switch (r->entry) {
+    case ND_CALL_cross_entropy_backward: case ND_CALL_unary: case ND_CALL_binary:
+    case ND_CALL_binary_scalar: case ND_CALL_clamp: /* (not copy: OpenCL refuses overlapping copies) */
+        break;
+    case ND_CALL_fused_elementwise: /* OpenCL's kernel loads every input before its stores */
+        if (r->be && r->be->prepare_begin) break;
+        return false;
+    default:
+        return false;
+    }
+    if (r->nt < 2 || !r->t[0] || r->sid[0] != out_sid || !(r->role[0] & ND_ROLE_WRITE) ||
+        g->stor[in_sid].nbytes != g->stor[out_sid].nbytes)
+        return false;
+    int slot = -1;
+    for (int k = 1; k < r->nt; k++) {
+        if (!r->t[k] || (r->sid[k] != in_sid && r->sid[k] != out_sid)) continue;
+        if (r->sid[k] == out_sid || slot >= 0) return false; /* read twice, or the output read */
+        slot = k;
+    }
+    if (slot < 0 || (r->entry == ND_CALL_cross_entropy_backward && slot != 1)) return false;
+    return nd_graph_same_view(r->t[0], r->t[slot]);
+}
+
 /* Storages made inside the capture, produced by a kernel and held by
  * nothing but the graph's records (no Lua tensor, gradient or output) live
  * from their first to their last record: storages whose lives do not
@@ -133,20 +165,66 @@ nd_status nd_graph_plan(nd_graph *g) {
         else if (in->internal)
             g->fixed_bytes += (int64_t)in->s->nbytes;
     }
-    /* the least any plan could do: the most bytes live at one record */
+    /* the least any plan could do: the most bytes live at one record (an
+     * input that an in-place kernel overwrites counts as gone there) */
     {
         int64_t *delta = calloc(g->n + 1, sizeof *delta), live = 0;
-        if (delta) {
+        bool *planned = calloc(ns + 1, 1);
+        if (delta && planned) {
+            for (int a = 0; a < n; a++) planned[order[a]] = true;
             for (int a = 0; a < n; a++) {
-                delta[first[order[a]]] += (int64_t)g->stor[order[a]].nbytes;
-                delta[last[order[a]] + 1] -= (int64_t)g->stor[order[a]].nbytes;
+                int k = order[a];
+                size_t end = last[k] + 1;
+                const nd_graph_rec *r = &g->recs[last[k]];
+                if (r->nt > 1 && r->t[0] && planned[r->sid[0]] && first[r->sid[0]] == last[k] &&
+                    in_place_ok(g, last[k], k, r->sid[0]))
+                    end = last[k];
+                delta[first[k]] += (int64_t)g->stor[k].nbytes;
+                delta[end] -= (int64_t)g->stor[k].nbytes;
             }
             for (size_t i = 0; i <= g->n; i++) {
                 live += delta[i];
                 if (live > g->bound_bytes) g->bound_bytes = live;
             }
-            free(delta);
         }
+        free(delta);
+        free(planned);
+    }
+    /* An in-place pair (the gradient written over the logits that die at
+     * that kernel) goes into one buffer: the second joins the first, which
+     * then lives until the second's last use. */
+    int *joins = malloc((ns + 1) * sizeof *joins);
+    size_t *until = malloc((ns + 1) * sizeof *until);
+    if (!joins || !until) {
+        free(joins);
+        free(until);
+        st = nd_fail(ND_ERR_MEMORY, "compile: out of memory planning the graph's memory");
+        goto done;
+    }
+    for (size_t k = 0; k < ns; k++) {
+        joins[k] = -1;
+        until[k] = last[k];
+    }
+    {
+        bool *planned = calloc(ns + 1, 1);
+        for (int a = 0; planned && a < n; a++) planned[order[a]] = true;
+        for (size_t i = 0; planned && i < g->n; i++) {
+            const nd_graph_rec *r = &g->recs[i];
+            if (r->nt < 2 || !r->t[0]) continue;
+            int out = r->sid[0];
+            if (!planned[out] || first[out] != i || joins[out] >= 0) continue;
+            for (int j = 1; j < r->nt; j++) {
+                if (!r->t[j]) continue;
+                int src = r->sid[j];
+                if (src == out || !planned[src] || last[src] != i || !in_place_ok(g, i, src, out)) continue;
+                int root = src; /* a chain (a GEMM's result, its bias added, an activation) shares one */
+                while (joins[root] >= 0) root = joins[root];
+                joins[out] = root;
+                if (last[out] > until[root]) until[root] = last[out];
+                break;
+            }
+        }
+        free(planned);
     }
     /* Greedy by size: the largest storages first, each into the smallest
      * buffer (every earlier one is at least as large) none of whose
@@ -154,8 +232,9 @@ nd_status nd_graph_plan(nd_graph *g) {
     qsort_ctx = g;
     qsort(order, (size_t)n, sizeof *order, by_size_desc);
     for (int a = 0; a < n; a++) {
+        if (joins[order[a]] >= 0) continue; /* placed with the storage it overwrites */
         stor_info *in = &g->stor[order[a]];
-        size_t need = in->s->nbytes, f = first[order[a]], l = last[order[a]];
+        size_t need = in->s->nbytes, f = first[order[a]], l = until[order[a]];
         int best = -1;
         for (int b = 0; b < nb; b++) {
             plan_buffer *pb = &bufs[b];
@@ -177,7 +256,12 @@ nd_status nd_graph_plan(nd_graph *g) {
         if (pb->nlive == pb->caplive) {
             size_t cap = pb->caplive ? pb->caplive * 2 : 8;
             void *lv = realloc(pb->live, cap * sizeof *pb->live);
-            if (!lv) { st = nd_fail(ND_ERR_MEMORY, "compile: out of memory planning the graph's memory"); goto done; }
+            if (!lv) {
+                free(joins);
+                free(until);
+                st = nd_fail(ND_ERR_MEMORY, "compile: out of memory planning the graph's memory");
+                goto done;
+            }
             pb->live = lv;
             pb->caplive = cap;
         }
@@ -186,6 +270,10 @@ nd_status nd_graph_plan(nd_graph *g) {
         pb->nlive++;
         buf_of[order[a]] = best;
     }
+    for (size_t k = 0; k < ns; k++)
+        if (joins[k] >= 0) buf_of[k] = buf_of[joins[k]];
+    free(joins);
+    free(until);
     for (size_t k = 0; k < ns && st == ND_OK; k++)
         if (g->stor[k].dropped && buf_of[k] < 0 && first[k] != SIZE_MAX)
             st = nd_fail(ND_ERR_INTERNAL, "compile: storage %zu gave its memory back but has no place "
