@@ -216,6 +216,26 @@ describe("pass epilogue", function()
     end)
   end
 
+  it("keeps a transposed sum's add, and an empty product's (its add of zeros turns -0 into +0)", function()
+    local dev = D.available and D.opencl()[1]
+    if not dev then return end
+    local cases = {
+      {function(w, x) return (w * 1.5 + x:sum(1):t()) * 2 end, {nd.randn(4, 3), nd.randn(6, 3, 4)}},
+      {function(w, a, b) return ((w * 0) * -1 + a:matmul(b)) * 1 end, {nd.ones(3, 4), nd.randn(3, 0), nd.randn(0, 4)}},
+    }
+    for k, case in ipairs(cases) do
+      local args = {}
+      for i, t in ipairs(case[2]) do args[i] = t:to(dev) end
+      local cf = compiled(case[1], {"epilogue"}, table.unpack(args))
+      assert.are.equal(0, removed(cf, "epilogue"), "case " .. k)
+      for _ = 1, 2 do
+        local got, want = cf(table.unpack(args)), case[1](table.unpack(args))
+        assert.are.equal(0, max_abs(got, want), "case " .. k)
+        assert.are.equal((1 / want):sum():item(), (1 / got):sum():item(), "case " .. k .. ": signed zeros")
+      end
+    end
+  end)
+
   it("keeps the add where the accumulator is read after it, or Lua holds it", function()
     local dev = D.available and D.opencl()[1]
     if not dev then return end
@@ -234,6 +254,14 @@ describe("pass epilogue", function()
         return (acc + d:matmul(c)) * 2
       end},
       {0, function(b, c, d) local acc = b:matmul(c) * 1.5; return acc + d:matmul(c) end}, -- the sum is the output
+      -- a chain whose first sum is read after the second add: only the first add goes
+      -- (found by review: the second GEMM added into the partial sum still to be read)
+      {1, function(b, c, d)
+        local h = b:matmul(c) * 1.5
+        local s1 = h + d:matmul(c)
+        local s2 = s1 + (b * 2):matmul(c)
+        return s2 * s1
+      end},
     }
     for k, case in ipairs(cases) do
       local cf = compiled(case[2], {"epilogue"}, b, c, d)

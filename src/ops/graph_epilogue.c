@@ -12,18 +12,22 @@
  * kernels), and later kernels read the accumulator where they read the
  * add's result. The add may read the product transposed (a weight's
  * gradient): the GEMM then writes into the accumulator through the
- * transposed view.
+ * transposed view (a sum writes row-major only: its add must read it so).
  *
  * Safe when: the add, the GEMM result and the accumulator are whole
  * storages of one float dtype and size, the result and the accumulator seen
  * through one view covering their storage once, the product through a
  * permutation of its dims; the GEMM (or sum) result is made
- * inside and read by the add alone; the accumulator is made inside, seen
- * nowhere after the call, and nothing reads or writes it between the GEMM
+ * inside and read by the add alone; the accumulator is made by a record of
+ * the graph, seen nowhere after the call, and nothing reads or writes it -
+ * nor the result of an earlier add that now lives in it - between the GEMM
  * and the add (it now changes at the GEMM) or after the add; the GEMM's
  * operands are not the accumulator; the add's result is made inside,
  * written by the add alone and seen nowhere after the call; and the
  * backend has matmul_acc (OpenCL; on the CPU the pass changes nothing).
+ * An empty product (K = 0) stays: eager's add of its zeros turns -0 into +0.
+ * (A driver that refuses the accumulating GEMM variant gets the plain GEMM
+ * into a temporary and an add: ocl_matmul.c.)
  *
  * Still to come here: bias, activation and residual epilogues of GEMM and
  * convolution. */
@@ -37,17 +41,19 @@ typedef struct {
 
 static bool is_float(nd_dtype dt) { return dt == ND_FLOAT32 || dt == ND_FLOAT64; }
 
-/* Whether any record in (from, to) touches storage sid. */
-static bool touched_between(const nd_graph *g, size_t from, size_t to, int sid) {
+/* Whether any record in (from, to) touches storage sid, or a storage whose
+ * readers will read sid (alias: the results of adds removed so far, which
+ * records not yet visited still name). */
+static bool touched_between(const nd_graph *g, size_t from, size_t to, int sid, const int *alias) {
     for (size_t j = from + 1; j < to; j++)
         for (int k = 0; k < g->recs[j].nt; k++)
-            if (g->recs[j].t[k] && g->recs[j].sid[k] == sid) return true;
+            if (g->recs[j].t[k] && (g->recs[j].sid[k] == sid || alias[g->recs[j].sid[k]] == sid)) return true;
     return false;
 }
 
-/* Whether any record after `at` touches storage sid. */
-static bool touched_after(const nd_graph *g, size_t at, int sid) {
-    return touched_between(g, at, g->n, sid);
+/* Whether any record after `at` touches storage sid (or reads it through alias). */
+static bool touched_after(const nd_graph *g, size_t at, int sid, const int *alias) {
+    return touched_between(g, at, g->n, sid, alias);
 }
 
 /* The record before `at` that last touched storage sid (SIZE_MAX: none). */
@@ -120,14 +126,23 @@ static nd_status try_accumulate(nd_graph *g, size_t p, uses *u, int *alias, bool
             continue;
         int64_t strides[ND_MAX_DIMS];
         if (!accumulator_view(mm->t[0], vt, vx, strides)) continue;
+        if (sum) { /* reduce_sum_acc writes its output in row-major order: no transposes */
+            bool same = true;
+            for (int d = 0; d < mm->t[0]->ndim; d++)
+                same = same && (mm->t[0]->shape[d] == 1 || strides[d] == mm->t[0]->strides[d]);
+            if (!same) continue;
+        }
+        if (gemm && mm->t[1]->ndim > 0 && mm->t[1]->shape[mm->t[1]->ndim - 1] == 0)
+            continue; /* K = 0: no product to add (eager's add of zeros still turns -0 into +0) */
         /* the product: made inside, read by the add alone */
         if (!g->stor[ts].internal || u->reads[ts] != 1 || nd_graph_live_out(g, (size_t)ts, u->refs)) continue;
         /* the accumulator: made inside, not seen after, untouched from the GEMM on */
         const stor_info *sx = &g->stor[xs];
         bool reads_acc = false; /* the GEMM's operands, the sum's input */
         for (int k = 1; k < mm->nt; k++) reads_acc |= mm->t[k] && mm->sid[k] == xs;
-        if (!sx->internal || nd_graph_live_out(g, (size_t)xs, u->refs) || reads_acc ||
-            touched_between(g, m, p, xs) || touched_after(g, p, xs))
+        /* made by a record of the graph (so each replay makes it anew before the GEMM adds into it) */
+        if (!sx->internal || !sx->seen_write || !initial_unseen(sx) || nd_graph_live_out(g, (size_t)xs, u->refs) ||
+            reads_acc || touched_between(g, m, p, xs, alias) || touched_after(g, p, xs, alias))
             continue;
         nd_tensor *acc;
         ND_TRY(nd_tensor_view_of(vx, mm->t[0]->shape, strides, mm->t[0]->ndim, vx->offset, &acc));

@@ -117,7 +117,7 @@ static bool in_place_ok(const nd_graph *g, size_t i, int in_sid, int out_sid) {
     default:
         return false;
     }
-    if (r->nt < 2 || !r->t[0] || r->sid[0] != out_sid || !(r->role[0] & ND_ROLE_WRITE) ||
+    if (r->nt < 2 || !r->t[0] || r->sid[0] != out_sid || r->role[0] != ND_ROLE_WRITE || !r->full[0] ||
         g->stor[in_sid].nbytes != g->stor[out_sid].nbytes)
         return false;
     int slot = -1;

@@ -250,7 +250,10 @@ static nd_status matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b, 
     int n = out->ndim;
     int64_t M = out->shape[n - 2], N = out->shape[n - 1], K = a->shape[n - 1];
     if (K == 0) {
-        if (accumulate) return ND_OK; /* out += 0 */
+        if (accumulate) { /* out += 0, as an add of zeros would (-0 becomes +0) */
+            const uint64_t zero = 0;
+            return ocl_binary_scalar(ND_BINARY_add, out, out, &zero, false);
+        }
         const uint64_t zero = 0; /* every dtype's 0 is all-zero bytes */
         return ocl_fill(out, &zero);
     }
@@ -261,6 +264,18 @@ static nd_status matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b, 
     if (fl) c = ocl_gemm_config(d, cls, group, dt);
     c.accumulate = accumulate;
     nd_status st = ocl_gemm_run(d, &c, out, a, b);
+    if (st != ND_OK && accumulate && c.kind != OCL_GEMM_NAIVE && st != ND_ERR_MEMORY) {
+        /* The driver refused the accumulating variant of the configuration
+         * (registers): the plain product into a temporary, then an add - the
+         * same kernels and bits as without the epilogue pass. */
+        nd_tensor *t;
+        nd_device dv = {ND_DEVICE_OPENCL, d->index};
+        ND_TRY(nd_empty_on(dv, out->shape, out->ndim, out->dtype, &t));
+        st = matmul(t, a, b, false);
+        if (st == ND_OK) st = ocl_binary(ND_BINARY_add, out, out, t);
+        nd_release(t);
+        return st;
+    }
     if (st != ND_OK && c.kind != OCL_GEMM_NAIVE && st != ND_ERR_MEMORY) {
         /* The device's compiler or launcher refused this configuration:
          * use the naive kernel for the class from now on, and say so once
