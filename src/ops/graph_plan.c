@@ -25,14 +25,27 @@ void nd_graph_uses(const nd_graph *g, int64_t *refs, size_t *first, size_t *last
 }
 
 
+/* One arena per device: each planned storage gets an offset in it. */
 typedef struct {
     nd_device_type device;
     int device_index;
     size_t nbytes;
-    struct { size_t first, last; } *live; /* its occupants' lives (record indices) */
-    size_t nlive, caplive;
     nd_storage *s;
 } plan_buffer;
+
+/* A storage placed in an arena: its bytes [off, off + size) during records
+ * first .. last. */
+typedef struct {
+    size_t first, last, off, size;
+    int arena;
+} placed;
+
+#define PLAN_ALIGN 64 /* bytes: a cache line; every dtype's size divides it */
+
+static int by_offset(const void *a, const void *b) {
+    size_t x = ((const placed *)a)->off, y = ((const placed *)b)->off;
+    return x < y ? -1 : x > y;
+}
 
 static _Thread_local const nd_graph *qsort_ctx; /* the graph whose storages by_size_desc compares */
 
@@ -50,7 +63,7 @@ static nd_dtype dtype_of_size(size_t es) {
  * part) shares its buffer: a fill record before its first use puts the
  * zeros back on every replay, as the eager call's zeros() did. */
 static nd_status insert_zero_fills(nd_graph *g, const size_t *first, const int *buf_of,
-                                   const plan_buffer *bufs) {
+                                   const size_t *off_of, const plan_buffer *bufs) {
     size_t extra = 0;
     for (size_t k = 0; k < g->nstor; k++) extra += buf_of[k] >= 0 && g->stor[k].zero_init;
     if (!extra) return ND_OK;
@@ -76,7 +89,8 @@ static nd_status insert_zero_fills(nd_graph *g, const size_t *first, const int *
         r->sid[0] = in->id;
         nd_dtype dt = dtype_of_size(in->es ? in->es : 1);
         int64_t numel = (int64_t)(in->nbytes / nd_dtype_size(dt)), stride = 1;
-        st = nd_tensor_wrap(bufs[buf_of[k]].s, dt, &numel, &stride, 1, 0, &r->t[0]);
+        st = nd_tensor_wrap(bufs[buf_of[k]].s, dt, &numel, &stride, 1,
+                            (int64_t)(off_of[k] / nd_dtype_size(dt)), &r->t[0]);
     }
     if (st != ND_OK) { /* nothing has changed yet */
         for (size_t z = 0; z < m; z++) nd_release(fills[z].t[0]);
@@ -143,10 +157,11 @@ nd_status nd_graph_plan(nd_graph *g) {
     int64_t *refs = calloc(ns + 1, sizeof *refs);
     size_t *first = malloc((ns + 1) * sizeof *first), *last = calloc(ns + 1, sizeof *last);
     int *order = malloc((ns + 1) * sizeof *order), *buf_of = malloc((ns + 1) * sizeof *buf_of);
+    size_t *off_of = calloc(ns + 1, sizeof *off_of); /* bytes into its arena */
     plan_buffer *bufs = calloc(ns + 1, sizeof *bufs);
     nd_status st = ND_OK;
     int nb = 0;
-    if (!refs || !first || !last || !order || !buf_of || !bufs) {
+    if (!refs || !first || !last || !order || !buf_of || !off_of || !bufs) {
         st = nd_fail(ND_ERR_MEMORY, "compile: out of memory planning the graph's memory");
         goto done;
     }
@@ -226,52 +241,55 @@ nd_status nd_graph_plan(nd_graph *g) {
         }
         free(planned);
     }
-    /* Greedy by size: the largest storages first, each into the smallest
-     * buffer (every earlier one is at least as large) none of whose
-     * occupants lives at the same time, else into a new buffer of its size. */
+    /* Greedy by size into one arena per device: the largest storages first,
+     * each at the lowest offset (aligned) where no storage placed before it
+     * that lives at the same time has bytes. */
     qsort_ctx = g;
     qsort(order, (size_t)n, sizeof *order, by_size_desc);
-    for (int a = 0; a < n; a++) {
-        if (joins[order[a]] >= 0) continue; /* placed with the storage it overwrites */
-        stor_info *in = &g->stor[order[a]];
-        size_t need = in->s->nbytes, f = first[order[a]], l = until[order[a]];
-        int best = -1;
-        for (int b = 0; b < nb; b++) {
-            plan_buffer *pb = &bufs[b];
-            if (pb->device != in->s->device || pb->device_index != in->s->device_index ||
-                (best >= 0 && pb->nbytes >= bufs[best].nbytes))
-                continue;
-            bool clash = false;
-            for (size_t v = 0; v < pb->nlive && !clash; v++)
-                clash = pb->live[v].first <= l && f <= pb->live[v].last;
-            if (!clash) best = b;
-        }
-        if (best < 0) {
-            best = nb++;
-            bufs[best].device = in->s->device;
-            bufs[best].device_index = in->s->device_index;
-            bufs[best].nbytes = need;
-        }
-        plan_buffer *pb = &bufs[best];
-        if (pb->nlive == pb->caplive) {
-            size_t cap = pb->caplive ? pb->caplive * 2 : 8;
-            void *lv = realloc(pb->live, cap * sizeof *pb->live);
-            if (!lv) {
-                free(joins);
-                free(until);
-                st = nd_fail(ND_ERR_MEMORY, "compile: out of memory planning the graph's memory");
-                goto done;
-            }
-            pb->live = lv;
-            pb->caplive = cap;
-        }
-        pb->live[pb->nlive].first = f;
-        pb->live[pb->nlive].last = l;
-        pb->nlive++;
-        buf_of[order[a]] = best;
+    placed *pl = malloc((size_t)(n + 1) * sizeof *pl), *near = malloc((size_t)(n + 1) * sizeof *near);
+    if (!pl || !near) {
+        free(pl); free(near); free(joins); free(until);
+        st = nd_fail(ND_ERR_MEMORY, "compile: out of memory planning the graph's memory");
+        goto done;
     }
+    int npl = 0;
+    for (int a = 0; a < n; a++) {
+        int k = order[a];
+        if (joins[k] >= 0) continue; /* placed with the storage it overwrites */
+        const nd_storage *sk = g->stor[k].s;
+        size_t need = sk->nbytes, f = first[k], l = until[k];
+        int ar = -1;
+        for (int b = 0; b < nb && ar < 0; b++)
+            if (bufs[b].device == sk->device && bufs[b].device_index == sk->device_index) ar = b;
+        if (ar < 0) {
+            ar = nb++;
+            bufs[ar].device = sk->device;
+            bufs[ar].device_index = sk->device_index;
+            bufs[ar].nbytes = 0;
+        }
+        int nn = 0; /* the placed storages of that arena alive at the same time */
+        for (int q = 0; q < npl; q++)
+            if (pl[q].arena == ar && pl[q].first <= l && f <= pl[q].last) near[nn++] = pl[q];
+        qsort(near, (size_t)nn, sizeof *near, by_offset);
+        size_t off = 0;
+        for (int q = 0; q < nn; q++) {
+            if (off + need <= near[q].off) break; /* the gap before it holds this one */
+            size_t end = near[q].off + near[q].size;
+            end = (end + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+            if (end > off) off = end;
+        }
+        pl[npl++] = (placed){f, l, off, need, ar};
+        if (off + need > bufs[ar].nbytes) bufs[ar].nbytes = off + need;
+        buf_of[k] = ar;
+        off_of[k] = off;
+    }
+    free(pl);
+    free(near);
     for (size_t k = 0; k < ns; k++)
-        if (joins[k] >= 0) buf_of[k] = buf_of[joins[k]];
+        if (joins[k] >= 0) {
+            buf_of[k] = buf_of[joins[k]];
+            off_of[k] = off_of[joins[k]];
+        }
     free(joins);
     free(until);
     for (size_t k = 0; k < ns && st == ND_OK; k++)
@@ -285,16 +303,19 @@ nd_status nd_graph_plan(nd_graph *g) {
     if (st != ND_OK) goto done;
     /* the zero fills first (a failure there leaves the graph as it was), then
      * every record's tensors onto the buffers */
-    st = insert_zero_fills(g, first, buf_of, bufs);
+    st = insert_zero_fills(g, first, buf_of, off_of, bufs);
     if (st != ND_OK) goto done;
     for (size_t i = 0; i < g->n; i++) {
         nd_graph_rec *r = &g->recs[i];
         for (int k = 0; k < r->nt; k++) {
             if (!r->t[k] || buf_of[r->sid[k]] < 0) continue;
+            if (r->t[k]->storage == bufs[buf_of[r->sid[k]]].s)
+                continue; /* a zero fill insert_zero_fills made over the arena, offset included */
             nd_storage *nb_s = bufs[buf_of[r->sid[k]]].s;
             nd_storage_retain(nb_s);
             nd_storage_release(r->t[k]->storage);
             r->t[k]->storage = nb_s;
+            r->t[k]->offset += (int64_t)(off_of[r->sid[k]] / nd_dtype_size(r->t[k]->dtype));
         }
     }
     for (size_t k = 0; k < ns; k++) {
@@ -312,13 +333,13 @@ nd_status nd_graph_plan(nd_graph *g) {
 done:
     for (int b = 0; b < nb; b++) {
         nd_storage_release(bufs[b].s); /* the records hold them */
-        free(bufs[b].live);
     }
     free(refs);
     free(first);
     free(last);
     free(order);
     free(buf_of);
+    free(off_of);
     free(bufs);
     return st;
 }
