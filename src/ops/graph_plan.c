@@ -25,7 +25,8 @@ void nd_graph_uses(const nd_graph *g, int64_t *refs, size_t *first, size_t *last
 }
 
 
-/* One arena per device: each planned storage gets an offset in it. */
+/* An arena: one device buffer; each planned storage gets an offset in one.
+ * One per device, more where the device caps a buffer's size. */
 typedef struct {
     nd_device_type device;
     int device_index;
@@ -121,27 +122,37 @@ static nd_status insert_zero_fills(nd_graph *g, const size_t *first, const int *
  * the two share a buffer although both are live at record i. */
 static bool in_place_ok(const nd_graph *g, size_t i, int in_sid, int out_sid) {
     const nd_graph_rec *r = &g->recs[i];
+    bool fused = false;
     switch (r->entry) {
     case ND_CALL_cross_entropy_backward: case ND_CALL_unary: case ND_CALL_binary:
     case ND_CALL_binary_scalar: case ND_CALL_clamp: /* (not copy: OpenCL refuses overlapping copies) */
         break;
     case ND_CALL_fused_elementwise: /* OpenCL's kernel loads every input before its stores */
-        if (r->be && r->be->prepare_begin) break;
-        return false;
+        if (!(r->be && r->be->prepare_begin)) return false;
+        fused = true;
+        break;
     default:
         return false;
     }
-    if (r->nt < 2 || !r->t[0] || r->sid[0] != out_sid || r->role[0] != ND_ROLE_WRITE || !r->full[0] ||
-        g->stor[in_sid].nbytes != g->stor[out_sid].nbytes)
-        return false;
-    int slot = -1;
-    for (int k = 1; k < r->nt; k++) {
-        if (!r->t[k] || (r->sid[k] != in_sid && r->sid[k] != out_sid)) continue;
-        if (r->sid[k] == out_sid || slot >= 0) return false; /* read twice, or the output read */
-        slot = k;
+    if (in_sid == out_sid || g->stor[in_sid].nbytes != g->stor[out_sid].nbytes) return false;
+    int oslot = -1, islot = -1; /* each storage in exactly one slot */
+    for (int k = 0; k < r->nt; k++) {
+        if (!r->t[k]) continue;
+        if (r->sid[k] == out_sid) {
+            if (oslot >= 0) return false;
+            oslot = k;
+        }
+        if (r->sid[k] == in_sid) {
+            if (islot >= 0) return false;
+            islot = k;
+        }
     }
-    if (slot < 0 || (r->entry == ND_CALL_cross_entropy_backward && slot != 1)) return false;
-    return nd_graph_same_view(r->t[0], r->t[slot]);
+    if (oslot < 0 || islot < 0 || r->role[oslot] != ND_ROLE_WRITE || !r->full[oslot] ||
+        r->role[islot] != ND_ROLE_READ)
+        return false;
+    /* a fused record's tensors come in any order; the others' output is slot 0 */
+    if (!fused && (oslot != 0 || (r->entry == ND_CALL_cross_entropy_backward && islot != 1))) return false;
+    return nd_graph_same_view(r->t[oslot], r->t[islot]);
 }
 
 /* Storages made inside the capture, produced by a kernel and held by
@@ -191,9 +202,10 @@ nd_status nd_graph_plan(nd_graph *g) {
                 int k = order[a];
                 size_t end = last[k] + 1;
                 const nd_graph_rec *r = &g->recs[last[k]];
-                if (r->nt > 1 && r->t[0] && planned[r->sid[0]] && first[r->sid[0]] == last[k] &&
-                    in_place_ok(g, last[k], k, r->sid[0]))
-                    end = last[k];
+                for (int o = 0; o < r->nt && end > last[k]; o++)
+                    if (r->t[o] && r->sid[o] != k && planned[r->sid[o]] && first[r->sid[o]] == last[k] &&
+                        in_place_ok(g, last[k], k, r->sid[o]))
+                        end = last[k];
                 delta[first[k]] += (int64_t)g->stor[k].nbytes;
                 delta[end] -= (int64_t)g->stor[k].nbytes;
             }
@@ -223,22 +235,28 @@ nd_status nd_graph_plan(nd_graph *g) {
     {
         bool *planned = calloc(ns + 1, 1);
         for (int a = 0; planned && a < n; a++) planned[order[a]] = true;
-        for (size_t i = 0; planned && i < g->n; i++) {
+        bool *taken = calloc(ns + 1, 1); /* a dying input takes one output at most */
+        for (size_t i = 0; planned && taken && i < g->n; i++) {
             const nd_graph_rec *r = &g->recs[i];
-            if (r->nt < 2 || !r->t[0]) continue;
-            int out = r->sid[0];
-            if (!planned[out] || first[out] != i || joins[out] >= 0) continue;
-            for (int j = 1; j < r->nt; j++) {
-                if (!r->t[j]) continue;
-                int src = r->sid[j];
-                if (src == out || !planned[src] || last[src] != i || !in_place_ok(g, i, src, out)) continue;
-                int root = src; /* a chain (a GEMM's result, its bias added, an activation) shares one */
-                while (joins[root] >= 0) root = joins[root];
-                joins[out] = root;
-                if (last[out] > until[root]) until[root] = last[out];
-                break;
+            for (int o = 0; o < r->nt; o++) {
+                if (!r->t[o] || r->role[o] != ND_ROLE_WRITE) continue;
+                int out = r->sid[o];
+                if (!planned[out] || first[out] != i || joins[out] >= 0 || g->stor[out].zero_init) continue;
+                for (int j = 0; j < r->nt; j++) {
+                    if (!r->t[j] || j == o) continue;
+                    int src = r->sid[j];
+                    if (src == out || taken[src] || !planned[src] || last[src] != i || !in_place_ok(g, i, src, out))
+                        continue;
+                    int root = src; /* a chain (a GEMM's result, its bias added, an activation) shares one */
+                    while (joins[root] >= 0) root = joins[root];
+                    joins[out] = root;
+                    taken[src] = true;
+                    if (last[out] > until[root]) until[root] = last[out];
+                    break;
+                }
             }
         }
+        free(taken);
         free(planned);
     }
     /* Greedy by size into one arena per device: the largest storages first,
@@ -258,25 +276,36 @@ nd_status nd_graph_plan(nd_graph *g) {
         if (joins[k] >= 0) continue; /* placed with the storage it overwrites */
         const nd_storage *sk = g->stor[k].s;
         size_t need = sk->nbytes, f = first[k], l = until[k];
+        /* an arena is one device buffer: no larger than the device allows one to be */
+        size_t cap = SIZE_MAX;
+        nd_opencl_info info;
+        if (sk->device == ND_DEVICE_OPENCL && nd_opencl_device_info(sk->device_index, &info) == ND_OK &&
+            info.max_alloc_bytes > 0)
+            cap = (size_t)info.max_alloc_bytes;
         int ar = -1;
-        for (int b = 0; b < nb && ar < 0; b++)
-            if (bufs[b].device == sk->device && bufs[b].device_index == sk->device_index) ar = b;
-        if (ar < 0) {
-            ar = nb++;
-            bufs[ar].device = sk->device;
-            bufs[ar].device_index = sk->device_index;
-            bufs[ar].nbytes = 0;
-        }
-        int nn = 0; /* the placed storages of that arena alive at the same time */
-        for (int q = 0; q < npl; q++)
-            if (pl[q].arena == ar && pl[q].first <= l && f <= pl[q].last) near[nn++] = pl[q];
-        qsort(near, (size_t)nn, sizeof *near, by_offset);
         size_t off = 0;
-        for (int q = 0; q < nn; q++) {
-            if (off + need <= near[q].off) break; /* the gap before it holds this one */
-            size_t end = near[q].off + near[q].size;
-            end = (end + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
-            if (end > off) off = end;
+        for (int b = 0; b <= nb && ar < 0; b++) {
+            if (b == nb) { /* a new arena */
+                ar = nb++;
+                bufs[ar].device = sk->device;
+                bufs[ar].device_index = sk->device_index;
+                bufs[ar].nbytes = 0;
+                off = 0;
+                break;
+            }
+            if (bufs[b].device != sk->device || bufs[b].device_index != sk->device_index) continue;
+            int nn = 0; /* the placed storages of that arena alive at the same time */
+            for (int q = 0; q < npl; q++)
+                if (pl[q].arena == b && pl[q].first <= l && f <= pl[q].last) near[nn++] = pl[q];
+            qsort(near, (size_t)nn, sizeof *near, by_offset);
+            off = 0;
+            for (int q = 0; q < nn; q++) {
+                if (off + need <= near[q].off) break; /* the gap before it holds this one */
+                size_t end = near[q].off + near[q].size;
+                end = (end + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+                if (end > off) off = end;
+            }
+            if (off + need <= cap || (off == 0 && bufs[b].nbytes == 0)) ar = b;
         }
         pl[npl++] = (placed){f, l, off, need, ar};
         if (off + need > bufs[ar].nbytes) bufs[ar].nbytes = off + need;

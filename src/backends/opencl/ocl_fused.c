@@ -2,8 +2,8 @@
  * by nd.compile's fuse pass) as one generated OpenCL kernel.
  *
  * The kernel is written for the program's tensors as they are (a compiled
- * graph never changes them): their merged dims, strides and offsets are
- * constants in the source, so one work item finds its elements with
+ * graph never changes them): their merged dims and strides are constants in
+ * the source (their offsets are arguments), so one work item finds its elements with
  * constant divisions, loads the inputs, runs the steps through ew_ops.cl's
  * un_op / bin_op / cmp_op (the unfused kernels' own code, FP_CONTRACT off)
  * and stores the outputs. Built once through the program cache (memory and
@@ -91,6 +91,7 @@ static char *generate(const nd_ew_program *p, nd_tensor *const *ts) {
         put(&b, ", __global %s%s *t%d", writes[k] ? "" : "const ", elem_type(ts[k]->dtype), k);
     for (int j = 0; j < p->nsteps; j++)
         if (has_scalar(&p->steps[j])) put(&b, ", T s%d", j);
+    for (int k = 0; k < nt; k++) put(&b, ", long off%d", k);
     put(&b, ") {\n    long i = get_global_id(0);\n    if (i >= n) return;\n");
     if (nd == 1) put(&b, "    long c0 = i;\n");
     else {
@@ -100,7 +101,7 @@ static char *generate(const nd_ew_program *p, nd_tensor *const *ts) {
         put(&b, "    long c0 = r;\n");
     }
     for (int k = 0; k < nt; k++) {
-        put(&b, "    long o%d = %lld", k, (long long)ts[k]->offset);
+        put(&b, "    long o%d = off%d", k, k);
         for (int d = 0; d < nd; d++)
             if (strides[k][d]) put(&b, " + c%d * %lld", d, (long long)strides[k][d]);
         put(&b, ";\n");
@@ -171,11 +172,18 @@ nd_status ocl_fused_elementwise(nd_ew_program *p, nd_tensor *const *ts) {
         cl_mem m = ocl_mem(ts[j]);
         e |= ocl_set_arg(k, (cl_uint)(1 + j), sizeof m, &m);
     }
-    /* the scalars in the program's dtype, as the steps hold them */
+    /* the scalars in the program's dtype, as the steps hold them, then the
+     * tensors' offsets (arguments too: the same kernel serves every place of
+     * the memory plan's arena) */
     cl_uint arg = (cl_uint)(1 + p->nt);
     for (int j = 0; j < p->nsteps; j++)
         if (has_scalar(&p->steps[j]))
             e |= ocl_set_arg(k, arg++, nd_dtype_size(p->dtype), p->steps[j].scalar);
+    for (int j = 0; j < p->nt; j++) {
+        cl_long off = ts[j]->offset;
+        e |= OCL_ARG(k, arg, off);
+        arg++;
+    }
     if (e != CL_SUCCESS) return ocl_fail(e, p->desc, "setting kernel arguments", d);
     if (p->tune_size <= 0) return ocl_launch_1d(d, k, p->desc, n);
     size_t local = ocl_max_group(d, k, (size_t)p->tune_size), global = (size_t)n;
