@@ -135,6 +135,27 @@ describe("nd.profile", function()
     assert.has_error(function() r:format("speed") end)
   end)
 
+  it("prints rows whose names are longer than string.format's widths (a compiled fused kernel's)", function()
+    -- a chain of 14 elementwise ops: its fused kernel's row is "compiled:fused_elementwise.mul+add+..."
+    local f = function(x)
+      local y = x
+      for _ = 1, 7 do y = (y * 1.5 + 0.25):tanh() end
+      return y
+    end
+    local cf = nd.compile(f)
+    local x = nd.randn(16)
+    for _ = 1, 3 do cf(x) end
+    local r = nd.profile(function() cf(x) end)
+    local long
+    for _, row in ipairs(r.rows) do if #row.name > 99 then long = row.name end end
+    assert.is_truthy(long, "no row name over 99 characters")
+    local text = r:format("total")
+    assert.is_truthy(text:find(long, 1, true))
+    for line in text:gmatch("[^\n]+") do
+      if line:find("total ms", 1, true) then assert.is_truthy(#line > #long) end -- the header padded as wide
+    end
+  end)
+
   it("puts the originals back, also after an error in fn", function()
     local mm, methods_mm, add_mt, relu = nd.matmul, core._methods.matmul, core._metatable.__add, nd.F.relu
     nd.profile(function() return nd.matmul(nd.ones({2, 2}), nd.ones({2, 2})) end)

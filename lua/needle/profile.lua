@@ -144,17 +144,20 @@ function Report:format(by)
   local lines = {}
   local w = 24
   for _, r in ipairs(self.rows) do w = math.max(w, #r.name) end
-  local head = "%-" .. w .. "s %9s %11s %11s %7s %11s"
-  local row = "%-" .. w .. "s %9s %11.3f %11.3f %6.1f%% %11s"
+  -- the name column padded by hand: string.format takes widths up to 99 only, and a
+  -- compiled fused kernel's row ("compiled:fused_elementwise.mul+add+...") is longer
+  local function pad(name) return name .. (" "):rep(w - #name) end
+  local head = "%s %9s %11s %11s %7s %11s"
+  local row = "%s %9s %11.3f %11.3f %6.1f%% %11s"
   lines[1] = ("needle profile: %.3f ms wall, %d op calls%s"):format(self.total_ms, self.calls,
     self.dropped > 0 and (", %d trace events dropped"):format(self.dropped) or "")
-  lines[2] = head:format("op", "calls", "total ms", "self ms", "self %", "alloc")
+  lines[2] = head:format(pad("op"), "calls", "total ms", "self ms", "self %", "alloc")
   for _, r in ipairs(self:sorted(by)) do
-    lines[#lines + 1] = row:format(r.name, r.calls, r.total_ms, r.self_ms, r.self_pct, fmt_bytes(r.bytes))
+    lines[#lines + 1] = row:format(pad(r.name), r.calls, r.total_ms, r.self_ms, r.self_pct, fmt_bytes(r.bytes))
   end
   local o = self.other
-  lines[#lines + 1] = row:format(o.name, "-", o.total_ms, o.self_ms, o.self_pct, fmt_bytes(o.bytes))
-  lines[#lines + 1] = row:format("total", self.calls, self.total_ms, self.total_ms, 100, fmt_bytes(self.bytes))
+  lines[#lines + 1] = row:format(pad(o.name), "-", o.total_ms, o.self_ms, o.self_pct, fmt_bytes(o.bytes))
+  lines[#lines + 1] = row:format(pad("total"), self.calls, self.total_ms, self.total_ms, 100, fmt_bytes(self.bytes))
   return table.concat(lines, "\n")
 end
 Report.__tostring = function(r) return r:format(r.sort) end
