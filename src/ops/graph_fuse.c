@@ -55,13 +55,6 @@ typedef struct {
     int nstep;
 } fuse_run;
 
-static bool same_shape(const nd_tensor *a, const nd_tensor *b) {
-    if (a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return false;
-    return true;
-}
-
 static bool overlapping_write(const nd_tensor *t) {
     for (int d = 0; d < t->ndim; d++)
         if (t->shape[d] > 1 && t->strides[d] == 0) return true;
@@ -123,7 +116,7 @@ static bool record_step(const nd_graph_rec *r, nd_ew_step *s, int in_slot[3], nd
     if (T != ND_FLOAT32 && T != ND_FLOAT64) return false;
     if (*dt != ND_NUM_DTYPES && *dt != T) return false;
     for (int k = 1; k < r->nt; k++)
-        if (!same_shape(r->t[k], out)) return false;
+        if (!nd_graph_same_shape(r->t[k], out)) return false;
     s->dtype = (uint8_t)out->dtype;
     *dt = T;
     return true;
@@ -245,7 +238,7 @@ static bool try_add(const fuse_ctx *c, fuse_run *R, const nd_graph_rec *r) {
     nd_dtype dt = R->nstep ? R->dt : ND_NUM_DTYPES;
     if (R->nstep == ND_EW_MAX_STEPS || !record_step(r, &s, in_slot, &dt)) return false;
     /* one backend object serves every OpenCL device: the device index too */
-    if (R->nstep && (r->be != R->be || !same_shape(r->t[0], R->shape_of) ||
+    if (R->nstep && (r->be != R->be || !nd_graph_same_shape(r->t[0], R->shape_of) ||
                      r->t[0]->storage->device_index != R->shape_of->storage->device_index))
         return false;
     if (overlapping_write(r->t[0])) return false;

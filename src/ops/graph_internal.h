@@ -85,6 +85,14 @@ static inline bool nd_graph_live_out(const nd_graph *g, size_t k, const int64_t 
     return !in->internal || outside || has_snapshot(in) || in->s->release;
 }
 
+/* The same shape (strides, offsets and dtypes not compared). */
+static inline bool nd_graph_same_shape(const nd_tensor *a, const nd_tensor *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
 /* The same dtype, offset, shape and strides (storages not compared). */
 static inline bool nd_graph_same_view(const nd_tensor *a, const nd_tensor *b) {
     if (!a || !b) return a == b;

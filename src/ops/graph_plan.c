@@ -191,40 +191,15 @@ nd_status nd_graph_plan(nd_graph *g) {
         else if (in->internal)
             g->fixed_bytes += (int64_t)in->s->nbytes;
     }
-    /* the least any plan could do: the most bytes live at one record (an
-     * input that an in-place kernel overwrites counts as gone there) */
-    {
-        int64_t *delta = calloc(g->n + 1, sizeof *delta), live = 0;
-        bool *planned = calloc(ns + 1, 1);
-        if (delta && planned) {
-            for (int a = 0; a < n; a++) planned[order[a]] = true;
-            for (int a = 0; a < n; a++) {
-                int k = order[a];
-                size_t end = last[k] + 1;
-                const nd_graph_rec *r = &g->recs[last[k]];
-                for (int o = 0; o < r->nt && end > last[k]; o++)
-                    if (r->t[o] && r->sid[o] != k && planned[r->sid[o]] && first[r->sid[o]] == last[k] &&
-                        in_place_ok(g, last[k], k, r->sid[o]))
-                        end = last[k];
-                delta[first[k]] += (int64_t)g->stor[k].nbytes;
-                delta[end] -= (int64_t)g->stor[k].nbytes;
-            }
-            for (size_t i = 0; i <= g->n; i++) {
-                live += delta[i];
-                if (live > g->bound_bytes) g->bound_bytes = live;
-            }
-        }
-        free(delta);
-        free(planned);
-    }
     /* An in-place pair (the gradient written over the logits that die at
      * that kernel) goes into one buffer: the second joins the first, which
      * then lives until the second's last use. */
     int *joins = malloc((ns + 1) * sizeof *joins);
     size_t *until = malloc((ns + 1) * sizeof *until);
-    if (!joins || !until) {
-        free(joins);
-        free(until);
+    bool *planned = calloc(ns + 1, 1), *taken = calloc(ns + 1, 1); /* taken: overwritten in place */
+    int64_t *delta = calloc(g->n + 1, sizeof *delta);
+    if (!joins || !until || !planned || !taken || !delta) {
+        free(joins); free(until); free(planned); free(taken); free(delta);
         st = nd_fail(ND_ERR_MEMORY, "compile: out of memory planning the graph's memory");
         goto done;
     }
@@ -232,33 +207,44 @@ nd_status nd_graph_plan(nd_graph *g) {
         joins[k] = -1;
         until[k] = last[k];
     }
-    {
-        bool *planned = calloc(ns + 1, 1);
-        for (int a = 0; planned && a < n; a++) planned[order[a]] = true;
-        bool *taken = calloc(ns + 1, 1); /* a dying input takes one output at most */
-        for (size_t i = 0; planned && taken && i < g->n; i++) {
-            const nd_graph_rec *r = &g->recs[i];
-            for (int o = 0; o < r->nt; o++) {
-                if (!r->t[o] || r->role[o] != ND_ROLE_WRITE) continue;
-                int out = r->sid[o];
-                if (!planned[out] || first[out] != i || joins[out] >= 0 || g->stor[out].zero_init) continue;
-                for (int j = 0; j < r->nt; j++) {
-                    if (!r->t[j] || j == o) continue;
-                    int src = r->sid[j];
-                    if (src == out || taken[src] || !planned[src] || last[src] != i || !in_place_ok(g, i, src, out))
-                        continue;
-                    int root = src; /* a chain (a GEMM's result, its bias added, an activation) shares one */
-                    while (joins[root] >= 0) root = joins[root];
-                    joins[out] = root;
-                    taken[src] = true;
-                    if (last[out] > until[root]) until[root] = last[out];
-                    break;
-                }
+    for (int a = 0; a < n; a++) planned[order[a]] = true;
+    for (size_t i = 0; i < g->n; i++) {
+        const nd_graph_rec *r = &g->recs[i];
+        for (int o = 0; o < r->nt; o++) {
+            if (!r->t[o] || r->role[o] != ND_ROLE_WRITE) continue;
+            int out = r->sid[o];
+            if (!planned[out] || first[out] != i || joins[out] >= 0 || g->stor[out].zero_init) continue;
+            for (int j = 0; j < r->nt; j++) {
+                if (!r->t[j] || j == o) continue;
+                int src = r->sid[j]; /* a dying input takes one output at most */
+                if (src == out || taken[src] || !planned[src] || last[src] != i || !in_place_ok(g, i, src, out))
+                    continue;
+                int root = src; /* a chain (a GEMM's result, its bias added, an activation) shares one */
+                while (joins[root] >= 0) root = joins[root];
+                joins[out] = root;
+                taken[src] = true;
+                if (last[out] > until[root]) until[root] = last[out];
+                break;
             }
         }
-        free(taken);
-        free(planned);
     }
+    /* the least any plan could do: the most bytes live at one record (an
+     * input overwritten in place counts as gone there) */
+    {
+        int64_t live = 0;
+        for (int a = 0; a < n; a++) {
+            int k = order[a];
+            delta[first[k]] += (int64_t)g->stor[k].nbytes;
+            delta[taken[k] ? last[k] : last[k] + 1] -= (int64_t)g->stor[k].nbytes;
+        }
+        for (size_t i = 0; i <= g->n; i++) {
+            live += delta[i];
+            if (live > g->bound_bytes) g->bound_bytes = live;
+        }
+    }
+    free(planned);
+    free(taken);
+    free(delta);
     /* Greedy by size into one arena per device: the largest storages first,
      * each at the lowest offset (aligned) where no storage placed before it
      * that lives at the same time has bytes. */

@@ -37,18 +37,11 @@ static bool conflict(const nd_graph_rec *a, const nd_graph_rec *b) {
     return false;
 }
 
-static bool same_shape(const nd_tensor *a, const nd_tensor *b) {
-    if (a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return false;
-    return true;
-}
-
 /* Whether the fuse pass could put a and b (both fusable) in one run. */
 static bool joinable(const nd_graph_rec *a, nd_dtype da, const nd_graph_rec *b, nd_dtype db) {
     return da == db && a->be == b->be &&
            a->t[0]->storage->device_index == b->t[0]->storage->device_index &&
-           same_shape(a->t[0], b->t[0]);
+           nd_graph_same_shape(a->t[0], b->t[0]);
 }
 
 nd_status nd_graph_pass_reorder(nd_graph *g, int64_t *changed) {
