@@ -410,7 +410,7 @@ describe("the rest of the package", function()
       nd.set_printoptions(o)
       nd.set_printoptions(saved)
     end},
-    {"profile", "print, sort, trace", function(o) return nd.profile(function() end, o) end},
+    {"profile", "device_time, print, sort, trace", function(o) return nd.profile(function() end, o) end},
     {"plot.lines", "series, title, xlabel, ylabel", function(o)
       if next(o) == nil then return end -- writes a file
       return nd.plot.lines("/nonexistent/plot", o)

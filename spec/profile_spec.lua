@@ -202,6 +202,41 @@ describe("nd.profile", function()
     assert.has_error(function() nd.profile(42) end, "needle.profile: fn must be a function, got number")
     assert.has_error(function() nd.profile(function() end, {sort = "x"}) end)
     assert.has_error(function() nd.profile(function() end, {trace = 3}) end)
+    assert.has_error(function() nd.profile(function() end, {device_time = 1}) end)
+  end)
+
+  it("adds the OpenCL device time per kernel with device_time, and turns timing off after", function()
+    local D = require "spec.helpers.devices"
+    if D.pending_without_opencl(pending, "OpenCL device time") then return end
+    local a = nd.randn({64, 48}):to("opencl:0")
+    local b = nd.randn({48, 32}):to("opencl:0")
+    local f = nd.compile(function(x, y) return (x:matmul(y) + 1):relu() end)
+    local r = nd.profile(function()
+      for _ = 1, 3 do local _ = a:matmul(b) end
+      for _ = 1, 4 do local _ = f(a, b) end
+      nd.synchronize()
+    end, {device_time = true})
+    local by = {}
+    for _, row in ipairs(r.device) do
+      assert.is_true(row.calls > 0 and row.ms >= 0, row.name)
+      by[row.name] = row
+    end
+    -- 3 eager products, then the compiled function's: eager, capture, 2 replays
+    local mm = 0
+    for name, row in pairs(by) do if name:find("^matmul gemm_") then mm = mm + row.calls end end
+    assert.are.equal(7, mm)
+    local fused = 0
+    for name, row in pairs(by) do if name:find("nd_fused", 1, true) then fused = fused + row.calls end end
+    assert.is_true(fused >= 2, "the replays' fused add+relu is timed (prepared launches too)")
+    for i = 2, #r.device do assert.is_true(r.device[i - 1].ms >= r.device[i].ms) end
+    local text = r:format()
+    assert.truthy(text:find("OpenCL device time:", 1, true), text)
+    assert.truthy(text:find("us/call", 1, true), text)
+    -- off again: nothing more is timed
+    local _ = a:matmul(b)
+    nd.synchronize()
+    assert.are.equal(0, #nd.opencl.kernel_times())
+    assert.has_error(function() nd.opencl.timing("yes") end)
   end)
 end)
 

@@ -93,6 +93,12 @@ typedef struct nd_backend {
     /* kernels launched so far on this backend's devices (NULL: not counted;
      * nd.opencl.launches(), and nd.compile's launch figures) */
     uint64_t (*launch_count)(void);
+    /* device time per command (NULL: not measured; nd.opencl.timing): timing
+     * turns event timing on or off (and clears the rows); kernel_times
+     * waits for the commands timed so far and returns the rows (owned by
+     * the backend, valid until the next call). */
+    nd_status (*timing)(bool on);
+    nd_status (*kernel_times)(const nd_opencl_kernel_time **rows, int *n);
     /* ---- memory of devices other than the cpu (storage.c, device.c) ----
      * alloc: a buffer of nbytes (>= 0) on device `index`; errors name the
      * device and the size (out of memory is a status, never an abort). */

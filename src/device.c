@@ -44,6 +44,18 @@ uint64_t nd_opencl_launch_count(void) {
     return be && be->launch_count ? be->launch_count() : 0;
 }
 
+nd_status nd_opencl_timing(bool on) {
+    const nd_backend *be = nd_backend_for(ND_DEVICE_OPENCL);
+    return be && be->timing ? be->timing(on) : ND_OK;
+}
+
+nd_status nd_opencl_kernel_times(const nd_opencl_kernel_time **rows, int *n) {
+    const nd_backend *be = nd_backend_for(ND_DEVICE_OPENCL);
+    *rows = NULL;
+    *n = 0;
+    return be && be->kernel_times ? be->kernel_times(rows, n) : ND_OK;
+}
+
 const char *nd_opencl_unavailable_reason(void) {
     const nd_backend *be = nd_backend_for(ND_DEVICE_OPENCL);
     return be ? be->unavailable_reason() : no_opencl_build;

@@ -131,6 +131,18 @@ nd_status nd_opencl_device_info(int index, nd_opencl_info *out);
 const char *nd_opencl_unavailable_reason(void);
 /* OpenCL kernels launched so far by this process (0 without OpenCL). */
 uint64_t nd_opencl_launch_count(void);
+/* Device time per OpenCL command (kernels, fills, copies), summed per label
+ * "<op> <kernel function> [global size]". nd_opencl_timing(true) starts
+ * timing (every command then takes an event, which costs host time) and
+ * clears the rows; nd_opencl_kernel_times waits for the timed commands and
+ * returns the rows (valid until the next call; none without OpenCL). */
+typedef struct {
+    char label[128];
+    int64_t calls;
+    uint64_t ns;
+} nd_opencl_kernel_time;
+nd_status nd_opencl_timing(bool on);
+nd_status nd_opencl_kernel_times(const nd_opencl_kernel_time **rows, int *n);
 
 /* ---- creation ---- */
 nd_status nd_empty(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out);

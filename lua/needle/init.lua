@@ -42,6 +42,9 @@ nd.opencl = {
   available = core.opencl_available,
   tune = function(...) return core.opencl_tune(...) end,
   launches = core.opencl_launches, -- kernels launched so far (docs/devices.md)
+  -- device time per kernel: timing(true), run, kernel_times() (docs/profiler.md)
+  timing = core.opencl_timing,
+  kernel_times = core.opencl_kernel_times,
 }
 
 nd.dtypes = { "float32", "float64", "int64", "int32", "uint8", "bool", "float16", "bfloat16" }

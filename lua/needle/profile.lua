@@ -16,6 +16,7 @@ local M = {}
 local SKIP = {
   clock = true, live_bytes = true, cached_bytes = true, empty_cache = true,
   allocated_bytes = true, is_tensor = true,
+  opencl_timing = true, opencl_kernel_times = true, opencl_launches = true,
 }
 -- metamethods that are ops, under the name of the method that does the same
 local META = {
@@ -100,7 +101,13 @@ function M.start(opts)
     state.saved = install()
     core.profiler_reset()
   end
-  local h = {prev_keep = state.keep, trace = opts.trace}
+  local h = {prev_keep = state.keep, trace = opts.trace, device_time = opts.device_time}
+  -- device time: every OpenCL command takes an event (nd.opencl.timing); a nested
+  -- profile that asks for it too shares the rows of the outer one
+  if opts.device_time then
+    state.device_time = (state.device_time or 0) + 1
+    if state.device_time == 1 then core.opencl_timing(true) end
+  end
   state.keep = state.keep or opts.trace ~= nil
   state.active = state.active + 1
   core.profiler_enable(true, state.keep)
@@ -158,6 +165,18 @@ function Report:format(by)
   local o = self.other
   lines[#lines + 1] = row:format(pad(o.name), "-", o.total_ms, o.self_ms, o.self_pct, fmt_bytes(o.bytes))
   lines[#lines + 1] = row:format(pad("total"), self.calls, self.total_ms, self.total_ms, 100, fmt_bytes(self.bytes))
+  if self.device then
+    local dw, sum, n = 24, 0, 0
+    for _, r in ipairs(self.device) do dw = math.max(dw, #r.name); sum = sum + r.ms; n = n + r.calls end
+    local function dpad(name) return name .. (" "):rep(dw - #name) end
+    lines[#lines + 1] = ""
+    lines[#lines + 1] = ("OpenCL device time: %.3f ms in %d commands"):format(sum, n)
+    lines[#lines + 1] = ("%s %9s %11s %11s %7s"):format(dpad("command"), "calls", "device ms", "us/call", "share")
+    for _, r in ipairs(self.device) do
+      lines[#lines + 1] = ("%s %9d %11.3f %11.2f %6.1f%%"):format(dpad(r.name), r.calls, r.ms,
+        1000 * r.ms / r.calls, sum > 0 and 100 * r.ms / sum or 0)
+    end
+  end
   return table.concat(lines, "\n")
 end
 Report.__tostring = function(r) return r:format(r.sort) end
@@ -190,12 +209,19 @@ function M.stop(h, opts)
   else
     core.profiler_enable(true, state.keep)
   end
+  local device
+  if h.device_time then
+    local tok, rows = pcall(core.opencl_kernel_times)
+    state.device_time = state.device_time - 1
+    if state.device_time == 0 then pcall(core.opencl_timing, false) end
+    if tok then device = rows elseif ok then ok, err = false, rows end
+  end
   if not ok then error(err, 0) end
 
   local wall_ns = t1 - h.t0
   local r = setmetatable({rows = {}, total_ms = wall_ns / 1e6, bytes = bytes1 - h.bytes0,
                           calls = 0, trace = h.trace, events = ntraced, dropped = dropped,
-                          sort = opts.sort or "self"}, Report)
+                          sort = opts.sort or "self", device = device}, Report)
   local self_sum, bytes_sum = 0, 0
   for name, s in pairs(after) do
     local b = h.before[name] or {calls = 0, total_ns = 0, self_ns = 0, total_bytes = 0, self_bytes = 0}
@@ -223,7 +249,7 @@ end
 
 local function check_opts(opts)
   -- trace and sort: checked below, with what they may be
-  opts = require("needle.options").check("profile", opts, {trace = "any", print = "boolean", sort = "any"})
+  opts = require("needle.options").check("profile", opts, {trace = "any", print = "boolean", sort = "any", device_time = "boolean"})
   if opts.trace ~= nil and type(opts.trace) ~= "string" then
     error(("needle.profile: trace must be a file name, got %s"):format(type(opts.trace)), 3)
   end
@@ -233,7 +259,7 @@ local function check_opts(opts)
   return opts
 end
 
--- nd.profile(fn[, {trace = path, print = bool, sort = "self"}]) -> report, fn's results
+-- nd.profile(fn[, {trace = path, print = bool, sort = "self", device_time = bool}]) -> report, fn's results
 function M.profile(fn, opts)
   if type(fn) ~= "function" and not (getmetatable(fn) or {}).__call then
     error(("needle.profile: fn must be a function, got %s"):format(type(fn)), 2)

@@ -73,12 +73,45 @@ static int l_opencl_launches(lua_State *L) {
     return 1;
 }
 
+/* nd.opencl.timing(on): device time per command on or off (rows cleared) */
+static int l_opencl_timing(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TBOOLEAN);
+    LT_CHECK_AS(L, "opencl.timing", nd_opencl_timing(lua_toboolean(L, 1)));
+    return 0;
+}
+
+/* nd.opencl.kernel_times(): {{name=, calls=, ms=}, ...}, most device time first */
+static int l_opencl_kernel_times(lua_State *L) {
+    const nd_opencl_kernel_time *rows;
+    int n;
+    LT_CHECK_AS(L, "opencl.kernel_times", nd_opencl_kernel_times(&rows, &n));
+    int *order = n ? lua_newuserdatauv(L, sizeof(int) * (size_t)n, 0) : NULL;
+    for (int i = 0; i < n; i++) { /* insertion sort by time, descending */
+        int j = i;
+        while (j > 0 && rows[order[j - 1]].ns < rows[i].ns) { order[j] = order[j - 1]; j--; }
+        order[j] = i;
+    }
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        const nd_opencl_kernel_time *r = &rows[order[i]];
+        lua_createtable(L, 0, 3);
+        lt_set_str(L, "name", r->label);
+        lt_set_int(L, "calls", r->calls);
+        lua_pushnumber(L, (double)r->ns / 1e6);
+        lua_setfield(L, -2, "ms");
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
 void lt_register_device(lua_State *L) {
     static const lt_reg regs[] = {
         {"devices", l_devices, false, true},
         {"synchronize", l_synchronize, false, true},
         {"opencl_available", l_opencl_available, false, true},
         {"opencl_launches", l_opencl_launches, false, true},
+        {"opencl_timing", l_opencl_timing, false, true},
+        {"opencl_kernel_times", l_opencl_kernel_times, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

@@ -59,10 +59,13 @@ nd_status ocl_copy(nd_tensor *dst, const nd_tensor *src) {
     if (ocl_geom_is_flat(&g, 2)) {
         if (dst->dtype == src->dtype) { /* a plain buffer copy */
             size_t es = nd_dtype_size(dst->dtype);
+            cl_event ev = NULL;
+            size_t bytes = (size_t)n * es;
             cl_int e = clEnqueueCopyBuffer(d->queue, ocl_mem(src), ocl_mem(dst),
                                            (size_t)g.offset[1] * es, (size_t)g.offset[0] * es,
-                                           (size_t)n * es, 0, NULL, NULL);
+                                           bytes, 0, NULL, OCL_TIMING_EVENT(ev));
             if (e != CL_SUCCESS) return ocl_fail(e, "copy", "clEnqueueCopyBuffer", d);
+            ocl_timing_note(ev, "clEnqueueCopyBuffer", "copy", 1, &bytes);
             ocl_prepare_note_copy(d, ocl_mem(src), ocl_mem(dst), (size_t)g.offset[1] * es,
                                   (size_t)g.offset[0] * es, (size_t)n * es);
             return ND_OK;
@@ -92,9 +95,12 @@ nd_status ocl_fill(nd_tensor *dst, const void *value) {
     ocl_geom g;
     ocl_geom_make(&g, 1, ts);
     if (ocl_geom_is_flat(&g, 1)) { /* the driver's fill */
+        cl_event ev = NULL;
+        size_t bytes = (size_t)n * es;
         cl_int e = clEnqueueFillBuffer(d->queue, ocl_mem(dst), value, es, (size_t)g.offset[0] * es,
-                                       (size_t)n * es, 0, NULL, NULL);
+                                       bytes, 0, NULL, OCL_TIMING_EVENT(ev));
         if (e != CL_SUCCESS) return ocl_fail(e, "fill", "clEnqueueFillBuffer", d);
+        ocl_timing_note(ev, "clEnqueueFillBuffer", "fill", 1, &bytes);
         ocl_prepare_note_fill(d, ocl_mem(dst), value, es, (size_t)g.offset[0] * es, (size_t)n * es);
         return ND_OK;
     }

@@ -25,6 +25,8 @@ typedef struct {
     int kind;
     int tsm, tsn, tsk, wptm, wptn, vw;
     int accumulate; /* C += A @ B (ocl_matmul_acc); not part of a tuned configuration */
+    int c_rows;     /* C contiguous along M (a transposed view; ocl_gemm_run sets it): the
+                     * tiled kernel stores its tile through local memory (C_LAYOUT) */
 } ocl_gemm_cfg;
 /* Products with M * N * K at or below this are "small" (128^3). */
 #define OCL_GEMM_SMALL_FLOPS (INT64_C(1) << 21)

@@ -9,6 +9,7 @@
  * device has fp64) take the tuned kernel; the integer dtypes the op can pass
  * (int64, int32, uint8) take the naive kernel, wrapping as the CPU does. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "ocl_kernels.h"
 #include "ocl_gemm.h"
@@ -170,6 +171,14 @@ nd_status ocl_gemm_kernel(ocl_device *d, const ocl_gemm_cfg *c, nd_dtype dt, int
     char defs[320];
     ocl_dtype_defines(dt, defs, sizeof defs);
     if (c->accumulate) strncat(defs, " -DACCUMULATE=1", sizeof defs - strlen(defs) - 1);
+    if (c->kind == OCL_GEMM_TILED && c->c_rows) {
+        /* the tile staged for the store, padded against bank conflicts, where it fits
+         * beside the operand tiles (else the plain store: the same values) */
+        size_t es = nd_dtype_size(dt);
+        size_t bytes = ((size_t)c->tsk * (size_t)(c->tsm + c->tsn) +
+                        (size_t)c->tsn * (size_t)(c->tsm + 1)) * es;
+        if (bytes <= d->local_mem) strncat(defs, " -DC_LAYOUT=1", sizeof defs - strlen(defs) - 1);
+    }
     if (c->kind == OCL_GEMM_NAIVE) return ocl_kernel(d, "gemm", defs, "gemm_naive", k);
     size_t n = strlen(defs);
     bool tiled = c->kind == OCL_GEMM_TILED, dot = c->kind == OCL_GEMM_DOT;
@@ -194,26 +203,36 @@ nd_status ocl_gemm_kernel(ocl_device *d, const ocl_gemm_cfg *c, nd_dtype dt, int
     return ND_OK;
 }
 
+/* The arguments every kernel of gemm.cl takes (see its header). */
+static nd_status set_gemm_args(ocl_device *d, cl_kernel k, const nd_tensor *out, const nd_tensor *a,
+                               const nd_tensor *b, const ocl_geom *g) {
+    int n = out->ndim;
+    cl_long M = out->shape[n - 2], N = out->shape[n - 1], K = a->shape[n - 1];
+    cl_long a_sm = a->strides[n - 2], a_sk = a->strides[n - 1];
+    cl_long b_sk = b->strides[n - 2], b_sn = b->strides[n - 1];
+    cl_long c_sm = out->strides[n - 2], c_sn = out->strides[n - 1];
+    cl_mem am = ocl_mem(a), bm = ocl_mem(b), cm = ocl_mem(out);
+    cl_int e = OCL_ARG(k, 0, M) | OCL_ARG(k, 1, N) | OCL_ARG(k, 2, K) | OCL_ARG(k, 3, *g) |
+               OCL_ARG(k, 4, am) | OCL_ARG(k, 5, a_sm) | OCL_ARG(k, 6, a_sk) |
+               OCL_ARG(k, 7, bm) | OCL_ARG(k, 8, b_sk) | OCL_ARG(k, 9, b_sn) |
+               OCL_ARG(k, 10, cm) | OCL_ARG(k, 11, c_sm) | OCL_ARG(k, 12, c_sn);
+    return e != CL_SUCCESS ? ocl_fail(e, "matmul", "setting kernel arguments", d) : ND_OK;
+}
+
 nd_status ocl_gemm_run(ocl_device *d, const ocl_gemm_cfg *c, nd_tensor *out, const nd_tensor *a,
                        const nd_tensor *b) {
     int n = out->ndim;
-    cl_long M = out->shape[n - 2], N = out->shape[n - 1], K = a->shape[n - 1];
+    cl_long M = out->shape[n - 2], N = out->shape[n - 1];
     ocl_geom g;
     int64_t batch = batch_geom(&g, out, a, b);
     if (M == 0 || N == 0 || batch == 0) return ND_OK;
     int la, lb;
     ocl_gemm_layouts(a, b, &la, &lb);
+    ocl_gemm_cfg cc = *c;
+    cc.c_rows = out->strides[n - 2] == 1 && out->strides[n - 1] != 1 && M > 1;
     cl_kernel k;
-    ND_TRY(ocl_gemm_kernel(d, c, out->dtype, la, lb, &k));
-    cl_long a_sm = a->strides[n - 2], a_sk = a->strides[n - 1];
-    cl_long b_sk = b->strides[n - 2], b_sn = b->strides[n - 1];
-    cl_long c_sm = out->strides[n - 2], c_sn = out->strides[n - 1];
-    cl_mem am = ocl_mem(a), bm = ocl_mem(b), cm = ocl_mem(out);
-    cl_int e = OCL_ARG(k, 0, M) | OCL_ARG(k, 1, N) | OCL_ARG(k, 2, K) | OCL_ARG(k, 3, g) |
-               OCL_ARG(k, 4, am) | OCL_ARG(k, 5, a_sm) | OCL_ARG(k, 6, a_sk) |
-               OCL_ARG(k, 7, bm) | OCL_ARG(k, 8, b_sk) | OCL_ARG(k, 9, b_sn) |
-               OCL_ARG(k, 10, cm) | OCL_ARG(k, 11, c_sm) | OCL_ARG(k, 12, c_sn);
-    if (e != CL_SUCCESS) return ocl_fail(e, "matmul", "setting kernel arguments", d);
+    ND_TRY(ocl_gemm_kernel(d, &cc, out->dtype, la, lb, &k));
+    ND_TRY(set_gemm_args(d, k, out, a, b, &g));
     size_t global[3], local[3];
     if (c->kind == OCL_GEMM_NAIVE) {
         /* 16 x 16 groups, narrower for matrix-vector shapes */
@@ -231,6 +250,168 @@ nd_status ocl_gemm_run(ocl_device *d, const ocl_gemm_cfg *c, nd_tensor *out, con
         local[0] = rn; local[1] = rm; local[2] = 1;
     }
     return ocl_launch(d, k, "matmul", 3, global, local);
+}
+
+/* ---------------------------------------------------------------- skinny */
+
+/* Few rows (or, transposed, few columns): at most this many. */
+#define SKINNY_MAX 32
+
+/* NEEDLE_OPENCL_GEMM_SPLIT, for the two ways of splitting a product that a
+ * tiled configuration would give too few work-groups (the skinny kernel,
+ * split-K): "auto" (default: on a GPU, when it would), "always" (whenever
+ * the shape allows, on any device: the specs use it on POCL) or "never". */
+static int split_mode(void) {
+    static int mode = -2; /* not read yet; racing readers store the same value */
+    if (mode == -2) {
+        const char *e = getenv("NEEDLE_OPENCL_GEMM_SPLIT");
+        mode = e && strcmp(e, "always") == 0 ? 1 : e && strcmp(e, "never") == 0 ? -1 : 0;
+    }
+    return mode;
+}
+
+/* Work-groups configuration c runs for an M x N product (batch times). */
+static double cfg_groups(const ocl_gemm_cfg *c, int64_t M, int64_t N, int64_t batch) {
+    if (c->kind == OCL_GEMM_NAIVE) return (double)M * (double)N * (double)batch / 256.0;
+    return (double)((M + c->tsm - 1) / c->tsm) * (double)((N + c->tsn - 1) / c->tsn) * (double)batch;
+}
+
+/* 1: the skinny kernel on the rows, 2: on the columns (C^T = B^T A^T),
+ * 0: the configuration c. On a GPU a product with few rows or columns goes
+ * to the skinny kernel when c would run fewer than two work-groups per
+ * compute unit (measured on an H100: a 20 x 256 x 1024 product took 72 us
+ * tiled, in 4 work-groups). */
+static int skinny_choice(const ocl_device *d, const ocl_gemm_cfg *c, int64_t M, int64_t N,
+                         int64_t batch) {
+    int mode = split_mode();
+    if (mode < 0 || d->max_wg < 256 || (M > SKINNY_MAX && N > SKINNY_MAX)) return 0;
+    if (mode == 0 && (!d->info.is_gpu ||
+                      cfg_groups(c, M, N, batch) >= 2.0 * (double)d->info.compute_units))
+        return 0;
+    return M <= N ? 1 : 2;
+}
+
+static nd_status skinny_run(ocl_device *d, nd_tensor *out, const nd_tensor *a, const nd_tensor *b,
+                            bool accumulate) {
+    int n = out->ndim;
+    cl_long M = out->shape[n - 2], N = out->shape[n - 1], K = a->shape[n - 1];
+    ocl_geom g;
+    int64_t batch = batch_geom(&g, out, a, b);
+    if (M == 0 || N == 0 || batch == 0) return ND_OK;
+    int la, lb;
+    ocl_gemm_layouts(a, b, &la, &lb);
+    /* B contiguous along K: slices along K are the fast dimension, 8 columns
+     * per group. Otherwise columns are: 32 of them (128-byte rows of B) and
+     * 8 slices, or for a long K (dgates @ W: 20 x 256 x 1024 ran in 40
+     * groups of 128 steps, 17 us on an H100) 8 columns (32-byte sectors
+     * still) and 32 slices, four times the groups and a quarter the steps. */
+    int skl = lb == 2, skr = 4;
+    int skn = skl || K >= 256 ? 8 : 32, sks = skl || K >= 256 ? 32 : 8;
+    char defs[320];
+    ocl_dtype_defines(out->dtype, defs, sizeof defs);
+    size_t len = strlen(defs);
+    snprintf(defs + len, sizeof defs - len, " -DSKR=%d -DSKN=%d -DSKS=%d -DSKL=%d -DA_LAYOUT=%d "
+             "-DB_LAYOUT=%d%s", skr, skn, sks, skl, la, lb, accumulate ? " -DACCUMULATE=1" : "");
+    cl_kernel k;
+    ND_TRY(ocl_kernel(d, "gemm", defs, "gemm_skinny", &k));
+    ND_TRY(set_gemm_args(d, k, out, a, b, &g));
+    size_t l0 = (size_t)(skl ? sks : skn), l1 = (size_t)(skl ? skn : sks);
+    size_t global[3] = {(size_t)((N + skn - 1) / skn) * l0, (size_t)((M + skr - 1) / skr) * l1,
+                        (size_t)batch};
+    size_t local[3] = {l0, l1, 1};
+    return ocl_launch(d, k, "matmul", 3, global, local);
+}
+
+/* out^T = b^T a^T: the same product with rows and columns swapped, as views. */
+static nd_status skinny_run_transposed(ocl_device *d, nd_tensor *out, const nd_tensor *a,
+                                       const nd_tensor *b, bool accumulate) {
+    const nd_tensor *src[3] = {out, b, a};
+    nd_tensor *v[3] = {NULL, NULL, NULL};
+    nd_status st = ND_OK;
+    for (int i = 0; i < 3 && st == ND_OK; i++) {
+        const nd_tensor *t = src[i];
+        int nd = t->ndim;
+        int64_t shape[ND_MAX_DIMS], strides[ND_MAX_DIMS];
+        memcpy(shape, t->shape, sizeof(int64_t) * (size_t)nd);
+        memcpy(strides, t->strides, sizeof(int64_t) * (size_t)nd);
+        shape[nd - 2] = t->shape[nd - 1]; shape[nd - 1] = t->shape[nd - 2];
+        strides[nd - 2] = t->strides[nd - 1]; strides[nd - 1] = t->strides[nd - 2];
+        st = nd_tensor_view_of(t, shape, strides, nd, t->offset, &v[i]);
+    }
+    if (st == ND_OK) st = skinny_run(d, v[0], v[1], v[2], accumulate);
+    for (int i = 0; i < 3; i++) nd_release(v[i]);
+    return st;
+}
+
+/* ---------------------------------------------------------------- split-K */
+
+/* Into how many slices of K to split a product whose tiles would leave a
+ * GPU's compute units idle (1: none). The LSTM decoder's input gradient,
+ * 700 x 256 x 10000, is 44 tiles of 64 x 64 on an H100's 132 SMs, each
+ * walking K = 10000 alone (0.86 ms). Split, the slices run as one batched
+ * product into a temporary and a sum adds them (both deterministic). The
+ * slices must divide K, each at least 256 long (64 when forced). */
+static int splitk_parts(const ocl_device *d, const ocl_gemm_cfg *c, int64_t M, int64_t N,
+                        int64_t K, int64_t batch, int ndim) {
+    int mode = split_mode();
+    if (mode < 0 || c->kind == OCL_GEMM_NAIVE || ndim >= ND_MAX_DIMS) return 1;
+    double groups = cfg_groups(c, M, N, batch), cu = (double)d->info.compute_units;
+    if (mode == 0 && (!d->info.is_gpu || groups >= cu)) return 1;
+    int64_t min_slice = mode > 0 ? 64 : 256;
+    int best = 1;
+    for (int s = 2; s <= 16; s *= 2) {
+        if (K % s || K / s < min_slice) break;
+        best = s;
+        if (groups * s >= 2.0 * cu) break; /* enough groups: no more temporary than needed */
+    }
+    return best;
+}
+
+/* out (+)= a @ b as s products of K / s each (a batch of them, into a
+ * temporary (s, ...out's shape)) and a sum over the slices. */
+static nd_status splitk_run(ocl_device *d, const ocl_gemm_cfg *c, nd_tensor *out, const nd_tensor *a,
+                            const nd_tensor *b, int s, bool accumulate) {
+    int n = out->ndim;
+    int64_t kc = a->shape[n - 1] / s;
+    int64_t sh[ND_MAX_DIMS], st[ND_MAX_DIMS];
+    nd_tensor *av = NULL, *bv = NULL, *part = NULL, *ov = NULL;
+    /* a as (s, ..., M, kc), b as (s, ..., kc, N): slice i starts i * kc along K */
+    sh[0] = s; st[0] = kc * a->strides[n - 1];
+    for (int i = 0; i < n; i++) { sh[i + 1] = a->shape[i]; st[i + 1] = a->strides[i]; }
+    sh[n] = kc;
+    nd_status r = nd_tensor_view_of(a, sh, st, n + 1, a->offset, &av);
+    if (r == ND_OK) {
+        sh[0] = s; st[0] = kc * b->strides[n - 2];
+        for (int i = 0; i < n; i++) { sh[i + 1] = b->shape[i]; st[i + 1] = b->strides[i]; }
+        sh[n - 1] = kc;
+        r = nd_tensor_view_of(b, sh, st, n + 1, b->offset, &bv);
+    }
+    if (r == ND_OK) {
+        sh[0] = s;
+        for (int i = 0; i < n; i++) sh[i + 1] = out->shape[i];
+        nd_device dv = {ND_DEVICE_OPENCL, d->index};
+        r = nd_empty_on(dv, sh, n + 1, out->dtype, &part);
+    }
+    if (r == ND_OK) {
+        ocl_gemm_cfg pc = *c;
+        pc.accumulate = 0;
+        r = ocl_gemm_run(d, &pc, part, av, bv);
+    }
+    if (r == ND_OK) { /* out seen as (1, ...) : the sum's keepdim form */
+        sh[0] = 1; st[0] = 0;
+        for (int i = 0; i < n; i++) { sh[i + 1] = out->shape[i]; st[i + 1] = out->strides[i]; }
+        r = nd_tensor_view_of(out, sh, st, n + 1, out->offset, &ov);
+    }
+    if (r == ND_OK) {
+        bool reduced[ND_MAX_DIMS] = {true};
+        r = accumulate ? ocl_reduce_sum_acc(ov, part, reduced)
+                       : ocl_reduce(ND_REDUCE_sum, ov, part, reduced, 0);
+    }
+    nd_release(av);
+    nd_release(bv);
+    nd_release(part);
+    nd_release(ov);
+    return r;
 }
 
 /* ---------------------------------------------------------------- the entry */
@@ -263,6 +444,18 @@ static nd_status matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b, 
     int group = ocl_gemm_group(lb);
     if (fl) c = ocl_gemm_config(d, cls, group, dt);
     c.accumulate = accumulate;
+    if (fl) {
+        int64_t batch = 1;
+        for (int i = 0; i < n - 2; i++) batch *= out->shape[i];
+        int sk = skinny_choice(d, &c, M, N, batch);
+        if (sk) return sk == 1 ? skinny_run(d, out, a, b, accumulate)
+                               : skinny_run_transposed(d, out, a, b, accumulate);
+        /* (Large products of few tiles stay on their class: the small
+         * class's 32 x 32 tiles made 700 x 256 x 10000 slower on an H100,
+         * 1.24 ms against 0.86, though they run four times the groups.) */
+        int parts = splitk_parts(d, &c, M, N, K, batch, n);
+        if (parts > 1) return splitk_run(d, &c, out, a, b, parts, accumulate);
+    }
     nd_status st = ocl_gemm_run(d, &c, out, a, b);
     if (st != ND_OK && accumulate && c.kind != OCL_GEMM_NAIVE && st != ND_ERR_MEMORY) {
         /* The driver refused the accumulating variant of the configuration

@@ -21,6 +21,7 @@
  * began. The caller records a call twice and keeps the launches only if
  * both recordings agree byte for byte: arguments that change from call to
  * call (a random stream's counter) show up there. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ocl_kernels.h"
@@ -40,6 +41,7 @@ typedef struct {
     cl_kernel k;          /* this command's own kernel object (released with it) */
     cl_program program;   /* for comparing two recordings */
     char name[64];
+    char op[48];          /* the launching op's name, for timing labels */
     cl_uint dims;
     size_t global[3], local[3];
     bool has_local;
@@ -140,10 +142,11 @@ static const rec_arg *latest_arg(cl_kernel k, cl_uint index) {
     return NULL;
 }
 
-static void note_launch(ocl_device *d, cl_kernel k, cl_uint dims, const size_t *global,
-                        const size_t *local) {
+static void note_launch(ocl_device *d, cl_kernel k, const char *op, cl_uint dims,
+                        const size_t *global, const size_t *local) {
     command *c = new_command(CMD_KERNEL, d);
     if (!c) return;
+    snprintf(c->op, sizeof c->op, "%s", op ? op : "?");
     cl_uint nargs = 0;
     cl_int e = clGetKernelInfo(k, CL_KERNEL_NUM_ARGS, sizeof nargs, &nargs, NULL);
     e |= clGetKernelInfo(k, CL_KERNEL_PROGRAM, sizeof c->program, &c->program, NULL);
@@ -178,9 +181,9 @@ static void note_launch(ocl_device *d, cl_kernel k, cl_uint dims, const size_t *
         }
 }
 
-void ocl_prepare_note_launch(ocl_device *d, cl_kernel k, cl_uint dims, const size_t *global,
-                             const size_t *local) {
-    if (rec.on && !rec.impure) note_launch(d, k, dims, global, local);
+void ocl_prepare_note_launch(ocl_device *d, cl_kernel k, const char *op, cl_uint dims,
+                             const size_t *global, const size_t *local) {
+    if (rec.on && !rec.impure) note_launch(d, k, op, dims, global, local);
 }
 
 void ocl_prepare_note_fill(ocl_device *d, cl_mem dst, const void *pattern, size_t pattern_size,
@@ -275,22 +278,26 @@ nd_status ocl_prepared_run(void *pp) {
     for (int i = 0; i < p->n; i++) {
         const command *c = &p->cmd[i];
         cl_int e;
+        cl_event ev = NULL;
         switch (c->kind) {
         case CMD_KERNEL:
             e = clEnqueueNDRangeKernel(d->queue, c->k, c->dims, NULL, c->global,
-                                       c->has_local ? c->local : NULL, 0, NULL, NULL);
+                                       c->has_local ? c->local : NULL, 0, NULL, OCL_TIMING_EVENT(ev));
             if (e != CL_SUCCESS) return ocl_fail(e, c->name, "kernel launch", d);
+            ocl_timing_note(ev, c->name, c->op, c->dims, c->global);
             ocl_count_launch();
             break;
         case CMD_FILL:
             e = clEnqueueFillBuffer(d->queue, c->dst, c->pattern, c->pattern_size, c->dst_off, c->size,
-                                    0, NULL, NULL);
+                                    0, NULL, OCL_TIMING_EVENT(ev));
             if (e != CL_SUCCESS) return ocl_fail(e, "fill", "clEnqueueFillBuffer", d);
+            ocl_timing_note(ev, "clEnqueueFillBuffer", "fill", 1, &c->size);
             break;
         case CMD_COPY:
             e = clEnqueueCopyBuffer(d->queue, c->src, c->dst, c->src_off, c->dst_off, c->size, 0,
-                                    NULL, NULL);
+                                    NULL, OCL_TIMING_EVENT(ev));
             if (e != CL_SUCCESS) return ocl_fail(e, "copy", "clEnqueueCopyBuffer", d);
+            ocl_timing_note(ev, "clEnqueueCopyBuffer", "copy", 1, &c->size);
             break;
         }
     }

@@ -231,10 +231,13 @@ nd_status ocl_launch(ocl_device *d, cl_kernel k, const char *op, int dims, const
         if (g[i] == 0) return ND_OK; /* nothing to do */
         if (local && local[i]) g[i] = (g[i] + local[i] - 1) / local[i] * local[i];
     }
-    cl_int err = clEnqueueNDRangeKernel(d->queue, k, (cl_uint)dims, NULL, g, local, 0, NULL, NULL);
+    cl_event ev = NULL;
+    cl_int err = clEnqueueNDRangeKernel(d->queue, k, (cl_uint)dims, NULL, g, local, 0, NULL,
+                                        OCL_TIMING_EVENT(ev));
     if (err != CL_SUCCESS) return ocl_fail(err, op, "kernel launch", d);
+    ocl_timing_note_kernel(ev, k, op, (cl_uint)dims, g);
     atomic_fetch_add(&launches, 1);
-    ocl_prepare_note_launch(d, k, (cl_uint)dims, g, local);
+    ocl_prepare_note_launch(d, k, op, (cl_uint)dims, g, local);
     return ND_OK;
 }
 

@@ -124,8 +124,8 @@ size_t ocl_max_group(ocl_device *d, cl_kernel k, size_t limit);
 /* What a call does while it is being prepared: the commands it enqueues
  * (ocl_launch notes its launches itself), or something a prepared replay
  * could not repeat (host reads and writes, allocations, waits). */
-void ocl_prepare_note_launch(ocl_device *d, cl_kernel k, cl_uint dims, const size_t *global,
-                             const size_t *local);
+void ocl_prepare_note_launch(ocl_device *d, cl_kernel k, const char *op, cl_uint dims,
+                             const size_t *global, const size_t *local);
 void ocl_prepare_note_fill(ocl_device *d, cl_mem dst, const void *pattern, size_t pattern_size,
                            size_t off, size_t size);
 void ocl_prepare_note_copy(ocl_device *d, cl_mem src, cl_mem dst, size_t src_off, size_t dst_off,
@@ -138,6 +138,18 @@ void *ocl_prepare_end(bool keep);
 bool ocl_prepared_equal(const void *a, const void *b);
 nd_status ocl_prepared_run(void *p);
 void ocl_prepared_free(void *p);
+
+/* ---- device time per command (ocl_timing.c; nd.opencl.timing) ---- */
+bool ocl_timing_on(void);
+/* The event to pass to an enqueue: &ev while timing is on, else NULL. */
+#define OCL_TIMING_EVENT(ev) (ocl_timing_on() ? &(ev) : NULL)
+/* Keeps ev (NULL: nothing) to be read later under "<op> <function> [global]". */
+void ocl_timing_note(cl_event ev, const char *function, const char *op, cl_uint dims,
+                     const size_t *global);
+void ocl_timing_note_kernel(cl_event ev, cl_kernel k, const char *op, cl_uint dims,
+                            const size_t *global);
+nd_status nd_ocl_timing(bool on);
+nd_status nd_ocl_kernel_times(const nd_opencl_kernel_time **rows, int *n);
 
 /* ---- buffers (ocl_pool.c) ---- */
 nd_status ocl_alloc(int index, size_t nbytes, void **handle);

@@ -64,12 +64,7 @@ __kernel void gemm_naive(long M, long N, long K, nd_geom bg,
 #endif
 }
 
-#ifdef TSM /* the tuned kernels: built only with tile defines */
-
-#define RTSM (TSM / WPTM) /* work-items along M */
-#define RTSN (TSN / WPTN) /* work-items along N */
-#define WG (RTSM * RTSN)
-
+#if defined(TSM) || defined(SKR) /* the layouts of the tiled and skinny kernels */
 #if A_LAYOUT == 1
 #define A_SM 1L
 #else
@@ -90,6 +85,13 @@ __kernel void gemm_naive(long M, long N, long K, nd_geom bg,
 #else
 #define B_SK b_sk
 #endif
+#endif
+
+#ifdef TSM /* the tuned kernels: built only with tile defines */
+
+#define RTSM (TSM / WPTM) /* work-items along M */
+#define RTSN (TSN / WPTN) /* work-items along N */
+#define WG (RTSM * RTSN)
 
 /* v[0..VW-1] = p[0..VW-1] in one vector load (vloadN needs only element
  * alignment, so any offset is fine) */
@@ -198,6 +200,24 @@ void gemm_tiled(long M, long N, long K, nd_geom bg,
     }
 
     __global T *pc = C + off[0];
+#if defined(C_LAYOUT) && C_LAYOUT == 1
+    /* C contiguous along M (c_sm == 1: the transposed view of a weight
+     * gradient's accumulator): neighbouring work-items hold neighbouring
+     * columns, whose elements lie c_sn apart, so the tile goes through local
+     * memory (column-major, rows padded by one against bank conflicts) and
+     * is stored down the columns; the values are the same. */
+    __local T Cs[TSN * (TSM + 1)];
+#pragma unroll
+    for (int i = 0; i < WPTM; i++)
+#pragma unroll
+        for (int j = 0; j < WPTN; j++) Cs[(tn + j * RTSN) * (TSM + 1) + tm + i * RTSM] = acc[i][j];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int e = tid; e < TSM * TSN; e += WG) {
+        int mm = e % TSM, nn = e / TSM;
+        long m = m0 + mm, n = n0 + nn;
+        if (m < M && n < N) STORE_C(pc[m + n * c_sn], Cs[nn * (TSM + 1) + mm]);
+    }
+#else
 #pragma unroll
     for (int i = 0; i < WPTM; i++) {
         long m = m0 + tm + i * RTSM;
@@ -208,6 +228,7 @@ void gemm_tiled(long M, long N, long K, nd_geom bg,
             if (n < N) STORE_C(pc[m * c_sm + n * c_sn], acc[i][j]);
         }
     }
+#endif
 }
 
 #else /* !USE_LOCAL */
@@ -444,3 +465,69 @@ void gemm_dot(long M, long N, long K, nd_geom bg,
 #endif /* DOT */
 #endif /* USE_LOCAL */
 #endif /* TSM */
+
+/* ------------------------------------------------------------- skinny
+ * Products with few rows (M <= 32: a recurrent step's h @ W, its gradient
+ * dgates @ W) on a GPU. A tiled kernel gives such a product a handful of
+ * work-groups (M / 64 x N / 64), each walking all of K alone, and leaves
+ * most of the GPU idle. Here a work-group of SKN x SKS work-items computes
+ * SKR rows x SKN columns of C and splits K among SKS slices: each
+ * work-item keeps SKR sums for its column over its slice of K, and the
+ * slices' sums are added in local memory in a fixed order (deterministic).
+ * With SKL (B contiguous along K) the slices are the fast dimension and
+ * interleave along K, so neighbouring work-items read neighbouring
+ * elements; otherwise the columns are, and each slice is one contiguous
+ * range of K. The matmul launcher picks this kernel (ocl_matmul.c); it
+ * computes C^T = B^T A^T for few columns. Build defines: SKR, SKN, SKS,
+ * SKL, A_LAYOUT, B_LAYOUT (and ACCUMULATE). */
+#ifdef SKR
+#if SKL
+#define SK_LOCAL0 SKS
+#define SK_LOCAL1 SKN
+#else
+#define SK_LOCAL0 SKN
+#define SK_LOCAL1 SKS
+#endif
+__kernel __attribute__((reqd_work_group_size(SK_LOCAL0, SK_LOCAL1, 1)))
+void gemm_skinny(long M, long N, long K, nd_geom bg,
+                 __global const T *A, long a_sm, long a_sk,
+                 __global const T *B, long b_sk, long b_sn,
+                 __global T *C, long c_sm, long c_sn) {
+    __local T red[SKR][SKN][SKS];
+#if SKL
+    const int s = get_local_id(0), j = get_local_id(1);
+#else
+    const int j = get_local_id(0), s = get_local_id(1);
+#endif
+    const long n = (long)get_group_id(0) * SKN + j, m0 = (long)get_group_id(1) * SKR;
+    long off[3];
+    GEOM_OFFSETS(bg, (long)get_group_id(2), 3, off);
+    /* columns and rows past the edge read the last valid one; never stored */
+    __global const T *pb = B + off[2] + (n < N ? n : N - 1) * B_SN;
+    __global const T *pa[SKR];
+#pragma unroll
+    for (int i = 0; i < SKR; i++) pa[i] = A + off[1] + (m0 + i < M ? m0 + i : M - 1) * A_SM;
+    T acc[SKR];
+#pragma unroll
+    for (int i = 0; i < SKR; i++) acc[i] = 0;
+#if SKL
+    for (long k = s; k < K; k += SKS) {
+#else
+    const long kc = (K + SKS - 1) / SKS, k1 = min(K, (s + 1) * kc);
+    for (long k = s * kc; k < k1; k++) {
+#endif
+        const T b = pb[k * B_SK];
+#pragma unroll
+        for (int i = 0; i < SKR; i++) acc[i] += pa[i][k * A_SK] * b;
+    }
+#pragma unroll
+    for (int i = 0; i < SKR; i++) red[i][j][s] = acc[i];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    /* SKR <= SKS: work-item (j, s < SKR) adds the slices of row m0 + s */
+    if (s < SKR && n < N && m0 + s < M) {
+        T v = 0;
+        for (int q = 0; q < SKS; q++) v += red[s][j][q];
+        STORE_C(C[off[0] + (m0 + s) * c_sm + n * c_sn], v);
+    }
+}
+#endif /* SKR */
