@@ -364,3 +364,82 @@ describe("matmul errors", function()
     assert.truthy(err:find("string", 1, true), err)
   end)
 end)
+
+---------------------------------------------------------------------------
+-- needle's own float32 GEMM on the CPU (cpu_gemm.c, chosen from cpuid: AVX-512F 12x32
+-- or AVX2+FMA 6x16 microkernels; NEEDLE_GEMM=avx2 / openblas pick the others). Against
+-- float64 products: shapes around the microkernel tile, the K block (384) and the row
+-- block, every layout, strided and broadcast operands; results bit for bit the same on 1
+-- and 2 threads; the same checks in a child process on each kernel the CPU has.
+describe("matmul on the CPU: needle's GEMM", function()
+  local S = require "spec.helpers.shell"
+  local kernel = nd.devices()[1].gemm
+
+  it("reports its kernel in nd.devices()", function()
+    assert.truthy(kernel == "openblas" or kernel:find("^avx512f ") or kernel:find("^avx2%+fma "), kernel)
+  end)
+
+  -- worst error of a float32 product against float64, scaled by sqrt(K) (rounding grows so)
+  local CHECK = [[
+    local nd = require "needle"
+    nd.manual_seed(11)
+    local worst, cases = 0, 0
+    local function check(a, b)
+      local got = a:matmul(b):to("float64")
+      local want = a:to("float64"):matmul(b:to("float64"))
+      local K = a.shape[#a.shape]
+      worst = math.max(worst, (got - want):abs():max():item() / math.sqrt(K))
+      cases = cases + 1
+      return got
+    end
+    local shapes = {{1, 1, 1}, {5, 7, 3}, {12, 32, 383}, {13, 33, 385}, {24, 64, 768}, {25, 17, 769},
+                    {20, 1024, 256}, {20, 256, 1024}, {193, 70, 400}, {6, 16, 16}, {7, 15, 5}, {1, 300, 2},
+                    {400, 3, 50}}
+    for _, s in ipairs(shapes) do
+      local M, N, K = s[1], s[2], s[3]
+      for _, ta in ipairs({false, true}) do
+        for _, tb in ipairs({false, true}) do
+          local a = ta and nd.randn({K, M}):t() or nd.randn({M, K})
+          local b = tb and nd.randn({N, K}):t() or nd.randn({K, N})
+          check(a, b)
+        end
+      end
+      -- every other row and column of bigger tensors (no unit stride anywhere)
+      local a = nd.randn({2 * M, 2 * K})[{{1, -1, 2}, {1, -1, 2}}]
+      local b = nd.randn({2 * K, 2 * N})[{{1, -1, 2}, {1, -1, 2}}]
+      check(a, b)
+    end
+    -- batched, with a batch dim broadcast (stride 0)
+    check(nd.randn({3, 2, 30, 40}), nd.randn({1, 2, 40, 50}):expand({3, 2, 40, 50}))
+    -- the same bits on one thread and on two
+    local a, b = nd.randn({300, 500}), nd.randn({500, 200})
+    nd.set_num_threads(1)
+    local one = a:matmul(b)
+    nd.set_num_threads(2)
+    local two = a:matmul(b)
+    print(("kernel %s cases %d worst %.3g threads_diff %.17g"):format(nd.devices()[1].gemm, cases, worst,
+      (one - two):abs():max():item()))
+  ]]
+
+  local function child(env) return S.run_program(env, CHECK) end
+
+  for _, env in ipairs({"NEEDLE_GEMM=", "NEEDLE_GEMM=avx2", "NEEDLE_GEMM=openblas"}) do
+    it("agrees with float64 products in every layout and stride, on any thread count (" .. env .. ")", function()
+      local out = child(env)
+      local k, cases, worst, diff = out:match("kernel (.-) cases (%d+) worst (%S+) threads_diff (%S+)")
+      assert.truthy(k, out)
+      assert.are.equal(66, tonumber(cases), out)
+      assert.is_true(tonumber(worst) < 1e-5, out) -- a wrong tile or panel is off by O(1)
+      if k ~= "openblas" then
+        assert.are.equal(0, tonumber(diff), out) -- (OpenBLAS's own split does change the bits)
+      end
+      if env == "NEEDLE_GEMM=openblas" then
+        assert.are.equal("openblas", k)
+      elseif env == "NEEDLE_GEMM=avx2" then -- AVX2 where the CPU has it, else BLAS
+        assert.truthy(k:find("^avx2%+fma") or k == "openblas", k)
+      else
+        assert.are.equal(kernel, k)
+      end
+    end)
+  end
+end)

@@ -107,16 +107,7 @@ end)
 describe("OpenCL matmul split for the GPU (few rows or columns, long K)", function()
   if D.pending_without_opencl(pending, "OpenCL skinny matmul") then return end
 
-  local function child(env, body)
-    local exe = S.needle_lua()
-    local prog = os.tmpname()
-    S.write_file(prog, body)
-    local p = io.popen(("%s %s %s 2>&1"):format(env, S.q(exe), S.q(prog)))
-    local out = p:read("a")
-    p:close()
-    os.remove(prog)
-    return out
-  end
+  local child = S.run_program
 
   local BODY = [[
     local nd = require "needle"

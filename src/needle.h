@@ -81,6 +81,10 @@ int nd_get_num_threads(void);
  * the small-batch linear kernel (cpu_linear_small.c; NEEDLE_NO_SMALL_GEMM=1). */
 bool nd_cpu_packed_conv(void);
 bool nd_cpu_small_linear(void);
+/* The kernel float32 matmul runs on the CPU (cpu_gemm.c): "avx512f 12x32",
+ * "avx2+fma 6x16" (chosen from cpuid), or "openblas" (no such ISA, or
+ * NEEDLE_GEMM=openblas; NEEDLE_GEMM=avx2 picks AVX2 on an AVX-512 CPU). */
+const char *nd_cpu_gemm_kernel(void);
 
 /* ---- lifetime and metadata ---- */
 void nd_retain(nd_tensor *t);

@@ -8,6 +8,9 @@
 --   S.write_file(path, s)
 --   S.exists(path)          -- true when path can be opened for reading
 --   local exe, root = S.needle_lua()
+--   S.run_program(env, source) -- needle-lua runs source (a Lua chunk) with env
+--                              -- ("NAME=value ..." prefixed to the command);
+--                              -- returns its stdout and stderr together
 
 local S = {}
 
@@ -53,6 +56,16 @@ function S.needle_lua()
     exe = (os.getenv("NEEDLE_LUA") and S.shell_line("pwd") or root) .. "/" .. exe
   end
   return exe, root
+end
+
+function S.run_program(env, source)
+  local prog = os.tmpname()
+  S.write_file(prog, source)
+  local p = assert(io.popen(("%s %s %s 2>&1"):format(env, S.q(S.needle_lua()), S.q(prog))))
+  local out = p:read("a")
+  p:close()
+  os.remove(prog)
+  return out
 end
 
 return S

@@ -2,12 +2,12 @@
  * nd.opencl_available(). */
 #include "lt_internal.h"
 
-/* nd.devices(): {{name="cpu", type="cpu", threads=N, memory=bytes, packed_conv=bool, small_linear=bool},
+/* nd.devices(): {{name="cpu", type="cpu", threads=N, memory=bytes, packed_conv=bool, small_linear=bool, gemm=kernel},
  * {name="opencl:0", ...}} */
 static int l_devices(lua_State *L) {
     int n = nd_opencl_device_count();
     lua_createtable(L, n + 1, 0);
-    lua_createtable(L, 0, 6);
+    lua_createtable(L, 0, 7);
     lt_set_str(L, "name", "cpu");
     lt_set_str(L, "type", "cpu");
     lt_set_int(L, "threads", nd_get_num_threads());
@@ -15,6 +15,7 @@ static int l_devices(lua_State *L) {
     lt_set_int(L, "memory", nd_memory_limit());
     lt_set_bool(L, "packed_conv", nd_cpu_packed_conv());
     lt_set_bool(L, "small_linear", nd_cpu_small_linear());
+    lt_set_str(L, "gemm", nd_cpu_gemm_kernel());
     lua_rawseti(L, -2, 1);
     for (int i = 0; i < n; i++) {
         nd_opencl_info in;

@@ -32,6 +32,7 @@
 #include <string.h>
 #include "cpu_conv_plan.h"
 #include "cpu_kernels.h"
+#include "cpu_gemm.h"
 
 static bool plan_all_live(const nd_conv_plan *p) { return p->nt == p->kk; }
 
@@ -59,6 +60,11 @@ static inline void col_range(int64_t x0, int64_t sw, int64_t W, int64_t lw, int6
 
 static inline void gemm_f32(bool ta, bool tb, int M, int N, int K, const float *A, int lda,
                             const float *B, int ldb, float beta, float *C, int ldc) {
+    /* needle's own kernel where the CPU has one (cpu_gemm.c): beta is 0 or 1 here */
+    if (K > 0 && (beta == 0.0f || beta == 1.0f) &&
+        nd_cpu_sgemm(M, N, K, A, ta ? 1 : lda, ta ? lda : 1, B, tb ? 1 : ldb, tb ? ldb : 1, C, ldc,
+                     beta == 1.0f))
+        return;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
                 K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }

@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <string.h>
 #include "cpu_kernels.h"
+#include "cpu_gemm.h"
 
 typedef struct { CBLAS_TRANSPOSE trans; int64_t ld; } blas_view;
 
@@ -59,8 +60,41 @@ static void gemm_generic(const nd_tensor *a, const nd_tensor *b, nd_tensor *out,
         }
 }
 
+/* float32 on needle's own GEMM (cpu_gemm.c), which reads any strides: false
+ * when this CPU has no kernel for it (or packing memory ran out). */
+static bool own_sgemm(nd_tensor *out, const nd_tensor *a, const nd_tensor *b) {
+    int n = out->ndim;
+    int64_t M = out->shape[n - 2], N = out->shape[n - 1], K = a->shape[n - 1];
+    int64_t batch = 1;
+    for (int i = 0; i < n - 2; i++) batch *= out->shape[i];
+    int64_t idx[ND_MAX_DIMS] = {0};
+    const float *pa = (const float *)a->storage->data, *pb = (const float *)b->storage->data;
+    float *po = (float *)out->storage->data;
+    for (int64_t bi = 0; bi < batch; bi++) {
+        int64_t ao = a->offset, bo = b->offset, oo = out->offset + bi * M * N;
+        for (int d = 0; d < n - 2; d++) {
+            ao += idx[d] * a->strides[d];
+            bo += idx[d] * b->strides[d];
+        }
+        if (!nd_cpu_sgemm(M, N, K, pa + ao, a->strides[n - 2], a->strides[n - 1], pb + bo,
+                          b->strides[n - 2], b->strides[n - 1], po + oo, N, false))
+            return false; /* BLAS then computes every batch */
+        for (int d = n - 3; d >= 0; d--) {
+            if (++idx[d] < out->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+    return true;
+}
+
 nd_status nd_cpu_matmul(nd_tensor *out, const nd_tensor *a_in, const nd_tensor *b_in) {
     const nd_tensor *a = a_in, *b = b_in;
+    if (out->dtype == ND_FLOAT32 && a->dtype == ND_FLOAT32 && b->dtype == ND_FLOAT32) {
+        int n = out->ndim;
+        if (a->shape[n - 1] > 0 && out->shape[n - 2] > 0 && out->shape[n - 1] > 0 &&
+            own_sgemm(out, a, b))
+            return ND_OK;
+    }
     nd_tensor *ac = NULL, *bc = NULL;
     bool blas = out->dtype == ND_FLOAT32 || out->dtype == ND_FLOAT64;
     if (blas && !operand_ok(a)) { ND_TRY(nd_cpu_contiguous(a, &ac)); a = ac; }

@@ -1,0 +1,323 @@
+/* cpu_gemm.c - needle's own float32 GEMM for x86-64: C = A @ B with A
+ * (M x K) and B (K x N) read through any element strides, C row-major.
+ *
+ * Why not only OpenBLAS: which kernels it runs depends on how it names the
+ * CPU (Debian's 0.3.21 calls a Sapphire Rapids "Prescott" and runs 5x
+ * slower; this machine's environment pins Haswell's AVX2 kernels on a CPU
+ * with AVX-512), and it packs the whole of B on every call, which is most of
+ * the cost of the small products a recurrent step makes. Here the ISA comes
+ * from cpuid at run time: AVX-512F (a 12 x 32 microkernel), AVX2 + FMA
+ * (6 x 16), or no kernel (the caller uses BLAS).
+ *
+ * The structure is the usual one (Goto, BLIS): B in blocks of KC x NC
+ * packed into NR-column panels, A in blocks of MC x KC packed into MR-row
+ * panels, and a register-blocked microkernel that multiplies one A panel
+ * by one B panel into an MR x NR tile of C. The first K block stores into
+ * C, later ones add to it. Packing reads the operands through their
+ * strides, so transposed and sliced operands cost nothing extra. A product
+ * with few rows (M <= 2 MR) and unit-stride rows of B reads B in place
+ * instead of packing it: it is read once anyway. Work is split over OpenMP
+ * threads by blocks of rows and, when there are fewer of those than
+ * threads, by ranges of column panels; every output element is computed
+ * by one thread in a fixed order, so results do not depend on the thread
+ * count.
+ *
+ * Summation order differs from OpenBLAS's: results agree to float32
+ * rounding (the specs compare with float64 products). */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#include "cpu_kernels.h"
+#include "cpu_gemm.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define ND_HAVE_GEMM_KERNELS 1
+#endif
+
+#define KC 384
+#define MAX_MR 12
+#define MAX_NR 32
+
+typedef void (*ukernel_fn)(int64_t kc, const float *a, const float *b, int64_t ldb, float *c,
+                           int64_t ldc, bool add);
+
+typedef struct {
+    const char *name;
+    int mr, nr, mc, nc;
+    ukernel_fn ukr;
+} gemm_isa;
+
+#ifdef ND_HAVE_GEMM_KERNELS
+/* c[MR x 16*NV] (row stride ldc) = or += a (packed: MR per k) @ b (NR per
+ * k, row stride ldb: NR when packed, the row stride of B when read in place) */
+__attribute__((target("avx512f"))) static void ukr_avx512_12x32(int64_t kc, const float *a,
+                                                                 const float *b, int64_t ldb,
+                                                                 float *c, int64_t ldc, bool add) {
+    __m512 acc[12][2];
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kc; k++) {
+        const __m512 b0 = _mm512_loadu_ps(b + k * ldb), b1 = _mm512_loadu_ps(b + k * ldb + 16);
+        const float *ak = a + k * 12;
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) {
+            const __m512 ai = _mm512_set1_ps(ak[i]);
+            acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) {
+        float *ci = c + i * ldc;
+        if (add) {
+            acc[i][0] = _mm512_add_ps(_mm512_loadu_ps(ci), acc[i][0]);
+            acc[i][1] = _mm512_add_ps(_mm512_loadu_ps(ci + 16), acc[i][1]);
+        }
+        _mm512_storeu_ps(ci, acc[i][0]);
+        _mm512_storeu_ps(ci + 16, acc[i][1]);
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void ukr_avx2_6x16(int64_t kc, const float *a,
+                                                              const float *b, int64_t ldb,
+                                                              float *c, int64_t ldc, bool add) {
+    __m256 acc[6][2];
+#pragma GCC unroll 6
+    for (int i = 0; i < 6; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < kc; k++) {
+        const __m256 b0 = _mm256_loadu_ps(b + k * ldb), b1 = _mm256_loadu_ps(b + k * ldb + 8);
+        const float *ak = a + k * 6;
+#pragma GCC unroll 6
+        for (int i = 0; i < 6; i++) {
+            const __m256 ai = _mm256_broadcast_ss(ak + i);
+            acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < 6; i++) {
+        float *ci = c + i * ldc;
+        if (add) {
+            acc[i][0] = _mm256_add_ps(_mm256_loadu_ps(ci), acc[i][0]);
+            acc[i][1] = _mm256_add_ps(_mm256_loadu_ps(ci + 8), acc[i][1]);
+        }
+        _mm256_storeu_ps(ci, acc[i][0]);
+        _mm256_storeu_ps(ci + 8, acc[i][1]);
+    }
+}
+#endif
+
+static const gemm_isa isa_avx512 = {"avx512f 12x32", 12, 32, 192, 2048,
+#ifdef ND_HAVE_GEMM_KERNELS
+                                    ukr_avx512_12x32
+#else
+                                    NULL
+#endif
+};
+static const gemm_isa isa_avx2 = {"avx2+fma 6x16", 6, 16, 96, 2048,
+#ifdef ND_HAVE_GEMM_KERNELS
+                                  ukr_avx2_6x16
+#else
+                                  NULL
+#endif
+};
+
+/* The kernel for this CPU, or NULL: NEEDLE_GEMM=openblas (BLAS only),
+ * avx2 (the AVX2 kernel on an AVX-512 CPU), anything else or unset: the
+ * best the CPU has. Read once. */
+static const gemm_isa *pick_isa(void) {
+    static int state = -1; /* -1 unread; else index into the table below */
+    static const gemm_isa *const table[3] = {NULL, &isa_avx2, &isa_avx512};
+    if (state < 0) {
+        int s = 0;
+#ifdef ND_HAVE_GEMM_KERNELS
+        const char *env = getenv("NEEDLE_GEMM");
+        __builtin_cpu_init();
+        bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        bool avx512 = __builtin_cpu_supports("avx512f");
+        if (env && strcmp(env, "openblas") == 0) s = 0;
+        else if (avx512 && !(env && strcmp(env, "avx2") == 0)) s = 2;
+        else if (avx2) s = 1;
+#endif
+        state = s;
+    }
+    return table[state];
+}
+
+const char *nd_cpu_gemm_kernel(void) {
+    const gemm_isa *isa = pick_isa();
+    return isa ? isa->name : "openblas";
+}
+
+/* A's rows [i0, i0 + mc) x cols [k0, k0 + kc) into MR-row panels, k-major
+ * within a panel (p[k * MR + r]); rows past M are zeros. The loops run
+ * along A's unit stride: a row at a time for row-major A, a k at a time
+ * for column-major A (a transposed operand). */
+static void pack_a(const gemm_isa *isa, const float *A, int64_t a_sm, int64_t a_sk, int64_t M,
+                   int64_t i0, int64_t mc, int64_t k0, int64_t kc, float *p) {
+    const int MR = isa->mr;
+    for (int64_t ip = 0; ip < mc; ip += MR, p += MR * kc) {
+        int64_t rows = mc - ip < MR ? mc - ip : MR;
+        if (i0 + ip + rows > M) rows = M - (i0 + ip);
+        const float *src = A + (i0 + ip) * a_sm + k0 * a_sk;
+        if (a_sm == 1 && a_sk != 1) {
+            for (int64_t k = 0; k < kc; k++) {
+                const float *sk = src + k * a_sk;
+                float *dk = p + k * MR;
+                int r = 0;
+                for (; r < rows; r++) dk[r] = sk[r];
+                for (; r < MR; r++) dk[r] = 0.0f;
+            }
+            continue;
+        }
+        for (int r = 0; r < MR; r++) {
+            if (r >= rows) {
+                for (int64_t k = 0; k < kc; k++) p[k * MR + r] = 0.0f;
+                continue;
+            }
+            const float *sr = src + r * a_sm;
+            for (int64_t k = 0; k < kc; k++) p[k * MR + r] = sr[k * a_sk];
+        }
+    }
+}
+
+/* B's rows [k0, k0 + kc) x cols [j0 + jp0, j0 + jp1) into NR-column
+ * panels (panel q at p + q * NR * kc, p[k * NR + c]); columns past N are
+ * zeros. Row-major B is copied a row at a time; B contiguous along K (a
+ * transposed weight, x @ w:t()) a column at a time, reading memory in
+ * order and writing the panel, which stays in L1. */
+static void pack_b(const gemm_isa *isa, const float *B, int64_t b_sk, int64_t b_sn, int64_t N,
+                   int64_t k0, int64_t kc, int64_t j0, int64_t jp0, int64_t jp1, float *p) {
+    const int NR = isa->nr;
+    for (int64_t jp = jp0; jp < jp1; jp += NR) {
+        float *q = p + jp * kc;
+        int64_t j = j0 + jp, w = N - j < NR ? N - j : NR;
+        const float *src = B + k0 * b_sk + j * b_sn;
+        if (b_sk == 1 && b_sn != 1) {
+            for (int64_t c = 0; c < w; c++) {
+                const float *sc = src + c * b_sn;
+                for (int64_t k = 0; k < kc; k++) q[k * NR + c] = sc[k];
+            }
+            for (int64_t c = w; c < NR; c++)
+                for (int64_t k = 0; k < kc; k++) q[k * NR + c] = 0.0f;
+            continue;
+        }
+        for (int64_t k = 0; k < kc; k++) {
+            const float *sk = src + k * b_sk;
+            float *dst = q + k * NR;
+            if (b_sn == 1) {
+                memcpy(dst, sk, (size_t)w * sizeof(float));
+            } else {
+                for (int64_t c = 0; c < w; c++) dst[c] = sk[c * b_sn];
+            }
+            for (int64_t c = w; c < NR; c++) dst[c] = 0.0f;
+        }
+    }
+}
+
+/* The tile at C[i, j] (rows mr <= MR, cols nr <= NR): straight into C when
+ * whole, else through a scratch tile. */
+static void run_tile(const gemm_isa *isa, int64_t kc, const float *ap, const float *bp, int64_t ldb,
+                     float *C, int64_t ldc, int64_t mr, int64_t nr, bool add) {
+    if (mr == isa->mr && nr == isa->nr) {
+        isa->ukr(kc, ap, bp, ldb, C, ldc, add);
+        return;
+    }
+    float t[MAX_MR * MAX_NR];
+    isa->ukr(kc, ap, bp, ldb, t, isa->nr, false);
+    for (int64_t r = 0; r < mr; r++)
+        for (int64_t c = 0; c < nr; c++) C[r * ldc + c] = add ? C[r * ldc + c] + t[r * isa->nr + c] : t[r * isa->nr + c];
+}
+
+bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm, int64_t a_sk,
+                  const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc,
+                  bool accumulate) {
+    const gemm_isa *isa = pick_isa();
+    if (!isa || !isa->ukr || M <= 0 || N <= 0 || K <= 0) return false;
+    const int MR = isa->mr, NR = isa->nr;
+    const int64_t NC = isa->nc;
+    int threads = omp_get_max_threads();
+    double flops = 2.0 * (double)M * (double)N * (double)K;
+    if (flops < 4.0e6) threads = 1; /* below ~20 us of work, threads cost more than they give */
+    /* blocks of rows of equal size (whole panels), at most the ISA's MC */
+    const int64_t mblocks = (M + isa->mc - 1) / isa->mc;
+    int64_t MC = (M + mblocks - 1) / mblocks;
+    MC = (MC + MR - 1) / MR * MR;
+    /* tasks: blocks of rows times ranges of column panels, a multiple of the
+     * thread count while there are few blocks (3 blocks on 2 threads: 6) */
+    int64_t chunks = 1;
+    if (mblocks < 8 * (int64_t)threads) {
+        int64_t g = mblocks, h = threads;
+        while (h) { int64_t r = g % h; g = h; h = r; }
+        chunks = threads / g;
+    }
+    /* few rows, B rows unit-stride: B read in place (whole NR-wide panels
+     * only; the last partial panel is packed) */
+    const bool b_in_place = M <= 2 * MR && b_sn == 1;
+    float *bpack = NULL;
+    size_t bpack_n = (size_t)KC * (size_t)((NC + NR - 1) / NR * NR);
+    if (!b_in_place) {
+        bpack = aligned_alloc(64, bpack_n * sizeof(float));
+        if (!bpack) return false;
+    }
+    bool ok = true;
+    for (int64_t jc = 0; jc < N; jc += NC) {
+        const int64_t nc = N - jc < NC ? N - jc : NC;
+        const int64_t npanels = (nc + NR - 1) / NR;
+        for (int64_t pc = 0; pc < K; pc += KC) {
+            const int64_t kc = K - pc < KC ? K - pc : KC;
+            const bool add = accumulate || pc > 0;
+            if (!b_in_place) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+                for (int64_t p = 0; p < npanels; p++)
+                    pack_b(isa, B, b_sk, b_sn, N, pc, kc, jc, p * NR, p * NR + NR, bpack);
+            }
+            const int64_t nchunks = chunks < npanels ? chunks : npanels;
+            const int64_t tasks = mblocks * nchunks;
+            int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1 && tasks > 1) reduction(| : failed)
+            {
+                float *apack = aligned_alloc(64, (size_t)MC * KC * sizeof(float)); /* MR*KC*4: 64-multiple */
+                float edge[KC * MAX_NR]; /* a partial B panel read in place gets packed here */
+                if (!apack) failed = 1;
+#pragma omp for schedule(static)
+                for (int64_t t = 0; t < tasks; t++) {
+                    if (!apack) continue;
+                    const int64_t ib = t / nchunks, ch = t % nchunks;
+                    const int64_t ic = ib * MC, mc = M - ic < MC ? M - ic : MC;
+                    const int64_t p0 = npanels * ch / nchunks, p1 = npanels * (ch + 1) / nchunks;
+                    pack_a(isa, A, a_sm, a_sk, M, ic, mc, pc, kc, apack);
+                    for (int64_t p = p0; p < p1; p++) {
+                        const int64_t jr = p * NR, nr = nc - jr < NR ? nc - jr : NR;
+                        const float *bp;
+                        int64_t ldb;
+                        if (!b_in_place) {
+                            bp = bpack + (size_t)p * NR * (size_t)kc;
+                            ldb = NR;
+                        } else if (nr == NR) {
+                            bp = B + pc * b_sk + (jc + jr);
+                            ldb = b_sk;
+                        } else {
+                            pack_b(isa, B, b_sk, b_sn, N, pc, kc, jc + jr, 0, NR, edge);
+                            bp = edge;
+                            ldb = NR;
+                        }
+                        for (int64_t ir = 0; ir < mc; ir += MR) {
+                            const int64_t mr = mc - ir < MR ? mc - ir : MR;
+                            run_tile(isa, kc, apack + ir * kc, bp, ldb,
+                                     C + (ic + ir) * ldc + jc + jr, ldc, mr, nr, add);
+                        }
+                    }
+                }
+                free(apack);
+            }
+            if (failed) { ok = false; goto out; }
+        }
+    }
+out:
+    free(bpack);
+    return ok;
+}
