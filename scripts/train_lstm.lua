@@ -47,7 +47,8 @@ options:
   --seed N            random seed (default: 1)
   --device NAME       cpu, opencl (the default OpenCL device) or opencl:N (nd.devices()
                       order); the model and every batch move there (default: cpu)
-  --threads N         CPU threads (default: all)
+  --threads N         exactly N CPU threads, reproducible bit for bit (default:
+                      all CPUs, fewer while other processes keep them busy)
   --max-lines N       read at most N lines of each file (quick runs)
   --compile           run each training step through nd.compile (docs/compile.md)
   --tune S            --compile, and tune its fused kernels within S seconds (choices are
@@ -62,7 +63,7 @@ local opts = cli.parse(arg, defaults, usage, {prog = "train_lstm", numbers = num
                                               optional = {"checkpoint", "resume", "threads", "max-lines", "tune"}})
 local compile_opts = cli.compile_opts(opts)
 local device, device_info = cli.check_device("train_lstm", opts)
-if opts.threads then nd.set_num_threads(opts.threads) end
+local threads_line = cli.threads(opts.threads)
 cli.mkdir_p(opts.out)
 local ckpt_path = opts.checkpoint or (opts.out .. "/checkpoint.safetensors")
 
@@ -100,8 +101,8 @@ local optimizer = nd.optim.Adam(model:parameters(), {lr = opts.lr})
 local checkpoint = nd.checkpoint
 print(cli.device_line(device, device_info))
 print(model)
-print(("%d parameters; Adam lr %g, batch %d, bptt %d, %d epochs, %d threads"):format(
-  model:num_parameters(), opts.lr, opts["batch-size"], opts.bptt, opts.epochs, nd.get_num_threads()))
+print(("%d parameters; Adam lr %g, batch %d, bptt %d, %d epochs, %s"):format(
+  model:num_parameters(), opts.lr, opts["batch-size"], opts.bptt, opts.epochs, threads_line))
 
 local start_epoch, step = 1, 0
 local history = {steps = {}, losses = {}, epochs = {}, val_ppl = {}}

@@ -51,7 +51,8 @@ options:
   --limit N           train on the first N training images only (quick runs)
   --device NAME       cpu, opencl (the default OpenCL device) or opencl:N (nd.devices()
                       order); the model and every batch move there (default: cpu)
-  --threads N         CPU threads (default: all)
+  --threads N         exactly N CPU threads, reproducible bit for bit (default:
+                      all CPUs, fewer while other processes keep them busy)
   --compile           run each training step through nd.compile (docs/compile.md)
   --tune S            --compile, and tune its fused kernels within S seconds (choices are
                       kept on disk: a later run starts with them)
@@ -74,7 +75,7 @@ for s in tostring(opts.hidden):gmatch("[^,]+") do
   if not n or n < 1 then die(2, "option --hidden expects positive integers separated by commas, got '%s'", opts.hidden) end
   hidden[#hidden + 1] = n
 end
-if opts.threads then nd.set_num_threads(opts.threads) end
+local threads_line = cli.threads(opts.threads)
 
 -- data ------------------------------------------------------------------------
 
@@ -127,9 +128,9 @@ local loader = nd.data.DataLoader(nd.data.TensorDataset(x_train, y_train),
 local checkpoint = nd.checkpoint
 print(cli.device_line(device, device_info))
 print(model)
-print(("%d parameters; AdamW lr %g (cosine), weight decay %g, batch %d, %d epochs, %d threads"):format(
+print(("%d parameters; AdamW lr %g (cosine), weight decay %g, batch %d, %d epochs, %s"):format(
   model:num_parameters(), opts.lr, opts["weight-decay"], opts["batch-size"], opts.epochs,
-  nd.get_num_threads()))
+  threads_line))
 
 -- the options a run must keep for --resume to continue it exactly
 local run_options = {"epochs", "batch-size", "lr", "weight-decay", "dropout", "hidden", "seed"}

@@ -64,7 +64,8 @@ options:
   --seed N            random seed: initialisation, batch order, augmentation (default: 1)
   --device NAME       cpu, opencl (the default OpenCL device) or opencl:N (nd.devices()
                       order); the model and every batch move there (default: cpu)
-  --threads N         CPU threads (default: all)
+  --threads N         exactly N CPU threads, reproducible bit for bit (default:
+                      all CPUs, fewer while other processes keep them busy)
   --compile           run each training step through nd.compile (docs/compile.md)
   --tune S            --compile, and tune its fused kernels within S seconds (choices are
                       kept on disk: a later run starts with them)
@@ -92,7 +93,7 @@ end
 local opts = parse_args(arg)
 local compile_opts = cli.compile_opts(opts)
 local device, device_info = cli.check_device("train_resnet", opts)
-if opts.threads then nd.set_num_threads(opts.threads) end
+local threads_line = cli.threads(opts.threads)
 
 local q = cli.q
 local tty = cli.is_tty()
@@ -195,10 +196,10 @@ elseif opts.schedule == "cosine" then
 end
 print(cli.device_line(device, device_info))
 print(model)
-print(("%d parameters; %s lr %g (%s), weight decay %g, batch %d, %d steps/epoch, %d epochs, %d threads"):format(
+print(("%d parameters; %s lr %g (%s), weight decay %g, batch %d, %d steps/epoch, %d epochs, %s"):format(
   model:num_parameters(), opts.optimizer == "sgd" and (opts.momentum > 0 and ("SGD (nesterov momentum %g)"):format(opts.momentum) or "SGD")
   or "Adam", opts.lr, opts.schedule, opts["weight-decay"], opts["batch-size"], steps_per_epoch, opts.epochs,
-  nd.get_num_threads()))
+  threads_line))
 
 local checkpoint = nd.checkpoint
 local start_epoch, step = 1, 0

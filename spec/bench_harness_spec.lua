@@ -10,6 +10,15 @@ local json = require("needle.checkpoint").json
 local _, root = S.needle_lua()
 local run, tmpdir, rmdir = H.runner("bench/run"), H.tmpdir, H.rmdir
 
+-- d/python3: a stand-in for PyTorch's Python that says its torch is
+-- "9.9-fake" and otherwise runs body (sh) as the workload process
+local function fake_python(d, body)
+  local fake = d .. "/python3"
+  S.write_file(fake, '#!/bin/sh\nif [ "$1" = "-c" ]; then echo 9.9-fake; exit 0; fi\n' .. body)
+  os.execute("chmod +x " .. S.q(fake))
+  return fake
+end
+
 describe("scripts/bench/run.lua", function()
   it("runs the cheap workloads without PyTorch and writes JSON, CSV and SVG", function()
     local d = tmpdir()
@@ -55,16 +64,11 @@ describe("scripts/bench/run.lua", function()
     -- in successive runs: the ratio of the medians would differ from the
     -- median of the per-round ratios that run.lua must report
     local d = tmpdir()
-    local fake = d .. "/python3"
-    local f = assert(io.open(fake, "w"))
-    f:write([[#!/bin/sh
-if [ "$1" = "-c" ]; then echo 9.9-fake; exit 0; fi
+    local fake = fake_python(d, [[
 n=$(cat "$(dirname "$0")/count" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$(dirname "$0")/count"
 case $n in 1) echo "ms 0.001";; 2) echo "ms 100";; *) echo "ms 2";; esac
 echo "rss_mb 5"
 ]])
-    f:close()
-    os.execute("chmod +x " .. S.q(fake))
     local ok, out = run("--only small_ops --rounds 3 --reps 1 --warmup 0 --python " .. S.q(fake) ..
                         " --out " .. S.q(d))
     assert.is_true(ok, out)
@@ -88,6 +92,40 @@ echo "rss_mb 5"
     assert.is_true(math.abs(r.ratio_max - ratios[3]) <= 1e-6 * ratios[3])
     assert.are.equal(2, r.ref_ms) -- the median of the reference's times
     assert.are.equal(r.ratio <= 0.3, r.met)
+    rmdir(d)
+  end)
+
+  it("--scaling runs each workload at each thread count and reports speed-ups over the first", function()
+    -- a stand-in for python3 whose "torch" takes 8 / OMP_NUM_THREADS ms:
+    -- exactly 2x faster at 2 threads
+    local d = tmpdir()
+    local fake = fake_python(d, [[echo "ms $((8 / OMP_NUM_THREADS))"
+]])
+    local ok, out = run("--only small_ops,startup --scaling 1,2 --reps 1 --warmup 0 --python " .. S.q(fake) ..
+                        " --out " .. S.q(d))
+    assert.is_true(ok, out)
+    assert.is_truthy(out:find("thread scaling", 1, true), out)
+    local doc = json.decode(assert(S.read_file(d .. "/scaling.json")))
+    assert.are.same({1, 2}, doc.counts)
+    assert.are.equal(1, #doc.rows) -- start-up is not a thread workload
+    local r = doc.rows[1]
+    assert.are.equal("small_ops", r.workload)
+    assert.are.equal(2, #r.points)
+    assert.are.same({1, 2}, {r.points[1].threads, r.points[2].threads})
+    assert.are.same({8, 4}, {r.points[1].torch_ms, r.points[2].torch_ms})
+    assert.are.same({1, 2}, {r.points[1].torch_speedup, r.points[2].torch_speedup})
+    for _, p in ipairs(r.points) do
+      assert.is_true(p.needle_ms > 0)
+      assert.is_true(math.abs(p.needle_speedup - r.points[1].needle_ms / p.needle_ms) < 1e-9)
+      assert.is_true(math.abs(p.ratio - p.needle_ms / p.torch_ms) < 1e-9)
+    end
+    local svg = assert(S.read_file(d .. "/scaling.svg"))
+    assert.is_truthy(svg:match("^<svg"))
+    assert.is_truthy(svg:find(">small_ops<", 1, true))
+    assert.is_falsy(io.open(d .. "/bench.json")) -- the ratio table is not made
+    ok, out = run("--scaling 1,0 --no-torch")
+    assert.is_false(ok)
+    assert.is_truthy(out:find("--scaling takes thread counts >= 1", 1, true), out)
     rmdir(d)
   end)
 
@@ -133,5 +171,42 @@ echo "rss_mb 5"
     assert.is_true(n >= 10)
     -- what is left is what only run.lua measures (start-up launches processes)
     assert.are.same({startup = true}, listed)
+  end)
+end)
+
+-- scripts/bench/busy_core.lua: the threads benchmark with other processes
+-- keeping cores busy (issue 18); only that it runs and fills every cell.
+describe("scripts/bench/busy_core.lua", function()
+  local busy = H.runner("bench/busy_core")
+
+  it("times each mode on the quiet machine and with a core busy, and writes JSON", function()
+    local d = tmpdir()
+    local ok, out = busy("--only small_ops --rounds 1 --reps 1 --threads 2 --out " .. S.q(d))
+    assert.is_true(ok, out)
+    local doc = json.decode(assert(S.read_file(d .. "/busy_core.json")))
+    assert.are.equal(2, doc.threads)
+    assert.are.equal(1, #doc.rows)
+    local r = doc.rows[1]
+    for _, mode in ipairs({"fixed", "one", "adaptive"}) do
+      for _, cond in ipairs({"quiet", "busy"}) do
+        assert.is_true(r[mode .. "_" .. cond] > 0, mode .. " " .. cond)
+        assert.are.equal(1, #r[mode .. "_" .. cond .. "_rounds"])
+      end
+    end
+    assert.is_true(math.abs(r.adaptive_cost_quiet - r.adaptive_quiet / r.fixed_quiet) < 1e-9)
+    assert.is_true(math.abs(r.adaptive_vs_one_busy - r.adaptive_busy / r.one_busy) < 1e-9)
+    rmdir(d)
+  end)
+
+  it("refuses a workload that is not timed, and unknown options", function()
+    local ok, out = busy("--only startup")
+    assert.is_false(ok)
+    assert.is_truthy(out:find("'startup' is not a timed workload", 1, true), out)
+    ok, out = busy("--rounds 0")
+    assert.is_false(ok)
+    assert.is_truthy(out:find("--rounds must be an integer >= 1", 1, true), out)
+    ok, out = busy("--bogus 1")
+    assert.is_false(ok)
+    assert.is_truthy(out:find("unknown option '--bogus'", 1, true), out)
   end)
 end)

@@ -386,6 +386,33 @@ describe("batch_norm's fused backward", function()
   end)
 end)
 
+-- Above 24 rows the float32 fused linear runs needle's GEMM, which adds the bias
+-- and applies relu to each tile as its last K block is stored (cpu_gemm.c):
+-- the same float operations as the product followed by a pass over it, so the
+-- bits must equal matmul + bias (+ relu), and both must agree with float64.
+describe("the fused linear's GEMM epilogue (bias, relu)", function()
+  before_each(function() nd.manual_seed(6) end)
+
+  it("equals matmul + bias (+ relu) bit for bit over tile, K-block and N-block edges", function()
+    for _, M in ipairs({25, 100, 193}) do
+      for _, K in ipairs({7, 385, 800}) do
+        for _, O in ipairs({1, 33, 70, 2100}) do
+          local x, w, b = nd.randn({M, K}), nd.randn({O, K}), nd.randn({O})
+          local plain = x:matmul(w:t()) + b
+          local lin = nd.F.linear(x, w, b)
+          local what = ("M %d K %d O %d"):format(M, K, O)
+          assert.are.equal(0, max_diff(lin, plain), what)
+          assert.are.equal(0, max_diff(nd.F.fused_linear(x, w, b, {activation = "relu"}), plain:relu()), what)
+          assert.are.equal(0, max_diff(nd.F.fused_linear(x, w, nil, {activation = "relu"}),
+                                       x:matmul(w:t()):relu()), what)
+          local want = x:double():matmul(w:double():t()) + b:double()
+          assert.is_true(max_diff(lin:double(), want) < 1e-5 * math.sqrt(K) * 4, what)
+        end
+      end
+    end
+  end)
+end)
+
 describe("the small-M float32 linear kernel", function()
   before_each(function() nd.manual_seed(5) end)
 

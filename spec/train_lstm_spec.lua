@@ -5,7 +5,7 @@ local S = require "spec.helpers.shell"
 local H = require "spec.helpers.scripts"
 local D = require "spec.helpers.devices"
 
-local tiny = "--epochs 2 --max-lines 300 --emsize 16 --nhid 32 --batch-size 8 --bptt 10"
+local tiny = "--epochs 2 --max-lines 300 --emsize 16 --nhid 32 --batch-size 8 --bptt 10 --threads 2"
 
 local run, csv, tmpdir = H.runner("train_lstm"), H.csv_lines, H.tmpdir
 

@@ -117,7 +117,7 @@ describe("scripts/train_mlp.lua", function()
   for _, dev in ipairs(devices) do
     it("--device " .. dev .. " trains to the cpu's loss curve", function()
       local d = synthetic_data()
-      local common = "--data " .. S.q(d) .. " --epochs 2 --limit 96 --batch-size 32 --hidden 24 --seed 4"
+      local common = "--data " .. S.q(d) .. " --epochs 2 --limit 96 --batch-size 32 --hidden 24 --seed 4 --threads 2"
       local ok, text = run(common .. " --out " .. S.q(d .. "/cpu"))
       assert(ok, text)
       ok, text = run(common .. " --device " .. dev .. " --out " .. S.q(d .. "/dev"))
@@ -141,7 +141,7 @@ describe("scripts/train_mlp.lua", function()
 
   it("--compile trains exactly as the eager run", function()
     local d = synthetic_data()
-    local common = "--data " .. S.q(d) .. " --epochs 2 --limit 96 --batch-size 32 --hidden 24 --seed 4"
+    local common = "--data " .. S.q(d) .. " --epochs 2 --limit 96 --batch-size 32 --hidden 24 --seed 4 --threads 2"
     local ok, text = run(common .. " --out " .. S.q(d .. "/eager"))
     assert(ok, text)
     ok, text = run(common .. " --compile --out " .. S.q(d .. "/compiled"))
@@ -161,7 +161,7 @@ describe("scripts/train_mlp.lua", function()
 
   it("--tune trains exactly as the eager run, and a second run takes its choices from disk", function()
     local d = synthetic_data()
-    local common = "--data " .. S.q(d) .. " --epochs 1 --limit 64 --batch-size 32 --hidden 24 --seed 4"
+    local common = "--data " .. S.q(d) .. " --epochs 1 --limit 64 --batch-size 32 --hidden 24 --seed 4 --threads 2"
     local env = "NEEDLE_CACHE_DIR=" .. S.q(d .. "/cache")
     local ok, text = run(common .. " --out " .. S.q(d .. "/eager"))
     assert(ok, text)
@@ -209,7 +209,7 @@ describe("scripts/train_mlp.lua", function()
 
   it("a resumed run continues exactly as an uninterrupted one", function()
     local d = synthetic_data()
-    local common = "--data " .. S.q(d) .. " --epochs 3 --batch-size 32 --hidden 48 --seed 5"
+    local common = "--data " .. S.q(d) .. " --epochs 3 --batch-size 32 --hidden 48 --seed 5 --threads 2"
     local a, b = d .. "/a", d .. "/b"
     local ok, text = run(common .. " --out " .. S.q(a))
     assert(ok, text)

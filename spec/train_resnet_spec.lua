@@ -70,7 +70,7 @@ describe("scripts/train_resnet.lua", function()
 
   it("--compile trains exactly as the eager run (one-cycle lr and momentum, no retrace)", function()
     local a, b = tmpdir(), tmpdir()
-    local short = "--synthetic 64 --batch-size 16 --epochs 2"
+    local short = "--synthetic 64 --batch-size 16 --epochs 2 --threads 2"
     local ok, text = run(short .. " --out " .. S.q(a))
     assert(ok, text)
     ok, text = run(short .. " --compile --out " .. S.q(b))

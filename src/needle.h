@@ -74,8 +74,21 @@ const char *nd_dtype_name(nd_dtype dt);
 nd_status nd_dtype_from_name(const char *name, nd_dtype *out);
 size_t nd_dtype_size(nd_dtype dt);
 int nd_dtype_is_float(nd_dtype dt);
+/* Threads of the CPU kernels (cpu_threads.c): n is the most they use; with
+ * adaptive threads (the default; NEEDLE_ADAPTIVE_THREADS=0 turns it off)
+ * fewer while other processes keep this process's CPUs busy. */
 void nd_set_num_threads(int n);
 int nd_get_num_threads(void);
+void nd_set_adaptive_threads(bool on);
+typedef struct {
+    int max;               /* nd_set_num_threads / NEEDLE_NUM_THREADS / OpenMP's default */
+    int in_use;            /* the count kernels use now */
+    int cpus;              /* CPUs this process may run on */
+    bool adaptive;         /* the count follows the load */
+    bool measured;         /* /proc/stat could be read (else in_use == max) */
+    double busy_elsewhere; /* cores other processes took lately (smoothed) */
+} nd_threads_state;
+void nd_threads_info(nd_threads_state *out);
 /* The CPU's run-time chosen float32 fast paths (AVX2 + FMA): the packed
  * conv2d kernels (cpu_conv_packed.c; NEEDLE_CONV_BLAS=1 turns them off) and
  * the small-batch linear kernel (cpu_linear_small.c; NEEDLE_NO_SMALL_GEMM=1). */

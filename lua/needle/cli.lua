@@ -117,6 +117,19 @@ function M.device_line(name, info)
     info.compute_units or 0, (info.memory or 0) / 2^30, info.fp64 and ", fp64" or "")
 end
 
+-- The scripts' --threads: n (a number) fixes the thread count at n, so that
+-- a run is reproducible bit for bit (a few kernels sum per-thread partial
+-- results); nil keeps the default, every CPU while no other process keeps
+-- them busy (docs/threads.md). Returns "N threads" or "up to N threads
+-- (adaptive)" for the run's summary line.
+function M.threads(n)
+  local nd = require "needle"
+  if n then nd.set_num_threads(n, {adaptive = false}) end
+  local t = nd.threads()
+  if t.adaptive then return ("up to %d threads (adaptive)"):format(t.max) end
+  return ("%d threads"):format(t.max)
+end
+
 -- each of the named options, when set, must be an integer >= 1; fmt (with
 -- the option's name and its value) is the message otherwise
 function M.positive_integers(prog, opts, names, fmt)

@@ -1,5 +1,5 @@
 -- scripts/bench/matmul_sweep.lua: float32 matmul speed over sizes, on the
--- cpu (OpenBLAS) and on every OpenCL device (the tuned GEMM of
+-- cpu (needle's GEMM, docs/cpu-gemm.md) and on every OpenCL device (the tuned GEMM of
 -- kernels/gemm.cl, docs/opencl-gemm.md).
 --
 --   build/needle-lua scripts/bench/matmul_sweep.lua [--sizes LIST] [--reps N]
@@ -127,7 +127,7 @@ for _, name in ipairs(devices) do
       q.config.large.nn, q.config.large.nt))
     print(("    peak (estimate): %s"):format(q.peak_formula))
   else
-    print(("  %s: OpenBLAS, %d threads"):format(name, d.threads or nd.get_num_threads()))
+    print(("  %s: %s, %d threads"):format(name, d.gemm or "OpenBLAS", d.threads or nd.get_num_threads()))
   end
 end
 
@@ -159,7 +159,7 @@ for _, dev in ipairs(devices) do
     for _, layout in ipairs(layouts) do
       cli.progress(("  %s %s %s ..."):format(dev, s[4], layout))
       local secs, r = measure(dev, s, layout)
-      results[#results + 1] = {device = dev, name = by_name[dev].device or "OpenBLAS", layout = layout,
+      results[#results + 1] = {device = dev, name = by_name[dev].device or by_name[dev].gemm or "OpenBLAS", layout = layout,
         m = s[1], n = s[2], k = s[3], size = s[4], ms = secs * 1e3,
         gflops = 2 * s[1] * s[2] * s[3] / secs * 1e-9, reps = r}
     end

@@ -14,7 +14,7 @@
 -- medians taken at different moments.
 --
 --   build/needle-lua scripts/bench/run.lua [--only NAME[,NAME]] [--rounds N] [--reps N]
---                    [--warmup N] [--threads N] [--no-torch] [--out DIR]
+--                    [--warmup N] [--threads N | --scaling 1,2,4,...] [--no-torch] [--out DIR]
 --                    [--device DEV] [--torch-device DEV]
 --
 -- See docs/benchmarks.md for the workloads, the targets and how to read the
@@ -52,6 +52,10 @@ options:
   --torch-device DEV
                   PyTorch's device (default cpu; e.g. cuda); each timed call
                   of either side ends by synchronizing its device
+  --scaling LIST  thread counts (e.g. 1,2,4,8,16): every selected workload at each
+                  count, needle and PyTorch (and cblas for the matmuls); prints time
+                  and speed-up over the first count, writes scaling.json and
+                  scaling.svg instead of the ratio table
   --out DIR       where bench.json, bench.csv and ratios.svg go (default: runs/bench)
   --list          print the workloads and exit
 
@@ -86,6 +90,14 @@ do
     elseif a == "--reps" then opts.reps = count(a, 1)
     elseif a == "--warmup" then opts.warmup = count(a, 0)
     elseif a == "--threads" then opts.threads = count(a, 1)
+    elseif a == "--scaling" then
+      opts.scaling = {}
+      for item in value(a):gmatch("[^,%s]+") do
+        local n = math.tointeger(tonumber(item))
+        if not n or n < 1 then die("--scaling takes thread counts >= 1, e.g. 1,2,4,8,16") end
+        opts.scaling[#opts.scaling + 1] = n
+      end
+      if #opts.scaling == 0 then die("--scaling takes thread counts >= 1, e.g. 1,2,4,8,16") end
     elseif a == "--out" then opts.out = value(a)
     elseif a == "--no-torch" then opts.no_torch = true
     elseif a == "--python" then C.python = q(value(a))
@@ -125,9 +137,13 @@ local torch_dev_arg = opts.torch_device and (" " .. q(opts.torch_device)) or ""
 
 -- processes ----------------------------------------------------------------------------
 local exe = arg[-1] or "needle-lua"
-local threads = opts.threads
+local threads, env
 -- the thread count for every child, also the libraries' own pools
-local env = ("OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d "):format(threads, threads)
+local function set_threads(n)
+  threads = n
+  env = ("OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d "):format(n, n)
+end
+set_threads(opts.threads)
 
 local function shell_ok(cmd)
   local ok = os.execute(cmd)
@@ -274,6 +290,15 @@ local function row(w, name, ref, mine, theirs, target)
     r.met = r.ratio <= target
   end
   return r
+end
+
+if opts.scaling then
+  local S = dofile(here .. "/scaling.lua")
+  S.run({selected = selected, counts = opts.scaling, rounds = opts.rounds or 1, out = opts.out,
+         set_threads = set_threads, measure_round = measure_round, have_torch = have_torch,
+         python = C.python})
+  if C.sgemm_file then os.remove(C.sgemm_file) end
+  os.exit(0)
 end
 
 local rows = {}

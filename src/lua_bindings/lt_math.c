@@ -312,15 +312,41 @@ static int l_cross_entropy(lua_State *L) {
     return 1;
 }
 
+/* nd.set_num_threads(n [, {adaptive = bool}]): n is the most threads the
+ * CPU kernels use; adaptive (left as it was when absent) lets the count
+ * drop while other processes keep the CPUs busy. */
 static int l_set_num_threads(lua_State *L) {
     lua_Integer n = luaL_checkinteger(L, 1);
-    if (n < 1) return lt_error(L, "set_num_threads", "thread count must be >= 1, got %lld", (long long)n);
+    if (n < 1 || n > 4096)
+        return lt_error(L, "set_num_threads", "thread count must be in 1..4096, got %lld", (long long)n);
+    static const char *const valid[] = {"adaptive", NULL};
+    int opts = lt_options(L, 2, "set_num_threads", valid);
+    if (opts) {
+        lua_getfield(L, opts, "adaptive");
+        bool given = !lua_isnil(L, -1);
+        lua_pop(L, 1);
+        if (given) nd_set_adaptive_threads(lt_opt_bool(L, opts, "set_num_threads", "adaptive", true));
+    }
     nd_set_num_threads((int)n);
     return 0;
 }
 
 static int l_get_num_threads(lua_State *L) {
     lua_pushinteger(L, nd_get_num_threads());
+    return 1;
+}
+
+/* nd.threads(): {max, in_use, cpus, adaptive, measured, busy_elsewhere} */
+static int l_threads(lua_State *L) {
+    nd_threads_state st;
+    nd_threads_info(&st);
+    lua_createtable(L, 0, 6);
+    lt_set_int(L, "max", st.max);
+    lt_set_int(L, "in_use", st.in_use);
+    lt_set_int(L, "cpus", st.cpus);
+    lt_set_bool(L, "adaptive", st.adaptive);
+    lt_set_bool(L, "measured", st.measured);
+    lt_set_num(L, "busy_elsewhere", st.busy_elsewhere);
     return 1;
 }
 
@@ -384,6 +410,7 @@ void lt_register_math(lua_State *L) {
         {"cross_entropy", l_cross_entropy, false, true},
         {"set_num_threads", l_set_num_threads, false, true},
         {"get_num_threads", l_get_num_threads, false, true},
+        {"threads", l_threads, false, true},
         {"ops", l_ops, false, true},
         {NULL, NULL, false, false},
     };

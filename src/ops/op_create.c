@@ -1,8 +1,6 @@
 /* op_create.c - arange, linspace, eye, filled tensors (full, zeros), copying out to a
- * caller's buffer, and the thread count. */
-#include <cblas.h>
+ * caller's buffer. */
 #include <math.h>
-#include <omp.h>
 #include <string.h>
 #include "backend_call.h"
 
@@ -53,17 +51,6 @@ nd_status nd_eye(int64_t n, int64_t m, nd_dtype dt, nd_tensor **out) {
     for (int64_t i = 0; i < n && i < m; i++) nd_store_f64(p + (i * m + i) * (int64_t)es, dt, 1);
     return ND_OK;
 }
-
-/* OpenBLAS and OpenMP each keep a thread pool; both follow this setting so
- * they never oversubscribe the machine. */
-extern void openblas_set_num_threads(int);
-void nd_set_num_threads(int n) {
-    if (n < 1) n = 1;
-    omp_set_num_threads(n);
-    openblas_set_num_threads(n);
-}
-
-int nd_get_num_threads(void) { return omp_get_max_threads(); }
 
 /* ------------------------------------------------ filled tensors, copies out */
 

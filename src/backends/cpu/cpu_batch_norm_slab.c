@@ -36,7 +36,7 @@ static double channel_sum(const double *acc, int64_t ch, int64_t sp) {
         T *mu_e = (T *)spread, *sc = mu_e + cs, *sh = sc + cs;                                 \
         const double cnt = (double)(n * sp);                                                   \
         if (training) {                                                                        \
-            _Pragma("omp parallel if (par)")                                                   \
+            _Pragma("omp parallel num_threads(nd_cpu_threads()) if (par)")                     \
             {                                                                                  \
                 THREAD_COLUMNS(cs, j0, j1);                                                    \
                 for (int64_t j = j0; j < j1; j++) acc[j] = 0;                                  \
@@ -49,7 +49,7 @@ static double channel_sum(const double *acc, int64_t ch, int64_t sp) {
                 M[ch] = (T)(channel_sum(acc, ch, sp) / cnt);                                   \
                 for (int64_t k = 0; k < sp; k++) mu_e[ch * sp + k] = M[ch];                    \
             }                                                                                  \
-            _Pragma("omp parallel if (par)")                                                   \
+            _Pragma("omp parallel num_threads(nd_cpu_threads()) if (par)")                     \
             {                                                                                  \
                 THREAD_COLUMNS(cs, j0, j1);                                                    \
                 for (int64_t j = j0; j < j1; j++) acc[j] = 0;                                  \
@@ -69,7 +69,7 @@ static double channel_sum(const double *acc, int64_t ch, int64_t sp) {
             const T shift = (Bs ? Bs[ch] : (T)0) - M[ch] * scale;                              \
             for (int64_t k = 0; k < sp; k++) sc[ch * sp + k] = scale, sh[ch * sp + k] = shift; \
         }                                                                                      \
-        _Pragma("omp parallel for if (par) schedule(static)")                                  \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (par) schedule(static)")    \
         for (int64_t i = 0; i < n; i++) {                                                      \
             const T *xp = X + i * cs;                                                          \
             T *yp = Y + i * cs;                                                                \
@@ -118,7 +118,7 @@ nd_status nd_cpu_batch_norm_slab(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd,
         for (int64_t ch = 0; ch < c; ch++)                                                     \
             for (int64_t k = 0; k < sp; k++) mu_e[ch * sp + k] = M[ch];                        \
         double *ag = acc, *agx = acc + cs;                                                     \
-        _Pragma("omp parallel if (par)")                                                       \
+        _Pragma("omp parallel num_threads(nd_cpu_threads()) if (par)")                         \
         {                                                                                      \
             THREAD_COLUMNS(cs, j0, j1);                                                        \
             for (int64_t j = j0; j < j1; j++) ag[j] = 0, agx[j] = 0;                           \
@@ -143,7 +143,7 @@ nd_status nd_cpu_batch_norm_slab(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd,
                 k1[ch * sp + k] = a, k2[ch * sp + k] = bb, k3[ch * sp + k] = cc;               \
         }                                                                                      \
         if (!DX) break;                                                                        \
-        _Pragma("omp parallel for if (par) schedule(static)")                                  \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (par) schedule(static)")    \
         for (int64_t i = 0; i < n; i++) {                                                      \
             const T *xp = X + i * cs, *gp = G + i * cs;                                        \
             T *dp = DX + i * cs;                                                               \

@@ -25,7 +25,7 @@ static inline void unit_range(int64_t x0, int64_t W, int64_t lw, int64_t *lo, in
     do {                                                                                     \
         const T *X = (const T *)nd_ptr(x);                                                   \
         T *COLS = (T *)nd_ptr(cols);                                                         \
-        _Pragma("omp parallel for if (rows * L >= ND_PARALLEL_THRESHOLD) schedule(static)") \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (rows * L >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t r = 0; r < rows; r++) {                                                 \
             int64_t p = r / kk, i = (r % kk) / g->kw, j = r % g->kw;                         \
             const T *xp = X + p * H * W;                                                     \
@@ -69,7 +69,7 @@ nd_status nd_cpu_im2col(nd_tensor *cols, const nd_tensor *x, const nd_conv_geom 
     do {                                                                                      \
         T *X = (T *)nd_ptr(xo);                                                               \
         const T *COLS = (const T *)nd_ptr(cols);                                              \
-        _Pragma("omp parallel for if (planes * kk * L >= ND_PARALLEL_THRESHOLD) schedule(static)") \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (planes * kk * L >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t p = 0; p < planes; p++) {                                                \
             T *xp = X + p * H * W;                                                            \
             memset(xp, 0, sizeof(T) * (size_t)(H * W));                                       \

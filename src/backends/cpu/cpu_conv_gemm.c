@@ -78,7 +78,7 @@ static inline void gemm_f64(bool ta, bool tb, int M, int N, int K, const double 
 
 /* a parallel loop when work_ (declared just before) is worth the threads */
 #define PAR_IF(work) const int64_t work_ = (work);                                    \
-    _Pragma("omp parallel for if (work_ >= ND_PARALLEL_THRESHOLD) schedule(static)")
+    _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (work_ >= ND_PARALLEL_THRESHOLD) schedule(static)")
 
 #define DEFINE_CONV_KERNELS(T, SUF)                                                              \
     /* cols (C*nt, nc*L) of images n0 .. n0+nc-1 */                                             \

@@ -311,7 +311,7 @@ static int64_t seg_runs(const col_seg *seg, int64_t ns, col_seg *run) {
 /* A panels of the weight's live taps: (Opad/6, K, 6), zero rows past O */
 static void pack_weight(const nd_conv_plan *p, const float *W, float *A) {
     const int64_t K = p->K, Opad = round_up(p->O, MR);
-#pragma omp parallel for if (Opad * K >= ND_PARALLEL_THRESHOLD) schedule(static)
+#pragma omp parallel for num_threads(nd_cpu_threads()) if (Opad * K >= ND_PARALLEL_THRESHOLD) schedule(static)
     for (int64_t o = 0; o < Opad; o++) {
         float *dst = A + (o / MR) * K * MR + o % MR;
         for (int64_t c = 0; c < p->C; c++)
@@ -323,7 +323,7 @@ static void pack_weight(const nd_conv_plan *p, const float *W, float *A) {
 /* A panels of the transposed weight: (Kpad/6, O, 6), zero rows past K */
 static void pack_weight_t(const nd_conv_plan *p, const float *W, float *A) {
     const int64_t O = p->O, Kpad = round_up(p->K, MR);
-#pragma omp parallel for if (Kpad * O >= ND_PARALLEL_THRESHOLD) schedule(static)
+#pragma omp parallel for num_threads(nd_cpu_threads()) if (Kpad * O >= ND_PARALLEL_THRESHOLD) schedule(static)
     for (int64_t k = 0; k < Kpad; k++) {
         float *dst = A + (k / MR) * O * MR + k % MR;
         const int64_t c = k / p->nt, t = k % p->nt;
@@ -488,7 +488,7 @@ static bool packed_applies(const nd_conv_plan *p, const nd_tensor *x) {
 
 /* threads for work of this many multiply-adds, at most one per unit */
 static int threads_for(int64_t madds, int64_t units) {
-    int nt = madds >= 8 * (int64_t)ND_PARALLEL_THRESHOLD ? omp_get_max_threads() : 1;
+    int nt = madds >= 8 * (int64_t)ND_PARALLEL_THRESHOLD ? nd_cpu_threads() : 1;
     return nt > units ? (int)(units > 0 ? units : 1) : nt;
 }
 
@@ -621,7 +621,7 @@ nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tenso
     if (gw) { /* GW[o, c, tap] = the threads' partial sums; 0 at dead taps */
         float *GW = (float *)nd_ptr(gw);
         memset(GW, 0, sizeof(float) * (size_t)(O * p->C * p->kk));
-#pragma omp parallel for if (O * K * nth >= ND_PARALLEL_THRESHOLD) schedule(static)
+#pragma omp parallel for num_threads(nd_cpu_threads()) if (O * K * nth >= ND_PARALLEL_THRESHOLD) schedule(static)
         for (int64_t o = 0; o < O; o++)
             for (int64_t k = 0; k < K; k++) {
                 float sum = 0;

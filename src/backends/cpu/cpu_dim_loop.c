@@ -1,5 +1,6 @@
 /* cpu_dim_loop.c - see cpu_dim_loop.h. */
 #include <omp.h>
+#include "cpu_threads.h"
 #include "cpu_dim_loop.h"
 
 void nd_dim_loop_init(nd_dim_loop *L, int nops, const nd_tensor *const *ts,
@@ -69,7 +70,7 @@ static void step(const nd_dim_loop *L, int64_t *idx, char **p) {
 
 static int pick_threads(const nd_dim_loop *L, int64_t tasks, int parallel) {
     if (!parallel || tasks < 2 || L->nouter * L->n < ND_PARALLEL_THRESHOLD) return 1;
-    int nt = omp_get_max_threads();
+    int nt = nd_cpu_threads();
     return nt > tasks ? (int)tasks : nt;
 }
 
@@ -148,7 +149,7 @@ void nd_dim_loop_run_tiles(const nd_dim_loop *L, nd_tile_fn fn, void *ctx, int p
             int64_t rest = L->nouter / lanes;
             /* enough tiles for the threads, but at least 64 lanes (whole
              * cache lines) and at most ND_TILE_MAX per tile */
-            int64_t want = parallel ? 4 * (int64_t)omp_get_max_threads() : 1;
+            int64_t want = parallel ? 4 * (int64_t)nd_cpu_threads() : 1;
             int64_t per_row = rest >= want ? 1 : (want + rest - 1) / rest;
             chunk = (lanes + per_row - 1) / per_row;
             if (chunk < 64) chunk = 64;

@@ -276,7 +276,7 @@ nd_status nd_cpu_clamp(nd_tensor *out, const nd_tensor *x, double lo, double hi)
     do {                                                                                 \
         const T *G = (const T *)nd_ptr(g), *Y = (const T *)nd_ptr(y);                    \
         T *GX = (T *)nd_ptr(gx);                                                         \
-        _Pragma("omp parallel for if (n >= ND_PARALLEL_THRESHOLD) schedule(static)")      \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (n >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t i = 0; i < n; i++) {                                                \
             const T gi = G[i], yi = Y[i];                                                \
             GX[i] = yi > (T)0 ? gi : (T)0;                                               \

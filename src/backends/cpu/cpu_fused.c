@@ -4,6 +4,8 @@
  * nd.linear uses it with no activation). The fused convolution is
  * cpu_conv_gemm.c's.
  *
+ * float32 on needle's GEMM applies act(. + b) to each tile as it is stored
+ * (cpu_gemm.c). Otherwise (float64, OpenBLAS):
  * out (M, O) = x (M, K) @ w^T, then one pass of act(out + b). (The other
  * order - out initialised to the bias, GEMM with beta = 1, then the
  * activation pass - costs one more pass over out when there is an
@@ -31,7 +33,7 @@ static inline void gemm_nt_d(int M, int N, int K, const double *A, const double 
         T *OUT = (T *)nd_ptr(out);                                                             \
         GEMM((int)M, (int)O, (int)K, X, Wt, OUT);                                              \
         if (!B && !relu) break;                                                                \
-        _Pragma("omp parallel for if (M * O >= ND_PARALLEL_THRESHOLD) schedule(static)")       \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (M * O >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t m = 0; m < M; m++) {                                                      \
             T *row = OUT + m * O;                                                              \
             if (B && relu) {                                                                   \
@@ -61,6 +63,10 @@ nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tenso
         return nd_fail(ND_ERR_ARG, "fused_linear: GEMM dims M=%lld N=%lld K=%lld exceed BLAS's int "
                        "range", (long long)M, (long long)O, (long long)K);
     if (nd_cpu_linear_small(out, x, w, b, relu)) return ND_OK; /* a few rows, float32 */
+    if (x->dtype == ND_FLOAT32 &&
+        nd_cpu_sgemm_bias_act(M, O, K, (const float *)nd_ptr(x), K, 1, (const float *)nd_ptr(w), 1, K,
+                              (float *)nd_ptr(out), O, b ? (const float *)nd_ptr(b) : NULL, relu))
+        return ND_OK; /* needle's GEMM, the epilogue on each tile in cache */
     if (x->dtype == ND_FLOAT32) LINEAR_FUSED(float, gemm_nt);
     else if (x->dtype == ND_FLOAT64) LINEAR_FUSED(double, gemm_nt_d);
     else return nd_fail(ND_ERR_DTYPE, "fused_linear: no cpu kernel for %s", nd_dtype_name(x->dtype));

@@ -232,16 +232,41 @@ static void run_tile(const gemm_isa *isa, int64_t kc, const float *ap, const flo
         for (int64_t c = 0; c < nr; c++) C[r * ldc + c] = add ? C[r * ldc + c] + t[r * isa->nr + c] : t[r * isa->nr + c];
 }
 
-bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm, int64_t a_sk,
-                  const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc,
-                  bool accumulate) {
+/* Products below this many flops (~20 us of work) run on one thread: a
+ * parallel region costs more than it gives. */
+#define SMALL_PRODUCT_FLOPS 4.0e6
+
+/* The epilogue on a finished tile (its last K block just stored, still in
+ * L1): C[r, c] = act(C[r, c] + bias[c]). */
+static void tile_epilogue(float *C, int64_t ldc, int64_t mr, int64_t nr, const float *bias, bool relu) {
+    for (int64_t r = 0; r < mr; r++) {
+        float *row = C + r * ldc;
+        if (bias && relu) {
+#pragma omp simd
+            for (int64_t c = 0; c < nr; c++) {
+                float v = row[c] + bias[c];
+                row[c] = v > 0.0f ? v : 0.0f;
+            }
+        } else if (bias) {
+#pragma omp simd
+            for (int64_t c = 0; c < nr; c++) row[c] += bias[c];
+        } else {
+#pragma omp simd
+            for (int64_t c = 0; c < nr; c++) row[c] = row[c] > 0.0f ? row[c] : 0.0f;
+        }
+    }
+}
+
+/* One product on at most `threads` threads. */
+static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
+                     int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc,
+                     bool accumulate, const float *bias, bool relu) {
     const gemm_isa *isa = pick_isa();
     if (!isa || !isa->ukr || M <= 0 || N <= 0 || K <= 0) return false;
     const int MR = isa->mr, NR = isa->nr;
     const int64_t NC = isa->nc;
-    int threads = omp_get_max_threads();
     double flops = 2.0 * (double)M * (double)N * (double)K;
-    if (flops < 4.0e6) threads = 1; /* below ~20 us of work, threads cost more than they give */
+    if (flops < SMALL_PRODUCT_FLOPS) threads = 1;
     /* blocks of rows of equal size (whole panels), at most the ISA's MC */
     const int64_t mblocks = (M + isa->mc - 1) / isa->mc;
     int64_t MC = (M + mblocks - 1) / mblocks;
@@ -258,7 +283,11 @@ bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
      * only; the last partial panel is packed) */
     const bool b_in_place = M <= 2 * MR && b_sn == 1;
     float *bpack = NULL;
-    size_t bpack_n = (size_t)KC * (size_t)((NC + NR - 1) / NR * NR);
+    /* packing buffers as big as this product needs, not the block maxima:
+     * a small product then takes a few KiB, not 3 MiB (a fresh mapping's
+     * page faults on every call where malloc maps big blocks) */
+    const int64_t kc_max = K < KC ? K : KC, nc_max = N < NC ? N : NC;
+    size_t bpack_n = (size_t)kc_max * (size_t)((nc_max + NR - 1) / NR * NR);
     if (!b_in_place) {
         bpack = aligned_alloc(64, bpack_n * sizeof(float));
         if (!bpack) return false;
@@ -270,6 +299,7 @@ bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
         for (int64_t pc = 0; pc < K; pc += KC) {
             const int64_t kc = K - pc < KC ? K - pc : KC;
             const bool add = accumulate || pc > 0;
+            const bool last_k = pc + kc == K, epilogue = last_k && (bias || relu);
             if (!b_in_place) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
                 for (int64_t p = 0; p < npanels; p++)
@@ -280,7 +310,9 @@ bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
             int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1 && tasks > 1) reduction(| : failed)
             {
-                float *apack = aligned_alloc(64, (size_t)MC * KC * sizeof(float)); /* MR*KC*4: 64-multiple */
+                /* MR * kc floats per panel; aligned_alloc wants a multiple of 64 bytes */
+                size_t abytes = ((size_t)MC * (size_t)kc_max * sizeof(float) + 63) / 64 * 64;
+                float *apack = aligned_alloc(64, abytes);
                 float edge[KC * MAX_NR]; /* a partial B panel read in place gets packed here */
                 if (!apack) failed = 1;
 #pragma omp for schedule(static)
@@ -307,8 +339,9 @@ bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
                         }
                         for (int64_t ir = 0; ir < mc; ir += MR) {
                             const int64_t mr = mc - ir < MR ? mc - ir : MR;
-                            run_tile(isa, kc, apack + ir * kc, bp, ldb,
-                                     C + (ic + ir) * ldc + jc + jr, ldc, mr, nr, add);
+                            float *ct = C + (ic + ir) * ldc + jc + jr;
+                            run_tile(isa, kc, apack + ir * kc, bp, ldb, ct, ldc, mr, nr, add);
+                            if (epilogue) tile_epilogue(ct, ldc, mr, nr, bias ? bias + jc + jr : NULL, relu);
                         }
                     }
                 }
@@ -320,4 +353,49 @@ bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
 out:
     free(bpack);
     return ok;
+}
+
+bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm, int64_t a_sk,
+                  const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc,
+                  bool accumulate) {
+    return sgemm_on(nd_cpu_threads(), M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, C, ldc, accumulate,
+                    NULL, false);
+}
+
+bool nd_cpu_sgemm_bias_act(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
+                           int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn, float *C,
+                           int64_t ldc, const float *bias, bool relu) {
+    return sgemm_on(nd_cpu_threads(), M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, C, ldc, false, bias,
+                    relu);
+}
+
+/* Threads take whole products when each is too small to split (attention's
+ * per-head products: 128x64 @ 64x128 is 2 MFLOP) or when there are at least
+ * as many products as threads and each is modest; otherwise the products
+ * run one after another, each split across the threads. A product's result
+ * does not depend on which thread or how many computed it. */
+bool nd_cpu_sgemm_batched(int64_t batch, const int64_t *a_off, const int64_t *b_off,
+                          const int64_t *c_off, int64_t M, int64_t N, int64_t K, const float *A,
+                          int64_t a_sm, int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn,
+                          float *C, int64_t ldc) {
+    const gemm_isa *isa = pick_isa();
+    if (!isa || !isa->ukr || M <= 0 || N <= 0 || K <= 0) return false;
+    int threads = nd_cpu_threads();
+    double flops = 2.0 * (double)M * (double)N * (double)K;
+    bool by_product = threads > 1 && batch > 1 &&
+                      (flops < SMALL_PRODUCT_FLOPS || (batch >= threads && flops < 8 * SMALL_PRODUCT_FLOPS));
+    if (!by_product) {
+        for (int64_t i = 0; i < batch; i++)
+            if (!sgemm_on(threads, M, N, K, A + a_off[i], a_sm, a_sk, B + b_off[i], b_sk, b_sn,
+                          C + c_off[i], ldc, false, NULL, false))
+                return false;
+        return true;
+    }
+    int nt = batch < threads ? (int)batch : threads, failed = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : failed)
+    for (int64_t i = 0; i < batch; i++)
+        if (!failed && !sgemm_on(1, M, N, K, A + a_off[i], a_sm, a_sk, B + b_off[i], b_sk, b_sn,
+                                 C + c_off[i], ldc, false, NULL, false))
+            failed = 1;
+    return !failed;
 }

@@ -14,4 +14,19 @@ bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
                   const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc,
                   bool accumulate);
 
+/* C = act(A @ B + bias) with bias (N values, or NULL) added and relu
+ * (when set) applied to each tile as its last K block is stored, while it
+ * is in cache: the fused linear's epilogue without a pass over C. */
+bool nd_cpu_sgemm_bias_act(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
+                           int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn, float *C,
+                           int64_t ldc, const float *bias, bool relu);
+
+/* batch products C + c_off[i] = (A + a_off[i]) @ (B + b_off[i]), each as
+ * above (offsets in elements), spread over the threads by product or within
+ * each; false (some C may be written) when nd_cpu_sgemm would be. */
+bool nd_cpu_sgemm_batched(int64_t batch, const int64_t *a_off, const int64_t *b_off,
+                          const int64_t *c_off, int64_t M, int64_t N, int64_t K, const float *A,
+                          int64_t a_sm, int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn,
+                          float *C, int64_t ldc);
+
 #endif

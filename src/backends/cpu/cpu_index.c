@@ -122,7 +122,7 @@ static void index_select_rows(nd_tensor *out, const nd_tensor *x, int dim, const
     const char *xp = nd_ptr(x);
     char *op = nd_ptr(out);
     int64_t rows = outer * K;
-#pragma omp parallel for schedule(static) if (rows * inner >= ND_PARALLEL_THRESHOLD && rows > 1)
+#pragma omp parallel for num_threads(nd_cpu_threads()) schedule(static) if (rows * inner >= ND_PARALLEL_THRESHOLD && rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         int64_t o = r / K, k = r % K;
         memcpy(op + (size_t)r * row, xp + (size_t)(o * N + ip[k * is]) * row, row);

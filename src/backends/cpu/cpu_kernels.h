@@ -5,6 +5,7 @@
 
 #include "backend.h"
 #include "cpu_loop.h"
+#include "cpu_threads.h"
 
 /* cpu_copy.c */
 nd_status nd_cpu_copy(nd_tensor *dst, const nd_tensor *src);

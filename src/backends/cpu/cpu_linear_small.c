@@ -148,7 +148,7 @@ bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
     const float *B = b ? (const float *)nd_ptr(b) : NULL;
     float *Y = (float *)nd_ptr(out);
     const int64_t blocks = (O + 3) / 4; /* threads take whole 4-row blocks of w */
-#pragma omp parallel for if (M * K * O >= 4 * ND_PARALLEL_THRESHOLD) schedule(static)
+#pragma omp parallel for num_threads(nd_cpu_threads()) if (M * K * O >= 4 * ND_PARALLEL_THRESHOLD) schedule(static)
     for (int64_t bi = 0; bi < blocks; bi++) {
         const int64_t o0 = bi * 4, o1 = o0 + 4 < O ? o0 + 4 : O;
         linear_block_avx2(X, W, B, Y, M, K, O, o0, o1, relu);

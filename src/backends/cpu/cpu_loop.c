@@ -1,6 +1,7 @@
 /* cpu_loop.c - see cpu_loop.h. */
 #include <omp.h>
 #include <string.h>
+#include "cpu_threads.h"
 #include "cpu_loop.h"
 
 void nd_loop_init(nd_loop *L, int nops, const nd_tensor *const *ts) {
@@ -84,7 +85,7 @@ static void run_range(const nd_loop *L, int64_t start, int64_t end, nd_inner_fn 
 void nd_loop_run(const nd_loop *L, nd_inner_fn fn, void *ctx, int parallel) {
     int64_t total = L->numel;
     if (total == 0) return;
-    int nthreads = parallel && total >= ND_PARALLEL_THRESHOLD ? omp_get_max_threads() : 1;
+    int nthreads = parallel && total >= ND_PARALLEL_THRESHOLD ? nd_cpu_threads() : 1;
     if (nthreads <= 1) {
         run_range(L, 0, total, fn, ctx);
         return;

@@ -1,4 +1,6 @@
-/* cpu_matmul.c - (batched) matrix multiply on OpenBLAS.
+/* cpu_matmul.c - (batched) matrix multiply: float32 on needle's own GEMM
+ * (cpu_gemm.c) where the CPU has a kernel for it, float64 (and float32
+ * otherwise) on OpenBLAS, other dtypes on a plain loop.
  *
  * Strided operands go to cblas_?gemm as they are: a matrix whose rows or
  * whose columns are unit-stride is passed with its leading dimension and a
@@ -6,6 +8,7 @@
  * (both strides non-unit, broadcast or negative strides) are copied first. */
 #include <cblas.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 #include "cpu_kernels.h"
 #include "cpu_gemm.h"
@@ -61,30 +64,32 @@ static void gemm_generic(const nd_tensor *a, const nd_tensor *b, nd_tensor *out,
 }
 
 /* float32 on needle's own GEMM (cpu_gemm.c), which reads any strides: false
- * when this CPU has no kernel for it (or packing memory ran out). */
+ * when this CPU has no kernel for it (or memory ran out). */
 static bool own_sgemm(nd_tensor *out, const nd_tensor *a, const nd_tensor *b) {
     int n = out->ndim;
     int64_t M = out->shape[n - 2], N = out->shape[n - 1], K = a->shape[n - 1];
     int64_t batch = 1;
     for (int i = 0; i < n - 2; i++) batch *= out->shape[i];
+    int64_t one[3], *off = batch == 1 ? one : malloc(sizeof(int64_t) * 3 * (size_t)batch);
+    if (!off) return false;
+    int64_t *ao = off, *bo = off + batch, *oo = off + 2 * batch;
     int64_t idx[ND_MAX_DIMS] = {0};
-    const float *pa = (const float *)a->storage->data, *pb = (const float *)b->storage->data;
-    float *po = (float *)out->storage->data;
     for (int64_t bi = 0; bi < batch; bi++) {
-        int64_t ao = a->offset, bo = b->offset, oo = out->offset + bi * M * N;
+        ao[bi] = a->offset, bo[bi] = b->offset, oo[bi] = out->offset + bi * M * N;
         for (int d = 0; d < n - 2; d++) {
-            ao += idx[d] * a->strides[d];
-            bo += idx[d] * b->strides[d];
+            ao[bi] += idx[d] * a->strides[d];
+            bo[bi] += idx[d] * b->strides[d];
         }
-        if (!nd_cpu_sgemm(M, N, K, pa + ao, a->strides[n - 2], a->strides[n - 1], pb + bo,
-                          b->strides[n - 2], b->strides[n - 1], po + oo, N, false))
-            return false; /* BLAS then computes every batch */
         for (int d = n - 3; d >= 0; d--) {
             if (++idx[d] < out->shape[d]) break;
             idx[d] = 0;
         }
     }
-    return true;
+    bool ok = nd_cpu_sgemm_batched(batch, ao, bo, oo, M, N, K, (const float *)a->storage->data,
+                                   a->strides[n - 2], a->strides[n - 1], (const float *)b->storage->data,
+                                   b->strides[n - 2], b->strides[n - 1], (float *)out->storage->data, N);
+    if (off != one) free(off);
+    return ok; /* false: BLAS then computes every batch */
 }
 
 nd_status nd_cpu_matmul(nd_tensor *out, const nd_tensor *a_in, const nd_tensor *b_in) {

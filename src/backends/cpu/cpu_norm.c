@@ -15,7 +15,7 @@
         const T *X = (const T *)nd_ptr(x);                                                   \
         const T *W = w ? (const T *)nd_ptr(w) : NULL, *B = b ? (const T *)nd_ptr(b) : NULL;  \
         T *Y = (T *)nd_ptr(y), *M = (T *)nd_ptr(mean), *R = (T *)nd_ptr(rstd);               \
-        _Pragma("omp parallel for if (rows * cols >= ND_PARALLEL_THRESHOLD) schedule(static)") \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (rows * cols >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t r = 0; r < rows; r++) {                                                 \
             const T *xr = X + r * cols;                                                      \
             T *yr = Y + r * cols;                                                            \
@@ -49,7 +49,7 @@ nd_status nd_cpu_layer_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, cons
     do {                                                                                     \
         const T *X = (const T *)nd_ptr(logits);                                              \
         T *L = (T *)nd_ptr(loss);                                                            \
-        _Pragma("omp parallel for if (n * c >= ND_PARALLEL_THRESHOLD) schedule(static)")     \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (n * c >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t r = 0; r < n; r++) {                                                    \
             const T *xr = X + r * c;                                                         \
             if (lab[r] == ignore) { L[r] = 0; continue; }                                    \
@@ -121,7 +121,7 @@ nd_status nd_cpu_cross_entropy(nd_tensor *loss, const nd_tensor *logits, const n
     if (logits->dtype == ND_FLOAT32) {
         const float *X = (const float *)nd_ptr(logits);
         float *L = (float *)nd_ptr(loss);
-#pragma omp parallel for if (n * c >= ND_PARALLEL_THRESHOLD) schedule(static)
+#pragma omp parallel for num_threads(nd_cpu_threads()) if (n * c >= ND_PARALLEL_THRESHOLD) schedule(static)
         for (int64_t r = 0; r < n; r++)
             L[r] = lab[r] == ignore ? 0.0f : ce_row_f32(X + r * c, c, lab[r], smoothing);
     } else {
@@ -179,7 +179,7 @@ nd_status nd_cpu_layer_norm_backward(nd_tensor *dx, nd_tensor *dw, nd_tensor *db
     if (dw) memset(nd_ptr(dw), 0, (size_t)cols * nd_dtype_size(dw->dtype));
     if (db) memset(nd_ptr(db), 0, (size_t)cols * nd_dtype_size(db->dtype));
     if (rows == 0 || cols == 0) return ND_OK;
-    int nt = rows * cols >= ND_PARALLEL_THRESHOLD ? omp_get_max_threads() : 1;
+    int nt = rows * cols >= ND_PARALLEL_THRESHOLD ? nd_cpu_threads() : 1;
     double *part = calloc((size_t)nt * 2 * (size_t)cols, sizeof *part);
     if (!part) return nd_fail(ND_ERR_MEMORY, "layer_norm: out of memory in backward");
     if (x->dtype == ND_FLOAT32) LN_BACKWARD(float);
@@ -193,7 +193,7 @@ nd_status nd_cpu_layer_norm_backward(nd_tensor *dx, nd_tensor *dw, nd_tensor *db
     do {                                                                                     \
         const T *X = (const T *)nd_ptr(logits), *WR = (const T *)nd_ptr(wrow);               \
         T *D = (T *)nd_ptr(dlogits);                                                         \
-        _Pragma("omp parallel for if (n * c >= ND_PARALLEL_THRESHOLD) schedule(static)")     \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (n * c >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t r = 0; r < n; r++) {                                                    \
             const T *xr = X + r * c;                                                         \
             T *dr = D + r * c;                                                               \
@@ -218,7 +218,7 @@ nd_status nd_cpu_cross_entropy_backward(nd_tensor *dlogits, const nd_tensor *log
     if (logits->dtype == ND_FLOAT32) {
         const float *X = (const float *)nd_ptr(logits), *WR = (const float *)nd_ptr(wrow);
         float *D = (float *)nd_ptr(dlogits);
-#pragma omp parallel for if (n * c >= ND_PARALLEL_THRESHOLD) schedule(static)
+#pragma omp parallel for num_threads(nd_cpu_threads()) if (n * c >= ND_PARALLEL_THRESHOLD) schedule(static)
         for (int64_t r = 0; r < n; r++) {
             if (lab[r] == ignore || WR[r] == 0) memset(D + r * c, 0, (size_t)c * sizeof(float));
             else ce_row_backward_f32(X + r * c, D + r * c, c, lab[r], WR[r], smoothing);
@@ -236,7 +236,7 @@ nd_status nd_cpu_cross_entropy_backward(nd_tensor *dlogits, const nd_tensor *log
         const T *X = (const T *)nd_ptr(x);                                                   \
         const T *W = w ? (const T *)nd_ptr(w) : NULL, *B = b ? (const T *)nd_ptr(b) : NULL;  \
         T *Y = (T *)nd_ptr(y), *M = (T *)nd_ptr(mean), *R = (T *)nd_ptr(rstd);               \
-        _Pragma("omp parallel for if (n * c * sp >= ND_PARALLEL_THRESHOLD) schedule(static)") \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (n * c * sp >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t ch = 0; ch < c; ch++) {                                                 \
             if (training) {                                                                  \
                 /* two passes (mean, then squared deviations); each row's     \
@@ -294,7 +294,7 @@ nd_status nd_cpu_batch_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, cons
         const T *M = (const T *)nd_ptr(mean), *R = (const T *)nd_ptr(rstd);                  \
         T *DX = dx ? (T *)nd_ptr(dx) : NULL, *DW = dw ? (T *)nd_ptr(dw) : NULL;              \
         T *DB = db ? (T *)nd_ptr(db) : NULL;                                                 \
-        _Pragma("omp parallel for if (n * c * sp >= ND_PARALLEL_THRESHOLD) schedule(static)") \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (n * c * sp >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t ch = 0; ch < c; ch++) {                                                 \
             const T mu = M[ch], rs = R[ch];                                                  \
             double sg = 0, sgx = 0;                                                          \

@@ -17,7 +17,7 @@
         const T keep = (T)(1.0 - h->dampening), neg_lr = (T)(-h->lr);                     \
         const bool use_wd = h->weight_decay != 0, damp = h->dampening != 0;               \
         const bool nesterov = h->nesterov, maximize = h->maximize;                        \
-        _Pragma("omp parallel for if (n >= ND_PARALLEL_THRESHOLD) schedule(static)")       \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (n >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t i = 0; i < n; i++) {                                                 \
             T g = maximize ? -G[i] : G[i];                                                \
             if (use_wd) {                                                                 \

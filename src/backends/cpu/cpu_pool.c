@@ -16,7 +16,7 @@
         const T *X = (const T *)nd_ptr(x);                                                    \
         T *Y = (T *)nd_ptr(out);                                                              \
         int64_t *I = (int64_t *)nd_ptr(indices);                                              \
-        _Pragma("omp parallel for if (planes * OL * p->kh * p->kw >= ND_PARALLEL_THRESHOLD) schedule(static)") \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (planes * OL * p->kh * p->kw >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t pl = 0; pl < planes; pl++) {                                             \
             const T *xp = X + pl * H * W;                                                     \
             T *yp = Y + pl * OL;                                                              \
@@ -65,7 +65,7 @@ nd_status nd_cpu_max_pool2d(nd_tensor *out, nd_tensor *indices, const nd_tensor 
         T *GX = (T *)nd_ptr(gx);                                                              \
         const T *G = (const T *)nd_ptr(g);                                                    \
         const int64_t *I = (const int64_t *)nd_ptr(indices);                                  \
-        _Pragma("omp parallel for if (planes * (HW + OL) >= ND_PARALLEL_THRESHOLD) schedule(static)") \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (planes * (HW + OL) >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t pl = 0; pl < planes; pl++) {                                             \
             T *gp = GX + pl * HW;                                                             \
             const T *g0 = G + pl * OL;                                                        \
@@ -117,7 +117,7 @@ static inline void avg_window(const nd_pool_geom *p, int axis, int64_t o, int64_
     do {                                                                                      \
         const T *X = (const T *)nd_ptr(x);                                                    \
         T *Y = (T *)nd_ptr(out);                                                              \
-        _Pragma("omp parallel for if (planes * H * W >= ND_PARALLEL_THRESHOLD) schedule(static)") \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (planes * H * W >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t pl = 0; pl < planes; pl++) {                                             \
             const T *xp = X + pl * H * W;                                                     \
             T *yp = Y + pl * p->oh * p->ow;                                                   \
@@ -152,7 +152,7 @@ nd_status nd_cpu_avg_pool2d(nd_tensor *out, const nd_tensor *x, const nd_pool_ge
     do {                                                                                      \
         T *GX = (T *)nd_ptr(gx);                                                              \
         const T *G = (const T *)nd_ptr(g);                                                    \
-        _Pragma("omp parallel for if (planes * H * W >= ND_PARALLEL_THRESHOLD) schedule(static)") \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (planes * H * W >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t pl = 0; pl < planes; pl++) {                                             \
             T *gp = GX + pl * H * W;                                                          \
             const T *g0 = G + pl * p->oh * p->ow;                                             \

@@ -44,7 +44,7 @@ static inline double normal_f64(const uint32_t *w) {
 
 /* Runs BODY for i in [0, n) with w[4] holding counter (offset + i)'s words. */
 #define RAND_LOOP(BODY)                                                         \
-    _Pragma("omp parallel for schedule(static) if (n >= ND_PARALLEL_THRESHOLD)") \
+    _Pragma("omp parallel for num_threads(nd_cpu_threads()) schedule(static) if (n >= ND_PARALLEL_THRESHOLD)") \
     for (int64_t i = 0; i < n; i++) {                                           \
         uint32_t w[4];                                                          \
         nd_philox_at(seed, offset + i, w);                                      \

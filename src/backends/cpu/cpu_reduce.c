@@ -232,7 +232,7 @@ static bool try_parallel_full(const geom *g, nd_reduce_op op, char *out, nd_dtyp
     if (g->dt != ND_FLOAT32 && g->dt != ND_FLOAT64) return false;
     if (op != ND_REDUCE_sum && op != ND_REDUCE_mean && op != ND_REDUCE_max && op != ND_REDUCE_min)
         return false;
-    int nt = omp_get_max_threads();
+    int nt = nd_cpu_threads();
     if (nt < 2) return false;
     if (nt > 64) nt = 64;
     rstate part[64];
@@ -273,7 +273,7 @@ nd_status nd_cpu_reduce(nd_reduce_op op, nd_tensor *out, const nd_tensor *x, con
     if (try_parallel_full(&g, op, o, odt)) return ND_OK;
     int64_t work = g.ocount * (g.rcount ? g.rcount : 1);
     bool par = g.ocount > 1 && work >= ND_PARALLEL_THRESHOLD;
-#pragma omp parallel for if (par) schedule(static)
+#pragma omp parallel for num_threads(nd_cpu_threads()) if (par) schedule(static)
     for (int64_t i = 0; i < g.ocount; i++)
         reduce_one(&g, op, correction, out_base(&g, i), o + i * (int64_t)osz, odt);
     return ND_OK;
@@ -291,7 +291,7 @@ nd_status nd_cpu_max_dim(nd_tensor *values, nd_tensor *indices, const nd_tensor 
     size_t vsz = nd_dtype_size(values->dtype);
     bool fl = x->dtype == ND_FLOAT32 || x->dtype == ND_FLOAT64;
     bool par = g.ocount > 1 && g.ocount * g.rcount >= ND_PARALLEL_THRESHOLD;
-#pragma omp parallel for if (par) schedule(static)
+#pragma omp parallel for num_threads(nd_cpu_threads()) if (par) schedule(static)
     for (int64_t i = 0; i < g.ocount; i++) {
         rstate s;
         state_init(op, &s);

@@ -58,7 +58,7 @@ static void row_f32(const float *x, float *y, int64_t n, bool want_log) {
     do {                                                                                   \
         const T *X = (const T *)nd_ptr(x);                                                 \
         T *Y = (T *)nd_ptr(out);                                                           \
-        _Pragma("omp parallel for if (outer * inner * n >= ND_PARALLEL_THRESHOLD) schedule(static)") \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (outer * inner * n >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t r = 0; r < outer * inner; r++) {                                      \
             int64_t o = r / inner, i = r % inner;                                          \
             const T *xr = X + o * n * inner + i;                                           \
@@ -91,7 +91,7 @@ nd_status nd_cpu_softmax(nd_tensor *out, const nd_tensor *x, int dim, bool want_
     if (x->dtype == ND_FLOAT32 && inner == 1) {
         const float *X = (const float *)nd_ptr(x);
         float *Y = (float *)nd_ptr(out);
-#pragma omp parallel for if (outer * n >= ND_PARALLEL_THRESHOLD) schedule(static)
+#pragma omp parallel for num_threads(nd_cpu_threads()) if (outer * n >= ND_PARALLEL_THRESHOLD) schedule(static)
         for (int64_t o = 0; o < outer; o++) row_f32(X + o * n, Y + o * n, n, want_log);
     } else if (x->dtype == ND_FLOAT32) {
         STRIDED_ROWS(float, expf, logf);
