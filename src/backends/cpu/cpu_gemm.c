@@ -232,6 +232,14 @@ static void run_tile(const gemm_isa *isa, int64_t kc, const float *ap, const flo
         for (int64_t c = 0; c < nr; c++) C[r * ldc + c] = add ? C[r * ldc + c] + t[r * isa->nr + c] : t[r * isa->nr + c];
 }
 
+/* With at most this many rows of A, a row-major B is read in place rather
+ * than packed: each B panel serves few A panels, so packing it costs more
+ * than its strided reads (measured here, 2 threads: 128x3072 @ 3072x768
+ * 2.33 -> 1.88 ms, 256x1024 @ 1024x1024 2.00 -> 1.67 ms, 64x4096 @
+ * 4096x4096 10.2 -> 9.3 ms; from 512 rows up it was even or worse, 2048^3
+ * 52.5 -> 55.8 ms when read in place). */
+#define IN_PLACE_B_ROWS 256
+
 /* Products below this many flops (~20 us of work) run on one thread: a
  * parallel region costs more than it gives. */
 #define SMALL_PRODUCT_FLOPS 4.0e6
@@ -279,9 +287,9 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
         while (h) { int64_t r = g % h; g = h; h = r; }
         chunks = threads / g;
     }
-    /* few rows, B rows unit-stride: B read in place (whole NR-wide panels
-     * only; the last partial panel is packed) */
-    const bool b_in_place = M <= 2 * MR && b_sn == 1;
+    /* up to IN_PLACE_B_ROWS rows, B rows unit-stride: B read in place
+     * (whole NR-wide panels only; the last partial panel is packed) */
+    const bool b_in_place = M <= IN_PLACE_B_ROWS && b_sn == 1;
     float *bpack = NULL;
     /* packing buffers as big as this product needs, not the block maxima:
      * a small product then takes a few KiB, not 3 MiB (a fresh mapping's
