@@ -465,3 +465,24 @@ describe("the small-M float32 linear kernel", function()
     assert.is_true(max_diff(small, big[{{1, 8}}]) < 1e-4)
   end)
 end)
+
+-- GCC dispatches a target_clones("arch=<cpu>") clone only on that exact CPU
+-- model: "arch=haswell" kept the AVX2 softmax and cross-entropy on their SSE2
+-- clones on every AMD and newer Intel CPU. Clones must name an ISA level
+-- (arch=x86-64-v3) or features (avx2), which are dispatched by cpuid bits.
+describe("multiversioned kernels", function()
+  it("name ISA levels or features, never a CPU model", function()
+    local S = require "spec.helpers.shell"
+    local _, root = S.needle_lua()
+    local p = assert(io.popen("grep -rn 'target_clones' " .. S.q(root .. "/src") .. " 2>/dev/null"))
+    local n = 0
+    for line in p:lines() do
+      n = n + 1
+      for arch in line:gmatch('"arch=([%w%-]+)"') do
+        assert.truthy(arch:match("^x86%-64%-v%d$"), "a clone for one CPU model: " .. line)
+      end
+    end
+    p:close()
+    assert.is_true(n >= 3, "the softmax and cross-entropy clones were not found")
+  end)
+end)

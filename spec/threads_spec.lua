@@ -20,8 +20,8 @@ local function work(seconds)
 end
 local function show(when)
   local t = nd.threads()
-  print(("%s in_use %d max %d adaptive %s busy %.2f"):format(when, t.in_use, t.max, tostring(t.adaptive),
-    t.busy_elsewhere))
+  print(("%s in_use %d max %d adaptive %s busy %.3f cpus %d"):format(when, t.in_use, t.max, tostring(t.adaptive),
+    t.busy_elsewhere, t.cpus))
 end
 work(1.5)
 show("busy")
@@ -31,9 +31,17 @@ show("quiet")
 ]]
 
 local function parse(out, when)
-  local in_use, max, adaptive, busy = out:match(when .. " in_use (%d+) max (%d+) adaptive (%a+) busy ([%d.]+)")
+  local in_use, max, adaptive, busy, cpus =
+    out:match(when .. " in_use (%d+) max (%d+) adaptive (%a+) busy ([%d.]+) cpus (%d+)")
   assert(in_use, "the child printed:\n" .. out)
-  return {in_use = tonumber(in_use), max = tonumber(max), adaptive = adaptive == "true", busy = tonumber(busy)}
+  return {in_use = tonumber(in_use), max = tonumber(max), adaptive = adaptive == "true", busy = tonumber(busy),
+          cpus = tonumber(cpus)}
+end
+
+-- the count docs/threads.md promises for a load: the most, less the cores
+-- taken elsewhere rounded to the nearest, at least 1
+local function expected(t)
+  return math.max(1, math.min(t.max, math.floor(t.cpus - t.busy + 0.5)))
 end
 
 describe("threads of the CPU kernels", function()
@@ -96,16 +104,19 @@ describe("threads of the CPU kernels", function()
       return
     end
 
-    it("the count drops by one while it runs and comes back when it stops", function()
+    it("the count drops while it runs and comes back when it stops, by the documented rule", function()
       local out = S.run_program("", BUSY)
       local busy, quiet = parse(out, "busy"), parse(out, "quiet")
       assert.is_true(busy.adaptive)
       assert(busy.busy >= 0.5, out)
-      assert.are.equal(busy.max - 1, busy.in_use, out)
-      -- after the loop stopped: its core is counted free again (on a machine
-      -- with other load the count may stay lower, but it must rise)
+      -- one fewer on a quiet machine; fewer still where other load adds up to
+      -- another half core, so the check is the rule itself
+      assert(busy.in_use < busy.max, out)
+      assert.are.equal(expected(busy), busy.in_use, out)
+      assert.are.equal(expected(quiet), quiet.in_use, out)
+      -- after the loop stopped its core is counted free again, and on a quiet
+      -- machine the rule gives every thread back
       assert(quiet.busy <= busy.busy - 0.5, out)
-      assert(quiet.in_use > busy.in_use, out)
     end)
 
     it("the count stays where it was fixed (NEEDLE_ADAPTIVE_THREADS=0)", function()
