@@ -29,14 +29,17 @@ local function svg(rows, counts, title)
   local nrows = (n + COLS - 1) // COLS
   local Wd, H = COLS * PW + 20, nrows * PH + 70
   local maxc = counts[#counts] / counts[1]
-  local top = 1
+  local top, bottom = maxc, 1 -- the y range spans every speed-up, slow-downs (< 1) too
   for _, r in ipairs(rows) do
     for _, p in ipairs(r.points) do
-      for _, side in ipairs(SIDES) do top = math.max(top, p[side.key .. "_speedup"] or 0) end
+      for _, side in ipairs(SIDES) do
+        local v = p[side.key .. "_speedup"]
+        if v then top, bottom = math.max(top, v), math.min(bottom, math.max(v, 1 / 64)) end
+      end
     end
   end
-  top = math.max(top, maxc)
-  local lx, ly = math.log(maxc, 2), math.log(top, 2)
+  local lx, lo = math.log(maxc, 2), math.log(bottom, 2)
+  local ly = math.log(top, 2) - lo
   local out = {('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">'):format(Wd, H),
     ('<rect width="%d" height="%d" fill="white"/>'):format(Wd, H),
     ('<text x="%d" y="20" text-anchor="middle" font-size="14">speed-up over %d thread(s) against threads (log2 axes; dashed: ideal)  %s</text>')
@@ -45,14 +48,14 @@ local function svg(rows, counts, title)
     local ox, oy = 10 + ((i - 1) % COLS) * PW, 40 + ((i - 1) // COLS) * PH
     local x0, y0, w, h = ox + L, oy + T, PW - L - 20, PH - T - 40
     local function px(c) return x0 + (lx > 0 and math.log(c / counts[1], 2) / lx or 0) * w end
-    local function py(s) return y0 + h - (ly > 0 and math.log(math.max(s, 1 / 64), 2) / ly or 0) * h end
+    local function py(s) return y0 + h - (ly > 0 and (math.log(math.max(s, 1 / 64), 2) - lo) / ly or 0) * h end
     out[#out + 1] = ('<text x="%.1f" y="%d" text-anchor="middle">%s</text>'):format(x0 + w / 2, oy + 18, r.workload)
     out[#out + 1] = ('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="none" stroke="#ccc"/>'):format(x0, y0, w, h)
     for _, c in ipairs(counts) do
       out[#out + 1] = ('<text x="%.1f" y="%.1f" text-anchor="middle">%d</text>'):format(px(c), y0 + h + 14, c)
     end
-    for e = 0, math.floor(ly) do
-      out[#out + 1] = ('<text x="%.1f" y="%.1f" text-anchor="end">%d</text>'):format(x0 - 4, py(2 ^ e) + 4, 2 ^ e)
+    for e = math.ceil(lo), math.floor(lo + ly) do
+      out[#out + 1] = ('<text x="%.1f" y="%.1f" text-anchor="end">%g</text>'):format(x0 - 4, py(2 ^ e) + 4, 2 ^ e)
     end
     out[#out + 1] = ('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#999" stroke-dasharray="4,3"/>')
       :format(px(counts[1]), py(1), px(counts[#counts]), py(maxc))
