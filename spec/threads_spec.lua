@@ -98,6 +98,33 @@ describe("threads of the CPU kernels", function()
       S.run_program("OMP_NUM_THREADS=2 NEEDLE_NUM_THREADS=x NEEDLE_ADAPTIVE_THREADS=0", show):match("[^\n]+"))
   end)
 
+  it("a cgroup CPU quota caps the default count (cgroup v2 cpu.max and v1 cfs files)", function()
+    local cpus = nd.threads().cpus
+    local show = [[local t = require("needle").threads() print(t.max, t.quota)]]
+    local dir = os.tmpname()
+    os.remove(dir)
+    os.execute("mkdir -p " .. S.q(dir))
+    local function run(extra)
+      return S.run_program("env -u OMP_NUM_THREADS -u NEEDLE_NUM_THREADS NEEDLE_CGROUP_DIR=" .. S.q(dir) ..
+                           " " .. (extra or ""), show):match("[^\n]+")
+    end
+    S.write_file(dir .. "/cpu.max", "150000 100000\n") -- 1.5 CPUs: 2 threads at most
+    assert.are.equal(("%d\t2"):format(math.min(cpus, 2)), run())
+    S.write_file(dir .. "/cpu.max", "50000 100000\n")
+    assert.are.equal("1\t1", run())
+    -- an explicit count stands; the quota is still reported
+    assert.are.equal("3\t1", run("OMP_NUM_THREADS=3"))
+    S.write_file(dir .. "/cpu.max", "max 100000\n") -- no limit
+    assert.are.equal(("%d\tnil"):format(cpus), run())
+    os.remove(dir .. "/cpu.max")
+    S.write_file(dir .. "/cpu.cfs_quota_us", "50000\n") -- cgroup v1
+    S.write_file(dir .. "/cpu.cfs_period_us", "100000\n")
+    assert.are.equal("1\t1", run())
+    S.write_file(dir .. "/cpu.cfs_quota_us", "-1\n")
+    assert.are.equal(("%d\tnil"):format(cpus), run())
+    os.execute("rm -rf " .. S.q(dir))
+  end)
+
   describe("with another process keeping a core busy", function()
     if nd.threads().cpus < 2 or not nd.threads().measured then
       pending("needs 2 or more CPUs and a readable /proc/stat")

@@ -87,6 +87,7 @@ typedef struct {
     bool adaptive;         /* the count follows the load */
     bool measured;         /* /proc/stat could be read (else in_use == max) */
     double busy_elsewhere; /* cores other processes took lately (smoothed) */
+    int quota_cpus;        /* CPUs the cgroup's CPU quota allows (0: no quota) */
 } nd_threads_state;
 void nd_threads_info(nd_threads_state *out);
 /* The CPU's run-time chosen float32 fast paths (AVX2 + FMA): the packed

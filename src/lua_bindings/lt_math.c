@@ -336,17 +336,18 @@ static int l_get_num_threads(lua_State *L) {
     return 1;
 }
 
-/* nd.threads(): {max, in_use, cpus, adaptive, measured, busy_elsewhere} */
+/* nd.threads(): {max, in_use, cpus, adaptive, measured, busy_elsewhere[, quota]} */
 static int l_threads(lua_State *L) {
     nd_threads_state st;
     nd_threads_info(&st);
-    lua_createtable(L, 0, 6);
+    lua_createtable(L, 0, 7);
     lt_set_int(L, "max", st.max);
     lt_set_int(L, "in_use", st.in_use);
     lt_set_int(L, "cpus", st.cpus);
     lt_set_bool(L, "adaptive", st.adaptive);
     lt_set_bool(L, "measured", st.measured);
     lt_set_num(L, "busy_elsewhere", st.busy_elsewhere);
+    if (st.quota_cpus > 0) lt_set_int(L, "quota", st.quota_cpus);
     return 1;
 }
 

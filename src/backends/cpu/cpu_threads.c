@@ -1,7 +1,8 @@
 /* cpu_threads.c - how many threads the CPU kernels use.
  *
  * The most they use is nd_set_num_threads(n), else NEEDLE_NUM_THREADS, else
- * OpenMP's default (OMP_NUM_THREADS, else the CPUs this process may run on).
+ * OpenMP's default (OMP_NUM_THREADS, else the CPUs this process may run on,
+ * capped by its cgroup's CPU quota).
  *
  * Adaptive (the default; NEEDLE_ADAPTIVE_THREADS=0 or
  * nd_set_adaptive_threads(false) turns it off). OpenMP splits a loop into
@@ -50,6 +51,7 @@ extern void openblas_set_num_threads(int);
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static cpu_set_t allowed;   /* the CPUs this process may run on, at start-up */
 static int allowed_count;
+static int quota; /* CPUs the cgroup's CPU quota allows; 0: none */
 static _Atomic int max_threads, in_use;
 static _Atomic bool adaptive, proc_ok;
 static _Atomic int64_t next_check_ns;
@@ -80,12 +82,79 @@ static int env_count(const char *name) {
     return *end == '\0' && v >= 1 && v <= MAX_THREADS_ACCEPTED ? (int)v : 0;
 }
 
+/* The first line of a small file, or false. */
+static bool read_line(const char *dir, const char *name, char *buf, size_t size) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) return false;
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    bool ok = fgets(buf, (int)size, f) != NULL;
+    fclose(f);
+    return ok;
+}
+
+/* CPUs the CPU quota of cgroup directory dir allows, ceil(quota / period):
+ * cgroup v2's cpu.max ("200000 100000"; "max ..." is no limit), else v1's
+ * cpu.cfs_quota_us (-1: no limit) and cpu.cfs_period_us. 0: no quota. */
+static int quota_in(const char *dir) {
+    char line[128];
+    long long quota = -1, period = 0;
+    if (read_line(dir, "cpu.max", line, sizeof line)) {
+        if (sscanf(line, "%lld %lld", &quota, &period) != 2) return 0; /* "max 100000" */
+    } else {
+        char q[64], pd[64];
+        if (!read_line(dir, "cpu.cfs_quota_us", q, sizeof q) || !read_line(dir, "cpu.cfs_period_us", pd, sizeof pd))
+            return 0;
+        quota = strtoll(q, NULL, 10);
+        period = strtoll(pd, NULL, 10);
+    }
+    if (quota <= 0 || period <= 0) return 0;
+    long long cpus = (quota + period - 1) / period;
+    return cpus > MAX_THREADS_ACCEPTED ? MAX_THREADS_ACCEPTED : (int)cpus;
+}
+
+/* This process's cgroup CPU quota in CPUs (0: none found). A container
+ * limited to 2 CPUs on a 64-core host sees 64 CPUs in its affinity mask,
+ * and 64 threads there are throttled in turn. NEEDLE_CGROUP_DIR names the
+ * directory to read instead (for tests). */
+static int quota_cpus(void) {
+    const char *dir = getenv("NEEDLE_CGROUP_DIR");
+    if (dir && *dir) return quota_in(dir);
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f) return 0;
+    char line[4096], v1[4096] = "", v2[4096] = "";
+    while (fgets(line, sizeof line, f)) { /* "id:controllers:path" */
+        line[strcspn(line, "\n")] = '\0';
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2) continue;
+        *c2 = '\0';
+        const char *controllers = c1 + 1, *path = c2 + 1;
+        if (!strcmp(line, "0") && !*controllers) {
+            snprintf(v2, sizeof v2, "/sys/fs/cgroup%s", path);
+            continue;
+        }
+        char list[256];
+        snprintf(list, sizeof list, ",%s,", controllers);
+        if (strstr(list, ",cpu,")) snprintf(v1, sizeof v1, "/sys/fs/cgroup/%s%s", controllers, path);
+    }
+    fclose(f);
+    int q = v2[0] ? quota_in(v2) : 0;
+    if (!q && v1[0]) q = quota_in(v1);
+    return q;
+}
+
 static void init(void) {
     CPU_ZERO(&allowed);
     if (sched_getaffinity(0, sizeof allowed, &allowed) == 0) allowed_count = CPU_COUNT(&allowed);
     if (allowed_count < 1) allowed_count = 1;
+    quota = quota_cpus();
     int n = env_count("NEEDLE_NUM_THREADS");
-    if (n == 0) n = omp_get_max_threads();
+    if (n == 0) {
+        n = omp_get_max_threads();
+        /* OpenMP's default is the CPUs in the mask; a quota that allows
+         * fewer caps it (an explicit OMP_NUM_THREADS stands) */
+        if (!getenv("OMP_NUM_THREADS") && quota > 0 && quota < n) n = quota;
+    }
     atomic_store(&max_threads, n);
     atomic_store(&in_use, n);
     const char *a = getenv("NEEDLE_ADAPTIVE_THREADS");
@@ -219,4 +288,5 @@ void nd_threads_info(nd_threads_state *out) {
     out->adaptive = atomic_load(&adaptive);
     out->measured = atomic_load(&proc_ok);
     out->busy_elsewhere = (double)atomic_load(&elsewhere_milli) * 1e-3;
+    out->quota_cpus = quota;
 }
