@@ -118,13 +118,7 @@ end)
 stop_busy()
 if not ok then die(tostring(err)) end
 
-local function median(xs)
-  local s = {}
-  for _, x in ipairs(xs) do if x then s[#s + 1] = x end end
-  table.sort(s)
-  if #s == 0 then return nil end
-  return #s % 2 == 1 and s[(#s + 1) // 2] or (s[#s // 2] + s[#s // 2 + 1]) / 2
-end
+local median = C.median_of
 
 print(("busy_core: %d CPUs, at most %d threads, %d busy loop(s), %d rounds, %d reps; %s; ms per call (median over rounds)")
   :format(nd.threads().cpus, N, opts.busy, opts.rounds, opts.reps, nd.devices()[1].gemm))

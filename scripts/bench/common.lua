@@ -11,6 +11,9 @@
 --   C.per_iter(fn, n[, reps[, warmup]]) seconds per call: warmup (default 0)
 --                                    untimed calls, then the median over reps
 --                                    (default 5) runs of n calls each
+--   C.median_of(xs)                  the median of the values in xs (holes, such as
+--                                    failed runs, skipped; the mean of the middle two
+--                                    for an even count), nil when there are none
 --   C.run_kv(cmd)                    {key = number} from cmd's "key value" lines
 --   C.python                         /usr/bin/python3 when there, else python3
 --   C.run_torch(script_args)         run_kv of C.python scripts/bench/<script_args>
@@ -52,6 +55,15 @@ function C.per_iter(fn, n, reps, warmup)
     ts[r] = (nd.clock() - t0) / n
   end
   return median(ts)
+end
+
+function C.median_of(xs)
+  local s = {}
+  for _, x in pairs(xs) do s[#s + 1] = x end
+  if #s == 0 then return nil end
+  table.sort(s)
+  local n = #s
+  return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
 end
 
 function C.run_kv(cmd)

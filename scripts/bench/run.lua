@@ -254,13 +254,7 @@ local function measure_round(w, ref_first)
 end
 
 -- rows ------------------------------------------------------------------------------------
-local function median(xs)
-  if #xs == 0 then return nil end
-  local s = {table.unpack(xs)}
-  table.sort(s)
-  local n = #s
-  return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
-end
+local median = C.median_of
 
 -- the row of one comparison over all rounds: mine[i], theirs[i] are round i's
 -- results; times and RSS are the medians over rounds, the ratio the median of

@@ -7,17 +7,11 @@
 local nd = require "needle"
 local json = require("needle.checkpoint").json
 
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local C = dofile(here .. "/common.lua")
+local median, fmt = C.median_of, C.fmt
+
 local S = {}
-
-local function median(xs)
-  local s = {}
-  for _, x in pairs(xs) do s[#s + 1] = x end
-  if #s == 0 then return nil end
-  table.sort(s)
-  return #s % 2 == 1 and s[(#s + 1) // 2] or (s[#s // 2] + s[#s // 2 + 1]) / 2
-end
-
-local function fmt(v, f) return v and (f or "%.3f"):format(v) or "-" end
 
 local SIDES = {{key = "needle", label = "needle", color = "#1f77b4"},
                {key = "torch", label = "PyTorch", color = "#ff7f0e"},

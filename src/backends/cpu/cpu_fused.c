@@ -18,8 +18,9 @@
 #include "cpu_kernels.h"
 #include "cpu_gemm.h"
 
+/* float32 reaches BLAS only where needle's GEMM declined (no kernel for
+ * this CPU, or no memory for packing): nd_cpu_linear_fused tried it first */
 static inline void gemm_nt(int M, int N, int K, const float *A, const float *B, float *C) {
-    if (K > 0 && nd_cpu_sgemm(M, N, K, A, K, 1, B, 1, K, C, N, false)) return;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
 }
 static inline void gemm_nt_d(int M, int N, int K, const double *A, const double *B, double *C) {
