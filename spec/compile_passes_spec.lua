@@ -136,7 +136,7 @@ describe("pass cse", function()
 end)
 
 describe("passes option", function()
-  it("runs simplify, cse, dce, epilogue, reorder then fuse by default, none with passes = false, and refuses unknown names", function()
+  it("runs fold, simplify, cse, dce, epilogue, reorder then fuse by default, none with passes = false, and refuses unknown names", function()
     local f = function(x) local _ = x * 7; return (x * 2) + (x * 2) * 1 end
     local cf = compiled(f, nil, nd.ones(2))
     assert.are.equal(1, removed(cf, "simplify")) -- the * 1
@@ -145,12 +145,13 @@ describe("passes option", function()
     assert.are.equal(1, removed(cf, "fuse")) -- x * 2 and the add: one kernel
     assert.are.equal(0, removed(cf, "epilogue")) -- no GEMM
     assert.are.equal(0, removed(cf, "reorder")) -- nothing to move
-    assert_contains(cf:explain(), "passes: simplify removed 1, cse removed 1, dce removed 1, epilogue removed 0, "
-                    .. "reorder moved 0, fuse removed 1")
+    assert.are.equal(0, removed(cf, "fold")) -- x is an argument: nothing constant
+    assert_contains(cf:explain(), "passes: fold removed 0, simplify removed 1, cse removed 1, dce removed 1, "
+                    .. "epilogue removed 0, reorder moved 0, fuse removed 1")
     local none = compiled(f, false, nd.ones(2))
     assert.are.equal(0, #none.last.passes)
-    assert_contains(errmsg(nd.compile, f, {passes = {"dce", "fold"}}),
-                    "unknown pass 'fold' (valid: simplify, cse, dce, epilogue, reorder, fuse)")
+    assert_contains(errmsg(nd.compile, f, {passes = {"dce", "flod"}}),
+                    "unknown pass 'flod' (valid: fold, simplify, cse, dce, epilogue, reorder, fuse)")
     local g = require("needle.core")._graph_begin()
     g:finish()
     g:plan()
@@ -621,5 +622,174 @@ describe("pass fuse", function()
     assert(#fused(cf) > 0, "the Adam update and the tanh backward have runs to fuse")
     local pe, pc = me:parameters(), mc:parameters()
     for k = 1, #pe do assert.are.equal(0, max_abs(pc[k], pe[k])) end
+  end)
+end)
+
+describe("pass fold", function()
+  local D = require "spec.helpers.devices"
+  local nn = nd.nn
+
+  local function rel(a, b) return max_abs(a, b) / math.max(b:double():abs():max():item(), 1e-30) end
+
+  -- running statistics and affine parameters far from their initial values
+  local function randomize_bn(bn)
+    nd.no_grad(function()
+      bn.running_mean:copy_(nd.randn(bn.running_mean.shape) * 0.5)
+      bn.running_var:copy_(nd.rand(bn.running_var.shape) + 0.5)
+      if bn.weight then bn.weight:copy_(nd.randn(bn.weight.shape)) end
+      if bn.bias then bn.bias:copy_(nd.randn(bn.bias.shape)) end
+    end)
+  end
+
+  for _, dev in ipairs(D.all()) do
+    it("runs kernels that read only constants once, and again only when a constant changes, on " .. dev, function()
+      local w = nd.randn(4):to(dev)
+      local f = function(x) return x + (w * 2):exp() end
+      local cf = compiled(f, {"fold"}, nd.ones(4):to(dev))
+      assert.are.equal(2, removed(cf, "fold")) -- w * 2 and exp moved into the prologue
+      assert.are.same({["binary.add"] = 1}, entries(cf))
+      local s = cf.last.graph:stats()
+      assert.are.equal(2, s.folded)
+      assert.are.equal(1, s.fold_sources)
+      for i = 1, 3 do assert.are.equal(0, max_abs(cf(nd.ones(4):to(dev) * i), f(nd.ones(4):to(dev) * i))) end
+      assert.are.equal(0, cf.last.graph:stats().refolds)
+      nd.no_grad(function() w:copy_(nd.randn(4)) end) -- a new value: the next replay folds again
+      assert.are.equal(0, max_abs(cf(nd.ones(4):to(dev)), f(nd.ones(4):to(dev))))
+      w:mul_(3) -- an in-place op bumps the version as well
+      assert.are.equal(0, max_abs(cf(nd.ones(4):to(dev)), f(nd.ones(4):to(dev))))
+      assert.are.equal(2, cf.last.graph:stats().refolds)
+      assert_contains(cf:explain(), "folded: 2 kernel(s) computed from constants")
+    end)
+  end
+
+  it("leaves arguments, tensors the function writes, random draws and host checks alone", function()
+    local w, v = nd.ones(3), nd.randn(3)
+    local labels = nd.tensor({1, 2}, {dtype = "int64"})
+    local f = function(x)
+      w:add_(1)                         -- written by the graph: not a constant
+      local a = (x * 2) + (w * 3)       -- x is an argument
+      local r = nd.F.dropout(v, 0.5, true) -- a draw reads only v, but must draw anew
+      local l = nd.F.cross_entropy(v:reshape(1, 3):expand(2, 3), labels) -- its label check reruns
+      return a + r + l
+    end
+    local cf = compiled(f, {"fold"}, nd.ones(3))
+    local e = entries(cf)
+    assert.are.equal(1, e["random"])
+    assert.are.equal(2, e["host_check"]) -- dropout's probability, the labels
+    assert.are.equal(1, e["cross_entropy"])
+    assert.are.equal(1, e["binary_scalar.add"]) -- w:add_(1)
+    assert.are.equal(3, e["binary_scalar.mul"]) -- x * 2, w * 3, dropout's scale of its mask
+  end)
+
+  it("folds an evaluation BatchNorm into the convolution before it, and its ReLU into the epilogue", function()
+    nd.manual_seed(3)
+    local m = nn.Sequential(nn.Conv2d(3, 8, 3, {padding = 1}), nn.BatchNorm2d(8), nn.ReLU(),
+                            nn.Conv2d(8, 4, 3, {bias = false}), nn.BatchNorm2d(4, {affine = false}))
+    randomize_bn(m[2])
+    randomize_bn(m[5])
+    m:eval()
+    local cf = nd.compile(m, {verify = true})
+    local x = nd.randn(2, 3, 9, 9)
+    nd.no_grad(function()
+      for _ = 1, 3 do assert.is_true(rel(cf(x), m(x)) < 1e-5) end
+      -- no batch_norm, no relu; the weights packed once where the packed kernel runs
+      local conv = nd.devices()[1].packed_conv and "conv2d_fused_packed" or "conv2d_fused"
+      assert.are.same({[conv] = 2}, entries(cf))
+      local x2 = nd.randn(2, 3, 9, 9)
+      assert.is_true(rel(cf(x2), m(x2)) < 1e-5, "a new input")
+      -- the statistics change (a checkpoint loaded into the same module): the fold follows
+      local sd = m:state_dict()
+      sd["1.running_var"] = sd["1.running_var"] * 4
+      sd["3.weight"] = sd["3.weight"] * -1
+      m:load_state_dict(sd)
+      assert.is_true(rel(cf(x), m(x)) < 1e-5, "after load_state_dict")
+      assert.are.equal(1, cf.last.graph:stats().refolds)
+    end)
+    -- train mode normalises with the batch's statistics: a retrace, nothing folded
+    m:train()
+    -- (the statistics move at every call: an eager twin moves them the same way)
+    local twin = nn.Sequential(nn.Conv2d(3, 8, 3, {padding = 1}), nn.BatchNorm2d(8), nn.ReLU(),
+                               nn.Conv2d(8, 4, 3, {bias = false}), nn.BatchNorm2d(4, {affine = false}))
+    twin:load_state_dict(m:state_dict())
+    for _ = 1, 3 do assert.is_true(rel(cf(x), twin(x)) < 1e-5) end
+    assert.are.equal(2, entries(cf)["batch_norm"])
+  end)
+
+  it("folds a BatchNorm1d into the linear layer before it (2-D inputs) and keeps NaN where eager has it", function()
+    nd.manual_seed(4)
+    local m = nn.Sequential(nn.Linear(5, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 2))
+    randomize_bn(m[2])
+    m:eval()
+    local cf = nd.compile(function(x) return nd.no_grad(function() return m(x) end) end, {verify = true})
+    local x = nd.randn(7, 5)
+    for _ = 1, 3 do assert.is_true(rel(cf(x), nd.no_grad(function() return m(x) end)) < 1e-5) end
+    assert.are.same({linear_fused = 2}, entries(cf))
+    x[{3, 2}] = 0 / 0 -- row 3 is NaN all through, through the fused ReLU as through nd.relu
+    local c, e = cf(x), nd.no_grad(function() return m(x) end)
+    for i = 1, 7 do
+      for j = 1, 2 do
+        local cv, ev = c[{i, j}]:item(), e[{i, j}]:item()
+        assert.are.equal(ev ~= ev, cv ~= cv, ("NaN at %d,%d"):format(i, j))
+      end
+    end
+  end)
+
+  it("packs a constant convolution weight once, in the prologue, with the same bits as eager", function()
+    if not nd.devices()[1].packed_conv then
+      pending("the packed convolution kernel needs AVX2 + FMA (and NEEDLE_CONV_BLAS unset)")
+      return
+    end
+    nd.manual_seed(6)
+    local w, b = nd.randn(8, 3, 3, 3), nd.randn(8)
+    local f = function(x) return nd.no_grad(function()
+      return nd.fused_conv2d(x, w, b, {padding = 1, activation = "relu"}) end) end
+    local cf = compiled(f, {"fold"}, nd.randn(2, 3, 7, 7))
+    assert.are.same({conv2d_fused_packed = 1}, entries(cf))
+    assert.are.equal(1, cf.last.graph:stats().folded) -- the conv2d_prepack record
+    for _ = 1, 3 do
+      local x = nd.randn(2, 3, 7, 7)
+      assert.are.equal(0, max_abs(cf(x), f(x)))
+    end
+    nd.no_grad(function() w:copy_(nd.randn(8, 3, 3, 3)) end) -- packed again on the next call
+    local x = nd.randn(2, 3, 7, 7)
+    assert.are.equal(0, max_abs(cf(x), f(x)))
+    assert.are.equal(1, cf.last.graph:stats().refolds)
+    -- a weight the graph writes is no constant: packed per call as eagerly
+    local cg = compiled(function(x) w:mul_(1); return f(x) end, {"fold"}, nd.randn(2, 3, 7, 7))
+    assert.are.equal(1, entries(cg).conv2d_fused)
+  end)
+
+  it("keeps a norm whose input is seen elsewhere, and one after an activation", function()
+    local conv, bn = nn.Conv2d(2, 3, 1), nn.BatchNorm2d(3)
+    randomize_bn(bn)
+    conv:eval(); bn:eval()
+    local seen
+    local f = function(x)
+      return nd.no_grad(function()
+        local h = conv(x)
+        seen = h                     -- Lua keeps the convolution's result: no fold
+        return bn(h) + bn(nd.F.relu(conv(x * 2)))
+      end)
+    end
+    local cf = compiled(f, {"fold"}, nd.randn(1, 2, 4, 4))
+    assert.are.equal(2, entries(cf)["batch_norm"])
+    local x = nd.randn(1, 2, 4, 4)
+    assert.are.equal(0, max_abs(cf(x), f(x)))
+    local _ = seen
+  end)
+
+  it("gives the fold's temporaries their memory back: the prologue keeps one copy of the folded weights", function()
+    local m = nn.Sequential(nn.Conv2d(16, 32, 3), nn.BatchNorm2d(32))
+    randomize_bn(m[2])
+    m:eval()
+    local cf = nd.compile(m)
+    local x = nd.randn(1, 16, 8, 8)
+    nd.no_grad(function() for _ = 1, 3 do cf(x) end end)
+    -- the folded weight (packed: its 32 rows padded to 36, the kernel's 6-row panels) and
+    -- bias, and the output (Lua receives it): no float64 copies, no unpacked copy
+    local rows = nd.devices()[1].packed_conv and 36 or 32
+    local weights, output = (rows * 16 * 9 + 32) * 4, 32 * 6 * 6 * 4
+    local fixed = cf.last.graph:stats().fixed_bytes
+    assert.are.equal(weights + output, fixed)
   end)
 end)

@@ -249,6 +249,73 @@ describe("BatchNorm folding", function()
   end)
 end)
 
+describe("nd.fold_batch_norm", function()
+  -- the formula on Lua numbers, element by element (independent of the op)
+  local function reference(W, B, mean, rstd, g, beta)
+    local FW, FB = {}, {}
+    for o = 1, #mean do
+      local s = (g and g[o] or 1) * rstd[o]
+      FB[o] = ((B and B[o] or 0) - mean[o]) * s + (beta and beta[o] or 0)
+      FW[o] = {}
+      for c = 1, #W[o] do FW[o][c] = W[o][c] * s end
+    end
+    return FW, FB
+  end
+
+  local D = require "spec.helpers.devices"
+  for _, dev in ipairs(D.all()) do
+    for _, dt in ipairs({"float64", "float32"}) do
+      for _, parts in ipairs({{true, true, true}, {false, false, false}, {true, false, true}}) do
+        it(("computes w * s, (b - mean) * s + beta with s = gamma * rstd in float64 (%s, bias/gamma/beta %s) on %s")
+             :format(dt, table.concat({tostring(parts[1]), tostring(parts[2]), tostring(parts[3])}, "/"), dev), function()
+          nd.manual_seed(21)
+          local o = {dtype = dt}
+          local w, mean, rstd = nd.randn({5, 6}, o), nd.randn({5}, o), nd.rand({5}, o) + 0.5
+          local b = parts[1] and nd.randn({5}, o) or nil
+          local g = parts[2] and nd.randn({5}, o) or nil
+          local beta = parts[3] and nd.randn({5}, o) or nil
+          local function on(t) return t and t:to(dev) or nil end
+          local fw, fb = nd.fold_batch_norm(on(w), on(b), on(mean), on(rstd), on(g), on(beta))
+          assert.are.equal(dt, fw.dtype)
+          assert.are.equal(dt, fb.dtype)
+          assert.are.equal(dev, fw.device)
+          local RW, RB = reference(w:double():totable(), b and b:double():totable(), mean:double():totable(),
+                                   rstd:double():totable(), g and g:double():totable(),
+                                   beta and beta:double():totable())
+          local tol = dt == "float64" and 1e-14 or 1e-6 -- float32: one rounding of the float64 result
+          local FW, FB = fw:cpu():double():totable(), fb:cpu():double():totable()
+          for i = 1, 5 do
+            assert.is_true(math.abs(FB[i] - RB[i]) <= tol * math.max(1, math.abs(RB[i])), "bias " .. i)
+            for c = 1, 6 do
+              assert.is_true(math.abs(FW[i][c] - RW[i][c]) <= tol * math.max(1, math.abs(RW[i][c])), "weight")
+            end
+          end
+        end)
+      end
+    end
+  end
+
+  it("takes a weight of any rank (the output channels first), without autograd", function()
+    local w = nd.randn({3, 2, 2, 2}):requires_grad_()
+    local fw, fb = nd.fold_batch_norm(w, nil, nd.zeros({3}), nd.ones({3}) * 2)
+    assert.are.same({3, 2, 2, 2}, fw.shape)
+    assert.are.equal(0, max_abs_diff(fw, w:detach() * 2))
+    assert.are.equal(0, max_abs_diff(fb, nd.zeros({3})))
+    assert.is_false(fw.requires_grad)
+  end)
+
+  it("names the op, the tensor and the shapes it expected", function()
+    local w = nd.randn({4, 3})
+    raises("fold_batch_norm: mean must be a float32 tensor of shape {4} (one value per output channel of "
+           .. "the weight {4,3}), got float32 {5}", nd.fold_batch_norm, w, nil, nd.zeros({5}), nd.ones({4}))
+    raises("fold_batch_norm: gamma must be a float32 tensor of shape {4}", nd.fold_batch_norm, w, nil,
+           nd.zeros({4}), nd.ones({4}), nd.ones({4}, {dtype = "float64"}))
+    raises("fold_batch_norm: expected a float32/float64 weight with the output channels first, got int64",
+           nd.fold_batch_norm, nd.zeros({4, 3}, {dtype = "int64"}), nil, nd.zeros({4}), nd.ones({4}))
+    raises("fold_batch_norm: expected a tensor", nd.fold_batch_norm, w, nil, nil, nd.ones({4}))
+  end)
+end)
+
 describe("nd.nn.fuse", function()
   local function check_pattern(model, x, fused_class, n_identity, tol)
     randomize_bn(model)

@@ -507,6 +507,9 @@ case("empty (filled), arange, eye on the input's device", function() return {ran
 case("fused_linear with relu (composed on devices without a fused kernel)",
   function() return {randn({5, 4}), randn({3, 4}), randn({3})} end,
   function(x, w, b) return nd.fused_linear(x, w, b, {activation = "relu"}) end)
+case("fold_batch_norm (composed ops, in float64)",
+  function() return {randn({4, 3, 2, 2}), randn({4}), randn({4}), randn({4}):abs() + 0.5, randn({4}), randn({4})} end,
+  function(w, b, mean, rstd, g, beta) return nd.fold_batch_norm(w, b, mean, rstd, g, beta) end, {grad = false})
 case("fused_conv2d with padding and relu",
   function() return {randn({2, 3, 5, 5}), randn({4, 3, 3, 3}), randn({4})} end,
   function(x, w, b) return nd.fused_conv2d(x, w, b, {padding = 1, activation = "relu"}) end, {rtol = 1e-4, atol = 1e-4})

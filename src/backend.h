@@ -241,6 +241,21 @@ typedef struct nd_backend {
     nd_status (*conv2d_backward)(nd_tensor *gx, nd_tensor *gw, nd_tensor *gb, const nd_tensor *dy,
                                  const nd_tensor *x, const nd_tensor *w, const nd_conv_geom *g,
                                  int64_t groups);
+    /* Prepacked convolution weights (nd.compile's fold pass; NULL where a
+     * backend packs nothing). conv2d_packed_numel: the elements conv2d_prepack
+     * writes for a convolution of an input of shape xshape (N, C, H, W) in
+     * dtype dt by a weight of shape wshape, or 0 when that convolution does
+     * not run on packed weights. conv2d_prepack: w (contiguous) in that
+     * layout into packed (contiguous, that many elements of w's dtype).
+     * conv2d_fused_packed: conv2d_fused with the weight given so packed
+     * for x's shape (O = out's dim 1). */
+    int64_t (*conv2d_packed_numel)(const int64_t *xshape, const int64_t *wshape, nd_dtype dt,
+                                   const nd_conv_geom *g, int64_t groups);
+    nd_status (*conv2d_prepack)(nd_tensor *packed, const nd_tensor *w, const int64_t *xshape,
+                                const nd_conv_geom *g, int64_t groups);
+    nd_status (*conv2d_fused_packed)(nd_tensor *out, const nd_tensor *x, const nd_tensor *packed,
+                                     const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
+                                     nd_activation act);
     /* out (M, O) = act(x (M, K) @ w (O, K)^T + b (O)) */
     nd_status (*linear_fused)(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, nd_activation act);

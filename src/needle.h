@@ -308,6 +308,15 @@ nd_status nd_layer_norm(const nd_tensor *x, int nnorm, const nd_tensor *weight,
 nd_status nd_batch_norm(const nd_tensor *x, nd_tensor *running_mean, nd_tensor *running_var,
                         const nd_tensor *weight, const nd_tensor *bias, bool training,
                         double momentum, double eps, nd_tensor **out);
+/* The weight (O, ...) and bias (O, or NULL) of a layer followed by an
+ * evaluation-mode batch norm over its O outputs, with the norm folded in:
+ * w' = w * s per output channel, b' = (b - mean) * s + beta, s = gamma * rstd
+ * (rstd = (running_var + eps)^-1/2; gamma, beta may be NULL). Computed in
+ * float64, returned in w's dtype on w's device; no autograd graph. The
+ * formula of nd.nn.fuse and of nd.compile's fold pass. */
+nd_status nd_fold_batch_norm(const nd_tensor *w, const nd_tensor *b, const nd_tensor *mean,
+                             const nd_tensor *rstd, const nd_tensor *gamma, const nd_tensor *beta,
+                             nd_tensor **w_out, nd_tensor **b_out);
 /* Cross entropy of logits (N, C) against 0-based int64 labels (N).
  * reduction: 0 none, 1 mean (over rows not ignored), 2 sum. ignore_index
  * may be any value outside 0..C-1 to disable it. */
@@ -555,6 +564,9 @@ nd_status nd_graph_attach_backward(nd_tensor *out, nd_graph *fw, nd_graph *bw,
 /* Runs one pass over an ended graph's records before its plan (graph_passes.c):
  * "dce" (dead kernels) or "cse" (repeated kernels); *changed: records removed. */
 nd_status nd_graph_pass(nd_graph *g, const char *name, int64_t *changed);
+/* Marks t's storage as an input of the compiled function (its copy of the
+ * caller's argument): the fold pass never treats it as a constant. */
+void nd_graph_mark_input(nd_graph *g, const nd_tensor *t);
 /* Plans the memory of an ended graph: the intermediates that only its
  * kernels see share buffers by liveness (graph_plan.c). */
 nd_status nd_graph_plan(nd_graph *g);
@@ -583,6 +595,9 @@ typedef struct {
     int64_t fused_runs;   /* fused elementwise kernels the fuse pass made */
     int64_t fused_registers, fused_register_bytes; /* intermediates they never store (bytes) */
     int64_t prepared;            /* records replayed through prepared launches (OpenCL) */
+    int64_t folded;              /* records in the prologue (the fold pass) */
+    int64_t fold_sources;        /* the constants it reads (parameters, buffers) */
+    int64_t refolds;             /* prologue runs at replays: a source had changed */
 } nd_graph_stat;
 void nd_graph_stats(const nd_graph *g, nd_graph_stat *out);
 #define ND_GRAPH_REC_TENSORS 16 /* the most tensors a record has (a fused run's) */
@@ -597,7 +612,8 @@ typedef struct {
     int roles[ND_GRAPH_REC_TENSORS];                 /* 1 read, 2 write, 3 read and write */
     int storage[ND_GRAPH_REC_TENSORS];               /* storage number within the graph, -1 for none */
     char storage_kind[ND_GRAPH_REC_TENSORS];         /* 'e' existed before, 'i' made inside, 'p' made inside and
-                                   * placed by the memory plan, 'c' constant restored per replay */
+                                   * placed by the memory plan, 'c' constant restored per replay,
+                                   * 'f' folded: written by the prologue (the fold pass) */
     bool outside[ND_GRAPH_REC_TENSORS];
     int tune_size;     /* a fused kernel's tuned size (0: the default) and thread choice */
     bool tune_serial;              /* made inside and, at the plan, also held outside the graph */

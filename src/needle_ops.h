@@ -153,6 +153,7 @@
     X(log_softmax,         NORM,     1, FLOAT,   NODE)                     \
     X(layer_norm,          NORM,     3, FLOAT,   NODE)                     \
     X(batch_norm,          NORM,     5, FLOAT,   NODE)                     \
+    X(fold_batch_norm,     NORM,     6, FLOAT,   NONE)                     \
     X(cross_entropy,       LOSS,     2, FLOAT,   NODE)                     \
     X(matmul,              GEMM,     2, PROMOTE, NODE)                     \
     X(linear,              GEMM,     3, FLOAT,   NODE)                     \

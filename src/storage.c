@@ -115,6 +115,16 @@ void nd_storage_drop_data(nd_storage *s) {
     if (s && !s->release) free_data(s);
 }
 
+nd_status nd_storage_refill_data(nd_storage *s) {
+    if (s->data || s->release) return ND_OK;
+    nd_storage *t = NULL;
+    nd_device dev = {s->device, s->device_index};
+    ND_TRY(nd_storage_new_on(dev, s->nbytes, &t));
+    s->data = t->data; /* (counted live by t's allocation, now s's) */
+    nd_cache_free(t, sizeof *t);
+    return ND_OK;
+}
+
 void nd_storage_release(nd_storage *s) {
     if (!s) return;
     int left = atomic_fetch_sub(&s->refcount, 1) - 1;

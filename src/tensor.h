@@ -105,6 +105,9 @@ extern void (*nd_storage_idle_hook)(nd_storage *s);
 /* Frees s's memory (not borrowed memory) and leaves s without data: only a
  * capturing graph does this, to a storage only it still refers to. */
 void nd_storage_drop_data(nd_storage *s);
+/* Gives a storage whose data was dropped memory again (contents undefined):
+ * the fold pass keeps what it computes once across replays. */
+nd_status nd_storage_refill_data(nd_storage *s);
 /* caching allocator (alloc_cache.c) */
 void *nd_cache_alloc(size_t nbytes);
 void nd_cache_free(void *p, size_t nbytes);

@@ -20,6 +20,8 @@
 --     kind            "startup": timed by run.lua launching processes, not by a worker
 --     setup(nd, dev)  -> the function one call of which is the workload (needle side), its
 --                     model and inputs on device dev ("cpu" unless run.lua --device)
+--     setup_args(nd, dev) -> fn, args (or fn alone): the workload as fn(table.unpack(args)),
+--                     so that its compiled variant takes args as arguments (inference inputs)
 --     host_only       the workload means nothing on another device (start-up, peak RSS)
 --   W.by_name[name]   the same entries by name
 --
@@ -58,10 +60,12 @@ local function train_step(nd, dev, model, opt, x, y)
   end
 end
 
+-- an inference workload takes its input as an argument ({x} is returned with
+-- it): compiled, the input is then an argument as in real use, not a constant
+-- the fold pass could compute once
 local function infer(nd, dev, model, x)
   model:to(dev):eval()
-  x = x:to(dev)
-  return function() return nd.no_grad(function() return model(x) end) end
+  return function(input) return nd.no_grad(function() return model(input) end) end, {x:to(dev)}
 end
 
 W.list = {
@@ -158,7 +162,12 @@ do
     W.list[#W.list + 1] = {name = name .. "_compiled", issue = 17, compiled_of = name,
       speedup_target = COMPILED[name], target = b.target, reps = b.reps, warmup = b.warmup + 2,
       inner = b.inner, what = b.what .. ", through nd.compile",
-      setup = function(nd, dev) return nd.compile(b.setup(nd, dev), COMPILE_OPTS[name]) end}
+      setup = function(nd, dev)
+        local fn, args = b.setup_args(nd, dev)
+        local cf = nd.compile(fn, COMPILE_OPTS[name])
+        if not args then return cf end
+        return function() return cf(table.unpack(args)) end
+      end}
   end
 end
 
@@ -167,6 +176,15 @@ for _, w in ipairs(W.list) do
   w.metric = w.metric or "ms"
   local setup = w.setup
   if setup then w.setup = function(nd, dev) return setup(nd, dev or "cpu") end end
+  -- (a setup may return fn, args: one call of the workload is fn(table.unpack(args)))
+  if setup and not w.compiled_of then
+    w.setup_args = w.setup
+    w.setup = function(nd, dev)
+      local fn, args = w.setup_args(nd, dev)
+      if not args then return fn end
+      return function() return fn(table.unpack(args)) end
+    end
+  end
   W.by_name[w.name] = w
 end
 

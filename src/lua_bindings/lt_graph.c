@@ -90,7 +90,17 @@ static int l_stats(lua_State *L) {
     lt_set_int(L, "fused_registers", s.fused_registers);
     lt_set_int(L, "fused_register_bytes", s.fused_register_bytes);
     lt_set_int(L, "prepared", s.prepared);
+    lt_set_int(L, "folded", s.folded);
+    lt_set_int(L, "fold_sources", s.fold_sources);
+    lt_set_int(L, "refolds", s.refolds);
     return 1;
+}
+
+/* g:mark_input(t): t's storage is an argument's copy (never a constant) */
+static int l_mark_input(lua_State *L) {
+    graph_box *b = check_graph(L, "compile");
+    nd_graph_mark_input(b->g, lt_check(L, 2, "compile"));
+    return 0;
 }
 
 /* g:records() -> {{entry, op, detail, device, args = {{storage, key, kind,
@@ -335,7 +345,7 @@ void lt_register_graph(lua_State *L) {
             {"finish", l_finish}, {"replay", l_replay}, {"stats", l_stats},
             {"records", l_records}, {"free", l_free}, {"plan", l_plan}, {"pass", l_pass},
             {"attach_backward", l_attach_backward}, {"tune", l_tune}, {"pending", l_pending},
-            {NULL, NULL},
+            {"mark_input", l_mark_input}, {NULL, NULL},
         };
         lua_newtable(L);
         luaL_setfuncs(L, methods, 0);

@@ -242,6 +242,21 @@ static int l_fused_linear(lua_State *L) {
     return 1;
 }
 
+/* nd.fold_batch_norm(w, b|nil, mean, rstd, gamma|nil, beta|nil) -> w', b' */
+static int l_fold_batch_norm(lua_State *L) {
+    const char *op = "fold_batch_norm";
+    const nd_tensor *t[6];
+    for (int i = 0; i < 6; i++) {
+        bool optional = i == 1 || i == 4 || i == 5;
+        t[i] = optional && lua_isnoneornil(L, i + 1) ? NULL : lt_check(L, i + 1, op);
+    }
+    nd_tensor *w = NULL, *b = NULL;
+    LT_CHECK(L, nd_fold_batch_norm(t[0], t[1], t[2], t[3], t[4], t[5], &w, &b));
+    lt_push(L, w);
+    lt_push(L, b);
+    return 2;
+}
+
 /* nd.linear(x, w[, b]): F.linear's core (x @ w^T + b) */
 static int l_linear(lua_State *L) {
     const char *op = "linear";
@@ -264,6 +279,7 @@ void lt_register_nn(lua_State *L) {
         {"fused_conv2d", l_fused_conv2d, false, true},
         {"fused_linear", l_fused_linear, false, true},
         {"linear", l_linear, false, true},
+        {"fold_batch_norm", l_fold_batch_norm, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

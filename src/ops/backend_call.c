@@ -282,6 +282,13 @@ nd_status nd_call_conv2d_fused(const nd_backend *be, const char *op, nd_tensor *
     return FINISH(be->conv2d_fused(out, x, w, b, g, groups, act));
 }
 
+int64_t nd_call_conv2d_packed_numel(const nd_backend *be, const int64_t *xshape,
+                                    const int64_t *wshape, nd_dtype dt, const nd_conv_geom *g,
+                                    int64_t groups) {
+    if (!be || !be->conv2d_packed_numel || !be->conv2d_prepack || !be->conv2d_fused_packed) return 0;
+    return be->conv2d_packed_numel(xshape, wshape, dt, g, groups);
+}
+
 nd_status nd_call_conv2d_backward(const nd_backend *be, const char *op, nd_tensor *gx,
                                   nd_tensor *gw, nd_tensor *gb, const nd_tensor *dy,
                                   const nd_tensor *x, const nd_tensor *w, const nd_conv_geom *g,
@@ -430,6 +437,10 @@ nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
     case ND_CALL_avg_pool2d_backward: return be->avg_pool2d_backward(T(0), T(1), &r->u.pool);
     case ND_CALL_conv2d_fused:
         return be->conv2d_fused(T(0), T(1), T(2), T(3), &r->u.conv, r->i[0], (nd_activation)r->i[1]);
+    case ND_CALL_conv2d_prepack: /* i: the input's shape, then groups */
+        return be->conv2d_prepack(T(0), T(1), r->i, &r->u.conv, r->i[4]);
+    case ND_CALL_conv2d_fused_packed:
+        return be->conv2d_fused_packed(T(0), T(1), T(2), T(3), &r->u.conv, r->i[0], (nd_activation)r->i[1]);
     case ND_CALL_conv2d_backward:
         return be->conv2d_backward(T(0), T(1), T(2), T(3), T(4), T(5), &r->u.conv, r->i[0]);
     case ND_CALL_linear_fused: return be->linear_fused(T(0), T(1), T(2), T(3), (nd_activation)r->i[0]);

@@ -26,6 +26,7 @@
     X(batch_norm_backward) X(relu_backward) X(sgd_step) X(cross_entropy_backward) X(random) \
     X(im2col) X(col2im) X(max_pool2d) X(max_pool2d_backward) X(avg_pool2d) X(avg_pool2d_backward) \
     X(conv2d_fused) X(conv2d_backward) X(linear_fused) X(write) X(read) X(host_check) \
+    X(conv2d_prepack) X(conv2d_fused_packed) \
     X(fused_elementwise) X(matmul_acc) X(reduce_sum_acc)
 
 typedef enum {
@@ -112,6 +113,11 @@ nd_status nd_call_avg_pool2d_backward(const nd_backend *be, const char *op, nd_t
 nd_status nd_call_conv2d_fused(const nd_backend *be, const char *op, nd_tensor *out,
                                const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                const nd_conv_geom *g, int64_t groups, nd_activation act);
+/* The elements of conv2d_fused's weight prepacked for an input of shape
+ * xshape (0: none; a query, not recorded). */
+int64_t nd_call_conv2d_packed_numel(const nd_backend *be, const int64_t *xshape,
+                                    const int64_t *wshape, nd_dtype dt, const nd_conv_geom *g,
+                                    int64_t groups);
 nd_status nd_call_conv2d_backward(const nd_backend *be, const char *op, nd_tensor *gx,
                                   nd_tensor *gw, nd_tensor *gb, const nd_tensor *dy,
                                   const nd_tensor *x, const nd_tensor *w, const nd_conv_geom *g,

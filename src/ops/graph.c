@@ -239,7 +239,7 @@ static stor_info *find_info(nd_graph *g, const nd_storage *s) {
  * now: a capture then needs about what the eager call needs. */
 static void graph_idle(nd_storage *s) {
     nd_graph *g = current;
-    if (!g || !g->capturing || g->error != ND_OK) return;
+    if (!g || !g->capturing || g->error != ND_OK || g->keep_memory) return;
     stor_info *in = find_info(g, s);
     if (!in || !in->internal || in->dropped || s->release) return;
     settle(in);
@@ -438,6 +438,7 @@ nd_status nd_graph_replay(nd_graph *g) {
                            "opt:zero_grad() inside the function)");
     for (size_t k = 0; k < g->nstor; k++)
         if (has_snapshot(&g->stor[k])) ND_TRY(restore_snapshot(&g->stor[k]));
+    ND_TRY(nd_graph_run_prologue(g));
     bool profiling = nd_profiler_on_; /* each kernel its own row: "compiled:binary.add" */
     for (size_t k = 0; k < g->n; k++) {
         nd_graph_rec *r = &g->recs[k];
@@ -483,6 +484,12 @@ void nd_graph_free(nd_graph *g) {
     if (g->capturing) /* an ended graph reset its counts at its end */
         for (size_t k = 0; k < g->nstor; k++) atomic_store(&g->stor[k].s->graph_refs, 0);
     for (size_t k = 0; k < g->n; k++) nd_graph_rec_release(&g->recs[k]);
+    for (size_t k = 0; k < g->npro; k++) nd_graph_rec_release(&g->pro[k]);
+    for (size_t k = 0; k < g->nsrc; k++) nd_storage_release(g->src[k]);
+    free(g->pro);
+    free(g->src);
+    free(g->src_ver);
+    free(g->pro_tmp);
     for (size_t k = 0; k < g->nstor; k++) {
         free(g->stor[k].snapshot);
         track_stop(&g->stor[k]);
@@ -526,6 +533,20 @@ void nd_graph_stats(const nd_graph *g, nd_graph_stat *out) {
     out->fused_registers = g->fused_registers;
     out->fused_register_bytes = g->fused_register_bytes;
     for (size_t i = 0; i < g->n; i++) out->prepared += g->recs[i].prep_state == ND_PREP_READY;
+    out->folded = (int64_t)g->npro;
+    out->fold_sources = (int64_t)g->nsrc;
+    out->refolds = g->refolds;
+}
+
+stor_info *nd_graph_adopt_storage(nd_graph *g, nd_storage *s) {
+    stor_info *in = storage_info(g, s);
+    if (in) atomic_store(&s->graph_refs, 0); /* counted while capturing only */
+    return in;
+}
+
+void nd_graph_mark_input(nd_graph *g, const nd_tensor *t) {
+    stor_info *in = g && t ? find_info(g, t->storage) : NULL;
+    if (in) in->input = true;
 }
 
 nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out) {
@@ -543,7 +564,8 @@ nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out) {
         if (!r->t[k]) continue;
         const stor_info *in = &g->stor[r->sid[k]];
         out->storage[k] = in->id;
-        out->storage_kind[k] = has_snapshot(in) ? 'c' : in->internal ? (in->planned ? 'p' : 'i') : 'e';
+        out->storage_kind[k] = has_snapshot(in) ? 'c' : in->folded ? 'f'
+                             : in->internal ? (in->planned ? 'p' : 'i') : 'e';
         out->outside[k] = in->internal && in->outside;
     }
     switch (r->entry) {

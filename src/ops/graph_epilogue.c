@@ -29,8 +29,11 @@
  * (A driver that refuses the accumulating GEMM variant gets the plain GEMM
  * into a temporary and an add: ocl_matmul.c.)
  *
- * Still to come here: bias, activation and residual epilogues of GEMM and
- * convolution. */
+ * Activation: a ReLU after a fused convolution or linear kernel becomes its
+ * epilogue (activation_epilogues, below).
+ *
+ * Still to come here: residual epilogues of GEMM and convolution, and bias
+ * epilogues where the backend's GEMM is a plain matmul (OpenCL). */
 #include <stdlib.h>
 #include "graph_internal.h"
 
@@ -162,7 +165,51 @@ static nd_status try_accumulate(nd_graph *g, size_t p, uses *u, int *alias, bool
     return ND_OK;
 }
 
+/* Activation epilogues: a ReLU whose input is the result of a fused
+ * convolution or linear kernel without activation, read by the ReLU alone
+ * and seen nowhere else, becomes that kernel's activation (its epilogue
+ * applies it as it stores: one pass over the result fewer; the same bits,
+ * NaN included). */
+static nd_status activation_epilogues(nd_graph *g, int64_t *changed) {
+    size_t ns = g->nstor, n = g->n;
+    int64_t *refs = malloc((ns + 1) * sizeof *refs);
+    size_t *first = malloc((ns + 1) * sizeof *first), *last = malloc((ns + 1) * sizeof *last);
+    bool *drop = calloc(n + 1, 1);
+    if (!refs || !first || !last || !drop) {
+        free(refs); free(first); free(last); free(drop);
+        return nd_fail(ND_ERR_MEMORY, "compile: out of memory in the epilogue pass");
+    }
+    nd_graph_uses(g, refs, first, last);
+    for (size_t i = 0; i < n; i++) {
+        nd_graph_rec *a = &g->recs[i];
+        int64_t *act = a->entry == ND_CALL_conv2d_fused || a->entry == ND_CALL_conv2d_fused_packed ? &a->i[1]
+                     : a->entry == ND_CALL_linear_fused ? &a->i[0] : NULL;
+        if (!act || *act != ND_ACT_NONE || !a->t[0] || a->role[0] != ND_ROLE_WRITE || !a->full[0])
+            continue;
+        int o = a->sid[0];
+        /* the result: made inside, used by this kernel and one more (the ReLU) */
+        if (refs[o] != 2 || first[o] != i || !g->stor[o].internal || nd_graph_live_out(g, (size_t)o, refs))
+            continue;
+        nd_graph_rec *r = &g->recs[last[o]];
+        if (r->entry != ND_CALL_unary || r->i[0] != ND_UNARY_relu || r->nt != 2 || !r->t[0] ||
+            !r->t[1] || r->sid[1] != o || r->sid[0] == o || r->role[0] != ND_ROLE_WRITE || !r->full[0] ||
+            !nd_graph_same_view(r->t[1], a->t[0]) || !nd_graph_same_view(r->t[0], a->t[0]))
+            continue;
+        nd_release(a->t[0]);
+        a->t[0] = r->t[0];
+        a->sid[0] = r->sid[0];
+        r->t[0] = NULL;
+        *act = ND_ACT_RELU;
+        drop[last[o]] = true;
+        (*changed)++;
+    }
+    nd_graph_compact(g, drop);
+    free(refs); free(first); free(last); free(drop);
+    return ND_OK;
+}
+
 nd_status nd_graph_pass_epilogue(nd_graph *g, int64_t *changed) {
+    ND_TRY(activation_epilogues(g, changed));
     size_t ns = g->nstor, n = g->n;
     uses u = {malloc((ns + 1) * sizeof *u.refs), calloc(ns + 1, sizeof *u.reads),
               calloc(ns + 1, sizeof *u.writes), malloc((ns + 1) * sizeof *u.first),

@@ -31,6 +31,8 @@ typedef struct {
     bool zero_init;     /* ... and that content was all zero bytes (zeros filled in part) */
     bool planned;       /* moved into a buffer of the memory plan */
     size_t nbytes;      /* its own size (a planned buffer may be larger) */
+    bool input;         /* one of the compiled function's inputs (nd_graph_mark_input) */
+    bool folded;        /* written by the prologue (graph_fold.c): lives across replays */
 } stor_info;
 
 typedef struct {
@@ -64,6 +66,18 @@ struct nd_graph {
     int nbuffers;
     int64_t fused_runs;             /* fused_elementwise records the fuse pass made */
     int64_t fused_registers, fused_register_bytes; /* values they never store (and their bytes) */
+    /* The prologue (graph_fold.c): records that read constants only (parameters,
+     * buffers, running statistics), run before a replay only when one of their
+     * sources changed since they last ran (its storage version). */
+    nd_graph_rec *pro;
+    size_t npro, cappro;
+    nd_storage **src;     /* the sources, retained */
+    uint64_t *src_ver;    /* their versions when the prologue last ran */
+    size_t nsrc;
+    int *pro_tmp;         /* storages only the prologue uses: memory only while it runs */
+    size_t npro_tmp;
+    int64_t refolds;      /* prologue runs at replays */
+    bool keep_memory;     /* a helper capture (the fold pass's): the idle hook drops nothing */
     nd_status error;     /* the first failure while recording: the capture is invalid */
     char message[512];
 };
@@ -141,6 +155,17 @@ nd_status nd_graph_pass_epilogue(nd_graph *g, int64_t *changed);
 /* The reorder pass (graph_reorder.c): elementwise records move up next to
  * an earlier one the fuse pass could join them to; *changed counts moves. */
 nd_status nd_graph_pass_reorder(nd_graph *g, int64_t *changed);
+
+/* The fold pass (graph_fold.c): records that read only constants move into
+ * the prologue, and an evaluation batch norm after a convolution or linear
+ * layer is folded into its weight and bias; *changed counts records moved or
+ * removed. */
+nd_status nd_graph_pass_fold(nd_graph *g, int64_t *changed);
+/* The info of storage s in ended graph g, added (retained) if new (graph.c);
+ * NULL when out of memory. */
+stor_info *nd_graph_adopt_storage(nd_graph *g, nd_storage *s);
+/* Runs the prologue if a source changed (graph_fold.c). */
+nd_status nd_graph_run_prologue(nd_graph *g);
 
 /* How many references the graph's records hold on each storage, and the
  * first and last record using it (SIZE_MAX / 0 when none): arrays of

@@ -82,7 +82,8 @@ static bool pure_single_output(nd_call_entry e) {
     switch (e) {
     case ND_CALL_unary: case ND_CALL_binary: case ND_CALL_binary_scalar: case ND_CALL_where:
     case ND_CALL_clamp: case ND_CALL_reduce: case ND_CALL_matmul: case ND_CALL_softmax:
-    case ND_CALL_linear_fused: case ND_CALL_conv2d_fused: case ND_CALL_im2col: case ND_CALL_gather:
+    case ND_CALL_linear_fused: case ND_CALL_conv2d_fused: case ND_CALL_conv2d_fused_packed:
+    case ND_CALL_im2col: case ND_CALL_gather:
     case ND_CALL_index_select: case ND_CALL_cumsum: case ND_CALL_copy:
         return true;
     default:
@@ -193,6 +194,7 @@ nd_status nd_graph_pass(nd_graph *g, const char *name, int64_t *changed) {
     if (!strcmp(name, "simplify")) return nd_graph_pass_simplify(g, changed);
     if (!strcmp(name, "reorder")) return nd_graph_pass_reorder(g, changed);
     if (!strcmp(name, "epilogue")) return nd_graph_pass_epilogue(g, changed);
-    return nd_fail(ND_ERR_ARG, "compile: unknown pass '%s' (expected simplify, cse, dce, epilogue, "
-                   "reorder or fuse)", name);
+    if (!strcmp(name, "fold")) return nd_graph_pass_fold(g, changed);
+    return nd_fail(ND_ERR_ARG, "compile: unknown pass '%s' (expected fold, simplify, cse, dce, "
+                   "epilogue, reorder or fuse)", name);
 }

@@ -184,7 +184,10 @@ nd_status nd_graph_plan(nd_graph *g) {
         bool only_graph = (int64_t)atomic_load(&in->s->refcount) == 1 + refs[k];
         in->outside = !only_graph;
         /* (zero_init ones are re-zeroed before their first use, below) */
-        if (in->internal && initial_unseen(in) && only_graph && !in->s->release && first[k] != SIZE_MAX)
+        if (in->folded) { /* the prologue's constants live across replays (its temporaries not) */
+            if (in->s->data) g->fixed_bytes += (int64_t)in->s->nbytes;
+        }
+        else if (in->internal && initial_unseen(in) && only_graph && !in->s->release && first[k] != SIZE_MAX)
             order[n++] = (int)k;
         else if (in->internal && only_graph && first[k] == SIZE_MAX && !in->s->release)
             nd_storage_drop_data(in->s); /* no kernel uses it any more (the passes removed them) */

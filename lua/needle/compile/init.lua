@@ -219,11 +219,12 @@ end
 
 local OPTS = {warmup = "integer", cache_size = "integer", fallback = "boolean", verify = "boolean",
               passes = "table|boolean", tune = "number"}
-local PASSES = {simplify = true, dce = true, cse = true, epilogue = true, reorder = true, fuse = true}
-local DEFAULT_PASSES = {"simplify", "cse", "dce", "epilogue", "reorder", "fuse"}
+local PASSES = {fold = true, simplify = true, dce = true, cse = true, epilogue = true, reorder = true,
+                fuse = true}
+local DEFAULT_PASSES = {"fold", "simplify", "cse", "dce", "epilogue", "reorder", "fuse"}
 
 -- nd.compile(fn_or_module[, {warmup = 1, cache_size = 8, fallback = false, verify = false,
---                           passes = {"simplify", "cse", "dce", "epilogue", "reorder", "fuse"},
+--                           passes = {"fold", "simplify", "cse", "dce", "epilogue", "reorder", "fuse"},
 --                           tune = seconds}])
 function M.compile(fn, opts)
   local is_module = type(fn) == "table" and getmetatable(fn) ~= nil and
@@ -247,7 +248,7 @@ function M.compile(fn, opts)
   elseif opts.passes ~= nil then
     passes = {}
     for i, name in ipairs(opts.passes) do
-      if not PASSES[name] then fail("passes[%d]: unknown pass '%s' (valid: simplify, cse, dce, epilogue, reorder, fuse)", i, tostring(name)) end
+      if not PASSES[name] then fail("passes[%d]: unknown pass '%s' (valid: fold, simplify, cse, dce, epilogue, reorder, fuse)", i, tostring(name)) end
       passes[i] = name
     end
   end
@@ -527,6 +528,7 @@ local function capture_call(self, e, args, flat)
   collectgarbage("collect")
   local pok, perr = pcall(function()
     e.passes = {}
+    for _, c in ipairs(inputs) do g:mark_input(c) end -- arguments are no constants to fold
     for _, name in ipairs(self.passes) do e.passes[#e.passes + 1] = {name, g:pass(name)} end
     if self.verify then
       local problems = require("needle.compile.ir").verify(g:records())
@@ -536,7 +538,11 @@ local function capture_call(self, e, args, flat)
     end
     g:plan()
     if bw then
-      for _, name in ipairs(self.passes) do bw.graph:pass(name) end
+      -- (not fold: the backward reads the forward's activations, which every forward replay
+      -- rewrites, so nothing there stays constant for long)
+      for _, name in ipairs(self.passes) do
+        if name ~= "fold" then bw.graph:pass(name) end
+      end
       bw.graph:plan()
     end
   end)
@@ -774,6 +780,11 @@ function CF:explain()
     end
     lines[#lines + 1] = ("constants: %d (%s) copied back before each replay"):format(gs.restored,
                          ir.bytes(gs.restored_bytes))
+    if gs.folded > 0 then
+      lines[#lines + 1] = ("folded: %d kernel(s) computed from constants (parameters, buffers) "
+                           .. "run as a prologue, again only when one of those %d constants changes "
+                           .. "(%d time(s) so far)"):format(gs.folded, gs.fold_sources, gs.refolds)
+    end
     lines[#lines + 1] = ("guards: %d module(s), %d optimizer guard(s), %d replay hook(s); "
                          .. "gradients of %d leaves restored"):format(#e.module_guards, #e.guards,
                          #e.hooks, gs.leaves)

@@ -80,7 +80,7 @@ function M.text(records)
       end
     end
   end
-  lines[#lines + 1] = "storages (e existed before, i made inside, p planned into a shared buffer, c constant): " .. table.concat(kinds, " ")
+  lines[#lines + 1] = "storages (e existed before, i made inside, p planned into a shared buffer, c constant, f folded: made by the prologue): " .. table.concat(kinds, " ")
   return table.concat(lines, "\n")
 end
 
@@ -90,7 +90,7 @@ function M.dot(records)
   local function value(name, a)
     if not values[name] then
       values[name] = true
-      local shape = a.kind == "e" and "box" or a.kind == "c" and "note" or "ellipse"
+      local shape = a.kind == "e" and "box" or (a.kind == "c" or a.kind == "f") and "note" or "ellipse"
       out[#out + 1] = ('  "%s" [shape=%s, label="%s\\n%s"];'):format(name, shape, name, view_str(a))
     end
   end
@@ -150,7 +150,7 @@ function M.verify(records)
         if a.offset < 0 then
           problems[#problems + 1] = ("record %d arg %d: negative offset"):format(i, j)
         end
-        if not (a.kind == "e" or a.kind == "i" or a.kind == "p" or a.kind == "c") then
+        if not (a.kind == "e" or a.kind == "i" or a.kind == "p" or a.kind == "c" or a.kind == "f") then
           problems[#problems + 1] = ("record %d arg %d: storage of unknown kind"):format(i, j)
         end
       end

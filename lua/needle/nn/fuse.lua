@@ -163,10 +163,10 @@ F.FusedLinear = FusedLinear
 
 local function f64(t) return t:detach():to({device = "cpu", dtype = "float64"}) end
 
--- BatchNorm in eval mode is y = x * scale + shift per channel with
--- scale = gamma / sqrt(running_var + eps), shift = beta - running_mean * scale;
--- both in float64 on the cpu.
-local function bn_affine(bn, channels, what)
+-- BatchNorm in eval mode is y = (x - running_mean) * rstd * gamma + beta per
+-- channel, rstd = (running_var + eps)^-1/2: checks that bn can be folded into
+-- a layer with `channels` outputs
+local function check_bn(bn, channels, what)
   local name = ("%s(%d)"):format(bn.__name, bn.num_features)
   if bn.num_features ~= channels then
     fail("cannot fold %s into %s with %d output channels", name, what, channels)
@@ -175,28 +175,19 @@ local function bn_affine(bn, channels, what)
     fail("cannot fold %s: it has no running statistics (track_running_stats=false), so it " ..
          "normalises with each batch's own statistics even in eval mode", name)
   end
-  local n = bn.num_features
-  local mean, var = f64(bn.running_mean), f64(bn.running_var)
-  local gamma = bn.weight ~= nil and f64(bn.weight) or nd.ones({n}, {dtype = "float64"})
-  local beta = bn.bias ~= nil and f64(bn.bias) or nd.zeros({n}, {dtype = "float64"})
-  local scale = gamma / (var + bn.eps):sqrt()
-  return scale, beta - mean * scale
 end
 
 -- (weight, bias) of a layer followed by bn (or nil), as float64 cpu tensors:
--- W' = W * scale (per output channel), b' = b * scale + shift (b = 0 when the
--- layer has none)
+-- nd.fold_batch_norm (the formula nd.compile's fold pass uses too), W' = W *
+-- scale per output channel, b' = (b - mean) * scale + beta, scale = gamma * rstd
 local function fold(layer, bn, what)
   local w = f64(layer.weight)
-  local out = w:size(1)
   local b = layer.bias ~= nil and f64(layer.bias) or nil
   if bn == nil then return w, b end
-  local scale, shift = bn_affine(bn, out, what)
-  local vshape = {out}
-  for _ = 2, w:dim() do vshape[#vshape + 1] = 1 end
-  w = w * scale:reshape(vshape)
-  b = b ~= nil and b * scale + shift or shift
-  return w, b
+  check_bn(bn, w:size(1), what)
+  local rstd = (f64(bn.running_var) + bn.eps):rsqrt()
+  return nd.fold_batch_norm(w, b, f64(bn.running_mean), rstd, bn.weight ~= nil and f64(bn.weight) or nil,
+                            bn.bias ~= nil and f64(bn.bias) or nil)
 end
 
 -- copies a float64 cpu tensor into p (p's dtype and device), in place

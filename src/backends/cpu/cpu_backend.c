@@ -1,4 +1,5 @@
 /* cpu_backend.c - the CPU backend's function table. */
+#include "cpu_conv_plan.h"
 #include "cpu_kernels.h"
 
 const nd_backend nd_cpu_backend = {
@@ -37,6 +38,9 @@ const nd_backend nd_cpu_backend = {
     .avg_pool2d = nd_cpu_avg_pool2d,
     .avg_pool2d_backward = nd_cpu_avg_pool2d_backward,
     .conv2d_fused = nd_cpu_conv2d_fused,
+    .conv2d_packed_numel = nd_cpu_conv2d_packed_numel,
+    .conv2d_prepack = nd_cpu_conv2d_prepack,
+    .conv2d_fused_packed = nd_cpu_conv2d_fused_packed,
     .conv2d_backward = nd_cpu_conv2d_backward,
     .linear_fused = nd_cpu_linear_fused,
     .fused_elementwise = nd_cpu_fused_elementwise,

@@ -208,7 +208,7 @@ static inline void gemm_f64(bool ta, bool tb, int M, int N, int K, const double 
                         _Pragma("omp simd")                                                     \
                         for (int64_t l = 0; l < L; l++) {                                       \
                             T v = s[l] + bo;                                                    \
-                            d[l] = v > (T)0 ? v : (T)0;                                         \
+                            d[l] = !(v <= (T)0) ? v : (T)0;                                     \
                         }                                                                       \
                     } else {                                                                    \
                         _Pragma("omp simd")                                                     \
@@ -339,7 +339,7 @@ nd_status nd_cpu_conv2d_fused(nd_tensor *out, const nd_tensor *x, const nd_tenso
     ND_TRY(nd_conv_plan_make(&p, "fused_conv2d", x, w->shape[0], g, groups));
     const bool relu = act == ND_ACT_RELU;
     bool done;
-    nd_status st = nd_cpu_conv2d_packed(&p, out, x, w, b, relu, &done);
+    nd_status st = nd_cpu_conv2d_packed(&p, out, x, w, NULL, b, relu, &done);
     if (st == ND_OK && !done) st = nd_conv_plan_table(&p, "fused_conv2d");
     if (st != ND_OK || done) {
         nd_conv_plan_free(&p);

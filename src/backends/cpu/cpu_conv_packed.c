@@ -50,6 +50,7 @@
 #include "cpu_avx2.h"
 #include "cpu_conv_plan.h"
 #include "cpu_kernels.h"
+#include "cpu_scratch.h"
 
 #define MR 6   /* rows of a register tile: 12 accumulators, 2 B loads, 1 broadcast */
 #define NR 16  /* columns of a register tile: two 8-float vectors */
@@ -437,7 +438,7 @@ static void store_out(const nd_conv_plan *p, const float *T, const col_seg *seg,
             if (relu)
                 for (int64_t k = 0; k < len; k++) {
                     const float v = t[k] + bo;
-                    d[k] = v > 0.0f ? v : 0.0f; /* NaN -> 0, as the BLAS path */
+                    d[k] = !(v <= 0.0f) ? v : 0.0f; /* NaN stays NaN, as nd.relu */
                 }
             else
                 for (int64_t k = 0; k < len; k++) d[k] = t[k] + bo;
@@ -492,12 +493,13 @@ static int threads_for(int64_t madds, int64_t units) {
     return nt > units ? (int)(units > 0 ? units : 1) : nt;
 }
 
-static void *alloc_floats(int64_t n) { /* 64-byte aligned, whole cache lines */
-    return aligned_alloc(64, (size_t)round_up(n > 0 ? n : 1, 16) * sizeof(float));
+static void *alloc_floats(int64_t n) { /* 64-byte aligned, whole cache lines (cpu_scratch.h) */
+    return nd_cpu_scratch_alloc((size_t)round_up(n > 0 ? n : 1, 16) * sizeof(float));
 }
 
 nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
-                               const nd_tensor *w, const nd_tensor *b, bool relu, bool *done) {
+                               const nd_tensor *w, const float *prepacked, const nd_tensor *b,
+                               bool relu, bool *done) {
     *done = false;
     if (!packed_applies(p, x)) return ND_OK;
     const int64_t K = p->K, O = p->O, Opad = round_up(O, MR), cols = p->N * p->L;
@@ -505,12 +507,13 @@ nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor 
     const float *X = (const float *)nd_ptr(x), *Bias = b ? (const float *)nd_ptr(b) : NULL;
     float *OUT = (float *)nd_ptr(out);
     conv_src src;
-    float *A = alloc_floats(Opad * K);
-    if (!src_make(&src, p) || !A) {
-        src_free(&src), free(A);
+    float *A = prepacked ? NULL : alloc_floats(Opad * K);
+    if (!src_make(&src, p) || (!A && !prepacked)) {
+        src_free(&src), nd_cpu_scratch_free(A);
         return nd_fail(ND_ERR_MEMORY, "fused_conv2d: out of memory");
     }
-    pack_weight(p, (const float *)nd_ptr(w), A);
+    if (prepacked) A = (float *)prepacked; /* (not freed below: A is the caller's then) */
+    else pack_weight(p, (const float *)nd_ptr(w), A);
     int failed = 0;
 #pragma omp parallel num_threads(threads_for(O * K * cols, npanels))
     {
@@ -536,12 +539,68 @@ nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor 
             panel_product(K, Opad, A, B, T);
             store_out(p, T, run, nr, Bias, relu, OUT);
         }
-        free(B), free(T), free(slot.buf);
+        nd_cpu_scratch_free(B), nd_cpu_scratch_free(T), free(slot.buf);
     }
-    free(A), src_free(&src);
+    if (!prepacked) nd_cpu_scratch_free(A);
+    src_free(&src);
     if (failed) return nd_fail(ND_ERR_MEMORY, "fused_conv2d: out of memory");
     *done = true;
     return ND_OK;
+}
+
+/* The plan of a convolution of an input of shape xshape (N, C, H, W) and
+ * dtype dt by O filters (only shapes: no data is read). */
+static nd_status plan_for_shape(nd_conv_plan *p, const int64_t *xshape, nd_dtype dt, int64_t O,
+                                const nd_conv_geom *g, int64_t groups, nd_tensor *xs) {
+    memset(xs, 0, sizeof *xs);
+    xs->ndim = 4;
+    xs->dtype = dt;
+    for (int d = 0; d < 4; d++) xs->shape[d] = xshape[d];
+    return nd_conv_plan_make(p, "conv2d_prepack", xs, O, g, groups);
+}
+
+int64_t nd_cpu_conv2d_packed_numel(const int64_t *xshape, const int64_t *wshape, nd_dtype dt,
+                                   const nd_conv_geom *g, int64_t groups) {
+    nd_conv_plan p;
+    nd_tensor xs;
+    if (plan_for_shape(&p, xshape, dt, wshape[0], g, groups, &xs) != ND_OK) return 0;
+    int64_t n = packed_applies(&p, &xs) ? round_up(p.O, MR) * p.K : 0;
+    nd_conv_plan_free(&p);
+    return n;
+}
+
+nd_status nd_cpu_conv2d_prepack(nd_tensor *packed, const nd_tensor *w, const int64_t *xshape,
+                                const nd_conv_geom *g, int64_t groups) {
+    nd_conv_plan p;
+    nd_tensor xs;
+    ND_TRY(plan_for_shape(&p, xshape, w->dtype, w->shape[0], g, groups, &xs));
+    nd_status st = ND_OK;
+    if (!packed_applies(&p, &xs) || packed->dtype != ND_FLOAT32 || !nd_is_contiguous(packed) ||
+        nd_numel(packed) != round_up(p.O, MR) * p.K || !nd_is_contiguous(w))
+        st = nd_fail(ND_ERR_INTERNAL, "conv2d_prepack: the packed weight does not fit this convolution");
+    else
+        pack_weight(&p, (const float *)nd_ptr(w), (float *)nd_ptr(packed));
+    nd_conv_plan_free(&p);
+    return st;
+}
+
+nd_status nd_cpu_conv2d_fused_packed(nd_tensor *out, const nd_tensor *x, const nd_tensor *packed,
+                                     const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
+                                     nd_activation act) {
+    nd_conv_plan p;
+    ND_TRY(nd_conv_plan_make(&p, "fused_conv2d", x, out->shape[1], g, groups));
+    bool done = false;
+    nd_status st = ND_OK;
+    if (nd_numel(packed) != round_up(p.O, MR) * p.K || packed->dtype != ND_FLOAT32)
+        st = nd_fail(ND_ERR_INTERNAL, "fused_conv2d: the packed weight does not fit this convolution");
+    else
+        st = nd_cpu_conv2d_packed(&p, out, x, NULL, (const float *)nd_ptr(packed), b,
+                                  act == ND_ACT_RELU, &done);
+    if (st == ND_OK && !done)
+        st = nd_fail(ND_ERR_INTERNAL, "fused_conv2d: a packed weight for a convolution that does "
+                     "not run packed");
+    nd_conv_plan_free(&p);
+    return st;
 }
 
 nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tensor *gw,
@@ -562,7 +621,7 @@ nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tenso
     float *AT = gx ? alloc_floats(Kpad6 * O) : NULL;
     float *GWP = gw ? calloc((size_t)(nth * Opad4 * Kpad3), sizeof(float)) : NULL;
     if (!src_make(&src, p) || (gx && !AT) || (gw && !GWP)) {
-        src_free(&src), free(AT), free(GWP);
+        src_free(&src), nd_cpu_scratch_free(AT), free(GWP);
         return nd_fail(ND_ERR_MEMORY, "conv2d_backward: out of memory");
     }
     if (gx) pack_weight_t(p, (const float *)nd_ptr(w), AT);
@@ -610,10 +669,11 @@ nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tenso
             }
             if (gx) slot_flush(&src, &g_slot, GX);
         }
-        free(BG), free(TG), free(AD), free(BD), free(seg), free(run);
+        nd_cpu_scratch_free(BG), nd_cpu_scratch_free(TG), nd_cpu_scratch_free(AD), nd_cpu_scratch_free(BD);
+        free(seg), free(run);
         free(in_slot.buf), free(g_slot.buf);
     }
-    free(AT), src_free(&src);
+    nd_cpu_scratch_free(AT), src_free(&src);
     if (failed) {
         free(GWP);
         return nd_fail(ND_ERR_MEMORY, "conv2d_backward: out of memory");

@@ -37,7 +37,18 @@ void nd_conv_plan_free(nd_conv_plan *p);
 /* cpu_conv_packed.c: the float32 path on AVX2 + FMA CPUs. *done = false
  * (and ND_OK) when it does not apply; then the caller runs the BLAS path. */
 nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
-                               const nd_tensor *w, const nd_tensor *b, bool relu, bool *done);
+                               const nd_tensor *w, const float *prepacked, const nd_tensor *b,
+                               bool relu, bool *done);
+/* prepacked is w in the layout nd_cpu_conv2d_prepack writes (then w is
+ * not read; NULL: w is packed here, per call). The backend's
+ * conv2d_packed_numel, conv2d_prepack and conv2d_fused_packed (backend.h): */
+int64_t nd_cpu_conv2d_packed_numel(const int64_t *xshape, const int64_t *wshape, nd_dtype dt,
+                                   const nd_conv_geom *g, int64_t groups);
+nd_status nd_cpu_conv2d_prepack(nd_tensor *packed, const nd_tensor *w, const int64_t *xshape,
+                                const nd_conv_geom *g, int64_t groups);
+nd_status nd_cpu_conv2d_fused_packed(nd_tensor *out, const nd_tensor *x, const nd_tensor *packed,
+                                     const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
+                                     nd_activation act);
 nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tensor *gw,
                                         const nd_tensor *dy, const nd_tensor *x,
                                         const nd_tensor *w, bool *done);

@@ -41,14 +41,14 @@ static inline void gemm_nt_d(int M, int N, int K, const double *A, const double 
                 _Pragma("omp simd")                                                            \
                 for (int64_t o = 0; o < O; o++) {                                              \
                     T v = row[o] + B[o];                                                       \
-                    row[o] = v > (T)0 ? v : (T)0;                                              \
+                    row[o] = !(v <= (T)0) ? v : (T)0;                                          \
                 }                                                                              \
             } else if (B) {                                                                    \
                 _Pragma("omp simd")                                                            \
                 for (int64_t o = 0; o < O; o++) row[o] += B[o];                                \
             } else {                                                                           \
                 _Pragma("omp simd")                                                            \
-                for (int64_t o = 0; o < O; o++) row[o] = row[o] > (T)0 ? row[o] : (T)0;        \
+                for (int64_t o = 0; o < O; o++) row[o] = !(row[o] <= (T)0) ? row[o] : (T)0;        \
             }                                                                                  \
         }                                                                                      \
     } while (0)

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
+#include "cpu_scratch.h"
 #include "cpu_kernels.h"
 #include "cpu_gemm.h"
 
@@ -253,14 +254,14 @@ static void tile_epilogue(float *C, int64_t ldc, int64_t mr, int64_t nr, const f
 #pragma omp simd
             for (int64_t c = 0; c < nr; c++) {
                 float v = row[c] + bias[c];
-                row[c] = v > 0.0f ? v : 0.0f;
+                row[c] = !(v <= 0.0f) ? v : 0.0f; /* NaN stays NaN, as nd.relu */
             }
         } else if (bias) {
 #pragma omp simd
             for (int64_t c = 0; c < nr; c++) row[c] += bias[c];
         } else {
 #pragma omp simd
-            for (int64_t c = 0; c < nr; c++) row[c] = row[c] > 0.0f ? row[c] : 0.0f;
+            for (int64_t c = 0; c < nr; c++) row[c] = !(row[c] <= 0.0f) ? row[c] : 0.0f;
         }
     }
 }
@@ -297,7 +298,7 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
     const int64_t kc_max = K < KC ? K : KC, nc_max = N < NC ? N : NC;
     size_t bpack_n = (size_t)kc_max * (size_t)((nc_max + NR - 1) / NR * NR);
     if (!b_in_place) {
-        bpack = aligned_alloc(64, bpack_n * sizeof(float));
+        bpack = nd_cpu_scratch_alloc(bpack_n * sizeof(float)); /* cpu_scratch.h */
         if (!bpack) return false;
     }
     bool ok = true;
@@ -318,9 +319,9 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
             int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1 && tasks > 1) reduction(| : failed)
             {
-                /* MR * kc floats per panel; aligned_alloc wants a multiple of 64 bytes */
-                size_t abytes = ((size_t)MC * (size_t)kc_max * sizeof(float) + 63) / 64 * 64;
-                float *apack = aligned_alloc(64, abytes);
+                /* MR * kc floats per panel */
+                size_t abytes = (size_t)MC * (size_t)kc_max * sizeof(float);
+                float *apack = nd_cpu_scratch_alloc(abytes);
                 float edge[KC * MAX_NR]; /* a partial B panel read in place gets packed here */
                 if (!apack) failed = 1;
 #pragma omp for schedule(static)
@@ -353,13 +354,13 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
                         }
                     }
                 }
-                free(apack);
+                nd_cpu_scratch_free(apack);
             }
             if (failed) { ok = false; goto out; }
         }
     }
 out:
-    free(bpack);
+    nd_cpu_scratch_free(bpack);
     return ok;
 }
 

@@ -32,13 +32,13 @@
 __attribute__((target("avx2,fma"))) static inline __m128 finish4(__m128 r, const float *b,
                                                                   bool relu) {
     if (b) r = _mm_add_ps(r, _mm_loadu_ps(b));
-    if (relu) r = _mm_max_ps(r, _mm_setzero_ps());
+    if (relu) r = _mm_max_ps(_mm_setzero_ps(), r); /* NaN (the second operand) stays */
     return r;
 }
 
 static inline float finish1(float v, const float *b, bool relu) {
     if (b) v += *b;
-    return relu && !(v > 0) ? 0.0f : v; /* max(v, 0) as _mm_max_ps: NaN -> 0 */
+    return relu && v <= 0 ? 0.0f : v; /* NaN stays NaN, as nd.relu */
 }
 
 /* Y[m, o] for o in [o0, o1) (o1 - o0 a multiple of 4 except at the end) */
