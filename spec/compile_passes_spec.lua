@@ -759,6 +759,43 @@ describe("pass fold", function()
     assert.are.equal(1, entries(cg).conv2d_fused)
   end)
 
+  it("does not fold what reads zeros the capture freed, nor a write over content read before it", function()
+    local w = nd.randn(3, 4)
+    local f = function(x) -- an RNN's zero initial state: made inside, freed during the capture
+      local a
+      do local h0 = nd.zeros(2, 3); a = (h0 + 1):matmul(w) end
+      collectgarbage(); collectgarbage()
+      return x + a
+    end
+    local cf = compiled(f, {"fold"}, nd.ones(2, 4))
+    for i = 1, 2 do
+      if i == 2 then nd.no_grad(function() w:mul_(2) end) end
+      assert.are.equal(0, max_abs(cf(nd.ones(2, 4)), f(nd.ones(2, 4))))
+    end
+    local v = nd.randn(3)
+    local g = function(x) -- buf is read, then overwritten from a constant: a replay restores it first
+      local buf = nd.tensor({1, 2, 3})
+      local y = x + buf
+      buf:copy_(v * 2)
+      return y + buf, buf
+    end
+    local cg = compiled(g, {"fold"}, nd.ones(3))
+    for _ = 1, 3 do assert.are.equal(0, max_abs(cg(nd.ones(3)), g(nd.ones(3)))) end
+  end)
+
+  it("runs twice without harm (passes = {'fold', 'fold'})", function()
+    local m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    randomize_bn(m[2])
+    m:eval()
+    local cf = nd.compile(m, {passes = {"fold", "fold", "epilogue"}, verify = true})
+    local x = nd.randn(1, 3, 6, 6)
+    nd.no_grad(function()
+      for _ = 1, 3 do assert.is_true(rel(cf(x), m(x)) < 1e-5) end
+      nd.no_grad(function() m[1].weight:mul_(-1) end)
+      assert.is_true(rel(cf(x), m(x)) < 1e-5)
+    end)
+  end)
+
   it("keeps a norm whose input is seen elsewhere, and one after an activation", function()
     local conv, bn = nn.Conv2d(2, 3, 1), nn.BatchNorm2d(3)
     randomize_bn(bn)

@@ -249,6 +249,48 @@ describe("unary ops", function()
     end
   end)
 
+  -- float32 exp, tanh and sigmoid run vectorised polynomials (cpu_vmath.c)
+  it("float32 exp, tanh and sigmoid: within 2 ulp of float64 over their ranges, denormals included", function()
+    nd.manual_seed(11)
+    local ranges = {{-20, 20}, {-1, 1}, {-1e-3, 1e-3}, {-103, 88.7}, {-0.7, 0.7}}
+    for _, op in ipairs({"exp", "tanh", "sigmoid"}) do
+      for _, rg in ipairs(ranges) do
+        local x = nd.rand({20000}) * (rg[2] - rg[1]) + rg[1]
+        local got, want = x[op](x):double(), x:double()[op](x:double())
+        -- error in units of the float32 spacing at the reference (denormals: its fixed spacing)
+        local ulp = (want:abs() * 2 ^ -23):clamp(2 ^ -149, math.huge)
+        local worst = ((got - want):abs() / ulp):max():item()
+        assert.is_true(worst <= 2, ("%s over [%g, %g]: %.2f ulp"):format(op, rg[1], rg[2], worst))
+      end
+    end
+  end)
+
+  it("float32 exp, tanh and sigmoid: special values, and the same bits for any layout", function()
+    local x = nd.tensor({0, -0.0, math.huge, -math.huge, 0 / 0, 89, -104, -100, 1e-30, -1e-30, 20, -20})
+    local function bits(t) return t:tobytes() end
+    local e, th, sg = x:exp(), x:tanh(), x:sigmoid()
+    assert.are.same({1, 1, math.huge, 0}, {e[1]:item(), e[2]:item(), e[3]:item(), e[4]:item()})
+    assert.is_true(e[5]:item() ~= e[5]:item(), "exp(NaN)")
+    assert.are.equal(math.huge, e[6]:item())
+    assert.are.equal(0, e[7]:item())
+    assert.is_true(math.abs(e[8]:item() - 3.783506e-44) < 1.5e-45, "exp(-100) is a denormal")
+    assert.are.equal(math.huge, 1 / th[1]:item(), "tanh(0) is +0")
+    assert.are.equal(-math.huge, 1 / th[2]:item(), "tanh(-0) is -0")
+    assert.are.same({1, -1}, {th[3]:item(), th[4]:item()})
+    assert.is_true(th[5]:item() ~= th[5]:item(), "tanh(NaN)")
+    assert.are.same({1, -1}, {th[11]:item(), th[12]:item()})
+    assert.is_true(math.abs(th[9]:item() - 1e-30) < 1e-37, "tanh(x) = x for tiny x")
+    assert.are.same({0.5, 0.5, 1, 0}, {sg[1]:item(), sg[2]:item(), sg[3]:item(), sg[4]:item()})
+    assert.is_true(sg[5]:item() ~= sg[5]:item(), "sigmoid(NaN)")
+    assert.is_true(sg[8]:item() > 0, "sigmoid(-100) is a denormal, not 0")
+    -- a strided view computes the same bits as a contiguous copy of it
+    local big = nd.randn({64, 300}) * 6
+    for _, op in ipairs({"exp", "tanh", "sigmoid"}) do
+      local v = big:t()
+      assert.are.equal(bits(v[op](v):contiguous()), bits(v:contiguous()[op](v:contiguous())), op)
+    end
+  end)
+
   it("large non-contiguous input above the threading threshold (exp of a transposed 400x250)", function()
     local b = R.generate({ 250, 400 }, function(i) return ((i * 37) % 101 - 50) / 25 end)
     local x = T(b):t()

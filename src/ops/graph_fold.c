@@ -69,7 +69,13 @@ static void constants(const nd_graph *g, int *writers, bool *konst) {
         for (int k = 0; k < r->nt; k++)
             if (r->t[k] && (r->role[k] & ND_ROLE_WRITE)) writers[r->sid[k]]++;
     }
-    for (size_t k = 0; k < g->nstor; k++) konst[k] = writers[k] == 0 && !g->stor[k].input;
+    /* not: storages the capture gave the memory of back (zeros made inside
+     * and freed: nothing would bring their content back), nor borrowed
+     * memory (its owner may write it without a version bump) */
+    for (size_t k = 0; k < g->nstor; k++) {
+        const stor_info *in = &g->stor[k];
+        konst[k] = writers[k] == 0 && !in->input && !in->dropped && !in->s->release;
+    }
 }
 
 /* Drops the records marked in moved, which now belong to someone else
@@ -99,8 +105,11 @@ static nd_status hoist(nd_graph *g, int64_t *changed) {
             if (!r->t[k]) continue;
             const stor_info *in = &g->stor[r->sid[k]];
             if (r->role[k] == ND_ROLE_READ) ok = konst[r->sid[k]];
-            else if (r->role[k] == ND_ROLE_WRITE)
-                ok = writes = r->full[k] && in->internal && !in->input && writers[r->sid[k]] == 1;
+            else if (r->role[k] == ND_ROLE_WRITE) /* (not over content a record read first: a
+                                                    * replay restores it, which the prologue's
+                                                    * write would then not follow) */
+                ok = writes = r->full[k] && in->internal && !in->input && writers[r->sid[k]] == 1 &&
+                              !has_snapshot(in) && !in->observed;
             else ok = false; /* read and written in place */
         }
         if (!ok || !writes) continue;
@@ -141,7 +150,7 @@ static bool layer_slots(const nd_graph_rec *a, int *wslot, int *bslot, int64_t *
 /* Runs nd_fold_batch_norm under a capture of its own and moves its records
  * into g's prologue: *w2, *b2 the folded weight and bias (new references). */
 static nd_status fold_captured(nd_graph *g, const nd_graph_rec *a, const nd_graph_rec *bn,
-                               nd_tensor **w2, nd_tensor **b2) {
+                               nd_tensor **w2, nd_tensor **b2, int *wsid, int *bsid) {
     nd_graph *tg = NULL;
     *w2 = *b2 = NULL;
     ND_TRY(nd_graph_begin(&tg));
@@ -172,7 +181,11 @@ static nd_status fold_captured(nd_graph *g, const nd_graph_rec *a, const nd_grap
         stor_info *wi = nd_graph_adopt_storage(g, (*w2)->storage);
         stor_info *bi = wi ? nd_graph_adopt_storage(g, (*b2)->storage) : NULL;
         if (!wi || !bi) st = nd_fail(ND_ERR_MEMORY, "compile: out of memory in the fold pass");
-        else wi->folded = bi->folded = true;
+        else {
+            wi->folded = bi->folded = true;
+            *wsid = wi->id;
+            *bsid = bi->id;
+        }
     }
     if (st != ND_OK) {
         nd_release(*w2); nd_release(*b2);
@@ -214,15 +227,16 @@ static nd_status fold_norms(nd_graph *g, int64_t *changed) {
             if (k != 3 && bn->t[k]) consts = konst[bn->sid[k]];
         if (!consts || !bn->t[1] || !bn->t[2]) continue;
         nd_tensor *w2, *b2;
-        st = fold_captured(g, a, bn, &w2, &b2);
+        int wsid = -1, bsid = -1;
+        st = fold_captured(g, a, bn, &w2, &b2, &wsid, &bsid);
         if (st != ND_OK) break;
         nd_release(a->t[ws]);
         a->t[ws] = w2;
-        a->sid[ws] = nd_graph_adopt_storage(g, w2->storage)->id;
+        a->sid[ws] = wsid;
         a->full[ws] = true;
         nd_release(a->t[bs]);
         a->t[bs] = b2;
-        a->sid[bs] = nd_graph_adopt_storage(g, b2->storage)->id;
+        a->sid[bs] = bsid;
         a->full[bs] = true;
         a->role[bs] = ND_ROLE_READ;
         nd_release(a->t[0]); /* the layer now writes the norm's result */
@@ -371,6 +385,10 @@ static nd_status collect_sources(nd_graph *g) {
  * memory again, and the prologue runs to fill it. */
 static nd_status refill(nd_graph *g) {
     bool any = false;
+    for (size_t k = 0; k < g->npro_tmp; k++) { /* an earlier fold pass's temporaries */
+        ND_TRY(nd_storage_refill_data(g->stor[g->pro_tmp[k]].s));
+        any = true;
+    }
     for (size_t k = 0; k < g->nstor; k++) {
         stor_info *in = &g->stor[k];
         if (!in->folded || !in->dropped) continue;

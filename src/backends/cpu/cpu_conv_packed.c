@@ -699,10 +699,31 @@ nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tenso
 bool nd_cpu_packed_conv(void) { return false; }
 
 nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
-                               const nd_tensor *w, const nd_tensor *b, bool relu, bool *done) {
-    (void)p, (void)out, (void)x, (void)w, (void)b, (void)relu;
+                               const nd_tensor *w, const float *prepacked, const nd_tensor *b,
+                               bool relu, bool *done) {
+    (void)p, (void)out, (void)x, (void)w, (void)prepacked, (void)b, (void)relu;
     *done = false;
     return ND_OK;
+}
+
+/* nothing runs packed: the fold pass never asks for the two below */
+int64_t nd_cpu_conv2d_packed_numel(const int64_t *xshape, const int64_t *wshape, nd_dtype dt,
+                                   const nd_conv_geom *g, int64_t groups) {
+    (void)xshape, (void)wshape, (void)dt, (void)g, (void)groups;
+    return 0;
+}
+
+nd_status nd_cpu_conv2d_prepack(nd_tensor *packed, const nd_tensor *w, const int64_t *xshape,
+                                const nd_conv_geom *g, int64_t groups) {
+    (void)packed, (void)w, (void)xshape, (void)g, (void)groups;
+    return nd_fail(ND_ERR_INTERNAL, "conv2d_prepack: no packed convolution in this build");
+}
+
+nd_status nd_cpu_conv2d_fused_packed(nd_tensor *out, const nd_tensor *x, const nd_tensor *packed,
+                                     const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
+                                     nd_activation act) {
+    (void)out, (void)x, (void)packed, (void)b, (void)g, (void)groups, (void)act;
+    return nd_fail(ND_ERR_INTERNAL, "fused_conv2d: no packed convolution in this build");
 }
 
 nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tensor *gw,

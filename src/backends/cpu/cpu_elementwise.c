@@ -9,6 +9,7 @@
 #include <string.h>
 #include <tgmath.h> /* exp(x) is expf for a float x: the registry's expressions are type-generic */
 #include "cpu_kernels.h"
+#include "cpu_vmath.h"
 #include "cpu_loop.h"
 
 /* ---------------------------------------------------------------- binary */
@@ -180,7 +181,33 @@ static const nd_inner_fn unary_fns[ND_NUM_DTYPES][ND_NUM_UNARY] = {
 #undef ND_X
 };
 
+/* float32 exp, tanh and sigmoid: the vectorised array functions
+ * (cpu_vmath.h). A strided run goes through a buffer, so that every layout
+ * (and the fused kernels, which call these) gives the same bits. */
+#define VMATH_FN(NAME, VFN)                                                    \
+    static void NAME(char **p, const int64_t *s, int64_t n, void *ctx) {       \
+        (void)ctx;                                                             \
+        if (s[0] == sizeof(float) && s[1] == sizeof(float)) {                  \
+            VFN((float *)p[0], (const float *)p[1], n);                        \
+            return;                                                            \
+        }                                                                      \
+        float buf[256];                                                        \
+        for (int64_t i0 = 0; i0 < n; i0 += 256) {                              \
+            int64_t m = n - i0 < 256 ? n - i0 : 256;                           \
+            for (int64_t i = 0; i < m; i++) buf[i] = *(const float *)(p[1] + (i0 + i) * s[1]); \
+            VFN(buf, buf, m);                                                  \
+            for (int64_t i = 0; i < m; i++) *(float *)(p[0] + (i0 + i) * s[0]) = buf[i]; \
+        }                                                                      \
+    }
+VMATH_FN(vexp_f32, nd_cpu_vexp_f32)
+VMATH_FN(vtanh_f32, nd_cpu_vtanh_f32)
+VMATH_FN(vsigmoid_f32, nd_cpu_vsigmoid_f32)
+#undef VMATH_FN
+
 nd_inner_fn nd_cpu_unary_inner(nd_unary_op op, nd_dtype dt) {
+    if (dt == ND_FLOAT32 && op == ND_UNARY_exp) return vexp_f32;
+    if (dt == ND_FLOAT32 && op == ND_UNARY_tanh) return vtanh_f32;
+    if (dt == ND_FLOAT32 && op == ND_UNARY_sigmoid) return vsigmoid_f32;
     return (unsigned)dt < ND_NUM_DTYPES && (unsigned)op < ND_NUM_UNARY ? unary_fns[dt][op] : NULL;
 }
 

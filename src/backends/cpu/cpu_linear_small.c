@@ -32,7 +32,7 @@
 __attribute__((target("avx2,fma"))) static inline __m128 finish4(__m128 r, const float *b,
                                                                   bool relu) {
     if (b) r = _mm_add_ps(r, _mm_loadu_ps(b));
-    if (relu) r = _mm_max_ps(_mm_setzero_ps(), r); /* NaN (the second operand) stays */
+    if (relu) r = _mm_andnot_ps(_mm_cmple_ps(r, _mm_setzero_ps()), r); /* as nd.relu: -0 -> +0, NaN stays */
     return r;
 }
 

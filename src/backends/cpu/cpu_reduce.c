@@ -263,6 +263,50 @@ static bool try_parallel_full(const geom *g, nd_reduce_op op, char *out, nd_dtyp
     return true;
 }
 
+/* Sum or mean over one dim whose rows are contiguous in the kept dims (a
+ * bias gradient: a (T*B, H) block summed over its rows; (A, R, K) summed
+ * over R). Walking each output's column reads one element per cache line;
+ * here the rows are added, in order, into double accumulators for a block
+ * of K's columns at a time: the same additions in the same order as the
+ * column walk (its sum starts at 0 too), so the same bits, reading memory
+ * row by row. */
+#define ROW_BLOCK 256 /* columns per block: 2 KiB of accumulators */
+static bool try_rows(const geom *g, nd_reduce_op op, char *out, nd_dtype odt) {
+    if ((op != ND_REDUCE_sum && op != ND_REDUCE_mean) || g->nk < 1 || g->nr != 1) return false;
+    const int64_t es = (int64_t)nd_dtype_size(g->dt);
+    if ((g->dt != ND_FLOAT32 && g->dt != ND_FLOAT64) || g->kstride[g->nk - 1] != es || g->rshape[0] < 2)
+        return false;
+    const int64_t K = g->kshape[g->nk - 1], R = g->rshape[0], rs = g->rstride[0];
+    const int64_t outer = K ? g->ocount / K : 0;
+    const int64_t osz = (int64_t)nd_dtype_size(odt), nblocks = (K + ROW_BLOCK - 1) / ROW_BLOCK;
+    const int64_t tasks = outer * nblocks;
+    const double n = (double)g->rcount;
+    bool par = tasks > 1 && g->ocount * R >= ND_PARALLEL_THRESHOLD;
+#pragma omp parallel for num_threads(nd_cpu_threads()) if (par) schedule(static)
+    for (int64_t t = 0; t < tasks; t++) {
+        double acc[ROW_BLOCK];
+        const int64_t o = t / nblocks, b = t % nblocks;
+        const int64_t k0 = b * ROW_BLOCK, kn = K - k0 < ROW_BLOCK ? K - k0 : ROW_BLOCK;
+        const char *base = out_base(g, o * K) + k0 * es;
+        for (int64_t k = 0; k < kn; k++) acc[k] = 0;
+        for (int64_t r = 0; r < R; r++) {
+            if (g->dt == ND_FLOAT32) {
+                const float *v = (const float *)(base + r * rs);
+#pragma omp simd
+                for (int64_t k = 0; k < kn; k++) acc[k] += v[k];
+            } else {
+                const double *v = (const double *)(base + r * rs);
+#pragma omp simd
+                for (int64_t k = 0; k < kn; k++) acc[k] += v[k];
+            }
+        }
+        char *dst = out + (o * K + k0) * osz;
+        for (int64_t k = 0; k < kn; k++)
+            nd_store_f64(dst + k * osz, odt, op == ND_REDUCE_mean ? acc[k] / n : acc[k]);
+    }
+    return true;
+}
+
 nd_status nd_cpu_reduce(nd_reduce_op op, nd_tensor *out, const nd_tensor *x, const bool *reduced,
                         int correction) {
     geom g;
@@ -270,7 +314,7 @@ nd_status nd_cpu_reduce(nd_reduce_op op, nd_tensor *out, const nd_tensor *x, con
     char *o = nd_ptr(out);
     size_t osz = nd_dtype_size(out->dtype);
     nd_dtype odt = out->dtype;
-    if (try_parallel_full(&g, op, o, odt)) return ND_OK;
+    if (try_parallel_full(&g, op, o, odt) || try_rows(&g, op, o, odt)) return ND_OK;
     int64_t work = g.ocount * (g.rcount ? g.rcount : 1);
     bool par = g.ocount > 1 && work >= ND_PARALLEL_THRESHOLD;
 #pragma omp parallel for num_threads(nd_cpu_threads()) if (par) schedule(static)
