@@ -387,7 +387,8 @@ describe("batch_norm's fused backward", function()
   end)
 end)
 
--- Above 24 rows the float32 fused linear runs needle's GEMM, which adds the bias
+-- Above the small kernel's rows (24, or 384 where the GEMM runs AVX-512) the
+-- float32 fused linear runs needle's GEMM, which adds the bias
 -- and applies relu to each tile as its last K block is stored (cpu_gemm.c):
 -- the same float operations as the product followed by a pass over it, so the
 -- bits must equal matmul + bias (+ relu), and both must agree with float64.
@@ -395,7 +396,7 @@ describe("the fused linear's GEMM epilogue (bias, relu)", function()
   before_each(function() nd.manual_seed(6) end)
 
   it("equals matmul + bias (+ relu) bit for bit over tile, K-block and N-block edges", function()
-    for _, M in ipairs({25, 100, 193}) do
+    for _, M in ipairs({385, 500}) do
       for _, K in ipairs({7, 385, 800}) do
         for _, O in ipairs({1, 33, 70, 2100}) do
           local x, w, b = nd.randn({M, K}), nd.randn({O, K}), nd.randn({O})
@@ -424,9 +425,9 @@ describe("the small-M float32 linear kernel", function()
     return y
   end
 
-  for _, M in ipairs({1, 2, 3, 7, 8, 16, 17}) do
+  for _, M in ipairs({1, 2, 3, 7, 8, 16, 17, 20, 24, 41, 130}) do
     it(("equals the BLAS product for M = %d over K and O remainders"):format(M), function()
-      for _, K in ipairs({1, 7, 8, 13, 512}) do
+      for _, K in ipairs({1, 7, 8, 13, 16, 17, 31, 512}) do
         for _, O in ipairs({1, 3, 4, 5, 130}) do
           local x, w, b = nd.randn({M, K}), nd.randn({O, K}), nd.randn({O})
           local tol = 1e-5 * math.sqrt(K) * 4
@@ -458,6 +459,27 @@ describe("the small-M float32 linear kernel", function()
       local x = nd.randn({2, 4}, {requires_grad = true})
       assert.are.equal("linear", nd.F.linear(x, nd.randn({3, 4})).grad_fn)
     end)
+
+  it("its AVX2 kernel (NEEDLE_GEMM=avx2 on an AVX-512 CPU) agrees with the float64 product too", function()
+    local S = require "spec.helpers.shell"
+    local out = S.run_program("NEEDLE_GEMM=avx2", [[
+      local nd = require "needle"
+      nd.manual_seed(3)
+      local worst = 0
+      for _, M in ipairs({1, 5, 20}) do
+        for _, K in ipairs({7, 16, 300}) do
+          local x, w, b = nd.randn({M, K}), nd.randn({9, K}), nd.randn({9})
+          local y = nd.F.fused_linear(x, w, b, {activation = "relu"}):double()
+          local r = (x:double():matmul(w:double():t()) + b:double()):relu()
+          worst = math.max(worst, ((y - r):abs():max()):item() / math.sqrt(K))
+        end
+      end
+      print(("worst %.3g"):format(worst))
+    ]])
+    local worst = tonumber(out:match("worst (%S+)"))
+    assert.is_truthy(worst, out)
+    assert.is_true(worst < 4e-5, out)
+  end)
 
   it("gives the same result as the large-M (BLAS) path row by row", function()
     local x, w, b = nd.randn({40, 300}), nd.randn({70, 300}), nd.randn({70})

@@ -112,7 +112,14 @@ static _Thread_local int64_t gc_threshold = GC_MIN_SLACK;
  * We charge those bytes to the collector with LUA_GCSTEP, which in Lua 5.4
  * counts them as if Lua had allocated them, so a loop of small ops is
  * collected at the pace its real memory use calls for. */
+/* A tensor's data is charged up to GC_CHARGE_MAX bytes: the threshold
+ * above paces big tensors. Charged in full, one 8 MB activation was a debt
+ * the incremental collector paid by running a whole cycle (its pause is
+ * sized to the small Lua heap), so every op of a ResNet9 train step at
+ * batch 128 ran a full collection: steps took 15 ms between the
+ * threshold's collections and 7.5 ms just after them. */
 #define GC_CHARGE_BATCH (64 << 10)
+#define GC_CHARGE_MAX ((size_t)4 << 10)
 static _Thread_local size_t gc_charge;
 
 static void gc_account(lua_State *L, const nd_tensor *t) {
@@ -120,7 +127,8 @@ static void gc_account(lua_State *L, const nd_tensor *t) {
      * the storage's only user (a fresh result rather than a view) */
     gc_charge += sizeof(nd_tensor);
     if (atomic_load(&t->storage->refcount) == 1)
-        gc_charge += sizeof(nd_storage) + t->storage->nbytes;
+        gc_charge += sizeof(nd_storage) +
+                     (t->storage->nbytes < GC_CHARGE_MAX ? t->storage->nbytes : GC_CHARGE_MAX);
     if (gc_charge >= GC_CHARGE_BATCH) {
         size_t kb = gc_charge >> 10;
         gc_charge = 0;
