@@ -245,3 +245,45 @@ describe("memory", function()
       ("RSS after empty_cache is %s with %s of tensors live (peak %s)"):format(fmt(after), fmt(live), fmt(peak)))
   end)
 end)
+
+describe("the collector's pace", function()
+  -- counts Lua's collection cycles: a sentinel whose finalizer makes the next one
+  local function cycle_counter()
+    local n = {0}
+    local function arm()
+      setmetatable({}, {__gc = function() n[1] = n[1] + 1; arm() end})
+    end
+    arm()
+    return n
+  end
+
+  it("a loop of 1 MB temporaries beside 40 MB of live tensors runs a few collections, not one per op", function()
+    local keep = nd.zeros({10 * MiB}) -- 40 MB live: each collection may leave 10 MB of garbage
+    collectgarbage()
+    local n = cycle_counter()
+    local x = nd.ones({256 * 1024})   -- 1 MB
+    for _ = 1, 200 do local _ = x * 2 end
+    -- charged in full, each 1 MB result was a debt Lua paid with a whole cycle (about 200
+    -- cycles here); paced by live bytes: a collection per 10 MB of garbage, about 20
+    assert.is_true(n[1] <= 40, ("%d collection cycles for 200 ops"):format(n[1]))
+    assert.is_true(n[1] >= 5, ("%d collection cycles: was the garbage collected at all?"):format(n[1]))
+    local _ = keep
+  end)
+
+  it("collects small results often enough that their memory comes back (live bytes stay bounded)", function()
+    collectgarbage()
+    local base = nd.live_bytes()
+    local x = nd.ones({100 * 1024}) -- 400 KB results: the size of one GEMM output of BERT's
+    local most = 0
+    for _ = 1, 300 do
+      local _ = x + 1
+      most = math.max(most, nd.live_bytes() - base)
+    end
+    -- a collection per 2 MiB of garbage at the least (not 32 MiB), or per twice the Lua heap
+    -- (which each collection walks; in a whole-suite run busted's heap is tens of MB)
+    local heap = collectgarbage("count") * 1024
+    local bound = math.max(16 * MiB, 2.5 * heap + 4 * MiB)
+    assert.is_true(most < bound, ("%.1f MiB of results were live at once (bound %.1f MiB)"):format(
+      most / MiB, bound / MiB))
+  end)
+end)
