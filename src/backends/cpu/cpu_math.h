@@ -9,19 +9,27 @@
  * compiler vectorises, unlike libm's expf (needs -fno-trapping-math, which
  * the build sets). Below the underflow cutoff it returns exactly 0, so
  * masked (-inf) entries get exactly zero weight. */
-static inline float exp_poly(float x) {
-    const float hi = 88.3762626647949f, lo = -87.3365447504019f;
-    float xc = x > hi ? hi : (x < lo ? lo : x);
-    /* n = round(x / ln2) by the 1.5 * 2^23 trick: no rint call */
-    float fn = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = xc - fn * 0.693359375f + fn * 2.12194440e-4f;
+/* The shared core: x = n ln2 + r (n = round(x / ln2) by the 1.5 * 2^23
+ * trick, no rint call), e^r by Cephes' polynomial; *fn = n. For x in
+ * Cephes' range; cpu_vmath.c's exp applies 2^n in two steps for denormals. */
+static inline float exp_reduced(float x, float *fn) {
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    float e = p * r * r + r + 1.0f;
+    *fn = n;
+    return p * r * r + r + 1.0f;
+}
+
+static inline float exp_poly(float x) {
+    const float hi = 88.3762626647949f, lo = -87.3365447504019f;
+    float xc = x > hi ? hi : (x < lo ? lo : x);
+    float fn;
+    float e = exp_reduced(xc, &fn);
     int32_t bits = ((int32_t)fn + 127) << 23; /* 2^n */
     float scale;
     memcpy(&scale, &bits, sizeof scale);

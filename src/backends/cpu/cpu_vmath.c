@@ -2,6 +2,7 @@
 #include "cpu_vmath.h"
 
 #include <string.h>
+#include "cpu_math.h"
 
 /* e^x for x in [-103.98, 88.73) and its limits: x = n ln2 + r, |r| <= ln2/2,
  * e^r by Cephes' polynomial, then 2^n applied as two powers of two so that
@@ -9,15 +10,8 @@
 static inline float exp1(float x) {
     const float hi = 88.72283935546875f, lo = -103.97208f;
     float xc = x < hi ? (x > lo ? x : lo) : hi; /* (NaN -> hi: no NaN to convert to int below) */
-    float fn = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(x / ln2) */
-    float r = xc - fn * 0.693359375f + fn * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    float e = p * r * r + r + 1.0f;
+    float fn;
+    float e = exp_reduced(xc, &fn); /* cpu_math.h */
     int32_t n = (int32_t)fn, n1 = n / 2, n2 = n - n1; /* each within [-75, 64] */
     int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
     float s1, s2;
