@@ -182,8 +182,7 @@ static nd_status activation_epilogues(nd_graph *g, int64_t *changed) {
     nd_graph_uses(g, refs, first, last);
     for (size_t i = 0; i < n; i++) {
         nd_graph_rec *a = &g->recs[i];
-        int64_t *act = a->entry == ND_CALL_conv2d_fused || a->entry == ND_CALL_conv2d_fused_packed ? &a->i[1]
-                     : a->entry == ND_CALL_linear_fused ? &a->i[0] : NULL;
+        int64_t *act = nd_graph_layer_act(a);
         if (!act || *act != ND_ACT_NONE || !a->t[0] || a->role[0] != ND_ROLE_WRITE || !a->full[0])
             continue;
         int o = a->sid[0];

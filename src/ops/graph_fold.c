@@ -131,20 +131,13 @@ done:
     return st;
 }
 
-/* Tensor slot of the layer's weight, bias and activation in record a, or
- * false when a is no layer a norm can fold into. */
-static bool layer_slots(const nd_graph_rec *a, int *wslot, int *bslot, int64_t **act) {
-    if (a->entry == ND_CALL_conv2d_fused) {
-        *act = (int64_t *)&a->i[1];
-    } else if (a->entry == ND_CALL_linear_fused) {
-        if (!a->t[0] || a->t[0]->ndim != 2) return false; /* the norm's channels are dim 1 */
-        *act = (int64_t *)&a->i[0];
-    } else {
-        return false;
-    }
-    *wslot = 2;
-    *bslot = 3;
-    return a->nt == 4 && a->t[2];
+/* The activation of a layer a norm can fold into (a fused convolution or a
+ * 2-D linear layer, its weight present), or NULL. */
+static int64_t *foldable_layer(nd_graph_rec *a) {
+    if (a->entry != ND_CALL_conv2d_fused && a->entry != ND_CALL_linear_fused) return NULL;
+    if (a->entry == ND_CALL_linear_fused && (!a->t[0] || a->t[0]->ndim != 2))
+        return NULL; /* the norm's channels are dim 1 */
+    return a->nt == 4 && a->t[ND_LAYER_W] ? nd_graph_layer_act(a) : NULL;
 }
 
 /* Runs nd_fold_batch_norm under a capture of its own and moves its records
@@ -217,9 +210,9 @@ static nd_status fold_norms(nd_graph *g, int64_t *changed) {
         if (writers[xs] != 1 || refs[xs] != 2 || first[xs] >= i || nd_graph_live_out(g, (size_t)xs, refs))
             continue;
         nd_graph_rec *a = &g->recs[first[xs]];
-        int ws, bs;
-        int64_t *act;
-        if (!layer_slots(a, &ws, &bs, &act) || *act != ND_ACT_NONE || a->sid[0] != xs ||
+        const int ws = ND_LAYER_W, bs = ND_LAYER_B;
+        int64_t *act = foldable_layer(a);
+        if (!act || *act != ND_ACT_NONE || a->sid[0] != xs ||
             !a->full[0] || !nd_graph_same_view(a->t[0], bn->t[3]))
             continue;
         bool consts = konst[a->sid[ws]] && (!a->t[bs] || konst[a->sid[bs]]);

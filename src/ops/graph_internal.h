@@ -147,6 +147,17 @@ bool nd_graph_view_injective(const nd_tensor *t, int64_t total, int64_t *n);
  * float dtype. */
 bool nd_graph_fusable(const nd_graph_rec *r, nd_dtype *dt);
 
+/* The fused layer kernels (conv2d_fused, conv2d_fused_packed, linear_fused):
+ * their tensors are (out, x, w, b), and this points at the record's
+ * activation scalar (nd_activation); NULL for any other record. */
+#define ND_LAYER_W 2
+#define ND_LAYER_B 3
+static inline int64_t *nd_graph_layer_act(nd_graph_rec *r) {
+    if (r->entry == ND_CALL_conv2d_fused || r->entry == ND_CALL_conv2d_fused_packed) return &r->i[1];
+    if (r->entry == ND_CALL_linear_fused) return &r->i[0];
+    return NULL;
+}
+
 /* The epilogue pass (graph_epilogue.c): a matmul whose result an add puts
  * into an accumulator becomes a matmul that adds into it; *changed counts
  * the adds removed. */
