@@ -136,7 +136,7 @@ describe("pass cse", function()
 end)
 
 describe("passes option", function()
-  it("runs fold, simplify, cse, dce, epilogue, reorder then fuse by default, none with passes = false, and refuses unknown names", function()
+  it("runs fold, simplify, cse, dce, epilogue, join, reorder then fuse by default, none with passes = false, and refuses unknown names", function()
     local f = function(x) local _ = x * 7; return (x * 2) + (x * 2) * 1 end
     local cf = compiled(f, nil, nd.ones(2))
     assert.are.equal(1, removed(cf, "simplify")) -- the * 1
@@ -146,12 +146,13 @@ describe("passes option", function()
     assert.are.equal(0, removed(cf, "epilogue")) -- no GEMM
     assert.are.equal(0, removed(cf, "reorder")) -- nothing to move
     assert.are.equal(0, removed(cf, "fold")) -- x is an argument: nothing constant
+    assert.are.equal(0, removed(cf, "join")) -- no linear layer
     assert_contains(cf:explain(), "passes: fold removed 0, simplify removed 1, cse removed 1, dce removed 1, "
-                    .. "epilogue removed 0, reorder moved 0, fuse removed 1")
+                    .. "epilogue removed 0, join removed 0, reorder moved 0, fuse removed 1")
     local none = compiled(f, false, nd.ones(2))
     assert.are.equal(0, #none.last.passes)
     assert_contains(errmsg(nd.compile, f, {passes = {"dce", "flod"}}),
-                    "unknown pass 'flod' (valid: fold, simplify, cse, dce, epilogue, reorder, fuse)")
+                    "unknown pass 'flod' (valid: fold, simplify, cse, dce, epilogue, join, reorder, fuse)")
     local g = require("needle.core")._graph_begin()
     g:finish()
     g:plan()
@@ -176,16 +177,11 @@ describe("pass epilogue", function()
       for i = 1, 6 do args[i] = nd.randn(5, i % 2 == 1 and 3 or 4):to(dev) end
       local cf = compiled(f, {"epilogue"}, table.unpack(args))
       local e = entries(cf)
-      if dev == "cpu" then -- no matmul_acc on the CPU: the graph stays as it was
-        assert.are.equal(0, removed(cf, "epilogue"))
-        assert.is_nil(e["matmul_acc"])
-      else
-        -- the first add reads both products transposed into a new tensor: it stays;
-        -- the second adds the third product into that tensor
-        assert.are.equal(1, removed(cf, "epilogue"))
-        assert.are.equal(1, e["matmul_acc"])
-        assert.are.equal(1, e["binary.add"])
-      end
+      -- the first add reads both products transposed into a new tensor: it stays;
+      -- the second adds the third product into that tensor
+      assert.are.equal(1, removed(cf, "epilogue"))
+      assert.are.equal(1, e["matmul_acc"])
+      assert.are.equal(1, e["binary.add"])
       for i = 1, 3 do
         local xs = {}
         for k, t in ipairs(args) do xs[k] = t * i end
@@ -193,6 +189,35 @@ describe("pass epilogue", function()
       end
     end)
   end
+
+  it("adds into the accumulator with the same bits on the CPU in every case its GEMM has", function()
+    -- the CPU's accumulating GEMM adds each tile as it stores it when the product is one
+    -- K block (up to 384) of float32 into rows or columns of unit stride; otherwise (long K,
+    -- float64, a strided accumulator) a product into a temporary and an add: the same bits
+    local cases = {
+      {"float32, rows", function(a, b, c, d) local acc = a:matmul(b) * 1.5; return (acc + c:matmul(d)) * 2 end,
+       {{13, 7}, {7, 37}, {13, 5}, {5, 37}}},
+      {"float32, transposed", function(a, b, c, d) local acc = a:matmul(b):t() * 1.5; return (acc + c:matmul(d):t()) * 2 end,
+       {{29, 7}, {7, 45}, {29, 3}, {3, 45}}},
+      {"float32, K over one block", function(a, b, c, d) local acc = a:matmul(b) * 1.5; return (acc + c:matmul(d)) * 2 end,
+       {{9, 7}, {7, 40}, {9, 900}, {900, 40}}},
+      {"float32, wide enough for threads", function(a, b, c, d) local acc = a:matmul(b) * 1.5; return (acc + c:matmul(d)) * 2 end,
+       {{200, 7}, {7, 300}, {200, 100}, {100, 300}}},
+      {"float64", function(a, b, c, d) local acc = a:matmul(b) * 1.5; return (acc + c:matmul(d)) * 2 end,
+       {{6, 7}, {7, 5}, {6, 3}, {3, 5}}, "float64"},
+    }
+    for _, case in ipairs(cases) do
+      local args = {}
+      for i, sh in ipairs(case[3]) do args[i] = nd.randn(sh, {dtype = case[4] or "float32"}) end
+      local cf = compiled(case[2], {"epilogue"}, table.unpack(args))
+      assert.are.equal(1, entries(cf)["matmul_acc"], case[1])
+      for i = 1, 2 do
+        local xs = {}
+        for k, t in ipairs(args) do xs[k] = t * i end
+        assert.are.equal(0, max_abs(cf(table.unpack(xs)), case[2](table.unpack(xs))), case[1]) -- the same bits
+      end
+    end
+  end)
 
   for _, dev in ipairs(D.all()) do
     it("lets a sum add into the accumulator its result was added to (bias gradients over steps), on " .. dev, function()
@@ -217,9 +242,8 @@ describe("pass epilogue", function()
     end)
   end
 
-  it("keeps a transposed sum's add, and an empty product's (its add of zeros turns -0 into +0)", function()
-    local dev = D.available and D.opencl()[1]
-    if not dev then return end
+  for _, dev in ipairs(D.all()) do
+  it("keeps a transposed sum's add, and an empty product's (its add of zeros turns -0 into +0), on " .. dev, function()
     local cases = {
       {function(w, x) return (w * 1.5 + x:sum(1):t()) * 2 end, {nd.randn(4, 3), nd.randn(6, 3, 4)}},
       {function(w, a, b) return ((w * 0) * -1 + a:matmul(b)) * 1 end, {nd.ones(3, 4), nd.randn(3, 0), nd.randn(0, 4)}},
@@ -236,10 +260,10 @@ describe("pass epilogue", function()
       end
     end
   end)
+  end
 
-  it("keeps the add where the accumulator is read after it, or Lua holds it", function()
-    local dev = D.available and D.opencl()[1]
-    if not dev then return end
+  for _, dev in ipairs(D.all()) do
+  it("keeps the add where the accumulator is read after it, or Lua holds it, on " .. dev, function()
     local b, c, d = nd.randn(3, 5):to(dev), nd.randn(5, 4):to(dev), nd.randn(3, 5):to(dev)
     local kept
     local cases = {
@@ -270,6 +294,210 @@ describe("pass epilogue", function()
       local got, want = {cf(b, c, d)}, {case[2](b, c, d)}
       for i = 1, #want do assert.are.equal(0, max_abs(got[i], want[i]), "case " .. k) end
     end
+  end)
+  end
+end)
+
+describe("pass epilogue: residuals", function()
+  -- the record of the first fused layer kernel, and how many tensors it holds
+  local function layer(cf)
+    for _, r in ipairs(cf.last.graph:records()) do
+      if r.entry == "linear_fused" or r.entry:find("^conv2d_fused") then return r, #r.args end
+    end
+  end
+  local function run_same(cf, f, args, what)
+    for i = 1, 2 do
+      local xs = {}
+      for k, t in ipairs(args) do xs[k] = t * i end
+      local got, want = cf(table.unpack(xs)), f(table.unpack(xs))
+      assert.are.equal(0, max_abs(got, want), what) -- the same bits
+      assert.are.equal((1 / want):sum():item(), (1 / got):sum():item(), what .. ": signed zeros")
+    end
+  end
+
+  it("adds a residual in a linear kernel's epilogue, after its ReLU, with the same bits on every path", function()
+    local nn = nd.nn
+    -- rows: 500 (needle's GEMM, the residual added to each tile), 5 (the small-M kernel,
+    -- then an add), float64 (BLAS, then an add)
+    for _, case in ipairs({{500, "float32"}, {5, "float32"}, {7, "float64"}}) do
+      local m, dt = case[1], case[2]
+      local lin = nn.Linear(24, 24):to({dtype = dt})
+      for _, relu in ipairs({false, true}) do
+        local f = function(x)
+          return nd.no_grad(function()
+            local y = lin(x)
+            if relu then y = nd.relu(y) end
+            return (x + y) * 1 -- (the add's result not the output: any kernel may write it)
+          end)
+        end
+        local x = nd.randn({m, 24}, {dtype = dt})
+        x[1][1] = -0.0
+        local cf = compiled(f, {"epilogue"}, x)
+        local what = ("%d rows, %s, relu %s"):format(m, dt, tostring(relu))
+        local e = entries(cf)
+        assert.is_nil(e["binary.add"], what)
+        assert.is_nil(e["unary.relu"], what)
+        local r, nargs = layer(cf)
+        assert.are.equal("linear_fused", r.entry, what)
+        assert.are.equal(5, nargs, what)
+        run_same(cf, f, {x}, what)
+      end
+    end
+  end)
+
+  it("adds a residual in a convolution's epilogue (ResNet9's x + relu(conv(x)))", function()
+    local conv = nd.nn.Conv2d(8, 8, 3, {padding = 1})
+    conv:eval()
+    local f = function(x) return nd.no_grad(function() return (x + nd.relu(conv(x))) * 1 end) end
+    local x = nd.randn({2, 8, 9, 9})
+    for _, passes in ipairs({{"epilogue"}, {"fold", "epilogue"}}) do -- the plain and the prepacked kernel
+      local cf = compiled(f, passes, x)
+      local r, nargs = layer(cf)
+      assert.are.equal(5, nargs, r.entry)
+      assert.is_nil(entries(cf)["binary.add"])
+      run_same(cf, f, {x}, r.entry)
+    end
+  end)
+
+  it("keeps the add where moving it would change a result", function()
+    local lin = nd.nn.Linear(6, 6)
+    local w = nd.randn({6, 6})
+    local cases = {
+      -- a residual of another shape (broadcast) or layout (transposed)
+      {"broadcast", function(x) return nd.no_grad(function() return (lin(x) + x[1]) * 1 end) end},
+      {"transposed", function(x) return nd.no_grad(function() return (lin(x) + (x * 2):t()) * 1 end) end},
+      -- the residual written between the kernel and the add
+      {"written between", function(x)
+        return nd.no_grad(function()
+          local r = x * 2
+          local y = lin(x)
+          r:mul_(3)
+          return (y + r) * 1
+        end)
+      end},
+      -- the kernel's result read again after the add
+      {"result read again", function(x)
+        return nd.no_grad(function() local y = lin(x); return (y + x) * y end)
+      end},
+    }
+    local x = nd.randn({6, 6})
+    for _, case in ipairs(cases) do
+      local cf = compiled(case[2], {"epilogue"}, x)
+      local _, nargs = layer(cf)
+      assert.are.equal(4, nargs, case[1])
+      assert.are.equal(0, max_abs(cf(x), case[2](x)), case[1])
+    end
+    _ = w
+  end)
+
+  it("keeps a ReLU after the residual's add a kernel of its own, also when the pass runs twice", function()
+    -- relu(linear(x) + x): the kernel adds the residual after its activation, so the add
+    -- moves into it and the ReLU stays; a second run must not make that ReLU the
+    -- kernel's activation (relu(y) + x is another function)
+    local lin = nd.nn.Linear(16, 16)
+    local f = function(x) return nd.no_grad(function() return nd.relu(lin(x) + x) * 1 end) end
+    local g = function(x) return nd.no_grad(function() return nd.relu(x + lin(x)) * 1 end) end
+    local x = nd.randn({40, 16})
+    for _, fn in ipairs({f, g}) do
+      for _, passes in ipairs({{"epilogue"}, {"epilogue", "epilogue"}}) do
+        local cf = compiled(fn, passes, x)
+        local e = entries(cf)
+        assert.are.equal(1, e["unary.relu"])
+        assert.is_nil(e["binary.add"])
+        local r, nargs = layer(cf)
+        assert.are.equal(5, nargs)
+        assert.are.equal(0, max_abs(cf(x), fn(x)))
+      end
+    end
+  end)
+end)
+
+describe("pass join", function()
+  local nn = nd.nn
+  local function count(cf, entry) return entries(cf)[entry] or 0 end
+
+  it("joins separate query, key and value layers into one product, with the same bits", function()
+    -- BERT's attention as Hugging Face writes it: three Linear layers over one input
+    for _, rows in ipairs({6, 500}) do -- the small-M kernel, needle's GEMM
+      local q, k, v = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32)
+      local f = function(x)
+        return nd.no_grad(function()
+          local b, s = x:size(1), x:size(2)
+          local function heads(t) return t:reshape(b, s, 4, 8):permute(1, 3, 2, 4) end
+          local x2 = x:reshape(b * s, 32)
+          local qh, kh, vh = heads(q(x2)), heads(k(x2)), heads(v(x2))
+          local att = nd.softmax(qh:matmul(kh:transpose(3, 4)) * (1 / math.sqrt(8)), 4)
+          return att:matmul(vh)
+        end)
+      end
+      local x = nd.randn({2, rows / 2, 32})
+      local cf = compiled(f, {"fold", "join"}, x)
+      assert.are.equal(2, removed(cf, "join"), rows)
+      assert.are.equal(1, count(cf, "linear_fused"), rows)
+      assert.are.equal(0, max_abs(cf(x), f(x)), rows)
+      -- the joined weight follows a change of one layer's weight (the prologue runs again)
+      nd.no_grad(function() k.weight:mul_(2) end)
+      assert.are.equal(0, max_abs(cf(x), f(x)), rows)
+      assert.are.equal(1, cf.last.graph:stats().refolds)
+    end
+  end)
+
+  it("joins layers with a ReLU made their activation, and without biases", function()
+    local a, b = nn.Linear(16, 8, {bias = false}), nn.Linear(16, 24, {bias = false})
+    local f = function(x) return nd.no_grad(function() return nd.relu(a(x)):sum(2) + nd.relu(b(x)):mean(2) end) end
+    local x = nd.randn({30, 16})
+    local cf = compiled(f, {"fold", "epilogue", "join"}, x)
+    assert.are.equal(1, removed(cf, "join"))
+    assert.are.equal(0, count(cf, "unary.relu"))
+    assert.are.equal(0, max_abs(cf(x), f(x)))
+    -- float64 (BLAS): the same products within rounding
+    local a64, b64 = nn.Linear(16, 8):to({dtype = "float64"}), nn.Linear(16, 8):to({dtype = "float64"})
+    local g = function(x) return nd.no_grad(function() return a64(x) * b64(x) end) end
+    local x64 = nd.randn({30, 16}, {dtype = "float64"})
+    local cg = compiled(g, {"fold", "join"}, x64)
+    assert.are.equal(1, removed(cg, "join"))
+    assert.is_true(max_abs(cg(x64), g(x64)) < 1e-12)
+  end)
+
+  it("leaves layers it cannot join", function()
+    local a, b = nn.Linear(8, 8), nn.Linear(8, 8)
+    local nb = nn.Linear(8, 8, {bias = false})
+    local ln = nn.LayerNorm(8)
+    local cases = {
+      {"other inputs", function(x) return a(x) + b(x * 2) end},
+      {"bias and no bias", function(x) return a(x) + nb(x) end},
+      {"input written between", function(x)
+        local y = x * 1
+        local p = a(y)
+        y:mul_(2)
+        return p + b(y)
+      end},
+      -- a reader that needs a contiguous input (the layer norm): that layer stays alone
+      {"a contiguous reader", function(x) return ln(a(x)) + b(x) end, 0},
+      -- a result Lua keeps is no intermediate
+      {"a result kept", function(x) local p = a(x); return p, p + b(x) end},
+    }
+    local x = nd.randn({5, 8})
+    for _, case in ipairs(cases) do
+      local f = function(x) return nd.no_grad(function() return case[2](x) end) end
+      local cf = compiled(f, {"fold", "join"}, x)
+      assert.are.equal(0, removed(cf, "join"), case[1])
+      local got, want = {cf(x)}, {f(x)}
+      for i = 1, #want do assert.are.equal(0, max_abs(got[i], want[i]), case[1]) end
+    end
+    -- a training step updates the weights: no constants, nothing joined
+    local model = nn.Sequential(nn.Linear(8, 8))
+    local m2 = nn.Linear(8, 8)
+    local opt = nd.optim.SGD({model[1].weight, model[1].bias, m2.weight, m2.bias}, {lr = 0.1})
+    local step = function(x)
+      opt:zero_grad()
+      local loss = (model(x) * m2(x)):sum()
+      loss:backward()
+      opt:step()
+      return loss
+    end
+    local cs = compiled(step, {"fold", "join"}, x)
+    assert.are.equal(0, removed(cs, "join"))
   end)
 end)
 

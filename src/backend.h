@@ -226,12 +226,15 @@ typedef struct nd_backend {
     nd_status (*avg_pool2d_backward)(nd_tensor *gx, const nd_tensor *g, const nd_pool_geom *p);
     /* ---- fused inference (op_fused.c; NULL: the op runs the composed ops
      * on the device instead). All tensors contiguous, one float dtype; b may
-     * be NULL; out fresh. ---- */
+     * be NULL; out fresh. res: NULL, or a residual of out's shape and dtype
+     * (contiguous, not out's memory) added after the activation, rounded as
+     * a separate add would round (nd.compile's epilogue pass: a residual
+     * connection's add). ---- */
     /* out (N, O, g->lh, g->lw) = act(conv2d(x (N, C, H, W), w (O, C/groups,
-     * g->kh, g->kw)) + b (O)) */
+     * g->kh, g->kw)) + b (O)) + res */
     nd_status (*conv2d_fused)(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
-                              nd_activation act);
+                              nd_activation act, const nd_tensor *res);
     /* The gradients of conv2d (no activation) at dy (N, O, g->lh, g->lw):
      * gx (N, C, H, W), gw (O, C/groups, kh, kw) and gb (O), each NULL when
      * not wanted and overwritten when given. Used by conv2d's backward when
@@ -255,10 +258,10 @@ typedef struct nd_backend {
                                 const nd_conv_geom *g, int64_t groups);
     nd_status (*conv2d_fused_packed)(nd_tensor *out, const nd_tensor *x, const nd_tensor *packed,
                                      const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
-                                     nd_activation act);
-    /* out (M, O) = act(x (M, K) @ w (O, K)^T + b (O)) */
+                                     nd_activation act, const nd_tensor *res);
+    /* out (M, O) = act(x (M, K) @ w (O, K)^T + b (O)) + res */
     nd_status (*linear_fused)(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
-                              const nd_tensor *b, nd_activation act);
+                              const nd_tensor *b, nd_activation act, const nd_tensor *res);
     /* Runs program p over ts[0 .. p->nt) (see nd_ew_program); NULL: the fuse
      * pass leaves this backend's elementwise kernels unfused. */
     nd_status (*fused_elementwise)(nd_ew_program *p, nd_tensor *const *ts);

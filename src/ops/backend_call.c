@@ -31,6 +31,8 @@ static nd_status no_kernel(const nd_backend *be, const char *op) {
 #define U(x) if (r) nd_graph_rec_tensor(r, (x), ND_ROLE_UPDATE)
 #define DONE() if (r) nd_graph_rec_done(r)
 #define T(k) (r->t[k])
+/* a fused layer's residual: a fifth slot only the epilogue pass adds */
+#define RES (r->nt > ND_LAYER_RES ? r->t[ND_LAYER_RES] : NULL)
 /* A recorded call that fails poisons the capture: a replay would run it
  * (and fail, or write where eager never wrote) even if Lua caught the error. */
 #define FINISH(call) finish(r, (call))
@@ -279,7 +281,7 @@ nd_status nd_call_conv2d_fused(const nd_backend *be, const char *op, nd_tensor *
     BEGIN(conv2d_fused); W(out); R(x); R(w); R(b);
     if (r) { r->u.conv = *g; r->i[0] = groups; r->i[1] = act; }
     DONE();
-    return FINISH(be->conv2d_fused(out, x, w, b, g, groups, act));
+    return FINISH(be->conv2d_fused(out, x, w, b, g, groups, act, NULL));
 }
 
 int64_t nd_call_conv2d_packed_numel(const nd_backend *be, const int64_t *xshape,
@@ -303,7 +305,7 @@ nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *
                                const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                nd_activation act) {
     BEGIN(linear_fused); W(out); R(x); R(w); R(b); if (r) r->i[0] = act; DONE();
-    return FINISH(be->linear_fused(out, x, w, b, act));
+    return FINISH(be->linear_fused(out, x, w, b, act, NULL));
 }
 
 static size_t bytes_of(const nd_tensor *t) { return (size_t)nd_numel(t) * nd_dtype_size(t->dtype); }
@@ -436,14 +438,14 @@ nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
     case ND_CALL_avg_pool2d: return be->avg_pool2d(T(0), T(1), &r->u.pool);
     case ND_CALL_avg_pool2d_backward: return be->avg_pool2d_backward(T(0), T(1), &r->u.pool);
     case ND_CALL_conv2d_fused:
-        return be->conv2d_fused(T(0), T(1), T(2), T(3), &r->u.conv, r->i[0], (nd_activation)r->i[1]);
+        return be->conv2d_fused(T(0), T(1), T(2), T(3), &r->u.conv, r->i[0], (nd_activation)r->i[1], RES);
     case ND_CALL_conv2d_prepack: /* i: the input's shape, then groups */
         return be->conv2d_prepack(T(0), T(1), r->i, &r->u.conv, r->i[4]);
     case ND_CALL_conv2d_fused_packed:
-        return be->conv2d_fused_packed(T(0), T(1), T(2), T(3), &r->u.conv, r->i[0], (nd_activation)r->i[1]);
+        return be->conv2d_fused_packed(T(0), T(1), T(2), T(3), &r->u.conv, r->i[0], (nd_activation)r->i[1], RES);
     case ND_CALL_conv2d_backward:
         return be->conv2d_backward(T(0), T(1), T(2), T(3), T(4), T(5), &r->u.conv, r->i[0]);
-    case ND_CALL_linear_fused: return be->linear_fused(T(0), T(1), T(2), T(3), (nd_activation)r->i[0]);
+    case ND_CALL_linear_fused: return be->linear_fused(T(0), T(1), T(2), T(3), (nd_activation)r->i[0], RES);
     case ND_CALL_write: {
         size_t n = bytes_of(T(0));
         return n ? be->write(T(0)->storage, byte_offset(T(0)), nd_ptr(T(1)), n) : ND_OK;

@@ -30,10 +30,13 @@
  * into a temporary and an add: ocl_matmul.c.)
  *
  * Activation: a ReLU after a fused convolution or linear kernel becomes its
- * epilogue (activation_epilogues, below).
+ * epilogue (activation_at, below).
  *
- * Still to come here: residual epilogues of GEMM and convolution, and bias
- * epilogues where the backend's GEMM is a plain matmul (OpenCL). */
+ * Residual: an add of a fused convolution's or linear kernel's result to a
+ * tensor of its shape becomes that kernel's residual (residual_at).
+ *
+ * Still to come here: bias epilogues where the backend's GEMM is a plain
+ * matmul (OpenCL), and residuals of the OpenCL kernels. */
 #include <stdlib.h>
 #include "graph_internal.h"
 
@@ -50,7 +53,8 @@ static bool is_float(nd_dtype dt) { return dt == ND_FLOAT32 || dt == ND_FLOAT64;
 static bool touched_between(const nd_graph *g, size_t from, size_t to, int sid, const int *alias) {
     for (size_t j = from + 1; j < to; j++)
         for (int k = 0; k < g->recs[j].nt; k++)
-            if (g->recs[j].t[k] && (g->recs[j].sid[k] == sid || alias[g->recs[j].sid[k]] == sid)) return true;
+            if (g->recs[j].t[k] && (g->recs[j].sid[k] == sid || (alias && alias[g->recs[j].sid[k]] == sid)))
+                return true;
     return false;
 }
 
@@ -165,12 +169,14 @@ static nd_status try_accumulate(nd_graph *g, size_t p, uses *u, int *alias, bool
     return ND_OK;
 }
 
-/* Activation epilogues: a ReLU whose input is the result of a fused
- * convolution or linear kernel without activation, read by the ReLU alone
- * and seen nowhere else, becomes that kernel's activation (its epilogue
- * applies it as it stores: one pass over the result fewer; the same bits,
- * NaN included). */
-static nd_status activation_epilogues(nd_graph *g, int64_t *changed) {
+/* A rewrite of the fused layer record at i (its neighbours by the uses
+ * given, as nd_graph_uses counted them before this pass of rewrites):
+ * true when it changed the graph (records to go marked in drop). */
+typedef bool (*layer_rewrite)(nd_graph *g, size_t i, int64_t *refs, const size_t *first,
+                              const size_t *last, bool *drop);
+
+/* Runs fn at each record, then drops what it marked. */
+static nd_status each_layer(nd_graph *g, int64_t *changed, layer_rewrite fn) {
     size_t ns = g->nstor, n = g->n;
     int64_t *refs = malloc((ns + 1) * sizeof *refs);
     size_t *first = malloc((ns + 1) * sizeof *first), *last = malloc((ns + 1) * sizeof *last);
@@ -180,35 +186,111 @@ static nd_status activation_epilogues(nd_graph *g, int64_t *changed) {
         return nd_fail(ND_ERR_MEMORY, "compile: out of memory in the epilogue pass");
     }
     nd_graph_uses(g, refs, first, last);
-    for (size_t i = 0; i < n; i++) {
-        nd_graph_rec *a = &g->recs[i];
-        int64_t *act = nd_graph_layer_act(a);
-        if (!act || *act != ND_ACT_NONE || !a->t[0] || a->role[0] != ND_ROLE_WRITE || !a->full[0])
-            continue;
-        int o = a->sid[0];
-        /* the result: made inside, used by this kernel and one more (the ReLU) */
-        if (refs[o] != 2 || first[o] != i || !g->stor[o].internal || nd_graph_live_out(g, (size_t)o, refs))
-            continue;
-        nd_graph_rec *r = &g->recs[last[o]];
-        if (r->entry != ND_CALL_unary || r->i[0] != ND_UNARY_relu || r->nt != 2 || !r->t[0] ||
-            !r->t[1] || r->sid[1] != o || r->sid[0] == o || r->role[0] != ND_ROLE_WRITE || !r->full[0] ||
-            !nd_graph_same_view(r->t[1], a->t[0]) || !nd_graph_same_view(r->t[0], a->t[0]))
-            continue;
-        nd_release(a->t[0]);
-        a->t[0] = r->t[0];
-        a->sid[0] = r->sid[0];
-        r->t[0] = NULL;
-        *act = ND_ACT_RELU;
-        drop[last[o]] = true;
-        (*changed)++;
-    }
+    for (size_t i = 0; i < n; i++)
+        if (fn(g, i, refs, first, last, drop)) (*changed)++;
     nd_graph_compact(g, drop);
     free(refs); free(first); free(last); free(drop);
     return ND_OK;
 }
 
+/* Activation epilogues: a ReLU whose input is the result of a fused
+ * convolution or linear kernel without activation, read by the ReLU alone
+ * and seen nowhere else, becomes that kernel's activation (its epilogue
+ * applies it as it stores: one pass over the result fewer; the same bits,
+ * NaN included). */
+static bool activation_at(nd_graph *g, size_t i, int64_t *refs, const size_t *first, const size_t *last,
+                          bool *drop) {
+    nd_graph_rec *a = &g->recs[i];
+    int64_t *act = nd_graph_layer_act(a);
+    if (!act || *act != ND_ACT_NONE || !a->t[0] || a->role[0] != ND_ROLE_WRITE || !a->full[0] ||
+        a->nt > ND_LAYER_RES) /* a residual is added after the activation: a ReLU after it stays */
+        return false;
+    int o = a->sid[0];
+    /* the result: made inside, used by this kernel and one more (the ReLU) */
+    if (refs[o] != 2 || first[o] != i || !g->stor[o].internal || nd_graph_live_out(g, (size_t)o, refs))
+        return false;
+    nd_graph_rec *r = &g->recs[last[o]];
+    if (r->entry != ND_CALL_unary || r->i[0] != ND_UNARY_relu || r->nt != 2 || !r->t[0] ||
+        !r->t[1] || r->sid[1] != o || r->sid[0] == o || r->role[0] != ND_ROLE_WRITE || !r->full[0] ||
+        !nd_graph_same_view(r->t[1], a->t[0]) || !nd_graph_same_view(r->t[0], a->t[0]))
+        return false;
+    nd_release(a->t[0]);
+    a->t[0] = r->t[0];
+    a->sid[0] = r->sid[0];
+    r->t[0] = NULL;
+    *act = ND_ACT_RELU;
+    drop[last[o]] = true;
+    return true;
+}
+
+/* Whether a record in (from, to) writes storage sid. */
+static bool written_between(const nd_graph *g, size_t from, size_t to, int sid) {
+    for (size_t j = from + 1; j < to; j++)
+        for (int k = 0; k < g->recs[j].nt; k++)
+            if (g->recs[j].t[k] && g->recs[j].sid[k] == sid && (g->recs[j].role[k] & ND_ROLE_WRITE))
+                return true;
+    return false;
+}
+
+/* Residual epilogues: an add of a fused convolution's or linear kernel's
+ * result o to a tensor r of its shape (a residual connection: x + f(x))
+ * becomes that kernel's residual: it stores act(. + b) + r, one pass over
+ * the result fewer, the same bits (the add rounds once either way). Safe
+ * when: the backend's kernel takes a residual (the CPU's do; a record with
+ * one already, or another shape or dtype, stays); o is made by the kernel
+ * and read by the add alone, seen nowhere after the call; r is a whole
+ * contiguous view in o's shape and dtype that nothing writes between the
+ * kernel and the add (the kernel now reads it earlier) and not the add's
+ * result; the add's result, in o's layout, is not touched between the
+ * two (the kernel now writes it earlier). Runs after the activation
+ * epilogues: the residual comes after the activation, as in ResNet9's
+ * x + relu(conv(x)); in relu(conv(x) + x) the add joins the kernel and
+ * the ReLU stays a kernel of its own. */
+static bool residual_at(nd_graph *g, size_t i, int64_t *refs, const size_t *first, const size_t *last,
+                        bool *drop) {
+    nd_graph_rec *a = &g->recs[i];
+    if (!nd_graph_layer_act(a) || a->nt != ND_LAYER_RES || !a->t[0] || a->role[0] != ND_ROLE_WRITE ||
+        !is_float(a->t[0]->dtype) || !nd_is_contiguous(a->t[0]))
+        return false;
+    int o = a->sid[0];
+    if (refs[o] != 2 || first[o] != i || !g->stor[o].internal || nd_graph_live_out(g, (size_t)o, refs))
+        return false;
+    size_t p = last[o];
+    nd_graph_rec *add = &g->recs[p];
+    if (add->entry != ND_CALL_binary || add->i[0] != ND_BINARY_add || add->nt != 3 || !add->t[0] ||
+        !add->t[1] || !add->t[2] || add->role[0] != ND_ROLE_WRITE || add->role[1] != ND_ROLE_READ ||
+        add->role[2] != ND_ROLE_READ || !nd_graph_same_view(add->t[0], a->t[0]))
+        return false;
+    int q = add->sid[1] == o ? 1 : add->sid[2] == o ? 2 : 0;
+    if (!q || !nd_graph_same_view(add->t[q], a->t[0])) return false;
+    const nd_tensor *res = add->t[3 - q];
+    int rs = add->sid[3 - q], os = add->sid[0];
+    if (rs == o || os == o || rs == os || res->dtype != a->t[0]->dtype || res->ndim != a->t[0]->ndim ||
+        !nd_is_contiguous(res))
+        return false;
+    for (int d = 0; d < res->ndim; d++)
+        if (res->shape[d] != a->t[0]->shape[d]) return false;
+    if (written_between(g, i, p, rs) || touched_between(g, i, p, os, NULL)) return false;
+    /* the kernel writes the add's result and reads the residual */
+    nd_release(a->t[0]);
+    a->t[0] = add->t[0];
+    a->sid[0] = os;
+    a->full[0] = add->full[0];
+    add->t[0] = NULL;
+    a->t[ND_LAYER_RES] = add->t[3 - q];
+    a->role[ND_LAYER_RES] = ND_ROLE_READ;
+    a->full[ND_LAYER_RES] = false;
+    a->sid[ND_LAYER_RES] = rs;
+    add->t[3 - q] = NULL;
+    a->nt = ND_LAYER_RES + 1;
+    drop[p] = true;
+    refs[o] = 0;
+    return true;
+}
+
 nd_status nd_graph_pass_epilogue(nd_graph *g, int64_t *changed) {
-    ND_TRY(activation_epilogues(g, changed));
+    ND_TRY(each_layer(g, changed, activation_at));
+    ND_TRY(each_layer(g, changed, residual_at)); /* (after: the residual comes after the activation) */
     size_t ns = g->nstor, n = g->n;
     uses u = {malloc((ns + 1) * sizeof *u.refs), calloc(ns + 1, sizeof *u.reads),
               calloc(ns + 1, sizeof *u.writes), malloc((ns + 1) * sizeof *u.first),

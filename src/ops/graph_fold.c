@@ -61,8 +61,7 @@ static bool pro_push(nd_graph *g, const nd_graph_rec *r) {
     return true;
 }
 
-/* writers[k]: records writing storage k; konst[k]: a constant (see the top) */
-static void constants(const nd_graph *g, int *writers, bool *konst) {
+void nd_graph_constants(const nd_graph *g, int *writers, bool *konst) {
     for (size_t k = 0; k < g->nstor; k++) writers[k] = 0;
     for (size_t i = 0; i < g->n; i++) {
         const nd_graph_rec *r = &g->recs[i];
@@ -96,7 +95,7 @@ static nd_status hoist(nd_graph *g, int64_t *changed) {
         st = nd_fail(ND_ERR_MEMORY, "compile: out of memory in the fold pass");
         goto done;
     }
-    constants(g, writers, konst);
+    nd_graph_constants(g, writers, konst);
     for (size_t i = 0; i < g->n; i++) {
         const nd_graph_rec *r = &g->recs[i];
         if (!pure_entry(r)) continue;
@@ -140,15 +139,12 @@ static int64_t *foldable_layer(nd_graph_rec *a) {
     return a->nt == 4 && a->t[ND_LAYER_W] ? nd_graph_layer_act(a) : NULL;
 }
 
-/* Runs nd_fold_batch_norm under a capture of its own and moves its records
- * into g's prologue: *w2, *b2 the folded weight and bias (new references). */
-static nd_status fold_captured(nd_graph *g, const nd_graph_rec *a, const nd_graph_rec *bn,
-                               nd_tensor **w2, nd_tensor **b2, int *wsid, int *bsid) {
+nd_status nd_graph_fold_call(nd_graph *g, nd_status (*fn)(void *ctx), void *ctx, nd_tensor **outs,
+                             int nouts, int *sids) {
     nd_graph *tg = NULL;
-    *w2 = *b2 = NULL;
     ND_TRY(nd_graph_begin(&tg));
     tg->keep_memory = true; /* its intermediates are the prologue's: keep their memory */
-    nd_status st = nd_fold_batch_norm(a->t[2], a->t[3], bn->t[1], bn->t[2], bn->t[4], bn->t[5], w2, b2);
+    nd_status st = fn(ctx);
     nd_status est = nd_graph_end(tg);
     if (st == ND_OK) st = est;
     for (size_t q = 0; q < tg->n && st == ND_OK; q++) {
@@ -170,21 +166,32 @@ static nd_status fold_captured(nd_graph *g, const nd_graph_rec *a, const nd_grap
     memmove(tg->recs, tg->recs + moved, (tg->n - moved) * sizeof *tg->recs);
     tg->n -= moved;
     nd_graph_free(tg);
-    if (st == ND_OK) {
-        stor_info *wi = nd_graph_adopt_storage(g, (*w2)->storage);
-        stor_info *bi = wi ? nd_graph_adopt_storage(g, (*b2)->storage) : NULL;
-        if (!wi || !bi) st = nd_fail(ND_ERR_MEMORY, "compile: out of memory in the fold pass");
-        else {
-            wi->folded = bi->folded = true;
-            *wsid = wi->id;
-            *bsid = bi->id;
+    for (int k = 0; k < nouts && st == ND_OK; k++) {
+        stor_info *in = outs[k] ? nd_graph_adopt_storage(g, outs[k]->storage) : NULL;
+        if (outs[k] && !in) st = nd_fail(ND_ERR_MEMORY, "compile: out of memory in the fold pass");
+        else if (in) {
+            in->folded = true;
+            sids[k] = in->id;
         }
     }
-    if (st != ND_OK) {
-        nd_release(*w2); nd_release(*b2);
-        *w2 = *b2 = NULL;
-    }
+    if (st != ND_OK)
+        for (int k = 0; k < nouts; k++) {
+            nd_release(outs[k]);
+            outs[k] = NULL;
+        }
     return st;
+}
+
+typedef struct {
+    const nd_graph_rec *a, *bn;
+    nd_tensor *out[2];
+} norm_fold;
+
+static nd_status fold_norm_call(void *ctx) {
+    norm_fold *f = ctx;
+    const nd_graph_rec *a = f->a, *bn = f->bn;
+    return nd_fold_batch_norm(a->t[2], a->t[3], bn->t[1], bn->t[2], bn->t[4], bn->t[5], &f->out[0],
+                              &f->out[1]);
 }
 
 static nd_status fold_norms(nd_graph *g, int64_t *changed) {
@@ -198,7 +205,7 @@ static nd_status fold_norms(nd_graph *g, int64_t *changed) {
         st = nd_fail(ND_ERR_MEMORY, "compile: out of memory in the fold pass");
         goto done;
     }
-    constants(g, writers, konst);
+    nd_graph_constants(g, writers, konst);
     nd_graph_uses(g, refs, first, last);
     for (size_t i = 0; i < n && st == ND_OK; i++) {
         nd_graph_rec *bn = &g->recs[i];
@@ -219,10 +226,12 @@ static nd_status fold_norms(nd_graph *g, int64_t *changed) {
         for (int k = 1; k < 6 && consts; k++)
             if (k != 3 && bn->t[k]) consts = konst[bn->sid[k]];
         if (!consts || !bn->t[1] || !bn->t[2]) continue;
-        nd_tensor *w2, *b2;
-        int wsid = -1, bsid = -1;
-        st = fold_captured(g, a, bn, &w2, &b2, &wsid, &bsid);
+        norm_fold f = {a, bn, {NULL, NULL}};
+        int sids[2] = {-1, -1};
+        st = nd_graph_fold_call(g, fold_norm_call, &f, f.out, 2, sids);
         if (st != ND_OK) break;
+        nd_tensor *w2 = f.out[0], *b2 = f.out[1];
+        const int wsid = sids[0], bsid = sids[1];
         nd_release(a->t[ws]);
         a->t[ws] = w2;
         a->sid[ws] = wsid;
@@ -259,7 +268,7 @@ static nd_status prepack_convs(nd_graph *g) {
         st = nd_fail(ND_ERR_MEMORY, "compile: out of memory in the fold pass");
         goto done;
     }
-    constants(g, writers, konst);
+    nd_graph_constants(g, writers, konst);
     for (size_t i = 0; i < g->n && st == ND_OK; i++) {
         nd_graph_rec *a = &g->recs[i];
         if (a->entry != ND_CALL_conv2d_fused || a->nt != 4 || !a->t[1] || !a->t[2] || a->t[1]->ndim != 4 ||
@@ -394,13 +403,17 @@ static nd_status refill(nd_graph *g) {
     return ND_OK;
 }
 
+nd_status nd_graph_fold_settle(nd_graph *g) {
+    ND_TRY(collect_sources(g));
+    return collect_temporaries(g);
+}
+
 nd_status nd_graph_pass_fold(nd_graph *g, int64_t *changed) {
     ND_TRY(hoist(g, changed));
     ND_TRY(refill(g));
     ND_TRY(fold_norms(g, changed));
     ND_TRY(prepack_convs(g));
-    ND_TRY(collect_sources(g));
-    return collect_temporaries(g);
+    return nd_graph_fold_settle(g);
 }
 
 nd_status nd_graph_run_prologue(nd_graph *g) {

@@ -148,10 +148,9 @@ bool nd_graph_view_injective(const nd_tensor *t, int64_t total, int64_t *n);
 bool nd_graph_fusable(const nd_graph_rec *r, nd_dtype *dt);
 
 /* The fused layer kernels (conv2d_fused, conv2d_fused_packed, linear_fused):
- * their tensors are (out, x, w, b), and this points at the record's
- * activation scalar (nd_activation); NULL for any other record. */
-#define ND_LAYER_W 2
-#define ND_LAYER_B 3
+ * their tensors are (out, x, w, b[, res]) (ND_LAYER_*, graph_record.h), and
+ * this points at the record's activation scalar (nd_activation); NULL for
+ * any other record. */
 static inline int64_t *nd_graph_layer_act(nd_graph_rec *r) {
     if (r->entry == ND_CALL_conv2d_fused || r->entry == ND_CALL_conv2d_fused_packed) return &r->i[1];
     if (r->entry == ND_CALL_linear_fused) return &r->i[0];
@@ -172,6 +171,22 @@ nd_status nd_graph_pass_reorder(nd_graph *g, int64_t *changed);
  * layer is folded into its weight and bias; *changed counts records moved or
  * removed. */
 nd_status nd_graph_pass_fold(nd_graph *g, int64_t *changed);
+/* writers[k]: the records writing storage k; konst[k]: whether it is a
+ * constant (graph_fold.c: written by no record, not an input, its memory
+ * the graph's own). */
+void nd_graph_constants(const nd_graph *g, int *writers, bool *konst);
+/* Runs fn(ctx) - ops on constants - under a capture of its own and moves
+ * its records into g's prologue; outs[0 .. nouts), which fn set, become
+ * prologue results (sids: their storage numbers in g). On failure outs are
+ * released and NULL. */
+nd_status nd_graph_fold_call(nd_graph *g, nd_status (*fn)(void *ctx), void *ctx, nd_tensor **outs,
+                             int nouts, int *sids);
+/* After records joined the prologue: what it reads, and the temporaries
+ * whose memory goes back after each run. */
+nd_status nd_graph_fold_settle(nd_graph *g);
+/* The join pass (graph_join.c): linear layers reading one input with
+ * constant weights become one product; *changed counts the layers gone. */
+nd_status nd_graph_pass_join(nd_graph *g, int64_t *changed);
 /* The info of storage s in ended graph g, added (retained) if new (graph.c);
  * NULL when out of memory. */
 stor_info *nd_graph_adopt_storage(nd_graph *g, nd_storage *s);

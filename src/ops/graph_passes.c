@@ -195,6 +195,7 @@ nd_status nd_graph_pass(nd_graph *g, const char *name, int64_t *changed) {
     if (!strcmp(name, "reorder")) return nd_graph_pass_reorder(g, changed);
     if (!strcmp(name, "epilogue")) return nd_graph_pass_epilogue(g, changed);
     if (!strcmp(name, "fold")) return nd_graph_pass_fold(g, changed);
+    if (!strcmp(name, "join")) return nd_graph_pass_join(g, changed);
     return nd_fail(ND_ERR_ARG, "compile: unknown pass '%s' (expected fold, simplify, cse, dce, "
-                   "epilogue, reorder or fuse)", name);
+                   "epilogue, join, reorder or fuse)", name);
 }

@@ -7,6 +7,13 @@
 
 #define ND_REC_MAX_TENSORS ND_EW_MAX_TENSORS /* a fused record's operands */
 
+/* The slots of a fused layer record (conv2d_fused, conv2d_fused_packed,
+ * linear_fused): out, x, w, b, and a residual that only the epilogue pass
+ * adds (graph_epilogue.c; recorded calls have four slots). */
+#define ND_LAYER_W 2
+#define ND_LAYER_B 3
+#define ND_LAYER_RES 4
+
 typedef enum { ND_ROLE_READ = 1, ND_ROLE_WRITE = 2, ND_ROLE_UPDATE = 3 } nd_rec_role;
 
 typedef struct nd_graph_rec {

@@ -219,12 +219,13 @@ end
 
 local OPTS = {warmup = "integer", cache_size = "integer", fallback = "boolean", verify = "boolean",
               passes = "table|boolean", tune = "number"}
-local PASSES = {fold = true, simplify = true, dce = true, cse = true, epilogue = true, reorder = true,
-                fuse = true}
-local DEFAULT_PASSES = {"fold", "simplify", "cse", "dce", "epilogue", "reorder", "fuse"}
+local PASSES = {fold = true, simplify = true, dce = true, cse = true, epilogue = true, join = true,
+                reorder = true, fuse = true}
+local DEFAULT_PASSES = {"fold", "simplify", "cse", "dce", "epilogue", "join", "reorder", "fuse"}
 
 -- nd.compile(fn_or_module[, {warmup = 1, cache_size = 8, fallback = false, verify = false,
---                           passes = {"fold", "simplify", "cse", "dce", "epilogue", "reorder", "fuse"},
+--                           passes = {"fold", "simplify", "cse", "dce", "epilogue", "join", "reorder",
+--                                     "fuse"},
 --                           tune = seconds}])
 function M.compile(fn, opts)
   local is_module = type(fn) == "table" and getmetatable(fn) ~= nil and
@@ -248,7 +249,7 @@ function M.compile(fn, opts)
   elseif opts.passes ~= nil then
     passes = {}
     for i, name in ipairs(opts.passes) do
-      if not PASSES[name] then fail("passes[%d]: unknown pass '%s' (valid: fold, simplify, cse, dce, epilogue, reorder, fuse)", i, tostring(name)) end
+      if not PASSES[name] then fail("passes[%d]: unknown pass '%s' (valid: fold, simplify, cse, dce, epilogue, join, reorder, fuse)", i, tostring(name)) end
       passes[i] = name
     end
   end
@@ -538,10 +539,10 @@ local function capture_call(self, e, args, flat)
     end
     g:plan()
     if bw then
-      -- (not fold: the backward reads the forward's activations, which every forward replay
-      -- rewrites, so nothing there stays constant for long)
+      -- (not fold nor join: the backward reads the forward's activations, which every forward
+      -- replay rewrites, so nothing there stays constant for long)
       for _, name in ipairs(self.passes) do
-        if name ~= "fold" then bw.graph:pass(name) end
+        if name ~= "fold" and name ~= "join" then bw.graph:pass(name) end
       end
       bw.graph:plan()
     end

@@ -14,6 +14,7 @@ const nd_backend nd_cpu_backend = {
     .reduce = nd_cpu_reduce,
     .max_dim = nd_cpu_max_dim,
     .matmul = nd_cpu_matmul,
+    .matmul_acc = nd_cpu_matmul_acc,
     .gather = nd_cpu_gather,
     .scatter = nd_cpu_scatter,
     .index_select = nd_cpu_index_select,

@@ -425,15 +425,17 @@ static void zero_padding(float *M, int64_t rows, int64_t rows_pad, int64_t d, in
 
 /* ------------------------------------------------------------ epilogues */
 
-/* OUT[n, o, l] = act(T[o][j] + b[o]) for the runs' columns */
+/* OUT[n, o, l] = act(T[o][j] + b[o]) + RES[n, o, l] (RES: NULL, or a
+ * residual in OUT's layout) for the runs' columns */
 static void store_out(const nd_conv_plan *p, const float *T, const col_seg *seg, int64_t ns,
-                      const float *Bias, bool relu, float *OUT) {
+                      const float *Bias, bool relu, const float *RES, float *OUT) {
     const int64_t O = p->O, L = p->L;
     for (int64_t o = 0; o < O; o++) {
         const float bo = Bias ? Bias[o] : 0.0f;
         for (int64_t q = 0; q < ns; q++) {
             const float *t = T + o * NR + seg[q].j;
-            float *d = OUT + (seg[q].n * O + o) * L + seg[q].l;
+            const int64_t at = (seg[q].n * O + o) * L + seg[q].l;
+            float *d = OUT + at;
             const int64_t len = seg[q].len;
             if (relu)
                 for (int64_t k = 0; k < len; k++) {
@@ -442,6 +444,10 @@ static void store_out(const nd_conv_plan *p, const float *T, const col_seg *seg,
                 }
             else
                 for (int64_t k = 0; k < len; k++) d[k] = t[k] + bo;
+            if (RES) {
+                const float *r = RES + at;
+                for (int64_t k = 0; k < len; k++) d[k] += r[k];
+            }
         }
     }
 }
@@ -499,12 +505,13 @@ static void *alloc_floats(int64_t n) { /* 64-byte aligned, whole cache lines (cp
 
 nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
                                const nd_tensor *w, const float *prepacked, const nd_tensor *b,
-                               bool relu, bool *done) {
+                               bool relu, const nd_tensor *res, bool *done) {
     *done = false;
     if (!packed_applies(p, x)) return ND_OK;
     const int64_t K = p->K, O = p->O, Opad = round_up(O, MR), cols = p->N * p->L;
     const int64_t npanels = (cols + NR - 1) / NR;
     const float *X = (const float *)nd_ptr(x), *Bias = b ? (const float *)nd_ptr(b) : NULL;
+    const float *RES = res ? (const float *)nd_ptr(res) : NULL;
     float *OUT = (float *)nd_ptr(out);
     conv_src src;
     float *A = prepacked ? NULL : alloc_floats(Opad * K);
@@ -537,7 +544,7 @@ nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor 
             if (j1 - j0 < NR) memset(B, 0, sizeof(float) * (size_t)(K * NR));
             pack_cols(&src, &slot, X, seg, ns, NR, B);
             panel_product(K, Opad, A, B, T);
-            store_out(p, T, run, nr, Bias, relu, OUT);
+            store_out(p, T, run, nr, Bias, relu, RES, OUT);
         }
         nd_cpu_scratch_free(B), nd_cpu_scratch_free(T), free(slot.buf);
     }
@@ -586,7 +593,7 @@ nd_status nd_cpu_conv2d_prepack(nd_tensor *packed, const nd_tensor *w, const int
 
 nd_status nd_cpu_conv2d_fused_packed(nd_tensor *out, const nd_tensor *x, const nd_tensor *packed,
                                      const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
-                                     nd_activation act) {
+                                     nd_activation act, const nd_tensor *res) {
     nd_conv_plan p;
     ND_TRY(nd_conv_plan_make(&p, "fused_conv2d", x, out->shape[1], g, groups));
     bool done = false;
@@ -595,7 +602,7 @@ nd_status nd_cpu_conv2d_fused_packed(nd_tensor *out, const nd_tensor *x, const n
         st = nd_fail(ND_ERR_INTERNAL, "fused_conv2d: the packed weight does not fit this convolution");
     else
         st = nd_cpu_conv2d_packed(&p, out, x, NULL, (const float *)nd_ptr(packed), b,
-                                  act == ND_ACT_RELU, &done);
+                                  act == ND_ACT_RELU, res, &done);
     if (st == ND_OK && !done)
         st = nd_fail(ND_ERR_INTERNAL, "fused_conv2d: a packed weight for a convolution that does "
                      "not run packed");
@@ -700,8 +707,8 @@ bool nd_cpu_packed_conv(void) { return false; }
 
 nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
                                const nd_tensor *w, const float *prepacked, const nd_tensor *b,
-                               bool relu, bool *done) {
-    (void)p, (void)out, (void)x, (void)w, (void)prepacked, (void)b, (void)relu;
+                               bool relu, const nd_tensor *res, bool *done) {
+    (void)p, (void)out, (void)x, (void)w, (void)prepacked, (void)b, (void)relu, (void)res;
     *done = false;
     return ND_OK;
 }
@@ -721,8 +728,8 @@ nd_status nd_cpu_conv2d_prepack(nd_tensor *packed, const nd_tensor *w, const int
 
 nd_status nd_cpu_conv2d_fused_packed(nd_tensor *out, const nd_tensor *x, const nd_tensor *packed,
                                      const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
-                                     nd_activation act) {
-    (void)out, (void)x, (void)packed, (void)b, (void)g, (void)groups, (void)act;
+                                     nd_activation act, const nd_tensor *res) {
+    (void)out, (void)x, (void)packed, (void)b, (void)g, (void)groups, (void)act, (void)res;
     return nd_fail(ND_ERR_INTERNAL, "fused_conv2d: no packed convolution in this build");
 }
 

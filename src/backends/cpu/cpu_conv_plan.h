@@ -38,7 +38,7 @@ void nd_conv_plan_free(nd_conv_plan *p);
  * (and ND_OK) when it does not apply; then the caller runs the BLAS path. */
 nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
                                const nd_tensor *w, const float *prepacked, const nd_tensor *b,
-                               bool relu, bool *done);
+                               bool relu, const nd_tensor *res, bool *done);
 /* prepacked is w in the layout nd_cpu_conv2d_prepack writes (then w is
  * not read; NULL: w is packed here, per call). The backend's
  * conv2d_packed_numel, conv2d_prepack and conv2d_fused_packed (backend.h): */
@@ -48,7 +48,7 @@ nd_status nd_cpu_conv2d_prepack(nd_tensor *packed, const nd_tensor *w, const int
                                 const nd_conv_geom *g, int64_t groups);
 nd_status nd_cpu_conv2d_fused_packed(nd_tensor *out, const nd_tensor *x, const nd_tensor *packed,
                                      const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
-                                     nd_activation act);
+                                     nd_activation act, const nd_tensor *res);
 nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tensor *gw,
                                         const nd_tensor *dy, const nd_tensor *x,
                                         const nd_tensor *w, bool *done);

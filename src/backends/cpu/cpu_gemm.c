@@ -246,11 +246,20 @@ static void run_tile(const gemm_isa *isa, int64_t kc, const float *ap, const flo
 #define SMALL_PRODUCT_FLOPS 4.0e6
 
 /* The epilogue on a finished tile (its last K block just stored, still in
- * L1): C[r, c] = act(C[r, c] + bias[c]). */
-static void tile_epilogue(float *C, int64_t ldc, int64_t mr, int64_t nr, const float *bias, bool relu) {
+ * L1): C[r, c] = act(C[r, c] + bias[c]) + res[r, c] (each part optional;
+ * res: the tile's place in a residual with row stride ldr). Each step
+ * rounds as the separate kernels did: the same bits. */
+typedef struct {
+    const float *bias, *res;
+    int64_t ldr;
+    bool relu;
+} tile_post;
+
+static void tile_epilogue(float *C, int64_t ldc, int64_t mr, int64_t nr, const tile_post *e) {
+    const float *bias = e->bias;
     for (int64_t r = 0; r < mr; r++) {
         float *row = C + r * ldc;
-        if (bias && relu) {
+        if (bias && e->relu) {
 #pragma omp simd
             for (int64_t c = 0; c < nr; c++) {
                 float v = row[c] + bias[c];
@@ -259,9 +268,14 @@ static void tile_epilogue(float *C, int64_t ldc, int64_t mr, int64_t nr, const f
         } else if (bias) {
 #pragma omp simd
             for (int64_t c = 0; c < nr; c++) row[c] += bias[c];
-        } else {
+        } else if (e->relu) {
 #pragma omp simd
             for (int64_t c = 0; c < nr; c++) row[c] = !(row[c] <= 0.0f) ? row[c] : 0.0f;
+        }
+        if (e->res) {
+            const float *rr = e->res + r * e->ldr;
+#pragma omp simd
+            for (int64_t c = 0; c < nr; c++) row[c] += rr[c];
         }
     }
 }
@@ -269,7 +283,7 @@ static void tile_epilogue(float *C, int64_t ldc, int64_t mr, int64_t nr, const f
 /* One product on at most `threads` threads. */
 static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
                      int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc,
-                     bool accumulate, const float *bias, bool relu) {
+                     bool accumulate, const tile_post *post) {
     const gemm_isa *isa = pick_isa();
     if (!isa || !isa->ukr || M <= 0 || N <= 0 || K <= 0) return false;
     const int MR = isa->mr, NR = isa->nr;
@@ -308,7 +322,7 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
         for (int64_t pc = 0; pc < K; pc += KC) {
             const int64_t kc = K - pc < KC ? K - pc : KC;
             const bool add = accumulate || pc > 0;
-            const bool last_k = pc + kc == K, epilogue = last_k && (bias || relu);
+            const bool last_k = pc + kc == K, epilogue = last_k && post;
             if (!b_in_place) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
                 for (int64_t p = 0; p < npanels; p++)
@@ -350,7 +364,12 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
                             const int64_t mr = mc - ir < MR ? mc - ir : MR;
                             float *ct = C + (ic + ir) * ldc + jc + jr;
                             run_tile(isa, kc, apack + ir * kc, bp, ldb, ct, ldc, mr, nr, add);
-                            if (epilogue) tile_epilogue(ct, ldc, mr, nr, bias ? bias + jc + jr : NULL, relu);
+                            if (epilogue) {
+                                tile_post e = *post;
+                                if (e.bias) e.bias += jc + jr;
+                                if (e.res) e.res += (ic + ir) * e.ldr + jc + jr;
+                                tile_epilogue(ct, ldc, mr, nr, &e);
+                            }
                         }
                     }
                 }
@@ -368,14 +387,25 @@ bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
                   const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc,
                   bool accumulate) {
     return sgemm_on(nd_cpu_threads(), M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, C, ldc, accumulate,
-                    NULL, false);
+                    NULL);
+}
+
+int nd_cpu_sgemm_add(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm, int64_t a_sk,
+                     const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc) {
+    const gemm_isa *isa = pick_isa();
+    /* one K block: each tile's product is whole in registers when it is
+     * added to C (several blocks would add their partial sums one by one) */
+    if (!isa || !isa->ukr || M <= 0 || N <= 0 || K <= 0 || K > KC) return 0;
+    return sgemm_on(nd_cpu_threads(), M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, C, ldc, true, NULL)
+               ? 1 : -1;
 }
 
 bool nd_cpu_sgemm_bias_act(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
                            int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn, float *C,
-                           int64_t ldc, const float *bias, bool relu) {
-    return sgemm_on(nd_cpu_threads(), M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, C, ldc, false, bias,
-                    relu);
+                           int64_t ldc, const float *bias, bool relu, const float *res, int64_t ldr) {
+    tile_post e = {bias, res, ldr, relu};
+    return sgemm_on(nd_cpu_threads(), M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, C, ldc, false,
+                    bias || relu || res ? &e : NULL);
 }
 
 /* Threads take whole products when each is too small to split (attention's
@@ -396,7 +426,7 @@ bool nd_cpu_sgemm_batched(int64_t batch, const int64_t *a_off, const int64_t *b_
     if (!by_product) {
         for (int64_t i = 0; i < batch; i++)
             if (!sgemm_on(threads, M, N, K, A + a_off[i], a_sm, a_sk, B + b_off[i], b_sk, b_sn,
-                          C + c_off[i], ldc, false, NULL, false))
+                          C + c_off[i], ldc, false, NULL))
                 return false;
         return true;
     }
@@ -404,7 +434,7 @@ bool nd_cpu_sgemm_batched(int64_t batch, const int64_t *a_off, const int64_t *b_
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(| : failed)
     for (int64_t i = 0; i < batch; i++)
         if (!failed && !sgemm_on(1, M, N, K, A + a_off[i], a_sm, a_sk, B + b_off[i], b_sk, b_sn,
-                                 C + c_off[i], ldc, false, NULL, false))
+                                 C + c_off[i], ldc, false, NULL))
             failed = 1;
     return !failed;
 }

@@ -14,12 +14,21 @@ bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
                   const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc,
                   bool accumulate);
 
-/* C = act(A @ B + bias) with bias (N values, or NULL) added and relu
- * (when set) applied to each tile as its last K block is stored, while it
- * is in cache: the fused linear's epilogue without a pass over C. */
+/* C += A @ B bit for bit as nd_cpu_sgemm's product followed by one add per
+ * element (C[i,j] + p[i,j]), for nd.compile's accumulating GEMM: 1 done;
+ * 0 not done, C untouched (no kernel, or K over one K block, whose partial
+ * sums would be added into C one at a time); -1 memory for packing ran
+ * out part-way, C partly updated. */
+int nd_cpu_sgemm_add(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm, int64_t a_sk,
+                     const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc);
+
+/* C = act(A @ B + bias) + res with bias (N values, or NULL) added, relu
+ * (when set) applied and the residual res (M x N, row stride ldr, or NULL)
+ * added to each tile as its last K block is stored, while it is in cache:
+ * the fused linear's epilogue without a pass over C. */
 bool nd_cpu_sgemm_bias_act(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
                            int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn, float *C,
-                           int64_t ldc, const float *bias, bool relu);
+                           int64_t ldc, const float *bias, bool relu, const float *res, int64_t ldr);
 
 /* batch products C + c_off[i] = (A + a_off[i]) @ (B + b_off[i]), each as
  * above (offsets in elements), spread over the threads by product or within

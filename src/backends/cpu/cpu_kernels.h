@@ -41,6 +41,7 @@ nd_status nd_cpu_max_dim(nd_tensor *values, nd_tensor *indices, const nd_tensor 
                          int is_min);
 /* cpu_matmul.c */
 nd_status nd_cpu_matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b);
+nd_status nd_cpu_matmul_acc(nd_tensor *out, const nd_tensor *a, const nd_tensor *b);
 /* cpu_index.c */
 nd_status nd_cpu_gather(nd_tensor *out, const nd_tensor *x, int dim, const nd_tensor *index);
 nd_status nd_cpu_scatter(nd_tensor *out, int dim, const nd_tensor *index, const nd_tensor *src,
@@ -99,12 +100,15 @@ nd_status nd_cpu_conv2d_backward(nd_tensor *gx, nd_tensor *gw, nd_tensor *gb, co
                                  int64_t groups);
 nd_status nd_cpu_conv2d_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
-                              nd_activation act);
+                              nd_activation act, const nd_tensor *res);
 /* cpu_linear_small.c: false when it does not apply (then use BLAS) */
 bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                          const nd_tensor *b, bool relu);
 /* cpu_fused.c */
 nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
-                              const nd_tensor *b, nd_activation act);
+                              const nd_tensor *b, nd_activation act, const nd_tensor *res);
+/* out += res (res contiguous in out's shape, or NULL: nothing): the residual
+ * of a fused kernel whose path has no epilogue for it */
+nd_status nd_cpu_add_residual(nd_tensor *out, const nd_tensor *res);
 
 #endif

@@ -155,3 +155,39 @@ done:
     nd_release(bc);
     return st;
 }
+
+/* out += a @ b (nd.compile's epilogue pass: a weight gradient summed over
+ * the steps of a recurrence), bit for bit nd_cpu_matmul then an add. A
+ * float32 product of one K block into rows or columns of unit stride adds
+ * into out as each tile is stored (cpu_gemm.c; a transposed out, as a
+ * weight's gradient is, computes out^T += b^T @ a^T: the same products
+ * summed in the same order). Anything else computes the product into a
+ * temporary and adds it, as the two kernels did. */
+nd_status nd_cpu_matmul_acc(nd_tensor *out, const nd_tensor *a, const nd_tensor *b) {
+    int n = out->ndim;
+    bool single = n >= 2 && out->dtype == ND_FLOAT32 && a->dtype == ND_FLOAT32 && b->dtype == ND_FLOAT32;
+    for (int d = 0; single && d < n - 2; d++) single = out->shape[d] == 1;
+    if (single) {
+        int64_t M = out->shape[n - 2], N = out->shape[n - 1], K = a->shape[n - 1];
+        int64_t so = out->strides[n - 2], sc = out->strides[n - 1];
+        const float *A = (const float *)a->storage->data + a->offset;
+        const float *B = (const float *)b->storage->data + b->offset;
+        float *C = (float *)out->storage->data + out->offset;
+        int64_t asm_ = a->strides[n - 2], ask = a->strides[n - 1], bsk = b->strides[n - 2], bsn = b->strides[n - 1];
+        int done = 0;
+        if ((sc == 1 || N == 1) && so >= N && so > 0)
+            done = nd_cpu_sgemm_add(M, N, K, A, asm_, ask, B, bsk, bsn, C, so);
+        else if ((so == 1 || M == 1) && sc >= M && sc > 0) /* out^T (N x M) row-major */
+            done = nd_cpu_sgemm_add(N, M, K, B, bsn, bsk, A, ask, asm_, C, sc);
+        if (done == 1) return ND_OK;
+        if (done < 0)
+            return nd_fail(ND_ERR_MEMORY, "matmul_acc: out of memory for GEMM packing (%lld x %lld x %lld)",
+                           (long long)M, (long long)N, (long long)K);
+    }
+    nd_tensor *t;
+    ND_TRY(nd_empty(out->shape, out->ndim, out->dtype, &t));
+    nd_status st = nd_cpu_matmul(t, a, b);
+    if (st == ND_OK) st = nd_cpu_binary(ND_BINARY_add, out, out, t);
+    nd_release(t);
+    return st;
+}

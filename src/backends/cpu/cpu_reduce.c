@@ -74,6 +74,41 @@ static int64_t load_i64(const char *p, nd_dtype dt) {
     }
 }
 
+/* The sum of a run of n elements in double, in LANES interleaved partial
+ * sums (element i goes to lane i % LANES; one running sum would wait on
+ * the latency of each double add, 0.65 ns an element here, where these
+ * vectorise), the lanes then combined pairwise. Every path that sums a
+ * reduced dim (dense or strided runs, try_rows) follows this one order, so
+ * a sum's bits do not depend on the layout of its input. */
+#define LANES 8
+static double combine_lanes(double *acc) {
+    for (int w = LANES / 2; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+    return acc[0];
+}
+static double run_sum(const char *p, int64_t st, int64_t n, nd_dtype dt) {
+    double acc[LANES] = {0};
+    int64_t i = 0;
+    if (dt == ND_FLOAT32 && st == 4) {
+        const float *f = (const float *)p;
+        for (; i + LANES <= n; i += LANES)
+#pragma omp simd
+            for (int j = 0; j < LANES; j++) acc[j] += f[i + j];
+        for (int j = 0; i < n; i++, j++) acc[j] += f[i];
+    } else if (dt == ND_FLOAT64 && st == 8) {
+        const double *f = (const double *)p;
+        for (; i + LANES <= n; i += LANES)
+#pragma omp simd
+            for (int j = 0; j < LANES; j++) acc[j] += f[i + j];
+        for (int j = 0; i < n; i++, j++) acc[j] += f[i];
+    } else if (dt == ND_FLOAT32) {
+        for (; i < n; i++) acc[i % LANES] += *(const float *)(p + i * st);
+    } else {
+        for (; i < n; i++) acc[i % LANES] += *(const double *)(p + i * st);
+    }
+    return combine_lanes(acc);
+}
+
 /* One run of n elements; idx0 is the flat index of its first element within
  * the reduced block (for arg ops). pass 0 or 1 (var, logsumexp need two). */
 static void visit(nd_reduce_op op, rstate *s, const char *p, int64_t st, int64_t n, int64_t idx0,
@@ -84,15 +119,8 @@ static void visit(nd_reduce_op op, rstate *s, const char *p, int64_t st, int64_t
     switch (op) {
     case ND_REDUCE_sum:
     case ND_REDUCE_mean:
-        if (dt == ND_FLOAT32 && st == 4) {
-            const float *f = (const float *)p;
-            double a = 0;
-            for (int64_t i = 0; i < n; i++) a += f[i];
-            s->acc += a;
-        } else if (fl) {
-            double a = 0;
-            for (int64_t i = 0; i < n; i++) a += LOAD(i);
-            s->acc += a;
+        if (fl) {
+            s->acc += run_sum(p, st, n, dt);
         } else {
             uint64_t a = (uint64_t)s->iacc;
             for (int64_t i = 0; i < n; i++) a += (uint64_t)load_i64(p + i * st, dt);
@@ -267,10 +295,10 @@ static bool try_parallel_full(const geom *g, nd_reduce_op op, char *out, nd_dtyp
  * bias gradient: a (T*B, H) block summed over its rows; (A, R, K) summed
  * over R). Walking each output's column reads one element per cache line;
  * here the rows are added, in order, into double accumulators for a block
- * of K's columns at a time: the same additions in the same order as the
- * column walk (its sum starts at 0 too), so the same bits, reading memory
- * row by row. */
-#define ROW_BLOCK 256 /* columns per block: 2 KiB of accumulators */
+ * of K's columns at a time, row r into lane r % LANES as run_sum does, the
+ * lanes combined as it combines them: the same additions in the same order
+ * as the column walk, so the same bits, reading memory row by row. */
+#define ROW_BLOCK 256 /* columns per block: 16 KiB of accumulators */
 static bool try_rows(const geom *g, nd_reduce_op op, char *out, nd_dtype odt) {
     if ((op != ND_REDUCE_sum && op != ND_REDUCE_mean) || g->nk < 1 || g->nr != 1) return false;
     const int64_t es = (int64_t)nd_dtype_size(g->dt);
@@ -284,25 +312,34 @@ static bool try_rows(const geom *g, nd_reduce_op op, char *out, nd_dtype odt) {
     bool par = tasks > 1 && g->ocount * R >= ND_PARALLEL_THRESHOLD;
 #pragma omp parallel for num_threads(nd_cpu_threads()) if (par) schedule(static)
     for (int64_t t = 0; t < tasks; t++) {
-        double acc[ROW_BLOCK];
+        double acc[LANES][ROW_BLOCK];
         const int64_t o = t / nblocks, b = t % nblocks;
         const int64_t k0 = b * ROW_BLOCK, kn = K - k0 < ROW_BLOCK ? K - k0 : ROW_BLOCK;
         const char *base = out_base(g, o * K) + k0 * es;
-        for (int64_t k = 0; k < kn; k++) acc[k] = 0;
+        /* lanes past the row count stay +0 and adding +0 changes no sum (a
+         * lane's sum, begun at +0, is never -0): those are left out */
+        const int nl = R < LANES ? (int)R : LANES;
+        for (int j = 0; j < nl; j++)
+            for (int64_t k = 0; k < kn; k++) acc[j][k] = 0;
         for (int64_t r = 0; r < R; r++) {
+            double *a = acc[r % LANES];
             if (g->dt == ND_FLOAT32) {
                 const float *v = (const float *)(base + r * rs);
 #pragma omp simd
-                for (int64_t k = 0; k < kn; k++) acc[k] += v[k];
+                for (int64_t k = 0; k < kn; k++) a[k] += v[k];
             } else {
                 const double *v = (const double *)(base + r * rs);
 #pragma omp simd
-                for (int64_t k = 0; k < kn; k++) acc[k] += v[k];
+                for (int64_t k = 0; k < kn; k++) a[k] += v[k];
             }
         }
+        for (int w = LANES / 2; w >= 1; w /= 2) /* combine_lanes, for every column */
+            for (int j = 0; j < w && j + w < nl; j++)
+#pragma omp simd
+                for (int64_t k = 0; k < kn; k++) acc[j][k] += acc[j + w][k];
         char *dst = out + (o * K + k0) * osz;
         for (int64_t k = 0; k < kn; k++)
-            nd_store_f64(dst + k * osz, odt, op == ND_REDUCE_mean ? acc[k] / n : acc[k]);
+            nd_store_f64(dst + k * osz, odt, op == ND_REDUCE_mean ? acc[0][k] / n : acc[0][k]);
     }
     return true;
 }
