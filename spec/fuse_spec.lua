@@ -70,6 +70,8 @@ describe("nd.fused_conv2d", function()
         local ref = nd.F.conv2d(x, w, b, c.o)
         o.activation = "relu"
         assert_close(nd.fused_conv2d(x, w, b, o), ref:relu(), 1e-6, "config " .. i .. " relu")
+        o.activation = "gelu"
+        assert_close(nd.fused_conv2d(x, w, b, o), ref:gelu(), 1e-6, "config " .. i .. " gelu")
         o.activation = "none"
         assert_close(nd.fused_conv2d(x, w, b, o), ref, 1e-6, "config " .. i .. " none")
         o.activation = nil
@@ -97,8 +99,8 @@ describe("nd.fused_conv2d", function()
            nd.zeros({2, 3, 8, 8}, {dtype = "int64"}), w)
     raises("needle.fused_conv2d: input (float32) and weight (float64) must have the same dtype",
            nd.fused_conv2d, x, nd.randn({4, 3, 3, 3}, {dtype = "float64"}))
-    raises("needle.fused_conv2d: activation must be 'none' or 'relu', got gelu", nd.fused_conv2d, x, w,
-           nil, {activation = "gelu"})
+    raises("needle.fused_conv2d: activation must be 'none', 'relu' or 'gelu', got tanh", nd.fused_conv2d, x, w,
+           nil, {activation = "tanh"})
     raises("needle.fused_conv2d: unknown option 'stide'", nd.fused_conv2d, x, w, nil, {stide = 2})
   end)
 end)
@@ -108,10 +110,12 @@ describe("nd.fused_linear", function()
     nd.manual_seed(5)
     for _, dtype in ipairs({"float32", "float64"}) do
       local w, b = nd.randn({7, 20}, {dtype = dtype}), nd.randn({7}, {dtype = dtype})
-      for _, shape in ipairs({{20}, {5, 20}, {3, 4, 20}}) do
+      -- (500 rows: needle's GEMM, its epilogue on each tile; fewer: the small-M kernel)
+      for _, shape in ipairs({{20}, {5, 20}, {3, 4, 20}, {500, 20}}) do
         local x = nd.randn(shape, {dtype = dtype})
         local ref = nd.F.linear(x, w, b)
         assert_close(nd.fused_linear(x, w, b, {activation = "relu"}), ref:relu(), 1e-6, dtype .. " relu")
+        assert_close(nd.fused_linear(x, w, b, {activation = "gelu"}), ref:gelu(), 1e-6, dtype .. " gelu")
         assert_close(nd.fused_linear(x, w, b), ref, 1e-6, dtype .. " none")
         assert_close(nd.fused_linear(x, w, {activation = "relu"}), nd.F.linear(x, w):relu(), 1e-6, dtype .. " no bias")
       end

@@ -31,6 +31,7 @@ describe("gradcheck", function()
       {"erf", function(x) return x:erf() end, -2, 2},
       {"log1p", function(x) return x:log1p() end, -0.5, 2},
       {"expm1", function(x) return nd.expm1(x) end, -1, 1},
+      {"gelu", function(x) return nd.gelu(x) end, -3, 3},
       -- zero almost everywhere: checked away from the jumps
       {"sign", function(x) return x:sign() end, 0.1, 0.9},
       {"floor", function(x) return x:floor() end, 0.1, 0.9},

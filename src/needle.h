@@ -378,9 +378,9 @@ nd_status nd_undilate(const nd_tensor *x, const int *dims, int ndims, int64_t di
  * folded into w and b). Same arguments, shapes and dtypes as nd_conv2d /
  * F.linear. When autograd would record (grad mode on and an input requires
  * grad) they run as the composed differentiable ops (conv2d or matmul, add,
- * relu), so gradients stay exact; devices without a fused kernel (OpenCL)
+ * relu or gelu), so gradients stay exact; devices without a fused kernel (OpenCL)
  * also run the composed ops. */
-typedef enum { ND_ACT_NONE = 0, ND_ACT_RELU = 1 } nd_activation;
+typedef enum { ND_ACT_NONE = 0, ND_ACT_RELU = 1, ND_ACT_GELU = 2 } nd_activation;
 /* x (..., in), weight (out, in), bias (out) or NULL -> (..., out) */
 nd_status nd_fused_linear(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
                           nd_activation act, nd_tensor **out);
@@ -619,6 +619,10 @@ typedef struct {
     bool tune_serial;              /* made inside and, at the plan, also held outside the graph */
 } nd_graph_rec_info;
 nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out);
+/* The records' consistency after passes (graph_check.c): storage numbers,
+ * roles, views inside their storages, whole writes, fused layers' slots;
+ * an ND_ERR_INTERNAL error naming the record and slot when one fails. */
+nd_status nd_graph_check(const nd_graph *g);
 /* Autotuning of a planned graph's fused kernels (graph_tune.c): choices on
  * file (nd_cache_dir "compile/tune.txt") are applied; with seconds > 0 the
  * others are timed within that budget and the fastest exact choice kept and

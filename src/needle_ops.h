@@ -72,7 +72,12 @@
     X(log1p,   FLOAT, FLOAT,  INPUT,  log1p(x),                      -,                     \
       DIV(g, ADDS(x, 1)))                                                                   \
     X(expm1,   FLOAT, FLOAT,  OUTPUT, expm1(x),                      -,                     \
-      MUL(g, ADDS(y, 1)))
+      MUL(g, ADDS(y, 1)))                                                                   \
+    /* GELU (PyTorch's exact form, approximate = "none"): 0.5 x (1 + erf(x / sqrt 2)); its    \
+     * derivative 0.5 (1 + erf(x / sqrt 2)) + x exp(-x^2 / 2) / sqrt(2 pi) */                \
+    X(gelu,    FLOAT, FLOAT,  INPUT,  (T)0.5 * x * ((T)1 + erf(x * (T)0.70710678118654752440)), -, \
+      MUL(g, ADD(ADDS(MULS(UN(erf, MULS(x, 0.70710678118654752440)), 0.5), 0.5),               \
+                 MUL(x, MULS(UN(exp, MULS(MUL(x, x), -0.5)), 0.39894228040143267794)))))
 
 /* ---- elementwise binary ops ----
  * X(name, kind, ints, bools, float_expr, int_expr, bool_expr)

@@ -49,7 +49,7 @@ function F.gelu(x, opts)
     local inner = (x + x ^ 3 * 0.044715) * math.sqrt(2 / math.pi)
     return x * 0.5 * (inner:tanh() + 1)
   elseif approximate == "none" then
-    return x * 0.5 * ((x * (1 / math.sqrt(2))):erf() + 1)
+    return core.gelu(x) -- one kernel (the registry's gelu), its backward too
   end
   fail_at(2, "gelu", "approximate must be 'none' or 'tanh', got %s", tostring(approximate))
 end

@@ -98,8 +98,13 @@ R.unary = {
   end,
   expm1 = function(x) return math.exp(x) - 1 end,
 }
+-- gelu: 0.5 x (1 + erf(x / sqrt 2)), with the erf above (PyTorch's exact form)
+R.unary.gelu = function(x)
+  if x ~= x then return x end
+  return 0.5 * x * (1 + R.unary.erf(x / math.sqrt(2)))
+end
 R.unary_names = { "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu",
-                  "sign", "floor", "ceil", "round", "sin", "cos", "erf", "log1p", "expm1" }
+                  "sign", "floor", "ceil", "round", "sin", "cos", "erf", "log1p", "expm1", "gelu" }
 
 local function fmax(a, b) if a ~= a then return a end if b ~= b then return b end return a > b and a or b end
 local function fmin(a, b) if a ~= a then return a end if b ~= b then return b end return a < b and a or b end

@@ -64,6 +64,13 @@ static int l_pass(lua_State *L) {
     return 1;
 }
 
+/* g:check(): raises naming the first inconsistent record (nd_graph_check) */
+static int l_check(lua_State *L) {
+    graph_box *b = check_graph(L, "compile");
+    LT_CHECK(L, nd_graph_check(b->g));
+    return 0;
+}
+
 static int l_plan(lua_State *L) {
     graph_box *b = check_graph(L, "compile");
     LT_CHECK(L, nd_graph_plan(b->g));
@@ -343,7 +350,7 @@ void lt_register_graph(lua_State *L) {
     if (luaL_newmetatable(L, GRAPH_MT)) {
         static const luaL_Reg methods[] = {
             {"finish", l_finish}, {"replay", l_replay}, {"stats", l_stats},
-            {"records", l_records}, {"free", l_free}, {"plan", l_plan}, {"pass", l_pass},
+            {"records", l_records}, {"free", l_free}, {"plan", l_plan}, {"pass", l_pass}, {"check", l_check},
             {"attach_backward", l_attach_backward}, {"tune", l_tune}, {"pending", l_pending},
             {"mark_input", l_mark_input}, {NULL, NULL},
         };

@@ -197,7 +197,7 @@ static int l_dilate(lua_State *L) { return dilate(L, false); }
 static int l_undilate(lua_State *L) { return dilate(L, true); }
 
 /* ---- fused inference ops (nd.nn.fuse): the same arguments as conv2d and
- * F.linear plus activation = "none" (the default) or "relu" ---- */
+ * F.linear plus activation = "none" (the default), "relu" or "gelu" ---- */
 
 static nd_activation opt_activation(lua_State *L, int opts, const char *op) {
     nd_activation act = ND_ACT_NONE;
@@ -206,8 +206,9 @@ static nd_activation opt_activation(lua_State *L, int opts, const char *op) {
     if (t != LUA_TNIL) {
         const char *s = t == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
         if (s && strcmp(s, "relu") == 0) act = ND_ACT_RELU;
+        else if (s && strcmp(s, "gelu") == 0) act = ND_ACT_GELU;
         else if (!(s && strcmp(s, "none") == 0))
-            lt_error(L, op, "activation must be 'none' or 'relu', got %s",
+            lt_error(L, op, "activation must be 'none', 'relu' or 'gelu', got %s",
                      s ? s : luaL_typename(L, -1));
     }
     lua_pop(L, 1);

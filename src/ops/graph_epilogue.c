@@ -24,13 +24,16 @@
  * and the add (it now changes at the GEMM) or after the add; the GEMM's
  * operands are not the accumulator; the add's result is made inside,
  * written by the add alone and seen nowhere after the call; and the
- * backend has matmul_acc (OpenCL; on the CPU the pass changes nothing).
+ * backend has matmul_acc (OpenCL and the CPU) or reduce_sum_acc (OpenCL).
+ * "The same bits" here and below: one exception, the payload of a NaN
+ * where both operands of the add are NaN (x86 keeps the first operand's;
+ * the fused kernels add in one order whatever order the add had).
  * An empty product (K = 0) stays: eager's add of its zeros turns -0 into +0.
  * (A driver that refuses the accumulating GEMM variant gets the plain GEMM
  * into a temporary and an add: ocl_matmul.c.)
  *
- * Activation: a ReLU after a fused convolution or linear kernel becomes its
- * epilogue (activation_at, below).
+ * Activation: a ReLU or GELU after a fused convolution or linear kernel
+ * becomes its epilogue (activation_at, below).
  *
  * Residual: an add of a fused convolution's or linear kernel's result to a
  * tensor of its shape becomes that kernel's residual (residual_at).
@@ -193,11 +196,11 @@ static nd_status each_layer(nd_graph *g, int64_t *changed, layer_rewrite fn) {
     return ND_OK;
 }
 
-/* Activation epilogues: a ReLU whose input is the result of a fused
- * convolution or linear kernel without activation, read by the ReLU alone
+/* Activation epilogues: a ReLU or GELU whose input is the result of a
+ * fused convolution or linear kernel without activation, read by it alone
  * and seen nowhere else, becomes that kernel's activation (its epilogue
- * applies it as it stores: one pass over the result fewer; the same bits,
- * NaN included). */
+ * applies it as it stores - the GELU with nd.gelu's own inner loop: one
+ * pass over the result fewer; the same bits, NaN included). */
 static bool activation_at(nd_graph *g, size_t i, int64_t *refs, const size_t *first, const size_t *last,
                           bool *drop) {
     nd_graph_rec *a = &g->recs[i];
@@ -210,7 +213,7 @@ static bool activation_at(nd_graph *g, size_t i, int64_t *refs, const size_t *fi
     if (refs[o] != 2 || first[o] != i || !g->stor[o].internal || nd_graph_live_out(g, (size_t)o, refs))
         return false;
     nd_graph_rec *r = &g->recs[last[o]];
-    if (r->entry != ND_CALL_unary || r->i[0] != ND_UNARY_relu || r->nt != 2 || !r->t[0] ||
+    if (r->entry != ND_CALL_unary || (r->i[0] != ND_UNARY_relu && r->i[0] != ND_UNARY_gelu) || r->nt != 2 || !r->t[0] ||
         !r->t[1] || r->sid[1] != o || r->sid[0] == o || r->role[0] != ND_ROLE_WRITE || !r->full[0] ||
         !nd_graph_same_view(r->t[1], a->t[0]) || !nd_graph_same_view(r->t[0], a->t[0]))
         return false;
@@ -218,7 +221,7 @@ static bool activation_at(nd_graph *g, size_t i, int64_t *refs, const size_t *fi
     a->t[0] = r->t[0];
     a->sid[0] = r->sid[0];
     r->t[0] = NULL;
-    *act = ND_ACT_RELU;
+    *act = r->i[0] == ND_UNARY_gelu ? ND_ACT_GELU : ND_ACT_RELU;
     drop[last[o]] = true;
     return true;
 }

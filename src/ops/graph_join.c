@@ -11,17 +11,23 @@
  * weight changes), the first kernel computes every layer's columns into
  * one (M, O1 + O2 + ...) result, and each later kernel that read a layer's
  * result reads its columns of that instead. Each output element is the
- * same dot product computed the same way (the CPU's kernels do not change
- * how they sum an element with the number of columns), so the bits stay.
+ * same dot product computed the same way, so the bits stay: on the CPU
+ * with needle's own float32 kernels, and layers whose widths are multiples
+ * of 4 (the small-M kernel sums blocks of 4 weight rows in one order and
+ * the rows left over in another; needle's GEMM sums every element alike).
+ * float64 and float32 on BLAS (NEEDLE_GEMM=openblas, CPUs without AVX2)
+ * stay unjoined: BLAS's order may follow the width.
  *
  * Safe when: each layer's result is a whole contiguous (M, O) storage made
  * by it, seen nowhere after the call, and its readers take any strides for
- * it (elementwise kernels, copies, a GEMM's operands, a reduction's input:
- * a column slice of the joined result is a strided view) through views
+ * it (elementwise kernels, copies, a GEMM's operands: a column slice of
+ * the joined result is a strided view; not reductions, whose order over a
+ * whole (M, O) result differs from theirs over its slice) through views
  * that stay within its rows; nothing writes the input between the first
  * layer and the others (they now run at the first). Inference only:
  * weights a training step updates are no constants. */
 #include <stdlib.h>
+#include <string.h>
 #include "graph_internal.h"
 
 #define MAX_JOIN 8   /* layers joined into one product */
@@ -35,6 +41,10 @@ static bool joinable(const nd_graph *g, const nd_graph_rec *a, const bool *konst
         a->role[0] != ND_ROLE_WRITE || !a->full[0] || a->t[0]->ndim != 2 || !nd_is_contiguous(a->t[0]) ||
         !nd_is_contiguous(a->t[ND_LAYER_W]) || !konst[a->sid[ND_LAYER_W]] ||
         (a->t[ND_LAYER_B] && !konst[a->sid[ND_LAYER_B]]))
+        return false;
+    /* the same bits joined: needle's own float32 kernels, whole blocks of 4 columns (above) */
+    if (!a->be || strcmp(a->be->name, "cpu") != 0 || strcmp(nd_cpu_gemm_kernel(), "openblas") == 0 ||
+        a->t[0]->dtype != ND_FLOAT32 || a->t[0]->shape[1] % 4 != 0)
         return false;
     int o = a->sid[0];
     return g->stor[o].internal && writers[o] == 1 && first[o] == i && !nd_graph_live_out(g, (size_t)o, refs) &&
@@ -79,8 +89,6 @@ static bool any_strides(const nd_graph_rec *r, int k) {
         return true;
     case ND_CALL_matmul: case ND_CALL_matmul_acc:
         return k == 1 || k == 2;
-    case ND_CALL_reduce:
-        return k == 1;
     default:
         return false;
     }
@@ -213,19 +221,9 @@ nd_status nd_graph_pass_join(nd_graph *g, int64_t *changed) {
             tot += b->t[0]->shape[1];
         }
         if (cnt < 2) continue;
-        int keep = 0; /* the layers whose readers take their columns */
+        int keep = 0; /* the layers whose readers take their columns (whatever the joined width) */
         for (int m = 0; m < cnt; m++)
             if (readers_remap(g, &g->recs[idx[m]], idx[m], tot)) idx[keep++] = idx[m];
-        /* (a layer left out changes tot: check the rest again with the new width) */
-        for (bool again = keep != cnt; again && keep >= 2;) {
-            tot = 0;
-            for (int m = 0; m < keep; m++) tot += g->recs[idx[m]].t[0]->shape[1];
-            int k2 = 0;
-            for (int m = 0; m < keep; m++)
-                if (readers_remap(g, &g->recs[idx[m]], idx[m], tot)) idx[k2++] = idx[m];
-            again = k2 != keep;
-            keep = k2;
-        }
         if (keep < 2) continue;
         st = join_group(g, idx, keep, drop);
         for (int m = 0; m < keep; m++) used[idx[m]] = true;

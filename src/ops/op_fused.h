@@ -9,8 +9,8 @@
 #include "backend.h"
 
 static inline nd_status check_act(const char *op, nd_activation act) {
-    if (act != ND_ACT_NONE && act != ND_ACT_RELU)
-        return nd_fail(ND_ERR_ARG, "%s: unknown activation %d (expected none or relu)", op, (int)act);
+    if (act != ND_ACT_NONE && act != ND_ACT_RELU && act != ND_ACT_GELU)
+        return nd_fail(ND_ERR_ARG, "%s: unknown activation %d (expected none, relu or gelu)", op, (int)act);
     return ND_OK;
 }
 
@@ -24,7 +24,7 @@ static inline nd_status finish_composed(nd_tensor *y, nd_activation act, nd_tens
         *out = y;
         return ND_OK;
     }
-    nd_status st = nd_unary(ND_UNARY_relu, y, out);
+    nd_status st = nd_unary(act == ND_ACT_GELU ? ND_UNARY_gelu : ND_UNARY_relu, y, out);
     nd_release(y);
     return st;
 }

@@ -469,6 +469,8 @@ local function capture_call(self, e, args, flat)
   end
   if self.verify then
     local problems = require("needle.compile.ir").verify(g:records())
+    local cok, cerr = pcall(g.check, g)
+    if not cok then problems = problems or {}; problems[#problems + 1] = tostring(cerr) end
     if problems then
       g:free()
       fail("the captured graph is inconsistent:\n  %s", table.concat(problems, "\n  "))
@@ -533,6 +535,8 @@ local function capture_call(self, e, args, flat)
     for _, name in ipairs(self.passes) do e.passes[#e.passes + 1] = {name, g:pass(name)} end
     if self.verify then
       local problems = require("needle.compile.ir").verify(g:records())
+      local cok, cerr = pcall(g.check, g) -- storage numbers, roles, views, whole writes (graph_check.c)
+      if not cok then problems = problems or {}; problems[#problems + 1] = tostring(cerr) end
       if problems then
         fail("the graph is inconsistent after the passes:\n  %s", table.concat(problems, "\n  "))
       end
@@ -543,6 +547,10 @@ local function capture_call(self, e, args, flat)
       -- replay rewrites, so nothing there stays constant for long)
       for _, name in ipairs(self.passes) do
         if name ~= "fold" and name ~= "join" then bw.graph:pass(name) end
+      end
+      if self.verify then
+        local cok, cerr = pcall(bw.graph.check, bw.graph)
+        if not cok then fail("the backward graph is inconsistent after the passes:\n  %s", tostring(cerr)) end
       end
       bw.graph:plan()
     end

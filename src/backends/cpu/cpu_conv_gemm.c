@@ -337,9 +337,9 @@ nd_status nd_cpu_conv2d_fused(nd_tensor *out, const nd_tensor *x, const nd_tenso
                               nd_activation act, const nd_tensor *res) {
     nd_conv_plan p;
     ND_TRY(nd_conv_plan_make(&p, "fused_conv2d", x, w->shape[0], g, groups));
-    const bool relu = act == ND_ACT_RELU;
+    const bool relu = act == ND_ACT_RELU; /* (gelu: after the product, nd_cpu_finish_layer) */
     bool done;
-    nd_status st = nd_cpu_conv2d_packed(&p, out, x, w, NULL, b, relu, res, &done);
+    nd_status st = nd_cpu_conv2d_packed(&p, out, x, w, NULL, b, act, res, &done);
     if (st == ND_OK && !done) st = nd_conv_plan_table(&p, "fused_conv2d");
     if (st != ND_OK || done) {
         nd_conv_plan_free(&p);
@@ -357,7 +357,7 @@ nd_status nd_cpu_conv2d_fused(nd_tensor *out, const nd_tensor *x, const nd_tenso
     }
     scratch_free(&s);
     nd_conv_plan_free(&p);
-    return s.st == ND_OK ? nd_cpu_add_residual(out, res) : s.st;
+    return s.st == ND_OK ? nd_cpu_finish_layer(out, act, res) : s.st;
 }
 
 nd_status nd_cpu_conv2d_backward(nd_tensor *gx, nd_tensor *gw, nd_tensor *gb, const nd_tensor *dy,

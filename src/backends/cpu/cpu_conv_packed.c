@@ -428,7 +428,7 @@ static void zero_padding(float *M, int64_t rows, int64_t rows_pad, int64_t d, in
 /* OUT[n, o, l] = act(T[o][j] + b[o]) + RES[n, o, l] (RES: NULL, or a
  * residual in OUT's layout) for the runs' columns */
 static void store_out(const nd_conv_plan *p, const float *T, const col_seg *seg, int64_t ns,
-                      const float *Bias, bool relu, const float *RES, float *OUT) {
+                      const float *Bias, bool relu, nd_inner_fn act_fn, const float *RES, float *OUT) {
     const int64_t O = p->O, L = p->L;
     for (int64_t o = 0; o < O; o++) {
         const float bo = Bias ? Bias[o] : 0.0f;
@@ -444,6 +444,11 @@ static void store_out(const nd_conv_plan *p, const float *T, const col_seg *seg,
                 }
             else
                 for (int64_t k = 0; k < len; k++) d[k] = t[k] + bo;
+            if (act_fn) { /* another activation: nd.<act>'s own inner loop, in place */
+                char *pp[2] = {(char *)d, (char *)d};
+                const int64_t s[2] = {sizeof(float), sizeof(float)};
+                act_fn(pp, s, len, NULL);
+            }
             if (RES) {
                 const float *r = RES + at;
                 for (int64_t k = 0; k < len; k++) d[k] += r[k];
@@ -505,8 +510,10 @@ static void *alloc_floats(int64_t n) { /* 64-byte aligned, whole cache lines (cp
 
 nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
                                const nd_tensor *w, const float *prepacked, const nd_tensor *b,
-                               bool relu, const nd_tensor *res, bool *done) {
+                               nd_activation act, const nd_tensor *res, bool *done) {
     *done = false;
+    const bool relu = act == ND_ACT_RELU;
+    const nd_inner_fn act_fn = act == ND_ACT_GELU ? nd_cpu_unary_inner(ND_UNARY_gelu, ND_FLOAT32) : NULL;
     if (!packed_applies(p, x)) return ND_OK;
     const int64_t K = p->K, O = p->O, Opad = round_up(O, MR), cols = p->N * p->L;
     const int64_t npanels = (cols + NR - 1) / NR;
@@ -544,7 +551,7 @@ nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor 
             if (j1 - j0 < NR) memset(B, 0, sizeof(float) * (size_t)(K * NR));
             pack_cols(&src, &slot, X, seg, ns, NR, B);
             panel_product(K, Opad, A, B, T);
-            store_out(p, T, run, nr, Bias, relu, RES, OUT);
+            store_out(p, T, run, nr, Bias, relu, act_fn, RES, OUT);
         }
         nd_cpu_scratch_free(B), nd_cpu_scratch_free(T), free(slot.buf);
     }
@@ -602,7 +609,7 @@ nd_status nd_cpu_conv2d_fused_packed(nd_tensor *out, const nd_tensor *x, const n
         st = nd_fail(ND_ERR_INTERNAL, "fused_conv2d: the packed weight does not fit this convolution");
     else
         st = nd_cpu_conv2d_packed(&p, out, x, NULL, (const float *)nd_ptr(packed), b,
-                                  act == ND_ACT_RELU, res, &done);
+                                  act, res, &done);
     if (st == ND_OK && !done)
         st = nd_fail(ND_ERR_INTERNAL, "fused_conv2d: a packed weight for a convolution that does "
                      "not run packed");
@@ -707,8 +714,8 @@ bool nd_cpu_packed_conv(void) { return false; }
 
 nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
                                const nd_tensor *w, const float *prepacked, const nd_tensor *b,
-                               bool relu, const nd_tensor *res, bool *done) {
-    (void)p, (void)out, (void)x, (void)w, (void)prepacked, (void)b, (void)relu, (void)res;
+                               nd_activation act, const nd_tensor *res, bool *done) {
+    (void)p, (void)out, (void)x, (void)w, (void)prepacked, (void)b, (void)act, (void)res;
     *done = false;
     return ND_OK;
 }

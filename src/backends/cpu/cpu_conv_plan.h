@@ -38,7 +38,7 @@ void nd_conv_plan_free(nd_conv_plan *p);
  * (and ND_OK) when it does not apply; then the caller runs the BLAS path. */
 nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
                                const nd_tensor *w, const float *prepacked, const nd_tensor *b,
-                               bool relu, const nd_tensor *res, bool *done);
+                               nd_activation act, const nd_tensor *res, bool *done);
 /* prepacked is w in the layout nd_cpu_conv2d_prepack writes (then w is
  * not read; NULL: w is packed here, per call). The backend's
  * conv2d_packed_numel, conv2d_prepack and conv2d_fused_packed (backend.h): */

@@ -53,16 +53,19 @@ static inline void gemm_nt_d(int M, int N, int K, const double *A, const double 
         }                                                                                      \
     } while (0)
 
-/* out += res (contiguous, out's shape): a residual added after the kernel,
- * one add per element, as the add it replaces rounded */
 nd_status nd_cpu_add_residual(nd_tensor *out, const nd_tensor *res) {
     return res ? nd_cpu_binary(ND_BINARY_add, out, out, res) : ND_OK;
+}
+
+nd_status nd_cpu_finish_layer(nd_tensor *out, nd_activation act, const nd_tensor *res) {
+    if (act == ND_ACT_GELU) ND_TRY(nd_cpu_unary(ND_UNARY_gelu, out, out));
+    return nd_cpu_add_residual(out, res);
 }
 
 nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, nd_activation act, const nd_tensor *res) {
     const int64_t M = x->shape[0], K = x->shape[1], O = w->shape[0];
-    const bool relu = act == ND_ACT_RELU;
+    const bool relu = act == ND_ACT_RELU; /* (gelu: after the kernel, nd_cpu_finish_layer) */
     if (M == 0 || O == 0) return ND_OK;
     if (K == 0) /* op_fused.c runs the composed ops for these */
         return nd_fail(ND_ERR_ARG, "fused_linear: no input features");
@@ -70,14 +73,14 @@ nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tenso
         return nd_fail(ND_ERR_ARG, "fused_linear: GEMM dims M=%lld N=%lld K=%lld exceed BLAS's int "
                        "range", (long long)M, (long long)O, (long long)K);
     if (nd_cpu_linear_small(out, x, w, b, relu)) /* a few rows, float32 */
-        return nd_cpu_add_residual(out, res);
+        return nd_cpu_finish_layer(out, act, res);
     if (x->dtype == ND_FLOAT32 &&
         nd_cpu_sgemm_bias_act(M, O, K, (const float *)nd_ptr(x), K, 1, (const float *)nd_ptr(w), 1, K,
-                              (float *)nd_ptr(out), O, b ? (const float *)nd_ptr(b) : NULL, relu,
+                              (float *)nd_ptr(out), O, b ? (const float *)nd_ptr(b) : NULL, act,
                               res ? (const float *)nd_ptr(res) : NULL, O))
         return ND_OK; /* needle's GEMM, the epilogue on each tile in cache */
     if (x->dtype == ND_FLOAT32) LINEAR_FUSED(float, gemm_nt);
     else if (x->dtype == ND_FLOAT64) LINEAR_FUSED(double, gemm_nt_d);
     else return nd_fail(ND_ERR_DTYPE, "fused_linear: no cpu kernel for %s", nd_dtype_name(x->dtype));
-    return nd_cpu_add_residual(out, res);
+    return nd_cpu_finish_layer(out, act, res);
 }

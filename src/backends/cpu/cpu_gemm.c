@@ -253,6 +253,7 @@ typedef struct {
     const float *bias, *res;
     int64_t ldr;
     bool relu;
+    nd_inner_fn act_fn; /* another activation: nd.<act>'s own inner loop, in place */
 } tile_post;
 
 static void tile_epilogue(float *C, int64_t ldc, int64_t mr, int64_t nr, const tile_post *e) {
@@ -271,6 +272,11 @@ static void tile_epilogue(float *C, int64_t ldc, int64_t mr, int64_t nr, const t
         } else if (e->relu) {
 #pragma omp simd
             for (int64_t c = 0; c < nr; c++) row[c] = !(row[c] <= 0.0f) ? row[c] : 0.0f;
+        }
+        if (e->act_fn) {
+            char *p[2] = {(char *)row, (char *)row};
+            const int64_t s[2] = {sizeof(float), sizeof(float)};
+            e->act_fn(p, s, nr, NULL);
         }
         if (e->res) {
             const float *rr = e->res + r * e->ldr;
@@ -402,10 +408,12 @@ int nd_cpu_sgemm_add(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_
 
 bool nd_cpu_sgemm_bias_act(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
                            int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn, float *C,
-                           int64_t ldc, const float *bias, bool relu, const float *res, int64_t ldr) {
-    tile_post e = {bias, res, ldr, relu};
+                           int64_t ldc, const float *bias, nd_activation act, const float *res,
+                           int64_t ldr) {
+    tile_post e = {bias, res, ldr, act == ND_ACT_RELU,
+                   act == ND_ACT_GELU ? nd_cpu_unary_inner(ND_UNARY_gelu, ND_FLOAT32) : NULL};
     return sgemm_on(nd_cpu_threads(), M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, C, ldc, false,
-                    bias || relu || res ? &e : NULL);
+                    bias || act != ND_ACT_NONE || res ? &e : NULL);
 }
 
 /* Threads take whole products when each is too small to split (attention's

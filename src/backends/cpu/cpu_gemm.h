@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "needle.h"
 
 /* C (M x N, row stride ldc) = A @ B, or with accumulate C += A @ B; A's
  * element (i, k) at A[i * a_sm + k * a_sk], B's (k, j) at B[k * b_sk +
@@ -22,13 +23,15 @@ bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
 int nd_cpu_sgemm_add(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm, int64_t a_sk,
                      const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc);
 
-/* C = act(A @ B + bias) + res with bias (N values, or NULL) added, relu
- * (when set) applied and the residual res (M x N, row stride ldr, or NULL)
- * added to each tile as its last K block is stored, while it is in cache:
- * the fused linear's epilogue without a pass over C. */
+/* C = act(A @ B + bias) + res with bias (N values, or NULL) added, the
+ * activation applied (as nd.relu / nd.gelu compute it: the same bits) and
+ * the residual res (M x N, row stride ldr, or NULL) added to each tile as
+ * its last K block is stored, while it is in cache: the fused linear's
+ * epilogue without a pass over C. */
 bool nd_cpu_sgemm_bias_act(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
                            int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn, float *C,
-                           int64_t ldc, const float *bias, bool relu, const float *res, int64_t ldr);
+                           int64_t ldc, const float *bias, nd_activation act, const float *res,
+                           int64_t ldr);
 
 /* batch products C + c_off[i] = (A + a_off[i]) @ (B + b_off[i]), each as
  * above (offsets in elements), spread over the threads by product or within

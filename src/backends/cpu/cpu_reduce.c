@@ -77,9 +77,12 @@ static int64_t load_i64(const char *p, nd_dtype dt) {
 /* The sum of a run of n elements in double, in LANES interleaved partial
  * sums (element i goes to lane i % LANES; one running sum would wait on
  * the latency of each double add, 0.65 ns an element here, where these
- * vectorise), the lanes then combined pairwise. Every path that sums a
+ * vectorise), the lanes then combined pairwise. Every path that sums one
  * reduced dim (dense or strided runs, try_rows) follows this one order, so
- * a sum's bits do not depend on the layout of its input. */
+ * the bits of a sum over one dim do not depend on the layout of its input
+ * (over several dims they do: dims that merge into one dense run are summed
+ * as one run, others run by run; a whole dense tensor is split between the
+ * threads, try_parallel_full, as it was before these lanes). */
 #define LANES 8
 static double combine_lanes(double *acc) {
     for (int w = LANES / 2; w >= 1; w /= 2)
