@@ -265,6 +265,39 @@ describe("unary ops", function()
     end
   end)
 
+  -- float32 erf and gelu run vectorised too (cpu_vmath.c): erf checked against float64's
+  -- (libm's erf in double), gelu as its formula over float32 kernels
+  it("float32 erf: within 1 ulp of float64's; special values; the same bits for any layout", function()
+    nd.manual_seed(12)
+    for _, rg in ipairs({{-20, 20}, {-1, 1}, {-1e-3, 1e-3}, {-1e-35, 1e-35}, {-4, 4}, {1.9, 2.1}}) do
+      local x = nd.rand({20000}) * (rg[2] - rg[1]) + rg[1]
+      local got, want = x:erf():double(), x:double():erf()
+      local ulp = (want:abs() * 2 ^ -23):clamp(2 ^ -149, math.huge)
+      local worst = ((got - want):abs() / ulp):max():item()
+      assert.is_true(worst <= 1, ("erf over [%g, %g]: %.2f ulp"):format(rg[1], rg[2], worst))
+    end
+    local e = nd.tensor({math.huge, -math.huge, 0 / 0, 0, -0.0, 10, -10}):erf()
+    assert.are.same({1, -1}, {e[1]:item(), e[2]:item()})
+    assert.is_true(e[3]:item() ~= e[3]:item(), "erf(NaN)")
+    assert.are.equal(math.huge, 1 / e[4]:item(), "erf(0) is +0")
+    assert.are.equal(-math.huge, 1 / e[5]:item(), "erf(-0) is -0")
+    assert.are.same({1, -1}, {e[6]:item(), e[7]:item()})
+    local v = (nd.randn({64, 300}) * 3):t()
+    for _, op in ipairs({"erf", "gelu"}) do
+      assert.are.equal(v[op](v):contiguous():tobytes(), v:contiguous()[op](v:contiguous()):tobytes(), op)
+    end
+  end)
+
+  it("float32 gelu: 0.5 x (1 + erf(x / sqrt 2)) in float32 steps, bit for bit; NaN stays NaN", function()
+    local x = nd.randn({5000}) * 4
+    local steps = x * 0.5 * ((x * 0.70710678118654752440):erf() + 1)
+    assert.are.equal(steps:tobytes(), x:gelu():tobytes())
+    local g = nd.tensor({0 / 0, math.huge, -math.huge, -0.0}):gelu()
+    assert.is_true(g[1]:item() ~= g[1]:item())
+    assert.are.equal(math.huge, g[2]:item())
+    assert.is_true(g[3]:item() ~= g[3]:item(), "gelu(-inf) is -inf * 0: NaN, as PyTorch's formula")
+  end)
+
   it("float32 exp, tanh and sigmoid: special values, and the same bits for any layout", function()
     local x = nd.tensor({0, -0.0, math.huge, -math.huge, 0 / 0, 89, -104, -100, 1e-30, -1e-30, 20, -20})
     local function bits(t) return t:tobytes() end
