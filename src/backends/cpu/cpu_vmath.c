@@ -22,11 +22,15 @@ static inline float exp1(float x) {
     return x != x ? x : e;
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default")))
-void nd_cpu_vexp_f32(float *o, const float *x, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) o[i] = exp1(x[i]);
-}
+/* o[i] = FN(x[i]) over an array, vectorised (AVX2 + FMA clone where the CPU has them) */
+#define ARRAY_FN(NAME, FN)                                                     \
+    __attribute__((target_clones("arch=x86-64-v3", "default")))                \
+    void NAME(float *o, const float *x, int64_t n) {                           \
+        _Pragma("omp simd")                                                    \
+        for (int64_t i = 0; i < n; i++) o[i] = FN(x[i]);                       \
+    }
+
+ARRAY_FN(nd_cpu_vexp_f32, exp1)
 
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 void nd_cpu_vtanh_f32(float *o, const float *x, int64_t n) {
@@ -103,19 +107,9 @@ static inline float erf1(float v) {
     return v != v ? v : r;
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default")))
-void nd_cpu_verf_f32(float *o, const float *x, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) o[i] = erf1(x[i]);
-}
+ARRAY_FN(nd_cpu_verf_f32, erf1)
 
 /* the registry's gelu, (T)0.5 * x * ((T)1 + erf(x * (T)0.70710678118654752440)),
  * in its order of operations, with the erf above */
-__attribute__((target_clones("arch=x86-64-v3", "default")))
-void nd_cpu_vgelu_f32(float *o, const float *x, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-        float v = x[i];
-        o[i] = 0.5f * v * (1.0f + erf1(v * 0.70710678118654752440f));
-    }
-}
+static inline float gelu1(float v) { return 0.5f * v * (1.0f + erf1(v * 0.70710678118654752440f)); }
+ARRAY_FN(nd_cpu_vgelu_f32, gelu1)
