@@ -99,8 +99,10 @@ describe("nd.fused_conv2d", function()
            nd.zeros({2, 3, 8, 8}, {dtype = "int64"}), w)
     raises("needle.fused_conv2d: input (float32) and weight (float64) must have the same dtype",
            nd.fused_conv2d, x, nd.randn({4, 3, 3, 3}, {dtype = "float64"}))
-    raises("needle.fused_conv2d: activation must be 'none', 'relu' or 'gelu', got tanh", nd.fused_conv2d, x, w,
+    raises("needle.fused_conv2d: activation must be 'none', 'relu' or 'gelu', got 'tanh'", nd.fused_conv2d, x, w,
            nil, {activation = "tanh"})
+    raises("needle.fused_conv2d: activation must be 'none', 'relu' or 'gelu', got 'gelu '", nd.fused_conv2d, x, w,
+           nil, {activation = "gelu "})
     raises("needle.fused_conv2d: unknown option 'stide'", nd.fused_conv2d, x, w, nil, {stide = 2})
   end)
 end)
@@ -388,6 +390,12 @@ describe("nd.nn.fuse", function()
     assert.truthy(tostring(f):find("FusedConv2d(3, 4, kernel_size={3, 3}, stride={2, 2}, activation=relu)", 1, true),
                   tostring(f))
     assert.truthy(tostring(f):find("FusedLinear(in_features=4, out_features=2, bias=true, activation=relu)", 1, true))
+    -- a GELU activation, built directly (nn.fuse itself fuses ReLUs only)
+    local g = nn.FusedLinear(4, 3, {activation = "gelu"})
+    local x = nd.randn({5, 4})
+    assert.are.equal(0, (g(x) - nd.F.linear(x, g.weight, g.bias):gelu()):abs():max():item())
+    assert.has_error(function() nn.FusedLinear(4, 3, {activation = "tanh"}) end,
+                     "needle.nn.FusedLinear: activation must be 'none', 'relu' or 'gelu', got 'tanh'")
     for _, p in ipairs(f:parameters()) do assert.is_false(p.requires_grad) end
     local t = nn.fuse(m, {requires_grad = true})
     for _, p in ipairs(t:parameters()) do assert.is_true(p.requires_grad) end

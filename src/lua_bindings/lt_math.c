@@ -6,9 +6,19 @@
 
 /* ------------------------------------------------------------------ unary */
 
+/* A unary op takes its tensor alone: an extra argument (an options table
+ * meant for nd.F.gelu, a dim) would otherwise be dropped without a word. */
+static void one_argument(lua_State *L, const char *name) {
+    int n = lua_gettop(L);
+    if (n <= 1 || (n == 2 && lua_rawequal(L, 1, 2))) return; /* (-x: Lua's __unm passes x twice) */
+    lt_error(L, name, "takes one argument (a tensor), got %d%s", n,
+             strcmp(name, "gelu") == 0 ? " (the tanh form: nd.F.gelu(x, {approximate = \"tanh\"}))" : "");
+}
+
 #define UNARY_WRAPPER(name, ...) \
     static int u_##name(lua_State *L) { \
         nd_tensor *r; \
+        one_argument(L, #name); \
         LT_CHECK(L, nd_unary(ND_UNARY_##name, lt_check(L, 1, #name), &r)); \
         lt_push(L, r); \
         return 1; \

@@ -208,8 +208,8 @@ static nd_activation opt_activation(lua_State *L, int opts, const char *op) {
         if (s && strcmp(s, "relu") == 0) act = ND_ACT_RELU;
         else if (s && strcmp(s, "gelu") == 0) act = ND_ACT_GELU;
         else if (!(s && strcmp(s, "none") == 0))
-            lt_error(L, op, "activation must be 'none', 'relu' or 'gelu', got %s",
-                     s ? s : luaL_typename(L, -1));
+            lt_error(L, op, "activation must be 'none', 'relu' or 'gelu', got %s%s%s",
+                     s ? "'" : "", s ? s : luaL_typename(L, -1), s ? "'" : "");
     }
     lua_pop(L, 1);
     return act;

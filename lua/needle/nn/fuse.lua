@@ -53,11 +53,12 @@ local function pair_str(p) return ("{%d, %d}"):format(p[1], p[2]) end
 
 local shape_str = errors.shape_str
 
-local ACTS = {none = true, relu = true}
+local ACTS = {none = true, relu = true, gelu = true}
 
 local function check_activation(cls, a)
   if not ACTS[a] then
-    error(("needle.nn.%s: activation must be 'none' or 'relu', got %s"):format(cls, tostring(a)), 4)
+    error(("needle.nn.%s: activation must be 'none', 'relu' or 'gelu', got %s"):format(
+      cls, type(a) == "string" and ("'" .. a .. "'") or tostring(a)), 4)
   end
 end
 
@@ -66,7 +67,7 @@ end
 local FusedConv2d = Module:extend("FusedConv2d")
 
 -- FusedConv2d(in_channels, out_channels, kernel_size, {stride=1, padding=0,
--- dilation=1, groups=1, bias=true, activation="none"|"relu", dtype=}):
+-- dilation=1, groups=1, bias=true, activation="none"|"relu"|"gelu", dtype=}):
 -- act(conv2d(x, weight, bias)). Built by F.conv_bn; the weights start at 0.
 function FusedConv2d:init(in_channels, out_channels, kernel_size, opts)
   opts = util.options(self, opts, {stride = "integer|table", padding = "integer|table|string",
@@ -119,7 +120,7 @@ F.FusedConv2d = FusedConv2d
 
 local FusedLinear = Module:extend("FusedLinear")
 
--- FusedLinear(in_features, out_features, {bias=true, activation="none"|"relu",
+-- FusedLinear(in_features, out_features, {bias=true, activation="none"|"relu"|"gelu",
 -- dtype=}): act(x @ weight^T + bias), any leading dims. Built by F.linear_bn.
 function FusedLinear:init(in_features, out_features, opts)
   opts = util.options(self, opts, {bias = "boolean", activation = "string", folded_batch_norm = "boolean"}, true)
