@@ -525,6 +525,20 @@ describe("pass join", function()
     local cs = compiled(step, {"fold", "join"}, x)
     assert.are.equal(0, removed(cs, "join"))
   end)
+
+  it("leaves float32 layers alone on BLAS (NEEDLE_GEMM=openblas), whose order may follow the width", function()
+    local S = require "spec.helpers.shell"
+    local out = S.run_program("NEEDLE_GEMM=openblas", [[
+      local nd = require "needle"
+      local a, b = nd.nn.Linear(8, 8), nd.nn.Linear(8, 8)
+      local f = function(x) return nd.no_grad(function() return a(x) * b(x) end) end
+      local cf = nd.compile(f, {passes = {"fold", "join"}})
+      local x = nd.randn({5, 8})
+      cf(x); cf(x)
+      for _, p in ipairs(cf.last.passes) do if p[1] == "join" then print("join removed " .. p[2]) end end
+    ]])
+    assert.truthy(out:find("join removed 0", 1, true), out)
+  end)
 end)
 
 describe("pass reorder", function()

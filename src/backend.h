@@ -262,6 +262,12 @@ typedef struct nd_backend {
     /* out (M, O) = act(x (M, K) @ w (O, K)^T + b (O)) + res */
     nd_status (*linear_fused)(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, nd_activation act, const nd_tensor *res);
+    /* A (query; nd.compile's join pass): A > 0 when linear_fused in dtype dt
+     * computes each output element the same way whatever the output's width
+     * and the element's column, as long as the widths and column offsets are
+     * multiples of A (so layers joined side by side give the same bits);
+     * 0 or NULL: no such promise, the pass leaves the layers alone. */
+    int (*linear_join_align)(nd_dtype dt);
     /* Runs program p over ts[0 .. p->nt) (see nd_ew_program); NULL: the fuse
      * pass leaves this backend's elementwise kernels unfused. */
     nd_status (*fused_elementwise)(nd_ew_program *p, nd_tensor *const *ts);

@@ -301,6 +301,10 @@ nd_status nd_call_conv2d_backward(const nd_backend *be, const char *op, nd_tenso
     return FINISH(be->conv2d_backward(gx, gw, gb, dy, x, w, g, groups));
 }
 
+int nd_call_linear_join_align(const nd_backend *be, nd_dtype dt) {
+    return be && be->linear_fused && be->linear_join_align ? be->linear_join_align(dt) : 0;
+}
+
 nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *out,
                                const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                nd_activation act) {

@@ -122,6 +122,8 @@ nd_status nd_call_conv2d_backward(const nd_backend *be, const char *op, nd_tenso
                                   nd_tensor *gw, nd_tensor *gb, const nd_tensor *dy,
                                   const nd_tensor *x, const nd_tensor *w, const nd_conv_geom *g,
                                   int64_t groups);
+/* The backend's linear_join_align(dt), 0 where it has none (a query, not recorded). */
+int nd_call_linear_join_align(const nd_backend *be, nd_dtype dt);
 nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *out,
                                const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                nd_activation act);

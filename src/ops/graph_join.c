@@ -11,12 +11,12 @@
  * weight changes), the first kernel computes every layer's columns into
  * one (M, O1 + O2 + ...) result, and each later kernel that read a layer's
  * result reads its columns of that instead. Each output element is the
- * same dot product computed the same way, so the bits stay: on the CPU
- * with needle's own float32 kernels, and layers whose widths are multiples
- * of 4 (the small-M kernel sums blocks of 4 weight rows in one order and
- * the rows left over in another; needle's GEMM sums every element alike).
- * float64 and float32 on BLAS (NEEDLE_GEMM=openblas, CPUs without AVX2)
- * stay unjoined: BLAS's order may follow the width.
+ * same dot product computed the same way, so the bits stay: where the
+ * backend promises it for widths that are multiples of its
+ * linear_join_align (backend.h; the CPU: 4 for float32 on needle's own
+ * kernels, whose small-M kernel sums blocks of 4 weight rows in one order
+ * and the rows left over in another; none for float64 or BLAS, whose
+ * order may follow the width).
  *
  * Safe when: each layer's result is a whole contiguous (M, O) storage made
  * by it, seen nowhere after the call, and its readers take any strides for
@@ -27,7 +27,6 @@
  * layer and the others (they now run at the first). Inference only:
  * weights a training step updates are no constants. */
 #include <stdlib.h>
-#include <string.h>
 #include "graph_internal.h"
 
 #define MAX_JOIN 8   /* layers joined into one product */
@@ -42,10 +41,9 @@ static bool joinable(const nd_graph *g, const nd_graph_rec *a, const bool *konst
         !nd_is_contiguous(a->t[ND_LAYER_W]) || !konst[a->sid[ND_LAYER_W]] ||
         (a->t[ND_LAYER_B] && !konst[a->sid[ND_LAYER_B]]))
         return false;
-    /* the same bits joined: needle's own float32 kernels, whole blocks of 4 columns (above) */
-    if (!a->be || strcmp(a->be->name, "cpu") != 0 || strcmp(nd_cpu_gemm_kernel(), "openblas") == 0 ||
-        a->t[0]->dtype != ND_FLOAT32 || a->t[0]->shape[1] % 4 != 0)
-        return false;
+    /* the same bits joined: widths (so every column offset) multiples of the backend's promise */
+    int align = nd_call_linear_join_align(a->be, a->t[0]->dtype);
+    if (align <= 0 || a->t[0]->shape[1] % align != 0) return false;
     int o = a->sid[0];
     return g->stor[o].internal && writers[o] == 1 && first[o] == i && !nd_graph_live_out(g, (size_t)o, refs) &&
            (size_t)nd_numel(a->t[0]) * nd_dtype_size(a->t[0]->dtype) == g->stor[o].nbytes;

@@ -62,6 +62,14 @@ nd_status nd_cpu_finish_layer(nd_tensor *out, nd_activation act, const nd_tensor
     return nd_cpu_add_residual(out, res);
 }
 
+/* Joined layers keep their bits on needle's own float32 kernels: its GEMM
+ * sums every element alike, its small-M kernel sums whole blocks of 4
+ * weight rows alike (the rows left over past a multiple of 4 go another
+ * way). BLAS (float64; float32 without those kernels) may follow the width. */
+int nd_cpu_linear_join_align(nd_dtype dt) {
+    return dt == ND_FLOAT32 && nd_cpu_small_linear() && strcmp(nd_cpu_gemm_kernel(), "openblas") != 0 ? 4 : 0;
+}
+
 nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, nd_activation act, const nd_tensor *res) {
     const int64_t M = x->shape[0], K = x->shape[1], O = w->shape[0];
