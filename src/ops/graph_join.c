@@ -92,16 +92,16 @@ static bool any_strides(const nd_graph_rec *r, int k) {
     }
 }
 
-/* Whether every later use of layer a's result can read its columns of the
- * joined result. */
-static bool readers_remap(const nd_graph *g, const nd_graph_rec *a, size_t i, int64_t tot) {
+/* Whether every later use of layer a's result can read its columns of a
+ * joined result (of any width: remap_view's answer does not depend on it). */
+static bool readers_remap(const nd_graph *g, const nd_graph_rec *a, size_t i) {
     int o = a->sid[0];
     int64_t cols = a->t[0]->shape[1], off, strides[ND_MAX_DIMS];
     for (size_t j = i + 1; j < g->n; j++) {
         const nd_graph_rec *r = &g->recs[j];
         for (int k = 0; k < r->nt; k++)
             if (r->t[k] && r->sid[k] == o &&
-                (!any_strides(r, k) || !remap_view(r->t[k], cols, tot, 0, &off, strides)))
+                (!any_strides(r, k) || !remap_view(r->t[k], cols, cols, 0, &off, strides)))
                 return false;
     }
     return true;
@@ -206,7 +206,6 @@ nd_status nd_graph_pass_join(nd_graph *g, int64_t *changed) {
         if (used[i] || !joinable(g, a, konst, writers, refs, first, i)) continue;
         size_t idx[MAX_JOIN] = {i};
         int cnt = 1;
-        int64_t tot = a->t[0]->shape[1];
         int xs = a->sid[1];
         for (size_t j = i + 1; j < n && j <= i + WINDOW && cnt < MAX_JOIN; j++) {
             const nd_graph_rec *b = &g->recs[j];
@@ -216,12 +215,11 @@ nd_status nd_graph_pass_join(nd_graph *g, int64_t *changed) {
             if (writes_x) break; /* the input changes: later layers read another value */
             if (used[j] || !joinable(g, b, konst, writers, refs, first, j) || !same_layer_kind(a, b)) continue;
             idx[cnt++] = j;
-            tot += b->t[0]->shape[1];
         }
         if (cnt < 2) continue;
-        int keep = 0; /* the layers whose readers take their columns (whatever the joined width) */
+        int keep = 0; /* the layers whose readers take their columns */
         for (int m = 0; m < cnt; m++)
-            if (readers_remap(g, &g->recs[idx[m]], idx[m], tot)) idx[keep++] = idx[m];
+            if (readers_remap(g, &g->recs[idx[m]], idx[m])) idx[keep++] = idx[m];
         if (keep < 2) continue;
         st = join_group(g, idx, keep, drop);
         for (int m = 0; m < keep; m++) used[idx[m]] = true;
