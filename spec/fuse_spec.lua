@@ -379,6 +379,32 @@ describe("nd.nn.fuse", function()
     assert.are.equal(0, max_abs_diff(eval_out(m, x), y0))
   end)
 
+  it("fuses exact GELUs as it fuses ReLUs (Linear(, BatchNorm1d), GELU; Conv2d(, BatchNorm2d), GELU), not tanh ones", function()
+    nd.manual_seed(21)
+    local m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 16), nn.BatchNorm1d(16), nn.GELU(),
+                            nn.Linear(16, 4), nn.GELU("tanh"))
+    local c = nn.Sequential(nn.Conv2d(3, 4, 3, {padding = 1}), nn.BatchNorm2d(4), nn.GELU(),
+                            nn.Conv2d(4, 4, 3, {padding = 1}), nn.GELU())
+    randomize_bn(m[4])
+    randomize_bn(c[2])
+    m:eval()
+    c:eval()
+    local fm, fc = nn.fuse(m), nn.fuse(c)
+    local s = tostring(fm)
+    assert.truthy(s:find("FusedLinear(in_features=8, out_features=16, bias=true, activation=gelu)", 1, true), s)
+    assert.truthy(s:find("FusedLinear(in_features=16, out_features=16, bias=true, activation=gelu, batch_norm folded)", 1, true), s)
+    assert.truthy(s:find("GELU(approximate='tanh')", 1, true), s) -- kept
+    assert.truthy(tostring(fc):find("activation=gelu", 1, true), tostring(fc))
+    local x, xi = nd.randn({5, 8}), nd.randn({2, 3, 6, 6})
+    nd.no_grad(function()
+      assert.is_true((fm(x) - m(x)):abs():max():item() < 1e-5)
+      assert.is_true((fc(xi) - c(xi)):abs():max():item() < 1e-5)
+    end)
+    local F = require "needle.nn.fuse"
+    raises("needle.nn.fuse.linear_bn: relu and gelu are both set: one activation", F.linear_bn, nn.Linear(2, 2), nil,
+           {relu = true, gelu = true})
+  end)
+
   it("gives fused modules parameters (state_dict), a repr with the activation, frozen unless asked", function()
     local m = nn.Sequential(nn.Conv2d(3, 4, 3, {stride = 2}), nn.BatchNorm2d(4), nn.ReLU(), nn.Linear(4, 2),
                             nn.ReLU())
@@ -390,7 +416,7 @@ describe("nd.nn.fuse", function()
     assert.truthy(tostring(f):find("FusedConv2d(3, 4, kernel_size={3, 3}, stride={2, 2}, activation=relu)", 1, true),
                   tostring(f))
     assert.truthy(tostring(f):find("FusedLinear(in_features=4, out_features=2, bias=true, activation=relu)", 1, true))
-    -- a GELU activation, built directly (nn.fuse itself fuses ReLUs only)
+    -- a GELU activation, built directly
     local g = nn.FusedLinear(4, 3, {activation = "gelu"})
     local x = nd.randn({5, 4})
     assert.are.equal(0, (g(x) - nd.F.linear(x, g.weight, g.bias):gelu()):abs():max():item())

@@ -11,6 +11,7 @@
 --   Conv2d, BatchNorm2d, ReLU -> FusedConv2d(relu)   Linear, BatchNorm1d, ReLU -> FusedLinear(relu)
 --   Conv2d, BatchNorm2d       -> FusedConv2d         Linear, BatchNorm1d       -> FusedLinear
 --   Conv2d, ReLU              -> FusedConv2d(relu)   Linear, ReLU              -> FusedLinear(relu)
+--   and the same with GELU (approximate = "none") in place of ReLU -> (gelu)
 --
 -- The modules a chain replaces become Identity, so children keep their
 -- positions (as torch.ao.quantization.fuse_modules does). FusedConv2d and
@@ -220,35 +221,42 @@ local function fill(fused, layer, w, b, opts)
   return finish(fused, opts)
 end
 
--- F.conv_bn(conv, bn_or_nil, {relu = false, requires_grad = false}) -> a
--- FusedConv2d equal to relu?(bn(conv(x))) with bn's running statistics. conv
--- and bn are read, never modified.
-local FOLD_OPTS = {relu = "boolean", requires_grad = "boolean"}
+-- F.conv_bn(conv, bn_or_nil, {relu = false, gelu = false, requires_grad = false})
+-- -> a FusedConv2d equal to act(bn(conv(x))) with bn's running statistics
+-- (act: relu, gelu or none). conv and bn are read, never modified.
+local FOLD_OPTS = {relu = "boolean", gelu = "boolean", requires_grad = "boolean"}
+
+local function fold_activation(op, opts)
+  if opts and opts.relu and opts.gelu then
+    error(("needle.nn.fuse.%s: relu and gelu are both set: one activation"):format(op), 3)
+  end
+  return (opts and opts.relu) and "relu" or (opts and opts.gelu) and "gelu" or "none"
+end
 
 function F.conv_bn(conv, bn, opts)
   local nn = nd.nn
   opts = options.check("nn.fuse.conv_bn", opts, FOLD_OPTS)
+  local act = fold_activation("conv_bn", opts)
   check_layer("conv_bn", conv, nn.Conv2d, "Conv2d")
   if bn ~= nil then check_layer("conv_bn", bn, nn.BatchNorm2d, "BatchNorm2d (or nil)") end
   local w, b = fold(conv, bn, ("Conv2d(%d, %d)"):format(conv.in_channels, conv.out_channels))
   local fused = FusedConv2d(conv.in_channels, conv.out_channels, conv.kernel_size, {
     stride = conv.stride, padding = conv.padding, dilation = conv.dilation, groups = conv.groups,
-    bias = b ~= nil, activation = (opts and opts.relu) and "relu" or "none",
-    dtype = conv.weight.dtype})
+    bias = b ~= nil, activation = act, dtype = conv.weight.dtype})
   return fill(fused, conv, w, b, opts)
 end
 
--- F.linear_bn(linear, bn_or_nil, {relu = false, requires_grad = false}) -> a
--- FusedLinear equal to relu?(bn(linear(x))) (BatchNorm1d on (N, C) inputs).
+-- F.linear_bn(linear, bn_or_nil, {relu = false, gelu = false, requires_grad = false})
+-- -> a FusedLinear equal to act(bn(linear(x))) (BatchNorm1d on (N, C) inputs).
 function F.linear_bn(linear, bn, opts)
   local nn = nd.nn
   opts = options.check("nn.fuse.linear_bn", opts, FOLD_OPTS)
+  local act = fold_activation("linear_bn", opts)
   check_layer("linear_bn", linear, nn.Linear, "Linear")
   if bn ~= nil then check_layer("linear_bn", bn, nn.BatchNorm1d, "BatchNorm1d (or nil)") end
   local w, b = fold(linear, bn, ("Linear(%d, %d)"):format(linear.in_features, linear.out_features))
   local fused = FusedLinear(linear.in_features, linear.out_features, {
-    bias = b ~= nil, activation = (opts and opts.relu) and "relu" or "none",
-    folded_batch_norm = bn ~= nil, dtype = linear.weight.dtype})
+    bias = b ~= nil, activation = act, folded_batch_norm = bn ~= nil, dtype = linear.weight.dtype})
   return fill(fused, linear, w, b, opts)
 end
 
@@ -295,15 +303,23 @@ local function match(children, i)
   local nn = nd.nn
   local a, b, c = children[i], children[i + 1], children[i + 2]
   local function cls(m, k) return m ~= nil and class_of(m) == k end
-  if cls(a, nn.Conv2d) then
-    if cls(b, nn.BatchNorm2d) and cls(c, nn.ReLU) then return F.conv_bn(a, b, {relu = true}), 3 end
-    if cls(b, nn.BatchNorm2d) then return F.conv_bn(a, b), 2 end
-    if cls(b, nn.ReLU) then return F.conv_bn(a, nil, {relu = true}), 2 end
-  elseif cls(a, nn.Linear) then
-    if cls(b, nn.BatchNorm1d) and cls(c, nn.ReLU) then return F.linear_bn(a, b, {relu = true}), 3 end
-    if cls(b, nn.BatchNorm1d) then return F.linear_bn(a, b), 2 end
-    if cls(b, nn.ReLU) then return F.linear_bn(a, nil, {relu = true}), 2 end
+  -- the activation module m stands for, as fold options (nil: none it can fuse;
+  -- a tanh GELU is another function)
+  local function act(m)
+    if cls(m, nn.ReLU) then return {relu = true} end
+    if cls(m, nn.GELU) and m.approximate == "none" then return {gelu = true} end
   end
+  local layer, fold = nil, nil
+  if cls(a, nn.Conv2d) then layer, fold = nn.BatchNorm2d, F.conv_bn
+  elseif cls(a, nn.Linear) then layer, fold = nn.BatchNorm1d, F.linear_bn
+  else return nil end
+  if cls(b, layer) then
+    local o = act(c)
+    if o then return fold(a, b, o), 3 end
+    return fold(a, b), 2
+  end
+  local o = act(b)
+  if o then return fold(a, nil, o), 2 end
   return nil
 end
 
