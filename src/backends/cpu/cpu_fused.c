@@ -53,13 +53,10 @@ static inline void gemm_nt_d(int M, int N, int K, const double *A, const double 
         }                                                                                      \
     } while (0)
 
-nd_status nd_cpu_add_residual(nd_tensor *out, const nd_tensor *res) {
-    return res ? nd_cpu_binary(ND_BINARY_add, out, out, res) : ND_OK;
-}
-
 nd_status nd_cpu_finish_layer(nd_tensor *out, nd_activation act, const nd_tensor *res) {
     if (act == ND_ACT_GELU) ND_TRY(nd_cpu_unary(ND_UNARY_gelu, out, out));
-    return nd_cpu_add_residual(out, res);
+    /* one add per element, as the add the residual replaces rounded */
+    return res ? nd_cpu_binary(ND_BINARY_add, out, out, res) : ND_OK;
 }
 
 /* Joined layers keep their bits on needle's own float32 kernels: its GEMM

@@ -107,13 +107,10 @@ bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
 /* cpu_fused.c */
 nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, nd_activation act, const nd_tensor *res);
-/* out += res (res contiguous in out's shape, or NULL: nothing): the residual
- * of a fused kernel whose path has no epilogue for it */
-nd_status nd_cpu_add_residual(nd_tensor *out, const nd_tensor *res);
 int nd_cpu_linear_join_align(nd_dtype dt);
 /* What a fused kernel's path left to do after a product without it: the
  * activation other than relu (gelu: nd.gelu's kernel, in place), then the
- * residual. */
+ * residual (out += res; res contiguous in out's shape, or NULL). */
 nd_status nd_cpu_finish_layer(nd_tensor *out, nd_activation act, const nd_tensor *res);
 
 #endif
