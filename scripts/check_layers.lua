@@ -5,7 +5,7 @@
 --         errors, autograd nodes, the op registry)
 --     <- backends (src/backends/cpu, src/backends/opencl: kernels only)
 --     <- ops (src/ops: shape rules, dispatch, autograd recording)
---     <- io (src/io: file formats)
+--     <- io (src/io: file formats), dist (src/dist: MPI collectives)
 --     <- bindings (src/lua_bindings)
 --     <- app (src/main.c, src/repl.c: the needle-lua program)
 --
@@ -28,7 +28,7 @@
 local src_dir = assert(arg[1], "usage: check_layers.lua <src dir> <objects...>")
 src_dir = src_dir:gsub("/$", "")
 
-local RANK = {core = 0, backend = 1, ops = 2, io = 3, bindings = 4, app = 5}
+local RANK = {core = 0, backend = 1, ops = 2, io = 3, dist = 3, bindings = 4, app = 5}
 
 -- The layer of a path relative to src/ (nil: not ours). backend files also
 -- get their backend's name, so one backend cannot use another's internals.
@@ -40,6 +40,7 @@ local function layer_of(rel)
   if rel == "opencl_tune.h" then return "backend", "interface" end -- the tuner's API for bindings
   if rel:match("^ops/") then return "ops" end
   if rel:match("^io/") then return "io" end
+  if rel:match("^dist/") then return "dist" end
   if rel:match("^lua_bindings/") or rel == "embedded_lua.h" then return "bindings" end
   if rel == "main.c" or rel:match("^repl%.") then return "app" end
   if not rel:find("/") then return "core" end

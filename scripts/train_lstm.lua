@@ -11,6 +11,13 @@
 -- perplexity is known and printed next to the model's. It shows a live
 -- progress line, validation perplexity per epoch, and writes a checkpoint
 -- (atomically, every epoch), a CSV log and a plot to --out.
+--
+--   mpirun -np 2 build/needle-lua scripts/train_lstm.lua --distributed
+-- trains data-parallel (docs/distributed.md): the training text is batchified
+-- into --batch-size columns as in one process, each process takes its own
+-- contiguous block of those columns (and keeps its own hidden state),
+-- gradients are averaged by DistributedDataParallel, and only rank 0 prints
+-- and writes files.
 local nd = require "needle"
 local cli = require "needle.cli"
 
@@ -53,22 +60,32 @@ options:
   --compile           run each training step through nd.compile (docs/compile.md)
   --tune S            --compile, and tune its fused kernels within S seconds (choices are
                       kept on disk: a later run starts with them)
+  --distributed       data-parallel over the processes mpirun started: --batch-size is
+                      the global number of columns, split over them (docs/distributed.md)
   -h, --help          this text
 ]]
 
 local numbers = {epochs = true, ["batch-size"] = true, lr = true, seed = true, bptt = true, emsize = true,
                  nhid = true, nlayers = true, dropout = true, clip = true, threads = true, ["max-lines"] = true,
                  tune = true}
-local opts = cli.parse(arg, defaults, usage, {prog = "train_lstm", numbers = numbers, flags = {compile = true},
+local opts = cli.parse(arg, defaults, usage, {prog = "train_lstm", numbers = numbers,
+                                              flags = {compile = true, distributed = true},
                                               optional = {"checkpoint", "resume", "threads", "max-lines", "tune"}})
+local job = cli.distributed("train_lstm", opts)
+-- only rank 0 talks
+local print = job.main and print or function() end
 local compile_opts = cli.compile_opts(opts)
 local device, device_info = cli.check_device("train_lstm", opts)
 local threads_line = cli.threads(opts.threads)
-cli.mkdir_p(opts.out)
+if job.world > 1 and compile_opts then
+  cli.die("train_lstm", 2, "--distributed does not work with --compile or --tune yet")
+end
+local local_batch = cli.local_batch("train_lstm", job, opts["batch-size"])
+if job.main then cli.mkdir_p(opts.out) end
 local ckpt_path = opts.checkpoint or (opts.out .. "/checkpoint.safetensors")
 
 local tty = cli.is_tty()
-local progress = cli.progress
+local progress = job.main and cli.progress or function() end
 
 -- data ------------------------------------------------------------------------
 
@@ -81,6 +98,10 @@ if not ok_corpus then
 end
 local V = #corpus.dictionary
 local train = ptb.batchify(corpus.train, opts["batch-size"])
+if job.world > 1 then
+  -- this rank's block of columns: together the ranks hold the one-process batch
+  train = train:narrow(2, job.rank * local_batch + 1, local_batch):contiguous()
+end
 local valid = ptb.batchify(corpus.valid, 10)
 local test = ptb.batchify(corpus.test, 10)
 local stats = (function()
@@ -101,8 +122,9 @@ local optimizer = nd.optim.Adam(model:parameters(), {lr = opts.lr})
 local checkpoint = nd.checkpoint
 print(cli.device_line(device, device_info))
 print(model)
-print(("%d parameters; Adam lr %g, batch %d, bptt %d, %d epochs, %s"):format(
-  model:num_parameters(), opts.lr, opts["batch-size"], opts.bptt, opts.epochs, threads_line))
+print(("%d parameters; Adam lr %g, batch %d, bptt %d, %d epochs, %s%s"):format(
+  model:num_parameters(), opts.lr, opts["batch-size"], opts.bptt, opts.epochs, threads_line,
+  job.world > 1 and (", %d processes of %d columns"):format(job.world, local_batch) or ""))
 
 local start_epoch, step = 1, 0
 local history = {steps = {}, losses = {}, epochs = {}, val_ppl = {}}
@@ -129,10 +151,14 @@ end
 
 -- One step of truncated backpropagation; with --compile it is captured once
 -- per batch shape (the last, shorter batch of an epoch is a second entry)
--- and replayed without Lua in the loop.
+-- and replayed without Lua in the loop. Data-parallel, the forward goes
+-- through DistributedDataParallel: the loss is the mean over this rank's
+-- tokens (every rank has as many), so the averaged gradients are the
+-- one-process gradients, and clipping sees them.
+local trained = job.world > 1 and nd.nn.parallel.DistributedDataParallel(model) or model
 local function train_step(x, y, state)
   local logits
-  logits, state = model(x, state)
+  logits, state = trained(x, state)
   local loss = nd.F.cross_entropy(logits, y)
   optimizer:zero_grad()
   loss:backward()
@@ -144,8 +170,8 @@ if compile_opts then train_step = nd.compile(train_step, compile_opts) end
 
 -- CSV log (appended when resuming)
 local log_path = opts.out .. "/log.csv"
-local log = cli.open_log(log_path, "epoch,step,train_loss,train_ppl,val_loss,val_ppl,tokens_per_s,seconds",
-                         opts.resume)
+local log = not job.main and {write = function() end, flush = function() end, close = function() end}
+  or cli.open_log(log_path, "epoch,step,train_loss,train_ppl,val_loss,val_ppl,tokens_per_s,seconds", opts.resume)
 
 local steps_per_epoch = math.ceil((train:size(1) - 1) / opts.bptt)
 local t_start = nd.clock()
@@ -154,6 +180,8 @@ for epoch = start_epoch, opts.epochs do
   local t_epoch, tokens, state = nd.clock(), 0, nil
   local loss_sum, loss_n = 0, 0
   local b = 0
+  -- each rank its own dropout masks, the same in every run
+  if job.world > 1 then nd.manual_seed(opts.seed * 1000003 + epoch * 7919 + job.rank) end
   for i = 1, train:size(1) - 1, opts.bptt do
     b = b + 1
     local x, y = ptb.get_batch(train, i, opts.bptt)
@@ -176,7 +204,9 @@ for epoch = start_epoch, opts.epochs do
     end
   end
   local seconds = nd.clock() - t_epoch
+  loss_sum, loss_n, tokens = table.unpack(cli.sum_over_ranks(job, {loss_sum, loss_n, tokens}))
   local train_loss = loss_sum / loss_n
+  -- every rank evaluates the whole validation set (they stay in step); rank 0 reports
   local val_loss = evaluate(valid)
   best_val = math.min(best_val, val_loss)
   history.epochs[#history.epochs + 1] = step
@@ -188,8 +218,10 @@ for epoch = start_epoch, opts.epochs do
   log:write(("%d,%d,%.6f,%.4f,%.6f,%.4f,%.1f,%.2f\n"):format(epoch, step, train_loss,
     math.exp(train_loss), val_loss, math.exp(val_loss), tokens / seconds, nd.clock() - t_start))
   log:flush()
-  checkpoint.save(ckpt_path, {model = model, optimizer = optimizer, step = step,
-                              extra = {epoch = epoch, val_loss = val_loss}})
+  if job.main then
+    checkpoint.save(ckpt_path, {model = model, optimizer = optimizer, step = step,
+                                extra = {epoch = epoch, val_loss = val_loss}})
+  end
 end
 log:close()
 
@@ -197,6 +229,7 @@ local test_loss = evaluate(test)
 print(("test perplexity %.2f%s  (%.1f s of training)"):format(math.exp(test_loss),
   stats and ("; best achievable %.2f (the generating grammar's own perplexity)"):format(stats.best_test_ppl) or "",
   nd.clock() - t_start))
+if not job.main then return end
 local plot = require "needle.plot"
 local file = plot.lines(opts.out .. "/loss", {
   title = "LSTM language model", xlabel = "step", ylabel = "perplexity",

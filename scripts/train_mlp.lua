@@ -12,6 +12,11 @@
 -- --resume continues a run exactly: the model, the optimizer, the scheduler
 -- and the random state come from the checkpoint, and the loader's order of
 -- epoch e depends only on its seed and e (loader:set_epoch).
+--
+--   mpirun -np 2 build/needle-lua scripts/train_mlp.lua --distributed
+-- trains data-parallel (docs/distributed.md): each process takes its share
+-- of every global batch (DistributedSampler), gradients are averaged by
+-- DistributedDataParallel, and only rank 0 prints and writes files.
 local nd = require "needle"
 local cli = require "needle.cli"
 
@@ -56,13 +61,18 @@ options:
   --compile           run each training step through nd.compile (docs/compile.md)
   --tune S            --compile, and tune its fused kernels within S seconds (choices are
                       kept on disk: a later run starts with them)
+  --distributed       data-parallel over the processes mpirun started: --batch-size is
+                      the global batch, split over them (docs/distributed.md)
   -h, --help          this text
 ]]
 
 local function die(code, fmt, ...) cli.die("train_mlp", code, fmt, ...) end
 
 local opts = cli.parse(arg, defaults, usage, {prog = "train_mlp", numbers = numeric, optional = optional,
-                                             flags = {compile = true}})
+                                             flags = {compile = true, distributed = true}})
+local job = cli.distributed("train_mlp", opts)
+-- only rank 0 talks
+local print = job.main and print or function() end
 local compile_opts = cli.compile_opts(opts)
 local device, device_info = cli.check_device("train_mlp", opts)
 cli.positive_integers("train_mlp", opts, {"epochs", "batch-size", "threads", "limit", "stop-after"},
@@ -76,6 +86,8 @@ for s in tostring(opts.hidden):gmatch("[^,]+") do
   hidden[#hidden + 1] = n
 end
 local threads_line = cli.threads(opts.threads)
+if job.world > 1 and compile_opts then die(2, "--distributed does not work with --compile or --tune yet") end
+local local_batch = cli.local_batch("train_mlp", job, opts["batch-size"])
 
 -- data ------------------------------------------------------------------------
 
@@ -100,11 +112,11 @@ local y_test = D.yt:to(device)
 print(("data %s: %d training images%s, %d test images (%.1f s)"):format(data_dir, n_train,
   n_train < n_all and (" (of %d)"):format(n_all) or "", x_test:size(1), nd.clock() - t_load))
 
-cli.mkdir_p(opts.out)
+if job.main then cli.mkdir_p(opts.out) end
 local ckpt_path = opts.checkpoint or (opts.out .. "/checkpoint.safetensors")
 
 local tty = cli.is_tty()
-local progress = cli.progress
+local progress = job.main and cli.progress or function() end
 
 -- model -----------------------------------------------------------------------
 
@@ -123,14 +135,17 @@ layers[#layers + 1] = nn.Linear(prev, 10)
 local model = nn.Sequential(table.unpack(layers)):to(device)
 local optimizer = nd.optim.AdamW(model:parameters(), {lr = opts.lr, weight_decay = opts["weight-decay"]})
 local scheduler = nd.optim.lr_scheduler.CosineAnnealingLR(optimizer, opts.epochs)
-local loader = nd.data.DataLoader(nd.data.TensorDataset(x_train, y_train),
-  {batch_size = opts["batch-size"], shuffle = true, seed = opts.seed})
+local train_set = nd.data.TensorDataset(x_train, y_train)
+local loader = job.world == 1
+  and nd.data.DataLoader(train_set, {batch_size = opts["batch-size"], shuffle = true, seed = opts.seed})
+  or nd.data.DataLoader(train_set, {batch_size = local_batch,
+                                    sampler = nd.data.DistributedSampler(train_set, {seed = opts.seed})})
 local checkpoint = nd.checkpoint
 print(cli.device_line(device, device_info))
 print(model)
-print(("%d parameters; AdamW lr %g (cosine), weight decay %g, batch %d, %d epochs, %s"):format(
+print(("%d parameters; AdamW lr %g (cosine), weight decay %g, batch %d, %d epochs, %s%s"):format(
   model:num_parameters(), opts.lr, opts["weight-decay"], opts["batch-size"], opts.epochs,
-  threads_line))
+  threads_line, job.world > 1 and (", %d processes of %d images"):format(job.world, local_batch) or ""))
 
 -- the options a run must keep for --resume to continue it exactly
 local run_options = {"epochs", "batch-size", "lr", "weight-decay", "dropout", "hidden", "seed"}
@@ -186,7 +201,8 @@ local history = {steps = {}, losses = {}, epochs = {}, test_loss = {}, train_acc
 local log_path = opts.out .. "/log.csv"
 local header = "epoch,step,lr,train_loss,train_acc,test_loss,test_acc,test_correct,images_per_s,seconds"
 local seconds_before = 0
-local log = cli.open_log(log_path, header, opts.resume, function(line)
+local log = not job.main and {write = function() end, flush = function() end, close = function() end}
+  or cli.open_log(log_path, header, opts.resume, function(line)
   local v = {}
   for field in line:gmatch("[^,]+") do v[#v + 1] = tonumber(field) end
   if #v >= 8 and v[1] < start_epoch then
@@ -199,8 +215,10 @@ local log = cli.open_log(log_path, header, opts.resume, function(line)
   end
 end)
 
--- one step (through nd.compile with --compile or --tune)
-local train_step = cli.classifier_step(model, optimizer, compile_opts)
+-- one step (through nd.compile with --compile or --tune); data-parallel
+-- through DistributedDataParallel, which averages the gradients over ranks
+local trained = job.world > 1 and nn.parallel.DistributedDataParallel(model) or model
+local train_step = cli.classifier_step(trained, optimizer, compile_opts)
 
 local n_test = x_test:size(1)
 local batches = #loader
@@ -213,6 +231,8 @@ for epoch = start_epoch, last_epoch do
   local lr = optimizer.param_groups[1].lr
   local loss_sum, correct, seen, b = 0, 0, 0, 0
   loader:set_epoch(epoch)
+  -- each rank its own dropout masks, the same in every run
+  if job.world > 1 then nd.manual_seed(opts.seed * 1000003 + epoch * 7919 + job.rank) end
   for xb, yb in loader:iter() do
     b = b + 1
     xb, yb = xb:to(device), yb:to(device)
@@ -233,6 +253,7 @@ for epoch = start_epoch, last_epoch do
   end
   scheduler:step()
   local seconds = nd.clock() - t_epoch
+  loss_sum, correct, seen = table.unpack(cli.sum_over_ranks(job, {loss_sum, correct, seen}))
   local train_loss, train_acc = loss_sum / seen, correct / seen
   local test_loss, test_correct = evaluate(x_test, y_test)
   test_acc = test_correct / n_test
@@ -245,8 +266,10 @@ for epoch = start_epoch, last_epoch do
   log:write(("%d,%d,%.9g,%.6f,%.6f,%.6f,%.6f,%d,%.1f,%.2f\n"):format(epoch, step, lr, train_loss,
     train_acc, test_loss, test_acc, test_correct, seen / seconds, seconds_before + nd.clock() - t_start))
   log:flush()
-  checkpoint.save(ckpt_path, {model = model, optimizer = optimizer, scheduler = scheduler, step = step,
-                              extra = {epoch = epoch, test_acc = test_acc, options = run_config()}})
+  if job.main then
+    checkpoint.save(ckpt_path, {model = model, optimizer = optimizer, scheduler = scheduler, step = step,
+                                extra = {epoch = epoch, test_acc = test_acc, options = run_config()}})
+  end
 end
 log:close()
 
@@ -259,7 +282,7 @@ else
 end
 local plot = require "needle.plot"
 local files = {}
-if #history.steps > 0 then
+if #history.steps > 0 and job.main then
   files[#files + 1] = plot.lines(opts.out .. "/loss", {
     title = "MLP on Fashion-MNIST", xlabel = "step", ylabel = "cross-entropy",
     series = {{name = "train (per batch)", x = history.steps, y = history.losses},

@@ -18,6 +18,13 @@
 -- accuracy, with a live progress line, and writes to --out: a checkpoint
 -- (atomically, every epoch; --resume continues exactly), a CSV log and plots of
 -- the loss and the accuracy.
+--
+--   mpirun -np 2 build/needle-lua scripts/train_resnet.lua --distributed --synthetic 2000
+-- trains data-parallel (docs/distributed.md): each process takes its share
+-- of every global batch (DistributedSampler), with its own augmentation,
+-- gradients are averaged by DistributedDataParallel, the BatchNorms become
+-- SyncBatchNorms (statistics over the global batch; --local-bn keeps them per
+-- process), and only rank 0 prints and writes files.
 local nd = require "needle"
 local cli = require "needle.cli"
 
@@ -69,6 +76,11 @@ options:
   --compile           run each training step through nd.compile (docs/compile.md)
   --tune S            --compile, and tune its fused kernels within S seconds (choices are
                       kept on disk: a later run starts with them)
+  --distributed       data-parallel over the processes mpirun started: --batch-size is
+                      the global batch, split over them (docs/distributed.md); the
+                      BatchNorms normalise over the global batch (SyncBatchNorm)
+  --local-bn          with --distributed: keep plain BatchNorms, whose statistics stay
+                      per process (the checkpoint has rank 0's running statistics)
   -h, --help          this text
 ]]
 
@@ -76,7 +88,9 @@ local function fail(fmt, ...) cli.die("train_resnet", 2, fmt, ...) end
 
 local function parse_args(argv)
   local opts, given = cli.parse(argv, defaults, usage, {prog = "train_resnet", numbers = numeric,
-                                                        optional = optional, flags = {compile = true}})
+                                                        optional = optional,
+                                                        flags = {compile = true, distributed = true,
+                                                                 ["local-bn"] = true}})
   cli.positive_integers("train_resnet", opts,
                         {"epochs", "batch-size", "eval-batch-size", "synthetic", "stop-after", "threads"})
   if opts.lr ~= nil and not (opts.lr > 0) then fail("option --lr expects a positive number, got %s", tostring(opts.lr)) end
@@ -91,13 +105,18 @@ local function parse_args(argv)
 end
 
 local opts = parse_args(arg)
+local job = cli.distributed("train_resnet", opts)
+-- only rank 0 talks
+local print = job.main and print or function() end
 local compile_opts = cli.compile_opts(opts)
 local device, device_info = cli.check_device("train_resnet", opts)
 local threads_line = cli.threads(opts.threads)
+if job.world > 1 and compile_opts then fail("--distributed does not work with --compile or --tune yet") end
+local local_batch = cli.local_batch("train_resnet", job, opts["batch-size"])
 
 local q = cli.q
 local tty = cli.is_tty()
-local progress = cli.progress
+local progress = job.main and cli.progress or function() end
 
 -- data ------------------------------------------------------------------------
 
@@ -161,8 +180,14 @@ test_x, test_y = test_x:to(device), test_y:to(device)
 local train_tf = T.Compose({T.ScaleTo01(), T.RandomCrop(32, {padding = 4}), T.RandomFlipHorizontal(0.5),
                             T.Normalize(MEAN, STD)})
 local train_set = nd.data.TensorDataset(train_x, train_y, {transform = train_tf})
-local loader = nd.data.DataLoader(train_set, {batch_size = opts["batch-size"], shuffle = true,
-                                              seed = opts.seed, drop_last = true})
+-- data-parallel, each rank reads its share; the sampler drops the remainder
+-- too, so every rank has the one-process run's number of steps
+local loader = job.world == 1
+  and nd.data.DataLoader(train_set, {batch_size = opts["batch-size"], shuffle = true,
+                                     seed = opts.seed, drop_last = true})
+  or nd.data.DataLoader(train_set, {batch_size = local_batch, drop_last = true,
+                                    sampler = nd.data.DistributedSampler(train_set, {seed = opts.seed,
+                                                                                    drop_last = true})})
 local steps_per_epoch = #loader
 print(("%s: %d training images, %d test images (%.1f s)"):format(
   opts.synthetic and ("synthetic CIFAR-10 (seed %d)"):format(opts.seed) or ("CIFAR-10 in " .. data_dir),
@@ -171,13 +196,16 @@ print("augmentation: " .. tostring(train_tf))
 
 -- model, optimizer, schedule -------------------------------------------------------
 
-cli.mkdir_p(opts.out)
+if job.main then cli.mkdir_p(opts.out) end
 local ckpt_path = opts.checkpoint or (opts.out .. "/checkpoint.safetensors")
 
 nd.manual_seed(opts.seed)
 -- initialised on the cpu (the same weights for every device), then moved in
 -- place before the optimizer sees the parameters
 local model = nd.nn.ResNet9({num_classes = 10}):to(device)
+-- data-parallel, batch statistics over the global batch (its parameters and buffers kept)
+local sync_bn = job.world > 1 and not opts["local-bn"]
+if sync_bn then nd.nn.SyncBatchNorm.convert_sync_batchnorm(model) end
 local optimizer
 if opts.optimizer == "sgd" then
   optimizer = nd.optim.SGD(model:parameters(), {lr = opts.lr, momentum = opts.momentum,
@@ -196,10 +224,11 @@ elseif opts.schedule == "cosine" then
 end
 print(cli.device_line(device, device_info))
 print(model)
-print(("%d parameters; %s lr %g (%s), weight decay %g, batch %d, %d steps/epoch, %d epochs, %s"):format(
+print(("%d parameters; %s lr %g (%s), weight decay %g, batch %d, %d steps/epoch, %d epochs, %s%s"):format(
   model:num_parameters(), opts.optimizer == "sgd" and (opts.momentum > 0 and ("SGD (nesterov momentum %g)"):format(opts.momentum) or "SGD")
   or "Adam", opts.lr, opts.schedule, opts["weight-decay"], opts["batch-size"], steps_per_epoch, opts.epochs,
-  threads_line))
+  threads_line, job.world > 1 and (", %d processes of %d images, %s"):format(job.world, local_batch,
+    sync_bn and "SyncBatchNorm" or "BatchNorm per process") or ""))
 
 local checkpoint = nd.checkpoint
 local start_epoch, step = 1, 0
@@ -231,21 +260,26 @@ end
 -- CSV log: rewritten up to the resumed epoch, then appended
 local log_path = opts.out .. "/log.csv"
 local HEADER = "epoch,step,lr,train_loss,train_acc,test_loss,test_acc,images_per_s,epoch_seconds,seconds"
-local log = cli.open_log(log_path, HEADER, opts.resume, function(line)
+local log = not job.main and {write = function() end, flush = function() end, close = function() end}
+  or cli.open_log(log_path, HEADER, opts.resume, function(line)
   local e = tonumber(line:match("^(%d+),"))
   return e and e < start_epoch
 end)
 
 -- training ----------------------------------------------------------------------
 
--- one step (through nd.compile with --compile or --tune)
-local train_step = cli.classifier_step(model, optimizer, compile_opts)
+-- one step (through nd.compile with --compile or --tune); data-parallel
+-- through DistributedDataParallel, which averages the gradients over ranks
+local trained = job.world > 1 and nd.nn.parallel.DistributedDataParallel(model) or model
+local train_step = cli.classifier_step(trained, optimizer, compile_opts)
 
 local t_start = nd.clock()
 local epoch_times = {}
 for epoch = start_epoch, last_epoch do
   model:train()
   loader:set_epoch(epoch)
+  -- each rank its own augmentation, the same in every run
+  if job.world > 1 then nd.manual_seed(opts.seed * 1000003 + epoch * 7919 + job.rank) end
   local t_epoch = nd.clock()
   local loss_sum, correct, seen, b = 0, 0, 0, 0
   for xb, yb in loader:iter() do
@@ -267,6 +301,7 @@ for epoch = start_epoch, last_epoch do
   end
   local seconds = nd.clock() - t_epoch
   epoch_times[#epoch_times + 1] = seconds
+  loss_sum, correct, seen = table.unpack(cli.sum_over_ranks(job, {loss_sum, correct, seen}))
   local train_loss, train_acc = loss_sum / seen, correct / seen
   local t_eval = nd.clock()
   local test_loss, test_acc = evaluate()
@@ -277,8 +312,10 @@ for epoch = start_epoch, last_epoch do
   log:write(("%d,%d,%.6g,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.2f\n"):format(epoch, step, lr, train_loss, train_acc,
     test_loss, test_acc, seen / seconds, seconds, nd.clock() - t_start))
   log:flush()
-  checkpoint.save(ckpt_path, {model = model, optimizer = optimizer, scheduler = sched, step = step,
-                              extra = {epoch = epoch, train_loss = train_loss, test_acc = test_acc}})
+  if job.main then
+    checkpoint.save(ckpt_path, {model = model, optimizer = optimizer, scheduler = sched, step = step,
+                                extra = {epoch = epoch, train_loss = train_loss, test_acc = test_acc}})
+  end
 end
 log:close()
 
@@ -292,7 +329,8 @@ if last_epoch < opts.epochs then
   print(("stopped after epoch %d of %d; continue with --resume %s"):format(last_epoch, opts.epochs, ckpt_path))
 end
 
--- plots, from the whole log (a resumed run's earlier epochs included)
+-- plots, from the whole log (a resumed run's earlier epochs included): rank 0's
+if not job.main then return end
 local cols = {epoch = {}, train_loss = {}, test_loss = {}, train_acc = {}, test_acc = {}}
 for line in io.lines(log_path) do
   local e, _, _, trl, tra, tel, tea = line:match("^(%d+),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)")

@@ -33,6 +33,12 @@
  * not depend on the header. */
 extern int luaopen_needle_core(lua_State *L);
 extern const char *nd_version(void);
+extern bool nd_dist_initialized(void);
+extern int nd_dist_rank(void);
+extern int nd_dist_world_size(void);
+extern int nd_dist_finalize(void); /* nd_status: ND_OK is 0 */
+extern void nd_dist_abort(int code);
+extern const char *nd_last_error(void);
 
 #define PROGNAME "needle-lua"
 #define LUA_DIR LUA_VERSION_MAJOR "." LUA_VERSION_MINOR /* "5.4" */
@@ -71,7 +77,10 @@ static void on_sigint_running(int sig) {
 }
 
 void nlua_print_message(const char *prefix, const char *msg) {
-    if (prefix) fprintf(stderr, "%s: ", prefix);
+    /* in a distributed job, which process failed */
+    if (prefix && nd_dist_initialized() && nd_dist_world_size() > 1)
+        fprintf(stderr, "%s (rank %d of %d): ", prefix, nd_dist_rank(), nd_dist_world_size());
+    else if (prefix) fprintf(stderr, "%s: ", prefix);
     fprintf(stderr, "%s\n", msg);
     fflush(stderr);
 }
@@ -461,6 +470,14 @@ int main(int argc, char **argv) {
     int status = lua_pcall(L, 2, 1, 0);
     int ok = lua_toboolean(L, -1);
     nlua_report(L, status);
+    /* A distributed job: a failed rank ends all of them (the others may be
+     * waiting for it in a collective); a finished one leaves MPI cleanly. */
+    if (!(ok && status == LUA_OK) && nd_dist_initialized() && nd_dist_world_size() > 1)
+        nd_dist_abort(EXIT_FAILURE);
     lua_close(L);
+    if (ok && status == LUA_OK && nd_dist_initialized() && nd_dist_finalize() != 0) {
+        nlua_print_message(PROGNAME, nd_last_error());
+        return EXIT_FAILURE;
+    }
     return ok && status == LUA_OK ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -467,6 +467,25 @@ nd_status nd_backward(nd_tensor *root, const nd_tensor *grad, bool retain_graph,
 nd_status nd_grad(nd_tensor *const *outputs, nd_tensor *const *grad_outputs, int noutputs,
                   nd_tensor *const *inputs, int ninputs, bool retain_graph, bool create_graph,
                   bool allow_unused, nd_tensor **result);
+/* Gradient-ready hooks: for a leaf flagged with nd_set_grad_hook, the
+ * process's callback runs once per backward (not nd_grad), right after the
+ * leaf's gradient got its last contribution, while the rest of the backward
+ * is still to run (DistributedDataParallel starts reducing it there). A
+ * failed status from the callback ends the backward with that error. */
+typedef nd_status (*nd_grad_hook_fn)(nd_tensor *leaf);
+void nd_set_grad_hook_callback(nd_grad_hook_fn fn);
+nd_status nd_set_grad_hook(nd_tensor *t, bool on);
+/* A differentiable op whose backward is a callback (nd.autograd.Function,
+ * the distributed collectives): *out is value (a new view of it) recorded
+ * as a function of the inputs when grad mode is on and one of them requires
+ * grad. In backward, fn gets the output's gradient and sets grads[i] (a new
+ * reference, or NULL for none) for each of the ninputs inputs; ctx_free(ctx)
+ * runs when the graph is freed (also when nothing was recorded). */
+typedef nd_status (*nd_custom_backward_fn)(void *ctx, const nd_tensor *grad, nd_tensor **grads,
+                                           int ninputs);
+nd_status nd_custom_record(const char *name, const nd_tensor *const *inputs, int ninputs,
+                           const nd_tensor *value, nd_custom_backward_fn fn, void *ctx,
+                           void (*ctx_free)(void *ctx), nd_tensor **out);
 /* Grad mode is per thread; returns the previous mode. */
 bool nd_set_grad_enabled(bool on);
 bool nd_grad_enabled(void);
@@ -632,6 +651,54 @@ typedef struct {
     double seconds, best_speedup;   /* time spent; the best default-over-tuned ratio */
 } nd_graph_tune_stat;
 nd_status nd_graph_tune(nd_graph *g, double seconds, nd_graph_tune_stat *out);
+
+/* ---- distributed (src/dist/: MPI collectives on tensors) ----
+ * Data-parallel training over MPI (Open MPI). nd_dist_init joins the job that
+ * mpirun started; outside a launcher it makes a world of one process, where
+ * every collective is local. Ranks are 0-based, as MPI's. The collectives are
+ * collective: every rank calls the same ones in the same order. With check,
+ * the ranks first exchange what they are about to do (collective, op, dtype,
+ * shape, root) and all fail with one message naming the disagreeing ranks
+ * instead of hanging or mixing buffers. Waiting is bounded by the timeout
+ * (seconds; 0: none): past it the call fails and the job should end
+ * (nd_dist_abort), since MPI cannot cancel a collective. Tensors of every
+ * dtype go straight to MPI when contiguous on the cpu; others (strided,
+ * OpenCL) are staged through a host copy. */
+typedef enum { ND_DIST_SUM, ND_DIST_MEAN, ND_DIST_MAX, ND_DIST_MIN } nd_dist_op;
+typedef struct nd_dist_work nd_dist_work; /* a collective in flight */
+/* Built with MPI (CMake found it)? */
+bool nd_dist_available(void);
+/* Under a launcher (mpirun, srun)? Reads the environment only. */
+bool nd_dist_launched(void);
+nd_status nd_dist_init(double timeout_s);
+bool nd_dist_initialized(void);
+int nd_dist_rank(void);        /* 0 before init */
+int nd_dist_world_size(void);  /* 1 before init */
+int nd_dist_local_rank(void);  /* among the processes on this node */
+int nd_dist_local_size(void);
+double nd_dist_timeout(void);
+void nd_dist_set_timeout(double seconds);
+nd_status nd_dist_barrier(void);
+/* With work NULL the call blocks until done; else *work is the collective
+ * in flight: nd_dist_wait (or nd_dist_test until true) then nd_dist_free. */
+nd_status nd_dist_all_reduce(nd_tensor *t, nd_dist_op op, bool check, nd_dist_work **work);
+nd_status nd_dist_broadcast(nd_tensor *t, int root, bool check, nd_dist_work **work);
+/* out: {world_size, t's shape...}, on t's device (available after the wait) */
+nd_status nd_dist_all_gather(const nd_tensor *t, bool check, nd_tensor **out, nd_dist_work **work);
+/* t's first dim is world_size * n; out: {n, ...}, this rank's reduced block */
+nd_status nd_dist_reduce_scatter(const nd_tensor *t, nd_dist_op op, bool check, nd_tensor **out,
+                                 nd_dist_work **work);
+nd_status nd_dist_wait(nd_dist_work *w);
+/* done? (drives MPI's progress; an error is a failure status in *st) */
+bool nd_dist_test(nd_dist_work *w, nd_status *st);
+/* The result of a finished collective (a new reference): all_gather's and
+ * reduce_scatter's new tensor, all_reduce's and broadcast's own tensor. */
+nd_tensor *nd_dist_result(nd_dist_work *w);
+void nd_dist_free(nd_dist_work *w); /* frees a finished one; abandons one in flight */
+nd_status nd_dist_finalize(void);
+bool nd_dist_finalized(void);
+/* Ends every process of the job (MPI_Abort); returns only without MPI. */
+void nd_dist_abort(int code);
 
 /* ---- Lua (declared without including lua.h) ---- */
 struct lua_State;

@@ -113,6 +113,8 @@ nd_status nd_tensor_wrap(nd_storage *storage, nd_dtype dt, const int64_t *shape,
     t->storage = storage;
     nd_storage_retain(storage);
     t->requires_grad = false;
+    t->grad_hook = false;
+    t->grad_mark = t->grad_pending = 0;
     t->grad = NULL;
     t->grad_fn = NULL;
     *out = t;

@@ -40,6 +40,8 @@ struct nd_tensor {
     nd_storage *storage;
     /* autograd */
     bool requires_grad;
+    bool grad_hook;              /* nd_set_grad_hook: report when its grad is complete */
+    int grad_mark, grad_pending; /* a backward's count of contributions still to come */
     nd_tensor *grad;
     struct nd_node *grad_fn;
 };

@@ -14,11 +14,16 @@
 --   cli.q(s); cli.mkdir_p(dir)
 --   local log = cli.open_log(path, header, resume[, keep])
 --   local start_epoch, step = cli.resume(prog, path, objects[, check])
+--   local D = cli.distributed(prog, opts)   -- --distributed: {rank, world, main, dist}
+--   local n = cli.local_batch(prog, D, batch) -- this rank's share of a global batch
 local M = {}
 
 -- "prog: message\n" on stderr, then exit with code
 function M.die(prog, code, fmt, ...)
   io.stderr:write(prog, ": ", fmt:format(...), "\n")
+  -- in a data-parallel job, the others may be waiting for this one
+  local dist = package.loaded["needle.distributed"]
+  if code ~= 0 and dist and dist.is_initialized() and dist.world_size() > 1 then dist.abort(code) end
   os.exit(code)
 end
 
@@ -155,6 +160,9 @@ end
 -- live progress: one rewritten line on a terminal, plain lines otherwise
 local tty
 function M.is_tty()
+  -- mpirun gives every process a terminal for its output, whatever the
+  -- user's stdout is: plain lines there
+  if tty == nil and os.getenv("OMPI_COMM_WORLD_SIZE") then tty = false end
   if tty == nil then
     local ok = os.execute("test -t 1")
     tty = ok == true or ok == 0
@@ -172,6 +180,39 @@ function M.progress(line, final)
     io.write(line, "\n")
   end
   io.flush()
+end
+
+-- --distributed (docs/distributed.md): joins the job mpirun started
+-- (nd.distributed.init, which also gives each process its share of the
+-- node's cores). Returns {rank =, world =, main = (rank 0: the one that
+-- prints and writes files), dist = nd.distributed or nil}; without the flag,
+-- a world of one.
+function M.distributed(prog, opts)
+  if not opts.distributed then return {rank = 0, world = 1, main = true} end
+  local dist = require("needle").distributed
+  local ok, err = pcall(dist.init)
+  if not ok then M.die(prog, 2, "--distributed: %s", tostring(err)) end
+  local D = {rank = dist.rank(), world = dist.world_size(), dist = dist}
+  D.main = D.rank == 0
+  return D
+end
+
+-- this rank's share of a global batch (which the world size must divide)
+function M.local_batch(prog, D, batch)
+  if batch % D.world ~= 0 then
+    M.die(prog, 2, "--batch-size %d does not split over %d processes; use a multiple of %d", batch,
+          D.world, D.world)
+  end
+  return batch // D.world
+end
+
+-- the sums of a table of numbers over the ranks (a world of one: as they are)
+function M.sum_over_ranks(D, values)
+  if D.world == 1 then return values end
+  local nd = require "needle"
+  local t = nd.tensor(values, {dtype = "float64"})
+  D.dist.all_reduce(t, "sum")
+  return t:totable()
 end
 
 -- s quoted for the shell
@@ -219,7 +260,10 @@ function M.resume(prog, path, objects, check)
   if not ok then M.die(prog, 1, "cannot resume: %s", tostring(state)) end
   local start_epoch = (state.extra and state.extra.epoch or 0) + 1
   local step = state.step or 0
-  print(("resumed from %s after epoch %d (step %d)"):format(path, start_epoch - 1, step))
+  local dist = package.loaded["needle.distributed"]
+  if not (dist and dist.is_initialized() and dist.rank() ~= 0) then
+    print(("resumed from %s after epoch %d (step %d)"):format(path, start_epoch - 1, step))
+  end
   return start_epoch, step
 end
 

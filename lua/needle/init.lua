@@ -16,7 +16,8 @@ nd.F = require "needle.functional"
 -- Submodules load on first use (nd.nn, nd.optim, nd.data), so `require
 -- "needle"` stays fast and a script pays only for what it touches.
 require("needle.lazy")(nd, {nn = "needle.nn", optim = "needle.optim", data = "needle.data",
-                            checkpoint = "needle.checkpoint", plot = "needle.plot", convert = "needle.convert"})
+                            checkpoint = "needle.checkpoint", plot = "needle.plot", convert = "needle.convert",
+                            distributed = "needle.distributed", autograd = "needle.autograd"})
 
 -- checkpoints (safetensors): nd.save(tensors, path[, metadata]) / nd.load(path);
 -- nd.load also reads a PyTorch checkpoint (zip), as nd.load_torch does.

@@ -1,7 +1,198 @@
 /* lt_autograd.c - autograd from Lua: x:backward(), nd.grad(), nd.no_grad(),
  * nd.enable_grad(), x:detach(). */
+#include <stdlib.h>
 #include <string.h>
 #include "lt_internal.h"
+
+/* ---- gradient-ready hooks (needle.h nd_set_grad_hook) ----
+ * core._set_grad_hook(t, fn | nil): fn(t) runs in x:backward() once t's
+ * gradient is complete. The functions live in a registry table keyed by the
+ * C tensor, with the userdata (a hooked parameter stays alive until its hook
+ * is removed); the backward's Lua state is the one that called backward. */
+static const char HOOKS_KEY = 'h';
+static lua_State *backward_L; /* the state inside x:backward(), else NULL */
+
+static nd_status run_grad_hook(nd_tensor *leaf) {
+    lua_State *L = backward_L;
+    if (!L) return ND_OK;
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &HOOKS_KEY);
+    lua_rawgetp(L, -1, leaf);
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 2);
+        return ND_OK;
+    }
+    lua_rawgeti(L, -1, 1); /* fn */
+    lua_rawgeti(L, -2, 2); /* the tensor */
+    int rc = lua_pcall(L, 1, 0, 0);
+    nd_status st = ND_OK;
+    if (rc != LUA_OK) {
+        const char *msg = lua_tostring(L, -1);
+        st = nd_fail(ND_ERR_ARG, "backward: a gradient hook failed: %s", msg ? msg : "(no message)");
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 2);
+    return st;
+}
+
+static int l_set_grad_hook(lua_State *L) {
+    nd_tensor *t = lt_check(L, 1, "set_grad_hook");
+    bool on = !lua_isnoneornil(L, 2);
+    if (on) luaL_checktype(L, 2, LUA_TFUNCTION);
+    LT_CHECK(L, nd_set_grad_hook(t, on));
+    nd_set_grad_hook_callback(run_grad_hook);
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &HOOKS_KEY) != LUA_TTABLE) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_rawsetp(L, LUA_REGISTRYINDEX, &HOOKS_KEY);
+    }
+    if (on) {
+        lua_createtable(L, 2, 0);
+        lua_pushvalue(L, 2);
+        lua_rawseti(L, -2, 1);
+        lua_pushvalue(L, 1);
+        lua_rawseti(L, -2, 2);
+    } else {
+        lua_pushnil(L);
+    }
+    lua_rawsetp(L, -2, t);
+    return 0;
+}
+
+/* core._set_backward_end_hook(key, fn | nil): fn() runs after every
+ * successful x:backward() (DistributedDataParallel finishes its gradient
+ * reduction there); key is any value that names the hook. */
+static const char END_HOOKS_KEY = 'e';
+
+static int l_set_backward_end_hook(lua_State *L) {
+    luaL_checkany(L, 1);
+    if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TFUNCTION);
+    lua_settop(L, 2);
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &END_HOOKS_KEY) != LUA_TTABLE) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_rawsetp(L, LUA_REGISTRYINDEX, &END_HOOKS_KEY);
+    }
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, 2);
+    lua_rawset(L, -3);
+    return 0;
+}
+
+static void run_backward_end_hooks(lua_State *L) {
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &END_HOOKS_KEY) != LUA_TTABLE) {
+        lua_pop(L, 1);
+        return;
+    }
+    /* the functions first: a hook may add or remove hooks */
+    int tbl = lua_gettop(L);
+    lua_newtable(L);
+    int n = 0;
+    lua_pushnil(L);
+    while (lua_next(L, tbl)) lua_rawseti(L, tbl + 1, ++n);
+    for (int i = 1; i <= n; i++) {
+        lua_rawgeti(L, tbl + 1, i);
+        lua_call(L, 0, 0); /* an error propagates to backward's caller */
+    }
+    lua_pop(L, 2);
+}
+
+/* ---- custom ops (nd.autograd.Function, needle.h nd_custom_record) ----
+ * core._custom_record(name, inputs, value, backward) -> out: out is value
+ * recorded as a function of the list inputs; backward(grad) returns one
+ * gradient (or nil) per input. The Lua functions live in a registry table
+ * keyed by the node's context; a freed node only notes its key (it may be
+ * freed where no Lua state can run), and the next record drops the notes. */
+static const char CUSTOM_KEY = 'c';
+static void **dead_ctx;
+static size_t ndead, capdead;
+
+static void custom_ctx_free(void *ctx) {
+    if (ndead == capdead) {
+        size_t cap = capdead ? capdead * 2 : 16;
+        void **p = realloc(dead_ctx, cap * sizeof *p);
+        if (!p) return; /* the entry stays in the table: a leak, not a crash */
+        dead_ctx = p;
+        capdead = cap;
+    }
+    dead_ctx[ndead++] = ctx;
+}
+
+static nd_status custom_backward(void *ctx, const nd_tensor *grad, nd_tensor **grads, int ninputs) {
+    lua_State *L = backward_L;
+    if (!L) return nd_fail(ND_ERR_ARG, "backward: a custom function's backward runs only from Lua");
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &CUSTOM_KEY);
+    lua_rawgetp(L, -1, ctx);
+    lua_remove(L, -2);
+    nd_retain((nd_tensor *)grad);
+    lt_push(L, (nd_tensor *)grad);
+    int top = lua_gettop(L) - 2;
+    if (lua_pcall(L, 1, ninputs, 0) != LUA_OK) {
+        const char *msg = lua_tostring(L, -1);
+        nd_status st = nd_fail(ND_ERR_ARG, "backward: %s", msg ? msg : "(error object is not a string)");
+        lua_settop(L, top);
+        return st;
+    }
+    for (int i = 0; i < ninputs; i++) {
+        int idx = top + 1 + i;
+        if (lua_isnil(L, idx)) continue;
+        nd_tensor *g = lt_to(L, idx);
+        if (!g) {
+            nd_status st = nd_fail(ND_ERR_ARG, "backward: a custom function's backward returned a %s "
+                                   "as gradient %d; expected a tensor or nil", luaL_typename(L, idx), i + 1);
+            for (int k = 0; k < i; k++) { nd_release(grads[k]); grads[k] = NULL; }
+            lua_settop(L, top);
+            return st;
+        }
+        nd_retain(g);
+        grads[i] = g;
+    }
+    lua_settop(L, top);
+    return ND_OK;
+}
+
+static int l_custom_record(lua_State *L) {
+    const char *name = luaL_checkstring(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    nd_tensor *value = lt_check(L, 3, "autograd.Function");
+    luaL_checktype(L, 4, LUA_TFUNCTION);
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &CUSTOM_KEY) != LUA_TTABLE) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_rawsetp(L, LUA_REGISTRYINDEX, &CUSTOM_KEY);
+    }
+    int fns = lua_gettop(L);
+    while (ndead) {
+        void *dead = dead_ctx[--ndead];
+        lua_pushnil(L);
+        lua_rawsetp(L, fns, dead);
+        free(dead);
+    }
+    lua_Integer n = luaL_len(L, 2);
+    if (n < 1 || n > 64) return lt_error(L, "autograd.Function", "expected 1..64 inputs, got %lld", (long long)n);
+    nd_tensor *ins[64] = {0};
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_rawgeti(L, 2, i);
+        ins[i - 1] = lt_to(L, -1); /* non-tensors: NULL, not differentiated */
+        lua_pop(L, 1);
+    }
+    /* a distinct key per node: the node's context is this small allocation,
+     * freed only when its key leaves the table (so no new node reuses an
+     * address still in the table) */
+    void *ctx = malloc(1);
+    if (!ctx) return lt_error(L, "autograd.Function", "out of memory");
+    nd_tensor *out;
+    /* the key goes into the table before recording (a failed record frees ctx) */
+    lua_pushvalue(L, 4);
+    lua_rawsetp(L, fns, ctx);
+    nd_status st = nd_custom_record(name, (const nd_tensor *const *)ins, (int)n, value, custom_backward,
+                                    ctx, custom_ctx_free, &out);
+    if (st != ND_OK) return lt_raise(L);
+    lt_push(L, out);
+    return 1;
+}
 
 /* x:backward([grad][, {retain_graph=, create_graph=}]) */
 static int t_backward(lua_State *L) {
@@ -16,7 +207,12 @@ static int t_backward(lua_State *L) {
     opts = lt_options(L, opts, "backward", valid);
     bool retain = lt_opt_bool(L, opts, "backward", "retain_graph", false);
     bool create = lt_opt_bool(L, opts, "backward", "create_graph", false);
-    LT_CHECK(L, nd_backward(x, grad, retain || create, create));
+    lua_State *outer = backward_L;
+    backward_L = L;
+    nd_status st = nd_backward(x, grad, retain || create, create);
+    backward_L = outer;
+    LT_CHECK(L, st);
+    run_backward_end_hooks(L);
     return 0;
 }
 
@@ -75,7 +271,11 @@ static int l_grad(lua_State *L) {
     bool create = lt_opt_bool(L, opts, "grad", "create_graph", false);
     bool retain = lt_opt_bool(L, opts, "grad", "retain_graph", create);
     bool unused = lt_opt_bool(L, opts, "grad", "allow_unused", false);
-    LT_CHECK(L, nd_grad(outs, have_gouts ? gouts : NULL, no, ins, ni, retain, create, unused, res));
+    lua_State *outer = backward_L;
+    backward_L = L;
+    nd_status st = nd_grad(outs, have_gouts ? gouts : NULL, no, ins, ni, retain, create, unused, res);
+    backward_L = outer;
+    LT_CHECK(L, st);
     if (!in_list) {
         if (res[0]) lt_push(L, res[0]); else lua_pushnil(L);
         return 1;
@@ -130,6 +330,9 @@ void lt_register_autograd(lua_State *L) {
         {"enable_grad", l_enable_grad, false, true},
         {"is_grad_enabled", l_is_grad_enabled, false, true},
         {"set_grad_enabled", l_set_grad_enabled, false, true},
+        {"_set_grad_hook", l_set_grad_hook, false, true},
+        {"_custom_record", l_custom_record, false, true},
+        {"_set_backward_end_hook", l_set_backward_end_hook, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

@@ -41,10 +41,17 @@ static nd_node *node_alloc(int ninputs) {
     return n;
 }
 
+static nd_status record_named(const char *name, nd_backward_fn fn, nd_tensor *out, int ninputs,
+                              const nd_tensor *const *inputs, nd_node **node);
+
 nd_status nd_record(nd_op op, nd_backward_fn fn, nd_tensor *out, int ninputs,
                     const nd_tensor *const *inputs, nd_node **node) {
+    return record_named(nd_op_name(op), fn, out, ninputs, inputs, node);
+}
+
+static nd_status record_named(const char *name, nd_backward_fn fn, nd_tensor *out, int ninputs,
+                              const nd_tensor *const *inputs, nd_node **node) {
     *node = NULL;
-    const char *name = nd_op_name(op);
     if (grad_disabled) return ND_OK;
     bool any = false;
     for (int i = 0; i < ninputs; i++) any = any || (inputs[i] && inputs[i]->requires_grad);
@@ -78,6 +85,51 @@ nd_status nd_record(nd_op op, nd_backward_fn fn, nd_tensor *out, int ninputs,
     out->grad_fn = n;
     out->requires_grad = true;
     *node = n;
+    return ND_OK;
+}
+
+/* ---- custom ops: a backward written outside the registry (needle.h) ---- */
+typedef struct {
+    nd_custom_backward_fn fn;
+    void *ctx;
+    void (*ctx_free)(void *ctx);
+} custom_ctx;
+
+static void custom_free(void *p) {
+    custom_ctx *c = p;
+    if (c->ctx_free) c->ctx_free(c->ctx);
+    free(c);
+}
+
+static nd_status custom_backward(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    custom_ctx *c = n->ctx;
+    return c->fn(c->ctx, g, grads, n->ninputs);
+}
+
+nd_status nd_custom_record(const char *name, const nd_tensor *const *inputs, int ninputs,
+                           const nd_tensor *value, nd_custom_backward_fn fn, void *ctx,
+                           void (*ctx_free)(void *ctx), nd_tensor **out) {
+    *out = NULL;
+    custom_ctx *c = malloc(sizeof *c);
+    if (!c) {
+        if (ctx_free) ctx_free(ctx);
+        return nd_fail(ND_ERR_MEMORY, "%s: out of memory", name);
+    }
+    *c = (custom_ctx){fn, ctx, ctx_free};
+    nd_tensor *o;
+    nd_status st = nd_tensor_view_of(value, value->shape, value->strides, value->ndim,
+                                     value->offset, &o);
+    nd_node *node = NULL;
+    if (st == ND_OK) st = record_named(name, custom_backward, o, ninputs, inputs, &node);
+    if (st != ND_OK || !node) {
+        custom_free(c);
+        if (st != ND_OK) { nd_release(o); return st; }
+        *out = o; /* nothing to differentiate */
+        return ND_OK;
+    }
+    node->ctx = c;
+    node->ctx_free = custom_free;
+    *out = o;
     return ND_OK;
 }
 
@@ -202,6 +254,36 @@ static nd_status check_grad_shape(nd_node *n, int i, const nd_tensor *g) {
                    nd_shape_str(n->in_shape[i], n->in_ndim[i], b2));
 }
 
+/* ---- gradient-ready hooks: a leaf's contributions are counted while the
+ * graph is collected and counted down as they arrive; the last one fires
+ * the callback (nd_set_grad_hook). */
+static nd_grad_hook_fn grad_hook_fn;
+
+void nd_set_grad_hook_callback(nd_grad_hook_fn fn) { grad_hook_fn = fn; }
+
+nd_status nd_set_grad_hook(nd_tensor *t, bool on) {
+    if (on && t->grad_fn)
+        return nd_fail(ND_ERR_ARG, "grad hook: only leaf tensors (parameters) can have one");
+    t->grad_hook = on;
+    return ND_OK;
+}
+
+static void count_leaf_use(nd_node *n, int i, bool accumulate_leaves) {
+    nd_tensor *leaf = n->needs_grad[i] ? n->leaf[i] : NULL;
+    if (!leaf || !leaf->grad_hook || !accumulate_leaves || !grad_hook_fn) return;
+    if (leaf->grad_mark != epoch) {
+        leaf->grad_mark = epoch;
+        leaf->grad_pending = 0;
+    }
+    leaf->grad_pending++;
+}
+
+static nd_status leaf_used(nd_tensor *leaf) {
+    if (!leaf || leaf->grad_mark != epoch || leaf->grad_pending <= 0) return ND_OK;
+    if (--leaf->grad_pending > 0 || !leaf->grad) return ND_OK;
+    return grad_hook_fn ? grad_hook_fn(leaf) : ND_OK;
+}
+
 static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nroots,
                      bool retain_graph, bool create_graph, bool accumulate_leaves,
                      const capture *cap) {
@@ -220,7 +302,10 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
         nd_node *n = all.items[k];
         for (int i = 0; i < n->ninputs && st == ND_OK; i++) {
             nd_node *m = n->next[i];
-            if (!m) continue;
+            if (!m) {
+                count_leaf_use(n, i, accumulate_leaves);
+                continue;
+            }
             if (m->mark != epoch) {
                 m->mark = epoch;
                 m->deps = 0;
@@ -278,6 +363,9 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
                 st = capture_grad(cap, NULL, leaf, grads[i]);
                 if (st == ND_OK && accumulate_leaves) st = nd_graph_note_leaf_grad(leaf, true);
                 if (st == ND_OK && accumulate_leaves) st = accumulate(&leaf->grad, grads[i]);
+                if (st == ND_OK) st = leaf_used(n->leaf[i]);
+            } else {
+                st = leaf_used(n->leaf[i]);
             }
         }
         for (int i = 0; i < n->ninputs; i++) nd_release(grads[i]);

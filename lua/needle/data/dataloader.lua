@@ -10,6 +10,11 @@
 -- the order, so epoch e of a loader built with seed s is the same in every
 -- run, different epochs give different orders, and iterating never moves the
 -- global random stream (nd.rand after a loop equals nd.rand without it).
+--
+-- opts.sampler picks the items instead (not with shuffle): an object with
+-- len() and indices(epoch) -> an int64 tensor of 1-based item numbers, such
+-- as nd.data.DistributedSampler, which gives each rank of a data-parallel
+-- job its own share; loader:set_epoch(e) reaches it through the epoch.
 local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 local dataset_mod = require "needle.data.dataset"
@@ -142,7 +147,8 @@ end
 local function new(_, dataset, opts)
   -- batch_size and seed: checked below, with their ranges
   opts = options.check("data.DataLoader", opts, {batch_size = "any", shuffle = "boolean", seed = "any",
-                                                 drop_last = "boolean", collate_fn = "callable"})
+                                                 drop_last = "boolean", collate_fn = "callable",
+                                                 sampler = "table"})
   local self = setmetatable({}, DataLoader)
   self.dataset = wrap_dataset(dataset)
   local bs = opts.batch_size == nil and 1 or opts.batch_size
@@ -153,6 +159,14 @@ local function new(_, dataset, opts)
   self.shuffle = opts.shuffle and true or false
   self.drop_last = opts.drop_last and true or false
   self.collate_fn = opts.collate_fn
+  if opts.sampler ~= nil then
+    local sm = opts.sampler
+    if type(sm.len) ~= "function" or type(sm.indices) ~= "function" then
+      errorf("sampler must have len() and indices(epoch) methods (nd.data.DistributedSampler)")
+    end
+    if self.shuffle then errorf("sampler and shuffle = true exclude each other (the sampler shuffles)") end
+    self.sampler = sm
+  end
   if opts.seed ~= nil then
     if math.type(opts.seed) ~= "integer" then
       errorf("seed must be an integer, got %s", tostring(opts.seed))
@@ -176,15 +190,21 @@ setmetatable(DataLoader, {__call = new})
 -- order and size
 ---------------------------------------------------------------------------
 
+-- items one epoch visits
+local function item_count(self)
+  if self.sampler then return self.sampler:len() end
+  return self.dataset:len()
+end
+
 function DataLoader:__len()
-  local n = self.dataset:len()
+  local n = item_count(self)
   if self.drop_last then return n // self.batch_size end
   return (n + self.batch_size - 1) // self.batch_size
 end
 
 function DataLoader:__tostring()
   return ("DataLoader(%d items, batch_size=%d, shuffle=%s, drop_last=%s, %d batches)")
-    :format(self.dataset:len(), self.batch_size, tostring(self.shuffle), tostring(self.drop_last), #self)
+    :format(item_count(self), self.batch_size, tostring(self.shuffle), tostring(self.drop_last), #self)
 end
 
 -- The seed of the permutation of epoch e: a fixed mix of (seed, epoch).
@@ -197,6 +217,7 @@ end
 -- restored around the draw.
 function DataLoader:permutation(epoch)
   epoch = epoch or self.epoch
+  if self.sampler then return self.sampler:indices(epoch) end
   local n = self.dataset:len()
   if not self.shuffle then return core.arange(1, n + 1) end
   if n == 0 then return core.zeros({0}, {dtype = "int64"}) end
@@ -233,10 +254,10 @@ function DataLoader:iter()
   self._next_epoch = epoch + 1
   self.epoch = epoch
   local ds, bs = self.dataset, self.batch_size
-  local n = ds:len()
+  local n = item_count(self)
   local nbatches = #self
   local collate = self.collate_fn
-  local perm = self.shuffle and self:permutation(epoch) or nil
+  local perm = (self.shuffle or self.sampler) and self:permutation(epoch) or nil
   local b = 0
 
   -- fast path: a TensorDataset without transforms is batched with one

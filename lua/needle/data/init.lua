@@ -10,11 +10,13 @@
 -- batches), data.ptb (word-level text corpora); data.transforms for images.
 local dataset = require "needle.data.dataset"
 local DataLoader = require "needle.data.dataloader"
+local sampler = require "needle.data.sampler"
 
 local data = {
   Dataset = dataset.Dataset,
   TensorDataset = dataset.TensorDataset,
   DataLoader = DataLoader,
+  DistributedSampler = sampler.DistributedSampler,
   default_collate = DataLoader.default_collate,
 }
 

@@ -22,9 +22,11 @@ local families = {
   ["needle.nn.loss"] = {"CrossEntropyLoss", "SoftmaxLoss", "NLLLoss", "MSELoss", "BCEWithLogitsLoss"},
   ["needle.nn.models"] = {"LanguageModel", "ResNet9", "MLP"},
   ["needle.nn.fuse"] = {"fuse", "FusedConv2d", "FusedLinear"},
+  ["needle.nn.sync_batchnorm"] = {"SyncBatchNorm"},
 }
 -- submodules that are whole files: nd.nn.init, nd.nn.utils, nd.nn.models
-local whole = {init = "needle.nn.initializers", utils = "needle.nn.utils", models = "needle.nn.models"}
+local whole = {init = "needle.nn.initializers", utils = "needle.nn.utils", models = "needle.nn.models",
+               parallel = "needle.nn.parallel"}
 local entries = {}
 for k, file in pairs(whole) do entries[k] = file end
 for file, names in pairs(families) do

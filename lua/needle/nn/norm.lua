@@ -121,6 +121,7 @@ function BatchNorm2d:_check_input(x)
   end
 end
 M.BatchNorm2d = BatchNorm2d
+M._BatchNorm = BatchNorm -- the base SyncBatchNorm extends (nn/sync_batchnorm.lua)
 
 -- LayerNorm ----------------------------------------------------------------------
 
