@@ -1,6 +1,6 @@
 -- autograd_function_spec.lua - nd.autograd.Function (custom differentiable
 -- functions with a Lua backward; docs/autograd.md) and the gradient-ready
--- hooks DistributedDataParallel uses.
+-- and backward-end hooks DistributedDataParallel uses.
 --
 --   build/needle-lua spec/run.lua spec/autograd_function_spec.lua
 local nd = require "needle"
@@ -100,5 +100,63 @@ describe("autograd.Function", function()
     collectgarbage()
     assert.is_true(nd.live_bytes() - before < 64 * 64 * 4 * 4,
                    ("%d bytes still live"):format(nd.live_bytes() - before))
+  end)
+end)
+
+describe("gradient-ready hooks (core._set_grad_hook, what DistributedDataParallel uses)", function()
+  local core = require "needle.core"
+
+  it("fire once per backward, after a parameter's last contribution, with the whole gradient", function()
+    local w = nd.tensor({1, 2, 3}, {requires_grad = true, dtype = "float64"})
+    local seen = {}
+    core._set_grad_hook(w, function(t) seen[#seen + 1] = t.grad:clone() end)
+    -- w reaches the loss three times: the hook sees the sum of all three
+    local loss = (w * 2):sum() + (w * w):sum() + w:sum()
+    loss:backward()
+    assert.are.equal(1, #seen)
+    assert.are.same({5, 7, 9}, seen[1]:totable())
+    -- nd.grad leaves grad alone, so it reports nothing
+    nd.grad((w * 3):sum(), w)
+    assert.are.equal(1, #seen)
+    -- a second backward, accumulating: the hook sees the running total
+    ;(w * 4):sum():backward()
+    assert.are.equal(2, #seen)
+    assert.are.same({9, 11, 13}, seen[2]:totable())
+    core._set_grad_hook(w, nil)
+    ;(w * 4):sum():backward()
+    assert.are.equal(2, #seen)
+  end)
+
+  it("an error in a hook ends the backward with it", function()
+    local w = nd.tensor({1, 2}, {requires_grad = true})
+    core._set_grad_hook(w, function() error("hook says no") end)
+    local ok, err = pcall(function() (w * 2):sum():backward() end)
+    core._set_grad_hook(w, nil)
+    assert.is_false(ok)
+    assert.matches("a gradient hook failed: .*hook says no", err)
+  end)
+
+  it("only leaves take one", function()
+    local w = nd.tensor({1, 2}, {requires_grad = true})
+    assert.has_error(function() core._set_grad_hook(w * 2, function() end) end)
+  end)
+
+  it("backward-end hooks see failure, nesting and create_graph", function()
+    local calls = {}
+    local key = {}
+    core._set_backward_end_hook(key, function(ok, nested, create) calls[#calls + 1] = {ok, nested, create} end)
+    local x = nd.tensor({1, 2}, {requires_grad = true})
+    ;(x * 2):sum():backward()
+    local Inner = nd.autograd.Function{
+      forward = function(_, t) return t * 1 end,
+      backward = function(_, g) local u = nd.tensor({1}, {requires_grad = true}); (u * 2):sum():backward(); return g end,
+    }
+    Inner(x):sum():backward({create_graph = true})
+    local Fails = nd.autograd.Function{forward = function(_, t) return t * 1 end,
+                                       backward = function() error("nope") end}
+    pcall(function() Fails(x):sum():backward() end)
+    core._set_backward_end_hook(key, nil)
+    ;(x * 2):sum():backward()
+    assert.are.same({{true, false, false}, {true, true, true}, {false, false, false}}, calls)
   end)
 end)

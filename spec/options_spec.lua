@@ -151,6 +151,7 @@ local NN = {
   Dropout = {"inplace, p", function(o) return nn.Dropout(o) end},
   BatchNorm1d = {"affine, device, dtype, eps, momentum, track_running_stats", function(o) return nn.BatchNorm1d(3, o) end},
   BatchNorm2d = {"affine, device, dtype, eps, momentum, track_running_stats", function(o) return nn.BatchNorm2d(3, o) end},
+  SyncBatchNorm = {"affine, device, dtype, eps, momentum, track_running_stats", function(o) return nn.SyncBatchNorm(3, o) end},
   LayerNorm = {"bias, device, dtype, elementwise_affine, eps", function(o) return nn.LayerNorm(3, o) end},
   LayerNorm1d = {"bias, device, dtype, elementwise_affine, eps", function(o) return nn.LayerNorm1d(3, o) end},
   Embedding = {"device, dtype, padding_idx", function(o) return nn.Embedding(5, 3, o) end},
@@ -196,6 +197,7 @@ local NN_NONE = {
   Module = "the base class", Parameter = "a function of a tensor",
   init = "a table: its functions are in INIT below", utils = "a table: see clip_grad_norm_ below",
   models = "a table: its models are in MODELS below",
+  parallel = "a table: DistributedDataParallel is in the CASES below",
   Identity = "ignores its arguments, as PyTorch's", Sequential = "takes modules", ModuleList = "takes modules",
   Residual = "takes a module", Unflatten = "takes a dim and sizes", AdaptiveAvgPool2d = "takes an output size",
 }
@@ -390,7 +392,19 @@ describe("the rest of the package", function()
     {"optim.Adam", "amsgrad, betas, eps, lr, maximize, weight_decay", function(o) return nd.optim.Adam({W}, o) end},
     {"optim.lr_scheduler.StepLR", "gamma, last_epoch, step_size",
      function(o) o.step_size = o.step_size or 2; return nd.optim.lr_scheduler.StepLR(opt(), o) end},
-    {"data.DataLoader", "batch_size, collate_fn, drop_last, seed, shuffle", function(o) return nd.data.DataLoader(ds, o) end},
+    {"data.DataLoader", "batch_size, collate_fn, drop_last, sampler, seed, shuffle", function(o) return nd.data.DataLoader(ds, o) end},
+    {"data.DistributedSampler", "drop_last, num_replicas, rank, seed, shuffle",
+     function(o) return nd.data.DistributedSampler(10, o) end},
+    {"distributed.init", "threads, timeout, world_size", function(o) return nd.distributed.init(o) end},
+    {"distributed.all_reduce", "async, channel, check, op", function(o) return nd.distributed.all_reduce(nd.ones({2}), o) end},
+    {"distributed.broadcast", "async, check, root", function(o) return nd.distributed.broadcast(nd.ones({2}), o) end},
+    {"distributed.all_gather", "async, check", function(o) return nd.distributed.all_gather(nd.ones({2}), o) end},
+    {"distributed.reduce_scatter", "async, check, op",
+     function(o) return nd.distributed.reduce_scatter(nd.ones({2}), o) end},
+    {"autograd.Function", "backward, forward, name", function(o)
+      if next(o) == nil then return end -- needs both functions
+      return nd.autograd.Function(o)
+    end},
     {"data.TensorDataset", "target_transform, transform",
      function(o) return nd.data.TensorDataset(nd.zeros({2}), o) end},
     {"data.transforms.RandomCrop", "fill, padding", function(o) return nd.data.transforms.RandomCrop(2, o) end},
@@ -415,6 +429,8 @@ describe("the rest of the package", function()
       if next(o) == nil then return end -- writes a file
       return nd.plot.lines("/nonexistent/plot", o)
     end},
+    {"nn.parallel.DistributedDataParallel", "broadcast_buffers, bucket_mb",
+     function(o) return nn.parallel.DistributedDataParallel(nn.Linear(2, 2), o) end},
     {"convert.load_state_dict", "convert_dtype, mapping, strict",
      function(o) local m = nn.Linear(2, 2); return nd.convert.load_state_dict(m, m:state_dict(), o) end},
     {"convert.model('mlp')", "convert_dtype, mapping, strict",

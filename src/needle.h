@@ -471,7 +471,9 @@ nd_status nd_grad(nd_tensor *const *outputs, nd_tensor *const *grad_outputs, int
  * process's callback runs once per backward (not nd_grad), right after the
  * leaf's gradient got its last contribution, while the rest of the backward
  * is still to run (DistributedDataParallel starts reducing it there). A
- * failed status from the callback ends the backward with that error. */
+ * failed status from the callback ends the backward with that error. A
+ * backward run inside a custom op's backward (a walk of its own) counts
+ * the leaves it reaches itself: the outer walk does not report those. */
 typedef nd_status (*nd_grad_hook_fn)(nd_tensor *leaf);
 void nd_set_grad_hook_callback(nd_grad_hook_fn fn);
 nd_status nd_set_grad_hook(nd_tensor *t, bool on);
@@ -660,8 +662,9 @@ nd_status nd_graph_tune(nd_graph *g, double seconds, nd_graph_tune_stat *out);
  * the ranks first exchange what they are about to do (collective, op, dtype,
  * shape, root) and all fail with one message naming the disagreeing ranks
  * instead of hanging or mixing buffers. Waiting is bounded by the timeout
- * (seconds; 0: none): past it the call fails and the job should end
- * (nd_dist_abort), since MPI cannot cancel a collective. Tensors of every
+ * (seconds; 0: none): past it a watchdog thread writes which collective
+ * timed out on which rank to stderr and ends the process (_Exit), and
+ * mpirun ends the job, since MPI cannot cancel a collective. Tensors of every
  * dtype go straight to MPI when contiguous on the cpu; others (strided,
  * OpenCL) are staged through a host copy. */
 typedef enum { ND_DIST_SUM, ND_DIST_MEAN, ND_DIST_MAX, ND_DIST_MIN } nd_dist_op;
@@ -682,6 +685,12 @@ nd_status nd_dist_barrier(void);
 /* With work NULL the call blocks until done; else *work is the collective
  * in flight: nd_dist_wait (or nd_dist_test until true) then nd_dist_free. */
 nd_status nd_dist_all_reduce(nd_tensor *t, nd_dist_op op, bool check, nd_dist_work **work);
+/* On a channel: 0 the default communicator, 1 one of its own for gradients,
+ * whose calls keep their order among themselves whatever runs on channel 0
+ * between them (DistributedDataParallel's buckets, started during a
+ * backward in which SyncBatchNorm makes collectives of its own). */
+nd_status nd_dist_all_reduce_on(nd_tensor *t, nd_dist_op op, bool check, int channel,
+                                nd_dist_work **work);
 nd_status nd_dist_broadcast(nd_tensor *t, int root, bool check, nd_dist_work **work);
 /* out: {world_size, t's shape...}, on t's device (available after the wait) */
 nd_status nd_dist_all_gather(const nd_tensor *t, bool check, nd_tensor **out, nd_dist_work **work);
@@ -694,7 +703,8 @@ bool nd_dist_test(nd_dist_work *w, nd_status *st);
 /* The result of a finished collective (a new reference): all_gather's and
  * reduce_scatter's new tensor, all_reduce's and broadcast's own tensor. */
 nd_tensor *nd_dist_result(nd_dist_work *w);
-void nd_dist_free(nd_dist_work *w); /* frees a finished one; abandons one in flight */
+/* Frees w; one still in flight is waited for first (under the timeout). */
+void nd_dist_free(nd_dist_work *w);
 nd_status nd_dist_finalize(void);
 bool nd_dist_finalized(void);
 /* Ends every process of the job (MPI_Abort); returns only without MPI. */

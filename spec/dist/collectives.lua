@@ -96,11 +96,15 @@ for _, dtype in ipairs(DTYPES) do
     for r = 0, W - 1 do parts[r + 1] = input(r, shape, dtype):unsqueeze(1) end
     check(("all_gather %s %s"):format(dtype, sname), same(g, nd.cat(parts, 1)))
   end
-  -- reduce_scatter: {W * 3, 2} in, {3, 2} out: this rank's block of the sum
+  -- reduce_scatter: {W * 3, 2} in, {3, 2} out: this rank's block of the reduction
   local shape = {W * 3, 2}
-  local s = dist.reduce_scatter(input(R, shape, dtype), "sum")
-  local want = reference(shape, dtype, "sum"):narrow(1, R * 3 + 1, 3)
-  check(("reduce_scatter sum %s"):format(dtype), same(s, want))
+  for _, op in ipairs({"sum", "mean", "max", "min"}) do
+    if op ~= "mean" or FLOATS[dtype] then
+      local s = dist.reduce_scatter(input(R, shape, dtype), op)
+      local want = reference(shape, dtype, op):narrow(1, R * 3 + 1, 3)
+      check(("reduce_scatter %s %s"):format(op, dtype), same(s, want))
+    end
+  end
 end
 
 -- odd sizes, one large message (several MiB: MPI's pipelined algorithms)
@@ -125,6 +129,33 @@ do
   check("all_reduce of a slice leaves the rest", same(big, want))
 end
 
+-- broadcast into a strided view, reduce_scatter and all_gather of one
+do
+  local base = input(R, {3, 4}, "float32")
+  dist.broadcast(base:t(), 0)
+  check("broadcast into a transposed view", same(base, input(0, {3, 4}, "float32")))
+  local src = input(R, {2 * W, 3}, "float64")
+  local s = dist.reduce_scatter(src:t():contiguous():t(), "sum")
+  check("reduce_scatter of a strided tensor",
+        same(s, reference({2 * W, 3}, "float64", "sum"):narrow(1, R * 2 + 1, 2)))
+  local g = dist.all_gather(input(R, {4, 2}, "float32"):t())
+  local parts = {}
+  for r = 0, W - 1 do parts[r + 1] = input(r, {4, 2}, "float32"):t():unsqueeze(1) end
+  check("all_gather of a transposed view", same(g, nd.cat(parts, 1)))
+end
+
+-- the gradients' channel keeps its own order: a bucket started on it before
+-- a collective on the default channel, finished after
+do
+  local bucket = input(R, {9}, "float64")
+  local h = dist.all_reduce(bucket, {async = true, check = false, channel = "gradients"})
+  local t = input(R, {2}, "float64")
+  dist.all_reduce(t, "max")
+  h:wait()
+  check("gradients channel beside the default one", same(bucket, reference({9}, "float64", "sum"))
+        and same(t, reference({2}, "float64", "max")))
+end
+
 -- async: several in flight at once, waited in reverse order
 do
   local ts, hs = {}, {}
@@ -134,12 +165,18 @@ do
   end
   local g = dist.all_gather(input(R, {3}, "int32"), {async = true})
   local gathered = g:wait()
+  -- is_completed drives the request until it is done (it must end true)
+  local spins, done = 0, false
+  while not done and spins < 1e7 do
+    done = hs[4]:is_completed()
+    spins = spins + 1
+  end
+  check("is_completed turns true", done, spins)
   for k = 4, 1, -1 do
     local out = hs[k]:wait()
     local acc = input(k, {5, k}, "float32")
     for r = 1, W - 1 do acc = acc + input(r + k, {5, k}, "float32") end
     check(("async all_reduce %d"):format(k), same(out, acc) and same(ts[k], acc))
-    check(("async handle completed %d"):format(k), hs[k]:is_completed())
   end
   local parts = {}
   for r = 0, W - 1 do parts[r + 1] = input(r, {3}, "int32"):unsqueeze(1) end

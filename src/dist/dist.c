@@ -23,8 +23,8 @@
 static struct {
     bool initialized, finalized, broken;
     int rank, size, local_rank, local_size;
-    double timeout;
-} world = {.size = 1, .local_size = 1, .timeout = 1800};
+} world = {.size = 1, .local_size = 1};
+static _Atomic double timeout_s = 1800; /* the watchdog thread reads it */
 
 static const char *const KIND_NAME[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter",
                                         "barrier"};
@@ -57,8 +57,8 @@ int nd_dist_rank(void) { return world.rank; }
 int nd_dist_world_size(void) { return world.size; }
 int nd_dist_local_rank(void) { return world.local_rank; }
 int nd_dist_local_size(void) { return world.local_size; }
-double nd_dist_timeout(void) { return world.timeout; }
-void nd_dist_set_timeout(double s) { world.timeout = s > 0 ? s : 0; }
+double nd_dist_timeout(void) { return atomic_load(&timeout_s); }
+void nd_dist_set_timeout(double s) { atomic_store(&timeout_s, s > 0 && s == s ? s : 0); }
 
 nd_status nd_dist_init(double timeout_s) {
     if (world.finalized)
@@ -103,7 +103,7 @@ static void *watchdog(void *arg) {
     unsigned seen = 0;
     double seen_since = 0;
     for (;;) {
-        double timeout = world.timeout;
+        double timeout = atomic_load(&timeout_s);
         double poll = timeout > 0 ? fmin(fmax(timeout / 10, 0.01), 1.0) : 1.0;
         struct timespec ts = {(time_t)poll, (long)((poll - floor(poll)) * 1e9)};
         nanosleep(&ts, NULL);
@@ -129,7 +129,7 @@ static void *watchdog(void *arg) {
 }
 
 static void arm(const char *what) {
-    if (world.timeout <= 0) return;
+    if (atomic_load(&timeout_s) <= 0) return;
     if (!wd_started) {
         pthread_t th;
         pthread_attr_t ta;
@@ -169,8 +169,24 @@ static nd_status wait_req(nd_tx_req *r, const char *what) {
 /* ---- agreement: every rank says what it is about to do ---- */
 enum { META_KIND, META_OP, META_ROOT, META_DTYPE, META_DEVICE, META_NDIM, META_SHAPE, META_LEN = META_SHAPE + ND_MAX_DIMS };
 
+/* Another rank's words are checked before use: a rank that made a call
+ * without the agreement check may have sent anything here. */
+static bool meta_sane(const int64_t *m) {
+    if (m[META_KIND] < 0 || m[META_KIND] > ND_TX_BARRIER || m[META_OP] < 0 || m[META_OP] > ND_DIST_MIN ||
+        m[META_DTYPE] < 0 || m[META_DTYPE] >= ND_NUM_DTYPES || m[META_NDIM] < 0 ||
+        m[META_NDIM] > ND_MAX_DIMS)
+        return false;
+    for (int d = 0; d < m[META_NDIM]; d++)
+        if (m[META_SHAPE + d] < 0) return false;
+    return true;
+}
+
 static void describe(const int64_t *m, char *buf, size_t n) {
     char sb[ND_SHAPE_BUF];
+    if (!meta_sane(m)) {
+        snprintf(buf, n, "something else (a collective without the agreement check?)");
+        return;
+    }
     int len = snprintf(buf, n, "%s", KIND_NAME[m[META_KIND]]);
     if (m[META_KIND] == ND_TX_BARRIER) return;
     len += snprintf(buf + len, n - (size_t)len, " of %s %s", nd_dtype_name((nd_dtype)m[META_DTYPE]),
@@ -330,7 +346,15 @@ static nd_dist_work *new_work(nd_tx_kind kind, nd_dist_op op, const nd_tensor *t
 }
 
 nd_status nd_dist_all_reduce(nd_tensor *t, nd_dist_op op, bool check, nd_dist_work **work) {
+    return nd_dist_all_reduce_on(t, op, check, 0, work);
+}
+
+nd_status nd_dist_all_reduce_on(nd_tensor *t, nd_dist_op op, bool check, int channel,
+                                nd_dist_work **work) {
     const char *what = "all_reduce";
+    if (channel != 0 && channel != 1)
+        return nd_fail(ND_ERR_ARG, "distributed.all_reduce: channel %d does not exist (0: default, "
+                       "1: gradients)", channel);
     ND_TRY(need_init(what));
     ND_TRY(check_tensor(what, t));
     ND_TRY(check_op(what, op, t->dtype));
@@ -342,7 +366,8 @@ nd_status nd_dist_all_reduce(nd_tensor *t, nd_dist_op op, bool check, nd_dist_wo
     nd_status st = world.size > 1 ? host_copy(t, false, &w->host) : ND_OK;
     if (st == ND_OK && world.size > 1) {
         nd_tx_call c = {.kind = ND_TX_ALL_REDUCE, .recv = nd_data(w->host), .count = nd_numel(t),
-                        .dtype = t->dtype, .op = op == ND_DIST_MEAN ? ND_DIST_SUM : op};
+                        .dtype = t->dtype, .op = op == ND_DIST_MEAN ? ND_DIST_SUM : op,
+                        .channel = channel};
         st = start(w, &c, work != NULL);
     }
     return deliver(w, st, NULL, work);
@@ -475,10 +500,15 @@ nd_tensor *nd_dist_result(nd_dist_work *w) {
 void nd_dist_free(nd_dist_work *w) {
     if (!w) return;
     if (w->req) {
-        /* still in flight: MPI may yet write the buffers, so they stay (the
-         * job is ending: the collective timed out or failed) */
-        world.broken = true;
-        return;
+        /* a handle dropped before its wait: MPI may still be writing the
+         * buffers, so wait for it first (bounded by the watchdog); if that
+         * fails, the buffers must stay and the ranks are out of step */
+        if (world.broken || wait_req(w->req, KIND_NAME[w->kind]) != ND_OK) {
+            world.broken = true;
+            return;
+        }
+        nd_tx_free(w->req);
+        w->req = NULL;
     }
     nd_release(w->target);
     nd_release(w->host);
@@ -493,7 +523,10 @@ nd_status nd_dist_finalize(void) {
     }
     world.finalized = true;
     if (world.size == 1 && !nd_dist_launched()) return ND_OK;
-    return nd_tx_finalize();
+    arm("finalize"); /* MPI_Finalize waits for every rank */
+    nd_status st = nd_tx_finalize();
+    disarm();
+    return st;
 }
 
 void nd_dist_abort(int code) {

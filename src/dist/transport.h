@@ -22,6 +22,7 @@ typedef struct {
     nd_dtype dtype;
     nd_dist_op op;     /* sum or max or min (mean is a sum, divided after) */
     int root;
+    int channel;       /* 0: the default communicator; 1: the gradients' own */
 } nd_tx_call;
 
 typedef struct nd_tx_req nd_tx_req;

@@ -12,6 +12,9 @@
 struct nd_tx_req { MPI_Request r; };
 
 static MPI_Op half_ops[3], bf16_ops[3]; /* sum, max, min */
+/* channel 0: MPI_COMM_WORLD; 1: a duplicate for DistributedDataParallel's
+ * buckets, whose calls keep their own order whatever runs on the first */
+static MPI_Comm comms[2];
 
 static const char *mpi_message(int code, char *buf) {
     int len = 0;
@@ -61,6 +64,10 @@ nd_status nd_tx_init(int *rank, int *size, int *local_rank, int *local_size) {
     MPI_Comm_rank(node, local_rank);
     MPI_Comm_size(node, local_size);
     MPI_Comm_free(&node);
+    comms[0] = MPI_COMM_WORLD;
+    rc = MPI_Comm_dup(MPI_COMM_WORLD, &comms[1]);
+    if (rc != MPI_SUCCESS) return mpi_fail("MPI_Comm_dup", rc);
+    MPI_Comm_set_errhandler(comms[1], MPI_ERRORS_RETURN);
     MPI_User_function *h[3] = {half_sum, half_max, half_min};
     MPI_User_function *b[3] = {bf16_sum, bf16_max, bf16_min};
     for (int i = 0; i < 3; i++) {
@@ -113,31 +120,32 @@ static nd_status call(const nd_tx_call *c, nd_tx_req **req) {
     if (st != ND_OK) { free(r); return st; }
     MPI_Op op = mpi_op(c->dtype, c->op);
     const void *send = c->send ? c->send : MPI_IN_PLACE;
+    MPI_Comm comm = comms[c->channel == 1 ? 1 : 0];
     const char *what = "";
     switch (c->kind) {
     case ND_TX_ALL_REDUCE:
         what = "MPI_Allreduce";
-        rc = r ? MPI_Iallreduce(send, c->recv, n, dt, op, MPI_COMM_WORLD, &r->r)
-               : MPI_Allreduce(send, c->recv, n, dt, op, MPI_COMM_WORLD);
+        rc = r ? MPI_Iallreduce(send, c->recv, n, dt, op, comm, &r->r)
+               : MPI_Allreduce(send, c->recv, n, dt, op, comm);
         break;
     case ND_TX_BROADCAST:
         what = "MPI_Bcast";
-        rc = r ? MPI_Ibcast(c->recv, n, dt, c->root, MPI_COMM_WORLD, &r->r)
-               : MPI_Bcast(c->recv, n, dt, c->root, MPI_COMM_WORLD);
+        rc = r ? MPI_Ibcast(c->recv, n, dt, c->root, comm, &r->r)
+               : MPI_Bcast(c->recv, n, dt, c->root, comm);
         break;
     case ND_TX_ALL_GATHER:
         what = "MPI_Allgather";
-        rc = r ? MPI_Iallgather(c->send, n, dt, c->recv, n, dt, MPI_COMM_WORLD, &r->r)
-               : MPI_Allgather(c->send, n, dt, c->recv, n, dt, MPI_COMM_WORLD);
+        rc = r ? MPI_Iallgather(c->send, n, dt, c->recv, n, dt, comm, &r->r)
+               : MPI_Allgather(c->send, n, dt, c->recv, n, dt, comm);
         break;
     case ND_TX_REDUCE_SCATTER:
         what = "MPI_Reduce_scatter_block";
-        rc = r ? MPI_Ireduce_scatter_block(c->send, c->recv, n, dt, op, MPI_COMM_WORLD, &r->r)
-               : MPI_Reduce_scatter_block(c->send, c->recv, n, dt, op, MPI_COMM_WORLD);
+        rc = r ? MPI_Ireduce_scatter_block(c->send, c->recv, n, dt, op, comm, &r->r)
+               : MPI_Reduce_scatter_block(c->send, c->recv, n, dt, op, comm);
         break;
     case ND_TX_BARRIER:
         what = "MPI_Barrier";
-        rc = r ? MPI_Ibarrier(MPI_COMM_WORLD, &r->r) : MPI_Barrier(MPI_COMM_WORLD);
+        rc = r ? MPI_Ibarrier(comm, &r->r) : MPI_Barrier(comm);
         break;
     }
     if (rc != MPI_SUCCESS) {
@@ -180,6 +188,7 @@ nd_status nd_tx_finalize(void) {
         MPI_Op_free(&half_ops[i]);
         MPI_Op_free(&bf16_ops[i]);
     }
+    MPI_Comm_free(&comms[1]);
     int rc = MPI_Finalize();
     return rc == MPI_SUCCESS ? ND_OK : mpi_fail("MPI_Finalize", rc);
 }

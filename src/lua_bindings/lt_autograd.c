@@ -59,10 +59,28 @@ static int l_set_grad_hook(lua_State *L) {
     return 0;
 }
 
-/* core._set_backward_end_hook(key, fn | nil): fn() runs after every
- * successful x:backward() (DistributedDataParallel finishes its gradient
- * reduction there); key is any value that names the hook. */
+/* core._set_backward_end_hook(key, fn | nil): fn(ok, nested, create_graph)
+ * runs when an outermost x:backward() ends: ok false when it failed (the
+ * error is raised after the hooks, whose own errors are then dropped),
+ * nested true when a backward or nd.grad ran inside it (a custom function's
+ * backward), create_graph as given. DistributedDataParallel finishes its
+ * gradient reduction there. key is any value that names the hook; the table
+ * holds its keys weakly (a hook goes with its key). */
 static const char END_HOOKS_KEY = 'e';
+static int backward_depth;   /* x:backward() and nd.grad() calls in progress */
+static bool nested_backward; /* one ran inside the outermost one */
+
+static void enter_backward(lua_State *L, lua_State **outer) {
+    if (backward_depth++ > 0) nested_backward = true;
+    else nested_backward = false;
+    *outer = backward_L;
+    backward_L = L;
+}
+
+static void leave_backward(lua_State *outer) {
+    backward_depth--;
+    backward_L = outer;
+}
 
 static int l_set_backward_end_hook(lua_State *L) {
     luaL_checkany(L, 1);
@@ -71,6 +89,10 @@ static int l_set_backward_end_hook(lua_State *L) {
     if (lua_rawgetp(L, LUA_REGISTRYINDEX, &END_HOOKS_KEY) != LUA_TTABLE) {
         lua_pop(L, 1);
         lua_newtable(L);
+        lua_createtable(L, 0, 1); /* weak keys: a hook lives as long as its key */
+        lua_pushliteral(L, "k");
+        lua_setfield(L, -2, "__mode");
+        lua_setmetatable(L, -2);
         lua_pushvalue(L, -1);
         lua_rawsetp(L, LUA_REGISTRYINDEX, &END_HOOKS_KEY);
     }
@@ -80,7 +102,7 @@ static int l_set_backward_end_hook(lua_State *L) {
     return 0;
 }
 
-static void run_backward_end_hooks(lua_State *L) {
+static void run_backward_end_hooks(lua_State *L, bool ok, bool nested, bool create) {
     if (lua_rawgetp(L, LUA_REGISTRYINDEX, &END_HOOKS_KEY) != LUA_TTABLE) {
         lua_pop(L, 1);
         return;
@@ -93,7 +115,14 @@ static void run_backward_end_hooks(lua_State *L) {
     while (lua_next(L, tbl)) lua_rawseti(L, tbl + 1, ++n);
     for (int i = 1; i <= n; i++) {
         lua_rawgeti(L, tbl + 1, i);
-        lua_call(L, 0, 0); /* an error propagates to backward's caller */
+        lua_pushboolean(L, ok);
+        lua_pushboolean(L, nested);
+        lua_pushboolean(L, create);
+        if (ok) {
+            lua_call(L, 3, 0); /* an error propagates to backward's caller */
+        } else if (lua_pcall(L, 3, 0, 0) != LUA_OK) {
+            lua_pop(L, 1); /* the backward's own error is the one to raise */
+        }
     }
     lua_pop(L, 2);
 }
@@ -128,6 +157,10 @@ static nd_status custom_backward(void *ctx, const nd_tensor *grad, nd_tensor **g
     nd_retain((nd_tensor *)grad);
     lt_push(L, (nd_tensor *)grad);
     int top = lua_gettop(L) - 2;
+    if (!lua_checkstack(L, ninputs + LUA_MINSTACK)) {
+        lua_settop(L, top);
+        return nd_fail(ND_ERR_MEMORY, "backward: no Lua stack for %d gradients", ninputs);
+    }
     if (lua_pcall(L, 1, ninputs, 0) != LUA_OK) {
         const char *msg = lua_tostring(L, -1);
         nd_status st = nd_fail(ND_ERR_ARG, "backward: %s", msg ? msg : "(error object is not a string)");
@@ -207,12 +240,22 @@ static int t_backward(lua_State *L) {
     opts = lt_options(L, opts, "backward", valid);
     bool retain = lt_opt_bool(L, opts, "backward", "retain_graph", false);
     bool create = lt_opt_bool(L, opts, "backward", "create_graph", false);
-    lua_State *outer = backward_L;
-    backward_L = L;
+    lua_State *outer;
+    enter_backward(L, &outer);
     nd_status st = nd_backward(x, grad, retain || create, create);
-    backward_L = outer;
+    leave_backward(outer);
+    if (backward_depth == 0) {
+        if (st != ND_OK) {
+            /* the hooks may run ops: keep the error's message first */
+            lua_pushstring(L, nd_last_error());
+            run_backward_end_hooks(L, false, nested_backward, create);
+            nd_fail(ND_ERR_ARG, "%s", lua_tostring(L, -1));
+            lua_pop(L, 1);
+            return lt_raise(L);
+        }
+        run_backward_end_hooks(L, true, nested_backward, create);
+    }
     LT_CHECK(L, st);
-    run_backward_end_hooks(L);
     return 0;
 }
 
@@ -271,10 +314,10 @@ static int l_grad(lua_State *L) {
     bool create = lt_opt_bool(L, opts, "grad", "create_graph", false);
     bool retain = lt_opt_bool(L, opts, "grad", "retain_graph", create);
     bool unused = lt_opt_bool(L, opts, "grad", "allow_unused", false);
-    lua_State *outer = backward_L;
-    backward_L = L;
+    lua_State *outer;
+    enter_backward(L, &outer);
     nd_status st = nd_grad(outs, have_gouts ? gouts : NULL, no, ins, ni, retain, create, unused, res);
-    backward_L = outer;
+    leave_backward(outer);
     LT_CHECK(L, st);
     if (!in_list) {
         if (res[0]) lt_push(L, res[0]); else lua_pushnil(L);

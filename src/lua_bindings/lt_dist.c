@@ -2,7 +2,7 @@
  * world (core.dist_init, core.dist_info, ...) and the collectives, which
  * block or, with async, return a work userdata:
  *
- *   core.dist_all_reduce(t, op, check, async)      -> [work]
+ *   core.dist_all_reduce(t, op, check, async[, channel]) -> [work]
  *   core.dist_broadcast(t, root, check, async)     -> [work]
  *   core.dist_all_gather(t, check, async)          -> tensor | work
  *   core.dist_reduce_scatter(t, op, check, async)  -> tensor | work
@@ -103,8 +103,9 @@ static int l_all_reduce(lua_State *L) {
     nd_tensor *t = lt_check(L, 1, what);
     nd_dist_op op = check_op(L, 2, what);
     bool check = lua_toboolean(L, 3), async = lua_toboolean(L, 4);
+    int channel = (int)luaL_optinteger(L, 5, 0);
     nd_dist_work *w = NULL;
-    LT_CHECK(L, nd_dist_all_reduce(t, op, check, async ? &w : NULL));
+    LT_CHECK(L, nd_dist_all_reduce_on(t, op, check, channel, async ? &w : NULL));
     return async ? deliver(L, what, w) : 0;
 }
 
@@ -112,9 +113,10 @@ static int l_broadcast(lua_State *L) {
     const char *what = "distributed.broadcast";
     nd_tensor *t = lt_check(L, 1, what);
     lua_Integer root = luaL_checkinteger(L, 2);
-    if (root < 0 || root >= nd_dist_world_size())
+    if (nd_dist_initialized() && (root < 0 || root >= nd_dist_world_size()))
         return lt_error(L, what, "root rank %lld out of range (ranks are 0..%d)", (long long)root,
                         nd_dist_world_size() - 1);
+    if (root < INT32_MIN || root > INT32_MAX) root = -1; /* out of range either way */
     bool check = lua_toboolean(L, 3), async = lua_toboolean(L, 4);
     nd_dist_work *w = NULL;
     LT_CHECK(L, nd_dist_broadcast(t, (int)root, check, async ? &w : NULL));

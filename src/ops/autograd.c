@@ -268,18 +268,21 @@ nd_status nd_set_grad_hook(nd_tensor *t, bool on) {
     return ND_OK;
 }
 
-static void count_leaf_use(nd_node *n, int i, bool accumulate_leaves) {
+/* run: this walk's epoch (a backward inside a custom backward is a walk of
+ * its own; a leaf both walks reach is counted by the inner one, so the
+ * outer one does not report it: see nd_set_grad_hook) */
+static void count_leaf_use(nd_node *n, int i, bool accumulate_leaves, int run) {
     nd_tensor *leaf = n->needs_grad[i] ? n->leaf[i] : NULL;
     if (!leaf || !leaf->grad_hook || !accumulate_leaves || !grad_hook_fn) return;
-    if (leaf->grad_mark != epoch) {
-        leaf->grad_mark = epoch;
+    if (leaf->grad_mark != run) {
+        leaf->grad_mark = run;
         leaf->grad_pending = 0;
     }
     leaf->grad_pending++;
 }
 
-static nd_status leaf_used(nd_tensor *leaf) {
-    if (!leaf || leaf->grad_mark != epoch || leaf->grad_pending <= 0) return ND_OK;
+static nd_status leaf_used(nd_tensor *leaf, int run) {
+    if (!leaf || leaf->grad_mark != run || leaf->grad_pending <= 0) return ND_OK;
     if (--leaf->grad_pending > 0 || !leaf->grad) return ND_OK;
     return grad_hook_fn ? grad_hook_fn(leaf) : ND_OK;
 }
@@ -289,11 +292,11 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
                      const capture *cap) {
     node_list all = {0}, ready = {0};
     nd_status st = ND_OK;
-    epoch++;
+    int run_epoch = ++epoch; /* this walk's: a nested walk takes the next one */
     /* 1. collect the reachable nodes and count each one's consumers */
     for (int r = 0; r < nroots && st == ND_OK; r++) {
-        if (roots[r]->mark != epoch) {
-            roots[r]->mark = epoch;
+        if (roots[r]->mark != run_epoch) {
+            roots[r]->mark = run_epoch;
             roots[r]->deps = 0;
             st = list_push(&all, roots[r]);
         }
@@ -303,11 +306,11 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
         for (int i = 0; i < n->ninputs && st == ND_OK; i++) {
             nd_node *m = n->next[i];
             if (!m) {
-                count_leaf_use(n, i, accumulate_leaves);
+                count_leaf_use(n, i, accumulate_leaves, run_epoch);
                 continue;
             }
-            if (m->mark != epoch) {
-                m->mark = epoch;
+            if (m->mark != run_epoch) {
+                m->mark = run_epoch;
                 m->deps = 0;
                 st = list_push(&all, m);
             }
@@ -363,9 +366,9 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
                 st = capture_grad(cap, NULL, leaf, grads[i]);
                 if (st == ND_OK && accumulate_leaves) st = nd_graph_note_leaf_grad(leaf, true);
                 if (st == ND_OK && accumulate_leaves) st = accumulate(&leaf->grad, grads[i]);
-                if (st == ND_OK) st = leaf_used(n->leaf[i]);
+                if (st == ND_OK) st = leaf_used(n->leaf[i], run_epoch);
             } else {
-                st = leaf_used(n->leaf[i]);
+                st = leaf_used(n->leaf[i], run_epoch);
             }
         }
         for (int i = 0; i < n->ninputs; i++) nd_release(grads[i]);

@@ -250,6 +250,9 @@ end
 
 -- iter() -> an iterator for a generic for over one epoch of batches.
 function DataLoader:iter()
+  -- a sampler's own set_epoch (PyTorch's habit) counts as the loader's
+  local given = self.sampler and self.sampler._take_epoch and self.sampler:_take_epoch()
+  if given then self._next_epoch = given end
   local epoch = self._next_epoch
   self._next_epoch = epoch + 1
   self.epoch = epoch

@@ -40,6 +40,10 @@ local function new(_, dataset, opts)
   local world, rank = o.num_replicas, o.rank
   if world == nil or rank == nil then
     local info = core.dist_info()
+    if info.launched and not info.initialized then
+      errors.fail(WHO, "this process runs under mpirun but nd.distributed.init() was not called: "
+                  .. "call it first, or give num_replicas and rank")
+    end
     world = world or (info.initialized and info.world_size or 1)
     rank = rank or (info.initialized and info.rank or 0)
   end
@@ -62,9 +66,20 @@ setmetatable(DistributedSampler, {__call = new})
 function DistributedSampler:len() return self.num_samples end
 function DistributedSampler:__len() return self.num_samples end
 
+-- set_epoch(e): the epoch of indices() without an argument, and of the
+-- next epoch a DataLoader iterates (as PyTorch's sampler.set_epoch; the
+-- loader's own set_epoch does the same)
 function DistributedSampler:set_epoch(e)
   if math.type(e) ~= "integer" then errors.fail(WHO, "set_epoch: expected an integer, got %s", options.got(e)) end
   self.epoch = e
+  self._epoch_given = true
+end
+
+-- (DataLoader) the epoch set_epoch gave since the loader last asked, or nil
+function DistributedSampler:_take_epoch()
+  if not self._epoch_given then return nil end
+  self._epoch_given = false
+  return self.epoch
 end
 
 -- indices([epoch]) -> int64 tensor of this rank's 1-based item numbers

@@ -6,7 +6,7 @@
 --   dist.rank(), dist.world_size(), dist.local_rank(), dist.local_size()
 --   dist.is_available(), dist.is_initialized(), dist.is_launched()
 --   dist.barrier()
---   dist.all_reduce(t[, op | {op =, async =, check =}])       in place
+--   dist.all_reduce(t[, op | {op =, async =, check =, channel =}]) in place
 --   dist.broadcast(t[, root | {root =, async =, check =}])     in place
 --   dist.all_gather(t[, {async =, check =}])      -> {world_size, ...t's shape}
 --   dist.reduce_scatter(t[, op | {op =, async =, check =}])   -> {n, ...}
@@ -50,8 +50,8 @@ end
 function M.init(opts)
   local o = options.check("distributed.init", opts,
                           {timeout = "number", world_size = "integer", threads = "integer"})
-  if o.timeout ~= nil and o.timeout < 0 then
-    fail("init", "timeout must be >= 0 seconds (0: wait forever), got %s", o.timeout)
+  if o.timeout ~= nil and not (o.timeout >= 0 and o.timeout < math.huge) then
+    fail("init", "timeout must be a finite number of seconds >= 0 (0: wait forever), got %s", o.timeout)
   end
   if o.threads ~= nil and o.threads < 1 then
     fail("init", "threads must be >= 1, got %d", o.threads)
@@ -84,7 +84,7 @@ function M.local_rank() return info_checked("local_rank").local_rank end
 function M.local_size() return info_checked("local_size").local_size end
 function M.timeout() return core.dist_info().timeout end
 function M.set_timeout(s)
-  if type(s) ~= "number" or s < 0 then
+  if type(s) ~= "number" or not (s >= 0 and s < math.huge) then
     fail("set_timeout", "expected seconds >= 0 (0: wait forever), got %s", options.got(s))
   end
   core.dist_set_timeout(s)
@@ -92,24 +92,33 @@ end
 
 function M.barrier() core.dist_barrier() end
 
--- (t, op_or_opts) -> op, async, check
+-- (t, op_or_opts) -> op, async, check, channel
 local OPS = {sum = true, mean = true, max = true, min = true}
-local function reduce_args(who, t, arg)
+local CHANNELS = {default = 0, gradients = 1}
+local function reduce_args(who, t, arg, spec)
   if not core.is_tensor(t) then fail(who, "expected a tensor, got %s", options.got(t)) end
   local op, o = "sum", {}
   if type(arg) == "string" then
     op = arg
   elseif arg ~= nil then
-    o = options.check("distributed." .. who, arg, {op = "string", async = "boolean", check = "boolean"})
+    o = options.check("distributed." .. who, arg, spec or {op = "string", async = "boolean", check = "boolean"})
     op = o.op or "sum"
   end
   if not OPS[op] then fail(who, "unknown op '%s' (valid: max, mean, min, sum)", tostring(op)) end
-  return op, o.async == true, o.check ~= false
+  local channel = CHANNELS[o.channel or "default"]
+  if not channel then
+    fail(who, "unknown channel '%s' (valid: default, gradients)", tostring(o.channel))
+  end
+  return op, o.async == true, o.check ~= false, channel
 end
 
+-- channel "gradients": a communicator of its own, whose calls keep their
+-- order among themselves whatever runs on the default one between them
+-- (DistributedDataParallel's buckets)
 function M.all_reduce(t, arg)
-  local op, async, check = reduce_args("all_reduce", t, arg)
-  return core.dist_all_reduce(t, op, check, async)
+  local op, async, check, channel = reduce_args("all_reduce", t, arg,
+    {op = "string", async = "boolean", check = "boolean", channel = "string"})
+  return core.dist_all_reduce(t, op, check, async, channel)
 end
 
 function M.reduce_scatter(t, arg)

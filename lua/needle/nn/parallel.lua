@@ -13,9 +13,14 @@
 -- buckets of about bucket_mb MiB, in reverse parameter order (the order
 -- backward produces them); a bucket is all-reduced (mean) with a
 -- non-blocking call as soon as its last gradient is complete, while backward
--- goes on, and buckets are launched in the same order on every rank. When
--- backward ends, the reduced gradients become the parameters' grads.
--- Parameters that got no gradient on a rank count as zeros there.
+-- goes on, and buckets are launched in the same order on every rank (on a
+-- communicator of their own). When backward ends, the reduced gradients
+-- become the parameters' grads. A parameter that got no gradient on a rank
+-- counts as zeros there; one that no rank used keeps grad nil, as do frozen
+-- parameters (requires_grad false: not reduced at all). A backward that
+-- fails leaves no state behind (the buckets it started are waited for); a
+-- backward inside a custom function's backward makes the wrapper take every
+-- gradient again at the end; backward{create_graph = true} is an error.
 --
 -- Options: bucket_mb (25), broadcast_buffers (false: buffers such as
 -- BatchNorm's running statistics stay per rank, unless SyncBatchNorm keeps
@@ -24,7 +29,8 @@
 -- gradient accumulation; ddp:no_sync() returns a value for a `<close>`
 -- variable that does the same until the end of its block.
 -- state_dict keys are the model's with a "module." prefix, as in PyTorch;
--- ddp.module is the model.
+-- ddp.module is the model. Wrapping a model again takes its parameters from
+-- the earlier wrapper, which stops synchronising (as ddp:close() does).
 local core = require "needle.core"
 local nd = require "needle"
 local Module = require "needle.nn.module"
@@ -91,6 +97,11 @@ end
 local ELEMENT_BYTES = {float32 = 4, float64 = 8, int64 = 8, int32 = 4, uint8 = 1, bool = 1,
                        float16 = 2, bfloat16 = 2}
 
+-- Buckets: parameters in reverse order (the order backward completes them),
+-- one dtype and device per bucket, about cap_bytes each. A bucket's buffer
+-- holds its gradients, then one flag per parameter: 1 where this rank had a
+-- gradient, so that after the mean a parameter no rank used is told apart
+-- (its grad stays nil) from one that some rank used.
 local function build_buckets(params, cap_bytes)
   local buckets, where = {}, {}
   local open = {} -- dtype/device -> the bucket being filled
@@ -111,7 +122,8 @@ local function build_buckets(params, cap_bytes)
     b.bytes = b.bytes + bytes
   end
   for _, b in ipairs(buckets) do
-    b.buffer = nd.zeros({math.max(b.numel, 1)}, {dtype = b.dtype, device = b.device})
+    b.buffer = nd.zeros({b.numel + #b.params}, {dtype = b.dtype, device = b.device})
+    b.flags = b.buffer:narrow(1, b.numel + 1, #b.params)
     b.got = {}
     b.ready = 0
   end
@@ -123,12 +135,18 @@ local function slot_view(b, k, p)
   return b.buffer:narrow(1, b.offsets[k] + 1, p:numel()):view(p.shape)
 end
 
+local function launch(st, b)
+  -- the gradients' own channel: its calls keep their order whatever
+  -- collectives (SyncBatchNorm's) run on the default one in between
+  b.handle = st.dist.all_reduce(b.buffer, {op = "mean", async = true, check = false, channel = "gradients"})
+end
+
 local function launch_ready(st)
   local buckets = st.buckets
   while st.next_launch <= #buckets do
     local b = buckets[st.next_launch]
     if b.ready < #b.params then break end
-    b.handle = st.dist.all_reduce(b.buffer, {op = "mean", async = true, check = false})
+    launch(st, b)
     st.next_launch = st.next_launch + 1
   end
   -- MPI progresses a non-blocking collective only inside MPI calls
@@ -138,44 +156,100 @@ local function launch_ready(st)
   end
 end
 
+-- this backward's state goes (launched buckets are waited for: every rank
+-- launched the same ones, in the same order)
+local function reset(st)
+  for _, b in ipairs(st.buckets) do
+    if b.handle then
+      local h = b.handle
+      b.handle = nil
+      h:wait()
+    end
+    b.got = {}
+    b.ready = 0
+  end
+  st.next_launch = 1
+  st.active = false
+end
+
+-- slot k of bucket b from the parameter's gradient now (zeros and flag 0
+-- without one)
+local function fill_slot(st, b, k)
+  local p = st.params[b.params[k]]
+  if p.grad ~= nil then
+    slot_view(b, k, p):copy_(p.grad)
+    b.flags:narrow(1, k, 1):fill_(1)
+  else
+    slot_view(b, k, p):zero_()
+    b.flags:narrow(1, k, 1):fill_(0)
+  end
+  b.got[k] = true
+  b.ready = b.ready + 1
+end
+
 local function on_grad_ready(st, i)
   if not st.sync then return end
   st.active = true
   local w = st.where[i]
   local b = st.buckets[w.bucket]
   if b.got[w.slot] then return end
-  local p = st.params[i]
-  slot_view(b, w.slot, p):copy_(p.grad)
-  b.got[w.slot] = true
-  b.ready = b.ready + 1
+  fill_slot(st, b, w.slot)
   if b.ready == #b.params then launch_ready(st) end
 end
 
-local function on_backward_end(st)
-  if not st.active then return end
-  st.active = false
-  -- gradients that never came (unused parameters) count as zeros
+local function on_backward_end(st, ok, nested, create_graph)
+  if not st.sync or not (st.active or nested) then return end
+  if not ok then
+    reset(st)
+    return
+  end
+  if create_graph then
+    reset(st)
+    fail("backward with create_graph is not supported: the reduced gradients have no graph")
+  end
+  if nested then
+    -- a backward inside a custom function's backward: hooks may have fired
+    -- early (or not at all) for the leaves it reached, so every gradient is
+    -- taken again now, and the buckets started before are dropped
+    reset(st)
+  end
   for _, b in ipairs(st.buckets) do
-    for k, i in ipairs(b.params) do
-      if not b.got[k] then
-        slot_view(b, k, st.params[i]):zero_()
-        b.got[k] = true
-        b.ready = b.ready + 1
-      end
+    for k = 1, #b.params do
+      if not b.got[k] then fill_slot(st, b, k) end
     end
   end
   launch_ready(st)
   for _, b in ipairs(st.buckets) do
-    b.handle:wait()
+    local h = b.handle
     b.handle = nil
+    h:wait()
+    local flags = b.flags:totable()
     for k, i in ipairs(b.params) do
       local p = st.params[i]
-      p.grad = slot_view(b, k, p)
+      -- no rank had a gradient: none, as in one process
+      if flags[k] > 0 then p.grad = slot_view(b, k, p) else p.grad = nil end
     end
     b.got = {}
     b.ready = 0
   end
   st.next_launch = 1
+  st.active = false
+end
+
+-- parameters already synchronised by a wrapper (weak: a collected wrapper
+-- lets go of them)
+local owners = setmetatable({}, {__mode = "kv"})
+
+local function unhook(st)
+  if not st.hooked then return end
+  st.hooked = false
+  for _, p in ipairs(st.params) do
+    if owners[p] == st then
+      core._set_grad_hook(p, nil)
+      owners[p] = nil
+    end
+  end
+  core._set_backward_end_hook(st, nil)
 end
 
 function DDP:init(module, opts)
@@ -187,10 +261,12 @@ function DDP:init(module, opts)
   self.module = module
   self.bucket_mb = o.bucket_mb or 25
   self.broadcast_buffers = o.broadcast_buffers == true
-  local params, names = {}, {}
+  local params, all_params, names = {}, {}, {}
   for _, e in ipairs(module:named_parameters()) do
     names[#names + 1] = describe(e[1], e[2])
-    params[#params + 1] = e[2]
+    all_params[#all_params + 1] = e[2]
+    -- frozen parameters get no gradient, here as in one process
+    if e[2].requires_grad then params[#params + 1] = e[2] end
   end
   local buffers = {}
   for _, e in ipairs(module:named_buffers()) do
@@ -198,19 +274,35 @@ function DDP:init(module, opts)
     buffers[#buffers + 1] = e[2]
   end
   local st = {dist = dist, params = params, buffers = buffers, sync = true, active = false,
-              next_launch = 1}
+              next_launch = 1, hooked = false}
   self._state = st
   if dist.world_size() == 1 then return end -- nothing to synchronise
+  -- a model wrapped again: the earlier wrapper stops synchronising
+  for _, p in ipairs(params) do
+    if owners[p] then unhook(owners[p]) end
+  end
   check_same_model(dist, names)
   nd.no_grad(function()
-    for _, t in ipairs(params) do dist.broadcast(t, {root = 0, check = false}) end
+    for _, t in ipairs(all_params) do dist.broadcast(t, {root = 0, check = false}) end
     for _, t in ipairs(buffers) do dist.broadcast(t, {root = 0, check = false}) end
   end)
   st.buckets, st.where = build_buckets(params, self.bucket_mb * 1024 * 1024)
+  -- the hooks hold the state weakly: a wrapper nobody holds is collected,
+  -- and its finaliser takes the hooks away
+  local ref = setmetatable({st = st}, {__mode = "v"})
   for i, p in ipairs(params) do
-    core._set_grad_hook(p, function() on_grad_ready(st, i) end)
+    owners[p] = st
+    core._set_grad_hook(p, function()
+      local s = ref.st
+      if s then on_grad_ready(s, i) end
+    end)
   end
-  core._set_backward_end_hook(st, function() on_backward_end(st) end)
+  core._set_backward_end_hook(st, function(ok, nested, create_graph)
+    local s = ref.st
+    if s then on_backward_end(s, ok, nested, create_graph) end
+  end)
+  st.hooked = true
+  setmetatable(st, {__gc = unhook})
 end
 
 function DDP:forward(...)
@@ -235,13 +327,10 @@ function DDP:no_sync(fn)
   if not ok then error(err, 0) end
 end
 
--- Stops synchronising: the hooks go (a model can be wrapped again).
+-- Stops synchronising: the hooks go (a model can be wrapped again). A
+-- wrapper that is collected does this itself.
 function DDP:close()
-  local st = self._state
-  if not st.buckets then return end
-  for _, p in ipairs(st.params) do core._set_grad_hook(p, nil) end
-  core._set_backward_end_hook(st, nil)
-  st.buckets = nil
+  unhook(self._state)
 end
 
 function DDP:extra_repr()

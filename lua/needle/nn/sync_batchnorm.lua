@@ -3,17 +3,21 @@
 -- data-parallel job (nd.distributed), as PyTorch's nn.SyncBatchNorm.
 --
 -- Options, buffers and state_dict keys are BatchNorm's; inputs are (N, C,
--- ...) of any rank. In training mode with more than one process, the mean
--- and then the variance come from all-reduced per-channel sums (two small
--- collectives per layer and forward, two more in backward, through
--- autograd), so every rank normalises with the statistics one process with
--- the whole batch would use, and the running statistics agree across ranks.
--- In eval mode, or in a world of one process, it is BatchNorm.
+-- ...) of any rank. In training mode with more than one process, each
+-- rank's per-channel mean, variance and count are gathered (one small
+-- all_gather per layer and forward) and merged in float64, and backward
+-- all-reduces the two per-channel sums its formula needs (one all_reduce),
+-- so every rank normalises with the statistics one process with the whole
+-- batch would use, the gradients are that process's, and the running
+-- statistics agree across ranks. Every rank must run the layer in each
+-- forward and backward (a rank whose loss does not reach it would leave the
+-- others waiting). In eval mode, or in a world of one process, it is
+-- BatchNorm.
 --
 -- SyncBatchNorm.convert_sync_batchnorm(model) swaps every BatchNorm1d/2d of
--- a model (its parameters and buffers kept) and returns the model.
+-- a model (its parameters and buffers kept) and returns the model (a
+-- BatchNorm itself gives its SyncBatchNorm).
 local nd = require "needle"
-local Module = require "needle.nn.module"
 local norm = require "needle.nn.norm"
 local shape_str = require("needle.errors").shape_str
 local error = require("needle.errors").error
@@ -51,8 +55,10 @@ local SyncBatchNormFn = require("needle.autograd").Function{
       dims[#dims + 1] = d
       shape[#shape + 1] = 1
     end
-    local m = x:mean(dims)
-    local v = x:var(dims, false, {correction = 0})
+    -- a rank with no samples adds nothing (count 0, and zeros, not NaN)
+    local empty = x:numel() == 0
+    local m = empty and nd.zeros({C}, {dtype = x.dtype}) or x:mean(dims)
+    local v = empty and nd.zeros({C}, {dtype = x.dtype}) or x:var(dims, false, {correction = 0})
     local stats = nd.cat({m:double(), v:double(), nd.full({1}, x:numel() // C, {dtype = "float64"})}, 1)
     local all = dist.all_gather(stats, {check = false}) -- {W, 2C + 1}
     local counts = all:narrow(2, 2 * C + 1, 1)
@@ -110,28 +116,34 @@ function SyncBatchNorm:forward(x)
 end
 M.SyncBatchNorm = SyncBatchNorm
 
+local function is_batchnorm(m) return m.__name == "BatchNorm1d" or m.__name == "BatchNorm2d" end
+
+-- a SyncBatchNorm holding bn's own parameters and buffers
+local function to_sync(bn)
+  local s = SyncBatchNorm(bn.num_features, {eps = bn.eps, momentum = bn.momentum, affine = bn.affine,
+                          track_running_stats = bn.track_running_stats,
+                          dtype = (bn.weight or bn.running_mean or nd.zeros(1)).dtype})
+  for _, k in ipairs({"weight", "bias"}) do
+    if bn[k] ~= nil then s:register_parameter(k, bn[k]) end
+  end
+  for _, k in ipairs({"running_mean", "running_var", "num_batches_tracked"}) do
+    if bn[k] ~= nil then s:register_buffer(k, bn[k]) end
+  end
+  s:train(bn.training)
+  return s
+end
+
 local function convert(module)
   for _, entry in ipairs(module:named_children()) do
     local name, child = entry[1], entry[2]
-    if child.__name == "BatchNorm1d" or child.__name == "BatchNorm2d" then
-      local s = SyncBatchNorm(child.num_features, {eps = child.eps, momentum = child.momentum,
-                              affine = child.affine, track_running_stats = child.track_running_stats,
-                              dtype = (child.weight or child.running_mean or nd.zeros(1)).dtype})
-      for _, k in ipairs({"weight", "bias"}) do
-        if child[k] ~= nil then s:register_parameter(k, child[k]) end
-      end
-      for _, k in ipairs({"running_mean", "running_var", "num_batches_tracked"}) do
-        if child[k] ~= nil then s:register_buffer(k, child[k]) end
-      end
-      s:train(child.training)
-      module[name] = s
-    else
-      convert(child)
-    end
+    if is_batchnorm(child) then module[name] = to_sync(child) else convert(child) end
   end
   return module
 end
 
-function SyncBatchNorm.convert_sync_batchnorm(model) return convert(model) end
+function SyncBatchNorm.convert_sync_batchnorm(model)
+  if is_batchnorm(model) then return to_sync(model) end
+  return convert(model)
+end
 
 return M
