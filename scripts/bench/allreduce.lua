@@ -41,7 +41,11 @@ local rounds = tonumber(arg[2]) or 2
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local exe = arg[-1] or "needle-lua"
 local bin = os.tmpname()
-assert(os.execute(("mpicc -O2 %s/allreduce_mpi.c -o %s"):format(here, bin)), "mpicc failed (Debian: libopenmpi-dev)")
+-- NEEDLE_MPI_CC / NEEDLE_MPI_LIBS where there is no mpicc (the GPU machine's
+-- bundle: scripts/device_mpi.sh)
+local cc, libs = os.getenv("NEEDLE_MPI_CC") or "mpicc", os.getenv("NEEDLE_MPI_LIBS") or ""
+assert(os.execute(("%s -O2 %s/allreduce_mpi.c -o %s %s"):format(cc, here, bin, libs)),
+       "compiling allreduce_mpi.c failed (Debian: libopenmpi-dev)")
 local MPIRUN = ("mpirun -np %d --oversubscribe --allow-run-as-root"):format(np)
 
 local function lines(cmd)
