@@ -7,17 +7,8 @@
 local nd = require "needle"
 local dist = nd.distributed.init{timeout = 60}
 local R, W = dist.rank(), dist.world_size()
-local checks, failed = 0, 0
-
-local function check(name, ok, why)
-  checks = checks + 1
-  if ok then
-    if R == 0 then print("ok " .. name) end
-  else
-    failed = failed + 1
-    print(("FAIL %s (rank %d): %s"):format(name, R, why or "?"))
-  end
-end
+local report = require("spec.dist.report").new(R)
+local check = report.check
 
 local function same(a, b)
   if a.dtype ~= b.dtype then return false, ("dtype %s vs %s"):format(a.dtype, b.dtype) end
@@ -233,6 +224,6 @@ do
 end
 
 dist.barrier()
-print(("collectives: %d checks, %d failed (rank %d)"):format(checks, failed, R))
+local ok = report.finish("collectives")
 dist.finalize()
-os.exit(failed == 0 and 0 or 1)
+os.exit(ok and 0 or 1)

@@ -7,17 +7,8 @@ local nd = require "needle"
 local dist = nd.distributed.init{timeout = 60}
 local R = dist.rank()
 local nn = nd.nn
-local checks, failed = 0, 0
-
-local function check(name, ok, why)
-  checks = checks + 1
-  if ok then
-    if R == 0 then print("ok " .. name) end
-  else
-    failed = failed + 1
-    print(("FAIL %s (rank %d): %s"):format(name, R, tostring(why)))
-  end
-end
+local report = require("spec.dist.report").new(R)
+local check = report.check
 
 local function close(a, b)
   if a == nil or b == nil then return a == b, ("%s vs %s"):format(tostring(a), tostring(b)) end
@@ -195,6 +186,6 @@ do
 end
 
 dist.barrier()
-print(("ddp cases: %d checks, %d failed (rank %d)"):format(checks, failed, R))
+local ok = report.finish("ddp cases")
 dist.finalize()
-os.exit(failed == 0 and 0 or 1)
+os.exit(ok and 0 or 1)

@@ -229,11 +229,8 @@ local function on_backward_end(st, ok, nested, create_graph)
       -- no rank had a gradient: none, as in one process
       if flags[k] > 0 then p.grad = slot_view(b, k, p) else p.grad = nil end
     end
-    b.got = {}
-    b.ready = 0
   end
-  st.next_launch = 1
-  st.active = false
+  reset(st)
 end
 
 -- parameters already synchronised by a wrapper (weak: a collected wrapper
