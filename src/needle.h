@@ -673,7 +673,7 @@ typedef struct nd_dist_work nd_dist_work; /* a collective in flight */
 bool nd_dist_available(void);
 /* Under a launcher (mpirun, srun)? Reads the environment only. */
 bool nd_dist_launched(void);
-nd_status nd_dist_init(double timeout_s);
+nd_status nd_dist_init(double timeout_seconds);
 bool nd_dist_initialized(void);
 int nd_dist_rank(void);        /* 0 before init */
 int nd_dist_world_size(void);  /* 1 before init */

@@ -211,6 +211,17 @@ if W > 1 then
   check("after the errors the ranks are in step", same(t, nd.full({3}, W)))
 end
 
+-- an in-place collective counts as a modification for autograd: a tensor a
+-- backward saved, reduced afterwards, is an error, not a wrong gradient
+if W > 1 then
+  local a = nd.tensor({1, 2, 3})
+  local w = nd.ones({3}, {requires_grad = true})
+  local y = (w * a):sum()
+  dist.all_reduce(a)
+  local ok, err = pcall(function() y:backward() end)
+  check("in place, seen by autograd", not ok and tostring(err):find("modified in place", 1, true), err)
+end
+
 -- the differentiable all_reduce: its gradient is the sum of the ranks' gradients
 do
   local x = nd.tensor({1, 2, 3}, {dtype = "float64", requires_grad = true})

@@ -60,10 +60,10 @@ int nd_dist_local_size(void) { return world.local_size; }
 double nd_dist_timeout(void) { return atomic_load(&timeout_s); }
 void nd_dist_set_timeout(double s) { atomic_store(&timeout_s, s > 0 && s == s ? s : 0); }
 
-nd_status nd_dist_init(double timeout_s) {
+nd_status nd_dist_init(double seconds) {
     if (world.finalized)
         return nd_fail(ND_ERR_ARG, "distributed.init: called after finalize (MPI cannot start twice)");
-    nd_dist_set_timeout(timeout_s);
+    nd_dist_set_timeout(seconds);
     if (world.initialized) return ND_OK;
     if (nd_dist_launched()) {
         ND_TRY(nd_tx_init(&world.rank, &world.size, &world.local_rank, &world.local_size));
@@ -298,7 +298,15 @@ static nd_status finish(nd_dist_work *w) {
     if (w->done) return ND_OK;
     w->done = true;
     if (w->op == ND_DIST_MEAN && world.size > 1) divide(w->host, world.size);
-    if (w->target && w->host && w->host != w->target) ND_TRY(nd_copy_(w->target, w->host));
+    if (w->target && w->host == w->target) {
+        nd_bump_version(w->target); /* MPI wrote it in place: autograd must know */
+    } else if (w->target && w->host) {
+        /* the collectives are not recorded: their in-place writes are data */
+        bool grad = nd_set_grad_enabled(false);
+        nd_status st = nd_copy_(w->target, w->host);
+        nd_set_grad_enabled(grad);
+        ND_TRY(st);
+    }
     if (!w->target && w->host && w->device.type != ND_DEVICE_CPU) {
         nd_tensor *moved;
         ND_TRY(nd_to_device(w->host, w->device, &moved));
