@@ -143,6 +143,151 @@ function F.binary_cross_entropy_with_logits(input, target, opts)
   return reduce("binary_cross_entropy_with_logits", loss, opt(opts, "reduction", "mean"))
 end
 
+-- input and target of one shape (the elementwise losses): an error naming op
+local function check_pair(op, input, target)
+  check_tensor(op, input)
+  check_tensor(op, target, "target")
+  if table.concat(input.shape, ",") ~= table.concat(target.shape, ",") then
+    fail_at(3, op, "input %s and target %s must have the same shape", errors.shape_str(input),
+            errors.shape_str(target))
+  end
+end
+
+local function nonnegative(op, name, v)
+  if type(v) ~= "number" or not (v >= 0) then fail_at(3, op, "%s must be a number >= 0, got %s", name, tostring(v)) end
+end
+
+-- l1_loss(input, target, {reduction=}): |input - target|
+function F.l1_loss(input, target, opts)
+  check_pair("l1_loss", input, target)
+  opts = options.check("l1_loss", opts, {reduction = "string"})
+  return reduce("l1_loss", (input - target):abs(), opt(opts, "reduction", "mean"))
+end
+
+-- smooth_l1_loss(input, target, {beta = 1, reduction=}): 0.5 d^2 / beta below
+-- beta, d - 0.5 beta above (d = |input - target|; beta 0 is l1_loss)
+function F.smooth_l1_loss(input, target, opts)
+  check_pair("smooth_l1_loss", input, target)
+  opts = options.check("smooth_l1_loss", opts, {beta = "number", reduction = "string"})
+  local beta = opt(opts, "beta", 1.0)
+  nonnegative("smooth_l1_loss", "beta", beta)
+  local d = (input - target):abs()
+  local loss = beta == 0 and d or core.where(d:lt(beta), d * d * (0.5 / beta), d - 0.5 * beta)
+  return reduce("smooth_l1_loss", loss, opt(opts, "reduction", "mean"))
+end
+
+-- huber_loss(input, target, {delta = 1, reduction=}): 0.5 d^2 below delta,
+-- delta (d - 0.5 delta) above
+function F.huber_loss(input, target, opts)
+  check_pair("huber_loss", input, target)
+  opts = options.check("huber_loss", opts, {delta = "number", reduction = "string"})
+  local delta = opt(opts, "delta", 1.0)
+  if type(delta) ~= "number" or not (delta > 0) then
+    fail_at(2, "huber_loss", "delta must be a number > 0, got %s", tostring(delta))
+  end
+  local d = (input - target):abs()
+  local loss = core.where(d:lt(delta), d * d * 0.5, (d - 0.5 * delta) * delta)
+  return reduce("huber_loss", loss, opt(opts, "reduction", "mean"))
+end
+
+-- binary_cross_entropy(probabilities, target, {weight=, reduction=}): the
+-- logs are clamped at -100, as PyTorch's (a probability of 0 or 1 gives a
+-- finite loss)
+function F.binary_cross_entropy(input, target, opts)
+  check_pair("binary_cross_entropy", input, target)
+  opts = options.check("binary_cross_entropy", opts, {weight = "tensor", reduction = "string"})
+  local loss = -(target * input:log():clamp(-100) + (1 - target) * (1 - input):log():clamp(-100))
+  if opts.weight ~= nil then loss = loss * opts.weight end
+  return reduce("binary_cross_entropy", loss, opt(opts, "reduction", "mean"))
+end
+
+-- kl_div(input (log-probabilities), target, {reduction = "mean", log_target =
+-- false}): target (log target - input), 0 where target is 0; reduction
+-- "batchmean" divides the sum by the first dim (the mathematical KL
+-- divergence; "mean" averages over every element, as PyTorch's default)
+function F.kl_div(input, target, opts)
+  check_pair("kl_div", input, target)
+  opts = options.check("kl_div", opts, {reduction = "string", log_target = "boolean"})
+  local loss
+  if opts.log_target then
+    loss = target:exp() * (target - input)
+  else
+    local safe = core.where(target:gt(0), target, core.ones_like(target))
+    loss = target * safe:log() - target * input
+  end
+  local reduction = opt(opts, "reduction", "mean")
+  if reduction == "batchmean" then
+    return loss:sum() / (input:dim() > 0 and input:size(1) or 1)
+  end
+  return reduce("kl_div", loss, reduction)
+end
+
+-- margin_ranking_loss(x1, x2, y (1 or -1), {margin = 0, reduction=}):
+-- max(0, -y (x1 - x2) + margin)
+function F.margin_ranking_loss(x1, x2, y, opts)
+  check_pair("margin_ranking_loss", x1, x2)
+  check_tensor("margin_ranking_loss", y, "target")
+  opts = options.check("margin_ranking_loss", opts, {margin = "number", reduction = "string"})
+  local loss = (-y * (x1 - x2) + opt(opts, "margin", 0)):maximum(0)
+  return reduce("margin_ranking_loss", loss, opt(opts, "reduction", "mean"))
+end
+
+-- the dim a row-wise loss reduces: the last of (N, D), the only one of (D)
+local function feature_dim(op, x)
+  if x:dim() ~= 1 and x:dim() ~= 2 then
+    fail_at(4, op, "expected inputs of shape (N, D) or (D), got %s", errors.shape_str(x))
+  end
+  return x:dim()
+end
+
+-- cosine_embedding_loss(x1, x2, y (1 or -1), {margin = 0, reduction=}):
+-- 1 - cos(x1, x2) where y = 1, max(0, cos - margin) where y = -1 (cos as
+-- PyTorch's: the squared norms each get 1e-12)
+function F.cosine_embedding_loss(x1, x2, y, opts)
+  check_pair("cosine_embedding_loss", x1, x2)
+  check_tensor("cosine_embedding_loss", y, "target")
+  opts = options.check("cosine_embedding_loss", opts, {margin = "number", reduction = "string"})
+  local d = feature_dim("cosine_embedding_loss", x1)
+  local dot = (x1 * x2):sum(d)
+  local denom = (((x1 * x1):sum(d) + 1e-12) * ((x2 * x2):sum(d) + 1e-12)):sqrt()
+  local cos = dot / denom
+  local zeros = core.zeros_like(cos)
+  local loss = core.where(y:eq(1), 1 - cos, zeros) +
+               core.where(y:eq(-1), (cos - opt(opts, "margin", 0)):maximum(0), zeros)
+  return reduce("cosine_embedding_loss", loss, opt(opts, "reduction", "mean"))
+end
+
+-- pairwise_distance(x1, x2, {p = 2, eps = 1e-6, keepdim = false}):
+-- ||x1 - x2 + eps||_p over the last dim, as PyTorch's
+function F.pairwise_distance(x1, x2, opts)
+  check_tensor("pairwise_distance", x1)
+  check_tensor("pairwise_distance", x2, "x2")
+  opts = options.check("pairwise_distance", opts, {p = "number", eps = "number", keepdim = "boolean"})
+  local p, eps = opt(opts, "p", 2), opt(opts, "eps", 1e-6)
+  if not (p > 0) then fail_at(2, "pairwise_distance", "p must be > 0, got %s", tostring(p)) end
+  local d = (x1 - x2 + eps):abs()
+  local last = math.max(d:dim(), 1)
+  if p == 2 then return (d * d):sum(last, opts.keepdim == true):sqrt() end
+  if p == 1 then return d:sum(last, opts.keepdim == true) end
+  return (d ^ p):sum(last, opts.keepdim == true) ^ (1 / p)
+end
+
+-- triplet_margin_loss(anchor, positive, negative, {margin = 1, p = 2, eps =
+-- 1e-6, swap = false, reduction=}): max(d(a, p) - d(a, n) + margin, 0), d
+-- the pairwise distance; swap takes min(d(a, n), d(p, n))
+function F.triplet_margin_loss(anchor, positive, negative, opts)
+  check_pair("triplet_margin_loss", anchor, positive)
+  check_pair("triplet_margin_loss", anchor, negative)
+  opts = options.check("triplet_margin_loss", opts, {margin = "number", p = "number", eps = "number",
+                                                     swap = "boolean", reduction = "string"})
+  local dist_opts = {p = opt(opts, "p", 2), eps = opt(opts, "eps", 1e-6)}
+  local d_ap = F.pairwise_distance(anchor, positive, dist_opts)
+  local d_an = F.pairwise_distance(anchor, negative, dist_opts)
+  if opts.swap then d_an = d_an:minimum(F.pairwise_distance(positive, negative, dist_opts)) end
+  local loss = (d_ap - d_an + opt(opts, "margin", 1.0)):maximum(0)
+  return reduce("triplet_margin_loss", loss, opt(opts, "reduction", "mean"))
+end
+
 -- Labels: an int tensor or a Lua table of class indices 1..C, one per row. A
 -- table becomes a tensor on the input's device. The range check reads two
 -- numbers back (on a device, the host waits for the labels there).

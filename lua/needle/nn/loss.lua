@@ -1,5 +1,7 @@
 -- needle.nn.loss: CrossEntropyLoss (and needle's SoftmaxLoss), NLLLoss, MSELoss,
--- BCEWithLogitsLoss - modules around the nd.F losses.
+-- BCEWithLogitsLoss, L1Loss, SmoothL1Loss, HuberLoss, BCELoss, KLDivLoss,
+-- MarginRankingLoss, CosineEmbeddingLoss, TripletMarginLoss - modules around
+-- the nd.F losses.
 --
 --   local loss_fn = nd.nn.CrossEntropyLoss({label_smoothing = 0.1})
 --   local loss = loss_fn(logits, labels)      -- labels 1..C
@@ -174,5 +176,54 @@ end
 
 function BCEWithLogitsLoss:extra_repr() return ("reduction='%s'"):format(self.reduction) end
 M.BCEWithLogitsLoss = BCEWithLogitsLoss
+
+-- the losses that are one nd.F function with options ---------------------------
+
+-- define(name, fn, spec, arity): a module whose init takes spec's options
+-- (and reduction) and whose forward(inputs...) calls F[fn](inputs..., opts)
+local function define(name, fn, spec, arity, reductions)
+  local L = Module:extend(name)
+  function L:init(opts)
+    local given = util.options(self, opts, (function()
+      local full = {reduction = "string"}
+      for k, v in pairs(spec) do full[k] = v end
+      return full
+    end)())
+    local reduction = given.reduction or "mean"
+    if not (REDUCTIONS[reduction] or (reductions and reductions[reduction])) then
+      util.fail(self, ("reduction must be 'mean', 'sum' or 'none'%s, got %s"):format(
+        reductions and " (or 'batchmean')" or "", tostring(reduction)))
+    end
+    self.reduction = reduction
+    self._opts = {}
+    for k in pairs(spec) do self._opts[k] = given[k] end
+  end
+  function L:forward(...)
+    local args = table.pack(...)
+    for i = 1, arity do check_input(self, args[i]) end
+    local o = {reduction = self.reduction}
+    for k, v in pairs(self._opts) do o[k] = v end
+    args[arity + 1] = o
+    return nd.F[fn](table.unpack(args, 1, arity + 1))
+  end
+  function L:extra_repr()
+    local parts = {}
+    for k, v in pairs(self._opts) do parts[#parts + 1] = ("%s=%s"):format(k, tostring(v)) end
+    table.sort(parts)
+    parts[#parts + 1] = ("reduction='%s'"):format(self.reduction)
+    return table.concat(parts, ", ")
+  end
+  M[name] = L
+end
+
+define("L1Loss", "l1_loss", {}, 2)
+define("SmoothL1Loss", "smooth_l1_loss", {beta = "number"}, 2)
+define("HuberLoss", "huber_loss", {delta = "number"}, 2)
+define("BCELoss", "binary_cross_entropy", {weight = "tensor"}, 2)
+define("KLDivLoss", "kl_div", {log_target = "boolean"}, 2, {batchmean = true})
+define("MarginRankingLoss", "margin_ranking_loss", {margin = "number"}, 3)
+define("CosineEmbeddingLoss", "cosine_embedding_loss", {margin = "number"}, 3)
+define("TripletMarginLoss", "triplet_margin_loss", {margin = "number", p = "number", eps = "number",
+                                                    swap = "boolean"}, 3)
 
 return M
