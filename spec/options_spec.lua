@@ -144,6 +144,14 @@ local NN = {
   Tanh = {"", function(o) return nn.Tanh(o) end},
   Sigmoid = {"", function(o) return nn.Sigmoid(o) end},
   SiLU = {"inplace", function(o) return nn.SiLU(o) end},
+  Mish = {"inplace", function(o) return nn.Mish(o) end},
+  Hardswish = {"inplace", function(o) return nn.Hardswish(o) end},
+  Hardsigmoid = {"inplace", function(o) return nn.Hardsigmoid(o) end},
+  ReLU6 = {"inplace", function(o) return nn.ReLU6(o) end},
+  ELU = {"alpha, inplace", function(o) return nn.ELU(o) end},
+  Softplus = {"beta, threshold", function(o) return nn.Softplus(o) end},
+  Hardtanh = {"inplace, max_val, min_val", function(o) return nn.Hardtanh(o) end},
+  PReLU = {"device, dtype, init, num_parameters", function(o) return nn.PReLU(o) end},
   LeakyReLU = {"inplace, negative_slope", function(o) return nn.LeakyReLU(o) end},
   GELU = {"approximate", function(o) return nn.GELU(o) end},
   Softmax = {"dim", function(o) return nn.Softmax(o) end},
@@ -377,6 +385,8 @@ describe("nd.F", function()
     cosine_embedding_loss = {"margin, reduction", function(o) return F.cosine_embedding_loss(x, x, nd.ones({3}), o) end},
     triplet_margin_loss = {"eps, margin, p, reduction, swap", function(o) return F.triplet_margin_loss(x, x, x, o) end},
     pairwise_distance = {"eps, keepdim, p", function(o) return F.pairwise_distance(x, x, o) end},
+    normalize = {"dim, eps, p", function(o) return F.normalize(x, o) end},
+    cosine_similarity = {"dim, eps", function(o) return F.cosine_similarity(x, x, o) end},
     binary_cross_entropy_with_logits = {"reduction", function(o) return F.binary_cross_entropy_with_logits(x, x:sigmoid(), o) end},
     nll_loss = {"ignore_index, reduction", function(o) return F.nll_loss(F.log_softmax(x, 2), labels, o) end},
     cross_entropy = {"ignore_index, label_smoothing, reduction", function(o) return F.cross_entropy(x, labels, o) end},
@@ -384,6 +394,7 @@ describe("nd.F", function()
   }
   -- the C functions of nd.F are covered above; these take no options table
   local NONE = {relu = 1, sigmoid = 1, tanh = 1, leaky_relu = 1, elu = 1, silu = 1, softmax = 1, log_softmax = 1,
+                mish = 1, hardswish = 1, hardsigmoid = 1, relu6 = 1, hardtanh = 1, prelu = 1,
                 logsumexp = 1, linear = 1, dropout = 1, layer_norm = 1, batch_norm = 1, adaptive_avg_pool2d = 1,
                 dilate = 1, undilate = 1, conv2d = 1, conv_transpose2d = 1, max_pool2d = 1, avg_pool2d = 1,
                 fused_conv2d = 1, fused_linear = 1}

@@ -82,6 +82,89 @@ function F.silu(x)
   return x * x:sigmoid()
 end
 
+-- mish(x) = x tanh(softplus(x))
+function F.mish(x)
+  check_tensor("mish", x)
+  return x * F.softplus(x):tanh()
+end
+
+-- hardtanh(x[, min_val = -1, max_val = 1]); relu6(x) = hardtanh(x, 0, 6)
+function F.hardtanh(x, min_val, max_val)
+  check_tensor("hardtanh", x)
+  min_val, max_val = min_val or -1, max_val or 1
+  if type(min_val) ~= "number" or type(max_val) ~= "number" or not (min_val <= max_val) then
+    fail_at(2, "hardtanh", "expected min_val <= max_val, numbers, got %s and %s", tostring(min_val), tostring(max_val))
+  end
+  return x:clamp(min_val, max_val)
+end
+
+function F.relu6(x)
+  check_tensor("relu6", x)
+  return x:clamp(0, 6)
+end
+
+-- hardsigmoid(x) = relu6(x + 3) / 6; hardswish(x) = x hardsigmoid(x)
+function F.hardsigmoid(x)
+  check_tensor("hardsigmoid", x)
+  return (x + 3):clamp(0, 6) / 6
+end
+
+function F.hardswish(x)
+  check_tensor("hardswish", x)
+  return x * ((x + 3):clamp(0, 6) / 6)
+end
+
+-- prelu(x, weight): x where x > 0, weight x elsewhere; weight has 1 value
+-- or one per channel (dim 2 of (N, C, ...)), as PyTorch's
+function F.prelu(x, weight)
+  check_tensor("prelu", x)
+  check_tensor("prelu", weight, "weight")
+  local n = weight:numel()
+  local w = weight
+  if n ~= 1 then
+    if x:dim() < 2 or x:size(2) ~= n then
+      fail_at(2, "prelu", "weight has %d values for input %s: expected 1 or one per channel (dim 2)", n,
+              errors.shape_str(x))
+    end
+    local shape = {1, n}
+    for _ = 3, x:dim() do shape[#shape + 1] = 1 end
+    w = weight:reshape(shape)
+  else
+    w = weight:reshape({})
+  end
+  return core.where(x:gt(0), x, x * w)
+end
+
+-- the p-norm over dim (keepdim), for normalize and cosine_similarity
+local function vector_norm(x, p, dim)
+  local a = x:abs()
+  if p == 2 then return (a * a):sum(dim, true):sqrt() end
+  if p == 1 then return a:sum(dim, true) end
+  return (a ^ p):sum(dim, true) ^ (1 / p)
+end
+
+-- normalize(x, {p = 2, dim = 2, eps = 1e-12}): x / max(||x||_p over dim, eps)
+-- (dim 2, PyTorch's dim=1, of (N, D) rows)
+function F.normalize(x, opts)
+  check_tensor("normalize", x)
+  opts = options.check("normalize", opts, {p = "number", dim = "integer", eps = "number"})
+  local p, eps = opt(opts, "p", 2), opt(opts, "eps", 1e-12)
+  if not (p > 0) then fail_at(2, "normalize", "p must be > 0, got %s", tostring(p)) end
+  local dim = opt(opts, "dim", math.min(2, math.max(x:dim(), 1)))
+  return x / vector_norm(x, p, dim):clamp(eps)
+end
+
+-- cosine_similarity(x1, x2, {dim = 2, eps = 1e-8}): the cosine of x1 and x2
+-- along dim, each normalised by max(||x||, eps) first (PyTorch 2's form)
+function F.cosine_similarity(x1, x2, opts)
+  check_tensor("cosine_similarity", x1)
+  check_tensor("cosine_similarity", x2, "x2")
+  opts = options.check("cosine_similarity", opts, {dim = "integer", eps = "number"})
+  local dim = opt(opts, "dim", math.min(2, math.max(x1:dim(), 1)))
+  local eps = opt(opts, "eps", 1e-8)
+  return ((x1 / vector_norm(x1, 2, dim):clamp(eps)) * (x2 / vector_norm(x2, 2, dim):clamp(eps))):sum(dim)
+end
+
 function F.softmax(x, dim) return core.softmax(x, dim) end
 function F.log_softmax(x, dim) return core.log_softmax(x, dim) end
 function F.logsumexp(x, dim, keepdim) return core.logsumexp(x, dim, keepdim) end

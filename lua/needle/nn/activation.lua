@@ -1,5 +1,7 @@
 -- needle.nn.activation: ReLU, LeakyReLU, GELU, SiLU, Tanh, Sigmoid, Softmax,
--- LogSoftmax - modules around the nd.F functions (no parameters).
+-- LogSoftmax, ELU, Softplus, Mish, Hardswish, Hardsigmoid, ReLU6, Hardtanh -
+-- modules around the nd.F functions (no parameters) - and PReLU (a learnt
+-- slope).
 --
 --   nd.nn.GELU({approximate = "tanh"}); nd.nn.Softmax(-1); nd.nn.LeakyReLU(0.2)
 local error = require("needle.errors").error -- positions at the user's line
@@ -29,6 +31,59 @@ simple("ReLU", function(x) return nd.F.relu(x) end, INPLACE)
 simple("Tanh", function(x) return nd.F.tanh(x) end, {})
 simple("Sigmoid", function(x) return nd.F.sigmoid(x) end, {})
 simple("SiLU", function(x) return nd.F.silu(x) end, INPLACE)
+simple("Mish", function(x) return nd.F.mish(x) end, INPLACE)
+simple("Hardswish", function(x) return nd.F.hardswish(x) end, INPLACE)
+simple("Hardsigmoid", function(x) return nd.F.hardsigmoid(x) end, INPLACE)
+simple("ReLU6", function(x) return nd.F.relu6(x) end, INPLACE)
+
+-- ELU({alpha = 1, inplace=}) or ELU(alpha)
+local ELU = Module:extend("ELU")
+function ELU:init(alpha, opts)
+  alpha, opts = util.first_or_options(self, alpha, opts, "alpha", "number", INPLACE)
+  self.inplace = opts.inplace
+  self.alpha = alpha or 1.0
+end
+function ELU:forward(x) return nd.F.elu(x, self.alpha) end
+function ELU:extra_repr() return ("alpha=%s"):format(self.alpha) end
+M.ELU = ELU
+
+-- Softplus({beta = 1, threshold = 20})
+local Softplus = Module:extend("Softplus")
+function Softplus:init(opts)
+  local o = util.options(self, opts, {beta = "number", threshold = "number"})
+  self.beta, self.threshold = o.beta or 1, o.threshold or 20
+end
+function Softplus:forward(x) return nd.F.softplus(x, {beta = self.beta, threshold = self.threshold}) end
+function Softplus:extra_repr() return ("beta=%s, threshold=%s"):format(self.beta, self.threshold) end
+M.Softplus = Softplus
+
+-- Hardtanh({min_val = -1, max_val = 1, inplace=})
+local Hardtanh = Module:extend("Hardtanh")
+function Hardtanh:init(opts)
+  local o = util.options(self, opts, {min_val = "number", max_val = "number", inplace = "boolean"})
+  self.min_val, self.max_val, self.inplace = o.min_val or -1, o.max_val or 1, o.inplace
+  if not (self.min_val <= self.max_val) then
+    util.fail(self, "min_val must be <= max_val, got %s and %s", self.min_val, self.max_val)
+  end
+end
+function Hardtanh:forward(x) return nd.F.hardtanh(x, self.min_val, self.max_val) end
+function Hardtanh:extra_repr() return ("min_val=%s, max_val=%s"):format(self.min_val, self.max_val) end
+M.Hardtanh = Hardtanh
+
+-- PReLU({num_parameters = 1, init = 0.25, dtype=, device=}): weight (a
+-- parameter of num_parameters slopes: 1, or the input's channels)
+local PReLU = Module:extend("PReLU")
+function PReLU:init(opts)
+  local o = util.options(self, opts, {num_parameters = "integer", init = "number"}, true)
+  local n = o.num_parameters or 1
+  if n < 1 then util.fail(self, "num_parameters must be >= 1, got %d", n) end
+  self.num_parameters = n
+  self.weight = Module.Parameter(nd.full({n}, o.init or 0.25, {dtype = o.dtype or "float32"}))
+  util.place(self, o)
+end
+function PReLU:forward(x) return nd.F.prelu(x, self.weight) end
+function PReLU:extra_repr() return ("num_parameters=%d"):format(self.num_parameters) end
+M.PReLU = PReLU
 
 -- LeakyReLU(negative_slope = 0.01[, {inplace=}]) or LeakyReLU({negative_slope=, inplace=})
 local LeakyReLU = Module:extend("LeakyReLU")

@@ -10,7 +10,8 @@ local nn = {Module = Module, Parameter = Module.Parameter}
 local families = {
   ["needle.nn.linear"] = {"Identity", "Linear", "Flatten", "Unflatten"},
   ["needle.nn.activation"] = {"ReLU", "LeakyReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax",
-                              "LogSoftmax"},
+                              "LogSoftmax", "ELU", "Softplus", "Mish", "Hardswish", "Hardsigmoid", "ReLU6",
+                              "Hardtanh", "PReLU"},
   ["needle.nn.container"] = {"Sequential", "ModuleList", "Residual"},
   ["needle.nn.dropout"] = {"Dropout"},
   ["needle.nn.norm"] = {"BatchNorm1d", "BatchNorm2d", "LayerNorm", "LayerNorm1d"},
