@@ -24,12 +24,15 @@ local function sanitizer_env(root)
             S.q("suppressions=" .. root .. "/spec/dist/lsan.supp:print_suppressions=0"))
 end
 
--- mpirun -np N ... needle-lua WORKER ARGS; returns output (stdout and
+-- a program's path from the repository root: a worker's name alone is spec/dist/'s
+local function program(path) return path:find("/", 1, true) and path or "spec/dist/" .. path end
+
+-- mpirun -np N ... needle-lua PROGRAM ARGS; returns output (stdout and
 -- stderr), exit status and seconds taken
 local function mpirun(n, worker, args, env)
   local exe, root = S.needle_lua()
   local cmd = ("cd %s && %s%s timeout 300 mpirun -np %d --oversubscribe --allow-run-as-root %s %s %s 2>&1")
-    :format(S.q(root), sanitizer_env(root), env or "", n, S.q(exe), S.q("spec/dist/" .. worker), args or "")
+    :format(S.q(root), sanitizer_env(root), env or "", n, S.q(exe), S.q(program(worker)), args or "")
   local t0 = nd.clock()
   local p = assert(io.popen(cmd))
   local out = p:read("a")
@@ -40,7 +43,7 @@ end
 -- a world of one, without mpirun
 local function alone(worker, args)
   local exe, root = S.needle_lua()
-  local p = assert(io.popen(("cd %s && %s %s %s 2>&1"):format(S.q(root), S.q(exe), S.q("spec/dist/" .. worker),
+  local p = assert(io.popen(("cd %s && %s %s %s 2>&1"):format(S.q(root), S.q(exe), S.q(program(worker)),
                                                               args or "")))
   local out = p:read("a")
   local _, _, code = p:close()
@@ -433,23 +436,8 @@ describe("distributed: jobs under mpirun", function()
 end)
 
 describe("distributed: the training scripts with --distributed", function()
-  -- mpirun -np 2 needle-lua scripts/<script> --distributed ARGS
-  local function script(n, name, args)
-    local exe, root = S.needle_lua()
-    local cmd = ("cd %s && %s timeout 300 mpirun -np %d --oversubscribe --allow-run-as-root %s scripts/%s %s 2>&1")
-      :format(S.q(root), sanitizer_env(root), n, S.q(exe), name, args)
-    local p = assert(io.popen(cmd))
-    local out = p:read("a")
-    local _, _, code = p:close()
-    return out, code
-  end
-  local function alone_script(name, args)
-    local exe, root = S.needle_lua()
-    local p = assert(io.popen(("cd %s && %s scripts/%s %s 2>&1"):format(S.q(root), S.q(exe), name, args)))
-    local out = p:read("a")
-    local _, _, code = p:close()
-    return out, code
-  end
+  local function script(n, name, args) return mpirun(n, "scripts/" .. name, args) end
+  local function alone_script(name, args) return alone("scripts/" .. name, args) end
 
   it("train_mlp: 2 processes, rank 0 writes the checkpoint, 1 process resumes it", function()
     if not have_mpirun() then return end

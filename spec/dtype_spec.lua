@@ -591,3 +591,12 @@ describe("conversions on OpenCL devices", function()
     end)
   end
 end)
+
+describe("element_size", function()
+  it("is the bytes per element of every dtype", function()
+    local want = {float32 = 4, float64 = 8, int64 = 8, int32 = 4, uint8 = 1, bool = 1, float16 = 2, bfloat16 = 2}
+    for dt, bytes in pairs(want) do
+      assert.are.equal(bytes, nd.zeros({2}, {dtype = dt}):element_size(), dt)
+    end
+  end)
+end)

@@ -548,6 +548,11 @@ static int t_stride(lua_State *L) {
 
 static int t_dim(lua_State *L) { lua_pushinteger(L, lt_check(L, 1, "dim")->ndim); return 1; }
 static int t_numel(lua_State *L) { lua_pushinteger(L, nd_numel(lt_check(L, 1, "numel"))); return 1; }
+/* x:element_size(): bytes per element of x's dtype, as PyTorch's */
+static int t_element_size(lua_State *L) {
+    lua_pushinteger(L, (lua_Integer)nd_dtype_size(lt_check(L, 1, "element_size")->dtype));
+    return 1;
+}
 static int t_is_contiguous(lua_State *L) {
     lua_pushboolean(L, nd_is_contiguous(lt_check(L, 1, "is_contiguous")));
     return 1;
@@ -585,6 +590,7 @@ void lt_register_tensor(lua_State *L) {
         {"ndimension", t_dim, true, false},
         {"numel", t_numel, true, true},
         {"nelement", t_numel, true, false},
+        {"element_size", t_element_size, true, false},
         {"is_contiguous", t_is_contiguous, true, false},
         {"storage_offset", t_storage_offset, true, false},
         {"shares_storage", t_shares_storage, true, false},

@@ -94,9 +94,6 @@ local function check_same_model(dist, entries)
        text(0), bad_r, text(bad_r))
 end
 
-local ELEMENT_BYTES = {float32 = 4, float64 = 8, int64 = 8, int32 = 4, uint8 = 1, bool = 1,
-                       float16 = 2, bfloat16 = 2}
-
 -- Buckets: parameters in reverse order (the order backward completes them),
 -- one dtype and device per bucket, about cap_bytes each. A bucket's buffer
 -- holds its gradients, then one flag per parameter: 1 where this rank had a
@@ -109,7 +106,7 @@ local function build_buckets(params, cap_bytes)
     local p = params[i]
     local key = p.dtype .. "@" .. p.device
     local b = open[key]
-    local bytes = p:numel() * (ELEMENT_BYTES[p.dtype] or 8)
+    local bytes = p:numel() * p:element_size()
     if not b or (b.bytes > 0 and b.bytes + bytes > cap_bytes) then
       b = {dtype = p.dtype, device = p.device, params = {}, offsets = {}, numel = 0, bytes = 0}
       buckets[#buckets + 1] = b
