@@ -130,6 +130,33 @@ describe("the C functions' options", function()
   end)
 end)
 
+-- Cases kept beside the area that added them: each spec/options/<area>.lua
+-- returns function(nd) -> {nn = {...}, nn_none = {...}, F = {...},
+-- F_none = {...}, rest = {...}} in the formats of NN, NN_NONE, nd.F's CASES and
+-- NONE, and the rest's CASES below. Merged here, so the completeness checks see
+-- them; a name listed twice is an error.
+local AREAS = {}
+do
+  local f = assert(io.popen("ls spec/options/*.lua 2>/dev/null"))
+  for path in f:lines() do
+    AREAS[#AREAS + 1] = assert(loadfile(path))()(nd)
+  end
+  f:close()
+end
+local function merge(into, key)
+  for _, area in ipairs(AREAS) do
+    for k, v in pairs(area[key] or {}) do
+      if type(k) == "number" then
+        into[#into + 1] = v
+      else
+        assert(into[k] == nil, ("options_spec: %s.%s is listed twice"):format(key, k))
+        into[k] = v
+      end
+    end
+  end
+  return into
+end
+
 -- nn ---------------------------------------------------------------------------
 
 local nn = nd.nn
@@ -217,6 +244,9 @@ local NN_NONE = {
   Identity = "ignores its arguments, as PyTorch's", Sequential = "takes modules", ModuleList = "takes modules",
   Residual = "takes a module", Unflatten = "takes a dim and sizes", AdaptiveAvgPool2d = "takes an output size",
 }
+
+merge(NN, "nn")
+merge(NN_NONE, "nn_none")
 
 describe("nn constructors", function()
   it("list every public name of nd.nn (a new module must be added above)", function()
@@ -399,6 +429,9 @@ describe("nd.F", function()
                 dilate = 1, undilate = 1, conv2d = 1, conv_transpose2d = 1, max_pool2d = 1, avg_pool2d = 1,
                 fused_conv2d = 1, fused_linear = 1}
 
+  merge(CASES, "F")
+  merge(NONE, "F_none")
+
   it("functions with options reject unknown ones", function()
     for name, c in pairs(CASES) do rejects(name, c[1], c[2]) end
     for name in pairs(F) do
@@ -464,6 +497,8 @@ describe("the rest of the package", function()
     {"convert.model('mlp')", "convert_dtype, mapping, strict",
      function(o) return nd.convert.model("mlp", nn.MLP({2, 3, 1}):state_dict(), o) end},
   }
+
+  merge(CASES, "rest")
 
   it("reject unknown options, naming the valid ones sorted", function()
     for _, c in ipairs(CASES) do rejects(c[1], c[2], c[3]) end

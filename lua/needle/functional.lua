@@ -470,4 +470,13 @@ function F.embedding(indices, weight, opts)
   return out:reshape(shape)
 end
 
+-- the families kept in files of their own (lua/needle/functional/*.lua), each
+-- a table of functions merged into F; a name defined twice is an error
+for _, family in ipairs({"needle.functional.spatial", "needle.functional.attention"}) do
+  for name, fn in pairs(require(family)) do
+    assert(F[name] == nil, ("needle.functional: %s defines %s twice"):format(family, name))
+    F[name] = fn
+  end
+end
+
 return F

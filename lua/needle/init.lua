@@ -17,7 +17,12 @@ nd.F = require "needle.functional"
 -- "needle"` stays fast and a script pays only for what it touches.
 require("needle.lazy")(nd, {nn = "needle.nn", optim = "needle.optim", data = "needle.data",
                             checkpoint = "needle.checkpoint", plot = "needle.plot", convert = "needle.convert",
-                            distributed = "needle.distributed", autograd = "needle.autograd"})
+                            distributed = "needle.distributed", autograd = "needle.autograd",
+                            linalg = "needle.linalg", log = "needle.log"})
+
+-- the tensor ops written in Lua over the C ops (einsum, norm, tril, unique, ...):
+-- installed as nd.<name> and as tensor methods (docs/tensor.md)
+require("needle.tensor_ops").install(nd, core)
 
 -- checkpoints (safetensors): nd.save(tensors, path[, metadata]) / nd.load(path);
 -- nd.load also reads a PyTorch checkpoint (zip), as nd.load_torch does.

@@ -124,6 +124,8 @@ void lt_register_profile(lua_State *L); /* lt_profile.c: the C half of nd.profil
 void lt_register_optim(lua_State *L);   /* lt_optim.c: fused optimizer updates */
 void lt_register_graph(lua_State *L);   /* lt_graph.c: the C half of nd.compile */
 void lt_register_dist(lua_State *L);    /* lt_dist.c: the C half of nd.distributed */
+void lt_register_linalg(lua_State *L);  /* lt_linalg.c: the C half of nd.linalg */
+void lt_register_workers(lua_State *L); /* lt_workers.c: DataLoader worker threads */
 
 /* Sets name = fn in the methods table (at methods_idx) and/or module table. */
 typedef struct { const char *name; lua_CFunction fn; bool method, function; } lt_reg;

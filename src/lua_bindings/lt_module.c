@@ -42,6 +42,8 @@ int luaopen_needle_core(lua_State *L) {
     lt_register_optim(L);
     lt_register_graph(L);
     lt_register_dist(L);
+    lt_register_linalg(L);
+    lt_register_workers(L);
     static const lt_reg regs[] = {
         {"live_bytes", l_live_bytes, false, true},
         {"peak_live_bytes", l_peak_live_bytes, false, true},

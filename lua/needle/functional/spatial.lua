@@ -1,0 +1,2 @@
+-- (filled by its family's commit)
+return {}

@@ -1,0 +1,2 @@
+-- (filled by its commit)
+return {install = function(nd, core) end}
