@@ -168,10 +168,19 @@ local function train_step(x, y, state)
 end
 if compile_opts then train_step = nd.compile(train_step, compile_opts) end
 
--- CSV log (appended when resuming)
+-- CSV log: one row per epoch, then a row "test" with the test set's loss and
+-- perplexity in the val_* columns. A resumed run keeps the rows of the epochs
+-- before its checkpoint (an earlier run's test row is dropped) and appends.
 local log_path = opts.out .. "/log.csv"
 local log = not job.main and {write = function() end, flush = function() end, close = function() end}
-  or cli.open_log(log_path, "epoch,step,train_loss,train_ppl,val_loss,val_ppl,tokens_per_s,seconds", opts.resume)
+  or cli.open_log(log_path, "epoch,step,train_loss,train_ppl,val_loss,val_ppl,tokens_per_s,seconds", opts.resume,
+                  function(line)
+                    local e = tonumber(line:match("^(%d+),"))
+                    return e ~= nil and e < start_epoch
+                  end)
+-- scalars (per step and per epoch) and parameter histograms (per epoch) for
+-- TensorBoard, JSON lines and CSV (nd.log)
+local run_log = cli.run_log(opts.out, opts.resume, job)
 
 local steps_per_epoch = math.ceil((train:size(1) - 1) / opts.bptt)
 local t_start = nd.clock()
@@ -194,6 +203,7 @@ for epoch = start_epoch, opts.epochs do
     tokens = tokens + y:numel()
     history.steps[#history.steps + 1] = step
     history.losses[#history.losses + 1] = l
+    run_log:scalar("train/loss", l, step)
     local elapsed = nd.clock() - t_epoch
     local rate = tokens / math.max(elapsed, 1e-9)
     local left = (steps_per_epoch - b) + (opts.epochs - epoch) * steps_per_epoch
@@ -218,14 +228,21 @@ for epoch = start_epoch, opts.epochs do
   log:write(("%d,%d,%.6f,%.4f,%.6f,%.4f,%.1f,%.2f\n"):format(epoch, step, train_loss,
     math.exp(train_loss), val_loss, math.exp(val_loss), tokens / seconds, nd.clock() - t_start))
   log:flush()
+  run_log:scalars({["epoch/train_loss"] = train_loss, ["epoch/train_ppl"] = math.exp(train_loss),
+                   ["val/loss"] = val_loss, ["val/ppl"] = math.exp(val_loss), ["speed/tokens_per_s"] = tokens / seconds},
+                  step)
+  cli.log_parameters(run_log, model, step)
+  run_log:flush()
   if job.main then
     checkpoint.save(ckpt_path, {model = model, optimizer = optimizer, step = step,
                                 extra = {epoch = epoch, val_loss = val_loss}})
   end
 end
-log:close()
-
 local test_loss = evaluate(test)
+log:write(("test,%d,,,%.6f,%.4f,,%.2f\n"):format(step, test_loss, math.exp(test_loss), nd.clock() - t_start))
+log:close()
+run_log:scalars({["test/loss"] = test_loss, ["test/ppl"] = math.exp(test_loss)}, step)
+run_log:close()
 print(("test perplexity %.2f%s  (%.1f s of training)"):format(math.exp(test_loss),
   stats and ("; best achievable %.2f (the generating grammar's own perplexity)"):format(stats.best_test_ppl) or "",
   nd.clock() - t_start))
@@ -240,6 +257,9 @@ local file = plot.lines(opts.out .. "/loss", {
       return p
     end)()},
     {name = "valid", x = history.epochs, y = history.val_ppl},
-  }})
+  },
+  -- the grammar that generated the corpus: no model can do better on average
+  hlines = stats and {{name = ("best achievable (%.2f)"):format(stats.best_valid_ppl), y = stats.best_valid_ppl}} or nil})
 if compile_opts then cli.compile_report(train_step) end
-print(("wrote %s, %s and %s"):format(ckpt_path, log_path, file))
+print(("wrote %s, %s and %s; scalars and histograms in %s (tensorboard --logdir %s)"):format(ckpt_path, log_path,
+  file, opts.out, opts.out))

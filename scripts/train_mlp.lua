@@ -215,6 +215,10 @@ local log = not job.main and {write = function() end, flush = function() end, cl
   end
 end)
 
+-- scalars (per step and per epoch) and parameter histograms (per epoch) for
+-- TensorBoard, JSON lines and CSV (nd.log)
+local run_log = cli.run_log(opts.out, opts.resume, job)
+
 -- one step (through nd.compile with --compile or --tune); data-parallel
 -- through DistributedDataParallel, which averages the gradients over ranks
 local trained = job.world > 1 and nn.parallel.DistributedDataParallel(model) or model
@@ -243,6 +247,7 @@ for epoch = start_epoch, last_epoch do
     correct = correct + logits:detach():argmax(2):eq(yb):sum():item()
     history.steps[#history.steps + 1] = step
     history.losses[#history.losses + 1] = l
+    run_log:scalar("train/loss", l, step)
     if b % 20 == 0 or b == batches then
       local elapsed = nd.clock() - t_epoch
       local left = (batches - b) + (last_epoch - epoch) * batches
@@ -266,12 +271,17 @@ for epoch = start_epoch, last_epoch do
   log:write(("%d,%d,%.9g,%.6f,%.6f,%.6f,%.6f,%d,%.1f,%.2f\n"):format(epoch, step, lr, train_loss,
     train_acc, test_loss, test_acc, test_correct, seen / seconds, seconds_before + nd.clock() - t_start))
   log:flush()
+  run_log:scalars({["epoch/train_loss"] = train_loss, ["epoch/train_acc"] = train_acc, ["test/loss"] = test_loss,
+                   ["test/acc"] = test_acc, lr = lr, ["speed/images_per_s"] = seen / seconds}, step)
+  cli.log_parameters(run_log, model, step)
+  run_log:flush()
   if job.main then
     checkpoint.save(ckpt_path, {model = model, optimizer = optimizer, scheduler = scheduler, step = step,
                                 extra = {epoch = epoch, test_acc = test_acc, options = run_config()}})
   end
 end
 log:close()
+run_log:close()
 
 if test_acc then
   print(("test accuracy %.2f%% after epoch %d (%.1f s of training)%s"):format(100 * test_acc, last_epoch,

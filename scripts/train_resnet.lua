@@ -266,6 +266,10 @@ local log = not job.main and {write = function() end, flush = function() end, cl
   return e and e < start_epoch
 end)
 
+-- scalars (per step and per epoch) and parameter histograms (per epoch) for
+-- TensorBoard, JSON lines and CSV (nd.log)
+local run_log = cli.run_log(opts.out, opts.resume, job)
+
 -- training ----------------------------------------------------------------------
 
 -- one step (through nd.compile with --compile or --tune); data-parallel
@@ -290,6 +294,7 @@ for epoch = start_epoch, last_epoch do
     step = step + 1
     local n = yb:size(1)
     local l = loss:item()
+    run_log:scalar("train/loss", l, step)
     local _, pred = logits:max(2)
     loss_sum, seen = loss_sum + l * n, seen + n
     correct = correct + pred:eq(yb):sum():item()
@@ -312,12 +317,17 @@ for epoch = start_epoch, last_epoch do
   log:write(("%d,%d,%.6g,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.2f\n"):format(epoch, step, lr, train_loss, train_acc,
     test_loss, test_acc, seen / seconds, seconds, nd.clock() - t_start))
   log:flush()
+  run_log:scalars({["epoch/train_loss"] = train_loss, ["epoch/train_acc"] = train_acc, ["test/loss"] = test_loss,
+                   ["test/acc"] = test_acc, lr = lr, ["speed/images_per_s"] = seen / seconds}, step)
+  cli.log_parameters(run_log, model, step)
+  run_log:flush()
   if job.main then
     checkpoint.save(ckpt_path, {model = model, optimizer = optimizer, scheduler = sched, step = step,
                                 extra = {epoch = epoch, train_loss = train_loss, test_acc = test_acc}})
   end
 end
 log:close()
+run_log:close()
 
 if #epoch_times > 0 then
   local sum = 0

@@ -81,7 +81,7 @@ describe("autograd.Function", function()
     assert.has_error(function() nd.autograd.Function{forward = function() end} end,
                      "needle.autograd.Function: needs both forward and backward functions")
     assert.has_error(function() nd.autograd.Function{forward = print, backward = print, nmae = "x"} end,
-                     "needle.autograd.Function: unknown option 'nmae' (valid: backward, forward, name)")
+                     "needle.autograd.Function: unknown option 'nmae' (valid: backward, forward, name, traceable)")
     local NotTensor = nd.autograd.Function{forward = function() return 1 end, backward = print}
     assert.has_error(function() NotTensor(x) end,
                      "needle.autograd.Function: custom: forward must return a tensor, got 1")
@@ -158,5 +158,27 @@ describe("gradient-ready hooks (core._set_grad_hook, what DistributedDataParalle
     core._set_backward_end_hook(key, nil)
     ;(x * 2):sum():backward()
     assert.are.same({{true, false, false}, {true, true, true}, {false, false, false}}, calls)
+  end)
+end)
+
+describe("custom nodes' names", function()
+  -- a node keeps its own interned copy of the name: a name built at run time may be
+  -- collected before the node, and the profiler names backward events by the pointer
+  it("stay right when run-time names are collected and their nodes freed in turn", function()
+    local x = nd.tensor({1, 2}, {requires_grad = true})
+    for round = 1, 3 do
+      for _, which in ipairs({"alpha", "beta"}) do
+        local F = nd.autograd.Function{name = "custom_" .. which .. string.rep("x", round % 2),
+                                       forward = function(_, t) return t * 2 end,
+                                       backward = function(_, g) return g * 2 end}
+        local report = nd.profile(function() F(x):sum():backward() end)
+        local want = ("custom_%s%s_backward"):format(which, string.rep("x", round % 2))
+        assert.is_not_nil(report.by_name[want], want .. " missing from " ..
+          table.concat((function() local t = {} for k in pairs(report.by_name) do t[#t + 1] = k end return t end)(), ", "))
+        F = nil
+        collectgarbage()
+        collectgarbage()
+      end
+    end
   end)
 end)

@@ -218,3 +218,15 @@ describe("autograd", function()
     assert.are.same({{1, 1}, {1, 1}, {1, 1}}, x2.grad:totable())
   end)
 end)
+describe("grad-mode guards", function()
+  it("nd.no_grad(f) with an f that is nil by mistake is an error, not a guard left open", function()
+    for _, name in ipairs({"no_grad", "enable_grad", "inference_mode"}) do
+      local before = nd.is_grad_enabled()
+      local ok = pcall(nd[name], nil)
+      assert.is_false(ok, name .. "(nil) did not raise")
+      assert.are.equal(before, nd.is_grad_enabled(), name)
+    end
+    local g <close> = nd.no_grad() -- no argument: the guard
+    assert.is_false(nd.is_grad_enabled())
+  end)
+end)

@@ -1,11 +1,14 @@
 -- data_spec.lua - needle.data: Dataset, TensorDataset, DataLoader (batching,
 -- shuffling with its own generator, drop_last, collate), transforms, the IDX
 -- (MNIST) and CIFAR-10 readers on small files written here, the PTB corpus
--- reader, batchify/get_batch, and the bundled synthetic corpus data/ptb_synth.
+-- reader, batchify/get_batch, and the bundled synthetic corpus data/ptb_synth;
+-- Subset, ConcatDataset, random_split, the samplers and DataLoader's
+-- batch_sampler (worker threads: spec/data_workers_spec.lua).
 --
 --   build/needle-lua spec/run.lua spec/data_spec.lua
 --
--- Expected values by hand.
+-- Expected values by hand, and torch.utils.data's where it is deterministic
+-- (spec/fixtures/torch_data.lua, written by spec/fixtures/gen/gen_torch_data.py).
 
 local nd = require "needle"
 local S = require "spec.helpers.shell"
@@ -739,4 +742,312 @@ describe("ptb", function()
       rmdir(out)
     end)
   end)
+end)
+
+---------------------------------------------------------------------------
+-- issue 20: Subset, ConcatDataset, random_split, samplers, batch_sampler
+---------------------------------------------------------------------------
+
+local FIX = dofile("spec/fixtures/torch_data.lua")
+local function cases(name)
+  local out = {}
+  for _, c in ipairs(FIX) do
+    if c.name == name then out[#out + 1] = c end
+  end
+  assert.is_true(#out > 0, name)
+  return out
+end
+
+-- a list dataset of the values v (items are the values themselves)
+local function values_ds(list) return data.DataLoader._wrap_dataset(list) end
+
+describe("Subset and ConcatDataset", function()
+  it("Subset(ds, indices) gives ds[indices[k]], as torch.utils.data.Subset", function()
+    for _, c in ipairs(cases("Subset")) do
+      local sub = data.Subset(values_ds(c.data), c.indices)
+      assert.are.equal(#c.items, #sub)
+      for k, v in ipairs(c.items) do assert.are.equal(v, sub[k]) end
+    end
+    local sub = data.Subset(range_ds(5), i64({5, 2}))
+    assert.are.same({5}, sub[1][2]:totable() == nil and {} or {sub[1][2]:item()})
+    assert.are.equal(2, sub:get(2)[2]:item())
+  end)
+
+  it("ConcatDataset's cumulative sizes and item positions are PyTorch's", function()
+    for _, c in ipairs(cases("ConcatDataset")) do
+      local parts = {}
+      for d, n in ipairs(c.sizes) do
+        local items = {}
+        for j = 1, n do items[j] = {d, j} end
+        parts[d] = values_ds(items)
+      end
+      local cd = data.ConcatDataset(parts)
+      assert.are.same(c.cumulative_sizes, cd.cumulative_sizes)
+      assert.are.equal(#c.items, #cd)
+      for i, want in ipairs(c.items) do assert.are.same(want, cd[i]) end
+    end
+  end)
+
+  it("ds1 + ds2 is their ConcatDataset; both batch through a DataLoader", function()
+    local cd = range_ds(3) + range_ds(2)
+    assert.are.equal("ConcatDataset", getmetatable(cd).class.__name)
+    assert.are.same({1, 2, 3, 1, 2}, labels_of(data.DataLoader(cd, {batch_size = 2})))
+    local sub = data.Subset(cd, {5, 1})
+    assert.are.same({2, 1}, labels_of(data.DataLoader(sub, {batch_size = 2})))
+  end)
+
+  it("reject bad indices and datasets with messages naming them", function()
+    has(errmsg(data.Subset, range_ds(3), {1, 4}),
+        "needle.data.Subset: indices[2] = 4 is out of range for a dataset of 3 items (expected 1..3)")
+    has(errmsg(data.Subset, range_ds(3), {1, 1.5}), "needle.data.Subset: indices[2] is 1.5, expected an integer")
+    has(errmsg(data.Subset, range_ds(3), nd.zeros({2})), "indices must be a 1-D integer tensor or a Lua list, got a float32 tensor of shape {2}")
+    has(errmsg(data.Subset, 7, {1}), "needle.data.Subset: the dataset is 7, expected a dataset (with len and get) or a Lua list of items")
+    assert.are.same({"c", "a"}, {data.Subset({"a", "b", "c"}, {3, 1})[1], data.Subset({"a", "b", "c"}, {3, 1})[2]})
+    has(errmsg(function() return data.Subset(range_ds(3), {2})[2] end), "needle.data.Subset: index 2 out of range (expected 1..1)")
+    has(errmsg(data.ConcatDataset, {}), "needle.data.ConcatDataset: datasets must not be empty")
+    has(errmsg(data.ConcatDataset, {range_ds(2), 5}), "needle.data.ConcatDataset: datasets[2] is 5, expected a dataset")
+    assert.are.equal("y", data.ConcatDataset({{"x"}, {"y"}})[2])
+    has(errmsg(function() return data.ConcatDataset({range_ds(2)})[3] end), "index 3 out of range (expected 1..2)")
+  end)
+end)
+
+describe("random_split", function()
+  it("splits fractions with PyTorch's rounding rule and counts as given", function()
+    for _, c in ipairs(cases("random_split")) do
+      local parts = {data.random_split(values_ds(c.n > 0 and nd.arange(1, c.n + 1):totable() or {}), c.lengths,
+                                       {generator_seed = 1})}
+      local sizes = {}
+      for k, p in ipairs(parts) do sizes[k] = #p end
+      assert.are.same(c.sizes, sizes, ("n = %d, lengths %s"):format(c.n, table.concat(c.lengths, ",")))
+    end
+  end)
+
+  it("the splits are disjoint and cover the dataset; generator_seed fixes them and leaves nd.rand alone", function()
+    local ds = range_ds(23)
+    nd.manual_seed(4)
+    local a, b, c = data.random_split(ds, {0.5, 0.3, 0.2}, {generator_seed = 7})
+    local after = nd.rand({3})
+    nd.manual_seed(4)
+    assert.is_true(nd.equal(after, nd.rand({3})))
+    local seen = {}
+    for _, part in ipairs({a, b, c}) do
+      for k = 1, #part do
+        local v = part[k][2]:item()
+        assert.is_nil(seen[v])
+        seen[v] = true
+      end
+    end
+    for v = 1, 23 do assert.is_true(seen[v], v) end
+    local a2 = data.random_split(ds, {0.5, 0.3, 0.2}, {generator_seed = 7})
+    assert.are.same(a.indices, a2.indices)
+    local a3 = data.random_split(ds, {0.5, 0.3, 0.2}, {generator_seed = 8})
+    assert.are_not.same(a.indices, a3.indices)
+    -- without a seed: the global stream, reproducible with nd.manual_seed
+    nd.manual_seed(11)
+    local g1 = data.random_split(ds, {20, 3})
+    nd.manual_seed(11)
+    local g2 = data.random_split(ds, {20, 3})
+    assert.are.same(g1.indices, g2.indices)
+  end)
+
+  it("rejects lengths that do not fit, naming them", function()
+    has(errmsg(data.random_split, range_ds(5), {3, 3}), "needle.data.random_split: the lengths sum to 6 but the dataset has 5 items")
+    has(errmsg(data.random_split, range_ds(5), {1.5, -0.5}), "fraction lengths[1] = 1.5 is not between 0 and 1")
+    has(errmsg(data.random_split, range_ds(5), {2.5, 2.5}), "lengths[1] = 2.5: counts must be non-negative integers")
+    has(errmsg(data.random_split, range_ds(5), {}), "lengths must be a non-empty Lua list")
+    has(errmsg(data.random_split, range_ds(5), {5}, {seed = 1}), "unknown option 'seed' (valid: generator_seed)")
+  end)
+end)
+
+describe("samplers", function()
+  it("SequentialSampler gives 1..n", function()
+    local s = data.SequentialSampler(range_ds(4))
+    assert.are.same({1, 2, 3, 4}, s:indices():totable())
+    assert.are.equal(4, #s)
+  end)
+
+  it("RandomSampler: a permutation per epoch, reproducible by seed, the global stream untouched", function()
+    local s = data.RandomSampler(range_ds(9), {seed = 3})
+    nd.manual_seed(1)
+    local e1, e2 = s:indices(1), s:indices(2)
+    local after = nd.rand({2})
+    nd.manual_seed(1)
+    assert.is_true(nd.equal(after, nd.rand({2})))
+    assert.are.same(nd.arange(1, 10):totable(), e1:sort():totable())
+    assert.is_false(nd.equal(e1, e2))
+    assert.is_true(nd.equal(e1, data.RandomSampler(range_ds(9), {seed = 3}):indices(1)))
+    -- set_epoch picks indices()'s default epoch
+    s:set_epoch(2)
+    assert.is_true(nd.equal(e2, s:indices()))
+    -- without a seed: drawn at construction from the global generator
+    nd.manual_seed(5)
+    local u = data.RandomSampler(range_ds(9)):indices(0)
+    nd.manual_seed(5)
+    assert.is_true(nd.equal(u, data.RandomSampler(range_ds(9)):indices(0)))
+  end)
+
+  it("RandomSampler's lengths and index counts are PyTorch's (replacement, num_samples)", function()
+    for _, c in ipairs(cases("RandomSampler")) do
+      local s = data.RandomSampler(c.n, {replacement = c.replacement, num_samples = c.num_samples, seed = 2})
+      assert.are.equal(c.len, #s)
+      local idx = s:indices(0)
+      assert.are.equal(c.len, idx:numel())
+      assert.is_true(idx:min():item() >= 1 and idx:max():item() <= c.n)
+      if c.sorted_counts then
+        local counts = nd.bincount(idx, {minlength = c.n}):sort():totable()
+        assert.are.same(c.sorted_counts, counts)
+      end
+    end
+  end)
+
+  it("RandomSampler with replacement draws every index about equally often", function()
+    local idx = data.RandomSampler(4, {replacement = true, num_samples = 8000, seed = 9}):indices(0)
+    local counts = nd.bincount(idx, {minlength = 4}):totable()
+    for i = 1, 4 do assert.is_true(math.abs(counts[i] - 2000) < 200, tostring(counts[i])) end
+  end)
+
+  it("WeightedRandomSampler draws in proportion to the weights (and without replacement, distinct indices)", function()
+    local w = {0.1, 0, 0.6, 0.3}
+    local s = data.WeightedRandomSampler(w, 20000, {seed = 4})
+    local counts = nd.bincount(s:indices(0), {minlength = 4}):totable()
+    assert.are.equal(0, counts[2])
+    for i, p in ipairs(w) do
+      -- 4 standard deviations of a binomial count
+      local sd = math.sqrt(20000 * p * (1 - p))
+      assert.is_true(math.abs(counts[i] - 20000 * p) <= 4 * sd + 1, ("%d: %d"):format(i, counts[i]))
+    end
+    for _, c in ipairs(cases("WeightedRandomSampler")) do
+      local ws = data.WeightedRandomSampler(c.weights, c.num_samples, {replacement = c.replacement, seed = 1})
+      assert.are.equal(c.len, #ws)
+      local got = ws:indices(0)
+      if c.distinct then assert.are.equal(c.distinct, got:unique():numel()) end
+      local support = {}
+      for _, i in ipairs(c.support) do support[i] = true end
+      for _, i in ipairs(got:totable()) do assert.is_true(support[i], i) end
+    end
+    -- reproducible by seed and epoch
+    assert.is_true(nd.equal(s:indices(3), data.WeightedRandomSampler(w, 20000, {seed = 4}):indices(3)))
+    assert.is_false(nd.equal(s:indices(3), s:indices(4)))
+  end)
+
+  it("BatchSampler's batches are PyTorch's", function()
+    for _, c in ipairs(cases("BatchSampler")) do
+      local b = data.BatchSampler(data.SequentialSampler(c.n), c.batch_size, c.drop_last)
+      assert.are.equal(c.len, #b)
+      assert.are.same(c.batches, b:batches())
+    end
+    for _, c in ipairs(cases("BatchSampler_order")) do
+      local b = data.BatchSampler(c.order, c.batch_size, c.drop_last)
+      assert.are.equal(c.len, #b)
+      assert.are.same(c.batches, b:batches())
+      assert.are.same(c.batches, data.BatchSampler(i64(c.order), c.batch_size, c.drop_last):batches())
+    end
+  end)
+
+  it("reject bad arguments, naming them", function()
+    has(errmsg(data.RandomSampler, range_ds(3), {num_samples = 0}),
+        "needle.data.RandomSampler: num_samples must be a positive integer, got 0")
+    has(errmsg(data.RandomSampler, {}), "num_samples must be a positive integer, got 0 (the data source is empty)")
+    has(errmsg(data.RandomSampler, range_ds(3), {replacement = 1}), "option 'replacement' must be a boolean, got 1")
+    has(errmsg(data.WeightedRandomSampler, {1, -2}, 3), "needle.data.WeightedRandomSampler: weights must be >= 0, got -2 at index 2")
+    has(errmsg(data.WeightedRandomSampler, {1, 0 / 0}, 3), "weights must be finite, got")
+    has(errmsg(data.WeightedRandomSampler, {0, 0}, 3), "weights sum to 0")
+    has(errmsg(data.WeightedRandomSampler, nd.ones({2, 2}), 3), "weights must be 1-D (one weight per item), got shape {2,2}")
+    has(errmsg(data.WeightedRandomSampler, {1, 0, 1}, 3, {replacement = false}),
+        "cannot draw 3 samples without replacement: only 2 of the 3 weights are positive")
+    has(errmsg(data.WeightedRandomSampler, {1, 2}, 0), "num_samples must be a positive integer, got 0")
+    has(errmsg(data.BatchSampler, data.SequentialSampler(3), 0, false), "needle.data.BatchSampler: batch_size must be a positive integer, got 0")
+    has(errmsg(data.BatchSampler, data.SequentialSampler(3), 2), "drop_last must be a boolean, got nil")
+    has(errmsg(data.BatchSampler, nd.zeros({3}), 2, false), "sampler must be a sampler (with len() and indices(epoch)), a Lua list of indices or a 1-D integer tensor, got a float32 tensor of shape {3}")
+  end)
+end)
+
+describe("DataLoader with samplers", function()
+  it("batch_sampler gives the batches; the loader's epochs reach a random sampler", function()
+    local bsm = data.BatchSampler(data.RandomSampler(range_ds(10), {seed = 6}), 4, false)
+    local loader = data.DataLoader(range_ds(10), {batch_sampler = bsm})
+    assert.are.equal(3, #loader)
+    local got, want = {}, {}
+    for _, y in loader:iter() do got[#got + 1] = y:totable() end
+    for _, b in ipairs(bsm:batches(1)) do want[#want + 1] = b end
+    assert.are.same(want, got)
+    -- the second epoch is the sampler's epoch 2
+    got = {}
+    for _, y in loader:iter() do got[#got + 1] = y:totable() end
+    assert.are.same(bsm:batches(2), got)
+    -- a generic dataset (item by item) with a batch sampler
+    local list = {{s = "a"}, {s = "b"}, {s = "c"}, {s = "d"}, {s = "e"}}
+    local out = {}
+    for batch in data.DataLoader(list, {batch_sampler = data.BatchSampler({5, 1, 3}, 2, false)}):iter() do
+      out[#out + 1] = table.concat(batch.s, "")
+    end
+    assert.are.same({"ea", "c"}, out)
+  end)
+
+  it("sampler = RandomSampler / WeightedRandomSampler picks the items", function()
+    local sm = data.RandomSampler(range_ds(7), {seed = 2})
+    local loader = data.DataLoader(range_ds(7), {batch_size = 3, sampler = sm})
+    assert.are.same(sm:indices(1):totable(), labels_of(loader))
+    local ws = data.WeightedRandomSampler({0, 1, 0, 0, 0, 0, 0}, 5)
+    assert.are.same({2, 2, 2, 2, 2}, labels_of(data.DataLoader(range_ds(7), {batch_size = 2, sampler = ws})))
+  end)
+
+  it("rejects batch_sampler with batch_size, shuffle, sampler or drop_last, and the worker options without workers", function()
+    local bsm = data.BatchSampler({1, 2}, 1, false)
+    for _, o in ipairs({{batch_size = 2}, {shuffle = true}, {sampler = data.SequentialSampler(2)}, {drop_last = true}}) do
+      o.batch_sampler = bsm
+      has(errmsg(data.DataLoader, range_ds(2), o),
+          "needle.data.DataLoader: batch_sampler excludes batch_size, shuffle, sampler and drop_last")
+    end
+    has(errmsg(data.DataLoader, range_ds(2), {batch_sampler = {}}), "batch_sampler must have len() and iter(epoch) methods")
+    has(errmsg(data.DataLoader, range_ds(2), {prefetch_factor = 2}), "prefetch_factor needs num_workers > 0")
+    has(errmsg(data.DataLoader, range_ds(2), {persistent_workers = true}), "persistent_workers needs num_workers > 0")
+    has(errmsg(data.DataLoader, range_ds(2), {num_workers = -1}), "num_workers must be in 0..256, got -1")
+    has(errmsg(data.DataLoader, range_ds(2), {num_workers = 1, prefetch_factor = 0}), "prefetch_factor must be 1..1048576, got 0")
+    has(errmsg(data.DataLoader, range_ds(2), {num_workers = 1, prefetch_factor = 1 << 40}),
+        "prefetch_factor must be 1..1048576, got 1099511627776")
+    has(errmsg(data.DataLoader, range_ds(2), {timeout = -1}), "timeout must be >= 0")
+    has(errmsg(data.DataLoader, range_ds(2), {collate_fn = {fn = "x"}}), "collate_fn must be a function or a recipe")
+  end)
+
+  it("collate_fn may name a module's function ({module =, fn =})", function()
+    local loader = data.DataLoader(range_ds(4), {batch_size = 2, collate_fn = {module = "needle.data.dataloader",
+                                                                            fn = "default_collate"}})
+    local out = {}
+    for batch in loader:iter() do out[#out + 1] = batch[2]:totable() end
+    assert.are.same({{1, 2}, {3, 4}}, out)
+  end)
+end)
+
+describe("the data tools on every device", function()
+  local D = require "spec.helpers.devices"
+  for _, dev in ipairs(D.all()) do
+    it("Subset / ConcatDataset / samplers batch a dataset on " .. D.describe(dev), function()
+      local x = (nd.arange(1, 13):reshape({6, 2}):float()):to(dev)
+      local y = nd.arange(1, 7):to(dev)
+      local ds = data.TensorDataset(x, y)
+      local sub = data.Subset(ds, {6, 2, 4})
+      local out = {}
+      for xb, yb in data.DataLoader(sub, {batch_size = 2}):iter() do
+        assert.are.equal(dev, xb.device)
+        for _, v in ipairs(yb:cpu():totable()) do out[#out + 1] = v end
+      end
+      assert.are.same({6, 2, 4}, out)
+      local bsm = data.BatchSampler(data.RandomSampler(ds, {seed = 1}), 4, false)
+      local seen = {}
+      for xb, yb in data.DataLoader(ds, {batch_sampler = bsm}):iter() do
+        assert.are.equal(dev, xb.device)
+        local xs, ys = xb:cpu():totable(), yb:cpu():totable()
+        for k, v in ipairs(ys) do
+          seen[#seen + 1] = v
+          assert.are.same({2 * v - 1, 2 * v}, xs[k])
+        end
+      end
+      table.sort(seen)
+      assert.are.same({1, 2, 3, 4, 5, 6}, seen)
+      local a, b = data.random_split(ds + ds, {0.5, 0.5}, {generator_seed = 3})
+      assert.are.equal(6, #a + #b - 6)
+      assert.are.equal(dev, a[1][1].device)
+    end)
+  end
 end)

@@ -240,6 +240,22 @@ local cases = {
    {"needle", "closed"}},
   {"printing a closed tensor", function() return tostring(closed_tensor()) end,
    {"needle", "closed"}, where = false},
+
+  -- missing methods and fields (issue 20): an error naming the closest name
+  {"a misspelt tensor method", function() return x23():resahpe(6) end,
+   {"needle: no method 'resahpe' on a tensor; did you mean 'reshape'?"}},
+  {"a misspelt tensor field", function() return x23().shpae end,
+   {"needle: no field 'shpae' on a tensor; did you mean 'shape'?"}},
+  {"a method name in the wrong case", function() return x23():Sum() end,
+   {"needle: no method 'Sum' on a tensor; did you mean 'sum'?"}},
+  {"a name close to nothing", function() return x23():qqqqqq() end,
+   {"needle: no method or field 'qqqqqq' on a tensor"}},
+  {"mT below 2 dims", function() return nd.ones({3}).mT end,
+   {"needle.mT: expects a matrix or a batch of matrices (at least 2 dims), got shape {3}"}},
+  {"a misspelt module method", function() return nd.nn.Linear(2, 3):forwrd(nd.ones({2})) end,
+   {"needle: no method 'forwrd' on module Linear; did you mean 'forward'?"}},
+  {"a misspelt container method", function() return nd.nn.Sequential():apend(nd.nn.ReLU()) end,
+   {"needle: no method 'apend' on module Sequential; did you mean 'append'?"}},
 }
 
 local function check_case(case)
@@ -309,5 +325,145 @@ describe("after errors", function()
       v = x[{{2, 4}}]
     end
     assert.are.same({1, 2, 3}, v:totable())
+  end)
+end)
+
+-- Issue 20: names a tensor or a module does not have.
+describe("missing names", function()
+  local core = require "needle.core"
+
+  it("a method added from Lua is found, and suggested when misspelt", function()
+    core._methods.issue20_probe = function(x) return x:numel() end
+    local ok, e = pcall(function() return x23():issue20_prob() end)
+    core._methods.issue20_probe = nil
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("did you mean 'issue20_probe'?", 1, true), e)
+  end)
+
+  it("the properties stay readable, and nil where they are nil", function()
+    local x = x23()
+    assert.is_nil(x.grad)
+    assert.is_nil(x.grad_fn)
+    assert.is_true(x.is_leaf)
+    assert.are.equal(2, x.ndim)
+    local names = {}
+    for _, k in ipairs(getmetatable(x).__properties) do names[k] = true end
+    for _, k in ipairs({"shape", "dtype", "device", "ndim", "requires_grad", "grad", "is_leaf", "grad_fn",
+                        "T", "mT"}) do
+      assert.is_true(names[k], k)
+    end
+  end)
+
+  it("a module still reads an absent attribute as nil unless it is a misspelt method", function()
+    local m = nd.nn.Linear(2, 3, {bias = false})
+    assert.is_nil(m.bias)
+    assert.is_nil(m.wieght)       -- a field: not taken for a misspelling
+    assert.is_nil(m.zzzzzzzz)
+    assert.is_nil(m.fwd)          -- shorter than 4 letters
+    assert.is_nil(m._forwrd)      -- private
+    local Net = nd.nn.Module:extend("Net")
+    function Net:init() self.fc = nd.nn.Linear(2, 2) end
+    function Net:forward(x) return self.fc(x) end
+    local ok, e = pcall(function() return Net():forwadr(nd.ones({2})) end)
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("errors_spec.lua:%d+: needle: no method 'forwadr' on module Net; " ..
+                                   "did you mean 'forward'%?"), e)
+  end)
+end)
+
+describe("x.T and x.mT", function()
+  local D = require "spec.helpers.devices"
+  local C = require("spec.helpers.gradcheck").bind(assert)
+
+  for _, dev in ipairs(D.all()) do
+    it("on " .. dev, function()
+      local x = nd.tensor({{1, 2, 3}, {4, 5, 6}}, {device = dev})
+      assert.are.same({{1, 4}, {2, 5}, {3, 6}}, x.T:to("cpu"):totable())
+      assert.are.same({{1, 4}, {2, 5}, {3, 6}}, x.mT:to("cpu"):totable())
+      assert.is_true(x.T:shares_storage(x)) -- a view, as PyTorch's
+      -- 3 dims: T reverses all of them, mT swaps the last two
+      local b = nd.arange(24, {device = dev}):reshape({2, 3, 4})
+      assert.are.same({4, 3, 2}, b.T.shape)
+      assert.are.same({2, 4, 3}, b.mT.shape)
+      local bt, bm, v = b.T:to("cpu"):totable(), b.mT:to("cpu"):totable(), b:to("cpu"):totable()
+      for i = 1, 2 do for j = 1, 3 do for k = 1, 4 do
+        assert.are.equal(v[i][j][k], bt[k][j][i])
+        assert.are.equal(v[i][j][k], bm[i][k][j])
+      end end end
+      -- 0 and 1 dims: x.T is x
+      assert.are.same({1, 2}, nd.tensor({1, 2}, {device = dev}).T:to("cpu"):totable())
+      assert.are.same({}, nd.tensor(7, {device = dev}).T.shape)
+      -- the gradient of sum(x.T * w) is w transposed back
+      local leaf = nd.tensor({{1, 2, 3}, {4, 5, 6}}, {device = dev, requires_grad = true})
+      local w = nd.tensor({{1, 2}, {3, 4}, {5, 6}}, {device = dev})
+      ;(leaf.T * w):sum():backward()
+      assert.are.same({{1, 3, 5}, {2, 4, 6}}, leaf.grad:to("cpu"):totable())
+      leaf.grad = nil
+      ;(leaf.mT * w):sum():backward()
+      assert.are.same({{1, 3, 5}, {2, 4, 6}}, leaf.grad:to("cpu"):totable())
+    end)
+  end
+
+  it("float64 gradcheck", function()
+    nd.manual_seed(20)
+    local G = require "spec.helpers.gradcheck"
+    C.check(function(t) return t.T * t.T:exp() end, {G.leaf({2, 3, 4})})
+    C.check(function(t) return t.mT * t.mT:exp() end, {G.leaf({2, 3, 4})})
+  end)
+end)
+
+-- Issue 20: an error that names a line of the package although the package
+-- did not raise it (a user's forward raising at level 2 names the container
+-- that called it; a runtime error inside a library function names that
+-- function) is moved to the user's line by the message handler.
+describe("errors.at_user_line", function()
+  local errors = require "needle.errors"
+  local function here() return debug.getinfo(2, "l").currentline end
+
+  it("moves a level-2 error of a user's forward from the container to the call", function()
+    local My = nd.nn.Module:extend("My")
+    function My:forward() error("needle.My: custom failure", 2) end
+    local model = nd.nn.Sequential(nd.nn.Sequential(My()))
+    local line
+    local ok, e = xpcall(function() line = here(); return model(nd.ones({2})) end, errors.at_user_line)
+    assert.is_false(ok)
+    assert.are.equal(("spec/errors_spec.lua:%d: needle.My: custom failure"):format(line), e)
+    -- without the handler the position is the container's (what the handler fixes)
+    ok, e = pcall(model, nd.ones({2}))
+    assert.truthy(tostring(e):find("nn/container.lua:%d+: needle.My: custom failure"), e)
+  end)
+
+  it("moves a runtime error inside the package to the user's line", function()
+    local m = nd.nn.Linear(2, 2)
+    local line
+    local ok, e = xpcall(function() line = here(); return m:apply(42) end, errors.at_user_line)
+    assert.is_false(ok)
+    assert.truthy(e:find(("^spec/errors_spec.lua:%d: attempt to call a number value"):format(line)), e)
+  end)
+
+  it("leaves the user's own positions, other messages and other values alone", function()
+    local ok, e = xpcall(function() error("plain") end, errors.at_user_line)
+    assert.is_false(ok)
+    assert.truthy(e:find("^spec/errors_spec.lua:%d+: plain$"), e)
+    ok, e = xpcall(function() error("no position", 0) end, errors.at_user_line)
+    assert.are.equal("no position", e)
+    local obj = {code = 7}
+    ok, e = xpcall(function() error(obj) end, errors.at_user_line)
+    assert.are.equal(obj, e)
+  end)
+
+  it("needle-lua reports the user's line and keeps the traceback", function()
+    local S = require "spec.helpers.shell"
+    local out = S.run_program("", table.concat({
+      'local nd = require "needle"',
+      'local My = nd.nn.Module:extend("My")',
+      'function My:forward(x) error("needle.My: custom failure", 2) end',
+      'local model = nd.nn.Sequential(nd.nn.Linear(2, 2), My())',
+      'local y = model(nd.ones({2}))',
+    }, "\n") .. "\n")
+    assert.truthy(out:find("^needle%-lua: [^\n]*:5: needle%.My: custom failure\n"), out)
+    assert.truthy(out:find("stack traceback:", 1, true), out)
+    assert.truthy(out:find("nn/container.lua", 1, true), out) -- every frame is still there
+    assert.truthy(out:find(":3: in ", 1, true), out)
   end)
 end)

@@ -453,7 +453,8 @@ describe("the rest of the package", function()
     {"optim.Adam", "amsgrad, betas, eps, lr, maximize, weight_decay", function(o) return nd.optim.Adam({W}, o) end},
     {"optim.lr_scheduler.StepLR", "gamma, last_epoch, step_size",
      function(o) o.step_size = o.step_size or 2; return nd.optim.lr_scheduler.StepLR(opt(), o) end},
-    {"data.DataLoader", "batch_size, collate_fn, drop_last, sampler, seed, shuffle", function(o) return nd.data.DataLoader(ds, o) end},
+    {"data.DataLoader", "batch_sampler, batch_size, collate_fn, drop_last, num_workers, persistent_workers, " ..
+     "prefetch_factor, sampler, seed, shuffle, timeout", function(o) return nd.data.DataLoader(ds, o) end},
     {"data.DistributedSampler", "drop_last, num_replicas, rank, seed, shuffle",
      function(o) return nd.data.DistributedSampler(10, o) end},
     {"distributed.init", "threads, timeout, world_size", function(o) return nd.distributed.init(o) end},
@@ -462,7 +463,7 @@ describe("the rest of the package", function()
     {"distributed.all_gather", "async, check", function(o) return nd.distributed.all_gather(nd.ones({2}), o) end},
     {"distributed.reduce_scatter", "async, check, op",
      function(o) return nd.distributed.reduce_scatter(nd.ones({2}), o) end},
-    {"autograd.Function", "backward, forward, name", function(o)
+    {"autograd.Function", "backward, forward, name, traceable", function(o)
       if next(o) == nil then return end -- needs both functions
       return nd.autograd.Function(o)
     end},
@@ -486,10 +487,6 @@ describe("the rest of the package", function()
       nd.set_printoptions(saved)
     end},
     {"profile", "device_time, print, sort, trace", function(o) return nd.profile(function() end, o) end},
-    {"plot.lines", "series, title, xlabel, ylabel", function(o)
-      if next(o) == nil then return end -- writes a file
-      return nd.plot.lines("/nonexistent/plot", o)
-    end},
     {"nn.parallel.DistributedDataParallel", "broadcast_buffers, bucket_mb",
      function(o) return nn.parallel.DistributedDataParallel(nn.Linear(2, 2), o) end},
     {"convert.load_state_dict", "convert_dtype, mapping, strict",
@@ -518,7 +515,7 @@ describe("the rest of the package", function()
     assert_contains(errmsg(nd.data.DataLoader, ds, {shuffle = 1}),
                     "needle.data.DataLoader: option 'shuffle' must be a boolean, got 1")
     assert_contains(errmsg(nd.data.DataLoader, ds, {collate_fn = 3}),
-                    "needle.data.DataLoader: option 'collate_fn' must be a callable, got 3")
+                    "needle.data.DataLoader: option 'collate_fn' must be a callable or a table, got 3")
     assert_contains(errmsg(nd.profile, function() end, {print = "yes"}),
                     "needle.profile: option 'print' must be a boolean, got \"yes\"")
   end)

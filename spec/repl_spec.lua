@@ -208,6 +208,85 @@ describe("needle-lua REPL", function()
     assert.equal(0, r.code, show(r))
   end)
 
+  it("prints tables as tables and modules as their tree", function()
+    local r = session {
+      expect("> "),
+      eval("nd.zeros({3, 4}).shape", "{3, 4}"),
+      eval("{b = 1, a = {1, 2}, 'first'}", [[{"first", a = {1, 2}, b = 1}]]),
+      eval("{}", "{}"),
+      eval("t = {}; t.self = t; return t", "{self = <cycle>}"),
+      send("nd.nn.Sequential(nd.nn.Linear(2, 3))\n"),
+      expect("Sequential(\r\n  (0): Linear(in_features=2, out_features=3, bias=true)\r\n)\r\n"),
+      expect("> "),
+      eval("'a string', 2", "a string\t2"),
+      send(CTRL_D),
+    }
+    assert.equal(0, r.code, show(r))
+  end)
+
+  it("?name prints the documentation", function()
+    local r = session {
+      expect("> "),
+      send("?nd.F.gelu\n"), expect('nd.F.gelu(x, {approximate = "none" | "tanh"})\r\n'),
+      expect("(docs/nn-functional.md:"), expect("> "),
+      send("x = nd.zeros({2})\n"), expect("> "),
+      send("?x:reshape\n"), expect("x:reshape\r\n"), expect("(docs/tensor.md:"), expect("> "),
+      send("?nd.nn.Linear\n"), expect("nd.nn.Linear(in, out, {bias})\r\n"), expect("> "),
+      send("?nd.F.qqqq\n"), expect("no documentation for nd.F.qqqq\r\n"), expect("> "),
+      send("?'\\\n"), expect("no documentation for"), expect("> "), -- quotes are never code
+      send(CTRL_D),
+    }
+    assert.equal(0, r.code, show(r))
+    assert.truthy(r.history:find("?nd.F.gelu\n", 1, true), r.history)
+  end)
+
+  it("raises missing names with a suggestion at the typed line", function()
+    local r = session {
+      expect("> "),
+      send("x = nd.zeros({2})\n"), expect("> "),
+      send("x:resahpe(2)\n"), expect("stdin:1: needle: no method 'resahpe' on a tensor; did you mean 'reshape'?"),
+      expect("> "),
+      send("x.shpae\n"), expect("stdin:1: needle: no field 'shpae' on a tensor; did you mean 'shape'?"),
+      expect("> "),
+      send([[My = nd.nn.Module:extend("My"); function My:forward() error("needle.My: bad", 2) end]] .. "\n"),
+      expect("> "),
+      send("\n\nnd.nn.Sequential(My())(1)\n"), expect("stdin:1: needle.My: bad\r\n"), expect("> "),
+      send(CTRL_D),
+    }
+    assert.equal(0, r.code, show(r))
+  end)
+
+  it("completes lazily loaded entries without loading them", function()
+    local r = session {
+      expect("> "),
+      eval("rawget(nd, 'optim') == nil and package.loaded['needle.nn.linear'] == nil", "true"),
+      send("nd.opti\t"), expect("nd.optim."), send(CTRL_U),
+      eval("rawget(nd, 'optim') == nil", "true"), -- listed, not loaded
+      send("nd.nn.Li\t"), expect("nd.nn.Linear"),
+      eval("(2, 3)", "Linear(in_features=2, out_features=3, bias=true)"),
+      send(CTRL_D),
+    }
+    assert.equal(0, r.code, show(r))
+  end)
+
+  it("completes module methods and fields, and tensor fields", function()
+    local r = session {
+      expect("> "),
+      send("m = nd.nn.Linear(2, 3)\n"), expect("> "),
+      send("m:forw\t"), expect("m:forward("), send(CTRL_U),       -- the class
+      send("m:zero_g\t"), expect("m:zero_grad("), send(CTRL_U),   -- the base class
+      send("m.wei\t"), expect("m.weight"),                        -- a parameter
+      eval(".shape", "{3, 2}"),
+      send("x = nd.zeros({2})\n"), expect("> "),
+      send("x.shap\t"), expect("x.shape"),
+      eval("", "{2}"),
+      send("x:resh\t"), expect("x:reshape("),
+      eval("{2, 1}).shape", "{2, 1}"),
+      send(CTRL_D),
+    }
+    assert.equal(0, r.code, show(r))
+  end)
+
   it("never runs code while completing", function()
     local r = session {
       expect("> "),
@@ -219,5 +298,55 @@ describe("needle-lua REPL", function()
       send(CTRL_D),
     }
     assert.equal(0, r.code, show(r))
+  end)
+end)
+
+-- How the REPL shows values (needle.pretty), without a terminal.
+describe("needle.pretty", function()
+  local nd = require "needle"
+  local P = require "needle.pretty"
+
+  it("shows a shape and flat tables on one line, keys sorted", function()
+    assert.are.equal("{3, 4}", P.format(nd.zeros({3, 4}).shape))
+    assert.are.equal("{}", P.format({}))
+    assert.are.equal([[{"a", [2.5] = 2, [3] = true, ["a b"] = 1, betas = {0.9, 0.999}, lr = 0.001}]],
+      P.format({"a", lr = 0.001, betas = {0.9, 0.999}, [3] = true, ["a b"] = 1, [2.5] = 2}))
+    assert.are.equal([[{["end"] = 0, f = false}]], P.format({f = false, ["end"] = 0})) -- a keyword is quoted
+    assert.are.equal([[{"line\nbreak", "q\"uote"}]], P.format({"line\nbreak", 'q"uote'}))
+  end)
+
+  it("goes multi-line past 80 columns, packs list items and stops at the limits", function()
+    local long = {}
+    for i = 1, 100 do long[i] = i end
+    local text = P.format(long)
+    local lines = {}
+    for l in text:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.are.equal("{", lines[1])
+    assert.are.equal("  ... (60 more)", lines[#lines - 1])
+    assert.are.equal("}", lines[#lines])
+    for _, l in ipairs(lines) do assert.is_true(#l <= 80, l) end
+    assert.truthy(text:find("\n  1, 2, 3, ", 1, true), text)
+    assert.truthy(text:find(" 40,\n", 1, true), text)
+    assert.are.equal("{a = {b = {c = {...}}}}", P.format({a = {b = {c = {d = 1}}}}))
+    local t = {}
+    t.self = t
+    assert.are.equal("{self = <cycle>}", P.format(t))
+  end)
+
+  it("keeps tensors and modules as tostring shows them, aligned under their key", function()
+    local x = nd.tensor({{1, 2}, {3, 4}})
+    assert.are.equal(tostring(x), P.format(x))
+    local m = nd.nn.Sequential(nd.nn.Linear(2, 3))
+    assert.are.equal(tostring(m), P.format(m))
+    local lines = {}
+    for l in tostring(x):gmatch("[^\n]+") do lines[#lines + 1] = l end
+    local want = "{\n  weight = " .. lines[1] .. "\n" .. ("  weight = "):gsub(".", " ") .. lines[2] .. ",\n}"
+    assert.are.equal(want, P.format({weight = x}))
+  end)
+
+  it("never fails on a __tostring that raises", function()
+    local bad = setmetatable({}, {__tostring = function() error("boom") end})
+    assert.truthy(P.format(bad):find("__tostring failed", 1, true))
+    assert.truthy(P.format({bad}):find("__tostring failed", 1, true))
   end)
 end)

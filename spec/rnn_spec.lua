@@ -1,9 +1,14 @@
 -- rnn_spec.lua - RNN/LSTM/GRU and their cells against PyTorch: the fixture's
 -- state_dict loads by name (so names and layouts are PyTorch's), and the
--- outputs, final states and gradients match at 1e-5 relative.
+-- outputs, final states and gradients match at 1e-5 relative. The
+-- bidirectional cases come from spec/fixtures/torch_sequence.lua
+-- (gen_torch_sequence.py), in the same format.
 local nd = require "needle"
 local nn = nd.nn
+local D = require "spec.helpers.devices"
+local G = require "spec.helpers.gradcheck"
 local fixtures = dofile("spec/fixtures/torch_rnn.lua")
+local bidirectional = dofile("spec/fixtures/torch_sequence.lua").rnn
 
 local function T(f) return nd.tensor(f.data):reshape(f.shape) end
 
@@ -11,48 +16,100 @@ local function close(what, got, want, tol)
   assert.are.same(want.shape, got.shape, what .. ": shape")
   local g = got:contiguous():view({-1}):totable()
   for i, w in ipairs(want.data) do
-    if math.abs(g[i] - w) > (tol or 1e-5) * math.abs(w) + 1e-5 then
+    -- not (<=): a NaN in needle's result (or in the fixture) fails
+    if not (g[i] == w or math.abs(g[i] - w) <= (tol or 1e-5) * math.abs(w) + 1e-5) then
       error(("%s: element %d is %.8g, PyTorch %.8g"):format(what, i, g[i], w), 2)
     end
   end
 end
 
+-- a fixture case on dev (the module moved there; inputs moved in and results
+-- back, both differentiable), compared at rtol tol
+local function run_case(c, dev, tol)
+  local m = nn[c.kind](c.args[1], c.args[2], c.opts)
+  if c.param_order then -- PyTorch's named_parameters() order
+    local names = {}
+    for i, p in ipairs(m:named_parameters()) do names[i] = p[1] end
+    assert.are.same(c.param_order, names)
+  end
+  local sd = {}
+  for k, v in pairs(c.state_dict) do sd[k] = T(v) end
+  m:load_state_dict(sd) -- strict: the names and shapes must be PyTorch's
+  m:to(dev)
+  local x = T(c.x)
+  x.requires_grad = true
+  local state
+  if c.state ~= nil then
+    state = c.state_is_pair and {T(c.state[1]):to(dev), T(c.state[2]):to(dev)} or T(c.state):to(dev)
+  end
+  local outs
+  if c.kind:match("Cell$") then
+    outs = {m(x:to(dev), state)}
+  else
+    local y, st = m(x:to(dev), state)
+    outs = {y}
+    if type(st) == "table" and not nd.is_tensor(st) then outs[2], outs[3] = st[1], st[2]
+    else outs[2] = st end
+  end
+  assert.are.equal(#c.outs, #outs)
+  local loss
+  for i, o in ipairs(outs) do
+    o = o:to("cpu")
+    close(c.name .. " output " .. i, o, c.outs[i], tol)
+    local term = (o * T(c.ws[i])):sum()
+    loss = loss and loss + term or term
+  end
+  loss:backward()
+  close(c.name .. " grad x", x.grad, c.grad_x, tol)
+  for name in pairs(m:state_dict()) do
+    local g = nil
+    for _, np in ipairs(m:named_parameters()) do if np[1] == name then g = np[2].grad end end
+    close(c.name .. " grad " .. name, g:to("cpu"), c.grad_params[name], tol)
+  end
+end
+
 describe("recurrent modules against PyTorch", function()
   for _, c in ipairs(fixtures) do
-    it(c.name, function()
-      local m = nn[c.kind](c.args[1], c.args[2], c.opts)
-      local sd = {}
-      for k, v in pairs(c.state_dict) do sd[k] = T(v) end
-      m:load_state_dict(sd) -- strict: the names and shapes must be PyTorch's
-      local x = T(c.x)
-      x.requires_grad = true
-      local state
-      if c.state ~= nil then
-        state = c.state_is_pair and {T(c.state[1]), T(c.state[2])} or T(c.state)
-      end
-      local outs
-      if c.kind:match("Cell$") then
-        outs = {m(x, state)}
-      else
-        local y, st = m(x, state)
-        outs = {y}
-        if type(st) == "table" and not nd.is_tensor(st) then outs[2], outs[3] = st[1], st[2]
-        else outs[2] = st end
-      end
-      assert.are.equal(#c.outs, #outs)
-      local loss
-      for i, o in ipairs(outs) do
-        close(c.name .. " output " .. i, o, c.outs[i])
-        local term = (o * T(c.ws[i])):sum()
-        loss = loss and loss + term or term
-      end
-      loss:backward()
-      close(c.name .. " grad x", x.grad, c.grad_x)
-      for name, p in pairs(m:state_dict()) do
-        local g = nil
-        for _, np in ipairs(m:named_parameters()) do if np[1] == name then g = np[2].grad end end
-        close(c.name .. " grad " .. name, g, c.grad_params[name])
-      end
+    it(c.name, function() run_case(c, "cpu") end)
+  end
+  it("the fixture has its four bidirectional cases", function()
+    local names = {}
+    for i, c in ipairs(bidirectional) do
+      names[i] = c.name
+      assert.is_true(c.opts.bidirectional, c.name)
+    end
+    assert.are.same({"lstm_bidirectional_2layers", "gru_bidirectional_batch_first", "rnn_bidirectional_relu",
+                     "lstm_bidirectional_unbatched_nobias"}, names)
+  end)
+  for _, c in ipairs(bidirectional) do
+    it(c.name, function() run_case(c, "cpu") end)
+  end
+
+  it("bidirectional: float64 gradients by finite differences; h0 and the output's layout", function()
+    nd.manual_seed(81)
+    local C = G.bind(assert)
+    local gru = nn.GRU(3, 2, {num_layers = 2, bidirectional = true, dtype = "float64"})
+    C.check(function(x, h0) local y, h = gru(x, h0); return nd.cat({y:reshape({-1}), h:reshape({-1})}, 1) end,
+            {G.leaf({3, 2, 3}), G.leaf({4, 2, 2})})
+    local lstm = nn.LSTM(3, 4, {bidirectional = true})
+    local x = nd.randn({5, 2, 3})
+    local y, hc = lstm(x)
+    assert.are.same({5, 2, 8}, y.shape)
+    assert.are.same({2, 2, 4}, hc[1].shape)
+    -- h_n: the forward direction's last step, the reverse direction's first
+    assert.are.same(y[{5, ":", {1, 4}}]:totable(), hc[1][1]:totable())
+    assert.are.same(y[{1, ":", {5, 8}}]:totable(), hc[1][2]:totable())
+    assert.are.equal("LSTM(3, 4, bidirectional=true)", tostring(lstm))
+    local ok, e = pcall(function() local out = lstm(x, {nd.zeros({1, 2, 4}), nd.zeros({2, 2, 4})}); return out end)
+    assert.is_false(ok)
+    assert.truthy(e:find("needle.nn.LSTM(3, 4): expected h0 of shape (2, 2, 4), got {1,2,4}", 1, true), e)
+  end)
+
+  -- without OpenCL: one visible pending line instead of no test at all
+  D.pending_without_opencl(pending, "bidirectional cases on OpenCL")
+  for _, dev in ipairs(D.opencl()) do
+    it("bidirectional cases on " .. D.describe(dev), function()
+      for _, c in ipairs(bidirectional) do run_case(c, dev, 1e-4) end
     end)
   end
 

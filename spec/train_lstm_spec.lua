@@ -33,7 +33,28 @@ describe("scripts/train_lstm.lua", function()
     assert(p2 < p1, ("validation perplexity did not fall: %g then %g"):format(p1, p2))
     assert.is_true(S.exists(out .. "/checkpoint.safetensors"))
     assert.is_true(S.exists(out .. "/loss.svg") or S.exists(out .. "/loss.png"))
+    -- the last CSV row is the test set's result, as printed
+    local test = H.csv_test_row(out .. "/log.csv")
+    assert(test, "no test row in log.csv")
+    local printed = text:match("test perplexity ([%d.]+)")
+    assert.are.equal(tonumber(printed), tonumber(("%.2f"):format(tonumber(test[6]))))
+    assert.are.equal(select(2, io.open(out .. "/log.csv"):read("a"):gsub("\ntest,", "")), 1)
+    -- nd.log's files: the per-step loss, the epochs' and the test result, histograms
+    local scalars = S.read_file(out .. "/scalars.csv")
+    assert.truthy(scalars:find("\n1,train/loss,", 1, true), scalars:sub(1, 200))
+    assert.truthy(scalars:find(",test/ppl,", 1, true))
+    assert.truthy(S.read_file(out .. "/log.jsonl"):find('"tag":"params/', 1, true))
+    assert.truthy(S.shell_line("ls " .. S.q(out) .. " | grep -c tfevents") == "1")
+    -- the loss plot: a log axis (perplexity spans a decade with the best-achievable line) and that line
+    local has_svg = S.exists(out .. "/loss.svg")
+    if has_svg then
+      local svg = S.read_file(out .. "/loss.svg")
+      assert.truthy(svg:find("best achievable", 1, true))
+      assert.truthy(svg:find("stroke-dasharray", 1, true))
+    end
     os.execute("rm -rf " .. S.q(out))
+    -- gnuplot wrote a PNG: the plot's content went unchecked, so say so (pending ends the test: last)
+    if not has_svg then pending("loss.png (gnuplot): the plot's log axis and best-achievable line are checked only in the SVG") end
   end)
 
   it("a resumed run continues exactly as an uninterrupted one", function()
@@ -46,6 +67,10 @@ describe("scripts/train_lstm.lua", function()
     assert(ok, text)
     assert.truthy(text:find("resumed from", 1, true), text)
     assert.are.equal(2, #csv(b .. "/log.csv"))
+    -- the first run's test row is gone; the resumed run wrote its own at the end
+    local all = S.read_file(b .. "/log.csv")
+    assert.are.equal(1, select(2, all:gsub("\ntest,", "")))
+    assert.truthy(all:match("\ntest,[^\n]*\n$"))
     same_log(a, b)
     os.execute("rm -rf " .. S.q(a) .. " " .. S.q(b))
   end)

@@ -20,6 +20,7 @@ static void free_node(nd_node *n) {
     for (int i = 0; i < n->nsaved; i++) nd_release(n->saved[i]);
     nd_release(n->pending);
     if (n->ctx_free) n->ctx_free(n->ctx);
+    if (n->hooked && nd_hook_key_freed) nd_hook_key_freed(n);
     free(n);
 }
 

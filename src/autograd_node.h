@@ -69,6 +69,7 @@ struct nd_node {
      * graphs), freed with the node by ctx_free */
     void *ctx;
     void (*ctx_free)(void *ctx);
+    bool hooked;                /* nd_hook_tensor on its output: its gradient passes the hooks */
     /* engine scratch (one backward at a time per graph) */
     nd_tensor *pending;         /* accumulated gradient of the output */
     int deps;

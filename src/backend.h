@@ -36,6 +36,47 @@ typedef struct {
     bool adaptive;
 } nd_pool_geom;
 
+/* ---- dense linear algebra (nd.linalg; ops/op_linalg.c) ----
+ * One linalg call factors `batch` matrices: in[0] is A (batch, m, n) and,
+ * for SOLVE and LSTSQ, in[1] is B (batch, m, k); both on the cpu, contiguous
+ * (row-major), one float dtype. Outputs are fresh, contiguous, of A's dtype:
+ *   INV       out[0] A^-1 (batch, n, n)
+ *   SOLVE     out[0] X with A X = B (batch, n, k)
+ *   DET       out[0] det, out[1] sign, out[2] log|det| (batch); a singular
+ *             matrix gives 0, 0, -inf (not a failure)
+ *   CHOLESKY  out[0] L, lower (upper: U = L^T, from A's upper triangle) (batch, n, n)
+ *   QR        out[0] Q (batch, m, full ? m : min(m, n)) or NULL (R only),
+ *             out[1] R (batch, full ? m : min(m, n), n)
+ *   SVD       out[0] U (batch, m, full ? m : min), out[1] S (batch, min),
+ *             out[2] Vh (batch, full ? n : min, n); U and Vh NULL: S only
+ *   EIGH      out[0] eigenvalues, ascending (batch, n), out[1] eigenvectors
+ *             as columns (batch, n, n) or NULL; reads A's lower triangle
+ *             (upper: its upper one)
+ *   LSTSQ     out[0] X (batch, n, k), the minimum-norm least-squares
+ *             solution (SVD, singular values below rcond * the largest
+ *             count as 0), out[1] the squared residual norms of each column
+ *             (batch, k) when m > n (NULL otherwise), out[2] rank (batch,
+ *             int64), out[3] singular values (batch, min)
+ * info[b] (host memory, batch entries) is LAPACK's info for matrix b: 0
+ * fine, > 0 singular (INV, SOLVE: the 1-based zero pivot), not positive-
+ * definite (CHOLESKY: the order of the failing minor) or no convergence
+ * (SVD, EIGH, LSTSQ), ND_LINALG_NONFINITE when SVD, EIGH or LSTSQ found a
+ * NaN or infinity in the input (LAPACK is not called on it). The status is
+ * the call's own failure (memory, sizes beyond LAPACK's 32-bit integers). */
+typedef enum {
+    ND_LINALG_INV, ND_LINALG_SOLVE, ND_LINALG_DET, ND_LINALG_CHOLESKY, ND_LINALG_QR,
+    ND_LINALG_SVD, ND_LINALG_EIGH, ND_LINALG_LSTSQ
+} nd_linalg_kind;
+#define ND_LINALG_NONFINITE (-1)
+typedef struct {
+    nd_linalg_kind kind;
+    const char *op; /* the name errors start with ("linalg.inv") */
+    bool upper;    /* CHOLESKY, EIGH */
+    bool full;     /* QR: mode "complete"; SVD: full_matrices */
+    double rcond;  /* LSTSQ (< 0: the dtype's machine epsilon, as LAPACK) */
+    int64_t *info;
+} nd_linalg_args;
+
 /* ---- fused elementwise programs (nd.compile's fuse pass, ops/graph_fuse.c) ----
  * A run of elementwise kernels over one shape, done as one pass: for each
  * element (row-major over the shape), the steps in order. A step reads up to
@@ -204,6 +245,9 @@ typedef struct nd_backend {
      * the probabilities are in p (out's shape). */
     nd_status (*random)(nd_tensor *out, nd_random_kind kind, double a, double b,
                         const nd_tensor *p, uint64_t seed, uint64_t offset);
+    /* nd.linalg's factorizations (see nd_linalg_args above); NULL: the op
+     * runs them on the cpu (the tensors are copied there and back). */
+    nd_status (*linalg)(const nd_linalg_args *a, nd_tensor *const *out, const nd_tensor *const *in);
     /* ---- convolution and pooling (NCHW; x, cols and g contiguous; outputs
      * fresh and contiguous; float32 or float64) ---- */
     /* cols (N, C*kh*kw, lh*lw) from x (N, C, H, W): row (c*kh + i)*kw + j,

@@ -9,8 +9,10 @@
  *     through package.preload, so `require "needle"` works from any directory;
  *   - preloads the global `nd = require "needle"` for -e and the REPL;
  *   - gives the REPL readline editing, persistent history, Ctrl-C handling at
- *     the prompt, and tab completion of globals, table fields and tensor
- *     methods (repl.c).
+ *     the prompt, tab completion, ?name help and tables shown as tables
+ *     (repl.c);
+ *   - reports an error that names a line of the package at the user's line
+ *     (needle.errors.at_user_line), with the whole traceback.
  * This file is the command line, the package setup and the script runner.
  */
 #define _XOPEN_SOURCE 700 /* POSIX 2008 + realpath */
@@ -95,6 +97,28 @@ int nlua_report(lua_State *L, int status) {
     return status;
 }
 
+/* needle.errors.at_user_line(msg), when the package is loaded: a message
+ * that names a line of the package (a user's forward raising with level 2
+ * lands on the container that called it) gets the position of the user's
+ * line above it, found before the stack unwinds. Leaves the message to use on
+ * the stack and returns it; msg itself when that cannot be done. */
+static const char *at_user_line(lua_State *L, const char *msg) {
+    int top = lua_gettop(L);
+    lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+    if (lua_getfield(L, -1, "needle.errors") == LUA_TTABLE &&
+        lua_getfield(L, -1, "at_user_line") == LUA_TFUNCTION) {
+        lua_pushstring(L, msg);
+        if (lua_pcall(L, 1, 1, 0) == LUA_OK && lua_type(L, -1) == LUA_TSTRING) {
+            lua_replace(L, top + 1);
+            lua_settop(L, top + 1);
+            return lua_tostring(L, -1);
+        }
+    }
+    lua_settop(L, top);
+    lua_pushstring(L, msg);
+    return lua_tostring(L, -1);
+}
+
 /* Error handler: turns any error object into a message with a traceback. */
 static int msg_handler(lua_State *L) {
     const char *msg = lua_tostring(L, 1);
@@ -102,6 +126,8 @@ static int msg_handler(lua_State *L) {
         if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
             return 1; /* an object that knows how to print itself */
         msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    } else {
+        msg = at_user_line(L, msg);
     }
     luaL_traceback(L, L, msg, 1);
     return 1;

@@ -90,6 +90,9 @@ typedef struct {
     int quota_cpus;        /* CPUs the cgroup's CPU quota allows (0: no quota) */
 } nd_threads_state;
 void nd_threads_info(nd_threads_state *out);
+/* The calling thread's kernels use at most n threads (0: no cap of its own).
+ * A DataLoader worker thread runs with 1: its parallelism is the workers'. */
+void nd_set_thread_max_threads(int n);
 /* The CPU's run-time chosen float32 fast paths (AVX2 + FMA): the packed
  * conv2d kernels (cpu_conv_packed.c; NEEDLE_CONV_BLAS=1 turns them off) and
  * the small-batch linear kernel (cpu_linear_small.c; NEEDLE_NO_SMALL_GEMM=1). */
@@ -326,6 +329,46 @@ nd_status nd_cross_entropy(const nd_tensor *logits, const nd_tensor *labels, int
 /* ---- linear algebra ---- */
 nd_status nd_matmul(const nd_tensor *a, const nd_tensor *b, nd_tensor **out);
 
+/* ---- nd.linalg (ops/op_linalg.c): LAPACK on batches of matrices ----
+ * A is (..., m, n), square where the function needs it, float32 or float64
+ * (other dtypes are an error); its leading dims are a batch, broadcast with
+ * B's. A tensor on another device is factored on the host and the results
+ * are copied back. A singular, not positive-definite or non-finite input
+ * is an error naming the batch element. No autograd node is recorded
+ * (nd.linalg's gradients are Lua functions of differentiable ops,
+ * lua/needle/linalg.lua), and a graph capture stops at these (a graph
+ * break: they read LAPACK's results on the host). Errors are named
+ * "linalg.<fn>". */
+nd_status nd_linalg_inv(const nd_tensor *a, nd_tensor **out);
+/* X with A X = B: B is (..., n, k), or a vector, as PyTorch decides it (B
+ * has one dim, or A's shape without its last dim): X then has B's shape. */
+nd_status nd_linalg_solve(const nd_tensor *a, const nd_tensor *b, nd_tensor **out);
+/* det(A), and its sign and log|det(A)| (sign 0 and -inf when singular); any
+ * of the three may be NULL. */
+nd_status nd_linalg_det(const nd_tensor *a, nd_tensor **det, nd_tensor **sign, nd_tensor **logabsdet);
+/* L with A = L L^T from A's lower triangle; upper: U = L^T from its upper one. */
+nd_status nd_linalg_cholesky(const nd_tensor *a, bool upper, nd_tensor **out);
+typedef enum { ND_QR_REDUCED, ND_QR_COMPLETE, ND_QR_R } nd_qr_mode;
+/* Q (..., m, k) and R (..., k, n), k = min(m, n); complete: k = m; R only:
+ * q is an empty tensor of shape {0}, as PyTorch's. */
+nd_status nd_linalg_qr(const nd_tensor *a, nd_qr_mode mode, nd_tensor **q, nd_tensor **r);
+/* A = U diag(S) Vh, S descending (..., min(m, n)); full_matrices: U (..., m, m)
+ * and Vh (..., n, n). u and vh NULL: S only. */
+nd_status nd_linalg_svd(const nd_tensor *a, bool full_matrices, nd_tensor **u, nd_tensor **s,
+                        nd_tensor **vh);
+/* Eigenvalues (ascending) and eigenvectors (columns) of the symmetric matrix
+ * in A's lower triangle (upper: its upper one); v NULL: values only. */
+nd_status nd_linalg_eigh(const nd_tensor *a, bool upper, nd_tensor **w, nd_tensor **v);
+/* The minimum-norm least-squares solution of A X = B (LAPACK's gelsd): B is
+ * (..., m, k), or (..., m) when it has one dim fewer than A. Singular values
+ * below rcond times the largest count as zero; rcond NaN: the dtype's
+ * epsilon times max(m, n). residuals (..., k): squared residual norms when
+ * m > n and every matrix has full rank, else an empty tensor {0}; rank
+ * (..., int64) and singular values (..., min(m, n)). Any output but x may
+ * be NULL. */
+nd_status nd_linalg_lstsq(const nd_tensor *a, const nd_tensor *b, double rcond, nd_tensor **x,
+                          nd_tensor **residuals, nd_tensor **rank, nd_tensor **sv);
+
 /* ---- convolution and pooling (NCHW, as PyTorch) ----
  * x is (N, C, H, W), or (C, H, W) unbatched (the result is then unbatched
  * too). Pair arguments are {h, w}; NULL gives the default (stride 1, or the
@@ -443,6 +486,11 @@ nd_status nd_one_hot(const nd_tensor *index, int64_t num_classes, nd_tensor **ou
 void nd_manual_seed(uint64_t seed);
 void nd_rng_get_state(uint64_t *seed, uint64_t *offset);
 void nd_rng_set_state(uint64_t seed, uint64_t offset);
+/* on: the calling thread gets a random stream of its own (starting where the
+ * process's stream is now; nd_manual_seed and the get/set state calls on this
+ * thread act on it), so a DataLoader worker seeds and draws without moving
+ * the process's stream; off: back to the process's stream. */
+void nd_rng_thread_local(bool on);
 nd_status nd_rand(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out);
 nd_status nd_randn(const int64_t *shape, int ndim, nd_dtype dt, nd_tensor **out);
 nd_status nd_randint(int64_t low, int64_t high, const int64_t *shape, int ndim, nd_dtype dt,
@@ -477,6 +525,19 @@ nd_status nd_grad(nd_tensor *const *outputs, nd_tensor *const *grad_outputs, int
 typedef nd_status (*nd_grad_hook_fn)(nd_tensor *leaf);
 void nd_set_grad_hook_callback(nd_grad_hook_fn fn);
 nd_status nd_set_grad_hook(nd_tensor *t, bool on);
+/* Tensor hooks (x:register_hook, x:retain_grad): nd_hook_tensor flags t's
+ * grad_fn (or t itself, a leaf) and gives the key the process's callback will
+ * be called with; fresh is true when it was not flagged before. In backward
+ * and nd_grad, the gradient of a flagged node's output, and the sum of a
+ * flagged leaf's contributions in one walk, go through the callback before
+ * they go on (to the node's backward, to a leaf's grad, to nd_grad's result);
+ * *out is NULL (unchanged) or a new reference to a replacement of grad's
+ * shape, dtype and device. in_backward: false under nd_grad. freed(key) runs
+ * when a flagged node or leaf is freed (on any thread). */
+typedef nd_status (*nd_tensor_hook_fn)(const void *key, nd_tensor *grad, bool in_backward,
+                                       nd_tensor **out);
+void nd_set_tensor_hook_callback(nd_tensor_hook_fn fn, void (*freed)(const void *key));
+nd_status nd_hook_tensor(nd_tensor *t, const void **key, bool *fresh);
 /* A differentiable op whose backward is a callback (nd.autograd.Function,
  * the distributed collectives): *out is value (a new view of it) recorded
  * as a function of the inputs when grad mode is on and one of them requires
@@ -515,6 +576,10 @@ int64_t nd_allocated_bytes(void);
  * overcommits, malloc would succeed and the process be killed while the
  * pages are filled). Read once per process. */
 int64_t nd_memory_limit(void);
+/* on: the calling thread may make tensors only on the CPU (an allocation on
+ * another device fails naming the thread); a DataLoader worker thread runs
+ * so, since an OpenCL device's queue is driven by the thread running Lua. */
+void nd_set_thread_cpu_only(bool on);
 
 /* ---- profiler (nd.profile, `needle-lua --profile`; docs/profiler.md) ----
  * Named events bracket ops: push returns the depth before the push, pop(d)
@@ -597,12 +662,36 @@ bool nd_graph_capturing(void);
  * op's own host checks): what Lua computes from such values, a replay would
  * never update (a graph break). ND_OK when not capturing. */
 nd_status nd_graph_check_host_read(const char *op);
+/* A graph break for another reason (why: "<op>: what runs that a replay would
+ * not"): as nd_graph_check_host_read. ND_OK when not capturing. */
+nd_status nd_graph_break(const char *why);
 /* With fallback on, a graph break stops the recording (the ops go on
  * eagerly) and nd_graph_end fails with its reason, instead of the op that
  * read the values failing. */
 void nd_graph_set_fallback(nd_graph *g, bool on);
 /* Pauses (true) or resumes recording; returns whether it was paused. */
 bool nd_graph_set_paused(bool paused);
+/* Opaque nodes (an nd.autograd.Function's Lua forward or backward inside a
+ * capture; docs/compile.md): with opaque on, the capture may record a call
+ * of code the graph cannot see as one record that reads ins and writes outs
+ * (whole fresh storages). A replay runs it through the hook: fn must fill
+ * outs[0 .. nout) (same shapes and dtypes) from ins; id names the caller's
+ * code (the bindings' Lua function), release(id) runs when the graph that
+ * recorded it is freed (possibly where no Lua state runs). */
+typedef nd_status (*nd_graph_opaque_fn)(const char *name, int64_t id, int kind, nd_tensor *const *ins,
+                                        int nin, nd_tensor *const *outs, int nout);
+void nd_graph_set_opaque_hooks(nd_graph_opaque_fn fn, void (*release)(int64_t id));
+void nd_graph_set_opaque(nd_graph *g, bool on);
+/* Whether the capture on this thread records opaque nodes (capturing and on). */
+bool nd_graph_opaque_ok(void);
+/* Records the opaque node (kind: 0 forward, 1 backward; name: the caller's,
+ * copied). An entry of outs that is not a whole storage made during the
+ * capture and new to the graph is replaced by a copy (made with the capture
+ * paused); on ND_OK every outs[k] is a new reference the caller owns.
+ * ND_ERR_UNSUPPORTED (nothing recorded, outs untouched) when more than 16
+ * tensors or not capturing with opaque on. */
+nd_status nd_graph_opaque(const char *name, int64_t id, int kind, nd_tensor *const *ins, int nin,
+                          nd_tensor **outs, int nout);
 size_t nd_graph_size(const nd_graph *g);
 typedef struct {
     int64_t records, storages, leaves;

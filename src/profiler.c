@@ -20,6 +20,10 @@
 #define MAX_EVENTS ((size_t)4 << 20) /* 4 Mi events (192 MiB) */
 
 bool nd_profiler_on_;
+/* The thread that turned the profiler on or off is the one whose events it
+ * records; on any other (a DataLoader worker thread) push and pop do nothing,
+ * so the unlocked state below is only ever touched by one thread. */
+static _Thread_local bool owner;
 
 typedef struct {
     int name;
@@ -48,6 +52,7 @@ int64_t nd_profiler_now_ns(void) {
 }
 
 void nd_profiler_enable(bool on, bool keep_events) {
+    owner = true;
     nd_profiler_on_ = on;
     P.keep_events = on && keep_events;
 }
@@ -86,6 +91,7 @@ void nd_profiler_stat(int id, nd_profile_stat *out) {
 }
 
 int nd_profiler_push(int id) {
+    if (!owner) return 0;
     int depth = P.depth + P.overflow;
     if (!nd_profiler_on_) return depth;
     if (id < 0 || id >= P.nnames || P.depth == MAX_DEPTH) { P.overflow++; return depth; }
@@ -122,6 +128,7 @@ static void record(const frame *f, int depth, int64_t end_ns, int64_t end_bytes)
 }
 
 void nd_profiler_pop(int depth) {
+    if (!owner) return;
     if (depth < 0) depth = 0;
     /* pops beyond MAX_DEPTH, and pushes made before the profiler was on */
     while (P.depth + P.overflow > depth && P.overflow > 0) P.overflow--;
@@ -136,6 +143,7 @@ void nd_profiler_pop(int depth) {
 int nd_profiler_depth(void) { return P.depth + P.overflow; }
 
 int nd_profiler_push_backward(const char *op) {
+    if (!owner) return 0;
     if (!nd_profiler_on_) return nd_profiler_depth();
     unsigned h = (unsigned)(((uintptr_t)op >> 4) & 255);
     for (int k = 0; k < 256; k++, h = (h + 1) & 255) {

@@ -1,8 +1,11 @@
 /*
  * repl.c - needle-lua's REPL: readline editing, persistent history, Ctrl-C
- * handling at the prompt, tab completion of globals, table fields and tensor
- * methods, and lua.c's loop (=expr, expressions printed, multi-line chunks).
- * The script runner and the command line are in main.c.
+ * handling at the prompt, tab completion (globals, table fields, tensor
+ * methods and fields, a module's methods and fields, the package's lazily
+ * loaded entries), ?name for the documentation (needle.help), and lua.c's
+ * loop (=expr, expressions printed, multi-line chunks), values shown by
+ * needle.pretty (tables as tables). The script runner and the command line
+ * are in main.c.
  */
 #define _XOPEN_SOURCE 700 /* POSIX 2008 */
 
@@ -202,9 +205,32 @@ static bool is_name(const char *s, size_t len) {
     return !is_keyword(s, len);
 }
 
+/* A needle module instance keeps its fields in these tables of its own and
+ * its methods in its class chain (the metatable's `class`, needle.nn.module),
+ * behind an __index function that completion may not call. */
+static const char *const module_fields[] = {"_params", "_buffers", "_children", "_attrs", NULL};
+
+/* Pushes t[name] of the table at idx without metamethods (a metatable may
+ * have one of its own); returns its type. */
+static int raw_field(lua_State *L, int idx, const char *name) {
+    idx = lua_absindex(L, idx);
+    lua_pushstring(L, name);
+    return lua_rawget(L, idx);
+}
+
+/* Calls t[k] for a key the metatable lists in __lazy (needle.lazy): the
+ * package's own loader of a submodule, what its first use would run. */
+static int load_lazy_entry(lua_State *L) {
+    lua_gettable(L, 1);
+    return 1;
+}
+
 /* Pushes value[key] found without running code: a raw get, then the __index
  * tables of the metatable chain. __index functions are never called:
- * completion must not have side effects. Pushes nil when not found. */
+ * completion must not have side effects. The exceptions are the package's
+ * own: a needle module's fields and class chain are read as tables, and an
+ * entry that a lazy table's metatable lists in __lazy is loaded as its first
+ * use would load it. Pushes nil when not found. */
 static void lookup_field(lua_State *L, int value, const char *key, size_t len, int depth) {
     value = lua_absindex(L, value);
     if (lua_type(L, value) == LUA_TTABLE) {
@@ -212,44 +238,138 @@ static void lookup_field(lua_State *L, int value, const char *key, size_t len, i
         if (lua_rawget(L, value) != LUA_TNIL) return;
         lua_pop(L, 1);
     }
-    if (depth > 0 && lua_getmetatable(L, value)) {
-        lua_pushliteral(L, "__index");
-        if (lua_rawget(L, -2) == LUA_TTABLE) {
-            lookup_field(L, -1, key, len, depth - 1);
-            lua_replace(L, -3); /* result in place of the metatable */
+    if (depth <= 0 || !lua_getmetatable(L, value)) {
+        lua_pushnil(L);
+        return;
+    }
+    int mt = lua_gettop(L);
+    if (lua_type(L, value) == LUA_TTABLE && raw_field(L, mt, "class") == LUA_TTABLE) {
+        for (int i = 0; module_fields[i]; i++) {
+            lua_pushstring(L, module_fields[i]);
+            if (lua_rawget(L, value) == LUA_TTABLE) {
+                lua_pushlstring(L, key, len);
+                if (lua_rawget(L, -2) != LUA_TNIL) {
+                    lua_replace(L, mt);
+                    lua_settop(L, mt);
+                    return;
+                }
+                lua_pop(L, 1);
+            }
             lua_pop(L, 1);
+        }
+        lookup_field(L, -1, key, len, depth - 1); /* the class chain */
+        lua_replace(L, mt);
+        lua_settop(L, mt);
+        return;
+    }
+    lua_settop(L, mt);
+    if (raw_field(L, mt, "__lazy") == LUA_TTABLE) {
+        lua_pushlstring(L, key, len);
+        bool listed = lua_rawget(L, -2) != LUA_TNIL;
+        lua_pop(L, 2);
+        if (listed) {
+            lua_pushcfunction(L, load_lazy_entry);
+            lua_pushvalue(L, value);
+            lua_pushlstring(L, key, len);
+            if (lua_pcall(L, 2, 1, 0) != LUA_OK) {
+                lua_pop(L, 1);
+                lua_pushnil(L);
+            }
+            lua_replace(L, mt);
             return;
         }
-        lua_pop(L, 2);
+    } else {
+        lua_pop(L, 1);
     }
+    lua_pushliteral(L, "__index");
+    if (lua_rawget(L, mt) == LUA_TTABLE) {
+        lookup_field(L, -1, key, len, depth - 1);
+        lua_replace(L, mt);
+        lua_settop(L, mt);
+        return;
+    }
+    lua_settop(L, mt - 1);
     lua_pushnil(L);
 }
 
+/* names[k] = v, unless k is named already (a name found first wins, as it
+ * would at run time) */
+static void add_name(lua_State *L, int names) {
+    /* stack: key, value */
+    lua_pushvalue(L, -2);
+    if (lua_rawget(L, names) == LUA_TNIL) {
+        lua_pop(L, 1);
+        lua_rawset(L, names);
+    } else {
+        lua_pop(L, 3);
+    }
+}
+
+/* Adds the string keys of the table at idx, each with its value, or with
+ * `as` (a placeholder whose type gives the suffix) when as != 0. */
+static void add_keys(lua_State *L, int idx, int names, int as) {
+    idx = lua_absindex(L, idx);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        if (lua_type(L, -2) == LUA_TSTRING) {
+            lua_pushvalue(L, -2);
+            if (as) lua_pushvalue(L, as); else lua_pushvalue(L, -2);
+            add_name(L, names);
+        }
+        lua_pop(L, 1);
+    }
+}
+
 /* Adds names[k] = v for the fields of a value: its own (if a table), then
- * its metatable's __methods (tensors) and __index tables, recursively. A name
- * found first wins, as it would at run time. */
+ * what its metatable offers, recursively: a tensor's __methods and
+ * __properties, a needle module's fields and class chain, a lazy table's
+ * __lazy entries (not loaded: a whole submodule completes with ".", a field
+ * of one with nothing), and __index tables. */
 static void add_names(lua_State *L, int value, int names, int depth) {
     value = lua_absindex(L, value);
-    if (lua_type(L, value) == LUA_TTABLE) {
+    if (lua_type(L, value) == LUA_TTABLE) add_keys(L, value, names, 0);
+    if (depth <= 0 || !lua_getmetatable(L, value)) return;
+    int mt = lua_gettop(L);
+    lua_pushboolean(L, 0); /* placeholder: no suffix, not a method */
+    int plain = lua_gettop(L);
+    lua_newtable(L);       /* placeholder: a table, completes with "." */
+    int table = lua_gettop(L);
+    if (raw_field(L, mt, "__methods") == LUA_TTABLE) add_keys(L, -1, names, 0);
+    lua_pop(L, 1);
+    if (raw_field(L, mt, "__properties") == LUA_TTABLE) {
+        for (lua_Integer i = 1; lua_rawgeti(L, -1, i) == LUA_TSTRING; i++) {
+            lua_pushvalue(L, plain);
+            add_name(L, names);
+        }
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    if (lua_type(L, value) == LUA_TTABLE && raw_field(L, mt, "class") == LUA_TTABLE) {
+        for (int i = 0; module_fields[i]; i++) {
+            lua_pushstring(L, module_fields[i]);
+            if (lua_rawget(L, value) == LUA_TTABLE) add_keys(L, -1, names, 0);
+            lua_pop(L, 1);
+        }
+        add_names(L, -1, names, depth - 1);
+    }
+    lua_settop(L, table);
+    if (raw_field(L, mt, "__lazy") == LUA_TTABLE) {
+        int lazy = lua_gettop(L);
         lua_pushnil(L);
-        while (lua_next(L, value)) {
-            lua_pushvalue(L, -2); /* key */
-            if (lua_type(L, -1) == LUA_TSTRING && lua_rawget(L, names) == LUA_TNIL) {
-                lua_pushvalue(L, -3);
-                lua_pushvalue(L, -3);
-                lua_rawset(L, names);
+        while (lua_next(L, lazy)) {
+            if (lua_type(L, -2) == LUA_TSTRING) {
+                bool module = lua_type(L, -1) == LUA_TSTRING;
+                lua_pushvalue(L, -2);
+                lua_pushvalue(L, module ? table : plain);
+                add_name(L, names);
             }
-            lua_pop(L, 2); /* lookup result (or key copy), value */
+            lua_pop(L, 1);
         }
     }
-    if (depth > 0 && lua_getmetatable(L, value)) {
-        lua_pushliteral(L, "__methods");
-        if (lua_rawget(L, -2) == LUA_TTABLE) add_names(L, -1, names, 0);
-        lua_pop(L, 1);
-        lua_pushliteral(L, "__index");
-        if (lua_rawget(L, -2) == LUA_TTABLE) add_names(L, -1, names, depth - 1);
-        lua_pop(L, 2);
-    }
+    lua_settop(L, table);
+    lua_pushliteral(L, "__index");
+    if (lua_rawget(L, mt) == LUA_TTABLE) add_names(L, -1, names, depth - 1);
+    lua_settop(L, mt - 1);
 }
 
 /* Completion candidates for `text` ("pri", "string.fo", "x:ex"), as a list of
@@ -285,7 +405,9 @@ static int collect_completions(lua_State *L) {
         }
 
     bool method = sep && *sep == ':';
-    bool show_private = partial_len >= 2 && partial[0] == '_' && partial[1] == '_';
+    /* "_x" and "__x" names (the package's internals, metamethods) only
+     * when the partial name asks for them */
+    size_t private_len = partial[0] == '_' ? (partial[1] == '_' ? 2 : 1) : 0;
     lua_newtable(L);
     int list = lua_gettop(L);
     lua_Integer n = 0;
@@ -297,7 +419,7 @@ static int collect_completions(lua_State *L) {
         bool keyword = !sep && lua_isboolean(L, -1) && is_keyword(name, len);
         if ((keyword || is_name(name, len)) && len >= partial_len &&
             memcmp(name, partial, partial_len) == 0 &&
-            (show_private || strncmp(name, "__", 2) != 0) &&
+            (name[0] != '_' || (private_len >= 1 && (name[1] != '_' || private_len == 2))) &&
             (!method || type == LUA_TFUNCTION)) {
             const char *suffix = keyword ? "" : type == LUA_TTABLE ? "."
                                             : method               ? "("
@@ -370,6 +492,32 @@ static const char *get_prompt(lua_State *L, bool first) {
     return p;
 }
 
+/* "?name" is the chunk `require("needle.help").repl("name")`: the name goes
+ * in as a Lua string literal (every byte that is not a letter, a digit or a
+ * plain punctuation mark as an escape), so that nothing in it is code. */
+static int load_help_call(lua_State *L, const char *name) {
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    luaL_addstring(&b, "require(\"needle.help\").repl(\"");
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+        if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+            strchr("_.: ", *p)) {
+            luaL_addchar(&b, (char)*p);
+        } else {
+            char esc[8];
+            snprintf(esc, sizeof esc, "\\%03u", *p);
+            luaL_addstring(&b, esc);
+        }
+    }
+    luaL_addstring(&b, "\")");
+    luaL_pushresult(&b);
+    size_t len;
+    const char *code = lua_tolstring(L, -1, &len);
+    int status = luaL_loadbuffer(L, code, len, "=stdin");
+    lua_remove(L, -2); /* the code */
+    return status;
+}
+
 /* Reads a line and pushes it as a string. */
 static int push_line(lua_State *L, bool first) {
     const char *prompt = get_prompt(L, first);
@@ -397,12 +545,26 @@ static bool incomplete(lua_State *L, int status) {
     return true;
 }
 
-/* Tries the line as an expression ("return <line>;"), so that its values get
- * printed. On failure leaves only the line on the stack. */
+/* Tries the line as an expression, so that its values get printed. The
+ * values are returned through a function call rather than as `return
+ * <line>;` (lua.c's form): there the last call of the line would be a tail
+ * call, which removes the chunk's frame, and an error raised inside the
+ * package would find no line of the user's to point at. A line that ends in
+ * a comment (which would swallow the parenthesis) gets lua.c's form. On
+ * failure leaves only the line on the stack. */
 static int add_return(lua_State *L) {
     const char *line = lua_tostring(L, -1);
-    const char *code = lua_pushfstring(L, "return %s;", line);
+    const char *code = lua_pushfstring(L, "return %s;", line); /* what is an expression: lua.c's test */
     int status = luaL_loadbuffer(L, code, strlen(code), "=stdin");
+    if (status == LUA_OK) {
+        const char *call = lua_pushfstring(L, "return (function(...) return ... end)(%s)", line);
+        if (luaL_loadbuffer(L, call, strlen(call), "=stdin") == LUA_OK) {
+            lua_replace(L, -3); /* the call's function in place of lua.c's */
+            lua_pop(L, 1);
+        } else {
+            lua_pop(L, 2); /* its error and code */
+        }
+    }
     if (status == LUA_OK) {
         lua_remove(L, -2); /* the "return" code */
         save_line(line);
@@ -440,19 +602,45 @@ static int load_input(lua_State *L) {
     lua_settop(L, 0);
     int r = push_line(L, true);
     if (r != INPUT_OK) return r == INPUT_EOF ? STATUS_EOF : STATUS_CANCELLED;
-    int status = add_return(L);
-    if (status != LUA_OK) status = multiline(L);
+    const char *line = lua_tostring(L, 1);
+    int status;
+    if (line[0] == '?') { /* "?name": help on a name */
+        save_line(line);
+        status = load_help_call(L, line + 1);
+    } else {
+        status = add_return(L);
+        if (status != LUA_OK) status = multiline(L);
+    }
     if (status == STATUS_CANCELLED) return status;
     lua_remove(L, 1); /* the source text */
     return status;
 }
 
-/* Prints the chunk's results with the global print (tostring, tabs). */
+/* Pushes require(module)[field], or nil when the package cannot give it. */
+static void push_package_function(lua_State *L, const char *module, const char *field) {
+    lua_getglobal(L, "require");
+    lua_pushstring(L, module);
+    if (lua_pcall(L, 1, 1, 0) == LUA_OK && lua_istable(L, -1)) {
+        lua_getfield(L, -1, field);
+        lua_remove(L, -2);
+    } else {
+        lua_pop(L, 1);
+        lua_pushnil(L);
+    }
+}
+
+/* Prints the chunk's results, tab-separated: needle.pretty.print shows a
+ * table as a table (a shape as {3, 4}) and the rest as tostring does (a
+ * tensor, a module's tree); without the package, the global print, as lua.c. */
 static void print_results(lua_State *L) {
     int n = lua_gettop(L);
     if (n == 0) return;
     luaL_checkstack(L, LUA_MINSTACK, "too many results to print");
-    lua_getglobal(L, "print");
+    push_package_function(L, "needle.pretty", "print");
+    if (!lua_isfunction(L, -1)) {
+        lua_pop(L, 1);
+        lua_getglobal(L, "print");
+    }
     lua_insert(L, 1);
     if (lua_pcall(L, n, 0, 0) != LUA_OK)
         nlua_print_message(nlua_progname, lua_pushfstring(L, "error calling 'print' (%s)", lua_tostring(L, -1)));

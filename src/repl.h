@@ -26,8 +26,9 @@ int nlua_docall(lua_State *L, int narg, int nres);
 
 /* repl.c: reads, runs and prints chunks until end of input. readline on a
  * terminal (editing, persistent history, Ctrl-C at the prompt, tab
- * completion of globals, table fields and tensor methods), plain lines
- * otherwise; unfinished chunks read continuation lines, as lua.c. */
+ * completion of globals, table fields, tensor and module methods and lazily
+ * loaded entries), plain lines otherwise; unfinished chunks read continuation
+ * lines, as lua.c; "?name" prints the documentation of a name. */
 void nlua_repl_run(lua_State *L);
 
 #endif

@@ -67,10 +67,18 @@ nd_status nd_storage_new(size_t nbytes, nd_storage **out) {
     return ND_OK;
 }
 
+static _Thread_local bool cpu_only; /* nd_set_thread_cpu_only */
+
+void nd_set_thread_cpu_only(bool on) { cpu_only = on; }
+
 nd_status nd_storage_new_on(nd_device dev, size_t nbytes, nd_storage **out) {
     if (dev.type == ND_DEVICE_CPU) return nd_storage_new(nbytes, out);
-    const nd_backend *be = nd_backend_for(dev.type);
     char db[32];
+    if (cpu_only)
+        return nd_fail(ND_ERR_DEVICE, "device '%s' cannot be used on this thread (a DataLoader "
+                       "worker thread makes its tensors on the CPU; move the batches to the "
+                       "device in the training loop)", nd_device_str(dev, db));
+    const nd_backend *be = nd_backend_for(dev.type);
     if (!be || !be->alloc)
         return nd_fail(ND_ERR_DEVICE, "device '%s' is not available in this build", nd_device_str(dev, db));
     nd_storage *s = nd_cache_alloc(sizeof *s);

@@ -8,8 +8,11 @@
 
 void nd_retain(nd_tensor *t) { if (t) atomic_fetch_add(&t->refcount, 1); }
 
+void (*nd_hook_key_freed)(const void *key);
+
 void nd_release(nd_tensor *t) {
     if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
+    if (t->tensor_hooks && nd_hook_key_freed) nd_hook_key_freed(t);
     nd_node_release(t->grad_fn);
     nd_release(t->grad);
     nd_storage_release(t->storage);
@@ -114,6 +117,7 @@ nd_status nd_tensor_wrap(nd_storage *storage, nd_dtype dt, const int64_t *shape,
     nd_storage_retain(storage);
     t->requires_grad = false;
     t->grad_hook = false;
+    t->tensor_hooks = false;
     t->grad_mark = t->grad_pending = 0;
     t->grad = NULL;
     t->grad_fn = NULL;

@@ -30,6 +30,11 @@ typedef struct nd_storage {
 
 struct nd_node; /* autograd graph node (autograd issue) */
 
+/* Set by the engine (nd_set_tensor_hook_callback): called with a hooked leaf
+ * or node (nd_hook_tensor) as it is freed, on whichever thread frees it, so
+ * the hooks kept for it elsewhere can go. */
+extern void (*nd_hook_key_freed)(const void *key);
+
 struct nd_tensor {
     atomic_int refcount;
     int ndim;
@@ -41,6 +46,7 @@ struct nd_tensor {
     /* autograd */
     bool requires_grad;
     bool grad_hook;              /* nd_set_grad_hook: report when its grad is complete */
+    bool tensor_hooks;           /* nd_hook_tensor on a leaf: its gradient passes the hooks */
     int grad_mark, grad_pending; /* a backward's count of contributions still to come */
     nd_tensor *grad;
     struct nd_node *grad_fn;

@@ -243,6 +243,27 @@ function M.open_log(path, header, resume, keep)
   return assert(io.open(path, "a"))
 end
 
+-- The run's nd.log logger (docs/logging.md) in dir: scalars.csv, log.jsonl
+-- and a TensorBoard event file, appended to when resuming. Only the main rank
+-- of a distributed job writes; the others get a logger that does nothing.
+function M.run_log(dir, resume, job)
+  if job and not job.main then
+    local none = function() end
+    return {scalar = none, scalars = none, histogram = none, flush = none, close = none, files = {}}
+  end
+  return require("needle.log").open(dir, {resume = resume and true or false})
+end
+
+-- One histogram per parameter of model (tag "params/<name>"), and one per
+-- gradient where there is one ("grads/<name>").
+function M.log_parameters(log, model, step)
+  for _, entry in ipairs(model:named_parameters()) do
+    local name, p = entry[1], entry[2]
+    log:histogram("params/" .. name, p, step)
+    if p.grad then log:histogram("grads/" .. name, p.grad, step) end
+  end
+end
+
 -- Loads the checkpoint at path into objects ({model = ..., optimizer = ...,
 -- scheduler = ...}); check(state), when given, first sees the checkpoint as
 -- read (nd.checkpoint.read). A checkpoint that cannot be read or loaded ends

@@ -26,6 +26,10 @@
 --                             without level, fail(who, fmt, ...)
 --   errors.shape_str(t)       "{2,3}", the way needle's messages spell the
 --                             shape of a tensor (or a shape table)
+--   errors.at_user_line(msg)  for a message handler (needle-lua's, or an
+--                             xpcall's): msg with the position of the user's
+--                             line when it names a line of the package
+--                             (below)
 --
 -- The C functions do the same for their own errors (lt_error in
 -- src/lua_bindings/lt_tensor.c); this module tells them where the package's
@@ -102,6 +106,35 @@ function M.shape_str(t)
   local s = {}
   for i = 1, #shape do s[i] = tostring(math.tointeger(shape[i]) or shape[i]) end
   return "{" .. table.concat(s, ",") .. "}"
+end
+
+-- A message that names a line of the package, though it was not raised by
+-- the package's own `error`: a user's forward that raises with error(msg, 2)
+-- names the container that called it ("nn/container.lua:144: ..."), and a
+-- runtime error inside a library function names that function's line. A
+-- message handler runs before the stack unwinds, so the frame of that line is
+-- still there: the message gets the position of the innermost user frame
+-- above it (the line that called the model), keeps its text, and the
+-- traceback the handler adds afterwards still shows every frame. Any other
+-- message comes back as it is.
+function M.at_user_line(msg)
+  if type(msg) ~= "string" then return msg end
+  local src, line, text = msg:match("^([^\n]-):(%d+): (.*)$")
+  if src == nil then return msg end
+  line = tonumber(line)
+  local found = false
+  for level = 2, math.huge do
+    local info = debug.getinfo(level, "Sl")
+    if info == nil then return msg end
+    if found then
+      if info.what ~= "C" and info.currentline > 0 and not is_library(info.source) then
+        return ("%s:%d: %s"):format(info.short_src, info.currentline, text)
+      end
+    elseif info.short_src == src and info.currentline == line then
+      if not is_library(info.source) then return msg end -- the user's own line
+      found = true
+    end
+  end
 end
 
 function M.error(msg, level)

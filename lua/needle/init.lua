@@ -18,7 +18,16 @@ nd.F = require "needle.functional"
 require("needle.lazy")(nd, {nn = "needle.nn", optim = "needle.optim", data = "needle.data",
                             checkpoint = "needle.checkpoint", plot = "needle.plot", convert = "needle.convert",
                             distributed = "needle.distributed", autograd = "needle.autograd",
-                            linalg = "needle.linalg", log = "needle.log"})
+                            linalg = "needle.linalg"})
+
+-- nd.log is two things: called, the natural logarithm (torch.log); indexed,
+-- the training logger (nd.log.open(dir), docs/logging.md), loaded on first use.
+-- The call is a tail call, so an error still points at the caller's line.
+nd.log = setmetatable({}, {
+  __call = function(_, ...) return core.log(...) end,
+  __index = function(_, k) return require("needle.log")[k] end,
+  __name = "needle.log",
+})
 
 -- the tensor ops written in Lua over the C ops (einsum, norm, tril, unique, ...):
 -- installed as nd.<name> and as tensor methods (docs/tensor.md)
@@ -36,6 +45,8 @@ function nd.load_torch(...) return require("needle.serialize").load_torch(...) e
 nd.null = core.null
 -- nd.profile(fn[, {trace=, print=, sort=}]) -> report (docs/profiler.md)
 function nd.profile(...) return require("needle.profile").profile(...) end
+-- nd.help(obj_or_name): its documented signature and summary (docs/needle-lua.md)
+function nd.help(...) return require("needle.help").help(...) end
 
 -- nd.compile(fn_or_module[, {warmup=, cache_size=, fallback=, verify=}]) -> a
 -- callable that replays the captured kernels (docs/compile.md)

@@ -8,6 +8,10 @@
 -- key is nil. opts.walk = true adds __pairs: pairs(t) loads every entry
 -- first. A module that lacks its field is an error "needle.<opts.who>: <module>
 -- does not define <k>" (who: "lazy" unless given).
+--
+-- The metatable's __lazy is entries itself: what t will hold, known without
+-- loading anything (the REPL's tab completion lists it, nd.help walks it).
+-- Indexing t with one of its keys is what loads that entry.
 local error = require("needle.errors").error -- positions at the user's line
 
 return function(t, entries, opts)
@@ -25,7 +29,7 @@ return function(t, entries, opts)
     rawset(tbl, k, v)
     return v
   end
-  local mt = {__index = load}
+  local mt = {__index = load, __lazy = entries}
   if opts.walk then
     mt.__pairs = function(tbl)
       for k in pairs(entries) do if rawget(tbl, k) == nil then load(tbl, k) end end

@@ -82,6 +82,10 @@ local function got(v)
   return "a " .. type(v)
 end
 M.got = got
+-- for positional arguments checked with the same types and words
+-- (needle.tensor_ops: "argument 'dim' (position 3) must be an integer or a table")
+M.fits = fits
+M.describe_types = describe_types
 
 -- "a, b, c": the keys of spec, sorted
 function M.valid_list(spec)

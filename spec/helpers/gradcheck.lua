@@ -61,7 +61,8 @@ function M.gradcheck(build, leaves, opts)
     local at = a and a:contiguous():view({-1}):totable() or {}
     for k = 1, numel do
       local av = a and at[k] or 0
-      if math.abs(av - num[k]) > atol + rtol * math.abs(num[k]) then
+      -- written as not (<=) so that a NaN on either side fails (equal infinities pass)
+      if not (av == num[k] or math.abs(av - num[k]) <= atol + rtol * math.abs(num[k])) then
         return false, ("leaf %d element %d: analytical %.10g, numerical %.10g"):format(li, k, av, num[k])
       end
     end

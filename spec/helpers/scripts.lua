@@ -6,7 +6,9 @@
 --                                     -- code; env: "NAME=value ..." put before the command
 --   H.tmpdir()                        -- a new empty directory
 --   H.rmdir(d)                        -- rm -rf d
---   H.csv_lines(path)                 -- the data rows of a CSV log, as lines
+--   H.csv_lines(path)                 -- the data rows of a CSV log, as lines (the epochs':
+--                                     -- not the header, not train_lstm's final "test" row)
+--   H.csv_test_row(path)              -- that "test" row's fields, or nil
 --   H.csv_rows(path)                  -- the data rows, each a list of fields (strings)
 local S = require "spec.helpers.shell"
 
@@ -40,9 +42,19 @@ function H.rmdir(d) os.execute("rm -rf " .. S.q(d)) end
 function H.csv_lines(path)
   local rows = {}
   for line in io.lines(path) do
-    if not line:match("^epoch") then rows[#rows + 1] = line end
+    if not line:match("^epoch") and not line:match("^test,") then rows[#rows + 1] = line end
   end
   return rows
+end
+
+function H.csv_test_row(path)
+  for line in io.lines(path) do
+    if line:match("^test,") then
+      local r = {}
+      for f in (line .. ","):gmatch("([^,]*),") do r[#r + 1] = f end
+      return r
+    end
+  end
 end
 
 function H.csv_rows(path)

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "autograd_node.h"
 #include "lt_internal.h"
 
@@ -26,15 +27,17 @@ static int graph_gc(lua_State *L) {
     return 0;
 }
 
-/* core._graph_begin([fallback]) -> a graph that records from now on */
+/* core._graph_begin([fallback[, opaque]]) -> a graph that records from now on
+ * (opaque: nd.autograd.Functions become opaque nodes, nd_graph_opaque) */
 static int l_begin(lua_State *L) {
-    bool fallback = lua_toboolean(L, 1);
+    bool fallback = lua_toboolean(L, 1), opaque = lua_toboolean(L, 2);
     graph_box *b = lua_newuserdatauv(L, sizeof *b, 0);
     b->g = NULL;
     b->capturing = false;
     luaL_setmetatable(L, GRAPH_MT);
     LT_CHECK(L, nd_graph_begin(&b->g));
     nd_graph_set_fallback(b->g, fallback);
+    nd_graph_set_opaque(b->g, opaque);
     b->capturing = true;
     return 1;
 }
@@ -47,9 +50,172 @@ static int l_finish(lua_State *L) {
     return 0;
 }
 
+/* ---- opaque nodes (nd_graph_opaque): a replay calls back into Lua ----
+ * The Lua function of each node lives in a registry table under the node's
+ * id; a freed graph only notes its ids (it may be freed where no Lua state
+ * runs) and the next node recorded drops them. The state a replay calls
+ * into: the one running g:replay(), else the one running the backward that
+ * replays a compiled forward's backward graph (lt_autograd.c). */
+static const char OPAQUE_KEY = 'o';
+static _Thread_local lua_State *replay_L;
+static int64_t opaque_next_id;
+static int64_t *dead_ids;
+static size_t ndead_ids, capdead_ids;
+lua_State *lt_custom_backward_state(void); /* lt_autograd.c */
+
+static void opaque_release(int64_t id) {
+    if (ndead_ids == capdead_ids) {
+        size_t cap = capdead_ids ? capdead_ids * 2 : 16;
+        int64_t *p = realloc(dead_ids, cap * sizeof *p);
+        if (!p) return; /* the function stays in the table: a leak, not a crash */
+        dead_ids = p;
+        capdead_ids = cap;
+    }
+    dead_ids[ndead_ids++] = id;
+}
+
+static void shape_str(const nd_tensor *t, char *buf, size_t cap) {
+    int n = snprintf(buf, cap, "%s {", nd_dtype_name(t->dtype));
+    for (int d = 0; d < t->ndim && n < (int)cap; d++)
+        n += snprintf(buf + n, cap - (size_t)n, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+    if (n < (int)cap) snprintf(buf + n, cap - (size_t)n, "}");
+}
+
+static bool same_shape(const nd_tensor *a, const nd_tensor *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+static nd_status opaque_run(const char *name, int64_t id, int kind, nd_tensor *const *ins, int nin,
+                            nd_tensor *const *outs, int nout) {
+    const char *what = kind ? "backward" : "forward";
+    lua_State *L = replay_L ? replay_L : lt_custom_backward_state();
+    if (!L)
+        return nd_fail(ND_ERR_UNSUPPORTED, "compile: autograd.Function '%s': its %s (an opaque node) "
+                       "runs Lua, and this replay was not started from Lua", name, what);
+    int top = lua_gettop(L);
+    if (!lua_checkstack(L, nin + nout + LUA_MINSTACK))
+        return nd_fail(ND_ERR_MEMORY, "compile: autograd.Function '%s': no Lua stack", name);
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &OPAQUE_KEY);
+    if (!lua_istable(L, -1) || lua_rawgeti(L, -1, (lua_Integer)id) != LUA_TFUNCTION) {
+        lua_settop(L, top);
+        return nd_fail(ND_ERR_INTERNAL, "compile: autograd.Function '%s': its opaque node lost its Lua", name);
+    }
+    lua_remove(L, -2);
+    for (int k = 0; k < nin; k++) {
+        nd_tensor *v;
+        nd_status st = nd_tensor_view_of(ins[k], ins[k]->shape, ins[k]->strides, ins[k]->ndim, ins[k]->offset, &v);
+        if (st != ND_OK) { lua_settop(L, top); return st; }
+        lt_push(L, v);
+    }
+    if (lua_pcall(L, nin, nout, 0) != LUA_OK) {
+        const char *msg = lua_tostring(L, -1);
+        nd_status st = nd_fail(ND_ERR_ARG, "%s", msg ? msg : "(error object is not a string)");
+        lua_settop(L, top);
+        return st;
+    }
+    nd_status st = ND_OK;
+    bool grad = nd_set_grad_enabled(false);
+    for (int k = 0; k < nout && st == ND_OK; k++) {
+        nd_tensor *res = lt_to(L, top + 1 + k), *o = outs[k];
+        char got[64 + 21 * ND_MAX_DIMS], want[64 + 21 * ND_MAX_DIMS], d1[32], d2[32];
+        if (!res) {
+            st = nd_fail(ND_ERR_ARG, "compile: autograd.Function '%s': its %s returned a %s at a replay "
+                         "where the capture had a tensor (result %d)", name, what,
+                         luaL_typename(L, top + 1 + k), k + 1);
+            break;
+        }
+        nd_device dr = nd_get_device(res), dw = nd_get_device(o);
+        if (res->dtype != o->dtype || !same_shape(res, o) || dr.type != dw.type ||
+            dr.index != dw.index) {
+            shape_str(res, got, sizeof got);
+            shape_str(o, want, sizeof want);
+            st = nd_fail(ND_ERR_ARG, "compile: autograd.Function '%s': its %s returned %s on %s at a replay, "
+                         "where the capture had %s on %s (result %d): an opaque node's results keep "
+                         "the shape, dtype and device they had when captured", name, what, got,
+                         nd_device_str(dr, d1), want, nd_device_str(dw, d2), k + 1);
+            break;
+        }
+        st = nd_copy_(o, res);
+    }
+    nd_set_grad_enabled(grad);
+    lua_settop(L, top);
+    return st;
+}
+
+/* core._graph_opaque_ok() -> whether the capture on this thread records
+ * opaque nodes */
+static int l_opaque_ok(lua_State *L) {
+    lua_pushboolean(L, nd_graph_opaque_ok());
+    return 1;
+}
+
+/* core._graph_opaque(name, kind, fn, ins, outs) -> outs' (each the tensor
+ * the node writes: outs[k] or its copy), or nil and the reason it cannot be
+ * one (the caller then breaks the graph). kind: "forward" or "backward";
+ * fn(ins...) -> outs... runs at every replay. */
+static int l_graph_opaque(lua_State *L) {
+    const char *name = luaL_checkstring(L, 1);
+    int kind = strcmp(luaL_checkstring(L, 2), "backward") == 0;
+    luaL_checktype(L, 3, LUA_TFUNCTION);
+    luaL_checktype(L, 4, LUA_TTABLE);
+    luaL_checktype(L, 5, LUA_TTABLE);
+    lua_Integer nin = luaL_len(L, 4), nout = luaL_len(L, 5);
+    if (nin + nout > 16) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "autograd.Function '%s': %d tensors in and out, more than an opaque node "
+                        "holds (16)", name, (int)(nin + nout));
+        return 2;
+    }
+    nd_tensor *ins[16], *outs[16];
+    for (lua_Integer i = 1; i <= nin; i++) {
+        lua_rawgeti(L, 4, i);
+        ins[i - 1] = lt_check(L, -1, "compile");
+        lua_pop(L, 1);
+    }
+    for (lua_Integer i = 1; i <= nout; i++) {
+        lua_rawgeti(L, 5, i);
+        outs[i - 1] = lt_check(L, -1, "compile");
+        lua_pop(L, 1);
+    }
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &OPAQUE_KEY) != LUA_TTABLE) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_rawsetp(L, LUA_REGISTRYINDEX, &OPAQUE_KEY);
+    }
+    int fns = lua_gettop(L);
+    while (ndead_ids) {
+        lua_pushnil(L);
+        lua_rawseti(L, fns, (lua_Integer)dead_ids[--ndead_ids]);
+    }
+    int64_t id = ++opaque_next_id;
+    lua_pushvalue(L, 3);
+    lua_rawseti(L, fns, (lua_Integer)id);
+    if (nd_graph_opaque(name, id, kind, ins, (int)nin, outs, (int)nout) != ND_OK) {
+        lua_pushnil(L);
+        lua_rawseti(L, fns, (lua_Integer)id);
+        lua_pushnil(L);
+        lua_pushstring(L, nd_last_error());
+        return 2;
+    }
+    lua_createtable(L, (int)nout, 0);
+    for (lua_Integer i = 1; i <= nout; i++) {
+        lt_push(L, outs[i - 1]);
+        lua_rawseti(L, -2, i);
+    }
+    return 1;
+}
+
 static int l_replay(lua_State *L) {
     graph_box *b = check_graph(L, "compile");
-    LT_CHECK(L, nd_graph_replay(b->g));
+    lua_State *outer = replay_L;
+    replay_L = L;
+    nd_status st = nd_graph_replay(b->g);
+    replay_L = outer;
+    LT_CHECK(L, st);
     return 0;
 }
 
@@ -361,8 +527,11 @@ void lt_register_graph(lua_State *L) {
         lua_setfield(L, -2, "__gc");
     }
     lua_pop(L, 1);
+    nd_graph_set_opaque_hooks(opaque_run, opaque_release);
     static const lt_reg regs[] = {
         {"_graph_begin", l_begin, false, true},
+        {"_graph_opaque", l_graph_opaque, false, true},
+        {"_graph_opaque_ok", l_opaque_ok, false, true},
         {"_graph_pause", l_pause, false, true},
         {"_graph_capturing", l_capturing, false, true},
         {"_storage_key", l_storage_key, false, true},

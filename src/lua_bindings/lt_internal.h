@@ -24,6 +24,26 @@ int lt_error(lua_State *L, const char *op, const char *fmt, ...);
 /* core._set_library_root(prefix): where the package's Lua files are, when
  * they are loaded from files rather than embedded (needle.errors sets it). */
 int lt_set_library_root(lua_State *L);
+
+/* lt_suggest.c: the closest of some names to a misspelt word, for "did you
+ * mean ...?": edits, a swap of two neighbours counting as one, at most 1 for
+ * a word of up to 4 letters, 2 up to 8, 3 beyond; a difference of case only
+ * is closest of all; ties go to the first in byte order (not to a table's
+ * iteration order); names starting with '_' only for a word that does. */
+#define LT_NAME_MAX 48
+typedef struct {
+    const char *word;
+    size_t len;
+    int best_d;
+    char best[LT_NAME_MAX]; /* "" while no name is close enough */
+} lt_closest;
+void lt_closest_init(lt_closest *c, const char *word, size_t len);
+/* true when name is the closest so far */
+bool lt_closest_add(lt_closest *c, const char *name, size_t n);
+/* adds the string keys of the table at idx */
+void lt_closest_add_keys(lua_State *L, lt_closest *c, int idx);
+/* core._closest(word, names): the name of the list (or key of the set), or nil */
+int lt_closest_fn(lua_State *L);
 #define LT_CHECK(L, expr) do { if ((expr) != ND_OK) lt_raise(L); } while (0)
 
 /* The file name at idx (lt_io.c): a string, not empty, without a NUL byte

@@ -146,7 +146,12 @@ static void gc_account(lua_State *L, const nd_tensor *t) {
      * the heap's bytes of garbage per collection keeps that cost below the
      * bytes allocated, as Lua's own pause does */
     int64_t slack = gc_floor / 4 > GC_MIN_SLACK ? gc_floor / 4 : GC_MIN_SLACK;
-    if (slack < 2 * gc_heap) slack = 2 * gc_heap;
+    /* the heap at our last collection, or now if it has shrunk since (a
+     * 64 MB table the program has dropped must not keep the slack at
+     * 128 MB for the rest of the run) */
+    int64_t heap = (int64_t)lua_gc(L, LUA_GCCOUNT) * 1024;
+    if (heap > gc_heap) heap = gc_heap;
+    if (slack < 2 * heap) slack = 2 * heap;
     if (live - gc_floor <= slack) return;
     lua_gc(L, LUA_GCCOLLECT);
     gc_floor = nd_live_bytes();
@@ -458,14 +463,42 @@ static int push_shape(lua_State *L, const nd_tensor *t) {
     return 1;
 }
 
+/* The properties t_index answers, for completion (the metatable's
+ * __properties) and for the suggestions of a missing name. */
+static const char *const properties[] = {"shape", "dtype", "device", "ndim", "requires_grad", "grad",
+                                         "is_leaf", "grad_fn", "T", "mT", NULL};
+
+/* A name that is neither a method nor a property is an error, not nil: a
+ * misspelt method would otherwise fail as "attempt to call a nil value",
+ * and a misspelt field would read as nil. */
+static int missing_name(lua_State *L, const char *k, size_t len) {
+    lt_closest c;
+    lt_closest_init(&c, k, len);
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &methods_key);
+    lt_closest_add_keys(L, &c, -1);
+    lua_pop(L, 1);
+    bool property = false; /* the closest name is a property */
+    for (int i = 0; properties[i]; i++)
+        if (lt_closest_add(&c, properties[i], strlen(properties[i]))) property = true;
+    push_where(L);
+    if (c.best[0])
+        lua_pushfstring(L, "needle: no %s '%s' on a tensor; did you mean '%s'?", property ? "field" : "method",
+                        k, c.best);
+    else
+        lua_pushfstring(L, "needle: no method or field '%s' on a tensor", k);
+    lua_concat(L, 2);
+    return lua_error(L);
+}
+
 static int t_index(lua_State *L) {
     if (lua_type(L, 2) != LUA_TSTRING) return lt_index_get(L);
     /* methods first: the common case */
     lua_rawgetp(L, LUA_REGISTRYINDEX, &methods_key);
     lua_pushvalue(L, 2);
     if (lua_rawget(L, -2) != LUA_TNIL) return 1;
-    nd_tensor *t = lt_check(L, 1, "index");
-    const char *k = lua_tostring(L, 2);
+    nd_tensor *t = lt_check(L, 1, "index"), *r;
+    size_t len;
+    const char *k = lua_tolstring(L, 2, &len);
     if (strcmp(k, "shape") == 0) return push_shape(L, t);
     if (strcmp(k, "dtype") == 0) { lua_pushstring(L, nd_dtype_name(t->dtype)); return 1; }
     if (strcmp(k, "device") == 0) {
@@ -486,8 +519,27 @@ static int t_index(lua_State *L) {
         if (name) lua_pushstring(L, name); else lua_pushnil(L);
         return 1;
     }
-    lua_pushnil(L);
-    return 1;
+    /* x.T: the dims reversed (PyTorch's; a 0- or 1-dim tensor is itself) */
+    if (strcmp(k, "T") == 0) {
+        if (t->ndim < 2) { nd_retain(t); lt_push(L, t); return 1; }
+        int dims[ND_MAX_DIMS];
+        for (int i = 0; i < t->ndim; i++) dims[i] = t->ndim - 1 - i;
+        LT_CHECK_AS(L, "T", nd_permute(t, dims, t->ndim, &r));
+        lt_push(L, r);
+        return 1;
+    }
+    /* x.mT: the last two dims swapped (a batch of matrices transposed) */
+    if (strcmp(k, "mT") == 0) {
+        if (t->ndim < 2) {
+            char b[ND_SHAPE_BUF];
+            return lt_error(L, "mT", "expects a matrix or a batch of matrices (at least 2 dims), got shape %s",
+                            nd_shape_str(t->shape, t->ndim, b));
+        }
+        LT_CHECK_AS(L, "mT", nd_transpose(t, t->ndim - 2, t->ndim - 1, &r));
+        lt_push(L, r);
+        return 1;
+    }
+    return missing_name(L, k, len);
 }
 
 static int t_newindex(lua_State *L) {
@@ -596,6 +648,7 @@ void lt_register_tensor(lua_State *L) {
         {"shares_storage", t_shares_storage, true, false},
         {"requires_grad_", t_requires_grad_, true, false},
         {"is_tensor", t_is_tensor, false, true},
+        {"_closest", lt_closest_fn, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);
@@ -615,6 +668,12 @@ void lt_register_tensor(lua_State *L) {
     lua_setfield(L, -2, "__name");
     lua_pushvalue(L, -3); /* methods, for completion and Lua-side extension */
     lua_setfield(L, -2, "__methods");
+    lua_newtable(L); /* property names, for completion */
+    for (int i = 0; properties[i]; i++) {
+        lua_pushstring(L, properties[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "__properties");
     register_metatable(L);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &mt_key);
     lua_pushvalue(L, -2);

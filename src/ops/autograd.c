@@ -1,5 +1,7 @@
 /* autograd.c - grad mode, recording nodes, saved tensors and the backward
  * engine. See autograd_node.h for the design. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,6 +97,33 @@ typedef struct {
     void (*ctx_free)(void *ctx);
 } custom_ctx;
 
+/* A custom node's name outlives the caller's string (a Lua string built at
+ * run time, "linalg." .. name, may be collected before the node is freed),
+ * and it must be one pointer per distinct name: the profiler caches backward
+ * event names by pointer. So names are interned for the life of the process
+ * (custom ops are few: a program names tens of them, not thousands; past
+ * NAMES_MAX they share "custom"). */
+#define NAMES_MAX 1024
+static pthread_mutex_t names_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *names[NAMES_MAX];
+static int names_n;
+
+static const char *intern_name(const char *name) {
+    if (!name) return "custom";
+    const char *found = "custom";
+    pthread_mutex_lock(&names_lock);
+    for (int i = 0; i < names_n; i++)
+        if (strcmp(names[i], name) == 0) { found = names[i]; goto done; }
+    if (names_n < NAMES_MAX) {
+        size_t len = strlen(name) + 1;
+        char *copy = malloc(len);
+        if (copy) { memcpy(copy, name, len); names[names_n++] = copy; found = copy; }
+    }
+done:
+    pthread_mutex_unlock(&names_lock);
+    return found;
+}
+
 static void custom_free(void *p) {
     custom_ctx *c = p;
     if (c->ctx_free) c->ctx_free(c->ctx);
@@ -116,6 +145,7 @@ nd_status nd_custom_record(const char *name, const nd_tensor *const *inputs, int
         return nd_fail(ND_ERR_MEMORY, "%s: out of memory", name);
     }
     *c = (custom_ctx){fn, ctx, ctx_free};
+    name = intern_name(name);
     nd_tensor *o;
     nd_status st = nd_tensor_view_of(value, value->shape, value->strides, value->ndim,
                                      value->offset, &o);
@@ -226,7 +256,9 @@ static nd_status list_push(node_list *l, nd_node *n) {
     return ND_OK;
 }
 
-static int epoch; /* marks nodes visited by the current walk */
+/* marks nodes visited by the current walk; one counter for every thread (a
+ * DataLoader worker may run a backward too), so no two walks share a value */
+static atomic_int epoch;
 
 /* What nd_grad wants back: gradients reaching these nodes or leaves. */
 typedef struct {
@@ -281,18 +313,128 @@ static void count_leaf_use(nd_node *n, int i, bool accumulate_leaves, int run) {
     leaf->grad_pending++;
 }
 
-static nd_status leaf_used(nd_tensor *leaf, int run) {
+/* uses: contributions that arrived (a hooked leaf's all at once, see below) */
+static nd_status leaf_done(nd_tensor *leaf, int run, int uses) {
     if (!leaf || leaf->grad_mark != run || leaf->grad_pending <= 0) return ND_OK;
-    if (--leaf->grad_pending > 0 || !leaf->grad) return ND_OK;
+    leaf->grad_pending -= uses;
+    if (leaf->grad_pending > 0 || !leaf->grad) return ND_OK;
     return grad_hook_fn ? grad_hook_fn(leaf) : ND_OK;
+}
+
+static nd_status leaf_used(nd_tensor *leaf, int run) { return leaf_done(leaf, run, 1); }
+
+/* ---- tensor hooks (x:register_hook, nd_hook_tensor): a hooked node's
+ * output gradient passes the callback when the node comes off the ready
+ * list, before nd_grad captures it and before its backward; a hooked leaf's
+ * contributions of one walk are summed aside (the same counting as above,
+ * per walk) and the sum passes the callback once, before it is captured or
+ * added to the leaf's grad. */
+static nd_tensor_hook_fn tensor_hook_fn;
+
+void nd_set_tensor_hook_callback(nd_tensor_hook_fn fn, void (*freed)(const void *key)) {
+    tensor_hook_fn = fn;
+    nd_hook_key_freed = freed;
+}
+
+nd_status nd_hook_tensor(nd_tensor *t, const void **key, bool *fresh) {
+    if (!t->requires_grad)
+        return nd_fail(ND_ERR_ARG, "register_hook: cannot register a hook on a tensor that does not "
+                       "require grad");
+    if (t->grad_fn) {
+        *fresh = !t->grad_fn->hooked;
+        t->grad_fn->hooked = true;
+        *key = t->grad_fn;
+    } else {
+        *fresh = !t->tensor_hooks;
+        t->tensor_hooks = true;
+        *key = t;
+    }
+    return ND_OK;
+}
+
+/* *g through key's hooks (*g replaced by the result) */
+static nd_status apply_hooks(const void *key, nd_tensor **g, bool in_backward) {
+    if (!tensor_hook_fn) return ND_OK;
+    nd_tensor *r = NULL;
+    ND_TRY(tensor_hook_fn(key, *g, in_backward, &r));
+    if (!r) return ND_OK;
+    bool same = r->ndim == (*g)->ndim && r->dtype == (*g)->dtype;
+    for (int d = 0; same && d < r->ndim; d++) same = r->shape[d] == (*g)->shape[d];
+    if (!same) {
+        char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+        nd_status st = nd_fail(ND_ERR_SHAPE, "register_hook: a hook returned a %s gradient of shape "
+                               "%s for a %s gradient of shape %s", nd_dtype_name(r->dtype),
+                               nd_shape_str(r->shape, r->ndim, b1), nd_dtype_name((*g)->dtype),
+                               nd_shape_str((*g)->shape, (*g)->ndim, b2));
+        nd_release(r);
+        return st;
+    }
+    nd_release(*g);
+    *g = r;
+    return ND_OK;
+}
+
+typedef struct { nd_tensor *leaf, *sum; int left, uses; } hooked_leaf;
+typedef struct { hooked_leaf *items; int len, cap; } hooked_leaves;
+
+static hooked_leaf *find_hooked(const hooked_leaves *h, const nd_tensor *leaf) {
+    for (int k = 0; k < h->len; k++)
+        if (h->items[k].leaf == leaf) return &h->items[k];
+    return NULL;
+}
+
+static nd_status count_hooked(hooked_leaves *h, nd_tensor *leaf) {
+    hooked_leaf *e = find_hooked(h, leaf);
+    if (!e) {
+        if (h->len == h->cap) {
+            int cap = h->cap ? h->cap * 2 : 8;
+            hooked_leaf *items = realloc(h->items, (size_t)cap * sizeof *items);
+            if (!items) return nd_fail(ND_ERR_MEMORY, "backward: out of memory walking the graph");
+            h->items = items;
+            h->cap = cap;
+        }
+        e = &h->items[h->len++];
+        *e = (hooked_leaf){leaf, NULL, 0, 0};
+    }
+    e->left++;
+    e->uses++;
+    return ND_OK;
+}
+
+static void drop_hooked(hooked_leaves *h) {
+    for (int k = 0; k < h->len; k++) nd_release(h->items[k].sum);
+    free(h->items);
+}
+
+/* g reached the leaf: nd_grad's result, and the leaf's grad in backward */
+static nd_status give_leaf(nd_tensor *leaf, nd_tensor *g, const capture *cap, bool accumulate_leaves) {
+    ND_TRY(capture_grad(cap, NULL, leaf, g));
+    if (!accumulate_leaves) return ND_OK;
+    ND_TRY(nd_graph_note_leaf_grad(leaf, true));
+    return accumulate(&leaf->grad, g);
+}
+
+/* the last contribution of this walk reached a hooked leaf */
+static nd_status deliver_hooked(hooked_leaf *e, const capture *cap, bool accumulate_leaves, int run) {
+    nd_tensor *g = e->sum;
+    e->sum = NULL;
+    nd_status st = ND_OK;
+    if (g) {
+        st = apply_hooks(e->leaf, &g, accumulate_leaves);
+        if (st == ND_OK) st = give_leaf(e->leaf, g, cap, accumulate_leaves);
+        nd_release(g);
+    }
+    if (st == ND_OK) st = leaf_done(e->leaf, run, e->uses);
+    return st;
 }
 
 static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nroots,
                      bool retain_graph, bool create_graph, bool accumulate_leaves,
                      const capture *cap) {
     node_list all = {0}, ready = {0};
+    hooked_leaves hooked = {0};
     nd_status st = ND_OK;
-    int run_epoch = ++epoch; /* this walk's: a nested walk takes the next one */
+    int run_epoch = atomic_fetch_add(&epoch, 1) + 1; /* this walk's: a nested walk takes the next one */
     /* 1. collect the reachable nodes and count each one's consumers */
     for (int r = 0; r < nroots && st == ND_OK; r++) {
         if (roots[r]->mark != run_epoch) {
@@ -307,6 +449,8 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
             nd_node *m = n->next[i];
             if (!m) {
                 count_leaf_use(n, i, accumulate_leaves, run_epoch);
+                nd_tensor *leaf = n->needs_grad[i] ? n->leaf[i] : NULL;
+                if (leaf && leaf->tensor_hooks) st = count_hooked(&hooked, leaf);
                 continue;
             }
             if (m->mark != run_epoch) {
@@ -337,7 +481,8 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
             }
         }
         if (g) {
-            st = capture_grad(cap, n, NULL, g);
+            if (n->hooked) st = apply_hooks(n, &g, accumulate_leaves);
+            if (st == ND_OK) st = capture_grad(cap, n, NULL, g);
             if (st == ND_OK) {
                 /* the profiler's "<op>_backward" events (one flag test when off) */
                 int pdepth = nd_profiler_on_ ? nd_profiler_push_backward(n->name) : -1;
@@ -361,14 +506,17 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
                 nd_node *m = n->next[i];
                 if (grads[i]) st = accumulate(&m->pending, grads[i]);
                 if (st == ND_OK && --m->deps == 0) st = list_push(&ready, m);
-            } else if (grads[i]) {
-                nd_tensor *leaf = n->leaf[i];
-                st = capture_grad(cap, NULL, leaf, grads[i]);
-                if (st == ND_OK && accumulate_leaves) st = nd_graph_note_leaf_grad(leaf, true);
-                if (st == ND_OK && accumulate_leaves) st = accumulate(&leaf->grad, grads[i]);
-                if (st == ND_OK) st = leaf_used(n->leaf[i], run_epoch);
             } else {
-                st = leaf_used(n->leaf[i], run_epoch);
+                nd_tensor *leaf = n->leaf[i];
+                hooked_leaf *e = leaf->tensor_hooks ? find_hooked(&hooked, leaf) : NULL;
+                if (e) {
+                    if (grads[i]) st = accumulate(&e->sum, grads[i]);
+                    if (st == ND_OK && --e->left == 0)
+                        st = deliver_hooked(e, cap, accumulate_leaves, run_epoch);
+                } else {
+                    if (grads[i]) st = give_leaf(leaf, grads[i], cap, accumulate_leaves);
+                    if (st == ND_OK) st = leaf_used(leaf, run_epoch);
+                }
             }
         }
         for (int i = 0; i < n->ninputs; i++) nd_release(grads[i]);
@@ -390,6 +538,7 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
     }
     free(all.items);
     free(ready.items);
+    drop_hooked(&hooked);
     return st;
 }
 
@@ -421,7 +570,8 @@ nd_status nd_backward(nd_tensor *root, const nd_tensor *grad, bool retain_graph,
     ND_TRY(default_grad("backward", root, grad, &g));
     nd_status st;
     if (!root->grad_fn) { /* a leaf: its gradient is g itself */
-        st = accumulate(&root->grad, g);
+        st = root->tensor_hooks ? apply_hooks(root, &g, true) : ND_OK;
+        if (st == ND_OK) st = accumulate(&root->grad, g);
     } else {
         nd_node *r = root->grad_fn;
         st = run(&r, &g, 1, retain_graph, create_graph, true, NULL);

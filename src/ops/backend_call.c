@@ -305,6 +305,14 @@ int nd_call_linear_join_align(const nd_backend *be, nd_dtype dt) {
     return be && be->linear_fused && be->linear_join_align ? be->linear_join_align(dt) : 0;
 }
 
+nd_status nd_call_linalg(const nd_backend *be, const char *op, const nd_linalg_args *a,
+                         nd_tensor *const *out, const nd_tensor *const *in) {
+    if (!be->linalg) return no_kernel(be, op);
+    if (nd_graph_capturing())
+        return nd_fail(ND_ERR_INTERNAL, "%s: a LAPACK call cannot be recorded in a graph", op);
+    return be->linalg(a, out, in);
+}
+
 nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *out,
                                const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                nd_activation act) {

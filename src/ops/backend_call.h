@@ -127,6 +127,11 @@ int nd_call_linear_join_align(const nd_backend *be, nd_dtype dt);
 nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *out,
                                const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                nd_activation act);
+/* nd.linalg's LAPACK call (op_linalg.c). Never recorded: the op refuses a
+ * capture before it (a graph break: its errors come from the factorization's
+ * info, read on the host), so a capture reaching here is an internal error. */
+nd_status nd_call_linalg(const nd_backend *be, const char *op, const nd_linalg_args *a,
+                         nd_tensor *const *out, const nd_tensor *const *in);
 /* Transfers as tensors (the backend's read/write take storages and bytes):
  * dst (device, contiguous) = host (cpu, contiguous, same numel), and the
  * reverse. Recorded with both tensors, so a replay moves the current

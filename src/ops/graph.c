@@ -22,6 +22,7 @@
 
 
 static _Thread_local nd_graph *current;
+static void (*opaque_release)(int64_t id);
 static _Thread_local int paused;
 
 bool nd_graph_capturing(void) {
@@ -54,6 +55,19 @@ nd_status nd_graph_check_host_read(const char *op) {
         return ND_OK;
     }
     return nd_fail(ND_ERR_UNSUPPORTED, "%s", why);
+}
+
+nd_status nd_graph_break(const char *why) {
+    if (!nd_graph_capturing()) return ND_OK;
+    char msg[400];
+    snprintf(msg, sizeof msg, "%s (a graph break): a replay would not run it again. Compile with "
+             "{fallback = true} to run such calls eagerly", why);
+    poison(current, ND_ERR_UNSUPPORTED, msg);
+    if (current->fallback) {
+        paused = 1;
+        return ND_OK;
+    }
+    return nd_fail(ND_ERR_UNSUPPORTED, "%s", msg);
 }
 
 /* ------------------------------------------------------------ storages */
@@ -483,7 +497,10 @@ void nd_graph_free(nd_graph *g) {
     if (current == g) { current = NULL; paused = 0; }
     if (g->capturing) /* an ended graph reset its counts at its end */
         for (size_t k = 0; k < g->nstor; k++) atomic_store(&g->stor[k].s->graph_refs, 0);
-    for (size_t k = 0; k < g->n; k++) nd_graph_rec_release(&g->recs[k]);
+    for (size_t k = 0; k < g->n; k++) {
+        if (nd_graph_rec_opaque(&g->recs[k]) && opaque_release) opaque_release(g->recs[k].i[0]);
+        nd_graph_rec_release(&g->recs[k]);
+    }
     for (size_t k = 0; k < g->npro; k++) nd_graph_rec_release(&g->pro[k]);
     for (size_t k = 0; k < g->nsrc; k++) nd_storage_release(g->src[k]);
     free(g->pro);
@@ -577,8 +594,105 @@ nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out) {
         out->tune_size = r->prog->tune_size;
         out->tune_serial = r->prog->tune_serial;
         break;
+    case ND_CALL_host_check:
+        if (nd_graph_rec_opaque(r)) {
+            out->detail = r->i[3] ? "opaque_backward" : "opaque_forward";
+            out->device = "lua";
+        }
+        break;
     default: out->detail = NULL;
     }
     return ND_OK;
 }
 
+
+/* ---------------------------------------------------------- opaque nodes */
+
+static nd_graph_opaque_fn opaque_fn;
+
+void nd_graph_set_opaque_hooks(nd_graph_opaque_fn fn, void (*release)(int64_t id)) {
+    opaque_fn = fn;
+    opaque_release = release;
+}
+
+void nd_graph_set_opaque(nd_graph *g, bool on) { if (g) g->opaque = on; }
+
+bool nd_graph_opaque_ok(void) { return nd_graph_capturing() && current->opaque && opaque_fn; }
+
+static nd_status opaque_check(const char *op, nd_tensor *const *t, int64_t *iv) {
+    if (!opaque_fn)
+        return nd_fail(ND_ERR_UNSUPPORTED, "compile: autograd.Function '%s': no Lua to run its opaque node", op);
+    int nin = (int)iv[1], nout = (int)iv[2];
+    return opaque_fn(op, iv[0], (int)iv[3], t, nin, t + nin, nout);
+}
+
+bool nd_graph_rec_opaque(const nd_graph_rec *r) {
+    return r->entry == ND_CALL_host_check && r->check == opaque_check;
+}
+
+/* The names of opaque nodes (record ops are static text): interned for the
+ * program's life; a program names few Functions (past the table's size they
+ * share "autograd.Function"). */
+#define OPAQUE_NAMES 256
+static char *opaque_names[OPAQUE_NAMES];
+static size_t nopaque_names;
+
+static const char *opaque_name(const char *name) {
+    if (!name) return "autograd.Function";
+    for (size_t k = 0; k < nopaque_names; k++)
+        if (!strcmp(opaque_names[k], name)) return opaque_names[k];
+    if (nopaque_names == OPAQUE_NAMES) return "autograd.Function";
+    size_t n = strlen(name) + 1;
+    char *copy = malloc(n);
+    if (!copy) return "autograd.Function";
+    memcpy(copy, name, n);
+    opaque_names[nopaque_names++] = copy;
+    return copy;
+}
+
+nd_status nd_graph_opaque(const char *name, int64_t id, int kind, nd_tensor *const *ins, int nin,
+                          nd_tensor **outs, int nout) {
+    if (!nd_graph_opaque_ok())
+        return nd_fail(ND_ERR_UNSUPPORTED, "compile: an opaque node outside a capture that allows them");
+    nd_graph *g = current;
+    if (nin < 0 || nout < 0 || nin + nout > ND_REC_MAX_TENSORS)
+        return nd_fail(ND_ERR_UNSUPPORTED, "autograd.Function '%s': %d tensors in and out, more than an "
+                       "opaque node holds (%d)", name, nin + nout, ND_REC_MAX_TENSORS);
+    nd_tensor *fresh[ND_REC_MAX_TENSORS] = {0};
+    nd_status st = ND_OK;
+    for (int k = 0; k < nout && st == ND_OK; k++) {
+        nd_tensor *o = outs[k];
+        bool ok = o->storage->serial > g->start_serial && !find_info(g, o->storage) && covers_storage(o);
+        for (int j = 0; j < nin && ok; j++) ok = ins[j]->storage != o->storage;
+        for (int j = 0; j < k && ok; j++) ok = fresh[j]->storage != o->storage;
+        if (ok) {
+            nd_retain(o);
+            fresh[k] = o;
+        } else { /* a view, an input, a constant: the node writes a copy of its own */
+            int was = paused;
+            paused = 1;
+            st = nd_clone(o, &fresh[k]);
+            paused = was;
+        }
+    }
+    if (st != ND_OK) {
+        for (int k = 0; k < nout; k++) nd_release(fresh[k]);
+        return st;
+    }
+    nd_graph_rec *r = nd_graph_rec_new(ND_CALL_host_check, NULL, opaque_name(name));
+    if (!r) {
+        for (int k = 0; k < nout; k++) nd_release(fresh[k]);
+        return nd_fail(g->error != ND_OK ? g->error : ND_ERR_MEMORY, "%s",
+                       g->error != ND_OK ? g->message : "compile: out of memory recording the graph");
+    }
+    r->check = opaque_check;
+    r->i[0] = id;
+    r->i[1] = nin;
+    r->i[2] = nout;
+    r->i[3] = kind;
+    for (int k = 0; k < nin; k++) nd_graph_rec_tensor(r, ins[k], ND_ROLE_READ);
+    for (int k = 0; k < nout; k++) nd_graph_rec_tensor(r, fresh[k], ND_ROLE_WRITE);
+    nd_graph_rec_done(r);
+    for (int k = 0; k < nout; k++) outs[k] = fresh[k];
+    return ND_OK;
+}

@@ -78,6 +78,7 @@ struct nd_graph {
     size_t npro_tmp;
     int64_t refolds;      /* prologue runs at replays */
     bool keep_memory;     /* a helper capture (the fold pass's): the idle hook drops nothing */
+    bool opaque;          /* nd_graph_set_opaque: Lua Functions become opaque nodes */
     nd_status error;     /* the first failure while recording: the capture is invalid */
     char message[512];
 };
@@ -122,6 +123,12 @@ static inline bool nd_graph_whole(const nd_tensor *t) {
     return t->offset == 0 && nd_is_contiguous(t) &&
            (size_t)nd_numel(t) * nd_dtype_size(t->dtype) == t->storage->nbytes;
 }
+
+/* An opaque node's record (nd_graph_opaque): a host_check record whose
+ * check calls back into the bindings; i[0] its id, i[1] inputs (its first
+ * tensors), i[2] outputs (after them, written whole), i[3] 0 forward / 1
+ * backward. The passes treat host_check records as barriers with effects. */
+bool nd_graph_rec_opaque(const nd_graph_rec *r);
 
 /* Shared by the passes (graph_passes.c): removes the records marked in drop
  * (keeping order); points r's tensors of storage k at storage alias[k]

@@ -15,17 +15,31 @@
 static _Atomic uint64_t rng_seed = ND_DEFAULT_SEED;
 static _Atomic uint64_t rng_offset = 0;
 
+/* A thread's own stream (nd_rng_thread_local): a DataLoader worker seeds it
+ * per batch; the process's stream above is never touched from there. */
+static _Thread_local struct { bool on; uint64_t seed, offset; } own;
+
+void nd_rng_thread_local(bool on) {
+    if (on && !own.on) {
+        own.seed = atomic_load(&rng_seed);
+        own.offset = atomic_load(&rng_offset);
+    }
+    own.on = on;
+}
+
 void nd_manual_seed(uint64_t seed) {
+    if (own.on) { own.seed = seed; own.offset = 0; return; }
     atomic_store(&rng_seed, seed);
     atomic_store(&rng_offset, 0);
 }
 
 void nd_rng_get_state(uint64_t *seed, uint64_t *offset) {
-    if (seed) *seed = atomic_load(&rng_seed);
-    if (offset) *offset = atomic_load(&rng_offset);
+    if (seed) *seed = own.on ? own.seed : atomic_load(&rng_seed);
+    if (offset) *offset = own.on ? own.offset : atomic_load(&rng_offset);
 }
 
 void nd_rng_set_state(uint64_t seed, uint64_t offset) {
+    if (own.on) { own.seed = seed; own.offset = offset; return; }
     atomic_store(&rng_seed, seed);
     atomic_store(&rng_offset, offset);
 }
@@ -33,6 +47,12 @@ void nd_rng_set_state(uint64_t seed, uint64_t offset) {
 /* Takes `count` counters from the stream. */
 void nd_rng_reserve(int64_t count, uint64_t *seed, uint64_t *offset) {
     uint64_t n = ((uint64_t)count + 3) / 4 * 4;
+    if (own.on) {
+        *seed = own.seed;
+        *offset = own.offset;
+        own.offset += n;
+        return;
+    }
     *seed = atomic_load(&rng_seed);
     *offset = atomic_fetch_add(&rng_offset, n);
 }

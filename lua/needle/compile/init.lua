@@ -27,6 +27,8 @@ local options = require "needle.options"
 local state = require "needle.compile.state"
 
 local is_tensor, tensor_sig = core.is_tensor, core._tensor_sig
+-- (a binary built before core._mute_tensor_hooks: no hooks to mute)
+local mute_hooks = core._mute_tensor_hooks or function() return false end
 local fail = errors.failer("compile", 3)
 
 local M = {}
@@ -218,12 +220,13 @@ end
 -- the compiled callable ---------------------------------------------------------------------
 
 local OPTS = {warmup = "integer", cache_size = "integer", fallback = "boolean", verify = "boolean",
-              passes = "table|boolean", tune = "number"}
+              passes = "table|boolean", tune = "number", opaque = "boolean"}
 local PASSES = {fold = true, simplify = true, dce = true, cse = true, epilogue = true, join = true,
                 reorder = true, fuse = true}
 local DEFAULT_PASSES = {"fold", "simplify", "cse", "dce", "epilogue", "join", "reorder", "fuse"}
 
 -- nd.compile(fn_or_module[, {warmup = 1, cache_size = 8, fallback = false, verify = false,
+--                           opaque = true,
 --                           passes = {"fold", "simplify", "cse", "dce", "epilogue", "join", "reorder",
 --                                     "fuse"},
 --                           tune = seconds}])
@@ -255,7 +258,7 @@ function M.compile(fn, opts)
   end
   local self = setmetatable({
     fn = fn, warmup = warmup, cache_size = cache_size, fallback = opts.fallback == true,
-    verify = opts.verify == true, passes = passes, tune = opts.tune, is_module = is_module,
+    verify = opts.verify == true, opaque = opts.opaque ~= false, passes = passes, tune = opts.tune, is_module = is_module,
     opts = opts, -- the children of a split module are compiled with the same options
     entries = {}, order = {},
     stats = {calls = 0, replays = 0, captures = 0, retraces = 0, eager = 0, evictions = 0},
@@ -351,8 +354,9 @@ end
 -- file): the gradients of the results with respect to the parameters, from
 -- gradients placed in grad_in[k] (zeros but while result k's backward runs);
 -- captured right after the forward, while its autograd graph is alive. nil
--- when no result needs one.
-local function capture_backward(res, inputs)
+-- when no result needs one; nil and the reason when, with fallback, the
+-- backward met a graph break (a tensor hook, a Function's Lua backward).
+local function capture_backward(res, inputs, fallback, opaque)
   local diff, index = {}, {}
   map_tensors(res, function(t)
     if t.requires_grad and not index[t] then
@@ -365,11 +369,17 @@ local function capture_backward(res, inputs)
   if #leaves == 0 then return nil end
   local grad_in = {}
   for k, o in ipairs(diff) do grad_in[k] = core.no_grad(core.zeros_like, o) end
-  local bg = core._graph_begin(false)
-  local ok, grads = pcall(core.grad, diff, leaves, {grad_outputs = grad_in, allow_unused = true})
+  local bg = core._graph_begin(fallback, opaque)
+  -- (with fallback the graph is kept: after a break the results go back eagerly, to be
+  -- differentiated then, and tensor hooks stay muted here: they run in that backward)
+  local was_muted = mute_hooks(true)
+  local ok, grads = pcall(core.grad, diff, leaves, {grad_outputs = grad_in, allow_unused = true,
+                                                   retain_graph = fallback})
+  mute_hooks(was_muted)
   local fok, why = pcall(bg.finish, bg)
   if not (ok and fok) then
     bg:free()
+    if ok and fallback then return nil, tostring(why) end
     fail("capturing the backward of the results: %s", tostring(ok and why or grads))
   end
   local gs = {}
@@ -431,7 +441,7 @@ local function capture_call(self, e, args, flat)
   end
   local st, outer = state.new(), state.active
   state.active = st
-  local ok, g = pcall(core._graph_begin, self.fallback)
+  local ok, g = pcall(core._graph_begin, self.fallback, self.opaque)
   if not ok then state.active = outer; error(g, 0) end
   local res
   ok, res = pcall(function() return table.pack(self.fn(unpack_args(cargs))) end)
@@ -506,8 +516,18 @@ local function capture_call(self, e, args, flat)
   -- ran a backward itself (a whole training step returns its loss detached)
   local bw
   if core.is_grad_enabled() and g:stats().leaves == 0 then
-    local bok, b = pcall(capture_backward, res, inputs)
+    local bok, b, broken = pcall(capture_backward, res, inputs, self.fallback, self.opaque)
     if not bok then g:free(); error(b, 0) end
+    if broken then -- this call's results stay the eager ones (their graph reaches the parameters)
+      g:free()
+      e.broken = broken
+      self.breaks[#self.breaks + 1] = broken
+      if grad_args then
+        fail("a graph break in the backward of the results (%s), on a call whose arguments require "
+             .. "grad: its results are not connected to them; the next calls run eagerly", broken)
+      end
+      return res
+    end
     bw = b
   end
   -- the results as the graph's tensors, without the capture's autograd graph
@@ -529,6 +549,7 @@ local function capture_call(self, e, args, flat)
   -- intermediates only the graph holds
   collectgarbage("collect")
   collectgarbage("collect")
+  if core._custom_flush then core._custom_flush() end -- (freed Functions' nodes: their saved tensors)
   local pok, perr = pcall(function()
     e.passes = {}
     for _, c in ipairs(inputs) do g:mark_input(c) end -- arguments are no constants to fold
@@ -718,7 +739,7 @@ function CF:__call(...)
     -- graph breaks: a break found here leaves this signature eager before any capture on
     -- the graph's own input copies (whose results would not connect to the caller's
     -- autograd graph), with this call's results the eager ones.
-    local probe = self.fallback and e.seen == self.warmup and core._graph_begin(true)
+    local probe = self.fallback and e.seen == self.warmup and core._graph_begin(true, self.opaque)
     local was_probing = state.probing
     if probe then state.probing = true end
     local ok, out = pcall(function(...) return table.pack(self.fn(...)) end, ...)
@@ -798,6 +819,22 @@ function CF:explain()
                          .. "gradients of %d leaves restored"):format(#e.module_guards, #e.guards,
                          #e.hooks, gs.leaves)
     lines[#lines + 1] = "kernels by entry: " .. ir.histogram(e.graph:records())
+    -- opaque nodes: Lua (autograd.Function) run by every replay, in this graph or its backward's
+    local opaque = {}
+    local function note_opaque(g)
+      for _, r in ipairs(g:records()) do
+        if r.detail == "opaque_forward" or r.detail == "opaque_backward" then
+          opaque[#opaque + 1] = ("'%s' (%s)"):format(r.op, r.detail == "opaque_forward" and "forward" or "backward")
+        end
+      end
+    end
+    note_opaque(e.graph)
+    if e.backward then note_opaque(e.backward.graph) end
+    if #opaque > 0 then
+      lines[#lines + 1] = ("opaque nodes: %d autograd.Function call(s) whose Lua runs at every replay "
+                           .. "(a barrier to fusion and reordering; results copied into the graph's "
+                           .. "buffers): %s"):format(#opaque, table.concat(opaque, ", "))
+    end
     if e.backward then
       local nargs = 0
       for _ in pairs(e.backward.arg_of or {}) do nargs = nargs + 1 end

@@ -13,8 +13,13 @@
 --
 -- opts.sampler picks the items instead (not with shuffle): an object with
 -- len() and indices(epoch) -> an int64 tensor of 1-based item numbers, such
--- as nd.data.DistributedSampler, which gives each rank of a data-parallel
--- job its own share; loader:set_epoch(e) reaches it through the epoch.
+-- as nd.data.RandomSampler or nd.data.DistributedSampler, which gives each
+-- rank of a data-parallel job its own share; loader:set_epoch(e) reaches it
+-- through the epoch. opts.batch_sampler picks whole batches (len() and
+-- iter(epoch) -> an iterator of index lists, such as nd.data.BatchSampler).
+--
+-- opts.num_workers = N > 0 makes the batches in N worker threads
+-- (needle.data.workers; docs/data.md, "Worker threads").
 local error = require("needle.errors").error -- positions at the user's line
 local core = require "needle.core"
 local dataset_mod = require "needle.data.dataset"
@@ -132,23 +137,50 @@ DataLoader.default_collate = default_collate
 -- construction
 ---------------------------------------------------------------------------
 
--- A plain Lua list of items works as a dataset too.
+-- A plain Lua list of items works as a dataset too (and worker threads
+-- rebuild it from the list).
 local function wrap_dataset(ds)
   if type(ds) == "table" and not is_tensor(ds) then
     if type(ds.len) == "function" and type(ds.get) == "function" then return ds end
     if getmetatable(ds) == nil then
       local list = ds
-      return {len = function() return #list end, get = function(_, i) return list[i] end, _list = true}
+      return {len = function() return #list end, get = function(_, i) return list[i] end, _list = true,
+              __worker = {module = "needle.data.dataloader", fn = "_wrap_dataset", args = {list}}}
     end
   end
   errorf("dataset must be a Dataset (with len and get) or a Lua list of items, got %s", describe(ds))
 end
+DataLoader._wrap_dataset = wrap_dataset
+
+local function callable(v)
+  local mt = getmetatable(v)
+  return type(v) == "function" or (type(v) == "table" and type(mt) == "table" and mt.__call ~= nil)
+end
+
+-- collate_fn: a function (or callable), or a recipe {module =, fn =, args =}
+-- naming one, which worker threads can rebuild too. -> the function, and
+-- what the workers get (the recipe, or the callable to describe)
+local function collate_of(c)
+  if c == nil or callable(c) then return c, c end
+  if type(c.module) ~= "string" or (c.fn ~= nil and type(c.fn) ~= "string") then
+    errorf("collate_fn must be a function or a recipe {module = <string>, fn = <string>, args = <list or nil>}, " ..
+           "got a table without them")
+  end
+  local recipe = require "needle.data.recipe"
+  local f = recipe.build(recipe.describe({__worker = c}, "collate_fn"))
+  if not callable(f) then
+    errorf("collate_fn: %s%s is %s, expected a function", c.module, c.fn and ("." .. c.fn) or "", describe(f))
+  end
+  return f, {__worker = c}
+end
 
 local function new(_, dataset, opts)
-  -- batch_size and seed: checked below, with their ranges
+  -- batch_size, seed, num_workers, prefetch_factor and timeout: checked below, with their ranges
   opts = options.check("data.DataLoader", opts, {batch_size = "any", shuffle = "boolean", seed = "any",
-                                                 drop_last = "boolean", collate_fn = "callable",
-                                                 sampler = "table"})
+                                                 drop_last = "boolean", collate_fn = "callable|table",
+                                                 sampler = "table", batch_sampler = "table",
+                                                 num_workers = "integer", prefetch_factor = "integer",
+                                                 persistent_workers = "boolean", timeout = "number"})
   local self = setmetatable({}, DataLoader)
   self.dataset = wrap_dataset(dataset)
   local bs = opts.batch_size == nil and 1 or opts.batch_size
@@ -158,29 +190,61 @@ local function new(_, dataset, opts)
   self.batch_size = bs
   self.shuffle = opts.shuffle and true or false
   self.drop_last = opts.drop_last and true or false
-  self.collate_fn = opts.collate_fn
+  self.collate_fn, self._collate_source = collate_of(opts.collate_fn)
   if opts.sampler ~= nil then
     local sm = opts.sampler
     if type(sm.len) ~= "function" or type(sm.indices) ~= "function" then
-      errorf("sampler must have len() and indices(epoch) methods (nd.data.DistributedSampler)")
+      errorf("sampler must have len() and indices(epoch) methods (nd.data.RandomSampler, DistributedSampler, ...)")
     end
     if self.shuffle then errorf("sampler and shuffle = true exclude each other (the sampler shuffles)") end
     self.sampler = sm
   end
+  if opts.batch_sampler ~= nil then
+    local bsm = opts.batch_sampler
+    if type(bsm.len) ~= "function" or type(bsm.iter) ~= "function" then
+      errorf("batch_sampler must have len() and iter(epoch) methods (nd.data.BatchSampler)")
+    end
+    if (opts.batch_size ~= nil and opts.batch_size ~= 1) or self.shuffle or opts.sampler ~= nil or self.drop_last then
+      errorf("batch_sampler excludes batch_size, shuffle, sampler and drop_last (the batch sampler decides them)")
+    end
+    self.batch_sampler = bsm
+    self.batch_size = nil
+  end
+  local nw = opts.num_workers or 0
+  if nw < 0 or nw > 256 then errorf("num_workers must be in 0..256, got %d", nw) end
+  self.num_workers = nw
+  if opts.prefetch_factor ~= nil then
+    if nw == 0 then errorf("prefetch_factor needs num_workers > 0 (it is the batches each worker makes ahead)") end
+    if opts.prefetch_factor < 1 or opts.prefetch_factor > 1 << 20 then
+      errorf("prefetch_factor must be 1..%d, got %d", 1 << 20, opts.prefetch_factor)
+    end
+  end
+  self.prefetch_factor = nw > 0 and (opts.prefetch_factor or 2) or nil
+  if opts.persistent_workers and nw == 0 then errorf("persistent_workers needs num_workers > 0") end
+  self.persistent_workers = opts.persistent_workers == true
+  local timeout = opts.timeout or 0
+  if not (timeout >= 0) then errorf("timeout must be >= 0 (seconds; 0: wait for ever), got %s", tostring(timeout)) end
+  self.timeout = timeout
   if opts.seed ~= nil then
     if math.type(opts.seed) ~= "integer" then
       errorf("seed must be an integer, got %s", tostring(opts.seed))
     end
     self.seed = opts.seed
-  elseif self.shuffle then
+  elseif self.shuffle or nw > 0 then
     -- drawn once from the global generator, so nd.manual_seed before building
-    -- the loader makes its orders reproducible too
+    -- the loader makes its orders (and the workers' per-batch seeds) reproducible too
     self.seed = core.randint(0, 0x7fffffff, {1}):item()
   else
     self.seed = 0
   end
   self.epoch = 0          -- the epoch last started by iter()
   self._next_epoch = 1
+  if nw > 0 then
+    -- fail now, not at the first iter(), when the dataset cannot go to a worker
+    local recipe = require "needle.data.recipe"
+    recipe.describe(self.dataset, "the dataset")
+    if self._collate_source ~= nil then recipe.describe(self._collate_source, "collate_fn") end
+  end
   return self
 end
 
@@ -197,14 +261,19 @@ local function item_count(self)
 end
 
 function DataLoader:__len()
+  if self.batch_sampler then return self.batch_sampler:len() end
   local n = item_count(self)
   if self.drop_last then return n // self.batch_size end
   return (n + self.batch_size - 1) // self.batch_size
 end
 
 function DataLoader:__tostring()
-  return ("DataLoader(%d items, batch_size=%d, shuffle=%s, drop_last=%s, %d batches)")
-    :format(item_count(self), self.batch_size, tostring(self.shuffle), tostring(self.drop_last), #self)
+  local workers = self.num_workers > 0 and (", num_workers=%d"):format(self.num_workers) or ""
+  if self.batch_sampler then
+    return ("DataLoader(%d items, batch_sampler, %d batches%s)"):format(self.dataset:len(), #self, workers)
+  end
+  return ("DataLoader(%d items, batch_size=%d, shuffle=%s, drop_last=%s, %d batches%s)")
+    :format(item_count(self), self.batch_size, tostring(self.shuffle), tostring(self.drop_last), #self, workers)
 end
 
 -- The seed of the permutation of epoch e: a fixed mix of (seed, epoch).
@@ -248,59 +317,94 @@ local function unpack_batch(batch)
   return batch
 end
 
--- iter() -> an iterator for a generic for over one epoch of batches.
-function DataLoader:iter()
-  -- a sampler's own set_epoch (PyTorch's habit) counts as the loader's
-  local given = self.sampler and self.sampler._take_epoch and self.sampler:_take_epoch()
-  if given then self._next_epoch = given end
-  local epoch = self._next_epoch
-  self._next_epoch = epoch + 1
-  self.epoch = epoch
-  local ds, bs = self.dataset, self.batch_size
-  local n = item_count(self)
-  local nbatches = #self
-  local collate = self.collate_fn
-  local perm = (self.shuffle or self.sampler) and self:permutation(epoch) or nil
-  local b = 0
-
-  -- fast path: a TensorDataset without transforms is batched with one
-  -- index_select (or a narrow, in order) per tensor
+-- fetch(ds, spec, collate[, should_stop]) -> the batch's values, packed
+-- ({n = k, ...}). spec gives the items: {indices = an int64 tensor or a Lua
+-- list of 1-based item numbers} or {first =, count =} (a run in order).
+-- In-process and in a worker thread alike (should_stop: the worker's pool is
+-- closing). A TensorDataset without transforms and with the default collate
+-- is batched with one index_select (or narrow and copy) per tensor.
+local function fetch(ds, spec, collate, should_stop)
   local mt = getmetatable(ds)
+  local idx = spec.indices
   if collate == nil and mt and mt.class == TensorDataset and ds:_batchable() then
     local tensors = ds.tensors
-    return function()
-      if b >= nbatches then return nil end
-      b = b + 1
-      local start = (b - 1) * bs + 1
-      local len = math.min(bs, n - start + 1)
-      local fields = {}
-      if perm then
-        -- the index goes to each tensor's device (a dataset may live on one)
-        local idx, on = perm:narrow(1, start, len), {}
-        for k = 1, #tensors do
-          local dev = tensors[k].device
-          on[dev] = on[dev] or idx:to(dev)
-          fields[k] = tensors[k]:index_select(1, on[dev])
-        end
-      else
-        for k = 1, #tensors do fields[k] = tensors[k]:narrow(1, start, len):clone() end
+    local fields = {n = #tensors}
+    if idx ~= nil then
+      if not is_tensor(idx) then idx = core.tensor(idx, {dtype = "int64"}) end
+      -- the index goes to each tensor's device (a dataset may live on one)
+      local on = {}
+      for k = 1, #tensors do
+        local dev = tensors[k].device
+        on[dev] = on[dev] or idx:to(dev)
+        fields[k] = tensors[k]:index_select(1, on[dev])
       end
-      return table.unpack(fields, 1, #tensors)
+    else
+      for k = 1, #tensors do fields[k] = tensors[k]:narrow(1, spec.first, spec.count):clone() end
+    end
+    return fields
+  end
+  local samples = {}
+  if idx ~= nil then
+    local list = is_tensor(idx) and idx:totable() or idx
+    for j = 1, #list do
+      if should_stop and should_stop() then error("needle.data.DataLoader: the worker was stopped", 0) end
+      samples[j] = ds:get(list[j])
+    end
+  else
+    for j = 1, spec.count do
+      if should_stop and should_stop() then error("needle.data.DataLoader: the worker was stopped", 0) end
+      samples[j] = ds:get(spec.first + j - 1)
     end
   end
+  if collate then return table.pack(collate(samples)) end
+  return table.pack(unpack_batch(default_collate(samples)))
+end
+DataLoader._fetch = fetch
 
-  local order = perm and perm:totable() or nil
+-- next_spec() for one epoch: each call gives the next batch's spec (see
+-- fetch), nil after the last
+local function batches(self, epoch)
+  if self.batch_sampler then
+    local it = self.batch_sampler:iter(epoch)
+    return function()
+      local idx = it()
+      if idx == nil then return nil end
+      return {indices = idx}
+    end
+  end
+  local bs, n, nbatches = self.batch_size, item_count(self), #self
+  local perm = (self.shuffle or self.sampler) and self:permutation(epoch) or nil
+  local b = 0
   return function()
     if b >= nbatches then return nil end
     b = b + 1
     local start = (b - 1) * bs + 1
-    local stop = math.min(start + bs - 1, n)
-    local samples = {}
-    for j = start, stop do
-      samples[#samples + 1] = ds:get(order and order[j] or j)
-    end
-    if collate then return collate(samples) end
-    return unpack_batch(default_collate(samples))
+    local len = math.min(bs, n - start + 1)
+    if perm then return {indices = perm:narrow(1, start, len)} end
+    return {first = start, count = len}
+  end
+end
+
+-- iter() -> an iterator for a generic for over one epoch of batches (and,
+-- with workers, a to-be-closed value: leaving the loop stops them).
+function DataLoader:iter()
+  -- a sampler's own set_epoch (PyTorch's habit) counts as the loader's
+  local sm = self.batch_sampler or self.sampler
+  local given = sm and sm._take_epoch and sm:_take_epoch()
+  if given then self._next_epoch = given end
+  local epoch = self._next_epoch
+  self._next_epoch = epoch + 1
+  self.epoch = epoch
+  local next_spec = batches(self, epoch)
+  if self.num_workers > 0 then
+    return require("needle.data.workers").iterate(self, epoch, next_spec)
+  end
+  local ds, collate = self.dataset, self.collate_fn
+  return function()
+    local spec = next_spec()
+    if spec == nil then return nil end
+    local v = fetch(ds, spec, collate)
+    return table.unpack(v, 1, v.n)
   end
 end
 

@@ -9,6 +9,10 @@
 --   function Squares:get(i) return nd.tensor(i * i) end
 --   local ds = Squares(10); print(#ds, ds[3])
 --
+-- A dataset that DataLoader worker threads (num_workers > 0) can rebuild in
+-- their own Lua states has a recipe, `ds.__worker = {module =, fn =, args =}`:
+-- the worker builds require(module)[fn](table.unpack(args)) (docs/data.md).
+--
 -- TensorDataset(t1, t2, ..., [opts]) indexes every tensor along dim 1: item i
 -- is t1[i] alone for one tensor, else the list {t1[i], t2[i], ...}.
 -- opts.transform is applied to the first field of each item, opts.target_transform
@@ -29,6 +33,8 @@ local function make_instance_mt(class)
       return class[k]
     end,
     __len = function(self) return self:len() end,
+    -- ds1 + ds2: their ConcatDataset (as PyTorch's Dataset.__add__)
+    __add = function(a, b) return require("needle.data.subset").ConcatDataset({a, b}) end,
     __tostring = function(self)
       local ok, n = pcall(self.len, self)
       return ("%s(%s items)"):format(class.__name, ok and tostring(n) or "?")
@@ -131,6 +137,11 @@ function TensorDataset:init(...)
   self.n = n
   self.transform = opts.transform
   self.target_transform = opts.target_transform
+  -- how a DataLoader worker thread rebuilds it (the tensors are shared, not
+  -- copied); a subclass gives its own
+  if getmetatable(self).class == TensorDataset then
+    self.__worker = {module = "needle.data.dataset", fn = "TensorDataset", args = table.pack(...)}
+  end
 end
 
 function TensorDataset:len() return self.n end

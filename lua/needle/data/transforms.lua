@@ -29,6 +29,13 @@ local function make(repr, apply, fields)
   return setmetatable(obj, Transform)
 end
 
+-- t with the recipe a DataLoader worker thread rebuilds it from: T[name](...)
+-- in the worker's own Lua state (Lambda has none: a function cannot cross)
+local function rebuildable(t, name, ...)
+  t.__worker = {module = "needle.data.transforms", fn = name, args = table.pack(...)}
+  return t
+end
+
 local function callable(f)
   return type(f) == "function" or (type(f) == "table" and (getmetatable(f) or {}).__call ~= nil)
 end
@@ -49,10 +56,10 @@ function T.Compose(list)
     if not callable(t) then errorf("Compose", "item %d is a %s, expected a callable transform", k, type(t)) end
     parts[#parts + 1] = tostring(t)
   end
-  return make("Compose(" .. table.concat(parts, ", ") .. ")", function(_, x)
+  return rebuildable(make("Compose(" .. table.concat(parts, ", ") .. ")", function(_, x)
     for _, t in ipairs(list) do x = t(x) end
     return x
-  end, {transforms = list})
+  end, {transforms = list}), "Compose", list)
 end
 
 -- Lambda(fn): a function as a transform.
@@ -63,18 +70,18 @@ end
 
 -- ToFloat(): x:float().
 function T.ToFloat()
-  return make("ToFloat()", function(_, x)
+  return rebuildable(make("ToFloat()", function(_, x)
     if not is_tensor(x) then errorf("ToFloat", "expected a tensor, got %s", type(x)) end
     return x:float()
-  end)
+  end), "ToFloat")
 end
 
 -- ScaleTo01(): uint8 pixels 0..255 to float32 in [0, 1] (x:float() / 255).
 function T.ScaleTo01()
-  return make("ScaleTo01()", function(_, x)
+  return rebuildable(make("ScaleTo01()", function(_, x)
     if not is_tensor(x) then errorf("ScaleTo01", "expected a tensor, got %s", type(x)) end
     return x:float() / 255
-  end)
+  end), "ScaleTo01")
 end
 
 -- RandomFlipHorizontal(p = 0.5): with probability p, flips the last dim (W).
@@ -83,11 +90,11 @@ function T.RandomFlipHorizontal(p)
   if type(p) ~= "number" or p < 0 or p > 1 then
     errorf("RandomFlipHorizontal", "p must be a number in [0, 1], got %s", tostring(p))
   end
-  return make(("RandomFlipHorizontal(p=%g)"):format(p), function(_, x)
+  return rebuildable(make(("RandomFlipHorizontal(p=%g)"):format(p), function(_, x)
     check_image("RandomFlipHorizontal", x, 1)
     if p > 0 and core.rand({1}):item() < p then return x:flip(-1) end
     return x
-  end, {p = p})
+  end, {p = p}), "RandomFlipHorizontal", p)
 end
 
 local function pair(name, what, v)
@@ -121,7 +128,7 @@ function T.RandomCrop(size, opts)
   end
   local fill = opts.fill or 0
   local repr = ("RandomCrop(size={%d, %d}, padding={%d, %d, %d, %d})"):format(h, w, pl, pr, pt, pb)
-  return make(repr, function(_, x)
+  return rebuildable(make(repr, function(_, x)
     check_image("RandomCrop", x, 2)
     if pl + pr + pt + pb > 0 then x = x:pad({pl, pr, pt, pb}, fill) end
     local H, W = x:size(-2), x:size(-1)
@@ -132,7 +139,7 @@ function T.RandomCrop(size, opts)
     local i = math.floor(u[1] * (H - h + 1)) + 1
     local j = math.floor(u[2] * (W - w + 1)) + 1
     return x:narrow(-2, i, h):narrow(-1, j, w):contiguous()
-  end, {size = {h, w}, padding = {pl, pr, pt, pb}})
+  end, {size = {h, w}, padding = {pl, pr, pt, pb}}), "RandomCrop", {h, w}, {padding = {pl, pr, pt, pb}, fill = fill})
 end
 
 -- Normalize(mean, std): (x - mean[c]) / std[c] per channel (dim -3), with
@@ -161,7 +168,7 @@ function T.Normalize(mean, std)
     for k, v in ipairs(list) do parts[k] = ("%g"):format(v) end
     return "{" .. table.concat(parts, ", ") .. "}"
   end
-  return make(("Normalize(mean=%s, std=%s)"):format(fmt(m), fmt(s)), function(_, x)
+  return rebuildable(make(("Normalize(mean=%s, std=%s)"):format(fmt(m), fmt(s)), function(_, x)
     check_image("Normalize", x, C > 1 and 3 or 0)
     if C > 1 and x:size(-3) ~= C then
       errorf("Normalize", "expected %d channels (dim -3), got shape {%s}", C, table.concat(x.shape, ","))
@@ -170,7 +177,7 @@ function T.Normalize(mean, std)
     if xf.dtype ~= "float32" and xf.dtype ~= "float64" then xf = xf:float() end
     if C == 1 then return (xf - m[1]) / s[1] end
     return (xf - mt) / st
-  end, {mean = m, std = s})
+  end, {mean = m, std = s}), "Normalize", m, s)
 end
 
 return T

@@ -1,7 +1,7 @@
 -- needle.nn.loss: CrossEntropyLoss (and needle's SoftmaxLoss), NLLLoss, MSELoss,
 -- BCEWithLogitsLoss, L1Loss, SmoothL1Loss, HuberLoss, BCELoss, KLDivLoss,
--- MarginRankingLoss, CosineEmbeddingLoss, TripletMarginLoss - modules around
--- the nd.F losses.
+-- MarginRankingLoss, CosineEmbeddingLoss, TripletMarginLoss, CTCLoss - modules
+-- around the nd.F losses.
 --
 --   local loss_fn = nd.nn.CrossEntropyLoss({label_smoothing = 0.1})
 --   local loss = loss_fn(logits, labels)      -- labels 1..C
@@ -225,5 +225,31 @@ define("MarginRankingLoss", "margin_ranking_loss", {margin = "number"}, 3)
 define("CosineEmbeddingLoss", "cosine_embedding_loss", {margin = "number"}, 3)
 define("TripletMarginLoss", "triplet_margin_loss", {margin = "number", p = "number", eps = "number",
                                                     swap = "boolean"}, 3)
+
+-- CTCLoss ------------------------------------------------------------------------
+
+local CTCLoss = Module:extend("CTCLoss")
+
+-- CTCLoss({blank = 1, reduction = "mean", zero_infinity = false}): blank is a
+-- 1-based class (1, the first class, is PyTorch's blank=0);
+-- forward(log_probs (T, N, C), targets, input_lengths, target_lengths) is
+-- nd.F.ctc_loss's
+function CTCLoss:init(opts)
+  opts = loss_init(self, opts, {blank = "integer", zero_infinity = "boolean"})
+  self.blank = opts.blank or 1
+  self.zero_infinity = opts.zero_infinity or false
+end
+
+function CTCLoss:forward(log_probs, targets, input_lengths, target_lengths)
+  check_input(self, log_probs)
+  return nd.F.ctc_loss(log_probs, targets, input_lengths, target_lengths,
+                       {blank = self.blank, reduction = self.reduction, zero_infinity = self.zero_infinity})
+end
+
+function CTCLoss:extra_repr()
+  return ("blank=%d, reduction='%s'%s"):format(self.blank, self.reduction,
+                                               self.zero_infinity and ", zero_infinity=true" or "")
+end
+M.CTCLoss = CTCLoss
 
 return M

@@ -16,12 +16,13 @@ local errors = require "needle.errors"
 local core = require "needle.core"
 local options = require "needle.options"
 local capture = require "needle.compile.state"
+local hooks = require "needle.nn.module_hooks" -- (its __call is installed per module)
 
 local Module = {}
 Module.__name = "Module"
 
 local RESERVED = {_params = true, _buffers = true, _children = true, _order = true, _attrs = true,
-                  training = true}
+                  _hooks = true, _non_persistent = true, training = true}
 
 -- instance metatable: reads look in parameters, buffers, children, plain
 -- attributes, then the class chain
@@ -36,7 +37,10 @@ local function make_instance_mt(class)
       if v ~= nil then return v end
       v = rawget(self, "_attrs")[k]
       if v ~= nil then return v end
-      return class[k]
+      v = class[k]
+      if v ~= nil then return v end
+      -- nil, unless k is a misspelt method: then an error with a suggestion
+      return require("needle.suggest").module_miss(self, class, k)
     end,
     __newindex = function(self, k, v)
       self:_set(k, v)
@@ -50,6 +54,8 @@ local function make_instance_mt(class)
     __tostring = function(self) return self:_repr("") end,
     __name = class.__name,
     class = class,
+    -- a module with hooks gets a copy of this table whose __call runs them
+    -- (module_hooks.lua), so this one stays as fast as without hooks
   }
 end
 
@@ -125,12 +131,30 @@ function Module.Parameter(t)
   return t
 end
 
-function Module:register_buffer(name, t)
+-- register_buffer(name, t[, {persistent = true}]): a non-persistent buffer
+-- (a cached mask, positions) is one of named_buffers() but not of the
+-- state_dict, as PyTorch's
+function Module:register_buffer(name, t, opts)
+  local o = options.check(("nn.%s.register_buffer"):format(self.__name), opts, {persistent = "boolean"})
+  if type(name) ~= "string" then
+    errors.fail_at(2, ("nn.%s.register_buffer"):format(self.__name), "name must be a string, got %s", options.got(name))
+  end
+  if t ~= nil and not core.is_tensor(t) then
+    errors.fail_at(2, ("nn.%s.register_buffer"):format(self.__name), "buffer '%s' must be a tensor or nil, got %s",
+                   name, options.got(t))
+  end
   capture.bump()
   local buffers = rawget(self, "_buffers")
   buffers[name] = t
   rawget(self, "_params")[name], rawget(self, "_children")[name], rawget(self, "_attrs")[name] = nil, nil, nil
   note(self, "buffer", name)
+  local np = rawget(self, "_non_persistent")
+  if o.persistent == false then
+    if not np then np = {}; rawset(self, "_non_persistent", np) end
+    np[name] = true
+  elseif np then
+    np[name] = nil
+  end
 end
 
 function Module:register_parameter(name, t)
@@ -176,12 +200,14 @@ function Module:parameters()
   return list
 end
 
-function Module:named_buffers(prefix, out)
+function Module:named_buffers(prefix, out, persistent_only)
   out = out or {}
   prefix = prefix or ""
+  local np = persistent_only and rawget(self, "_non_persistent")
   each(self, function(kind, k, v)
-    if kind == "buffer" then out[#out + 1] = {prefix .. k, v}
-    elseif kind == "child" then v:named_buffers(prefix .. k .. ".", out) end
+    if kind == "buffer" then
+      if not (np and np[k]) then out[#out + 1] = {prefix .. k, v} end
+    elseif kind == "child" then v:named_buffers(prefix .. k .. ".", out, persistent_only) end
   end)
   return out
 end
@@ -241,7 +267,27 @@ function Module:num_parameters()
   return n
 end
 
--- to(device) or to({device=, dtype=}): moves every parameter and buffer (of
+-- requires_grad_(requires_grad = true): sets requires_grad of every
+-- parameter (false freezes them: no gradient, no optimizer step). Returns
+-- the module.
+function Module:requires_grad_(on)
+  if on == nil then on = true end
+  if type(on) ~= "boolean" then
+    errors.fail_at(2, ("nn.%s.requires_grad_"):format(self.__name), "expected a boolean, got %s", options.got(on))
+  end
+  for _, p in ipairs(self:parameters()) do p:requires_grad_(on) end
+  capture.bump()
+  return self
+end
+
+-- hooks (module_hooks.lua): each returns a handle whose remove() takes the
+-- hook out; {prepend = true} runs it before the ones already registered
+function Module:register_forward_pre_hook(fn, opts) return hooks.register(self, "pre", fn, opts) end
+function Module:register_forward_hook(fn, opts) return hooks.register(self, "fwd", fn, opts) end
+function Module:register_full_backward_hook(fn, opts) return hooks.register(self, "bwd", fn, opts) end
+
+-- to(device), to(dtype), to(device, dtype), to(tensor) (its device and
+-- dtype) or to({device=, dtype=}): moves every parameter and buffer (of
 -- this module and its descendants) to the device, in place: each tensor takes
 -- the moved data with x:set_data_ (PyTorch's `p.data = p.data.to(dev)`), so
 -- the tensors an optimizer or any other table holds stay the module's
@@ -249,16 +295,27 @@ end
 -- floating-point parameters and buffers only (integer buffers such as
 -- num_batches_tracked keep theirs), as PyTorch. Returns the module.
 local FLOAT = {float32 = true, float64 = true, float16 = true, bfloat16 = true}
+local DTYPE = {float32 = true, float64 = true, float16 = true, bfloat16 = true, int64 = true, int32 = true,
+               uint8 = true, bool = true}
 
-function Module:to(device)
-  local dtype
-  if type(device) == "table" and not core.is_tensor(device) then
+function Module:to(device, dtype)
+  local fail = errors.failer(("nn.%s.to"):format(self.__name), 3)
+  if core.is_tensor(device) then -- to(tensor): its device and dtype
+    if dtype ~= nil then fail("to(tensor) takes nothing after the tensor, got %s", options.got(dtype)) end
+    device, dtype = device.device, device.dtype
+  elseif type(device) == "table" then
+    if dtype ~= nil then fail("to({device=, dtype=}) takes nothing after the table, got %s", options.got(dtype)) end
     local o = options.check(("nn.%s.to"):format(self.__name), device, {device = "string", dtype = "string"})
     device, dtype = o.device, o.dtype
+  elseif DTYPE[device] then -- to(dtype)
+    if dtype ~= nil then fail("to(dtype) takes nothing after the dtype, got %s", options.got(dtype)) end
+    device, dtype = nil, device
+  elseif dtype ~= nil and type(dtype) ~= "string" then
+    fail("to(device, dtype): dtype must be a string, got %s", options.got(dtype))
   end
-  local fail = errors.failer(("nn.%s.to"):format(self.__name), 3)
   if device ~= nil and type(device) ~= "string" then
-    fail("expected a device name (\"cpu\", \"opencl\" or \"opencl:N\") or {device=, dtype=}, got %s", type(device))
+    fail("expected a device name (\"cpu\", \"opencl\" or \"opencl:N\"), a dtype, a tensor or {device=, dtype=}, got %s",
+         options.got(device))
   end
   if dtype ~= nil and not FLOAT[dtype] then
     fail("dtype must be a floating-point dtype (float32, float64, float16 or bfloat16), got %s", tostring(dtype))
@@ -293,6 +350,13 @@ function Module:to(device)
   return self
 end
 
+-- the floating-point parameters and buffers to one dtype (integer buffers
+-- keep theirs), as PyTorch's Module.double() & co.; each returns the module
+function Module:double() return self:to({dtype = "float64"}) end
+function Module:float() return self:to({dtype = "float32"}) end
+function Module:half() return self:to({dtype = "float16"}) end
+function Module:bfloat16() return self:to({dtype = "bfloat16"}) end
+
 -- state_dict ----------------------------------------------------------------
 
 -- state_dict(): {name = tensor} for every parameter and buffer (detached
@@ -300,7 +364,7 @@ end
 function Module:state_dict()
   local sd = {}
   for _, p in ipairs(self:named_parameters()) do sd[p[1]] = p[2]:detach() end
-  for _, b in ipairs(self:named_buffers()) do sd[b[1]] = b[2]:detach() end
+  for _, b in ipairs(self:named_buffers(nil, nil, true)) do sd[b[1]] = b[2]:detach() end
   return sd
 end
 
@@ -314,7 +378,8 @@ function Module:load_state_dict(sd, opts)
   local strict = opts.strict ~= false
   local targets = {}
   for _, p in ipairs(self:named_parameters()) do targets[p[1]] = p[2] end
-  for _, b in ipairs(self:named_buffers()) do targets[b[1]] = b[2] end
+  -- (non-persistent buffers are not in a state_dict: never missing)
+  for _, b in ipairs(self:named_buffers(nil, nil, true)) do targets[b[1]] = b[2] end
   local missing, unexpected, mismatched = {}, {}, {}
   for name, t in pairs(targets) do
     local src = sd[name]
@@ -350,12 +415,6 @@ end
 
 function Module:extra_repr() return "" end
 
-local function count_str(n)
-  if n >= 1e6 then return ("%.2fM"):format(n / 1e6) end
-  if n >= 1e3 then return ("%.1fK"):format(n / 1e3) end
-  return tostring(n)
-end
-
 function Module:_repr(indent)
   local kids = self:named_children()
   local head = self.__name .. "(" .. self:extra_repr()
@@ -368,9 +427,11 @@ function Module:_repr(indent)
   return table.concat(lines, "\n")
 end
 
--- summary(): the module tree followed by the parameter count
-function Module:summary()
-  return ("%s\n%s trainable parameters"):format(self:_repr(""), count_str(self:num_parameters()))
+-- summary([input][, {depth=, dtype=, device=, verbose=}]): the layers, their
+-- output shapes and parameter counts, and the totals (nn/summary.lua);
+-- printed (verbose = 0: not) and returned
+function Module:summary(input, opts)
+  return require("needle.nn.summary").summary(self, input, opts)
 end
 
 return Module

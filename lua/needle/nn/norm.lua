@@ -20,23 +20,11 @@ local shape_str = require("needle.errors").shape_str
 
 -- BatchNorm ----------------------------------------------------------------------
 
-local BatchNorm = Module:extend("_BatchNorm")
-
-function BatchNorm:init(num_features, opts)
-  if math.type(num_features) ~= "integer" or num_features < 1 then
-    error(("needle.nn.%s: num_features must be a positive integer, got %s"):format(
-      self.__name, tostring(num_features)), 3)
-  end
-  local o = util.options(self, opts, {eps = "number", momentum = "number|boolean", affine = "boolean",
-                                      track_running_stats = "boolean"}, true)
-  if o.momentum == true then util.fail(self, "momentum must be a number or false (PyTorch's None), got true") end
-  self.num_features = num_features
-  self.eps = o.eps or 1e-5
-  local momentum = o.momentum
-  if momentum == nil then momentum = 0.1 end
-  self.momentum = momentum          -- false: cumulative average
-  self.affine = o.affine ~= false
-  self.track_running_stats = o.track_running_stats ~= false
+-- The per-channel state of BatchNorm and InstanceNorm (PyTorch's _NormBase):
+-- weight and bias (ones, zeros) when self.affine, the running statistics and
+-- num_batches_tracked when self.track_running_stats, else registered as
+-- absent; then moved to o.device.
+function M.per_channel_state(self, num_features, o)
   local dtype = o.dtype or "float32"
   if self.affine then
     self.weight = Module.Parameter(nd.ones({num_features}, {dtype = dtype}))
@@ -55,6 +43,26 @@ function BatchNorm:init(num_features, opts)
     self:register_buffer("num_batches_tracked", nil)
   end
   util.place(self, o)
+end
+
+local BatchNorm = Module:extend("_BatchNorm")
+
+function BatchNorm:init(num_features, opts)
+  if math.type(num_features) ~= "integer" or num_features < 1 then
+    error(("needle.nn.%s: num_features must be a positive integer, got %s"):format(
+      self.__name, tostring(num_features)), 3)
+  end
+  local o = util.options(self, opts, {eps = "number", momentum = "number|boolean", affine = "boolean",
+                                      track_running_stats = "boolean"}, true)
+  if o.momentum == true then util.fail(self, "momentum must be a number or false (PyTorch's None), got true") end
+  self.num_features = num_features
+  self.eps = o.eps or 1e-5
+  local momentum = o.momentum
+  if momentum == nil then momentum = 0.1 end
+  self.momentum = momentum          -- false: cumulative average
+  self.affine = o.affine ~= false
+  self.track_running_stats = o.track_running_stats ~= false
+  M.per_channel_state(self, num_features, o)
 end
 
 function BatchNorm:reset_running_stats()

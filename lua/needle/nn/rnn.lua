@@ -145,8 +145,10 @@ M.GRUCell = make_cell("GRU")
 local function make_rnn(kind)
   local R = Module:extend(kind)
   -- (input_size, hidden_size, {num_layers=1, bias=true, batch_first=false,
-  --  dropout=0, bidirectional=false (true is not supported), nonlinearity="tanh" (RNN),
-  --  dtype=, device=})
+  --  dropout=0, bidirectional=false, nonlinearity="tanh" (RNN), dtype=, device=})
+  -- bidirectional: each layer also runs backwards in time (parameters
+  -- *_l{k}_reverse); its output is the two directions concatenated (2H) and
+  -- the states are (num_layers * 2, B, H), forward then reverse per layer
   function R:init(input_size, hidden_size, opts)
     check_sizes(self, input_size, hidden_size)
     local spec = {num_layers = "integer", bias = "boolean", batch_first = "boolean", dropout = "number",
@@ -158,18 +160,19 @@ local function make_rnn(kind)
     self.bias = opts.bias ~= false
     self.batch_first = opts.batch_first == true
     self.dropout = opts.dropout or 0
+    self.bidirectional = opts.bidirectional == true
     self.nonlinearity = opts.nonlinearity or "tanh"
     if kind == "RNN" then check_nonlinearity(self, self.nonlinearity) end
-    if opts.bidirectional then
-      error(("needle.nn.%s: bidirectional is not supported"):format(kind), 3)
-    end
     if self.num_layers < 1 then error(("needle.nn.%s: num_layers must be >= 1"):format(kind), 3) end
     if self.dropout < 0 or self.dropout > 1 then
       error(("needle.nn.%s: dropout must be in [0, 1], got %s"):format(kind, tostring(self.dropout)), 3)
     end
+    local dirs = self.bidirectional and 2 or 1
     for l = 0, self.num_layers - 1 do
-      add_layer_params(self, "_l" .. l, GATES[kind], l == 0 and input_size or hidden_size, hidden_size,
-                       self.bias, opts.dtype)
+      for d = 1, dirs do
+        add_layer_params(self, "_l" .. l .. (d == 2 and "_reverse" or ""), GATES[kind],
+                         l == 0 and input_size or dirs * hidden_size, hidden_size, self.bias, opts.dtype)
+      end
     end
     util.place(self, opts)
   end
@@ -179,11 +182,35 @@ local function make_rnn(kind)
     if self.num_layers ~= 1 then s = s .. ", num_layers=" .. self.num_layers end
     if self.batch_first then s = s .. ", batch_first=true" end
     if self.dropout ~= 0 then s = s .. ", dropout=" .. self.dropout end
+    if self.bidirectional then s = s .. ", bidirectional=true" end
     return s
   end
 
-  -- forward(x (T, B, in), state) -> output (T, B, H), state_n
-  -- state: RNN/GRU h0 (L, B, H); LSTM {h0, c0}; nil for zeros.
+  -- one direction of one layer over the whole sequence: xw (T, B, G*H) is the
+  -- input projection; steps run t = 1..T, or T..1 when reverse (the output at
+  -- t is then the state after reading t..T). Returns the outputs (T, B, H) and
+  -- the last state(s).
+  local function run_direction(self, xw, h, c, suffix, reverse)
+    local _, w_hh, _, b_hh = layer_params(self, suffix)
+    local T, H = xw:size(1), self.hidden_size
+    local outs = {}
+    for i = 1, T do
+      local t = reverse and T + 1 - i or i
+      if kind == "LSTM" then
+        h, c = lstm_step(xw[t], h, c, w_hh, b_hh, H)
+      elseif kind == "GRU" then
+        h = gru_step(xw[t], h, w_hh, b_hh, H)
+      else
+        h = rnn_step(xw[t], h, w_hh, b_hh, self.nonlinearity == "relu")
+      end
+      outs[t] = h
+    end
+    return nd.stack(outs, 1), h, c
+  end
+
+  -- forward(x (T, B, in), state) -> output (T, B, D*H), state_n
+  -- (D = 2 when bidirectional, else 1)
+  -- state: RNN/GRU h0 (D*L, B, H); LSTM {h0, c0}; nil for zeros.
   -- LSTM returns output, {h_n, c_n} (as PyTorch's tuple).
   function R:forward(x, state)
     if not nd.is_tensor(x) then fail(self, "expected a tensor input (T, B, %d), got %s", self.input_size, type(x)) end
@@ -196,6 +223,7 @@ local function make_rnn(kind)
     end
     if self.batch_first then x = x:transpose(1, 2) end
     local T, B, H, L = x:size(1), x:size(2), self.hidden_size, self.num_layers
+    local D = self.bidirectional and 2 or 1
     if T == 0 then -- an error, as in PyTorch (there is no last state to return)
       fail(self, "expected a sequence length larger than 0 (dim %d of the input), got input of shape %s",
            (self.batch_first and not unbatched) and 2 or 1, shape_str(input))
@@ -207,38 +235,35 @@ local function make_rnn(kind)
       h0 = state
     end
     local function check_state(s, what)
-      if s ~= nil and not (s:dim() == 3 and s:size(1) == L and s:size(2) == B and s:size(3) == H) then
-        fail(self, "expected %s of shape (%d, %d, %d), got %s", what, L, B, H, shape_str(s))
+      if s ~= nil and not (nd.is_tensor(s) and s:dim() == 3 and s:size(1) == D * L and s:size(2) == B
+                           and s:size(3) == H) then
+        fail(self, "expected %s of shape (%d, %d, %d), got %s", what, D * L, B, H,
+             nd.is_tensor(s) and shape_str(s) or type(s))
       end
     end
     if unbatched then
-      if h0 ~= nil then h0 = h0:unsqueeze(2) end
-      if c0 ~= nil then c0 = c0:unsqueeze(2) end
+      if nd.is_tensor(h0) then h0 = h0:unsqueeze(2) end
+      if nd.is_tensor(c0) then c0 = c0:unsqueeze(2) end
     end
     check_state(h0, "h0")
     check_state(c0, "c0")
+    local zeros = function() return nd.zeros({B, H}, {dtype = x.dtype, device = x.device}) end
     local layer_input = x
     local hs_n, cs_n = {}, {}
     for l = 1, L do
-      local w_ih, w_hh, b_ih, b_hh = layer_params(self, "_l" .. (l - 1))
-      -- all steps' input projections at once: (T, B, in) @ (in, G*H) + b, one GEMM
-      -- forward and one per gradient backward (nd.linear)
-      local xw = linear(layer_input, w_ih, b_ih)
-      local h = h0 ~= nil and h0[l] or nd.zeros({B, H}, {dtype = x.dtype, device = x.device})
-      local c = c0 ~= nil and c0[l] or nd.zeros({B, H}, {dtype = x.dtype, device = x.device})
       local outs = {}
-      for t = 1, T do
-        if kind == "LSTM" then
-          h, c = lstm_step(xw[t], h, c, w_hh, b_hh, H)
-        elseif kind == "GRU" then
-          h = gru_step(xw[t], h, w_hh, b_hh, H)
-        else
-          h = rnn_step(xw[t], h, w_hh, b_hh, self.nonlinearity == "relu")
-        end
-        outs[t] = h
+      for d = 1, D do
+        local suffix = "_l" .. (l - 1) .. (d == 2 and "_reverse" or "")
+        local k = (l - 1) * D + d -- the state's index: layer by layer, forward then reverse
+        local w_ih, _, b_ih = layer_params(self, suffix)
+        -- all steps' input projections at once: (T, B, in) @ (in, G*H) + b, one GEMM
+        -- forward and one per gradient backward (nd.linear)
+        local xw = linear(layer_input, w_ih, b_ih)
+        local h = h0 ~= nil and h0[k] or zeros()
+        local c = c0 ~= nil and c0[k] or zeros()
+        outs[d], hs_n[k], cs_n[k] = run_direction(self, xw, h, c, suffix, d == 2)
       end
-      hs_n[l], cs_n[l] = h, c
-      layer_input = nd.stack(outs, 1)
+      layer_input = D == 1 and outs[1] or nd.cat(outs, 3)
       if l < L and self.dropout > 0 and self.training then
         layer_input = nd.F.dropout(layer_input, self.dropout, true)
       end

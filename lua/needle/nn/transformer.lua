@@ -1,6 +1,7 @@
 -- needle.nn.transformer: MultiheadAttention, TransformerEncoderLayer,
--- TransformerEncoder (PyTorch's) and Transformer (needle's decoder-only model
--- with learned positions).
+-- TransformerEncoder (PyTorch's) and Transformer: needle's decoder-only model
+-- with learned positions, or, called with an options table, PyTorch's
+-- encoder-decoder (in needle.nn.transformer_decoder, with the decoder layers).
 --
 --   local mha = nd.nn.MultiheadAttention(64, 8, {batch_first = true})
 --   local out, weights = mha(q, k, v, {key_padding_mask = pad, is_causal = true})
@@ -35,7 +36,13 @@ local shape_str = require("needle.errors").shape_str
 -- parameters and buffers are copied (parameters stay leaves that require
 -- grad, without .grad), children recursively; tensors shared inside m (tied
 -- weights) stay shared in the copy. Plain tables among the attributes are
--- copied one level deep; functions are shared.
+-- copied one level deep; functions are shared. The other raw fields
+-- (training, _non_persistent, ...) are copied, plain tables deeply, so that
+-- no clone shares per-module state with m. Hooks (module_hooks.lua) are
+-- copied as PyTorch's deepcopy copies its hook dicts: the clone runs the same
+-- functions from lists of its own (removing a hook of m, or registering one on
+-- the clone, leaves the other alone), with a hooked metatable of its own; a
+-- clone without hooks gets the class's plain metatable.
 local function clone_module(m, memo)
   memo = memo or {}
   if memo[m] then return memo[m] end
@@ -46,10 +53,37 @@ local function clone_module(m, memo)
     memo[t] = c
     return c
   end
+  local function deep(v) -- a plain table (no metatable), deeply
+    if type(v) ~= "table" or getmetatable(v) ~= nil then return v end
+    if memo[v] then return memo[v] end
+    local t = {}
+    memo[v] = t
+    for kk, vv in pairs(v) do t[deep(kk)] = deep(vv) end
+    return t
+  end
+  local OWN = {_params = true, _buffers = true, _children = true, _attrs = true, _order = true, _hooks = true}
   local c = {}
-  for k, v in pairs(m) do c[k] = v end      -- raw fields (training, ...)
+  for k, v in next, m do                    -- raw fields (training, _non_persistent, ...; not __pairs)
+    if not OWN[k] then c[k] = deep(v) end
+  end
   c._params, c._buffers, c._children, c._attrs, c._order = {}, {}, {}, {}, {}
-  setmetatable(c, getmetatable(m))
+  local mt = getmetatable(m)
+  local plain = rawget(mt, "plain") or mt   -- the class's instance metatable
+  local hooks = rawget(m, "_hooks")
+  if hooks and #hooks.pre + #hooks.fwd + #hooks.bwd > 0 then
+    local own = {}
+    for kind, list in pairs(hooks) do
+      own[kind] = {}
+      for i, rec in ipairs(list) do own[kind][i] = {fn = rec.fn} end
+    end
+    c._hooks = own
+    local hooked = {}
+    for k, v in next, mt do hooked[k] = v end
+    hooked.__call, hooked.plain = require("needle.nn.module_hooks").hooked_call, plain
+    setmetatable(c, hooked)
+  else
+    setmetatable(c, plain)
+  end
   memo[m] = c
   for k, v in pairs(rawget(m, "_params")) do rawget(c, "_params")[k] = copy_tensor(v, true) end
   for k, v in pairs(rawget(m, "_buffers")) do rawget(c, "_buffers")[k] = copy_tensor(v, false) end
@@ -99,9 +133,15 @@ end
 -- MultiheadAttention ---------------------------------------------------------------
 
 local MHA = Module:extend("MultiheadAttention")
+local attend = require("needle.functional.attention").attend
 
--- MultiheadAttention(embed_dim, num_heads, {dropout=0, bias=true, batch_first=false, dtype=, device=})
--- (kdim, vdim: only equal to embed_dim; add_bias_kv, add_zero_attn: only false)
+-- MultiheadAttention(embed_dim, num_heads, {dropout=0, bias=true, add_bias_kv=false,
+--   add_zero_attn=false, kdim=embed_dim, vdim=embed_dim, batch_first=false, dtype=, device=})
+-- With kdim and vdim equal to embed_dim the q, k, v projections are stacked in
+-- in_proj_weight (3E, E); otherwise they are q_proj_weight (E, E),
+-- k_proj_weight (E, kdim), v_proj_weight (E, vdim), as PyTorch (in_proj_bias
+-- stays stacked). add_bias_kv appends a learnt key and value (bias_k, bias_v,
+-- (1, 1, E)) to every sequence, add_zero_attn a zero one after the heads split.
 function MHA:init(embed_dim, num_heads, opts)
   if math.type(embed_dim) ~= "integer" or embed_dim < 1 or math.type(num_heads) ~= "integer" or num_heads < 1 then
     error(("needle.nn.MultiheadAttention: embed_dim and num_heads must be positive integers, got %s and %s"):format(
@@ -114,38 +154,61 @@ function MHA:init(embed_dim, num_heads, opts)
   opts = util.options(self, opts, {dropout = "number", bias = "boolean", batch_first = "boolean", kdim = "integer",
                                    vdim = "integer", add_bias_kv = "boolean", add_zero_attn = "boolean"}, true)
   for _, k in ipairs({"kdim", "vdim"}) do
-    local v = opts[k]
-    if v ~= nil and v ~= embed_dim then
-      error(("needle.nn.MultiheadAttention(%d, %d): %s different from embed_dim is not supported"):format(
-        embed_dim, num_heads, k), 3)
+    if opts[k] ~= nil and opts[k] < 1 then
+      error(("needle.nn.MultiheadAttention(%d, %d): %s must be a positive integer, got %d"):format(
+        embed_dim, num_heads, k, opts[k]), 3)
     end
   end
-  if opts.add_bias_kv or opts.add_zero_attn then
-    error(("needle.nn.MultiheadAttention(%d, %d): add_bias_kv and add_zero_attn are not supported"):format(
-      embed_dim, num_heads), 3)
-  end
   self.embed_dim, self.num_heads = embed_dim, num_heads
+  self.kdim, self.vdim = opts.kdim or embed_dim, opts.vdim or embed_dim
+  self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
   self.head_dim = embed_dim // num_heads
   self.dropout = opts.dropout or 0.0
   self.batch_first = opts.batch_first or false
+  self.add_zero_attn = opts.add_zero_attn or false
   local bias = opts.bias ~= false
   local dtype = opts.dtype or "float32"
-  self.in_proj_weight = Module.Parameter(nd.empty({3 * embed_dim, embed_dim}, {dtype = dtype}))
+  -- registration order is PyTorch's (parameters() and the state_dict)
+  if self._qkv_same_embed_dim then
+    self.in_proj_weight = Module.Parameter(nd.empty({3 * embed_dim, embed_dim}, {dtype = dtype}))
+  else
+    self.q_proj_weight = Module.Parameter(nd.empty({embed_dim, embed_dim}, {dtype = dtype}))
+    self.k_proj_weight = Module.Parameter(nd.empty({embed_dim, self.kdim}, {dtype = dtype}))
+    self.v_proj_weight = Module.Parameter(nd.empty({embed_dim, self.vdim}, {dtype = dtype}))
+  end
   if bias then
     self.in_proj_bias = Module.Parameter(nd.empty({3 * embed_dim}, {dtype = dtype}))
   else
     self:register_parameter("in_proj_bias", nil)
+  end
+  -- (PyTorch lists a module's own parameters before its children's: bias_k
+  -- and bias_v come before out_proj.*)
+  if opts.add_bias_kv then
+    self.bias_k = Module.Parameter(nd.empty({1, 1, embed_dim}, {dtype = dtype}))
+    self.bias_v = Module.Parameter(nd.empty({1, 1, embed_dim}, {dtype = dtype}))
   end
   self.out_proj = Linear(embed_dim, embed_dim, {bias = bias, dtype = dtype})
   self:reset_parameters()
   util.place(self, opts)
 end
 
+-- PyTorch's _reset_parameters: xavier_uniform_ projections, zero biases,
+-- xavier_normal_ bias_k and bias_v (out_proj.weight keeps Linear's init)
 function MHA:reset_parameters()
-  init.xavier_uniform_(self.in_proj_weight)
+  if self._qkv_same_embed_dim then
+    init.xavier_uniform_(self.in_proj_weight)
+  else
+    init.xavier_uniform_(self.q_proj_weight)
+    init.xavier_uniform_(self.k_proj_weight)
+    init.xavier_uniform_(self.v_proj_weight)
+  end
   if self.in_proj_bias ~= nil then
     init.zeros_(self.in_proj_bias)
     init.zeros_(self.out_proj.bias)
+  end
+  if self.bias_k ~= nil then
+    init.xavier_normal_(self.bias_k)
+    init.xavier_normal_(self.bias_v)
   end
 end
 
@@ -156,10 +219,43 @@ local function narrow(t, dim, i, E)
   return t:narrow(dim, i * E + 1, E)
 end
 
+-- t (..., S) with n zero columns appended on the last dim (the masks of the
+-- keys added by add_bias_kv and add_zero_attn: not masked)
+local function pad_keys(t, n)
+  if n == 0 then return t end
+  local shape = t.shape
+  shape[#shape] = n
+  return nd.cat({t, nd.zeros(shape, {dtype = t.dtype, device = t.device})}, -1)
+end
+
+-- the q, k, v projections of (N, T, *) inputs: packed (one GEMM when q = k = v,
+-- two when k = v) or separate weights
+function MHA:_project(query, key, value, q_in, k_in, v_in)
+  local E, b = self.embed_dim, self.in_proj_bias
+  if not self._qkv_same_embed_dim then
+    return nd.F.linear(q_in, self.q_proj_weight, narrow(b, 1, 0, E)),
+           nd.F.linear(k_in, self.k_proj_weight, narrow(b, 1, 1, E)),
+           nd.F.linear(v_in, self.v_proj_weight, narrow(b, 1, 2, E))
+  end
+  local w = self.in_proj_weight
+  if rawequal(query, key) and rawequal(key, value) then
+    local qkv = nd.F.linear(q_in, w, b)
+    return qkv:narrow(3, 1, E), qkv:narrow(3, E + 1, E), qkv:narrow(3, 2 * E + 1, E)
+  end
+  local q = nd.F.linear(q_in, narrow(w, 1, 0, E), narrow(b, 1, 0, E))
+  if rawequal(key, value) then
+    local kv = nd.F.linear(k_in, w:narrow(1, E + 1, 2 * E), b and b:narrow(1, E + 1, 2 * E))
+    return q, kv:narrow(3, 1, E), kv:narrow(3, E + 1, E)
+  end
+  return q, nd.F.linear(k_in, narrow(w, 1, 1, E), narrow(b, 1, 1, E)),
+         nd.F.linear(v_in, narrow(w, 1, 2, E), narrow(b, 1, 2, E))
+end
+
 -- forward(query, key, value, {key_padding_mask=, attn_mask=, need_weights=true,
 --         average_attn_weights=true, is_causal=false})
 -- -> output (shaped as query), weights (N, L, S) averaged over heads (or
--- (N, H, L, S) with average_attn_weights = false; nil with need_weights = false)
+-- (N, H, L, S) with average_attn_weights = false; nil with need_weights = false);
+-- S counts the keys add_bias_kv and add_zero_attn add
 -- the masks' types are checked below, with their shapes
 local MHA_CALL = {key_padding_mask = "any", attn_mask = "any", need_weights = "boolean",
                   average_attn_weights = "boolean", is_causal = "boolean"}
@@ -169,12 +265,12 @@ function MHA:forward(query, key, value, opts)
   key = key or query
   value = value or key
   local E, H, D = self.embed_dim, self.num_heads, self.head_dim
-  for _, a in ipairs({{"query", query}, {"key", key}, {"value", value}}) do
-    local x = a[2]
-    if not nd.is_tensor(x) or (x:dim() ~= 2 and x:dim() ~= 3) or x:size(-1) ~= E then
+  for _, a in ipairs({{"query", query, E}, {"key", key, self.kdim}, {"value", value, self.vdim}}) do
+    local x, F = a[2], a[3]
+    if not nd.is_tensor(x) or (x:dim() ~= 2 and x:dim() ~= 3) or x:size(-1) ~= F then
       local want = self.batch_first and "(N, L, %d)" or "(L, N, %d)"
       error(("needle.nn.MultiheadAttention%s: expected %s of shape " .. want .. " or (L, %d), got %s"):format(
-        self:_sig(), a[1], E, E, nd.is_tensor(x) and shape_str(x) or type(x)), 2)
+        self:_sig(), a[1], F, F, nd.is_tensor(x) and shape_str(x) or type(x)), 2)
     end
   end
   local batched = query:dim() == 3
@@ -195,51 +291,46 @@ function MHA:forward(query, key, value, opts)
       self:_sig(), shape_str(query), shape_str(key), shape_str(value)), 2)
   end
 
-  -- input projections
-  local w, b = self.in_proj_weight, self.in_proj_bias
-  local q, k, v
-  if rawequal(query, key) and rawequal(key, value) then
-    local qkv = nd.F.linear(q_in, w, b)
-    q, k, v = qkv:narrow(3, 1, E), qkv:narrow(3, E + 1, E), qkv:narrow(3, 2 * E + 1, E)
-  else
-    q = nd.F.linear(q_in, narrow(w, 1, 0, E), narrow(b, 1, 0, E))
-    if rawequal(key, value) then
-      local kv = nd.F.linear(k_in, w:narrow(1, E + 1, 2 * E), b and b:narrow(1, E + 1, 2 * E))
-      k, v = kv:narrow(3, 1, E), kv:narrow(3, E + 1, E)
-    else
-      k = nd.F.linear(k_in, narrow(w, 1, 1, E), narrow(b, 1, 1, E))
-      v = nd.F.linear(v_in, narrow(w, 1, 2, E), narrow(b, 1, 2, E))
-    end
+  local q, k, v = self:_project(query, key, value, q_in, k_in, v_in)
+  local extra = 0 -- keys appended after the user's S (their mask columns are 0)
+  if self.bias_k ~= nil then
+    k = nd.cat({k, self.bias_k:expand({N, 1, E})}, 2)
+    v = nd.cat({v, self.bias_v:expand({N, 1, E})}, 2)
+    extra = 1
   end
   -- heads: (N, T, E) -> (N, H, T, D)
+  local Sk = S + extra
   q = q:reshape({N, L, H, D}):permute({1, 3, 2, 4})
-  k = k:reshape({N, S, H, D}):permute({1, 3, 2, 4})
-  v = v:reshape({N, S, H, D}):permute({1, 3, 2, 4})
+  k = k:reshape({N, Sk, H, D}):permute({1, 3, 2, 4})
+  v = v:reshape({N, Sk, H, D}):permute({1, 3, 2, 4})
+  if self.add_zero_attn then
+    local zero = nd.zeros({N, H, 1, D}, {dtype = k.dtype, device = k.device})
+    k, v = nd.cat({k, zero}, 3), nd.cat({v, zero}, 3)
+    extra = extra + 1
+  end
 
-  local scores = (q * (1 / math.sqrt(D))):matmul(k:transpose(3, 4))   -- (N, H, L, S)
-
-  -- masks
+  -- masks, as one additive mask broadcast to (N, H, L, S + extra)
   local attn_mask = opts.attn_mask
   local kpm = opts.key_padding_mask
-  local is_causal = opts.is_causal
-  if attn_mask == nil and is_causal then
-    attn_mask = M.generate_square_subsequent_mask(math.max(L, S), {device = scores.device})
-      :narrow(1, 1, L):narrow(2, 1, S)
+  local dtype = q.dtype
+  if attn_mask == nil and opts.is_causal then
+    attn_mask = require("needle.functional.attention").causal_mask(L, S, dtype, q.device)
   end
+  local mask
   if attn_mask ~= nil then
     if not nd.is_tensor(attn_mask) then
       error(("needle.nn.MultiheadAttention%s: attn_mask must be a tensor, got %s"):format(self:_sig(), type(attn_mask)), 2)
     end
-    local m = additive(attn_mask, scores.dtype)
+    local m = additive(attn_mask, dtype)
     if m:dim() == 2 and m:size(1) == L and m:size(2) == S then
-      m = m:view({1, 1, L, S})
+      m = pad_keys(m, extra):view({1, 1, L, S + extra})
     elseif m:dim() == 3 and m:size(1) == N * H and m:size(2) == L and m:size(3) == S then
-      m = m:reshape({N, H, L, S})
+      m = pad_keys(m, extra):reshape({N, H, L, S + extra})
     else
       error(("needle.nn.MultiheadAttention%s: attn_mask must have shape {%d,%d} or {%d,%d,%d}, got %s"):format(
         self:_sig(), L, S, N * H, L, S, shape_str(attn_mask)), 2)
     end
-    scores = scores + m
+    mask = m
   end
   if kpm ~= nil then
     if not nd.is_tensor(kpm) then
@@ -250,12 +341,12 @@ function MHA:forward(query, key, value, opts)
       error(("needle.nn.MultiheadAttention%s: key_padding_mask must have shape %s (batch, source length), got %s"):format(
         self:_sig(), want, shape_str(kpm)), 2)
     end
-    scores = scores + additive(kpm, scores.dtype):reshape({N, 1, 1, S})
+    local m = pad_keys(additive(kpm, dtype):reshape({N, S}), extra):reshape({N, 1, 1, S + extra})
+    mask = mask and mask + m or m
   end
 
-  local attn = nd.F.softmax(scores, -1)
-  if self.training and self.dropout > 0 then attn = nd.F.dropout(attn, self.dropout, true) end
-  local out = attn:matmul(v)                                   -- (N, H, L, D)
+  local p = (self.training and self.dropout > 0) and self.dropout or 0
+  local out, attn = attend(q, k, v, mask, p, 1 / math.sqrt(D))  -- (N, H, L, D), (N, H, L, S)
   out = out:permute({1, 3, 2, 4}):reshape({N, L, E})
   out = self.out_proj(out)
 
@@ -275,6 +366,9 @@ end
 function MHA:extra_repr()
   local s = ("embed_dim=%d, num_heads=%d"):format(self.embed_dim, self.num_heads)
   if self.dropout ~= 0 then s = s .. (", dropout=%s"):format(self.dropout) end
+  if not self._qkv_same_embed_dim then s = s .. (", kdim=%d, vdim=%d"):format(self.kdim, self.vdim) end
+  if self.bias_k ~= nil then s = s .. ", add_bias_kv=true" end
+  if self.add_zero_attn then s = s .. ", add_zero_attn=true" end
   if self.batch_first then s = s .. ", batch_first=true" end
   return s
 end
@@ -287,12 +381,31 @@ local ACTIVATIONS = {
   gelu = function(x) return nd.F.gelu(x) end,
 }
 
+-- self.activation from the option (default "relu"): a name, a function or a
+-- module (which becomes a child, as PyTorch's); shared with the decoder layer
+local function set_activation(self, act)
+  act = act or "relu"
+  if type(act) == "string" then
+    if not ACTIVATIONS[act] then
+      util.fail(self, "activation must be 'relu', 'gelu', a function or a module, got '%s'", act)
+    end
+    self.activation_name = act
+    self.activation = ACTIVATIONS[act]
+  elseif Module.is_module(act) or type(act) == "function" then
+    self.activation = act
+  else
+    util.fail(self, "activation must be 'relu', 'gelu', a function or a module, got %s", type(act))
+  end
+end
+M.set_activation = set_activation
+local ACTIVATION = "string|function|module"
+M.ACTIVATION = ACTIVATION
+
 local TEL = Module:extend("TransformerEncoderLayer")
 
 -- TransformerEncoderLayer(d_model, nhead, {dim_feedforward=2048, dropout=0.1,
 --   activation="relu" | "gelu" | function | module, layer_norm_eps=1e-5,
 --   batch_first=false, norm_first=false, bias=true, dtype=, device=})
-local ACTIVATION = "string|function|module"
 
 function TEL:init(d_model, nhead, opts)
   opts = util.options(self, opts, {dim_feedforward = "integer", dropout = "number", activation = ACTIVATION,
@@ -314,18 +427,7 @@ function TEL:init(d_model, nhead, opts)
   self.norm2 = LayerNorm(d_model, {eps = eps, bias = bias, dtype = dtype})
   self.dropout1 = Dropout(dropout)
   self.dropout2 = Dropout(dropout)
-  local act = opts.activation or "relu"
-  if type(act) == "string" then
-    if not ACTIVATIONS[act] then
-      error(("needle.nn.TransformerEncoderLayer: activation must be 'relu', 'gelu', a function or a module, got '%s'"):format(act), 3)
-    end
-    self.activation_name = act
-    self.activation = ACTIVATIONS[act]
-  elseif Module.is_module(act) or type(act) == "function" then
-    self.activation = act       -- a module becomes a child, as PyTorch
-  else
-    error(("needle.nn.TransformerEncoderLayer: activation must be 'relu', 'gelu', a function or a module, got %s"):format(type(act)), 3)
-  end
+  set_activation(self, opts.activation)
   util.place(self, opts)
 end
 
@@ -415,6 +517,18 @@ M.TransformerEncoder = TE
 
 local Transformer = Module:extend("Transformer")
 Transformer.generate_square_subsequent_mask = M.generate_square_subsequent_mask
+
+-- One name, two models, told apart by the first argument: a number is
+-- needle's decoder-only model, Transformer(embedding_size, hidden_size,
+-- num_layers, opts); an options table or nothing is PyTorch's encoder-decoder
+-- nn.Transformer{d_model=, nhead=, ...} (needle.nn.transformer_decoder), whose
+-- arguments are keywords in PyTorch's own use.
+function Transformer:new(first, ...)
+  if rawequal(self, Transformer) and (first == nil or (type(first) == "table" and not Module.is_module(first))) then
+    return require("needle.nn.transformer_decoder").Seq2SeqTransformer(first, ...)
+  end
+  return Module.new(self, first, ...)
+end
 
 -- Transformer(embedding_size, hidden_size, num_layers, {num_head=, dim_head=,
 --   dropout=0, causal=true, batch_first=false, sequence_len=2048, activation="relu"}):

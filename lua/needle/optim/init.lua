@@ -12,5 +12,10 @@ return {
   AdamW = require "needle.optim.adamw",
   RMSprop = require "needle.optim.rmsprop",
   Adagrad = require "needle.optim.adagrad",
+  Adadelta = require "needle.optim.adadelta",
+  Adamax = require "needle.optim.adamax",
+  NAdam = require "needle.optim.nadam",
+  RAdam = require "needle.optim.radam",
+  LBFGS = require "needle.optim.lbfgs",
   lr_scheduler = require "needle.optim.lr_scheduler",
 }

@@ -11,221 +11,25 @@
 -- group.initial_lr (when last_epoch is -1) and performs the initial step
 -- (last_epoch becomes 0). Every scheduler has step(), get_last_lr(),
 -- state_dict() and load_state_dict(sd).
-local Optimizer = require "needle.optim.optimizer"
-local options = require "needle.options"
+--
+-- The base class and the checks are in needle.optim.lr_scheduler_base;
+-- ReduceLROnPlateau is in lr_plateau.lua, CyclicLR and
+-- CosineAnnealingWarmRestarts in lr_cyclic.lua (gathered here).
+local B = require "needle.optim.lr_scheduler_base"
 
-local errors = require "needle.errors"
-local fmt = Optimizer._fmt
-local cos, pi, floor = math.cos, math.pi, math.floor
+local fmt, deepcopy, is_int = B.fmt, B.deepcopy, B.is_int
+local current_lrs, state_fields, per_group = B.current_lrs, B.state_fields, B.per_group
+local check_number, check_positive_int = B.check_number, B.check_positive_int
+local LRScheduler = B.LRScheduler
+local cos, pi = math.cos, math.pi
 
-local M = {}
+local M = {LRScheduler = LRScheduler}
 
--- copies plain tables; objects (tables with a metatable: schedulers,
--- callable tables) are kept as they are
-local function deepcopy(v)
-  if type(v) ~= "table" or getmetatable(v) ~= nil then return v end
-  local c = {}
-  for k, x in pairs(v) do c[k] = deepcopy(x) end
-  return c
-end
-
-local function is_int(v) return math.type(v) == "integer" or (type(v) == "number" and v == floor(v)) end
-
--- Scheduler base ----------------------------------------------------------------
-
-local LRScheduler = {}
-LRScheduler.__index = LRScheduler
-LRScheduler.name = "LRScheduler"
-M.LRScheduler = LRScheduler
-
-function LRScheduler:_error(msg)
-  errors.fail("optim.lr_scheduler." .. self.name, "%s", msg)
-end
-
--- class(name, {required = {"step_size"}, options = {gamma = 0.1}}): the
--- constructor reads the required arguments positionally (or from the options
--- table) and the options, rejects unknown options, and calls self:_init().
+-- a scheduler class, registered as nd.optim.lr_scheduler.<name>
 local function class(name, spec)
-  local cls = setmetatable({}, {
-    __index = LRScheduler,
-    __call = function(c, optimizer, ...) return c.new(c, optimizer, ...) end,
-    __tostring = function() return "needle.optim.lr_scheduler." .. name end,
-  })
-  cls.__index = cls
-  cls.__tostring = LRScheduler.__tostring
-  cls.name = name
-  cls._required = spec.required or {}
-  cls._options = spec.options or {}
+  local cls = B.class(name, spec)
   M[name] = cls
   return cls
-end
-
-function LRScheduler.new(cls, optimizer, ...)
-  local self = setmetatable({}, cls)
-  if type(optimizer) ~= "table" or type(optimizer.param_groups) ~= "table" then
-    self:_error(("expected an optimizer as the first argument, got %s"):format(type(optimizer)))
-  end
-  local args = table.pack(...)
-  local nreq = #cls._required
-  local opts = args[nreq + 1]
-  -- everything in one options table: Sched(opt, {required..., options...})
-  if nreq > 0 and args.n == 1 and type(args[1]) == "table" and args[1][cls._required[1]] ~= nil then
-    opts = args[1]
-    args = {}
-    for i, k in ipairs(cls._required) do args[i] = opts[k] end
-  end
-  -- the values are checked by each scheduler's _init
-  local known = {last_epoch = "any"}
-  for k in pairs(cls._options) do known[k] = "any" end
-  for _, k in ipairs(cls._required) do known[k] = "any" end
-  opts = options.check("optim.lr_scheduler." .. cls.name, opts, known)
-  for i, k in ipairs(cls._required) do
-    local v = args[i]
-    if v == nil then v = opts[k] end
-    if v == nil then self:_error(("missing required argument %s"):format(k)) end
-    self[k] = deepcopy(v)
-  end
-  for k, default in pairs(cls._options) do
-    local v = opts[k]
-    if v == nil then v = default end
-    self[k] = deepcopy(v)
-  end
-  self.optimizer = optimizer
-  local last_epoch = opts.last_epoch or -1
-  if not is_int(last_epoch) or last_epoch < -1 then
-    self:_error(("last_epoch must be an integer >= -1, got %s"):format(fmt(last_epoch)))
-  end
-  self:_init(last_epoch)
-  return self
-end
-
--- the base initialisation: initial_lr, base_lrs, the initial step
-function LRScheduler:_init_base(last_epoch)
-  local groups = self.optimizer.param_groups
-  if last_epoch == -1 then
-    for _, g in ipairs(groups) do
-      if g.initial_lr == nil then g.initial_lr = g.lr end
-    end
-  else
-    for i, g in ipairs(groups) do
-      if g.initial_lr == nil then
-        self:_error(("param_groups[%d] has no initial_lr; resuming with last_epoch = %d needs the " ..
-                     "optimizer state saved with its scheduler"):format(i, last_epoch))
-      end
-    end
-  end
-  self.base_lrs = {}
-  for i, g in ipairs(groups) do self.base_lrs[i] = g.initial_lr end
-  self.last_epoch = last_epoch
-  self:_initial_step()
-end
-
-function LRScheduler:_init(last_epoch) self:_init_base(last_epoch) end
-
-function LRScheduler:_initial_step()
-  self._step_count = 0
-  self:step()
-end
-
--- sched:step(): advance one step and set every group's lr. sched:step(epoch)
--- (deprecated in PyTorch) jumps to an epoch using the closed form where one exists.
-function LRScheduler:step(epoch)
-  self._step_count = self._step_count + 1
-  local values
-  if epoch == nil then
-    self.last_epoch = self.last_epoch + 1
-    values = self:get_lr()
-  else
-    if not is_int(epoch) then self:_error(("epoch must be an integer, got %s"):format(fmt(epoch))) end
-    self.last_epoch = epoch
-    values = self._closed_form and self:_closed_form() or self:get_lr()
-  end
-  local last = {}
-  for i, g in ipairs(self.optimizer.param_groups) do
-    g.lr = values[i]
-    last[i] = values[i]
-  end
-  self._last_lr = last
-end
-
--- the learning rates the last step set, one per group (a fresh list)
-function LRScheduler:get_last_lr()
-  local out = {}
-  for i, v in ipairs(self._last_lr) do out[i] = v end
-  return out
-end
-
-local function current_lrs(self)
-  local out = {}
-  for i, g in ipairs(self.optimizer.param_groups) do out[i] = g.lr end
-  return out
-end
-
--- fields that are not state: the optimizer, functions
-local function state_fields(self, skip)
-  local sd = {}
-  for k, v in pairs(self) do
-    if k ~= "optimizer" and type(v) ~= "function" and not (skip and skip[k]) then
-      sd[k] = deepcopy(v)
-    end
-  end
-  return sd
-end
-
--- sched:state_dict(): a plain table of the scheduler's fields (not the optimizer)
-function LRScheduler:state_dict()
-  return state_fields(self)
-end
-
--- sched:load_state_dict(sd): restores the fields state_dict() returned
-function LRScheduler:load_state_dict(sd)
-  if type(sd) ~= "table" then
-    self:_error(("load_state_dict: expected a table, got %s"):format(type(sd)))
-  end
-  if type(sd.last_epoch) ~= "number" or type(sd.base_lrs) ~= "table" then
-    self:_error("load_state_dict: the table has no last_epoch or base_lrs (not a scheduler state)")
-  end
-  if #sd.base_lrs ~= #self.optimizer.param_groups then
-    self:_error(("load_state_dict: the state has %d base_lrs, the optimizer %d parameter group(s)")
-      :format(#sd.base_lrs, #self.optimizer.param_groups))
-  end
-  for k, v in pairs(sd) do
-    if k ~= "optimizer" and type(self[k]) ~= "function" then self[k] = deepcopy(v) end
-  end
-end
-
-function LRScheduler:__tostring()
-  return ("%s(last_epoch=%d, lr=%s)"):format(self.name, self.last_epoch, fmt(self._last_lr))
-end
-
-local function check_number(self, name, v, lo, lo_open, hi, hi_open)
-  if type(v) ~= "number" then
-    self:_error(("%s must be a number, got %s"):format(name, type(v)))
-  end
-  if (lo and (v < lo or (lo_open and v == lo))) or (hi and (v > hi or (hi_open and v == hi))) then
-    self:_error(("invalid %s %s (expected %s%s, %s%s)"):format(name, fmt(v), lo_open and "(" or "[",
-      lo and fmt(lo) or "-inf", hi and fmt(hi) or "inf", hi_open and ")" or "]"))
-  end
-end
-
-local function check_positive_int(self, name, v)
-  if not is_int(v) or v <= 0 then
-    self:_error(("%s must be a positive integer, got %s"):format(name, fmt(v)))
-  end
-end
-
--- per-group values: a number for all groups or a list with one per group
-local function per_group(self, name, v)
-  local n = #self.optimizer.param_groups
-  if type(v) == "table" then
-    if #v ~= n then
-      self:_error(("expected %d values for %s (one per parameter group), got %d"):format(n, name, #v))
-    end
-    return deepcopy(v)
-  end
-  local out = {}
-  for i = 1, n do out[i] = v end
-  return out
 end
 
 -- StepLR(optimizer, step_size, {gamma = 0.1}) ----------------------------------
@@ -595,6 +399,70 @@ function SequentialLR:load_state_dict(sd)
     if k ~= "_schedulers" and k ~= "optimizer" then self[k] = deepcopy(v) end
   end
   for i, s in ipairs(self._schedulers) do s:load_state_dict(sd._schedulers[i]) end
+end
+
+-- ConstantLR(optimizer, {factor = 1/3, total_iters = 5}): lr * factor until
+-- epoch total_iters, then lr ------------------------------------------------------
+local ConstantLR = class("ConstantLR", {options = {factor = 1 / 3, total_iters = 5}})
+
+function ConstantLR:_init(last_epoch)
+  -- factor 0 is refused: PyTorch's lr * (1 / factor) at total_iters would be NaN
+  check_number(self, "factor", self.factor, 0, true, 1, false)
+  if not is_int(self.total_iters) or self.total_iters < 0 then
+    self:_error(("total_iters must be an integer >= 0, got %s"):format(fmt(self.total_iters)))
+  end
+  self:_init_base(last_epoch)
+end
+
+function ConstantLR:get_lr()
+  local e, out = self.last_epoch, current_lrs(self)
+  if e == 0 then
+    for i, lr in ipairs(out) do out[i] = lr * self.factor end
+  elseif e == self.total_iters then
+    for i, lr in ipairs(out) do out[i] = lr * (1.0 / self.factor) end
+  end
+  return out
+end
+
+function ConstantLR:_closed_form()
+  local out = {}
+  local f = self.factor + (self.last_epoch >= self.total_iters and 1 or 0) * (1 - self.factor)
+  for i, b in ipairs(self.base_lrs) do out[i] = b * f end
+  return out
+end
+
+-- PolynomialLR(optimizer, {total_iters = 5, power = 1}): lr decays as
+-- (1 - epoch / total_iters)^power to 0 at total_iters -------------------------------
+local PolynomialLR = class("PolynomialLR", {options = {total_iters = 5, power = 1.0}})
+
+function PolynomialLR:_init(last_epoch)
+  check_positive_int(self, "total_iters", self.total_iters)
+  check_number(self, "power", self.power)
+  self:_init_base(last_epoch)
+end
+
+function PolynomialLR:get_lr()
+  local e, n, out = self.last_epoch, self.total_iters, current_lrs(self)
+  if e == 0 or e > n then return out end
+  local decay = ((1.0 - e / n) / (1.0 - (e - 1) / n)) ^ self.power
+  for i, lr in ipairs(out) do out[i] = lr * decay end
+  return out
+end
+
+function PolynomialLR:_closed_form()
+  local out = {}
+  local n = self.total_iters
+  for i, b in ipairs(self.base_lrs) do
+    out[i] = b * (1.0 - math.min(n, self.last_epoch) / n) ^ self.power
+  end
+  return out
+end
+
+for _, file in ipairs({"needle.optim.lr_plateau", "needle.optim.lr_cyclic"}) do
+  for name, cls in pairs(require(file)) do
+    assert(M[name] == nil, name)
+    M[name] = cls
+  end
 end
 
 return M

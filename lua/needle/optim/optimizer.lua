@@ -6,10 +6,12 @@
 --     name = "SGD",
 --     defaults = {lr = 1e-3, momentum = 0, ...},   -- every option and its default
 --     state_keys = {momentum_buffer = "tensor"},    -- what a parameter's state may hold
+--                                                   -- (kinds: see STATE_KINDS below)
 --     check = function(group, fail) ... end,        -- validates a group's hyperparameters
 --     init_state = function(p, group) ... end,      -- optional: state made at construction
 --     update = function(self, group) ... end,       -- one step for one group (grad mode off)
---   }
+--     untyped = {line_search_fn = true},            -- optional: defaults whose type check
+--   }                                               --   is left to `check` (nil-able ones)
 --
 -- and called as SGD(params, opts). `params` is a list of tensors, a list of
 -- groups ({params = {...}, lr = ...}; a group's missing options take the
@@ -125,12 +127,15 @@ end
 -- function that raises "needle.optim.<Name>: <msg>"
 function Optimizer:_check_group(group, fail)
   fail = fail or function(msg) self:_error(msg) end
+  local untyped = self._untyped or {}
   for k, v in pairs(self._class_defaults) do
     local got = group[k]
-    if type(v) == "number" and type(got) ~= "number" then
-      fail(("%s must be a number, got %s"):format(k, type(got)))
-    elseif type(v) == "boolean" and type(got) ~= "boolean" then
-      fail(("%s must be a boolean, got %s"):format(k, type(got)))
+    if not untyped[k] then
+      if type(v) == "number" and type(got) ~= "number" then
+        fail(("%s must be a number, got %s"):format(k, type(got)))
+      elseif type(v) == "boolean" and type(got) ~= "boolean" then
+        fail(("%s must be a boolean, got %s"):format(k, type(got)))
+      end
     end
   end
   if group.lr < 0 then fail(("invalid learning rate %s (expected lr >= 0)"):format(fmt(group.lr))) end
@@ -161,6 +166,7 @@ function Optimizer:extend(spec)
   class._check = spec.check
   class._update = spec.update
   class._init_state = spec.init_state
+  class._untyped = spec.untyped
   class.dynamic = spec.dynamic
   class.capturable = spec.capturable
   return class
@@ -231,6 +237,35 @@ function Optimizer:_add_param_group(g)
 end
 
 -- opt:add_param_group({params = {...}, lr = ...})
+-- The loop NAdam, RAdam, Adamax and Adadelta share: for each parameter of
+-- group that has a gradient, its state (fresh(p) on the first step, or after
+-- a load_state_dict that had none), the step count advanced, and the
+-- gradient negated with maximize and with L2 weight_decay added (with
+-- group.decoupled_weight_decay, p decays by lr * weight_decay instead, as
+-- AdamW); then fn(p, g, st, step).
+function Optimizer:each_param(group, fresh, fn)
+  local state = self.state
+  local lr, wd = group.lr, group.weight_decay
+  for _, p in ipairs(group.params) do
+    local g = p.grad
+    if g ~= nil then
+      local st = state[p]
+      if st == nil or st.step == nil then
+        st = fresh(p)
+        st.step = 0
+        state[p] = st
+      end
+      local step = st.step + 1
+      st.step = step
+      if group.maximize then g = -g end
+      if wd ~= 0 then
+        if group.decoupled_weight_decay then p:mul_(1 - lr * wd) else g = g + p * wd end
+      end
+      fn(p, g, st, step)
+    end
+  end
+end
+
 function Optimizer:add_param_group(g)
   self:_add_param_group(g)
 end
@@ -337,6 +372,17 @@ end
 
 -- state ----------------------------------------------------------------------
 
+-- a state value for state_dict: tensors cloned, also inside lists (LBFGS's history)
+local function snapshot(v)
+  if is_tensor(v) then return v:clone() end
+  if type(v) == "table" then
+    local c = {}
+    for k, x in pairs(v) do c[k] = snapshot(x) end
+    return c
+  end
+  return v
+end
+
 -- opt:state_dict(): a plain table
 --   {state = {[i] = {step = n, exp_avg = <tensor>, ...}},
 --    param_groups = {{lr = ..., betas = {...}, params = {1, 2}}, ...}}
@@ -364,7 +410,7 @@ function Optimizer:state_dict()
       if i then
         local s = {}
         for k, v in pairs(st) do -- "_" keys are private (a compiled step's scalars)
-          if k:sub(1, 1) ~= "_" then s[k] = is_tensor(v) and v:clone() or copy_value(v) end
+          if k:sub(1, 1) ~= "_" then s[k] = snapshot(v) end
         end
         state[i] = s
       end
@@ -379,6 +425,77 @@ local function to_index(k)
   if type(k) == "string" then return math.tointeger(tonumber(k)) end
   return nil
 end
+
+-- What a state entry may be (the values of state_keys), for load_state_dict:
+-- check(v, ctx) says what is wrong with a saved value (nil: nothing), load(v,
+-- ctx) makes the optimizer's own copy of it (nil drops it). ctx: the parameter
+-- p, its position pos, and n, the elements of all parameters together (the
+-- length of LBFGS's flat vectors).
+local function as_number(v)
+  if is_tensor(v) then v = v:item() end
+  return math.tointeger(v) or v
+end
+
+local function check_number(v)
+  if is_tensor(v) then
+    if v:numel() ~= 1 then return "must be a number, got a tensor of shape " .. shape_str(v) end
+  elseif type(v) ~= "number" then
+    return "must be a number, got " .. type(v)
+  end
+end
+
+local function check_flat(v, ctx)
+  if not is_tensor(v) then return "must be a tensor, got " .. type(v) end
+  if v:dim() ~= 1 or v:numel() ~= ctx.n then
+    return ("has shape %s, but the parameters have %d elements in all (expected {%d})"):format(
+      shape_str(v), ctx.n, ctx.n)
+  end
+end
+
+local function load_flat(v, ctx)
+  local c = core.zeros({ctx.n}, {dtype = ctx.p.dtype, device = ctx.p.device})
+  c:copy_(v)
+  return c
+end
+
+local function list_of(kind)
+  return {
+    check = function(v, ctx)
+      if type(v) ~= "table" or is_tensor(v) then return "must be a list, got " .. type(v) end
+      for i, x in ipairs(v) do
+        local err = kind.check(x, ctx)
+        if err then return ("[%d] %s"):format(i, err) end
+      end
+    end,
+    load = function(v, ctx)
+      local out = {}
+      for i, x in ipairs(v) do out[i] = kind.load(x, ctx) end
+      return out
+    end,
+  }
+end
+
+local STATE_KINDS = {
+  tensor = {
+    check = function(v, ctx)
+      if not is_tensor(v) then return "must be a tensor, got " .. type(v) end
+      if shape_str(v) ~= shape_str(ctx.p) then
+        return ("has shape %s, but parameter %d has shape %s"):format(shape_str(v), ctx.pos,
+                                                                       shape_str(ctx.p))
+      end
+    end,
+    load = function(v, ctx)
+      local c = core.zeros_like(ctx.p)
+      c:copy_(v)
+      return c
+    end,
+  },
+  number = {check = check_number, load = as_number},
+  flat = {check = check_flat, load = load_flat},         -- one value per element of all parameters
+  ignored = {check = function() end, load = function() end}, -- accepted, not kept (scratch space)
+}
+STATE_KINDS.number_list = list_of(STATE_KINDS.number)
+STATE_KINDS.flat_list = list_of(STATE_KINDS.flat)
 
 -- opt:load_state_dict(sd): restores the state and the groups' hyperparameters
 -- from a state_dict(). Saved parameter ids map by position to the groups'
@@ -429,6 +546,10 @@ function Optimizer:load_state_dict(sd)
   -- state entries: validate everything first
   local keys = self.state_keys
   local entries = {}
+  local n_all = 0
+  for _, g in ipairs(groups) do
+    for _, p in ipairs(g.params) do n_all = n_all + p:numel() end
+  end
   for k, st in pairs(saved_state) do
     local id = to_index(k)
     local p = id and id_map[id]
@@ -438,51 +559,28 @@ function Optimizer:load_state_dict(sd)
     if type(st) ~= "table" then
       fail(("state[%s] must be a table, got %s"):format(tostring(k), type(st)))
     end
+    local ctx = {p = p, pos = id_pos[id], n = n_all}
     for name, v in pairs(st) do
-      local kind = keys[name]
+      local kind = STATE_KINDS[keys[name]]
       if kind == nil then
         local known = sorted_keys(keys)
         fail(("state[%s] has an unexpected entry '%s' (a %s state holds %s)"):format(tostring(k),
           tostring(name), self.name, #known > 0 and table.concat(known, ", ") or "nothing"))
-      elseif kind == "tensor" then
-        if not is_tensor(v) then
-          fail(("state[%s].%s must be a tensor, got %s"):format(tostring(k), name, type(v)))
-        end
-        if shape_str(v) ~= shape_str(p) then
-          fail(("state[%s].%s has shape %s, but parameter %d has shape %s"):format(tostring(k), name,
-            shape_str(v), id_pos[id], shape_str(p)))
-        end
-      elseif kind == "number" then
-        if is_tensor(v) then
-          if v:numel() ~= 1 then
-            fail(("state[%s].%s must be a number, got a tensor of shape %s"):format(tostring(k), name,
-              shape_str(v)))
-          end
-        elseif type(v) ~= "number" then
-          fail(("state[%s].%s must be a number, got %s"):format(tostring(k), name, type(v)))
-        end
+      end
+      local err = kind.check(v, ctx)
+      if err then -- a list's "[i] ..." follows the name directly
+        fail(("state[%s].%s%s%s"):format(tostring(k), name, err:sub(1, 1) == "[" and "" or " ", err))
       end
     end
-    entries[#entries + 1] = {p, st}
+    entries[#entries + 1] = {p, st, ctx}
   end
   -- commit
   local new_state = {}
   core.no_grad(function()
     for _, e in ipairs(entries) do
-      local p, st = e[1], e[2]
+      local p, st, ctx = e[1], e[2], e[3]
       local s = {}
-      for name, v in pairs(st) do
-        if keys[name] == "tensor" then
-          local c = core.zeros_like(p)
-          c:copy_(v)
-          s[name] = c
-        elseif is_tensor(v) then
-          local x = v:item()
-          s[name] = math.tointeger(x) or x
-        else
-          s[name] = math.tointeger(v) or v
-        end
-      end
+      for name, v in pairs(st) do s[name] = STATE_KINDS[keys[name]].load(v, ctx) end
       new_state[p] = s
     end
   end)

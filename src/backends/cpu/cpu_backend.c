@@ -46,4 +46,5 @@ const nd_backend nd_cpu_backend = {
     .linear_fused = nd_cpu_linear_fused,
     .linear_join_align = nd_cpu_linear_join_align,
     .fused_elementwise = nd_cpu_fused_elementwise,
+    .linalg = nd_cpu_linalg,
 };

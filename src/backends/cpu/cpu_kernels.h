@@ -54,6 +54,8 @@ nd_status nd_cpu_masked_fill(nd_tensor *out, const nd_tensor *mask, double value
 nd_status nd_cpu_cumsum(nd_tensor *out, const nd_tensor *x, int dim);
 nd_status nd_cpu_sort(nd_tensor *values, nd_tensor *indices, const nd_tensor *x, int dim,
                       int descending);
+/* cpu_linalg.c: nd.linalg's LAPACK calls (backend.h, nd_linalg_args) */
+nd_status nd_cpu_linalg(const nd_linalg_args *a, nd_tensor *const *out, const nd_tensor *const *in);
 /* cpu_softmax.c */
 nd_status nd_cpu_softmax(nd_tensor *out, const nd_tensor *x, int dim, bool log);
 /* cpu_norm.c */

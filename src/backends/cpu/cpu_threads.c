@@ -58,6 +58,7 @@ static _Atomic int64_t next_check_ns;
 static _Atomic int64_t elsewhere_milli; /* cores other processes took, x1000, for reports */
 static atomic_flag sampling = ATOMIC_FLAG_INIT;
 static _Thread_local int applied; /* the OpenMP setting this thread last made (0: none) */
+static _Thread_local int thread_cap; /* nd_set_thread_max_threads: this thread's own most (0: none) */
 
 /* The sampler's state: only the thread that holds `sampling` touches it. */
 static struct {
@@ -246,12 +247,20 @@ int nd_cpu_threads(void) {
         }
     }
     int n = atomic_load_explicit(&in_use, memory_order_relaxed);
+    if (thread_cap > 0 && n > thread_cap) n = thread_cap;
     if (n != applied && !omp_in_parallel()) {
         applied = n;
         omp_set_num_threads(n);
-        openblas_set_num_threads(n);
+        /* OpenBLAS's count is process-wide: a capped thread leaves it alone
+         * (OpenBLAS follows the calling thread's OpenMP setting per call) */
+        if (thread_cap == 0) openblas_set_num_threads(n);
     }
     return n;
+}
+
+void nd_set_thread_max_threads(int n) {
+    thread_cap = n > 0 ? n : 0;
+    nd_cpu_threads();
 }
 
 void nd_set_num_threads(int n) {
