@@ -25,6 +25,8 @@ done
 # ---- packages -------------------------------------------------------------
 packages=(cmake gcc make pkg-config lua5.4 liblua5.4-dev libopenblas-dev libopenblas-openmp-dev dataset-fashion-mnist zlib1g-dev
           libreadline-dev lua-busted luarocks
+          # nd.image.read: PNG and JPEG decoding
+          libpng-dev libturbojpeg0-dev
           # OpenCL: headers + ICD loader to build the backend, POCL to run it on the CPU (CI)
           ocl-icd-opencl-dev opencl-c-headers pocl-opencl-icd clinfo
           # nd.distributed: MPI to build against, mpirun to launch (and the specs)

@@ -361,6 +361,9 @@ local MODELS = {
 }
 local MODELS_NONE = {BasicBlock = "takes sizes", FusedBasicBlock = "built by nn.fuse",
                      FusedResNetCIFAR = "built by nn.fuse"}
+-- (an area file's models / models_none tables, in the formats of MODELS and MODELS_NONE)
+merge(MODELS, "models")
+merge(MODELS_NONE, "models_none")
 
 describe("nn.models and nn.init", function()
   it("models reject unknown options", function()

@@ -258,6 +258,16 @@ typedef struct nd_backend {
     /* The adjoint: x (N, C, H, W) = the sum of every cols entry into the
      * position im2col read it from (x is overwritten, not accumulated into). */
     nd_status (*col2im)(nd_tensor *x, const nd_tensor *cols, const nd_conv_geom *g);
+    /* Depthwise conv2d (groups == C, w (C*M, 1, kh, kw)), for a backend
+     * without conv2d_fused (the CPU's conv2d_fused routes these itself):
+     * out (N, C*M, g->lh, g->lw) = conv2d(x, w) + b (b may be NULL); and its
+     * gradients gx, gw at dy (each NULL when not wanted, else overwritten).
+     * NULL: im2col and a GEMM per group. */
+    nd_status (*conv2d_depthwise)(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
+                                  const nd_tensor *b, const nd_conv_geom *g);
+    nd_status (*conv2d_depthwise_backward)(nd_tensor *gx, nd_tensor *gw, const nd_tensor *dy,
+                                           const nd_tensor *x, const nd_tensor *w,
+                                           const nd_conv_geom *g);
     /* out (N, C, oh, ow) and int64 indices (flat h*W + w within each plane,
      * 0-based) of the window maxima; ties keep the first, NaN propagates. */
     nd_status (*max_pool2d)(nd_tensor *out, nd_tensor *indices, const nd_tensor *x,

@@ -18,7 +18,7 @@ nd.F = require "needle.functional"
 require("needle.lazy")(nd, {nn = "needle.nn", optim = "needle.optim", data = "needle.data",
                             checkpoint = "needle.checkpoint", plot = "needle.plot", convert = "needle.convert",
                             distributed = "needle.distributed", autograd = "needle.autograd",
-                            linalg = "needle.linalg"})
+                            linalg = "needle.linalg", image = "needle.image", text = "needle.text"})
 
 -- nd.log is two things: called, the natural logarithm (torch.log); indexed,
 -- the training logger (nd.log.open(dir), docs/logging.md), loaded on first use.

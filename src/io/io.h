@@ -34,6 +34,13 @@ nd_status nd_write_file_atomic(const char *op, const char *path, const void *dat
 #define ND_GUNZIP_DEFAULT_MAX ((uint64_t)4 << 30) /* 4 GiB */
 nd_status nd_gunzip(const char *op, const char *path, uint64_t max_bytes, char **out, size_t *len);
 
+/* ---- images ----
+ * The image file at path as a new uint8 tensor (H, W, C): PNG, JPEG or
+ * binary PPM/PGM, told apart by their first bytes. channels 3 gives RGB, 1
+ * gray (luma), 0 what the file has (3 or 1; PNG alpha is dropped, as
+ * PIL's convert("RGB")). Untrusted input: sizes are bounded before allocating (image.c). */
+nd_status nd_image_read(const char *op, const char *path, int channels, nd_tensor **out);
+
 /* ---- raw bytes ----
  * A new contiguous tensor of shape/dtype from exactly numel * dtype size
  * little-endian element bytes. Bool bytes must be 0 or 1. */

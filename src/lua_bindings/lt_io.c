@@ -147,6 +147,18 @@ static int l_gunzip(lua_State *L) {
     return 1;
 }
 
+/* core._image_read(path, channels) -> uint8 tensor (H, W, C); channels 0
+ * keeps the file's (needle.image's read) */
+static int l_image_read(lua_State *L) {
+    const char *path = lt_check_path(L, 1, "image.read");
+    lua_Integer c = luaL_optinteger(L, 2, 0);
+    if (c != 0 && c != 1 && c != 3) return lt_error(L, "image.read", "channels must be 1 or 3, got %lld", (long long)c);
+    nd_tensor *t;
+    LT_CHECK(L, nd_image_read("image.read", path, (int)c, &t));
+    lt_push(L, t);
+    return 1;
+}
+
 /* nd.write_file_atomic(path, data) */
 static int l_write_file_atomic(lua_State *L) {
     const char *path = lt_check_path(L, 1, "write_file_atomic");
@@ -593,6 +605,7 @@ void lt_register_io(lua_State *L) {
         {"frombytes", l_frombytes, false, true},
         {"tobytes", t_tobytes, true, true},
         {"gunzip", l_gunzip, false, true},
+        {"_image_read", l_image_read, false, true},
         {"write_file_atomic", l_write_file_atomic, false, true},
         {"_safetensors_load", l_st_load, false, true},
         {"_safetensors_header", l_st_header, false, true},

@@ -284,6 +284,25 @@ nd_status nd_call_conv2d_fused(const nd_backend *be, const char *op, nd_tensor *
     return FINISH(be->conv2d_fused(out, x, w, b, g, groups, act, NULL));
 }
 
+nd_status nd_call_conv2d_depthwise(const nd_backend *be, const char *op, nd_tensor *out,
+                                   const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                                   const nd_conv_geom *g) {
+    BEGIN(conv2d_depthwise); W(out); R(x); R(w); R(b);
+    if (r) r->u.conv = *g;
+    DONE();
+    return FINISH(be->conv2d_depthwise(out, x, w, b, g));
+}
+
+nd_status nd_call_conv2d_depthwise_backward(const nd_backend *be, const char *op, nd_tensor *gx,
+                                            nd_tensor *gw, const nd_tensor *dy,
+                                            const nd_tensor *x, const nd_tensor *w,
+                                            const nd_conv_geom *g) {
+    BEGIN(conv2d_depthwise_backward); W(gx); W(gw); R(dy); R(x); R(w);
+    if (r) r->u.conv = *g;
+    DONE();
+    return FINISH(be->conv2d_depthwise_backward(gx, gw, dy, x, w, g));
+}
+
 int64_t nd_call_conv2d_packed_numel(const nd_backend *be, const int64_t *xshape,
                                     const int64_t *wshape, nd_dtype dt, const nd_conv_geom *g,
                                     int64_t groups) {
@@ -457,6 +476,9 @@ nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
         return be->conv2d_fused_packed(T(0), T(1), T(2), T(3), &r->u.conv, r->i[0], (nd_activation)r->i[1], RES);
     case ND_CALL_conv2d_backward:
         return be->conv2d_backward(T(0), T(1), T(2), T(3), T(4), T(5), &r->u.conv, r->i[0]);
+    case ND_CALL_conv2d_depthwise: return be->conv2d_depthwise(T(0), T(1), T(2), T(3), &r->u.conv);
+    case ND_CALL_conv2d_depthwise_backward:
+        return be->conv2d_depthwise_backward(T(0), T(1), T(2), T(3), T(4), &r->u.conv);
     case ND_CALL_linear_fused: return be->linear_fused(T(0), T(1), T(2), T(3), (nd_activation)r->i[0], RES);
     case ND_CALL_write: {
         size_t n = bytes_of(T(0));

@@ -26,7 +26,7 @@
     X(batch_norm_backward) X(relu_backward) X(sgd_step) X(cross_entropy_backward) X(random) \
     X(im2col) X(col2im) X(max_pool2d) X(max_pool2d_backward) X(avg_pool2d) X(avg_pool2d_backward) \
     X(conv2d_fused) X(conv2d_backward) X(linear_fused) X(write) X(read) X(host_check) \
-    X(conv2d_prepack) X(conv2d_fused_packed) \
+    X(conv2d_prepack) X(conv2d_fused_packed) X(conv2d_depthwise) X(conv2d_depthwise_backward) \
     X(fused_elementwise) X(matmul_acc) X(reduce_sum_acc)
 
 typedef enum {
@@ -122,6 +122,13 @@ nd_status nd_call_conv2d_backward(const nd_backend *be, const char *op, nd_tenso
                                   nd_tensor *gw, nd_tensor *gb, const nd_tensor *dy,
                                   const nd_tensor *x, const nd_tensor *w, const nd_conv_geom *g,
                                   int64_t groups);
+nd_status nd_call_conv2d_depthwise(const nd_backend *be, const char *op, nd_tensor *out,
+                                   const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                                   const nd_conv_geom *g);
+nd_status nd_call_conv2d_depthwise_backward(const nd_backend *be, const char *op, nd_tensor *gx,
+                                            nd_tensor *gw, const nd_tensor *dy,
+                                            const nd_tensor *x, const nd_tensor *w,
+                                            const nd_conv_geom *g);
 /* The backend's linear_join_align(dt), 0 where it has none (a query, not recorded). */
 int nd_call_linear_join_align(const nd_backend *be, nd_dtype dt);
 nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *out,

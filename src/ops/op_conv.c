@@ -318,6 +318,40 @@ static nd_tensor *gemm_to_batch(nd_gx *c, const nd_tensor *t, int64_t N, int64_t
     return gx_reshape(c, gx_contig(c, gx_permute(c, t4, perm, 4)), s3, 3);
 }
 
+/* groups == in_channels, weight (C*M, 1, kh, kw): the backend's depthwise
+ * kernels apply (backend.h conv2d_depthwise; the CPU routes these inside
+ * conv2d_fused, cpu_conv_depthwise.c) */
+static bool is_depthwise(const int64_t *xs, const int64_t *ws, int64_t groups) {
+    return groups > 1 && groups == xs[1] && ws[1] == 1 && ws[0] % groups == 0;
+}
+
+/* conv2d by the backend's depthwise kernel (OpenCL: kernels/conv_depthwise.cl)
+ * on a 4-D x, when it has one, the conv is depthwise and not empty. */
+static nd_status conv2d_depthwise_by_backend(const nd_tensor *x, const nd_tensor *w,
+                                             const nd_tensor *b, const nd_conv_geom *g,
+                                             int64_t groups, bool *used, nd_tensor **out) {
+    const nd_backend *be = nd_backend_of(x);
+    *used = be->conv2d_depthwise && is_depthwise(x->shape, w->shape, groups) &&
+            x->shape[0] > 0 && g->lh * g->lw > 0;
+    if (!*used) return ND_OK;
+    nd_tensor *xc = NULL, *wc = NULL, *bc = NULL, *r = NULL;
+    int64_t shape[4] = {x->shape[0], w->shape[0], g->lh, g->lw};
+    nd_status st = nd_contiguous(x, &xc);
+    if (st == ND_OK) st = nd_contiguous(w, &wc);
+    if (st == ND_OK && b) st = nd_contiguous(b, &bc);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(x), shape, 4, x->dtype, &r);
+    if (st == ND_OK) st = ND_BACKEND_CALL(be, conv2d_depthwise, "conv2d", r, xc, wc, bc, g);
+    nd_release(xc);
+    nd_release(wc);
+    nd_release(bc);
+    if (st != ND_OK) {
+        nd_release(r);
+        return st;
+    }
+    *out = r;
+    return ND_OK;
+}
+
 /* The backend's own conv2d kernel (CPU: cpu_conv_gemm.c, chunked, with no
  * batch-sized im2col buffer or layout copies) on a 4-D x, when it has one
  * and the convolution is not empty; *used says whether it ran. Shared with
@@ -356,6 +390,8 @@ static nd_status conv2d_forward(const nd_tensor *x, const nd_tensor *w, const nd
                       cp->dilation[0], cp->dilation[1], ohw[0], ohw[1]};
     int64_t wsh[3] = {G, O / G, K}, os[4] = {N, O, ohw[0], ohw[1]};
     bool direct;
+    ND_TRY(conv2d_depthwise_by_backend(x, w, b, &g, G, &direct, out));
+    if (direct) return ND_OK;
     ND_TRY(nd_conv2d_by_backend(x, w, b, &g, G, ND_ACT_NONE, &direct, out));
     if (direct) return ND_OK;
     nd_gx c = {0};
@@ -437,8 +473,11 @@ static nd_status bw_conv2d_direct(nd_node *n, const nd_tensor *g, const nd_conv_
     const int64_t *xs = n->in_shape[0], *ws = n->in_shape[1];
     const bool want_x = n->needs_grad[0], want_w = n->needs_grad[1];
     const bool want_b = n->ninputs > 2 && n->needs_grad[2];
-    *used = be->conv2d_backward && !nd_grad_enabled() && xs[0] > 0 && xs[1] > 0 && ws[0] > 0 &&
-            g->shape[2] * g->shape[3] > 0;
+    /* (a backend with conv2d_backward routes depthwise convs itself) */
+    const bool dw = !be->conv2d_backward && be->conv2d_depthwise_backward &&
+                    is_depthwise(xs, ws, cp->groups);
+    *used = (be->conv2d_backward || dw) && !nd_grad_enabled() && xs[0] > 0 && xs[1] > 0 &&
+            ws[0] > 0 && g->shape[2] * g->shape[3] > 0;
     if (!*used) return ND_OK;
     nd_conv_geom geom = {ws[2], ws[3], cp->stride[0], cp->stride[1], cp->padding[0],
                          cp->padding[1], cp->dilation[0], cp->dilation[1], g->shape[2],
@@ -450,11 +489,18 @@ static nd_status bw_conv2d_direct(nd_node *n, const nd_tensor *g, const nd_conv_
     if (st == ND_OK && want_x) st = nd_saved(n, (int)n->iparams[2], &w);
     if (st == ND_OK && want_x) st = nd_empty_on(dev, xs, 4, g->dtype, &gx);
     if (st == ND_OK && want_w) st = nd_empty_on(dev, ws, 4, g->dtype, &gw);
-    if (st == ND_OK && want_b) st = nd_empty_on(dev, &ws[0], 1, g->dtype, &gb);
+    if (st == ND_OK && want_b && !dw) st = nd_empty_on(dev, &ws[0], 1, g->dtype, &gb);
+    if (st == ND_OK && want_b && dw) {
+        int dims[3] = {0, 2, 3};
+        st = nd_reduce(ND_REDUCE_sum, g, dims, 3, 0, 0, &gb);
+    }
     nd_tensor *xc = NULL, *wc = NULL;
     if (st == ND_OK && x) st = nd_contiguous(x, &xc);
     if (st == ND_OK && w) st = nd_contiguous(w, &wc);
-    if (st == ND_OK) st = ND_BACKEND_CALL(be, conv2d_backward, "conv2d", gx, gw, gb, gc, xc, wc, &geom, cp->groups);
+    if (st == ND_OK && dw && (gx || gw))
+        st = ND_BACKEND_CALL(be, conv2d_depthwise_backward, "conv2d", gx, gw, gc, xc, wc, &geom);
+    else if (st == ND_OK && !dw)
+        st = ND_BACKEND_CALL(be, conv2d_backward, "conv2d", gx, gw, gb, gc, xc, wc, &geom, cp->groups);
     nd_release(gc);
     nd_release(x);
     nd_release(w);

@@ -166,6 +166,9 @@ local function define(name, description, fn)
   M.descriptions[name] = description
   M[name] = fn
 end
+-- register(name, description, fn): a named mapping defined elsewhere (a model
+-- file's checkpoint layout, e.g. needle.zoo.register_bert), listed with these
+M.register = define
 
 define("lstm_lm",
   "PyTorch word_language_model RNNModel -> needle LanguageModel: encoder.* -> embedding.*",

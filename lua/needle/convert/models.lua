@@ -31,23 +31,8 @@ local fail = errors.failer("convert", 0)
 
 local shape_str = errors.shape_str
 
--- sd[key] as a tensor of `dims` dims, or an error naming what was expected
-local function need(sd, key, dims, model)
-  local t = sd[key]
-  if t == nil then fail("%s: the state dict has no '%s'", model, key) end
-  if not nd.is_tensor(t) then fail("%s: '%s' is a %s, not a tensor", model, key, type(t)) end
-  if dims and t:dim() ~= dims then
-    fail("%s: '%s' should have %d dims, has shape %s", model, key, dims, shape_str(t))
-  end
-  return t
-end
-
--- the largest n such that fmt:format(0 .. n-1) are all keys of sd, plus one
-local function count_indexed(sd, fmt)
-  local n = 0
-  while sd[fmt:format(n)] ~= nil do n = n + 1 end
-  return n
-end
+local SD = require "needle.convert.state_dict"
+local need, count_indexed = SD.need, SD.count_indexed
 
 local registry, order = {}, {}
 
@@ -356,5 +341,9 @@ M.register("transformer_classifier", {
     return nd.randint(1, model.vocab, {2, math.min(10, model.max_len)}, {dtype = "int64"})
   end,
 })
+
+require("needle.zoo.register_vision").register(M) -- torchvision's ResNets and MobileNetV2 (needle.zoo.vision)
+require("needle.zoo.register_bert").register(M) -- Hugging Face BERT and DistilBERT (needle.zoo.bert)
+require("needle.zoo.register_gpt2").register(M) -- Hugging Face GPT-2 (needle.zoo.gpt2)
 
 return M

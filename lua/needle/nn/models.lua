@@ -190,5 +190,17 @@ M.ResNet9 = ResNet9
 -- BasicBlock, FusedResNetCIFAR, FusedBasicBlock and TransformerClassifier,
 -- loaded on first use.
 local CONVERT = {"needle.convert.models"}
+-- torchvision's ResNet-18/34/50 and MobileNetV2 (needle.zoo.vision, docs/models.md)
+local VISION = {"needle.zoo.vision"}
+-- Hugging Face BERT and DistilBERT (needle.zoo.bert, docs/models-text.md)
+local BERT = {"needle.zoo.bert"}
 return require("needle.lazy")(M, {ResNetCIFAR = CONVERT, BasicBlock = CONVERT, FusedResNetCIFAR = CONVERT,
-                                  FusedBasicBlock = CONVERT, TransformerClassifier = CONVERT}, {who = "nn.models"})
+                                  FusedBasicBlock = CONVERT, TransformerClassifier = CONVERT,
+                                  resnet18 = VISION, resnet34 = VISION, resnet50 = VISION, mobilenet_v2 = VISION,
+                                  ResNet = VISION, Bottleneck = VISION, MobileNetV2 = VISION,
+                                  InvertedResidual = VISION,
+                                  BertModel = BERT, BertForSequenceClassification = BERT, BertForMaskedLM = BERT,
+                                  DistilBertModel = BERT, DistilBertForSequenceClassification = BERT,
+                                  -- Hugging Face GPT-2 (needle.zoo.gpt2, docs/models-gpt2.md)
+                                  GPT2Model = {"needle.zoo.gpt2"}, GPT2LMHeadModel = {"needle.zoo.gpt2"}},
+                                 {who = "nn.models"})

@@ -23,6 +23,8 @@
  * gathered into that layout (W_live) once per call, and the weight gradient
  * of a dead tap is exactly 0.
  *
+ * Depthwise convs (groups == in_channels) go to cpu_conv_depthwise.c.
+ *
  * BLAS is never called inside an OpenMP region (ARCHITECTURE.md): the
  * im2col, col2im and epilogue loops are parallel, the GEMMs thread
  * themselves. The op layer (op_conv.c, op_fused.c) calls these with
@@ -335,9 +337,13 @@ static void backward_blas(const nd_conv_plan *p, scratch *s, nd_tensor *gx, nd_t
 nd_status nd_cpu_conv2d_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
                               nd_activation act, const nd_tensor *res) {
+    const bool relu = act == ND_ACT_RELU; /* (gelu: after the product, nd_cpu_finish_layer) */
+    if (nd_cpu_conv_is_depthwise(x->shape, w->shape, groups)) { /* cpu_conv_depthwise.c */
+        ND_TRY(nd_cpu_conv2d_depthwise(out, x, w, b, g, relu));
+        return nd_cpu_finish_layer(out, act, res);
+    }
     nd_conv_plan p;
     ND_TRY(nd_conv_plan_make(&p, "fused_conv2d", x, w->shape[0], g, groups));
-    const bool relu = act == ND_ACT_RELU; /* (gelu: after the product, nd_cpu_finish_layer) */
     bool done;
     nd_status st = nd_cpu_conv2d_packed(&p, out, x, w, NULL, b, act, res, &done);
     if (st == ND_OK && !done) st = nd_conv_plan_table(&p, "fused_conv2d");
@@ -370,6 +376,16 @@ nd_status nd_cpu_conv2d_backward(nd_tensor *gx, nd_tensor *gw, nd_tensor *gb, co
         else if (dy->dtype == ND_FLOAT64) bias_grad_f64(&p, vptr(dy), vptr(gb));
         else return nd_fail(ND_ERR_DTYPE, "conv2d_backward: no cpu kernel for %s",
                             nd_dtype_name(dy->dtype));
+        return ND_OK;
+    }
+    const int64_t *xs = (gw ? x : gx)->shape, *wsh = (gx ? w : gw)->shape;
+    if (nd_cpu_conv_is_depthwise(xs, wsh, groups)) { /* cpu_conv_depthwise.c */
+        ND_TRY(nd_cpu_conv2d_depthwise_backward(gx, gw, dy, x, w, g));
+        if (gb) {
+            nd_conv_plan p = {.N = dy->shape[0], .O = dy->shape[1], .L = dy->shape[2] * dy->shape[3]};
+            if (dy->dtype == ND_FLOAT32) bias_grad_f32(&p, vptr(dy), vptr(gb));
+            else bias_grad_f64(&p, vptr(dy), vptr(gb));
+        }
         return ND_OK;
     }
     nd_conv_plan p;

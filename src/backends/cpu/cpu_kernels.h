@@ -103,6 +103,15 @@ nd_status nd_cpu_conv2d_backward(nd_tensor *gx, nd_tensor *gw, nd_tensor *gb, co
 nd_status nd_cpu_conv2d_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
                               nd_activation act, const nd_tensor *res);
+/* cpu_conv_depthwise.c: groups == in_channels, weight (C*M, 1, kh, kw);
+ * nd_cpu_conv2d_fused and nd_cpu_conv2d_backward route such convs there
+ * (nd_cpu_conv_is_depthwise; NEEDLE_CONV_BLAS=1: the GEMM path instead) */
+bool nd_cpu_conv_is_depthwise(const int64_t *xshape, const int64_t *wshape, int64_t groups);
+nd_status nd_cpu_conv2d_depthwise(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
+                                  const nd_tensor *b, const nd_conv_geom *g, bool relu);
+nd_status nd_cpu_conv2d_depthwise_backward(nd_tensor *gx, nd_tensor *gw, const nd_tensor *dy,
+                                           const nd_tensor *x, const nd_tensor *w,
+                                           const nd_conv_geom *g);
 /* cpu_linear_small.c: false when it does not apply (then use BLAS) */
 bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                          const nd_tensor *b, bool relu);

@@ -3,7 +3,9 @@
  * semantics and summation order (cpu_conv.c, cpu_pool.c): results equal the
  * CPU's bit for bit. Every kernel runs one work-item per output element;
  * the adjoints (col2im, pooling backward) are gathers, so no two work-items
- * write one element and nothing needs atomics. Tensors are contiguous (the
+ * write one element and nothing needs atomics. Also depthwise conv2d and its
+ * gradients (kernels/conv_depthwise.cl; backend.h conv2d_depthwise), which
+ * sum in their own order: equal to the CPU's to rounding, not bit for bit. Tensors are contiguous (the
  * ops make them so) but may start at an offset, which is passed along. */
 #include <string.h>
 #include "ocl_kernels.h"
@@ -177,4 +179,76 @@ nd_status ocl_avg_pool2d_backward(nd_tensor *gx, const nd_tensor *g, const nd_po
     ocl_pool_geom pg = pool_geom_of(p);
     const nd_tensor *ts[2] = {gx, g};
     return run_geom(d, k, op, nd_numel(gx), &pg, sizeof pg, gx->shape[2], gx->shape[3], 2, ts);
+}
+
+/* ---------------------------------------------------------------- depthwise conv */
+
+/* kernels/conv_depthwise.cl: groups == C, w (C*M, 1, kh, kw). x, w, b, dy
+ * contiguous; out, gx, gw fresh. */
+
+/* Launches a depthwise kernel over (w, h, planes) with args (geom, C, M, H,
+ * W, planes, then nt buffer/offset pairs); *next: the next argument index. */
+static nd_status run_dw(ocl_device *d, cl_kernel k, const char *op, const nd_conv_geom *g,
+                        int64_t C, int64_t M, int64_t H, int64_t W, int64_t w, int64_t h,
+                        int64_t planes, int nt, const nd_tensor *const *ts, int *next) {
+    ocl_conv_geom cg = conv_geom_of(g);
+    cl_long c = C, m = M, hh = H, ww = W, p = planes;
+    cl_int e = OCL_ARG(k, 0, cg) | OCL_ARG(k, 1, c) | OCL_ARG(k, 2, m) | OCL_ARG(k, 3, hh) |
+               OCL_ARG(k, 4, ww) | OCL_ARG(k, 5, p) | set_bufs(k, 6, nt, ts);
+    if (e != CL_SUCCESS) return ocl_fail(e, op, "setting kernel arguments", d);
+    if (next) *next = 6 + 2 * nt;
+    if (w == 0 || h == 0 || planes == 0) return ND_OK;
+    size_t l0 = 1, l1 = 1;
+    while (l0 < 64 && (int64_t)l0 < w) l0 *= 2;
+    while (l1 < 4 && (int64_t)l1 < h && l0 * l1 * 2 <= d->max_wg) l1 *= 2;
+    if (l0 > d->max_wg) l0 = d->max_wg;
+    size_t global[3] = {(size_t)w, (size_t)h, (size_t)planes}, local[3] = {l0, l1, 1};
+    return ocl_launch(d, k, op, 3, global, local);
+}
+
+nd_status ocl_conv2d_depthwise(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
+                               const nd_tensor *b, const nd_conv_geom *g) {
+    const char *op = "conv2d";
+    ocl_device *d = ocl_dev(out);
+    cl_kernel k;
+    ND_TRY(cp_kernel(d, "conv_depthwise", x->dtype, "dw_forward", op, &k));
+    const int64_t N = x->shape[0], C = x->shape[1], M = w->shape[0] / C;
+    const nd_tensor *ts[4] = {out, x, w, b ? b : x}; /* no bias: an unread buffer */
+    cl_int has = b != NULL;
+    cl_int e = set_bufs(k, 6, 4, ts) | OCL_ARG(k, 14, has);
+    if (e != CL_SUCCESS) return ocl_fail(e, op, "setting kernel arguments", d);
+    return run_dw(d, k, op, g, C, M, x->shape[2], x->shape[3], g->lw, g->lh, N * C * M, 4, ts,
+                  NULL);
+}
+
+nd_status ocl_conv2d_depthwise_backward(nd_tensor *gx, nd_tensor *gw, const nd_tensor *dy,
+                                        const nd_tensor *x, const nd_tensor *w,
+                                        const nd_conv_geom *g) {
+    const char *op = "conv2d_backward";
+    ocl_device *d = ocl_dev(dy);
+    const int64_t *xs = gx ? gx->shape : x->shape;
+    const int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], M = dy->shape[1] / C;
+    if (gx) {
+        cl_kernel k;
+        ND_TRY(cp_kernel(d, "conv_depthwise", dy->dtype, "dw_grad_x", op, &k));
+        const nd_tensor *ts[3] = {gx, dy, w};
+        ND_TRY(run_dw(d, k, op, g, C, M, H, W, W, H, N * C, 3, ts, NULL));
+    }
+    if (gw) {
+        cl_kernel k;
+        ND_TRY(cp_kernel(d, "conv_depthwise", dy->dtype, "dw_grad_w", op, &k));
+        if (ocl_max_group(d, k, 64) < 64)
+            return nd_fail(ND_ERR_ARG, "%s: the depthwise weight gradient needs work-groups of "
+                           "64, which this OpenCL device does not allow", op);
+        ocl_conv_geom cg = conv_geom_of(g);
+        cl_long c = C, m = M, hh = H, ww = W, n = N;
+        const nd_tensor *ts[3] = {gw, dy, x};
+        cl_int e = OCL_ARG(k, 0, cg) | OCL_ARG(k, 1, c) | OCL_ARG(k, 2, m) | OCL_ARG(k, 3, hh) |
+                   OCL_ARG(k, 4, ww) | OCL_ARG(k, 5, n) | set_bufs(k, 6, 3, ts);
+        if (e != CL_SUCCESS) return ocl_fail(e, op, "setting kernel arguments", d);
+        const int64_t groups = nd_numel(gw);
+        size_t global[1] = {(size_t)groups * 64}, local[1] = {64};
+        if (groups > 0) ND_TRY(ocl_launch(d, k, op, 1, global, local));
+    }
+    return ND_OK;
 }

@@ -55,9 +55,15 @@ nd_status ocl_masked_fill(nd_tensor *out, const nd_tensor *mask, double value);
 /* ocl_random.c: random fills: Philox as on the CPU (kernels/random.cl) */
 nd_status ocl_random(nd_tensor *out, nd_random_kind kind, double a, double b, const nd_tensor *p, uint64_t seed, uint64_t offset);
 
-/* ocl_conv.c: im2col/col2im and 2-D pooling (kernels/conv.cl, kernels/pooling.cl) */
+/* ocl_conv.c: im2col/col2im, depthwise conv2d and 2-D pooling (kernels/conv.cl,
+ * kernels/conv_depthwise.cl, kernels/pooling.cl) */
 nd_status ocl_im2col(nd_tensor *cols, const nd_tensor *x, const nd_conv_geom *g);
 nd_status ocl_col2im(nd_tensor *x, const nd_tensor *cols, const nd_conv_geom *g);
+nd_status ocl_conv2d_depthwise(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
+                               const nd_tensor *b, const nd_conv_geom *g);
+nd_status ocl_conv2d_depthwise_backward(nd_tensor *gx, nd_tensor *gw, const nd_tensor *dy,
+                                        const nd_tensor *x, const nd_tensor *w,
+                                        const nd_conv_geom *g);
 nd_status ocl_max_pool2d(nd_tensor *out, nd_tensor *indices, const nd_tensor *x, const nd_pool_geom *p);
 nd_status ocl_max_pool2d_backward(nd_tensor *gx, const nd_tensor *g, const nd_tensor *indices);
 nd_status ocl_avg_pool2d(nd_tensor *out, const nd_tensor *x, const nd_pool_geom *p);

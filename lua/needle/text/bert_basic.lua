@@ -1,0 +1,166 @@
+-- needle.text.bert_basic: BERT's BasicTokenizer (internal), the step before
+-- WordPiece, as Hugging Face's BertTokenizer does it (tokenization_bert.py):
+-- clean the text (drop NUL, U+FFFD and control characters; whitespace is a
+-- separator), put CJK ideographs in words of their own, lower-case (Python's
+-- str.lower, with its final-sigma rule), strip accents (NFD, then drop the
+-- nonspacing marks Mn), and split each punctuation character (ASCII
+-- 33-47, 58-64, 91-96, 123-126, or a Unicode P* category) into a word of
+-- its own.
+--
+--   pieces(chunk, cfg, out) appends to out the words of chunk, a run of text
+--   with no ASCII whitespace (" \t\n\r") in it, as strings, with their
+--   lengths in characters at out.nchars[k]. cfg: {lowercase =, strip_accents
+--   =, chinese =} (booleans).
+--
+-- A chunk of printable ASCII takes a short path (string.lower and a byte
+-- scan); anything else is decoded into code points.
+local U = require "needle.text.unicode"
+
+local M = {}
+
+local byte, sub, lower, concat, uchar = string.byte, string.sub, string.lower, table.concat, utf8.char
+local C = U.CLASS
+local lower_map = U.lower_map
+
+-- ASCII bytes that BERT splits off: every printable non-alphanumeric
+local ASCII_PUNCT = {}
+for b = 33, 126 do
+  local ch = string.char(b)
+  if not ch:find("^[A-Za-z0-9]$") then ASCII_PUNCT[b] = true end
+end
+
+local function is_punct(cp, code)
+  if cp < 128 then return ASCII_PUNCT[cp] == true end
+  return code & 15 == C.P
+end
+
+local function push(out, s, n)
+  local k = #out + 1
+  out[k] = s
+  out.nchars[k] = n
+end
+
+local function ascii_pieces(chunk, cfg, out)
+  if cfg.lowercase then chunk = lower(chunk) end
+  local i, n = 1, #chunk
+  while i <= n do
+    local b = byte(chunk, i)
+    if ASCII_PUNCT[b] then
+      push(out, sub(chunk, i, i), 1)
+      i = i + 1
+    else
+      local _, e = chunk:find("^[A-Za-z0-9]+", i)
+      push(out, sub(chunk, i, e), e - i + 1)
+      i = e + 1
+    end
+  end
+end
+
+-- Python's str.lower of word[k] (a capital sigma looks at its neighbours:
+-- Unicode's Final_Sigma context, with case-ignorable characters skipped)
+local function lower_at(word, k)
+  local cp = word[k]
+  if cp ~= 0x3A3 then return lower_map[cp] or cp end
+  local j = k - 1
+  while j >= 1 and U.is_case_ignorable(U.code(word[j])) do j = j - 1 end
+  if j < 1 or not U.is_cased(U.code(word[j])) then return 0x3C3 end
+  j = k + 1
+  while j <= #word and U.is_case_ignorable(U.code(word[j])) do j = j + 1 end
+  if j <= #word and U.is_cased(U.code(word[j])) then return 0x3C3 end
+  return 0x3C2
+end
+
+-- appends the code points of string s to list t
+local function append_cps(t, s)
+  for _, c in utf8.codes(s) do t[#t + 1] = c end
+end
+
+-- the word's code points after lower-casing and accent stripping
+local function normalize(word, cfg)
+  if cfg.lowercase then
+    local lw = {}
+    for k = 1, #word do
+      local l = lower_at(word, k)
+      if type(l) == "string" then append_cps(lw, l) else lw[#lw + 1] = l end
+    end
+    word = lw
+  end
+  if cfg.strip_accents then
+    local strip, sw = U.strip_table(), {}
+    for k = 1, #word do
+      local cp = word[k]
+      local rep = strip[cp] or U.hangul_nfd(cp)
+      if rep then
+        append_cps(sw, rep) -- already without Mn
+      elseif U.code(cp) & 15 ~= C.Mn then
+        sw[#sw + 1] = cp
+      end
+    end
+    word = sw
+  end
+  return word
+end
+
+-- splits a normalized word on punctuation into out
+local function split_punct(word, out)
+  local buf, nb = {}, 0
+  local function flush()
+    if nb > 0 then
+      push(out, concat(buf, "", 1, nb), nb)
+      nb = 0
+    end
+  end
+  for k = 1, #word do
+    local cp = word[k]
+    if is_punct(cp, U.code(cp)) then
+      flush()
+      push(out, uchar(cp), 1)
+    else
+      nb = nb + 1
+      buf[nb] = uchar(cp)
+    end
+  end
+  flush()
+end
+
+local function unicode_pieces(chunk, cfg, out)
+  local word = {}
+  local function finish()
+    if #word > 0 then
+      split_punct(normalize(word, cfg), out)
+      word = {}
+    end
+  end
+  local decode = U.decode
+  local i, n = 1, #chunk
+  while i <= n do
+    local cp, nx = decode(chunk, i) -- the text was checked: always valid here
+    local code = U.code(cp)
+    local cls = code & 15
+    if cp == 0 or cp == 0xFFFD or (cls >= C.Cc and cp ~= 9 and cp ~= 10 and cp ~= 13) then
+      -- removed (HF's _clean_text)
+    elseif cls == C.Zs or cls == C.Zlp or cp == 9 or cp == 10 or cp == 13 then
+      finish() -- whitespace (Zl, Zp: str.split's separators)
+    elseif cfg.chinese and U.is_cjk(cp) then
+      finish()
+      word[1] = cp
+      finish()
+    else
+      word[#word + 1] = cp
+    end
+    i = nx
+  end
+  finish()
+end
+
+function M.pieces(chunk, cfg, out)
+  out.nchars = out.nchars or {}
+  if not chunk:find("[^\33-\126]") then
+    ascii_pieces(chunk, cfg, out)
+  else
+    unicode_pieces(chunk, cfg, out)
+  end
+  return out
+end
+
+return M

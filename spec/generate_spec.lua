@@ -1,0 +1,70 @@
+-- generate_spec.lua - scripts/generate.lua as a user runs it: a small GPT-2
+-- (Hugging Face keys) saved to safetensors and the test tokenizer of
+-- spec/fixtures/text; the script's text is the model's own greedy (and seeded
+-- sampled) continuation, cached or not; bad arguments are clear errors. (GPT-2
+-- against PyTorch: spec/zoo_gpt2_spec.lua; the tokenizer: spec/text_spec.lua.)
+local nd = require "needle"
+local S = require "spec.helpers.shell"
+local H = require "spec.helpers.scripts"
+
+local run = H.runner("generate")
+local VOCAB, MERGES = "spec/fixtures/text/gpt2_vocab.json", "spec/fixtures/text/gpt2_merges.txt"
+
+describe("scripts/generate.lua", function()
+  local dir, tok, model
+  setup(function()
+    dir = H.tmpdir()
+    tok = nd.text.ByteBPE.from_files(VOCAB, MERGES)
+    nd.manual_seed(3)
+    model = nd.nn.models.GPT2LMHeadModel({vocab_size = 548, n_positions = 64, n_embd = 32, n_layer = 2, n_head = 4})
+    model:eval()
+    nd.save(model:state_dict(), dir .. "/gpt2.safetensors")
+  end)
+  teardown(function() H.rmdir(dir) end)
+
+  local function expected(prompt, n, o)
+    local ids = tok:encode(prompt)
+    o = o or {}
+    o.max_new_tokens = n
+    local out = nd.no_grad(function() return model:generate(nd.tensor({ids}, {dtype = "int64"}), o) end)
+    local new = {}
+    for i = #ids + 1, out:size(2) do new[#new + 1] = out[{1, i}]:item() end
+    return prompt .. tok:decode(new)
+  end
+
+  local function args(extra)
+    return ("--weights %s --vocab %s --merges %s --n-head 4 %s"):format(S.q(dir .. "/gpt2.safetensors"), VOCAB, MERGES, extra)
+  end
+
+  it("greedy, with and without the cache: the model's own continuation", function()
+    local want = expected("Hello world", 12)
+    for _, extra in ipairs({"", " --no-cache"}) do
+      local ok, text = run(args("--prompt 'Hello world' --max-new-tokens 12" .. extra))
+      assert(ok, text)
+      assert.are.equal(want, text:match("^(.-)\n%d+ prompt tokens"), text)
+      assert.truthy(text:find("2 prompt tokens, 12 new in", 1, true), text)
+    end
+  end)
+
+  it("sampling with a seed is repeatable and is generate's", function()
+    local want = expected("Hello world", 8, {do_sample = true, temperature = 0.9, top_k = 20, seed = 5})
+    local ok, text = run(args("--prompt 'Hello world' --max-new-tokens 8 --sample --temperature 0.9 --top-k 20 --seed 5"))
+    assert(ok, text)
+    assert.are.equal(want, text:match("^(.-)\n%d+ prompt tokens"), text)
+  end)
+
+  it("errors", function()
+    local ok, text = run("--prompt hi")
+    assert.is_false(ok)
+    assert.truthy(text:find("--weights is required", 1, true), text)
+    ok, text = run(args("--prompt hi --max-new-tokens 0"))
+    assert.is_false(ok)
+    assert.truthy(text:find("max-new-tokens", 1, true), text)
+    ok, text = run(("--weights /nonexistent --vocab %s --merges %s --prompt hi"):format(VOCAB, MERGES))
+    assert.is_false(ok)
+    assert.truthy(text:find("generate: cannot read /nonexistent", 1, true), text)
+    ok, text = run(("--weights %s --vocab /nonexistent.json --merges %s --prompt hi"):format(S.q(dir .. "/gpt2.safetensors"), MERGES))
+    assert.is_false(ok)
+    assert.truthy(text:find("/nonexistent.json", 1, true), text)
+  end)
+end)
