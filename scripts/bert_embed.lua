@@ -30,25 +30,8 @@ options:
   -h, --help         this text
 ]]
 
-local texts, argv = {}, {}
-do
-  local VALUED = {weights = true, vocab = true, nhead = true, pool = true, ["max-length"] = true, out = true,
-                  device = true}
-  local i = 1
-  while i <= #arg do
-    local name = arg[i]:match("^%-%-([%w%-]+)$")
-    if name and VALUED[name] then
-      argv[#argv + 1], argv[#argv + 2] = arg[i], arg[i + 1]
-      i = i + 2
-    elseif name or arg[i] == "-h" then
-      argv[#argv + 1] = arg[i]
-      i = i + 1
-    else
-      texts[#texts + 1] = arg[i]
-      i = i + 1
-    end
-  end
-end
+local argv, texts = cli.split_args(arg, {weights = true, vocab = true, nhead = true, pool = true,
+                                         ["max-length"] = true, out = true, device = true})
 local opts = cli.parse(argv, {pool = "mean", ["max-length"] = 128, device = "cpu"}, usage,
                        {prog = PROG, numbers = {nhead = true, ["max-length"] = true}, flags = {cased = true},
                         optional = {"weights", "vocab", "nhead", "out"}})
@@ -60,20 +43,10 @@ cli.choice(PROG, opts, "pool", {"mean", "cls"})
 cli.positive_integers(PROG, opts, {"max-length"})
 local device = cli.check_device(PROG, opts)
 
-local function clean(e) return (tostring(e):gsub("^[^:]*:%d+: ", "")) end
-
 local ok, tok = pcall(nd.text.WordPiece.from_file, opts.vocab, {lowercase = not opts.cased})
-if not ok then cli.die(PROG, 1, "%s", clean(tok)) end
-local sd
-ok, sd = pcall(function()
-  if opts.weights:match("%.safetensors$") then return nd.load(opts.weights) end
-  return nd.convert.unwrap(nd.load_torch(opts.weights))
-end)
-if not ok then cli.die(PROG, 1, "cannot read %s: %s", opts.weights, clean(sd)) end
-local model
-ok, model = pcall(nd.convert.model, "bert", sd, {num_attention_heads = opts.nhead})
-if not ok then cli.die(PROG, 1, "%s", clean(model)) end
-model = model:to(device)
+if not ok then cli.die(PROG, 1, "%s", cli.message(tok)) end
+local model = cli.convert_model(PROG, "bert", cli.read_state_dict(PROG, opts.weights),
+                                {num_attention_heads = opts.nhead}):to(device)
 
 local enc = tok:encode_batch(texts, {padding = "longest", truncation = true, max_length = opts["max-length"],
                                      return_tensors = true})

@@ -33,11 +33,8 @@ options:
   -h, --help       this text
 ]]
 
-local images = {}
-local argv = {}
-for _, a in ipairs(arg) do
-  if a:sub(1, 2) == "--" or a == "-h" or #argv % 2 == 1 then argv[#argv + 1] = a else images[#images + 1] = a end
-end
+local argv, images = cli.split_args(arg, {weights = true, model = true, random = true, labels = true, top = true,
+                                           device = true})
 local opts = cli.parse(argv, {model = "resnet", top = 5, device = "cpu"}, usage,
                        {prog = PROG, numbers = {top = true}, optional = {"weights", "random", "labels"}})
 if #images == 0 then cli.die(PROG, 2, "no image given (see --help)") end
@@ -56,14 +53,7 @@ if opts.random then
   model = ctor()
   model:eval()
 else
-  local ok, sd = pcall(function()
-    if opts.weights:match("%.safetensors$") then return nd.load(opts.weights) end
-    return nd.convert.unwrap(nd.load_torch(opts.weights))
-  end)
-  if not ok then cli.die(PROG, 1, "cannot read %s: %s", opts.weights, tostring(sd)) end
-  local built, err = pcall(nd.convert.model, opts.model, sd)
-  if not built then cli.die(PROG, 1, "%s", tostring(err)) end
-  model = err
+  model = cli.convert_model(PROG, opts.model, cli.read_state_dict(PROG, opts.weights))
 end
 model = model:to(device)
 
@@ -80,7 +70,7 @@ local t0 = nd.clock()
 local batch = {}
 for i, path in ipairs(images) do
   local ok, img = pcall(nd.image.read, path)
-  if not ok then cli.die(PROG, 1, "%s", (tostring(img):gsub("^[^:]*:%d+: ", ""))) end
+  if not ok then cli.die(PROG, 1, "%s", cli.message(img)) end
   batch[i] = nd.image.preprocess(img)
 end
 local x = nd.stack(batch, 1):to(device)

@@ -47,21 +47,10 @@ end
 cli.positive_integers(PROG, opts, {"max-new-tokens"})
 local device = cli.check_device(PROG, opts)
 
-local function clean(e) return (tostring(e):gsub("^[^:]*:%d+: ", "")) end
-
 local ok, tok = pcall(nd.text.ByteBPE.from_files, opts.vocab, opts.merges)
-if not ok then cli.die(PROG, 1, "%s", clean(tok)) end
-
-local sd
-ok, sd = pcall(function()
-  if opts.weights:match("%.safetensors$") then return nd.load(opts.weights) end
-  return nd.convert.unwrap(nd.load_torch(opts.weights))
-end)
-if not ok then cli.die(PROG, 1, "cannot read %s: %s", opts.weights, clean(sd)) end
-local model
-ok, model = pcall(nd.convert.model, "gpt2", sd, {n_head = opts["n-head"]})
-if not ok then cli.die(PROG, 1, "%s", clean(model)) end
-model = model:to(device)
+if not ok then cli.die(PROG, 1, "%s", cli.message(tok)) end
+local model = cli.convert_model(PROG, "gpt2", cli.read_state_dict(PROG, opts.weights),
+                                {n_head = opts["n-head"]}):to(device)
 
 local prompt_ids = tok:encode(opts.prompt)
 if #prompt_ids == 0 then cli.die(PROG, 2, "the prompt is empty") end
@@ -76,7 +65,7 @@ ok, out = pcall(function()
                                   seed = opts.sample and opts.seed or nil, use_cache = not opts["no-cache"]})
   end)
 end)
-if not ok then cli.die(PROG, 1, "%s", clean(out)) end
+if not ok then cli.die(PROG, 1, "%s", cli.message(out)) end
 local seconds = nd.clock() - t0
 
 local ids = {}

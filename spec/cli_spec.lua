@@ -264,3 +264,17 @@ print(type(nd), nd.zeros({3}):numel())
     assert.truthy(r.out:find("> 2\n", 1, true), show(r))
   end)
 end)
+
+describe("needle.cli's helpers for the model scripts", function()
+  local cli = require "needle.cli"
+  it("split_args: options with values, flags and positional words in any order", function()
+    local words, pos = cli.split_args({"a.png", "--weights", "w.pt", "--cased", "b.png", "--top", "3", "c d"},
+                                      {weights = true, top = true})
+    assert.are.same({"--weights", "w.pt", "--cased", "--top", "3"}, words)
+    assert.are.same({"a.png", "b.png", "c d"}, pos)
+  end)
+  it("message: an error without its position", function()
+    assert.are.equal("needle.x: bad", cli.message("scripts/a.lua:12: needle.x: bad"))
+    assert.are.equal("no position here", cli.message("no position here"))
+  end)
+end)

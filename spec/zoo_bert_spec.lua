@@ -369,3 +369,40 @@ describe("the converter registry", function()
     H.rmdir(dir)
   end)
 end)
+
+describe("BERT's feed-forward layer", function()
+  local function small(kind)
+    nd.manual_seed(9)
+    if kind == "distil" then
+      return nd.nn.models.DistilBertModel{vocab_size = 50, dim = 16, n_layers = 1, n_heads = 2, hidden_dim = 32,
+                                          max_position_embeddings = 16}
+    end
+    return nd.nn.models.BertModel{vocab_size = 50, hidden_size = 16, num_hidden_layers = 1, num_attention_heads = 2,
+                                  intermediate_size = 32, max_position_embeddings = 16}
+  end
+  local ids = nd.tensor({{2, 3, 4, 5}}, {dtype = "int64"})
+
+  it("applies GELU in the linear kernel's epilogue (one fused op, no separate gelu)", function()
+    for _, kind in ipairs({"bert", "distil"}) do
+      local m = small(kind)
+      m:eval()
+      local report = nd.profile(function() return m(ids) end)
+      assert.is_not_nil(report.by_name["F.fused_linear"], kind)
+      assert.is_nil(report.by_name["gelu"], kind)
+      assert.is_nil(report.by_name["F.gelu"], kind)
+    end
+  end)
+
+  it("takes the plain path when the linear layer has a hook, and both give the same values", function()
+    local m = small("bert")
+    m:eval()
+    local fused = nd.no_grad(function() return m(ids) end)
+    local seen = 0
+    local dense = m.encoder.layer[1] and m.encoder.layer[1].intermediate.dense or m.encoder.layer["0"].intermediate.dense
+    local h = dense:register_forward_hook(function() seen = seen + 1 end)
+    local plain = nd.no_grad(function() return m(ids) end)
+    h:remove()
+    assert.are.equal(1, seen)
+    assert.is_true(nd.allclose(fused, plain, {rtol = 1e-5, atol = 1e-6}))
+  end)
+end)

@@ -243,6 +243,53 @@ function M.open_log(path, header, resume, keep)
   return assert(io.open(path, "a"))
 end
 
+-- argv split into the words cli.parse reads (options; one named in `valued`
+-- takes the next word as its value) and the positional ones (images, texts),
+-- which may come anywhere on the line.
+function M.split_args(argv, valued)
+  local words, positional = {}, {}
+  local i = 1
+  while i <= #argv do
+    local name = argv[i]:match("^%-%-([%w%-]+)$")
+    if name and valued[name] then
+      words[#words + 1], words[#words + 2] = argv[i], argv[i + 1]
+      i = i + 2
+    elseif name or argv[i] == "-h" then
+      words[#words + 1] = argv[i]
+      i = i + 1
+    else
+      positional[#positional + 1] = argv[i]
+      i = i + 1
+    end
+  end
+  return words, positional
+end
+
+-- an error's message without the "file:line: " position Lua put in front
+function M.message(e) return (tostring(e):gsub("^[^:\n]*:%d+: ", "")) end
+
+-- The state dict in path: a .safetensors file (nd.load), else what torch.save
+-- wrote (nd.load_torch, read without running anything; the usual wrappers
+-- removed by nd.convert.unwrap). A file that cannot be read ends the program
+-- with status 1, naming it.
+function M.read_state_dict(prog, path)
+  local ok, sd = pcall(function()
+    if path:match("%.safetensors$") then return require("needle").load(path) end
+    local nd = require "needle"
+    return nd.convert.unwrap(nd.load_torch(path))
+  end)
+  if not ok then M.die(prog, 1, "cannot read %s: %s", path, M.message(sd)) end
+  return sd
+end
+
+-- nd.convert.model(name, sd, opts), or the end of the program (status 1) with
+-- the converter's reason
+function M.convert_model(prog, name, sd, opts)
+  local ok, model = pcall(require("needle").convert.model, name, sd, opts)
+  if not ok then M.die(prog, 1, "%s", M.message(model)) end
+  return model
+end
+
 -- The run's nd.log logger (docs/logging.md) in dir: scalars.csv, log.jsonl
 -- and a TensorBoard event file, appended to when resuming. Only the main rank
 -- of a distributed job writes; the others get a logger that does nothing.

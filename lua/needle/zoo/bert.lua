@@ -46,6 +46,20 @@ local ACT = {
   tanh = function(x) return x:tanh() end,
 }
 local ACT_NAMES = "gelu, gelu_new, gelu_pytorch_tanh, relu, silu, swish, tanh"
+-- the activations the fused linear kernel applies in its GEMM's epilogue
+-- (nd.F.fused_linear: one pass over the FFN's largest activation instead of two)
+local FUSED = {gelu = "gelu", relu = "relu"}
+
+-- act(linear(x)) through lin, in one kernel when lin is a plain Linear whose
+-- call nothing watches (no module hooks: a hook on it must see its output)
+local function linear_act(lin, act_name, act, x)
+  local fused = FUSED[act_name]
+  local mt = getmetatable(lin)
+  if fused and mt and mt.class == nd.nn.Linear and rawget(lin, "_hooks") == nil then
+    return nd.F.fused_linear(x, lin.weight, lin.bias, {activation = fused})
+  end
+  return act(lin(x))
+end
 
 -- torch.finfo(dtype).min: Hugging Face's "minus infinity" for masked scores
 -- (finite, so that a row with every key masked is uniform, not NaN)
@@ -335,8 +349,9 @@ local BertIntermediate = bert_class("BertIntermediate")
 function BertIntermediate:init(cfg)
   self.dense = nd.nn.Linear(cfg.hidden_size, cfg.intermediate_size)
   self.intermediate_act_fn = check_act("nn.models.BertModel", "hidden_act", cfg.hidden_act)
+  self.act_name = cfg.hidden_act
 end
-function BertIntermediate:forward(h) return self.intermediate_act_fn(self.dense(h)) end
+function BertIntermediate:forward(h) return linear_act(self.dense, self.act_name, self.intermediate_act_fn, h) end
 
 local BertLayer = bert_class("BertLayer")
 function BertLayer:init(cfg)
@@ -557,8 +572,9 @@ function FFN:init(cfg)
   self.lin1 = nd.nn.Linear(cfg.dim, cfg.hidden_dim)
   self.lin2 = nd.nn.Linear(cfg.hidden_dim, cfg.dim)
   self.activation = check_act("nn.models.DistilBertModel", "activation", cfg.activation)
+  self.act_name = cfg.activation
 end
-function FFN:forward(x) return self.dropout(self.lin2(self.activation(self.lin1(x)))) end
+function FFN:forward(x) return self.dropout(self.lin2(linear_act(self.lin1, self.act_name, self.activation, x))) end
 
 local TransformerBlock = bert_class("TransformerBlock")
 function TransformerBlock:init(cfg)
