@@ -17,6 +17,9 @@
 --   C.run_kv(cmd)                    {key = number} from cmd's "key value" lines
 --   C.python                         /usr/bin/python3 when there, else python3
 --   C.run_torch(script_args)         run_kv of C.python scripts/bench/<script_args>
+--   C.shell_out(cmd)                 cmd's whole output
+--   C.run_child(prog, label, cmd)    run_kv(cmd); without an "ms" line, the tail of
+--                                    its stderr goes to ours as "<prog>: <label> failed"
 --   C.fmt(v[, f]), C.ratio(a, b)     table cells: "-" for a missing value
 --   C.peak_rss_mb()                  this process's peak resident set (VmHWM) in MB,
 --                                    nil where /proc/self/status is missing
@@ -85,6 +88,30 @@ C.python = io.open("/usr/bin/python3") and "/usr/bin/python3" or "python3"
 -- empty table when PyTorch is not installed.
 function C.run_torch(script_args)
   return C.run_kv(("%s %s/scripts/bench/%s"):format(C.python, C.root, script_args))
+end
+
+-- the whole output of a shell command
+function C.shell_out(cmd)
+  local f = io.popen(cmd)
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+-- run_kv of cmd; on failure (no "ms" line) the tail of its stderr goes to
+-- ours, as "<prog>: <label> failed: ..."
+function C.run_child(prog, label, cmd)
+  local err = os.tmpname()
+  local q = "'" .. err:gsub("'", "'\\''") .. "'"
+  local kv = C.run_kv(("(%s 2>%s)"):format(cmd, q))
+  if not kv.ms then
+    local f = io.open(err)
+    local text = f and f:read("a") or ""
+    if f then f:close() end
+    io.stderr:write(("%s: %s failed: %s\n"):format(prog, label, text:sub(-600)))
+  end
+  os.remove(err)
+  return kv
 end
 
 function C.peak_rss_mb()

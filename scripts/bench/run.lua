@@ -150,26 +150,9 @@ local function shell_ok(cmd)
   return ok == true or ok == 0
 end
 
-local function shell_out(cmd)
-  local f = io.popen(cmd)
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local shell_out = C.shell_out
 
--- run_kv of cmd; on failure (no "ms" line) the tail of its stderr goes to ours
-local function run_child(label, cmd)
-  local err = os.tmpname()
-  local kv = C.run_kv(("(%s 2>%s)"):format(cmd, q(err)))
-  if not kv.ms then
-    local f = io.open(err)
-    local text = f and f:read("a") or ""
-    if f then f:close() end
-    io.stderr:write(("run.lua: %s failed: %s\n"):format(label, text:sub(-600)))
-  end
-  os.remove(err)
-  return kv
-end
+local function run_child(label, cmd) return C.run_child("run.lua", label, cmd) end
 
 local have_torch = false
 if not opts.no_torch then
