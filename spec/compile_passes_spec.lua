@@ -943,7 +943,8 @@ describe("pass fold", function()
     local cf = compiled(f, {"fold"}, nd.ones(3))
     local e = entries(cf)
     assert.are.equal(1, e["random"])
-    assert.are.equal(2, e["host_check"]) -- dropout's probability, the labels
+    assert.are.equal(1, e["host_check"]) -- the labels
+    assert.are.equal(1, e["binary_scalar.lt"]) -- dropout's mask from its uniforms, drawn anew
     assert.are.equal(1, e["cross_entropy"])
     assert.are.equal(1, e["binary_scalar.add"]) -- w:add_(1)
     assert.are.equal(3, e["binary_scalar.mul"]) -- x * 2, w * 3, dropout's scale of its mask

@@ -247,6 +247,49 @@ describe("max_pool2d", function()
     assert.is_true(y:item() ~= y:item())
   end)
 
+  it("equals a window-by-window reference: rows wider than the kernel's 256-output chunks, ties, NaN, -inf, dilation", function()
+    -- values from a small set, so windows hold ties; a few NaN and -inf
+    local vals = {-2, -1, 0, 1, 2, 1 / 0 * -1}
+    for _, c in ipairs({
+      {{1, 2, 5, 600}, 3, {stride = 1, padding = 1}},
+      {{2, 1, 7, 530}, {3, 2}, {stride = {2, 1}, padding = {1, 0}, dilation = {1, 2}}},
+      {{1, 1, 4, 300}, 2, {stride = 2}},
+    }) do
+      local shape, k, opts = c[1], c[2], c[3]
+      local n = shape[1] * shape[2] * shape[3] * shape[4]
+      local t = {}
+      for i = 1, n do t[i] = i % 97 == 0 and 0 / 0 or vals[(i * 7919) % #vals + 1] end
+      local x = nd.tensor(t):view(shape)
+      local o = {return_indices = true}
+      for key, v in pairs(opts) do o[key] = v end
+      local y, ix = nd.max_pool2d(x, k, o)
+      local kh, kw = type(k) == "table" and k[1] or k, type(k) == "table" and k[2] or k
+      local function pair(v, d) if v == nil then return d, d end; if type(v) == "table" then return v[1], v[2] end; return v, v end
+      local sh, sw = pair(opts.stride, 1)
+      local ph, pw = pair(opts.padding, 0)
+      local dh, dw = pair(opts.dilation, 1)
+      local X, Y, I = x:totable(), y:totable(), ix:totable()
+      local H, W = shape[3], shape[4]
+      for a = 1, shape[1] do for b = 1, shape[2] do
+        for oh = 0, y:size(3) - 1 do for ow = 0, y:size(4) - 1 do
+          local best, bi = -math.huge, nil
+          for i = 0, kh - 1 do for j = 0, kw - 1 do
+            local h, w = oh * sh - ph + i * dh, ow * sw - pw + j * dw
+            if h >= 0 and h < H and w >= 0 and w < W then
+              local v = X[a][b][h + 1][w + 1]
+              bi = bi or h * W + w
+              if v > best or v ~= v then best, bi = v, h * W + w end
+            end
+          end end
+          local got, gi = Y[a][b][oh + 1][ow + 1], I[a][b][oh + 1][ow + 1]
+          assert.is_true(got == best or (got ~= got and best ~= best),
+            ("value at %d,%d,%d,%d: %s vs %s"):format(a, b, oh, ow, got, best))
+          assert.are.equal(bi + 1, gi, ("index at %d,%d,%d,%d"):format(a, b, oh, ow))
+        end end
+      end end
+    end
+  end)
+
   it("second order through max_pool2d_backward and its gather", function()
     check2(function(x) return nd.max_pool2d(x, 2, {stride = 1}) ^ 2 end, {leaf({1, 1, 3, 4})})
   end)

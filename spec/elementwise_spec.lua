@@ -290,6 +290,29 @@ describe("unary ops", function()
     end
   end)
 
+  it("float32 erf and gelu: blocks of 16 whose arguments are all small take the polynomial alone, with the same bits", function()
+    -- cpu_vmath.c runs a block of 16 through erf's |x| < 2 branch alone when every
+    -- argument allows it; a run shorter than 16 goes element by element through both
+    -- branches. Every value of the blocked run must equal the element-by-element one,
+    -- around the branch point (2 for erf, 2 sqrt 2 for gelu's x) and at specials too.
+    nd.manual_seed(88)
+    local n = 15 * 400
+    local x = nd.randn({n}) * 2
+    local specials = {2, -2, 1.9999999, -1.9999999, 2.0000002, 0, -0.0, 1 / 0, -1 / 0, 0 / 0, 1e-30, -1e-30}
+    for i, v in ipairs(specials) do x[i] = v end
+    for i = 1, 600 do x[#specials + i] = (i % 2 == 0 and 1 or -1) * (2.8284271 + (i - 300) * 1e-7) end
+    for i = 1, 300 do x[1000 + i] = 1.9999 + i * 1e-6 end
+    for _, op in ipairs({"erf", "gelu"}) do
+      local blocked = x[op](x)
+      local parts = {}
+      for i = 0, n // 15 - 1 do
+        local piece = x:narrow(1, i * 15 + 1, 15):clone()
+        parts[#parts + 1] = piece[op](piece)
+      end
+      assert.are.equal(nd.cat(parts):tobytes(), blocked:tobytes(), op)
+    end
+  end)
+
   it("refuses a unary op's extra arguments (an options table would be dropped without a word)", function()
     local x = nd.randn({3})
     local ok, err = pcall(nd.gelu, x, {approximate = "tanh"})

@@ -198,6 +198,23 @@ local packed_cases = {
     {stride = 2, padding = 1}},
   {"stride {3,2} phase planes, dilation 2", {3, 5, 17, 19}, {4, 5, 3, 3},
     {stride = {3, 2}, dilation = 2, padding = {1, 3}}},
+  {"a strided 1x1 reads x in place (no phase planes)", {2, 16, 14, 14}, {24, 16, 1, 1}, {stride = 2}},
+  -- shapes where the path choice (cpu_conv_packed.c, packed_wins) sends
+  -- some products to the BLAS path and keeps others here
+  {"1x1 over 8192 pixels: forward and grad x by BLAS, grad w packed", {2, 8, 64, 64},
+    {64, 8, 1, 1}, {}},
+  {"3x3 over 8192 pixels, 64 filters: grad x by BLAS, the rest packed", {2, 4, 64, 64},
+    {64, 4, 3, 3}, {padding = 1}},
+  {"64 pixels, a 64x576 weight: grad w by BLAS, the rest packed", {1, 64, 8, 8}, {64, 64, 3, 3},
+    {padding = 1}},
+  -- groups (more than one channel a group: depthwise has its own kernel) run
+  -- group by group on the packed path
+  {"groups = 2, 3x3", {3, 6, 9, 9}, {8, 3, 3, 3}, {padding = 1, groups = 2}},
+  {"groups = 4, stride 2, 2 channels a group", {2, 8, 10, 10}, {12, 2, 3, 3},
+    {stride = 2, padding = 1, groups = 4}},
+  {"groups = 3, 1x1", {2, 9, 7, 7}, {6, 3, 1, 1}, {groups = 3}},
+  {"groups = 2, phase planes and dead taps", {2, 4, 17, 19}, {4, 2, 3, 3},
+    {stride = {3, 2}, dilation = 2, padding = {1, 3}, groups = 2}},
 }
 
 -- |a - b| relative to b's largest magnitude
@@ -287,6 +304,45 @@ describe("conv2d's packed float32 kernels", function()
   end)
 end)
 
+describe("the conv path choice", function()
+  it("NEEDLE_CONV_PACKED=1, NEEDLE_CONV_BLAS=1 and the default agree where the default mixes paths", function()
+    local S = require "spec.helpers.shell"
+    local code = [[
+      local nd = require "needle"
+      nd.manual_seed(6)
+      local out = {}
+      for _, c in ipairs({{{2, 8, 64, 64}, {64, 8, 1, 1}, 0}, {{1, 64, 8, 8}, {64, 64, 3, 3}, 1}}) do
+        local x, w = nd.randn(c[1]), nd.randn(c[2]) * 0.1
+        x.requires_grad = true; w.requires_grad = true
+        local y = nd.conv2d(x, w, nil, {padding = c[3]})
+        local g = nd.grad((y * y):sum(), {x, w})
+        for _, v in ipairs({y:abs():sum(), g[1]:abs():sum(), g[2]:abs():sum()}) do
+          out[#out + 1] = ("%.9g"):format(v:item())
+        end
+      end
+      print(table.concat(out, " "))
+    ]]
+    local function run(env)
+      local f = os.tmpname()
+      local ok = os.execute(("env %s %s -e %s > %s 2>&1"):format(env, S.q(S.needle_lua()), S.q(code), f))
+      local text = S.read_file(f) or ""
+      os.remove(f)
+      assert.is_true(ok == true or ok == 0, text)
+      local v = {}
+      for num in text:gmatch("%S+") do v[#v + 1] = assert(tonumber(num), text) end
+      assert.are.equal(6, #v, text)
+      return v
+    end
+    local default, packed, blas = run("NEEDLE_CONV_PACKED=0"), run("NEEDLE_CONV_PACKED=1"), run("NEEDLE_CONV_BLAS=1")
+    for i = 1, 6 do
+      for _, other in ipairs({packed, blas}) do
+        assert.is_true(math.abs(other[i] - default[i]) <= 1e-4 * math.abs(default[i]),
+          ("value %d: %s vs %s"):format(i, other[i], default[i]))
+      end
+    end
+  end)
+end)
+
 describe("relu's fused backward", function()
   it("equals the composed g * (y > 0), for contiguous and broadcast gradients", function()
     for _, dt in ipairs({"float32", "float64"}) do
@@ -311,6 +367,52 @@ describe("relu's fused backward", function()
     assert.are.equal(0, g[2])
     assert.is_true(g[3] ~= g[3])
     assert.are.equal(5, g[4])
+  end)
+end)
+
+describe("unary ops' fused backward (one elementwise program)", function()
+  -- every differentiable float unary op but relu (its own kernel, above);
+  -- floor's gradient is zeros, which the program cannot hold: the composed
+  -- formula runs, and it is here to show that fallback still agrees
+  local ops = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "erf",
+               "log1p", "expm1", "gelu", "floor"}
+  local function apply(name, x) return name == "gelu" and nd.F.gelu(x) or x[name](x) end
+
+  it("equals the composed formula bit for bit: float32 and float64, strided inputs, broadcast gradients", function()
+    for _, dt in ipairs({"float32", "float64"}) do
+      for _, name in ipairs(ops) do
+        -- positive values (log, sqrt, rsqrt), read through a transpose
+        local leaf = (nd.rand({19, 37}, {dtype = dt}) * 3 + 0.1):detach()
+        leaf.requires_grad = true
+        local x = leaf:t()
+        local gy = nd.randn({37, 19}, {dtype = dt})
+        local fast = nd.grad((apply(name, x) * gy):sum(), {leaf})[1]
+        local composed = nd.grad((apply(name, x) * gy):sum(), {leaf}, {create_graph = true})[1]:detach()
+        assert.are.equal(0, max_diff(fast, composed), name .. " " .. dt)
+        -- sum's backward hands the op an expanded (stride 0) gradient
+        local fast1 = nd.grad(apply(name, x):sum(), {leaf})[1]
+        local composed1 = nd.grad(apply(name, x):sum(), {leaf}, {create_graph = true})[1]:detach()
+        assert.are.equal(0, max_diff(fast1, composed1), name .. " " .. dt .. " (broadcast gradient)")
+      end
+    end
+  end)
+
+  it("runs as one pass: the gradient is the only tensor it makes", function()
+    local x = nd.randn({64, 64}, {requires_grad = true})
+    local function bytes(opts)
+      local report = nd.profile(function() nd.grad(nd.F.gelu(x):sum(), {x}, opts) end)
+      return report.by_name.gelu_backward.bytes
+    end
+    assert.are.equal(64 * 64 * 4, bytes())
+    -- under create_graph the formula runs op by op, a tensor per op
+    assert.is_true(bytes({create_graph = true}) >= 10 * 64 * 64 * 4)
+  end)
+
+  it("inside nd.compile the composed formula is captured (the compiler fuses it itself)", function()
+    local x = nd.randn({6, 5}, {requires_grad = true})
+    local step = nd.compile(function(t) return nd.grad(nd.F.gelu(t):sum(), {t})[1] end)
+    local eager = nd.grad(nd.F.gelu(x):sum(), {x})[1]
+    for _ = 1, 3 do assert.are.equal(0, max_diff(step(x), eager)) end
   end)
 end)
 

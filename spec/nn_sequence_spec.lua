@@ -102,6 +102,107 @@ describe("F.scaled_dot_product_attention", function()
     assert.are.equal(0, F.scaled_dot_product_attention(q, k, v, {dropout_p = 1}):abs():sum():item())
   end)
 
+  describe("its fused kernel (CPU float32 without a gradient: core._attention)", function()
+    local sdpa = F.scaled_dot_product_attention
+    -- the composed ops in float64, the reference the kernel must meet
+    local function composed64(q, k, v, opts)
+      local o = {}
+      for key, val in pairs(opts or {}) do o[key] = val end
+      if o.attn_mask and o.attn_mask.dtype == "float32" then o.attn_mask = o.attn_mask:double() end
+      return sdpa(q:double(), k:double(), v:double(), o)
+    end
+
+    it("matches PyTorch on the fixtures, outputs computed under no_grad", function()
+      local n = 0
+      for _, c in ipairs(FIX.sdpa) do
+        local inputs = {}
+        for i, t in ipairs(c.inputs) do inputs[i] = T(t) end
+        assert.are.equal("float32", inputs[1].dtype)
+        local out = nd.no_grad(function() return sdpa_call(c, "cpu")(table.unpack(inputs)) end)
+        MF.close(c.name .. " (fused kernel)", out, c.output, TOL.rtol, TOL.atol)
+        n = n + 1
+      end
+      assert.are.equal(7, n)
+    end)
+
+    it("equals the composed ops: masks of every broadcast, causal with L ~= S, strided heads, blocks of queries", function()
+      nd.manual_seed(74)
+      local x = nd.randn({2, 7, 3 * 2 * 8})
+      local function heads(t) return t:reshape({2, 7, 2, 8}):transpose(2, 3) end -- strided views
+      local cases = {
+        {{2, 3, 5, 8}, {2, 3, 7, 8}, {2, 3, 7, 4}, {}},
+        {{2, 3, 130, 16}, {2, 3, 130, 16}, {2, 3, 130, 16}, {is_causal = true}}, -- 2 query blocks
+        {{2, 6, 8}, {2, 9, 8}, {2, 9, 8}, {is_causal = true}},                     -- L < S
+        {{2, 9, 8}, {2, 6, 8}, {2, 6, 8}, {is_causal = true}},                     -- L > S
+        {{4, 9, 8}, {4, 11, 8}, {4, 11, 6}, {attn_mask = nd.randn({9, 11})}},
+        {{2, 2, 9, 8}, {2, 2, 11, 8}, {2, 2, 11, 6}, {attn_mask = nd.rand({2, 1, 1, 11}):gt(0.3)}},
+        {{2, 2, 9, 8}, {1, 2, 11, 8}, {2, 1, 11, 6}, {attn_mask = nd.randn({2, 1, 9, 11}):transpose(3, 4):transpose(3, 4)}},
+        {{9, 8}, {11, 8}, {11, 6}, {scale = 0.3}},
+        {{1, 12, 1, 64}, {1, 12, 300, 64}, {1, 12, 300, 64}, {}},                  -- one query, a long cache
+      }
+      for i, c in ipairs(cases) do
+        local q, k, v = nd.randn(c[1]), nd.randn(c[2]), nd.randn(c[3])
+        local got = sdpa(q, k, v, c[4])
+        assert.are.equal("float32", got.dtype)
+        local d = MF.max_abs_diff(got:double(), composed64(q, k, v, c[4]))
+        assert.is_true(d < 2e-6, ("case %d: %g"):format(i, d))
+      end
+      local q, k, v = heads(x:narrow(3, 1, 16)), heads(x:narrow(3, 17, 16)), heads(x:narrow(3, 33, 16))
+      local d = MF.max_abs_diff(sdpa(q, k, v, {is_causal = true}):double(), composed64(q, k, v, {is_causal = true}))
+      assert.is_true(d < 2e-6, "strided heads: " .. d)
+    end)
+
+    it("runs without the (..., L, S) tensors: its output is all it allocates", function()
+      local q, k, v = nd.randn({2, 3, 40, 8}), nd.randn({2, 3, 50, 8}), nd.randn({2, 3, 50, 8})
+      local report = nd.profile(function() F.scaled_dot_product_attention(q, k, v, {is_causal = true}) end)
+      assert.are.equal(2 * 3 * 40 * 8 * 4, report.by_name["F.scaled_dot_product_attention"].total_bytes)
+    end)
+
+    it("rows with nothing to attend are NaN, no keys give zeros, as the composed ops", function()
+      local q, k, v = nd.randn({1, 2, 3, 4}), nd.randn({1, 2, 5, 4}), nd.randn({1, 2, 5, 4})
+      local mask = nd.ones({3, 5}, {dtype = "bool"})
+      mask[2] = false -- query 2 attends to nothing
+      local got, want = sdpa(q, k, v, {attn_mask = mask}), composed64(q, k, v, {attn_mask = mask})
+      for h = 1, 2 do
+        for e = 1, 4 do
+          assert.is_true(got[{1, h, 2, e}]:item() ~= got[{1, h, 2, e}]:item(), "NaN row")
+          assert.is_true(want[{1, h, 2, e}]:item() ~= want[{1, h, 2, e}]:item(), "NaN row (composed)")
+        end
+      end
+      assert.is_true(MF.max_abs_diff(got[{{}, {}, 1}]:double(), want[{{}, {}, 1}]) < 1e-6)
+      local none = sdpa(q, nd.randn({1, 2, 0, 4}), nd.randn({1, 2, 0, 6}))
+      assert.are.same({1, 2, 3, 6}, none.shape)
+      assert.are.equal(0, none:abs():sum():item())
+      assert.are.equal(0, composed64(q, nd.randn({1, 2, 0, 4}), nd.randn({1, 2, 0, 6})):abs():sum():item())
+    end)
+
+    it("is not used where a gradient is wanted, nor with dropout; the gradients still come", function()
+      local q = nd.randn({2, 3, 4}, {requires_grad = true})
+      local k, v = nd.randn({2, 5, 4}), nd.randn({2, 5, 4})
+      local g = nd.grad(sdpa(q, k, v):sum(), {q})[1]
+      assert.are.same({2, 3, 4}, g.shape)
+      -- the kernel itself refuses to run where autograd would record
+      has(errmsg(nd._attention or require("needle.core")._attention, q:view({1, 2, 3, 4}), k:view({1, 2, 5, 4}),
+                 v:view({1, 2, 5, 4}), nil, 0.5, false),
+          "attention: has no gradient (an input requires grad)")
+    end)
+
+    it("the kernel checks its own arguments", function()
+      local core = require "needle.core"
+      local q, k, v = nd.randn({1, 2, 3, 4}), nd.randn({1, 2, 5, 4}), nd.randn({1, 2, 5, 6})
+      has(errmsg(core._attention, q, nd.randn({1, 2, 5, 3}), v, nil, 1, false),
+          "attention: query {1,2,3,4}, key {1,2,5,3} and value {1,2,5,6} do not fit")
+      has(errmsg(core._attention, q, k, v, nd.zeros({1, 2, 3, 4}), 1, false),
+          "attention: the mask must have shape {1,2,3,5} (B, H, L, S), got {1,2,3,4}")
+      has(errmsg(core._attention, q, k, v:double(), nil, 1, false),
+          "attention: query (float32) and value (float64) must have the same dtype")
+      has(errmsg(core._attention, q:view({2, 3, 4}), k, v, nil, 1, false),
+          "attention: expected a 4-D query (batch, heads, rows, features), got shape {2,3,4}")
+      has(errmsg(core._attention, q:double(), k:double(), v:double(), nil, 1, false),
+          "attention: no cpu kernel for float64")
+    end)
+  end)
+
   it("bad input is an error naming the function, the shapes and what was expected", function()
     local q, k, v = nd.randn({2, 3, 4}), nd.randn({2, 5, 4}), nd.randn({2, 5, 6})
     local sdpa = F.scaled_dot_product_attention

@@ -344,6 +344,18 @@ case("softmax of a long row (3000)", function() return {randn({2, 3000}) * 4} en
   function(x) return F.softmax(x, 2), F.log_softmax(x, 2) end)
 case("logsumexp (dims, keepdim)", function() return {randn({3, 4, 5}) * 4} end,
   function(x) return F.logsumexp(x, 2), F.logsumexp(x, {1, 3}, true) end)
+case("attention (the fused kernel: a broadcast mask, causal with L < S, strided rows, no keys)", function()
+  return {randn({2, 3, 5, 8}), randn({2, 3, 7, 8}), randn({2, 3, 7, 4}), randn({2, 1, 5, 7}), randn({2, 5, 3, 8})} end,
+  function(q, k, v, m, x)
+    local core = require "needle.core"
+    return nd.no_grad(function()
+      local heads = x:transpose(2, 3) -- (2, 3, 5, 8) with unit-stride rows, not contiguous
+      return core._attention(q, k, v, m:expand({2, 3, 5, 7}), 0.4, false),
+             core._attention(q, k, v, nil, 0.3, true),
+             core._attention(heads, heads, heads, nil, 0.35, true),
+             core._attention(q, k:narrow(3, 1, 0), v:narrow(3, 1, 0), nil, 1, false)
+    end)
+  end, {grad = false, covers = {"attention"}, rtol = 1e-4, atol = 1e-5})
 case("layer_norm (last dim, weight and bias)", function() return {randn({4, 6}) * 3 + 1, randn({6}), randn({6})} end,
   function(x, w, b) return F.layer_norm(x, 6, w, b) end, {rtol = 1e-5, atol = 2e-5})
 case("layer_norm (last two dims, no affine, eps 1e-3)", function() return {randn({2, 3, 4, 5})} end,

@@ -316,6 +316,16 @@ typedef struct nd_backend {
     /* out (M, O) = act(x (M, K) @ w (O, K)^T + b (O)) + res */
     nd_status (*linear_fused)(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, nd_activation act, const nd_tensor *res);
+    /* out (B1, B2, L, Ev) = softmax(scale * q k^T + mask) v for each of the
+     * B1 x B2 products: q (B1, B2, L, E), k (B1, B2, S, E), v (B1, B2, S, Ev)
+     * with unit-stride rows (other strides any), out contiguous; mask NULL or
+     * (B1, B2, L, S) of q's dtype with any
+     * strides (broadcast dims 0-strided), added to the scaled scores; causal:
+     * scores of key j > query i are -inf (top-left aligned). A row whose
+     * scores are all -inf or hold a NaN is NaN, as nd.softmax's. NULL: none
+     * (F.scaled_dot_product_attention composes the ops). */
+    nd_status (*attention)(nd_tensor *out, const nd_tensor *q, const nd_tensor *k,
+                           const nd_tensor *v, const nd_tensor *mask, double scale, bool causal);
     /* A (query; nd.compile's join pass): A > 0 when linear_fused in dtype dt
      * computes each output element the same way whatever the output's width
      * and the element's column, as long as the widths and column offsets are

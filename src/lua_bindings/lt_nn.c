@@ -268,6 +268,19 @@ static int l_linear(lua_State *L) {
     return 1;
 }
 
+/* _attention(q, k, v, mask or nil, scale, causal): F.scaled_dot_product_
+ * attention's fused kernel (functional/attention.lua decides when) */
+static int l_attention(lua_State *L) {
+    const char *op = "attention";
+    nd_tensor *q = lt_check(L, 1, op), *k = lt_check(L, 2, op), *v = lt_check(L, 3, op), *r;
+    const nd_tensor *mask = lua_isnoneornil(L, 4) ? NULL : lt_check(L, 4, op);
+    const double scale = luaL_checknumber(L, 5);
+    const bool causal = lua_toboolean(L, 6);
+    LT_CHECK(L, nd_attention(q, k, v, mask, scale, causal, &r));
+    lt_push(L, r);
+    return 1;
+}
+
 void lt_register_nn(lua_State *L) {
     static const lt_reg regs[] = {
         {"conv2d", l_conv2d, false, true},
@@ -280,6 +293,7 @@ void lt_register_nn(lua_State *L) {
         {"fused_conv2d", l_fused_conv2d, false, true},
         {"fused_linear", l_fused_linear, false, true},
         {"linear", l_linear, false, true},
+        {"_attention", l_attention, false, true},
         {"fold_batch_norm", l_fold_batch_norm, false, true},
         {NULL, NULL, false, false},
     };

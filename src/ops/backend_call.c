@@ -51,6 +51,14 @@ nd_status nd_call_copy(const nd_backend *be, const char *op, nd_tensor *dst, con
     return FINISH(be->copy(dst, src));
 }
 
+nd_status nd_call_fused_elementwise(const nd_backend *be, const char *op, nd_ew_program *p,
+                                    nd_tensor *const *ts) {
+    if (!be->fused_elementwise) return no_kernel(be, op);
+    if (nd_graph_capturing()) /* a record would need a program the graph owns: see the header */
+        return nd_fail(ND_ERR_INTERNAL, "%s: an eager fused program while a graph is captured", op);
+    return be->fused_elementwise(p, ts);
+}
+
 nd_status nd_call_fill(const nd_backend *be, const char *op, nd_tensor *dst, const void *value) {
     BEGIN(fill); W(dst); keep_value(r, value, dst->dtype); DONE();
     return FINISH(be->fill(dst, value));
@@ -339,6 +347,15 @@ nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *
     return FINISH(be->linear_fused(out, x, w, b, act, NULL));
 }
 
+nd_status nd_call_attention(const nd_backend *be, const char *op, nd_tensor *out,
+                            const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
+                            const nd_tensor *mask, double scale, bool causal) {
+    BEGIN(attention); W(out); R(q); R(k); R(v); R(mask);
+    if (r) r->f[0] = scale, r->i[0] = causal;
+    DONE();
+    return FINISH(be->attention(out, q, k, v, mask, scale, causal));
+}
+
 static size_t bytes_of(const nd_tensor *t) { return (size_t)nd_numel(t) * nd_dtype_size(t->dtype); }
 static size_t byte_offset(const nd_tensor *t) { return (size_t)t->offset * nd_dtype_size(t->dtype); }
 
@@ -480,6 +497,7 @@ nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
     case ND_CALL_conv2d_depthwise_backward:
         return be->conv2d_depthwise_backward(T(0), T(1), T(2), T(3), T(4), &r->u.conv);
     case ND_CALL_linear_fused: return be->linear_fused(T(0), T(1), T(2), T(3), (nd_activation)r->i[0], RES);
+    case ND_CALL_attention: return be->attention(T(0), T(1), T(2), T(3), T(4), r->f[0], r->i[0] != 0);
     case ND_CALL_write: {
         size_t n = bytes_of(T(0));
         return n ? be->write(T(0)->storage, byte_offset(T(0)), nd_ptr(T(1)), n) : ND_OK;

@@ -27,7 +27,7 @@
     X(im2col) X(col2im) X(max_pool2d) X(max_pool2d_backward) X(avg_pool2d) X(avg_pool2d_backward) \
     X(conv2d_fused) X(conv2d_backward) X(linear_fused) X(write) X(read) X(host_check) \
     X(conv2d_prepack) X(conv2d_fused_packed) X(conv2d_depthwise) X(conv2d_depthwise_backward) \
-    X(fused_elementwise) X(matmul_acc) X(reduce_sum_acc)
+    X(fused_elementwise) X(matmul_acc) X(reduce_sum_acc) X(attention)
 
 typedef enum {
 #define ND_CALL_ENUM_(name) ND_CALL_##name,
@@ -38,6 +38,12 @@ typedef enum {
 
 const char *nd_call_entry_name(nd_call_entry e);
 
+/* An eager run of a fused elementwise program (ts[0] written, the rest
+ * read), for ops whose formula is a chain of elementwise kernels. Not while
+ * a graph is being captured (an error then: the caller runs the unfused
+ * kernels, which the capture records and its fuse pass fuses itself). */
+nd_status nd_call_fused_elementwise(const nd_backend *be, const char *op, nd_ew_program *p,
+                                    nd_tensor *const *ts);
 nd_status nd_call_copy(const nd_backend *be, const char *op, nd_tensor *dst, const nd_tensor *src);
 nd_status nd_call_fill(const nd_backend *be, const char *op, nd_tensor *dst, const void *value);
 nd_status nd_call_unary(const nd_backend *be, const char *op, nd_unary_op u, nd_tensor *out,
@@ -134,6 +140,9 @@ int nd_call_linear_join_align(const nd_backend *be, nd_dtype dt);
 nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *out,
                                const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                nd_activation act);
+nd_status nd_call_attention(const nd_backend *be, const char *op, nd_tensor *out,
+                            const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
+                            const nd_tensor *mask, double scale, bool causal);
 /* nd.linalg's LAPACK call (op_linalg.c). Never recorded: the op refuses a
  * capture before it (a graph break: its errors come from the factorization's
  * info, read on the host), so a capture reaching here is an internal error. */

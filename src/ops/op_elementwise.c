@@ -421,18 +421,7 @@ static nd_status bw_relu_fused(nd_node *n, const nd_tensor *g, nd_tensor **grads
         return bw;                                                              \
     }
 ND_UNARY_OPS(ND_X)
-#undef ND_X
-#undef MUL
-#undef DIV
-#undef ADD
-#undef SUB
-#undef MULS
-#undef ADDS
-#undef POWS
-#undef GTS
-#undef RSUBS
-#undef UN
-#undef ZEROS
+#include "grad_formula_undef.h"
 
 typedef nd_tensor *(*unary_grad_fn)(nd_gx *c, nd_node *n, nd_tensor *g);
 static const unary_grad_fn unary_grads[ND_NUM_UNARY] = {
@@ -449,10 +438,134 @@ static const unsigned char unary_saves[ND_NUM_UNARY] = {
 #undef ND_X
 };
 
+/* The same formulas as one fused elementwise program (backend.h), for a
+ * backward that is not itself recorded: the composed formula made a tensor
+ * per operation - GELU's 11 passes and 11 temporaries over BERT's FFN
+ * activations took 7 ms a layer, as long as the layer's GEMM backward on
+ * one thread. Each step of the program is its unfused kernel's inner loop,
+ * so the result is bit for bit the composed one. Values: 1 is g, 2 the
+ * saved x or y, nt + j step j's result (0 is the gradient, written by the
+ * last step). A formula the program cannot hold (ZEROS, a comparison, more
+ * steps than it has) sets ok = false, and the composed one runs. */
+typedef struct {
+    nd_ew_program p;
+    bool ok;
+} ew_build;
+
+static int ew_push(ew_build *e, nd_ew_step s) {
+    if (!e->ok || e->p.nsteps >= ND_EW_MAX_STEPS) {
+        e->ok = false;
+        return 0;
+    }
+    s.store = -1;
+    s.dtype = (uint8_t)e->p.dtype;
+    e->p.steps[e->p.nsteps] = s;
+    return e->p.nt + e->p.nsteps++;
+}
+
+static int ew_bin(ew_build *e, nd_binary_op op, int a, int b) {
+    nd_ew_step s = {.kind = ND_EW_BINARY, .op = (uint8_t)op, .in = {(int16_t)a, (int16_t)b, 0}};
+    return ew_push(e, s);
+}
+
+/* as binary_number_forward: the number stored in the program's dtype */
+static int ew_sc(ew_build *e, nd_binary_op op, int a, double v, int scalar_first) {
+    if (is_comparison(op)) { /* a bool result: the program's steps are all of one dtype */
+        e->ok = false;
+        return 0;
+    }
+    nd_ew_step s = {.kind = ND_EW_BINARY, .op = (uint8_t)op};
+    s.in[scalar_first ? 0 : 1] = ND_EW_SCALAR;
+    s.in[scalar_first ? 1 : 0] = (int16_t)a;
+    nd_store_number(s.scalar, e->p.dtype, nd_num_f(v));
+    return ew_push(e, s);
+}
+
+static int ew_un(ew_build *e, nd_unary_op op, int a) {
+    nd_ew_step s = {.kind = ND_EW_UNARY, .op = (uint8_t)op, .in = {(int16_t)a, 0, 0}};
+    return ew_push(e, s);
+}
+
+static int ew_fail(ew_build *e) {
+    e->ok = false;
+    return 0;
+}
+
+#define SAVED_NONE
+#define SAVED_INPUT const int x = 2;
+#define SAVED_OUTPUT const int y = 2;
+#define MUL(a, b) ew_bin(e, ND_BINARY_mul, a, b)
+#define DIV(a, b) ew_bin(e, ND_BINARY_div, a, b)
+#define ADD(a, b) ew_bin(e, ND_BINARY_add, a, b)
+#define SUB(a, b) ew_bin(e, ND_BINARY_sub, a, b)
+#define MULS(a, s) ew_sc(e, ND_BINARY_mul, a, s, 0)
+#define ADDS(a, s) ew_sc(e, ND_BINARY_add, a, s, 0)
+#define POWS(a, s) ew_sc(e, ND_BINARY_pow, a, s, 0)
+#define GTS(a, s) ew_sc(e, ND_BINARY_gt, a, s, 0)
+#define RSUBS(s, a) ew_sc(e, ND_BINARY_sub, a, s, 1)
+#define UN(op, a) ew_un(e, ND_UNARY_##op, a)
+#define ZEROS ew_fail(e)
+#define ND_X(name, ints, bools, save, fexpr, iexpr, bw)                          \
+    static int ew_grad_##name(ew_build *e) {                                    \
+        const int g = 1;                                                        \
+        SAVED_##save                                                            \
+        (void)g;                                                                \
+        return bw;                                                              \
+    }
+ND_UNARY_OPS(ND_X)
+#include "grad_formula_undef.h"
+
+static int (*const unary_ew_grads[ND_NUM_UNARY])(ew_build *e) = {
+#define ND_X(name, ...) [ND_UNARY_##name] = ew_grad_##name,
+    ND_UNARY_OPS(ND_X)
+#undef ND_X
+};
+
+/* *done = false (and nothing made) when the fused form does not apply:
+ * CPU float32/float64 tensors of one dtype, not capturing, a formula the
+ * program holds */
+static nd_status bw_unary_fused(nd_node *n, nd_unary_op op, const nd_tensor *g, nd_tensor **grads,
+                                bool *done) {
+    *done = false;
+    const bool saves = unary_saves[op] != SAVE_NONE;
+    if (nd_graph_capturing() || !nd_on_cpu(g) || (g->dtype != ND_FLOAT32 && g->dtype != ND_FLOAT64))
+        return ND_OK;
+    ew_build e = {.ok = true};
+    e.p.nt = saves ? 3 : 2;
+    e.p.dtype = g->dtype;
+    const int result = unary_ew_grads[op](&e);
+    if (!e.ok || e.p.nsteps < 1 || result != e.p.nt + e.p.nsteps - 1) return ND_OK;
+    e.p.steps[e.p.nsteps - 1].store = 0;
+    snprintf(e.p.desc, sizeof e.p.desc, "%s_backward", nd_unary_name(op));
+    nd_tensor *s = NULL, *gx = NULL;
+    if (saves) ND_TRY(nd_saved(n, 0, &s));
+    nd_status st = ND_OK;
+    if (s && (s->dtype != g->dtype || !nd_on_cpu(s) || !same_shape(s, g->shape, g->ndim))) goto out; /* not done */
+    st = nd_empty_on(nd_get_device(g), g->shape, g->ndim, g->dtype, &gx);
+    if (st == ND_OK) {
+        nd_tensor *ts[3] = {gx, (nd_tensor *)g, s};
+        st = ND_BACKEND_CALL(nd_backend_of(g), fused_elementwise, e.p.desc, &e.p, ts);
+    }
+    if (st == ND_OK) {
+        grads[0] = gx;
+        gx = NULL;
+        *done = true;
+    }
+out:
+    nd_release(gx);
+    nd_release(s);
+    return st;
+}
+
 static nd_status bw_unary(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     nd_unary_op op = (nd_unary_op)n->iparams[0];
     if (op == ND_UNARY_relu && !nd_grad_enabled() && nd_backend_of(g)->relu_backward)
         return bw_relu_fused(n, g, grads);
+    if (!nd_grad_enabled()) {
+        bool done;
+        ND_TRY(bw_unary_fused(n, op, g, grads, &done));
+        if (done) return ND_OK;
+    }
     nd_gx c = {0};
     grads[0] = gx_out(&c, unary_grads[op](&c, n, g));
     return gx_end(&c);

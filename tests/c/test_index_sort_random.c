@@ -560,6 +560,33 @@ static void test_random(void) {
     nd_release(r);
     nd_release(r2);
 
+    /* The fill draws 8 stream positions at a time (cpu_random.c: AVX2 lanes
+     * where the CPU has them): element i of a bulk draw must be element 0 of
+     * a one-element draw at counter offset + i, for every lane, at offsets
+     * that are not multiples of 8 and across the counter's 32-bit carry.
+     * randn float64 reads all four words of each position; element 0 at
+     * state (0, 0) is tied to the KAT above by the rand check. */
+    {
+        const uint64_t seeds[2] = {0, 0x243f6a8885a308d3ull};
+        const uint64_t offs[3] = {0, 13, 0xfffffffdull};
+        for (int si = 0; si < 2; si++)
+            for (int oi = 0; oi < 3; oi++) {
+                nd_rng_set_state(seeds[si], offs[oi]);
+                OK(nd_randn(S(21), ND_FLOAT64, &r));
+                const double *bulk = nd_data(r);
+                for (int i = 0; i < 21; i++) {
+                    nd_rng_set_state(seeds[si], offs[oi] + (uint64_t)i);
+                    OK(nd_randn(S(1), ND_FLOAT64, &r2));
+                    CHECKM(memcmp(nd_data(r2), bulk + i, 8) == 0,
+                           "randn element %d at seed %llx offset %llx: %.17g in bulk, %.17g alone", i,
+                           (unsigned long long)seeds[si], (unsigned long long)offs[oi], bulk[i],
+                           *(const double *)nd_data(r2));
+                    nd_release(r2);
+                }
+                nd_release(r);
+            }
+    }
+
     /* thread count does not change anything */
     gen_fn gens[] = {gen_rand, gen_rand64, gen_randn, gen_randn64, gen_randint, gen_randperm};
     const char *names[] = {"rand", "rand64", "randn", "randn64", "randint", "randperm"};

@@ -80,6 +80,37 @@ end
 
 local SDPA = {attn_mask = "tensor", dropout_p = "number", is_causal = "boolean", scale = "number"}
 
+-- The fused kernel (core._attention: the scores of a block of queries made,
+-- masked, softmaxed and multiplied into v in cache, no (..., L, S) tensor)
+-- when the device has it (the CPU, float32), no gradient is wanted (it has
+-- no backward: training composes the ops above) and no dropout applies, for
+-- at most two batch dims (the kernel's (B, H)).
+local function fused_applies(q, k, v, mask, p, batch)
+  if q.device ~= "cpu" or q.dtype ~= "float32" or p > 0 or #batch > 2 then return false end
+  if mask ~= nil and (mask.device ~= q.device or (mask.dtype ~= "bool" and mask.dtype ~= q.dtype)) then
+    return false -- (the checks below name the problem)
+  end
+  return not (core.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                          (mask ~= nil and mask.requires_grad)))
+end
+
+-- t (batch..., r, c) as the kernel's (B, H, r, c): batch expanded to the
+-- broadcast batch dims, then 1s in front (views: the kernel copies what is
+-- not contiguous, and reads the mask through its strides)
+local function as_bh(t, batch, r, c)
+  local shape = with_mats(batch, r, c)
+  t = t:expand(shape)
+  while t:dim() < 4 do t = t:unsqueeze(1) end
+  return t
+end
+
+local function attend_fused(q, k, v, mask, causal, scale, batch)
+  local L, E, S, Ev = q:size(-2), q:size(-1), k:size(-2), v:size(-1)
+  local out = core._attention(as_bh(q, batch, L, E), as_bh(k, batch, S, E), as_bh(v, batch, S, Ev),
+                              mask ~= nil and as_bh(mask, batch, L, S) or nil, scale, causal == true)
+  return out:view(with_mats(batch, L, Ev))
+end
+
 -- scaled_dot_product_attention(q (..., L, E), k (..., S, E), v (..., S, Ev),
 -- {attn_mask=, dropout_p = 0, is_causal = false, scale = 1/sqrt(E)}) ->
 -- (..., L, Ev): softmax(q k^T scale + mask) v, PyTorch's. A bool attn_mask is
@@ -118,6 +149,7 @@ function M.scaled_dot_product_attention(q, k, v, opts)
   if mask ~= nil and opts.is_causal then
     fail("attn_mask and is_causal = true exclude each other (is_causal builds the causal mask)")
   end
+  local fused = fused_applies(q, k, v, mask, p, batch)
   if mask ~= nil then
     local scores = with_mats(batch, L, S)
     if mask.dtype ~= "bool" and mask.dtype ~= q.dtype then
@@ -130,9 +162,10 @@ function M.scaled_dot_product_attention(q, k, v, opts)
       fail("attn_mask is on %s, query on %s", mask.device, q.device)
     end
     if mask.dtype == "bool" then mask = additive_attend_mask(mask, q.dtype) end
-  elseif opts.is_causal then
+  elseif opts.is_causal and not fused then
     mask = causal_mask(L, S, q.dtype, q.device)
   end
+  if fused then return attend_fused(q, k, v, mask, opts.is_causal, scale, batch) end
   return (attend(q, k, v, mask, p, scale))
 end
 

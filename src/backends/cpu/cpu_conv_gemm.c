@@ -391,10 +391,15 @@ nd_status nd_cpu_conv2d_backward(nd_tensor *gx, nd_tensor *gw, nd_tensor *gb, co
     nd_conv_plan p;
     ND_TRY(nd_conv_plan_make(&p, "conv2d_backward", gw ? x : gx, dy->shape[1], g, groups));
     scratch s = {.st = ND_OK};
-    bool done;
-    s.st = nd_cpu_conv2d_packed_backward(&p, gx, gw, dy, x, w, &done);
-    if (s.st == ND_OK && !done) s.st = nd_conv_plan_table(&p, "conv2d_backward");
-    if (s.st == ND_OK && !done) backward_blas(&p, &s, gx, gw, dy, x, w);
+    /* each product on the path that runs it faster (nd_cpu_conv_packed_runs) */
+    const bool px = gx && nd_cpu_conv_packed_runs(&p, dy->dtype, ND_CONV_GRAD_X);
+    const bool pw = gw && nd_cpu_conv_packed_runs(&p, dy->dtype, ND_CONV_GRAD_W);
+    bool done = false;
+    if (px || pw) s.st = nd_cpu_conv2d_packed_backward(&p, px ? gx : NULL, pw ? gw : NULL,
+                                                       dy, x, w, &done);
+    nd_tensor *bx = done && px ? NULL : gx, *bw = done && pw ? NULL : gw; /* left to BLAS */
+    if (s.st == ND_OK && (bx || bw)) s.st = nd_conv_plan_table(&p, "conv2d_backward");
+    if (s.st == ND_OK && (bx || bw)) backward_blas(&p, &s, bx, bw, dy, x, w);
     if (s.st == ND_OK && gb) {
         if (dy->dtype == ND_FLOAT32) bias_grad_f32(&p, vptr(dy), vptr(gb));
         else bias_grad_f64(&p, vptr(dy), vptr(gb));

@@ -3,8 +3,9 @@
  * one 6x16 register-tile kernel for every product, and threads that each
  * run their own GEMMs on their own columns.
  *
- * Why not BLAS (cpu_conv_gemm.c, still the path for float64, groups,
- * CPUs without AVX2 and NEEDLE_CONV_BLAS=1): the convolutions of small
+ * Why not BLAS (cpu_conv_gemm.c: the path for float64, groups, CPUs
+ * without AVX2, NEEDLE_CONV_BLAS=1, and the large products where its
+ * blocking wins, packed_wins below): the convolutions of small
  * networks are thin GEMMs - 16 to 128 output channels against ~1000
  * columns - where OpenBLAS repacks the im2col matrix it was just handed,
  * zeroes C in a separate pass (beta = 0), and splits each small product
@@ -155,8 +156,12 @@ static bool src_make(conv_src *s, const nd_conv_plan *p) {
     const nd_conv_geom *g = p->g;
     s->p = p;
     /* Phase planes pay for their copy once output rows are 4 wide (fewer,
-     * and the copy is element by element); below that, strided reads. */
-    const bool phases = (g->sh > 1 || g->sw > 1) && g->lw >= 4;
+     * and the copy is element by element) and several taps read each copied
+     * pixel; below that, strided reads. (A strided 1x1 convolution reads
+     * each pixel at most once: copying all of x into phase planes, three
+     * quarters of them never read, had made ResNet-50's stride-2
+     * downsampling convolutions run at half the BLAS path's speed.) */
+    const bool phases = (g->sh > 1 || g->sw > 1) && g->lw >= 4 && p->nt > 1;
     s->reads_pad = false;
     for (int64_t t = 0; t < p->nt; t++) {
         const int64_t i = p->tap[t] / g->kw, j = p->tap[t] % g->kw;
@@ -245,7 +250,7 @@ static void copy_planes(const conv_src *s, const float *src, float *dst, bool sr
 /* image n's planes, to read */
 static const float *image_in(const conv_src *s, pad_slot *r, const float *X, int64_t n) {
     const nd_conv_plan *p = s->p;
-    const float *xn = X + n * p->C * p->H * p->W;
+    const float *xn = X + n * p->x_img;
     if (!s->copy) return xn;
     if (r->tag == n) return r->buf;
     r->tag = n;
@@ -257,14 +262,14 @@ static const float *image_in(const conv_src *s, pad_slot *r, const float *X, int
 /* the copied gx image in the slot (if any) back to GX */
 static void slot_flush(const conv_src *s, pad_slot *r, float *GX) {
     if (!s->copy || r->tag < 0) return;
-    copy_planes(s, r->buf, GX + r->tag * s->p->C * s->p->H * s->p->W, true);
+    copy_planes(s, r->buf, GX + r->tag * s->p->x_img, true);
     r->tag = -1;
 }
 
 /* image n's gx planes, to add into (GX's own, zeroed by the caller, when
  * x's planes are read in place) */
 static float *image_grad(const conv_src *s, pad_slot *r, float *GX, int64_t n) {
-    if (!s->copy) return GX + n * s->p->C * s->HWp;
+    if (!s->copy) return GX + n * s->p->x_img;
     if (r->tag == n) return r->buf;
     slot_flush(s, r, GX);
     r->tag = n;
@@ -369,7 +374,7 @@ static void pack_dy(const nd_conv_plan *p, const float *DY, const col_seg *run, 
                     int64_t ld, float *B) {
     const int64_t O = p->O, L = p->L;
     for (int64_t q = 0; q < nr; q++) {
-        const float *src = DY + run[q].n * O * L + run[q].l;
+        const float *src = DY + run[q].n * p->y_img + run[q].l;
         float *dst = B + run[q].j;
         if (run[q].len == NR)
             for (int64_t o = 0; o < O; o++, dst += ld, src += L) memcpy(dst, src, NR * sizeof(float));
@@ -434,7 +439,7 @@ static void store_out(const nd_conv_plan *p, const float *T, const col_seg *seg,
         const float bo = Bias ? Bias[o] : 0.0f;
         for (int64_t q = 0; q < ns; q++) {
             const float *t = T + o * NR + seg[q].j;
-            const int64_t at = (seg[q].n * O + o) * L + seg[q].l;
+            const int64_t at = seg[q].n * p->y_img + o * L + seg[q].l;
             float *d = OUT + at;
             const int64_t len = seg[q].len;
             if (relu)
@@ -494,8 +499,62 @@ static bool packed_available(void) {
 
 bool nd_cpu_packed_conv(void) { return packed_available(); }
 
+/* NEEDLE_CONV_PACKED=1 runs every float32 product this path can run here,
+ * whatever its shape (for comparisons with the BLAS path) */
+static bool packed_everywhere(void) {
+    static int all = -1;
+    if (all < 0) {
+        const char *e = getenv("NEEDLE_CONV_PACKED");
+        all = e && *e && *e != '0';
+    }
+    return all == 1;
+}
+
+/* Whether this path beats the BLAS one on a product of this shape. Packed
+ * wins on thin products (few channels, small maps, small batches: ResNet9,
+ * MobileNetV2's narrow layers), BLAS on big ones: its blocking keeps a
+ * large weight in cache across many columns, where the packed kernel
+ * streams all of it once per 16 columns, and its 1x1 products write C in
+ * place where this one stages every tile. Thresholds from timing each
+ * product of ResNet-50 (batch 4), MobileNetV2 (batch 4 and 8) and ResNet9
+ * (batch 8 and 128) both ways on a 2-core Zen 4 (docs/cpu-gemm.md, "Which
+ * path runs a convolution"); cols counts output pixels across the batch. */
+static bool packed_wins(const nd_conv_plan *p, nd_conv_product which) {
+    const int64_t cols = p->N * p->L, OK = p->O * p->K;
+    const int64_t widest = p->O > p->K ? p->O : p->K;
+    switch (which) {
+    case ND_CONV_FORWARD: /* BLAS: 1x1 over large maps or with a large weight */
+        return !(p->nt == 1 && (cols >= 8192 || OK >= 262144));
+    case ND_CONV_GRAD_X: /* BLAS: large maps with 64+ channels a side (up to
+                          * 3x3: the 7x7 stem's scatter stays here), a weight
+                          * of 4 MB or more, or a 1x1 of 256 KB over 2048+ pixels */
+        return !((p->nt <= 9 && cols >= 8192 && widest >= 64) || OK >= 1048576 ||
+                 (p->nt == 1 && OK >= 65536 && cols >= 2048));
+    case ND_CONV_GRAD_W: /* BLAS: few pixels (each thread's partial sums of the
+                          * whole weight cost more than its share of them) */
+        return !(cols < 1024 && OK >= 32768);
+    }
+    return true;
+}
+
+/* Group g of p as a convolution of its own: Cg channels in, Og out, the
+ * images still x_img and y_img apart (the caller offsets the pointers by the
+ * group's first channel and filter). Its tap table is p's (not owned). */
+static nd_conv_plan group_plan(const nd_conv_plan *p) {
+    nd_conv_plan q = *p;
+    q.C = p->Cg, q.O = p->Og, q.G = 1;
+    q.off = NULL;
+    return q;
+}
+
+bool nd_cpu_conv_packed_runs(const nd_conv_plan *p, nd_dtype dt, nd_conv_product which) {
+    if (dt != ND_FLOAT32 || p->nt == 0 || !packed_available()) return false;
+    const nd_conv_plan q = group_plan(p); /* (p itself when groups = 1) */
+    return packed_everywhere() || packed_wins(&q, which);
+}
+
 static bool packed_applies(const nd_conv_plan *p, const nd_tensor *x) {
-    return x->dtype == ND_FLOAT32 && p->G == 1 && p->nt > 0 && packed_available();
+    return nd_cpu_conv_packed_runs(p, x->dtype, ND_CONV_FORWARD);
 }
 
 /* threads for work of this many multiply-adds, at most one per unit */
@@ -508,18 +567,13 @@ static void *alloc_floats(int64_t n) { /* 64-byte aligned, whole cache lines (cp
     return nd_cpu_scratch_alloc((size_t)round_up(n > 0 ? n : 1, 16) * sizeof(float));
 }
 
-nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
-                               const nd_tensor *w, const float *prepacked, const nd_tensor *b,
-                               nd_activation act, const nd_tensor *res, bool *done) {
-    *done = false;
-    const bool relu = act == ND_ACT_RELU;
-    const nd_inner_fn act_fn = act == ND_ACT_GELU ? nd_cpu_unary_inner(ND_UNARY_gelu, ND_FLOAT32) : NULL;
-    if (!packed_applies(p, x)) return ND_OK;
+/* One group's forward (p: its plan, the pointers at its first channel,
+ * filter, bias and output plane); Wt NULL when prepacked is given. */
+static nd_status forward_group(const nd_conv_plan *p, const float *X, const float *Wt,
+                               const float *prepacked, const float *Bias, bool relu,
+                               nd_inner_fn act_fn, const float *RES, float *OUT) {
     const int64_t K = p->K, O = p->O, Opad = round_up(O, MR), cols = p->N * p->L;
     const int64_t npanels = (cols + NR - 1) / NR;
-    const float *X = (const float *)nd_ptr(x), *Bias = b ? (const float *)nd_ptr(b) : NULL;
-    const float *RES = res ? (const float *)nd_ptr(res) : NULL;
-    float *OUT = (float *)nd_ptr(out);
     conv_src src;
     float *A = prepacked ? NULL : alloc_floats(Opad * K);
     if (!src_make(&src, p) || (!A && !prepacked)) {
@@ -527,7 +581,7 @@ nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor 
         return nd_fail(ND_ERR_MEMORY, "fused_conv2d: out of memory");
     }
     if (prepacked) A = (float *)prepacked; /* (not freed below: A is the caller's then) */
-    else pack_weight(p, (const float *)nd_ptr(w), A);
+    else pack_weight(p, Wt, A);
     int failed = 0;
 #pragma omp parallel num_threads(threads_for(O * K * cols, npanels))
     {
@@ -558,6 +612,31 @@ nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor 
     if (!prepacked) nd_cpu_scratch_free(A);
     src_free(&src);
     if (failed) return nd_fail(ND_ERR_MEMORY, "fused_conv2d: out of memory");
+    return ND_OK;
+}
+
+/* Groups run one after another, each as a convolution of its own: a
+ * grouped layer's products are thin (ResNeXt's 3x3s: 4 to 32 channels a
+ * group), where this path beats im2col + a GEMM per group. (Depthwise
+ * layers, one channel a group, have their own kernel: cpu_conv_depthwise.c.) */
+nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
+                               const nd_tensor *w, const float *prepacked, const nd_tensor *b,
+                               nd_activation act, const nd_tensor *res, bool *done) {
+    *done = false;
+    const bool relu = act == ND_ACT_RELU;
+    const nd_inner_fn act_fn = act == ND_ACT_GELU ? nd_cpu_unary_inner(ND_UNARY_gelu, ND_FLOAT32) : NULL;
+    if (!packed_applies(p, x) || (prepacked && p->G != 1)) return ND_OK;
+    const nd_conv_plan q = group_plan(p);
+    const float *X = (const float *)nd_ptr(x), *Bias = b ? (const float *)nd_ptr(b) : NULL;
+    const float *RES = res ? (const float *)nd_ptr(res) : NULL;
+    const float *Wt = prepacked ? NULL : (const float *)nd_ptr(w);
+    float *OUT = (float *)nd_ptr(out);
+    for (int64_t g = 0; g < p->G; g++) {
+        const int64_t c0 = g * p->Cg, o0 = g * p->Og;
+        ND_TRY(forward_group(&q, X + c0 * p->H * p->W, Wt ? Wt + o0 * p->Cg * p->kk : NULL,
+                             prepacked, Bias ? Bias + o0 : NULL, relu, act_fn,
+                             RES ? RES + o0 * p->L : NULL, OUT + o0 * p->L));
+    }
     *done = true;
     return ND_OK;
 }
@@ -578,7 +657,8 @@ int64_t nd_cpu_conv2d_packed_numel(const int64_t *xshape, const int64_t *wshape,
     nd_conv_plan p;
     nd_tensor xs;
     if (plan_for_shape(&p, xshape, dt, wshape[0], g, groups, &xs) != ND_OK) return 0;
-    int64_t n = packed_applies(&p, &xs) ? round_up(p.O, MR) * p.K : 0;
+    /* (groups run unpacked: one packed weight is one group's layout) */
+    int64_t n = p.G == 1 && packed_applies(&p, &xs) ? round_up(p.O, MR) * p.K : 0;
     nd_conv_plan_free(&p);
     return n;
 }
@@ -589,7 +669,7 @@ nd_status nd_cpu_conv2d_prepack(nd_tensor *packed, const nd_tensor *w, const int
     nd_tensor xs;
     ND_TRY(plan_for_shape(&p, xshape, w->dtype, w->shape[0], g, groups, &xs));
     nd_status st = ND_OK;
-    if (!packed_applies(&p, &xs) || packed->dtype != ND_FLOAT32 || !nd_is_contiguous(packed) ||
+    if (p.G != 1 || !packed_applies(&p, &xs) || packed->dtype != ND_FLOAT32 || !nd_is_contiguous(packed) ||
         nd_numel(packed) != round_up(p.O, MR) * p.K || !nd_is_contiguous(w))
         st = nd_fail(ND_ERR_INTERNAL, "conv2d_prepack: the packed weight does not fit this convolution");
     else
@@ -617,20 +697,21 @@ nd_status nd_cpu_conv2d_fused_packed(nd_tensor *out, const nd_tensor *x, const n
     return st;
 }
 
-nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tensor *gw,
-                                        const nd_tensor *dy, const nd_tensor *x,
-                                        const nd_tensor *w, bool *done) {
-    *done = false;
-    if (!packed_applies(p, dy)) return ND_OK;
+/* One group's gradients (p: its plan, the pointers at its first channel and
+ * filter; GX or GW NULL when not wanted). */
+static nd_status backward_group(const nd_conv_plan *p, float *GX, float *GW, const float *DY,
+                                const float *X, const float *Wt) {
+    const bool gx = GX != NULL, gw = GW != NULL;
     const int64_t K = p->K, O = p->O, N = p->N, L = p->L;
     const int64_t Kpad6 = round_up(K, MR), Kpad3 = round_up(K, 3), Opad4 = round_up(O, 4);
-    const float *DY = (const float *)nd_ptr(dy), *X = gw ? (const float *)nd_ptr(x) : NULL;
-    float *GX = gx ? (float *)nd_ptr(gx) : NULL;
     /* whole images per thread: the col2im adds of two threads never meet */
     const int nth = threads_for(O * K * N * L * (gx && gw ? 2 : 1), N);
-    /* weight-gradient blocks: their im2col rows (Kpad3, nc) stay in L2 */
-    int64_t nc = BLOCK_BYTES / (int64_t)sizeof(float) / Kpad3 / NR * NR;
-    nc = nc < NR ? NR : nc > BLOCK_COLS_MAX ? BLOCK_COLS_MAX : nc;
+    /* weight-gradient blocks of nc columns: long dot products, so the
+     * horizontal sums and the read-modify-write of the partial GW are paid
+     * once per nc columns (with nc sized to keep all K im2col rows in L2,
+     * ResNet-50's 3x3 layers got 16 columns and ran at a third of the
+     * BLAS path's speed); the rows are then taken in chunks that fit L2 */
+    const int64_t nc = BLOCK_COLS_MAX;
     conv_src src;
     float *AT = gx ? alloc_floats(Kpad6 * O) : NULL;
     float *GWP = gw ? calloc((size_t)(nth * Opad4 * Kpad3), sizeof(float)) : NULL;
@@ -638,7 +719,7 @@ nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tenso
         src_free(&src), nd_cpu_scratch_free(AT), free(GWP);
         return nd_fail(ND_ERR_MEMORY, "conv2d_backward: out of memory");
     }
-    if (gx) pack_weight_t(p, (const float *)nd_ptr(w), AT);
+    if (gx) pack_weight_t(p, Wt, AT);
     int failed = 0;
 #pragma omp parallel num_threads(nth)
     {
@@ -656,7 +737,8 @@ nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tenso
             failed = 1;
         } else {
             if (gx && !src.copy)
-                memset(GX + n0 * p->C * src.HWp, 0, sizeof(float) * (size_t)((n1 - n0) * p->C * src.HWp));
+                for (int64_t n = n0; n < n1; n++) /* (a group's planes of each image) */
+                    memset(GX + n * p->x_img, 0, sizeof(float) * (size_t)(p->C * src.HWp));
             float *gwp = gw ? GWP + id * Opad4 * Kpad3 : NULL;
             for (int64_t b0 = n0 * L; b0 < n1 * L; b0 += nc) {
                 const int64_t b1 = b0 + nc < n1 * L ? b0 + nc : n1 * L;
@@ -676,9 +758,16 @@ nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tenso
                     zero_padding(BD, K, Kpad3, d, dp);
                     pack_dy(p, DY, run, seg_runs(seg, ns, run), dp, AD);
                     pack_cols(&src, &in_slot, X, seg, ns, dp, BD);
-                    for (int64_t o = 0; o < Opad4; o += 4)
-                        for (int64_t k = 0; k < Kpad3; k += 3)
-                            dot_4x3(dp, AD + o * dp, BD + k * dp, gwp + o * Kpad3 + k, Kpad3);
+                    /* BD rows in chunks of kb (in L2); four dy rows (in L1)
+                     * against each chunk */
+                    int64_t kb = BLOCK_BYTES / (int64_t)sizeof(float) / dp / 3 * 3;
+                    kb = kb < 3 ? 3 : kb;
+                    for (int64_t k0 = 0; k0 < Kpad3; k0 += kb) {
+                        const int64_t k1 = k0 + kb < Kpad3 ? k0 + kb : Kpad3;
+                        for (int64_t o = 0; o < Opad4; o += 4)
+                            for (int64_t k = k0; k < k1; k += 3)
+                                dot_4x3(dp, AD + o * dp, BD + k * dp, gwp + o * Kpad3 + k, Kpad3);
+                    }
                 }
             }
             if (gx) slot_flush(&src, &g_slot, GX);
@@ -693,7 +782,6 @@ nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tenso
         return nd_fail(ND_ERR_MEMORY, "conv2d_backward: out of memory");
     }
     if (gw) { /* GW[o, c, tap] = the threads' partial sums; 0 at dead taps */
-        float *GW = (float *)nd_ptr(gw);
         memset(GW, 0, sizeof(float) * (size_t)(O * p->C * p->kk));
 #pragma omp parallel for num_threads(nd_cpu_threads()) if (O * K * nth >= ND_PARALLEL_THRESHOLD) schedule(static)
         for (int64_t o = 0; o < O; o++)
@@ -704,6 +792,25 @@ nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tenso
             }
         free(GWP);
     }
+    return ND_OK;
+}
+
+nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tensor *gw,
+                                        const nd_tensor *dy, const nd_tensor *x,
+                                        const nd_tensor *w, bool *done) {
+    *done = false;
+    if ((gx && !nd_cpu_conv_packed_runs(p, dy->dtype, ND_CONV_GRAD_X)) ||
+        (gw && !nd_cpu_conv_packed_runs(p, dy->dtype, ND_CONV_GRAD_W)) || (!gx && !gw))
+        return ND_OK; /* the caller asks for the products this path runs */
+    const nd_conv_plan q = group_plan(p);
+    const float *DY = (const float *)nd_ptr(dy), *X = gw ? (const float *)nd_ptr(x) : NULL;
+    const float *Wt = gx ? (const float *)nd_ptr(w) : NULL;
+    float *GX = gx ? (float *)nd_ptr(gx) : NULL, *GW = gw ? (float *)nd_ptr(gw) : NULL;
+    for (int64_t g = 0; g < p->G; g++) { /* groups one after another, as the forward */
+        const int64_t c0 = g * p->Cg * p->H * p->W, o0 = g * p->Og;
+        ND_TRY(backward_group(&q, GX ? GX + c0 : NULL, GW ? GW + o0 * p->Cg * p->kk : NULL,
+                              DY + o0 * p->L, X ? X + c0 : NULL, Wt ? Wt + o0 * p->Cg * p->kk : NULL));
+    }
     *done = true;
     return ND_OK;
 }
@@ -711,6 +818,11 @@ nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tenso
 #else /* no x86-64 intrinsics: always the BLAS path */
 
 bool nd_cpu_packed_conv(void) { return false; }
+
+bool nd_cpu_conv_packed_runs(const nd_conv_plan *p, nd_dtype dt, nd_conv_product which) {
+    (void)p, (void)dt, (void)which;
+    return false;
+}
 
 nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
                                const nd_tensor *w, const float *prepacked, const nd_tensor *b,

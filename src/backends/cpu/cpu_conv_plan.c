@@ -66,6 +66,7 @@ nd_status nd_conv_plan_make(nd_conv_plan *p, const char *op, const nd_tensor *x,
     p->N = x->shape[0], p->C = x->shape[1], p->H = x->shape[2], p->W = x->shape[3];
     p->O = O, p->G = groups, p->Cg = p->C / groups, p->Og = O / groups;
     p->kk = g->kh * g->kw, p->L = g->lh * g->lw, p->g = g;
+    p->x_img = p->C * p->H * p->W, p->y_img = O * p->L;
     if (x->dtype != ND_FLOAT32 && x->dtype != ND_FLOAT64)
         return nd_fail(ND_ERR_DTYPE, "%s: no cpu kernel for %s", op, nd_dtype_name(x->dtype));
     if (p->N < 1 || p->Cg < 1 || p->Og < 1 || p->L < 1) /* the op layer routes these elsewhere */

@@ -8,6 +8,8 @@
 
 typedef struct {
     int64_t N, C, H, W, O, G, Cg, Og, kk, L;
+    int64_t x_img, y_img; /* elements from one image of x (C*H*W) and of the output (O*L) to the
+                           * next: a group's plan (cpu_conv_packed.c) keeps the whole tensors' */
     int64_t nt;       /* live taps */
     int64_t *tap;     /* their indices i*kw + j, nt of them */
     int64_t K;        /* GEMM depth per group: Cg * nt */
@@ -34,6 +36,15 @@ nd_status nd_conv_plan_make(nd_conv_plan *p, const char *op, const nd_tensor *x,
 nd_status nd_conv_plan_table(nd_conv_plan *p, const char *op);
 void nd_conv_plan_free(nd_conv_plan *p);
 
+/* the three products of a convolution, for the choice of path */
+typedef enum { ND_CONV_FORWARD, ND_CONV_GRAD_X, ND_CONV_GRAD_W } nd_conv_product;
+
+/* cpu_conv_packed.c: whether its packed float32 path runs this product of
+ * p (dtype dt): AVX2 + FMA, groups = 1, and a shape where it beats the
+ * BLAS path (NEEDLE_CONV_BLAS=1: never; NEEDLE_CONV_PACKED=1: whatever the
+ * shape). */
+bool nd_cpu_conv_packed_runs(const nd_conv_plan *p, nd_dtype dt, nd_conv_product which);
+
 /* cpu_conv_packed.c: the float32 path on AVX2 + FMA CPUs. *done = false
  * (and ND_OK) when it does not apply; then the caller runs the BLAS path. */
 nd_status nd_cpu_conv2d_packed(nd_conv_plan *p, nd_tensor *out, const nd_tensor *x,
@@ -49,6 +60,9 @@ nd_status nd_cpu_conv2d_prepack(nd_tensor *packed, const nd_tensor *w, const int
 nd_status nd_cpu_conv2d_fused_packed(nd_tensor *out, const nd_tensor *x, const nd_tensor *packed,
                                      const nd_tensor *b, const nd_conv_geom *g, int64_t groups,
                                      nd_activation act, const nd_tensor *res);
+/* gx and gw (either may be NULL) when the packed path runs every product
+ * asked for (nd_cpu_conv_packed_runs); else *done = false and nothing is
+ * written */
 nd_status nd_cpu_conv2d_packed_backward(nd_conv_plan *p, nd_tensor *gx, nd_tensor *gw,
                                         const nd_tensor *dy, const nd_tensor *x,
                                         const nd_tensor *w, bool *done);

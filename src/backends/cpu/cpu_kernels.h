@@ -118,6 +118,9 @@ bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
 /* cpu_fused.c */
 nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, nd_activation act, const nd_tensor *res);
+/* cpu_attention.c */
+nd_status nd_cpu_attention(nd_tensor *out, const nd_tensor *q, const nd_tensor *k,
+                           const nd_tensor *v, const nd_tensor *mask, double scale, bool causal);
 int nd_cpu_linear_join_align(nd_dtype dt);
 /* What a fused kernel's path left to do after a product without it: the
  * activation other than relu (gelu: nd.gelu's kernel, in place), then the

@@ -38,4 +38,15 @@ static inline void nd_philox_at(uint64_t seed, uint64_t counter, uint32_t out[4]
     nd_philox4x32_10(ctr, key, out);
 }
 
+/* The words of the 8 stream positions counter .. counter + 7: out[k][j] is
+ * word k of position counter + j (nd_philox_at's, one position at a time;
+ * cpu_random.c has the vector version). */
+static inline void nd_philox_at8(uint64_t seed, uint64_t counter, uint32_t out[4][8]) {
+    for (int j = 0; j < 8; j++) {
+        uint32_t w[4];
+        nd_philox_at(seed, counter + (uint64_t)j, w);
+        out[0][j] = w[0], out[1][j] = w[1], out[2][j] = w[2], out[3][j] = w[3];
+    }
+}
+
 #endif

@@ -13,6 +13,7 @@
  *   bernoulli 1 when a uniform (24 bits for float32 p, else 53) is < p[i]. */
 #include <math.h>
 #include <string.h>
+#include "cpu_avx2.h"
 #include "cpu_kernels.h"
 #include "cpu_philox.h"
 
@@ -42,13 +43,75 @@ static inline double normal_f64(const uint32_t *w) {
     return sqrt(-2.0 * log(u1)) * cos(TWO_PI * u53(w[2], w[3]));
 }
 
-/* Runs BODY for i in [0, n) with w[4] holding counter (offset + i)'s words. */
+/* nd_philox_at8 in AVX2 registers: the 8 positions' rounds side by side,
+ * the 32 x 32 -> 64-bit products as vpmuludq on the even lanes and on the
+ * odd ones shifted down. One position at a time the 10 dependent rounds
+ * left the multipliers idle: a fill cost about 23 cycles an element. */
+#ifdef ND_HAVE_AVX2_KERNELS
+__attribute__((target("avx2"))) static inline void mul_hi_lo(__m256i a, __m256i m, __m256i *hi,
+                                                             __m256i *lo) {
+    const __m256i even = _mm256_mul_epu32(a, m);                        /* lanes 0, 2, 4, 6 */
+    const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m); /* lanes 1, 3, 5, 7 */
+    *hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+    *lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+}
+
+__attribute__((target("avx2"))) static void philox8_avx2(uint64_t seed, uint64_t ctr,
+                                                         uint32_t out[4][8]) {
+    uint32_t lo[8], hi[8];
+    for (int j = 0; j < 8; j++) lo[j] = (uint32_t)(ctr + (uint64_t)j), hi[j] = (uint32_t)((ctr + (uint64_t)j) >> 32);
+    __m256i c0 = _mm256_loadu_si256((const __m256i *)lo), c1 = _mm256_loadu_si256((const __m256i *)hi);
+    __m256i c2 = _mm256_setzero_si256(), c3 = _mm256_setzero_si256();
+    const __m256i m0 = _mm256_set1_epi64x(0xD2511F53u), m1 = _mm256_set1_epi64x(0xCD9E8D57u);
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int r = 0; r < 10; r++) {
+        __m256i h0, l0, h1, l1;
+        mul_hi_lo(c0, m0, &h0, &l0);
+        mul_hi_lo(c2, m1, &h1, &l1);
+        c0 = _mm256_xor_si256(_mm256_xor_si256(h1, c1), _mm256_set1_epi32((int)k0));
+        c2 = _mm256_xor_si256(_mm256_xor_si256(h0, c3), _mm256_set1_epi32((int)k1));
+        c1 = l1, c3 = l0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    _mm256_storeu_si256((__m256i *)out[0], c0), _mm256_storeu_si256((__m256i *)out[1], c1);
+    _mm256_storeu_si256((__m256i *)out[2], c2), _mm256_storeu_si256((__m256i *)out[3], c3);
+}
+#endif
+
+static void philox8_base(uint64_t seed, uint64_t ctr, uint32_t out[4][8]) {
+    nd_philox_at8(seed, ctr, out);
+}
+
+typedef void (*philox8_fn)(uint64_t, uint64_t, uint32_t[4][8]);
+static philox8_fn philox8(void) {
+#ifdef ND_HAVE_AVX2_KERNELS
+    static int avx2 = -1;
+    if (avx2 < 0) {
+        __builtin_cpu_init();
+        avx2 = __builtin_cpu_supports("avx2");
+    }
+    if (avx2) return philox8_avx2;
+#endif
+    return philox8_base;
+}
+
+/* Runs BODY for i in [0, n) with w[4] holding counter (offset + i)'s
+ * words, drawn 8 positions at a time. */
 #define RAND_LOOP(BODY)                                                         \
-    _Pragma("omp parallel for num_threads(nd_cpu_threads()) schedule(static) if (n >= ND_PARALLEL_THRESHOLD)") \
-    for (int64_t i = 0; i < n; i++) {                                           \
-        uint32_t w[4];                                                          \
-        nd_philox_at(seed, offset + i, w);                                      \
-        BODY;                                                                   \
+    {                                                                           \
+        const philox8_fn gen_ = philox8();                                      \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) schedule(static) if (n >= ND_PARALLEL_THRESHOLD)") \
+        for (int64_t i0 = 0; i0 < n; i0 += 8) {                                 \
+            uint32_t W_[4][8];                                                  \
+            gen_(seed, offset + (uint64_t)i0, W_);                              \
+            const int64_t m_ = n - i0 < 8 ? n - i0 : 8;                         \
+            for (int64_t q_ = 0; q_ < m_; q_++) {                               \
+                const int64_t i = i0 + q_;                                      \
+                const uint32_t w[4] = {W_[0][q_], W_[1][q_], W_[2][q_], W_[3][q_]}; \
+                BODY;                                                           \
+            }                                                                   \
+        }                                                                       \
     }
 
 typedef struct {

@@ -20,6 +20,11 @@
  *            range of x: 11 ns an element on normally distributed inputs,
  *            these 2.6 (one core).
  *   gelu     0.5 x (1 + erf(x / sqrt 2)) with that erf.
+ * erf and gelu go 16 elements at a time, through the polynomial alone where
+ * all 16 arguments of erf are below 2 in magnitude (the same values: it is
+ * the first branch), else through both: GELU over normally distributed
+ * activations 4.1 -> 1.8 ns an element on one core (PyTorch 1.13's, whose
+ * erf is a looser approximation: 0.8).
  * NaN in, NaN out. o may be x itself. */
 #ifndef ND_CPU_VMATH_H
 #define ND_CPU_VMATH_H

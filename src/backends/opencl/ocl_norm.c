@@ -81,6 +81,46 @@ nd_status ocl_softmax(nd_tensor *out, const nd_tensor *x, int dim, bool log) {
     return launch_rows(d, k, op, rows, row_group(d, k, n));
 }
 
+/* -------------------------------------------------------------- attention */
+
+/* One work-item per (product, query) (kernels/norm.cl, attention_rows): a
+ * plain kernel that keeps the op on the device, with no (..., L, S)
+ * tensors; not tuned (no GPU to tune it on yet). */
+nd_status ocl_attention(nd_tensor *out, const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
+                        const nd_tensor *mask, double scale, bool causal) {
+    const char *op = "attention";
+    ocl_device *d = ocl_dev(q);
+    const int64_t B2 = q->shape[1], rows = q->shape[0] * B2 * q->shape[2];
+    if (rows == 0 || v->shape[3] == 0) return ND_OK;
+    if (k->shape[2] == 0) { /* no keys: an empty weighted sum */
+        const unsigned char zero[8] = {0};
+        return ocl_fill(out, zero);
+    }
+    cl_kernel kr;
+    ND_TRY(norm_kernel(d, q->dtype, "attention_rows", op, &kr));
+    cl_long b2 = B2, L = q->shape[2], S = k->shape[2], E = q->shape[3], Ev = v->shape[3];
+    cl_int c = causal, hm = mask != NULL;
+    cl_long st[13] = {q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1],
+                      k->strides[2], v->strides[0], v->strides[1], v->strides[2],
+                      mask ? mask->strides[0] : 0, mask ? mask->strides[1] : 0,
+                      mask ? mask->strides[2] : 0, mask ? mask->strides[3] : 0};
+    cl_long nrows = rows;
+    cl_int e = OCL_ARG(kr, 0, nrows) | OCL_ARG(kr, 1, b2) | OCL_ARG(kr, 2, L) | OCL_ARG(kr, 3, S) |
+               OCL_ARG(kr, 4, E) | OCL_ARG(kr, 5, Ev) | set_acc(kr, 6, d, scale) | OCL_ARG(kr, 7, c);
+    cl_uint a = 8;
+    const nd_tensor *bufs[3] = {q, k, v};
+    for (int t = 0; t < 3; t++) { /* (buffer, offset, 3 strides) each */
+        e |= set_buf(kr, a, bufs[t], NULL);
+        for (int j = 0; j < 3; j++) e |= OCL_ARG(kr, a + 2 + (cl_uint)j, st[3 * t + j]);
+        a += 5;
+    }
+    e |= OCL_ARG(kr, a, hm) | set_buf(kr, a + 1, mask, q);
+    for (int j = 0; j < 4; j++) e |= OCL_ARG(kr, a + 3 + (cl_uint)j, st[9 + j]);
+    e |= set_buf(kr, a + 7, out, NULL);
+    SET_OR_FAIL(e, op, d);
+    return ocl_launch_1d(d, kr, op, rows);
+}
+
 /* ------------------------------------------------------------- layer norm */
 
 nd_status ocl_layer_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, const nd_tensor *x,

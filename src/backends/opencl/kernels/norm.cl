@@ -303,3 +303,53 @@ __kernel void batch_norm_apply(long total, long c, long sp, __global const T *x,
     T shift = (has_b ? b[boff + ch] : (T)0) - mu * scale;
     y[yoff + i] = x[xoff + i] * scale + shift;
 }
+
+/* -------------------------------------------------------------- attention
+ * out (B1, B2, L, Ev) = softmax(scale * q k^T + mask) v (backend.h's
+ * attention): one work-item per (product, query), b = b1 * B2 + b2. q, k, v
+ * are read through their strides (rows unit-stride), the mask through its
+ * four (broadcast ones 0); out is contiguous from ooff. The scores are made
+ * twice, once for the maximum and once for the weighted sum of v's rows,
+ * which accumulates in the output row and is divided by the sum at the end
+ * (the composition divides first: results agree to rounding). A NaN score
+ * or a row of -inf makes the row NaN, as softmax's. S >= 1 (the host writes
+ * zeros for no keys). */
+inline acc_t attn_score(__global const T *qr, __global const T *kr, long E, acc_t scale,
+                        __global const T *mr, int causal, long i, long j) {
+    acc_t s = 0;
+    for (long e = 0; e < E; e++) s += (acc_t)qr[e] * (acc_t)kr[e];
+    s *= scale;
+    if (mr) s += (acc_t)mr[0];
+    if (causal && j > i) s = -INFINITY;
+    return s;
+}
+
+__kernel void attention_rows(long rows, long B2, long L, long S, long E, long Ev, acc_t scale, int causal,
+                             __global const T *q, long qoff, long qs0, long qs1, long qs2,
+                             __global const T *k, long koff, long ks0, long ks1, long ks2,
+                             __global const T *v, long voff, long vs0, long vs1, long vs2,
+                             int has_mask, __global const T *m, long moff, long ms0, long ms1,
+                             long ms2, long ms3, __global T *out, long ooff) {
+    long r = get_global_id(0);
+    if (r >= rows) return; /* (the launch rounds up to whole work-groups) */
+    long b = r / L, i = r - b * L, b1 = b / B2, b2 = b - b1 * B2;
+    __global const T *qr = q + qoff + b1 * qs0 + b2 * qs1 + i * qs2;
+    __global const T *kb = k + koff + b1 * ks0 + b2 * ks1;
+    __global const T *vb = v + voff + b1 * vs0 + b2 * vs1;
+    __global const T *mb = has_mask ? m + moff + b1 * ms0 + b2 * ms1 + i * ms2 : 0;
+    __global T *orow = out + ooff + r * Ev;
+    acc_t mx = -INFINITY;
+    for (long j = 0; j < S; j++) {
+        acc_t s = attn_score(qr, kb + j * ks2, E, scale, mb ? mb + j * ms3 : 0, causal, i, j);
+        mx = isnan(mx) ? mx : (isnan(s) || s > mx) ? s : mx;
+    }
+    for (long e = 0; e < Ev; e++) orow[e] = 0;
+    acc_t sum = 0;
+    for (long j = 0; j < S; j++) {
+        acc_t p = exp(attn_score(qr, kb + j * ks2, E, scale, mb ? mb + j * ms3 : 0, causal, i, j) - mx);
+        sum += p;
+        __global const T *vr = vb + j * vs2;
+        for (long e = 0; e < Ev; e++) orow[e] = (T)((acc_t)orow[e] + p * (acc_t)vr[e]);
+    }
+    for (long e = 0; e < Ev; e++) orow[e] = (T)((acc_t)orow[e] / sum);
+}
