@@ -115,6 +115,36 @@ echo "ms 10"; echo "items 2"
     rmdir(d)
   end)
 
+  it("--device runs needle's side there and asks PyTorch's for --torch-device (cuda by default)", function()
+    local D = require "spec.helpers.devices"
+    local dev = D.opencl()[1]
+    if not dev then return pending("no OpenCL device here") end
+    local d = tmpdir()
+    local fake = fake_python(d, [[
+for a in "$@"; do case $a in device=*) echo "$a" > "$(dirname "$0")/torch_device";; esac; done
+echo "ms 10"; echo "items 2"; echo "device cuda:0"
+]])
+    local ok, out = run("--quick --models distilbert --reps 1 --warmup 0 --device " .. dev .. " --python " ..
+                        S.q(fake) .. " --out " .. S.q(d))
+    assert.is_true(ok, out)
+    assert.is_truthy(out:find("devices: needle " .. dev .. ", PyTorch cuda", 1, true), out)
+    assert.are.equal("device=cuda\n", S.read_file(d .. "/torch_device"))
+    local doc = json.decode(assert(S.read_file(d .. "/results.json")))
+    assert.are.equal(dev, doc.meta.device)
+    assert.are.equal("cuda", doc.meta.torch_device)
+    for _, r in ipairs(doc.rows) do assert.is_true(r.needle > 0 and r.ratio > 0, r.name) end
+    -- a side that ran somewhere else is an error, not a GPU figure
+    local liar = fake_python(d, [[echo "ms 10"; echo "items 2"; echo "device cpu"]])
+    ok, out = run("--quick --models distilbert --reps 1 --warmup 0 --device " .. dev .. " --python " ..
+                  S.q(liar) .. " --out " .. S.q(d))
+    assert.is_false(ok)
+    assert.is_truthy(out:find("PyTorch's distilbert_infer process ran on cpu, not cuda", 1, true), out)
+    ok, out = run("--quick --models distilbert --device opencl:99 --no-torch --out " .. S.q(d))
+    assert.is_false(ok)
+    assert.is_truthy(out:find("--device opencl:99:", 1, true), out)
+    rmdir(d)
+  end)
+
   it("marks the PyTorch column missing, not faked, when the Python has no torch", function()
     local d = tmpdir()
     local nopy = d .. "/python3"

@@ -71,10 +71,10 @@ end
 
 function C.run_kv(cmd)
   local f = io.popen(cmd .. " 2>/dev/null")
-  local out = {}
+  local out = {text = {}} -- numbers by key; other values in out.text (e.g. device)
   for line in f:lines() do
     local k, v = line:match("^(%S+)%s+(%S+)$")
-    if k then out[k] = tonumber(v) end
+    if k and tonumber(v) then out[k] = tonumber(v) elseif k then out.text[k] = v end
   end
   f:close()
   return out

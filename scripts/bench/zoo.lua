@@ -8,7 +8,8 @@
 --
 --   build/needle-lua scripts/bench/zoo.lua [--models LIST] [--rounds N] [--reps N]
 --        [--batch I[,T]] [--text-batch I[,T]] [--threads N] [--large] [--quick]
---        [--python PATH] [--torch-wait auto|active|passive] [--no-torch] [--out DIR]
+--        [--device DEV] [--torch-device DEV] [--python PATH]
+--        [--torch-wait auto|active|passive] [--no-torch] [--out DIR]
 --
 -- Each (model, task) runs in rounds, as scripts/bench/run.lua's workloads: a
 -- round starts needle's process (scripts/bench/zoo_worker.lua) and PyTorch's
@@ -41,6 +42,9 @@ options:
   --batch I[,T]      CNN batch for inference and training (default 8,4)
   --text-batch I[,T] BERT/DistilBERT batch for inference and training (default 8,4)
   --threads N        threads of both sides (default 2)
+  --device DEV       needle's device for models and inputs (default cpu; e.g. opencl:0);
+                     off the CPU every timed call ends with nd.synchronize()
+  --torch-device DEV PyTorch's device (default: cpu with --device cpu, else cuda)
   --quick            tiny settings (64x64 images, 2-layer BERTs, a small GPT-2), for a spec
   --python PATH      the Python whose torch is the reference (default /usr/bin/python3)
   --torch-wait P     OMP_WAIT_POLICY of PyTorch's process: auto (default: PASSIVE for the
@@ -86,6 +90,8 @@ do
     elseif a == "--batch" then opts.batch, opts.batch_set = pair(a), true
     elseif a == "--text-batch" then opts.text_batch, opts.text_batch_set = pair(a), true
     elseif a == "--threads" then opts.threads = count(a, 1)
+    elseif a == "--device" then opts.device = value(a)
+    elseif a == "--torch-device" then opts.torch_device = value(a)
     elseif a == "--large" then opts.large = true
     elseif a == "--quick" then opts.quick = true
     elseif a == "--python" then C.python = q(value(a))
@@ -102,6 +108,15 @@ do
   end
 end
 if opts.quick and not opts.batch_set then opts.batch = {2, 2} end
+opts.device = opts.device or "cpu"
+do -- the device must exist here (its name as nd.devices() gives it), before any round
+  local ok, err = pcall(function() return nd.zeros({1}, {device = opts.device}) end)
+  if not ok then die(("--device %s: %s"):format(opts.device, tostring(err))) end
+end
+opts.torch_device = opts.torch_device or (opts.device == "cpu" and "cpu" or "cuda")
+for _, d in ipairs({opts.device, opts.torch_device}) do
+  if not d:match("^[%w:]+$") then die(("a device is a name like cpu, opencl:0 or cuda:0, got '%s'"):format(d)) end
+end
 if opts.quick and not opts.text_batch_set then opts.text_batch = {2, 2} end
 
 local want
@@ -173,14 +188,23 @@ local function measure_round(r, torch_first)
   local tail = ("%s %s %s"):format(r.model, r.task, table.concat(args, " "))
   local mine, theirs = {}, {}
   local function run_mine()
-    mine = run_child(r.name .. " (needle)", ("%s%s %s %s"):format(env, q(exe), q(here .. "/zoo_worker.lua"), tail))
+    mine = run_child(r.name .. " (needle)", ("%s%s %s %s device=%s"):format(env, q(exe), q(here .. "/zoo_worker.lua"),
+                                                                         tail, opts.device))
   end
   local function run_theirs()
     if have_torch then
-      theirs = run_child(r.name .. " (PyTorch)", ("%s%s %s %s"):format(torch_env(r), C.python, q(here .. "/zoo_torch.py"), tail))
+      theirs = run_child(r.name .. " (PyTorch)", ("%s%s %s %s device=%s"):format(torch_env(r), C.python,
+                                                                             q(here .. "/zoo_torch.py"), tail, opts.torch_device))
     end
   end
   if torch_first then run_theirs(); run_mine() else run_mine(); run_theirs() end
+  -- each side says where it ran: a worker that ignored the device must not pass as a GPU figure
+  for _, s in ipairs({{mine, opts.device, "needle"}, {theirs, opts.torch_device, "PyTorch"}}) do
+    local said = s[1].text and s[1].text.device
+    if s[1].ms and said and said ~= s[2] and not (s[2] == "cuda" and said:match("^cuda")) then
+      die(("%s's %s process ran on %s, not %s"):format(s[3], r.name, said, s[2]))
+    end
+  end
   return mine, theirs
 end
 
@@ -191,9 +215,9 @@ local function rate(kv) return (kv.ms and kv.items and kv.ms > 0) and kv.items /
 local rounds = opts.rounds or (opts.quick and 1 or 3)
 local kernels = os.getenv("OPENBLAS_CORETYPE")
 local load_before = uptime()
-print(("needle-lua zoo benchmark: threads %d, %d round(s), PyTorch %s%s")
+print(("needle-lua zoo benchmark: threads %d, %d round(s), PyTorch %s%s; devices: needle %s, PyTorch %s")
   :format(opts.threads, rounds, torch_version or (opts.no_torch and "not run (--no-torch)" or "MISSING"),
-          opts.quick and ", --quick" or ""))
+          opts.quick and ", --quick" or "", opts.device, opts.torch_device))
 print(("kernels: needle %s, OPENBLAS_CORETYPE=%s; PyTorch %s"):format(needle_blas or "(no libopenblas in ldd)",
   kernels or "unset (OpenBLAS picks by cpuid)", torch_kernels or "-"))
 print(("PyTorch's OMP_WAIT_POLICY: %s"):format(opts.torch_wait and opts.torch_wait ~= "auto" and opts.torch_wait
@@ -283,6 +307,7 @@ local function write(name, text)
   f:close()
 end
 local meta = {date = os.date("!%Y-%m-%dT%H:%M:%SZ"), threads = opts.threads, rounds = rounds,
+              device = opts.device, torch_device = opts.torch_device,
               torch = torch_version or (opts.no_torch and "not run" or "missing"), quick = opts.quick == true,
               openblas_coretype = kernels, needle_blas = needle_blas, torch_kernels = torch_kernels,
               load_before = load_before, load_after = load_after,

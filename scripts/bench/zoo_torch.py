@@ -37,8 +37,21 @@ def parse(argv):
     cfg = {}
     for kv in argv[3:]:
         k, v = kv.split("=", 1)
-        cfg[k] = float(v) if "." in v else int(v)
+        if k == "device":
+            cfg[k] = v
+        else:
+            cfg[k] = float(v) if "." in v else int(v)
     return model, task, cfg
+
+
+# the device the model and its inputs live on (zoo.lua --torch-device); off
+# the CPU each timed call ends with a synchronize, so its kernels are counted
+DEV = torch.device("cpu")
+
+
+def sync():
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def timed(fn, reps, warmup, reset=None):
@@ -48,12 +61,15 @@ def timed(fn, reps, warmup, reset=None):
         if reset:
             reset()
         fn()
+    sync()
     ts = []
     for _ in range(reps):
         if reset:
             reset()
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts) * 1e3
 
@@ -74,8 +90,8 @@ def train_step(model, opt, forward, labels):
 
 def cnn(name, task, c):
     import torchvision
-    model = getattr(torchvision.models, name)()
-    x = torch.randn(c["batch"], 3, c["size"], c["size"])
+    model = getattr(torchvision.models, name)().to(DEV)
+    x = torch.randn(c["batch"], 3, c["size"], c["size"], device=DEV)
     if task == "infer":
         model.eval()
         def fn():
@@ -83,16 +99,16 @@ def cnn(name, task, c):
                 model(x)
         return fn, c["batch"]
     model.train()
-    labels = torch.randint(0, 1000, (c["batch"],))
+    labels = torch.randint(0, 1000, (c["batch"],), device=DEV)
     return train_step(model, sgd(model), lambda: model(x), labels), c["batch"]
 
 
 def bert(name, task, c):
     import gen_torch_zoo_bert as ref
     b, t = c["batch"], c["seq"]
-    ids = torch.randint(0, c["vocab"], (b, t))
-    mask = torch.ones(b, t, dtype=torch.long)
-    labels = torch.randint(0, 2, (b,))
+    ids = torch.randint(0, c["vocab"], (b, t), device=DEV)
+    mask = torch.ones(b, t, dtype=torch.long, device=DEV)
+    labels = torch.randint(0, 2, (b,), device=DEV)
     if name == "distilbert":
         cfg = ref.Config(dict(vocab_size=c["vocab"], max_position_embeddings=512, n_layers=c["layers"],
                               n_heads=c["heads"], dim=c["hidden"], hidden_dim=c["inter"], dropout=0.1,
@@ -111,6 +127,7 @@ def bert(name, task, c):
                               pad_token_id=0, num_labels=2))
         model = ref.BertForSequenceClassification(cfg) if task == "train" else ref.BertModel(cfg)
         forward = lambda: model(ids, mask)  # noqa: E731
+    model.to(DEV)
     if task == "train":
         model.train()
         return train_step(model, sgd(model), forward, labels), b
@@ -125,7 +142,7 @@ def gpt2(task, c, reps, warmup):
     import gen_torch_zoo_gpt2 as ref
     cfg = dict(vocab_size=c["vocab"], n_positions=c["positions"], n_embd=c["embd"], n_layer=c["layers"],
                n_head=c["heads"], layer_norm_epsilon=1e-5)
-    model = ref.GPT2LMHeadModel(cfg)
+    model = ref.GPT2LMHeadModel(cfg).to(DEV)
     model.eval()
     torch.set_grad_enabled(False)
     tr = model.transformer
@@ -139,7 +156,7 @@ def gpt2(task, c, reps, warmup):
     if task == "gen_kv":
         # greedy generation with the cache (HF's legacy past_key_values):
         # the prompt once, then one position per new token
-        prompt = torch.randint(0, c["vocab"], (1, c["prompt"]))
+        prompt = torch.randint(0, c["vocab"], (1, c["prompt"]), device=DEV)
         n = c["new"]
 
         def fn():
@@ -147,7 +164,7 @@ def gpt2(task, c, reps, warmup):
             for _ in range(n - 1):
                 nxt, past = next_id(nxt, past)
         return timed(fn, reps, warmup), n
-    ctx = torch.randint(0, c["vocab"], (1, c["ctx"]))
+    ctx = torch.randint(0, c["vocab"], (1, c["ctx"]), device=DEV)
     if task == "step_kv":
         # the cost of one new token with ctx tokens already cached: the
         # prefill runs untimed before each timed run of `steps` decode steps
@@ -167,7 +184,9 @@ def gpt2(task, c, reps, warmup):
 
 
 def main():
+    global DEV
     model, task, c = parse(sys.argv)
+    DEV = torch.device(c.get("device", "cpu"))
     torch.manual_seed(0)
     torch.set_num_threads(c["threads"])
     reps, warmup = c["reps"], c["warmup"]
@@ -183,6 +202,7 @@ def main():
     print("items %d" % items)
     print("rss_mb %.3f" % peak_rss_mb())
     print("threads %d" % torch.get_num_threads())
+    print("device %s" % DEV)
 
 
 if __name__ == "__main__":

@@ -25,12 +25,19 @@ local model_name, task = arg[1], arg[2]
 local c = {}
 for i = 3, #arg do
   local k, v = arg[i]:match("^([%w_]+)=(.+)$")
-  if not k or not tonumber(v) then
-    io.stderr:write(("zoo_worker.lua: bad argument '%s' (expected key=number)\n"):format(arg[i]))
+  if k == "device" then
+    c.device = v
+  elseif not k or not tonumber(v) then
+    io.stderr:write(("zoo_worker.lua: bad argument '%s' (expected key=number or device=DEV)\n"):format(arg[i]))
     os.exit(2)
+  else
+    c[k] = math.tointeger(tonumber(v)) or tonumber(v)
   end
-  c[k] = math.tointeger(tonumber(v)) or tonumber(v)
 end
+-- the device the model and its inputs live on (zoo.lua --device); off the
+-- CPU each timed call ends with nd.synchronize, so its kernels are counted
+local dev = c.device or "cpu"
+local function sync() if dev ~= "cpu" then nd.synchronize() end end
 if not (model_name and task and c.threads and c.reps and c.warmup) then
   io.stderr:write("usage: needle-lua scripts/bench/zoo_worker.lua MODEL TASK threads=N reps=N warmup=N ...\n")
   os.exit(2)
@@ -46,11 +53,14 @@ local function timed(fn, reps, warmup, reset)
     if reset then reset() end
     fn()
   end
+  sync()
   local ts = {}
   for i = 1, reps do
     if reset then reset() end
+    sync()
     local t0 = nd.clock()
     fn()
+    sync()
     ts[i] = nd.clock() - t0
   end
   return C.median_of(ts) * 1e3
@@ -68,22 +78,22 @@ local function train_step(model, forward, labels)
 end
 
 local function cnn()
-  local model = models[model_name]()
-  local x = nd.randn({c.batch, 3, c.size, c.size})
+  local model = models[model_name]():to(dev)
+  local x = nd.randn({c.batch, 3, c.size, c.size}, {device = dev})
   if task == "infer" then
     model:eval()
     return function() nd.no_grad(function() return model(x) end) end, c.batch
   end
   model:train()
-  local labels = nd.randint(1, 1000, {c.batch})
+  local labels = nd.randint(1, 1000, {c.batch}, {device = dev})
   return train_step(model, function() return model(x) end, labels), c.batch
 end
 
 local function bert(train)
   local b, t = c.batch, c.seq
-  local ids = nd.randint(1, c.vocab, {b, t})
-  local mask = nd.ones({b, t}, {dtype = "int64"})
-  local labels = nd.randint(1, 2, {b})
+  local ids = nd.randint(1, c.vocab, {b, t}, {device = dev})
+  local mask = nd.ones({b, t}, {dtype = "int64", device = dev})
+  local labels = nd.randint(1, 2, {b}, {device = dev})
   local model
   if model_name == "distilbert" then
     local cfg = {vocab_size = c.vocab, n_layers = c.layers, n_heads = c.heads, dim = c.hidden,
@@ -94,6 +104,7 @@ local function bert(train)
                  num_attention_heads = c.heads, intermediate_size = c.inter, num_labels = train and 2 or nil}
     model = train and models.BertForSequenceClassification(cfg) or models.BertModel(cfg)
   end
+  model:to(dev)
   local function forward() return model(ids, {attention_mask = mask}) end
   if train then
     model:train()
@@ -108,6 +119,7 @@ end
 local function gpt2()
   local model = models.GPT2LMHeadModel{vocab_size = c.vocab, n_positions = c.positions, n_embd = c.embd,
                                        n_layer = c.layers, n_head = c.heads}
+  model:to(dev)
   model:eval()
   local tr = model.transformer
   local function next_id(h)
@@ -116,10 +128,10 @@ local function gpt2()
   end
   if task == "gen_kv" then
     -- the public API: greedy generation with the cache (the default)
-    local prompt = nd.randint(1, c.vocab, {1, c.prompt})
+    local prompt = nd.randint(1, c.vocab, {1, c.prompt}, {device = dev})
     return timed(function() model:generate(prompt, {max_new_tokens = c.new}) end, c.reps, c.warmup), c.new
   end
-  local ctx = nd.randint(1, c.vocab, {1, c.ctx})
+  local ctx = nd.randint(1, c.vocab, {1, c.ctx}, {device = dev})
   local guard <close> = nd.no_grad()
   if task == "step_kv" then
     -- one new token with ctx tokens cached: the prefill untimed before each
@@ -156,3 +168,4 @@ print(("items %d"):format(items))
 local rss = C.peak_rss_mb()
 if rss then print(("rss_mb %.3f"):format(rss)) end
 print(("threads %d"):format(nd.get_num_threads()))
+print(("device %s"):format(dev))
