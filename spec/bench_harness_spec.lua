@@ -210,3 +210,37 @@ describe("scripts/bench/busy_core.lua", function()
     assert.is_truthy(out:find("unknown option '--bogus'", 1, true), out)
   end)
 end)
+
+describe("scripts/bench/conv_paths.lua", function()
+  local run_paths = H.runner("bench/conv_paths")
+
+  it("times each convolution product of a model on both paths and as chosen (no PyTorch)", function()
+    local ok, out = run_paths("--model resnet9 --batch 2 --reps 1 --no-torch")
+    assert.is_true(ok, out)
+    assert.is_truthy(out:find("conv_paths: resnet9 at 32x32, batch 2", 1, true), out)
+    -- ResNet9's six distinct convolutions, each with three numbers per column
+    local rows = 0
+    for line in out:gmatch("[^\n]+") do
+      if line:match("^%d+,%d+,%d+,%d+,%d+,%d+%s+%d+") then
+        rows = rows + 1
+        local n = 0
+        for _ in line:gmatch("%s%-?%d+%.%d%d") do n = n + 1 end
+        assert.are.equal(9, n, line) -- packed, GEMM and chosen: fwd, grad x, grad w
+      end
+    end
+    assert.are.equal(6, rows, out)
+    for _, col in ipairs({"packed", "GEMM", "chosen"}) do
+      assert.is_truthy(out:find("total " .. col .. "%s+fwd%s+[%d.]+%s+grad x"), col .. "\n" .. out)
+    end
+    assert.is_nil(out:find("PyTorch", 1, true), out)
+  end)
+
+  it("refuses an unknown model or option, naming it", function()
+    local ok, out = run_paths("--model vgg")
+    assert.is_false(ok)
+    assert.is_truthy(out:find("--model takes resnet50, mobilenet_v2 or resnet9", 1, true), out)
+    ok, out = run_paths("--modle resnet9")
+    assert.is_false(ok)
+    assert.is_truthy(out:find("unknown option '--modle'", 1, true), out)
+  end)
+end)
