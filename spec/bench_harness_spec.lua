@@ -10,14 +10,7 @@ local json = require("needle.checkpoint").json
 local _, root = S.needle_lua()
 local run, tmpdir, rmdir = H.runner("bench/run"), H.tmpdir, H.rmdir
 
--- d/python3: a stand-in for PyTorch's Python that says its torch is
--- "9.9-fake" and otherwise runs body (sh) as the workload process
-local function fake_python(d, body)
-  local fake = d .. "/python3"
-  S.write_file(fake, '#!/bin/sh\nif [ "$1" = "-c" ]; then echo 9.9-fake; exit 0; fi\n' .. body)
-  os.execute("chmod +x " .. S.q(fake))
-  return fake
-end
+local fake_python = H.fake_python
 
 describe("scripts/bench/run.lua", function()
   it("runs the cheap workloads without PyTorch and writes JSON, CSV and SVG", function()

@@ -11,14 +11,7 @@ local json = require("needle.checkpoint").json
 
 local run, tmpdir, rmdir = H.runner("bench/zoo"), H.tmpdir, H.rmdir
 
--- d/python3: a stand-in for PyTorch's Python: "-c" (the version query)
--- answers 9.9-fake, anything else runs body (sh) as the zoo_torch.py process
-local function fake_python(d, body)
-  local fake = d .. "/python3"
-  S.write_file(fake, '#!/bin/sh\nif [ "$1" = "-c" ]; then echo 9.9-fake; exit 0; fi\n' .. body)
-  os.execute("chmod +x " .. S.q(fake))
-  return fake
-end
+local fake_python = H.fake_python
 
 local function close(a, b, rel) return math.abs(a - b) <= (rel or 1e-9) * math.abs(b) end
 

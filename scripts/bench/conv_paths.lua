@@ -48,19 +48,9 @@ do
   if not (opts.reps and opts.reps >= 1) then die("--reps takes a positive integer") end
 end
 
--- worker: time the products of each "C,H,O,k,stride,pad,count" line, print
--- "fwd gx gw" ms per line
-local function median_ms(fn, reps)
-  fn()
-  local ts = {}
-  for r = 1, reps do
-    local t0 = nd.clock()
-    fn()
-    ts[r] = nd.clock() - t0
-  end
-  table.sort(ts)
-  return ts[(reps + 1) // 2] * 1e3
-end
+-- worker: time the products of each "C,H,O,k,stride,pad" line, print
+-- "fwd gx gw" ms per line (common.lua's timing: one warm-up, the median)
+local function median_ms(fn, reps) return C.median_time(fn, reps, 1) * 1e3 end
 
 if opts.worker then
   nd.manual_seed(0)

@@ -5,22 +5,18 @@ grad, less the forward alone), float32 on the CPU with THREADS threads.
 
     /usr/bin/python3 scripts/bench/conv_paths_torch.py SHAPES BATCH REPS THREADS
 """
-import statistics
+import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import median_time  # noqa: E402  (the Lua side's timing)
+
 
 def median_ms(fn, reps):
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+    return median_time(fn, reps, warmup=1) * 1e3
 
 
 def main():

@@ -10,9 +10,20 @@
 --                                     -- not the header, not train_lstm's final "test" row)
 --   H.csv_test_row(path)              -- that "test" row's fields, or nil
 --   H.csv_rows(path)                  -- the data rows, each a list of fields (strings)
+--   H.fake_python(d, body)            -- d/python3, a stand-in for PyTorch's Python (below)
 local S = require "spec.helpers.shell"
 
 local H = {}
+
+-- d/python3: a stand-in for PyTorch's Python for the benchmark specs: "-c"
+-- (the version query) answers 9.9-fake, anything else runs body (sh) as the
+-- *_torch.py process; returns its path
+function H.fake_python(d, body)
+  local fake = d .. "/python3"
+  S.write_file(fake, '#!/bin/sh\nif [ "$1" = "-c" ]; then echo 9.9-fake; exit 0; fi\n' .. body)
+  os.execute("chmod +x " .. S.q(fake))
+  return fake
+end
 
 -- A function that runs scripts/NAME.lua with args (already quoted for the
 -- shell) and returns whether it succeeded, its output and its exit code.
