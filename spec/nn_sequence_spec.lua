@@ -201,6 +201,49 @@ describe("F.scaled_dot_product_attention", function()
       has(errmsg(core._attention, q:double(), k:double(), v:double(), nil, 1, false),
           "attention: no cpu kernel for float64")
     end)
+
+    it("returns its (B, H, L, Ev) output over heads-last memory: merging the heads is a view", function()
+      nd.manual_seed(75)
+      local q, k, v = nd.randn({2, 3, 5, 4}), nd.randn({2, 3, 7, 4}), nd.randn({2, 3, 7, 6})
+      local out = sdpa(q, k, v)
+      assert.is_false(out:is_contiguous())
+      assert.is_true(out:transpose(2, 3):is_contiguous())
+      assert.is_true(MF.max_abs_diff(out:double(), composed64(q, k, v)) < 2e-6)
+      -- one head: plain contiguous
+      assert.is_true(sdpa(q:narrow(2, 1, 1), k:narrow(2, 1, 1), v:narrow(2, 1, 1)):is_contiguous())
+    end)
+
+    it("is nn.MultiheadAttention's path without weights in evaluation (need_weights = false): "
+       .. "the same output as with them, every mask, kdim/vdim, bias_kv", function()
+      nd.manual_seed(76)
+      local cases = {
+        {nn.MultiheadAttention(16, 4, {batch_first = true}), {}},
+        {nn.MultiheadAttention(16, 4), {is_causal = true}},
+        {nn.MultiheadAttention(16, 2, {batch_first = true}),
+         {attn_mask = nd.ones({6, 6}):triu(2):bool(), key_padding_mask = nd.tensor({{false, false, false, false, true, true},
+                                                                               {false, false, false, false, false, false}})}},
+        {nn.MultiheadAttention(16, 4, {batch_first = true, kdim = 8, vdim = 12, add_bias_kv = true,
+                                       add_zero_attn = true}), {attn_mask = nd.randn({2 * 4, 6, 6})}},
+      }
+      for i, c in ipairs(cases) do
+        local m = c[1]:eval()
+        local x = m.batch_first and nd.randn({2, 6, 16}) or nd.randn({6, 2, 16})
+        local kv = x
+        if m.kdim ~= 16 then kv = nd.randn(m.batch_first and {2, 6, 8} or {6, 2, 8}) end
+        local vv = kv
+        if m.vdim ~= 16 then vv = nd.randn(m.batch_first and {2, 6, 12} or {6, 2, 12}) end
+        local function call(need)
+          local o = {need_weights = need}
+          for key, val in pairs(c[2]) do o[key] = val end
+          return nd.no_grad(function() return m(x, kv, vv, o) end)
+        end
+        local with = call(true)
+        local without
+        local report = nd.profile(function() without = call(false) end)
+        assert.is_nil(report.by_name.softmax, "case " .. i .. ": the composed softmax ran")
+        assert.is_true(MF.max_abs_diff(without:double(), with:double()) < 2e-6, "case " .. i)
+      end
+    end)
   end)
 
   it("bad input is an error naming the function, the shapes and what was expected", function()

@@ -318,7 +318,7 @@ typedef struct nd_backend {
                               const nd_tensor *b, nd_activation act, const nd_tensor *res);
     /* out (B1, B2, L, Ev) = softmax(scale * q k^T + mask) v for each of the
      * B1 x B2 products: q (B1, B2, L, E), k (B1, B2, S, E), v (B1, B2, S, Ev)
-     * with unit-stride rows (other strides any), out contiguous; mask NULL or
+     * and out with unit-stride rows (other strides any; out dense); mask NULL or
      * (B1, B2, L, S) of q's dtype with any
      * strides (broadcast dims 0-strided), added to the scaled scores; causal:
      * scores of key j > query i are -inf (top-left aligned). A row whose

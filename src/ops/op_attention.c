@@ -63,8 +63,15 @@ nd_status nd_attention(const nd_tensor *q, const nd_tensor *k, const nd_tensor *
     nd_status st = rows_unit(q, &qc);
     if (st == ND_OK) st = rows_unit(k, &kc);
     if (st == ND_OK) st = rows_unit(v, &vc);
-    const int64_t shape[4] = {q->shape[0], q->shape[1], q->shape[2], v->shape[3]};
-    if (st == ND_OK) st = nd_empty_on(nd_get_device(q), shape, 4, q->dtype, &o);
+    /* out (B1, B2, L, Ev) as a view of (B1, L, B2, Ev) memory: merging the
+     * heads back, (N, H, L, D) -> (N, L, H * D), is then a view, not a copy
+     * (PyTorch's fused kernels return this layout too) */
+    const int64_t mem_shape[4] = {q->shape[0], q->shape[2], q->shape[1], v->shape[3]};
+    const int swap[4] = {0, 2, 1, 3};
+    nd_tensor *mem = NULL;
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(q), mem_shape, 4, q->dtype, &mem);
+    if (st == ND_OK) st = nd_permute(mem, swap, 4, &o);
+    nd_release(mem);
     if (st == ND_OK)
         st = ND_BACKEND_CALL(nd_backend_of(q), attention, op, o, qc, kc, vc, mask, scale, causal);
     nd_release(qc);

@@ -330,4 +330,17 @@ function M.ctc_loss(log_probs, targets, input_lengths, target_lengths, opts)
   return (loss / tg_len:clamp(1, nil):to(lp.dtype)):mean()
 end
 
-return setmetatable(M, {__index = {attend = attend, causal_mask = causal_mask}})
+-- attend's choice for a caller that may not need the weights
+-- (nn.MultiheadAttention with need_weights = false): the fused kernel when it
+-- applies (q, k, v (N, H, T, D), mask broadcast to (N, H, L, S) or nil), else
+-- attend. Returns out and, from attend only, the weights.
+local function attend_maybe_fused(q, k, v, mask, dropout_p, scale, want_weights)
+  local batch = {q:size(1), q:size(2)}
+  if not want_weights and q:dim() == 4 and fused_applies(q, k, v, mask, dropout_p, batch) then
+    return attend_fused(q, k, v, mask, false, scale, batch), nil
+  end
+  return attend(q, k, v, mask, dropout_p, scale)
+end
+
+return setmetatable(M, {__index = {attend = attend, attend_maybe_fused = attend_maybe_fused,
+                                   causal_mask = causal_mask}})

@@ -133,7 +133,7 @@ end
 -- MultiheadAttention ---------------------------------------------------------------
 
 local MHA = Module:extend("MultiheadAttention")
-local attend = require("needle.functional.attention").attend
+local attend_maybe_fused = require("needle.functional.attention").attend_maybe_fused
 
 -- MultiheadAttention(embed_dim, num_heads, {dropout=0, bias=true, add_bias_kv=false,
 --   add_zero_attn=false, kdim=embed_dim, vdim=embed_dim, batch_first=false, dtype=, device=})
@@ -346,7 +346,8 @@ function MHA:forward(query, key, value, opts)
   end
 
   local p = (self.training and self.dropout > 0) and self.dropout or 0
-  local out, attn = attend(q, k, v, mask, p, 1 / math.sqrt(D))  -- (N, H, L, D), (N, H, L, S)
+  -- (N, H, L, D), (N, H, L, S); without the weights, the fused kernel where it applies
+  local out, attn = attend_maybe_fused(q, k, v, mask, p, 1 / math.sqrt(D), opts.need_weights ~= false)
   out = out:permute({1, 3, 2, 4}):reshape({N, L, E})
   out = self.out_proj(out)
 

@@ -74,13 +74,13 @@ nd_status nd_cpu_attention(nd_tensor *out, const nd_tensor *q, const nd_tensor *
                            const nd_tensor *v, const nd_tensor *mask, double scale, bool causal) {
     if (q->dtype != ND_FLOAT32)
         return nd_fail(ND_ERR_DTYPE, "attention: no cpu kernel for %s", nd_dtype_name(q->dtype));
-    /* (B1, B2, L, E) etc.: q, k and v with unit-stride rows, out contiguous,
-     * the mask any strides */
+    /* (B1, B2, L, E) etc.: q, k, v and out with unit-stride rows, the mask
+     * any strides */
     const int64_t B2 = q->shape[1], B = q->shape[0] * B2, L = q->shape[2], E = q->shape[3];
     const int64_t S = k->shape[2], Ev = v->shape[3];
     if (B == 0 || L == 0 || Ev == 0) return ND_OK;
     float *O = (float *)nd_ptr(out);
-    if (S == 0) { /* no keys: an empty weighted sum */
+    if (S == 0) { /* no keys: an empty weighted sum (out is dense, in some order) */
         memset(O, 0, sizeof(float) * (size_t)(B * L * Ev));
         return ND_OK;
     }
@@ -110,7 +110,8 @@ nd_status nd_cpu_attention(nd_tensor *out, const nd_tensor *q, const nd_tensor *
                 const float *mrow = M ? M + (b / B2) * ms[0] + (b % B2) * ms[1] + i * ms[2] : NULL;
                 softmax_row(P + r * S, S, i, (float)scale, mrow, M ? ms[3] : 0, causal);
             }
-            product(nq, Ev, S, P, S, Vb, v->strides[2], 1, O + (b * L + i0) * Ev, Ev);
+            float *Ob = O + b1 * out->strides[0] + b2 * out->strides[1] + i0 * out->strides[2];
+            product(nq, Ev, S, P, S, Vb, v->strides[2], 1, Ob, out->strides[2]);
         }
         free(P);
     }

@@ -117,6 +117,7 @@ nd_status ocl_attention(nd_tensor *out, const nd_tensor *q, const nd_tensor *k, 
     e |= OCL_ARG(kr, a, hm) | set_buf(kr, a + 1, mask, q);
     for (int j = 0; j < 4; j++) e |= OCL_ARG(kr, a + 3 + (cl_uint)j, st[9 + j]);
     e |= set_buf(kr, a + 7, out, NULL);
+    for (int j = 0; j < 3; j++) e |= OCL_ARG(kr, a + 9 + (cl_uint)j, out->strides[j]);
     SET_OR_FAIL(e, op, d);
     return ocl_launch_1d(d, kr, op, rows);
 }

@@ -329,7 +329,8 @@ __kernel void attention_rows(long rows, long B2, long L, long S, long E, long Ev
                              __global const T *k, long koff, long ks0, long ks1, long ks2,
                              __global const T *v, long voff, long vs0, long vs1, long vs2,
                              int has_mask, __global const T *m, long moff, long ms0, long ms1,
-                             long ms2, long ms3, __global T *out, long ooff) {
+                             long ms2, long ms3, __global T *out, long ooff, long os0, long os1,
+                             long os2) {
     long r = get_global_id(0);
     if (r >= rows) return; /* (the launch rounds up to whole work-groups) */
     long b = r / L, i = r - b * L, b1 = b / B2, b2 = b - b1 * B2;
@@ -337,7 +338,7 @@ __kernel void attention_rows(long rows, long B2, long L, long S, long E, long Ev
     __global const T *kb = k + koff + b1 * ks0 + b2 * ks1;
     __global const T *vb = v + voff + b1 * vs0 + b2 * vs1;
     __global const T *mb = has_mask ? m + moff + b1 * ms0 + b2 * ms1 + i * ms2 : 0;
-    __global T *orow = out + ooff + r * Ev;
+    __global T *orow = out + ooff + b1 * os0 + b2 * os1 + i * os2;
     acc_t mx = -INFINITY;
     for (long j = 0; j < S; j++) {
         acc_t s = attn_score(qr, kb + j * ks2, E, scale, mb ? mb + j * ms3 : 0, causal, i, j);
