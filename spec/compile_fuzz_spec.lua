@@ -14,7 +14,7 @@ local SEED0 = tonumber(os.getenv("NEEDLE_FUZZ_SEED")) or 1
 -- a program: a list of steps over a growing list of values (tensors)
 local function gen_program(rand)
   local steps = {}
-  for _ = 1, rand(4, 14) do steps[#steps + 1] = {kind = rand(1, 16), a = rand(1, 1000), b = rand(1, 1000),
+  for _ = 1, rand(4, 14) do steps[#steps + 1] = {kind = rand(1, 18), a = rand(1, 1000), b = rand(1, 1000),
                                                   c = rand(1, 1000), d = rand(1, 1000)} end
   return steps
 end
@@ -79,9 +79,21 @@ local function run_program(steps, inputs)
     elseif k == 15 then -- reshape to flat and back through unsqueeze/expand
       local f = x:reshape({-1})
       r = f:unsqueeze(1):expand({2, f:size(1)}):contiguous()
-    else -- softmax / log_softmax along the last dim
+    elseif k == 16 then -- softmax / log_softmax along the last dim
       if x:dim() >= 1 then r = s.b % 2 == 0 and nd.F.softmax(x, x:dim()) or nd.F.log_softmax(x, x:dim())
       else r = x:exp() end
+    elseif k == 17 then -- elementwise work, then softmax along the last dim (a row kernel's prologue)
+      local y = x * 0.7 + pick(vals, s.b):sum():reshape({1})
+      if s.c % 3 == 0 then y = y:tanh() end
+      if x:dim() >= 1 then r = s.d % 2 == 0 and nd.F.softmax(y, -1) or nd.F.log_softmax(y, -1)
+      else r = y end
+    else -- elementwise work, then layer norm over the last dim, with weight and bias sometimes
+      if x:dim() >= 1 then
+        local n = x:size(x:dim())
+        local w = s.c % 2 == 0 and nd.linspace(0.5, 1.5, n):to(x.device) or nil
+        local b = s.c % 4 < 2 and nd.linspace(-1, 1, n):to(x.device) or nil
+        r = nd.F.layer_norm(x:abs() - x * 0.5, {n}, w, b)
+      else r = x:abs() end
     end
     vals[#vals + 1] = r
   end
@@ -115,7 +127,7 @@ for _, device in ipairs(D.all()) do
     local cases = device == "cpu" and CASES or math.max(1, CASES // 4)
     it(("%d random programs, compiled and replayed, equal eager (seeds %d..%d)"):format(
         cases, SEED0, SEED0 + cases - 1), function()
-      local fused_runs, moved, prepared = 0, 0, 0
+      local fused_runs, fused_rows, moved, prepared = 0, 0, 0, 0
       -- on OpenCL two more replays: the first two record each kernel call's launches, the
       -- later ones enqueue them prepared (ocl_prepared.c)
       local calls = device == "cpu" and 3 or 5
@@ -152,13 +164,16 @@ for _, device in ipairs(D.all()) do
         assert(cf.stats.replays == calls - 1, ("seed %d: %d replays"):format(seed, cf.stats.replays))
         local gs = cf.last.graph:stats()
         fused_runs = fused_runs + gs.fused_runs
+        fused_rows = fused_rows + gs.fused_rows
         prepared = prepared + gs.prepared
         for _, p in ipairs(cf.last.passes) do if p[1] == "reorder" then moved = moved + p[2] end end
       end
       -- the programs must exercise the passes, not just pass around them
       assert(fused_runs >= cases // 5, ("only %d fused kernels in %d programs"):format(fused_runs, cases))
       assert(moved >= cases // 20, ("the reorder pass moved only %d kernels in %d programs"):format(moved, cases))
-      if device ~= "cpu" then
+      if device == "cpu" then -- (OpenCL has no row kernels with a prologue)
+        assert(fused_rows >= cases // 10, ("only %d row kernels with a prologue in %d programs"):format(fused_rows, cases))
+      else
         assert(prepared >= cases, ("only %d prepared kernel calls in %d programs"):format(prepared, cases))
       end
     end)

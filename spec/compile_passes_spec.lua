@@ -690,11 +690,11 @@ end)
 describe("pass fuse", function()
   local D = require "spec.helpers.devices"
 
-  -- the fused records of cf's graph
-  local function fused(cf)
+  -- the records of cf's graph of one entry (fused_elementwise unless named)
+  local function fused(cf, entry)
     local out = {}
     for _, r in ipairs(cf.last.graph:records()) do
-      if r.entry == "fused_elementwise" then out[#out + 1] = r end
+      if r.entry == (entry or "fused_elementwise") then out[#out + 1] = r end
     end
     return out
   end
@@ -864,6 +864,98 @@ describe("pass fuse", function()
     local g = function(x) return x:sum() * 2 end
     local cg = compiled(g, {"fuse"}, nd.randn(3))
     assert.are.equal(0, #fused(cg))
+  end)
+
+  local function row_kernels(cf) return fused(cf, "fused_rows") end
+
+  it("makes a softmax's or layer norm's input row by row in its prologue, never stored, bit for bit", function()
+    nd.manual_seed(31)
+    local w, b = nd.randn(3000), nd.randn(3000)
+    local cases = {
+      {"mul+add>softmax", function(x, m) return nd.softmax(x * 0.125 + m, -1) end, {4, 3, 9, 40}, {4, 1, 1, 40}},
+      {"sub+exp>log_softmax", function(x, m) return nd.log_softmax((x - m):exp(), -1) end, {6, 33}, {33}},
+      -- rows longer than a tile (the program runs in tiles inside each row), many rows (threads)
+      {"add>layer_norm", function(x, m) return nd.F.layer_norm(x + m, {3000}, w, b) end, {70, 3000}, {70, 1}},
+      {"mul+add>layer_norm", function(x, m) return nd.F.layer_norm(x * 2 + m, {3000}) end, {5, 3000}, {3000}},
+      {"add>layer_norm", function(x, m) return nd.F.layer_norm(x + m, {3000}, w, nil) end, {3, 3000}, {3000}},
+      -- strided and broadcast operands; a where on a bool mask
+      {"gt+mul+where>softmax", function(x, m)
+        local mt = m:t()
+        return nd.softmax(nd.where(mt:gt(0), x, x * -2), -1)
+      end, {7, 5}, {5, 7}},
+      -- a value of the run that is also returned is still stored
+      {"mul+tanh>softmax", function(x, m)
+        local h = x * m
+        return nd.softmax(h:tanh(), -1), h
+      end, {8, 16}, {8, 16}},
+    }
+    for k, c in ipairs(cases) do
+      for _, dt in ipairs({"float32", "float64"}) do
+        local f = c[2]
+        w, b = w:to(dt), b:to(dt)
+        local cf = nd.compile(f, {verify = true})
+        for i = 1, 3 do
+          local x, m = nd.randn(c[3]):to(dt) * i, nd.randn(c[4]):to(dt)
+          local got, want = table.pack(cf(x, m)), table.pack(f(x, m))
+          for o = 1, want.n do
+            assert.are.equal(0, got[o]:ne(want[o]):sum():item(), ("case %d %s output %d"):format(k, dt, o))
+          end
+        end
+        local rows = row_kernels(cf)
+        assert.are.equal(1, #rows, "case " .. k)
+        assert.are.equal(c[1], rows[1].detail, "case " .. k)
+        local gs = cf.last.graph:stats()
+        assert.are.equal(1, gs.fused_rows, "case " .. k)
+        assert(gs.fused_registers >= 1, "case " .. k .. ": the row kernel's input is not stored")
+      end
+    end
+    -- explain() counts them
+    local cf = nd.compile(function(x) return nd.softmax(x * 2 - 1, -1), nd.F.layer_norm(x:exp(), {6}) end)
+    for _ = 1, 2 do cf(nd.randn(4, 6)) end
+    assert_contains(cf:explain(), "fused: 2 kernel(s) in place of 3 elementwise ones and 2 row kernel(s) " ..
+                    "(softmax, layer norm) that run theirs as a prologue, row by row")
+  end)
+
+  it("leaves the row kernel apart where its input is needed or its rows are not the last dim", function()
+    nd.manual_seed(32)
+    local cases = {
+      {"softmax over the first dim", function(x) return nd.softmax(x * 2, 1) end},
+      {"layer norm over two dims", function(x) return nd.F.layer_norm(x * 2, {4, 6}) end},
+      {"the input returned too", function(x) local y = x * 2; return nd.softmax(y, -1), y end},
+      {"the input read again later", function(x) local y = x * 2; return nd.softmax(y, -1) + y end},
+      {"an input of the function", function(x) return nd.softmax(x, -1) * 2 end},
+    }
+    for k, c in ipairs(cases) do
+      local cf = nd.compile(c[2], {verify = true})
+      local x = nd.randn(3, 4, 6)
+      for _ = 1, 3 do
+        local got, want = table.pack(cf(x)), table.pack(c[2](x))
+        for o = 1, want.n do assert.are.equal(0, got[o]:ne(want[o]):sum():item(), c[1]) end
+      end
+      assert.are.equal(0, #row_kernels(cf), c[1])
+    end
+    -- training: the layer norm's backward reads its input, so the add stays a kernel of its own;
+    -- the softmax's backward reads its output only, so its prologue fuses
+    local w = nd.randn(6, {requires_grad = true})
+    local function step(x, m)
+      local y = nd.F.layer_norm(x + m, {6}, w, nil)
+      local s = nd.softmax(y * 0.5 + m, -1)
+      local loss = (s * s):sum()
+      w.grad = nil
+      loss:backward()
+      return loss, w.grad
+    end
+    local cf = nd.compile(step, {verify = true})
+    for i = 1, 3 do
+      local x, m = nd.randn(5, 6) * i, nd.randn(1, 6)
+      local l1, g1 = cf(x, m)
+      local l2, g2 = step(x, m)
+      assert.are.equal(0, max_abs(l1, l2))
+      assert.are.equal(0, max_abs(g1, g2))
+    end
+    local rows = row_kernels(cf)
+    assert.are.equal(1, #rows)
+    assert.are.equal("mul+add>softmax", rows[1].detail)
   end)
 
   it("keeps a compiled training step bit for bit the eager one", function()

@@ -121,6 +121,23 @@ typedef struct nd_ew_program {
     char desc[128];       /* the ops, "mul+add+sigmoid" (introspection, profiler rows) */
 } nd_ew_program;
 
+/* ---- row kernels with a fused prologue (nd.compile's fuse pass) ----
+ * A row op whose input x is never stored: each row of x is made by an
+ * elementwise program (as above; every tensor of it has x's shape) into a
+ * buffer, and the row op reads it there. Tensor `x_slot` of the program is
+ * x: it is NULL in ts, and the program's step that stores into it writes
+ * the row buffer instead. Each row is the unfused kernel's own row, so the
+ * results are bit for bit the unfused ones. */
+typedef enum { ND_ROWS_SOFTMAX, ND_ROWS_LAYER_NORM } nd_rows_kind;
+typedef struct {
+    nd_rows_kind kind;
+    bool log;              /* SOFTMAX: log_softmax */
+    double eps;            /* LAYER_NORM */
+    nd_tensor *y;          /* contiguous, x's shape; rows along its last dim */
+    nd_tensor *mean, *rstd; /* LAYER_NORM: one per row */
+    const nd_tensor *w, *b; /* LAYER_NORM: NULL or the last dim's */
+} nd_rows_op;
+
 typedef struct nd_backend {
     const char *name;
     /* ---- discovery (devices other than the cpu; device.c) ----
@@ -335,6 +352,9 @@ typedef struct nd_backend {
     /* Runs program p over ts[0 .. p->nt) (see nd_ew_program); NULL: the fuse
      * pass leaves this backend's elementwise kernels unfused. */
     nd_status (*fused_elementwise)(nd_ew_program *p, nd_tensor *const *ts);
+    /* Runs row op op over rows made by program p (see nd_rows_op); NULL: the
+     * fuse pass leaves row ops and their producers apart. */
+    nd_status (*fused_rows)(const nd_rows_op *op, nd_ew_program *p, nd_tensor *const *ts, int x_slot);
     /* Prepared launches (nd.compile's replays; NULL where a call costs
      * nothing to prepare, as on the CPU). Between prepare_begin and
      * prepare_end this thread's calls note the commands they enqueue;

@@ -710,6 +710,7 @@ typedef struct {
     int64_t bound_bytes;  /* the least any plan could use: the most bytes live at once */
     int64_t captured;     /* records the capture made (the plan may add zero fills) */
     int64_t fused_runs;   /* fused elementwise kernels the fuse pass made */
+    int64_t fused_rows;   /* row kernels (softmax, layer norm) it gave a fused prologue */
     int64_t fused_registers, fused_register_bytes; /* intermediates they never store (bytes) */
     int64_t prepared;            /* records replayed through prepared launches (OpenCL) */
     int64_t folded;              /* records in the prologue (the fold pass) */

@@ -260,6 +260,7 @@ static int l_stats(lua_State *L) {
     lt_set_int(L, "bound_bytes", s.bound_bytes);
     lt_set_int(L, "captured", s.captured);
     lt_set_int(L, "fused_runs", s.fused_runs);
+    lt_set_int(L, "fused_rows", s.fused_rows);
     lt_set_int(L, "fused_registers", s.fused_registers);
     lt_set_int(L, "fused_register_bytes", s.fused_register_bytes);
     lt_set_int(L, "prepared", s.prepared);

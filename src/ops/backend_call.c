@@ -512,6 +512,21 @@ nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
         return r->check(r->op, r->t, iv);
     }
     case ND_CALL_fused_elementwise: return be->fused_elementwise(r->prog, r->t);
+    case ND_CALL_fused_rows: {
+        nd_rows_op op = {.y = T(0)};
+        if (r->i[ND_ROWS_REC_ENTRY] == ND_CALL_softmax) {
+            op.kind = ND_ROWS_SOFTMAX;
+            op.log = r->i[1] != 0;
+        } else {
+            op.kind = ND_ROWS_LAYER_NORM;
+            op.mean = T(1);
+            op.rstd = T(2);
+            op.w = T(4);
+            op.b = T(5);
+            op.eps = r->f[0];
+        }
+        return be->fused_rows(&op, r->prog, r->t + r->i[ND_ROWS_REC_BASE], (int)r->i[ND_ROWS_REC_X]);
+    }
     case ND_CALL_COUNT: break;
     }
     return nd_fail(ND_ERR_INTERNAL, "graph replay: record of unknown kind %d", (int)r->entry);

@@ -16,7 +16,7 @@
 #define ND_BACKEND_CALL(be, fn, opname, ...) nd_call_##fn((be), (opname), __VA_ARGS__)
 
 /* The backend entries a record can hold (the order is the enum's).
- * fused_elementwise records are made by the fuse pass (graph_fuse.c) and
+ * fused_elementwise and fused_rows records are made by the fuse pass (graph_fuse.c) and
  * matmul_acc and reduce_sum_acc ones by the epilogue pass
  * (graph_epilogue.c), never by an op. */
 #define ND_CALL_ENTRIES(X) \
@@ -27,7 +27,7 @@
     X(im2col) X(col2im) X(max_pool2d) X(max_pool2d_backward) X(avg_pool2d) X(avg_pool2d_backward) \
     X(conv2d_fused) X(conv2d_backward) X(linear_fused) X(write) X(read) X(host_check) \
     X(conv2d_prepack) X(conv2d_fused_packed) X(conv2d_depthwise) X(conv2d_depthwise_backward) \
-    X(fused_elementwise) X(matmul_acc) X(reduce_sum_acc) X(attention)
+    X(fused_elementwise) X(matmul_acc) X(reduce_sum_acc) X(attention) X(fused_rows)
 
 typedef enum {
 #define ND_CALL_ENUM_(name) ND_CALL_##name,

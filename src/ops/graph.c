@@ -464,7 +464,8 @@ nd_status nd_graph_replay(nd_graph *g) {
                     : (r->entry == ND_CALL_binary || r->entry == ND_CALL_binary_scalar)
                         ? nd_binary_name((nd_binary_op)r->i[0])
                     : r->entry == ND_CALL_reduce ? nd_reduce_name((nd_reduce_op)r->i[0])
-                    : r->entry == ND_CALL_fused_elementwise ? r->prog->desc : NULL;
+                    : r->entry == ND_CALL_fused_elementwise || r->entry == ND_CALL_fused_rows
+                        ? r->prog->desc : NULL;
                 snprintf(name, sizeof name, "compiled:%s%s%s", nd_call_entry_name(r->entry),
                          detail ? "." : "", detail ? detail : "");
                 r->profile_id = nd_profiler_intern(name) + 1;
@@ -547,6 +548,7 @@ void nd_graph_stats(const nd_graph *g, nd_graph_stat *out) {
     out->bound_bytes = g->bound_bytes;
     out->captured = g->captured ? g->captured : (int64_t)g->n;
     out->fused_runs = g->fused_runs;
+    out->fused_rows = g->fused_rows;
     out->fused_registers = g->fused_registers;
     out->fused_register_bytes = g->fused_register_bytes;
     for (size_t i = 0; i < g->n; i++) out->prepared += g->recs[i].prep_state == ND_PREP_READY;
@@ -589,6 +591,7 @@ nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out) {
     case ND_CALL_unary: out->detail = nd_unary_name((nd_unary_op)r->i[0]); break;
     case ND_CALL_binary: case ND_CALL_binary_scalar: out->detail = nd_binary_name((nd_binary_op)r->i[0]); break;
     case ND_CALL_reduce: out->detail = nd_reduce_name((nd_reduce_op)r->i[0]); break;
+    case ND_CALL_fused_rows: out->detail = r->prog->desc; break;
     case ND_CALL_fused_elementwise:
         out->detail = r->prog->desc;
         out->tune_size = r->prog->tune_size;

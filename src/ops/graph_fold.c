@@ -40,6 +40,7 @@ static bool pure_entry(const nd_graph_rec *r) {
     case ND_CALL_binary_scalar: case ND_CALL_where: case ND_CALL_clamp: case ND_CALL_reduce:
     case ND_CALL_matmul: case ND_CALL_softmax: case ND_CALL_cumsum: case ND_CALL_im2col:
     case ND_CALL_conv2d_fused: case ND_CALL_linear_fused: case ND_CALL_fused_elementwise:
+    case ND_CALL_fused_rows:
     case ND_CALL_conv2d_fused_packed: case ND_CALL_conv2d_prepack:
         return true;
     case ND_CALL_batch_norm:

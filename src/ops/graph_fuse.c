@@ -16,7 +16,12 @@
  * no element (the slices of a narrow, gradients added into them), and
  * written views have no 0 strides (no overlapping writes); a record that
  * would break this ends the run. Storages only read may be seen through any
- * views (broadcasts, transposes). */
+ * views (broadcasts, transposes).
+ *
+ * A run whose result is the input of the softmax or layer norm right after
+ * it, read by nothing else, becomes that row op's prologue instead (one
+ * fused_rows record, where the backend has the kernel): the input is made
+ * row by row in cache and never stored (row_input, absorb_row). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -354,6 +359,93 @@ static nd_status make_fused(const fuse_ctx *c, const fuse_run *R, nd_graph_rec *
     return ND_OK;
 }
 
+/* The slot of row record r (record number `at`, right after run R) that
+ * is its input x, when run R can become x's prologue (a fused_rows record;
+ * backend.h, nd_rows_op); -1 when not. x must be written by the run (whole,
+ * contiguous, never read before) and read by r alone after it, in a storage
+ * made inside that nothing outside the graph holds: then x needs no memory.
+ * r is a softmax along the last dim or a layer norm over the last dim, and
+ * shares no storage with what the run writes (its rows are written as the
+ * program makes them, row by row). */
+static int row_input(const fuse_ctx *c, const fuse_run *R, const nd_graph_rec *r, size_t at) {
+    if (!R->nstep || !r->be || r->be != R->be || !r->be->fused_rows) return -1;
+    int xs;
+    if (r->entry == ND_CALL_softmax && r->nt == 2) xs = 1;
+    else if (r->entry == ND_CALL_layer_norm && r->nt == 6) xs = 3;
+    else return -1;
+    const nd_tensor *x = r->t[xs], *y = r->t[0];
+    if (!x || !y || x->ndim < 1 || x->dtype != R->dt || !nd_graph_whole(x) || !nd_is_contiguous(y) ||
+        !nd_graph_same_shape(x, R->shape_of) || !nd_graph_same_shape(y, x) ||
+        x->storage->device_index != R->shape_of->storage->device_index)
+        return -1;
+    const int64_t cols = x->shape[x->ndim - 1];
+    if (r->entry == ND_CALL_softmax && r->i[0] != x->ndim - 1) return -1;
+    if (r->entry == ND_CALL_layer_norm &&
+        (!r->t[1] || !r->t[2] || !nd_is_contiguous(r->t[1]) || !nd_is_contiguous(r->t[2]) ||
+         nd_numel(r->t[1]) * cols != nd_numel(x)))
+        return -1; /* (normalised over more than the last dim) */
+    const int sid = r->sid[xs];
+    for (int k = 0; k < r->nt; k++) {
+        if (k == xs || !r->t[k]) continue;
+        if (r->sid[k] == sid) return -1;
+        for (int q = 0; q < R->nslot; q++)
+            if (R->slot[q].sid == r->sid[k] && (R->slot[q].written || (r->role[k] & ND_ROLE_WRITE)))
+                return -1;
+    }
+    const stor_info *in = &c->g->stor[sid];
+    if (!in->internal || nd_graph_live_out(c->g, (size_t)sid, c->refs) || c->first[sid] < c->start ||
+        c->last[sid] != at)
+        return -1;
+    int found = -1, tensors = 0;
+    for (int q = 0; q < R->nslot; q++) {
+        const fuse_slot *sl = &R->slot[q];
+        tensors += !is_register(c, sl, at);
+        if (sl->sid != sid) continue;
+        if (found >= 0 || !sl->written || sl->loaded || !sl->full || !nd_graph_same_view(sl->t, x)) return -1;
+        found = q;
+    }
+    if (found < 0 || r->nt + tensors > ND_REC_MAX_TENSORS) return -1;
+    return xs;
+}
+
+/* f (a run's fused_elementwise record) becomes row record r's prologue:
+ * f turns into the fused_rows record (graph_record.h), taking r's tensors
+ * (r is left empty) with slot xs, x, dropped from both. */
+static void absorb_row(nd_graph_rec *f, nd_graph_rec *r, int xs) {
+    int px = -1;
+    for (int k = 0; k < f->nt; k++)
+        if (f->t[k] && f->sid[k] == r->sid[xs]) px = k;
+    nd_graph_rec m = *r;
+    nd_release(m.t[xs]);
+    m.t[xs] = NULL;
+    m.full[xs] = false;
+    const int base = m.nt;
+    for (int k = 0; k < f->nt; k++) {
+        m.t[base + k] = f->t[k];
+        m.role[base + k] = f->role[k];
+        m.full[base + k] = f->full[k];
+        m.sid[base + k] = f->sid[k];
+    }
+    nd_release(m.t[base + px]);
+    m.t[base + px] = NULL;
+    m.full[base + px] = false;
+    m.nt = base + f->nt;
+    m.i[ND_ROWS_REC_X] = px;
+    m.i[ND_ROWS_REC_BASE] = base;
+    m.i[ND_ROWS_REC_ENTRY] = r->entry;
+    m.entry = ND_CALL_fused_rows;
+    m.prog = f->prog;
+    m.prep_state = ND_PREP_NONE;
+    m.prepared = NULL;
+    m.profile_id = 0;
+    const char *what = r->entry == ND_CALL_layer_norm ? "layer_norm" : r->i[1] ? "log_softmax" : "softmax";
+    size_t len = strlen(m.prog->desc);
+    snprintf(m.prog->desc + len, sizeof m.prog->desc - len, ">%s", what);
+    *f = m;
+    r->nt = 0; /* (its tensors and program moved) */
+    r->prog = NULL;
+}
+
 nd_status nd_graph_pass_fuse(nd_graph *g, int64_t *changed) {
     size_t ns = g->nstor, n = g->n;
     int64_t *refs = malloc((ns + 1) * sizeof *refs);
@@ -373,7 +465,8 @@ nd_status nd_graph_pass_fuse(nd_graph *g, int64_t *changed) {
         c.start = i;
         size_t j = i;
         while (j < n && try_add(&c, R, &g->recs[j])) j++;
-        if (R->nstep < 2) { /* nothing to gain from a run of one */
+        const int xs = j < n ? row_input(&c, R, &g->recs[j], j) : -1;
+        if (R->nstep < 2 && xs < 0) { /* nothing to gain from a run of one */
             recs[out++] = g->recs[i++];
             continue;
         }
@@ -382,10 +475,19 @@ nd_status nd_graph_pass_fuse(nd_graph *g, int64_t *changed) {
             while (i < n) recs[out++] = g->recs[i++];
             break;
         }
+        if (xs >= 0) { /* the run is the prologue of the row op after it */
+            const int xsid = g->recs[j].sid[xs];
+            absorb_row(&recs[out], &g->recs[j], xs);
+            g->fused_registers++;
+            g->fused_register_bytes += (int64_t)g->stor[xsid].nbytes;
+            g->fused_rows++;
+            j++;
+        } else {
+            g->fused_runs++;
+        }
         out++;
         for (size_t k = i; k < j; k++) nd_graph_rec_release(&g->recs[k]);
         *changed += (int64_t)(j - i) - 1;
-        g->fused_runs++;
         i = j;
     }
     if (out) memcpy(g->recs, recs, out * sizeof *recs);

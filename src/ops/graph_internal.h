@@ -65,6 +65,7 @@ struct nd_graph {
     int64_t captured;     /* records the capture made (the plan adds zero fills) */
     int nbuffers;
     int64_t fused_runs;             /* fused_elementwise records the fuse pass made */
+    int64_t fused_rows;             /* ... and fused_rows records (a run into a row op) */
     int64_t fused_registers, fused_register_bytes; /* values they never store (and their bytes) */
     /* The prologue (graph_fold.c): records that read constants only (parameters,
      * buffers, running statistics), run before a replay only when one of their

@@ -14,6 +14,14 @@
 #define ND_LAYER_B 3
 #define ND_LAYER_RES 4
 
+/* A fused_rows record (the fuse pass, graph_fuse.c) is the row op's own
+ * record (softmax: out, x; layer_norm: y, mean, rstd, x, w, b; its i[0..1]
+ * and f as recorded) with x's slot NULL, followed by its prologue program's
+ * tensors (prog), x's among them NULL too. These i[] say the rest: */
+#define ND_ROWS_REC_X 3     /* x's slot in the program's tensors */
+#define ND_ROWS_REC_BASE 4  /* the record slot where the program's tensors start */
+#define ND_ROWS_REC_ENTRY 5 /* the row op's entry (ND_CALL_softmax, ND_CALL_layer_norm) */
+
 typedef enum { ND_ROLE_READ = 1, ND_ROLE_WRITE = 2, ND_ROLE_UPDATE = 3 } nd_rec_role;
 
 typedef struct nd_graph_rec {
@@ -37,7 +45,7 @@ typedef struct nd_graph_rec {
         _Alignas(8) unsigned char value[16];
     } u;
     nd_host_check_fn check;
-    nd_ew_program *prog;      /* fused_elementwise's program (owned) */
+    nd_ew_program *prog;      /* fused_elementwise's and fused_rows' program (owned) */
     /* Prepared launches (backend.h prepare_begin; nd_graph_rec_run): the
      * commands of the first recorded replay, kept once a second recording
      * agrees, with the buffers they were recorded over. */

@@ -844,15 +844,20 @@ function CF:explain()
                            nargs > 0 and (" and %d argument(s)"):format(nargs) or "",
                            e.backward.graph:stats().records)
     end
-    if gs.fused_runs > 0 then
+    local fused_rows = gs.fused_rows or 0
+    if gs.fused_runs + fused_rows > 0 then
       local fuse_removed = 0
       for _, p in ipairs(e.passes or {}) do if p[1] == "fuse" then fuse_removed = fuse_removed + p[2] end end
-      lines[#lines + 1] = ("fused: %d kernel(s) in place of %d elementwise ones; %d intermediate(s) "
-                           .. "(%s) never stored"):format(gs.fused_runs, gs.fused_runs + fuse_removed,
+      -- a fused_rows record is its run plus the row kernel: one record fewer than a run alone
+      local runs = gs.fused_runs + fused_rows
+      lines[#lines + 1] = ("fused: %d kernel(s) in place of %d elementwise ones%s; %d intermediate(s) "
+                           .. "(%s) never stored"):format(runs, runs + fuse_removed - fused_rows,
+                           fused_rows > 0 and (" and %d row kernel(s) (softmax, layer norm) that run theirs "
+                             .. "as a prologue, row by row"):format(fused_rows) or "",
                            gs.fused_registers, ir.bytes(gs.fused_register_bytes))
       local shown = 0
       for _, r in ipairs(e.graph:records()) do
-        if r.entry == "fused_elementwise" and shown < 8 then
+        if (r.entry == "fused_elementwise" or r.entry == "fused_rows") and shown < 8 then
           shown = shown + 1
           local out = r.args[1] and r.args[1].shape or {}
           local tuned = r.tune_size and ((r.device == "cpu" and ", tile %d" or ", work-group %d"):format(r.tune_size))
@@ -862,7 +867,7 @@ function CF:explain()
                               r.device, #r.args, tuned)
         end
       end
-      if gs.fused_runs > shown then lines[#lines + 1] = ("  ... and %d more"):format(gs.fused_runs - shown) end
+      if runs > shown then lines[#lines + 1] = ("  ... and %d more"):format(runs - shown) end
     end
     if e.tuning then
       local t = e.tuning

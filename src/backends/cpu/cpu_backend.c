@@ -47,5 +47,6 @@ const nd_backend nd_cpu_backend = {
     .attention = nd_cpu_attention,
     .linear_join_align = nd_cpu_linear_join_align,
     .fused_elementwise = nd_cpu_fused_elementwise,
+    .fused_rows = nd_cpu_fused_rows,
     .linalg = nd_cpu_linalg,
 };

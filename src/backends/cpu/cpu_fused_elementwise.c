@@ -7,20 +7,9 @@
  * into their tensor. Each step is the unfused kernel's own inner loop
  * (cpu_elementwise.c), so the arithmetic is exactly the unfused one. */
 #include <string.h>
-#include "cpu_kernels.h"
+#include "cpu_ew_exec.h"
 
-#define SCRATCH_BYTES (64 * 1024)
 #define DEFAULT_TILE 1024 /* elements; the tuner may pick another (prog->tune_size) */
-
-typedef struct {
-    const nd_ew_program *p;
-    nd_inner_fn fn[ND_EW_MAX_STEPS];
-    void *ctx[ND_EW_MAX_STEPS];
-    nd_cpu_clamp_ctx clamp[ND_EW_MAX_STEPS];
-    size_t es;                     /* the program's element size (where's ctx) */
-    int scratch_of[ND_EW_MAX_STEPS]; /* the scratch block of each unstored result */
-    int64_t tile;                  /* elements per tile */
-} ew_exec;
 
 /* copy's inner loop: operands out, x of one element size (ctx: size_t) */
 static void copy_inner(char **p, const int64_t *s, int64_t n, void *ctx) {
@@ -32,11 +21,11 @@ static void copy_inner(char **p, const int64_t *s, int64_t n, void *ctx) {
     for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * s[0], p[1] + i * s[1], es);
 }
 
-static void run_tiles(char **p, const int64_t *s, int64_t n, void *vctx) {
-    const ew_exec *x = vctx;
+void nd_cpu_ew_run(char **p, const int64_t *s, int64_t n, void *vctx) {
+    const nd_cpu_ew_exec *x = vctx;
     const nd_ew_program *prog = x->p;
     const int nt = prog->nt;
-    _Alignas(64) unsigned char scratch[SCRATCH_BYTES];
+    _Alignas(64) unsigned char scratch[ND_CPU_EW_SCRATCH];
     char *vp[ND_EW_MAX_TENSORS + ND_EW_MAX_STEPS];
     int64_t vs[ND_EW_MAX_TENSORS + ND_EW_MAX_STEPS];
     for (int64_t c = 0; c < n; c += x->tile) {
@@ -74,11 +63,11 @@ static void run_tiles(char **p, const int64_t *s, int64_t n, void *vctx) {
     }
 }
 
-nd_status nd_cpu_fused_elementwise(nd_ew_program *p, nd_tensor *const *ts) {
+nd_status nd_cpu_ew_prepare(const nd_ew_program *p, nd_cpu_ew_exec *x) {
     if (p->nt < 1 || p->nt > ND_EW_MAX_TENSORS || p->nsteps < 1 || p->nsteps > ND_EW_MAX_STEPS)
         return nd_fail(ND_ERR_INTERNAL, "fused elementwise: a program of %d tensors and %d steps",
                        p->nt, p->nsteps);
-    ew_exec *x = &(ew_exec){.p = p, .es = nd_dtype_size(p->dtype)};
+    *x = (nd_cpu_ew_exec){.p = p, .es = nd_dtype_size(p->dtype)};
     /* Scratch blocks by liveness: a result's block is free again after the
      * last step that reads it. */
     int last_use[ND_EW_MAX_STEPS], owner[ND_EW_MAX_STEPS], nblocks = 0;
@@ -125,10 +114,16 @@ nd_status nd_cpu_fused_elementwise(nd_ew_program *p, nd_tensor *const *ts) {
         }
     }
     x->tile = p->tune_size > 0 ? p->tune_size : DEFAULT_TILE;
-    if (nblocks && x->tile * 8 * nblocks > SCRATCH_BYTES) x->tile = SCRATCH_BYTES / (8 * nblocks) / 16 * 16;
+    if (nblocks && x->tile * 8 * nblocks > ND_CPU_EW_SCRATCH) x->tile = ND_CPU_EW_SCRATCH / (8 * nblocks) / 16 * 16;
     if (x->tile < 16) x->tile = 16; /* 48 blocks at most: 48 * 16 * 8 bytes fits */
+    return ND_OK;
+}
+
+nd_status nd_cpu_fused_elementwise(nd_ew_program *p, nd_tensor *const *ts) {
+    nd_cpu_ew_exec x;
+    ND_TRY(nd_cpu_ew_prepare(p, &x));
     nd_loop L;
     nd_loop_init(&L, p->nt, (const nd_tensor *const *)ts);
-    nd_loop_run(&L, run_tiles, x, !p->tune_serial);
+    nd_loop_run(&L, nd_cpu_ew_run, &x, !p->tune_serial);
     return ND_OK;
 }

@@ -32,6 +32,13 @@ typedef struct { double lo, hi; nd_dtype dt; } nd_cpu_clamp_ctx;
 void nd_cpu_clamp_inner(char **p, const int64_t *s, int64_t n, void *ctx);
 /* cpu_fused_elementwise.c */
 nd_status nd_cpu_fused_elementwise(nd_ew_program *p, nd_tensor *const *ts);
+/* cpu_fused_rows.c */
+nd_status nd_cpu_fused_rows(const nd_rows_op *op, nd_ew_program *p, nd_tensor *const *ts, int x_slot);
+/* One row of the softmax / layer norm kernels (cpu_softmax.c, cpu_norm.c):
+ * what their whole-tensor kernels compute for each row, contiguous rows. */
+void nd_cpu_softmax_row(nd_dtype dt, const void *x, void *y, int64_t n, bool want_log);
+void nd_cpu_layer_norm_row(nd_dtype dt, const void *x, void *y, int64_t cols, const void *w,
+                           const void *b, double eps, void *mean, void *rstd);
 nd_status nd_cpu_sgd_step(nd_tensor *p, const nd_tensor *grad, nd_tensor *buf,
                           const nd_sgd_hyper *h, bool first); /* cpu_optim.c */
 /* cpu_reduce.c */

@@ -10,38 +10,49 @@
 #include "cpu_kernels.h"
 #include "cpu_math.h"
 
-#define LN_ROWS(T)                                                                           \
+/* one row: y = (x - mean) * rstd [* w] [+ b], with mean and rstd */
+#define LN_ROW(T, NAME)                                                                      \
+    static void NAME(const T *xr, T *yr, int64_t cols, const T *W, const T *B, double eps,   \
+                     T *mean, T *rstd) {                                                     \
+        double s = 0;                                                                        \
+        for (int64_t k = 0; k < cols; k++) s += xr[k];                                       \
+        double mu = s / (double)cols, v = 0;                                                 \
+        for (int64_t k = 0; k < cols; k++) { double d = xr[k] - mu; v += d * d; }            \
+        double rs = 1.0 / sqrt(v / (double)cols + eps);                                      \
+        *mean = (T)mu;                                                                       \
+        *rstd = (T)rs;                                                                       \
+        T tm = (T)mu, trs = (T)rs;                                                           \
+        for (int64_t k = 0; k < cols; k++) {                                                 \
+            T h = (xr[k] - tm) * trs;                                                        \
+            if (W) h *= W[k];                                                                \
+            if (B) h += B[k];                                                                \
+            yr[k] = h;                                                                       \
+        }                                                                                    \
+    }
+LN_ROW(float, ln_row_f32)
+LN_ROW(double, ln_row_f64)
+
+void nd_cpu_layer_norm_row(nd_dtype dt, const void *x, void *y, int64_t cols, const void *w,
+                           const void *b, double eps, void *mean, void *rstd) {
+    if (dt == ND_FLOAT32) ln_row_f32(x, y, cols, w, b, eps, mean, rstd);
+    else ln_row_f64(x, y, cols, w, b, eps, mean, rstd);
+}
+
+#define LN_ROWS(T, ROW)                                                                      \
     do {                                                                                     \
         const T *X = (const T *)nd_ptr(x);                                                   \
         const T *W = w ? (const T *)nd_ptr(w) : NULL, *B = b ? (const T *)nd_ptr(b) : NULL;  \
         T *Y = (T *)nd_ptr(y), *M = (T *)nd_ptr(mean), *R = (T *)nd_ptr(rstd);               \
         _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (rows * cols >= ND_PARALLEL_THRESHOLD) schedule(static)") \
-        for (int64_t r = 0; r < rows; r++) {                                                 \
-            const T *xr = X + r * cols;                                                      \
-            T *yr = Y + r * cols;                                                            \
-            double s = 0;                                                                    \
-            for (int64_t k = 0; k < cols; k++) s += xr[k];                                   \
-            double mu = s / (double)cols, v = 0;                                             \
-            for (int64_t k = 0; k < cols; k++) { double d = xr[k] - mu; v += d * d; }        \
-            double rs = 1.0 / sqrt(v / (double)cols + eps);                                  \
-            M[r] = (T)mu;                                                                    \
-            R[r] = (T)rs;                                                                    \
-            T tm = (T)mu, trs = (T)rs;                                                       \
-            for (int64_t k = 0; k < cols; k++) {                                             \
-                T h = (xr[k] - tm) * trs;                                                    \
-                if (W) h *= W[k];                                                            \
-                if (B) h += B[k];                                                            \
-                yr[k] = h;                                                                   \
-            }                                                                                \
-        }                                                                                    \
+        for (int64_t r = 0; r < rows; r++) ROW(X + r * cols, Y + r * cols, cols, W, B, eps, M + r, R + r); \
     } while (0)
 
 nd_status nd_cpu_layer_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, const nd_tensor *x,
                             const nd_tensor *w, const nd_tensor *b, double eps) {
     int64_t rows = nd_numel(mean), cols = rows ? nd_numel(x) / rows : 0;
     if (rows == 0 || cols == 0) return ND_OK;
-    if (x->dtype == ND_FLOAT32) LN_ROWS(float);
-    else LN_ROWS(double);
+    if (x->dtype == ND_FLOAT32) LN_ROWS(float, ln_row_f32);
+    else LN_ROWS(double, ln_row_f64);
     return ND_OK;
 }
 

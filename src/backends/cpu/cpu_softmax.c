@@ -56,35 +56,46 @@ static void row_f32(const float *x, float *y, int64_t n, bool want_log) {
     }
 }
 
-/* general rows (float64, or a softmax dim that is not the last) */
-#define STRIDED_ROWS(T, EXP, LOG)                                                          \
+/* one general row (float64, or a softmax dim that is not the last): n
+ * elements inner apart */
+#define STRIDED_ROW(T, NAME, EXP, LOG)                                                     \
+    static void NAME(const T *xr, T *yr, int64_t n, int64_t inner, bool want_log) {        \
+        T m = xr[0];                                                                       \
+        for (int64_t k = 1; k < n; k++)                                                    \
+            if (xr[k * inner] > m || xr[k * inner] != xr[k * inner]) m = xr[k * inner];    \
+        if (isinf(m) && m < 0) m = 0;                                                      \
+        double sum = 0;                                                                    \
+        for (int64_t k = 0; k < n; k++) {                                                  \
+            T e = EXP(xr[k * inner] - m);                                                  \
+            if (!want_log) yr[k * inner] = e;                                              \
+            sum += e;                                                                      \
+        }                                                                                  \
+        if (want_log) {                                                                    \
+            T ls = (T)LOG(sum);                                                            \
+            for (int64_t k = 0; k < n; k++) yr[k * inner] = (xr[k * inner] - m) - ls;     \
+        } else {                                                                           \
+            T inv = (T)(1.0 / sum);                                                        \
+            for (int64_t k = 0; k < n; k++) yr[k * inner] *= inv;                          \
+        }                                                                                  \
+    }
+STRIDED_ROW(float, strided_row_f32, expf, logf)
+STRIDED_ROW(double, strided_row_f64, exp, log)
+
+#define STRIDED_ROWS(T, ROW)                                                               \
     do {                                                                                   \
         const T *X = (const T *)nd_ptr(x);                                                 \
         T *Y = (T *)nd_ptr(out);                                                           \
         _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (outer * inner * n >= ND_PARALLEL_THRESHOLD) schedule(static)") \
         for (int64_t r = 0; r < outer * inner; r++) {                                      \
             int64_t o = r / inner, i = r % inner;                                          \
-            const T *xr = X + o * n * inner + i;                                           \
-            T *yr = Y + o * n * inner + i;                                                 \
-            T m = xr[0];                                                                   \
-            for (int64_t k = 1; k < n; k++)                                                \
-                if (xr[k * inner] > m || xr[k * inner] != xr[k * inner]) m = xr[k * inner]; \
-            if (isinf(m) && m < 0) m = 0;                                                  \
-            double sum = 0;                                                                \
-            for (int64_t k = 0; k < n; k++) {                                              \
-                T e = EXP(xr[k * inner] - m);                                              \
-                if (!want_log) yr[k * inner] = e;                                          \
-                sum += e;                                                                  \
-            }                                                                              \
-            if (want_log) {                                                                \
-                T ls = (T)LOG(sum);                                                        \
-                for (int64_t k = 0; k < n; k++) yr[k * inner] = (xr[k * inner] - m) - ls;  \
-            } else {                                                                       \
-                T inv = (T)(1.0 / sum);                                                    \
-                for (int64_t k = 0; k < n; k++) yr[k * inner] *= inv;                      \
-            }                                                                              \
+            ROW(X + o * n * inner + i, Y + o * n * inner + i, n, inner, want_log);         \
         }                                                                                  \
     } while (0)
+
+void nd_cpu_softmax_row(nd_dtype dt, const void *x, void *y, int64_t n, bool want_log) {
+    if (dt == ND_FLOAT32) row_f32(x, y, n, want_log);
+    else strided_row_f64(x, y, n, 1, want_log);
+}
 
 nd_status nd_cpu_softmax(nd_tensor *out, const nd_tensor *x, int dim, bool want_log) {
     int64_t outer = 1, inner = 1, n = x->ndim ? x->shape[dim] : 1;
@@ -97,9 +108,9 @@ nd_status nd_cpu_softmax(nd_tensor *out, const nd_tensor *x, int dim, bool want_
 #pragma omp parallel for num_threads(nd_cpu_threads()) if (outer * n >= ND_PARALLEL_THRESHOLD) schedule(static)
         for (int64_t o = 0; o < outer; o++) row_f32(X + o * n, Y + o * n, n, want_log);
     } else if (x->dtype == ND_FLOAT32) {
-        STRIDED_ROWS(float, expf, logf);
+        STRIDED_ROWS(float, strided_row_f32);
     } else {
-        STRIDED_ROWS(double, exp, log);
+        STRIDED_ROWS(double, strided_row_f64);
     }
     return ND_OK;
 }
