@@ -489,31 +489,40 @@ describe("batch_norm's fused backward", function()
   end)
 end)
 
--- Above the small kernel's rows (24, or 384 where the GEMM runs AVX-512) the
--- float32 fused linear runs needle's GEMM, which adds the bias
+-- Without the small kernel (NEEDLE_NO_SMALL_GEMM=1; on AVX2 CPUs above its 24
+-- rows) the float32 fused linear runs needle's GEMM, which adds the bias
 -- and applies relu to each tile as its last K block is stored (cpu_gemm.c):
 -- the same float operations as the product followed by a pass over it, so the
 -- bits must equal matmul + bias (+ relu), and both must agree with float64.
 describe("the fused linear's GEMM epilogue (bias, relu)", function()
-  before_each(function() nd.manual_seed(6) end)
-
   it("equals matmul + bias (+ relu) bit for bit over tile, K-block and N-block edges", function()
-    for _, M in ipairs({385, 500}) do
-      for _, K in ipairs({7, 385, 800}) do
-        for _, O in ipairs({1, 33, 70, 2100}) do
-          local x, w, b = nd.randn({M, K}), nd.randn({O, K}), nd.randn({O})
-          local plain = x:matmul(w:t()) + b
-          local lin = nd.F.linear(x, w, b)
-          local what = ("M %d K %d O %d"):format(M, K, O)
-          assert.are.equal(0, max_diff(lin, plain), what)
-          assert.are.equal(0, max_diff(nd.F.fused_linear(x, w, b, {activation = "relu"}), plain:relu()), what)
-          assert.are.equal(0, max_diff(nd.F.fused_linear(x, w, nil, {activation = "relu"}),
-                                       x:matmul(w:t()):relu()), what)
-          local want = x:double():matmul(w:double():t()) + b:double()
-          assert.is_true(max_diff(lin:double(), want) < 1e-5 * math.sqrt(K) * 4, what)
+    local S = require "spec.helpers.shell"
+    local out = S.run_program("NEEDLE_NO_SMALL_GEMM=1", [[
+      local nd = require "needle"
+      nd.manual_seed(6)
+      local function max_diff(a, b) return (a:double() - b:double()):abs():max():item() end
+      local bad, n = {}, 0
+      for _, M in ipairs({385, 500}) do
+        for _, K in ipairs({7, 385, 800}) do
+          for _, O in ipairs({1, 33, 70, 2100}) do
+            local x, w, b = nd.randn({M, K}), nd.randn({O, K}), nd.randn({O})
+            local plain = x:matmul(w:t()) + b
+            local lin = nd.F.linear(x, w, b)
+            local what = ("M %d K %d O %d"):format(M, K, O)
+            local want = x:double():matmul(w:double():t()) + b:double()
+            if max_diff(lin, plain) ~= 0 or
+               max_diff(nd.F.fused_linear(x, w, b, {activation = "relu"}), plain:relu()) ~= 0 or
+               max_diff(nd.F.fused_linear(x, w, nil, {activation = "relu"}), x:matmul(w:t()):relu()) ~= 0 or
+               max_diff(lin:double(), want) >= 1e-5 * math.sqrt(K) * 4 then
+              bad[#bad + 1] = what
+            end
+            n = n + 1
+          end
         end
       end
-    end
+      print(("checked %d, differ: %s"):format(n, table.concat(bad, "; ")))
+    ]])
+    assert.truthy(out:match("checked 24, differ: %s*$"), out)
   end)
 end)
 
@@ -581,6 +590,30 @@ describe("the small-M float32 linear kernel", function()
     local worst = tonumber(out:match("worst (%S+)"))
     assert.is_truthy(worst, out)
     assert.is_true(worst < 4e-5, out)
+  end)
+
+  -- with AVX-512 it takes every M, x in slabs of about 256 KB (cpu_linear_small.c)
+  it("takes many rows in slabs of x: each row's bits as computed alone, for any thread count", function()
+    for _, K in ipairs({7, 385, 800, 3000}) do
+      for _, O in ipairs({1, 6, 33, 70}) do
+        local M = 1000
+        local x, w, b = nd.randn({M, K}), nd.randn({O, K}), nd.randn({O})
+        local what = ("K %d O %d"):format(K, O)
+        local y = nd.F.fused_linear(x, w, b, {activation = "relu"})
+        local d = max_diff(y:double(), ref(x, w, b, true))
+        assert.is_true(d < 1e-5 * math.sqrt(K) * 4, what .. ": off by " .. d)
+        -- rows across a slab edge, computed alone, and the whole on one thread
+        for _, r in ipairs({{1, 4}, {77, 90}, {996, 1000}}) do
+          local part = nd.F.fused_linear(x[{{r[1], r[2]}}], w, b, {activation = "relu"})
+          assert.are.equal(0, max_diff(part, y[{{r[1], r[2]}}]), what)
+        end
+        local threads = nd.get_num_threads()
+        nd.set_num_threads(1)
+        local one = nd.F.fused_linear(x, w, b, {activation = "relu"})
+        nd.set_num_threads(threads)
+        assert.are.equal(0, max_diff(one, y), what .. ": one thread")
+      end
+    end
   end)
 
   it("gives the same result as the large-M (BLAS) path row by row", function()

@@ -1,5 +1,6 @@
-/* cpu_linear_small.c - float32 x @ w^T (+ b, ReLU) for a few rows of x: the
- * inference shape of an MLP at batch 8 (issue 7's workload 7).
+/* cpu_linear_small.c - float32 x @ w^T (+ b, ReLU) without packing w: first
+ * for a few rows of x (the inference shape of an MLP at batch 8, issue 7's
+ * workload 7); with AVX-512, for any number of rows (SMALL_M_MAX_AVX512).
  *
  * For M = 8, K = O = 512, OpenBLAS's sgemm takes about 60 us (2 threads):
  * it packs the whole 1 MB weight on every call and splits the work poorly.
@@ -20,6 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <omp.h>
 #include "cpu_avx2.h"
 #include "cpu_gemm.h"
 #include "cpu_kernels.h"
@@ -29,11 +31,15 @@
  * 1024 x 256 took 72 us here and 96 us packed (the LSTM's h @ W_hh^T at
  * batch 20), 32 rows about the same, 64 rows 211 against 167 us. */
 #define SMALL_M_MAX 24
-/* The AVX-512 kernel against the packed GEMM, which packs w^T on every call
- * (2 threads, us): 20 x 256 x 1024 52 against 129, 64 rows 118 against
- * 179, 128 rows 219 against 310, 384 rows 654 against 869 (and 625 against
- * 877 at K = O = 512); from about 700 rows the two are even (280 GFLOP/s). */
-#define SMALL_M_MAX_AVX512 384
+/* The AVX-512 kernel takes every M: with x in L2-sized slabs
+ * (x_slab_rows) it beat the packed GEMM, which packs w^T on every call, at
+ * each shape measured on 2 cores (us, this kernel / packed): 20 x 768 by 768
+ * 119 / 344, 128 x 3072 by 768 3050 / 4420, 1024 x 768 by 3072 23000 /
+ * 27500 (BERT's FFN at batch 8), 2048 x 3072 by 768 49200 / 52800, 8192 x
+ * 1024 by 1024 79600 / 91300; ratios 0.32 to 0.94. Without the slabs, x
+ * was streamed once per 4 rows of w and the kernel lost from about 700 rows
+ * (1.9x slower at 2048 x 3072). */
+#define SMALL_M_MAX_AVX512 INT64_MAX
 
 #ifdef ND_HAVE_AVX2_KERNELS
 
@@ -208,6 +214,13 @@ __attribute__((target("avx512f,avx2,fma"))) static void linear_block_avx512(
     }
 }
 
+/* Rows of x per slab: K floats a row, about 256 KB of them (at least 4, a
+ * multiple of 4) */
+static int64_t x_slab_rows(int64_t K) {
+    int64_t rows = (256 * 1024 / 4) / K;
+    return rows < 4 ? 4 : rows & ~(int64_t)3;
+}
+
 /* The AVX-512 kernel where the GEMM runs AVX-512 (so NEEDLE_GEMM=avx2 turns
  * both to AVX2). */
 static bool use_avx512(void) {
@@ -244,11 +257,30 @@ bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
     const float *B = b ? (const float *)nd_ptr(b) : NULL;
     float *Y = (float *)nd_ptr(out);
     const int64_t blocks = (O + 3) / 4; /* threads take whole 4-row blocks of w */
-#pragma omp parallel for num_threads(nd_cpu_threads()) if (M * K * O >= 4 * ND_PARALLEL_THRESHOLD) schedule(static)
-    for (int64_t bi = 0; bi < blocks; bi++) {
-        const int64_t o0 = bi * 4, o1 = o0 + 4 < O ? o0 + 4 : O;
-        if (avx512) linear_block_avx512(X, W, B, Y, M, K, O, o0, o1, relu);
-        else linear_block_avx2(X, W, B, Y, M, K, O, o0, o1, relu);
+    /* Rows of x in slabs that stay in L2 while each thread runs its blocks of
+     * w over them (a multiple of 4: every element is summed as unblocked,
+     * whatever the slab) */
+    const int64_t slab = avx512 ? x_slab_rows(K) : M;
+    const int nth = M * K * O >= 4 * ND_PARALLEL_THRESHOLD ? nd_cpu_threads() : 1;
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        const int64_t T = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t slabs = (M + slab - 1) / slab;
+        /* each thread its share of w's blocks over every slab; with fewer
+         * blocks than that shares well (a narrow layer, many rows), a share
+         * of the (slab, block) pairs instead (no element depends on who
+         * computes it) */
+        const bool by_block = blocks >= 2 * T;
+        const int64_t items = by_block ? blocks : slabs * blocks;
+        const int64_t i0 = items * t / T, i1 = items * (t + 1) / T;
+        for (int64_t s = 0; s < (by_block ? slabs : 1); s++)
+            for (int64_t i = i0; i < i1; i++) {
+                const int64_t bi = by_block ? i : i % blocks, m0 = (by_block ? s : i / blocks) * slab;
+                const int64_t mb = M - m0 < slab ? M - m0 : slab;
+                const int64_t o0 = bi * 4, o1 = o0 + 4 < O ? o0 + 4 : O;
+                if (avx512) linear_block_avx512(X + m0 * K, W, B, Y + m0 * O, mb, K, O, o0, o1, relu);
+                else linear_block_avx2(X + m0 * K, W, B, Y + m0 * O, mb, K, O, o0, o1, relu);
+            }
     }
     return true;
 #else
