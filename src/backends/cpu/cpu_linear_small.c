@@ -1,6 +1,7 @@
-/* cpu_linear_small.c - float32 x @ w^T (+ b, ReLU) without packing w: first
- * for a few rows of x (the inference shape of an MLP at batch 8, issue 7's
- * workload 7); with AVX-512, for any number of rows (SMALL_M_MAX_AVX512).
+/* cpu_linear_small.c - float32 x @ w^T (+ b, ReLU) without packing w: for a
+ * few rows of x (the inference shape of an MLP at batch 8, issue 7's
+ * workload 7), up to 384 with AVX-512, any number on AMD Zen 4
+ * (avx512_rows_max).
  *
  * For M = 8, K = O = 512, OpenBLAS's sgemm takes about 60 us (2 threads):
  * it packs the whole 1 MB weight on every call and splits the work poorly.
@@ -31,17 +32,35 @@
  * 1024 x 256 took 72 us here and 96 us packed (the LSTM's h @ W_hh^T at
  * batch 20), 32 rows about the same, 64 rows 211 against 167 us. */
 #define SMALL_M_MAX 24
-/* The AVX-512 kernel takes every M: with x in L2-sized slabs
- * (x_slab_rows) it beat the packed GEMM, which packs w^T on every call, at
- * each shape measured on 2 cores (us, this kernel / packed): 20 x 768 by 768
- * 119 / 344, 128 x 3072 by 768 3050 / 4420, 1024 x 768 by 3072 23000 /
- * 27500 (BERT's FFN at batch 8), 2048 x 3072 by 768 49200 / 52800, 8192 x
- * 1024 by 1024 79600 / 91300; ratios 0.32 to 0.94. Without the slabs, x
- * was streamed once per 4 rows of w and the kernel lost from about 700 rows
- * (1.9x slower at 2048 x 3072). */
-#define SMALL_M_MAX_AVX512 INT64_MAX
+/* The AVX-512 kernel against the packed GEMM, which packs w^T on every call.
+ * On a CPU whose 512-bit FMAs run at full rate (the host of 2026-11-26,
+ * 2 threads, us): 20 x 256 by 1024 52 against 129, 128 rows 219 against
+ * 310, 384 rows 654 against 869; from about 700 rows the two were even, and
+ * that host's GEMM won at 64 x 512 by 512 (0.33 against 0.22 ms). So rows
+ * up to this: */
+#define SMALL_M_MAX_AVX512 384
+/* On AMD Zen 4, which runs a 512-bit FMA as two 256-bit halves (a peak of
+ * 116 GFLOP/s a core measured here), the packed GEMM reaches 165-190
+ * GFLOP/s on 2 cores and this kernel 190-210: with x in L2-sized slabs
+ * (x_slab_rows) it won at every shape measured (2026-11-27, us, this kernel
+ * / packed): 20 x 768 by 768 119 / 344, 128 x 3072 by 768 3050 / 4420,
+ * 1024 x 768 by 3072 23000 / 27500 (BERT's FFN at batch 8), 2048 x 3072 by
+ * 768 49200 / 52800, 8192 x 1024 by 1024 79600 / 91300. There it takes
+ * every M (avx512_rows_max). (Without the slabs x was streamed once per 4
+ * rows of w and the kernel lost from about 700 rows: 1.9x slower at 2048 x
+ * 3072.) */
 
 #ifdef ND_HAVE_AVX2_KERNELS
+
+static int64_t avx512_rows_max(void) {
+    static int64_t max = -1;
+    if (max < 0) {
+        __builtin_cpu_init();
+        max = __builtin_cpu_is("amdfam19h") && __builtin_cpu_supports("avx512f") ? INT64_MAX
+                                                                                : SMALL_M_MAX_AVX512;
+    }
+    return max;
+}
 
 __attribute__((target("avx2,fma"))) static inline __m128 finish4(__m128 r, const float *b,
                                                                   bool relu) {
@@ -252,7 +271,7 @@ bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
     if (x->dtype != ND_FLOAT32 || M < 1 || K < 1 || O < 1) return false;
     if (!cpu_has_avx2_fma()) return false;
     const bool avx512 = use_avx512();
-    if (M > (avx512 ? SMALL_M_MAX_AVX512 : SMALL_M_MAX)) return false;
+    if (M > (avx512 ? avx512_rows_max() : SMALL_M_MAX)) return false;
     const float *X = (const float *)nd_ptr(x), *W = (const float *)nd_ptr(w);
     const float *B = b ? (const float *)nd_ptr(b) : NULL;
     float *Y = (float *)nd_ptr(out);
