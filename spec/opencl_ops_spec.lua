@@ -541,6 +541,21 @@ case("optim.SGD steps with momentum and weight decay (sgd_step_, fused or compos
     return prm:detach()
   end, {grad = false, covers = {"sgd_step_"}}) -- optim calls it through a local: no profiler event
 
+-- adam_step_ likewise (OpenCL has no kernel for it: optim.Adam composes the
+-- update there, as on the CPU with amsgrad)
+case("optim.AdamW steps with weight decay (adam_step_, fused or composed)",
+  function() return {randn({4, 5}), randn({4, 5})} end,
+  function(p, g)
+    local prm = p:detach()
+    prm.requires_grad = true
+    local opt = nd.optim.AdamW({prm}, {lr = 0.1, weight_decay = 0.01})
+    prm.grad = g
+    opt:step()
+    prm.grad = g * 0.5
+    opt:step()
+    return prm:detach()
+  end, {grad = false, covers = {"adam_step_"}}) -- optim calls it through a local: no profiler event
+
 -- the ops that exist as gradients of others: second-order gradients, whose
 -- outer nd.grad runs them (im2col, col2im, max_pool2d_gather)
 local function leaf_of(t) local l = t:detach(); l.requires_grad = true; return l end

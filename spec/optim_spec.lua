@@ -636,3 +636,100 @@ describe("optim.SGD's fused update", function()
     end
   end)
 end)
+
+-- The CPU runs Adam's and AdamW's update (without amsgrad) as one fused pass
+-- (core.adam_step_); it must give the composed formulas' values to the bit,
+-- for every option, in float32 and float64.
+describe("optim.Adam's fused update", function()
+  local core = require "needle.core"
+
+  -- the composed reference: nd.optim.Adam's own ops (as PyTorch's formulas)
+  local function reference_step(p, g, st, o, decoupled)
+    local lr, wd, eps = o.lr, o.weight_decay or 0, o.eps or 1e-8
+    local b1, b2 = (o.betas or {0.9, 0.999})[1], (o.betas or {0.9, 0.999})[2]
+    st.t = (st.t or 0) + 1
+    st.m = st.m or nd.zeros_like(p)
+    st.v = st.v or nd.zeros_like(p)
+    if o.maximize then g = -g end
+    if decoupled then
+      if wd ~= 0 then p:mul_(1 - lr * wd) end
+    elseif wd ~= 0 then
+      g = g + p * wd
+    end
+    st.m:mul_(b1):add_(g * (1 - b1))
+    st.v:mul_(b2):add_((g * (1 - b2)):mul_(g))
+    local denom = st.v:sqrt():div_(math.sqrt(1 - b2 ^ st.t)):add_(eps)
+    p:add_((st.m * -(lr / (1 - b1 ^ st.t))):div_(denom))
+  end
+
+  local cases = {
+    {lr = 1e-3},
+    {lr = 1e-2, weight_decay = 0.1},
+    {lr = 1e-2, weight_decay = 0.1, adamw = true},
+    {lr = 3e-3, betas = {0.8, 0.99}, eps = 1e-6, maximize = true},
+    {lr = 5e-3, weight_decay = 0.01, maximize = true, adamw = true},
+  }
+  for _, dtype in ipairs({"float32", "float64"}) do
+    for ci, c in ipairs(cases) do
+      it(("matches the composed formulas exactly (%s, case %d)"):format(dtype, ci), function()
+        nd.manual_seed(ci)
+        local o = {}
+        for k, v in pairs(c) do if k ~= "adamw" then o[k] = v end end
+        -- 40000 elements: the threaded path of the kernel too
+        local p = nd.randn({200, 200}, {dtype = dtype}):requires_grad_()
+        local q = p:detach():clone()
+        local opt = (c.adamw and optim.AdamW or optim.Adam)({p}, o)
+        local st = {}
+        for i = 1, 4 do
+          -- gradients of very different sizes: sqrt(v) and eps both matter
+          local g = nd.randn({200, 200}, {dtype = dtype}) * (i % 2 == 0 and 1e-4 or 30)
+          p.grad = g
+          opt:step()
+          nd.no_grad(function() reference_step(q, g, st, o, c.adamw) end)
+          assert.is_true(same_values(p:detach(), q), "parameter differs at step " .. i)
+          assert.is_true(same_values(opt.state[p].exp_avg, st.m), "exp_avg differs")
+          assert.is_true(same_values(opt.state[p].exp_avg_sq, st.v), "exp_avg_sq differs")
+        end
+      end)
+    end
+  end
+
+  it("runs fused on contiguous CPU float tensors and declines the rest", function()
+    local h = {beta1 = 0.9, beta2 = 0.999, one_minus_beta1 = 0.1, one_minus_beta2 = 0.001, eps = 1e-8,
+               weight_decay = 0, decay = 1, step_size = -0.1, bc2_sqrt = math.sqrt(0.001),
+               decoupled = false, maximize = false}
+    local f64 = {dtype = "float64"}
+    local p, g = nd.ones({3, 4}, f64), nd.ones({3, 4}, f64)
+    local m, v = nd.zeros({3, 4}, f64), nd.zeros({3, 4}, f64)
+    assert.is_true(core.adam_step_(p, g, m, v, h))
+    assert.is_true(math.abs(m[1][1]:item() - 0.1) < 1e-15 and math.abs(v[3][4]:item() - 0.001) < 1e-15)
+    assert.is_true(p[2][2]:item() < 1)
+    local before = p:clone()
+    -- declined, nothing changed: non-contiguous, mixed dtypes, shared memory, integer
+    local t = nd.ones({4, 3}, f64):t()
+    assert.is_false(core.adam_step_(t, g, m, v, h))
+    assert.are.equal(1, t[1][1]:item())
+    assert.is_false(core.adam_step_(p, nd.ones({3, 4}), m, v, h))
+    assert.is_false(core.adam_step_(p, g, m, m, h))
+    local i64 = {dtype = "int64"}
+    assert.is_false(core.adam_step_(nd.ones({3, 4}, i64), nd.ones({3, 4}, i64), nd.zeros({3, 4}, i64),
+                                    nd.zeros({3, 4}, i64), h))
+    assert.is_true(same_values(p, before))
+    assert_contains(errmsg(core.adam_step_, p, g, m, v, {beta1 = "x"}), "adam_step_: option 'beta1' must be a number")
+  end)
+
+  it("takes the composed path with amsgrad and for a non-contiguous parameter, with the same values", function()
+    for _, o in ipairs({{lr = 1e-2, amsgrad = true}, {lr = 1e-2, weight_decay = 0.1}}) do
+      local p = nd.randn({30, 20}):t():requires_grad_()
+      local qp = p:detach():contiguous():requires_grad_()
+      local o1, o2 = optim.AdamW({p}, o), optim.AdamW({qp}, o)
+      for _ = 1, 3 do
+        local g = nd.randn({20, 30})
+        p.grad, qp.grad = g, g:clone()
+        o1:step()
+        o2:step()
+        assert.is_true(same_values(p:detach(), qp:detach()))
+      end
+    end
+  end)
+end)

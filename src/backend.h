@@ -249,6 +249,10 @@ typedef struct nd_backend {
      * momentum) contiguous, one float dtype, one shape. */
     nd_status (*sgd_step)(nd_tensor *p, const nd_tensor *grad, nd_tensor *buf,
                           const nd_sgd_hyper *h, bool first);
+    /* nd_adam_step_'s update (needle.h): p, grad, m and v contiguous, one
+     * float dtype, one shape. */
+    nd_status (*adam_step)(nd_tensor *p, const nd_tensor *grad, nd_tensor *m, nd_tensor *v,
+                           const nd_adam_hyper *h);
     /* dlogits = (softmax(logits) - target) * wrow[row]; labels 0-based.
      * dlogits may be logits itself (the same view: nd.compile's memory plan
      * puts the gradient over the logits when they die there), so each

@@ -464,6 +464,24 @@ typedef struct {
 } nd_sgd_hyper;
 nd_status nd_sgd_step_(nd_tensor *p, const nd_tensor *grad, nd_tensor *buf, const nd_sgd_hyper *h,
                        bool first, bool *done);
+/* One step of torch.optim.Adam (decoupled: AdamW) on p, in place and in one
+ * pass, with the roundings of nd.optim.Adam's composed tensor ops:
+ *   g = grad (negated when maximize)
+ *   decoupled: p = p * decay, else g = g + p * weight_decay   (when weight_decay != 0)
+ *   m = m * beta1 + g * one_minus_beta1
+ *   v = v * beta2 + (g * one_minus_beta2) * g
+ *   p = p + (m * step_size) / (sqrt(v) / bc2_sqrt + eps)
+ * each scalar as given (the caller computes step_size = -lr / (1 - beta1^t),
+ * bc2_sqrt = sqrt(1 - beta2^t), decay = 1 - lr * weight_decay), rounded to
+ * p's dtype. *done as nd_sgd_step_'s (m and v: p's dtype, shape and device,
+ * contiguous). */
+typedef struct {
+    double beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, decay, step_size,
+        bc2_sqrt;
+    bool decoupled, maximize;
+} nd_adam_hyper;
+nd_status nd_adam_step_(nd_tensor *p, const nd_tensor *grad, nd_tensor *m, nd_tensor *v,
+                        const nd_adam_hyper *h, bool *done);
 
 /* ---- joining, splitting, reordering ---- */
 nd_status nd_cat(nd_tensor *const *ts, int n, int dim, nd_tensor **out);

@@ -230,6 +230,14 @@ nd_status nd_call_sgd_step(const nd_backend *be, const char *op, nd_tensor *p, c
     return FINISH(be->sgd_step(p, grad, buf, h, first));
 }
 
+nd_status nd_call_adam_step(const nd_backend *be, const char *op, nd_tensor *p, const nd_tensor *grad,
+                            nd_tensor *m, nd_tensor *v, const nd_adam_hyper *h) {
+    if (!be->adam_step) return no_kernel(be, op);
+    if (nd_graph_capturing())
+        return nd_fail(ND_ERR_INTERNAL, "%s: the fused Adam step while a graph is captured", op);
+    return be->adam_step(p, grad, m, v, h);
+}
+
 nd_status nd_call_cross_entropy_backward(const nd_backend *be, const char *op, nd_tensor *dlogits,
                                          const nd_tensor *logits, const nd_tensor *labels,
                                          const nd_tensor *wrow, int64_t ignore, double smoothing) {

@@ -99,6 +99,11 @@ nd_status nd_call_relu_backward(const nd_backend *be, const char *op, nd_tensor 
                                 const nd_tensor *g, const nd_tensor *y);
 nd_status nd_call_sgd_step(const nd_backend *be, const char *op, nd_tensor *p, const nd_tensor *grad,
                            nd_tensor *buf, const nd_sgd_hyper *h, bool first);
+/* Eager only: its factors change with the step count, so a replay could not
+ * repeat it (an error while a graph is captured; nd.optim.Adam composes the
+ * update there, from factors a hook refreshes). */
+nd_status nd_call_adam_step(const nd_backend *be, const char *op, nd_tensor *p, const nd_tensor *grad,
+                            nd_tensor *m, nd_tensor *v, const nd_adam_hyper *h);
 nd_status nd_call_cross_entropy_backward(const nd_backend *be, const char *op, nd_tensor *dlogits,
                                          const nd_tensor *logits, const nd_tensor *labels,
                                          const nd_tensor *wrow, int64_t ignore, double smoothing);

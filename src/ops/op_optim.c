@@ -1,4 +1,5 @@
-/* op_optim.c - fused optimizer updates (needle.h, "optimizer updates"):
+/* op_optim.c - fused optimizer updates (needle.h, "optimizer updates":
+ * SGD's and Adam's):
  * checks and dispatch; the kernels are the backends' (cpu_optim.c).
  * Anything the fused kernel does not cover answers *done = false, and
  * nd.optim composes the same update from tensor ops. */
@@ -30,6 +31,30 @@ nd_status nd_sgd_step_(nd_tensor *p, const nd_tensor *grad, nd_tensor *buf, cons
     ND_TRY(ND_BACKEND_CALL(be, sgd_step, "sgd_step_", p, grad, buf, h, first));
     nd_bump_version(p);
     if (buf) nd_bump_version(buf);
+    *done = true;
+    return ND_OK;
+}
+
+nd_status nd_adam_step_(nd_tensor *p, const nd_tensor *grad, nd_tensor *m, nd_tensor *v,
+                        const nd_adam_hyper *h, bool *done) {
+    *done = false;
+    if (!p || !grad || !m || !v || !h)
+        return nd_fail(ND_ERR_ARG, "adam_step_: p, grad, exp_avg, exp_avg_sq and the hyperparameters are required");
+    ND_TRY(nd_check_inplace_grad("adam_step_", p));
+    const nd_backend *be = nd_backend_of(p);
+    if (!be->adam_step || nd_graph_capturing() || (p->dtype != ND_FLOAT32 && p->dtype != ND_FLOAT64) ||
+        !nd_is_contiguous(p) || !same_layout(p, grad) || !same_layout(p, m) || !same_layout(p, v))
+        return ND_OK;
+    /* each element is read before it is written at its index, so only
+     * tensors sharing memory could change the result */
+    const nd_storage *s[4] = {p->storage, grad->storage, m->storage, v->storage};
+    for (int i = 0; i < 4; i++)
+        for (int j = i + 1; j < 4; j++)
+            if (s[i] == s[j]) return ND_OK;
+    ND_TRY(ND_BACKEND_CALL(be, adam_step, "adam_step_", p, grad, m, v, h));
+    nd_bump_version(p);
+    nd_bump_version(m);
+    nd_bump_version(v);
     *done = true;
     return ND_OK;
 }

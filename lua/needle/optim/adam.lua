@@ -11,6 +11,7 @@ local errors = require "needle.errors"
 
 local fmt = Optimizer._fmt
 local sqrt, maximum, zeros_like = math.sqrt, core.maximum, core.zeros_like
+local fused_step = core.adam_step_
 
 local M = {}
 
@@ -96,27 +97,38 @@ function M.update(self, group, decoupled)
       local step = st.step + 1
       st.step = step
       local f = capture.active and compiled_factors(st, p, group, decoupled)
-      if maximize then g = -g end
-      if decoupled then
-        if wd ~= 0 then p:mul_(f and f.decay or 1 - lr * wd) end
-      elseif wd ~= 0 then
-        g = g + p * wd
+      -- eagerly (CPU, float, contiguous, without amsgrad) one fused pass with
+      -- the roundings of the ops below: the same bits (cpu_optim.c)
+      local done = false
+      if fused_step and not f and not amsgrad then
+        done = fused_step(p, g, st.exp_avg, st.exp_avg_sq, {
+          beta1 = beta1, beta2 = beta2, one_minus_beta1 = 1 - beta1, one_minus_beta2 = 1 - beta2,
+          eps = eps, weight_decay = wd, decay = 1 - lr * wd, step_size = -(lr / (1 - beta1 ^ step)),
+          bc2_sqrt = sqrt(1 - beta2 ^ step), decoupled = decoupled == true, maximize = maximize == true})
       end
-      local m, v = st.exp_avg, st.exp_avg_sq
-      m:mul_(f and f.beta1 or beta1):add_(g * (f and f.one_minus_beta1 or 1 - beta1))
-      v:mul_(f and f.beta2 or beta2):add_((g * (f and f.one_minus_beta2 or 1 - beta2)):mul_(g))
-      local step_size = lr / (1 - beta1 ^ step)
-      local bc2_sqrt = sqrt(1 - beta2 ^ step)
-      local denom
-      if amsgrad then
-        local vmax = st.max_exp_avg_sq
-        vmax:copy_(maximum(vmax, v))
-        denom = vmax:sqrt()
-      else
-        denom = v:sqrt()
+      if not done then
+        if maximize then g = -g end
+        if decoupled then
+          if wd ~= 0 then p:mul_(f and f.decay or 1 - lr * wd) end
+        elseif wd ~= 0 then
+          g = g + p * wd
+        end
+        local m, v = st.exp_avg, st.exp_avg_sq
+        m:mul_(f and f.beta1 or beta1):add_(g * (f and f.one_minus_beta1 or 1 - beta1))
+        v:mul_(f and f.beta2 or beta2):add_((g * (f and f.one_minus_beta2 or 1 - beta2)):mul_(g))
+        local step_size = lr / (1 - beta1 ^ step)
+        local bc2_sqrt = sqrt(1 - beta2 ^ step)
+        local denom
+        if amsgrad then
+          local vmax = st.max_exp_avg_sq
+          vmax:copy_(maximum(vmax, v))
+          denom = vmax:sqrt()
+        else
+          denom = v:sqrt()
+        end
+        denom:div_(f and f.bc2_sqrt or bc2_sqrt):add_(eps)
+        p:add_((m * (f and f.step_size or -step_size)):div_(denom))
       end
-      denom:div_(f and f.bc2_sqrt or bc2_sqrt):add_(eps)
-      p:add_((m * (f and f.step_size or -step_size)):div_(denom))
     end
   end
 end

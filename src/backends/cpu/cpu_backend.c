@@ -30,6 +30,7 @@ const nd_backend nd_cpu_backend = {
     .batch_norm_backward = nd_cpu_batch_norm_backward,
     .relu_backward = nd_cpu_relu_backward,
     .sgd_step = nd_cpu_sgd_step,
+    .adam_step = nd_cpu_adam_step,
     .cross_entropy_backward = nd_cpu_cross_entropy_backward,
     .random = nd_cpu_random,
     .im2col = nd_cpu_im2col,
