@@ -525,36 +525,30 @@ case("fold_batch_norm (composed ops, in float64)",
 case("fused_conv2d with padding and relu",
   function() return {randn({2, 3, 5, 5}), randn({4, 3, 3, 3}), randn({4})} end,
   function(x, w, b) return nd.fused_conv2d(x, w, b, {padding = 1, activation = "relu"}) end, {rtol = 1e-4, atol = 1e-4})
--- sgd_step_ is the fused update; where a device has no kernel for it, it
--- says so (returns false) and nd.optim.SGD runs the composed update: the
--- parameters after two steps must agree either way
+-- sgd_step_ and adam_step_ are fused updates; where a device has no kernel
+-- for one (OpenCL has neither), it says so (returns false) and nd.optim runs
+-- the composed update: the parameters after two steps must agree either way
+local function two_steps(Opt, o)
+  return function(p, g)
+    local prm = p:detach()
+    prm.requires_grad = true
+    local opt = Opt({prm}, o)
+    prm.grad = g
+    opt:step()
+    prm.grad = g * 0.5
+    opt:step()
+    return prm:detach()
+  end
+end
+-- (optim calls them through locals: no profiler event, hence covers)
 case("optim.SGD steps with momentum and weight decay (sgd_step_, fused or composed)",
   function() return {randn({4, 5}), randn({4, 5})} end,
-  function(p, g)
-    local prm = p:detach()
-    prm.requires_grad = true
-    local opt = nd.optim.SGD({prm}, {lr = 0.1, momentum = 0.9, weight_decay = 0.01})
-    prm.grad = g
-    opt:step()
-    prm.grad = g * 0.5
-    opt:step()
-    return prm:detach()
-  end, {grad = false, covers = {"sgd_step_"}}) -- optim calls it through a local: no profiler event
-
--- adam_step_ likewise (OpenCL has no kernel for it: optim.Adam composes the
--- update there, as on the CPU with amsgrad)
+  two_steps(nd.optim.SGD, {lr = 0.1, momentum = 0.9, weight_decay = 0.01}),
+  {grad = false, covers = {"sgd_step_"}})
 case("optim.AdamW steps with weight decay (adam_step_, fused or composed)",
   function() return {randn({4, 5}), randn({4, 5})} end,
-  function(p, g)
-    local prm = p:detach()
-    prm.requires_grad = true
-    local opt = nd.optim.AdamW({prm}, {lr = 0.1, weight_decay = 0.01})
-    prm.grad = g
-    opt:step()
-    prm.grad = g * 0.5
-    opt:step()
-    return prm:detach()
-  end, {grad = false, covers = {"adam_step_"}}) -- optim calls it through a local: no profiler event
+  two_steps(nd.optim.AdamW, {lr = 0.1, weight_decay = 0.01}),
+  {grad = false, covers = {"adam_step_"}})
 
 -- the ops that exist as gradients of others: second-order gradients, whose
 -- outer nd.grad runs them (im2col, col2im, max_pool2d_gather)
