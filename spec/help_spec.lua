@@ -114,7 +114,7 @@ describe("nd.help", function()
     -- A ratchet: a new public name must come with documentation. Lower this
     -- number whenever docs are added for names in the list above (61 of 544 when
     -- it was set); never raise it.
-    local MAX_UNDOCUMENTED = 61
+    local MAX_UNDOCUMENTED = 60
     assert.is_true(#missing <= MAX_UNDOCUMENTED, ("%d public names have no documentation, more than the %d allowed:\n  %s")
       :format(#missing, MAX_UNDOCUMENTED, table.concat(missing, " ")))
   end)
