@@ -174,6 +174,13 @@ static void pack_a(const gemm_isa *isa, const float *A, int64_t a_sm, int64_t a_
             }
             continue;
         }
+        if (rows == MR && a_sk == 1) { /* row-major, a whole panel: the panel written in order */
+            const float *sr[MAX_MR];
+            for (int r = 0; r < MR; r++) sr[r] = src + r * a_sm;
+            for (int64_t k = 0; k < kc; k++)
+                for (int r = 0; r < MR; r++) p[k * MR + r] = sr[r][k];
+            continue;
+        }
         for (int r = 0; r < MR; r++) {
             if (r >= rows) {
                 for (int64_t k = 0; k < kc; k++) p[k * MR + r] = 0.0f;
