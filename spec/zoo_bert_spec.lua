@@ -104,6 +104,37 @@ describe("BERT against the PyTorch reference", function()
       assert.are.equal(mlm.bert.embeddings.word_embeddings.weight, mlm.cls.predictions.decoder.weight)
     end)
 
+    it("token classification and question answering heads, BERT and DistilBERT, through the converter ("
+       .. D.describe(dev) .. ")", function()
+      -- Hugging Face's key names: classifier.* (the fixture keeps the token head's as token.*)
+      -- and qa_outputs.*; a pooler in the BERT checkpoints is left out (the heads have none)
+      local function head_sd(fix, base)
+        local sd = weights(fix, {base})
+        for k, v in pairs(weights(fix, {"token."}, "token.")) do sd[k] = v end
+        return sd
+      end
+      for _, c in ipairs({{FIX, "bert.", "bert", {num_attention_heads = 4}, BERT},
+                          {DFIX, "distilbert.", "distilbert", {n_heads = 4}, DISTIL}}) do
+        local fix, base, name, opts = c[1], c[2], c[3], c[4]
+        local ids, o = inputs(fix, dev)
+        local tok = convert.model(name .. "_for_token_classification", head_sd(fix, base), opts):to(dev)
+        assert.are.equal(5, tok.num_labels)
+        assert_close(tok(ids, o), fix["out.token_logits"], name .. " token classification logits")
+        local qa = convert.model(name .. "_for_question_answering", weights(fix, {base, "qa_outputs."}), opts):to(dev)
+        local start, stop = qa(ids, o)
+        assert_close(start, fix["out.start_logits"], name .. " start logits")
+        assert_close(stop, fix["out.end_logits"], name .. " end logits")
+        -- the constructors and load_state_dict give the same (strict: every key used)
+        local cls = name == "bert" and models.BertForQuestionAnswering or models.DistilBertForQuestionAnswering
+        local m = cls(with(c[5], name == "bert" and {} or {qa_dropout = 0}))
+        local sd = weights(fix, {base, "qa_outputs."})
+        if name == "bert" then sd = weights(fix, {"bert.embeddings.", "bert.encoder.", "qa_outputs."}) end
+        m:load_state_dict(sd)
+        m:eval():to(dev)
+        assert_close((m(ids, o)), fix["out.start_logits"], name .. " start logits (constructor)")
+      end
+    end)
+
     it("DistilBERT: hidden states, logits, and one training step's loss and gradients (" .. D.describe(dev) .. ")",
        function()
       local m = models.DistilBertForSequenceClassification(with(DISTIL, {num_labels = 3, seq_classif_dropout = 0}))
@@ -336,10 +367,12 @@ describe("bad input", function()
 end)
 
 describe("the converter registry", function()
-  it("lists the five models and their mappings; legacy LayerNorm.gamma/beta keys load", function()
+  it("lists the nine models and their mappings; legacy LayerNorm.gamma/beta keys load", function()
     local names = table.concat(convert.models.names(), " ")
     for _, n in ipairs({"bert", "bert_for_sequence_classification", "bert_for_masked_lm", "distilbert",
-                        "distilbert_for_sequence_classification"}) do
+                        "distilbert_for_sequence_classification", "bert_for_token_classification",
+                        "bert_for_question_answering", "distilbert_for_token_classification",
+                        "distilbert_for_question_answering"}) do
       assert.truthy((" " .. names .. " "):find(" " .. n .. " ", 1, true), n)
       assert.are.equal("hf_" .. n, convert.models.get(n).mapping)
       assert.is_not_nil(convert.mappings.descriptions["hf_" .. n])

@@ -201,6 +201,8 @@ return require("needle.lazy")(M, {ResNetCIFAR = CONVERT, BasicBlock = CONVERT, F
                                   InvertedResidual = VISION,
                                   BertModel = BERT, BertForSequenceClassification = BERT, BertForMaskedLM = BERT,
                                   DistilBertModel = BERT, DistilBertForSequenceClassification = BERT,
+                                  BertForTokenClassification = BERT, BertForQuestionAnswering = BERT,
+                                  DistilBertForTokenClassification = BERT, DistilBertForQuestionAnswering = BERT,
                                   -- Hugging Face GPT-2 (needle.zoo.gpt2, docs/models-gpt2.md)
                                   GPT2Model = {"needle.zoo.gpt2"}, GPT2LMHeadModel = {"needle.zoo.gpt2"}},
                                  {who = "nn.models"})

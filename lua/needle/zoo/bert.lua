@@ -1,6 +1,6 @@
 -- needle.zoo.bert: BERT and DistilBERT as Hugging Face's transformers builds
 -- them (modeling_bert.py, modeling_distilbert.py), so that a Hugging Face
--- state_dict loads by name (nd.nn.models exposes the five models):
+-- state_dict loads by name (nd.nn.models exposes the nine models):
 --
 --   local m = nd.nn.models.BertModel{vocab_size = 30522, hidden_size = 768, ...}
 --   local last_hidden_state, pooler_output = m(input_ids, {attention_mask =, token_type_ids =, position_ids =})
@@ -9,6 +9,10 @@
 --   DistilBertModel{vocab_size =, dim =, n_layers =, n_heads =, hidden_dim =, ...}
 --       forward(input_ids, {attention_mask =}) -> last_hidden_state (B, T, dim)
 --   DistilBertForSequenceClassification{..., num_labels = 2, seq_classif_dropout = 0.2} -> logits
+--   BertForTokenClassification{..., num_labels = 2, classifier_dropout =} -> logits (B, T, num_labels)
+--   BertForQuestionAnswering{...}                       -> start_logits (B, T), end_logits (B, T)
+--   DistilBertForTokenClassification{..., num_labels = 2} -> logits (B, T, num_labels)
+--   DistilBertForQuestionAnswering{..., qa_dropout = 0.1} -> start_logits (B, T), end_logits (B, T)
 --
 -- TOKEN IDS ARE 1-BASED, as every index in needle (nn.Embedding's, class
 -- labels): the token on line n of a vocab.txt is id n, i.e. a Hugging Face id
@@ -440,6 +444,11 @@ local function without_buffers(sd, prefix)
 end
 M.without_buffers = without_buffers
 
+-- a head's load_state_dict: Module's, accepting the buffers under `prefix`
+local function loads_under(prefix)
+  return function(self, sd, opts) return Module.load_state_dict(self, without_buffers(sd, prefix), opts) end
+end
+
 -- load_state_dict(sd, {strict = true}): Module's, accepting the buffers above
 function BertModel:load_state_dict(sd, opts)
   return Module.load_state_dict(self, without_buffers(sd, ""), opts)
@@ -464,9 +473,73 @@ function BertForSequenceClassification:forward(input_ids, opts)
   local _, pooled = self.bert(a)
   return self.classifier(self.dropout(pooled))
 end
-function BertForSequenceClassification:load_state_dict(sd, opts)
-  return Module.load_state_dict(self, without_buffers(sd, "bert."), opts)
+BertForSequenceClassification.load_state_dict = loads_under("bert.")
+
+-- the head's num_labels (default `dflt`), positive
+local function labels_of(self, o, dflt)
+  local n = o.num_labels or dflt
+  if n < 1 then fail("nn.models." .. self.__name, "num_labels must be positive, got %d", n) end
+  return n
 end
+
+-- a dropout probability option, in [0, 1]
+local function dropout_p(self, key, p)
+  if not (p >= 0 and p <= 1) then fail("nn.models." .. self.__name, "%s must be in [0, 1], got %s", key, tostring(p)) end
+  return p
+end
+
+-- question answering's heads have two labels (start and end), as Hugging Face's require
+local function two_labels(self, o)
+  if (o.num_labels or 2) ~= 2 then
+    fail("nn.models." .. self.__name, "num_labels must be 2 (start and end logits), got %d", o.num_labels)
+  end
+end
+
+-- the start and end logits (B, T) of question answering's (B, T, 2) logits
+local function split_span(logits)
+  return logits:select(3, 1):contiguous(), logits:select(3, 2):contiguous()
+end
+
+-- BertForTokenClassification{config..., num_labels = 2, classifier_dropout = hidden_dropout_prob}
+-- (NER and the like): BertModel without its pooler, dropout, classifier on every token;
+-- forward(input_ids, opts) -> logits (B, T, num_labels)
+local BertForTokenClassification = bert_class("BertForTokenClassification")
+function BertForTokenClassification:init(opts)
+  local cfg, o = bert_config(self, opts, {num_labels = "integer", classifier_dropout = "number"})
+  self.num_labels = labels_of(self, o, 2)
+  self.config = cfg
+  self.bert = BertModel(BUILT, cfg, false)
+  self.dropout = nd.nn.Dropout(dropout_p(self, "classifier_dropout", o.classifier_dropout or cfg.hidden_dropout_prob))
+  self.classifier = nd.nn.Linear(cfg.hidden_size, self.num_labels)
+  hf_init(self, cfg.initializer_range)
+  place(self, o)
+end
+function BertForTokenClassification:forward(input_ids, opts)
+  local a = prepare("nn.models." .. self.__name, self.bert, input_ids, opts, true)
+  local h = self.bert(a)
+  return self.classifier(self.dropout(h))
+end
+BertForTokenClassification.load_state_dict = loads_under("bert.")
+
+-- BertForQuestionAnswering{config...} (extractive QA, SQuAD): BertModel without its
+-- pooler, qa_outputs (hidden -> 2) on every token; forward(input_ids, opts) ->
+-- start_logits (B, T), end_logits (B, T): the scores of each token starting and
+-- ending the answer span (num_labels must be 2, as Hugging Face's head requires)
+local BertForQuestionAnswering = bert_class("BertForQuestionAnswering")
+function BertForQuestionAnswering:init(opts)
+  local cfg, o = bert_config(self, opts, {num_labels = "integer"})
+  two_labels(self, o)
+  self.config = cfg
+  self.bert = BertModel(BUILT, cfg, false)
+  self.qa_outputs = nd.nn.Linear(cfg.hidden_size, 2)
+  hf_init(self, cfg.initializer_range)
+  place(self, o)
+end
+function BertForQuestionAnswering:forward(input_ids, opts)
+  local a = prepare("nn.models." .. self.__name, self.bert, input_ids, opts, true)
+  return split_span(self.qa_outputs((self.bert(a))))
+end
+BertForQuestionAnswering.load_state_dict = loads_under("bert.")
 
 local BertPredictionHeadTransform = bert_class("BertPredictionHeadTransform")
 function BertPredictionHeadTransform:init(cfg)
@@ -660,8 +733,44 @@ function DistilBertForSequenceClassification:forward(input_ids, opts)
   local h = self.distilbert(a)
   return self.classifier(self.dropout(nd.F.relu(self.pre_classifier(h[{":", 1}]))))
 end
-function DistilBertForSequenceClassification:load_state_dict(sd, opts)
-  return Module.load_state_dict(self, without_buffers(sd, "distilbert."), opts)
+DistilBertForSequenceClassification.load_state_dict = loads_under("distilbert.")
+
+-- DistilBertForTokenClassification{config..., num_labels = 2}: dropout (the config's
+-- dropout) and classifier on every token -> logits (B, T, num_labels)
+local DistilBertForTokenClassification = bert_class("DistilBertForTokenClassification")
+function DistilBertForTokenClassification:init(opts)
+  local cfg, o = distil_config(self, opts, {num_labels = "integer"})
+  self.num_labels = labels_of(self, o, 2)
+  self.config = cfg
+  self.distilbert = DistilBertModel(BUILT, cfg)
+  self.dropout = nd.nn.Dropout(dropout_p(self, "dropout", cfg.dropout))
+  self.classifier = nd.nn.Linear(cfg.dim, self.num_labels)
+  hf_init(self, cfg.initializer_range)
+  place(self, o)
 end
+function DistilBertForTokenClassification:forward(input_ids, opts)
+  local a = prepare("nn.models." .. self.__name, self.distilbert, input_ids, opts, false)
+  return self.classifier(self.dropout(self.distilbert(a)))
+end
+DistilBertForTokenClassification.load_state_dict = loads_under("distilbert.")
+
+-- DistilBertForQuestionAnswering{config..., qa_dropout = 0.1}: dropout, qa_outputs
+-- (dim -> 2) on every token -> start_logits (B, T), end_logits (B, T)
+local DistilBertForQuestionAnswering = bert_class("DistilBertForQuestionAnswering")
+function DistilBertForQuestionAnswering:init(opts)
+  local cfg, o = distil_config(self, opts, {num_labels = "integer", qa_dropout = "number"})
+  two_labels(self, o)
+  self.config = cfg
+  self.distilbert = DistilBertModel(BUILT, cfg)
+  self.qa_outputs = nd.nn.Linear(cfg.dim, 2)
+  self.dropout = nd.nn.Dropout(dropout_p(self, "qa_dropout", o.qa_dropout or 0.1))
+  hf_init(self, cfg.initializer_range)
+  place(self, o)
+end
+function DistilBertForQuestionAnswering:forward(input_ids, opts)
+  local a = prepare("nn.models." .. self.__name, self.distilbert, input_ids, opts, false)
+  return split_span(self.qa_outputs(self.dropout(self.distilbert(a))))
+end
+DistilBertForQuestionAnswering.load_state_dict = loads_under("distilbert.")
 
 return M

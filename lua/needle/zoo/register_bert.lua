@@ -48,8 +48,8 @@ end
 
 local MAPPINGS = {
   {"hf_bert", "Hugging Face BERT (BertModel, or bert.* of any BERT checkpoint) -> nd.nn.models.BertModel: "
-     .. "the bert. prefix removed, heads (cls.*, classifier.*) and position_ids buffers left out, LayerNorm.gamma/beta "
-     .. "-> weight/bias", hf_mapping("bert.", {"cls.", "classifier."}, "")},
+     .. "the bert. prefix removed, heads (cls.*, classifier.*, qa_outputs.*) and position_ids buffers left out, LayerNorm.gamma/beta "
+     .. "-> weight/bias", hf_mapping("bert.", {"cls.", "classifier.", "qa_outputs."}, "")},
   {"hf_bert_for_sequence_classification", "Hugging Face BertForSequenceClassification -> "
      .. "nd.nn.models.BertForSequenceClassification: buffers left out, LayerNorm.gamma/beta -> weight/bias",
    hf_mapping(nil, {}, "bert.")},
@@ -63,6 +63,16 @@ local MAPPINGS = {
                               "classifier.", "qa_outputs."}, "")},
   {"hf_distilbert_for_sequence_classification", "Hugging Face DistilBertForSequenceClassification -> "
      .. "nd.nn.models.DistilBertForSequenceClassification: buffers left out", hf_mapping(nil, {}, "distilbert.")},
+  {"hf_bert_for_token_classification", "Hugging Face BertForTokenClassification -> "
+     .. "nd.nn.models.BertForTokenClassification: a pooler (unused by the head) and buffers left out, "
+     .. "LayerNorm.gamma/beta -> weight/bias", hf_mapping(nil, {"bert.pooler."}, "bert.")},
+  {"hf_bert_for_question_answering", "Hugging Face BertForQuestionAnswering -> "
+     .. "nd.nn.models.BertForQuestionAnswering: a pooler (unused by the head) and buffers left out, "
+     .. "LayerNorm.gamma/beta -> weight/bias", hf_mapping(nil, {"bert.pooler."}, "bert.")},
+  {"hf_distilbert_for_token_classification", "Hugging Face DistilBertForTokenClassification -> "
+     .. "nd.nn.models.DistilBertForTokenClassification: buffers left out", hf_mapping(nil, {}, "distilbert.")},
+  {"hf_distilbert_for_question_answering", "Hugging Face DistilBertForQuestionAnswering -> "
+     .. "nd.nn.models.DistilBertForQuestionAnswering: buffers left out", hf_mapping(nil, {}, "distilbert.")},
 }
 
 -- heads: the option, the script's nhead, or width / 64
@@ -135,39 +145,47 @@ function M.register(models)
       return bert.BertModel(cfg)
     end,
   })
-  models.register("bert_for_sequence_classification", {
-    mapping = "hf_bert_for_sequence_classification", options = BERT_OPTS, input_example = example,
-    description = "Hugging Face BertForSequenceClassification -> nd.nn.models.BertForSequenceClassification "
-               .. "(num_labels from classifier.weight)",
-    build = function(sd, opts)
-      local name = "bert_for_sequence_classification"
-      local cfg = bert_config(sd, opts or {}, "bert.", name)
-      cfg.num_labels = num_labels(sd, "classifier.weight", name)
-      return bert.BertForSequenceClassification(cfg)
-    end,
-  })
-  models.register("bert_for_masked_lm", {
-    mapping = "hf_bert_for_masked_lm", options = BERT_OPTS, input_example = example,
-    description = "Hugging Face BertForMaskedLM or BertForPreTraining -> nd.nn.models.BertForMaskedLM "
-               .. "(decoder tied to the word embeddings)",
-    build = function(sd, opts) return bert.BertForMaskedLM(bert_config(sd, opts or {}, "bert.", "bert_for_masked_lm")) end,
-  })
   models.register("distilbert", {
     mapping = "hf_distilbert", options = DISTIL_OPTS, input_example = example,
     description = "Hugging Face DistilBertModel -> nd.nn.models.DistilBertModel (sizes from the weights)",
     build = function(sd, opts) return bert.DistilBertModel(distil_config(sd, opts or {}, "", "distilbert")) end,
   })
-  models.register("distilbert_for_sequence_classification", {
-    mapping = "hf_distilbert_for_sequence_classification", options = DISTIL_OPTS, input_example = example,
-    description = "Hugging Face DistilBertForSequenceClassification -> "
-               .. "nd.nn.models.DistilBertForSequenceClassification (num_labels from classifier.weight)",
-    build = function(sd, opts)
-      local name = "distilbert_for_sequence_classification"
-      local cfg = distil_config(sd, opts or {}, "distilbert.", name)
-      cfg.num_labels = num_labels(sd, "classifier.weight", name)
-      return bert.DistilBertForSequenceClassification(cfg)
-    end,
-  })
+  -- the heads: the encoder's config from the weights under its prefix, num_labels
+  -- from the head's weight (where it has labels)
+  local HEADS = {
+    {"bert_for_sequence_classification", "BertForSequenceClassification", bert_config, "bert.", "classifier.weight",
+     "Hugging Face BertForSequenceClassification -> nd.nn.models.BertForSequenceClassification "
+       .. "(num_labels from classifier.weight)", BERT_OPTS},
+    {"bert_for_masked_lm", "BertForMaskedLM", bert_config, "bert.", nil,
+     "Hugging Face BertForMaskedLM or BertForPreTraining -> nd.nn.models.BertForMaskedLM "
+       .. "(decoder tied to the word embeddings)", BERT_OPTS},
+    {"bert_for_token_classification", "BertForTokenClassification", bert_config, "bert.", "classifier.weight",
+     "Hugging Face BertForTokenClassification -> nd.nn.models.BertForTokenClassification "
+       .. "(num_labels from classifier.weight)", BERT_OPTS},
+    {"bert_for_question_answering", "BertForQuestionAnswering", bert_config, "bert.", "qa_outputs.weight",
+     "Hugging Face BertForQuestionAnswering -> nd.nn.models.BertForQuestionAnswering (start and end logits)",
+     BERT_OPTS},
+    {"distilbert_for_sequence_classification", "DistilBertForSequenceClassification", distil_config, "distilbert.",
+     "classifier.weight", "Hugging Face DistilBertForSequenceClassification -> "
+       .. "nd.nn.models.DistilBertForSequenceClassification (num_labels from classifier.weight)", DISTIL_OPTS},
+    {"distilbert_for_token_classification", "DistilBertForTokenClassification", distil_config, "distilbert.",
+     "classifier.weight", "Hugging Face DistilBertForTokenClassification -> "
+       .. "nd.nn.models.DistilBertForTokenClassification (num_labels from classifier.weight)", DISTIL_OPTS},
+    {"distilbert_for_question_answering", "DistilBertForQuestionAnswering", distil_config, "distilbert.",
+     "qa_outputs.weight", "Hugging Face DistilBertForQuestionAnswering -> "
+       .. "nd.nn.models.DistilBertForQuestionAnswering (start and end logits)", DISTIL_OPTS},
+  }
+  for _, h in ipairs(HEADS) do
+    local name, class, config_of, prefix, labels_key = h[1], h[2], h[3], h[4], h[5]
+    models.register(name, {
+      mapping = "hf_" .. name, options = h[7], input_example = example, description = h[6],
+      build = function(sd, opts)
+        local cfg = config_of(sd, opts or {}, prefix, name)
+        if labels_key then cfg.num_labels = num_labels(sd, labels_key, name) end
+        return bert[class](cfg)
+      end,
+    })
+  end
 end
 
 return M
