@@ -30,21 +30,28 @@ options:
   --top-k K             keep the K likeliest tokens (with --sample; default 0: all)
   --top-p P             nucleus sampling (with --sample; default 1)
   --seed N              for --sample (default 1)
+  --num-beams N         beam search with N beams (default 1: greedy or sampling); prints the best sequence
+  --length-penalty L    with --num-beams: a hypothesis' score is its log-probability / length^L (default 1)
   --no-cache            re-run the whole sequence for every token (slow; for comparison)
   --device DEV          cpu (default), opencl or opencl:N
   -h, --help            this text
 ]]
 
 local opts = cli.parse(arg, {["max-new-tokens"] = 40, temperature = 1, ["top-k"] = 0, ["top-p"] = 1, seed = 1,
-                             device = "cpu"}, usage,
+                             device = "cpu", ["num-beams"] = 1}, usage,
                        {prog = PROG, numbers = {["max-new-tokens"] = true, temperature = true, ["top-k"] = true,
-                                                ["top-p"] = true, seed = true, ["n-head"] = true},
+                                                ["top-p"] = true, seed = true, ["n-head"] = true,
+                                                ["num-beams"] = true, ["length-penalty"] = true},
                         flags = {sample = true, ["no-cache"] = true},
-                        optional = {"weights", "vocab", "merges", "prompt", "n-head"}})
+                        optional = {"weights", "vocab", "merges", "prompt", "n-head", "length-penalty"}})
 for _, k in ipairs({"weights", "vocab", "merges", "prompt"}) do
   if opts[k] == nil then cli.die(PROG, 2, "--%s is required (see --help)", k) end
 end
-cli.positive_integers(PROG, opts, {"max-new-tokens"})
+cli.positive_integers(PROG, opts, {"max-new-tokens", "num-beams"})
+if opts["num-beams"] > 1 and opts.sample then cli.die(PROG, 2, "--num-beams and --sample exclude each other") end
+if opts["length-penalty"] ~= nil and opts["num-beams"] == 1 then
+  cli.die(PROG, 2, "--length-penalty goes with --num-beams N (N > 1)")
+end
 local device = cli.check_device(PROG, opts)
 
 local ok, tok = pcall(nd.text.ByteBPE.from_files, opts.vocab, opts.merges)
@@ -62,7 +69,8 @@ ok, out = pcall(function()
   return nd.no_grad(function()
     return model:generate(input, {max_new_tokens = opts["max-new-tokens"], do_sample = opts.sample or false,
                                   temperature = opts.temperature, top_k = opts["top-k"], top_p = opts["top-p"],
-                                  seed = opts.sample and opts.seed or nil, use_cache = not opts["no-cache"]})
+                                  seed = opts.sample and opts.seed or nil, use_cache = not opts["no-cache"],
+                                  num_beams = opts["num-beams"], length_penalty = opts["length-penalty"]})
   end)
 end)
 if not ok then cli.die(PROG, 1, "%s", cli.message(out)) end

@@ -53,6 +53,22 @@ describe("scripts/generate.lua", function()
     assert.are.equal(want, text:match("^(.-)\n%d+ prompt tokens"), text)
   end)
 
+  it("beam search: generate's best beam, with and without the cache", function()
+    local want = expected("Hello world", 10, {num_beams = 3, length_penalty = 0.8})
+    assert.are_not.equal(expected("Hello world", 10), want, "the beams should differ from greedy here")
+    for _, extra in ipairs({"", " --no-cache"}) do
+      local ok, text = run(args("--prompt 'Hello world' --max-new-tokens 10 --num-beams 3 --length-penalty 0.8" .. extra))
+      assert(ok, text)
+      assert.are.equal(want, text:match("^(.-)\n%d+ prompt tokens"), text)
+    end
+    local ok, text = run(args("--prompt hi --num-beams 2 --sample"))
+    assert.is_false(ok)
+    assert.truthy(text:find("--num-beams and --sample exclude each other", 1, true), text)
+    ok, text = run(args("--prompt hi --length-penalty 0.5"))
+    assert.is_false(ok)
+    assert.truthy(text:find("--length-penalty goes with --num-beams", 1, true), text)
+  end)
+
   it("errors", function()
     local ok, text = run("--prompt hi")
     assert.is_false(ok)

@@ -209,6 +209,17 @@ describe("nd.nn.models.GPT2LMHeadModel: errors at the user's line", function()
         G .. "top_p must be in (0, 1]")
     has(err(function() local r = m:generate(p, {max_new_tokens = 1, eos_token_id = 0}); return r end),
         G .. "eos_token_id 0 is out of range (expected 1..100; needle's token ids are 1-based")
+    local q = nd.ones({1, 3}, {dtype = "int64"})
+    has(err(function() local r = m:generate(q, {max_new_tokens = 1, num_beams = 0}); return r end),
+        G .. "num_beams must be >= 1, got 0")
+    has(err(function() local r = m:generate(q, {max_new_tokens = 1, num_beams = 2, num_return_sequences = 3}); return r end),
+        G .. "num_return_sequences must be in 1..num_beams (2), got 3")
+    has(err(function() local r = m:generate(q, {max_new_tokens = 1, num_beams = 2, do_sample = true}); return r end),
+        G .. "num_beams > 1 with do_sample = true (beam sampling) is not supported")
+    has(err(function() local r = m:generate(q, {max_new_tokens = 1, length_penalty = 0.5}); return r end),
+        G .. "length_penalty applies to beam search only (num_beams > 1)")
+    has(err(function() local r = m:generate(q, {max_new_tokens = 1, num_beam = 2}); return r end),
+        G .. "unknown option 'num_beam'")
   end)
 end)
 
@@ -285,6 +296,28 @@ describe("nd.nn.models.GPT2LMHeadModel:generate", function()
     end
     -- (the reference's two largest logits were at least this far apart at every step)
     assert.is_true(EX.min_margin:item() > 1e-3)
+  end)
+
+  it("beam search: PyTorch's sequences (Hugging Face's BeamSearchScorer), with the cache and without", function()
+    local eos = EX.beam_eos[1]:item() + 1
+    for _, use_cache in ipairs({true, false}) do
+      local o = {max_new_tokens = 8, use_cache = use_cache}
+      local function gen(extra)
+        local oo = {}
+        for k, v in pairs(o) do oo[k] = v end
+        for k, v in pairs(extra) do oo[k] = v end
+        return (m:generate(ids_on(EX.gen_prompt), oo) - 1):totable()
+      end
+      assert.are.same(EX.beam3_ids:totable(), gen({num_beams = 3}))
+      -- an eos the search meets: hypotheses end there, scored by length; two per prompt
+      assert.are.same(EX.beam4_eos_ids:totable(),
+                      gen({num_beams = 4, eos_token_id = eos, length_penalty = 0.7, num_return_sequences = 2}))
+      assert.are.same(EX.beam4_eos_early_ids:totable(),
+                      gen({num_beams = 4, eos_token_id = eos, length_penalty = 0.7, early_stopping = true}))
+    end
+    -- one beam is greedy search
+    assert.are.same((m:generate(ids_on(EX.gen_prompt), {max_new_tokens = 6})):totable(),
+                    (m:generate(ids_on(EX.gen_prompt), {max_new_tokens = 6, num_beams = 1})):totable())
   end)
 
   it("with the cache, every token after the prompt runs the model on one position", function()
@@ -402,7 +435,7 @@ end)
 describe("nd.nn.models.GPT2LMHeadModel on OpenCL", function()
   if D.pending_without_opencl(pending, "GPT-2 on OpenCL") then return end
   for _, dev in ipairs(D.opencl()) do
-    it("logits, masks, the cache and greedy generation equal PyTorch's on " .. D.describe(dev), function()
+    it("logits, masks, the cache, greedy generation and beam search equal PyTorch's on " .. D.describe(dev), function()
       local m = fixture_model(dev)
       assert.are.equal(dev, m.transformer.h[1].attn.c_attn.weight.device)
       assert.is_true(m.transformer.h[1].attn.c_attn.weight:t():is_contiguous()) -- the layout :to restores
@@ -423,6 +456,9 @@ describe("nd.nn.models.GPT2LMHeadModel on OpenCL", function()
       local padded = m:generate(ids_on(EX.gen_masked_prompt, dev), {max_new_tokens = 10,
                                                                       attention_mask = EX.gen_masked_mask})
       assert.are.same(EX.gen_masked_ids:totable(), (padded:to("cpu") - 1):totable())
+      local beams = m:generate(ids_on(EX.gen_prompt, dev), {max_new_tokens = 8, num_beams = 4, num_return_sequences = 2,
+                                                           eos_token_id = EX.beam_eos[1]:item() + 1, length_penalty = 0.7})
+      assert.are.same(EX.beam4_eos_ids:totable(), (beams:to("cpu") - 1):totable())
       -- a seed draws the same tokens as on the cpu
       local o = {max_new_tokens = 6, do_sample = true, top_p = 0.9, temperature = 0.8, seed = 5}
       assert.are.same(fixture_model():generate(ids_on(EX.gen_prompt), o):totable(),

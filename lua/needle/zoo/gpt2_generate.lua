@@ -3,13 +3,15 @@
 --
 --   model:generate(input_ids, {max_new_tokens = 20, do_sample = false, temperature = 1,
 --                  top_k = 0, top_p = 1, eos_token_id =, pad_token_id =, seed =,
---                  use_cache = true, attention_mask =}) -> ids (B, T + n)
+--                  use_cache = true, attention_mask =, num_beams = 1, length_penalty = 1,
+--                  early_stopping = false, num_return_sequences = 1}) -> ids (B * num_return_sequences, T + n)
 --
 -- Ids are 1-based (Hugging Face's + 1), the prompt's and the result's alike.
 -- With the cache (the default) the prompt runs once, filling per-layer key
 -- and value buffers sized T + max_new_tokens, and every new token runs the
 -- model on that one position; use_cache = false re-runs the whole sequence
 -- for every token (the reference the spec compares the cache with).
+-- num_beams > 1 is Hugging Face's beam search (beam_search below).
 -- Greedy decoding takes the argmax of the last position's logits; sampling
 -- applies HF's warpers in HF's order (temperature, top-k, top-p) and draws
 -- with nd.multinomial, from needle's random stream (seed calls
@@ -25,7 +27,8 @@ local M = {}
 
 local GENERATE = {max_new_tokens = "integer", do_sample = "boolean", temperature = "number", top_k = "integer",
                   top_p = "number", eos_token_id = "integer", pad_token_id = "integer", seed = "integer",
-                  use_cache = "boolean", attention_mask = "tensor|table"}
+                  use_cache = "boolean", attention_mask = "tensor|table", num_beams = "integer",
+                  length_penalty = "number", early_stopping = "boolean", num_return_sequences = "integer"}
 
 -- warp(scores (B, V), {temperature = 1, top_k = 0, top_p = 1}) -> scores with
 -- -inf at the tokens sampling must not pick, as HF's TemperatureLogitsWarper,
@@ -84,6 +87,20 @@ local function check(who, o, cfg, T)
                   key, id, V)
     end
   end
+  local beams = o.num_beams or 1
+  if beams < 1 then errors.fail(who, "num_beams must be >= 1, got %d", beams) end
+  local ret = o.num_return_sequences or 1
+  if ret < 1 or ret > beams then
+    errors.fail(who, "num_return_sequences must be in 1..num_beams (%d), got %d", beams, ret)
+  end
+  if beams > 1 and o.do_sample then
+    errors.fail(who, "num_beams > 1 with do_sample = true (beam sampling) is not supported; beam search is deterministic")
+  end
+  if beams == 1 then
+    for _, key in ipairs({"length_penalty", "early_stopping"}) do
+      if o[key] ~= nil then errors.fail(who, "%s applies to beam search only (num_beams > 1)", key) end
+    end
+  end
   return n
 end
 
@@ -91,6 +108,161 @@ end
 -- the running count of attended positions, and 2 (HF's 1) at padding
 local function padded_positions(mask)
   return core.where(mask:eq(1), mask:cumsum(2), 2)
+end
+
+-- Beam search as Hugging Face's (transformers' BeamSearchScorer and
+-- BeamHypotheses): num_beams sequences per prompt, each step's candidates the
+-- 2 * num_beams best continuations by summed log-probability; a candidate that
+-- is eos_token_id (among the first num_beams) ends a hypothesis scored
+-- sum / generated_length ^ length_penalty (the new tokens, eos included); a
+-- prompt is done when num_beams hypotheses exist and none of its running beams
+-- could beat the worst (or, with early_stopping, at once). Rows: prompt b's
+-- beams are rows (b - 1) * nb + 1 .. b * nb; the key/value cache follows the
+-- beams (index_select along the batch, as HF's _reorder_cache). Returns the
+-- num_return_sequences best of each prompt, eos appended and pad after it.
+local function beam_search(model, ids, mask, o, n, dev, out_dev)
+  local tr, cfg = model.transformer, model.config
+  local B, T = ids:size(1), ids:size(2)
+  local nb, nret = o.num_beams, o.num_return_sequences or 1
+  local lp, early = o.length_penalty or 1.0, o.early_stopping == true
+  local eos = o.eos_token_id
+  local pad = o.pad_token_id or eos
+  local use_cache = o.use_cache ~= false
+  local R = B * nb
+  local rep = {}
+  for b = 1, B do for _ = 1, nb do rep[#rep + 1] = b end end
+  local rep_t = core.tensor(rep, {dtype = "int64", device = dev})
+  local prompt = ids:to("cpu"):totable()
+  local seqs, scores = {}, {}
+  for r = 1, R do
+    seqs[r] = {table.unpack(prompt[rep[r]])}
+    scores[r] = (r - 1) % nb == 0 and 0.0 or -1e9 -- the first step expands beam 1 only
+  end
+  local hyps, worst, done = {}, {}, {}
+  for b = 1, B do hyps[b], worst[b], done[b] = {}, 1e9, false end
+  local function add(b, tokens, sum, gen_len)
+    local score = sum / gen_len ^ lp
+    local h = hyps[b]
+    if #h < nb or score > worst[b] then
+      h[#h + 1] = {score = score, tokens = tokens}
+      if #h > nb then
+        local lo = 1
+        for i = 2, #h do if h[i].score < h[lo].score then lo = i end end
+        table.remove(h, lo)
+        worst[b] = math.huge
+        for i = 1, #h do worst[b] = math.min(worst[b], h[i].score) end
+      else
+        worst[b] = math.min(score, worst[b])
+      end
+    end
+  end
+  local rmask = mask and mask:index_select(1, rep_t) or nil
+  local ones = rmask and rmask:to("cpu"):sum(2):totable() or nil
+  local cache = use_cache and tr:new_cache(R, T + n) or nil
+  local V = cfg.vocab_size
+  for step = 1, n do
+    local len = #seqs[1]
+    local cur_len = len + 1
+    local cols = rmask and core.ones({R, cur_len - 1}, {dtype = "int64", device = dev}) or nil
+    if cols then cols:narrow(2, 1, T):copy_(rmask) end
+    local h
+    if use_cache then
+      local input, pos
+      if step == 1 then
+        input = ids:index_select(1, rep_t)
+        if rmask then pos = padded_positions(rmask) end
+      else
+        local col = {}
+        for r = 1, R do col[r] = {seqs[r][len]} end
+        input = core.tensor(col, {dtype = "int64", device = dev})
+        if rmask then
+          local p = {}
+          for r = 1, R do p[r] = {ones[r][1] + step - 1} end
+          pos = core.tensor(p, {dtype = "int64", device = dev})
+        end
+      end
+      h = tr:_run(input, cache, cols, pos)
+    else
+      local m = cols
+      h = tr:_run(core.tensor(seqs, {dtype = "int64", device = dev}), nil, m, m and padded_positions(m))
+    end
+    local last = h:narrow(2, h:size(2), 1):view({R, cfg.n_embd})
+    local logp = model.lm_head(last):to({dtype = "float32", device = "cpu"}):log_softmax(2)
+    logp = logp + core.tensor(scores, {dtype = "float32"}):view({R, 1})
+    local top, idx = logp:view({B, nb * V}):topk(2 * nb, 2)
+    top, idx = top:totable(), idx:totable()
+    local next_scores, next_tokens, next_rows = {}, {}, {}
+    for b = 1, B do
+      local k = 0
+      if done[b] then
+        for j = 1, nb do
+          local r = (b - 1) * nb + j
+          next_scores[r], next_tokens[r], next_rows[r] = 0.0, pad or 1, r
+        end
+      else
+        for rank = 1, 2 * nb do
+          local score, flat = top[b][rank], idx[b][rank] - 1
+          local beam, token = flat // V, flat % V + 1
+          local row = (b - 1) * nb + beam + 1
+          if eos ~= nil and token == eos then
+            if rank <= nb then add(b, {table.unpack(seqs[row])}, score, cur_len - T) end
+          else
+            k = k + 1
+            local r = (b - 1) * nb + k
+            next_scores[r], next_tokens[r], next_rows[r] = score, token, row
+          end
+          if k == nb then break end
+        end
+        if #hyps[b] >= nb then
+          if early then
+            done[b] = true
+          else
+            local best = -math.huge
+            for j = 1, nb do best = math.max(best, next_scores[(b - 1) * nb + j]) end
+            done[b] = worst[b] >= best / (cur_len - T) ^ lp
+          end
+        end
+      end
+    end
+    local all_done = true
+    for b = 1, B do all_done = all_done and done[b] end
+    if all_done then break end
+    local new = {}
+    for r = 1, R do
+      new[r] = {table.unpack(seqs[next_rows[r]])}
+      new[r][#new[r] + 1] = next_tokens[r]
+    end
+    seqs, scores = new, next_scores
+    if cache then -- the cache follows the beams
+      local sel = core.tensor(next_rows, {dtype = "int64", device = dev})
+      for l = 1, cache.n_layer do
+        cache.keys[l] = cache.keys[l]:index_select(1, sel)
+        cache.values[l] = cache.values[l]:index_select(1, sel)
+      end
+    end
+  end
+  for b = 1, B do
+    if not done[b] then
+      for j = 1, nb do
+        local r = (b - 1) * nb + j
+        add(b, seqs[r], scores[r], #seqs[r] - T)
+      end
+    end
+  end
+  local out, width = {}, 0
+  for b = 1, B do
+    table.sort(hyps[b], function(x, y) return x.score > y.score end)
+    for i = 1, nret do
+      out[#out + 1] = hyps[b][i].tokens
+      width = math.max(width, #hyps[b][i].tokens)
+    end
+  end
+  if eos ~= nil and width < T + n then width = width + 1 end
+  for _, t in ipairs(out) do
+    if #t < width and eos ~= nil then t[#t + 1] = eos end
+    while #t < width do t[#t + 1] = pad or 1 end
+  end
+  return core.tensor(out, {dtype = "int64", device = out_dev})
 end
 
 function M.generate(model, input_ids, opts)
@@ -106,6 +278,11 @@ function M.generate(model, input_ids, opts)
   local out_dev = core.is_tensor(input_ids) and input_ids.device or "cpu"
   if opts.seed ~= nil then core.manual_seed(opts.seed) end
   local use_cache = opts.use_cache ~= false
+  if (opts.num_beams or 1) > 1 then
+    local result = core.no_grad(function() return beam_search(model, ids, mask, opts, n, dev, out_dev) end)
+    if flat and result:size(1) == 1 then result = result:view({result:size(2)}) end
+    return result
+  end
   local rows = ids:to("cpu"):totable()
 
   local result = core.no_grad(function()
