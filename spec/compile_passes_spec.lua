@@ -914,6 +914,10 @@ describe("pass fuse", function()
     for _ = 1, 2 do cf(nd.randn(4, 6)) end
     assert_contains(cf:explain(), "fused: 2 kernel(s) in place of 3 elementwise ones and 2 row kernel(s) " ..
                     "(softmax, layer norm) that run theirs as a prologue, row by row")
+    -- softmax: its output and the run's input x (its own input slot and x's in the
+    -- program are empty); layer norm: y, mean, rstd and x (no weight, no bias)
+    assert_contains(cf:explain(), "  mul+sub>softmax {4,6} cpu: 2 tensor(s)")
+    assert_contains(cf:explain(), "  exp>layer_norm {4,6} cpu: 4 tensor(s)")
   end)
 
   it("leaves the row kernel apart where its input is needed or its rows are not the last dim", function()

@@ -42,6 +42,23 @@ describe("nd.F", function()
     near({0.5, 0.5}, nd.tensor({{1}, {1}}):softmax(1):view({2}))
   end)
 
+  -- (a +inf score made exp's 2^n from NaN: undefined behaviour that the sanitizer job stops on)
+  it("softmax, log_softmax and cross_entropy of a row holding +inf or NaN are NaN, as PyTorch's", function()
+    local z = nd.tensor({{math.huge, 1, 2}, {0 / 0, 1, 2}, {-math.huge, 1, 2}})
+    for _, dt in ipairs({"float32", "float64"}) do
+      local zz = z:to(dt)
+      for _, out in ipairs({F.softmax(zz, 2), F.log_softmax(zz, 2)}) do
+        for r = 1, 2 do
+          for c = 1, 3 do assert.is_true(out[r][c]:item() ~= out[r][c]:item(), dt .. " row " .. r) end
+        end
+      end
+      near({0, math.exp(1) / (math.exp(1) + math.exp(2)), math.exp(2) / (math.exp(1) + math.exp(2))},
+           F.softmax(zz, 2)[3]:float())
+      local l = F.cross_entropy(zz:narrow(1, 1, 1), nd.tensor({2}, {dtype = "int64"}))
+      assert.is_true(l:item() ~= l:item(), dt)
+    end
+  end)
+
   it("cross_entropy: plain, ignore_index, label_smoothing, reductions", function()
     local logits = nd.tensor({{1, 2, 3}, {1, 1, 1}}, {dtype = "float64"})
     local lse = math.log(math.exp(1) + math.exp(2) + math.exp(3))

@@ -863,8 +863,10 @@ function CF:explain()
           local tuned = r.tune_size and ((r.device == "cpu" and ", tile %d" or ", work-group %d"):format(r.tune_size))
                         or ""
           if r.tune_serial then tuned = tuned .. ", one thread" end
+          local tensors = 0 -- (a fused_rows record's input slots are empty: no memory)
+          for _, a in ipairs(r.args) do if a.shape then tensors = tensors + 1 end end
           lines[#lines + 1] = ("  %s {%s} %s: %d tensor(s)%s"):format(r.detail, table.concat(out, ","),
-                              r.device, #r.args, tuned)
+                              r.device, tensors, tuned)
         end
       end
       if runs > shown then lines[#lines + 1] = ("  ... and %d more"):format(runs - shown) end

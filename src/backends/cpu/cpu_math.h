@@ -27,14 +27,17 @@ static inline float exp_reduced(float x, float *fn) {
 
 static inline float exp_poly(float x) {
     const float hi = 88.3762626647949f, lo = -87.3365447504019f;
-    float xc = x > hi ? hi : (x < lo ? lo : x);
+    /* clamped so that a NaN becomes hi: n stays an integer in range (a NaN
+     * n converted to int32 is undefined behaviour), and NaN is returned below */
+    float xc = x < hi ? x : hi;
+    xc = xc > lo ? xc : lo;
     float fn;
     float e = exp_reduced(xc, &fn);
-    int32_t bits = ((int32_t)fn + 127) << 23; /* 2^n */
+    uint32_t bits = (uint32_t)((int32_t)fn + 127) << 23; /* 2^n */
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     e *= scale;
-    return x < lo ? 0.0f : e;
+    return x != x ? x : (x < lo ? 0.0f : e);
 }
 
 #endif
