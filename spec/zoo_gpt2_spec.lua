@@ -314,6 +314,16 @@ describe("nd.nn.models.GPT2LMHeadModel:generate", function()
                       gen({num_beams = 4, eos_token_id = eos, length_penalty = 0.7, num_return_sequences = 2}))
       assert.are.same(EX.beam4_eos_early_ids:totable(),
                       gen({num_beams = 4, eos_token_id = eos, length_penalty = 0.7, early_stopping = true}))
+      -- a left-padded batch: HF's position ids, the mask following the beams
+      local masked = m:generate(ids_on(EX.gen_masked_prompt), {max_new_tokens = 6, num_beams = 3, use_cache = use_cache,
+                                                                 attention_mask = EX.gen_masked_mask, eos_token_id = eos,
+                                                                 num_return_sequences = 2})
+      assert.are.same(EX.beam_masked_ids:totable(), (masked - 1):totable())
+      -- the step's best candidate an eos: HF's stopping test counts it (the best running
+      -- beam alone would stop this search after two tokens)
+      local lp2 = m:generate(ids_on(EX.beam_lp2_prompt), {max_new_tokens = 9, num_beams = 2, length_penalty = 2.0,
+                                                         eos_token_id = 92, use_cache = use_cache})
+      assert.are.same(EX.beam_lp2_ids:totable(), (lp2 - 1):totable())
     end
     -- one beam is greedy search
     assert.are.same((m:generate(ids_on(EX.gen_prompt), {max_new_tokens = 6})):totable(),

@@ -115,8 +115,8 @@ end
 -- 2 * num_beams best continuations by summed log-probability; a candidate that
 -- is eos_token_id (among the first num_beams) ends a hypothesis scored
 -- sum / generated_length ^ length_penalty (the new tokens, eos included); a
--- prompt is done when num_beams hypotheses exist and none of its running beams
--- could beat the worst (or, with early_stopping, at once). Rows: prompt b's
+-- prompt is done when num_beams hypotheses exist and the step's best candidate
+-- could not beat the worst (or, with early_stopping, at once). Rows: prompt b's
 -- beams are rows (b - 1) * nb + 1 .. b * nb; the key/value cache follows the
 -- beams (index_select along the batch, as HF's _reorder_cache). Returns the
 -- num_return_sequences best of each prompt, eos appended and pad after it.
@@ -177,7 +177,7 @@ local function beam_search(model, ids, mask, o, n, dev, out_dev)
         input = core.tensor(col, {dtype = "int64", device = dev})
         if rmask then
           local p = {}
-          for r = 1, R do p[r] = {ones[r][1] + step - 1} end
+          for r = 1, R do p[r] = {ones[r] + step - 1} end
           pos = core.tensor(p, {dtype = "int64", device = dev})
         end
       end
@@ -216,10 +216,8 @@ local function beam_search(model, ids, mask, o, n, dev, out_dev)
         if #hyps[b] >= nb then
           if early then
             done[b] = true
-          else
-            local best = -math.huge
-            for j = 1, nb do best = math.max(best, next_scores[(b - 1) * nb + j]) end
-            done[b] = worst[b] >= best / (cur_len - T) ^ lp
+          else -- (the best of all 2 nb candidates, an eos among them included, as HF's process)
+            done[b] = worst[b] >= top[b][1] / (cur_len - T) ^ lp
           end
         end
       end
