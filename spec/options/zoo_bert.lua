@@ -27,6 +27,8 @@ return function(nd)
   local mlm = models.BertForMaskedLM(bert({})):eval()
   local dmodel = models.DistilBertModel(distil({})):eval()
   local dcls = models.DistilBertForSequenceClassification(distil({})):eval()
+  local qa = models.BertForQuestionAnswering(bert({})):eval()
+  local dtok = models.DistilBertForTokenClassification(distil({})):eval()
   local ids = nd.tensor({{2, 3, 4}}, {dtype = "int64"})
   local FORWARD = "attention_mask, position_ids, token_type_ids"
   return {
@@ -41,6 +43,17 @@ return function(nd)
       DistilBertForSequenceClassification = {DISTIL:gsub("n_layers, ", "n_layers, num_labels, ")
                                                  :gsub("pad_token_id, ", "pad_token_id, seq_classif_dropout, "),
                                              function(o) return models.DistilBertForSequenceClassification(distil(o)) end},
+      BertForTokenClassification = {BERT:gsub("attention_probs_dropout_prob, ",
+                                              "attention_probs_dropout_prob, classifier_dropout, ")
+                                        :gsub("num_hidden_layers, ", "num_hidden_layers, num_labels, "),
+                                    function(o) return models.BertForTokenClassification(bert(o)) end},
+      BertForQuestionAnswering = {BERT:gsub("num_hidden_layers, ", "num_hidden_layers, num_labels, "),
+                                  function(o) return models.BertForQuestionAnswering(bert(o)) end},
+      DistilBertForTokenClassification = {DISTIL:gsub("n_layers, ", "n_layers, num_labels, "),
+                                          function(o) return models.DistilBertForTokenClassification(distil(o)) end},
+      DistilBertForQuestionAnswering = {DISTIL:gsub("n_layers, ", "n_layers, num_labels, ")
+                                            :gsub("pad_token_id, ", "pad_token_id, qa_dropout, "),
+                                        function(o) return models.DistilBertForQuestionAnswering(distil(o)) end},
     },
     rest = {
       {"nn.models.BertModel", FORWARD, function(o) return bert_model(ids, o) end},
@@ -48,6 +61,8 @@ return function(nd)
       {"nn.models.BertForMaskedLM", FORWARD, function(o) return mlm(ids, o) end},
       {"nn.models.DistilBertModel", "attention_mask", function(o) return dmodel(ids, o) end},
       {"nn.models.DistilBertForSequenceClassification", "attention_mask", function(o) return dcls(ids, o) end},
+      {"nn.models.BertForQuestionAnswering", FORWARD, function(o) return qa(ids, o) end},
+      {"nn.models.DistilBertForTokenClassification", "attention_mask", function(o) return dtok(ids, o) end},
       {"convert.model('bert')", "convert_dtype, hidden_act, layer_norm_eps, mapping, nhead, num_attention_heads, "
        .. "pad_token_id, strict", function(o)
          o.nhead = o.nhead or 2

@@ -25,8 +25,9 @@ return function(nd)
     rest = {
       {"nn.models.GPT2LMHeadModel", FORWARD, function(o) return lm(ids, o) end},
       {"nn.models.GPT2Model", FORWARD, function(o) return base(ids, o) end},
-      {"nn.models.GPT2LMHeadModel.generate", "attention_mask, do_sample, eos_token_id, max_new_tokens, " ..
-       "pad_token_id, seed, temperature, top_k, top_p, use_cache",
+      {"nn.models.GPT2LMHeadModel.generate", "attention_mask, do_sample, early_stopping, eos_token_id, " ..
+       "length_penalty, max_new_tokens, num_beams, num_return_sequences, pad_token_id, seed, temperature, " ..
+       "top_k, top_p, use_cache",
        function(o) o.max_new_tokens = o.max_new_tokens or 2; return lm:generate(ids, o) end},
       {"convert.model('gpt2')",
        "activation_function, convert_dtype, layer_norm_epsilon, mapping, n_head, nhead, strict",
