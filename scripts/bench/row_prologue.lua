@@ -21,7 +21,7 @@ local cases = {
   {"softmax(s * 0.125 + m), 2x12x1024x1024 (100 MB)", {2, 12, 1024, 1024}, {2, 1, 1, 1024},
    function(s, m) return nd.softmax(s * 0.125 + m, -1) end},
   {"layer_norm(e + p), 8x128x768 (BERT's embeddings)", {8, 128, 768}, {128, 768},
-   function(e, p) return nd.F.layer_norm(e + p, {768}) end},
+   function(e, p) return nd.F.layer_norm(e + p, {e:size(-1)}) end},
 }
 if quick then
   cases = {{"softmax(s * 0.125 + m), quick", {2, 3, 16, 16}, {2, 1, 1, 16}, cases[1][4]},
