@@ -27,17 +27,20 @@ static inline float exp_reduced(float x, float *fn) {
 
 static inline float exp_poly(float x) {
     const float hi = 88.3762626647949f, lo = -87.3365447504019f;
-    /* clamped so that a NaN becomes hi: n stays an integer in range (a NaN
-     * n converted to int32 is undefined behaviour), and NaN is returned below */
-    float xc = x < hi ? x : hi;
-    xc = xc > lo ? xc : lo;
+    float xc = x > hi ? hi : (x < lo ? lo : x);
     float fn;
     float e = exp_reduced(xc, &fn);
-    uint32_t bits = (uint32_t)((int32_t)fn + 127) << 23; /* 2^n */
+    /* 2^n from n's bits in n + 1.5 * 2^23 (0x4B400000 + n), in unsigned
+     * arithmetic: a NaN x (its n NaN) gives some scale and a NaN e, never the
+     * undefined conversion of a NaN to int32 */
+    float shifted = fn + 12582912.0f;
+    uint32_t nbits;
+    memcpy(&nbits, &shifted, sizeof nbits);
+    uint32_t bits = (nbits - 0x4B400000u + 127u) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     e *= scale;
-    return x != x ? x : (x < lo ? 0.0f : e);
+    return x < lo ? 0.0f : e;
 }
 
 #endif
