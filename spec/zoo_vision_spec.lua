@@ -104,7 +104,9 @@ describe("nd.nn.models: torchvision's ResNet and MobileNetV2", function()
   it("have torchvision's parameter counts and numbers of state_dict entries", function()
     -- torchvision 0.14: sum(p.numel() for p in m.parameters()), len(m.state_dict())
     for _, c in ipairs({{"resnet18", 11689512, 122}, {"resnet34", 21797672, 218}, {"resnet50", 25557032, 320},
-                        {"mobilenet_v2", 3504872, 314}}) do
+                        {"mobilenet_v2", 3504872, 314}, {"resnext50_32x4d", 25028904, 320},
+                        {"resnext101_32x8d", 88791336, 626}, {"wide_resnet50_2", 68883240, 320},
+                        {"wide_resnet101_2", 126886696, 626}}) do
       local m = models[c[1]]()
       assert.are.equal(c[2], m:num_parameters(), c[1])
       local n = 0
@@ -121,6 +123,8 @@ describe("nd.nn.models: torchvision's ResNet and MobileNetV2", function()
       {"r18c", models.resnet18({num_classes = 10, cifar = true})},
       {"r50", models.resnet50({num_classes = 10})},
       {"mb", models.mobilenet_v2({num_classes = 10, width_mult = 0.25})},
+      {"rx", models.ResNet("bottleneck", {1, 1, 1, 1}, {num_classes = 10, width = 32, groups = 32,
+                                                        width_per_group = 4})},
     }
     for _, c in ipairs(cases) do
       local name, m = c[1], c[2]
@@ -217,7 +221,7 @@ describe("nd.nn.models: torchvision's ResNet and MobileNetV2", function()
 
   it("refuse bad options and inputs, naming what was expected", function()
     assert_contains(errmsg(models.resnet50, {num_class = 10}), "needle.nn.models.resnet50: unknown option 'num_class' "
-      .. "(valid: cifar, device, dtype, num_classes, width, zero_init_residual)")
+      .. "(valid: cifar, device, dtype, groups, num_classes, width, width_per_group, zero_init_residual)")
     assert_contains(errmsg(models.resnet18, {cifar = 1}), "needle.nn.models.resnet18: option 'cifar' must be a boolean")
     assert_contains(errmsg(models.resnet34, {num_classes = 0}),
                     "needle.nn.models.resnet34: num_classes must be a positive integer, got 0")
@@ -373,6 +377,15 @@ local function against_pytorch(dev)
     m:to(dev)
     local y = nd.no_grad(function() return m(on(input("r50"))) end)
     close("r50 eval logits", y, EXP["r50.eval"])
+  end)
+
+  it("a ResNeXt (groups 32, width per group 4), through convert.model('resnet'): eval logits", function()
+    local m = convert.model("resnet", state_dict("rx"))
+    assert.are.same({32, 4, 32}, {m.groups, m.width_per_group, m.width})
+    assert.are.equal(32, m.layer1[1].conv2.groups)
+    m:to(dev)
+    local y = nd.no_grad(function() return m(on(input("rx"))) end)
+    close("rx eval logits", y, EXP["rx.eval"])
   end)
 
   it("mobilenet_v2(width_mult = 0.25): eval logits; the CIFAR variant's too, and a train step", function()

@@ -5,7 +5,7 @@
 -- spec/zoo_vision_spec.lua has the rest of their errors.
 return function(nd)
   local models = nd.nn.models
-  local RESNET = "cifar, device, dtype, num_classes, width, zero_init_residual"
+  local RESNET = "cifar, device, dtype, groups, num_classes, width, width_per_group, zero_init_residual"
   local MOBILENET = "cifar, device, dropout, dtype, num_classes, width_mult"
   -- small models: the defaults build the full ImageNet networks
   local function narrow(o)
@@ -26,11 +26,16 @@ return function(nd)
       ResNet = {RESNET, function(o) return models.ResNet("basic", {1, 1, 1, 1}, narrow(o)) end},
       mobilenet_v2 = {MOBILENET, function(o) return models.mobilenet_v2(thin(o)) end},
       MobileNetV2 = {MOBILENET, function(o) return models.MobileNetV2(thin(o)) end},
-      Bottleneck = {"downsample, stride", function(o) return models.Bottleneck(8, 2, o) end},
+      Bottleneck = {"base_width, downsample, groups, stride", function(o) return models.Bottleneck(8, 2, o) end},
+      resnext50_32x4d = {RESNET, function(o)
+        if o.width == nil then o.width = 16 end -- (16 * 4 / 64 * 32 = 32 channels per 3x3 in layer1)
+        return models.resnext50_32x4d(o)
+      end},
+      wide_resnet50_2 = {RESNET, function(o) return models.wide_resnet50_2(narrow(o)) end},
     },
     models_none = {InvertedResidual = "takes sizes (inp, oup, stride, expand_ratio), as torchvision's"},
     rest = {
-      {"nn.models.BasicBlock", "downsample, stride",
+      {"nn.models.BasicBlock", "base_width, downsample, groups, stride",
        function(o) return require("needle.zoo.vision").BasicBlock(2, 2, o) end},
       {"convert.model('resnet')", "convert_dtype, mapping, strict",
        function(o) return nd.convert.model("resnet", resnet_sd, o) end},

@@ -197,6 +197,8 @@ local BERT = {"needle.zoo.bert"}
 return require("needle.lazy")(M, {ResNetCIFAR = CONVERT, BasicBlock = CONVERT, FusedResNetCIFAR = CONVERT,
                                   FusedBasicBlock = CONVERT, TransformerClassifier = CONVERT,
                                   resnet18 = VISION, resnet34 = VISION, resnet50 = VISION, mobilenet_v2 = VISION,
+                                  resnext50_32x4d = VISION, resnext101_32x8d = VISION, wide_resnet50_2 = VISION,
+                                  wide_resnet101_2 = VISION,
                                   ResNet = VISION, Bottleneck = VISION, MobileNetV2 = VISION,
                                   InvertedResidual = VISION,
                                   BertModel = BERT, BertForSequenceClassification = BERT, BertForMaskedLM = BERT,

@@ -11,8 +11,10 @@
 -- MobileNetV2's width_mult (its channel counts). What they cannot say comes
 -- from opts: MobileNetV2's CIFAR strides (cifar = true).
 --
---   resnet        any torchvision ResNet (BasicBlock or Bottleneck, any depth)
---   resnet18/34/50 the same, checking that the blocks are the named model's
+--   resnet        any torchvision ResNet (BasicBlock or Bottleneck, any depth, ResNeXt and
+--                 wide ResNets: groups and width_per_group from layer1.0.conv2.weight)
+--   resnet18/34/50, resnext50_32x4d, resnext101_32x8d, wide_resnet50_2, wide_resnet101_2
+--                 the same, checking that the blocks are the named model's
 --   mobilenet_v2  torchvision's MobileNetV2 at any width_mult
 --
 -- register(models) registers the entries in models (needle.convert.models
@@ -54,7 +56,23 @@ local function resnet_plan(sd, name)
     fail("%s: fc.weight %s takes %d features, but conv1.weight %s gives %d (8 * width%s)", name, shape_str(fc),
          fc:size(2), shape_str(conv1), features, block == "bottleneck" and " * 4" or "")
   end
-  return {block = block, layers = layers, width = width, num_classes = fc:size(1), cifar = k == 3}
+  -- ResNeXt and wide ResNets: the inner width of layer1's first block and its groups
+  local groups, per_group = 1, 64
+  if block == "bottleneck" then
+    local c2 = need(sd, "layer1.0.conv2.weight", 4, name)
+    local inner = c2:size(1)
+    if inner % c2:size(2) ~= 0 then
+      fail("%s: layer1.0.conv2.weight %s is no grouped 3x3 convolution", name, shape_str(c2))
+    end
+    groups = inner // c2:size(2)
+    per_group = (inner // groups) * 64 // width
+    if (width * per_group) // 64 * groups ~= inner then
+      fail("%s: layer1.0.conv2.weight %s fits no width_per_group for width %d and %d groups", name, shape_str(c2),
+           width, groups)
+    end
+  end
+  return {block = block, layers = layers, width = width, num_classes = fc:size(1), cifar = k == 3,
+          groups = groups, width_per_group = per_group}
 end
 
 local function resnet_build(name, sd, opts, want)
@@ -64,7 +82,13 @@ local function resnet_build(name, sd, opts, want)
          .. "(the model 'resnet' takes any torchvision ResNet)", name, p.block, table.concat(p.layers, ","), name,
          want.block, table.concat(want.layers, ","))
   end
-  return vision.ResNet(p.block, p.layers, {num_classes = p.num_classes, width = p.width, cifar = p.cifar})
+  if want and (p.groups ~= (want.groups or 1) or p.width_per_group ~= (want.width_per_group or 64)) then
+    fail("%s: the state dict's blocks have groups = %d and width_per_group = %d, %s's %d and %d "
+         .. "(the model 'resnet' takes any torchvision ResNet)", name, p.groups, p.width_per_group, name,
+         want.groups or 1, want.width_per_group or 64)
+  end
+  return vision.ResNet(p.block, p.layers, {num_classes = p.num_classes, width = p.width, cifar = p.cifar,
+                                           groups = p.groups, width_per_group = p.width_per_group})
 end
 
 local function image_example(model)
@@ -110,15 +134,20 @@ local M = {}
 
 function M.register(models)
   models.register("resnet", {
-    description = "torchvision ResNet, any depth (BasicBlock or Bottleneck) -> nd.nn.models.ResNet; block type, "
-               .. "blocks per stage, width, stem (7x7 ImageNet or 3x3 CIFAR) and num_classes from the weights",
+    description = "torchvision ResNet, any depth (BasicBlock or Bottleneck, ResNeXt, wide) -> nd.nn.models.ResNet; "
+               .. "block type, blocks per stage, width, groups, width_per_group, stem (7x7 ImageNet or 3x3 CIFAR) "
+               .. "and num_classes from the weights",
     build = function(sd) return resnet_build("resnet", sd) end,
     input_example = image_example,
   })
 
   for _, m in ipairs({{"resnet18", "basic", {2, 2, 2, 2}}, {"resnet34", "basic", {3, 4, 6, 3}},
-                      {"resnet50", "bottleneck", {3, 4, 6, 3}}}) do
-    local name, want = m[1], {block = m[2], layers = m[3]}
+                      {"resnet50", "bottleneck", {3, 4, 6, 3}},
+                      {"resnext50_32x4d", "bottleneck", {3, 4, 6, 3}, 32, 4},
+                      {"resnext101_32x8d", "bottleneck", {3, 4, 23, 3}, 32, 8},
+                      {"wide_resnet50_2", "bottleneck", {3, 4, 6, 3}, 1, 128},
+                      {"wide_resnet101_2", "bottleneck", {3, 4, 23, 3}, 1, 128}}) do
+    local name, want = m[1], {block = m[2], layers = m[3], groups = m[4], width_per_group = m[5]}
     models.register(name, {
       description = ("torchvision %s -> nd.nn.models.%s; stem (7x7 ImageNet or 3x3 CIFAR), width and "
                      .. "num_classes from the weights"):format(name, name),

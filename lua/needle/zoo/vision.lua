@@ -13,6 +13,8 @@
 --
 --   resnet18/34/50({num_classes = 1000, cifar = false, width = 64,
 --                   zero_init_residual = false, dtype =, device =})
+--   resnext50_32x4d, resnext101_32x8d, wide_resnet50_2, wide_resnet101_2 (the same options)
+--   ResNet(block, layers, {..., groups = 1, width_per_group = 64}) (ResNeXt, wide ResNets)
 --   mobilenet_v2({num_classes = 1000, width_mult = 1.0, dropout = 0.2, cifar = false,
 --                 dtype =, device =})
 --   ResNet(block, layers, opts)  block "basic" | "bottleneck" (or nd.nn.models.BasicBlock, Bottleneck),
@@ -95,7 +97,7 @@ local function conv(a, b, k, stride, extra)
   return nd.nn.Conv2d(a, b, k, o)
 end
 
-local BLOCK_OPTS = {stride = "integer", downsample = "module"}
+local BLOCK_OPTS = {stride = "integer", downsample = "module", groups = "integer", base_width = "integer"}
 
 -- torchvision's BasicBlock: conv3x3(stride) bn1 relu conv3x3 bn2, plus the
 -- input or downsample(input), then relu. expansion 1.
@@ -104,6 +106,10 @@ BasicBlock.expansion = 1
 
 function BasicBlock:init(inplanes, planes, opts)
   opts = options.check("nn.models.BasicBlock", opts, BLOCK_OPTS)
+  if (opts.groups or 1) ~= 1 or (opts.base_width or 64) ~= 64 then
+    fail("nn.models.BasicBlock", "BasicBlock supports only groups = 1 and base_width = 64 (as torchvision's), got %s and %s",
+         tostring(opts.groups or 1), tostring(opts.base_width or 64))
+  end
   local nn = nd.nn
   local stride = opts.stride or 1
   self.conv1 = conv(inplanes, planes, 3, stride)
@@ -123,20 +129,23 @@ function BasicBlock:forward(x)
 end
 
 -- torchvision's Bottleneck (ResNet V1.5: the stride on the 3x3): conv1x1 bn1
--- relu conv3x3(stride) bn2 relu conv1x1(planes * 4) bn3, plus the input or
--- downsample(input), then relu. expansion 4.
+-- relu conv3x3(stride, groups) bn2 relu conv1x1(planes * 4) bn3, plus the
+-- input or downsample(input), then relu. expansion 4. The inner width is
+-- floor(planes * base_width / 64) * groups (ResNeXt: groups 32, base_width 4
+-- or 8; wide ResNets: base_width 128).
 local Bottleneck = Module:extend("Bottleneck")
 Bottleneck.expansion = 4
 
 function Bottleneck:init(inplanes, planes, opts)
   opts = options.check("nn.models.Bottleneck", opts, BLOCK_OPTS)
   local nn = nd.nn
-  local stride = opts.stride or 1
-  self.conv1 = conv(inplanes, planes, 1, 1)
-  self.bn1 = nn.BatchNorm2d(planes)
-  self.conv2 = conv(planes, planes, 3, stride)
-  self.bn2 = nn.BatchNorm2d(planes)
-  self.conv3 = conv(planes, planes * 4, 1, 1)
+  local stride, groups = opts.stride or 1, opts.groups or 1
+  local inner = (planes * (opts.base_width or 64)) // 64 * groups
+  self.conv1 = conv(inplanes, inner, 1, 1)
+  self.bn1 = nn.BatchNorm2d(inner)
+  self.conv2 = conv(inner, inner, 3, stride, {groups = groups})
+  self.bn2 = nn.BatchNorm2d(inner)
+  self.conv3 = conv(inner, planes * 4, 1, 1)
   self.bn3 = nn.BatchNorm2d(planes * 4)
   self.relu = nn.ReLU({inplace = true})
   if opts.downsample then self.downsample = opts.downsample end
@@ -156,13 +165,16 @@ M.BasicBlock, M.Bottleneck = BasicBlock, Bottleneck
 local BLOCKS = {basic = BasicBlock, bottleneck = Bottleneck}
 local BLOCK_CLASSES = {BasicBlock = BasicBlock, Bottleneck = Bottleneck}
 
-local RESNET_OPTS = {num_classes = "integer", cifar = "boolean", width = "integer", zero_init_residual = "boolean"}
+local RESNET_OPTS = {num_classes = "integer", cifar = "boolean", width = "integer", zero_init_residual = "boolean",
+                     groups = "integer", width_per_group = "integer"}
 
 -- the checked options of a ResNet, raised as `who`
 local function resnet_opts(who, opts)
   opts = check_opts(who, opts, RESNET_OPTS)
   positive_int(who, "num_classes", opts.num_classes or 1000)
   positive_int(who, "width", opts.width or 64)
+  positive_int(who, "groups", opts.groups or 1)
+  positive_int(who, "width_per_group", opts.width_per_group or 64)
   return opts
 end
 
@@ -183,7 +195,13 @@ function ResNet:init(block, layers, opts)
   for i = 1, 4 do positive_int(who, ("layers[%d]"):format(i), layers[i]) end
   local nn = nd.nn
   local width, classes = opts.width or 64, opts.num_classes or 1000
+  local groups, per_group = opts.groups or 1, opts.width_per_group or 64
+  if cls == BasicBlock and (groups ~= 1 or per_group ~= 64) then
+    fail(who, "BasicBlock supports only groups = 1 and width_per_group = 64 (as torchvision's), got %d and %d",
+         groups, per_group)
+  end
   self.block, self.layers = cls.__name, {layers[1], layers[2], layers[3], layers[4]}
+  self.groups, self.width_per_group = groups, per_group
   self.width, self.num_classes, self.cifar = width, classes, opts.cifar == true
   if self.cifar then
     self.conv1 = conv(3, width, 3, 1)
@@ -203,7 +221,9 @@ function ResNet:init(block, layers, opts)
       if j == 1 and (stride ~= 1 or inplanes ~= planes * cls.expansion) then
         ds = nn.Sequential(conv(inplanes, planes * cls.expansion, 1, stride), nn.BatchNorm2d(planes * cls.expansion))
       end
-      blocks[j] = cls(inplanes, planes, {stride = j == 1 and stride or 1, downsample = ds})
+      local bo = {stride = j == 1 and stride or 1, downsample = ds}
+      if cls == Bottleneck then bo.groups, bo.base_width = groups, per_group end
+      blocks[j] = cls(inplanes, planes, bo)
       inplanes = planes * cls.expansion
     end
     self["layer" .. k] = nn.Sequential(table.unpack(blocks))
@@ -228,17 +248,32 @@ function ResNet:forward(x)
 end
 
 function ResNet:extra_repr()
-  return ("block=%s, layers={%s}, width=%d, num_classes=%d%s"):format(self.block, table.concat(self.layers, ","),
-    self.width, self.num_classes, self.cifar and ", cifar=true" or "")
+  local grouped = (self.groups ~= 1 or self.width_per_group ~= 64)
+    and (", groups=%d, width_per_group=%d"):format(self.groups, self.width_per_group) or ""
+  return ("block=%s, layers={%s}, width=%d, num_classes=%d%s%s"):format(self.block, table.concat(self.layers, ","),
+    self.width, self.num_classes, grouped, self.cifar and ", cifar=true" or "")
 end
 
 M.ResNet = ResNet
 
--- resnet18/34/50(opts): torchvision's constructors (11,689,512, 21,797,672 and
--- 25,557,032 parameters with 1000 classes)
-local function resnet_ctor(name, block, layers)
+-- resnet18/34/50(opts), resnext50_32x4d / resnext101_32x8d, wide_resnet50_2 /
+-- wide_resnet101_2: torchvision's constructors (11,689,512, 21,797,672,
+-- 25,557,032, 25,028,904, 88,791,336, 68,883,240 and 126,886,696 parameters
+-- with 1000 classes); the named ones fix groups and width_per_group
+local function resnet_ctor(name, block, layers, groups, per_group)
   return function(opts)
-    opts = resnet_opts("nn.models." .. name, opts)
+    local who = "nn.models." .. name
+    opts = resnet_opts(who, opts)
+    if groups then
+      if opts.groups ~= nil or opts.width_per_group ~= nil then
+        fail(who, "%s has groups = %d and width_per_group = %d; for others use nn.models.ResNet", name, groups,
+             per_group)
+      end
+      local o = {}
+      for k, v in pairs(opts) do o[k] = v end
+      o.groups, o.width_per_group = groups, per_group
+      opts = o
+    end
     return ResNet(block, layers, opts)
   end
 end
@@ -246,6 +281,10 @@ end
 M.resnet18 = resnet_ctor("resnet18", "basic", {2, 2, 2, 2})
 M.resnet34 = resnet_ctor("resnet34", "basic", {3, 4, 6, 3})
 M.resnet50 = resnet_ctor("resnet50", "bottleneck", {3, 4, 6, 3})
+M.resnext50_32x4d = resnet_ctor("resnext50_32x4d", "bottleneck", {3, 4, 6, 3}, 32, 4)
+M.resnext101_32x8d = resnet_ctor("resnext101_32x8d", "bottleneck", {3, 4, 23, 3}, 32, 8)
+M.wide_resnet50_2 = resnet_ctor("wide_resnet50_2", "bottleneck", {3, 4, 6, 3}, 1, 128)
+M.wide_resnet101_2 = resnet_ctor("wide_resnet101_2", "bottleneck", {3, 4, 23, 3}, 1, 128)
 
 -- MobileNetV2 -----------------------------------------------------------------------
 
