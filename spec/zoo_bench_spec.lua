@@ -192,6 +192,23 @@ echo "ms 10"; echo "items 2"; echo "device cuda:0"
     rmdir(d)
   end)
 
+  it("times ResNeXt-50 only when named, as a CNN (the environment's wait policy)", function()
+    local d = tmpdir()
+    local fake = fake_python(d, [[
+echo "${OMP_WAIT_POLICY:-unset}" > "$(dirname "$0")/wait_$2_$3"
+echo "ms 10"; echo "items 2"
+]])
+    local ok, out = run("--quick --models resnext50_32x4d --reps 1 --warmup 0 --python " .. S.q(fake) ..
+                        " --out " .. S.q(d))
+    assert.is_true(ok, out)
+    assert.are.equal((os.getenv("OMP_WAIT_POLICY") or "unset") .. "\n", S.read_file(d .. "/wait_resnext50_32x4d_infer"))
+    local doc = json.decode(assert(S.read_file(d .. "/results.json")))
+    assert.are.same({"resnext50_32x4d_infer", "resnext50_32x4d_train"}, {doc.rows[1].name, doc.rows[2].name})
+    local Z = dofile("scripts/bench/zoo_tasks.lua")
+    assert.is_true(Z.optional.resnext50_32x4d and Z.optional.bert_large)
+    rmdir(d)
+  end)
+
   it("refuses an unknown model or a bad batch", function()
     local ok, out, code = run("--models resnet51 --no-torch")
     assert.is_false(ok)

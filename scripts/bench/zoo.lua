@@ -34,7 +34,8 @@ needle's nd.nn.models against PyTorch (Debian's python3-torch/torchvision at
 
 options:
   --models LIST      comma-separated: resnet50,mobilenet_v2,distilbert,bert,bert_latency,
-                     gpt2 (default: all of them) and bert_large (only when named or --large)
+                     gpt2 (default: all of them), bert_large (only when named or --large) and
+                     resnext50_32x4d (only when named)
   --large            add BERT-large (slow on a small machine)
   --rounds N         rounds per row (default 3; --quick: 1)
   --reps N           timed iterations per process (default: each row's own)
@@ -130,7 +131,7 @@ if opts.models then
   end
 else
   want = {}
-  for _, g in ipairs(Z.group_names) do want[g] = g ~= "bert_large" or opts.large end
+  for _, g in ipairs(Z.group_names) do want[g] = not Z.optional[g] end
 end
 if opts.large then want.bert_large = true end
 local rows_spec = Z.rows({quick = opts.quick, batch = opts.batch, text_batch = opts.text_batch, want = want})

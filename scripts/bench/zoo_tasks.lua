@@ -19,9 +19,15 @@
 -- 0.8x PyTorch's, i.e. a ratio of at least 1.25.
 local Z = {}
 
-Z.group_names = {"resnet50", "mobilenet_v2", "distilbert", "bert", "bert_latency", "gpt2", "bert_large"}
+Z.group_names = {"resnet50", "mobilenet_v2", "distilbert", "bert", "bert_latency", "gpt2", "bert_large",
+                 "resnext50_32x4d"}
+-- the groups a default run leaves out (named with --models, or --large for bert_large)
+Z.optional = {bert_large = true, resnext50_32x4d = true}
 Z.groups = {}
 for _, g in ipairs(Z.group_names) do Z.groups[g] = true end
+
+-- the torchvision CNN rows (nd.nn.models' constructors of the same names)
+Z.cnn = {resnet50 = true, mobilenet_v2 = true, resnext50_32x4d = true}
 
 local TEXT_KEYS = {"batch", "seq", "vocab", "hidden", "layers", "heads", "inter"}
 local GPT2_KEYS = {"vocab", "positions", "embd", "layers", "heads", "prompt", "new", "ctx", "steps"}
@@ -48,18 +54,18 @@ function Z.rows(o)
       row.warmup = row.warmup or warmup
       -- PyTorch's faster wait policy (see zoo.lua): passive where its GEMMs
       -- go to OpenBLAS, the environment's for oneDNN's convolutions
-      if row.model ~= "resnet50" and row.model ~= "mobilenet_v2" then row.torch_wait = "passive" end
+      if not Z.cnn[row.model] then row.torch_wait = "passive" end
       rows[#rows + 1] = row
     end
   end
   local size = quick and 64 or 224
-  for _, m in ipairs({"resnet50", "mobilenet_v2"}) do
+  for _, m in ipairs({"resnet50", "mobilenet_v2", "resnext50_32x4d"}) do
     for k, task in ipairs({"infer", "train"}) do
       add(m, {name = m .. "_" .. task, model = m, task = task, unit = "images/s", target = 1,
               what = ("%s %s, batch %d, %dx%d"):format(m, task == "infer" and "inference" or "training step (SGD)",
                                                        o.batch[k], size, size),
               cfg = {batch = o.batch[k], size = size}, keys = {"batch", "size"},
-              items = o.batch[k], reps = reps(m == "resnet50" and 3 or 5)})
+              items = o.batch[k], reps = reps(m == "mobilenet_v2" and 5 or 3)})
     end
   end
   for _, m in ipairs({"distilbert", "bert", "bert_large"}) do

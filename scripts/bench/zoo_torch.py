@@ -10,7 +10,7 @@ process of its own, the same workload as zoo.lua's needle worker, printing
     rss_mb N    peak resident set of this process, MB
     threads N   torch.get_num_threads()
 
-The models: torchvision.models.resnet50 / mobilenet_v2 for the CNNs; for
+The models: torchvision.models.resnet50 / mobilenet_v2 / resnext50_32x4d for the CNNs; for
 BERT, DistilBERT and GPT-2 (no `transformers` in Debian) the Hugging Face
 module structure written in PyTorch by spec/fixtures/gen/gen_torch_zoo_bert.py
 and gen_torch_zoo_gpt2.py, imported from there so that the benchmark runs the
@@ -193,7 +193,7 @@ def main():
     if model == "gpt2":
         ms, items = gpt2(task, c, reps, warmup)
     else:
-        if model in ("resnet50", "mobilenet_v2"):
+        if model in ("resnet50", "mobilenet_v2", "resnext50_32x4d"):
             fn, items = cnn(model, task, c)
         else:
             fn, items = bert(model, "train" if task == "train" else "infer", c)

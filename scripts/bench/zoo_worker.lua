@@ -19,6 +19,7 @@ local nd = require "needle"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local C = dofile(here .. "/common.lua")
+local Z = dofile(here .. "/zoo_tasks.lua")
 local models = nd.nn.models
 
 local model_name, task = arg[1], arg[2]
@@ -156,7 +157,7 @@ if model_name == "gpt2" then
   ms, items = gpt2()
 else
   local fn
-  if model_name == "resnet50" or model_name == "mobilenet_v2" then
+  if Z.cnn[model_name] then
     fn, items = cnn()
   else
     fn, items = bert(task == "train")
