@@ -369,10 +369,8 @@ static nd_status make_fused(const fuse_ctx *c, const fuse_run *R, nd_graph_rec *
  * program makes them, row by row). */
 static int row_input(const fuse_ctx *c, const fuse_run *R, const nd_graph_rec *r, size_t at) {
     if (!R->nstep || !r->be || r->be != R->be || !r->be->fused_rows) return -1;
-    int xs;
-    if (r->entry == ND_CALL_softmax && r->nt == 2) xs = 1;
-    else if (r->entry == ND_CALL_layer_norm && r->nt == 6) xs = 3;
-    else return -1;
+    const int xs = nd_graph_row_input_slot(r);
+    if (xs < 0) return -1;
     const nd_tensor *x = r->t[xs], *y = r->t[0];
     if (!x || !y || x->ndim < 1 || x->dtype != R->dt || !nd_graph_whole(x) || !nd_is_contiguous(y) ||
         !nd_graph_same_shape(x, R->shape_of) || !nd_graph_same_shape(y, x) ||

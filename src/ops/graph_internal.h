@@ -165,6 +165,15 @@ static inline int64_t *nd_graph_layer_act(nd_graph_rec *r) {
     return NULL;
 }
 
+/* The slot of row kernel record r's input x (softmax: out, x; layer_norm: y,
+ * mean, rstd, x, w, b), or -1 when r is no row kernel a fused_rows record
+ * can absorb (graph_fuse.c; graph_reorder.c keeps their producers in place). */
+static inline int nd_graph_row_input_slot(const nd_graph_rec *r) {
+    if (r->entry == ND_CALL_softmax && r->nt == 2) return 1;
+    if (r->entry == ND_CALL_layer_norm && r->nt == 6) return 3;
+    return -1;
+}
+
 /* The epilogue pass (graph_epilogue.c): a matmul whose result an add puts
  * into an accumulator becomes a matmul that adds into it; *changed counts
  * the adds removed. */

@@ -59,7 +59,7 @@ static bool feeds_row_op(const nd_graph *g, size_t j, nd_dtype dj) {
     }
     if (k + 1 >= g->n) return false;
     const nd_graph_rec *r = &g->recs[k + 1];
-    int xs = r->entry == ND_CALL_softmax && r->nt == 2 ? 1 : r->entry == ND_CALL_layer_norm && r->nt == 6 ? 3 : -1;
+    const int xs = nd_graph_row_input_slot(r);
     if (xs < 0 || !r->t[xs] || !r->be || !r->be->fused_rows) return false;
     for (size_t q = j; q <= k; q++)
         if (g->recs[q].sid[0] == r->sid[xs]) return true;
