@@ -161,13 +161,18 @@ end
 print(("text: %.2f MB, %d lines (generated; Lua %s)"):format(mb, select(2, text:gsub("\n", "")), _VERSION))
 for _, case in ipairs({
   {"WordPiece", bert_tokenizer, function(t) return t:encode(text, {add_special_tokens = false}).input_ids end},
+  -- with each token's bytes in the text (for question answering's answers)
+  {"WordPiece", bert_tokenizer, function(t)
+    return t:encode(text, {add_special_tokens = false, return_offsets_mapping = true}).input_ids
+  end, "offsets"},
   {"ByteBPE", gpt2_tokenizer, function(t) return t:encode(text) end},
 }) do
   local make, what = case[2]()
   local tbuild, tok = time(make)
   local cold, ids, ccpu = time(function() return case[3](tok) end)
   local warm, _, wcpu = time(function() return case[3](tok) end)
-  print(("%-9s (%s; built in %.2f s): %d tokens\n  cold %.2f MB/s (%.2f s; CPU time %.2f s: %.2f MB/s)\n" ..
-         "  warm %.2f MB/s (%.2f s; CPU time %.2f s: %.2f MB/s)"):format(case[1], what, tbuild, #ids,
+  print(("%-9s (%s%s; built in %.2f s): %d tokens\n  cold %.2f MB/s (%.2f s; CPU time %.2f s: %.2f MB/s)\n" ..
+         "  warm %.2f MB/s (%.2f s; CPU time %.2f s: %.2f MB/s)"):format(case[1], what,
+    case[4] and (", " .. case[4]) or "", tbuild, #ids,
     mb / cold, cold, ccpu, mb / ccpu, mb / warm, warm, wcpu, mb / wcpu))
 end

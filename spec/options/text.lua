@@ -7,15 +7,20 @@ return function(nd)
   local bpe = T.ByteBPE.from_files(FIX .. "gpt2_vocab.json", FIX .. "gpt2_merges.txt")
   local NEW = "cls_token, lowercase, mask_token, max_input_chars_per_word, model_max_length, pad_token, " ..
               "sep_token, strip_accents, tokenize_chinese_chars, unk_token"
-  local ENCODE = "add_special_tokens, max_length, padding, truncation"
+  local ENCODE = "add_special_tokens, max_length, padding, return_offsets_mapping, truncation"
   return {rest = {
     {"text.WordPiece.new", NEW, function(o) return T.WordPiece.new(WP, o) end},
     {"text.WordPiece.from_file", NEW, function(o) return T.WordPiece.from_file(FIX .. "bert_vocab.txt", o) end},
     {"text.WordPiece.encode", ENCODE, function(o) return wp:encode("hello", o) end},
-    {"text.WordPiece.encode_batch", "add_special_tokens, device, max_length, padding, return_tensors, truncation",
+    {"text.WordPiece.encode_batch", "add_special_tokens, device, max_length, padding, return_offsets_mapping, " ..
+     "return_overflowing_tokens, return_tensors, stride, truncation",
      function(o) return wp:encode_batch({"hello"}, o) end},
     {"text.WordPiece.decode", "clean_up_tokenization_spaces, skip_special_tokens",
      function(o) return wp:decode({5}, o) end},
+    {"text.answer_spans", "align_to_words, handle_impossible_answer, max_answer_len, top_k", function(o)
+      local e = wp:encode("hello", {return_offsets_mapping = true})
+      return T.answer_spans({0, 1, 0}, {0, 1, 0}, e, "hello", o)
+    end},
     {"text.ByteBPE.new", "special_tokens", function(o)
       local v = {}
       for b = 0, 255 do v[#v + 1] = T.ByteBPE.bytes_to_unicode[b] end

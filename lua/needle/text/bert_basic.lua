@@ -7,10 +7,14 @@
 -- 33-47, 58-64, 91-96, 123-126, or a Unicode P* category) into a word of
 -- its own.
 --
---   pieces(chunk, cfg, out) appends to out the words of chunk, a run of text
---   with no ASCII whitespace (" \t\n\r") in it, as strings, with their
---   lengths in characters at out.nchars[k]. cfg: {lowercase =, strip_accents
---   =, chinese =} (booleans).
+--   pieces(chunk, cfg, out[, spans]) appends to out the words of chunk, a
+--   run of text with no ASCII whitespace (" \t\n\r") in it, as strings, with
+--   their lengths in characters at out.nchars[k]. cfg: {lowercase =,
+--   strip_accents =, chinese =} (booleans). With spans, out.bf[k] and
+--   out.bl[k] also say where each byte of word k came from: the first and
+--   last byte in chunk of the character it was made from (lower-casing and
+--   accent stripping change lengths, so a word's bytes are not the chunk's;
+--   the offsets of tokens, for question answering, are read from these).
 --
 -- A chunk of printable ASCII takes a short path (string.lower and a byte
 -- scan); anything else is decoded into code points.
@@ -34,10 +38,18 @@ local function is_punct(cp, code)
   return code & 15 == C.P
 end
 
-local function push(out, s, n)
+local function push(out, s, n, bf, bl)
   local k = #out + 1
   out[k] = s
   out.nchars[k] = n
+  if out.bf then out.bf[k], out.bl[k] = bf, bl end
+end
+
+-- the byte origins of an ASCII word at chunk bytes i..e: itself
+local function identity_span(i, e)
+  local bf = {}
+  for p = i, e do bf[p - i + 1] = p end
+  return bf, bf
 end
 
 local function ascii_pieces(chunk, cfg, out)
@@ -45,14 +57,14 @@ local function ascii_pieces(chunk, cfg, out)
   local i, n = 1, #chunk
   while i <= n do
     local b = byte(chunk, i)
-    if ASCII_PUNCT[b] then
-      push(out, sub(chunk, i, i), 1)
-      i = i + 1
+    local e = i
+    if not ASCII_PUNCT[b] then e = select(2, chunk:find("^[A-Za-z0-9]+", i)) end
+    if out.bf then
+      push(out, sub(chunk, i, e), e - i + 1, identity_span(i, e))
     else
-      local _, e = chunk:find("^[A-Za-z0-9]+", i)
       push(out, sub(chunk, i, e), e - i + 1)
-      i = e + 1
     end
+    i = e + 1
   end
 end
 
@@ -70,71 +82,111 @@ local function lower_at(word, k)
   return 0x3C2
 end
 
--- appends the code points of string s to list t
-local function append_cps(t, s)
-  for _, c in utf8.codes(s) do t[#t + 1] = c end
+-- appends the code points of string s to list t (and, with a list from,
+-- the origin o for each to from)
+local function append_cps(t, s, from, o)
+  for _, c in utf8.codes(s) do
+    t[#t + 1] = c
+    if from then from[#t] = o end
+  end
 end
 
--- the word's code points after lower-casing and accent stripping
+-- the word's code points after lower-casing and accent stripping. word.at,
+-- when present, gives each code point's origin (an index into the chunk's
+-- characters); the result carries the origins along.
 local function normalize(word, cfg)
   if cfg.lowercase then
-    local lw = {}
+    local lw, at = {}, word.at and {}
     for k = 1, #word do
       local l = lower_at(word, k)
-      if type(l) == "string" then append_cps(lw, l) else lw[#lw + 1] = l end
+      if type(l) == "string" then
+        append_cps(lw, l, at, at and word.at[k])
+      else
+        lw[#lw + 1] = l
+        if at then at[#lw] = word.at[k] end
+      end
     end
+    lw.at = at
     word = lw
   end
   if cfg.strip_accents then
-    local strip, sw = U.strip_table(), {}
+    local strip, sw, at = U.strip_table(), {}, word.at and {}
     for k = 1, #word do
       local cp = word[k]
       local rep = strip[cp] or U.hangul_nfd(cp)
       if rep then
-        append_cps(sw, rep) -- already without Mn
+        append_cps(sw, rep, at, at and word.at[k]) -- already without Mn
       elseif U.code(cp) & 15 ~= C.Mn then
         sw[#sw + 1] = cp
+        if at then at[#sw] = word.at[k] end
       end
     end
+    sw.at = at
     word = sw
   end
   return word
 end
 
--- splits a normalized word on punctuation into out
-local function split_punct(word, out)
+-- splits a normalized word on punctuation into out; with origins (word.at,
+-- and the chunk's characters' first and last bytes cf, cl), each piece's
+-- bytes' origins too
+local function split_punct(word, out, cf, cl)
   local buf, nb = {}, 0
+  local at, bf, bl = word.at, nil, nil
   local function flush()
     if nb > 0 then
-      push(out, concat(buf, "", 1, nb), nb)
+      push(out, concat(buf, "", 1, nb), nb, bf, bl)
       nb = 0
     end
+    if at then bf, bl = {}, {} end
   end
+  -- records the origin of the #ch bytes of a character made from character o
+  local function origin(ch, o)
+    for _ = 1, #ch do
+      bf[#bf + 1], bl[#bl + 1] = cf[o], cl[o]
+    end
+  end
+  flush()
   for k = 1, #word do
     local cp = word[k]
+    local ch = uchar(cp)
     if is_punct(cp, U.code(cp)) then
       flush()
-      push(out, uchar(cp), 1)
+      if at then origin(ch, at[k]) end
+      push(out, ch, 1, bf, bl)
+      if at then bf, bl = {}, {} end
     else
       nb = nb + 1
-      buf[nb] = uchar(cp)
+      buf[nb] = ch
+      if at then origin(ch, at[k]) end
     end
   end
   flush()
 end
 
 local function unicode_pieces(chunk, cfg, out)
-  local word = {}
+  -- with spans: the first and last byte of every character of the chunk
+  local spans = out.bf ~= nil
+  local cf, cl, nc = spans and {} or nil, spans and {} or nil, 0
+  local word = {at = spans and {} or nil}
+  local function add(cp)
+    word[#word + 1] = cp
+    if spans then word.at[#word] = nc end
+  end
   local function finish()
     if #word > 0 then
-      split_punct(normalize(word, cfg), out)
-      word = {}
+      split_punct(normalize(word, cfg), out, cf, cl)
+      word = {at = spans and {} or nil}
     end
   end
   local decode = U.decode
   local i, n = 1, #chunk
   while i <= n do
     local cp, nx = decode(chunk, i) -- the text was checked: always valid here
+    if spans then
+      nc = nc + 1
+      cf[nc], cl[nc] = i, nx - 1
+    end
     local code = U.code(cp)
     local cls = code & 15
     if cp == 0 or cp == 0xFFFD or (cls >= C.Cc and cp ~= 9 and cp ~= 10 and cp ~= 13) then
@@ -143,18 +195,19 @@ local function unicode_pieces(chunk, cfg, out)
       finish() -- whitespace (Zl, Zp: str.split's separators)
     elseif cfg.chinese and U.is_cjk(cp) then
       finish()
-      word[1] = cp
+      add(cp)
       finish()
     else
-      word[#word + 1] = cp
+      add(cp)
     end
     i = nx
   end
   finish()
 end
 
-function M.pieces(chunk, cfg, out)
+function M.pieces(chunk, cfg, out, spans)
   out.nchars = out.nchars or {}
+  if spans then out.bf, out.bl = out.bf or {}, out.bl or {} end
   if not chunk:find("[^\33-\126]") then
     ascii_pieces(chunk, cfg, out)
   else

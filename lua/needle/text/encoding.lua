@@ -7,6 +7,9 @@
 --       the options of encode / encode_batch checked and made explicit
 --   E.build(who, tok, a, b, r, add_special) -> {input_ids, token_type_ids,
 --       attention_mask} for the id lists a (and b), truncated, not padded
+--       (and offset_mapping, sequence_ids, word_ids where a carries spans)
+--   E.build_windows(who, tok, a, b, r, add_special, stride) -> a list of
+--       such encodings: the overflowing windows of a text too long
 --   E.pad(enc, length, pad_id)       pads enc (in place) to length
 --   E.to_tensors(who, batch, device) the lists of a batch as int64 tensors
 --   E.id_list(who, ids, size[, known]) -> a new list of the ids (a list or a
@@ -56,11 +59,21 @@ function M.resolve(who, o, model_max_length)
   return {max_length = max_length, truncation = truncation, padding = padding}
 end
 
-local function take(ids, n)
+-- ids[i..j] as a new list, with the parallel lists of where each token
+-- came from (first, last, word: WordPiece's _text_tokens) when ids has them
+local function slice(ids, i, j)
   local out = {}
-  for i = 1, n do out[i] = ids[i] end
+  for k = i, j do out[k - i + 1] = ids[k] end
+  if ids.first then
+    out.first, out.last, out.word = {}, {}, {}
+    for k = i, j do
+      out.first[k - i + 1], out.last[k - i + 1], out.word[k - i + 1] = ids.first[k], ids.last[k], ids.word[k]
+    end
+  end
   return out
 end
+
+local function take(ids, n) return slice(ids, 1, n) end
 
 -- HF's truncate_sequences (right side): longest_first removes one token at a
 -- time from the longer list (from the second on a tie); only_* cut one list
@@ -98,36 +111,102 @@ local function truncate(who, a, b, remove, strategy, max_length)
   end
 end
 
+-- the encoding of a (and b) as they are: special tokens added, nothing
+-- cut. With spans (a.first present), also offset_mapping (each token's
+-- {first, last} bytes in its text, {0, 0} for the special tokens),
+-- sequence_ids (1 or 2, the text each token is from, 0 for the special
+-- tokens) and word_ids (the token's word in its text, 0 for the special
+-- tokens).
+local function assemble(who, tok, a, b, add_special)
+  local spans = a.first ~= nil
+  local ids, types = {}, {}
+  local offsets, seqs, words = spans and {} or nil, spans and {} or nil, spans and {} or nil
+  local function put(id, t, seq, first, last, word)
+    local n = #ids + 1
+    ids[n], types[n] = id, t
+    if spans then offsets[n], seqs[n], words[n] = {first, last}, seq, word end
+  end
+  local function put_text(x, t)
+    for i = 1, #x do
+      if spans then put(x[i], t, t, x.first[i], x.last[i], x.word[i]) else put(x[i], t) end
+    end
+  end
+  local cls, sep
+  if add_special then cls, sep = tok:_special_id(who, "cls"), tok:_special_id(who, "sep") end
+  if add_special then put(cls, 1, 0, 0, 0, 0) end
+  put_text(a, 1)
+  if add_special then put(sep, 1, 0, 0, 0, 0) end
+  if b then
+    put_text(b, 2)
+    if add_special then put(sep, 2, 0, 0, 0, 0) end
+  end
+  local mask = {}
+  for i = 1, #ids do mask[i] = 1 end
+  return {input_ids = ids, token_type_ids = types, attention_mask = mask, offset_mapping = offsets,
+          sequence_ids = seqs, word_ids = words}
+end
+
 function M.build(who, tok, a, b, r, add_special)
   local nspecial = add_special and (b and 3 or 2) or 0
   if r.max_length ~= nil then
     a, b = truncate(who, a, b, #a + (b and #b or 0) + nspecial - r.max_length, r.truncation, r.max_length)
   end
-  local ids, types = {}, {}
-  local function put(id, t)
-    ids[#ids + 1] = id
-    types[#types + 1] = t
+  return assemble(who, tok, a, b, add_special)
+end
+
+-- E.build_windows(who, tok, a, b, r, add_special, stride) -> a list of
+-- encodings: as build when everything fits in r.max_length (or nothing is
+-- truncated); else the text that truncation cuts (the second of a pair for
+-- only_second, the first for only_first or one text) in windows of the
+-- tokens that fit, each starting `stride` tokens before the previous one
+-- ended, until one reaches the text's end (Hugging Face's overflowing
+-- tokens: return_overflowing_tokens with stride, as its fast tokenizers
+-- make them, the first window being the truncated encoding)
+function M.build_windows(who, tok, a, b, r, add_special, stride)
+  local nspecial = add_special and (b and 3 or 2) or 0
+  local max_length = r.max_length
+  if max_length == nil or r.truncation == "do_not_truncate" or #a + (b and #b or 0) + nspecial <= max_length then
+    return {M.build(who, tok, a, b, r, add_special)}
   end
-  local cls, sep
-  if add_special then cls, sep = tok:_special_id(who, "cls"), tok:_special_id(who, "sep") end
-  if add_special then put(cls, 1) end
-  for i = 1, #a do put(a[i], 1) end
-  if add_special then put(sep, 1) end
-  if b then
-    for i = 1, #b do put(b[i], 2) end
-    if add_special then put(sep, 2) end
+  if b ~= nil and r.truncation == "longest_first" then
+    errors.fail(who, "return_overflowing_tokens for a pair of texts needs truncation = \"only_second\" (windows " ..
+      "over the second text, as for question answering) or \"only_first\"; longest_first would cut both")
   end
-  local mask = {}
-  for i = 1, #ids do mask[i] = 1 end
-  return {input_ids = ids, token_type_ids = types, attention_mask = mask}
+  if b == nil and r.truncation == "only_second" then
+    errors.fail(who, "truncation = \"only_second\" needs a pair of texts ({text_a, text_b}), got one text")
+  end
+  local second = r.truncation == "only_second"
+  local seq = second and b or a
+  local other = second and #a or (b and #b or 0)
+  local room = max_length - nspecial - other
+  if room < 1 then
+    errors.fail(who, "no room for the %s text in max_length %d: the %s text (%d tokens) and %d special tokens " ..
+      "fill it", second and "second" or "first", max_length, second and "first" or "second", other, nspecial)
+  end
+  if stride >= room then
+    errors.fail(who, "stride %d must be less than the %d tokens of the %s text that each window holds " ..
+      "(max_length %d less the other text and the special tokens)", stride, room,
+      second and "second" or (b and "first" or "one"), max_length)
+  end
+  local out, start = {}, 1
+  while true do
+    local stop = math.min(start + room - 1, #seq)
+    local w = slice(seq, start, stop)
+    out[#out + 1] = assemble(who, tok, second and a or w, second and w or b, add_special)
+    if stop == #seq then break end
+    start = start + room - stride
+  end
+  return out
 end
 
 -- pads on the right with pad_id, token type 1 (HF's pad_token_type_id 0)
--- and mask 0
+-- and mask 0; offsets {0, 0}, sequence and word 0
 function M.pad(enc, length, pad_id)
   local ids, types, mask = enc.input_ids, enc.token_type_ids, enc.attention_mask
+  local offsets, seqs, words = enc.offset_mapping, enc.sequence_ids, enc.word_ids
   for i = #ids + 1, length do
     ids[i], types[i], mask[i] = pad_id, 1, 0
+    if offsets then offsets[i], seqs[i], words[i] = {0, 0}, 0, 0 end
   end
 end
 
@@ -142,8 +221,10 @@ function M.to_tensors(who, batch, device)
   end
   local out = {}
   for k, v in pairs(batch) do
-    if len == 0 then
-      out[k] = nd.zeros({#v, 0}, {dtype = "int64", device = device})
+    if k == "overflow_to_sample_mapping" then
+      out[k] = nd.tensor(v, {dtype = "int64", device = device})
+    elseif len == 0 then
+      out[k] = nd.zeros(k == "offset_mapping" and {#v, 0, 2} or {#v, 0}, {dtype = "int64", device = device})
     else
       out[k] = nd.tensor(v, {dtype = "int64", device = device})
     end

@@ -124,6 +124,7 @@ function WordPiece._build(who, vocab, opts)
   for _, t in ipairs(self.special) do self._special_ids[ids[t]] = true end
   self._cfg = {lowercase = self.lowercase, strip_accents = strip, chinese = self.tokenize_chinese_chars}
   self._cache, self._ncache = {}, 0
+  self._spans, self._nspans = {}, 0
   return self
 end
 
@@ -144,10 +145,12 @@ end
 -- greedy longest-match-first over one piece of nchars characters; appends
 -- the ids to out (or the unknown token's id alone). The longest token that
 -- starts the rest of the piece is the deepest token node on its trie path.
-function WordPiece:_wordpiece(piece, nchars, out)
+-- With a list ends, appends to it the piece's byte at which each token ends.
+function WordPiece:_wordpiece(piece, nchars, out, ends)
   local unk = self.unk_token_id
   if nchars > self.max_input_chars_per_word then
     out[#out + 1] = unk
+    if ends then ends[#out] = #piece end
     return
   end
   local edges, node_id = self._edges, self._node_id
@@ -166,11 +169,16 @@ function WordPiece:_wordpiece(piece, nchars, out)
       end
     end
     if not found then
-      for k = #out, base + 1, -1 do out[k] = nil end
+      for k = #out, base + 1, -1 do
+        out[k] = nil
+        if ends then ends[k] = nil end
+      end
       out[#out + 1] = unk
+      if ends then ends[#out] = #piece end
       return
     end
     out[#out + 1] = found
+    if ends then ends[#out] = stop end
     start, root = stop + 1, 2
   end
 end
@@ -239,6 +247,72 @@ function WordPiece:_text_ids(who, text, what)
   return out
 end
 
+-- the tokens of one chunk with where they came from, for offsets: {ids,
+-- first =, last = (the chunk's bytes each token spans), word = (the word,
+-- 1.., of the chunk each token is part of: BERT's basic tokenizer's
+-- pieces, i.e. Hugging Face's word_ids)}; cached as _chunk's ids are
+function WordPiece:_chunk_spans(chunk)
+  local pieces = basic.pieces(chunk, self._cfg, {}, true)
+  local ids, first, last, word = {}, {}, {}, {}
+  for k = 1, #pieces do
+    local n0, ends = #ids, {}
+    self:_wordpiece(pieces[k], pieces.nchars[k], ids, ends)
+    local bf, bl = pieces.bf[k], pieces.bl[k]
+    local from = 1
+    for t = n0 + 1, #ids do
+      first[t], last[t], word[t] = bf[from], bl[ends[t]], k
+      from = ends[t] + 1
+    end
+  end
+  local v = {ids = ids, first = first, last = last, word = word, nwords = #pieces}
+  if self._nspans >= CACHE_MAX then self._spans, self._nspans = {}, 0 end
+  self._spans[chunk] = v
+  self._nspans = self._nspans + 1
+  return v
+end
+
+-- appends the tokens of text (no special tokens in it; its bytes at base +
+-- 1 .. in the whole text) to out, with their spans and words (see
+-- _text_tokens)
+function WordPiece:_tokens_plain(text, base, out)
+  local cache = self._spans
+  for at, chunk in text:gmatch("()([^ \t\n\r]+)") do
+    local v = cache[chunk] or self:_chunk_spans(chunk)
+    local n, off, w = #out, base + at - 1, out.nwords
+    for k = 1, #v.ids do
+      out[n + k], out.first[n + k], out.last[n + k], out.word[n + k] = v.ids[k], off + v.first[k], off + v.last[k],
+        w + v.word[k]
+    end
+    out.nwords = w + v.nwords
+  end
+end
+
+-- the ids of text as _text_ids, and where each came from: ids.first[k] and
+-- ids.last[k], the bytes of text that token k spans (text:sub(first, last)
+-- is its source), and ids.word[k], the word (1.., as counted by BERT's
+-- basic tokenizer; a special token written in the text is a word) it is
+-- part of
+function WordPiece:_text_tokens(who, text, what)
+  if type(text) ~= "string" then errors.fail(who, "%s must be a string, got %s", what, type(text)) end
+  files.check_utf8(who, text, what)
+  local out = {first = {}, last = {}, word = {}, nwords = 0}
+  local pos = 1
+  while true do
+    local first, ftok
+    for _, t in ipairs(self.special) do
+      local p = text:find(t, pos, true)
+      if p and (first == nil or p < first) then first, ftok = p, t end
+    end
+    self:_tokens_plain(sub(text, pos, first and first - 1 or #text), pos - 1, out)
+    if first == nil then break end
+    local n = #out + 1
+    out.nwords = out.nwords + 1
+    out[n], out.first[n], out.last[n], out.word[n] = self._ids[ftok], first, first + #ftok - 1, out.nwords
+    pos = first + #ftok
+  end
+  return out
+end
+
 -- tok:tokenize(text) -> the tokens (strings), as HF's tokenize
 function WordPiece:tokenize(text)
   check_self(self, "text.WordPiece.tokenize")
@@ -249,39 +323,49 @@ function WordPiece:tokenize(text)
 end
 
 local ENCODE_OPTS = {add_special_tokens = "boolean", max_length = "integer", truncation = "boolean|string",
-                     padding = "boolean|string"}
-local BATCH_OPTS = {return_tensors = "boolean", device = "string"}
+                     padding = "boolean|string", return_offsets_mapping = "boolean"}
+local BATCH_OPTS = {return_tensors = "boolean", device = "string", return_overflowing_tokens = "boolean",
+                    stride = "integer"}
 for k, v in pairs(ENCODE_OPTS) do BATCH_OPTS[k] = v end
 
--- one text or a pair {text_a, text_b} -> its two id lists (b nil for one)
-function WordPiece:_input_ids(who, x, where)
-  if type(x) == "string" then return self:_text_ids(who, x, where) end
+-- one text or a pair {text_a, text_b} -> its two id lists (b nil for one),
+-- with where each token came from when spans (_text_tokens)
+function WordPiece:_input_ids(who, x, where, spans)
+  local ids = spans and self._text_tokens or self._text_ids
+  if type(x) == "string" then return ids(self, who, x, where) end
   if type(x) == "table" and #x == 2 and type(x[1]) == "string" and type(x[2]) == "string" then
-    return self:_text_ids(who, x[1], where .. "[1]"), self:_text_ids(who, x[2], where .. "[2]")
+    return ids(self, who, x[1], where .. "[1]"), ids(self, who, x[2], where .. "[2]")
   end
   errors.fail(who, "%s must be a string or a pair of strings {text_a, text_b}, got %s", where,
     type(x) == "table" and ("a table of %d items"):format(#x) or type(x))
 end
 
-local function encode_one(self, who, x, where, r, add_special)
-  local a, b = self:_input_ids(who, x, where)
-  return E.build(who, self, a, b, r, add_special)
+-- the encodings of one input: one, or with o.return_overflowing_tokens its windows
+local function encode_one(self, who, x, where, r, o)
+  local a, b = self:_input_ids(who, x, where, o.return_offsets_mapping)
+  local add = o.add_special_tokens ~= false
+  if o.return_overflowing_tokens then return E.build_windows(who, self, a, b, r, add, o.stride or 0) end
+  return {E.build(who, self, a, b, r, add)}
 end
 
 -- tok:encode(text | {text_a, text_b}, opts) -> {input_ids =, token_type_ids =, attention_mask =}
+-- (and offset_mapping, sequence_ids, word_ids with return_offsets_mapping)
 function WordPiece:encode(x, opts)
   local who = "text.WordPiece.encode"
   check_self(self, who)
   local o = options.check(who, opts, ENCODE_OPTS)
   local r = E.resolve(who, o, self.model_max_length)
-  local enc = encode_one(self, who, x, "text", r, o.add_special_tokens ~= false)
+  local enc = encode_one(self, who, x, "text", r, o)[1]
   if r.padding == "max_length" then E.pad(enc, r.max_length, self:_special_id(who, "pad")) end
   return enc
 end
 
 -- tok:encode_batch(texts, opts) -> {input_ids =, token_type_ids =,
 -- attention_mask =}, lists of lists, or (B, L) int64 tensors with
--- return_tensors = true (on opts.device)
+-- return_tensors = true (on opts.device); offset_mapping (B, L, 2),
+-- sequence_ids and word_ids with return_offsets_mapping; with
+-- return_overflowing_tokens a row for each window of a text too long, and
+-- overflow_to_sample_mapping (the text of each row)
 function WordPiece:encode_batch(texts, opts)
   local who = "text.WordPiece.encode_batch"
   check_self(self, who)
@@ -291,21 +375,37 @@ function WordPiece:encode_batch(texts, opts)
   end
   if type(texts) ~= "table" then errors.fail(who, "expected a list of texts, got %s", type(texts)) end
   if #texts == 0 then errors.fail(who, "the list of texts is empty") end
+  if o.stride ~= nil and not o.return_overflowing_tokens then
+    errors.fail(who, "stride needs return_overflowing_tokens = true (it is the overlap of the windows)")
+  end
+  if o.stride ~= nil and o.stride < 0 then errors.fail(who, "stride must be 0 or more, got %d", o.stride) end
   local r = E.resolve(who, o, self.model_max_length)
-  local add = o.add_special_tokens ~= false
   local batch = {input_ids = {}, token_type_ids = {}, attention_mask = {}}
-  local longest = 0
+  local keys = {"input_ids", "token_type_ids", "attention_mask"}
+  if o.return_offsets_mapping then
+    for _, k in ipairs({"offset_mapping", "sequence_ids", "word_ids"}) do
+      batch[k] = {}
+      keys[#keys + 1] = k
+    end
+  end
+  -- with overflow, each window is a row of the batch and says which text it is from
+  if o.return_overflowing_tokens then batch.overflow_to_sample_mapping = {} end
+  local longest, rows = 0, 0
   for i = 1, #texts do
-    local enc = encode_one(self, who, texts[i], ("texts[%d]"):format(i), r, add)
-    for k, v in pairs(enc) do batch[k][i] = v end
-    if #enc.input_ids > longest then longest = #enc.input_ids end
+    for _, enc in ipairs(encode_one(self, who, texts[i], ("texts[%d]"):format(i), r, o)) do
+      rows = rows + 1
+      for _, k in ipairs(keys) do batch[k][rows] = enc[k] end
+      if batch.overflow_to_sample_mapping then batch.overflow_to_sample_mapping[rows] = i end
+      if #enc.input_ids > longest then longest = #enc.input_ids end
+    end
   end
   local target = r.padding == "max_length" and r.max_length or (r.padding == "longest" and longest) or nil
   if target then
     local pad = self:_special_id(who, "pad")
-    for i = 1, #texts do
-      E.pad({input_ids = batch.input_ids[i], token_type_ids = batch.token_type_ids[i],
-             attention_mask = batch.attention_mask[i]}, target, pad)
+    for i = 1, rows do
+      local enc = {}
+      for _, k in ipairs(keys) do enc[k] = batch[k][i] end
+      E.pad(enc, target, pad)
     end
   end
   if o.return_tensors then return E.to_tensors(who, batch, o.device) end
