@@ -30,7 +30,8 @@ options:
   --top-k K             keep the K likeliest tokens (with --sample; default 0: all)
   --top-p P             nucleus sampling (with --sample; default 1)
   --seed N              for --sample (default 1)
-  --num-beams N         beam search with N beams (default 1: greedy or sampling); prints the best sequence
+  --num-beams N         beam search with N beams (default 1: greedy or sampling; with --sample, beam
+                        sampling); prints the best sequence
   --length-penalty L    with --num-beams: a hypothesis' score is its log-probability / length^L (default 1)
   --no-cache            re-run the whole sequence for every token (slow; for comparison)
   --device DEV          cpu (default), opencl or opencl:N
@@ -48,7 +49,6 @@ for _, k in ipairs({"weights", "vocab", "merges", "prompt"}) do
   if opts[k] == nil then cli.die(PROG, 2, "--%s is required (see --help)", k) end
 end
 cli.positive_integers(PROG, opts, {"max-new-tokens", "num-beams"})
-if opts["num-beams"] > 1 and opts.sample then cli.die(PROG, 2, "--num-beams and --sample exclude each other") end
 if opts["length-penalty"] ~= nil and opts["num-beams"] == 1 then
   cli.die(PROG, 2, "--length-penalty goes with --num-beams N (N > 1)")
 end

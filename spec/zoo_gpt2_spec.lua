@@ -214,8 +214,10 @@ describe("nd.nn.models.GPT2LMHeadModel: errors at the user's line", function()
         G .. "num_beams must be >= 1, got 0")
     has(err(function() local r = m:generate(q, {max_new_tokens = 1, num_beams = 2, num_return_sequences = 3}); return r end),
         G .. "num_return_sequences must be in 1..num_beams (2), got 3")
-    has(err(function() local r = m:generate(q, {max_new_tokens = 1, num_beams = 2, do_sample = true}); return r end),
-        G .. "num_beams > 1 with do_sample = true (beam sampling) is not supported")
+    has(err(function() local r = m:generate(q, {max_new_tokens = 1, num_beams = 2, do_sample = true, top_k = 3}); return r
+            end),
+        G .. "beam sampling draws 2 * num_beams (4) distinct continuations a step, and top_k / top_p left 3 with a " ..
+             "nonzero probability")
     has(err(function() local r = m:generate(q, {max_new_tokens = 1, length_penalty = 0.5}); return r end),
         G .. "length_penalty applies to beam search only (num_beams > 1)")
     has(err(function() local r = m:generate(q, {max_new_tokens = 1, num_beam = 2}); return r end),
@@ -409,6 +411,61 @@ describe("nd.nn.models.GPT2LMHeadModel:generate", function()
              ("token %d: drawn %.4f of the time, probability %.4f"):format(id, got, p[j]))
     end
     assert.are.equal(n, seen) -- nothing outside the top 5
+  end)
+
+  it("beam sampling draws 2 * num_beams continuations without replacement and keeps the best (4000 prompts)", function()
+    -- one new token with 2 beams: the result is the likeliest of the 4 tokens
+    -- drawn without replacement from the reference logits' top 6 at
+    -- temperature 1.5; its distribution is summed here over every draw order
+    local n, k, t = 4000, 6, 1.5
+    local prompt = ids_on(EX.input_ids):narrow(1, 1, 1):expand({n, 8}):contiguous()
+    local out = m:generate(prompt, {max_new_tokens = 1, do_sample = true, num_beams = 2, top_k = k, temperature = t,
+                                    seed = 5})
+    local top, idx = EX.logits[1][8]:topk(k)
+    local w = ((top - top:max()) / t):exp()
+    local p = (w / w:sum()):totable()
+    local best = {}
+    for j = 1, k do best[j] = 0 end
+    local used = {}
+    local function draw(depth, mass, prob, likeliest)
+      if depth == 4 then
+        best[likeliest] = best[likeliest] + prob
+        return
+      end
+      for j = 1, k do
+        if not used[j] then
+          used[j] = true
+          draw(depth + 1, mass - p[j], prob * p[j] / mass, math.min(likeliest, j))
+          used[j] = false
+        end
+      end
+    end
+    draw(0, 1, 1, k + 1)
+    local count = {}
+    for _, row in ipairs(out:narrow(2, 9, 1):totable()) do count[row[1]] = (count[row[1]] or 0) + 1 end
+    local seen = 0
+    for j, id in ipairs(idx:totable()) do
+      local got = (count[id] or 0) / n
+      seen = seen + (count[id] or 0)
+      local sd = math.sqrt(best[j] * (1 - best[j]) / n)
+      assert(math.abs(got - best[j]) <= 5 * sd + 1e-3,
+             ("token %d: the best %.4f of the time, expected %.4f"):format(id, got, best[j]))
+    end
+    assert.are.equal(n, seen)
+    assert.is_true(best[1] < 0.97 and best[2] > 0.02, "the distribution is not a certainty")
+  end)
+
+  it("beam sampling is reproducible with seed, and drawing every candidate is beam search", function()
+    local o = {max_new_tokens = 6, num_beams = 3, do_sample = true, top_p = 0.9, seed = 4, num_return_sequences = 2,
+               eos_token_id = EX.beam_eos[1]:item() + 1}
+    local a = m:generate(ids_on(EX.gen_prompt), o)
+    assert.are.same(a:totable(), m:generate(ids_on(EX.gen_prompt), o):totable())
+    assert.are.same({EX.gen_prompt:size(1) * 2, T + 6}, a.shape)
+    -- one step, top_k = 2 * num_beams: all 6 continuations are drawn, then sorted
+    local one = {max_new_tokens = 1, num_beams = 3}
+    local sampled = m:generate(ids_on(EX.gen_prompt), {max_new_tokens = 1, num_beams = 3, do_sample = true, top_k = 6,
+                                                       seed = 9})
+    assert.are.same(m:generate(ids_on(EX.gen_prompt), one):totable(), sampled:totable())
   end)
 
   it("KV-cached generation equals the uncached one token for token at 256 tokens of context, and is faster",

@@ -11,7 +11,8 @@
 -- and value buffers sized T + max_new_tokens, and every new token runs the
 -- model on that one position; use_cache = false re-runs the whole sequence
 -- for every token (the reference the spec compares the cache with).
--- num_beams > 1 is Hugging Face's beam search (beam_search below).
+-- num_beams > 1 is Hugging Face's beam search (beam_search below), and
+-- with do_sample its beam sampling.
 -- Greedy decoding takes the argmax of the last position's logits; sampling
 -- applies HF's warpers in HF's order (temperature, top-k, top-p) and draws
 -- with nd.multinomial, from needle's random stream (seed calls
@@ -93,9 +94,6 @@ local function check(who, o, cfg, T)
   if ret < 1 or ret > beams then
     errors.fail(who, "num_return_sequences must be in 1..num_beams (%d), got %d", beams, ret)
   end
-  if beams > 1 and o.do_sample then
-    errors.fail(who, "num_beams > 1 with do_sample = true (beam sampling) is not supported; beam search is deterministic")
-  end
   if beams == 1 then
     for _, key in ipairs({"length_penalty", "early_stopping"}) do
       if o[key] ~= nil then errors.fail(who, "%s applies to beam search only (num_beams > 1)", key) end
@@ -120,7 +118,24 @@ end
 -- beams are rows (b - 1) * nb + 1 .. b * nb; the key/value cache follows the
 -- beams (index_select along the batch, as HF's _reorder_cache). Returns the
 -- num_return_sequences best of each prompt, eos appended and pad after it.
-local function beam_search(model, ids, mask, o, n, dev, out_dev)
+-- the k candidates of each prompt (a row of flat: (B, num_beams * V) summed
+-- scores), best first: the k best (beam search), or with do_sample k drawn
+-- without replacement with the softmax of the scores as probabilities, then
+-- ordered by score (HF's beam sampling)
+local function candidates(flat, k, sample, who)
+  if not sample then return flat:topk(k, 2) end
+  local probs = flat:softmax(2)
+  local alive = probs:gt(0):sum(2):min():item()
+  if alive < k then
+    errors.fail(who, "beam sampling draws 2 * num_beams (%d) distinct continuations a step, and top_k / top_p " ..
+                "left %d with a nonzero probability: raise top_k (at least 2 * num_beams) or top_p", k, alive)
+  end
+  local idx = nd.multinomial(probs, k)
+  local top, order = flat:gather(2, idx):sort(2, true)
+  return top, idx:gather(2, order)
+end
+
+local function beam_search(model, ids, mask, o, n, dev, out_dev, who)
   local tr, cfg = model.transformer, model.config
   local B, T = ids:size(1), ids:size(2)
   local nb, nret = o.num_beams, o.num_return_sequences or 1
@@ -188,8 +203,11 @@ local function beam_search(model, ids, mask, o, n, dev, out_dev)
     end
     local last = h:narrow(2, h:size(2), 1):view({R, cfg.n_embd})
     local logp = model.lm_head(last):to({dtype = "float32", device = "cpu"}):log_softmax(2)
+    -- (beam sampling: the warpers act on the step's log-probabilities, before
+    -- the beams' scores are added, as transformers' _beam_search since 4.39)
+    if o.do_sample then logp = M.warp(logp, o) end
     logp = logp + core.tensor(scores, {dtype = "float32"}):view({R, 1})
-    local top, idx = logp:view({B, nb * V}):topk(2 * nb, 2)
+    local top, idx = candidates(logp:view({B, nb * V}), 2 * nb, o.do_sample, who)
     top, idx = top:totable(), idx:totable()
     local next_scores, next_tokens, next_rows = {}, {}, {}
     for b = 1, B do
@@ -277,7 +295,7 @@ function M.generate(model, input_ids, opts)
   if opts.seed ~= nil then core.manual_seed(opts.seed) end
   local use_cache = opts.use_cache ~= false
   if (opts.num_beams or 1) > 1 then
-    local result = core.no_grad(function() return beam_search(model, ids, mask, opts, n, dev, out_dev) end)
+    local result = core.no_grad(function() return beam_search(model, ids, mask, opts, n, dev, out_dev, who) end)
     if flat and result:size(1) == 1 then result = result:view({result:size(2)}) end
     return result
   end
