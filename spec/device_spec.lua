@@ -70,7 +70,10 @@ describe("devices (every build)", function()
       end
       assert.are.equal("boolean", type(d.gpu))
       assert.are.equal("boolean", type(d.fp64))
+      assert.are.equal("boolean", type(d.fp16))
     end
+    assert.are.equal("boolean", type(devs[1].bf16))
+    assert.are.equal("string", type(devs[1].gemm))
   end)
 
   it("nd.opencl_available() is true, or false and a reason that says how to get a device", function()

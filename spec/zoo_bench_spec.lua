@@ -108,6 +108,23 @@ echo "ms 10"; echo "items 2"
     rmdir(d)
   end)
 
+  it("--bf16 asks both sides for bfloat16 products and says so", function()
+    local d = tmpdir()
+    local fake = fake_python(d, [[
+for a in "$@"; do case $a in bf16=*) echo "$a" > "$(dirname "$0")/torch_bf16";; esac; done
+echo "ms 10"; echo "items 2"
+]])
+    local ok, out = run("--quick --bf16 --models distilbert --reps 1 --warmup 0 --python " .. S.q(fake) ..
+                        " --out " .. S.q(d))
+    assert.is_true(ok, out)
+    assert.are.equal("bf16=1\n", S.read_file(d .. "/torch_bf16"))
+    assert.is_truthy(out:find("precision: bfloat16 products on both sides", 1, true), out)
+    local doc = json.decode(assert(S.read_file(d .. "/results.json")))
+    assert.is_truthy(doc.meta.precision:find("bfloat16", 1, true))
+    for _, r in ipairs(doc.rows) do assert.is_true(r.needle > 0, r.name) end
+    rmdir(d)
+  end)
+
   it("--device runs needle's side there and asks PyTorch's for --torch-device (cuda by default)", function()
     local D = require "spec.helpers.devices"
     local dev = D.opencl()[1]

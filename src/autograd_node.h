@@ -70,6 +70,8 @@ struct nd_node {
     void *ctx;
     void (*ctx_free)(void *ctx);
     bool hooked;                /* nd_hook_tensor on its output: its gradient passes the hooks */
+    int8_t precision;           /* the float32 matmul precision at the forward (nd_matmul_precision):
+                                 * the backward's products run at it */
     /* engine scratch (one backward at a time per graph) */
     nd_tensor *pending;         /* accumulated gradient of the output */
     int deps;

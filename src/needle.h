@@ -102,6 +102,19 @@ bool nd_cpu_small_linear(void);
  * "avx2+fma 6x16" (chosen from cpuid), or "openblas" (no such ISA, or
  * NEEDLE_GEMM=openblas; NEEDLE_GEMM=avx2 picks AVX2 on an AVX-512 CPU). */
 const char *nd_cpu_gemm_kernel(void);
+/* PyTorch's float32 matmul precision: "highest" (float32 throughout, the
+ * default), "high" (the same here: the CPU has no TF32), "medium" (float32
+ * products may compute on bfloat16 inputs with float32 sums: on a CPU with
+ * AVX512_BF16, needle's GEMM packs its operands as bfloat16 - matmul,
+ * linear, conv2d's GEMMs, attention - and the small-batch linear kernel
+ * gives way to it). Process-wide; OpenCL devices are not affected. */
+typedef enum { ND_MATMUL_HIGHEST = 0, ND_MATMUL_HIGH = 1, ND_MATMUL_MEDIUM = 2 } nd_matmul_precision;
+void nd_set_float32_matmul_precision(nd_matmul_precision p);
+nd_matmul_precision nd_get_float32_matmul_precision(void);
+/* Whether this CPU can run the bfloat16 GEMM, and whether products run on
+ * it now (the precision is "medium" and the CPU can). */
+bool nd_cpu_gemm_bf16_available(void);
+bool nd_cpu_gemm_bf16_active(void);
 
 /* ---- lifetime and metadata ---- */
 void nd_retain(nd_tensor *t);
@@ -144,6 +157,7 @@ typedef struct {
     int64_t global_mem_bytes, max_alloc_bytes, local_mem_bytes;
     int compute_units, max_clock_mhz, max_work_group_size;
     bool is_gpu, fp64;
+    bool fp16; /* cl_khr_fp16: half arithmetic in kernels (needle's kernels do not use it yet) */
 } nd_opencl_info;
 int nd_opencl_device_count(void);
 nd_status nd_opencl_device_info(int index, nd_opencl_info *out);

@@ -48,6 +48,11 @@ function nd.profile(...) return require("needle.profile").profile(...) end
 -- nd.help(obj_or_name): its documented signature and summary (docs/needle-lua.md)
 function nd.help(...) return require("needle.help").help(...) end
 
+-- nd.autocast(fn[, {dtype = "bfloat16", enabled = true, device_type = "cpu"}]) -> fn's
+-- results, its float32 products on bfloat16 inputs where the CPU has AVX512_BF16
+-- (needle.autocast; nd.set_float32_matmul_precision sets it for the process)
+function nd.autocast(...) return require("needle.autocast").autocast(...) end
+
 -- nd.compile(fn_or_module[, {warmup=, cache_size=, fallback=, verify=}]) -> a
 -- callable that replays the captured kernels (docs/compile.md)
 function nd.compile(...) return require("needle.compile").compile(...) end

@@ -9,7 +9,7 @@
 --   build/needle-lua scripts/bench/zoo.lua [--models LIST] [--rounds N] [--reps N]
 --        [--batch I[,T]] [--text-batch I[,T]] [--threads N] [--large] [--quick]
 --        [--device DEV] [--torch-device DEV] [--python PATH]
---        [--torch-wait auto|active|passive] [--no-torch] [--out DIR]
+--        [--torch-wait auto|active|passive] [--no-torch] [--bf16] [--out DIR]
 --
 -- Each (model, task) runs in rounds, as scripts/bench/run.lua's workloads: a
 -- round starts needle's process (scripts/bench/zoo_worker.lua) and PyTorch's
@@ -51,6 +51,9 @@ options:
   --torch-wait P     OMP_WAIT_POLICY of PyTorch's process: auto (default: PASSIVE for the
                      BERT and GPT-2 rows, the environment's for the CNNs), active or passive
   --no-torch         needle only (the PyTorch column is marked missing)
+  --bf16             both sides in mixed precision: needle's float32 products on bfloat16
+                     (nd.set_float32_matmul_precision("medium"), AVX512_BF16), PyTorch's
+                     torch.autocast("cpu", dtype=torch.bfloat16) around each iteration
   --out DIR          results.csv, results.json and zoo.svg go here (default runs/zoo)
 ]]
 
@@ -97,6 +100,7 @@ do
     elseif a == "--quick" then opts.quick = true
     elseif a == "--python" then C.python = q(value(a))
     elseif a == "--no-torch" then opts.no_torch = true
+    elseif a == "--bf16" then opts.bf16 = true
     elseif a == "--torch-wait" then
       opts.torch_wait = value(a)
       if not ({auto = 1, active = 1, passive = 1})[opts.torch_wait] then
@@ -186,6 +190,7 @@ local function measure_round(r, torch_first)
   for _, k in ipairs(r.keys) do args[#args + 1] = ("%s=%s"):format(k, r.cfg[k]) end
   args[#args + 1] = ("threads=%d reps=%d warmup=%d"):format(opts.threads, opts.reps or r.reps,
                                                             opts.warmup or r.warmup)
+  if opts.bf16 then args[#args + 1] = "bf16=1" end
   local tail = ("%s %s %s"):format(r.model, r.task, table.concat(args, " "))
   local mine, theirs = {}, {}
   local function run_mine()
@@ -219,6 +224,10 @@ local load_before = uptime()
 print(("needle-lua zoo benchmark: threads %d, %d round(s), PyTorch %s%s; devices: needle %s, PyTorch %s")
   :format(opts.threads, rounds, torch_version or (opts.no_torch and "not run (--no-torch)" or "MISSING"),
           opts.quick and ", --quick" or "", opts.device, opts.torch_device))
+if opts.bf16 then
+  print(("precision: bfloat16 products on both sides (needle's GEMM: %s; PyTorch: torch.autocast on the CPU)")
+    :format(nd.devices()[1].bf16 and "avx512_bf16 12x32" or "no AVX512_BF16 here, so float32"))
+end
 print(("kernels: needle %s, OPENBLAS_CORETYPE=%s; PyTorch %s"):format(needle_blas or "(no libopenblas in ldd)",
   kernels or "unset (OpenBLAS picks by cpuid)", torch_kernels or "-"))
 print(("PyTorch's OMP_WAIT_POLICY: %s"):format(opts.torch_wait and opts.torch_wait ~= "auto" and opts.torch_wait
@@ -312,7 +321,8 @@ local meta = {date = os.date("!%Y-%m-%dT%H:%M:%SZ"), threads = opts.threads, rou
               torch = torch_version or (opts.no_torch and "not run" or "missing"), quick = opts.quick == true,
               openblas_coretype = kernels, needle_blas = needle_blas, torch_kernels = torch_kernels,
               load_before = load_before, load_after = load_after,
-              elapsed_s = elapsed, torch_wait = opts.torch_wait or "auto", reps = opts.reps, warmup = opts.warmup}
+              elapsed_s = elapsed, torch_wait = opts.torch_wait or "auto", reps = opts.reps, warmup = opts.warmup,
+              precision = opts.bf16 and "bfloat16 products (needle medium, PyTorch autocast)" or "float32"}
 write("results.json", json.encode({meta = meta, rows = json.array(results), gpt2_cache_speedup = speedups}) .. "\n")
 
 local cols = {"name", "model", "task", "unit", "items", "needle", "torch", "ratio", "ratio_min", "ratio_max",

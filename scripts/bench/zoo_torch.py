@@ -190,14 +190,22 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(c["threads"])
     reps, warmup = c["reps"], c["warmup"]
+    # zoo.lua --bf16: each iteration under CPU autocast (bfloat16 matmul,
+    # linear and conv; the backward follows the forward's dtypes)
+    bf16 = c.get("bf16", 0) == 1 and DEV.type == "cpu"
     if model == "gpt2":
-        ms, items = gpt2(task, c, reps, warmup)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            ms, items = gpt2(task, c, reps, warmup)
     else:
         if model in ("resnet50", "mobilenet_v2", "resnext50_32x4d"):
             fn, items = cnn(model, task, c)
         else:
             fn, items = bert(model, "train" if task == "train" else "infer", c)
-        ms = timed(fn, reps, warmup)
+
+        def step():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                fn()
+        ms = timed(step, reps, warmup)
     print("ms %.6f" % ms)
     print("items %d" % items)
     print("rss_mb %.3f" % peak_rss_mb())

@@ -46,6 +46,9 @@ end
 
 nd.set_num_threads(c.threads)
 nd.manual_seed(0)
+-- zoo.lua --bf16: every float32 product on bfloat16 (forward and backward),
+-- as PyTorch's side runs each iteration under torch.autocast
+if c.bf16 == 1 then nd.set_float32_matmul_precision("medium") end
 
 -- ms of one fn() call: warmup untimed calls, then the median of reps timed
 -- ones; reset() (untimed) runs before every call

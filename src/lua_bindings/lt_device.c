@@ -2,12 +2,13 @@
  * nd.opencl_available(). */
 #include "lt_internal.h"
 
-/* nd.devices(): {{name="cpu", type="cpu", threads=N, memory=bytes, packed_conv=bool, small_linear=bool, gemm=kernel},
+/* nd.devices(): {{name="cpu", type="cpu", threads=N, memory=bytes, packed_conv=bool, small_linear=bool, gemm=kernel,
+ * bf16=bool},
  * {name="opencl:0", ...}} */
 static int l_devices(lua_State *L) {
     int n = nd_opencl_device_count();
     lua_createtable(L, n + 1, 0);
-    lua_createtable(L, 0, 7);
+    lua_createtable(L, 0, 8);
     lt_set_str(L, "name", "cpu");
     lt_set_str(L, "type", "cpu");
     lt_set_int(L, "threads", nd_get_num_threads());
@@ -16,11 +17,12 @@ static int l_devices(lua_State *L) {
     lt_set_bool(L, "packed_conv", nd_cpu_packed_conv());
     lt_set_bool(L, "small_linear", nd_cpu_small_linear());
     lt_set_str(L, "gemm", nd_cpu_gemm_kernel());
+    lt_set_bool(L, "bf16", nd_cpu_gemm_bf16_available());
     lua_rawseti(L, -2, 1);
     for (int i = 0; i < n; i++) {
         nd_opencl_info in;
         LT_CHECK_AS(L, "devices", nd_opencl_device_info(i, &in));
-        lua_createtable(L, 0, 14);
+        lua_createtable(L, 0, 20);
         char name[32];
         nd_device d = {ND_DEVICE_OPENCL, i};
         lt_set_str(L, "name", nd_device_str(d, name));
@@ -39,6 +41,7 @@ static int l_devices(lua_State *L) {
         lt_set_int(L, "max_work_group_size", in.max_work_group_size);
         lt_set_bool(L, "gpu", in.is_gpu);
         lt_set_bool(L, "fp64", in.fp64);
+        lt_set_bool(L, "fp16", in.fp16);
         lua_rawseti(L, -2, i + 2);
     }
     return 1;

@@ -346,6 +346,28 @@ static int l_get_num_threads(lua_State *L) {
     return 1;
 }
 
+/* nd.set_float32_matmul_precision("highest" | "high" | "medium"), PyTorch's
+ * names: "medium" lets float32 products compute on bfloat16 inputs where the
+ * CPU has AVX512_BF16 (needle.h) */
+static const char *const precision_names[] = {"highest", "high", "medium", NULL};
+
+static int l_set_float32_matmul_precision(lua_State *L) {
+    const char *s = lua_type(L, 1) == LUA_TSTRING ? lua_tostring(L, 1) : NULL;
+    for (int i = 0; s && precision_names[i]; i++)
+        if (strcmp(s, precision_names[i]) == 0) {
+            nd_set_float32_matmul_precision((nd_matmul_precision)i);
+            return 0;
+        }
+    return lt_error(L, "set_float32_matmul_precision",
+                    "expected \"highest\", \"high\" or \"medium\", got %s",
+                    s ? lua_pushfstring(L, "\"%s\"", s) : luaL_typename(L, 1));
+}
+
+static int l_get_float32_matmul_precision(lua_State *L) {
+    lua_pushstring(L, precision_names[nd_get_float32_matmul_precision()]);
+    return 1;
+}
+
 /* nd.threads(): {max, in_use, cpus, adaptive, measured, busy_elsewhere[, quota]} */
 static int l_threads(lua_State *L) {
     nd_threads_state st;
@@ -421,6 +443,8 @@ void lt_register_math(lua_State *L) {
         {"cross_entropy", l_cross_entropy, false, true},
         {"set_num_threads", l_set_num_threads, false, true},
         {"get_num_threads", l_get_num_threads, false, true},
+        {"set_float32_matmul_precision", l_set_float32_matmul_precision, false, true},
+        {"get_float32_matmul_precision", l_get_float32_matmul_precision, false, true},
         {"threads", l_threads, false, true},
         {"ops", l_ops, false, true},
         {NULL, NULL, false, false},

@@ -63,6 +63,7 @@ static nd_status record_named(const char *name, nd_backward_fn fn, nd_tensor *ou
     atomic_init(&n->refcount, 1);
     n->name = name;
     n->backward = fn;
+    n->precision = (int8_t)nd_get_float32_matmul_precision();
     n->ninputs = ninputs;
     for (int i = 0; i < ninputs; i++) {
         const nd_tensor *t = inputs[i];
@@ -489,7 +490,15 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
                 bool done = false;
                 if (!create_graph && n->ninputs == 1 && n->needs_grad[0] && n->next[0])
                     st = nd_view_grad_into(n, g, &n->next[0]->pending, &done);
-                if (st == ND_OK && !done) st = n->backward(n, g, grads);
+                if (st == ND_OK && !done) {
+                    /* products in the backward at the forward's precision (inside
+                     * nd.autocast, bfloat16 where the CPU has it) */
+                    const nd_matmul_precision prev = nd_get_float32_matmul_precision();
+                    if (n->precision != (int8_t)prev)
+                        nd_set_float32_matmul_precision((nd_matmul_precision)n->precision);
+                    st = n->backward(n, g, grads);
+                    if (n->precision != (int8_t)prev) nd_set_float32_matmul_precision(prev);
+                }
                 if (pdepth >= 0) nd_profiler_pop(pdepth);
             }
         }

@@ -86,8 +86,10 @@ local function walk(v, parts, flat, depth)
   end
 end
 
+-- (the float32 matmul precision is part of it: replays run their products
+-- at the precision of the moment, nd.autocast's included)
 local function signature(args)
-  local parts, flat = {core.is_grad_enabled() and "G" or "N"}, {}
+  local parts, flat = {(core.is_grad_enabled() and "G" or "N") .. core.get_float32_matmul_precision()}, {}
   for i = 1, args.n do
     parts[#parts + 1] = "|"
     walk(args[i], parts, flat, 0)

@@ -23,7 +23,16 @@
  * count.
  *
  * Summation order differs from OpenBLAS's: results agree to float32
- * rounding (the specs compare with float64 products). */
+ * rounding (the specs compare with float64 products).
+ *
+ * With nd_set_float32_matmul_precision(ND_MATMUL_MEDIUM) (PyTorch's
+ * "medium") and a CPU with AVX512_BF16, the same structure runs on
+ * bfloat16: packing rounds A and B to bfloat16 (to nearest even), pairs of
+ * k interleaved in 32-bit words, and the microkernel's vdpbf16ps adds two
+ * products per lane into float32 accumulators - twice the multiplies per
+ * instruction of the float32 kernel. Inputs and outputs stay float32; a
+ * product is exact for bfloat16 inputs and summed in float32, so results
+ * are those of the inputs rounded to 8 significant bits. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -49,7 +58,14 @@ typedef struct {
     const char *name;
     int mr, nr, mc, nc;
     ukernel_fn ukr;
+    bool bf16; /* panels of bfloat16 pairs (k, k + 1) in 32-bit words, not floats */
 } gemm_isa;
+
+/* The float words a packed panel of kc k's takes per row or column: kc
+ * floats, or for bfloat16 pairs ceil(kc / 2) words (a float's size each). */
+static int64_t panel_depth(const gemm_isa *isa, int64_t kc) { return isa->bf16 ? (kc + 1) / 2 : kc; }
+
+
 
 #ifdef ND_HAVE_GEMM_KERNELS
 /* c[MR x 16*NV] (row stride ldc) = or += a (packed: MR per k) @ b (NR per
@@ -109,7 +125,48 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2_6x16(int64_t kc, const 
         _mm256_storeu_ps(ci + 8, acc[i][1]);
     }
 }
+
+/* c[12 x 32] = or += a @ b on bfloat16 pairs: a packed 12 words per k pair
+ * (row r's k and k + 1), b 32 words per k pair (column c's), ldb in words;
+ * kc counts k's (an odd kc's last pair holds a zero). */
+__attribute__((target("avx512f,avx512bf16"))) static void ukr_bf16_12x32(int64_t kc, const float *a_,
+                                                                          const float *b_, int64_t ldb,
+                                                                          float *c, int64_t ldc, bool add) {
+    const int32_t *a = (const int32_t *)(const void *)a_, *b = (const int32_t *)(const void *)b_;
+    const int64_t kp = (kc + 1) / 2;
+    __m512 acc[12][2];
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kp; k++) {
+        const __m512i b0 = _mm512_loadu_si512(b + k * ldb), b1 = _mm512_loadu_si512(b + k * ldb + 16);
+        const int32_t *ak = a + k * 12;
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) {
+            const __m512i ai = _mm512_set1_epi32(ak[i]);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)ai, (__m512bh)b0);
+            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)ai, (__m512bh)b1);
+        }
+    }
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) {
+        float *ci = c + i * ldc;
+        if (add) {
+            acc[i][0] = _mm512_add_ps(_mm512_loadu_ps(ci), acc[i][0]);
+            acc[i][1] = _mm512_add_ps(_mm512_loadu_ps(ci + 16), acc[i][1]);
+        }
+        _mm512_storeu_ps(ci, acc[i][0]);
+        _mm512_storeu_ps(ci + 16, acc[i][1]);
+    }
+}
 #endif
+
+static const gemm_isa isa_bf16 = {"avx512_bf16 12x32", 12, 32, 192, 2048,
+#ifdef ND_HAVE_GEMM_KERNELS
+                                  ukr_bf16_12x32,
+#else
+                                  NULL,
+#endif
+                                  true};
 
 static const gemm_isa isa_avx512 = {"avx512f 12x32", 12, 32, 192, 2048,
 #ifdef ND_HAVE_GEMM_KERNELS
@@ -126,10 +183,10 @@ static const gemm_isa isa_avx2 = {"avx2+fma 6x16", 6, 16, 96, 2048,
 #endif
 };
 
-/* The kernel for this CPU, or NULL: NEEDLE_GEMM=openblas (BLAS only),
- * avx2 (the AVX2 kernel on an AVX-512 CPU), anything else or unset: the
- * best the CPU has. Read once. */
-static const gemm_isa *pick_isa(void) {
+/* The float32 kernel for this CPU, or NULL: NEEDLE_GEMM=openblas (BLAS
+ * only), avx2 (the AVX2 kernel on an AVX-512 CPU), anything else or unset:
+ * the best the CPU has. Read once. */
+static const gemm_isa *pick_f32_isa(void) {
     static int state = -1; /* -1 unread; else index into the table below */
     static const gemm_isa *const table[3] = {NULL, &isa_avx2, &isa_avx512};
     if (state < 0) {
@@ -147,6 +204,31 @@ static const gemm_isa *pick_isa(void) {
     }
     return table[state];
 }
+
+/* AVX512_BF16 (vdpbf16ps) on this CPU, under the AVX-512 kernel. Read once. */
+static bool have_bf16(void) {
+    static int has = -1;
+    if (has < 0) {
+#ifdef ND_HAVE_GEMM_KERNELS
+        __builtin_cpu_init();
+        has = pick_f32_isa() == &isa_avx512 && __builtin_cpu_supports("avx512bf16");
+#else
+        has = 0;
+#endif
+    }
+    return has == 1;
+}
+
+bool nd_cpu_gemm_bf16_available(void) { return have_bf16(); }
+
+/* The kernel a product runs on now: bfloat16 under the "medium" precision
+ * where the CPU has it, else the float32 kernel (or NULL: BLAS). */
+static const gemm_isa *pick_isa(void) {
+    if (nd_get_float32_matmul_precision() == ND_MATMUL_MEDIUM && have_bf16()) return &isa_bf16;
+    return pick_f32_isa();
+}
+
+bool nd_cpu_gemm_bf16_active(void) { return pick_isa() == &isa_bf16; }
 
 const char *nd_cpu_gemm_kernel(void) {
     const gemm_isa *isa = pick_isa();
@@ -224,6 +306,120 @@ static void pack_b(const gemm_isa *isa, const float *B, int64_t b_sk, int64_t b_
             for (int64_t c = w; c < NR; c++) dst[c] = 0.0f;
         }
     }
+}
+
+/* float -> bfloat16 bits, to nearest even, NaN kept quiet (nd_float_to_bf16's
+ * rule, without branches so that the packing loops vectorise) */
+static inline uint32_t bf16_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16, nan = (x >> 16) | 0x40u;
+    return (x & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+}
+
+static inline uint32_t bf16_pair(float lo, float hi) { return bf16_bits(lo) | bf16_bits(hi) << 16; }
+
+/* (The bfloat16 packers run only under the AVX512_BF16 kernel: compiled for
+ * AVX-512 so that their loops vectorise.) */
+#ifdef ND_HAVE_GEMM_KERNELS
+#define BF16_PACK_TARGET __attribute__((target("avx512f,avx512bw")))
+#else
+#define BF16_PACK_TARGET
+#endif
+
+/* pack_a's panels in bfloat16 pairs: word (kk, r) = A[r, 2kk] | A[r, 2kk + 1] << 16
+ * at p[kk * MR + r]; k's past kc and rows past M are zeros */
+BF16_PACK_TARGET static void pack_a_bf16(const gemm_isa *isa, const float *A, int64_t a_sm, int64_t a_sk,
+                                         int64_t M, int64_t i0, int64_t mc, int64_t k0, int64_t kc,
+                                         uint32_t *p) {
+    const int MR = isa->mr;
+    const int64_t kp = (kc + 1) / 2, even = kc / 2;
+    for (int64_t ip = 0; ip < mc; ip += MR, p += MR * kp) {
+        int64_t rows = mc - ip < MR ? mc - ip : MR;
+        if (i0 + ip + rows > M) rows = M - (i0 + ip);
+        const float *src = A + (i0 + ip) * a_sm + k0 * a_sk;
+        if (a_sm == 1 && a_sk != 1) { /* column-major A: a k at a time, along the rows */
+            for (int64_t kk = 0; kk < kp; kk++) {
+                const float *s0 = src + 2 * kk * a_sk, *s1 = s0 + a_sk;
+                uint32_t *dk = p + kk * MR;
+                int r = 0;
+                if (kk < even) {
+#pragma omp simd
+                    for (r = 0; r < rows; r++) dk[r] = bf16_pair(s0[r], s1[r]);
+                } else {
+                    for (r = 0; r < rows; r++) dk[r] = bf16_bits(s0[r]);
+                }
+                for (r = (int)rows; r < MR; r++) dk[r] = 0u;
+            }
+            continue;
+        }
+        for (int r = 0; r < MR; r++) {
+            if (r >= rows) {
+                for (int64_t kk = 0; kk < kp; kk++) p[kk * MR + r] = 0u;
+                continue;
+            }
+            const float *sr = src + r * a_sm;
+            if (a_sk == 1) {
+#pragma omp simd
+                for (int64_t kk = 0; kk < even; kk++) p[kk * MR + r] = bf16_pair(sr[2 * kk], sr[2 * kk + 1]);
+            } else {
+                for (int64_t kk = 0; kk < even; kk++)
+                    p[kk * MR + r] = bf16_pair(sr[2 * kk * a_sk], sr[(2 * kk + 1) * a_sk]);
+            }
+            if (kp > even) p[even * MR + r] = bf16_bits(sr[2 * even * a_sk]);
+        }
+    }
+}
+
+/* pack_b's panels in bfloat16 pairs: word (kk, c) = B[2kk, c] | B[2kk + 1, c] << 16
+ * at q[kk * NR + c] (panel q at p + q * NR * ceil(kc / 2)) */
+BF16_PACK_TARGET static void pack_b_bf16(const gemm_isa *isa, const float *B, int64_t b_sk, int64_t b_sn,
+                                         int64_t N, int64_t k0, int64_t kc, int64_t j0, int64_t jp0,
+                                         int64_t jp1, uint32_t *p) {
+    const int NR = isa->nr;
+    const int64_t kp = (kc + 1) / 2, even = kc / 2;
+    for (int64_t jp = jp0; jp < jp1; jp += NR) {
+        uint32_t *q = p + jp * kp;
+        int64_t j = j0 + jp, w = N - j < NR ? N - j : NR;
+        const float *src = B + k0 * b_sk + j * b_sn;
+        if (b_sk == 1 && b_sn != 1) { /* columns contiguous along K (a weight read transposed) */
+            for (int64_t c = 0; c < w; c++) {
+                const float *sc = src + c * b_sn;
+#pragma omp simd
+                for (int64_t kk = 0; kk < even; kk++) q[kk * NR + c] = bf16_pair(sc[2 * kk], sc[2 * kk + 1]);
+                if (kp > even) q[even * NR + c] = bf16_bits(sc[2 * even]);
+            }
+            for (int64_t c = w; c < NR; c++)
+                for (int64_t kk = 0; kk < kp; kk++) q[kk * NR + c] = 0u;
+            continue;
+        }
+        for (int64_t kk = 0; kk < kp; kk++) {
+            const float *s0 = src + 2 * kk * b_sk, *s1 = s0 + b_sk;
+            uint32_t *dst = q + kk * NR;
+            if (kk < even && b_sn == 1) {
+#pragma omp simd
+                for (int64_t c = 0; c < w; c++) dst[c] = bf16_pair(s0[c], s1[c]);
+            } else if (kk < even) {
+                for (int64_t c = 0; c < w; c++) dst[c] = bf16_pair(s0[c * b_sn], s1[c * b_sn]);
+            } else {
+                for (int64_t c = 0; c < w; c++) dst[c] = bf16_bits(s0[c * b_sn]);
+            }
+            for (int64_t c = w; c < NR; c++) dst[c] = 0u;
+        }
+    }
+}
+
+/* A's and B's packing in the kernel's format (words of float size) */
+static void pack_a_any(const gemm_isa *isa, const float *A, int64_t a_sm, int64_t a_sk, int64_t M,
+                       int64_t i0, int64_t mc, int64_t k0, int64_t kc, float *p) {
+    if (isa->bf16) pack_a_bf16(isa, A, a_sm, a_sk, M, i0, mc, k0, kc, (uint32_t *)(void *)p);
+    else pack_a(isa, A, a_sm, a_sk, M, i0, mc, k0, kc, p);
+}
+
+static void pack_b_any(const gemm_isa *isa, const float *B, int64_t b_sk, int64_t b_sn, int64_t N,
+                       int64_t k0, int64_t kc, int64_t j0, int64_t jp0, int64_t jp1, float *p) {
+    if (isa->bf16) pack_b_bf16(isa, B, b_sk, b_sn, N, k0, kc, j0, jp0, jp1, (uint32_t *)(void *)p);
+    else pack_b(isa, B, b_sk, b_sn, N, k0, kc, j0, jp0, jp1, p);
 }
 
 /* The tile at C[i, j] (rows mr <= MR, cols nr <= NR): straight into C when
@@ -317,7 +513,7 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
     }
     /* up to IN_PLACE_B_ROWS rows, B rows unit-stride: B read in place
      * (whole NR-wide panels only; the last partial panel is packed) */
-    const bool b_in_place = M <= IN_PLACE_B_ROWS && b_sn == 1;
+    const bool b_in_place = M <= IN_PLACE_B_ROWS && b_sn == 1 && !isa->bf16;
     float *bpack = NULL;
     /* packing buffers as big as this product needs, not the block maxima:
      * a small product then takes a few KiB, not 3 MiB (a fresh mapping's
@@ -339,7 +535,7 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
             if (!b_in_place) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
                 for (int64_t p = 0; p < npanels; p++)
-                    pack_b(isa, B, b_sk, b_sn, N, pc, kc, jc, p * NR, p * NR + NR, bpack);
+                    pack_b_any(isa, B, b_sk, b_sn, N, pc, kc, jc, p * NR, p * NR + NR, bpack);
             }
             const int64_t nchunks = chunks < npanels ? chunks : npanels;
             const int64_t tasks = mblocks * nchunks;
@@ -357,13 +553,14 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
                     const int64_t ib = t / nchunks, ch = t % nchunks;
                     const int64_t ic = ib * MC, mc = M - ic < MC ? M - ic : MC;
                     const int64_t p0 = npanels * ch / nchunks, p1 = npanels * (ch + 1) / nchunks;
-                    pack_a(isa, A, a_sm, a_sk, M, ic, mc, pc, kc, apack);
+                    pack_a_any(isa, A, a_sm, a_sk, M, ic, mc, pc, kc, apack);
+                    const int64_t depth = panel_depth(isa, kc);
                     for (int64_t p = p0; p < p1; p++) {
                         const int64_t jr = p * NR, nr = nc - jr < NR ? nc - jr : NR;
                         const float *bp;
                         int64_t ldb;
                         if (!b_in_place) {
-                            bp = bpack + (size_t)p * NR * (size_t)kc;
+                            bp = bpack + (size_t)p * NR * (size_t)depth;
                             ldb = NR;
                         } else if (nr == NR) {
                             bp = B + pc * b_sk + (jc + jr);
@@ -376,7 +573,7 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
                         for (int64_t ir = 0; ir < mc; ir += MR) {
                             const int64_t mr = mc - ir < MR ? mc - ir : MR;
                             float *ct = C + (ic + ir) * ldc + jc + jr;
-                            run_tile(isa, kc, apack + ir * kc, bp, ldb, ct, ldc, mr, nr, add);
+                            run_tile(isa, kc, apack + ir * depth, bp, ldb, ct, ldc, mr, nr, add);
                             if (epilogue) {
                                 tile_post e = *post;
                                 if (e.bias) e.bias += jc + jr;

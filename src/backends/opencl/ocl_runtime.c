@@ -96,6 +96,16 @@ static void init_device(ocl_device *d, cl_platform_id p, cl_device_id id, int in
     fp = 0;
     clGetDeviceInfo(id, CL_DEVICE_DOUBLE_FP_CONFIG, sizeof fp, &fp, NULL);
     in->fp64 = fp != 0;
+    size_t ext_len = 0;
+    in->fp16 = false;
+    if (clGetDeviceInfo(id, CL_DEVICE_EXTENSIONS, 0, NULL, &ext_len) == CL_SUCCESS && ext_len > 0) {
+        char *ext = malloc(ext_len + 1);
+        if (ext && clGetDeviceInfo(id, CL_DEVICE_EXTENSIONS, ext_len, ext, NULL) == CL_SUCCESS) {
+            ext[ext_len] = '\0';
+            in->fp16 = strstr(ext, "cl_khr_fp16") != NULL;
+        }
+        free(ext);
+    }
 }
 
 static void init_all(void) {

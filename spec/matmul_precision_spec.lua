@@ -1,0 +1,201 @@
+-- matmul_precision_spec.lua - float32 products on bfloat16 (issue 22, item 4
+-- on the CPU): nd.set_float32_matmul_precision("medium") and nd.autocast.
+--
+--   build/needle-lua spec/run.lua spec/matmul_precision_spec.lua
+--
+-- Under "medium", on a CPU with AVX512_BF16, needle's GEMM rounds its
+-- operands to bfloat16 and sums in float32: every product must then equal
+-- the float64 product of the bfloat16-rounded operands (x:bfloat16(), an
+-- independent conversion) to float32 summation error, and differ from the
+-- float32 product by bfloat16's rounding. Without AVX512_BF16 those checks
+-- are pending with the reason, and "medium" must change nothing.
+local nd = require "needle"
+local A = require("spec.helpers.assertions").bind(assert)
+local errmsg, assert_contains = A.errmsg, A.assert_contains
+
+local BF16 = nd.devices()[1].bf16
+
+-- runs fn under precision p, restoring "highest"
+local function at(p, fn)
+  nd.set_float32_matmul_precision(p)
+  local ok, r = pcall(fn)
+  nd.set_float32_matmul_precision("highest")
+  assert(ok, r)
+  return r
+end
+
+-- c (float32) against the float64 product of the rounded operands: within
+-- float32 summation error, (K + 2) 2^-24 sum_k |a_ik b_kj| per element
+local function assert_bf16_product(c, a, b, what)
+  local a16, b16 = a:bfloat16():double(), b:bfloat16():double()
+  local ref = a16:matmul(b16)
+  local bound = a16:abs():matmul(b16:abs()) * ((a:size(-1) + 2) * 2 ^ -24) + 1e-30
+  local excess = ((c:double() - ref):abs() - bound):max():item()
+  assert(excess <= 0, ("%s: off the bfloat16 product by %g more than float32 rounding"):format(what, excess))
+end
+
+describe("nd.set_float32_matmul_precision", function()
+  after_each(function() nd.set_float32_matmul_precision("highest") end)
+
+  it("takes PyTorch's three names and says which are valid", function()
+    assert.are.equal("highest", nd.get_float32_matmul_precision())
+    for _, p in ipairs({"high", "medium", "highest"}) do
+      nd.set_float32_matmul_precision(p)
+      assert.are.equal(p, nd.get_float32_matmul_precision())
+    end
+    assert_contains(errmsg(function() nd.set_float32_matmul_precision("low") end),
+                    'set_float32_matmul_precision: expected "highest", "high" or "medium", got "low"')
+    assert_contains(errmsg(function() nd.set_float32_matmul_precision(2) end), "got number")
+  end)
+
+  it("reports the CPU's bfloat16 support and the kernel in use", function()
+    assert.is_boolean(BF16)
+    local kernel = at("medium", function() return nd.devices()[1].gemm end)
+    if BF16 then
+      assert.are.equal("avx512_bf16 12x32", kernel)
+    else
+      assert.are.equal(nd.devices()[1].gemm, kernel)
+    end
+    assert.are_not.equal("avx512_bf16 12x32", nd.devices()[1].gemm) -- "highest" again
+  end)
+
+  if not BF16 then
+    pending("bfloat16 products: this CPU has no AVX512_BF16 (\"medium\" runs float32, checked below)")
+    it("changes nothing without AVX512_BF16", function()
+      nd.manual_seed(1)
+      local a, b = nd.randn({33, 70}), nd.randn({70, 41})
+      assert.are.same(a:matmul(b):totable(), at("medium", function() return a:matmul(b) end):totable())
+    end)
+    return
+  end
+
+  it("multiplies the bfloat16-rounded operands, summing in float32, for every shape and layout", function()
+    nd.manual_seed(2)
+    local shapes = {{1, 1, 1}, {1, 5, 7}, {5, 1, 3}, {12, 32, 2}, {13, 33, 29}, {37, 45, 384}, {40, 70, 385},
+                    {200, 300, 771}, {300, 64, 1}}
+    local differ = 0
+    for _, s in ipairs(shapes) do
+      local M, N, K = s[1], s[2], s[3]
+      for _, layout in ipairs({"nn", "tn", "nt", "tt"}) do
+        local a = layout:sub(1, 1) == "t" and nd.randn({K, M}):t() or nd.randn({M, K})
+        local b = layout:sub(2, 2) == "t" and nd.randn({N, K}):t() or nd.randn({K, N})
+        local c = at("medium", function() return a:matmul(b) end)
+        local what = ("%dx%dx%d %s"):format(M, N, K, layout)
+        assert_bf16_product(c, a, b, what)
+        if (c - a:matmul(b)):abs():max():item() > 0 then differ = differ + 1 end
+      end
+    end
+    assert.is_true(differ >= 30, "medium's products differ from float32's") -- (1x1x1 etc. may not)
+  end)
+
+  it("covers batched matmul, linear (bias and activation fused), conv2d and attention", function()
+    nd.manual_seed(3)
+    local a, b = nd.randn({3, 20, 50}), nd.randn({3, 50, 17})
+    local c = at("medium", function() return a:matmul(b) end)
+    for i = 1, 3 do assert_bf16_product(c[i], a[i], b[i], "batch " .. i) end
+    -- linear: x w^T + b; relu (fused) after
+    local x, w, bias = nd.randn({70, 96}), nd.randn({40, 96}), nd.randn({40})
+    local y = at("medium", function() return nd.F.fused_linear(x, w, bias, {activation = "relu"}) end)
+    local pre = y:clone()
+    local ref_pre = x:bfloat16():double():matmul(w:bfloat16():double():t()) + bias:double()
+    local bound = x:bfloat16():double():abs():matmul(w:bfloat16():double():abs():t()) * (98 * 2 ^ -24) + 1e-6
+    local want = ref_pre:clamp(0, nil)
+    assert.is_true(((pre:double() - want):abs() - bound):max():item() <= 0, "fused linear")
+    for _, rows in ipairs({1, 4, 300}) do -- (the small-batch kernel gives way to the GEMM)
+      local xr = nd.randn({rows, 96})
+      local yr = at("medium", function() return nd.F.linear(xr, w) end)
+      assert_bf16_product(yr, xr, w:t(), ("linear, %d rows"):format(rows))
+    end
+    -- conv2d through im2col + GEMM: the same as a product over patches
+    local img, k = nd.randn({2, 3, 9, 9}), nd.randn({8, 3, 3, 3})
+    local conv = at("medium", function() return nd.F.conv2d(img, k) end)
+    local ref = nd.F.conv2d(img:bfloat16():double(), k:bfloat16():double())
+    local absref = nd.F.conv2d(img:bfloat16():double():abs(), k:bfloat16():double():abs())
+    assert.is_true(((conv:double() - ref):abs() - absref * (29 * 2 ^ -24) - 1e-30):max():item() <= 0, "conv2d")
+    -- attention's two products (the fused kernel, no gradient)
+    local q, kk, v = nd.randn({1, 2, 16, 8}), nd.randn({1, 2, 16, 8}), nd.randn({1, 2, 16, 8})
+    local o16 = at("medium", function() return nd.F.scaled_dot_product_attention(q, kk, v) end)
+    local o32 = nd.F.scaled_dot_product_attention(q, kk, v)
+    local gap = (o16 - o32):abs():max():item()
+    assert.is_true(gap > 0 and gap < 0.05, "attention within bfloat16's rounding of float32's: " .. gap)
+  end)
+
+  it("keeps NaN and infinity", function()
+    local a = nd.ones({13, 4})
+    a[{2, 3}] = 0 / 0
+    a[{5, 1}] = math.huge
+    local c = at("medium", function() return a:matmul(nd.ones({4, 33})) end)
+    assert.is_true(c[{2, 7}]:item() ~= c[{2, 7}]:item())
+    assert.are.equal(math.huge, c[{5, 30}]:item())
+    assert.are.equal(4, c[{1, 1}]:item())
+  end)
+end)
+
+describe("nd.autocast", function()
+  after_each(function() nd.set_float32_matmul_precision("highest") end)
+
+  it("runs the scope's products at medium precision, restores the setting, and passes results through", function()
+    local seen
+    local a, b = nd.autocast(function()
+      seen = nd.get_float32_matmul_precision()
+      return 1, 2
+    end)
+    assert.are.same({"medium", 1, 2}, {seen, a, b})
+    assert.are.equal("highest", nd.get_float32_matmul_precision())
+    -- restored after an error, which passes through unchanged
+    local err = errmsg(function() nd.autocast(function() error("boom", 0) end) end)
+    assert.are.equal("boom", err)
+    assert.are.equal("highest", nd.get_float32_matmul_precision())
+    -- nested, and enabled = false
+    nd.autocast(function()
+      nd.autocast(function() end)
+      assert.are.equal("medium", nd.get_float32_matmul_precision())
+      nd.autocast(function() assert.are.equal("medium", nd.get_float32_matmul_precision()) end, {enabled = false})
+    end)
+    nd.autocast(function() seen = nd.get_float32_matmul_precision() end, {enabled = false})
+    assert.are.equal("highest", seen)
+  end)
+
+  it("names what it cannot do", function()
+    assert_contains(errmsg(function() nd.autocast(function() end, {dtype = "float16"}) end),
+                    "dtype float16 is not supported")
+    assert_contains(errmsg(function() nd.autocast(function() end, {device_type = "opencl"}) end),
+                    'device_type must be "cpu", got "opencl"')
+    assert_contains(errmsg(function() nd.autocast(function() end, {dtyp = "bfloat16"}) end), "dtyp")
+    assert_contains(errmsg(function() nd.autocast(42) end), "expected a function to run, got number")
+  end)
+
+  it("runs each product's gradient at the precision of its forward, wherever backward() is called", function()
+    if not BF16 then pending("this CPU has no AVX512_BF16"); return end
+    nd.manual_seed(4)
+    local lin = nd.nn.Linear(64, 48)
+    local x = nd.randn({20, 64})
+    local y = nd.autocast(function() return lin(x) end)
+    assert_bf16_product(y - lin.bias, x, lin.weight:detach():t(), "forward")
+    local dy = nd.randn({20, 48})
+    y:backward(dy) -- outside the scope
+    assert_bf16_product(lin.weight.grad, dy:t(), x, "weight gradient")
+    -- a layer outside the scope stays float32 in both directions
+    lin:zero_grad()
+    local y32 = lin(x)
+    y32:backward(dy)
+    assert.are.same(dy:t():matmul(x):totable(), lin.weight.grad:totable())
+  end)
+
+  it("is a guard of nd.compile, and a graph break inside a compiled function", function()
+    nd.manual_seed(5)
+    local lin = nd.nn.Linear(32, 16)
+    local x = nd.randn({24, 32})
+    local cf = nd.compile(function(v) return lin(v) end)
+    local eager32 = lin(x)
+    local eager16 = nd.autocast(function() return lin(x) end)
+    for _ = 1, 3 do
+      assert.are.same(eager32:totable(), cf(x):totable())
+      assert.are.same(eager16:totable(), nd.autocast(function() return cf(x) end):totable())
+    end
+    assert.are.equal(2, cf.stats.captures) -- one entry per precision, replayed at it
+    local inner = nd.compile(function(v) return nd.autocast(function() return lin(v) end) end)
+    inner(x) -- (the warm-up call runs eagerly)
+    assert_contains(errmsg(function() inner(x) end), "nd.autocast inside a compiled function")
+  end)
+end)
