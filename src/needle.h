@@ -106,15 +106,19 @@ const char *nd_cpu_gemm_kernel(void);
  * default), "high" (the same here: the CPU has no TF32), "medium" (float32
  * products may compute on bfloat16 inputs with float32 sums: on a CPU with
  * AVX512_BF16, needle's GEMM packs its operands as bfloat16 - matmul,
- * linear, conv2d's GEMMs, attention - and the small-batch linear kernel
- * gives way to it). Process-wide; OpenCL devices are not affected. */
+ * linear, conv2d's GEMMs, attention - for products of at least 64 x 64, and
+ * the small-batch linear kernel gives way to it there). Process-wide;
+ * OpenCL devices are not affected. */
 typedef enum { ND_MATMUL_HIGHEST = 0, ND_MATMUL_HIGH = 1, ND_MATMUL_MEDIUM = 2 } nd_matmul_precision;
 void nd_set_float32_matmul_precision(nd_matmul_precision p);
 nd_matmul_precision nd_get_float32_matmul_precision(void);
-/* Whether this CPU can run the bfloat16 GEMM, and whether products run on
- * it now (the precision is "medium" and the CPU can). */
+/* Whether this CPU can run the bfloat16 GEMM; whether products run on it
+ * now (the precision is "medium" and the CPU can); and whether an M x N
+ * product does (it also needs M and N of at least 64: below, packing costs
+ * more than bfloat16 saves, and the product stays float32). */
 bool nd_cpu_gemm_bf16_available(void);
 bool nd_cpu_gemm_bf16_active(void);
+bool nd_cpu_gemm_bf16_for(int64_t M, int64_t N);
 
 /* ---- lifetime and metadata ---- */
 void nd_retain(nd_tensor *t);

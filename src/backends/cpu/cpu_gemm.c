@@ -221,7 +221,7 @@ static bool have_bf16(void) {
 
 bool nd_cpu_gemm_bf16_available(void) { return have_bf16(); }
 
-/* The kernel a product runs on now: bfloat16 under the "medium" precision
+/* The kernel products run on now: bfloat16 under the "medium" precision
  * where the CPU has it, else the float32 kernel (or NULL: BLAS). */
 static const gemm_isa *pick_isa(void) {
     if (nd_get_float32_matmul_precision() == ND_MATMUL_MEDIUM && have_bf16()) return &isa_bf16;
@@ -229,6 +229,23 @@ static const gemm_isa *pick_isa(void) {
 }
 
 bool nd_cpu_gemm_bf16_active(void) { return pick_isa() == &isa_bf16; }
+
+/* The bfloat16 kernel takes a product only when both M and N are at least
+ * this: it packs B on every call (the float32 kernel reads few rows' B in
+ * place, the small-batch linear kernel streams the weight), and below it
+ * the packing costs more than the halved multiplies save (a 1 x 768 by 768
+ * x 3072 linear: 0.57 ms streamed in float32, 6 ms packed to bfloat16). The
+ * test is symmetric, so C and C^T (nd.compile's accumulating weight
+ * gradient computes the transpose) take the same kernel. */
+#define BF16_MIN_DIM 64
+
+static const gemm_isa *isa_for(int64_t M, int64_t N) {
+    const gemm_isa *isa = pick_isa();
+    if (isa == &isa_bf16 && (M < BF16_MIN_DIM || N < BF16_MIN_DIM)) return pick_f32_isa();
+    return isa;
+}
+
+bool nd_cpu_gemm_bf16_for(int64_t M, int64_t N) { return isa_for(M, N) == &isa_bf16; }
 
 const char *nd_cpu_gemm_kernel(void) {
     const gemm_isa *isa = pick_isa();
@@ -493,7 +510,7 @@ static void tile_epilogue(float *C, int64_t ldc, int64_t mr, int64_t nr, const t
 static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
                      int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc,
                      bool accumulate, const tile_post *post) {
-    const gemm_isa *isa = pick_isa();
+    const gemm_isa *isa = isa_for(M, N);
     if (!isa || !isa->ukr || M <= 0 || N <= 0 || K <= 0) return false;
     const int MR = isa->mr, NR = isa->nr;
     const int64_t NC = isa->nc;
@@ -602,7 +619,7 @@ bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
 
 int nd_cpu_sgemm_add(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm, int64_t a_sk,
                      const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc) {
-    const gemm_isa *isa = pick_isa();
+    const gemm_isa *isa = isa_for(M, N);
     /* one K block: each tile's product is whole in registers when it is
      * added to C (several blocks would add their partial sums one by one) */
     if (!isa || !isa->ukr || M <= 0 || N <= 0 || K <= 0 || K > KC) return 0;
@@ -629,7 +646,7 @@ bool nd_cpu_sgemm_batched(int64_t batch, const int64_t *a_off, const int64_t *b_
                           const int64_t *c_off, int64_t M, int64_t N, int64_t K, const float *A,
                           int64_t a_sm, int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn,
                           float *C, int64_t ldc) {
-    const gemm_isa *isa = pick_isa();
+    const gemm_isa *isa = isa_for(M, N);
     if (!isa || !isa->ukr || M <= 0 || N <= 0 || K <= 0) return false;
     int threads = nd_cpu_threads();
     double flops = 2.0 * (double)M * (double)N * (double)K;

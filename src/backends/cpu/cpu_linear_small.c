@@ -271,8 +271,8 @@ bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
     if (x->dtype != ND_FLOAT32 || M < 1 || K < 1 || O < 1) return false;
     if (!cpu_has_avx2_fma()) return false;
     /* float32 matmul precision "medium": the GEMM's bfloat16 kernel, which
-     * does twice the multiplies per instruction, takes every shape */
-    if (nd_cpu_gemm_bf16_active()) return false;
+     * does twice the multiplies per instruction, takes the shapes it takes */
+    if (nd_cpu_gemm_bf16_for(M, O)) return false;
     const bool avx512 = use_avx512();
     if (M > (avx512 ? avx512_rows_max() : SMALL_M_MAX)) return false;
     const float *X = (const float *)nd_ptr(x), *W = (const float *)nd_ptr(w);
