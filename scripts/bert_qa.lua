@@ -34,8 +34,10 @@ options:
   --nhead N            attention heads (default: hidden size / 64)
   --cased              keep case and accents (for cased models)
   --top-k N            answers per question (default 1)
-  --max-seq-len N      tokens per window, question and special tokens included (default 384)
-  --doc-stride N       tokens each window shares with the one before (default 128)
+  --max-seq-len N      tokens per window, question and special tokens included (default 384,
+                       or the model's max_position_embeddings if fewer)
+  --doc-stride N       tokens each window shares with the one before (default: half of
+                       --max-seq-len, at most 128)
   --max-answer-len N   longest answer in tokens (default 15)
   --no-answer          also consider "no answer" (SQuAD 2.0 models)
   --device DEV         cpu (default), opencl or opencl:N
@@ -46,12 +48,12 @@ local valued = {weights = true, vocab = true, context = true, ["context-file"] =
                 ["top-k"] = true, ["max-seq-len"] = true, ["doc-stride"] = true, ["max-answer-len"] = true,
                 device = true}
 local argv, questions = cli.split_args(arg, valued)
-local opts = cli.parse(argv, {model = "bert", ["top-k"] = 1, ["max-seq-len"] = 384, ["doc-stride"] = 128,
-                              ["max-answer-len"] = 15, device = "cpu"}, usage,
-                       {prog = PROG, numbers = {nhead = true, ["top-k"] = true, ["max-seq-len"] = true,
-                                                ["doc-stride"] = true, ["max-answer-len"] = true},
-                        flags = {cased = true, ["no-answer"] = true},
-                        optional = {"weights", "vocab", "nhead", "context", "context-file"}})
+local opts, given = cli.parse(argv, {model = "bert", ["top-k"] = 1, ["max-seq-len"] = 384, ["doc-stride"] = 128,
+                                     ["max-answer-len"] = 15, device = "cpu"}, usage,
+                              {prog = PROG, numbers = {nhead = true, ["top-k"] = true, ["max-seq-len"] = true,
+                                                       ["doc-stride"] = true, ["max-answer-len"] = true},
+                               flags = {cased = true, ["no-answer"] = true},
+                               optional = {"weights", "vocab", "nhead", "context", "context-file"}})
 for _, k in ipairs({"weights", "vocab"}) do
   if opts[k] == nil then cli.die(PROG, 2, "--%s is required (see --help)", k) end
 end
@@ -80,6 +82,14 @@ local model = cli.convert_model(PROG, opts.model .. "_for_question_answering",
                                 cli.read_state_dict(PROG, opts.weights), {nhead = opts.nhead}):to(device)
 model:eval()
 
+-- HF's pipeline: windows of min(384, the model's positions), stride min(half, 128)
+local positions = model.config.max_position_embeddings
+if given["max-seq-len"] and opts["max-seq-len"] > positions then
+  cli.die(PROG, 2, "--max-seq-len %d exceeds the model's max_position_embeddings %d", opts["max-seq-len"], positions)
+end
+opts["max-seq-len"] = math.min(opts["max-seq-len"], positions)
+if not given["doc-stride"] then opts["doc-stride"] = math.min(opts["max-seq-len"] // 2, 128) end
+
 local pairs_in = {}
 for i, q in ipairs(questions) do pairs_in[i] = {q, context} end
 local enc
@@ -91,18 +101,22 @@ if not ok then cli.die(PROG, 2, "%s", cli.message(enc)) end
 local t0 = nd.clock()
 local fwd = {attention_mask = enc.attention_mask:to(device)}
 if opts.model == "bert" then fwd.token_type_ids = enc.token_type_ids:to(device) end
-local starts, ends = nd.no_grad(function() return model(enc.input_ids:to(device), fwd) end)
+local starts, ends
+ok, starts, ends = pcall(nd.no_grad, function() return model(enc.input_ids:to(device), fwd) end)
+if not ok then cli.die(PROG, 1, "%s", cli.message(starts)) end
 local seconds = nd.clock() - t0
 
-local answers = nd.text.answer_spans(starts, ends, enc, (function()
-  local c = {}
-  for i = 1, #questions do c[i] = context end
-  return c
-end)(), {top_k = opts["top-k"], max_answer_len = opts["max-answer-len"],
-         handle_impossible_answer = opts["no-answer"] == true})
+local contexts = {}
+for i = 1, #questions do contexts[i] = context end
+local answers
+ok, answers = pcall(nd.text.answer_spans, starts, ends, enc, contexts,
+                    {top_k = opts["top-k"], max_answer_len = opts["max-answer-len"],
+                     handle_impossible_answer = opts["no-answer"] == true})
+if not ok then cli.die(PROG, 1, "%s", cli.message(answers)) end
 
 for i, q in ipairs(questions) do
   print(("[%d] %s"):format(i, q))
+  if #answers[i] == 0 then print("    (no answer: the context gave no tokens)") end
   for k, a in ipairs(answers[i]) do
     if a.first == 0 then
       print(("    %d. (no answer)  score %.4f"):format(k, a.score))

@@ -73,6 +73,22 @@ describe("scripts/bert_qa.lua", function()
     assert.truthy(text:find("(no answer)", 1, true), text)
   end)
 
+  it("fits the windows to the model's positions, and says when a context gives nothing to answer", function()
+    -- the models here have 64 positions: the default 384 becomes 64, the stride 32
+    local long = (CONTEXT .. " "):rep(3)
+    local ok, text = run(("--weights %s --vocab %s --nhead 4 --context %s q"):format(
+      S.q(dir .. "/bert.safetensors"), VOCAB, S.q(long)))
+    assert(ok, text)
+    assert.truthy(text:find("windows of up to 64 tokens", 1, true), text)
+    ok, text = run(("--weights %s --vocab %s --nhead 4 --max-seq-len 65 --context hi q"):format(
+      S.q(dir .. "/bert.safetensors"), VOCAB))
+    assert.is_false(ok)
+    assert.truthy(text:find("--max-seq-len 65 exceeds the model's max_position_embeddings 64", 1, true), text)
+    ok, text = run(("--weights %s --vocab %s --nhead 4 --context ' ' q"):format(S.q(dir .. "/bert.safetensors"), VOCAB))
+    assert(ok, text)
+    assert.truthy(text:find("(no answer: the context gave no tokens)", 1, true), text)
+  end)
+
   it("says what is wrong with its arguments", function()
     local w = S.q(dir .. "/bert.safetensors")
     local ok, text = run(("--weights %s --vocab %s --nhead 4 %s"):format(w, VOCAB, S.q("who?")))

@@ -275,6 +275,22 @@ describe("nd.text.answer_spans", function()
     assert.are.equal(1, #ans[2])
   end)
 
+  it("finds no answer in a context that gave no tokens, row by row", function()
+    -- the context is the second text of each pair even when empty or all
+    -- control characters (its last [SEP] still has token type 2)
+    for _, ctx in ipairs({"", "   ", ("\1"):rep(12)}) do
+      local e = tok:encode_batch({{"hello the", ctx}, "hello cafe"}, {return_offsets_mapping = true, padding = true})
+      local z = {}
+      for j = 1, #e.input_ids[1] do z[j] = 0 end
+      local a = T.answer_spans({z, z}, {z, z}, e, {ctx, "hello cafe"}, {top_k = 3})
+      assert.are.same({}, a[1], ("%q"):format(ctx))
+      -- the single text in the same batch is its own context
+      assert.is_true(#a[2] > 0 and (a[2][1].answer == "hello" or a[2][1].answer == "cafe"))
+      local with_null = T.answer_spans({z, z}, {z, z}, e, {ctx, "hello cafe"}, {handle_impossible_answer = true})
+      assert.are.same({"", 0}, {with_null[1][1].answer, with_null[1][1].first})
+    end
+  end)
+
   it("answers a single text's context too (no pair)", function()
     local e1 = tok:encode("hello cafe", {return_offsets_mapping = true})
     local a = T.answer_spans({-9, -9, 4, -9}, {-9, -9, 4, -9}, e1, "hello cafe")[1][1]

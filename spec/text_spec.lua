@@ -478,7 +478,7 @@ describe("tokenizer calls that are wrong", function()
     assert_contains(errmsg(function() return tok:encode({"hello", "the the"}, {max_length = 5, truncation = "only_first"}) end),
       "cannot truncate the first text (1 tokens) by 1 to fit max_length 5 (the second has 2)")
     assert_contains(errmsg(function() return tok:encode_batch({"a", "the a"}, {return_tensors = true}) end),
-      "return_tensors needs texts of one length, got 3 tokens in text 1 and 4 in text 2: pass padding = true")
+      "return_tensors needs rows of one length, got 3 tokens in row 1 and 4 in row 2")
     assert_contains(errmsg(function() return tok:encode_batch({"a"}, {device = "cpu"}) end), "device needs return_tensors = true")
     assert_contains(errmsg(function() return tok:encode_batch({}) end), "the list of texts is empty")
     assert_contains(errmsg(function() return tok:encode_batch({"a", 3}) end), "texts[2] must be a string")

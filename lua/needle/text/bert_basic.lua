@@ -127,56 +127,76 @@ local function normalize(word, cfg)
   return word
 end
 
--- splits a normalized word on punctuation into out; with origins (word.at,
--- and the chunk's characters' first and last bytes cf, cl), each piece's
--- bytes' origins too
-local function split_punct(word, out, cf, cl)
+-- splits a normalized word on punctuation into out
+local function split_punct(word, out)
   local buf, nb = {}, 0
-  local at, bf, bl = word.at, nil, nil
   local function flush()
     if nb > 0 then
-      push(out, concat(buf, "", 1, nb), nb, bf, bl)
+      push(out, concat(buf, "", 1, nb), nb)
       nb = 0
     end
-    if at then bf, bl = {}, {} end
   end
-  -- records the origin of the #ch bytes of a character made from character o
-  local function origin(ch, o)
-    for _ = 1, #ch do
-      bf[#bf + 1], bl[#bl + 1] = cf[o], cl[o]
+  for k = 1, #word do
+    local cp = word[k]
+    if is_punct(cp, U.code(cp)) then
+      flush()
+      push(out, uchar(cp), 1)
+    else
+      nb = nb + 1
+      buf[nb] = uchar(cp)
     end
   end
   flush()
+end
+
+-- split_punct with origins: word.at[k] is the chunk character code point k
+-- came from, cf and cl the chunk characters' first and last bytes; each
+-- piece's bytes get their character's origin (out.bf, out.bl)
+local function split_punct_spans(word, out, cf, cl)
+  local buf, nb = {}, 0
+  local at, bf, bl = word.at, {}, {}
+  local function flush()
+    if nb > 0 then
+      push(out, concat(buf, "", 1, nb), nb, bf, bl)
+      nb, bf, bl = 0, {}, {}
+    end
+  end
   for k = 1, #word do
     local cp = word[k]
-    local ch = uchar(cp)
-    if is_punct(cp, U.code(cp)) then
-      flush()
-      if at then origin(ch, at[k]) end
+    local ch, o = uchar(cp), at[k]
+    local punct = is_punct(cp, U.code(cp))
+    if punct then flush() end
+    for _ = 1, #ch do
+      bf[#bf + 1], bl[#bl + 1] = cf[o], cl[o]
+    end
+    if punct then
       push(out, ch, 1, bf, bl)
-      if at then bf, bl = {}, {} end
+      bf, bl = {}, {}
     else
       nb = nb + 1
       buf[nb] = ch
-      if at then origin(ch, at[k]) end
     end
   end
   flush()
 end
 
 local function unicode_pieces(chunk, cfg, out)
-  -- with spans: the first and last byte of every character of the chunk
+  -- with spans: the first and last byte of every character of the chunk,
+  -- and each word's code points' characters (word.at)
   local spans = out.bf ~= nil
   local cf, cl, nc = spans and {} or nil, spans and {} or nil, 0
-  local word = {at = spans and {} or nil}
-  local function add(cp)
-    word[#word + 1] = cp
-    if spans then word.at[#word] = nc end
-  end
+  local word, nw = {}, 0
+  if spans then word.at = {} end
   local function finish()
-    if #word > 0 then
-      split_punct(normalize(word, cfg), out, cf, cl)
-      word = {at = spans and {} or nil}
+    if nw > 0 then
+      if spans then
+        split_punct_spans(normalize(word, cfg), out, cf, cl)
+        word = {at = {}}
+      else
+        split_punct(normalize(word, cfg), out)
+        word = {}
+      end
+      nw = 0
     end
   end
   local decode = U.decode
@@ -193,12 +213,13 @@ local function unicode_pieces(chunk, cfg, out)
       -- removed (HF's _clean_text)
     elseif cls == C.Zs or cls == C.Zlp or cp == 9 or cp == 10 or cp == 13 then
       finish() -- whitespace (Zl, Zp: str.split's separators)
-    elseif cfg.chinese and U.is_cjk(cp) then
-      finish()
-      add(cp)
-      finish()
     else
-      add(cp)
+      local cjk = cfg.chinese and U.is_cjk(cp)
+      if cjk then finish() end
+      nw = nw + 1
+      word[nw] = cp
+      if spans then word.at[nw] = nc end
+      if cjk then finish() end
     end
     i = nx
   end

@@ -215,8 +215,9 @@ function M.to_tensors(who, batch, device)
   local len = #batch.input_ids[1]
   for i, ids in ipairs(batch.input_ids) do
     if #ids ~= len then
-      errors.fail(who, "return_tensors needs texts of one length, got %d tokens in text 1 and %d in text %d: " ..
-        "pass padding = true (or \"max_length\")", len, #ids, i)
+      errors.fail(who, "return_tensors needs rows of one length, got %d tokens in row 1 and %d in row %d " ..
+        "(a row is a text, or with return_overflowing_tokens a window of one): pass padding = true " ..
+        "(or \"max_length\")", len, #ids, i)
     end
   end
   local out = {}

@@ -121,10 +121,13 @@ function M.answer_spans(start_logits, end_logits, enc, contexts, opts)
   if #S ~= rows or #E ~= rows then
     fail("start_logits has %d rows and end_logits %d, the encoding %d windows", #S, #E, rows)
   end
-  -- the context is the second text of pairs, else the one text
-  local ctx_seq = 1
-  for r = 1, rows do
-    for _, q in ipairs(seqs[r]) do if q == 2 then ctx_seq = 2 end end
+  -- the context is the second text of a pair, else the one text: a row is
+  -- a pair when a token has type 2 (a pair's last [SEP] has it even when
+  -- the context gave no token) or, without token types, sequence id 2
+  local types = field(fail, enc, "token_type_ids", false)
+  local function context_seq(r)
+    for _, q in ipairs(types and types[r] or seqs[r]) do if q == 2 then return 2 end end
+    return 1
   end
   local answers, null = {}, {}
   for r = 1, rows do
@@ -138,7 +141,7 @@ function M.answer_spans(start_logits, end_logits, enc, contexts, opts)
     if #S[r] ~= n or #E[r] ~= n then
       fail("window %d has %d tokens, its logits %d and %d", r, n, #S[r], #E[r])
     end
-    local ok, ctx = {}, {}
+    local ok, ctx, ctx_seq = {}, {}, context_seq(r)
     for j = 1, n do
       ctx[j] = seqs[r][j] == ctx_seq and (mask == nil or mask[r][j] == 1)
       ok[j] = ctx[j] or j == 1 -- the first token, [CLS], still takes part in the softmax

@@ -217,33 +217,45 @@ function WordPiece:_ids_plain(text, out)
   end
 end
 
+-- calls seg(from, to) for each run of text between the special tokens
+-- written in it ("[SEP]", ...) and special(token, at) for each of those, in
+-- order. Each special token's next place is kept and searched again only
+-- once passed, so text with many of them costs one scan per kind.
+function WordPiece:_split_special(text, seg, special)
+  local specials, nexts = self.special, {}
+  for k, t in ipairs(specials) do nexts[k] = find(text, t, 1, true) or false end
+  local pos = 1
+  while true do
+    local first, fk
+    for k = 1, #specials do
+      local p = nexts[k]
+      if p and p < pos then
+        p = find(text, specials[k], pos, true) or false
+        nexts[k] = p
+      end
+      if p and (first == nil or p < first) then first, fk = p, k end
+    end
+    if first == nil then
+      seg(pos, #text)
+      return
+    end
+    seg(pos, first - 1)
+    special(specials[fk], first)
+    pos = first + #specials[fk]
+  end
+end
+
 -- the ids of text, special tokens written in it ("[SEP]", ...) kept whole
 -- as Hugging Face's tokenizers keep them
 function WordPiece:_text_ids(who, text, what)
   if type(text) ~= "string" then errors.fail(who, "%s must be a string, got %s", what, type(text)) end
   files.check_utf8(who, text, what)
   local out = {}
-  local first, ftok
-  for _, t in ipairs(self.special) do
-    local p = text:find(t, 1, true)
-    if p and (first == nil or p < first) then first, ftok = p, t end
-  end
-  if first == nil then
-    self:_ids_plain(text, out)
-    return out
-  end
-  local pos = 1
-  while first do
-    self:_ids_plain(sub(text, pos, first - 1), out)
-    out[#out + 1] = self._ids[ftok]
-    pos = first + #ftok
-    first = nil
-    for _, t in ipairs(self.special) do
-      local p = text:find(t, pos, true)
-      if p and (first == nil or p < first) then first, ftok = p, t end
-    end
-  end
-  self:_ids_plain(sub(text, pos), out)
+  self:_split_special(text, function(from, to)
+    if to >= from then self:_ids_plain(sub(text, from, to), out) end
+  end, function(tok)
+    out[#out + 1] = self._ids[tok]
+  end)
   return out
 end
 
@@ -296,20 +308,13 @@ function WordPiece:_text_tokens(who, text, what)
   if type(text) ~= "string" then errors.fail(who, "%s must be a string, got %s", what, type(text)) end
   files.check_utf8(who, text, what)
   local out = {first = {}, last = {}, word = {}, nwords = 0}
-  local pos = 1
-  while true do
-    local first, ftok
-    for _, t in ipairs(self.special) do
-      local p = text:find(t, pos, true)
-      if p and (first == nil or p < first) then first, ftok = p, t end
-    end
-    self:_tokens_plain(sub(text, pos, first and first - 1 or #text), pos - 1, out)
-    if first == nil then break end
+  self:_split_special(text, function(from, to)
+    if to >= from then self:_tokens_plain(sub(text, from, to), from - 1, out) end
+  end, function(tok, at)
     local n = #out + 1
     out.nwords = out.nwords + 1
-    out[n], out.first[n], out.last[n], out.word[n] = self._ids[ftok], first, first + #ftok - 1, out.nwords
-    pos = first + #ftok
-  end
+    out[n], out.first[n], out.last[n], out.word[n] = self._ids[tok], at, at + #tok - 1, out.nwords
+  end)
   return out
 end
 
