@@ -160,13 +160,18 @@ describe("nd.autocast", function()
     assert.are.equal("boom", err)
     assert.are.equal("highest", nd.get_float32_matmul_precision())
     -- nested, and enabled = false
+    -- nested; enabled = false gives float32 products, inside an outer scope too (as PyTorch's)
     nd.autocast(function()
       nd.autocast(function() end)
       assert.are.equal("medium", nd.get_float32_matmul_precision())
-      nd.autocast(function() assert.are.equal("medium", nd.get_float32_matmul_precision()) end, {enabled = false})
+      nd.autocast(function() assert.are.equal("highest", nd.get_float32_matmul_precision()) end, {enabled = false})
+      assert.are.equal("medium", nd.get_float32_matmul_precision())
     end)
     nd.autocast(function() seen = nd.get_float32_matmul_precision() end, {enabled = false})
     assert.are.equal("highest", seen)
+    -- an error keeps its own position (the caller's line, not autocast's)
+    local e2 = errmsg(function() nd.autocast(function() error("here") end) end)
+    assert.is_truthy(e2:find("matmul_precision_spec.lua", 1, true), e2)
   end)
 
   it("names what it cannot do", function()
@@ -195,6 +200,19 @@ describe("nd.autocast", function()
     assert.are.same(dy:t():matmul(x):totable(), lin.weight.grad:totable())
   end)
 
+  it("keeps nd.compile's joined layers bit for bit (no joins at medium: the kernel follows the width)", function()
+    nd.manual_seed(7)
+    local l1, l2, l3 = nd.nn.Linear(96, 40), nd.nn.Linear(96, 40), nd.nn.Linear(96, 40)
+    for _, l in ipairs({l1, l2, l3}) do l:eval() end
+    local x = nd.randn({70, 96})
+    local function f(v) return nd.no_grad(function() return l1(v) + l2(v) * l3(v) end) end
+    local cf = nd.compile(f)
+    for _, p in ipairs({"medium", "highest", "medium"}) do
+      local want = at(p, function() return f(x) end)
+      for _ = 1, 3 do assert.are.same(want:totable(), at(p, function() return cf(x) end):totable(), p) end
+    end
+  end)
+
   it("is a guard of nd.compile, and a graph break inside a compiled function", function()
     nd.manual_seed(5)
     local lin = nd.nn.Linear(96, 80)
@@ -210,5 +228,21 @@ describe("nd.autocast", function()
     local inner = nd.compile(function(v) return nd.autocast(function() return lin(v) end) end)
     inner(x) -- (the warm-up call runs eagerly)
     assert_contains(errmsg(function() inner(x) end), "nd.autocast inside a compiled function")
+    local set = nd.compile(function(v)
+      nd.set_float32_matmul_precision("medium")
+      local y = lin(v)
+      nd.set_float32_matmul_precision("highest")
+      return y
+    end)
+    set(x)
+    assert_contains(errmsg(function() set(x) end), "set_float32_matmul_precision inside a compiled function")
+    -- with fallback the function runs eagerly, at the precision it sets
+    local fb = nd.compile(function(v)
+      nd.set_float32_matmul_precision("medium")
+      local y = lin(v)
+      nd.set_float32_matmul_precision("highest")
+      return y
+    end, {fallback = true})
+    for _ = 1, 3 do assert.are.same(eager16:totable(), fb(x):totable()) end
   end)
 end)

@@ -216,8 +216,8 @@ describe("nd.nn.models.GPT2LMHeadModel: errors at the user's line", function()
         G .. "num_return_sequences must be in 1..num_beams (2), got 3")
     has(err(function() local r = m:generate(q, {max_new_tokens = 1, num_beams = 2, do_sample = true, top_k = 3}); return r
             end),
-        G .. "beam sampling draws 2 * num_beams (4) distinct continuations a step, and top_k / top_p left 3 with a " ..
-             "nonzero probability")
+        G .. "beam sampling draws 2 * num_beams (4) distinct continuations a step, and only 3 have a nonzero " ..
+             "probability (top_k below 2 * num_beams")
     has(err(function() local r = m:generate(q, {max_new_tokens = 1, length_penalty = 0.5}); return r end),
         G .. "length_penalty applies to beam search only (num_beams > 1)")
     has(err(function() local r = m:generate(q, {max_new_tokens = 1, num_beam = 2}); return r end),
@@ -377,6 +377,14 @@ describe("nd.nn.models.GPT2LMHeadModel:generate", function()
     local combo = {temperature = 0.7, top_k = 20, top_p = 0.8}
     assert.are.same(EX.keep_t07_k20_p08:totable(), kept(combo):totable())
     close("warped probabilities", warp(s, combo):softmax(2), EX.probs_t07_k20_p08)
+    -- with beams HF keeps at least 2 tokens a row (min_tokens_to_keep): the 2 likeliest
+    local top2 = s:topk(2, 2)
+    local floor = top2:min(2, true)
+    for _, o in ipairs({{top_p = 0.01}, {top_k = 1}, {top_k = 1, top_p = 0.01}}) do
+      local k2 = warp(s, o, 2):ne(-math.huge)
+      assert.are.same(s:ge(floor):totable(), k2:totable())
+      assert.are.same(kept(o):sum(2):totable(), nd.ones({s:size(1)}, {dtype = "int64"}):totable())
+    end
   end)
 
   it("sampling is reproducible with seed (or nd.manual_seed), and top_k = 1 is greedy", function()

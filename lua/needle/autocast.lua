@@ -12,7 +12,9 @@
 -- nodes made inside remember the precision, so the backward's products run
 -- at it too, wherever backward() is called (as PyTorch's autocast, whose
 -- backward follows the forward's dtypes). On a CPU without AVX512_BF16, and
--- on OpenCL devices, products stay float32.
+-- on OpenCL devices, products stay float32. enabled = false runs fn with
+-- float32 products, inside an outer nd.autocast too. fn must not yield
+-- (a coroutine suspended inside would leave the setting on).
 local core = require "needle.core"
 local errors = require "needle.errors"
 local options = require "needle.options"
@@ -36,17 +38,16 @@ function M.autocast(fn, opts)
   if device ~= "cpu" then
     fail("device_type must be \"cpu\", got %q (OpenCL products have no reduced-precision kernels yet)", device)
   end
-  if opts.enabled == false then return fn() end
   -- a replay would not run this scope's Lua: the precision is a guard of
   -- nd.compile instead (call the compiled function inside nd.autocast)
   core._graph_break("nd.autocast inside a compiled function: its precision would not be replayed; " ..
                     "call the compiled function inside nd.autocast instead")
   local prev = core.get_float32_matmul_precision()
-  core.set_float32_matmul_precision("medium")
-  local res = table.pack(pcall(fn))
-  core.set_float32_matmul_precision(prev)
-  if not res[1] then error(res[2], 0) end
-  return table.unpack(res, 2, res.n)
+  -- restored however fn ends, an error keeping its own traceback
+  local restore <close> = setmetatable({}, {__close = function() core.set_float32_matmul_precision(prev) end})
+  -- enabled = false: float32 products, also inside an outer nd.autocast (as PyTorch's)
+  core.set_float32_matmul_precision(opts.enabled == false and "highest" or "medium")
+  return fn()
 end
 
 return M

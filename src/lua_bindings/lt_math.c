@@ -355,6 +355,10 @@ static int l_set_float32_matmul_precision(lua_State *L) {
     const char *s = lua_type(L, 1) == LUA_TSTRING ? lua_tostring(L, 1) : NULL;
     for (int i = 0; s && precision_names[i]; i++)
         if (strcmp(s, precision_names[i]) == 0) {
+            /* a replay runs its products at the precision of the call (a
+             * signature guard), not at one set inside the capture */
+            LT_CHECK(L, nd_graph_break("set_float32_matmul_precision inside a compiled function: a replay "
+                                       "would not run it; set it (or call nd.autocast) outside"));
             nd_set_float32_matmul_precision((nd_matmul_precision)i);
             return 0;
         }

@@ -31,18 +31,21 @@ local GENERATE = {max_new_tokens = "integer", do_sample = "boolean", temperature
                   use_cache = "boolean", attention_mask = "tensor|table", num_beams = "integer",
                   length_penalty = "number", early_stopping = "boolean", num_return_sequences = "integer"}
 
--- warp(scores (B, V), {temperature = 1, top_k = 0, top_p = 1}) -> scores with
--- -inf at the tokens sampling must not pick, as HF's TemperatureLogitsWarper,
--- TopKLogitsWarper and TopPLogitsWarper applied in that order: top-k keeps
--- the scores at least the k-th largest (ties included); top-p keeps the
--- smallest set of the most likely tokens whose probabilities sum to more
--- than 1 - top_p... as HF: sorted ascending, a token goes when the
--- cumulative probability up to it is <= 1 - top_p, and the likeliest always
--- stays.
-function M.warp(scores, o)
+-- warp(scores (B, V), {temperature = 1, top_k = 0, top_p = 1}[, min_keep = 1])
+-- -> scores with -inf at the tokens sampling must not pick, as HF's
+-- TemperatureLogitsWarper, TopKLogitsWarper and TopPLogitsWarper applied in
+-- that order: top-k keeps the scores at least the k-th largest (ties
+-- included; k at least min_keep); top-p keeps the smallest set of the most
+-- likely tokens whose probabilities sum to more than 1 - top_p... as HF:
+-- sorted ascending, a token goes when the cumulative probability up to it
+-- is <= 1 - top_p, and the likeliest min_keep always stay (HF's
+-- min_tokens_to_keep: 2 with beams, 1 without).
+function M.warp(scores, o, min_keep)
   local t, k, p = o.temperature or 1, o.top_k or 0, o.top_p or 1
+  min_keep = min_keep or 1
   local B, V = scores:size(1), scores:size(2)
   if t ~= 1 then scores = scores / t end
+  if k > 0 then k = math.max(k, min_keep) end
   if k > 0 and k < V then
     local top = scores:topk(k, 2)
     local kth = top:min(2, true) -- (B, 1): the k-th largest
@@ -52,7 +55,12 @@ function M.warp(scores, o)
     local sorted, order = scores:sort(2, false)
     local cum = sorted:softmax(2):cumsum(2)
     local drop = cum:le(1 - p)
-    drop = core.cat({drop:narrow(2, 1, V - 1), core.zeros({B, 1}, {dtype = "bool", device = scores.device})}, 2)
+    local keep = math.min(min_keep, V) -- (the likeliest min_keep always stay)
+    if keep < V then
+      drop = core.cat({drop:narrow(2, 1, V - keep), core.zeros({B, keep}, {dtype = "bool", device = scores.device})}, 2)
+    else
+      drop = core.zeros({B, V}, {dtype = "bool", device = scores.device})
+    end
     local remove = core.zeros({B, V}, {dtype = "bool", device = scores.device}):scatter(2, order, drop)
     scores = core.where(remove, -math.huge, scores)
   end
@@ -127,8 +135,9 @@ local function candidates(flat, k, sample, who)
   local probs = flat:softmax(2)
   local alive = probs:gt(0):sum(2):min():item()
   if alive < k then
-    errors.fail(who, "beam sampling draws 2 * num_beams (%d) distinct continuations a step, and top_k / top_p " ..
-                "left %d with a nonzero probability: raise top_k (at least 2 * num_beams) or top_p", k, alive)
+    errors.fail(who, "beam sampling draws 2 * num_beams (%d) distinct continuations a step, and only %d have a " ..
+                "nonzero probability (top_k below 2 * num_beams, a low temperature, or a vocabulary too small " ..
+                "for the beams): raise top_k or the temperature, or use fewer beams", k, alive)
   end
   local idx = nd.multinomial(probs, k)
   local top, order = flat:gather(2, idx):sort(2, true)
@@ -205,7 +214,7 @@ local function beam_search(model, ids, mask, o, n, dev, out_dev, who)
     local logp = model.lm_head(last):to({dtype = "float32", device = "cpu"}):log_softmax(2)
     -- (beam sampling: the warpers act on the step's log-probabilities, before
     -- the beams' scores are added, as transformers' _beam_search since 4.39)
-    if o.do_sample then logp = M.warp(logp, o) end
+    if o.do_sample then logp = M.warp(logp, o, 2) end
     logp = logp + core.tensor(scores, {dtype = "float32"}):view({R, 1})
     local top, idx = candidates(logp:view({B, nb * V}), 2 * nb, o.do_sample, who)
     top, idx = top:totable(), idx:totable()

@@ -62,8 +62,12 @@ nd_status nd_cpu_finish_layer(nd_tensor *out, nd_activation act, const nd_tensor
 /* Joined layers keep their bits on needle's own float32 kernels: its GEMM
  * sums every element alike, its small-M kernel sums whole blocks of 4
  * weight rows alike (the rows left over past a multiple of 4 go another
- * way). BLAS (float64; float32 without those kernels) may follow the width. */
+ * way). BLAS (float64; float32 without those kernels) may follow the width,
+ * and so does the bfloat16 GEMM's choice: no joins then. */
 int nd_cpu_linear_join_align(nd_dtype dt) {
+    /* (at float32 matmul precision "medium" the kernel follows the width:
+     * a product narrower than 64 stays float32, a joined one may not) */
+    if (nd_cpu_gemm_bf16_active()) return 0;
     return dt == ND_FLOAT32 && nd_cpu_small_linear() && strcmp(nd_cpu_gemm_kernel(), "openblas") != 0 ? 4 : 0;
 }
 
