@@ -72,7 +72,7 @@ describe("nd.set_float32_matmul_precision", function()
   it("multiplies the bfloat16-rounded operands, summing in float32, for every shape and layout", function()
     nd.manual_seed(2)
     local shapes = {{64, 64, 1}, {64, 65, 2}, {65, 64, 3}, {70, 96, 29}, {129, 64, 384}, {64, 77, 385},
-                    {100, 130, 771}, {300, 64, 29}}
+                    {100, 130, 771}, {300, 64, 29}, {64, 70, 1100}, {65, 66, 2049}}
     local differ = 0
     for _, s in ipairs(shapes) do
       local M, N, K = s[1], s[2], s[3]
