@@ -200,6 +200,61 @@ describe("nd.autocast", function()
     assert.are.same(dy:t():matmul(x):totable(), lin.weight.grad:totable())
   end)
 
+  it("packs a linear layer's weight once per scope; every batch size runs on it, rows alike", function()
+    if not BF16 then pending("this CPU has no AVX512_BF16"); return end
+    nd.manual_seed(8)
+    for _, dims in ipairs({{768, 3000}, {1025, 70}, {5, 33}}) do
+      local K, O = dims[1], dims[2]
+      local w, b = nd.randn({O, K}), nd.randn({O})
+      local x = nd.randn({40, K})
+      nd.autocast(function()
+        local big = nd.F.linear(x, w, b)
+        assert_bf16_product(big - b, x, w:t(), ("linear %dx%d, 40 rows"):format(K, O))
+        for m = 1, 5 do -- (1-4 rows: a kernel of their own, the same sums)
+          local small = nd.F.linear(x:narrow(1, 1, m):contiguous(), w, b)
+          assert.are.same(big:narrow(1, 1, m):totable(), small:totable(), ("%d rows"):format(m))
+        end
+        local g = nd.F.fused_linear(x:narrow(1, 1, 2):contiguous(), w, b, {activation = "gelu"})
+        assert.are.same(nd.F.fused_linear(x, w, b, {activation = "gelu"}):narrow(1, 1, 2):totable(), g:totable())
+      end)
+    end
+  end)
+
+  it("packs a weight again once it is written, inside the scope", function()
+    if not BF16 then pending("this CPU has no AVX512_BF16"); return end
+    nd.manual_seed(9)
+    local lin = nd.nn.Linear(96, 80)
+    local x = nd.randn({3, 96})
+    local opt = nd.optim.SGD(lin:parameters(), {lr = 0.5})
+    local inside = {}
+    nd.autocast(function()
+      for step = 1, 3 do
+        opt:zero_grad()
+        local y = lin(x)
+        inside[step] = y:detach():clone()
+        y:pow(2):sum():backward()
+        opt:step() -- (writes the weight: the cached packing is stale)
+      end
+      lin.weight:detach():mul_(0.5)
+      inside[4] = lin(x):detach():clone()
+    end)
+    -- the same steps, a scope each: the same bits
+    nd.manual_seed(9)
+    local lin2 = nd.nn.Linear(96, 80)
+    local opt2 = nd.optim.SGD(lin2:parameters(), {lr = 0.5})
+    for step = 1, 3 do
+      nd.autocast(function()
+        opt2:zero_grad()
+        local y = lin2(x)
+        assert.are.same(inside[step]:totable(), y:totable(), "step " .. step)
+        y:pow(2):sum():backward()
+      end)
+      opt2:step()
+    end
+    lin2.weight:detach():mul_(0.5)
+    assert.are.same(inside[4]:totable(), nd.autocast(function() return lin2(x) end):totable())
+  end)
+
   it("keeps nd.compile's joined layers bit for bit (no joins at medium: the kernel follows the width)", function()
     nd.manual_seed(7)
     local l1, l2, l3 = nd.nn.Linear(96, 40), nd.nn.Linear(96, 40), nd.nn.Linear(96, 40)

@@ -119,6 +119,12 @@ nd_matmul_precision nd_get_float32_matmul_precision(void);
 bool nd_cpu_gemm_bf16_available(void);
 bool nd_cpu_gemm_bf16_active(void);
 bool nd_cpu_gemm_bf16_for(int64_t M, int64_t N);
+/* nd.autocast's scope, for its caches: inside it (enter .. the outermost
+ * exit, which frees them) a linear layer's weight is packed to bfloat16 once
+ * and every linear, of any batch size, runs the bfloat16 kernel on it. */
+void nd_autocast_enter(void);
+void nd_autocast_exit(void);
+bool nd_autocast_active(void);
 
 /* ---- lifetime and metadata ---- */
 void nd_retain(nd_tensor *t);

@@ -43,8 +43,13 @@ function M.autocast(fn, opts)
   core._graph_break("nd.autocast inside a compiled function: its precision would not be replayed; " ..
                     "call the compiled function inside nd.autocast instead")
   local prev = core.get_float32_matmul_precision()
-  -- restored however fn ends, an error keeping its own traceback
-  local restore <close> = setmetatable({}, {__close = function() core.set_float32_matmul_precision(prev) end})
+  -- restored however fn ends, an error keeping its own traceback; the
+  -- scope's cache of weights packed to bfloat16 goes with the outermost one
+  core._autocast_enter()
+  local restore <close> = setmetatable({}, {__close = function()
+    core.set_float32_matmul_precision(prev)
+    core._autocast_exit()
+  end})
   -- enabled = false: float32 products, also inside an outer nd.autocast (as PyTorch's)
   core.set_float32_matmul_precision(opts.enabled == false and "highest" or "medium")
   return fn()

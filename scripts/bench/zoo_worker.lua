@@ -46,13 +46,18 @@ end
 
 nd.set_num_threads(c.threads)
 nd.manual_seed(0)
--- zoo.lua --bf16: every float32 product on bfloat16 (forward and backward),
--- as PyTorch's side runs each iteration under torch.autocast
-if c.bf16 == 1 then nd.set_float32_matmul_precision("medium") end
+-- zoo.lua --bf16: each timed iteration inside nd.autocast (bfloat16
+-- products forward and backward, weights packed once per iteration), as
+-- PyTorch's side runs each under torch.autocast
+local function scoped(fn)
+  if c.bf16 ~= 1 then return fn end
+  return function() return nd.autocast(fn) end
+end
 
 -- ms of one fn() call: warmup untimed calls, then the median of reps timed
 -- ones; reset() (untimed) runs before every call
 local function timed(fn, reps, warmup, reset)
+  fn = scoped(fn)
   for _ = 1, warmup do
     if reset then reset() end
     fn()

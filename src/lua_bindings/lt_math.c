@@ -367,6 +367,19 @@ static int l_set_float32_matmul_precision(lua_State *L) {
                     s ? lua_pushfstring(L, "\"%s\"", s) : luaL_typename(L, 1));
 }
 
+/* core._autocast_enter() / core._autocast_exit(): nd.autocast's scope (needle.h) */
+static int l_autocast_enter(lua_State *L) {
+    (void)L;
+    nd_autocast_enter();
+    return 0;
+}
+
+static int l_autocast_exit(lua_State *L) {
+    (void)L;
+    nd_autocast_exit();
+    return 0;
+}
+
 static int l_get_float32_matmul_precision(lua_State *L) {
     lua_pushstring(L, precision_names[nd_get_float32_matmul_precision()]);
     return 1;
@@ -449,6 +462,8 @@ void lt_register_math(lua_State *L) {
         {"get_num_threads", l_get_num_threads, false, true},
         {"set_float32_matmul_precision", l_set_float32_matmul_precision, false, true},
         {"get_float32_matmul_precision", l_get_float32_matmul_precision, false, true},
+        {"_autocast_enter", l_autocast_enter, false, true},
+        {"_autocast_exit", l_autocast_exit, false, true},
         {"threads", l_threads, false, true},
         {"ops", l_ops, false, true},
         {NULL, NULL, false, false},

@@ -81,6 +81,13 @@ nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tenso
     if (M > INT_MAX || K > INT_MAX || O > INT_MAX)
         return nd_fail(ND_ERR_ARG, "fused_linear: GEMM dims M=%lld N=%lld K=%lld exceed BLAS's int "
                        "range", (long long)M, (long long)O, (long long)K);
+    if (x->dtype == ND_FLOAT32) { /* inside nd.autocast: the weight packed to bfloat16 once per scope */
+        const nd_bf16_packed_b *pw = nd_cpu_bf16_weight(w);
+        if (pw && nd_cpu_sgemm_bias_act_prepacked(M, (const float *)nd_ptr(x), K, 1, pw, (float *)nd_ptr(out), O,
+                                                  b ? (const float *)nd_ptr(b) : NULL, act,
+                                                  res ? (const float *)nd_ptr(res) : NULL, O))
+            return ND_OK;
+    }
     if (nd_cpu_linear_small(out, x, w, b, relu)) /* a few rows, float32 */
         return nd_cpu_finish_layer(out, act, res);
     if (x->dtype == ND_FLOAT32 &&

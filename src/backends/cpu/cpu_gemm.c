@@ -515,11 +515,35 @@ static void tile_epilogue(float *C, int64_t ldc, int64_t mr, int64_t nr, const t
     }
 }
 
+/* B packed whole for the bfloat16 kernel, once (nd_cpu_bf16_pack_b): its
+ * (NC column block jb, K block kb) panels at data + off[jb * nk + kb],
+ * exactly as sgemm_on packs them for that block */
+struct nd_bf16_packed_b {
+    int64_t K, N, nj, nk;
+    size_t *off;
+    uint32_t *data;
+    size_t bytes;
+};
+
+static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, int64_t K, const float *A,
+                      int64_t a_sm, int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn,
+                      const nd_bf16_packed_b *pre, float *C, int64_t ldc, bool accumulate,
+                      const tile_post *post);
+
 /* One product on at most `threads` threads. */
 static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
                      int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc,
                      bool accumulate, const tile_post *post) {
-    const gemm_isa *isa = isa_for(M, N);
+    return sgemm_run(threads, isa_for(M, N), M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, NULL, C, ldc, accumulate,
+                     post);
+}
+
+/* sgemm_on on a given kernel, B packed already when pre is given (the
+ * bfloat16 kernel's whole B) */
+static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, int64_t K, const float *A,
+                      int64_t a_sm, int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn,
+                      const nd_bf16_packed_b *pre, float *C, int64_t ldc, bool accumulate,
+                      const tile_post *post) {
     if (!isa || !isa->ukr || M <= 0 || N <= 0 || K <= 0) return false;
     const int MR = isa->mr, NR = isa->nr;
     const int64_t NC = isa->nc;
@@ -539,7 +563,7 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
     }
     /* up to IN_PLACE_B_ROWS rows, B rows unit-stride: B read in place
      * (whole NR-wide panels only; the last partial panel is packed) */
-    const bool b_in_place = M <= IN_PLACE_B_ROWS && b_sn == 1 && !isa->bf16;
+    const bool b_in_place = M <= IN_PLACE_B_ROWS && b_sn == 1 && !isa->bf16 && !pre;
     float *bpack = NULL;
     /* packing buffers as big as this product needs, not the block maxima:
      * a small product then takes a few KiB, not 3 MiB (a fresh mapping's
@@ -547,7 +571,7 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
     const int64_t KD = block_depth(isa);
     const int64_t kc_max = K < KD ? K : KD, nc_max = N < NC ? N : NC;
     size_t bpack_n = (size_t)kc_max * (size_t)((nc_max + NR - 1) / NR * NR);
-    if (!b_in_place) {
+    if (!b_in_place && !pre) {
         bpack = nd_cpu_scratch_alloc(bpack_n * sizeof(float)); /* cpu_scratch.h */
         if (!bpack) return false;
     }
@@ -559,7 +583,10 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
             const int64_t kc = K - pc < KD ? K - pc : KD;
             const bool add = accumulate || pc > 0;
             const bool last_k = pc + kc == K, epilogue = last_k && post;
-            if (!b_in_place) {
+            float *bblock = bpack;
+            if (pre) {
+                bblock = (float *)(void *)(pre->data + pre->off[(jc / NC) * pre->nk + pc / KD]);
+            } else if (!b_in_place) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
                 for (int64_t p = 0; p < npanels; p++)
                     pack_b_any(isa, B, b_sk, b_sn, N, pc, kc, jc, p * NR, p * NR + NR, bpack);
@@ -587,7 +614,7 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
                         const float *bp;
                         int64_t ldb;
                         if (!b_in_place) {
-                            bp = bpack + (size_t)p * NR * (size_t)depth;
+                            bp = bblock + (size_t)p * NR * (size_t)depth;
                             ldb = NR;
                         } else if (nr == NR) {
                             bp = B + pc * b_sk + (jc + jr);
@@ -645,6 +672,149 @@ bool nd_cpu_sgemm_bias_act(int64_t M, int64_t N, int64_t K, const float *A, int6
                    act == ND_ACT_GELU ? nd_cpu_unary_inner(ND_UNARY_gelu, ND_FLOAT32) : NULL};
     return sgemm_on(nd_cpu_threads(), M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, C, ldc, false,
                     bias || act != ND_ACT_NONE || res ? &e : NULL);
+}
+
+nd_bf16_packed_b *nd_cpu_bf16_pack_b(int64_t K, int64_t N, const float *B, int64_t b_sk, int64_t b_sn) {
+    const gemm_isa *isa = &isa_bf16;
+    if (!have_bf16() || K <= 0 || N <= 0) return NULL;
+    const int64_t NR = isa->nr, NC = isa->nc, KD = block_depth(isa);
+    nd_bf16_packed_b *pb = calloc(1, sizeof *pb);
+    if (!pb) return NULL;
+    pb->K = K, pb->N = N, pb->nj = (N + NC - 1) / NC, pb->nk = (K + KD - 1) / KD;
+    pb->off = malloc(sizeof(size_t) * (size_t)(pb->nj * pb->nk));
+    size_t words = 0;
+    for (int64_t jb = 0; pb->off && jb < pb->nj; jb++) {
+        const int64_t nc = N - jb * NC < NC ? N - jb * NC : NC, npanels = (nc + NR - 1) / NR;
+        for (int64_t kb = 0; kb < pb->nk; kb++) {
+            const int64_t kc = K - kb * KD < KD ? K - kb * KD : KD;
+            pb->off[jb * pb->nk + kb] = words;
+            words += (size_t)(npanels * NR * panel_depth(isa, kc));
+        }
+    }
+    pb->bytes = words * sizeof(uint32_t);
+    pb->data = pb->off ? malloc(pb->bytes ? pb->bytes : 1) : NULL;
+    if (!pb->data) {
+        nd_cpu_bf16_packed_free(pb);
+        return NULL;
+    }
+    for (int64_t jb = 0; jb < pb->nj; jb++) {
+        const int64_t jc = jb * NC, nc = N - jc < NC ? N - jc : NC, npanels = (nc + NR - 1) / NR;
+        for (int64_t kb = 0; kb < pb->nk; kb++) {
+            const int64_t pc = kb * KD, kc = K - pc < KD ? K - pc : KD;
+            uint32_t *dst = pb->data + pb->off[jb * pb->nk + kb];
+#pragma omp parallel for num_threads(nd_cpu_threads()) schedule(static) if (npanels > 1)
+            for (int64_t p = 0; p < npanels; p++)
+                pack_b_bf16(isa, B, b_sk, b_sn, N, pc, kc, jc, p * NR, p * NR + NR, dst);
+        }
+    }
+    return pb;
+}
+
+size_t nd_cpu_bf16_packed_bytes(const nd_bf16_packed_b *pb) { return pb ? pb->bytes + sizeof *pb : 0; }
+
+void nd_cpu_bf16_packed_free(nd_bf16_packed_b *pb) {
+    if (!pb) return;
+    free(pb->off);
+    free(pb->data);
+    free(pb);
+}
+
+#ifdef ND_HAVE_GEMM_KERNELS
+/* Rows i0 .. i0 + m - 1 (m <= SMALL_ROWS) of C = A @ B on the packed B, one
+ * 32-column panel at a time: each row's (k, k + 1) pair broadcast against
+ * the panel, as ukr_bf16_12x32 does for 12 rows - the same sums in the same
+ * order (a K block's products summed from zero, then stored or added to C),
+ * so a row's bits do not depend on how many rows came with it; but no work
+ * on the 12 - m rows of zeros a panel of A would carry, and B streams once:
+ * with few rows (a generated token's) the product is as fast as B's bytes. */
+#define SMALL_ROWS 4
+__attribute__((target("avx512f,avx512bf16"))) static void rows_bf16(
+    int64_t m, const uint32_t *ap, int64_t kp_all, const nd_bf16_packed_b *pb, int64_t p0, int64_t p1, float *C,
+    int64_t ldc) {
+    const int64_t NR = 32, NC = isa_bf16.nc, KD = block_depth(&isa_bf16), N = pb->N, K = pb->K;
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t j = p * NR, jb = j / NC, jp = j - jb * NC;
+        float tile[SMALL_ROWS][32];
+        for (int64_t kb = 0; kb < pb->nk; kb++) {
+            const int64_t kc = K - kb * KD < KD ? K - kb * KD : KD, kp = (kc + 1) / 2;
+            const int32_t *b = (const int32_t *)(pb->data + pb->off[jb * pb->nk + kb]) + jp * kp;
+            __m512 acc[SMALL_ROWS][2];
+            for (int64_t r = 0; r < m; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+            for (int64_t k = 0; k < kp; k++) {
+                const __m512i b0 = _mm512_loadu_si512(b + k * NR), b1 = _mm512_loadu_si512(b + k * NR + 16);
+                for (int64_t r = 0; r < m; r++) {
+                    const __m512i ai = _mm512_set1_epi32((int32_t)ap[r * kp_all + kb * (KD / 2) + k]);
+                    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)ai, (__m512bh)b0);
+                    acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)ai, (__m512bh)b1);
+                }
+            }
+            for (int64_t r = 0; r < m; r++) {
+                if (kb > 0) {
+                    acc[r][0] = _mm512_add_ps(_mm512_loadu_ps(tile[r]), acc[r][0]);
+                    acc[r][1] = _mm512_add_ps(_mm512_loadu_ps(tile[r] + 16), acc[r][1]);
+                }
+                _mm512_storeu_ps(tile[r], acc[r][0]);
+                _mm512_storeu_ps(tile[r] + 16, acc[r][1]);
+            }
+        }
+        const int64_t w = N - j < NR ? N - j : NR;
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t c = 0; c < w; c++) C[r * ldc + j + c] = tile[r][c];
+    }
+}
+#endif
+
+/* A's rows as bfloat16 pairs, row r's at out + r * ceil(K / 2) (K blocks
+ * of KD, each a whole number of pairs as the packed panels have them) */
+static void rows_to_pairs(int64_t m, const float *A, int64_t a_sm, int64_t a_sk, int64_t K, int64_t KD,
+                          uint32_t *out, int64_t kp_all) {
+    for (int64_t r = 0; r < m; r++) {
+        const float *src = A + r * a_sm;
+        uint32_t *dst = out + r * kp_all;
+        for (int64_t k0 = 0; k0 < K; k0 += KD) {
+            const int64_t kc = K - k0 < KD ? K - k0 : KD;
+            for (int64_t kk = 0; 2 * kk < kc; kk++) {
+                const int64_t k = k0 + 2 * kk;
+                dst[k0 / 2 + kk] = bf16_pair(src[k * a_sk], 2 * kk + 1 < kc ? src[(k + 1) * a_sk] : 0.0f);
+            }
+        }
+    }
+}
+
+bool nd_cpu_sgemm_bias_act_prepacked(int64_t M, const float *A, int64_t a_sm, int64_t a_sk,
+                                     const nd_bf16_packed_b *pb, float *C, int64_t ldc, const float *bias,
+                                     nd_activation act, const float *res, int64_t ldr) {
+    if (!pb || M <= 0) return false;
+    tile_post e = {bias, res, ldr, act == ND_ACT_RELU,
+                   act == ND_ACT_GELU ? nd_cpu_unary_inner(ND_UNARY_gelu, ND_FLOAT32) : NULL};
+    const bool post = bias || act != ND_ACT_NONE || res;
+#ifdef ND_HAVE_GEMM_KERNELS
+    if (M <= SMALL_ROWS) {
+        const int64_t KD = block_depth(&isa_bf16), K = pb->K, N = pb->N, npanels = (N + 31) / 32;
+        const int64_t kp_all = (K + KD - 1) / KD * (KD / 2);
+        uint32_t *ap = malloc(sizeof(uint32_t) * (size_t)(M * kp_all));
+        if (!ap) return false;
+        rows_to_pairs(M, A, a_sm, a_sk, K, KD, ap, kp_all);
+        const int threads = 2.0 * (double)M * N * K < SMALL_PRODUCT_FLOPS ? 1 : nd_cpu_threads();
+#pragma omp parallel num_threads(threads) if (threads > 1)
+        {
+            const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            const int64_t p0 = npanels * t / nt, p1 = npanels * (t + 1) / nt;
+            rows_bf16(M, ap, kp_all, pb, p0, p1, C, ldc);
+            if (post)
+                for (int64_t p = p0; p < p1; p++) {
+                    tile_post ep = e;
+                    if (ep.bias) ep.bias += p * 32;
+                    if (ep.res) ep.res += p * 32;
+                    tile_epilogue(C + p * 32, ldc, M, N - p * 32 < 32 ? N - p * 32 : 32, &ep);
+                }
+        }
+        free(ap);
+        return true;
+    }
+#endif
+    return sgemm_run(nd_cpu_threads(), &isa_bf16, M, pb->N, pb->K, A, a_sm, a_sk, NULL, 0, 0, pb, C, ldc, false,
+                     post ? &e : NULL);
 }
 
 /* Threads take whole products when each is too small to split (attention's

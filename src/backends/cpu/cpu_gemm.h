@@ -41,4 +41,20 @@ bool nd_cpu_sgemm_batched(int64_t batch, const int64_t *a_off, const int64_t *b_
                           int64_t a_sm, int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn,
                           float *C, int64_t ldc);
 
+/* B (K x N, any strides) packed whole for the bfloat16 kernel, for products
+ * that reuse it (a linear layer's weight inside nd.autocast,
+ * cpu_bf16_weights.c): NULL without AVX512_BF16 or memory. The prepacked
+ * product is the bfloat16 kernel's, bit for bit as if B were packed on the
+ * call (any M: the caller chose the kernel). */
+typedef struct nd_bf16_packed_b nd_bf16_packed_b;
+nd_bf16_packed_b *nd_cpu_bf16_pack_b(int64_t K, int64_t N, const float *B, int64_t b_sk, int64_t b_sn);
+size_t nd_cpu_bf16_packed_bytes(const nd_bf16_packed_b *pb);
+void nd_cpu_bf16_packed_free(nd_bf16_packed_b *pb);
+/* A linear layer's weight (O x K, contiguous float32) packed as B = w^T, cached
+ * for the nd.autocast scope (cpu_bf16_weights.c); NULL when not in one. */
+const nd_bf16_packed_b *nd_cpu_bf16_weight(const nd_tensor *w);
+bool nd_cpu_sgemm_bias_act_prepacked(int64_t M, const float *A, int64_t a_sm, int64_t a_sk,
+                                     const nd_bf16_packed_b *pb, float *C, int64_t ldc, const float *bias,
+                                     nd_activation act, const float *res, int64_t ldr);
+
 #endif
