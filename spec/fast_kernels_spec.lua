@@ -375,8 +375,12 @@ describe("unary ops' fused backward (one elementwise program)", function()
   -- floor's gradient is zeros, which the program cannot hold: the composed
   -- formula runs, and it is here to show that fallback still agrees
   local ops = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "erf",
-               "log1p", "expm1", "gelu", "floor"}
-  local function apply(name, x) return name == "gelu" and nd.F.gelu(x) or x[name](x) end
+               "log1p", "expm1", "gelu", "gelu_tanh", "floor"}
+  local function apply(name, x)
+    if name == "gelu" then return nd.F.gelu(x) end
+    if name == "gelu_tanh" then return nd.F.gelu(x, {approximate = "tanh"}) end
+    return x[name](x)
+  end
 
   it("equals the composed formula bit for bit: float32 and float64, strided inputs, broadcast gradients", function()
     for _, dt in ipairs({"float32", "float64"}) do

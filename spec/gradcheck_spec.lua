@@ -32,6 +32,7 @@ describe("gradcheck", function()
       {"log1p", function(x) return x:log1p() end, -0.5, 2},
       {"expm1", function(x) return nd.expm1(x) end, -1, 1},
       {"gelu", function(x) return nd.gelu(x) end, -3, 3},
+      {"gelu_tanh", function(x) return nd.gelu_tanh(x) end, -3, 3},
       -- zero almost everywhere: checked away from the jumps
       {"sign", function(x) return x:sign() end, 0.1, 0.9},
       {"floor", function(x) return x:floor() end, 0.1, 0.9},

@@ -55,7 +55,7 @@ end
 local unary = {
   neg = function(x) return -x end, abs = "abs", exp = "exp", tanh = "tanh", sigmoid = "sigmoid",
   relu = "relu", sign = "sign", floor = "floor", ceil = "ceil", round = "round", sin = "sin", cos = "cos",
-  erf = "erf", expm1 = "expm1", gelu = "gelu",
+  erf = "erf", expm1 = "expm1", gelu = "gelu", gelu_tanh = function(x) return nd.gelu_tanh(x) end,
 }
 for name, f in pairs(unary) do
   local fn = type(f) == "function" and f or function(x) return x[f](x) end

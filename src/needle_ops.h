@@ -77,7 +77,20 @@
      * derivative 0.5 (1 + erf(x / sqrt 2)) + x exp(-x^2 / 2) / sqrt(2 pi) */                \
     X(gelu,    FLOAT, FLOAT,  INPUT,  (T)0.5 * x * ((T)1 + erf(x * (T)0.70710678118654752440)), -, \
       MUL(g, ADD(ADDS(MULS(UN(erf, MULS(x, 0.70710678118654752440)), 0.5), 0.5),               \
-                 MUL(x, MULS(UN(exp, MULS(MUL(x, x), -0.5)), 0.39894228040143267794)))))
+                 MUL(x, MULS(UN(exp, MULS(MUL(x, x), -0.5)), 0.39894228040143267794)))))       \
+    /* GELU's tanh form (approximate = "tanh", GPT-2's gelu_new): 0.5 x (1 + t),              \
+     * t = tanh(sqrt(2/pi) (x + 0.044715 x^3)); its derivative 0.5 (1 + t) +                 \
+     * 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 x^2) */                                    \
+    X(gelu_tanh, FLOAT, FLOAT, INPUT,                                                         \
+      (T)0.5 * x * ((T)1 + tanh((T)0.79788456080286535588 * (x + (T)0.044715 * x * x * x))), -, \
+      MUL(g, ADD(MULS(ADDS(UN(tanh, MULS(ADD(x, MULS(MUL(MUL(x, x), x), 0.044715)),           \
+                                         0.79788456080286535588)), 1), 0.5),                  \
+                 MUL(MULS(x, 0.5),                                                            \
+                     MUL(RSUBS(1, MUL(UN(tanh, MULS(ADD(x, MULS(MUL(MUL(x, x), x), 0.044715)), \
+                                                  0.79788456080286535588)),                   \
+                                      UN(tanh, MULS(ADD(x, MULS(MUL(MUL(x, x), x), 0.044715)), \
+                                                  0.79788456080286535588)))),                 \
+                         MULS(ADDS(MULS(MUL(x, x), 0.134145), 1), 0.79788456080286535588))))))
 
 /* ---- elementwise binary ops ----
  * X(name, kind, ints, bools, float_expr, int_expr, bool_expr)

@@ -46,8 +46,7 @@ function F.gelu(x, opts)
   check_tensor("gelu", x)
   local approximate = opt(options.check("gelu", opts, {approximate = "string"}), "approximate", "none")
   if approximate == "tanh" then
-    local inner = (x + x ^ 3 * 0.044715) * math.sqrt(2 / math.pi)
-    return x * 0.5 * (inner:tanh() + 1)
+    return core.gelu_tanh(x) -- one kernel (the registry's gelu_tanh), its backward too
   elseif approximate == "none" then
     return core.gelu(x) -- one kernel (the registry's gelu), its backward too
   end

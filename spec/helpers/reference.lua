@@ -103,8 +103,14 @@ R.unary.gelu = function(x)
   if x ~= x then return x end
   return 0.5 * x * (1 + R.unary.erf(x / math.sqrt(2)))
 end
+-- gelu_tanh: GELU's tanh form, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+R.unary.gelu_tanh = function(x)
+  if x ~= x then return x end
+  return 0.5 * x * (1 + R.unary.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ^ 3)))
+end
 R.unary_names = { "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu",
-                  "sign", "floor", "ceil", "round", "sin", "cos", "erf", "log1p", "expm1", "gelu" }
+                  "sign", "floor", "ceil", "round", "sin", "cos", "erf", "log1p", "expm1", "gelu",
+                  "gelu_tanh" }
 
 local function fmax(a, b) if a ~= a then return a end if b ~= b then return b end return a > b and a or b end
 local function fmin(a, b) if a ~= a then return a end if b ~= b then return b end return a < b and a or b end

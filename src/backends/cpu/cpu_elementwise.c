@@ -204,6 +204,7 @@ VMATH_FN(vtanh_f32, nd_cpu_vtanh_f32)
 VMATH_FN(vsigmoid_f32, nd_cpu_vsigmoid_f32)
 VMATH_FN(verf_f32, nd_cpu_verf_f32)
 VMATH_FN(vgelu_f32, nd_cpu_vgelu_f32)
+VMATH_FN(vgelu_tanh_f32, nd_cpu_vgelu_tanh_f32)
 #undef VMATH_FN
 
 nd_inner_fn nd_cpu_unary_inner(nd_unary_op op, nd_dtype dt) {
@@ -212,6 +213,7 @@ nd_inner_fn nd_cpu_unary_inner(nd_unary_op op, nd_dtype dt) {
     if (dt == ND_FLOAT32 && op == ND_UNARY_sigmoid) return vsigmoid_f32;
     if (dt == ND_FLOAT32 && op == ND_UNARY_erf) return verf_f32;
     if (dt == ND_FLOAT32 && op == ND_UNARY_gelu) return vgelu_f32;
+    if (dt == ND_FLOAT32 && op == ND_UNARY_gelu_tanh) return vgelu_tanh_f32;
     return (unsigned)dt < ND_NUM_DTYPES && (unsigned)op < ND_NUM_UNARY ? unary_fns[dt][op] : NULL;
 }
 

@@ -32,26 +32,33 @@ static inline float exp1(float x) {
 
 ARRAY_FN(nd_cpu_vexp_f32, exp1)
 
-__attribute__((target_clones("arch=x86-64-v3", "default")))
-void nd_cpu_vtanh_f32(float *o, const float *x, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-        float v = x[i], a = v < 0 ? -v : v;
-        /* |x| < 0.625: x + x z P(z), z = x^2 */
-        float z = v * v;
-        float p = -5.70498872745e-3f;
-        p = p * z + 2.06390887954e-2f;
-        p = p * z - 5.37397155531e-2f;
-        p = p * z + 1.33314422036e-1f;
-        p = p * z - 3.33332819422e-1f;
-        float small = __builtin_copysignf(v + v * z * p, v); /* (-0 + +0 would be +0) */
-        /* else 1 - 2 / (e^2|x| + 1); past |x| = 20 it is 1 in float */
-        float big = 1.0f - 2.0f / (exp1(2.0f * (a < 20.0f ? a : 20.0f)) + 1.0f);
-        big = v < 0 ? -big : big;
-        float r = a < 0.625f ? small : big;
-        o[i] = v != v ? v : r;
-    }
+static inline float tanh1(float v) {
+    float a = v < 0 ? -v : v;
+    /* |x| < 0.625: x + x z P(z), z = x^2 */
+    float z = v * v;
+    float p = -5.70498872745e-3f;
+    p = p * z + 2.06390887954e-2f;
+    p = p * z - 5.37397155531e-2f;
+    p = p * z + 1.33314422036e-1f;
+    p = p * z - 3.33332819422e-1f;
+    float small = __builtin_copysignf(v + v * z * p, v); /* (-0 + +0 would be +0) */
+    /* else 1 - 2 / (e^2|x| + 1); past |x| = 20 it is 1 in float */
+    float big = 1.0f - 2.0f / (exp1(2.0f * (a < 20.0f ? a : 20.0f)) + 1.0f);
+    big = v < 0 ? -big : big;
+    float r = a < 0.625f ? small : big;
+    return v != v ? v : r;
 }
+
+ARRAY_FN(nd_cpu_vtanh_f32, tanh1)
+
+/* GELU's tanh form (approximate = "tanh", GPT-2's gelu_new): 0.5 x (1 +
+ * tanh(sqrt(2 / pi) (x + 0.044715 x^3))), the registry's expression
+ * (needle_ops.h) with tanh1 for libm's tanh */
+static inline float gelu_tanh1(float v) {
+    return 0.5f * v * (1.0f + tanh1(0.79788456080286535588f * (v + 0.044715f * v * v * v)));
+}
+
+ARRAY_FN(nd_cpu_vgelu_tanh_f32, gelu_tanh1)
 
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 void nd_cpu_vsigmoid_f32(float *o, const float *x, int64_t n) {

@@ -36,5 +36,7 @@ void nd_cpu_vtanh_f32(float *o, const float *x, int64_t n);
 void nd_cpu_vsigmoid_f32(float *o, const float *x, int64_t n);
 void nd_cpu_verf_f32(float *o, const float *x, int64_t n);
 void nd_cpu_vgelu_f32(float *o, const float *x, int64_t n);
+/* GELU's tanh form, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), with the tanh above */
+void nd_cpu_vgelu_tanh_f32(float *o, const float *x, int64_t n);
 
 #endif
