@@ -14,7 +14,10 @@
 -- backward follows the forward's dtypes). On a CPU without AVX512_BF16, and
 -- on OpenCL devices, products stay float32. enabled = false runs fn with
 -- float32 products, inside an outer nd.autocast too. fn must not yield
--- (a coroutine suspended inside would leave the setting on).
+-- (a coroutine suspended inside would leave the setting on, and the scope's
+-- bounded weight cache in use). The precision is process-wide (as PyTorch's
+-- set_float32_matmul_precision); the scope's weight cache is the calling
+-- thread's.
 local core = require "needle.core"
 local errors = require "needle.errors"
 local options = require "needle.options"
@@ -45,11 +48,11 @@ function M.autocast(fn, opts)
   local prev = core.get_float32_matmul_precision()
   -- restored however fn ends, an error keeping its own traceback; the
   -- scope's cache of weights packed to bfloat16 goes with the outermost one
-  core._autocast_enter()
   local restore <close> = setmetatable({}, {__close = function()
     core.set_float32_matmul_precision(prev)
     core._autocast_exit()
   end})
+  core._autocast_enter()
   -- enabled = false: float32 products, also inside an outer nd.autocast (as PyTorch's)
   core.set_float32_matmul_precision(opts.enabled == false and "highest" or "medium")
   return fn()

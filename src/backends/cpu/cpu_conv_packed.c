@@ -549,9 +549,12 @@ static nd_conv_plan group_plan(const nd_conv_plan *p) {
 
 bool nd_cpu_conv_packed_runs(const nd_conv_plan *p, nd_dtype dt, nd_conv_product which) {
     if (dt != ND_FLOAT32 || p->nt == 0 || !packed_available()) return false;
-    /* float32 matmul precision "medium": im2col and the GEMM's bfloat16 kernel,
-     * where it takes the product (filters per group by an image's pixels) */
-    if (nd_cpu_gemm_bf16_for(p->Og, p->L)) return false;
+    /* float32 matmul precision "medium": im2col and the GEMM's bfloat16 kernel
+     * where it takes this product (cpu_conv_gemm.c's: filters per group,
+     * the group's depth and a chunk's columns) */
+    const int64_t cols = p->nb * p->L, kg = p->Cg * p->nt;
+    const int64_t gm = which == ND_CONV_GRAD_X ? kg : p->Og, gn = which == ND_CONV_GRAD_W ? kg : cols;
+    if (nd_cpu_gemm_bf16_for(gm, gn)) return false;
     const nd_conv_plan q = group_plan(p); /* (p itself when groups = 1) */
     return packed_everywhere() || packed_wins(&q, which);
 }
