@@ -77,6 +77,23 @@ static int64_t panel_depth(const gemm_isa *isa, int64_t kc) { return isa->bf16 ?
 
 
 #ifdef ND_HAVE_GEMM_KERNELS
+/* The 12 x 32 kernels' accumulators into C (row stride ldc): stored, or
+ * with add added to what C holds (the float32 and bfloat16 kernels alike;
+ * inlined into both) */
+__attribute__((target("avx512f"), always_inline)) static inline void tile_12x32_out(__m512 acc[12][2], float *c,
+                                                                                   int64_t ldc, bool add) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) {
+        float *ci = c + i * ldc;
+        if (add) {
+            acc[i][0] = _mm512_add_ps(_mm512_loadu_ps(ci), acc[i][0]);
+            acc[i][1] = _mm512_add_ps(_mm512_loadu_ps(ci + 16), acc[i][1]);
+        }
+        _mm512_storeu_ps(ci, acc[i][0]);
+        _mm512_storeu_ps(ci + 16, acc[i][1]);
+    }
+}
+
 /* c[MR x 16*NV] (row stride ldc) = or += a (packed: MR per k) @ b (NR per
  * k, row stride ldb: NR when packed, the row stride of B when read in place) */
 __attribute__((target("avx512f"))) static void ukr_avx512_12x32(int64_t kc, const float *a,
@@ -95,16 +112,7 @@ __attribute__((target("avx512f"))) static void ukr_avx512_12x32(int64_t kc, cons
             acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
         }
     }
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++) {
-        float *ci = c + i * ldc;
-        if (add) {
-            acc[i][0] = _mm512_add_ps(_mm512_loadu_ps(ci), acc[i][0]);
-            acc[i][1] = _mm512_add_ps(_mm512_loadu_ps(ci + 16), acc[i][1]);
-        }
-        _mm512_storeu_ps(ci, acc[i][0]);
-        _mm512_storeu_ps(ci + 16, acc[i][1]);
-    }
+    tile_12x32_out(acc, c, ldc, add);
 }
 
 __attribute__((target("avx2,fma"))) static void ukr_avx2_6x16(int64_t kc, const float *a,
@@ -156,16 +164,7 @@ __attribute__((target("avx512f,avx512bf16"))) static void ukr_bf16_12x32(int64_t
             acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)ai, (__m512bh)b1);
         }
     }
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++) {
-        float *ci = c + i * ldc;
-        if (add) {
-            acc[i][0] = _mm512_add_ps(_mm512_loadu_ps(ci), acc[i][0]);
-            acc[i][1] = _mm512_add_ps(_mm512_loadu_ps(ci + 16), acc[i][1]);
-        }
-        _mm512_storeu_ps(ci, acc[i][0]);
-        _mm512_storeu_ps(ci + 16, acc[i][1]);
-    }
+    tile_12x32_out(acc, c, ldc, add);
 }
 #endif
 
