@@ -289,21 +289,17 @@ describe("nd.autocast", function()
     local inner = nd.compile(function(v) return nd.autocast(function() return lin(v) end) end)
     inner(x) -- (the warm-up call runs eagerly)
     assert_contains(errmsg(function() inner(x) end), "nd.autocast inside a compiled function")
-    local set = nd.compile(function(v)
+    local function sets_precision(v)
       nd.set_float32_matmul_precision("medium")
       local y = lin(v)
       nd.set_float32_matmul_precision("highest")
       return y
-    end)
+    end
+    local set = nd.compile(sets_precision)
     set(x)
     assert_contains(errmsg(function() set(x) end), "set_float32_matmul_precision inside a compiled function")
     -- with fallback the function runs eagerly, at the precision it sets
-    local fb = nd.compile(function(v)
-      nd.set_float32_matmul_precision("medium")
-      local y = lin(v)
-      nd.set_float32_matmul_precision("highest")
-      return y
-    end, {fallback = true})
+    local fb = nd.compile(sets_precision, {fallback = true})
     for _ = 1, 3 do assert.are.same(eager16:totable(), fb(x):totable()) end
   end)
 end)
