@@ -335,7 +335,7 @@ describe("nd.checkpoint files it refuses", function()
     local cases = {
       {tbl('["step",3]'), "no rng_state (checkpoint.save always writes one)"},
       {tbl('["epoch",1],' .. RNG .. ',["zz",2]'), "unknown root fields epoch, zz (expected model, optimizer, "
-        .. "scheduler, step, extra, rng_state)"},
+        .. "scheduler, scaler, step, extra, rng_state)"},
       {tbl('["rng_state",3]'), "rng_state is a number, not a table"},
       {tbl('["rng_state",' .. tbl('["seed",5]') .. ']'), "rng_state.offset is missing, not an integer"},
       {tbl('["rng_state",' .. tbl('["offset",0],["seed",1.5]') .. ']'), "rng_state.seed is a float, not an integer"},

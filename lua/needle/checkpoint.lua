@@ -189,8 +189,8 @@ end
 
 -- ------------------------------------------------------------ save / load
 
-local SECTIONS = {"model", "optimizer", "scheduler"}
-local SAVE_FIELDS = {model = true, optimizer = true, scheduler = true, step = true, extra = true}
+local SECTIONS = {"model", "optimizer", "scheduler", "scaler"}
+local SAVE_FIELDS = {model = true, optimizer = true, scheduler = true, scaler = true, step = true, extra = true}
 
 local function state_of(name, obj, path)
   if type(obj) == "table" and type(obj.state_dict) == "function" then
@@ -206,8 +206,9 @@ local function state_of(name, obj, path)
        name, type(obj))
 end
 
--- save(path, {model=, optimizer=, scheduler=, step=, extra=}): model,
--- optimizer and scheduler are objects with state_dict() (or state tables);
+-- save(path, {model=, optimizer=, scheduler=, scaler=, step=, extra=}): model,
+-- optimizer, scheduler and scaler (nd.amp.GradScaler) are objects with
+-- state_dict() (or state tables);
 -- step a number; extra any state value (tensors, numbers, strings, booleans,
 -- nested tables). The RNG state (nd.get_rng_state()) is saved with them. The
 -- write is atomic: a failed save leaves an existing file as it was.
@@ -216,12 +217,12 @@ local function save(path, what)
     error(("needle.checkpoint.save: path must be a non-empty string, got %s"):format(type(path)), 0)
   end
   if type(what) ~= "table" then
-    error(("needle.checkpoint.save: expected a table {model=, optimizer=, scheduler=, step=, extra=}, got %s")
+    error(("needle.checkpoint.save: expected a table {model=, optimizer=, scheduler=, scaler=, step=, extra=}, got %s")
       :format(type(what)), 0)
   end
   for k in pairs(what) do
     if not SAVE_FIELDS[k] then
-      fail("checkpoint.save", path, "unknown field '%s' (expected model, optimizer, scheduler, step, extra)",
+      fail("checkpoint.save", path, "unknown field '%s' (expected model, optimizer, scheduler, scaler, step, extra)",
            tostring(k))
     end
   end
@@ -256,7 +257,8 @@ local function strip_position(msg)
   return (msg:gsub("^[^\n]-:%d+: ", "", 1))
 end
 
-local ROOT_FIELDS = {model = true, optimizer = true, scheduler = true, step = true, extra = true, rng_state = true}
+local ROOT_FIELDS = {model = true, optimizer = true, scheduler = true, scaler = true, step = true, extra = true,
+                     rng_state = true}
 
 -- The root of a state as checkpoint.save writes it: {model=, optimizer=,
 -- scheduler=, step=, extra=, rng_state = {seed=, offset=}}, rng_state always
@@ -270,7 +272,7 @@ local function check_root(op, path, state)
   end
   if #extra > 0 then
     table.sort(extra)
-    fail(op, path, "corrupt checkpoint state: unknown root field%s %s (expected model, optimizer, scheduler, step, "
+    fail(op, path, "corrupt checkpoint state: unknown root field%s %s (expected model, optimizer, scheduler, scaler, step, "
          .. "extra, rng_state)", #extra > 1 and "s" or "", table.concat(extra, ", "))
   end
   local rng = state.rng_state
@@ -326,7 +328,7 @@ local function read(path, op)
   return state
 end
 
--- load(path[, {model=, optimizer=, scheduler=, strict=true, restore_rng=true}]) -> state
+-- load(path[, {model=, optimizer=, scheduler=, scaler=, strict=true, restore_rng=true}]) -> state
 -- Reads the file, rebuilds every state, then calls each given object's
 -- load_state_dict(sd) ({strict=} is passed on) and restores the RNG state.
 -- All or nothing: a failure anywhere leaves the objects and the RNG as they
@@ -335,11 +337,11 @@ local function load(path, targets)
   local op = "checkpoint.load"
   targets = targets or {}
   if type(targets) ~= "table" then
-    error(("needle.%s: expected a table {model=, optimizer=, scheduler=}, got %s"):format(op, type(targets)), 0)
+    error(("needle.%s: expected a table {model=, optimizer=, scheduler=, scaler=}, got %s"):format(op, type(targets)), 0)
   end
   for k in pairs(targets) do
-    if k ~= "model" and k ~= "optimizer" and k ~= "scheduler" and k ~= "strict" and k ~= "restore_rng" then
-      error(("needle.%s: unknown option '%s' (expected model, optimizer, scheduler, strict, restore_rng)")
+    if not SAVE_FIELDS[k] and k ~= "strict" and k ~= "restore_rng" or k == "step" or k == "extra" then
+      error(("needle.%s: unknown option '%s' (expected model, optimizer, scheduler, scaler, strict, restore_rng)")
         :format(op, tostring(k)), 0)
     end
   end

@@ -16,7 +16,7 @@ nd.F = require "needle.functional"
 -- Submodules load on first use (nd.nn, nd.optim, nd.data), so `require
 -- "needle"` stays fast and a script pays only for what it touches.
 require("needle.lazy")(nd, {nn = "needle.nn", optim = "needle.optim", data = "needle.data",
-                            checkpoint = "needle.checkpoint", plot = "needle.plot", convert = "needle.convert",
+                            checkpoint = "needle.checkpoint", amp = "needle.amp", plot = "needle.plot", convert = "needle.convert",
                             distributed = "needle.distributed", autograd = "needle.autograd",
                             linalg = "needle.linalg", image = "needle.image", text = "needle.text"})
 

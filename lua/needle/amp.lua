@@ -1,0 +1,342 @@
+-- needle.amp: mixed-precision training (PyTorch's torch.amp): nd.amp.autocast
+-- (nd.autocast) and nd.amp.GradScaler, dynamic loss scaling (docs/amp.md).
+--
+--   local scaler = nd.amp.GradScaler()          -- {init_scale = 2^16, growth_factor = 2,
+--                                               --  backoff_factor = 0.5, growth_interval = 2000,
+--                                               --  enabled = true}
+--   scaler:scale(loss):backward()   -- gradients of loss * scale
+--   scaler:unscale_(opt)            -- optional: the true gradients, e.g. to clip them
+--   scaler:step(opt)                -- unscales (if not done), skips the step when a
+--                                   -- gradient is inf or NaN
+--   scaler:update()                 -- the scale backs off after an overflow, grows after
+--                                   -- growth_interval clean steps
+--
+-- A float16 gradient underflows below 6e-8; multiplying the loss by a large
+-- scale keeps small gradients representable, and the scale follows the
+-- largest value that does not overflow. The algorithm is PyTorch's
+-- (torch.amp.GradScaler, with _amp_update_scale_): the scale is a float32
+-- value, a step with any non-finite gradient is skipped and multiplies it by
+-- backoff_factor, growth_interval steps in a row without one multiply it by
+-- growth_factor (unless that overflows float32). Gradients of any float dtype
+-- and device are unscaled in place.
+local core = require "needle.core"
+local errors = require "needle.errors"
+local options = require "needle.options"
+local capture = require "needle.compile.state"
+
+local M = {}
+
+function M.autocast(...) return require("needle.autocast").autocast(...) end
+
+local fail = errors.failer("amp.GradScaler")
+
+local FLT_MAX = 3.4028234663852886e38
+local huge = math.huge
+
+-- x as float32 would hold it (round to nearest even); inf beyond float32's range
+local function to_f32(x)
+  if x ~= x then return x end
+  if x > FLT_MAX or x < -FLT_MAX then return x > 0 and huge or -huge end
+  return (string.unpack("<f", string.pack("<f", x)))
+end
+
+local function finite(x) return x == x and x > -huge and x < huge end
+
+local GradScaler = {}
+GradScaler.__index = GradScaler
+GradScaler.__name = "needle.amp.GradScaler"
+
+local OPTS = {init_scale = "number", growth_factor = "number", backoff_factor = "number",
+              growth_interval = "integer", enabled = "boolean"}
+
+local function check_growth_factor(v)
+  if not (finite(v) and v > 1) then fail("growth_factor must be a finite number > 1, got %s", tostring(v)) end
+end
+local function check_backoff_factor(v)
+  if not (v > 0 and v < 1) then fail("backoff_factor must be a number in (0, 1), got %s", tostring(v)) end
+end
+local function check_growth_interval(v)
+  if type(v) ~= "number" or v ~= math.floor(v) or v < 1 or v > math.maxinteger then
+    fail("growth_interval must be an integer >= 1, got %s", tostring(v))
+  end
+end
+local function check_scale(v, what)
+  local s = type(v) == "number" and to_f32(v)
+  if not (s and finite(s) and s > 0) then
+    fail("%s must be a positive number that float32 holds (at most %.8g), got %s", what, FLT_MAX, tostring(v))
+  end
+  return s
+end
+
+-- nd.amp.GradScaler([opts])
+function M.GradScaler(opts)
+  opts = options.check("amp.GradScaler", opts, OPTS)
+  local self = setmetatable({}, GradScaler)
+  self._enabled = opts.enabled ~= false
+  local init = opts.init_scale or 65536.0
+  self._scale = check_scale(init, "init_scale")
+  self._growth_factor = opts.growth_factor or 2.0
+  self._backoff_factor = opts.backoff_factor or 0.5
+  self._growth_interval = math.tointeger(opts.growth_interval or 2000)
+  check_growth_factor(self._growth_factor)
+  check_backoff_factor(self._backoff_factor)
+  check_growth_interval(self._growth_interval)
+  self._growth_tracker = 0
+  -- per optimizer since the last update(): stage ("unscaled" | "stepped") and
+  -- found_inf (true/false; nil when it had no gradient to check)
+  self._per_optimizer = setmetatable({}, {__mode = "k"})
+  return self
+end
+
+function GradScaler:__tostring()
+  return ("needle.amp.GradScaler(scale=%.9g, growth_factor=%.9g, backoff_factor=%.9g, growth_interval=%d%s)")
+    :format(self._scale, self._growth_factor, self._backoff_factor, self._growth_interval,
+            self._enabled and "" or ", enabled=false")
+end
+
+local function check_self(self, method)
+  if getmetatable(self) ~= GradScaler then
+    fail("%s: call it as scaler:%s(...) (with a colon)", method, method)
+  end
+end
+
+local function check_optimizer(opt, method)
+  if type(opt) ~= "table" or type(opt.param_groups) ~= "table" or type(opt.step) ~= "function" then
+    fail("%s expects an optimizer (a table with param_groups and step), got %s", method,
+         core.is_tensor(opt) and "a tensor" or type(opt))
+  end
+end
+
+-- scaler:scale(outputs): outputs * scale, for a tensor or a (nested) list of
+-- them, keeping the structure; the outputs themselves when disabled
+function GradScaler:scale(outputs)
+  check_self(self, "scale")
+  if not self._enabled then return outputs end
+  -- a compiled function bakes the scale into its kernels: a new scale traces it again
+  if capture.active then capture.guard(function() return self._scale end) end
+  local s = self._scale
+  local function apply(v, path)
+    if core.is_tensor(v) then
+      if v.dtype ~= "float32" and v.dtype ~= "float64" and v.dtype ~= "float16" and v.dtype ~= "bfloat16" then
+        fail("scale: %s is a %s tensor; expected floating-point outputs (a loss)", path, v.dtype)
+      end
+      return v * s
+    elseif type(v) == "table" and getmetatable(v) == nil then
+      local r = {}
+      for k, x in pairs(v) do r[k] = apply(x, path .. "[" .. tostring(k) .. "]") end
+      return r
+    end
+    fail("scale: %s is a %s; expected a tensor or a list of tensors", path, type(v))
+  end
+  return apply(outputs, "outputs")
+end
+
+local FLOAT = {float32 = true, float64 = true, float16 = true, bfloat16 = true}
+
+-- multiplies every gradient of opt by inv in place; true when one of them had
+-- an inf or NaN, false when none, nil when opt has no gradient at all
+local function unscale_grads(opt, inv)
+  local found, any = false, false
+  local pending = {} -- per non-CPU device: a 0-dim tensor, NaN when a gradient was not finite
+  core.no_grad(function()
+    for _, group in ipairs(opt.param_groups) do
+      for _, p in ipairs(group.params or {}) do
+        local g = p.grad
+        if g ~= nil and g:numel() == 0 then
+          any = true -- nothing to check or unscale
+        elseif g ~= nil then
+          if not FLOAT[g.dtype] then
+            fail("unscale_: a gradient is a %s tensor, expected a floating-point one", g.dtype)
+          end
+          any = true
+          -- max and min propagate NaN and meet every inf: two passes, no temporary
+          local mx, mn = g:max(), g:min()
+          if g.device == "cpu" then
+            local a, b = mx:item(), mn:item()
+            if not (a < huge and b > -huge) then found = true end
+          else
+            -- finite * 0 = 0, inf * 0 = NaN: one read of the device per call
+            local chk = mx:mul(0):add(mn:mul(0))
+            local d = g.device
+            pending[d] = pending[d] and pending[d]:add(chk:float()) or chk:float()
+          end
+          g:mul_(inv)
+        end
+      end
+    end
+  end)
+  for _, chk in pairs(pending) do
+    if chk:item() ~= 0 then found = true end
+  end
+  if not any then return nil end
+  return found
+end
+
+local function break_graph(method)
+  core._graph_break(("nd.amp.GradScaler:%s reads on the host whether the gradients are finite; call " ..
+                     "scaler:step and scaler:update outside the compiled function (scaler:scale(loss) " ..
+                     "may be inside)"):format(method))
+end
+
+local function state_of(self, opt)
+  local st = self._per_optimizer[opt]
+  if st == nil then
+    st = {}
+    self._per_optimizer[opt] = st
+  end
+  return st
+end
+
+-- scaler:unscale_(opt): divides opt's gradients by the scale, in place, and
+-- records whether one was inf or NaN. At most once per optimizer between
+-- update()s, and before step().
+function GradScaler:unscale_(opt)
+  check_self(self, "unscale_")
+  if not self._enabled then return end
+  check_optimizer(opt, "unscale_")
+  local st = state_of(self, opt)
+  if st.stage == "unscaled" then
+    fail("unscale_() has already been called on this optimizer since the last update()")
+  elseif st.stage == "stepped" then
+    fail("unscale_() is being called after step(); call it before step(), once per update()")
+  end
+  break_graph("unscale_")
+  -- as PyTorch: the reciprocal in float64, then rounded to float32
+  st.found_inf = unscale_grads(opt, to_f32(1 / self._scale))
+  st.stage = "unscaled"
+end
+
+-- scaler:step(opt): unscales opt's gradients (unless unscale_ did) and runs
+-- opt:step() when they are all finite; returns what opt:step() returned, or
+-- nil when the step was skipped.
+function GradScaler:step(opt, ...)
+  check_self(self, "step")
+  if not self._enabled then return opt:step(...) end
+  check_optimizer(opt, "step")
+  if select("#", ...) > 0 then
+    fail("step: a closure is not supported while the scaler is enabled (its loss would not be scaled); " ..
+         "compute the loss, scaler:scale(loss):backward(), then scaler:step(opt)")
+  end
+  local st = state_of(self, opt)
+  if st.stage == "stepped" then
+    fail("step() has already been called on this optimizer since the last update()")
+  end
+  if st.stage == nil then self:unscale_(opt) end
+  if st.found_inf == nil then
+    fail("step: no inf checks were recorded for this optimizer: none of its parameters has a gradient " ..
+         "(run scaler:scale(loss):backward() first)")
+  end
+  local ret
+  if not st.found_inf then ret = opt:step() end
+  st.stage = "stepped"
+  return ret
+end
+
+-- scaler:update([new_scale]): the next scale, from whether this iteration's
+-- steps found an inf or NaN; new_scale (a number or a one-element tensor)
+-- sets it instead.
+function GradScaler:update(new_scale)
+  check_self(self, "update")
+  if not self._enabled then return end
+  break_graph("update")
+  if new_scale ~= nil then
+    if core.is_tensor(new_scale) then
+      if new_scale:numel() ~= 1 or not FLOAT[new_scale.dtype] then
+        fail("update: new_scale must be a number or a one-element floating-point tensor, got a %s tensor " ..
+             "of shape %s", new_scale.dtype, errors.shape_str(new_scale))
+      end
+      new_scale = new_scale:item()
+    end
+    self._scale = check_scale(new_scale, "update: new_scale")
+  else
+    local recorded, found = false, false
+    for _, st in pairs(self._per_optimizer) do
+      if st.found_inf ~= nil then
+        recorded = true
+        found = found or st.found_inf
+      end
+    end
+    if not recorded then
+      fail("update: no inf checks were recorded since the last update(); call scaler:step(opt) first")
+    end
+    if found then
+      self._scale = to_f32(self._scale * self._backoff_factor)
+      self._growth_tracker = 0
+    else
+      local successful = self._growth_tracker + 1
+      if successful == self._growth_interval then
+        local grown = to_f32(self._scale * self._growth_factor)
+        if finite(grown) then self._scale = grown end
+        self._growth_tracker = 0
+      else
+        self._growth_tracker = successful
+      end
+    end
+  end
+  self._per_optimizer = setmetatable({}, {__mode = "k"})
+end
+
+function GradScaler:get_scale()
+  check_self(self, "get_scale")
+  return self._enabled and self._scale or 1.0
+end
+function GradScaler:is_enabled() return self._enabled end
+function GradScaler:get_growth_factor() return self._growth_factor end
+function GradScaler:get_backoff_factor() return self._backoff_factor end
+function GradScaler:get_growth_interval() return self._growth_interval end
+function GradScaler:set_growth_factor(v)
+  if type(v) ~= "number" then fail("set_growth_factor: expected a number, got %s", type(v)) end
+  check_growth_factor(v)
+  self._growth_factor = v
+end
+function GradScaler:set_backoff_factor(v)
+  if type(v) ~= "number" then fail("set_backoff_factor: expected a number, got %s", type(v)) end
+  check_backoff_factor(v)
+  self._backoff_factor = v
+end
+function GradScaler:set_growth_interval(v)
+  if type(v) ~= "number" then fail("set_growth_interval: expected an integer, got %s", type(v)) end
+  check_growth_interval(v)
+  self._growth_interval = math.tointeger(v)
+end
+
+local STATE = {scale = "number", growth_factor = "number", backoff_factor = "number",
+               growth_interval = "integer", _growth_tracker = "integer"}
+
+-- scaler:state_dict(): PyTorch's keys (scale, growth_factor, backoff_factor,
+-- growth_interval, _growth_tracker); {} when disabled
+function GradScaler:state_dict()
+  check_self(self, "state_dict")
+  if not self._enabled then return {} end
+  return {scale = self._scale, growth_factor = self._growth_factor, backoff_factor = self._backoff_factor,
+          growth_interval = self._growth_interval, _growth_tracker = self._growth_tracker}
+end
+
+-- scaler:load_state_dict(sd): every value is checked before any is taken, so a
+-- bad dict leaves the scaler as it was
+function GradScaler:load_state_dict(sd)
+  check_self(self, "load_state_dict")
+  if not self._enabled then return end
+  if type(sd) ~= "table" then fail("load_state_dict: expected a table, got %s", type(sd)) end
+  if next(sd) == nil then
+    fail("load_state_dict: the state dict is empty, possibly because it was saved from a disabled GradScaler")
+  end
+  sd = options.check("amp.GradScaler.load_state_dict", sd, STATE, "in the state dict")
+  for _, k in ipairs({"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}) do
+    if sd[k] == nil then fail("load_state_dict: the state dict has no '%s'", k) end
+  end
+  local scale = check_scale(sd.scale, "load_state_dict: scale")
+  check_growth_factor(sd.growth_factor)
+  check_backoff_factor(sd.backoff_factor)
+  check_growth_interval(sd.growth_interval)
+  local tracker = math.tointeger(sd._growth_tracker)
+  if tracker < 0 or tracker >= sd.growth_interval then
+    fail("load_state_dict: _growth_tracker must be in [0, growth_interval - 1] = [0, %d], got %d",
+         sd.growth_interval - 1, tracker)
+  end
+  self._scale, self._growth_tracker = scale, tracker
+  self._growth_factor, self._backoff_factor = sd.growth_factor, sd.backoff_factor
+  self._growth_interval = math.tointeger(sd.growth_interval)
+end
+
+return M
