@@ -57,6 +57,8 @@ options:
   --threads N         exactly N CPU threads, reproducible bit for bit (default:
                       all CPUs, fewer while other processes keep them busy)
   --max-lines N       read at most N lines of each file (quick runs)
+  --bf16              float32 products on bfloat16 inputs, in training and evaluation
+                      (nd.autocast; CPUs with AVX512_BF16; docs/tensor.md)
   --compile           run each training step through nd.compile (docs/compile.md)
   --tune S            --compile, and tune its fused kernels within S seconds (choices are
                       kept on disk: a later run starts with them)
@@ -69,13 +71,14 @@ local numbers = {epochs = true, ["batch-size"] = true, lr = true, seed = true, b
                  nhid = true, nlayers = true, dropout = true, clip = true, threads = true, ["max-lines"] = true,
                  tune = true}
 local opts = cli.parse(arg, defaults, usage, {prog = "train_lstm", numbers = numbers,
-                                              flags = {compile = true, distributed = true},
+                                              flags = {compile = true, distributed = true, bf16 = true},
                                               optional = {"checkpoint", "resume", "threads", "max-lines", "tune"}})
 local job = cli.distributed("train_lstm", opts)
 -- only rank 0 talks
 local print = job.main and print or function() end
 local compile_opts = cli.compile_opts(opts)
 local device, device_info = cli.check_device("train_lstm", opts)
+local autocast, bf16_line = cli.bf16("train_lstm", opts, device)
 local threads_line = cli.threads(opts.threads)
 if job.world > 1 and compile_opts then
   cli.die("train_lstm", 2, "--distributed does not work with --compile or --tune yet")
@@ -121,6 +124,7 @@ local model = nd.nn.LanguageModel(V, {embedding_size = opts.emsize, hidden_size 
 local optimizer = nd.optim.Adam(model:parameters(), {lr = opts.lr})
 local checkpoint = nd.checkpoint
 print(cli.device_line(device, device_info))
+if bf16_line then print(bf16_line) end
 print(model)
 print(("%d parameters; Adam lr %g, batch %d, bptt %d, %d epochs, %s%s"):format(
   model:num_parameters(), opts.lr, opts["batch-size"], opts.bptt, opts.epochs, threads_line,
@@ -148,6 +152,7 @@ local function evaluate(source)
   model:train()
   return total / count
 end
+evaluate = autocast(evaluate)
 
 -- One step of truncated backpropagation; with --compile it is captured once
 -- per batch shape (the last, shorter batch of an epoch is a second entry)
@@ -167,6 +172,8 @@ local function train_step(x, y, state)
   return loss, state
 end
 if compile_opts then train_step = nd.compile(train_step, compile_opts) end
+local step_fn = train_step
+train_step = autocast(train_step) -- outside the compiled function (the precision is a guard of its calls)
 
 -- CSV log: one row per epoch, then a row "test" with the test set's loss and
 -- perplexity in the val_* columns. A resumed run keeps the rows of the epochs
@@ -260,6 +267,6 @@ local file = plot.lines(opts.out .. "/loss", {
   },
   -- the grammar that generated the corpus: no model can do better on average
   hlines = stats and {{name = ("best achievable (%.2f)"):format(stats.best_valid_ppl), y = stats.best_valid_ppl}} or nil})
-if compile_opts then cli.compile_report(train_step) end
+if compile_opts then cli.compile_report(step_fn) end
 print(("wrote %s, %s and %s; scalars and histograms in %s (tensorboard --logdir %s)"):format(ckpt_path, log_path,
   file, opts.out, opts.out))

@@ -58,6 +58,8 @@ options:
                       order); the model and every batch move there (default: cpu)
   --threads N         exactly N CPU threads, reproducible bit for bit (default:
                       all CPUs, fewer while other processes keep them busy)
+  --bf16              float32 products on bfloat16 inputs, in training and evaluation
+                      (nd.autocast; CPUs with AVX512_BF16; docs/tensor.md)
   --compile           run each training step through nd.compile (docs/compile.md)
   --tune S            --compile, and tune its fused kernels within S seconds (choices are
                       kept on disk: a later run starts with them)
@@ -69,12 +71,13 @@ options:
 local function die(code, fmt, ...) cli.die("train_mlp", code, fmt, ...) end
 
 local opts = cli.parse(arg, defaults, usage, {prog = "train_mlp", numbers = numeric, optional = optional,
-                                             flags = {compile = true, distributed = true}})
+                                             flags = {compile = true, distributed = true, bf16 = true}})
 local job = cli.distributed("train_mlp", opts)
 -- only rank 0 talks
 local print = job.main and print or function() end
 local compile_opts = cli.compile_opts(opts)
 local device, device_info = cli.check_device("train_mlp", opts)
+local autocast, bf16_line = cli.bf16("train_mlp", opts, device)
 cli.positive_integers("train_mlp", opts, {"epochs", "batch-size", "threads", "limit", "stop-after"},
                       "option --%s expects a positive integer, got '%s'")
 if math.type(opts.seed) ~= "integer" then die(2, "option --seed expects an integer, got '%s'", tostring(opts.seed)) end
@@ -142,6 +145,7 @@ local loader = job.world == 1
                                     sampler = nd.data.DistributedSampler(train_set, {seed = opts.seed})})
 local checkpoint = nd.checkpoint
 print(cli.device_line(device, device_info))
+if bf16_line then print(bf16_line) end
 print(model)
 print(("%d parameters; AdamW lr %g (cosine), weight decay %g, batch %d, %d epochs, %s%s"):format(
   model:num_parameters(), opts.lr, opts["weight-decay"], opts["batch-size"], opts.epochs,
@@ -194,6 +198,7 @@ local function evaluate(x, y)
   model:train()
   return loss_sum / n, correct
 end
+evaluate = autocast(evaluate)
 
 -- CSV log. When resuming, the rows of the epochs before the checkpoint's are
 -- kept (a row written after the last checkpoint is dropped) and feed the plots.
@@ -222,7 +227,8 @@ local run_log = cli.run_log(opts.out, opts.resume, job)
 -- one step (through nd.compile with --compile or --tune); data-parallel
 -- through DistributedDataParallel, which averages the gradients over ranks
 local trained = job.world > 1 and nn.parallel.DistributedDataParallel(model) or model
-local train_step = cli.classifier_step(trained, optimizer, compile_opts)
+local step_fn = cli.classifier_step(trained, optimizer, compile_opts)
+local train_step = autocast(step_fn)
 
 local n_test = x_test:size(1)
 local batches = #loader
@@ -302,6 +308,6 @@ if #history.steps > 0 and job.main then
     series = {{name = "train", x = history.epochs, y = history.train_acc},
               {name = "test", x = history.epochs, y = history.test_acc}}})
 end
-if compile_opts then cli.compile_report(train_step) end
+if compile_opts then cli.compile_report(step_fn) end
 print(("wrote %s, %s%s"):format(ckpt_path, log_path,
   #files > 0 and (" and " .. table.concat(files, ", ")) or ""))

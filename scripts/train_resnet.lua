@@ -73,6 +73,8 @@ options:
                       order); the model and every batch move there (default: cpu)
   --threads N         exactly N CPU threads, reproducible bit for bit (default:
                       all CPUs, fewer while other processes keep them busy)
+  --bf16              float32 products on bfloat16 inputs, in training and evaluation
+                      (nd.autocast; CPUs with AVX512_BF16; docs/tensor.md)
   --compile           run each training step through nd.compile (docs/compile.md)
   --tune S            --compile, and tune its fused kernels within S seconds (choices are
                       kept on disk: a later run starts with them)
@@ -89,7 +91,7 @@ local function fail(fmt, ...) cli.die("train_resnet", 2, fmt, ...) end
 local function parse_args(argv)
   local opts, given = cli.parse(argv, defaults, usage, {prog = "train_resnet", numbers = numeric,
                                                         optional = optional,
-                                                        flags = {compile = true, distributed = true,
+                                                        flags = {compile = true, distributed = true, bf16 = true,
                                                                  ["local-bn"] = true}})
   cli.positive_integers("train_resnet", opts,
                         {"epochs", "batch-size", "eval-batch-size", "synthetic", "stop-after", "threads"})
@@ -110,6 +112,7 @@ local job = cli.distributed("train_resnet", opts)
 local print = job.main and print or function() end
 local compile_opts = cli.compile_opts(opts)
 local device, device_info = cli.check_device("train_resnet", opts)
+local autocast, bf16_line = cli.bf16("train_resnet", opts, device)
 local threads_line = cli.threads(opts.threads)
 if job.world > 1 and compile_opts then fail("--distributed does not work with --compile or --tune yet") end
 local local_batch = cli.local_batch("train_resnet", job, opts["batch-size"])
@@ -223,6 +226,7 @@ elseif opts.schedule == "cosine" then
   sched = nd.optim.lr_scheduler.CosineAnnealingLR(optimizer, total_steps)
 end
 print(cli.device_line(device, device_info))
+if bf16_line then print(bf16_line) end
 print(model)
 print(("%d parameters; %s lr %g (%s), weight decay %g, batch %d, %d steps/epoch, %d epochs, %s%s"):format(
   model:num_parameters(), opts.optimizer == "sgd" and (opts.momentum > 0 and ("SGD (nesterov momentum %g)"):format(opts.momentum) or "SGD")
@@ -256,6 +260,7 @@ local function evaluate()
   model:train()
   return loss_sum / n_test, correct / n_test
 end
+evaluate = autocast(evaluate)
 
 -- CSV log: rewritten up to the resumed epoch, then appended
 local log_path = opts.out .. "/log.csv"
@@ -275,7 +280,8 @@ local run_log = cli.run_log(opts.out, opts.resume, job)
 -- one step (through nd.compile with --compile or --tune); data-parallel
 -- through DistributedDataParallel, which averages the gradients over ranks
 local trained = job.world > 1 and nd.nn.parallel.DistributedDataParallel(model) or model
-local train_step = cli.classifier_step(trained, optimizer, compile_opts)
+local step_fn = cli.classifier_step(trained, optimizer, compile_opts)
+local train_step = autocast(step_fn)
 
 local t_start = nd.clock()
 local epoch_times = {}
@@ -361,5 +367,5 @@ local acc_file = plot.lines(opts.out .. "/accuracy", {
   title = "ResNet9 on CIFAR-10: accuracy", xlabel = "epoch", ylabel = "accuracy",
   series = {{name = "train (augmented)", x = cols.epoch, y = cols.train_acc},
             {name = "test", x = cols.epoch, y = cols.test_acc}}})
-if compile_opts then cli.compile_report(train_step) end
+if compile_opts then cli.compile_report(step_fn) end
 print(("wrote %s, %s, %s and %s"):format(ckpt_path, log_path, loss_file, acc_file))

@@ -89,6 +89,32 @@ describe("scripts/train_lstm.lua", function()
     os.execute("rm -rf " .. S.q(a) .. " " .. S.q(b))
   end)
 
+  it("--bf16 trains with bfloat16 products (close to float32's losses), --compile exactly as eagerly", function()
+    local a, b, c = tmpdir(), tmpdir(), tmpdir()
+    local ok, text = run(tiny .. " --out " .. S.q(a))
+    assert(ok, text)
+    ok, text = run(tiny .. " --bf16 --out " .. S.q(b))
+    assert(ok, text)
+    local bf16 = require("needle").devices()[1].bf16
+    assert.truthy(text:find(bf16 and "--bf16: float32 products on bfloat16 inputs" or
+                            "--bf16: this CPU has no AVX512_BF16, so products stay float32", 1, true), text)
+    local ra, rb = csv(a .. "/log.csv"), csv(b .. "/log.csv")
+    assert.are.equal(#ra, #rb)
+    local differ = false
+    for i = 1, #ra do
+      local la, lb = tonumber(ra[i]:match("^[^,]*,[^,]*,([^,]*)")), tonumber(rb[i]:match("^[^,]*,[^,]*,([^,]*)"))
+      assert(math.abs(la - lb) <= 0.02 * la, ("epoch %d: train loss %g in float32, %g with --bf16"):format(i, la, lb))
+      differ = differ or la ~= lb
+    end
+    -- with AVX512_BF16 the products round their inputs: the losses move; without, nothing changes
+    assert.are.equal(bf16 and true or false, differ)
+    ok, text = run(tiny .. " --bf16 --compile --out " .. S.q(c))
+    assert(ok, text)
+    same_log(b, c)
+    H.same_model(b .. "/checkpoint.safetensors", c .. "/checkpoint.safetensors")
+    os.execute("rm -rf " .. S.q(a) .. " " .. S.q(b) .. " " .. S.q(c))
+  end)
+
   it("--help, unknown options and missing data", function()
     local ok, text = run("--help")
     assert(ok, text)
@@ -102,6 +128,13 @@ describe("scripts/train_lstm.lua", function()
     ok, text = run("--data /nonexistent/ptb")
     assert.is_false(ok)
     assert.truthy(text:find("/nonexistent/ptb", 1, true), text)
+    local code
+    ok, text, code = run("--bf16 --device opencl:0 --out " .. S.q(os.tmpname() .. ".d"))
+    assert.is_false(ok)
+    assert.are.equal(2, code)
+    -- without an OpenCL driver the device is refused first; with one, --bf16 is
+    assert.truthy(text:find(D.available and "--bf16 is for the CPU: OpenCL devices have no bfloat16 kernels yet"
+                            or "opencl", 1, true), text)
   end)
 
   it("--device: unknown names and missing devices are refused with exit code 2", function()

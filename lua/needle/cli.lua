@@ -16,6 +16,7 @@
 --   local start_epoch, step = cli.resume(prog, path, objects[, check])
 --   local D = cli.distributed(prog, opts)   -- --distributed: {rank, world, main, dist}
 --   local n = cli.local_batch(prog, D, batch) -- this rank's share of a global batch
+--   local autocast, line = cli.bf16(prog, opts, dev) -- --bf16: fn -> fn inside nd.autocast
 local M = {}
 
 -- "prog: message\n" on stderr, then exit with code
@@ -362,6 +363,28 @@ function M.compile_opts(opts)
   end
   if not (opts.compile or opts.tune) then return false end
   return {tune = opts.tune}
+end
+
+-- --bf16: a training script's step and evaluation run inside nd.autocast
+-- (docs/tensor.md, "Mixed precision"): float32 products on bfloat16 inputs
+-- where the CPU has AVX512_BF16. Returns wrap(fn) -> fn inside nd.autocast
+-- (fn itself without --bf16) and the line the script prints about it (nil
+-- without --bf16). On an OpenCL device it is an error (exit code 2).
+function M.bf16(prog, opts, device)
+  if not opts.bf16 then return function(fn) return fn end, nil end
+  if device ~= "cpu" then
+    M.die(prog, 2, "--bf16 is for the CPU: OpenCL devices have no bfloat16 kernels yet (got --device %s)", device)
+  end
+  local nd = require "needle"
+  local line = nd.devices()[1].bf16 and "--bf16: float32 products on bfloat16 inputs (nd.autocast, AVX512_BF16)"
+    or "--bf16: this CPU has no AVX512_BF16, so products stay float32"
+  local function wrap(fn)
+    return function(...)
+      local args = table.pack(...)
+      return nd.autocast(function() return fn(table.unpack(args, 1, args.n)) end)
+    end
+  end
+  return wrap, line
 end
 
 -- What the compiler did, after training (docs/compile.md): explain()'s first
