@@ -294,6 +294,28 @@ describe("ByteBPE, by hand", function()
     assert.are.equal(s, tok:decode(tok:encode(s, {allowed_special = "all"})))
     assert.are.equal("ab", tok:decode({98, 257, 99}, {skip_special_tokens = true}))
   end)
+
+  it("gives each token's bytes with return_offsets_mapping, the leading space included", function()
+    local tok = T.ByteBPE.new(bytes_vocab({"Ġh", "Ġhe", "ll", "Ġhell", "Ġhello", "<|endoftext|>", "Ã©"}),
+                              {"Ġ h", "Ġh e", "l l", "Ġhe ll", "Ġhell o", "Ã ©"})
+    -- "hello hello<|endoftext|>é!": h e ll o | Ġhello | <|endoftext|> | é (two bytes, one token) | !
+    local s = "hello hello<|endoftext|>\xc3\xa9!"
+    local ids, offs = tok:encode(s, {allowed_special = "all", return_offsets_mapping = true})
+    assert.are.same({"h", "e", "ll", "o", "Ġhello", "<|endoftext|>", "Ã©", "!"}, tok:convert_ids_to_tokens(ids))
+    assert.are.same({{1, 1}, {2, 2}, {3, 4}, {5, 5}, {6, 11}, {12, 24}, {25, 26}, {27, 27}}, offs)
+    -- a token that is part of a character (no merge for é's bytes here) gets its own byte
+    local t2, o2 = T.ByteBPE.new(bytes_vocab(), {}):tokenize("\xc3\xa9", {return_offsets_mapping = true})
+    assert.are.same({"Ã", "©"}, t2)
+    assert.are.same({{1, 1}, {2, 2}}, o2)
+    -- not allowed, the special token is text, byte by byte
+    local _, o3 = tok:encode("<|endoftext|>", {return_offsets_mapping = true})
+    assert.are.equal(13, #o3)
+    assert.are.same({13, 13}, o3[13])
+    -- without the option, one result, as before
+    assert.are.equal(1, select("#", tok:encode(s)))
+    local _, none = tok:encode("", {return_offsets_mapping = true})
+    assert.are.same({}, none)
+  end)
 end)
 
 describe("ByteBPE against the Python reference (OpenAI's encoder.py)", function()
@@ -320,6 +342,26 @@ describe("ByteBPE against the Python reference (OpenAI's encoder.py)", function(
       assert.are.equal(c.text, tok:decode(ids), why)
     end
     assert.is_true(multi > 10, "merges apply in most strings")
+  end)
+
+  it("offsets tile every string: each token's bytes are the text it decodes to", function()
+    local texts = {}
+    for _, c in ipairs(X.gpt2) do texts[#texts + 1] = c.text end
+    texts[#texts + 1] = "a<|endoftext|>b <|endoftext|><|endoftext|> c"
+    for _, text in ipairs(texts) do
+      local why = ("%q"):format(text)
+      local ids, offs = tok:encode(text, {allowed_special = "all", return_offsets_mapping = true})
+      assert.are.same(tok:encode(text, {allowed_special = "all"}), ids, why)
+      assert.are.equal(#ids, #offs, why)
+      local at = 1
+      for k, o in ipairs(offs) do
+        assert.are.equal(at, o[1], why .. " token " .. k .. " starts where the last ended")
+        assert.is_true(o[2] >= o[1], why)
+        assert.are.equal(tok:decode({ids[k]}), text:sub(o[1], o[2]), why .. " token " .. k)
+        at = o[2] + 1
+      end
+      assert.are.equal(#text + 1, at, why .. ": the offsets cover the text")
+    end
   end)
 
   it("round-trips any bytes exactly", function()

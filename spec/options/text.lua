@@ -28,8 +28,8 @@ return function(nd)
     end},
     {"text.ByteBPE.from_files", "special_tokens",
      function(o) return T.ByteBPE.from_files(FIX .. "gpt2_vocab.json", FIX .. "gpt2_merges.txt", o) end},
-    {"text.ByteBPE.encode", "allowed_special", function(o) return bpe:encode("hi", o) end},
-    {"text.ByteBPE.tokenize", "allowed_special", function(o) return bpe:tokenize("hi", o) end},
+    {"text.ByteBPE.encode", "allowed_special, return_offsets_mapping", function(o) return bpe:encode("hi", o) end},
+    {"text.ByteBPE.tokenize", "allowed_special, return_offsets_mapping", function(o) return bpe:tokenize("hi", o) end},
     {"text.ByteBPE.decode", "skip_special_tokens", function(o) return bpe:decode({1}, o) end},
   }}
 end

@@ -229,8 +229,10 @@ function ByteBPE:_bpe(piece)
   return out
 end
 
--- appends the ids of s:sub(i, j) (no special tokens) to out
-function ByteBPE:_encode_plain(s, i, j, out)
+-- appends the ids of s:sub(i, j) (no special tokens) to out and, when offs
+-- is given, each id's {first, last} bytes of s to offs: a piece's tokens
+-- spell its bytes in order, each token the bytes it stands for
+function ByteBPE:_encode_plain(s, i, j, out, offs)
   local cache = self._cache
   local n = #out
   while i <= j do
@@ -240,8 +242,17 @@ function ByteBPE:_encode_plain(s, i, j, out)
     if type(v) == "number" then
       n = n + 1
       out[n] = v
+      if offs then offs[n] = {i, stop} end
     else
-      for k = 1, #v do out[n + k] = v[k] end
+      local at = i
+      for k = 1, #v do
+        out[n + k] = v[k]
+        if offs then
+          local len = #self:_bytes_of(v[k])
+          offs[n + k] = {at, at + len - 1}
+          at = at + len
+        end
+      end
       n = n + #v
     end
     i = stop + 1
@@ -263,9 +274,13 @@ local function allowed_list(self, who, allowed)
   return allowed
 end
 
--- tok:encode(text, {allowed_special = nil | "all" | {tokens}}) -> ids. The
--- allowed special tokens written in text become their one id; anything else
--- (special tokens not allowed included) is encoded as plain text.
+-- tok:encode(text, {allowed_special = nil | "all" | {tokens},
+-- return_offsets_mapping = false}) -> ids[, offsets]. The allowed special
+-- tokens written in text become their one id; anything else (special tokens
+-- not allowed included) is encoded as plain text. With
+-- return_offsets_mapping, offsets[k] = {first, last}: the bytes of text that
+-- token k stands for (1-based, inclusive; a leading space included, as
+-- GPT-2's fast tokenizer, whose post-processor does not trim offsets).
 function ByteBPE:encode(text, opts)
   local who = "text.ByteBPE.encode"
   check_self(self, who)
@@ -273,10 +288,11 @@ function ByteBPE:encode(text, opts)
 end
 
 function ByteBPE:_encode(who, text, opts)
-  local o = options.check(who, opts, {allowed_special = "string|table"})
+  local o = options.check(who, opts, {allowed_special = "string|table", return_offsets_mapping = "boolean"})
   if type(text) ~= "string" then errors.fail(who, "text must be a string, got %s", type(text)) end
   local allowed = allowed_list(self, who, o.allowed_special)
   local out = {}
+  local offs = o.return_offsets_mapping and {} or nil
   local pos, n = 1, #text
   while pos <= n do
     local first, ftok
@@ -285,23 +301,26 @@ function ByteBPE:_encode(who, text, opts)
       if p and (first == nil or p < first or (p == first and #t > #ftok)) then first, ftok = p, t end
     end
     if first == nil then
-      self:_encode_plain(text, pos, n, out)
+      self:_encode_plain(text, pos, n, out, offs)
       break
     end
-    self:_encode_plain(text, pos, first - 1, out)
+    self:_encode_plain(text, pos, first - 1, out, offs)
     out[#out + 1] = self._ids[ftok]
+    if offs then offs[#out] = {first, first + #ftok - 1} end
     pos = first + #ftok
   end
+  if offs then return out, offs end
   return out
 end
 
 -- tok:tokenize(text, opts) -> the tokens (byte-level strings, "Ġworld"), as
--- HF's tokenize; opts as encode's
+-- HF's tokenize[, offsets]; opts as encode's
 function ByteBPE:tokenize(text, opts)
   local who = "text.ByteBPE.tokenize"
   check_self(self, who)
-  local ids = self:_encode(who, text, opts)
+  local ids, offs = self:_encode(who, text, opts)
   for k = 1, #ids do ids[k] = self._tokens[ids[k]] end
+  if offs then return ids, offs end
   return ids
 end
 
