@@ -192,12 +192,126 @@ describe("nd.amp.GradScaler", function()
     assert.are.same({0, 3}, e.grad.shape)
   end)
 
+  it("unscales a gradient autograd made by broadcasting (stride 0) without writing into it", function()
+    local a, w = nd.zeros(2):requires_grad_(), nd.zeros(3):requires_grad_()
+    local opt = nd.optim.SGD({a, w}, {lr = 1})
+    local scaler = nd.amp.GradScaler({init_scale = 4})
+    scaler:scale((a * 2):sum() + w:sum() * 0.5):backward()
+    scaler:step(opt)
+    scaler:update()
+    assert(nd.equal(a, nd.full({2}, -2.0)), tostring(a))
+    assert(nd.equal(w, nd.full({3}, -0.5)), tostring(w))
+  end)
+
+  it("a gradient it cannot take leaves every gradient as it was", function()
+    local p = nd.zeros(2):requires_grad_()
+    p.grad = nd.full({2}, 8.0)
+    local fake = {param_groups = {{params = {p, 5}}}, step = function() end}
+    local scaler = nd.amp.GradScaler({init_scale = 4})
+    assert_contains(errmsg(function() scaler:step(fake) end),
+                    "unscale_: param_groups[1].params[2] is a number, not a tensor")
+    assert(nd.equal(p.grad, nd.full({2}, 8.0)), "untouched")
+    -- and the call may be made again once the optimizer is right
+    fake.param_groups[1].params[2] = nil
+    scaler:step(fake)
+    assert(nd.equal(p.grad, nd.full({2}, 2.0)))
+  end)
+
+  it("keeps every optimizer's overflow until update(), even one nothing else refers to", function()
+    local keep = nd.zeros(1):requires_grad_()
+    local oa = nd.optim.SGD({keep}, {lr = 1})
+    local scaler = nd.amp.GradScaler({init_scale = 8, growth_interval = 1})
+    keep.grad = nd.ones(1)
+    scaler:step(oa)
+    do
+      local q = nd.zeros(1):requires_grad_()
+      q.grad = nd.full({1}, math.huge)
+      scaler:step(nd.optim.SGD({q}, {lr = 1}))
+    end
+    collectgarbage()
+    collectgarbage()
+    scaler:update()
+    assert.are.equal(4, scaler:get_scale())
+  end)
+
+  it("grows at the next clean step when the interval is lowered below the count, and saves any state it reaches",
+     function()
+    local p = nd.zeros(1):requires_grad_()
+    local opt = nd.optim.SGD({p}, {lr = 0})
+    local scaler = nd.amp.GradScaler({init_scale = 8, growth_interval = 10})
+    local function clean_step()
+      p.grad = nd.ones(1)
+      scaler:step(opt)
+      scaler:update()
+    end
+    for _ = 1, 5 do clean_step() end
+    scaler:set_growth_interval(3)
+    local other = nd.amp.GradScaler()
+    other:load_state_dict(scaler:state_dict()) -- tracker 5 >= interval 3: still loads
+    assert.are.same(scaler:state_dict(), other:state_dict())
+    clean_step()
+    assert.are.equal(16, scaler:get_scale())
+    assert.are.equal(0, scaler:state_dict()._growth_tracker)
+    -- a scale backed off to 0 (a model that overflows at every scale) loads too, and skips every step
+    other:load_state_dict({scale = 0.0, growth_factor = 2.0, backoff_factor = 0.5, growth_interval = 3,
+                           _growth_tracker = 0})
+    p.grad = nd.ones(1)
+    local before = p:clone()
+    other:step(nd.optim.SGD({p}, {lr = 1}))
+    assert(nd.equal(p, before), "a zero scale's reciprocal is inf: the step is skipped")
+    other:update()
+    assert.are.equal(0, other:get_scale())
+  end)
+
+  it("rounds a grown scale to float32 as C does: just past the largest float32 is the largest", function()
+    local p = nd.zeros(1):requires_grad_()
+    local opt = nd.optim.SGD({p}, {lr = 0})
+    -- 2^127 (2 - 1.5 2^-24) is FLT_MAX + half of half an ulp: it rounds to FLT_MAX
+    local scaler = nd.amp.GradScaler({init_scale = 2 ^ 127, growth_interval = 1, growth_factor = 2 - 1.5 * 2 ^ -24})
+    p.grad = nd.ones(1)
+    scaler:step(opt)
+    scaler:update()
+    assert.are.equal(3.4028234663852886e38, scaler:get_scale())
+  end)
+
+  it("unscales by the float32 reciprocal of a scale that is not a power of two", function()
+    local p = nd.zeros(3, {dtype = "float64"}):requires_grad_()
+    local opt = nd.optim.SGD({p}, {lr = 1})
+    local scaler = nd.amp.GradScaler({init_scale = 3})
+    local c = {0.1, 0.7, 1e-3}
+    scaler:scale((p * nd.tensor(c, {dtype = "float64"})):sum()):backward()
+    scaler:unscale_(opt)
+    local inv = string.unpack("<f", string.pack("<f", 1 / 3))
+    assert.are_not.equal(1 / 3, inv)
+    for i = 1, 3 do
+      assert.are.equal(c[i] * 3 * inv, p.grad[{i}]:item(), "element " .. i)
+    end
+  end)
+
+  it("an optimizer whose only parameter has no elements steps", function()
+    local e = nd.zeros(0):requires_grad_()
+    local opt = nd.optim.SGD({e}, {lr = 1})
+    local scaler = nd.amp.GradScaler()
+    scaler:scale(e:sum()):backward()
+    scaler:step(opt)
+    scaler:update()
+    assert.are.equal(65536, scaler:get_scale())
+  end)
+
   it("scale keeps the structure of nested outputs and their dtypes", function()
     local scaler = nd.amp.GradScaler({init_scale = 4})
     local r = scaler:scale({nd.tensor({1, 2}), {nd.tensor({3.0}, {dtype = "float64"})}})
     assert(nd.equal(r[1], nd.tensor({4, 8})))
     assert.are.equal("float64", r[2][1].dtype)
     assert(nd.equal(r[2][1], nd.tensor({12.0}, {dtype = "float64"})))
+    for _, dt in ipairs({"float16", "bfloat16"}) do
+      local h = scaler:scale(nd.tensor({1.5, -2}):to(dt))
+      assert.are.equal(dt, h.dtype)
+      assert(nd.equal(h:float(), nd.tensor({6, -8})))
+    end
+    local cyc = {nd.ones(1)}
+    cyc[2] = cyc
+    assert_contains(errmsg(function() scaler:scale(cyc) end), "scale: outputs[2] contains itself")
   end)
 
   it("disabled, it is the identity around the optimizer", function()
@@ -257,10 +371,11 @@ describe("nd.amp.GradScaler", function()
     end
     local cases = {
       {{}, "state dict is empty"},
-      {with("_growth_tracker", 10), "_growth_tracker must be in [0, growth_interval - 1] = [0, 9], got 10"},
-      {with("scale", 1e39), "scale must be a positive number that float32 holds"},
-      {with("scale", 0 / 0), "scale must be a positive number"},
-      {with("backoff_factor", 1), "backoff_factor must be a number in (0, 1)"},
+      {with("_growth_tracker", -1), "load_state_dict: _growth_tracker must be an integer >= 0, got -1"},
+      {with("scale", 1e39), "load_state_dict: scale must be a number in [0, 3.40282347e+38]"},
+      {with("scale", 0 / 0), "load_state_dict: scale must be a number in [0"},
+      {with("scale", "8"), "option 'scale' must be a number, got \"8\""},
+      {with("backoff_factor", 1), "load_state_dict: backoff_factor must be a number in (0, 1)"},
       {with("growth_interval", 2.5), "option 'growth_interval' must be an integer"},
       {with("scales", 1), "unknown option 'scales' in the state dict (valid: _growth_tracker, backoff_factor, " ..
                           "growth_factor, growth_interval, scale)"},
@@ -295,12 +410,23 @@ describe("nd.amp.GradScaler", function()
     assert_contains(errmsg(function() scaler:step(opt, function() return 0 end) end),
                     "a closure is not supported while the scaler is enabled")
     assert_contains(errmsg(function() scaler:step(p) end), "step expects an optimizer")
+    assert_contains(errmsg(function() nd.amp.GradScaler({enabled = false}):step(nil) end),
+                    "step expects an optimizer (a table with param_groups and step), got nil")
+    for _, m in ipairs({"get_scale", "get_growth_factor", "is_enabled", "state_dict", "update"}) do
+      assert_contains(errmsg(function() scaler[m]() end), "call it as scaler:" .. m .. "(...)")
+    end
+    assert_contains(errmsg(function() scaler.set_growth_interval(5) end), "call it as scaler:set_growth_interval")
     assert_contains(errmsg(function() scaler.step(opt) end), "call it as scaler:step(...)")
     assert_contains(errmsg(function() scaler:scale(nd.tensor({1, 2}, {dtype = "int64"})) end),
                     "scale: outputs is a int64 tensor; expected floating-point outputs")
     assert_contains(errmsg(function() scaler:scale({nd.ones(1), 3}) end),
                     "scale: outputs[2] is a number; expected a tensor")
-    assert_contains(errmsg(function() scaler:update(0) end), "new_scale must be a positive number")
+    assert_contains(errmsg(function() scaler:update(0) end),
+                    "update: new_scale must be a number in [5.87747175e-39, 3.40282347e+38] (float32's range, " ..
+                    "with a reciprocal it holds), got 0")
+    assert_contains(errmsg(function() scaler:update("1024") end),
+                    "new_scale must be a number or a one-element floating-point tensor, got the string \"1024\"")
+    assert_contains(errmsg(function() scaler:update({}) end), "got a table")
     assert_contains(errmsg(function() scaler:update(nd.ones(2)) end),
                     "new_scale must be a number or a one-element floating-point tensor, got a float32 tensor " ..
                     "of shape {2}")
@@ -313,8 +439,9 @@ describe("nd.amp.GradScaler", function()
       {{growth_factor = 1}, "growth_factor must be a finite number > 1, got 1"},
       {{backoff_factor = 0}, "backoff_factor must be a number in (0, 1), got 0"},
       {{growth_interval = 0}, "growth_interval must be an integer >= 1, got 0"},
-      {{init_scale = -1}, "init_scale must be a positive number"},
-      {{init_scale = math.huge}, "init_scale must be a positive number"},
+      {{init_scale = -1}, "init_scale must be a number in [5.87747175e-39, 3.40282347e+38]"},
+      {{init_scale = math.huge}, "init_scale must be a number in"},
+      {{init_scale = 2 ^ -128}, "with a reciprocal it holds"},
     }
     for _, c in ipairs(cases) do
       assert_contains(errmsg(function() nd.amp.GradScaler(c[1]) end), c[2])
@@ -373,7 +500,7 @@ describe("nd.amp.GradScaler", function()
         scaler:step(opt)
       end, {warmup = 0})
       local msg = errmsg(function() f(nd.ones(3)) end)
-      assert_contains(msg, "nd.amp.GradScaler:unscale_ reads on the host whether the gradients are finite")
+      assert_contains(msg, "nd.amp.GradScaler:step reads on the host whether the gradients are finite")
       assert_contains(msg, "a graph break")
       -- with fallback the function runs eagerly, the scaler working as without nd.compile
       local p2 = nd.zeros(3):requires_grad_()
@@ -387,6 +514,23 @@ describe("nd.amp.GradScaler", function()
       end, {fallback = true})
       for _ = 1, 3 do g(nd.ones(3)) end
       assert(nd.equal(p2, nd.full({3}, -3.0)))
+    end)
+
+    it("step alone in a compiled function, after an eager unscale_, still skips an overflowing step", function()
+      local p = nd.zeros(3):requires_grad_()
+      local opt = nd.optim.SGD({p}, {lr = 1})
+      local scaler = nd.amp.GradScaler({init_scale = 2, growth_interval = 1000})
+      local f = nd.compile(function(x) scaler:step(opt); return x end, {fallback = true})
+      p.grad = nd.zeros(3)
+      for i = 1, 6 do
+        local g = i == 5 and nd.tensor({1, math.huge, 1}) or nd.ones(3)
+        p.grad:copy_(g * scaler:get_scale())
+        scaler:unscale_(opt)
+        f(nd.ones(1))
+        scaler:update()
+        local want = i < 5 and -i or -(i - 1)
+        assert(nd.equal(p, nd.full({3}, want)), ("call %d: %s"):format(i, tostring(p)))
+      end
     end)
   end)
 
@@ -412,6 +556,15 @@ describe("nd.amp.GradScaler", function()
         scaler:update()
         assert(nd.equal(p:to("cpu"), nd.full({4}, -2.0)), "stepped")
         assert(nd.equal(q:to("cpu"), nd.full({1000}, -3.0)), "stepped")
+        -- -inf (the min's case) is found too
+        opt:zero_grad()
+        local gm = nd.ones(1000)
+        gm[{3}] = -math.huge
+        scaler:scale((p * 2):sum() + (q * gm:to(dev)):sum()):backward()
+        scaler:step(opt)
+        scaler:update()
+        assert(nd.equal(q:to("cpu"), nd.full({1000}, -3.0)), "skipped")
+        assert.are.equal(1, scaler:get_scale())
       end)
     end
   end)

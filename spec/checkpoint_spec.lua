@@ -248,6 +248,44 @@ describe("nd.checkpoint", function()
     assert.are.same(target_before, bytes_of(target))
   end)
 
+  it("names an object that cannot be put back after a failed load", function()
+    local model = TwoLayer(2, 2, 2)
+    local p = tmp("unrestorable.safetensors")
+    checkpoint.save(p, {model = model, scheduler = {version = 2}})
+    -- takes the checkpoint's state, then refuses its own backup
+    local stubborn = {version = 1}
+    function stubborn:state_dict() return {version = self.version} end
+    function stubborn:load_state_dict(sd)
+      if sd.version == 1 then error("Stubborn: version 1 is gone") end
+      self.version = sd.version
+    end
+    local e = err_of(checkpoint.load, p, {model = TwoLayer(3, 3, 3), scheduler = stubborn})
+    assert.matches("': model: ", e, 1, true)
+    assert.matches("; the scheduler could not be put back as it was (Stubborn: version 1 is gone)", e, 1, true)
+  end)
+
+  it("keeps a GradScaler with the rest, and puts it back when the model fails to load", function()
+    local model = TwoLayer(2, 2, 2)
+    local saved = nd.amp.GradScaler({init_scale = 1024})
+    local p = tmp("scaler.safetensors")
+    checkpoint.save(p, {model = model, scaler = saved})
+    local scaler = nd.amp.GradScaler({init_scale = 8, growth_interval = 10})
+    local w = nd.zeros(1):requires_grad_()
+    for _ = 1, 5 do
+      w.grad = nd.ones(1)
+      scaler:step(nd.optim.SGD({w}, {lr = 0}))
+      scaler:update()
+    end
+    scaler:set_growth_interval(3) -- a count past the interval: a state that must still load back
+    local before = scaler:state_dict()
+    local e = err_of(checkpoint.load, p, {model = TwoLayer(3, 3, 3), scaler = scaler})
+    assert.matches("': model: ", e, 1, true)
+    assert.is_nil(e:find("could not be put back", 1, true), e)
+    assert.are.same(before, scaler:state_dict())
+    checkpoint.load(p, {model = TwoLayer(2, 2, 2), scaler = scaler})
+    assert.are.same(saved:state_dict(), scaler:state_dict())
+  end)
+
   it("restores the RNG only when asked", function()
     local p = tmp("rng.safetensors")
     nd.manual_seed(42)

@@ -33,14 +33,26 @@ local fail = errors.failer("amp.GradScaler")
 local FLT_MAX = 3.4028234663852886e38
 local huge = math.huge
 
--- x as float32 would hold it (round to nearest even); inf beyond float32's range
+-- half a unit in the last place of FLT_MAX: values up to FLT_MAX + HALF_ULP
+-- (exclusive: the tie goes to the even neighbour, 2^128) round down to it
+local HALF_ULP = 2.0 ^ 103
+
+-- x as float32 would hold it (round to nearest even, as C's conversion);
+-- inf beyond float32's range
 local function to_f32(x)
   if x ~= x then return x end
-  if x > FLT_MAX or x < -FLT_MAX then return x > 0 and huge or -huge end
+  local a = math.abs(x)
+  if a >= FLT_MAX + HALF_ULP then return x > 0 and huge or -huge end
+  if a > FLT_MAX then return x > 0 and FLT_MAX or -FLT_MAX end
   return (string.unpack("<f", string.pack("<f", x)))
 end
 
+-- the smallest scale whose reciprocal float32 holds (1 / 2^-128 = 2^128 does not)
+local MIN_SCALE = 2.0 ^ -127
+
 local function finite(x) return x == x and x > -huge and x < huge end
+
+local FLOAT = {float32 = true, float64 = true, float16 = true, bfloat16 = true}
 
 local GradScaler = {}
 GradScaler.__index = GradScaler
@@ -49,21 +61,39 @@ GradScaler.__name = "needle.amp.GradScaler"
 local OPTS = {init_scale = "number", growth_factor = "number", backoff_factor = "number",
               growth_interval = "integer", enabled = "boolean"}
 
-local function check_growth_factor(v)
-  if not (finite(v) and v > 1) then fail("growth_factor must be a finite number > 1, got %s", tostring(v)) end
+-- a value for a message: strings quoted, tables named as such
+local function show(v)
+  if type(v) == "string" then return ("the string %q"):format(v) end
+  if type(v) == "table" then return core.is_tensor(v) and "a tensor" or "a table" end
+  return tostring(v)
 end
-local function check_backoff_factor(v)
-  if not (v > 0 and v < 1) then fail("backoff_factor must be a number in (0, 1), got %s", tostring(v)) end
-end
-local function check_growth_interval(v)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < 1 or v > math.maxinteger then
-    fail("growth_interval must be an integer >= 1, got %s", tostring(v))
+
+-- the checks of the settings; `where` prefixes the message ("load_state_dict: ")
+local function check_growth_factor(v, where)
+  if not (type(v) == "number" and finite(v) and v > 1) then
+    fail("%sgrowth_factor must be a finite number > 1, got %s", where or "", show(v))
   end
+  return v + 0.0 -- a float, as PyTorch keeps it
 end
-local function check_scale(v, what)
+local function check_backoff_factor(v, where)
+  if not (type(v) == "number" and v > 0 and v < 1) then
+    fail("%sbackoff_factor must be a number in (0, 1), got %s", where or "", show(v))
+  end
+  return v + 0.0
+end
+local function check_growth_interval(v, where)
+  if type(v) ~= "number" or v ~= math.floor(v) or v < 1 or v >= 2 ^ 53 then
+    fail("%sgrowth_interval must be an integer >= 1, got %s", where or "", show(v))
+  end
+  return math.tointeger(v)
+end
+-- a scale: a float32 value; min the smallest allowed (a new scale must have
+-- a reciprocal float32 holds; a saved one may be anything update() reaches)
+local function check_scale(v, what, min)
   local s = type(v) == "number" and to_f32(v)
-  if not (s and finite(s) and s > 0) then
-    fail("%s must be a positive number that float32 holds (at most %.8g), got %s", what, FLT_MAX, tostring(v))
+  if not (s and finite(s) and s >= min and (min > 0 or s >= 0)) then
+    fail("%s must be a number in [%.9g, %.9g] (float32's range%s), got %s", what, min, FLT_MAX,
+         min > 0 and ", with a reciprocal it holds" or "", show(v))
   end
   return s
 end
@@ -73,18 +103,16 @@ function M.GradScaler(opts)
   opts = options.check("amp.GradScaler", opts, OPTS)
   local self = setmetatable({}, GradScaler)
   self._enabled = opts.enabled ~= false
-  local init = opts.init_scale or 65536.0
-  self._scale = check_scale(init, "init_scale")
-  self._growth_factor = opts.growth_factor or 2.0
-  self._backoff_factor = opts.backoff_factor or 0.5
-  self._growth_interval = math.tointeger(opts.growth_interval or 2000)
-  check_growth_factor(self._growth_factor)
-  check_backoff_factor(self._backoff_factor)
-  check_growth_interval(self._growth_interval)
+  self._scale = check_scale(opts.init_scale or 65536.0, "init_scale", MIN_SCALE)
+  self._growth_factor = check_growth_factor(opts.growth_factor or 2.0)
+  self._backoff_factor = check_backoff_factor(opts.backoff_factor or 0.5)
+  self._growth_interval = check_growth_interval(opts.growth_interval or 2000)
   self._growth_tracker = 0
   -- per optimizer since the last update(): stage ("unscaled" | "stepped") and
-  -- found_inf (true/false; nil when it had no gradient to check)
-  self._per_optimizer = setmetatable({}, {__mode = "k"})
+  -- found_inf (true/false; nil when it had no gradient to check). A plain
+  -- table: an optimizer that overflowed must count at update() even when
+  -- nothing else refers to it any more; update() empties it.
+  self._per_optimizer = {}
   return self
 end
 
@@ -101,7 +129,8 @@ local function check_self(self, method)
 end
 
 local function check_optimizer(opt, method)
-  if type(opt) ~= "table" or type(opt.param_groups) ~= "table" or type(opt.step) ~= "function" then
+  if type(opt) ~= "table" or core.is_tensor(opt) or type(opt.param_groups) ~= "table"
+     or type(opt.step) ~= "function" then
     fail("%s expects an optimizer (a table with param_groups and step), got %s", method,
          core.is_tensor(opt) and "a tensor" or type(opt))
   end
@@ -115,15 +144,22 @@ function GradScaler:scale(outputs)
   -- a compiled function bakes the scale into its kernels: a new scale traces it again
   if capture.active then capture.guard(function() return self._scale end) end
   local s = self._scale
+  local seen = {}
   local function apply(v, path)
     if core.is_tensor(v) then
-      if v.dtype ~= "float32" and v.dtype ~= "float64" and v.dtype ~= "float16" and v.dtype ~= "bfloat16" then
+      if not FLOAT[v.dtype] then
         fail("scale: %s is a %s tensor; expected floating-point outputs (a loss)", path, v.dtype)
       end
-      return v * s
+      local r = v * s
+      -- float16 and bfloat16 compute in float32: the result keeps the output's dtype, as PyTorch's
+      if r.dtype ~= v.dtype then r = r:to(v.dtype) end
+      return r
     elseif type(v) == "table" and getmetatable(v) == nil then
+      if seen[v] then fail("scale: %s contains itself", path) end
+      seen[v] = true
       local r = {}
       for k, x in pairs(v) do r[k] = apply(x, path .. "[" .. tostring(k) .. "]") end
+      seen[v] = nil
       return r
     end
     fail("scale: %s is a %s; expected a tensor or a list of tensors", path, type(v))
@@ -131,44 +167,73 @@ function GradScaler:scale(outputs)
   return apply(outputs, "outputs")
 end
 
-local FLOAT = {float32 = true, float64 = true, float16 = true, bfloat16 = true}
+-- whether g can be multiplied in place: no dim broadcast by a zero stride
+-- (autograd gives an expanded gradient to a parameter used only through sum())
+local function writable(g)
+  local shape, stride = g.shape, g:stride()
+  for d = 1, #shape do
+    if stride[d] == 0 and shape[d] > 1 then return false end
+  end
+  return true
+end
 
--- multiplies every gradient of opt by inv in place; true when one of them had
--- an inf or NaN, false when none, nil when opt has no gradient at all
+-- the parameters of opt that have a gradient, each checked; nothing is
+-- changed until all are (a failed unscale_ leaves every gradient as it was)
+local function grads_of(opt)
+  local params = {}
+  for gi, group in ipairs(opt.param_groups) do
+    if type(group) ~= "table" or type(group.params) ~= "table" then
+      fail("unscale_: the optimizer's param_groups[%d] has no list of params", gi)
+    end
+    for pi, p in ipairs(group.params) do
+      if not core.is_tensor(p) then
+        fail("unscale_: param_groups[%d].params[%d] is a %s, not a tensor", gi, pi, type(p))
+      end
+      local g = p.grad
+      if g ~= nil then
+        if not FLOAT[g.dtype] then
+          fail("unscale_: the gradient of param_groups[%d].params[%d] is a %s tensor, expected a floating-point one",
+               gi, pi, g.dtype)
+        end
+        params[#params + 1] = p
+      end
+    end
+  end
+  return params
+end
+
+-- multiplies every gradient of opt by inv; true when one of them had an inf
+-- or NaN, false when none, nil when opt has no gradient at all
 local function unscale_grads(opt, inv)
-  local found, any = false, false
+  local params = grads_of(opt)
+  if #params == 0 then return nil end
+  local found = false
   local pending = {} -- per non-CPU device: a 0-dim tensor, NaN when a gradient was not finite
   core.no_grad(function()
-    for _, group in ipairs(opt.param_groups) do
-      for _, p in ipairs(group.params or {}) do
-        local g = p.grad
-        if g ~= nil and g:numel() == 0 then
-          any = true -- nothing to check or unscale
-        elseif g ~= nil then
-          if not FLOAT[g.dtype] then
-            fail("unscale_: a gradient is a %s tensor, expected a floating-point one", g.dtype)
-          end
-          any = true
-          -- max and min propagate NaN and meet every inf: two passes, no temporary
-          local mx, mn = g:max(), g:min()
-          if g.device == "cpu" then
-            local a, b = mx:item(), mn:item()
-            if not (a < huge and b > -huge) then found = true end
-          else
-            -- finite * 0 = 0, inf * 0 = NaN: one read of the device per call
-            local chk = mx:mul(0):add(mn:mul(0))
-            local d = g.device
-            pending[d] = pending[d] and pending[d]:add(chk:float()) or chk:float()
-          end
-          g:mul_(inv)
+    for _, p in ipairs(params) do
+      local g = p.grad
+      if g:numel() > 0 then
+        -- max and min propagate NaN and meet every inf: two passes, no temporary
+        local mx, mn = g:max(), g:min()
+        if g.device == "cpu" then
+          local a, b = mx:item(), mn:item()
+          if not (a < huge and b > -huge) then found = true end
+        else
+          -- finite * 0 = 0, inf * 0 = NaN: one read of the device per call
+          local chk = mx:mul(0):add(mn:mul(0)):float()
+          local d = g.device
+          pending[d] = pending[d] and pending[d]:add(chk) or chk
         end
       end
     end
+    for _, chk in pairs(pending) do
+      if chk:item() ~= 0 then found = true end
+    end
+    for _, p in ipairs(params) do
+      local g = p.grad
+      if writable(g) then g:mul_(inv) else p.grad = g * inv end
+    end
   end)
-  for _, chk in pairs(pending) do
-    if chk:item() ~= 0 then found = true end
-  end
-  if not any then return nil end
   return found
 end
 
@@ -201,8 +266,13 @@ function GradScaler:unscale_(opt)
     fail("unscale_() is being called after step(); call it before step(), once per update()")
   end
   break_graph("unscale_")
-  -- as PyTorch: the reciprocal in float64, then rounded to float32
-  st.found_inf = unscale_grads(opt, to_f32(1 / self._scale))
+  -- as PyTorch: the reciprocal in float64, then rounded to float32. A scale
+  -- that backed off so far that its reciprocal overflows (or reached 0)
+  -- would turn every gradient into inf or NaN: such a step is skipped.
+  local inv = to_f32(1 / self._scale)
+  local found = unscale_grads(opt, inv)
+  if found ~= nil and not finite(inv) then found = true end
+  st.found_inf = found
   st.stage = "unscaled"
 end
 
@@ -211,8 +281,10 @@ end
 -- nil when the step was skipped.
 function GradScaler:step(opt, ...)
   check_self(self, "step")
-  if not self._enabled then return opt:step(...) end
   check_optimizer(opt, "step")
+  if not self._enabled then return opt:step(...) end
+  -- whether the step runs depends on values: a replay would repeat the capture's choice
+  break_graph("step")
   if select("#", ...) > 0 then
     fail("step: a closure is not supported while the scaler is enabled (its loss would not be scaled); " ..
          "compute the loss, scaler:scale(loss):backward(), then scaler:step(opt)")
@@ -246,8 +318,10 @@ function GradScaler:update(new_scale)
              "of shape %s", new_scale.dtype, errors.shape_str(new_scale))
       end
       new_scale = new_scale:item()
+    elseif type(new_scale) ~= "number" then
+      fail("update: new_scale must be a number or a one-element floating-point tensor, got %s", show(new_scale))
     end
-    self._scale = check_scale(new_scale, "update: new_scale")
+    self._scale = check_scale(new_scale, "update: new_scale", MIN_SCALE)
   else
     local recorded, found = false, false
     for _, st in pairs(self._per_optimizer) do
@@ -264,7 +338,8 @@ function GradScaler:update(new_scale)
       self._growth_tracker = 0
     else
       local successful = self._growth_tracker + 1
-      if successful == self._growth_interval then
+      -- >=, not ==: set_growth_interval may have lowered the interval below the count
+      if successful >= self._growth_interval then
         local grown = to_f32(self._scale * self._growth_factor)
         if finite(grown) then self._scale = grown end
         self._growth_tracker = 0
@@ -273,31 +348,40 @@ function GradScaler:update(new_scale)
       end
     end
   end
-  self._per_optimizer = setmetatable({}, {__mode = "k"})
+  self._per_optimizer = {}
 end
 
 function GradScaler:get_scale()
   check_self(self, "get_scale")
   return self._enabled and self._scale or 1.0
 end
-function GradScaler:is_enabled() return self._enabled end
-function GradScaler:get_growth_factor() return self._growth_factor end
-function GradScaler:get_backoff_factor() return self._backoff_factor end
-function GradScaler:get_growth_interval() return self._growth_interval end
+function GradScaler:is_enabled()
+  check_self(self, "is_enabled")
+  return self._enabled
+end
+function GradScaler:get_growth_factor()
+  check_self(self, "get_growth_factor")
+  return self._growth_factor
+end
+function GradScaler:get_backoff_factor()
+  check_self(self, "get_backoff_factor")
+  return self._backoff_factor
+end
+function GradScaler:get_growth_interval()
+  check_self(self, "get_growth_interval")
+  return self._growth_interval
+end
 function GradScaler:set_growth_factor(v)
-  if type(v) ~= "number" then fail("set_growth_factor: expected a number, got %s", type(v)) end
-  check_growth_factor(v)
-  self._growth_factor = v
+  check_self(self, "set_growth_factor")
+  self._growth_factor = check_growth_factor(v, "set_growth_factor: ")
 end
 function GradScaler:set_backoff_factor(v)
-  if type(v) ~= "number" then fail("set_backoff_factor: expected a number, got %s", type(v)) end
-  check_backoff_factor(v)
-  self._backoff_factor = v
+  check_self(self, "set_backoff_factor")
+  self._backoff_factor = check_backoff_factor(v, "set_backoff_factor: ")
 end
 function GradScaler:set_growth_interval(v)
-  if type(v) ~= "number" then fail("set_growth_interval: expected an integer, got %s", type(v)) end
-  check_growth_interval(v)
-  self._growth_interval = math.tointeger(v)
+  check_self(self, "set_growth_interval")
+  self._growth_interval = check_growth_interval(v, "set_growth_interval: ")
 end
 
 local STATE = {scale = "number", growth_factor = "number", backoff_factor = "number",
@@ -312,31 +396,38 @@ function GradScaler:state_dict()
           growth_interval = self._growth_interval, _growth_tracker = self._growth_tracker}
 end
 
--- scaler:load_state_dict(sd): every value is checked before any is taken, so a
--- bad dict leaves the scaler as it was
-function GradScaler:load_state_dict(sd)
+-- scaler:load_state_dict(sd[, {strict = true}]): every value is checked
+-- before any is taken, so a bad dict leaves the scaler as it was; it takes
+-- whatever state_dict() gives (a scale that backed off to 0 included).
+-- strict = false ignores keys it does not know (nd.checkpoint passes it on).
+function GradScaler:load_state_dict(sd, opts)
   check_self(self, "load_state_dict")
+  local o = options.check("amp.GradScaler.load_state_dict", opts, {strict = "boolean"})
   if not self._enabled then return end
-  if type(sd) ~= "table" then fail("load_state_dict: expected a table, got %s", type(sd)) end
+  if type(sd) ~= "table" or core.is_tensor(sd) then
+    fail("load_state_dict: expected a table, got %s", core.is_tensor(sd) and "a tensor" or type(sd))
+  end
   if next(sd) == nil then
     fail("load_state_dict: the state dict is empty, possibly because it was saved from a disabled GradScaler")
   end
-  sd = options.check("amp.GradScaler.load_state_dict", sd, STATE, "in the state dict")
+  if o.strict ~= false then
+    options.check("amp.GradScaler.load_state_dict", sd, STATE, "in the state dict")
+  end
+  local where = "load_state_dict: "
   for _, k in ipairs({"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}) do
-    if sd[k] == nil then fail("load_state_dict: the state dict has no '%s'", k) end
+    if sd[k] == nil then fail("%sthe state dict has no '%s'", where, k) end
   end
-  local scale = check_scale(sd.scale, "load_state_dict: scale")
-  check_growth_factor(sd.growth_factor)
-  check_backoff_factor(sd.backoff_factor)
-  check_growth_interval(sd.growth_interval)
-  local tracker = math.tointeger(sd._growth_tracker)
-  if tracker < 0 or tracker >= sd.growth_interval then
-    fail("load_state_dict: _growth_tracker must be in [0, growth_interval - 1] = [0, %d], got %d",
-         sd.growth_interval - 1, tracker)
+  local scale = check_scale(sd.scale, where .. "scale", 0.0)
+  local growth = check_growth_factor(sd.growth_factor, where)
+  local backoff = check_backoff_factor(sd.backoff_factor, where)
+  local interval = check_growth_interval(sd.growth_interval, where)
+  local tracker = sd._growth_tracker
+  if math.type(tracker) ~= "integer" and not (type(tracker) == "number" and tracker == math.floor(tracker)
+                                              and tracker < 2 ^ 53) or tracker < 0 then
+    fail("%s_growth_tracker must be an integer >= 0, got %s", where, show(tracker))
   end
-  self._scale, self._growth_tracker = scale, tracker
-  self._growth_factor, self._backoff_factor = sd.growth_factor, sd.backoff_factor
-  self._growth_interval = math.tointeger(sd.growth_interval)
+  self._scale, self._growth_tracker = scale, math.tointeger(tracker)
+  self._growth_factor, self._backoff_factor, self._growth_interval = growth, backoff, interval
 end
 
 return M

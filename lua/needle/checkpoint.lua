@@ -388,12 +388,20 @@ local function load(path, targets)
   for i, job in ipairs(jobs) do
     local ok, err = pcall(job.obj.load_state_dict, job.obj, job.sd, opts)
     if not ok then
-      -- put back every object touched so far (this one included when it may be half-loaded)
+      -- put back every object touched so far (this one included when it may be half-loaded);
+      -- one that refuses its own backup is named, not passed over in silence
+      local unrestored = {}
       for j = i, 1, -1 do
         local b = jobs[j]
-        if b.backup then pcall(b.obj.load_state_dict, b.obj, b.backup, opts) end
+        if b.backup then
+          local restored, why = pcall(b.obj.load_state_dict, b.obj, b.backup, opts)
+          if not restored then
+            unrestored[#unrestored + 1] = ("; the %s could not be put back as it was (%s)"):format(b.name,
+              strip_position(why))
+          end
+        end
       end
-      fail(op, path, "%s: %s", job.name, strip_position(err))
+      fail(op, path, "%s: %s%s", job.name, strip_position(err), table.concat(unrestored))
     end
   end
   if restore_rng then core.set_rng_state(rng) end
