@@ -352,6 +352,33 @@ static inline uint32_t bf16_pair(float lo, float hi) { return bf16_bits(lo) | bf
 #define BF16_PACK_TARGET
 #endif
 
+/* The pairs kk < even of one panel of a row-major A (rows <= MR rows from
+ * src, a_sm apart): each row's floats are rounded into a small block in
+ * order (contiguous reads and writes: the loop vectorises, and two
+ * consecutive bfloat16 are the pair word little-endian), then the block is
+ * written out a pair at a time across the rows, as the kernel reads it.
+ * Writing p[kk * MR + r] straight from the rows instead scatters every
+ * word 48 bytes apart: that was 7-10% of a bfloat16 product. */
+#define PACK_A_PAIRS 64
+BF16_PACK_TARGET static void pack_a_bf16_rows(int MR, const float *src, int64_t a_sm, int64_t rows,
+                                              int64_t even, uint32_t *p) {
+    uint16_t block[MAX_MR][2 * PACK_A_PAIRS];
+    for (int64_t k0 = 0; k0 < even; k0 += PACK_A_PAIRS) {
+        const int64_t nb = even - k0 < PACK_A_PAIRS ? even - k0 : PACK_A_PAIRS;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *sr = src + r * a_sm + 2 * k0;
+            uint16_t *b = block[r];
+#pragma omp simd
+            for (int64_t i = 0; i < 2 * nb; i++) b[i] = (uint16_t)bf16_bits(sr[i]);
+        }
+        for (int64_t kk = 0; kk < nb; kk++) {
+            uint32_t *d = p + (k0 + kk) * MR;
+            for (int64_t r = 0; r < rows; r++) d[r] = (uint32_t)block[r][2 * kk] | (uint32_t)block[r][2 * kk + 1] << 16;
+            for (int64_t r = rows; r < MR; r++) d[r] = 0u;
+        }
+    }
+}
+
 /* pack_a's panels in bfloat16 pairs: word (kk, r) = A[r, 2kk] | A[r, 2kk + 1] << 16
  * at p[kk * MR + r]; k's past kc and rows past M are zeros */
 BF16_PACK_TARGET static void pack_a_bf16(const gemm_isa *isa, const float *A, int64_t a_sm, int64_t a_sk,
@@ -359,22 +386,36 @@ BF16_PACK_TARGET static void pack_a_bf16(const gemm_isa *isa, const float *A, in
                                          uint32_t *p) {
     const int MR = isa->mr;
     const int64_t kp = (kc + 1) / 2, even = kc / 2;
+    if (a_sm == 1 && a_sk != 1) {
+        /* column-major A (a gradient read transposed, g:t() @ x): a pair of
+         * k's at a time, along all mc rows, so that memory is read in order
+         * (panel by panel, each k would start a new line a_sk floats away) */
+        for (int64_t kk = 0; kk < kp; kk++) {
+            const float *s0 = A + i0 + (k0 + 2 * kk) * a_sk, *s1 = s0 + a_sk;
+            for (int64_t ip = 0; ip < mc; ip += MR) {
+                int64_t rows = mc - ip < MR ? mc - ip : MR;
+                if (i0 + ip + rows > M) rows = M - (i0 + ip);
+                uint32_t *dk = p + ip * kp + kk * MR;
+                int64_t r = 0;
+                if (kk < even) {
+#pragma omp simd
+                    for (r = 0; r < rows; r++) dk[r] = bf16_pair(s0[ip + r], s1[ip + r]);
+                } else {
+                    for (r = 0; r < rows; r++) dk[r] = bf16_bits(s0[ip + r]);
+                }
+                for (r = rows; r < MR; r++) dk[r] = 0u;
+            }
+        }
+        return;
+    }
     for (int64_t ip = 0; ip < mc; ip += MR, p += MR * kp) {
         int64_t rows = mc - ip < MR ? mc - ip : MR;
         if (i0 + ip + rows > M) rows = M - (i0 + ip);
         const float *src = A + (i0 + ip) * a_sm + k0 * a_sk;
-        if (a_sm == 1 && a_sk != 1) { /* column-major A: a k at a time, along the rows */
-            for (int64_t kk = 0; kk < kp; kk++) {
-                const float *s0 = src + 2 * kk * a_sk, *s1 = s0 + a_sk;
-                uint32_t *dk = p + kk * MR;
-                int r = 0;
-                if (kk < even) {
-#pragma omp simd
-                    for (r = 0; r < rows; r++) dk[r] = bf16_pair(s0[r], s1[r]);
-                } else {
-                    for (r = 0; r < rows; r++) dk[r] = bf16_bits(s0[r]);
-                }
-                for (r = (int)rows; r < MR; r++) dk[r] = 0u;
+        if (a_sk == 1) { /* row-major A */
+            pack_a_bf16_rows(MR, src, a_sm, rows, even, p);
+            if (kp > even) {
+                for (int r = 0; r < MR; r++) p[even * MR + r] = r < rows ? bf16_bits(src[r * a_sm + 2 * even]) : 0u;
             }
             continue;
         }
@@ -384,13 +425,8 @@ BF16_PACK_TARGET static void pack_a_bf16(const gemm_isa *isa, const float *A, in
                 continue;
             }
             const float *sr = src + r * a_sm;
-            if (a_sk == 1) {
-#pragma omp simd
-                for (int64_t kk = 0; kk < even; kk++) p[kk * MR + r] = bf16_pair(sr[2 * kk], sr[2 * kk + 1]);
-            } else {
-                for (int64_t kk = 0; kk < even; kk++)
-                    p[kk * MR + r] = bf16_pair(sr[2 * kk * a_sk], sr[(2 * kk + 1) * a_sk]);
-            }
+            for (int64_t kk = 0; kk < even; kk++)
+                p[kk * MR + r] = bf16_pair(sr[2 * kk * a_sk], sr[(2 * kk + 1) * a_sk]);
             if (kp > even) p[even * MR + r] = bf16_bits(sr[2 * even * a_sk]);
         }
     }
