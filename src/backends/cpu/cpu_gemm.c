@@ -267,20 +267,27 @@ const char *nd_cpu_gemm_kernel(void) {
 static void pack_a(const gemm_isa *isa, const float *A, int64_t a_sm, int64_t a_sk, int64_t M,
                    int64_t i0, int64_t mc, int64_t k0, int64_t kc, float *p) {
     const int MR = isa->mr;
+    if (a_sm == 1 && a_sk != 1) {
+        /* column-major A: a k at a time along all mc rows, so that memory is
+         * read in order (panel by panel, each k would start a new line a_sk
+         * floats away) */
+        for (int64_t k = 0; k < kc; k++) {
+            const float *sk = A + i0 + (k0 + k) * a_sk;
+            for (int64_t ip = 0; ip < mc; ip += MR) {
+                int64_t rows = mc - ip < MR ? mc - ip : MR;
+                if (i0 + ip + rows > M) rows = M - (i0 + ip);
+                float *dk = p + ip * kc + k * MR;
+                int64_t r = 0;
+                for (; r < rows; r++) dk[r] = sk[ip + r];
+                for (; r < MR; r++) dk[r] = 0.0f;
+            }
+        }
+        return;
+    }
     for (int64_t ip = 0; ip < mc; ip += MR, p += MR * kc) {
         int64_t rows = mc - ip < MR ? mc - ip : MR;
         if (i0 + ip + rows > M) rows = M - (i0 + ip);
         const float *src = A + (i0 + ip) * a_sm + k0 * a_sk;
-        if (a_sm == 1 && a_sk != 1) {
-            for (int64_t k = 0; k < kc; k++) {
-                const float *sk = src + k * a_sk;
-                float *dk = p + k * MR;
-                int r = 0;
-                for (; r < rows; r++) dk[r] = sk[r];
-                for (; r < MR; r++) dk[r] = 0.0f;
-            }
-            continue;
-        }
         if (rows == MR && a_sk == 1) { /* row-major, a whole panel: the panel written in order */
             const float *sr[MAX_MR];
             for (int r = 0; r < MR; r++) sr[r] = src + r * a_sm;
