@@ -132,18 +132,30 @@ describe("threads of the CPU kernels", function()
     end
 
     it("the count drops while it runs and comes back when it stops, by the documented rule", function()
-      local out = S.run_program("", BUSY)
-      local busy, quiet = parse(out, "busy"), parse(out, "quiet")
-      assert.is_true(busy.adaptive)
-      assert(busy.busy >= 0.5, out)
-      -- one fewer on a quiet machine; fewer still where other load adds up to
-      -- another half core, so the check is the rule itself
-      assert(busy.in_use < busy.max, out)
-      assert.are.equal(expected(busy), busy.in_use, out)
-      assert.are.equal(expected(quiet), quiet.in_use, out)
-      -- after the loop stopped its core is counted free again, and on a quiet
-      -- machine the rule gives every thread back
-      assert(quiet.busy <= busy.busy - 0.5, out)
+      -- The load of other processes on this machine moves between the two
+      -- samples: an attempt whose "quiet" sample caught someone else's burst
+      -- says nothing about the rule. Up to three attempts; every check must
+      -- hold in one of them (a broken rule fails all three).
+      local failures = {}
+      for _ = 1, 3 do
+        local out = S.run_program("", BUSY)
+        local ok, err = pcall(function()
+          local busy, quiet = parse(out, "busy"), parse(out, "quiet")
+          assert.is_true(busy.adaptive)
+          assert(busy.busy >= 0.5, out)
+          -- one fewer on a quiet machine; fewer still where other load adds up to
+          -- another half core, so the check is the rule itself
+          assert(busy.in_use < busy.max, out)
+          assert.are.equal(expected(busy), busy.in_use, out)
+          assert.are.equal(expected(quiet), quiet.in_use, out)
+          -- after the loop stopped its core is counted free again, and on a quiet
+          -- machine the rule gives every thread back
+          assert(quiet.busy <= busy.busy - 0.5, out)
+        end)
+        if ok then return end
+        failures[#failures + 1] = tostring(err)
+      end
+      error("no attempt in three met the rule:\n" .. table.concat(failures, "\n---\n"))
     end)
 
     it("the count stays where it was fixed (NEEDLE_ADAPTIVE_THREADS=0)", function()
