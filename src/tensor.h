@@ -182,6 +182,16 @@ nd_status nd_broadcast_shape(const char *op, const int64_t *a, int na, const int
 nd_status nd_expand_to(const nd_tensor *t, const int64_t *shape, int ndim, nd_tensor **out);
 /* t converted to dt (a new reference; t itself when already dt). */
 nd_status nd_as_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out);
+/* The half types (float16, bfloat16) are storage: an op computes them in
+ * float32, as elementwise ops and matmul do (ops/op_copy.c). For an op
+ * whose operands in[0..n) are floating point (NULLs skipped): when one of
+ * them is a half type, cv[i] is in[i] converted (differentiably) to the
+ * compute dtype - float64 when an operand is float64, else float32 - or
+ * NULL where in[i] has it already, and *any is true; else every cv[i] is
+ * NULL and *any false. Other dtypes are left to the op's own checks.
+ * nd_half_release releases cv[0..n). */
+nd_status nd_half_operands(int n, const nd_tensor *const *in, nd_tensor **cv, bool *any);
+void nd_half_release(int n, nd_tensor **cv);
 
 /* A number from the caller, integer or floating: integers stay exact up
  * to 64 bits (a double holds only 53). */

@@ -99,6 +99,37 @@ nd_status nd_to_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out) {
     ND_FORWARD_THEN_RECORD(to_dtype_forward(t, dt, out), nd_record_to_dtype(t, *out), out);
 }
 
+static bool is_half(nd_dtype dt) { return dt == ND_FLOAT16 || dt == ND_BFLOAT16; }
+
+nd_status nd_half_operands(int n, const nd_tensor *const *in, nd_tensor **cv, bool *any) {
+    bool half = false, f64 = false;
+    for (int i = 0; i < n; i++) {
+        cv[i] = NULL;
+        if (!in[i]) continue;
+        half = half || is_half(in[i]->dtype);
+        f64 = f64 || in[i]->dtype == ND_FLOAT64;
+    }
+    *any = half;
+    if (!half) return ND_OK;
+    const nd_dtype to = f64 ? ND_FLOAT64 : ND_FLOAT32;
+    for (int i = 0; i < n; i++) {
+        if (!in[i] || !(is_half(in[i]->dtype) || in[i]->dtype == ND_FLOAT32) || in[i]->dtype == to) continue;
+        nd_status st = nd_to_dtype(in[i], to, &cv[i]);
+        if (st != ND_OK) {
+            nd_half_release(n, cv);
+            return st;
+        }
+    }
+    return ND_OK;
+}
+
+void nd_half_release(int n, nd_tensor **cv) {
+    for (int i = 0; i < n; i++) {
+        nd_release(cv[i]);
+        cv[i] = NULL;
+    }
+}
+
 /* ------------------------------------------------------------- copies */
 
 static nd_status bw_identity(nd_node *n, nd_tensor *g, nd_tensor **grads) {

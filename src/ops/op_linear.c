@@ -123,6 +123,18 @@ static nd_status record_linear(const nd_tensor *x, const nd_tensor *w, const nd_
 /* act(x @ w^T + b), errors named op (op_fused.h) */
 nd_status nd_linear_with_act(const char *op, const nd_tensor *x, const nd_tensor *weight,
                              const nd_tensor *bias, nd_activation act, nd_tensor **out) {
+    { /* float16 / bfloat16 operands (a model kept in half precision) compute in float32 */
+        const nd_tensor *in[3] = {x, weight, bias};
+        nd_tensor *cv[3];
+        bool half;
+        ND_TRY(nd_half_operands(3, in, cv, &half));
+        if (half) {
+            nd_status st = nd_linear_with_act(op, cv[0] ? cv[0] : x, cv[1] ? cv[1] : weight,
+                                              cv[2] ? cv[2] : bias, act, out);
+            nd_half_release(3, cv);
+            return st;
+        }
+    }
     ND_TRY(check_act(op, act));
     ND_TRY(linear_args(op, x, weight, bias));
     const nd_backend *be = nd_backend_of(x);

@@ -22,9 +22,12 @@ static nd_status check_param(const char *what, const nd_tensor *p, const nd_tens
     if (!p) return ND_OK;
     ND_TRY(nd_check_same_device("layer_norm", x, p));
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
-    bool ok = p->ndim == nnorm && p->dtype == x->dtype;
+    bool ok = p->ndim == nnorm;
     for (int i = 0; ok && i < nnorm; i++) ok = p->shape[i] == x->shape[x->ndim - nnorm + i];
-    if (ok) return ND_OK;
+    if (ok && p->dtype == x->dtype) return ND_OK;
+    if (ok)
+        return nd_fail(ND_ERR_DTYPE, "layer_norm: %s (%s) and input (%s) must have the same dtype", what,
+                       nd_dtype_name(p->dtype), nd_dtype_name(x->dtype));
     return nd_fail(ND_ERR_SHAPE, "layer_norm: %s of shape %s (%s) does not match the normalized "
                    "shape %s of the input (%s)", what, nd_shape_str(p->shape, p->ndim, b1),
                    nd_dtype_name(p->dtype), nd_shape_str(x->shape + x->ndim - nnorm, nnorm, b2),
@@ -148,6 +151,18 @@ static nd_status bw_layer_norm(nd_node *n, nd_tensor *g, nd_tensor **grads) {
 
 nd_status nd_layer_norm(const nd_tensor *x, int nnorm, const nd_tensor *weight,
                         const nd_tensor *bias, double eps, nd_tensor **out) {
+    { /* float16 / bfloat16 operands compute in float32 (nd_half_operands) */
+        const nd_tensor *in[3] = {x, weight, bias};
+        nd_tensor *cv[3];
+        bool half;
+        ND_TRY(nd_half_operands(3, in, cv, &half));
+        if (half) {
+            nd_status st = nd_layer_norm(cv[0] ? cv[0] : x, nnorm, cv[1] ? cv[1] : weight,
+                                         cv[2] ? cv[2] : bias, eps, out);
+            nd_half_release(3, cv);
+            return st;
+        }
+    }
     nd_tensor *mean = NULL, *rstd = NULL;
     bool grad_on = nd_set_grad_enabled(false);
     nd_status st = layer_norm_forward(x, nnorm, weight, bias, eps, out, &mean, &rstd);
@@ -360,6 +375,27 @@ static nd_status batch_norm_forward(const nd_tensor *x, nd_tensor *rm, nd_tensor
 nd_status nd_batch_norm(const nd_tensor *x, nd_tensor *running_mean, nd_tensor *running_var,
                         const nd_tensor *weight, const nd_tensor *bias, bool training,
                         double momentum, double eps, nd_tensor **out) {
+    { /* float16 / bfloat16 operands compute in float32 (nd_half_operands); running
+       * statistics updated in place cannot be converted copies */
+        const nd_tensor *in[5] = {x, weight, bias, running_mean, running_var};
+        nd_tensor *cv[5];
+        bool half;
+        ND_TRY(nd_half_operands(5, in, cv, &half));
+        if (half && training && ((running_mean && cv[3]) || (running_var && cv[4]))) {
+            nd_half_release(5, cv);
+            return nd_fail(ND_ERR_DTYPE, "batch_norm: running statistics in %s cannot be updated in training "
+                           "mode (half precision is storage for inference); use eval() or keep them in %s",
+                           nd_dtype_name(cv[3] ? running_mean->dtype : running_var->dtype),
+                           nd_dtype_name(x->dtype == ND_FLOAT64 ? ND_FLOAT64 : ND_FLOAT32));
+        }
+        if (half) {
+            nd_status st = nd_batch_norm(cv[0] ? cv[0] : x, cv[3] ? cv[3] : running_mean,
+                                         cv[4] ? cv[4] : running_var, cv[1] ? cv[1] : weight,
+                                         cv[2] ? cv[2] : bias, training, momentum, eps, out);
+            nd_half_release(5, cv);
+            return st;
+        }
+    }
     nd_tensor *mean = NULL, *rstd = NULL;
     bool grad_on = nd_set_grad_enabled(false);
     nd_status st = batch_norm_forward(x, running_mean, running_var, weight, bias, training,

@@ -48,7 +48,7 @@ end
 
 local function check_channel_param(op, x, t, what)
   if t == nil then return end
-  A.same_kind(op, x, t, what)
+  A.same_kind(op, x, {half = true}, t, what)
   if t:dim() ~= 1 or t:size(1) ~= x:size(2) then
     fail(op, "%s must have shape {%d} (one per channel of input %s), got %s", what, x:size(2), shape_str(x),
          shape_str(t))
@@ -165,7 +165,7 @@ function M.rms_norm(x, normalized_shape, weight, ...)
     fail(op, "expected input whose last dims are normalized_shape %s, got %s", A.show(normalized_shape), shape_str(x))
   end
   if weight ~= nil then
-    A.same_kind(op, x, weight, "weight")
+    A.same_kind(op, x, {half = true}, weight, "weight")
     if shape_str(weight) ~= A.show(ns) then
       fail(op, "weight must have shape %s (normalized_shape), got %s", A.show(ns), shape_str(weight))
     end

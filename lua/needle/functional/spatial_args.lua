@@ -68,14 +68,23 @@ function M.ints(who, what, v, n, min)
   return out
 end
 
--- weight, bias, ... (tensors or nil) on x's device with x's dtype
+local HALF = {float16 = true, bfloat16 = true}
+
+-- weight, bias, ... (tensors or nil) on x's device with x's dtype; with
+-- {half = true} first, float16/bfloat16 ones pass too (storage: the
+-- elementwise ops that use them compute in float32, as everywhere)
 function M.same_kind(who, x, ...)
   local args = table.pack(...) -- pairs of (tensor or nil, its name)
+  local half = false
+  if type(args[1]) == "table" and not core.is_tensor(args[1]) then
+    half = args[1].half == true
+    args = table.pack(select(2, ...))
+  end
   for i = 1, args.n, 2 do
     local t, what = args[i], args[i + 1]
     if t ~= nil then
       M.tensor(who, t, what)
-      if t.dtype ~= x.dtype then
+      if t.dtype ~= x.dtype and not (half and HALF[t.dtype]) then
         errors.fail(who, "input (%s) and %s (%s) must have the same dtype", x.dtype, what, t.dtype)
       end
       if t.device ~= x.device then

@@ -1,0 +1,180 @@
+-- half_operands_spec.lua - float16 and bfloat16 parameters (a model kept in
+-- half precision with m:half() / m:bfloat16()): linear, conv2d,
+-- conv_transpose2d, batch_norm, layer_norm, group_norm, instance_norm and
+-- rms_norm compute them in float32, as elementwise ops and matmul always
+-- did (issue 22, item 4: storage-only half precision).
+--
+--   build/needle-lua spec/run.lua spec/half_operands_spec.lua
+--
+-- The reference is independent of the new path: the same layer in float32
+-- holding the half weights converted back (x:bfloat16():float() is exact),
+-- whose result must be the half layer's bit for bit; gradients too.
+local nd = require "needle"
+local A = require("spec.helpers.assertions").bind(assert)
+local D = require "spec.helpers.devices"
+local errmsg, assert_contains = A.errmsg, A.assert_contains
+local nn = nd.nn
+
+-- {name, make(), input(), call(m, x)}
+local LAYERS = {
+  {"Linear", function() return nn.Linear(8, 5) end, function() return nd.randn(3, 8) end},
+  {"Linear without bias, 3-D input", function() return nn.Linear(8, 5, {bias = false}) end,
+   function() return nd.randn(2, 3, 8) end},
+  {"Conv2d", function() return nn.Conv2d(3, 4, 3, {padding = 1}) end, function() return nd.randn(2, 3, 6, 6) end},
+  {"Conv2d, groups", function() return nn.Conv2d(4, 4, 3, {groups = 2}) end, function() return nd.randn(1, 4, 5, 5) end},
+  {"ConvTranspose2d", function() return nn.ConvTranspose2d(3, 2, 3, {stride = 2}) end,
+   function() return nd.randn(1, 3, 4, 4) end},
+  {"BatchNorm2d (eval)", function()
+    local m = nn.BatchNorm2d(3)
+    nd.no_grad(function()
+      m.running_mean:copy_(nd.randn(3)); m.running_var:copy_(nd.rand(3) + 0.5)
+      m.weight:copy_(nd.randn(3)); m.bias:copy_(nd.randn(3))
+    end)
+    return m:eval()
+  end, function() return nd.randn(2, 3, 4, 4) end},
+  {"LayerNorm", function()
+    local m = nn.LayerNorm(8)
+    nd.no_grad(function() m.weight:copy_(nd.randn(8)); m.bias:copy_(nd.randn(8)) end)
+    return m
+  end, function() return nd.randn(3, 8) end},
+  {"GroupNorm", function()
+    local m = nn.GroupNorm(2, 4)
+    nd.no_grad(function() m.weight:copy_(nd.randn(4)); m.bias:copy_(nd.randn(4)) end)
+    return m
+  end, function() return nd.randn(2, 4, 3, 3) end},
+  {"MultiheadAttention", function() return nn.MultiheadAttention(8, 2, {batch_first = true}) end,
+   function() return nd.randn(2, 5, 8) end, function(m, x) return (m(x, x, x)) end},
+  {"LSTM", function() return nn.LSTM(4, 6) end, function() return nd.randn(3, 2, 4) end,
+   function(m, x) return (m(x)) end},
+  {"TransformerEncoderLayer", function()
+    return nn.TransformerEncoderLayer(8, 2, {dim_feedforward = 16, dropout = 0, batch_first = true}):eval()
+  end, function() return nd.randn(2, 4, 8) end},
+}
+
+local function call(l, m, x) return l[4] and l[4](m, x) or m(x) end
+
+-- the layer in dtype, and the float32 layer holding its values
+local function pair(l, dtype, device)
+  nd.manual_seed(3)
+  local half = l[2]():to(dtype):to(device)
+  local ref = l[2]():to(device)
+  ref:load_state_dict(half:state_dict()) -- each value converted back to float32, exactly
+  return half, ref
+end
+
+describe("half-precision parameters", function()
+  for _, dtype in ipairs({"bfloat16", "float16"}) do
+    for _, l in ipairs(LAYERS) do
+      it(("%s in %s computes as float32 with the rounded values, bit for bit"):format(l[1], dtype), function()
+        local half, ref = pair(l, dtype, "cpu")
+        for _, p in ipairs(half:parameters()) do assert.are.equal(dtype, p.dtype) end
+        nd.manual_seed(4)
+        local x = l[3]()
+        local y, want = call(l, half, x), call(l, ref, x)
+        assert.are.equal("float32", y.dtype)
+        assert(nd.equal(y, want), l[1])
+      end)
+    end
+
+    it(("gives %s parameters gradients of their own dtype, the float32 ones rounded"):format(dtype), function()
+      local half, ref = pair(LAYERS[1], dtype, "cpu")
+      for _, p in ipairs(half:parameters()) do p:requires_grad_() end
+      nd.manual_seed(5)
+      local x = nd.randn(3, 8)
+      local xh, xr = x:clone():requires_grad_(), x:clone():requires_grad_()
+      local yh, yr = call(LAYERS[1], half, xh), call(LAYERS[1], ref, xr)
+      local lh, lr = (yh * yh):sum(), (yr * yr):sum()
+      lh:backward()
+      lr:backward()
+      assert(nd.equal(xh.grad, xr.grad), "the input's gradient")
+      local hp, rp = half:parameters(), ref:parameters()
+      for i = 1, #hp do
+        assert.are.equal(dtype, hp[i].grad.dtype)
+        assert(nd.equal(hp[i].grad, rp[i].grad:to(dtype)), "parameter " .. i)
+      end
+    end)
+  end
+
+  it("a float64 input makes the half parameters float64", function()
+    local half, ref = pair(LAYERS[1], "bfloat16", "cpu")
+    ref:double()
+    local x = nd.randn(3, 8):double()
+    local y = half(x)
+    assert.are.equal("float64", y.dtype)
+    assert(nd.equal(y, ref(x)))
+  end)
+
+  it("a half input computes in float32 too", function()
+    local half, ref = pair(LAYERS[3], "bfloat16", "cpu")
+    local x = nd.randn(2, 3, 6, 6):bfloat16()
+    assert(nd.equal(half(x), ref(x:float())))
+  end)
+
+  it("refuses to update half running statistics in training mode, and says what to do", function()
+    local bn = nn.BatchNorm2d(3):bfloat16()
+    local msg = errmsg(function() bn(nd.randn(2, 3, 4, 4)) end)
+    assert_contains(msg, "needle.batch_norm: running statistics in bfloat16 cannot be updated in training mode " ..
+                         "(half precision is storage for inference); use eval() or keep them in float32")
+    assert.are.same({0, 0, 0}, bn.running_mean:float():totable(), "left as they were")
+  end)
+
+  it("still refuses other dtype mixes, naming them", function()
+    local lin = nn.Linear(4, 2):double()
+    assert_contains(errmsg(function() lin(nd.randn(1, 4)) end),
+                    "needle.linear: input (float32) and weight (float64) must have the same dtype")
+    local ln = nn.LayerNorm(4):double()
+    assert_contains(errmsg(function() ln(nd.randn(2, 4)) end),
+                    "needle.layer_norm: weight (float64) and input (float32) must have the same dtype")
+    assert_contains(errmsg(function() nd.F.linear(nd.tensor({{1, 2}}, {dtype = "int64"}),
+                                                  nd.ones(3, 2):bfloat16()) end),
+                    "needle.linear: expected a float32 or float64 input, got int64")
+  end)
+
+  it("runs a half model under nd.compile as eagerly", function()
+    local half = pair(LAYERS[#LAYERS], "bfloat16", "cpu")
+    local f = nd.compile(function(x) return half(x) end)
+    for s = 1, 4 do
+      nd.manual_seed(10 + s)
+      local x = nd.randn(2, 4, 8)
+      assert(nd.equal(f(x), half(x)), "call " .. s)
+    end
+    assert(f.stats.replays > 0)
+  end)
+
+  it("keeps a BERT in bfloat16 at half the bytes, its outputs those of the float32 model with the rounded weights",
+     function()
+    local M = nd.nn.models
+    nd.manual_seed(6)
+    local cfg = {vocab_size = 50, hidden_size = 16, num_hidden_layers = 2, num_attention_heads = 2,
+                 intermediate_size = 32, max_position_embeddings = 16}
+    local half = M.BertModel(cfg):eval()
+    local bytes32 = 0
+    for _, p in ipairs(half:parameters()) do bytes32 = bytes32 + p:numel() * 4 end
+    half:bfloat16()
+    local bytes16 = 0
+    for _, p in ipairs(half:parameters()) do bytes16 = bytes16 + p:numel() * 2 end
+    assert.are.equal(bytes32 / 2, bytes16)
+    local ref = M.BertModel(cfg):eval()
+    ref:load_state_dict(half:state_dict())
+    local ids = nd.tensor({{1, 5, 9, 2}, {3, 4, 7, 8}}, {dtype = "int64"})
+    local yh, yr = half(ids), ref(ids)
+    yh = type(yh) == "table" and not nd.is_tensor(yh) and (yh.last_hidden_state or yh[1]) or yh
+    yr = type(yr) == "table" and not nd.is_tensor(yr) and (yr.last_hidden_state or yr[1]) or yr
+    assert(nd.equal(yh, yr))
+  end)
+
+  describe("on OpenCL", function()
+    if D.pending_without_opencl(pending, "half-precision parameters on OpenCL") then return end
+    for _, dev in ipairs(D.opencl()) do
+      for _, i in ipairs({1, 3, 6, 7}) do
+        local l = LAYERS[i]
+        it(("%s in float16 on %s computes as float32 with the rounded values"):format(l[1], dev), function()
+          local half, ref = pair(l, "float16", dev)
+          nd.manual_seed(4)
+          local x = l[3]():to(dev)
+          assert(nd.equal(call(l, half, x):to("cpu"), call(l, ref, x):to("cpu")), l[1])
+        end)
+      end
+    end
+  end)
+end)
