@@ -95,6 +95,47 @@ describe("half-precision parameters", function()
     end)
   end
 
+  it("without gradients, linear reads a half weight as it is, with the float32 kernel's bits", function()
+    -- every shape class of the kernel: rows past a multiple of 4, outputs past
+    -- a multiple of 4, depths past a multiple of 16, one row
+    local shapes = {{1, 16, 4}, {3, 37, 5}, {5, 100, 37}, {8, 512, 512}, {17, 33, 9}, {64, 768, 130}}
+    for _, dtype in ipairs({"bfloat16", "float16"}) do
+      for _, sh in ipairs(shapes) do
+        local M, K, O = sh[1], sh[2], sh[3]
+        nd.manual_seed(M * 1000 + K + O)
+        local w = nd.randn(O, K):to(dtype)
+        local b = nd.randn(O):to(dtype)
+        local x = nd.randn(M, K)
+        local what = ("%s %dx%d by %dx%d"):format(dtype, M, K, O, K)
+        nd.no_grad(function()
+          assert(nd.equal(nd.F.linear(x, w, b), nd.F.linear(x, w:float(), b:float())), what)
+          assert(nd.equal(nd.F.linear(x, w), nd.F.linear(x, w:float())), what .. ", no bias")
+          local fused = nd.F.fused_linear(x, w, b, {activation = "relu"})
+          assert(nd.equal(fused, nd.F.linear(x, w:float(), b:float()):relu()), what .. ", relu")
+        end)
+      end
+    end
+  end)
+
+  it("without gradients, reads the half weight without a float32 copy where the CPU has AVX-512", function()
+    local gemm = nd.devices()[1].gemm or ""
+    if not gemm:find("^avx512") then
+      pending("the half-weight kernel is AVX-512's (this CPU's GEMM: " .. gemm .. ")")
+      return
+    end
+    local w = nd.randn(256, 512):bfloat16()
+    local x = nd.randn(2, 512)
+    local report = nd.no_grad(function()
+      return nd.profile(function() return nd.F.linear(x, w) end)
+    end)
+    local alloc
+    for _, row in ipairs(report.rows) do
+      if row.name == "linear" then alloc = row.bytes end
+    end
+    assert(alloc, "the profile has a linear row")
+    assert(alloc < 256 * 512 * 4, ("linear allocated %d bytes: a float32 copy of the weight"):format(alloc))
+  end)
+
   it("a float64 input makes the half parameters float64", function()
     local half, ref = pair(LAYERS[1], "bfloat16", "cpu")
     ref:double()
@@ -161,6 +202,24 @@ describe("half-precision parameters", function()
     yh = type(yh) == "table" and not nd.is_tensor(yh) and (yh.last_hidden_state or yh[1]) or yh
     yr = type(yr) == "table" and not nd.is_tensor(yr) and (yr.last_hidden_state or yr[1]) or yr
     assert(nd.equal(yh, yr))
+  end)
+
+  it("generates with GPT-2 in bfloat16 (its cache in float32), as the float32 model with the rounded weights",
+     function()
+    local M = nd.nn.models
+    local cfg = {vocab_size = 64, n_positions = 32, n_embd = 32, n_layer = 2, n_head = 2}
+    nd.manual_seed(8)
+    local half = M.GPT2LMHeadModel(cfg):eval():bfloat16()
+    local ref = M.GPT2LMHeadModel(cfg):eval()
+    ref:load_state_dict(half:state_dict())
+    local prompt = nd.tensor({{5, 9, 2, 11}}, {dtype = "int64"})
+    nd.no_grad(function()
+      assert(nd.equal(half(prompt), ref(prompt)), "logits")
+      assert.are.equal("float32", half:new_cache(1, 8).dtype)
+    end)
+    local a = half:generate(prompt, {max_new_tokens = 6})
+    local b = ref:generate(prompt, {max_new_tokens = 6})
+    assert.are.same(b:totable(), a:totable())
   end)
 
   describe("on OpenCL", function()

@@ -337,6 +337,10 @@ typedef struct nd_backend {
     /* out (M, O) = act(x (M, K) @ w (O, K)^T + b (O)) + res */
     nd_status (*linear_fused)(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, nd_activation act, const nd_tensor *res);
+    /* (query) whether linear_fused takes w in float16/bfloat16 for this
+     * float32 x (any shape (..., K)), converting it exactly as it reads it:
+     * the bits of w converted to float32 first, without that copy. NULL: no */
+    bool (*linear_half_weight)(const nd_tensor *x, const nd_tensor *w);
     /* out (B1, B2, L, Ev) = softmax(scale * q k^T + mask) v for each of the
      * B1 x B2 products: q (B1, B2, L, E), k (B1, B2, S, E), v (B1, B2, S, Ev)
      * and out with unit-stride rows (other strides any; out dense); mask NULL or

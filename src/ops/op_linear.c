@@ -13,10 +13,10 @@
 #include "op_conv.h" /* nd_check_float_weights */
 #include "op_fused.h"
 
-static nd_status linear_args(const char *op, const nd_tensor *x, const nd_tensor *w,
-                             const nd_tensor *b) {
+/* the shapes of linear's operands (their dtypes and devices: linear_args) */
+static nd_status linear_shapes(const char *op, const nd_tensor *x, const nd_tensor *w,
+                               const nd_tensor *b) {
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
-    ND_TRY(nd_check_float_weights(op, x, w, b));
     if (w->ndim != 2)
         return nd_fail(ND_ERR_SHAPE, "%s: expected a 2-D weight (out_features, in_features), got "
                        "shape %s", op, nd_shape_str(w->shape, w->ndim, b1));
@@ -29,6 +29,15 @@ static nd_status linear_args(const char *op, const nd_tensor *x, const nd_tensor
                        (long long)w->shape[0], nd_shape_str(b->shape, b->ndim, b1));
     return ND_OK;
 }
+
+static nd_status linear_args(const char *op, const nd_tensor *x, const nd_tensor *w,
+                             const nd_tensor *b) {
+    ND_TRY(nd_check_float_weights(op, x, w, b));
+    return linear_shapes(op, x, w, b);
+}
+
+static bool is_half(const nd_tensor *t) { return t && (t->dtype == ND_FLOAT16 || t->dtype == ND_BFLOAT16); }
+
 
 /* x @ w^T + b with the ordinary differentiable ops */
 static nd_status linear_composed(const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
@@ -120,6 +129,27 @@ static nd_status record_linear(const nd_tensor *x, const nd_tensor *w, const nd_
     return ND_OK;
 }
 
+/* A half weight the backend reads itself: no gradient wanted, a float32 x,
+ * the backend's query says yes. The bias (any float32 or half) is made
+ * float32 (O values). Returns false when this path does not apply. */
+static bool linear_half_direct(const char *op, const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                               nd_activation act, nd_tensor **out, nd_status *st) {
+    const nd_backend *be = nd_backend_of(x);
+    if (x->dtype != ND_FLOAT32 || !is_half(w) || (b && b->dtype != ND_FLOAT32 && !is_half(b)) ||
+        !be->linear_half_weight || !be->linear_fused || w->ndim != 2 || w->shape[1] == 0 ||
+        !nd_is_contiguous(w) || would_record(x, w, b) || !be->linear_half_weight(x, w))
+        return false;
+    *st = nd_check_same_device(op, x, w);
+    if (*st == ND_OK && b) *st = nd_check_same_device(op, x, b);
+    if (*st == ND_OK) *st = linear_shapes(op, x, w, b);
+    if (*st == ND_OK) *st = check_act(op, act);
+    nd_tensor *bc = NULL;
+    if (*st == ND_OK && is_half(b)) *st = nd_to_dtype(b, ND_FLOAT32, &bc);
+    if (*st == ND_OK) *st = linear_forward_fused(x, w, bc ? bc : b, act, out);
+    nd_release(bc);
+    return true;
+}
+
 /* act(x @ w^T + b), errors named op (op_fused.h) */
 nd_status nd_linear_with_act(const char *op, const nd_tensor *x, const nd_tensor *weight,
                              const nd_tensor *bias, nd_activation act, nd_tensor **out) {
@@ -127,6 +157,10 @@ nd_status nd_linear_with_act(const char *op, const nd_tensor *x, const nd_tensor
         const nd_tensor *in[3] = {x, weight, bias};
         nd_tensor *cv[3];
         bool half;
+        nd_status direct;
+        /* no gradient wanted: the backend may read the half weight itself (the
+         * bits of its float32 copy, half the bytes, no copy) */
+        if (linear_half_direct(op, x, weight, bias, act, out, &direct)) return direct;
         ND_TRY(nd_half_operands(3, in, cv, &half));
         if (half) {
             nd_status st = nd_linear_with_act(op, cv[0] ? cv[0] : x, cv[1] ? cv[1] : weight,

@@ -236,7 +236,8 @@ local function prepare(who, model, input_ids, opts, bert)
                                             position_ids = "tensor|table"} or {attention_mask = "tensor|table"})
   local cfg = model.config
   local w = model.embeddings.word_embeddings.weight
-  local device, dtype = w.device, w.dtype
+  -- the dtype it computes in: float32 for a model kept in half precision
+  local device, dtype = w.device, (w.dtype == "float16" or w.dtype == "bfloat16") and "float32" or w.dtype
   if input_ids == nil then fail(who, "expected input_ids (batch, sequence), got nil") end
   local ids = ids_of(who, input_ids, "input_ids", device, cfg.vocab_size, ID_HINT)
   if ids:dim() ~= 2 or ids:size(2) < 1 then

@@ -150,6 +150,12 @@ local Cache = {}
 Cache.__index = Cache
 Cache.__name = "GPT2Cache"
 
+-- the dtype a model with weights of dtype computes in: float32 for a model
+-- kept in half precision (its ops read the half weights as float32)
+local function compute_dtype(dtype)
+  return (dtype == "float16" or dtype == "bfloat16") and "float32" or dtype
+end
+
 local function new_cache(cfg, batch, capacity, device, dtype)
   local H, D = cfg.n_head, cfg.n_embd // cfg.n_head
   local c = setmetatable({batch_size = batch, capacity = capacity, length = 0, n_head = H, head_dim = D,
@@ -380,7 +386,7 @@ local FORWARD = {past_key_values = "table", use_cache = "boolean", attention_mas
 function GPT2Model:_run(ids, cache, attention_mask, position_ids)
   local cfg = self.config
   local B, T = ids:size(1), ids:size(2)
-  local dev, dtype = self.wte.weight.device, self.wte.weight.dtype
+  local dev, dtype = self.wte.weight.device, compute_dtype(self.wte.weight.dtype)
   local P = cache and cache.length or 0
   if position_ids == nil then
     position_ids = core.arange(P + 1, P + T + 1, {dtype = "int64", device = dev}):view({1, T})
@@ -421,12 +427,12 @@ function GPT2Model:_inputs(who, input_ids, opts)
       errors.fail(who, "past_key_values (%s) does not fit this model and input_ids %s (n_layer %d, n_head %d)",
                   tostring(cache), shape_str(ids), cfg.n_layer, cfg.n_head)
     end
-    if cache.device ~= dev or cache.dtype ~= self.wte.weight.dtype then
-      errors.fail(who, "past_key_values holds %s on %s, the model is %s on %s (make the cache after moving the model)",
-                  cache.dtype, cache.device, self.wte.weight.dtype, dev)
+    if cache.device ~= dev or cache.dtype ~= compute_dtype(self.wte.weight.dtype) then
+      errors.fail(who, "past_key_values holds %s on %s, the model computes in %s on %s (make the cache after " ..
+                  "moving the model)", cache.dtype, cache.device, compute_dtype(self.wte.weight.dtype), dev)
     end
   elseif opts.use_cache then
-    cache = new_cache(cfg, B, T, dev, self.wte.weight.dtype)
+    cache = new_cache(cfg, B, T, dev, compute_dtype(self.wte.weight.dtype))
   end
   local P = cache and cache.length or 0
   if P + T > cfg.n_positions then
@@ -473,7 +479,8 @@ function GPT2Model:new_cache(batch_size, max_length)
     errors.fail(who, "max_length must be an integer in 1..%d (n_positions), got %s", self.config.n_positions,
                 options.got(max_length))
   end
-  return new_cache(self.config, batch_size, max_length, self.wte.weight.device, self.wte.weight.dtype)
+  return new_cache(self.config, batch_size, max_length, self.wte.weight.device,
+                   compute_dtype(self.wte.weight.dtype))
 end
 
 function GPT2Model:to(...)

@@ -45,6 +45,7 @@ const nd_backend nd_cpu_backend = {
     .conv2d_fused_packed = nd_cpu_conv2d_fused_packed,
     .conv2d_backward = nd_cpu_conv2d_backward,
     .linear_fused = nd_cpu_linear_fused,
+    .linear_half_weight = nd_cpu_linear_half_weight,
     .attention = nd_cpu_attention,
     .linear_join_align = nd_cpu_linear_join_align,
     .fused_elementwise = nd_cpu_fused_elementwise,

@@ -88,8 +88,11 @@ nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tenso
                                                   res ? (const float *)nd_ptr(res) : NULL, O))
             return ND_OK;
     }
-    if (nd_cpu_linear_small(out, x, w, b, relu)) /* a few rows, float32 */
+    if (nd_cpu_linear_small(out, x, w, b, relu)) /* a few rows, float32 (or a half w: linear_half_weight) */
         return nd_cpu_finish_layer(out, act, res);
+    if (w->dtype != x->dtype) /* (op_linear.c asks linear_half_weight first) */
+        return nd_fail(ND_ERR_INTERNAL, "fused_linear: no cpu kernel for a %s weight with this %s input",
+                       nd_dtype_name(w->dtype), nd_dtype_name(x->dtype));
     if (x->dtype == ND_FLOAT32 &&
         nd_cpu_sgemm_bias_act(M, O, K, (const float *)nd_ptr(x), K, 1, (const float *)nd_ptr(w), 1, K,
                               (float *)nd_ptr(out), O, b ? (const float *)nd_ptr(b) : NULL, act,

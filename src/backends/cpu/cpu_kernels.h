@@ -121,6 +121,9 @@ nd_status nd_cpu_conv2d_depthwise(nd_tensor *out, const nd_tensor *x, const nd_t
 nd_status nd_cpu_conv2d_depthwise_backward(nd_tensor *gx, nd_tensor *gw, const nd_tensor *dy,
                                            const nd_tensor *x, const nd_tensor *w,
                                            const nd_conv_geom *g);
+/* cpu_linear_small.c: whether nd_cpu_linear_small takes w (O, K) in
+ * float16/bfloat16 for this float32 x, converting it exactly as it loads */
+bool nd_cpu_linear_half_weight(const nd_tensor *x, const nd_tensor *w);
 /* cpu_linear_small.c: false when it does not apply (then use BLAS) */
 bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                          const nd_tensor *b, bool relu);

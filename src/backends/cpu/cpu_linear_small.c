@@ -168,70 +168,92 @@ __attribute__((target("avx512f,avx2,fma"))) static inline __m128 hsum4_512(__m51
  * 16 floats, of the 32 registers), so each load feeds two FMAs, where the
  * AVX2 kernel's 2 x 4 block needs 6 loads per 8 FMAs; K's tail through
  * masked loads. The LSTM's h @ W_hh^T (20 x 256 by 1024) took 75 us on
- * AVX2 and 41 us here (2 threads). */
-__attribute__((target("avx512f,avx2,fma"))) static void linear_block_avx512(
-    const float *X, const float *W, const float *B, float *Y, int64_t M, int64_t K, int64_t O,
-    int64_t o0, int64_t o1, bool relu) {
-    const int64_t K16 = K & ~(int64_t)15;
-    const __mmask16 tail = (__mmask16)((1u << (K - K16)) - 1u);
-    int64_t o = o0;
-    for (; o + 4 <= o1; o += 4) {
-        const float *w[4] = {W + o * K, W + (o + 1) * K, W + (o + 2) * K, W + (o + 3) * K};
-        int64_t m = 0;
-        for (; m + 4 <= M; m += 4) {
-            const float *x[4] = {X + m * K, X + (m + 1) * K, X + (m + 2) * K, X + (m + 3) * K};
-            __m512 a[4][4];
-            for (int r = 0; r < 4; r++)
-                for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_ps();
-            for (int64_t k = 0; k < K16; k += 16) {
-                __m512 v[4];
-                for (int r = 0; r < 4; r++) v[r] = _mm512_loadu_ps(x[r] + k);
-                for (int c = 0; c < 4; c++) {
-                    __m512 u = _mm512_loadu_ps(w[c] + k);
-                    for (int r = 0; r < 4; r++) a[r][c] = _mm512_fmadd_ps(v[r], u, a[r][c]);
-                }
-            }
-            if (tail) {
-                __m512 v[4];
-                for (int r = 0; r < 4; r++) v[r] = _mm512_maskz_loadu_ps(tail, x[r] + K16);
-                for (int c = 0; c < 4; c++) {
-                    __m512 u = _mm512_maskz_loadu_ps(tail, w[c] + K16);
-                    for (int r = 0; r < 4; r++) a[r][c] = _mm512_fmadd_ps(v[r], u, a[r][c]);
-                }
-            }
-            for (int r = 0; r < 4; r++)
-                _mm_storeu_ps(Y + (m + r) * O + o,
-                              finish4(hsum4_512(a[r][0], a[r][1], a[r][2], a[r][3]), B ? B + o : NULL, relu));
-        }
-        for (; m < M; m++) { /* the rows past a multiple of 4 */
-            const float *x0 = X + m * K;
-            __m512 a[4];
-            for (int c = 0; c < 4; c++) a[c] = _mm512_setzero_ps();
-            for (int64_t k = 0; k < K16; k += 16) {
-                __m512 v = _mm512_loadu_ps(x0 + k);
-                for (int c = 0; c < 4; c++) a[c] = _mm512_fmadd_ps(v, _mm512_loadu_ps(w[c] + k), a[c]);
-            }
-            if (tail) {
-                __m512 v = _mm512_maskz_loadu_ps(tail, x0 + K16);
-                for (int c = 0; c < 4; c++)
-                    a[c] = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(tail, w[c] + K16), a[c]);
-            }
-            _mm_storeu_ps(Y + m * O + o, finish4(hsum4_512(a[0], a[1], a[2], a[3]), B ? B + o : NULL, relu));
-        }
-    }
-    for (; o < o1; o++) { /* fewer than 4 rows of w left */
-        const float *wr = W + o * K;
-        for (int64_t m = 0; m < M; m++) {
-            const float *xr = X + m * K;
-            __m512 a = _mm512_setzero_ps();
-            for (int64_t k = 0; k < K16; k += 16)
-                a = _mm512_fmadd_ps(_mm512_loadu_ps(xr + k), _mm512_loadu_ps(wr + k), a);
-            if (tail)
-                a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, xr + K16), _mm512_maskz_loadu_ps(tail, wr + K16), a);
-            Y[m * O + o] = finish1(_mm512_reduce_add_ps(a), B ? B + o : NULL, relu);
-        }
-    }
+ * AVX2 and 41 us here (2 threads).
+ *
+ * One body, three weights (LINEAR_BLOCK_AVX512): float32, and the half
+ * types, each 16 of them converted to 16 floats as loaded (exactly: a
+ * bfloat16 is a float32's top half, a float16 widens without rounding), so
+ * a model kept in half precision (docs/tensor.md, "Half-precision models")
+ * gets the bits of the float32 kernel on its rounded weights while reading
+ * half the bytes. */
+#define LINEAR_BLOCK_AVX512(NAME, TARGET, WT, LOADW, LOADW_TAIL) \
+__attribute__((target(TARGET))) static void NAME(                                        \
+    const float *X, const WT *W, const float *B, float *Y, int64_t M, int64_t K, int64_t O,   \
+    int64_t o0, int64_t o1, bool relu) {                                                             \
+    const int64_t K16 = K & ~(int64_t)15;                                                            \
+    const __mmask16 tail = (__mmask16)((1u << (K - K16)) - 1u);                                      \
+    int64_t o = o0;                                                                                  \
+    for (; o + 4 <= o1; o += 4) {                                                                    \
+        const WT *w[4] = {W + o * K, W + (o + 1) * K, W + (o + 2) * K, W + (o + 3) * K};             \
+        int64_t m = 0;                                                                               \
+        for (; m + 4 <= M; m += 4) {                                                                 \
+            const float *x[4] = {X + m * K, X + (m + 1) * K, X + (m + 2) * K, X + (m + 3) * K};      \
+            __m512 a[4][4];                                                                          \
+            for (int r = 0; r < 4; r++)                                                              \
+                for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_ps();                           \
+            for (int64_t k = 0; k < K16; k += 16) {                                                  \
+                __m512 v[4];                                                                         \
+                for (int r = 0; r < 4; r++) v[r] = _mm512_loadu_ps(x[r] + k);                        \
+                for (int c = 0; c < 4; c++) {                                                        \
+                    __m512 u = LOADW(w[c] + k);                                                      \
+                    for (int r = 0; r < 4; r++) a[r][c] = _mm512_fmadd_ps(v[r], u, a[r][c]);         \
+                }                                                                                    \
+            }                                                                                        \
+            if (tail) {                                                                              \
+                __m512 v[4];                                                                         \
+                for (int r = 0; r < 4; r++) v[r] = _mm512_maskz_loadu_ps(tail, x[r] + K16);          \
+                for (int c = 0; c < 4; c++) {                                                        \
+                    __m512 u = LOADW_TAIL(tail, w[c] + K16);                                         \
+                    for (int r = 0; r < 4; r++) a[r][c] = _mm512_fmadd_ps(v[r], u, a[r][c]);         \
+                }                                                                                    \
+            }                                                                                        \
+            for (int r = 0; r < 4; r++)                                                              \
+                _mm_storeu_ps(Y + (m + r) * O + o,                                                   \
+                              finish4(hsum4_512(a[r][0], a[r][1], a[r][2], a[r][3]), B ? B + o : NULL, relu)); \
+        }                                                                                            \
+        for (; m < M; m++) { /* the rows past a multiple of 4 */                                     \
+            const float *x0 = X + m * K;                                                             \
+            __m512 a[4];                                                                             \
+            for (int c = 0; c < 4; c++) a[c] = _mm512_setzero_ps();                                  \
+            for (int64_t k = 0; k < K16; k += 16) {                                                  \
+                __m512 v = _mm512_loadu_ps(x0 + k);                                                  \
+                for (int c = 0; c < 4; c++) a[c] = _mm512_fmadd_ps(v, LOADW(w[c] + k), a[c]);        \
+            }                                                                                        \
+            if (tail) {                                                                              \
+                __m512 v = _mm512_maskz_loadu_ps(tail, x0 + K16);                                    \
+                for (int c = 0; c < 4; c++)                                                          \
+                    a[c] = _mm512_fmadd_ps(v, LOADW_TAIL(tail, w[c] + K16), a[c]);                   \
+            }                                                                                        \
+            _mm_storeu_ps(Y + m * O + o, finish4(hsum4_512(a[0], a[1], a[2], a[3]), B ? B + o : NULL, relu)); \
+        }                                                                                            \
+    }                                                                                                \
+    for (; o < o1; o++) { /* fewer than 4 rows of w left */                                          \
+        const WT *wr = W + o * K;                                                                    \
+        for (int64_t m = 0; m < M; m++) {                                                            \
+            const float *xr = X + m * K;                                                             \
+            __m512 a = _mm512_setzero_ps();                                                          \
+            for (int64_t k = 0; k < K16; k += 16)                                                    \
+                a = _mm512_fmadd_ps(_mm512_loadu_ps(xr + k), LOADW(wr + k), a);                      \
+            if (tail)                                                                                \
+                a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, xr + K16), LOADW_TAIL(tail, wr + K16), a); \
+            Y[m * O + o] = finish1(_mm512_reduce_add_ps(a), B ? B + o : NULL, relu);                 \
+        }                                                                                            \
+    }                                                                                                \
 }
+
+#define LOAD_F32(p) _mm512_loadu_ps(p)
+#define LOAD_F32_TAIL(m, p) _mm512_maskz_loadu_ps(m, p)
+#define LOAD_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32( \
+                         _mm256_loadu_si256((const __m256i *)(const void *)(p))), 16))
+#define LOAD_BF16_TAIL(m, p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32( \
+                         _mm256_maskz_loadu_epi16(m, (const void *)(p))), 16))
+#define LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p)))
+#define LOAD_F16_TAIL(m, p) _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const void *)(p)))
+LINEAR_BLOCK_AVX512(linear_block_avx512, "avx512f,avx2,fma", float, LOAD_F32, LOAD_F32_TAIL)
+LINEAR_BLOCK_AVX512(linear_block_avx512_bf16, "avx512f,avx512bw,avx512vl,avx2,fma", uint16_t, LOAD_BF16,
+                    LOAD_BF16_TAIL)
+LINEAR_BLOCK_AVX512(linear_block_avx512_f16, "avx512f,avx512bw,avx512vl,avx2,fma", uint16_t, LOAD_F16,
+                    LOAD_F16_TAIL)
 
 /* Rows of x per slab: K floats a row, about 256 KB of them (at least 4, a
  * multiple of 4) */
@@ -256,6 +278,31 @@ static bool cpu_has_avx2_fma(void) {
 }
 #endif
 
+#ifdef ND_HAVE_AVX2_KERNELS
+/* the half-weight kernels' masked 16-bit loads */
+static bool cpu_has_avx512bw_vl(void) {
+    static int has = -1;
+    if (has < 0) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    }
+    return has == 1;
+}
+#endif
+
+bool nd_cpu_linear_half_weight(const nd_tensor *x, const nd_tensor *w) {
+#ifdef ND_HAVE_AVX2_KERNELS
+    if (x->dtype != ND_FLOAT32 || (w->dtype != ND_BFLOAT16 && w->dtype != ND_FLOAT16) || w->ndim != 2)
+        return false;
+    if (!cpu_has_avx2_fma() || !use_avx512() || !cpu_has_avx512bw_vl()) return false;
+    const int64_t K = w->shape[1];
+    return K > 0 && nd_numel(x) / K <= avx512_rows_max();
+#else
+    (void)x, (void)w;
+    return false;
+#endif
+}
+
 bool nd_cpu_small_linear(void) {
 #ifdef ND_HAVE_AVX2_KERNELS
     return cpu_has_avx2_fma();
@@ -270,12 +317,17 @@ bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
     const int64_t M = x->shape[0], K = x->shape[1], O = w->shape[0];
     if (x->dtype != ND_FLOAT32 || M < 1 || K < 1 || O < 1) return false;
     if (!cpu_has_avx2_fma()) return false;
+    /* a half weight (nd_cpu_linear_half_weight said so): the AVX-512 kernel
+     * converting it as it loads, at any precision */
+    const nd_dtype wt = w->dtype;
+    if (wt != ND_FLOAT32 && !nd_cpu_linear_half_weight(x, w)) return false;
     /* float32 matmul precision "medium": the GEMM's bfloat16 kernel, which
      * does twice the multiplies per instruction, takes the shapes it takes */
-    if (nd_cpu_gemm_bf16_for(M, O)) return false;
+    if (wt == ND_FLOAT32 && nd_cpu_gemm_bf16_for(M, O)) return false;
     const bool avx512 = use_avx512();
     if (M > (avx512 ? avx512_rows_max() : SMALL_M_MAX)) return false;
     const float *X = (const float *)nd_ptr(x), *W = (const float *)nd_ptr(w);
+    const uint16_t *Wh = (const uint16_t *)nd_ptr(w);
     const float *B = b ? (const float *)nd_ptr(b) : NULL;
     float *Y = (float *)nd_ptr(out);
     const int64_t blocks = (O + 3) / 4; /* threads take whole 4-row blocks of w */
@@ -300,7 +352,9 @@ bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                 const int64_t bi = by_block ? i : i % blocks, m0 = (by_block ? s : i / blocks) * slab;
                 const int64_t mb = M - m0 < slab ? M - m0 : slab;
                 const int64_t o0 = bi * 4, o1 = o0 + 4 < O ? o0 + 4 : O;
-                if (avx512) linear_block_avx512(X + m0 * K, W, B, Y + m0 * O, mb, K, O, o0, o1, relu);
+                if (wt == ND_BFLOAT16) linear_block_avx512_bf16(X + m0 * K, Wh, B, Y + m0 * O, mb, K, O, o0, o1, relu);
+                else if (wt == ND_FLOAT16) linear_block_avx512_f16(X + m0 * K, Wh, B, Y + m0 * O, mb, K, O, o0, o1, relu);
+                else if (avx512) linear_block_avx512(X + m0 * K, W, B, Y + m0 * O, mb, K, O, o0, o1, relu);
                 else linear_block_avx2(X + m0 * K, W, B, Y + m0 * O, mb, K, O, o0, o1, relu);
             }
     }
