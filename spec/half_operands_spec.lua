@@ -136,6 +136,26 @@ describe("half-precision parameters", function()
     assert(alloc < 256 * 512 * 4, ("linear allocated %d bytes: a float32 copy of the weight"):format(alloc))
   end)
 
+  it("inside nd.autocast, a bfloat16 weight goes into the weight cache as it is, the float32 copy's bits", function()
+    if not nd.devices()[1].bf16 then
+      pending("products run on bfloat16 only on a CPU with AVX512_BF16")
+      return
+    end
+    for _, sh in ipairs({{1, 64, 96}, {3, 100, 70}, {96, 256, 130}, {200, 33, 64}}) do
+      local M, K, O = sh[1], sh[2], sh[3]
+      nd.manual_seed(M + K + O)
+      local w, b, x = nd.randn(O, K):bfloat16(), nd.randn(O), nd.randn(M, K)
+      local got, want = nd.no_grad(function()
+        return nd.autocast(function()
+          return nd.F.linear(x, w, b), nd.F.linear(x, w:float(), b)
+        end)
+      end)
+      assert(nd.equal(got, want), ("%dx%d by %dx%d"):format(M, K, O, K))
+      -- and a product on bfloat16 inputs it is: it differs from float32's
+      if M >= 64 then assert.is_false(nd.equal(got, nd.F.linear(x, w:float(), b))) end
+    end
+  end)
+
   it("a float64 input makes the half parameters float64", function()
     local half, ref = pair(LAYERS[1], "bfloat16", "cpu")
     ref:double()

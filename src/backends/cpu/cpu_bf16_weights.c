@@ -58,12 +58,15 @@ bool nd_autocast_active(void) { return depth > 0; }
  * nd.autocast, when products do not run on bfloat16, or when it cannot be
  * packed. Valid until this thread's next call here or outermost exit. */
 const nd_bf16_packed_b *nd_cpu_bf16_weight(const nd_tensor *w) {
-    if (depth <= 0 || !nd_cpu_gemm_bf16_active() || w->dtype != ND_FLOAT32 || w->ndim != 2) return NULL;
+    if (depth <= 0 || !nd_cpu_gemm_bf16_active() || (w->dtype != ND_FLOAT32 && w->dtype != ND_BFLOAT16) ||
+        w->ndim != 2)
+        return NULL;
     const int64_t O = w->shape[0], K = w->shape[1];
+    const size_t esize = nd_dtype_size(w->dtype);
     /* a weight that is its whole storage (a parameter) only: a view into a
      * larger one - nd.compile's arena, where slots are reused without the
      * storage's version changing - packs per call as outside the scope */
-    if (w->offset != 0 || w->storage->nbytes != (size_t)O * (size_t)K * sizeof(float)) return NULL;
+    if (w->offset != 0 || w->storage->nbytes != (size_t)O * (size_t)K * esize) return NULL;
     const uint64_t serial = w->storage->serial, version = w->storage->version;
     for (int i = 0; i < count; i++) {
         entry *e = &entries[i];
@@ -83,7 +86,9 @@ const nd_bf16_packed_b *nd_cpu_bf16_weight(const nd_tensor *w) {
             if (entries[i].used < entries[lru].used) lru = i;
         drop(lru);
     }
-    nd_bf16_packed_b *pb = nd_cpu_bf16_pack_b(K, O, (const float *)nd_ptr(w), 1, K);
+    /* a bfloat16 weight (a model kept in half precision) goes in as it is */
+    nd_bf16_packed_b *pb = w->dtype == ND_BFLOAT16 ? nd_cpu_bf16_pack_weight_bf16(K, O, (const uint16_t *)nd_ptr(w), K)
+                                                   : nd_cpu_bf16_pack_b(K, O, (const float *)nd_ptr(w), 1, K);
     if (!pb) return NULL;
     entries[count++] = (entry){serial, version, ++clock_, w->offset, O, K, pb};
     bytes += nd_cpu_bf16_packed_bytes(pb);

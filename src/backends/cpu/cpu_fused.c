@@ -71,6 +71,24 @@ int nd_cpu_linear_join_align(nd_dtype dt) {
     return dt == ND_FLOAT32 && nd_cpu_small_linear() && strcmp(nd_cpu_gemm_kernel(), "openblas") != 0 ? 4 : 0;
 }
 
+/* nd_cpu_linear_fused with a half weight (O, K) converted to a float32 copy
+ * first (exact), for when neither the autocast cache nor the half-weight
+ * kernel takes it (nd_cpu_linear_half_weight promised one would; this keeps
+ * the promise safe) */
+static nd_status linear_via_float_copy(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
+                                       const nd_tensor *b, nd_activation act, const nd_tensor *res) {
+    nd_tensor *wf = NULL;
+    ND_TRY(nd_empty_on(nd_get_device(w), w->shape, w->ndim, ND_FLOAT32, &wf));
+    const uint16_t *src = (const uint16_t *)nd_ptr(w);
+    float *dst = (float *)nd_ptr(wf);
+    const int64_t n = nd_numel(w);
+    const bool bf16 = w->dtype == ND_BFLOAT16;
+    for (int64_t i = 0; i < n; i++) dst[i] = bf16 ? nd_bf16_to_float(src[i]) : nd_half_to_float(src[i]);
+    nd_status st = nd_cpu_linear_fused(out, x, wf, b, act, res);
+    nd_release(wf);
+    return st;
+}
+
 nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, nd_activation act, const nd_tensor *res) {
     const int64_t M = x->shape[0], K = x->shape[1], O = w->shape[0];
@@ -90,9 +108,8 @@ nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tenso
     }
     if (nd_cpu_linear_small(out, x, w, b, relu)) /* a few rows, float32 (or a half w: linear_half_weight) */
         return nd_cpu_finish_layer(out, act, res);
-    if (w->dtype != x->dtype) /* (op_linear.c asks linear_half_weight first) */
-        return nd_fail(ND_ERR_INTERNAL, "fused_linear: no cpu kernel for a %s weight with this %s input",
-                       nd_dtype_name(w->dtype), nd_dtype_name(x->dtype));
+    if (w->dtype != x->dtype) /* a half w neither kernel above took: through a float32 copy */
+        return linear_via_float_copy(out, x, w, b, act, res);
     if (x->dtype == ND_FLOAT32 &&
         nd_cpu_sgemm_bias_act(M, O, K, (const float *)nd_ptr(x), K, 1, (const float *)nd_ptr(w), 1, K,
                               (float *)nd_ptr(out), O, b ? (const float *)nd_ptr(b) : NULL, act,

@@ -716,7 +716,35 @@ bool nd_cpu_sgemm_bias_act(int64_t M, int64_t N, int64_t K, const float *A, int6
                     bias || act != ND_ACT_NONE || res ? &e : NULL);
 }
 
-nd_bf16_packed_b *nd_cpu_bf16_pack_b(int64_t K, int64_t N, const float *B, int64_t b_sk, int64_t b_sn) {
+/* pack_b_bf16's panels from a bfloat16 weight w (N x K rows, ldw apart)
+ * read as B = w^T: a row's consecutive pair (2kk, 2kk + 1) is already the
+ * word the kernel reads, so a panel is a copy (no rounding: the values are
+ * bfloat16 already) */
+static void pack_b_from_bf16_rows(const gemm_isa *isa, const uint16_t *w, int64_t ldw, int64_t N, int64_t k0,
+                                  int64_t kc, int64_t j0, int64_t jp0, int64_t jp1, uint32_t *p) {
+    const int NR = isa->nr;
+    const int64_t kp = (kc + 1) / 2, even = kc / 2;
+    for (int64_t jp = jp0; jp < jp1; jp += NR) {
+        uint32_t *q = p + jp * kp;
+        const int64_t j = j0 + jp, cols = N - j < NR ? N - j : NR;
+        for (int64_t c = 0; c < cols; c++) {
+            const uint16_t *row = w + (j + c) * ldw + k0;
+            for (int64_t kk = 0; kk < even; kk++) {
+                uint32_t word;
+                memcpy(&word, row + 2 * kk, sizeof word);
+                q[kk * NR + c] = word;
+            }
+            if (kp > even) q[even * NR + c] = row[2 * even];
+        }
+        for (int64_t c = cols; c < NR; c++)
+            for (int64_t kk = 0; kk < kp; kk++) q[kk * NR + c] = 0u;
+    }
+}
+
+/* nd_cpu_bf16_pack_b's body: B from float32 (B, strides) or, with w16, the
+ * transpose of a bfloat16 weight (N x K, rows ldw apart) */
+static nd_bf16_packed_b *bf16_pack_b(int64_t K, int64_t N, const float *B, int64_t b_sk, int64_t b_sn,
+                                     const uint16_t *w16, int64_t ldw) {
     const gemm_isa *isa = &isa_bf16;
     if (!have_bf16() || K <= 0 || N <= 0) return NULL;
     const int64_t NR = isa->nr, NC = isa->nc, KD = block_depth(isa);
@@ -745,11 +773,21 @@ nd_bf16_packed_b *nd_cpu_bf16_pack_b(int64_t K, int64_t N, const float *B, int64
             const int64_t pc = kb * KD, kc = K - pc < KD ? K - pc : KD;
             uint32_t *dst = pb->data + pb->off[jb * pb->nk + kb];
 #pragma omp parallel for num_threads(nd_cpu_threads()) schedule(static) if (npanels > 1)
-            for (int64_t p = 0; p < npanels; p++)
-                pack_b_bf16(isa, B, b_sk, b_sn, N, pc, kc, jc, p * NR, p * NR + NR, dst);
+            for (int64_t p = 0; p < npanels; p++) {
+                if (w16) pack_b_from_bf16_rows(isa, w16, ldw, N, pc, kc, jc, p * NR, p * NR + NR, dst);
+                else pack_b_bf16(isa, B, b_sk, b_sn, N, pc, kc, jc, p * NR, p * NR + NR, dst);
+            }
         }
     }
     return pb;
+}
+
+nd_bf16_packed_b *nd_cpu_bf16_pack_b(int64_t K, int64_t N, const float *B, int64_t b_sk, int64_t b_sn) {
+    return bf16_pack_b(K, N, B, b_sk, b_sn, NULL, 0);
+}
+
+nd_bf16_packed_b *nd_cpu_bf16_pack_weight_bf16(int64_t K, int64_t N, const uint16_t *w, int64_t ldw) {
+    return bf16_pack_b(K, N, NULL, 0, 0, w, ldw);
 }
 
 size_t nd_cpu_bf16_packed_bytes(const nd_bf16_packed_b *pb) { return pb ? pb->bytes + sizeof *pb : 0; }

@@ -48,10 +48,14 @@ bool nd_cpu_sgemm_batched(int64_t batch, const int64_t *a_off, const int64_t *b_
  * call (any M: the caller chose the kernel). */
 typedef struct nd_bf16_packed_b nd_bf16_packed_b;
 nd_bf16_packed_b *nd_cpu_bf16_pack_b(int64_t K, int64_t N, const float *B, int64_t b_sk, int64_t b_sn);
+/* the same for B = w^T, w (N x K, rows ldw apart) a bfloat16 weight: its
+ * values go in as they are */
+nd_bf16_packed_b *nd_cpu_bf16_pack_weight_bf16(int64_t K, int64_t N, const uint16_t *w, int64_t ldw);
 size_t nd_cpu_bf16_packed_bytes(const nd_bf16_packed_b *pb);
 void nd_cpu_bf16_packed_free(nd_bf16_packed_b *pb);
-/* A linear layer's weight (O x K, contiguous float32) packed as B = w^T, cached
- * for the nd.autocast scope (cpu_bf16_weights.c); NULL when not in one. */
+/* A linear layer's weight (O x K, contiguous float32 or bfloat16) packed as
+ * B = w^T, cached for the nd.autocast scope (cpu_bf16_weights.c); NULL when
+ * not in one. */
 const nd_bf16_packed_b *nd_cpu_bf16_weight(const nd_tensor *w);
 bool nd_cpu_sgemm_bias_act_prepacked(int64_t M, const float *A, int64_t a_sm, int64_t a_sk,
                                      const nd_bf16_packed_b *pb, float *C, int64_t ldc, const float *bias,

@@ -290,15 +290,27 @@ static bool cpu_has_avx512bw_vl(void) {
 }
 #endif
 
-bool nd_cpu_linear_half_weight(const nd_tensor *x, const nd_tensor *w) {
 #ifdef ND_HAVE_AVX2_KERNELS
+/* whether this file's AVX-512 kernels take the half weight w for x */
+static bool small_half_ok(const nd_tensor *x, const nd_tensor *w) {
     if (x->dtype != ND_FLOAT32 || (w->dtype != ND_BFLOAT16 && w->dtype != ND_FLOAT16) || w->ndim != 2)
         return false;
     if (!cpu_has_avx2_fma() || !use_avx512() || !cpu_has_avx512bw_vl()) return false;
     const int64_t K = w->shape[1];
     return K > 0 && nd_numel(x) / K <= avx512_rows_max();
+}
+#endif
+
+bool nd_cpu_linear_half_weight(const nd_tensor *x, const nd_tensor *w) {
+    /* inside nd.autocast a bfloat16 weight goes into its cache as it is
+     * (cpu_bf16_weights.c; nd_cpu_linear_fused converts a copy when the cache
+     * cannot take it) */
+    if (x->dtype == ND_FLOAT32 && w->dtype == ND_BFLOAT16 && w->ndim == 2 && nd_autocast_active() &&
+        nd_cpu_gemm_bf16_active())
+        return true;
+#ifdef ND_HAVE_AVX2_KERNELS
+    return small_half_ok(x, w);
 #else
-    (void)x, (void)w;
     return false;
 #endif
 }
@@ -320,7 +332,7 @@ bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
     /* a half weight (nd_cpu_linear_half_weight said so): the AVX-512 kernel
      * converting it as it loads, at any precision */
     const nd_dtype wt = w->dtype;
-    if (wt != ND_FLOAT32 && !nd_cpu_linear_half_weight(x, w)) return false;
+    if (wt != ND_FLOAT32 && !small_half_ok(x, w)) return false;
     /* float32 matmul precision "medium": the GEMM's bfloat16 kernel, which
      * does twice the multiplies per instruction, takes the shapes it takes */
     if (wt == ND_FLOAT32 && nd_cpu_gemm_bf16_for(M, O)) return false;
