@@ -46,6 +46,26 @@ local LAYERS = {
    function() return nd.randn(2, 5, 8) end, function(m, x) return (m(x, x, x)) end},
   {"LSTM", function() return nn.LSTM(4, 6) end, function() return nd.randn(3, 2, 4) end,
    function(m, x) return (m(x)) end},
+  {"InstanceNorm2d (affine, running statistics, eval)", function()
+    local m = nn.InstanceNorm2d(3, {affine = true, track_running_stats = true})
+    nd.no_grad(function()
+      m.running_mean:copy_(nd.randn(3)); m.running_var:copy_(nd.rand(3) + 0.5)
+      m.weight:copy_(nd.randn(3)); m.bias:copy_(nd.randn(3))
+    end)
+    return m:eval()
+  end, function() return nd.randn(2, 3, 4, 4) end},
+  {"RMSNorm", function()
+    local m = nn.RMSNorm(8)
+    nd.no_grad(function() m.weight:copy_(nd.randn(8)) end)
+    return m
+  end, function() return nd.randn(3, 8) end},
+  {"Conv1d", function() return nn.Conv1d(3, 4, 3, {padding = 1}) end, function() return nd.randn(2, 3, 9) end},
+  {"ConvTranspose1d", function() return nn.ConvTranspose1d(3, 2, 3) end, function() return nd.randn(2, 3, 5) end},
+  {"fused conv + batch norm + relu (nn.fuse)", function()
+    local m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()):eval()
+    nd.no_grad(function() m[2].running_var:copy_(nd.rand(4) + 0.5) end)
+    return nn.fuse(m)
+  end, function() return nd.randn(2, 3, 6, 6) end},
   {"TransformerEncoderLayer", function()
     return nn.TransformerEncoderLayer(8, 2, {dim_feedforward = 16, dropout = 0, batch_first = true}):eval()
   end, function() return nd.randn(2, 4, 8) end},
@@ -177,6 +197,37 @@ describe("half-precision parameters", function()
     assert_contains(msg, "needle.batch_norm: running statistics in bfloat16 cannot be updated in training mode " ..
                          "(half precision is storage for inference); use eval() or keep them in float32")
     assert.are.same({0, 0, 0}, bn.running_mean:float():totable(), "left as they were")
+    -- one of the two is enough
+    local x = nd.randn(2, 3, 4, 4)
+    assert_contains(errmsg(function()
+      nd.F.batch_norm(x, nd.zeros(3), nd.ones(3):half(), nil, nil, true)
+    end), "running statistics in float16 cannot be updated in training mode")
+    local inorm = nn.InstanceNorm2d(3, {track_running_stats = true}):bfloat16()
+    assert_contains(errmsg(function() inorm(x) end),
+                    "needle.instance_norm: running statistics in bfloat16 cannot be updated with the input's " ..
+                    "statistics (half precision is storage for inference); use eval() or keep them in float32")
+  end)
+
+  it("sums a half parameter's gradients to its own dtype (a layer used twice, two backward calls)", function()
+    local lin = nn.Linear(4, 4):bfloat16()
+    local x = nd.randn(2, 4)
+    lin(lin(x)):sum():backward()
+    assert.are.equal("bfloat16", lin.weight.grad.dtype)
+    lin(x):sum():backward()
+    assert.are.equal("bfloat16", lin.weight.grad.dtype)
+    local lstm = nn.LSTM(3, 4):bfloat16()
+    local out = lstm(nd.randn(5, 2, 3))
+    out:sum():backward()
+    for _, p in ipairs(lstm:parameters()) do assert.are.equal("bfloat16", p.grad.dtype) end
+  end)
+
+  it("names the dtypes the caller passed in shape errors", function()
+    local x = nd.randn(2, 8)
+    assert_contains(errmsg(function() nd.F.layer_norm(x, {8}, nd.ones(7):bfloat16()) end),
+                    "layer_norm: weight of shape {7} (bfloat16) does not match the normalized shape {8}")
+    assert_contains(errmsg(function()
+      nd.F.batch_norm(nd.randn(2, 3, 4), nd.zeros(5):bfloat16(), nd.ones(3), nil, nil, false)
+    end), "batch_norm: running_mean must have shape {3} (one value per channel), got bfloat16 {5}")
   end)
 
   it("still refuses other dtype mixes, naming them", function()
@@ -189,6 +240,9 @@ describe("half-precision parameters", function()
     assert_contains(errmsg(function() nd.F.linear(nd.tensor({{1, 2}}, {dtype = "int64"}),
                                                   nd.ones(3, 2):bfloat16()) end),
                     "needle.linear: expected a float32 or float64 input, got int64")
+    -- a half operand does not let a float32 / float64 mix through
+    assert_contains(errmsg(function() nd.F.linear(nd.randn(1, 4), nd.randn(2, 4):double(), nd.ones(2):bfloat16()) end),
+                    "needle.linear: input (float32) and weight (float64) must have the same dtype")
   end)
 
   it("runs a half model under nd.compile as eagerly", function()

@@ -186,9 +186,10 @@ nd_status nd_as_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out);
  * float32, as elementwise ops and matmul do (ops/op_copy.c). For an op
  * whose operands in[0..n) are floating point (NULLs skipped): when one of
  * them is a half type, cv[i] is in[i] converted (differentiably) to the
- * compute dtype - float64 when an operand is float64, else float32 - or
- * NULL where in[i] has it already, and *any is true; else every cv[i] is
- * NULL and *any false. Other dtypes are left to the op's own checks.
+ * compute dtype - float64 when an operand is float64, else float32 - where
+ * in[i] is a half type, else NULL, and *any is true; else every cv[i] is
+ * NULL and *any false. Other dtypes (a float32 / float64 mix included) are
+ * left to the op's own checks.
  * nd_half_release releases cv[0..n). */
 nd_status nd_half_operands(int n, const nd_tensor *const *in, nd_tensor **cv, bool *any);
 void nd_half_release(int n, nd_tensor **cv);

@@ -412,7 +412,16 @@ static nd_status give_leaf(nd_tensor *leaf, nd_tensor *g, const capture *cap, bo
     ND_TRY(capture_grad(cap, NULL, leaf, g));
     if (!accumulate_leaves) return ND_OK;
     ND_TRY(nd_graph_note_leaf_grad(leaf, true));
-    return accumulate(&leaf->grad, g);
+    ND_TRY(accumulate(&leaf->grad, g));
+    /* a half leaf's gradient keeps its dtype (as PyTorch's): a sum of two
+     * half gradients computes, and comes out, in float32 */
+    if ((leaf->dtype == ND_FLOAT16 || leaf->dtype == ND_BFLOAT16) && leaf->grad->dtype != leaf->dtype) {
+        nd_tensor *c;
+        ND_TRY(nd_to_dtype(leaf->grad, leaf->dtype, &c));
+        nd_release(leaf->grad);
+        leaf->grad = c;
+    }
+    return ND_OK;
 }
 
 /* the last contribution of this walk reached a hooked leaf */

@@ -113,7 +113,8 @@ nd_status nd_half_operands(int n, const nd_tensor *const *in, nd_tensor **cv, bo
     if (!half) return ND_OK;
     const nd_dtype to = f64 ? ND_FLOAT64 : ND_FLOAT32;
     for (int i = 0; i < n; i++) {
-        if (!in[i] || !(is_half(in[i]->dtype) || in[i]->dtype == ND_FLOAT32) || in[i]->dtype == to) continue;
+        /* only the half ones: a float32 / float64 mix stays the op's to refuse */
+        if (!in[i] || !is_half(in[i]->dtype)) continue;
         nd_status st = nd_to_dtype(in[i], to, &cv[i]);
         if (st != ND_OK) {
             nd_half_release(n, cv);

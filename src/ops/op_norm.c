@@ -16,7 +16,23 @@
 #include "grad_expr.h"
 #include "grad_fns.h"
 
+static bool is_half_dtype(nd_dtype dt) { return dt == ND_FLOAT16 || dt == ND_BFLOAT16; }
+
 /* ------------------------------------------------------------ layer norm */
+
+/* p's shape against x's normalized dims (and its device), dtype aside */
+static nd_status check_param_shape(const char *what, const nd_tensor *p, const nd_tensor *x, int nnorm) {
+    if (!p || nnorm < 1 || nnorm > x->ndim) return ND_OK; /* (a bad nnorm: layer_norm_forward's message) */
+    ND_TRY(nd_check_same_device("layer_norm", x, p));
+    char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
+    bool ok = p->ndim == nnorm;
+    for (int i = 0; ok && i < nnorm; i++) ok = p->shape[i] == x->shape[x->ndim - nnorm + i];
+    if (ok) return ND_OK;
+    return nd_fail(ND_ERR_SHAPE, "layer_norm: %s of shape %s (%s) does not match the normalized "
+                   "shape %s of the input (%s)", what, nd_shape_str(p->shape, p->ndim, b1),
+                   nd_dtype_name(p->dtype), nd_shape_str(x->shape + x->ndim - nnorm, nnorm, b2),
+                   nd_dtype_name(x->dtype));
+}
 
 static nd_status check_param(const char *what, const nd_tensor *p, const nd_tensor *x, int nnorm) {
     if (!p) return ND_OK;
@@ -155,6 +171,11 @@ nd_status nd_layer_norm(const nd_tensor *x, int nnorm, const nd_tensor *weight,
         const nd_tensor *in[3] = {x, weight, bias};
         nd_tensor *cv[3];
         bool half;
+        if ((weight && is_half_dtype(weight->dtype)) || (bias && is_half_dtype(bias->dtype))) {
+            /* shapes checked on what the caller passed (the messages name its dtypes) */
+            ND_TRY(check_param_shape("weight", weight, x, nnorm));
+            ND_TRY(check_param_shape("bias", bias, x, nnorm));
+        }
         ND_TRY(nd_half_operands(3, in, cv, &half));
         if (half) {
             nd_status st = nd_layer_norm(cv[0] ? cv[0] : x, nnorm, cv[1] ? cv[1] : weight,
@@ -193,6 +214,19 @@ nd_status nd_layer_norm(const nd_tensor *x, int nnorm, const nd_tensor *weight,
 static int channel_shape(const nd_tensor *x, int64_t *shape) {
     for (int i = 0; i < x->ndim; i++) shape[i] = i == 1 ? x->shape[1] : 1;
     return x->ndim;
+}
+
+/* a per-channel tensor's shape and device, whatever its dtype (bn_check_param
+ * checks that too), for the half operands' path: its messages name the
+ * dtypes the caller passed */
+static nd_status bn_check_shape(const char *what, const nd_tensor *p, const nd_tensor *x) {
+    char b1[ND_SHAPE_BUF];
+    if (!p || x->ndim < 2) return ND_OK; /* (x's own shape: batch_norm_forward's message) */
+    ND_TRY(nd_check_same_device("batch_norm", x, p));
+    if (p->ndim != 1 || p->shape[0] != x->shape[1])
+        return nd_fail(ND_ERR_SHAPE, "batch_norm: %s must have shape {%lld} (one value per channel), got %s %s",
+                       what, (long long)x->shape[1], nd_dtype_name(p->dtype), nd_shape_str(p->shape, p->ndim, b1));
+    return ND_OK;
 }
 
 static nd_status bn_check_param(const char *what, const nd_tensor *p, const nd_tensor *x) {
@@ -380,14 +414,19 @@ nd_status nd_batch_norm(const nd_tensor *x, nd_tensor *running_mean, nd_tensor *
         const nd_tensor *in[5] = {x, weight, bias, running_mean, running_var};
         nd_tensor *cv[5];
         bool half;
-        ND_TRY(nd_half_operands(5, in, cv, &half));
-        if (half && training && ((running_mean && cv[3]) || (running_var && cv[4]))) {
-            nd_half_release(5, cv);
+        const bool rm_half = running_mean && is_half_dtype(running_mean->dtype),
+                   rv_half = running_var && is_half_dtype(running_var->dtype);
+        if (training && (rm_half || rv_half))
             return nd_fail(ND_ERR_DTYPE, "batch_norm: running statistics in %s cannot be updated in training "
                            "mode (half precision is storage for inference); use eval() or keep them in %s",
-                           nd_dtype_name(cv[3] ? running_mean->dtype : running_var->dtype),
+                           nd_dtype_name(rm_half ? running_mean->dtype : running_var->dtype),
                            nd_dtype_name(x->dtype == ND_FLOAT64 ? ND_FLOAT64 : ND_FLOAT32));
-        }
+        /* shapes and devices checked on what the caller passed (the messages name its dtypes) */
+        ND_TRY(bn_check_shape("weight", weight, x));
+        ND_TRY(bn_check_shape("bias", bias, x));
+        ND_TRY(bn_check_shape("running_mean", running_mean, x));
+        ND_TRY(bn_check_shape("running_var", running_var, x));
+        ND_TRY(nd_half_operands(5, in, cv, &half));
         if (half) {
             nd_status st = nd_batch_norm(cv[0] ? cv[0] : x, cv[3] ? cv[3] : running_mean,
                                          cv[4] ? cv[4] : running_var, cv[1] ? cv[1] : weight,

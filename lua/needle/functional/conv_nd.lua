@@ -52,7 +52,7 @@ local function conv_args(op, n, x, w, b, opts, transposed)
          n == 1 and "" or "d, kh, kw", n, n == 1 and "" or "s", shape_str(w))
   end
   A.float(op, x)
-  A.same_kind(op, x, w, "weight", b, "bias")
+  A.same_kind(op, x, {half = true}, w, "weight", b, "bias")
   local c = {unbatched = x:dim() == n + 1, w = w, b = b}
   local input_shape = shape_str(x)
   if c.unbatched then x = x:unsqueeze(1) end

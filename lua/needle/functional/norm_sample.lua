@@ -115,6 +115,14 @@ function M.instance_norm(x, running_mean, ...)
   check_channel_param(op, x, weight, "weight")
   check_channel_param(op, x, bias, "bias")
   if use_input_stats == nil then use_input_stats = true end
+  local HALF = {float16 = true, bfloat16 = true}
+  if use_input_stats and running_mean ~= nil and (HALF[running_mean.dtype] or HALF[running_var.dtype]) then
+    -- an update smaller than half a half-precision step rounds back to the old value
+    fail(op, "running statistics in %s cannot be updated with the input's statistics (half precision is " ..
+         "storage for inference); use eval() or keep them in %s",
+         HALF[running_mean.dtype] and running_mean.dtype or running_var.dtype,
+         x.dtype == "float64" and "float64" or "float32")
+  end
   momentum, eps = momentum or 0.1, eps or 1e-5
   check_eps(op, eps)
   local N, C = x:size(1), x:size(2)

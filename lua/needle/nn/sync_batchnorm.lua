@@ -112,6 +112,14 @@ function SyncBatchNorm:forward(x)
   local dist = self.training and distributed_world()
   if not dist then return norm._BatchNorm.forward(self, x) end
   self:_check_input(x)
+  local rm, rv = self.running_mean, self.running_var
+  for _, t in ipairs({rm or false, rv or false}) do
+    if t and (t.dtype == "float16" or t.dtype == "bfloat16") then
+      -- as batch_norm: an update smaller than half a half-precision step rounds back to the old value
+      error(("needle.nn.SyncBatchNorm: running statistics in %s cannot be updated in training mode (half " ..
+             "precision is storage for inference); use eval() or keep them in float32"):format(t.dtype), 2)
+    end
+  end
   return SyncBatchNormFn(x, self.affine and self.weight or nil, self.affine and self.bias or nil, self)
 end
 M.SyncBatchNorm = SyncBatchNorm
