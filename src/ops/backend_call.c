@@ -340,6 +340,10 @@ int nd_call_linear_join_align(const nd_backend *be, nd_dtype dt) {
     return be && be->linear_fused && be->linear_join_align ? be->linear_join_align(dt) : 0;
 }
 
+bool nd_call_linear_half_weight(const nd_backend *be, const nd_tensor *x, const nd_tensor *w) {
+    return be && be->linear_fused && be->linear_half_weight && be->linear_half_weight(x, w);
+}
+
 nd_status nd_call_linalg(const nd_backend *be, const char *op, const nd_linalg_args *a,
                          nd_tensor *const *out, const nd_tensor *const *in) {
     if (!be->linalg) return no_kernel(be, op);

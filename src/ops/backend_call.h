@@ -142,6 +142,9 @@ nd_status nd_call_conv2d_depthwise_backward(const nd_backend *be, const char *op
                                             const nd_conv_geom *g);
 /* The backend's linear_join_align(dt), 0 where it has none (a query, not recorded). */
 int nd_call_linear_join_align(const nd_backend *be, nd_dtype dt);
+/* The backend's linear_half_weight(x, w), false where it has none (a query,
+ * not recorded: a capture records the linear_fused call it leads to). */
+bool nd_call_linear_half_weight(const nd_backend *be, const nd_tensor *x, const nd_tensor *w);
 nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *out,
                                const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                nd_activation act);

@@ -136,8 +136,8 @@ static bool linear_half_direct(const char *op, const nd_tensor *x, const nd_tens
                                nd_activation act, nd_tensor **out, nd_status *st) {
     const nd_backend *be = nd_backend_of(x);
     if (x->dtype != ND_FLOAT32 || !is_half(w) || (b && b->dtype != ND_FLOAT32 && !is_half(b)) ||
-        !be->linear_half_weight || !be->linear_fused || w->ndim != 2 || w->shape[1] == 0 ||
-        !nd_is_contiguous(w) || would_record(x, w, b) || !be->linear_half_weight(x, w))
+        w->ndim != 2 || w->shape[1] == 0 || !nd_is_contiguous(w) || would_record(x, w, b) ||
+        !nd_call_linear_half_weight(be, x, w))
         return false;
     *st = nd_check_same_device(op, x, w);
     if (*st == ND_OK && b) *st = nd_check_same_device(op, x, b);
