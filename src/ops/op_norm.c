@@ -421,11 +421,14 @@ nd_status nd_batch_norm(const nd_tensor *x, nd_tensor *running_mean, nd_tensor *
                            "mode (half precision is storage for inference); use eval() or keep them in %s",
                            nd_dtype_name(rm_half ? running_mean->dtype : running_var->dtype),
                            nd_dtype_name(x->dtype == ND_FLOAT64 ? ND_FLOAT64 : ND_FLOAT32));
-        /* shapes and devices checked on what the caller passed (the messages name its dtypes) */
-        ND_TRY(bn_check_shape("weight", weight, x));
-        ND_TRY(bn_check_shape("bias", bias, x));
-        ND_TRY(bn_check_shape("running_mean", running_mean, x));
-        ND_TRY(bn_check_shape("running_var", running_var, x));
+        bool any_half = false;
+        for (int i = 0; i < 5; i++) any_half = any_half || (in[i] && is_half_dtype(in[i]->dtype));
+        if (any_half) { /* shapes and devices checked on what the caller passed (the messages name its dtypes) */
+            ND_TRY(bn_check_shape("weight", weight, x));
+            ND_TRY(bn_check_shape("bias", bias, x));
+            ND_TRY(bn_check_shape("running_mean", running_mean, x));
+            ND_TRY(bn_check_shape("running_var", running_var, x));
+        }
         ND_TRY(nd_half_operands(5, in, cv, &half));
         if (half) {
             nd_status st = nd_batch_norm(cv[0] ? cv[0] : x, cv[3] ? cv[3] : running_mean,
