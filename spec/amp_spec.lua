@@ -127,6 +127,32 @@ describe("nd.amp.GradScaler", function()
     end
   end)
 
+  it("finds inf and NaN alike in one pass (contiguous gradients) and in two (others), float32 and float64", function()
+    for _, dtype in ipairs({"float32", "float64"}) do
+      for _, bad in ipairs({math.huge, -math.huge, 0 / 0, false}) do
+        local results = {}
+        for _, layout in ipairs({"contiguous", "transposed"}) do
+          local p = nd.zeros(5, 4, {dtype = dtype}):requires_grad_()
+          local g = nd.full({4, 5}, 6.0, {dtype = dtype})
+          if bad then g[{2, 3}] = bad end
+          p.grad = layout == "contiguous" and g:t():contiguous() or g:t() -- a view: no in-place kernel
+          local opt = nd.optim.SGD({p}, {lr = 1})
+          local scaler = nd.amp.GradScaler({init_scale = 4})
+          scaler:unscale_(opt)
+          local st = scaler._per_optimizer[opt]
+          results[layout] = {found = st.found_inf, grad = p.grad:contiguous()}
+        end
+        local what = ("%s, %s"):format(dtype, tostring(bad))
+        assert.are.equal(bad ~= false, results.contiguous.found, what)
+        assert.are.equal(results.contiguous.found, results.transposed.found, what)
+        -- the unscaled gradients agree bit for bit (NaN where NaN)
+        local a, b = results.contiguous.grad, results.transposed.grad
+        assert(nd.equal(a:eq(a), b:eq(b)) and nd.equal(a:masked_fill(a:ne(a), 0), b:masked_fill(b:ne(b), 0)), what)
+        assert.are.equal(1.5, a[{1, 1}]:item(), what)
+      end
+    end
+  end)
+
   it("does not grow the scale past float32's largest value", function()
     local p = nd.zeros(2):requires_grad_()
     local opt = nd.optim.SGD({p}, {lr = 0})

@@ -549,6 +549,20 @@ case("optim.AdamW steps with weight decay (adam_step_, fused or composed)",
   function() return {randn({4, 5}), randn({4, 5})} end,
   two_steps(nd.optim.AdamW, {lr = 0.1, weight_decay = 0.01}),
   {grad = false, covers = {"adam_step_"}})
+-- amp_unscale_ likewise (the CPU's kernel; nd.amp.GradScaler composes it elsewhere):
+-- the unscaled gradient after a scaled backward, then the step taken
+case("amp.GradScaler unscales and steps (amp_unscale_, fused or composed)",
+  function() return {randn({4, 5}), randn({4, 5})} end,
+  function(p, c)
+    local prm = p:detach()
+    prm.requires_grad = true
+    local opt = nd.optim.SGD({prm}, {lr = 0.5})
+    local scaler = nd.amp.GradScaler({init_scale = 8})
+    scaler:scale((prm * c):sum()):backward()
+    scaler:step(opt)
+    return prm:detach()
+  end,
+  {grad = false, covers = {"amp_unscale_"}})
 
 -- the ops that exist as gradients of others: second-order gradients, whose
 -- outer nd.grad runs them (im2col, col2im, max_pool2d_gather)

@@ -253,6 +253,9 @@ typedef struct nd_backend {
      * float dtype, one shape. */
     nd_status (*adam_step)(nd_tensor *p, const nd_tensor *grad, nd_tensor *m, nd_tensor *v,
                            const nd_adam_hyper *h);
+    /* nd_amp_unscale_'s pass (needle.h): g contiguous, float32 or float64;
+     * *found_inf set when an element was inf or NaN, else left as it was. */
+    nd_status (*amp_unscale)(nd_tensor *g, double inv, bool *found_inf);
     /* dlogits = (softmax(logits) - target) * wrow[row]; labels 0-based.
      * dlogits may be logits itself (the same view: nd.compile's memory plan
      * puts the gradient over the logits when they die there), so each

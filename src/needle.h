@@ -506,6 +506,13 @@ typedef struct {
 } nd_adam_hyper;
 nd_status nd_adam_step_(nd_tensor *p, const nd_tensor *grad, nd_tensor *m, nd_tensor *v,
                         const nd_adam_hyper *h, bool *done);
+/* A gradient scaler's unscale (PyTorch's _amp_foreach_non_finite_check_and_unscale_)
+ * on g, in place and in one pass: g = g * inv (inv rounded to g's dtype),
+ * and *found_inf set when an element of g was inf or NaN (left false
+ * otherwise: the caller ORs several). *done as nd_sgd_step_'s (g contiguous,
+ * float32 or float64, on a device with the kernel; not while a graph is
+ * being captured). */
+nd_status nd_amp_unscale_(nd_tensor *g, double inv, bool *found_inf, bool *done);
 
 /* ---- joining, splitting, reordering ---- */
 nd_status nd_cat(nd_tensor *const *ts, int n, int dim, nd_tensor **out);

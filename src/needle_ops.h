@@ -207,6 +207,7 @@
     X(randperm,            RANDOM,   0, OUTPUT,  NONE)                     \
     X(sgd_step_,           OPTIM,    3, FLOAT,   NONE)                     \
     X(adam_step_,          OPTIM,    4, FLOAT,   NONE)                     \
+    X(amp_unscale_,        OPTIM,    1, FLOAT,   NONE)                     \
     X(slice_backward,      BACKWARD, 1, SAME,    NODE)                     \
     X(max_pool2d_backward, BACKWARD, 1, FLOAT,   NODE)                     \
     X(max_pool2d_gather,   BACKWARD, 1, FLOAT,   NODE)                     \

@@ -209,10 +209,18 @@ local function unscale_grads(opt, inv)
   if #params == 0 then return nil end
   local found = false
   local pending = {} -- per non-CPU device: a 0-dim tensor, NaN when a gradient was not finite
+  local unscaled = {} -- the gradients the fused kernel did already
   core.no_grad(function()
     for _, p in ipairs(params) do
       local g = p.grad
-      if g:numel() > 0 then
+      -- one pass where a kernel does it (the CPU's: multiplies and checks as
+      -- it goes), else the check below and a multiply after
+      local done, bad = false, false
+      if g:numel() > 0 and writable(g) then done, bad = core.amp_unscale_(g, inv) end
+      if done then
+        unscaled[p] = true
+        found = found or bad
+      elseif g:numel() > 0 then
         -- max and min propagate NaN and meet every inf: two passes, no temporary
         local mx, mn = g:max(), g:min()
         if g.device == "cpu" then
@@ -230,8 +238,10 @@ local function unscale_grads(opt, inv)
       if chk:item() ~= 0 then found = true end
     end
     for _, p in ipairs(params) do
-      local g = p.grad
-      if writable(g) then g:mul_(inv) else p.grad = g * inv end
+      if not unscaled[p] then
+        local g = p.grad
+        if writable(g) then g:mul_(inv) else p.grad = g * inv end
+      end
     end
   end)
   return found

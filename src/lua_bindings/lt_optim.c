@@ -8,6 +8,8 @@
  *                   one_minus_beta2 =, eps =, weight_decay =, decay =, step_size =,
  *                   bc2_sqrt =, decoupled =, maximize =}) -> handled
  *
+ *   core.amp_unscale_(g, inv) -> handled, found_inf   (nd.amp.GradScaler)
+ *
  * buf is nil without momentum. Each returns false, changing nothing, where
  * the fused kernel does not apply; nd.optim.SGD / Adam then compose the
  * update. */
@@ -72,10 +74,23 @@ static int l_adam_step_(lua_State *L) {
     return 1;
 }
 
+/* core.amp_unscale_(g, inv) -> handled, found_inf (false, false where the
+ * kernel does not apply: the scaler then composes it) */
+static int l_amp_unscale_(lua_State *L) {
+    nd_tensor *g = lt_check(L, 1, "amp_unscale_");
+    const double inv = luaL_checknumber(L, 2);
+    bool done = false, found = false;
+    LT_CHECK(L, nd_amp_unscale_(g, inv, &found, &done));
+    lua_pushboolean(L, done);
+    lua_pushboolean(L, found);
+    return 2;
+}
+
 void lt_register_optim(lua_State *L) {
     static const lt_reg regs[] = {
         {"sgd_step_", l_sgd_step_, false, true},
         {"adam_step_", l_adam_step_, false, true},
+        {"amp_unscale_", l_amp_unscale_, false, true},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

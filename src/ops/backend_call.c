@@ -238,6 +238,13 @@ nd_status nd_call_adam_step(const nd_backend *be, const char *op, nd_tensor *p, 
     return be->adam_step(p, grad, m, v, h);
 }
 
+nd_status nd_call_amp_unscale(const nd_backend *be, const char *op, nd_tensor *g, double inv, bool *found_inf) {
+    if (!be->amp_unscale) return no_kernel(be, op);
+    if (nd_graph_capturing())
+        return nd_fail(ND_ERR_INTERNAL, "%s: a gradient scaler's unscale while a graph is captured", op);
+    return be->amp_unscale(g, inv, found_inf);
+}
+
 nd_status nd_call_cross_entropy_backward(const nd_backend *be, const char *op, nd_tensor *dlogits,
                                          const nd_tensor *logits, const nd_tensor *labels,
                                          const nd_tensor *wrow, int64_t ignore, double smoothing) {

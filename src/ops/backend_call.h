@@ -104,6 +104,10 @@ nd_status nd_call_sgd_step(const nd_backend *be, const char *op, nd_tensor *p, c
  * update there, from factors a hook refreshes). */
 nd_status nd_call_adam_step(const nd_backend *be, const char *op, nd_tensor *p, const nd_tensor *grad,
                             nd_tensor *m, nd_tensor *v, const nd_adam_hyper *h);
+/* Eager only: its result is a flag on the host, which a replay could not
+ * give back (an error while a graph is captured; the scaler's unscale_ is a
+ * graph break). */
+nd_status nd_call_amp_unscale(const nd_backend *be, const char *op, nd_tensor *g, double inv, bool *found_inf);
 nd_status nd_call_cross_entropy_backward(const nd_backend *be, const char *op, nd_tensor *dlogits,
                                          const nd_tensor *logits, const nd_tensor *labels,
                                          const nd_tensor *wrow, int64_t ignore, double smoothing);

@@ -35,6 +35,21 @@ nd_status nd_sgd_step_(nd_tensor *p, const nd_tensor *grad, nd_tensor *buf, cons
     return ND_OK;
 }
 
+nd_status nd_amp_unscale_(nd_tensor *g, double inv, bool *found_inf, bool *done) {
+    *done = false;
+    if (!g || !found_inf) return nd_fail(ND_ERR_ARG, "amp_unscale_: a gradient and a found_inf flag are required");
+    ND_TRY(nd_check_inplace_grad("amp_unscale_", g));
+    const nd_backend *be = nd_backend_of(g);
+    /* (a capture could not replay the flag: the scaler's unscale_ is a graph break) */
+    if (!be->amp_unscale || nd_graph_capturing() || (g->dtype != ND_FLOAT32 && g->dtype != ND_FLOAT64) ||
+        !nd_is_contiguous(g))
+        return ND_OK;
+    ND_TRY(ND_BACKEND_CALL(be, amp_unscale, "amp_unscale_", g, inv, found_inf));
+    nd_bump_version(g);
+    *done = true;
+    return ND_OK;
+}
+
 nd_status nd_adam_step_(nd_tensor *p, const nd_tensor *grad, nd_tensor *m, nd_tensor *v,
                         const nd_adam_hyper *h, bool *done) {
     *done = false;

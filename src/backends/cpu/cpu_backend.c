@@ -31,6 +31,7 @@ const nd_backend nd_cpu_backend = {
     .relu_backward = nd_cpu_relu_backward,
     .sgd_step = nd_cpu_sgd_step,
     .adam_step = nd_cpu_adam_step,
+    .amp_unscale = nd_cpu_amp_unscale,
     .cross_entropy_backward = nd_cpu_cross_entropy_backward,
     .random = nd_cpu_random,
     .im2col = nd_cpu_im2col,

@@ -41,6 +41,7 @@ void nd_cpu_layer_norm_row(nd_dtype dt, const void *x, void *y, int64_t cols, co
                            const void *b, double eps, void *mean, void *rstd);
 nd_status nd_cpu_sgd_step(nd_tensor *p, const nd_tensor *grad, nd_tensor *buf,
                           const nd_sgd_hyper *h, bool first); /* cpu_optim.c */
+nd_status nd_cpu_amp_unscale(nd_tensor *g, double inv, bool *found_inf);
 nd_status nd_cpu_adam_step(nd_tensor *p, const nd_tensor *grad, nd_tensor *m, nd_tensor *v,
                            const nd_adam_hyper *h);             /* cpu_optim.c */
 /* cpu_reduce.c */

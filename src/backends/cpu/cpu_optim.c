@@ -1,11 +1,13 @@
 /* cpu_optim.c - fused optimizer updates: one pass over a parameter, its
  * gradient and its state instead of one tensor op (and often a temporary)
- * per term of the formula. See nd_sgd_step_ and nd_adam_step_ in needle.h.
+ * per term of the formula. See nd_sgd_step_, nd_adam_step_ and
+ * nd_amp_unscale_ (a gradient scaler's unscale) in needle.h.
  *
  * Each term is rounded to the tensor's dtype where the composed ops round
  * it (a product, then a sum), so fused and composed agree to the bit; the
  * build does not contract a * b + c into an FMA (-std=c11 implies
  * -ffp-contract=off in GCC, and the generic x86-64 target has no FMA). */
+#include <float.h>
 #include <math.h>
 #include "cpu_kernels.h"
 
@@ -43,6 +45,30 @@
             P[i] = P[i] + step;                                                           \
         }                                                                                 \
     } while (0)
+
+/* g *= inv in one pass, noting a non-finite element: |x| <= max is false for
+ * inf and NaN alike (a compare the loop vectorises, no branch) */
+#define AMP_UNSCALE(T, MAX)                                                               \
+    do {                                                                                  \
+        T *G = (T *)nd_ptr(g);                                                            \
+        const T s = (T)inv;                                                               \
+        int bad = 0;                                                                      \
+        _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (n >= ND_PARALLEL_THRESHOLD) schedule(static) reduction(|:bad)") \
+        for (int64_t i = 0; i < n; i++) {                                                 \
+            const T x = G[i];                                                             \
+            bad |= !(x <= (T)MAX && x >= -(T)MAX);                                        \
+            G[i] = x * s;                                                                 \
+        }                                                                                 \
+        if (bad) *found_inf = true;                                                       \
+    } while (0)
+
+nd_status nd_cpu_amp_unscale(nd_tensor *g, double inv, bool *found_inf) {
+    const int64_t n = nd_numel(g);
+    if (g->dtype == ND_FLOAT32) AMP_UNSCALE(float, FLT_MAX);
+    else if (g->dtype == ND_FLOAT64) AMP_UNSCALE(double, DBL_MAX);
+    else return nd_fail(ND_ERR_DTYPE, "amp_unscale: no cpu kernel for %s", nd_dtype_name(g->dtype));
+    return ND_OK;
+}
 
 nd_status nd_cpu_sgd_step(nd_tensor *p, const nd_tensor *grad, nd_tensor *buf,
                           const nd_sgd_hyper *h, bool first) {
