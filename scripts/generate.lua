@@ -35,11 +35,14 @@ options:
   --length-penalty L    with --num-beams: a hypothesis' score is its log-probability / length^L (default 1)
   --no-cache            re-run the whole sequence for every token (slow; for comparison)
   --device DEV          cpu (default), opencl or opencl:N
+  --dtype D             the weights in memory: float32 (default), bfloat16 or float16 (half the
+                        memory; computed in float32, faster token by token on AVX-512 CPUs:
+                        docs/tensor.md, "Half-precision models")
   -h, --help            this text
 ]]
 
 local opts = cli.parse(arg, {["max-new-tokens"] = 40, temperature = 1, ["top-k"] = 0, ["top-p"] = 1, seed = 1,
-                             device = "cpu", ["num-beams"] = 1}, usage,
+                             device = "cpu", ["num-beams"] = 1, dtype = "float32"}, usage,
                        {prog = PROG, numbers = {["max-new-tokens"] = true, temperature = true, ["top-k"] = true,
                                                 ["top-p"] = true, seed = true, ["n-head"] = true,
                                                 ["num-beams"] = true, ["length-penalty"] = true},
@@ -53,11 +56,12 @@ if opts["length-penalty"] ~= nil and opts["num-beams"] == 1 then
   cli.die(PROG, 2, "--length-penalty goes with --num-beams N (N > 1)")
 end
 local device = cli.check_device(PROG, opts)
+cli.choice(PROG, opts, "dtype", {"float32", "bfloat16", "float16"})
 
 local ok, tok = pcall(nd.text.ByteBPE.from_files, opts.vocab, opts.merges)
 if not ok then cli.die(PROG, 1, "%s", cli.message(tok)) end
 local model = cli.convert_model(PROG, "gpt2", cli.read_state_dict(PROG, opts.weights),
-                                {n_head = opts["n-head"]}):to(device)
+                                {n_head = opts["n-head"]}):to(device):to(opts.dtype)
 
 local prompt_ids = tok:encode(opts.prompt)
 if #prompt_ids == 0 then cli.die(PROG, 2, "the prompt is empty") end
@@ -82,5 +86,5 @@ for i = 1, row:numel() do ids[i] = row[i]:item() end
 local new = {}
 for i = #prompt_ids + 1, #ids do new[#new + 1] = ids[i] end
 io.write(opts.prompt, tok:decode(new), "\n")
-print(("%d prompt tokens, %d new in %.2f s: %.1f tokens/s (%s, %s)"):format(#prompt_ids, #new, seconds,
-  #new / math.max(seconds, 1e-9), opts["no-cache"] and "no cache" or "key/value cache", device))
+print(("%d prompt tokens, %d new in %.2f s: %.1f tokens/s (%s, %s, %s weights)"):format(#prompt_ids, #new, seconds,
+  #new / math.max(seconds, 1e-9), opts["no-cache"] and "no cache" or "key/value cache", device, opts.dtype))

@@ -36,6 +36,26 @@ describe("scripts/generate.lua", function()
     return ("--weights %s --vocab %s --merges %s --n-head 4 %s"):format(S.q(dir .. "/gpt2.safetensors"), VOCAB, MERGES, extra)
   end
 
+  it("--dtype bfloat16 keeps the weights in half precision: the continuation of the model with rounded weights",
+     function()
+    local half = nd.nn.models.GPT2LMHeadModel({vocab_size = 548, n_positions = 64, n_embd = 32, n_layer = 2,
+                                               n_head = 4}):eval()
+    half:load_state_dict(model:state_dict())
+    half:bfloat16()
+    local ids = tok:encode("Hello world")
+    local out = nd.no_grad(function() return half:generate(nd.tensor({ids}, {dtype = "int64"}), {max_new_tokens = 8}) end)
+    local new = {}
+    for i = #ids + 1, out:size(2) do new[#new + 1] = out[{1, i}]:item() end
+    local ok, text = run(args("--prompt 'Hello world' --max-new-tokens 8 --dtype bfloat16"))
+    assert(ok, text)
+    assert.are.equal("Hello world" .. tok:decode(new), text:match("^(.-)\n%d+ prompt tokens"), text)
+    assert.truthy(text:find("bfloat16 weights", 1, true), text)
+    local bad
+    ok, bad = run(args("--prompt 'x' --dtype half"))
+    assert.is_false(ok)
+    assert.truthy(bad:find("--dtype", 1, true), bad)
+  end)
+
   it("greedy, with and without the cache: the model's own continuation", function()
     local want = expected("Hello world", 12)
     for _, extra in ipairs({"", " --no-cache"}) do
