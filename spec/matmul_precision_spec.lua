@@ -226,6 +226,30 @@ describe("nd.autocast", function()
     end
   end)
 
+  it("keeps each weight's own packing: layers of one shape (and dtype) in one scope do not share it", function()
+    if not BF16 then pending("this CPU has no AVX512_BF16"); return end
+    nd.manual_seed(12)
+    local x = nd.randn({100, 64})
+    local ws = {nd.randn({96, 64}), nd.randn({96, 64}), nd.randn({96, 64}):bfloat16(), nd.randn({96, 64}):bfloat16()}
+    nd.no_grad(function()
+      nd.autocast(function()
+        for round = 1, 2 do -- the second round from the cache
+          for i, w in ipairs(ws) do
+            local y = nd.F.linear(x, w)
+            assert_bf16_product(y, x, w:float():t(), ("weight %d, round %d"):format(i, round))
+          end
+        end
+      end)
+    end)
+    -- a model of repeated layers: within bfloat16's error of float32, layer by layer
+    local m = nd.nn.Sequential(nd.nn.Linear(64, 64), nd.nn.ReLU(), nd.nn.Linear(64, 64), nd.nn.ReLU(),
+                               nd.nn.Linear(64, 64))
+    local want = nd.no_grad(function() return m(x) end)
+    local got = nd.no_grad(function() return nd.autocast(function() return m(x) end) end)
+    local err = (got - want):abs():max():item()
+    assert(err < 0.05 * want:abs():max():item(), ("off by %g"):format(err))
+  end)
+
   it("packs a weight again once it is written, inside the scope", function()
     if not BF16 then pending("this CPU has no AVX512_BF16"); return end
     nd.manual_seed(9)

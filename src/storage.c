@@ -10,6 +10,17 @@ static _Atomic uint64_t last_serial;
 atomic_int nd_captures_running;
 
 uint64_t nd_storage_serial(void) { return atomic_load(&last_serial); }
+
+static _Atomic uint64_t last_id;
+
+uint64_t nd_storage_id(nd_storage *s) {
+    uint64_t id = atomic_load_explicit(&s->id, memory_order_acquire);
+    if (id) return id;
+    const uint64_t mine = atomic_fetch_add(&last_id, 1) + 1;
+    /* two threads asking at once: the first to store wins, both return it */
+    if (atomic_compare_exchange_strong(&s->id, &id, mine)) return mine;
+    return id;
+}
 /* Storages made while no capture runs on any thread all get 0 (no atomic
  * increment on the hot path): a capture only asks whether a storage is
  * newer than its own start, and nothing made before it is. */
@@ -58,6 +69,7 @@ nd_status nd_storage_new(size_t nbytes, nd_storage **out) {
     s->data = data;
     s->version = 0;
     s->serial = nd_storage_next_serial();
+    atomic_init(&s->id, 0);
     atomic_init(&s->graph_refs, 0);
     s->release = NULL;
     s->release_ctx = NULL;
@@ -93,6 +105,7 @@ nd_status nd_storage_new_on(nd_device dev, size_t nbytes, nd_storage **out) {
     s->data = handle;
     s->version = 0;
     s->serial = nd_storage_next_serial();
+    atomic_init(&s->id, 0);
     atomic_init(&s->graph_refs, 0);
     s->release = NULL;
     s->release_ctx = NULL;

@@ -183,6 +183,7 @@ nd_status nd_from_borrowed(void *data, const int64_t *shape, int ndim, nd_dtype 
     s->data = data;
     s->version = 0;
     s->serial = nd_storage_next_serial();
+    atomic_init(&s->id, 0);
     atomic_init(&s->graph_refs, 0);
     /* A no-op release marks the memory as not ours even without a callback. */
     s->release = release;

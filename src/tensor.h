@@ -17,8 +17,13 @@ typedef struct nd_storage {
     /* Bumped by every in-place write; autograd compares it at backward time. */
     uint64_t version;
     /* Order of creation (nd_storage_serial): a graph capture tells the
-     * storages made during it from those that existed before. */
+     * storages made during it from those that existed before. (0 for every
+     * storage made while no capture runs: not an identity.) */
     uint64_t serial;
+    /* An identity unique for the process's life, given on first asking
+     * (nd_storage_id; 0 until then): caches keyed by it cannot mistake a
+     * new storage at a freed one's address for the old one. */
+    _Atomic uint64_t id;
     /* References a capturing graph holds (graph.c); when the count of all
      * references drops to it, nd_storage_idle_hook runs: the graph may give
      * the memory back while it captures, as eager would (0: no graph). */
@@ -105,6 +110,8 @@ void nd_storage_retain(nd_storage *s);
  * 0 while no capture runs: see nd_captures_running). */
 uint64_t nd_storage_serial(void);
 uint64_t nd_storage_next_serial(void);
+/* s's identity (the id field), made on the first call for s. */
+uint64_t nd_storage_id(nd_storage *s);
 /* Graph captures running on all threads (graph.c counts them): when 0, the
  * capture checks on every op's path are one relaxed load. */
 extern atomic_int nd_captures_running;

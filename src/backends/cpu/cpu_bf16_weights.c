@@ -9,9 +9,10 @@
  * are): later calls in the scope skip the packing, and a layer
  * with few rows (a generated token's) runs the bfloat16 kernel on the
  * packed weight, half the bytes of the float32 weight it would otherwise
- * stream. An entry is keyed by the weight's storage serial (unique for the
- * process's life, so no reference is held and a freed weight's address
- * cannot be mistaken for a new one), offset and shape, and checked against
+ * stream. An entry is keyed by the weight's storage identity (nd_storage_id:
+ * unique for the process's life, so no reference is held and a freed
+ * weight's address cannot be mistaken for a new one; not the storage's
+ * serial, which is 0 outside a capture), offset, shape and dtype, and checked against
  * the storage's version: a weight written since (an optimizer step, copy_,
  * a replay's update) is packed again. The cache holds at most MAX_ENTRIES
  * entries and MAX_BYTES of packed weights, the least recently used going
@@ -25,8 +26,9 @@
 #define MAX_BYTES ((size_t)2 << 30)
 
 typedef struct {
-    uint64_t serial, version, used;
+    uint64_t serial, version, used; /* serial: the storage's identity (nd_storage_id) */
     int64_t offset, rows, cols;
+    nd_dtype dtype;
     nd_bf16_packed_b *packed;
 } entry;
 
@@ -67,10 +69,11 @@ const nd_bf16_packed_b *nd_cpu_bf16_weight(const nd_tensor *w) {
      * larger one - nd.compile's arena, where slots are reused without the
      * storage's version changing - packs per call as outside the scope */
     if (w->offset != 0 || w->storage->nbytes != (size_t)O * (size_t)K * esize) return NULL;
-    const uint64_t serial = w->storage->serial, version = w->storage->version;
+    const uint64_t serial = nd_storage_id(w->storage), version = w->storage->version;
     for (int i = 0; i < count; i++) {
         entry *e = &entries[i];
-        if (e->serial != serial || e->offset != w->offset || e->rows != O || e->cols != K) continue;
+        if (e->serial != serial || e->offset != w->offset || e->rows != O || e->cols != K || e->dtype != w->dtype)
+            continue;
         if (e->version == version) {
             e->used = ++clock_;
             return e->packed;
@@ -90,7 +93,7 @@ const nd_bf16_packed_b *nd_cpu_bf16_weight(const nd_tensor *w) {
     nd_bf16_packed_b *pb = w->dtype == ND_BFLOAT16 ? nd_cpu_bf16_pack_weight_bf16(K, O, (const uint16_t *)nd_ptr(w), K)
                                                    : nd_cpu_bf16_pack_b(K, O, (const float *)nd_ptr(w), 1, K);
     if (!pb) return NULL;
-    entries[count++] = (entry){serial, version, ++clock_, w->offset, O, K, pb};
+    entries[count++] = (entry){serial, version, ++clock_, w->offset, O, K, w->dtype, pb};
     bytes += nd_cpu_bf16_packed_bytes(pb);
     return pb;
 }
