@@ -176,6 +176,55 @@ describe("half-precision parameters", function()
     end
   end)
 
+  it("where the float32 copy runs on bfloat16 products, a half weight does too: float16, views, medium", function()
+    if not nd.devices()[1].bf16 then
+      pending("products run on bfloat16 only on a CPU with AVX512_BF16")
+      return
+    end
+    nd.manual_seed(31)
+    local x = nd.randn(100, 96)
+    local big = nd.randn(200, 96):bfloat16()
+    local cases = {
+      {"float16", nd.randn(80, 96):half()},
+      {"a bfloat16 view", big:narrow(1, 11, 80)},
+      {"bfloat16", nd.randn(80, 96):bfloat16()},
+    }
+    nd.no_grad(function()
+      for _, c in ipairs(cases) do
+        local w = c[2]
+        local got = nd.autocast(function() return nd.F.linear(x, w) end)
+        local want = nd.autocast(function() return nd.F.linear(x, w:float()) end)
+        assert(nd.equal(got, want), c[1] .. " inside nd.autocast")
+        nd.set_float32_matmul_precision("medium")
+        local ok, err = pcall(function()
+          assert(nd.equal(nd.F.linear(x, w), nd.F.linear(x, w:float())), c[1] .. " at medium")
+        end)
+        nd.set_float32_matmul_precision("highest")
+        assert(ok, err)
+      end
+      -- a compiled function whose half weight is an intermediate (an arena view at replay)
+      local p = nd.randn(80, 96)
+      local f = nd.compile(function(xx) return nd.F.linear(xx, (p * 2):to("bfloat16")) end)
+      for call = 1, 4 do
+        local got = nd.autocast(function() return f(x) end)
+        local want = nd.autocast(function() return nd.F.linear(x, (p * 2):to("bfloat16"):float()) end)
+        assert(nd.equal(got, want), "compiled call " .. call)
+      end
+    end)
+  end)
+
+  it("compiles a half Linear + BatchNorm1d (not folded: the kernel reads the half weight) as eagerly", function()
+    nd.manual_seed(32)
+    local m = nn.Sequential(nn.Linear(16, 8), nn.BatchNorm1d(8)):eval()
+    nd.no_grad(function() m[2].running_var:copy_(nd.rand(8) + 0.5); m[2].running_mean:copy_(nd.randn(8)) end)
+    m:to("bfloat16")
+    local f = nd.compile(function(x) return nd.no_grad(function() return m(x) end) end)
+    for call = 1, 4 do
+      local x = nd.randn(5, 16)
+      assert(nd.equal(f(x), nd.no_grad(function() return m(x) end)), "call " .. call)
+    end
+  end)
+
   it("a float64 input makes the half parameters float64", function()
     local half, ref = pair(LAYERS[1], "bfloat16", "cpu")
     ref:double()
@@ -243,6 +292,9 @@ describe("half-precision parameters", function()
     -- a half operand does not let a float32 / float64 mix through
     assert_contains(errmsg(function() nd.F.linear(nd.randn(1, 4), nd.randn(2, 4):double(), nd.ones(2):bfloat16()) end),
                     "needle.linear: input (float32) and weight (float64) must have the same dtype")
+    -- and the operand named is the one the caller got wrong
+    assert_contains(errmsg(function() nd.F.linear(nd.randn(1, 4), nd.randn(2, 4):bfloat16(), nd.ones(2):double()) end),
+                    "needle.linear: input (float32) and bias (float64) must have the same dtype")
   end)
 
   it("runs a half model under nd.compile as eagerly", function()

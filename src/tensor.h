@@ -191,9 +191,10 @@ nd_status nd_expand_to(const nd_tensor *t, const int64_t *shape, int ndim, nd_te
 nd_status nd_as_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out);
 /* The half types (float16, bfloat16) are storage: an op computes them in
  * float32, as elementwise ops and matmul do (ops/op_copy.c). For an op
- * whose operands in[0..n) are floating point (NULLs skipped): when one of
- * them is a half type, cv[i] is in[i] converted (differentiably) to the
- * compute dtype - float64 when an operand is float64, else float32 - where
+ * whose operands in[0..n) are floating point (NULLs skipped; in[0] the
+ * input): when one of them is a half type, cv[i] is in[i] converted
+ * (differentiably) to the compute dtype - the input's when it is float32 or
+ * float64, else float64 when an operand is float64, else float32 - where
  * in[i] is a half type, else NULL, and *any is true; else every cv[i] is
  * NULL and *any false. Other dtypes (a float32 / float64 mix included) are
  * left to the op's own checks.

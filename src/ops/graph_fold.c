@@ -132,12 +132,16 @@ done:
 }
 
 /* The activation of a layer a norm can fold into (a fused convolution or a
- * 2-D linear layer, its weight present), or NULL. */
+ * 2-D linear layer, its weight present and float32/float64: a half weight
+ * the kernel reads as it is stays unfolded), or NULL. */
 static int64_t *foldable_layer(nd_graph_rec *a) {
     if (a->entry != ND_CALL_conv2d_fused && a->entry != ND_CALL_linear_fused) return NULL;
     if (a->entry == ND_CALL_linear_fused && (!a->t[0] || a->t[0]->ndim != 2))
         return NULL; /* the norm's channels are dim 1 */
-    return a->nt == 4 && a->t[ND_LAYER_W] ? nd_graph_layer_act(a) : NULL;
+    if (a->nt != 4 || !a->t[ND_LAYER_W]) return NULL;
+    const nd_dtype wd = a->t[ND_LAYER_W]->dtype;
+    if (wd != ND_FLOAT32 && wd != ND_FLOAT64) return NULL;
+    return nd_graph_layer_act(a);
 }
 
 nd_status nd_graph_fold_call(nd_graph *g, nd_status (*fn)(void *ctx), void *ctx, nd_tensor **outs,
@@ -163,8 +167,8 @@ nd_status nd_graph_fold_call(nd_graph *g, nd_status (*fn)(void *ctx), void *ctx,
         if (!pro_push(g, &tg->recs[moved])) st = nd_fail(ND_ERR_MEMORY, "compile: out of memory in the fold pass");
         else moved++;
     }
-    /* the records moved belong to g now; tg releases the rest */
-    memmove(tg->recs, tg->recs + moved, (tg->n - moved) * sizeof *tg->recs);
+    /* the records moved belong to g now; tg releases the rest (none recorded: no recs) */
+    if (tg->n > moved) memmove(tg->recs, tg->recs + moved, (tg->n - moved) * sizeof *tg->recs);
     tg->n -= moved;
     nd_graph_free(tg);
     for (int k = 0; k < nouts && st == ND_OK; k++) {

@@ -111,7 +111,10 @@ nd_status nd_half_operands(int n, const nd_tensor *const *in, nd_tensor **cv, bo
     }
     *any = half;
     if (!half) return ND_OK;
-    const nd_dtype to = f64 ? ND_FLOAT64 : ND_FLOAT32;
+    /* the input's dtype (in[0], float32 or float64), so that a mismatch left
+     * for the op names the operand the caller got wrong; else by the others */
+    const nd_dtype d0 = in[0] ? in[0]->dtype : ND_FLOAT32;
+    const nd_dtype to = d0 == ND_FLOAT32 || d0 == ND_FLOAT64 ? d0 : f64 ? ND_FLOAT64 : ND_FLOAT32;
     for (int i = 0; i < n; i++) {
         /* only the half ones: a float32 / float64 mix stays the op's to refuse */
         if (!in[i] || !is_half(in[i]->dtype)) continue;

@@ -105,6 +105,11 @@ nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tenso
                                                   b ? (const float *)nd_ptr(b) : NULL, act,
                                                   res ? (const float *)nd_ptr(res) : NULL, O))
             return ND_OK;
+        /* a half weight the cache did not take, where the float32 copy would
+         * run on bfloat16 products: through that copy, for its bits */
+        if (w->dtype != x->dtype && nd_cpu_gemm_bf16_active() &&
+            (nd_autocast_active() || nd_cpu_gemm_bf16_for(M, O)))
+            return linear_via_float_copy(out, x, w, b, act, res);
     }
     if (nd_cpu_linear_small(out, x, w, b, relu)) /* a few rows, float32 (or a half w: linear_half_weight) */
         return nd_cpu_finish_layer(out, act, res);

@@ -302,12 +302,18 @@ static bool small_half_ok(const nd_tensor *x, const nd_tensor *w) {
 #endif
 
 bool nd_cpu_linear_half_weight(const nd_tensor *x, const nd_tensor *w) {
-    /* inside nd.autocast a bfloat16 weight goes into its cache as it is
-     * (cpu_bf16_weights.c; nd_cpu_linear_fused converts a copy when the cache
-     * cannot take it) */
-    if (x->dtype == ND_FLOAT32 && w->dtype == ND_BFLOAT16 && w->ndim == 2 && nd_autocast_active() &&
-        nd_cpu_gemm_bf16_active())
-        return true;
+    if (x->dtype != ND_FLOAT32 || (w->dtype != ND_BFLOAT16 && w->dtype != ND_FLOAT16) || w->ndim != 2 ||
+        w->shape[1] <= 0)
+        return false;
+    /* Where the float32 copy would run on bfloat16 products (nd.autocast, or
+     * precision "medium" at this size), this must too, with the same bits:
+     * a bfloat16 weight inside nd.autocast goes into the scope's cache as it
+     * is (cpu_bf16_weights.c; nd_cpu_linear_fused converts a copy when the
+     * cache cannot take it); anything else is left to the op's float32 copy. */
+    if (nd_cpu_gemm_bf16_active()) {
+        if (nd_autocast_active()) return w->dtype == ND_BFLOAT16;
+        if (nd_cpu_gemm_bf16_for(nd_numel(x) / w->shape[1], w->shape[0])) return false;
+    }
 #ifdef ND_HAVE_AVX2_KERNELS
     return small_half_ok(x, w);
 #else
