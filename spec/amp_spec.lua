@@ -542,6 +542,17 @@ describe("nd.amp.GradScaler", function()
       assert(nd.equal(p2, nd.full({3}, -3.0)))
     end)
 
+    it("nd.amp_unscale_ in a compiled function is a graph break (its answer is a host value)", function()
+      local f = nd.compile(function(g) return nd.amp_unscale_(g, 0.5) end, {warmup = 0})
+      assert_contains(errmsg(function() f(nd.ones(3)) end),
+                      "amp_unscale_ returns whether a gradient was finite, on the host (a graph break)")
+      local h = nd.compile(function(g) local _, bad = nd.amp_unscale_(g, 0.5); return bad end, {fallback = true})
+      local g = nd.ones(3)
+      g[{2}] = math.huge
+      for call = 1, 3 do assert.is_true(h(g), "call " .. call) end -- eager each time: the flag is fresh
+      assert.are.equal(0.125, g[{1}]:item())
+    end)
+
     it("step alone in a compiled function, after an eager unscale_, still skips an overflowing step", function()
       local p = nd.zeros(3):requires_grad_()
       local opt = nd.optim.SGD({p}, {lr = 1})

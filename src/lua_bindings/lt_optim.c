@@ -79,6 +79,8 @@ static int l_adam_step_(lua_State *L) {
 static int l_amp_unscale_(lua_State *L) {
     nd_tensor *g = lt_check(L, 1, "amp_unscale_");
     const double inv = luaL_checknumber(L, 2);
+    /* its answer is a value on the host: a replay could not give it again */
+    LT_CHECK(L, nd_graph_break("amp_unscale_ returns whether a gradient was finite, on the host"));
     bool done = false, found = false;
     LT_CHECK(L, nd_amp_unscale_(g, inv, &found, &done));
     lua_pushboolean(L, done);
