@@ -201,6 +201,24 @@ nd_status nd_as_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out);
  * nd_half_release releases cv[0..n). */
 nd_status nd_half_operands(int n, const nd_tensor *const *in, nd_tensor **cv, bool *any);
 void nd_half_release(int n, nd_tensor **cv);
+/* An op's first lines for its operands x, w, b (any may be NULL but x):
+ * when one is a half type, returns call - an expression written with HX,
+ * HW and HB, the operands as the op computes them (converted or as given) -
+ * with the conversions released after. */
+#define ND_RETURN_IF_HALF3(x, w, b, call)                                                           \
+    do {                                                                                            \
+        const nd_tensor *in_[3] = {(x), (w), (b)};                                                  \
+        nd_tensor *cv_[3];                                                                          \
+        bool half_;                                                                                 \
+        ND_TRY(nd_half_operands(3, in_, cv_, &half_));                                              \
+        if (half_) {                                                                                \
+            const nd_tensor *HX = cv_[0] ? cv_[0] : in_[0], *HW = cv_[1] ? cv_[1] : in_[1];         \
+            const nd_tensor *HB = cv_[2] ? cv_[2] : in_[2];                                         \
+            nd_status st_ = (call);                                                                 \
+            nd_half_release(3, cv_);                                                                \
+            return st_;                                                                             \
+        }                                                                                           \
+    } while (0)
 
 /* A number from the caller, integer or floating: integers stay exact up
  * to 64 bits (a double holds only 53). */

@@ -674,18 +674,8 @@ static nd_status run_maybe_unbatched(conv4d_fn fn, const nd_tensor *x, const nd_
 nd_status nd_conv2d(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
                     const int64_t *stride, const int64_t *padding, const int64_t *dilation,
                     int64_t groups, nd_tensor **out) {
-    { /* float16 / bfloat16 operands compute in float32 (nd_half_operands) */
-        const nd_tensor *in[3] = {x, weight, bias};
-        nd_tensor *cv[3];
-        bool half;
-        ND_TRY(nd_half_operands(3, in, cv, &half));
-        if (half) {
-            nd_status st = nd_conv2d(cv[0] ? cv[0] : x, cv[1] ? cv[1] : weight, cv[2] ? cv[2] : bias,
-                                     stride, padding, dilation, groups, out);
-            nd_half_release(3, cv);
-            return st;
-        }
-    }
+    /* float16 / bfloat16 operands compute in float32 (nd_half_operands) */
+    ND_RETURN_IF_HALF3(x, weight, bias, nd_conv2d(HX, HW, HB, stride, padding, dilation, groups, out));
     nd_conv_params cp;
     int64_t ohw[2];
     ND_TRY(conv_args("conv2d", false, x, weight, bias, stride, padding, NULL, dilation, groups,
@@ -697,19 +687,9 @@ nd_status nd_conv_transpose2d(const nd_tensor *x, const nd_tensor *weight, const
                               const int64_t *stride, const int64_t *padding,
                               const int64_t *output_padding, const int64_t *dilation,
                               int64_t groups, nd_tensor **out) {
-    { /* float16 / bfloat16 operands compute in float32 (nd_half_operands) */
-        const nd_tensor *in[3] = {x, weight, bias};
-        nd_tensor *cv[3];
-        bool half;
-        ND_TRY(nd_half_operands(3, in, cv, &half));
-        if (half) {
-            nd_status st = nd_conv_transpose2d(cv[0] ? cv[0] : x, cv[1] ? cv[1] : weight,
-                                               cv[2] ? cv[2] : bias, stride, padding, output_padding,
-                                               dilation, groups, out);
-            nd_half_release(3, cv);
-            return st;
-        }
-    }
+    /* float16 / bfloat16 operands compute in float32 (nd_half_operands) */
+    ND_RETURN_IF_HALF3(x, weight, bias, nd_conv_transpose2d(HX, HW, HB, stride, padding, output_padding,
+                                                            dilation, groups, out));
     nd_conv_params cp;
     int64_t ohw[2];
     ND_TRY(conv_args("conv_transpose2d", true, x, weight, bias, stride, padding, output_padding,

@@ -20,18 +20,8 @@ nd_status nd_fused_conv2d(const nd_tensor *x, const nd_tensor *weight, const nd_
                           const int64_t *stride, const int64_t *padding, const int64_t *dilation,
                           int64_t groups, nd_activation act, nd_tensor **out) {
     const char *op = "fused_conv2d";
-    { /* float16 / bfloat16 operands compute in float32 (nd_half_operands) */
-        const nd_tensor *in[3] = {x, weight, bias};
-        nd_tensor *cv[3];
-        bool half;
-        ND_TRY(nd_half_operands(3, in, cv, &half));
-        if (half) {
-            nd_status st = nd_fused_conv2d(cv[0] ? cv[0] : x, cv[1] ? cv[1] : weight, cv[2] ? cv[2] : bias,
-                                           stride, padding, dilation, groups, act, out);
-            nd_half_release(3, cv);
-            return st;
-        }
-    }
+    /* float16 / bfloat16 operands compute in float32 (nd_half_operands) */
+    ND_RETURN_IF_HALF3(x, weight, bias, nd_fused_conv2d(HX, HW, HB, stride, padding, dilation, groups, act, out));
     ND_TRY(check_act(op, act));
     nd_conv_params cp;
     int64_t ohw[2];

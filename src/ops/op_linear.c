@@ -153,22 +153,12 @@ static bool linear_half_direct(const char *op, const nd_tensor *x, const nd_tens
 /* act(x @ w^T + b), errors named op (op_fused.h) */
 nd_status nd_linear_with_act(const char *op, const nd_tensor *x, const nd_tensor *weight,
                              const nd_tensor *bias, nd_activation act, nd_tensor **out) {
-    { /* float16 / bfloat16 operands (a model kept in half precision) compute in float32 */
-        const nd_tensor *in[3] = {x, weight, bias};
-        nd_tensor *cv[3];
-        bool half;
-        nd_status direct;
-        /* no gradient wanted: the backend may read the half weight itself (the
-         * bits of its float32 copy, half the bytes, no copy) */
-        if (linear_half_direct(op, x, weight, bias, act, out, &direct)) return direct;
-        ND_TRY(nd_half_operands(3, in, cv, &half));
-        if (half) {
-            nd_status st = nd_linear_with_act(op, cv[0] ? cv[0] : x, cv[1] ? cv[1] : weight,
-                                              cv[2] ? cv[2] : bias, act, out);
-            nd_half_release(3, cv);
-            return st;
-        }
-    }
+    /* float16 / bfloat16 operands (a model kept in half precision) compute in float32;
+     * without a gradient wanted the backend may read a half weight itself (the
+     * bits of its float32 copy, half the bytes, no copy) */
+    nd_status direct;
+    if (linear_half_direct(op, x, weight, bias, act, out, &direct)) return direct;
+    ND_RETURN_IF_HALF3(x, weight, bias, nd_linear_with_act(op, HX, HW, HB, act, out));
     ND_TRY(check_act(op, act));
     ND_TRY(linear_args(op, x, weight, bias));
     const nd_backend *be = nd_backend_of(x);

@@ -167,23 +167,13 @@ static nd_status bw_layer_norm(nd_node *n, nd_tensor *g, nd_tensor **grads) {
 
 nd_status nd_layer_norm(const nd_tensor *x, int nnorm, const nd_tensor *weight,
                         const nd_tensor *bias, double eps, nd_tensor **out) {
-    { /* float16 / bfloat16 operands compute in float32 (nd_half_operands) */
-        const nd_tensor *in[3] = {x, weight, bias};
-        nd_tensor *cv[3];
-        bool half;
-        if ((weight && is_half_dtype(weight->dtype)) || (bias && is_half_dtype(bias->dtype))) {
-            /* shapes checked on what the caller passed (the messages name its dtypes) */
-            ND_TRY(check_param_shape("weight", weight, x, nnorm));
-            ND_TRY(check_param_shape("bias", bias, x, nnorm));
-        }
-        ND_TRY(nd_half_operands(3, in, cv, &half));
-        if (half) {
-            nd_status st = nd_layer_norm(cv[0] ? cv[0] : x, nnorm, cv[1] ? cv[1] : weight,
-                                         cv[2] ? cv[2] : bias, eps, out);
-            nd_half_release(3, cv);
-            return st;
-        }
+    /* float16 / bfloat16 operands compute in float32 (nd_half_operands), their
+     * shapes checked first on what the caller passed (the messages name its dtypes) */
+    if ((weight && is_half_dtype(weight->dtype)) || (bias && is_half_dtype(bias->dtype))) {
+        ND_TRY(check_param_shape("weight", weight, x, nnorm));
+        ND_TRY(check_param_shape("bias", bias, x, nnorm));
     }
+    ND_RETURN_IF_HALF3(x, weight, bias, nd_layer_norm(HX, nnorm, HW, HB, eps, out));
     nd_tensor *mean = NULL, *rstd = NULL;
     bool grad_on = nd_set_grad_enabled(false);
     nd_status st = layer_norm_forward(x, nnorm, weight, bias, eps, out, &mean, &rstd);
