@@ -15,6 +15,17 @@ local D = require "spec.helpers.devices"
 local errmsg, assert_contains = A.errmsg, A.assert_contains
 local nn = nd.nn
 
+-- m with random affine parameters (and running statistics, when it has them):
+-- the defaults (ones, zeros) would hide a parameter read wrong
+local function randomized(m, C)
+  nd.no_grad(function()
+    if m.running_mean then m.running_mean:copy_(nd.randn(C)); m.running_var:copy_(nd.rand(C) + 0.5) end
+    if m.weight then m.weight:copy_(nd.randn(C)) end
+    if m.bias then m.bias:copy_(nd.randn(C)) end
+  end)
+  return m
+end
+
 -- {name, make(), input(), call(m, x)}
 local LAYERS = {
   {"Linear", function() return nn.Linear(8, 5) end, function() return nd.randn(3, 8) end},
@@ -24,41 +35,18 @@ local LAYERS = {
   {"Conv2d, groups", function() return nn.Conv2d(4, 4, 3, {groups = 2}) end, function() return nd.randn(1, 4, 5, 5) end},
   {"ConvTranspose2d", function() return nn.ConvTranspose2d(3, 2, 3, {stride = 2}) end,
    function() return nd.randn(1, 3, 4, 4) end},
-  {"BatchNorm2d (eval)", function()
-    local m = nn.BatchNorm2d(3)
-    nd.no_grad(function()
-      m.running_mean:copy_(nd.randn(3)); m.running_var:copy_(nd.rand(3) + 0.5)
-      m.weight:copy_(nd.randn(3)); m.bias:copy_(nd.randn(3))
-    end)
-    return m:eval()
-  end, function() return nd.randn(2, 3, 4, 4) end},
-  {"LayerNorm", function()
-    local m = nn.LayerNorm(8)
-    nd.no_grad(function() m.weight:copy_(nd.randn(8)); m.bias:copy_(nd.randn(8)) end)
-    return m
-  end, function() return nd.randn(3, 8) end},
-  {"GroupNorm", function()
-    local m = nn.GroupNorm(2, 4)
-    nd.no_grad(function() m.weight:copy_(nd.randn(4)); m.bias:copy_(nd.randn(4)) end)
-    return m
-  end, function() return nd.randn(2, 4, 3, 3) end},
+  {"BatchNorm2d (eval)", function() return randomized(nn.BatchNorm2d(3), 3):eval() end,
+   function() return nd.randn(2, 3, 4, 4) end},
+  {"LayerNorm", function() return randomized(nn.LayerNorm(8), 8) end, function() return nd.randn(3, 8) end},
+  {"GroupNorm", function() return randomized(nn.GroupNorm(2, 4), 4) end, function() return nd.randn(2, 4, 3, 3) end},
   {"MultiheadAttention", function() return nn.MultiheadAttention(8, 2, {batch_first = true}) end,
    function() return nd.randn(2, 5, 8) end, function(m, x) return (m(x, x, x)) end},
   {"LSTM", function() return nn.LSTM(4, 6) end, function() return nd.randn(3, 2, 4) end,
    function(m, x) return (m(x)) end},
   {"InstanceNorm2d (affine, running statistics, eval)", function()
-    local m = nn.InstanceNorm2d(3, {affine = true, track_running_stats = true})
-    nd.no_grad(function()
-      m.running_mean:copy_(nd.randn(3)); m.running_var:copy_(nd.rand(3) + 0.5)
-      m.weight:copy_(nd.randn(3)); m.bias:copy_(nd.randn(3))
-    end)
-    return m:eval()
+    return randomized(nn.InstanceNorm2d(3, {affine = true, track_running_stats = true}), 3):eval()
   end, function() return nd.randn(2, 3, 4, 4) end},
-  {"RMSNorm", function()
-    local m = nn.RMSNorm(8)
-    nd.no_grad(function() m.weight:copy_(nd.randn(8)) end)
-    return m
-  end, function() return nd.randn(3, 8) end},
+  {"RMSNorm", function() return randomized(nn.RMSNorm(8), 8) end, function() return nd.randn(3, 8) end},
   {"Conv1d", function() return nn.Conv1d(3, 4, 3, {padding = 1}) end, function() return nd.randn(2, 3, 9) end},
   {"ConvTranspose1d", function() return nn.ConvTranspose1d(3, 2, 3) end, function() return nd.randn(2, 3, 5) end},
   {"fused conv + batch norm + relu (nn.fuse)", function()

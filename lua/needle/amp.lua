@@ -369,29 +369,19 @@ function GradScaler:is_enabled()
   check_self(self, "is_enabled")
   return self._enabled
 end
-function GradScaler:get_growth_factor()
-  check_self(self, "get_growth_factor")
-  return self._growth_factor
-end
-function GradScaler:get_backoff_factor()
-  check_self(self, "get_backoff_factor")
-  return self._backoff_factor
-end
-function GradScaler:get_growth_interval()
-  check_self(self, "get_growth_interval")
-  return self._growth_interval
-end
-function GradScaler:set_growth_factor(v)
-  check_self(self, "set_growth_factor")
-  self._growth_factor = check_growth_factor(v, "set_growth_factor: ")
-end
-function GradScaler:set_backoff_factor(v)
-  check_self(self, "set_backoff_factor")
-  self._backoff_factor = check_backoff_factor(v, "set_backoff_factor: ")
-end
-function GradScaler:set_growth_interval(v)
-  check_self(self, "set_growth_interval")
-  self._growth_interval = check_growth_interval(v, "set_growth_interval: ")
+-- get_growth_factor / set_growth_factor(v), and the same for backoff_factor
+-- and growth_interval: each setting read, or checked and set
+for name, check in pairs({growth_factor = check_growth_factor, backoff_factor = check_backoff_factor,
+                          growth_interval = check_growth_interval}) do
+  local field, getter, setter = "_" .. name, "get_" .. name, "set_" .. name
+  GradScaler[getter] = function(self)
+    check_self(self, getter)
+    return self[field]
+  end
+  GradScaler[setter] = function(self, v)
+    check_self(self, setter)
+    self[field] = check(v, setter .. ": ")
+  end
 end
 
 local STATE = {scale = "number", growth_factor = "number", backoff_factor = "number",
