@@ -61,6 +61,22 @@ local function check_sdpa(c, dev, tol)
   for i = 1, 3 do MF.close(c.name .. " grad " .. i .. " on " .. dev, grads[i], c.grads[i], tol.rtol, tol.atol) end
 end
 
+-- shapes of q, k, v and the options: masks of every broadcast, causal with
+-- L ~= S, blocks of queries, broadcast batch dims (draws the masks)
+local function sdpa_cases()
+  return {
+    {{2, 3, 5, 8}, {2, 3, 7, 8}, {2, 3, 7, 4}, {}},
+    {{2, 3, 130, 16}, {2, 3, 130, 16}, {2, 3, 130, 16}, {is_causal = true}}, -- 2 query blocks
+    {{2, 6, 8}, {2, 9, 8}, {2, 9, 8}, {is_causal = true}},                     -- L < S
+    {{2, 9, 8}, {2, 6, 8}, {2, 6, 8}, {is_causal = true}},                     -- L > S
+    {{4, 9, 8}, {4, 11, 8}, {4, 11, 6}, {attn_mask = nd.randn({9, 11})}},
+    {{2, 2, 9, 8}, {2, 2, 11, 8}, {2, 2, 11, 6}, {attn_mask = nd.rand({2, 1, 1, 11}):gt(0.3)}},
+    {{2, 2, 9, 8}, {1, 2, 11, 8}, {2, 1, 11, 6}, {attn_mask = nd.randn({2, 1, 9, 11}):transpose(3, 4):transpose(3, 4)}},
+    {{9, 8}, {11, 8}, {11, 6}, {scale = 0.3}},
+    {{1, 12, 1, 64}, {1, 12, 300, 64}, {1, 12, 300, 64}, {}},                  -- one query, a long cache
+  }
+end
+
 describe("F.scaled_dot_product_attention", function()
   it("matches PyTorch (masks, is_causal, scale, broadcast batch dims, unbatched): output and gradients", function()
     assert.are.equal(7, #FIX.sdpa)
@@ -102,7 +118,7 @@ describe("F.scaled_dot_product_attention", function()
     assert.are.equal(0, F.scaled_dot_product_attention(q, k, v, {dropout_p = 1}):abs():sum():item())
   end)
 
-  describe("its fused kernel (CPU float32 without a gradient: core._attention)", function()
+  describe("its fused kernel (CPU float32: core._attention)", function()
     local sdpa = F.scaled_dot_product_attention
     -- the composed ops in float64, the reference the kernel must meet
     local function composed64(q, k, v, opts)
@@ -129,17 +145,7 @@ describe("F.scaled_dot_product_attention", function()
       nd.manual_seed(74)
       local x = nd.randn({2, 7, 3 * 2 * 8})
       local function heads(t) return t:reshape({2, 7, 2, 8}):transpose(2, 3) end -- strided views
-      local cases = {
-        {{2, 3, 5, 8}, {2, 3, 7, 8}, {2, 3, 7, 4}, {}},
-        {{2, 3, 130, 16}, {2, 3, 130, 16}, {2, 3, 130, 16}, {is_causal = true}}, -- 2 query blocks
-        {{2, 6, 8}, {2, 9, 8}, {2, 9, 8}, {is_causal = true}},                     -- L < S
-        {{2, 9, 8}, {2, 6, 8}, {2, 6, 8}, {is_causal = true}},                     -- L > S
-        {{4, 9, 8}, {4, 11, 8}, {4, 11, 6}, {attn_mask = nd.randn({9, 11})}},
-        {{2, 2, 9, 8}, {2, 2, 11, 8}, {2, 2, 11, 6}, {attn_mask = nd.rand({2, 1, 1, 11}):gt(0.3)}},
-        {{2, 2, 9, 8}, {1, 2, 11, 8}, {2, 1, 11, 6}, {attn_mask = nd.randn({2, 1, 9, 11}):transpose(3, 4):transpose(3, 4)}},
-        {{9, 8}, {11, 8}, {11, 6}, {scale = 0.3}},
-        {{1, 12, 1, 64}, {1, 12, 300, 64}, {1, 12, 300, 64}, {}},                  -- one query, a long cache
-      }
+      local cases = sdpa_cases()
       for i, c in ipairs(cases) do
         local q, k, v = nd.randn(c[1]), nd.randn(c[2]), nd.randn(c[3])
         local got = sdpa(q, k, v, c[4])
@@ -176,15 +182,17 @@ describe("F.scaled_dot_product_attention", function()
       assert.are.equal(0, composed64(q, nd.randn({1, 2, 0, 4}), nd.randn({1, 2, 0, 6})):abs():sum():item())
     end)
 
-    it("is not used where a gradient is wanted, nor with dropout; the gradients still come", function()
-      local q = nd.randn({2, 3, 4}, {requires_grad = true})
-      local k, v = nd.randn({2, 5, 4}), nd.randn({2, 5, 4})
-      local g = nd.grad(sdpa(q, k, v):sum(), {q})[1]
-      assert.are.same({2, 3, 4}, g.shape)
-      -- the kernel itself refuses to run where autograd would record
-      has(errmsg(nd._attention or require("needle.core")._attention, q:view({1, 2, 3, 4}), k:view({1, 2, 5, 4}),
-                 v:view({1, 2, 5, 4}), nil, 0.5, false),
-          "attention: has no gradient (an input requires grad)")
+    it("leaves a mask that requires grad to the composed ops, which give it its gradient", function()
+      local core = require "needle.core"
+      local q, k, v = nd.randn({2, 3, 4}), nd.randn({2, 5, 4}), nd.randn({2, 5, 4})
+      local mask = nd.randn({3, 5}, {requires_grad = true})
+      local gm = nd.grad(sdpa(q, k, v, {attn_mask = mask}):sum(), {mask})[1]
+      local want = nd.grad(composed64(q, k, v, {attn_mask = mask}):sum(), {mask})[1]
+      assert.is_true(MF.max_abs_diff(gm:double(), want) < 1e-5)
+      -- the kernel itself refuses to give the mask none
+      has(errmsg(core._attention, q:view({1, 2, 3, 4}), k:view({1, 2, 5, 4}), v:view({1, 2, 5, 4}),
+                 mask:view({1, 1, 3, 5}):expand({1, 2, 3, 5}), 0.5, false),
+          "attention: gives the mask no gradient (it requires grad)")
     end)
 
     it("the kernel checks its own arguments", function()
@@ -198,8 +206,10 @@ describe("F.scaled_dot_product_attention", function()
           "attention: query (float32) and value (float64) must have the same dtype")
       has(errmsg(core._attention, q:view({2, 3, 4}), k, v, nil, 1, false),
           "attention: expected a 4-D query (batch, heads, rows, features), got shape {2,3,4}")
-      has(errmsg(core._attention, q:double(), k:double(), v:double(), nil, 1, false),
-          "attention: no cpu kernel for float64")
+      has(errmsg(core._attention, q:half(), k:half(), v:half(), nil, 1, false),
+          "attention: expected float32 or float64 tensors, got float16")
+      has(errmsg(core._attention, q, k, v, nil, 1, false, 1), "attention: dropout_p must be in [0, 1), got 1")
+      has(errmsg(core._attention, q, k, v, nil, 1, false, -0.5), "attention: dropout_p must be in [0, 1), got -0.5")
     end)
 
     it("returns its (B, H, L, Ev) output over heads-last memory: merging the heads is a view", function()
@@ -321,6 +331,182 @@ local MODULES = {
     end,
     function(m, src, tgt) return m(src, tgt, {tgt_is_causal = true}) end},
 }
+
+describe("the fused attention's backward (core._attention with a gradient)", function()
+  local core = require "needle.core"
+  local sdpa = F.scaled_dot_product_attention
+  local attend = require("needle.functional.attention").attend
+  local causal_mask = require("needle.functional.attention").causal_mask
+  -- the composed ops (what F.scaled_dot_product_attention ran before the
+  -- kernel had a backward), in the inputs' dtype
+  local function composed(q, k, v, mask, causal, scale, p)
+    if causal then mask = causal_mask(q:size(-2), k:size(-2), q.dtype, q.device) end
+    return (attend(q, k, v, mask, p or 0, scale))
+  end
+  local function leaves(dt, ...)
+    local out = {}
+    for i, shape in ipairs({...}) do out[i] = nd.randn(shape, {dtype = dt, requires_grad = true}) end
+    return out
+  end
+
+  it("float64 gradients by finite differences, through the kernel itself (mask, causal, dropout)", function()
+    nd.manual_seed(81)
+    local mask = nd.randn({2, 1, 3, 5}, {dtype = "float64"}):expand({2, 2, 3, 5})
+    C.check(function(q, k, v) return core._attention(q, k, v, mask, 0.7, false) end,
+            {G.leaf({2, 2, 3, 4}), G.leaf({2, 2, 5, 4}), G.leaf({2, 2, 5, 3})})
+    C.check(function(q, k, v) return core._attention(q, k, v, nil, 0.5, true) end,
+            {G.leaf({1, 2, 4, 3}), G.leaf({1, 2, 6, 3}), G.leaf({1, 2, 6, 2})})
+    -- dropout: each evaluation draws the same counters (the seed set first)
+    C.check(function(q, k, v) nd.manual_seed(5); return core._attention(q, k, v, mask, 0.6, false, 0.4) end,
+            {G.leaf({2, 2, 3, 4}), G.leaf({2, 2, 5, 4}), G.leaf({2, 2, 5, 3})})
+    -- gradients of gradients (create_graph composes the backward from differentiable ops)
+    C.check2(function(q, k, v) nd.manual_seed(6); return core._attention(q, k, v, nil, 0.8, true, 0.3) end,
+             {G.leaf({1, 1, 3, 2}), G.leaf({1, 1, 4, 2}), G.leaf({1, 1, 4, 2})})
+    G.assert_covers(assert, "nn_sequence_spec.lua")
+  end)
+
+  it("float32 gradients equal the composed ops' in float64: masks of every broadcast, causal with L ~= S, " ..
+     "blocks of queries, strided heads", function()
+    nd.manual_seed(82)
+    local cases = sdpa_cases()
+    cases[#cases + 1] = {{1, 2, 300, 8}, {1, 2, 40, 8}, {1, 2, 40, 8}, {}} -- 3 query blocks
+    for i, c in ipairs(cases) do
+      local q, k, v = nd.randn(c[1]), nd.randn(c[2]), nd.randn(c[3])
+      local function grads(dt)
+        local ls = {q:to(dt), k:to(dt), v:to(dt)}
+        for _, t in ipairs(ls) do t.requires_grad = true end
+        local o = c[4]
+        if o.attn_mask and o.attn_mask.dtype ~= "bool" then
+          o = {attn_mask = o.attn_mask:to(dt), is_causal = o.is_causal, scale = o.scale}
+        end
+        local out = sdpa(ls[1], ls[2], ls[3], o)
+        nd.manual_seed(100 + i)
+        local wt = nd.randn(out.shape):to(dt) -- (float32 draws for both)
+        return nd.grad((out * wt):sum(), ls)
+      end
+      local g32, g64 = grads("float32"), grads("float64")
+      for j = 1, 3 do
+        local d = MF.max_abs_diff(g32[j]:double(), g64[j])
+        assert.is_true(d < 2e-5, ("case %d, gradient %d: %g"):format(i, j, d))
+      end
+    end
+    -- strided heads: q, k, v views of one projection
+    local x = nd.randn({2, 7, 48}, {requires_grad = true})
+    local function heads(t) return t:reshape({2, 7, 2, 8}):transpose(2, 3) end
+    local function run(xx)
+      return sdpa(heads(xx:narrow(3, 1, 16)), heads(xx:narrow(3, 17, 16)), heads(xx:narrow(3, 33, 16)),
+                  {is_causal = true})
+    end
+    local gx = nd.grad(run(x):sum(), {x})[1]
+    local x64 = x:detach():double()
+    x64.requires_grad = true
+    local gx64 = nd.grad(run(x64):sum(), {x64})[1]
+    assert.is_true(MF.max_abs_diff(gx:double(), gx64) < 2e-5)
+  end)
+
+  it("dropout keeps the weights F.dropout keeps: under one seed, the kernel and the composed ops agree", function()
+    nd.manual_seed(83)
+    local q, k, v = table.unpack(leaves("float32", {2, 3, 9, 8}, {2, 3, 11, 8}, {2, 3, 11, 6}))
+    local mask = nd.randn({2, 1, 9, 11})
+    local w = nd.randn({2, 3, 9, 6})
+    local function run(fn)
+      nd.manual_seed(9)
+      local out = fn()
+      local gs = nd.grad((out * w):sum(), {q, k, v})
+      return out, gs
+    end
+    local o1, g1 = run(function() return sdpa(q, k, v, {attn_mask = mask, dropout_p = 0.4}) end)
+    local o2, g2 = run(function() return composed(q, k, v, mask, false, 1 / math.sqrt(8), 0.4) end)
+    local o0 = sdpa(q, k, v, {attn_mask = mask})
+    assert.is_true(MF.max_abs_diff(o1, o0) > 1e-2, "dropout dropped something")
+    assert.is_true(MF.max_abs_diff(o1, o2) < 2e-6)
+    for j = 1, 3 do assert.is_true(MF.max_abs_diff(g1[j], g2[j]) < 2e-6, "gradient " .. j) end
+    -- causal, and a second call draws new counters
+    nd.manual_seed(10)
+    local a = sdpa(q, k, v, {is_causal = true, dropout_p = 0.5})
+    local b = sdpa(q, k, v, {is_causal = true, dropout_p = 0.5})
+    nd.manual_seed(10)
+    local c = composed(q, k, v, nil, true, 1 / math.sqrt(8), 0.5)
+    assert.is_true(MF.max_abs_diff(a, c) < 2e-6)
+    assert.is_true(MF.max_abs_diff(a, b) > 1e-2)
+  end)
+
+  it("keeps no (L, S) float tensor: a forward with a gradient allocates its output, a log-sum-exp a row " ..
+     "and, with dropout, a byte a weight (the keeps)", function()
+    local q, k, v = table.unpack(leaves("float32", {2, 3, 40, 8}, {2, 3, 50, 8}, {2, 3, 50, 8}))
+    local function bytes(opts)
+      local report = nd.profile(function() F.scaled_dot_product_attention(q, k, v, opts) end)
+      return report.by_name["F.scaled_dot_product_attention"].total_bytes
+    end
+    assert.are.equal(2 * 3 * 40 * 8 * 4 + 2 * 3 * 40 * 4, bytes({is_causal = true}))
+    assert.are.equal(2 * 3 * 40 * 8 * 4 + 2 * 3 * 40 * 4 + 2 * 3 * 40 * 50, bytes({is_causal = true, dropout_p = 0.1}))
+  end)
+
+  it("gives gradients laid out as the heads they flow to: back through the head split without a copy", function()
+    local function heads(t) return t:view({2, 7, 2, 8}):transpose(2, 3) end -- (B, L, H * D) -> (B, H, L, D)
+    local xq, xk, xv = table.unpack(leaves("float32", {2, 7, 16}, {2, 9, 16}, {2, 9, 16}))
+    local q, k, v = heads(xq), xk:view({2, 9, 2, 8}):transpose(2, 3), xv:view({2, 9, 2, 8}):transpose(2, 3)
+    local w = nd.randn({2, 2, 7, 8})
+    local gs = nd.grad((F.scaled_dot_product_attention(q, k, v) * w):sum(), {q, k, v})
+    for i, t in ipairs({q, k, v}) do
+      assert.are.same(t.shape, gs[i].shape)
+      assert.is_true(gs[i]:transpose(2, 3):is_contiguous(), "gradient " .. i)
+    end
+    -- and the projections' own gradients are those values (the views' backward moved nothing)
+    local gx = nd.grad((F.scaled_dot_product_attention(heads(xq), k, v) * w):sum(), {xq})[1]
+    assert.is_true(MF.max_abs_diff(gx, gs[1]:transpose(2, 3):reshape({2, 7, 16})) == 0)
+  end)
+
+  it("no keys, no queries, rows with nothing to attend: as the composed ops", function()
+    local q, k, v = table.unpack(leaves("float32", {1, 2, 3, 4}, {1, 2, 0, 4}, {1, 2, 0, 5}))
+    local gs = nd.grad(sdpa(q, k, v):sum(), {q, k, v})
+    assert.are.same({1, 2, 3, 4}, gs[1].shape)
+    assert.are.equal(0, gs[1]:abs():sum():item())
+    local q0, k0, v0 = table.unpack(leaves("float32", {1, 2, 0, 4}, {1, 2, 5, 4}, {1, 2, 5, 3}))
+    gs = nd.grad(sdpa(q0, k0, v0):sum(), {q0, k0, v0})
+    assert.are.equal(0, gs[2]:abs():sum():item() + gs[3]:abs():sum():item())
+    -- query 2 attends to nothing: its row is NaN, and so are the gradients it reaches, both ways
+    local q2, k2, v2 = table.unpack(leaves("float32", {1, 2, 3, 4}, {1, 2, 5, 4}, {1, 2, 5, 4}))
+    local mask = nd.ones({3, 5}, {dtype = "bool"})
+    mask[2] = false
+    local gf = nd.grad(sdpa(q2, k2, v2, {attn_mask = mask}):sum(), {q2, k2, v2})
+    local gc = nd.grad(composed(q2, k2, v2, nd.where(mask, nd.tensor(0.0), nd.tensor(-math.huge)), false,
+                                0.5):sum(), {q2, k2, v2})
+    for j = 1, 3 do
+      assert.are.equal(gc[j]:isnan():sum():item(), gf[j]:isnan():sum():item(), "NaNs of gradient " .. j)
+    end
+    assert.is_true(MF.max_abs_diff(gf[1][{{}, {}, 1}], gc[1][{{}, {}, 1}]) < 1e-6)
+  end)
+
+  it("trains inside nd.compile: a captured step replays the eager gradients; dropout composes the ops there", function()
+    nd.manual_seed(84)
+    local mha = nn.MultiheadAttention(16, 2, {batch_first = true})
+    local x = nd.randn({3, 5, 16})
+    local function step()
+      for _, p in ipairs(mha:parameters()) do p.grad = nil end
+      local out = mha(x, x, x, {need_weights = false})
+      out:sum():backward()
+      local gs = {}
+      for i, p in ipairs(mha:parameters()) do gs[i] = p.grad:clone() end
+      return gs
+    end
+    local want = step()
+    local cstep = nd.compile(step)
+    for _ = 1, 3 do
+      local got = cstep()
+      for i = 1, #want do assert.is_true(MF.max_abs_diff(got[i], want[i]) < 1e-5, "parameter " .. i) end
+    end
+    -- training mode with dropout: the capture composes the ops (the kernel refuses to be captured with it)
+    mha.dropout = 0.3
+    mha:train()
+    nd.manual_seed(12)
+    local e = step()
+    local cd = nd.compile(step)
+    nd.manual_seed(12)
+    local got = cd()
+    for i = 1, #e do assert.is_true(MF.max_abs_diff(got[i], e[i]) < 1e-5, "dropout: parameter " .. i) end
+  end)
+end)
 
 describe("attention and transformer modules against PyTorch (eval, dropout 0)", function()
   it("every fixture: parameter order, state_dict keys, output, weights, gradients of parameters and inputs", function()

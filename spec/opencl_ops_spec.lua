@@ -356,6 +356,16 @@ case("attention (the fused kernel: a broadcast mask, causal with L < S, strided 
              core._attention(q, k:narrow(3, 1, 0), v:narrow(3, 1, 0), nil, 1, false)
     end)
   end, {grad = false, covers = {"attention"}, rtol = 1e-4, atol = 1e-5})
+case("attention's backward (the fused kernels: a broadcast mask, causal with L > S, strided rows, no keys)", function()
+  return {randn({2, 3, 5, 8}), randn({2, 3, 4, 8}), randn({2, 3, 4, 6}), randn({2, 1, 5, 4}), randn({2, 5, 3, 8})} end,
+  function(q, k, v, m, x)
+    local core = require "needle.core"
+    local heads = x:transpose(2, 3) -- unit-stride rows, not contiguous
+    return core._attention(q, k, v, m:expand({2, 3, 5, 4}), 0.4, false),
+           core._attention(q, k, v, nil, 0.3, true),
+           core._attention(heads, heads, heads, nil, 0.35, true),
+           core._attention(q, k:narrow(3, 1, 0), v:narrow(3, 1, 0), nil, 1, false)
+  end, {nograd = {[4] = true}, covers = {"attention"}, rtol = 1e-4, atol = 1e-5})
 case("layer_norm (last dim, weight and bias)", function() return {randn({4, 6}) * 3 + 1, randn({6}), randn({6})} end,
   function(x, w, b) return F.layer_norm(x, 6, w, b) end, {rtol = 1e-5, atol = 2e-5})
 case("layer_norm (last two dims, no affine, eps 1e-3)", function() return {randn({2, 3, 4, 5})} end,

@@ -28,7 +28,7 @@
  * them. Inputs up to ND_NODE_INLINE_INPUTS need no extra allocation in the
  * engine. */
 #define ND_NODE_INLINE_INPUTS 8
-#define ND_NODE_MAX_SAVED 4
+#define ND_NODE_MAX_SAVED 8 /* attention: q, k, v, out, its log-sum-exp, the mask, the dropout keeps */
 
 typedef struct nd_node nd_node;
 

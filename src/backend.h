@@ -138,6 +138,22 @@ typedef struct {
     const nd_tensor *w, *b; /* LAYER_NORM: NULL or the last dim's */
 } nd_rows_op;
 
+/* The scalars of fused attention (the attention and attention_backward
+ * entries): scores scaled by scale; causal: key j > query i masked
+ * (top-left aligned); dropout_p > 0: each weight (b, i, j) - b the product's
+ * index over B1 x B2, i the query, j the key - is kept when the uniform of
+ * counter offset + (b L + i) S + j of the Philox stream keyed by seed (as
+ * the random entry draws them: a float32 operand's 24 bits, a float64's 53)
+ * is below 1 - dropout_p, and kept weights are scaled by 1 / (1 - p) in the
+ * operand's dtype: F.dropout's mask on the (B1, B2, L, S) weights, drawn by
+ * the kernel in place of the tensor. */
+typedef struct {
+    double scale;
+    bool causal;
+    double dropout_p;
+    uint64_t seed, offset;
+} nd_attention_args;
+
 typedef struct nd_backend {
     const char *name;
     /* ---- discovery (devices other than the cpu; device.c) ----
@@ -344,16 +360,33 @@ typedef struct nd_backend {
      * float32 x (any shape (..., K)), converting it exactly as it reads it:
      * the bits of w converted to float32 first, without that copy. NULL: no */
     bool (*linear_half_weight)(const nd_tensor *x, const nd_tensor *w);
-    /* out (B1, B2, L, Ev) = softmax(scale * q k^T + mask) v for each of the
-     * B1 x B2 products: q (B1, B2, L, E), k (B1, B2, S, E), v (B1, B2, S, Ev)
-     * and out with unit-stride rows (other strides any; out dense); mask NULL or
-     * (B1, B2, L, S) of q's dtype with any
-     * strides (broadcast dims 0-strided), added to the scaled scores; causal:
-     * scores of key j > query i are -inf (top-left aligned). A row whose
-     * scores are all -inf or hold a NaN is NaN, as nd.softmax's. NULL: none
-     * (F.scaled_dot_product_attention composes the ops). */
-    nd_status (*attention)(nd_tensor *out, const nd_tensor *q, const nd_tensor *k,
-                           const nd_tensor *v, const nd_tensor *mask, double scale, bool causal);
+    /* out (B1, B2, L, Ev) = dropout(softmax(scale * q k^T + mask)) v for
+     * each of the B1 x B2 products (a's scalars): q (B1, B2, L, E), k (B1,
+     * B2, S, E), v (B1, B2, S, Ev) and out with unit-stride rows (other
+     * strides any; out dense); mask NULL or (B1, B2, L, S) of q's dtype
+     * with any strides (broadcast dims 0-strided), added to the scaled
+     * scores. A row whose scores are all -inf or hold a NaN is NaN, as
+     * nd.softmax's. lse NULL, or (B1, B2, L) contiguous of q's dtype: each
+     * row's log-sum-exp of the masked, scaled scores (before dropout), for
+     * the backward. keep NULL, or with dropout (B1, B2, L, S) contiguous
+     * bool: the weights kept, for a backward that reads them instead of
+     * drawing them again. NULL: none (F.scaled_dot_product_attention
+     * composes the ops). */
+    nd_status (*attention)(nd_tensor *out, nd_tensor *lse, nd_tensor *keep, const nd_tensor *q,
+                           const nd_tensor *k, const nd_tensor *v, const nd_tensor *mask,
+                           const nd_attention_args *a);
+    /* attention's gradients from g (out's, unit-stride rows), the forward's
+     * operands, its out and lse, recomputing the weights block by block
+     * (no (L, S) float tensor kept): dq, dk, dv each NULL (not wanted) or
+     * with q's, k's and v's shapes and dtype, unit-stride rows (other
+     * strides any, no overlap); keep NULL (dropout drawn again from a's
+     * counters) or the forward's. NULL: the autograd node composes them
+     * from differentiable ops. */
+    nd_status (*attention_backward)(nd_tensor *dq, nd_tensor *dk, nd_tensor *dv, const nd_tensor *g,
+                                    const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
+                                    const nd_tensor *mask, const nd_tensor *out,
+                                    const nd_tensor *lse, const nd_tensor *keep,
+                                    const nd_attention_args *a);
     /* A (query; nd.compile's join pass): A > 0 when linear_fused in dtype dt
      * computes each output element the same way whatever the output's width
      * and the element's column, as long as the widths and column offsets are

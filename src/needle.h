@@ -456,13 +456,17 @@ nd_status nd_fused_linear(const nd_tensor *x, const nd_tensor *weight, const nd_
  * Errors are named "linear". */
 nd_status nd_linear(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
                     nd_tensor **out);
-/* softmax(scale * q k^T + mask) v in one kernel, no gradient (an error
- * when autograd would record): q (B, H, L, E), k (B, H, S, E), v (B, H, S,
- * Ev), mask NULL or (B, H, L, S) with any strides, added to the scaled
- * scores; causal masks key j > query i. -> (B, H, L, Ev). Errors are named
- * "attention"; a device without the kernel fails ("no kernel on device"). */
+/* dropout(softmax(scale * q k^T + mask)) v in one kernel, float32 or
+ * float64: q (B, H, L, E), k (B, H, S, E), v (B, H, S, Ev), mask NULL or
+ * (B, H, L, S) with any strides, added to the scaled scores (no gradient
+ * for it: an error when it requires one); causal masks key j > query i;
+ * dropout_p in [0, 1) drops weights as F.dropout would (the counters its
+ * rand() would take; not while nd.compile captures). -> (B, H, L, Ev), with
+ * a fused backward for q, k and v. Errors are named "attention"; a device
+ * without the kernel fails ("no kernel on device"). */
 nd_status nd_attention(const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
-                       const nd_tensor *mask, double scale, bool causal, nd_tensor **out);
+                       const nd_tensor *mask, double scale, bool causal, double dropout_p,
+                       nd_tensor **out);
 /* as nd_conv2d, then act */
 nd_status nd_fused_conv2d(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
                           const int64_t *stride, const int64_t *padding, const int64_t *dilation,

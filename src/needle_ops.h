@@ -176,7 +176,7 @@
     X(matmul,              GEMM,     2, PROMOTE, NODE)                     \
     X(linear,              GEMM,     3, FLOAT,   NODE)                     \
     X(fused_linear,        GEMM,     3, FLOAT,   VIA)                      \
-    X(attention,           GEMM,     4, FLOAT,   NONE)                     \
+    X(attention,           GEMM,     4, FLOAT,   NODE)                     \
     X(conv2d,              CONV,     3, FLOAT,   NODE)                     \
     X(conv_transpose2d,    CONV,     3, FLOAT,   NODE)                     \
     X(fused_conv2d,        CONV,     3, FLOAT,   VIA)                      \

@@ -268,15 +268,17 @@ static int l_linear(lua_State *L) {
     return 1;
 }
 
-/* _attention(q, k, v, mask or nil, scale, causal): F.scaled_dot_product_
- * attention's fused kernel (functional/attention.lua decides when) */
+/* _attention(q, k, v, mask or nil, scale, causal, dropout_p = 0):
+ * F.scaled_dot_product_attention's fused kernel (functional/attention.lua
+ * decides when) */
 static int l_attention(lua_State *L) {
     const char *op = "attention";
     nd_tensor *q = lt_check(L, 1, op), *k = lt_check(L, 2, op), *v = lt_check(L, 3, op), *r;
     const nd_tensor *mask = lua_isnoneornil(L, 4) ? NULL : lt_check(L, 4, op);
     const double scale = luaL_checknumber(L, 5);
     const bool causal = lua_toboolean(L, 6);
-    LT_CHECK(L, nd_attention(q, k, v, mask, scale, causal, &r));
+    const double dropout_p = luaL_optnumber(L, 7, 0.0);
+    LT_CHECK(L, nd_attention(q, k, v, mask, scale, causal, dropout_p, &r));
     lt_push(L, r);
     return 1;
 }

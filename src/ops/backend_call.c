@@ -366,13 +366,36 @@ nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *
     return FINISH(be->linear_fused(out, x, w, b, act, NULL));
 }
 
-nd_status nd_call_attention(const nd_backend *be, const char *op, nd_tensor *out,
-                            const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
-                            const nd_tensor *mask, double scale, bool causal) {
-    BEGIN(attention); W(out); R(q); R(k); R(v); R(mask);
-    if (r) r->f[0] = scale, r->i[0] = causal;
+/* the fused attention's scalars in a record (no dropout: the op refuses it
+ * while capturing) and back */
+static void attention_args_to_rec(nd_graph_rec *r, const nd_attention_args *a) {
+    r->f[0] = a->scale;
+    r->i[0] = a->causal;
+}
+static nd_attention_args attention_args_of_rec(const nd_graph_rec *r) {
+    return (nd_attention_args){.scale = r->f[0], .causal = r->i[0] != 0};
+}
+
+nd_status nd_call_attention(const nd_backend *be, const char *op, nd_tensor *out, nd_tensor *lse,
+                            nd_tensor *keep, const nd_tensor *q, const nd_tensor *k,
+                            const nd_tensor *v, const nd_tensor *mask, const nd_attention_args *a) {
+    BEGIN(attention); W(out); W(lse); W(keep); R(q); R(k); R(v); R(mask);
+    if (r) attention_args_to_rec(r, a);
     DONE();
-    return FINISH(be->attention(out, q, k, v, mask, scale, causal));
+    return FINISH(be->attention(out, lse, keep, q, k, v, mask, a));
+}
+
+nd_status nd_call_attention_backward(const nd_backend *be, const char *op, nd_tensor *dq,
+                                     nd_tensor *dk, nd_tensor *dv, const nd_tensor *g,
+                                     const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
+                                     const nd_tensor *mask, const nd_tensor *out,
+                                     const nd_tensor *lse, const nd_tensor *keep,
+                                     const nd_attention_args *a) {
+    BEGIN(attention_backward); W(dq); W(dk); W(dv); R(g); R(q); R(k); R(v); R(mask); R(out); R(lse);
+    R(keep);
+    if (r) attention_args_to_rec(r, a);
+    DONE();
+    return FINISH(be->attention_backward(dq, dk, dv, g, q, k, v, mask, out, lse, keep, a));
 }
 
 static size_t bytes_of(const nd_tensor *t) { return (size_t)nd_numel(t) * nd_dtype_size(t->dtype); }
@@ -516,7 +539,15 @@ nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
     case ND_CALL_conv2d_depthwise_backward:
         return be->conv2d_depthwise_backward(T(0), T(1), T(2), T(3), T(4), &r->u.conv);
     case ND_CALL_linear_fused: return be->linear_fused(T(0), T(1), T(2), T(3), (nd_activation)r->i[0], RES);
-    case ND_CALL_attention: return be->attention(T(0), T(1), T(2), T(3), T(4), r->f[0], r->i[0] != 0);
+    case ND_CALL_attention: {
+        nd_attention_args a = attention_args_of_rec(r);
+        return be->attention(T(0), T(1), T(2), T(3), T(4), T(5), T(6), &a);
+    }
+    case ND_CALL_attention_backward: {
+        nd_attention_args a = attention_args_of_rec(r);
+        return be->attention_backward(T(0), T(1), T(2), T(3), T(4), T(5), T(6), T(7), T(8), T(9), T(10),
+                                      &a);
+    }
     case ND_CALL_write: {
         size_t n = bytes_of(T(0));
         return n ? be->write(T(0)->storage, byte_offset(T(0)), nd_ptr(T(1)), n) : ND_OK;

@@ -27,7 +27,8 @@
     X(im2col) X(col2im) X(max_pool2d) X(max_pool2d_backward) X(avg_pool2d) X(avg_pool2d_backward) \
     X(conv2d_fused) X(conv2d_backward) X(linear_fused) X(write) X(read) X(host_check) \
     X(conv2d_prepack) X(conv2d_fused_packed) X(conv2d_depthwise) X(conv2d_depthwise_backward) \
-    X(fused_elementwise) X(matmul_acc) X(reduce_sum_acc) X(attention) X(fused_rows)
+    X(fused_elementwise) X(matmul_acc) X(reduce_sum_acc) X(attention) X(fused_rows) \
+    X(attention_backward)
 
 typedef enum {
 #define ND_CALL_ENUM_(name) ND_CALL_##name,
@@ -152,9 +153,16 @@ bool nd_call_linear_half_weight(const nd_backend *be, const nd_tensor *x, const 
 nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *out,
                                const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                nd_activation act);
-nd_status nd_call_attention(const nd_backend *be, const char *op, nd_tensor *out,
-                            const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
-                            const nd_tensor *mask, double scale, bool causal);
+nd_status nd_call_attention(const nd_backend *be, const char *op, nd_tensor *out, nd_tensor *lse,
+                            nd_tensor *keep, const nd_tensor *q, const nd_tensor *k,
+                            const nd_tensor *v, const nd_tensor *mask, const nd_attention_args *a);
+/* (a capture records neither with dropout: its counters would be replayed) */
+nd_status nd_call_attention_backward(const nd_backend *be, const char *op, nd_tensor *dq,
+                                     nd_tensor *dk, nd_tensor *dv, const nd_tensor *g,
+                                     const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
+                                     const nd_tensor *mask, const nd_tensor *out,
+                                     const nd_tensor *lse, const nd_tensor *keep,
+                                     const nd_attention_args *a);
 /* nd.linalg's LAPACK call (op_linalg.c). Never recorded: the op refuses a
  * capture before it (a graph break: its errors come from the factorization's
  * info, read on the host), so a capture reaching here is an internal error. */

@@ -5,7 +5,8 @@
 --   F.ctc_loss(log_probs, targets, input_lengths, target_lengths, {blank=, reduction=, zero_infinity=})
 --
 -- Both are compositions of differentiable ops, so gradients (and OpenCL)
--- come from the ops. The attention core (`attend`) is shared with
+-- come from the ops; attention takes a fused kernel with its own backward
+-- where one applies (fused_applies). The attention core (`attend`) is shared with
 -- nn.MultiheadAttention, which also needs the weights; it is reached as
 -- require("needle.functional.attention").attend through the table's
 -- metatable, so that the merge into nd.F (pairs) leaves it out.
@@ -81,17 +82,20 @@ end
 local SDPA = {attn_mask = "tensor", dropout_p = "number", is_causal = "boolean", scale = "number"}
 
 -- The fused kernel (core._attention: the scores of a block of queries made,
--- masked, softmaxed and multiplied into v in cache, no (..., L, S) tensor)
--- when the device has it (the CPU, float32), no gradient is wanted (it has
--- no backward: training composes the ops above) and no dropout applies, for
--- at most two batch dims (the kernel's (B, H)).
+-- masked, softmaxed, dropped out and multiplied into v in cache, no (..., L, S)
+-- tensor; its backward makes them again from each row's log-sum-exp) when the
+-- device has it (the CPU, float32), for at most two batch dims (the kernel's
+-- (B, H)). It draws the dropout from the counters F.dropout would take, so
+-- both paths keep the same weights; inside an nd.compile capture dropout
+-- composes the ops (a replay must draw new counters, which the rand op does).
+-- A mask that requires grad composes the ops too (the kernel gives it none).
 local function fused_applies(q, k, v, mask, p, batch)
-  if q.device ~= "cpu" or q.dtype ~= "float32" or p > 0 or #batch > 2 then return false end
+  if q.device ~= "cpu" or q.dtype ~= "float32" or #batch > 2 then return false end
+  if p >= 1 or (p > 0 and core._graph_capturing()) then return false end
   if mask ~= nil and (mask.device ~= q.device or (mask.dtype ~= "bool" and mask.dtype ~= q.dtype)) then
     return false -- (the checks below name the problem)
   end
-  return not (core.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
-                                          (mask ~= nil and mask.requires_grad)))
+  return not (mask ~= nil and mask.requires_grad and core.is_grad_enabled())
 end
 
 -- t (batch..., r, c) as the kernel's (B, H, r, c): batch expanded to the
@@ -104,10 +108,10 @@ local function as_bh(t, batch, r, c)
   return t
 end
 
-local function attend_fused(q, k, v, mask, causal, scale, batch)
+local function attend_fused(q, k, v, mask, causal, scale, batch, p)
   local L, E, S, Ev = q:size(-2), q:size(-1), k:size(-2), v:size(-1)
   local out = core._attention(as_bh(q, batch, L, E), as_bh(k, batch, S, E), as_bh(v, batch, S, Ev),
-                              mask ~= nil and as_bh(mask, batch, L, S) or nil, scale, causal == true)
+                              mask ~= nil and as_bh(mask, batch, L, S) or nil, scale, causal == true, p)
   return out:view(with_mats(batch, L, Ev))
 end
 
@@ -165,7 +169,7 @@ function M.scaled_dot_product_attention(q, k, v, opts)
   elseif opts.is_causal and not fused then
     mask = causal_mask(L, S, q.dtype, q.device)
   end
-  if fused then return attend_fused(q, k, v, mask, opts.is_causal, scale, batch) end
+  if fused then return attend_fused(q, k, v, mask, opts.is_causal, scale, batch, p) end
   return (attend(q, k, v, mask, p, scale))
 end
 
@@ -337,7 +341,7 @@ end
 local function attend_maybe_fused(q, k, v, mask, dropout_p, scale, want_weights)
   local batch = {q:size(1), q:size(2)}
   if not want_weights and q:dim() == 4 and fused_applies(q, k, v, mask, dropout_p, batch) then
-    return attend_fused(q, k, v, mask, false, scale, batch), nil
+    return attend_fused(q, k, v, mask, false, scale, batch, dropout_p), nil
   end
   return attend(q, k, v, mask, dropout_p, scale)
 end

@@ -48,6 +48,7 @@ const nd_backend nd_cpu_backend = {
     .linear_fused = nd_cpu_linear_fused,
     .linear_half_weight = nd_cpu_linear_half_weight,
     .attention = nd_cpu_attention,
+    .attention_backward = nd_cpu_attention_backward,
     .linear_join_align = nd_cpu_linear_join_align,
     .fused_elementwise = nd_cpu_fused_elementwise,
     .fused_rows = nd_cpu_fused_rows,

@@ -132,8 +132,19 @@ bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
 nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, nd_activation act, const nd_tensor *res);
 /* cpu_attention.c */
-nd_status nd_cpu_attention(nd_tensor *out, const nd_tensor *q, const nd_tensor *k,
-                           const nd_tensor *v, const nd_tensor *mask, double scale, bool causal);
+nd_status nd_cpu_attention(nd_tensor *out, nd_tensor *lse, nd_tensor *keep, const nd_tensor *q,
+                           const nd_tensor *k, const nd_tensor *v, const nd_tensor *mask,
+                           const nd_attention_args *a);
+nd_status nd_cpu_attention_backward(nd_tensor *dq, nd_tensor *dk, nd_tensor *dv, const nd_tensor *g,
+                                    const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
+                                    const nd_tensor *mask, const nd_tensor *out,
+                                    const nd_tensor *lse, const nd_tensor *keep,
+                                    const nd_attention_args *a);
+/* cpu_random.c: keep[i] = whether uniform i of the stream at (seed, offset),
+ * drawn as rand() draws it in dtype dt (float64: 53 bits, else float32's
+ * 24), is below `below` (rounded to that dtype); on the calling thread */
+void nd_cpu_uniform_below(uint64_t seed, uint64_t offset, int64_t n, nd_dtype dt, double below,
+                          unsigned char *keep);
 int nd_cpu_linear_join_align(nd_dtype dt);
 /* What a fused kernel's path left to do after a product without it: the
  * activation other than relu (gelu: nd.gelu's kernel, in place), then the

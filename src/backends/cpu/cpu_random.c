@@ -280,3 +280,18 @@ done:
     if (dst != out) nd_release(dst);
     return st;
 }
+
+void nd_cpu_uniform_below(uint64_t seed, uint64_t offset, int64_t n, nd_dtype dt, double below,
+                          unsigned char *keep) {
+    const philox8_fn gen = philox8();
+    const float fb = (float)below;
+    for (int64_t i0 = 0; i0 < n; i0 += 8) {
+        uint32_t W[4][8];
+        gen(seed, offset + (uint64_t)i0, W);
+        const int64_t m = n - i0 < 8 ? n - i0 : 8;
+        if (dt == ND_FLOAT64)
+            for (int64_t q = 0; q < m; q++) keep[i0 + q] = u53(W[0][q], W[1][q]) < below;
+        else
+            for (int64_t q = 0; q < m; q++) keep[i0 + q] = u24(W[0][q]) < fb;
+    }
+}

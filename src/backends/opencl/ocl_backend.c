@@ -31,6 +31,7 @@ const nd_backend nd_opencl_backend = {
     .softmax = ocl_softmax,
     .layer_norm = ocl_layer_norm,
     .attention = ocl_attention,
+    .attention_backward = ocl_attention_backward,
     .cross_entropy = ocl_cross_entropy,
     .batch_norm = ocl_batch_norm,
     .layer_norm_backward = ocl_layer_norm_backward,

@@ -36,8 +36,13 @@ nd_status ocl_sort(nd_tensor *values, nd_tensor *indices, const nd_tensor *x, in
 /* ocl_norm.c: fused softmax, layer_norm, cross_entropy, batch_norm (kernels/norm.cl) */
 nd_status ocl_softmax(nd_tensor *out, const nd_tensor *x, int dim, bool log);
 nd_status ocl_layer_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, const nd_tensor *x, const nd_tensor *w, const nd_tensor *b, double eps);
-nd_status ocl_attention(nd_tensor *out, const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
-                        const nd_tensor *mask, double scale, bool causal);
+nd_status ocl_attention(nd_tensor *out, nd_tensor *lse, nd_tensor *keep, const nd_tensor *q,
+                        const nd_tensor *k, const nd_tensor *v, const nd_tensor *mask,
+                        const nd_attention_args *args);
+nd_status ocl_attention_backward(nd_tensor *dq, nd_tensor *dk, nd_tensor *dv, const nd_tensor *g,
+                                 const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
+                                 const nd_tensor *mask, const nd_tensor *out, const nd_tensor *lse,
+                                 const nd_tensor *keep, const nd_attention_args *args);
 nd_status ocl_cross_entropy(nd_tensor *loss, const nd_tensor *logits, const nd_tensor *labels, int64_t ignore, double smoothing);
 nd_status ocl_batch_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, const nd_tensor *x, const nd_tensor *w, const nd_tensor *b, double eps, bool training);
 nd_status ocl_layer_norm_backward(nd_tensor *dx, nd_tensor *dw, nd_tensor *db, const nd_tensor *g, const nd_tensor *x, const nd_tensor *w, const nd_tensor *mean, const nd_tensor *rstd);

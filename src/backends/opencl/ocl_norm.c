@@ -6,6 +6,7 @@
  * that are short, or that run along a dim other than the last with many
  * rows, take one work-item per row instead. Operands are contiguous (the
  * ops make them so); their element offsets are passed along. */
+#include <math.h>
 #include <stdio.h>
 #include "ocl_kernels.h"
 
@@ -83,43 +84,113 @@ nd_status ocl_softmax(nd_tensor *out, const nd_tensor *x, int dim, bool log) {
 
 /* -------------------------------------------------------------- attention */
 
+/* t's buffer, offset and first three strides (batch, batch, row) from
+ * argument *a on (NULL: dflt's buffer and zeros, for a kernel that does not
+ * read it); *a moves past them */
+static cl_int set_rows(cl_kernel kr, cl_uint *a, const nd_tensor *t, const nd_tensor *dflt) {
+    cl_int e = set_buf(kr, *a, t, dflt);
+    for (int j = 0; j < 3; j++) {
+        cl_long s = t ? t->strides[j] : 0;
+        e |= OCL_ARG(kr, *a + 2 + (cl_uint)j, s);
+    }
+    *a += 5;
+    return e;
+}
+
+/* the arguments every attention kernel starts with, from argument 1 on
+ * (B2, L, S, E, Ev, scale, causal, q, k, v, the mask) */
+static cl_int set_attention_common(cl_kernel kr, cl_uint *a, ocl_device *d, const nd_tensor *q,
+                                   const nd_tensor *k, const nd_tensor *v, const nd_tensor *mask,
+                                   const nd_attention_args *args) {
+    cl_long b2 = q->shape[1], L = q->shape[2], S = k->shape[2], E = q->shape[3], Ev = v->shape[3];
+    cl_int c = args->causal, hm = mask != NULL;
+    cl_int e = OCL_ARG(kr, 1, b2) | OCL_ARG(kr, 2, L) | OCL_ARG(kr, 3, S) | OCL_ARG(kr, 4, E) |
+               OCL_ARG(kr, 5, Ev) | set_acc(kr, 6, d, args->scale) | OCL_ARG(kr, 7, c);
+    *a = 8;
+    e |= set_rows(kr, a, q, NULL) | set_rows(kr, a, k, NULL) | set_rows(kr, a, v, NULL);
+    e |= OCL_ARG(kr, *a, hm) | set_buf(kr, *a + 1, mask, q);
+    for (int j = 0; j < 4; j++) {
+        cl_long s = mask ? mask->strides[j] : 0;
+        e |= OCL_ARG(kr, *a + 3 + (cl_uint)j, s);
+    }
+    *a += 7;
+    return e;
+}
+
+static nd_status no_dropout(const nd_attention_args *a, const char *op) {
+    if (a->dropout_p > 0)
+        return nd_fail(ND_ERR_UNSUPPORTED, "%s: dropout inside the fused kernel has no opencl kernel "
+                       "(F.scaled_dot_product_attention composes the ops there)", op);
+    return ND_OK;
+}
+
 /* One work-item per (product, query) (kernels/norm.cl, attention_rows): a
  * plain kernel that keeps the op on the device, with no (..., L, S)
  * tensors; not tuned (no GPU to tune it on yet). */
-nd_status ocl_attention(nd_tensor *out, const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
-                        const nd_tensor *mask, double scale, bool causal) {
+nd_status ocl_attention(nd_tensor *out, nd_tensor *lse, nd_tensor *keep, const nd_tensor *q,
+                        const nd_tensor *k, const nd_tensor *v, const nd_tensor *mask,
+                        const nd_attention_args *args) {
+    (void)keep; /* (only with dropout, which no_dropout refuses) */
     const char *op = "attention";
+    ND_TRY(no_dropout(args, op));
     ocl_device *d = ocl_dev(q);
-    const int64_t B2 = q->shape[1], rows = q->shape[0] * B2 * q->shape[2];
-    if (rows == 0 || v->shape[3] == 0) return ND_OK;
-    if (k->shape[2] == 0) { /* no keys: an empty weighted sum */
+    const int64_t rows = q->shape[0] * q->shape[1] * q->shape[2];
+    if (rows == 0) return ND_OK;
+    if (k->shape[2] == 0) { /* no keys: an empty weighted sum, lse -inf */
         const unsigned char zero[8] = {0};
-        return ocl_fill(out, zero);
+        ND_TRY(v->shape[3] ? ocl_fill(out, zero) : ND_OK);
+        if (!lse) return ND_OK;
+        const double ninf = -INFINITY;
+        const float ninf32 = -INFINITY;
+        return ocl_fill(lse, q->dtype == ND_FLOAT64 ? (const void *)&ninf : (const void *)&ninf32);
     }
     cl_kernel kr;
     ND_TRY(norm_kernel(d, q->dtype, "attention_rows", op, &kr));
-    cl_long b2 = B2, L = q->shape[2], S = k->shape[2], E = q->shape[3], Ev = v->shape[3];
-    cl_int c = causal, hm = mask != NULL;
-    cl_long st[13] = {q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1],
-                      k->strides[2], v->strides[0], v->strides[1], v->strides[2],
-                      mask ? mask->strides[0] : 0, mask ? mask->strides[1] : 0,
-                      mask ? mask->strides[2] : 0, mask ? mask->strides[3] : 0};
     cl_long nrows = rows;
-    cl_int e = OCL_ARG(kr, 0, nrows) | OCL_ARG(kr, 1, b2) | OCL_ARG(kr, 2, L) | OCL_ARG(kr, 3, S) |
-               OCL_ARG(kr, 4, E) | OCL_ARG(kr, 5, Ev) | set_acc(kr, 6, d, scale) | OCL_ARG(kr, 7, c);
-    cl_uint a = 8;
-    const nd_tensor *bufs[3] = {q, k, v};
-    for (int t = 0; t < 3; t++) { /* (buffer, offset, 3 strides) each */
-        e |= set_buf(kr, a, bufs[t], NULL);
-        for (int j = 0; j < 3; j++) e |= OCL_ARG(kr, a + 2 + (cl_uint)j, st[3 * t + j]);
-        a += 5;
-    }
-    e |= OCL_ARG(kr, a, hm) | set_buf(kr, a + 1, mask, q);
-    for (int j = 0; j < 4; j++) e |= OCL_ARG(kr, a + 3 + (cl_uint)j, st[9 + j]);
-    e |= set_buf(kr, a + 7, out, NULL);
-    for (int j = 0; j < 3; j++) e |= OCL_ARG(kr, a + 9 + (cl_uint)j, out->strides[j]);
+    cl_int hl = lse != NULL;
+    cl_uint a;
+    cl_int e = OCL_ARG(kr, 0, nrows) | set_attention_common(kr, &a, d, q, k, v, mask, args);
+    e |= set_rows(kr, &a, out, NULL);
+    e |= OCL_ARG(kr, a, hl) | set_buf(kr, a + 1, lse, q);
     SET_OR_FAIL(e, op, d);
     return ocl_launch_1d(d, kr, op, rows);
+}
+
+nd_status ocl_attention_backward(nd_tensor *dq, nd_tensor *dk, nd_tensor *dv, const nd_tensor *g,
+                                 const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
+                                 const nd_tensor *mask, const nd_tensor *out, const nd_tensor *lse,
+                                 const nd_tensor *keep, const nd_attention_args *args) {
+    (void)keep;
+    const char *op = "attention";
+    ND_TRY(no_dropout(args, op));
+    ocl_device *d = ocl_dev(q);
+    const int64_t B = q->shape[0] * q->shape[1], rows = B * q->shape[2], keys = B * k->shape[2];
+    const int names = 2;
+    const char *name[2] = {"attention_bwd_q", "attention_bwd_kv"};
+    const int64_t items[2] = {dq ? rows : 0, dk || dv ? keys : 0};
+    for (int t = 0; t < names; t++) {
+        if (items[t] == 0) continue;
+        cl_kernel kr;
+        ND_TRY(norm_kernel(d, q->dtype, name[t], op, &kr));
+        cl_long n = items[t];
+        cl_uint a;
+        cl_int e = OCL_ARG(kr, 0, n) | set_attention_common(kr, &a, d, q, k, v, mask, args);
+        e |= set_rows(kr, &a, g, NULL) | set_rows(kr, &a, out, NULL) | set_buf(kr, a, lse, NULL);
+        a += 2;
+        if (t == 0) {
+            e |= set_rows(kr, &a, dq, NULL);
+        } else {
+            cl_int hk = dk != NULL, hv = dv != NULL;
+            e |= OCL_ARG(kr, a, hk);
+            a++;
+            e |= set_rows(kr, &a, dk, q) | OCL_ARG(kr, a, hv);
+            a++;
+            e |= set_rows(kr, &a, dv, q);
+        }
+        SET_OR_FAIL(e, op, d);
+        ND_TRY(ocl_launch_1d(d, kr, op, items[t]));
+    }
+    return ND_OK;
 }
 
 /* ------------------------------------------------------------- layer norm */

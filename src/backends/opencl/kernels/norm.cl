@@ -330,7 +330,7 @@ __kernel void attention_rows(long rows, long B2, long L, long S, long E, long Ev
                              __global const T *v, long voff, long vs0, long vs1, long vs2,
                              int has_mask, __global const T *m, long moff, long ms0, long ms1,
                              long ms2, long ms3, __global T *out, long ooff, long os0, long os1,
-                             long os2) {
+                             long os2, int has_lse, __global T *lse, long lseoff) {
     long r = get_global_id(0);
     if (r >= rows) return; /* (the launch rounds up to whole work-groups) */
     long b = r / L, i = r - b * L, b1 = b / B2, b2 = b - b1 * B2;
@@ -353,4 +353,80 @@ __kernel void attention_rows(long rows, long B2, long L, long S, long E, long Ev
         for (long e = 0; e < Ev; e++) orow[e] = (T)((acc_t)orow[e] + p * (acc_t)vr[e]);
     }
     for (long e = 0; e < Ev; e++) orow[e] = (T)((acc_t)orow[e] / sum);
+    if (has_lse) lse[lseoff + r] = (T)(mx + log(sum));
+}
+
+/* attention's backward (backend.h's attention_backward), the weights made
+ * again from the forward's log-sum-exp, P = exp(s - lse), D_i = dO_i . O_i:
+ * attention_bwd_q has one work-item per (product, query) and writes
+ * dQ_i = scale sum_j P_ij (dO_i . V_j - D_i) K_j; attention_bwd_kv one per
+ * (product, key), writing dV_j = sum_i P_ij dO_i and dK_j = scale sum_i
+ * P_ij (dO_i . V_j - D_i) Q_i (D_i made again for each key: no buffer
+ * between the two). Plain kernels that keep training on the device, not
+ * tuned (no GPU to tune them on yet). */
+inline acc_t attn_dot(__global const T *a, __global const T *b, long n) {
+    acc_t s = 0;
+    for (long e = 0; e < n; e++) s += (acc_t)a[e] * (acc_t)b[e];
+    return s;
+}
+
+#define ATTN_BWD_ARGS                                                                          \
+    long B2, long L, long S, long E, long Ev, acc_t scale, int causal,                          \
+    __global const T *q, long qoff, long qs0, long qs1, long qs2,                               \
+    __global const T *k, long koff, long ks0, long ks1, long ks2,                               \
+    __global const T *v, long voff, long vs0, long vs1, long vs2,                               \
+    int has_mask, __global const T *m, long moff, long ms0, long ms1, long ms2, long ms3,       \
+    __global const T *g, long goff, long gs0, long gs1, long gs2,                               \
+    __global const T *o, long ooff, long os0, long os1, long os2,                               \
+    __global const T *lse, long lseoff
+
+__kernel void attention_bwd_q(long rows, ATTN_BWD_ARGS, __global T *dq, long dqoff, long dqs0,
+                              long dqs1, long dqs2) {
+    long r = get_global_id(0);
+    if (r >= rows) return;
+    long b = r / L, i = r - b * L, b1 = b / B2, b2 = b - b1 * B2;
+    __global const T *qr = q + qoff + b1 * qs0 + b2 * qs1 + i * qs2;
+    __global const T *kb = k + koff + b1 * ks0 + b2 * ks1;
+    __global const T *vb = v + voff + b1 * vs0 + b2 * vs1;
+    __global const T *mb = has_mask ? m + moff + b1 * ms0 + b2 * ms1 + i * ms2 : 0;
+    __global const T *gr = g + goff + b1 * gs0 + b2 * gs1 + i * gs2;
+    __global const T *orow = o + ooff + b1 * os0 + b2 * os1 + i * os2;
+    __global T *dr = dq + dqoff + b1 * dqs0 + b2 * dqs1 + i * dqs2;
+    const acc_t l = (acc_t)lse[lseoff + r], D = attn_dot(gr, orow, Ev);
+    for (long e = 0; e < E; e++) dr[e] = 0;
+    for (long j = 0; j < S; j++) {
+        acc_t p = exp(attn_score(qr, kb + j * ks2, E, scale, mb ? mb + j * ms3 : 0, causal, i, j) - l);
+        acc_t ds = p * (attn_dot(gr, vb + j * vs2, Ev) - D) * scale;
+        __global const T *kr = kb + j * ks2;
+        for (long e = 0; e < E; e++) dr[e] = (T)((acc_t)dr[e] + ds * (acc_t)kr[e]);
+    }
+}
+
+__kernel void attention_bwd_kv(long keys, ATTN_BWD_ARGS, int has_dk, __global T *dk, long dkoff,
+                               long dks0, long dks1, long dks2, int has_dv, __global T *dv,
+                               long dvoff, long dvs0, long dvs1, long dvs2) {
+    long r = get_global_id(0);
+    if (r >= keys) return;
+    long b = r / S, j = r - b * S, b1 = b / B2, b2 = b - b1 * B2;
+    __global const T *qb = q + qoff + b1 * qs0 + b2 * qs1;
+    __global const T *kr = k + koff + b1 * ks0 + b2 * ks1 + j * ks2;
+    __global const T *vr = v + voff + b1 * vs0 + b2 * vs1 + j * vs2;
+    __global const T *mb = has_mask ? m + moff + b1 * ms0 + b2 * ms1 + j * ms3 : 0;
+    __global const T *gb = g + goff + b1 * gs0 + b2 * gs1;
+    __global const T *ob = o + ooff + b1 * os0 + b2 * os1;
+    __global T *dkr = has_dk ? dk + dkoff + b1 * dks0 + b2 * dks1 + j * dks2 : 0;
+    __global T *dvr = has_dv ? dv + dvoff + b1 * dvs0 + b2 * dvs1 + j * dvs2 : 0;
+    for (long e = 0; has_dk && e < E; e++) dkr[e] = 0;
+    for (long e = 0; has_dv && e < Ev; e++) dvr[e] = 0;
+    for (long i = 0; i < L; i++) {
+        __global const T *qr = qb + i * qs2, *gr = gb + i * gs2;
+        acc_t p = exp(attn_score(qr, kr, E, scale, mb ? mb + i * ms2 : 0, causal, i, j) -
+                      (acc_t)lse[lseoff + b * L + i]);
+        if (has_dv)
+            for (long e = 0; e < Ev; e++) dvr[e] = (T)((acc_t)dvr[e] + p * (acc_t)gr[e]);
+        if (has_dk) {
+            acc_t ds = p * (attn_dot(gr, vr, Ev) - attn_dot(gr, ob + i * os2, Ev)) * scale;
+            for (long e = 0; e < E; e++) dkr[e] = (T)((acc_t)dkr[e] + ds * (acc_t)qr[e]);
+        }
+    }
 }
