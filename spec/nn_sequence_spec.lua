@@ -478,7 +478,7 @@ describe("the fused attention's backward (core._attention with a gradient)", fun
     assert.is_true(MF.max_abs_diff(gf[1][{{}, {}, 1}], gc[1][{{}, {}, 1}]) < 1e-6)
   end)
 
-  it("trains inside nd.compile: a captured step replays the eager gradients; dropout composes the ops there", function()
+  it("trains inside nd.compile: a captured step replays the eager gradients, with dropout too (fresh counters each call)", function()
     nd.manual_seed(84)
     local mha = nn.MultiheadAttention(16, 2, {batch_first = true})
     local x = nd.randn({3, 5, 16})
@@ -496,15 +496,22 @@ describe("the fused attention's backward (core._attention with a gradient)", fun
       local got = cstep()
       for i = 1, #want do assert.is_true(MF.max_abs_diff(got[i], want[i]) < 1e-5, "parameter " .. i) end
     end
-    -- training mode with dropout: the capture composes the ops (the kernel refuses to be captured with it)
+    -- training mode with dropout: each replay draws the counters the eager call would (the
+    -- kernel's own, the same bits), and its backward reads the replay's keeps
     mha.dropout = 0.3
     mha:train()
-    nd.manual_seed(12)
-    local e = step()
     local cd = nd.compile(step)
-    nd.manual_seed(12)
-    local got = cd()
-    for i = 1, #e do assert.is_true(MF.max_abs_diff(got[i], e[i]) < 1e-5, "dropout: parameter " .. i) end
+    for call = 1, 4 do
+      nd.manual_seed(12 + call)
+      local e = step()
+      nd.manual_seed(12 + call)
+      local got = cd()
+      for i = 1, #e do assert.are.equal(0, MF.max_abs_diff(got[i], e[i]), "call " .. call .. ", parameter " .. i) end
+    end
+    assert.are.equal(2, cd.stats.replays)
+    local report = nd.profile(cd)
+    assert.are.equal(1, report.by_name["compiled:attention"].calls)
+    assert.are.equal(1, report.by_name["compiled:attention_backward"].calls)
   end)
 end)
 

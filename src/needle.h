@@ -461,7 +461,7 @@ nd_status nd_linear(const nd_tensor *x, const nd_tensor *weight, const nd_tensor
  * (B, H, L, S) with any strides, added to the scaled scores (no gradient
  * for it: an error when it requires one); causal masks key j > query i;
  * dropout_p in [0, 1) drops weights as F.dropout would (the counters its
- * rand() would take; not while nd.compile captures). -> (B, H, L, Ev), with
+ * rand() would take). -> (B, H, L, Ev), with
  * a fused backward for q, k and v. Errors are named "attention"; a device
  * without the kernel fails ("no kernel on device"). */
 nd_status nd_attention(const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,

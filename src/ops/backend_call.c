@@ -366,14 +366,17 @@ nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *
     return FINISH(be->linear_fused(out, x, w, b, act, NULL));
 }
 
-/* the fused attention's scalars in a record (no dropout: the op refuses it
- * while capturing) and back */
+/* the fused attention's scalars in a record and back. Its dropout's
+ * counters are not kept: a replay of the forward takes fresh ones, as the
+ * eager call would (and as the random entry's replays do), and the
+ * backward reads the forward's keeps, never the counters. */
 static void attention_args_to_rec(nd_graph_rec *r, const nd_attention_args *a) {
     r->f[0] = a->scale;
+    r->f[1] = a->dropout_p;
     r->i[0] = a->causal;
 }
 static nd_attention_args attention_args_of_rec(const nd_graph_rec *r) {
-    return (nd_attention_args){.scale = r->f[0], .causal = r->i[0] != 0};
+    return (nd_attention_args){.scale = r->f[0], .causal = r->i[0] != 0, .dropout_p = r->f[1]};
 }
 
 nd_status nd_call_attention(const nd_backend *be, const char *op, nd_tensor *out, nd_tensor *lse,
@@ -391,6 +394,8 @@ nd_status nd_call_attention_backward(const nd_backend *be, const char *op, nd_te
                                      const nd_tensor *mask, const nd_tensor *out,
                                      const nd_tensor *lse, const nd_tensor *keep,
                                      const nd_attention_args *a) {
+    if (nd_graph_capturing() && a->dropout_p > 0 && !keep) /* (the op always keeps them) */
+        return nd_fail(ND_ERR_INTERNAL, "%s: a captured backward with dropout needs the forward's keeps", op);
     BEGIN(attention_backward); W(dq); W(dk); W(dv); R(g); R(q); R(k); R(v); R(mask); R(out); R(lse);
     R(keep);
     if (r) attention_args_to_rec(r, a);
@@ -420,7 +425,9 @@ nd_status nd_call_read(const nd_backend *be, const char *op, nd_tensor *host, co
  * backend call (no kernel lookup, geometry or argument setting). Calls that
  * run host code (checks, reads, writes) or draw random numbers (their
  * counter changes each call) are never prepared. */
-static bool preparable(nd_call_entry e) {
+static bool preparable(const nd_graph_rec *r) {
+    const nd_call_entry e = r->entry;
+    if (e == ND_CALL_attention && r->f[1] > 0) return false; /* its dropout draws */
     return e != ND_CALL_host_check && e != ND_CALL_read && e != ND_CALL_write && e != ND_CALL_random;
 }
 
@@ -438,7 +445,7 @@ void nd_graph_rec_unprepare(nd_graph_rec *r) {
 
 nd_status nd_graph_rec_run(nd_graph_rec *r) {
     const nd_backend *be = r->be;
-    if (!be || !be->prepare_begin || r->prep_state == ND_PREP_NEVER || !preparable(r->entry))
+    if (!be || !be->prepare_begin || r->prep_state == ND_PREP_NEVER || !preparable(r))
         return nd_graph_rec_replay(r);
     if (r->prep_state == ND_PREP_READY) {
         if (same_buffers(r)) return be->prepared_run(r->prepared);
@@ -541,6 +548,9 @@ nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
     case ND_CALL_linear_fused: return be->linear_fused(T(0), T(1), T(2), T(3), (nd_activation)r->i[0], RES);
     case ND_CALL_attention: {
         nd_attention_args a = attention_args_of_rec(r);
+        if (a.dropout_p > 0) /* fresh counters: the weights of q (T(3)) by the keys (k, T(4)) */
+            nd_rng_reserve(T(3)->shape[0] * T(3)->shape[1] * T(3)->shape[2] * T(4)->shape[2], &a.seed,
+                           &a.offset);
         return be->attention(T(0), T(1), T(2), T(3), T(4), T(5), T(6), &a);
     }
     case ND_CALL_attention_backward: {

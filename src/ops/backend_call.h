@@ -156,7 +156,6 @@ nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *
 nd_status nd_call_attention(const nd_backend *be, const char *op, nd_tensor *out, nd_tensor *lse,
                             nd_tensor *keep, const nd_tensor *q, const nd_tensor *k,
                             const nd_tensor *v, const nd_tensor *mask, const nd_attention_args *a);
-/* (a capture records neither with dropout: its counters would be replayed) */
 nd_status nd_call_attention_backward(const nd_backend *be, const char *op, nd_tensor *dq,
                                      nd_tensor *dk, nd_tensor *dv, const nd_tensor *g,
                                      const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,

@@ -234,10 +234,6 @@ nd_status nd_attention(const nd_tensor *q, const nd_tensor *k, const nd_tensor *
     ND_TRY(check_args(op, q, k, v, mask));
     if (!(dropout_p >= 0 && dropout_p < 1))
         return nd_fail(ND_ERR_ARG, "%s: dropout_p must be in [0, 1), got %g", op, dropout_p);
-    if (dropout_p > 0 && nd_graph_capturing())
-        return nd_fail(ND_ERR_ARG, "%s: dropout inside the fused kernel cannot be captured by nd.compile "
-                       "(a replay would draw the capture's counters); "
-                       "F.scaled_dot_product_attention composes the ops there", op);
     nd_attention_args a = {.scale = scale, .causal = causal, .dropout_p = dropout_p};
     const int64_t B = q->shape[0] * q->shape[1], L = q->shape[2], S = k->shape[2];
     if (dropout_p > 0) nd_rng_reserve(B * L * S, &a.seed, &a.offset);
@@ -264,6 +260,8 @@ nd_status nd_attention(const nd_tensor *q, const nd_tensor *k, const nd_tensor *
     const int64_t keep_shape[4] = {q->shape[0], q->shape[1], L, S};
     if (st == ND_OK && wants && dropout_p > 0)
         st = nd_empty_on(nd_get_device(q), keep_shape, 4, ND_BOOL, &keep);
+    /* (a captured forward's replays take fresh counters, backend_call.c;
+     * its backward's replays read the keeps, so both are recorded) */
     if (st == ND_OK)
         st = ND_BACKEND_CALL(nd_backend_of(q), attention, op, o, lse, keep, qc, kc, vc, mask, &a);
     nd_release(qc);

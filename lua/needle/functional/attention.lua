@@ -86,12 +86,11 @@ local SDPA = {attn_mask = "tensor", dropout_p = "number", is_causal = "boolean",
 -- tensor; its backward makes them again from each row's log-sum-exp) when the
 -- device has it (the CPU, float32), for at most two batch dims (the kernel's
 -- (B, H)). It draws the dropout from the counters F.dropout would take, so
--- both paths keep the same weights; inside an nd.compile capture dropout
--- composes the ops (a replay must draw new counters, which the rand op does).
--- A mask that requires grad composes the ops too (the kernel gives it none).
+-- both paths keep the same weights (an nd.compile replay takes fresh ones,
+-- as the rand op's replays do). A mask that requires grad composes the ops
+-- (the kernel gives it none).
 local function fused_applies(q, k, v, mask, p, batch)
-  if q.device ~= "cpu" or q.dtype ~= "float32" or #batch > 2 then return false end
-  if p >= 1 or (p > 0 and core._graph_capturing()) then return false end
+  if q.device ~= "cpu" or q.dtype ~= "float32" or #batch > 2 or p >= 1 then return false end
   if mask ~= nil and (mask.device ~= q.device or (mask.dtype ~= "bool" and mask.dtype ~= q.dtype)) then
     return false -- (the checks below name the problem)
   end
