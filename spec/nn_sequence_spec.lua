@@ -429,6 +429,16 @@ describe("the fused attention's backward (core._attention with a gradient)", fun
     local c = composed(q, k, v, nil, true, 1 / math.sqrt(8), 0.5)
     assert.is_true(MF.max_abs_diff(a, c) < 2e-6)
     assert.is_true(MF.max_abs_diff(a, b) > 1e-2)
+    -- v broadcasting the batch further than q and k: one mask shared across v's batch, as the
+    -- composed ops draw it, and the stream left where they leave it
+    local q3, k3, v3 = nd.randn({1, 4, 3}), nd.randn({1, 5, 3}), nd.randn({3, 5, 2})
+    nd.manual_seed(7)
+    local f3 = sdpa(q3, k3, v3, {dropout_p = 0.5})
+    local next_f = nd.rand({1}):item()
+    nd.manual_seed(7)
+    local c3 = composed(q3, k3, v3, nil, false, 1 / math.sqrt(3), 0.5)
+    assert.is_true(MF.max_abs_diff(f3, c3) < 2e-6)
+    assert.are.equal(nd.rand({1}):item(), next_f)
   end)
 
   it("keeps no (L, S) float tensor: a forward with a gradient allocates its output, a log-sum-exp a row " ..
@@ -509,6 +519,15 @@ describe("the fused attention's backward (core._attention with a gradient)", fun
       for i = 1, #e do assert.are.equal(0, MF.max_abs_diff(got[i], e[i]), "call " .. call .. ", parameter " .. i) end
     end
     assert.are.equal(2, cd.stats.replays)
+    -- a compiled backward of an eager forward with dropout reads that forward's keeps
+    local q, k, v = table.unpack(leaves("float32", {1, 2, 5, 4}, {1, 2, 6, 4}, {1, 2, 6, 3}))
+    local loss = (sdpa(q, k, v, {dropout_p = 0.5}) * nd.randn({1, 2, 5, 3})):sum()
+    local function bw() return nd.grad(loss, {q, k, v}, {retain_graph = true}) end
+    local want, cb = bw(), nd.compile(bw)
+    for call = 1, 4 do
+      local g = cb()
+      for j = 1, 3 do assert.are.equal(0, MF.max_abs_diff(g[j], want[j]), "backward call " .. call) end
+    end
     local report = nd.profile(cd)
     assert.are.equal(1, report.by_name["compiled:attention"].calls)
     assert.are.equal(1, report.by_name["compiled:attention_backward"].calls)

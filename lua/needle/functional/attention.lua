@@ -71,6 +71,12 @@ local function batch_broadcast(a, b)
   return out
 end
 
+local function numel(dims)
+  local n = 1
+  for _, d in ipairs(dims) do n = n * d end
+  return n
+end
+
 -- batch dims followed by the matrix dims r, c (a new table)
 local function with_mats(batch, r, c)
   local s = {}
@@ -153,6 +159,11 @@ function M.scaled_dot_product_attention(q, k, v, opts)
     fail("attn_mask and is_causal = true exclude each other (is_causal builds the causal mask)")
   end
   local fused = fused_applies(q, k, v, mask, p, batch)
+  if fused and p > 0 and numel(batch_broadcast(q.shape, k.shape)) ~= numel(batch) then
+    -- v broadcasts the batch further: the composed ops draw one dropout mask
+    -- for q and k's batch and share it across v's, the kernel one per product
+    fused = false
+  end
   if mask ~= nil then
     local scores = with_mats(batch, L, S)
     if mask.dtype ~= "bool" and mask.dtype ~= q.dtype then

@@ -133,8 +133,9 @@ static void exp_f64(double *row, int64_t n) {
         int failed = 0;                                                                             \
         _Pragma("omp parallel num_threads(nd_cpu_threads()) if (items > 1 && B * L * S * (E + Ev) >= ND_PARALLEL_THRESHOLD)") \
         {                                                                                           \
-            T *P = malloc(sizeof(T) * (size_t)(BQ * S));                                            \
-            unsigned char *keep = drop && !tkeep ? malloc((size_t)(BQ * S)) : NULL;                 \
+            const int64_t buf = (L < BQ ? L : BQ) * S;                                              \
+            T *P = malloc(sizeof(T) * (size_t)buf);                                                 \
+            unsigned char *keep = drop && !tkeep ? malloc((size_t)buf) : NULL;                      \
             const bool ok = P && (!drop || tkeep || keep);                                          \
             if (!ok) {                                                                              \
                 _Pragma("omp atomic write") failed = 1;                                             \
@@ -159,6 +160,8 @@ static void exp_f64(double *row, int64_t n) {
                         nd_cpu_uniform_below(a->seed, a->offset + (uint64_t)((b * L + i) * S), SE,  \
                                              out->dtype, 1.0 - a->dropout_p, kb + r * S);           \
                         dropout_rows_##SFX(P + r * S, SE, kb + r * S, inv_keep);                    \
+                        /* (the keys past the cut: dropped, so that every keep is written) */       \
+                        if (tkeep && SE < S) memset(kb + r * S + SE, 0, (size_t)(S - SE));          \
                     }                                                                               \
                 }                                                                                   \
                 T *Ob = O + b1 * out->strides[0] + b2 * out->strides[1] + i0 * out->strides[2];     \
@@ -169,7 +172,7 @@ static void exp_f64(double *row, int64_t n) {
         }                                                                                           \
         if (failed)                                                                                 \
             return nd_fail(ND_ERR_MEMORY, "attention: out of memory for %lld scores",               \
-                           (long long)(BQ * S));                                                    \
+                           (long long)((L < BQ ? L : BQ) * S));                                     \
         return ND_OK;                                                                               \
     }                                                                                               \
                                                                                                     \

@@ -86,7 +86,8 @@ static void philox8_base(uint64_t seed, uint64_t ctr, uint32_t out[4][8]) {
 typedef void (*philox8_fn)(uint64_t, uint64_t, uint32_t[4][8]);
 static philox8_fn philox8(void) {
 #ifdef ND_HAVE_AVX2_KERNELS
-    static int avx2 = -1;
+    /* (atomic: kernels call it from their own threads, nd_cpu_uniform_below) */
+    static _Atomic int avx2 = -1;
     if (avx2 < 0) {
         __builtin_cpu_init();
         avx2 = __builtin_cpu_supports("avx2");
