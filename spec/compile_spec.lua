@@ -27,6 +27,10 @@ local function max_abs(a, b) return (a:to("cpu"):double() - b:to("cpu"):double()
 -- gradients and the compiled callable.
 local function twin(make, device, steps, copts)
   local runs = {}
+  -- a fixed thread count for both runs: adaptive threads (docs/threads.md) would
+  -- take fewer under another process's load, and sums over threads change order
+  local was = nd.threads()
+  nd.set_num_threads(was.max, {adaptive = false})
   for _, compiled in ipairs({false, true}) do
     nd.manual_seed(11)
     local step, params, inputs, driver = make(device)
@@ -41,6 +45,7 @@ local function twin(make, device, steps, copts)
     for i, p in ipairs(params) do grads[i] = p.grad end
     runs[#runs + 1] = {outs = outs, params = params, grads = grads, f = f}
   end
+  nd.set_num_threads(was.max, {adaptive = was.adaptive})
   return runs[1], runs[2]
 end
 

@@ -366,6 +366,12 @@ case("attention's backward (the fused kernels: a broadcast mask, causal with L >
            core._attention(heads, heads, heads, nil, 0.35, true),
            core._attention(q, k:narrow(3, 1, 0), v:narrow(3, 1, 0), nil, 1, false)
   end, {nograd = {[4] = true}, covers = {"attention"}, rtol = 1e-4, atol = 1e-5})
+case("lstm_cell (xw + hw, xw alone, c as the right half of [h | c'], strided rows)", function()
+  return {randn({3, 12}) * 2, randn({3, 12}), randn({3, 6}), randn({12, 3}) * 2} end,
+  function(a, hw, hc, at)
+    local core = require "needle.core"
+    return core._lstm_cell(a, hw, hc:narrow(2, 4, 3)), core._lstm_cell(at:t(), nil, hc:narrow(2, 1, 3))
+  end)
 case("layer_norm (last dim, weight and bias)", function() return {randn({4, 6}) * 3 + 1, randn({6}), randn({6})} end,
   function(x, w, b) return F.layer_norm(x, 6, w, b) end, {rtol = 1e-5, atol = 2e-5})
 case("layer_norm (last two dims, no affine, eps 1e-3)", function() return {randn({2, 3, 4, 5})} end,

@@ -173,3 +173,110 @@ describe("recurrent modules against PyTorch", function()
     assert.are.same({1, 0, 3}, hc[1].shape)
   end)
 end)
+
+describe("the fused LSTM cell (core._lstm_cell, nn.LSTM's step)", function()
+  local core = require "needle.core"
+  local C = G.bind(assert)
+  -- the cell as the ops nn.LSTM composed before the kernel (and still composes for half dtypes)
+  local function composed(a, c, H)
+    local i = a:narrow(-1, 1, H):sigmoid()
+    local f = a:narrow(-1, H + 1, H):sigmoid()
+    local g = a:narrow(-1, 2 * H + 1, H):tanh()
+    local o = a:narrow(-1, 3 * H + 1, H):sigmoid()
+    local c2 = f * c + i * g
+    return o * c2:tanh(), c2
+  end
+  local function max_diff(a, b) return (a:to("cpu"):double() - b:to("cpu"):double()):abs():max():item() end
+
+  it("float64 gradients by finite differences, and gradients of gradients (create_graph)", function()
+    nd.manual_seed(91)
+    local function cell(xw, hw, c) return core._lstm_cell(xw, hw, c) end
+    C.check(cell, {G.leaf({3, 8}, -2, 2), G.leaf({3, 8}, -1, 1), G.leaf({3, 2})})
+    C.check(function(a, c) return core._lstm_cell(a, nil, c) end, {G.leaf({3, 8}, -2, 2), G.leaf({3, 2})})
+    -- c as the right half of an earlier [h | c'] (strided rows), gates transposed in memory
+    C.check(function(a, hc) return core._lstm_cell(a:t(), nil, hc:narrow(2, 3, 2)) end,
+            {G.leaf({8, 3}, -2, 2), G.leaf({3, 4})})
+    C.check2(cell, {G.leaf({2, 8}, -2, 2), G.leaf({2, 8}), G.leaf({2, 2})})
+    G.assert_covers(assert, "rnn_spec.lua")
+  end)
+
+  it("computes the composed ops' values and gradients bit for bit on the CPU (float32, float64)", function()
+    for _, dt in ipairs({"float32", "float64"}) do
+      nd.manual_seed(92)
+      local B, H = 6, 33
+      local a = nd.randn({B, 4 * H}, {dtype = dt}) * 3
+      local hw = nd.randn({B, 4 * H}, {dtype = dt})
+      local c = nd.randn({B, H}, {dtype = dt})
+      a.requires_grad, hw.requires_grad, c.requires_grad = true, true, true
+      local wh, wc = nd.randn({B, H}, {dtype = dt}), nd.randn({B, H}, {dtype = dt})
+      local hc = core._lstm_cell(a, hw, c)
+      local h1, c1 = hc:narrow(2, 1, H), hc:narrow(2, H + 1, H)
+      local g1 = nd.grad((h1 * wh):sum() + (c1 * wc):sum(), {a, hw, c})
+      local h2, c2 = composed(a + hw, c, H)
+      local g2 = nd.grad((h2 * wh):sum() + (c2 * wc):sum(), {a, hw, c})
+      assert.are.equal(0, max_diff(h1, h2), dt .. " h")
+      assert.are.equal(0, max_diff(c1, c2), dt .. " c")
+      assert.are.equal(0, max_diff(g1[1], g2[1]), dt .. " xw's gradient")
+      assert.are.equal(0, max_diff(g1[2], g2[2]), dt .. " hw's gradient")
+      assert.are.equal(0, max_diff(g1[3], g2[3]), dt .. " c's gradient")
+      -- only h used (c' left to the next step that never comes), only the gates wanting grad
+      local ga = nd.grad((core._lstm_cell(a, nil, c:detach()):narrow(2, 1, H) * wh):sum(), {a})[1]
+      local gb = nd.grad((composed(a, c:detach(), H) * wh):sum(), {a})[1]
+      assert.are.equal(0, max_diff(ga, gb), dt .. " h alone")
+      -- only hw wanting grad
+      local gh = nd.grad((core._lstm_cell(a:detach(), hw, c:detach()):sum()), {hw})[1]
+      local h3, c3 = composed(a:detach() + hw, c:detach(), H)
+      assert.are.equal(0, max_diff(gh, nd.grad(h3:sum() + c3:sum(), {hw})[1]), dt .. " hw alone")
+    end
+  end)
+
+  it("nn.LSTM trains as with the composed cell: a 2-layer step's outputs and every gradient", function()
+    nd.manual_seed(93)
+    local m = nn.LSTM(5, 12, {num_layers = 2})
+    local x = nd.randn({7, 3, 5})
+    local function run(cell_fn)
+      for _, p in ipairs(m:parameters()) do p.grad = nil end
+      local saved = core._lstm_cell
+      core._lstm_cell = cell_fn or saved
+      local ok, out, hc = pcall(m, x)
+      core._lstm_cell = saved
+      assert(ok, out)
+      ;((out * out):sum() + hc[2]:sum()):backward()
+      local gs = {}
+      for i, p in ipairs(m:parameters()) do gs[i] = p.grad:clone() end
+      return out, gs
+    end
+    local out1, g1 = run()
+    -- the composed cell in its place, through the same entry
+    local out2, g2 = run(function(xw, hw, c)
+      local h, c2 = composed(xw + hw, c, 12)
+      return nd.cat({h, c2}, 2)
+    end)
+    assert.are.equal(0, max_diff(out1, out2))
+    for i = 1, #g1 do assert.are.equal(0, max_diff(g1[i], g2[i]), "parameter " .. i) end
+  end)
+
+  it("LSTMCell returns contiguous h and c", function()
+    local h, c = nn.LSTMCell(3, 4)(nd.randn({2, 3}))
+    assert.is_true(h:is_contiguous() and c:is_contiguous())
+    assert.are.same({8}, h:view({8}).shape)
+  end)
+
+  it("checks its arguments", function()
+    local function err(...)
+      local ok, e = pcall(core._lstm_cell, ...)
+      assert.is_false(ok)
+      return e
+    end
+    assert.truthy(err(nd.randn({2, 8}), nil, nd.randn({2, 3})):find(
+      "lstm_cell: expected gates (B, 4H), the state's products (B, 4H) or none, and c (B, H), got gates {2,8}, " ..
+      "products none and c {2,3}", 1, true))
+    assert.truthy(err(nd.randn({2, 8}), nd.randn({2, 4}), nd.randn({2, 2})):find(
+      "got gates {2,8}, products {2,4} and c {2,2}", 1, true))
+    assert.truthy(err(nd.randn({2, 8}), nil, nd.randn({2, 2}):double()):find(
+      "lstm_cell: expected float32 or float64 gates, products and c of one dtype, got float32, none and float64",
+      1, true))
+    assert.truthy(err(nd.randn({2, 8}):half(), nd.randn({2, 8}):half(), nd.randn({2, 2}):half()):find(
+      "got float16, float16 and float16", 1, true))
+  end)
+end)

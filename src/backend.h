@@ -387,6 +387,21 @@ typedef struct nd_backend {
                                     const nd_tensor *mask, const nd_tensor *out,
                                     const nd_tensor *lse, const nd_tensor *keep,
                                     const nd_attention_args *a);
+    /* The LSTM cell after its products: gates = xw + hw (B, 4H; hw NULL:
+     * xw alone) pre-activations in PyTorch's order (input, forget, cell,
+     * output), c (B, H) -> out (B, 2H) = [h | c'] with i, f, o = sigmoid,
+     * g = tanh of the gates, c' = f c + i g, h = o tanh(c'). Every operand
+     * 2-D with unit-stride rows (row strides any); out dense. Each value as
+     * the composed ops (add, sigmoid, tanh, mul) compute it. NULL: nn.LSTM
+     * composes the ops. */
+    nd_status (*lstm_cell)(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw,
+                           const nd_tensor *c);
+    /* Its gradients from g (B, 2H) = [dh | dc'] (the same layouts): dgates
+     * (B, 4H: xw's and hw's gradient both) and dc (B, H), each NULL when not
+     * wanted, as the composed ops' backward computes them. */
+    nd_status (*lstm_cell_backward)(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *g,
+                                    const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c,
+                                    const nd_tensor *out);
     /* A (query; nd.compile's join pass): A > 0 when linear_fused in dtype dt
      * computes each output element the same way whatever the output's width
      * and the element's column, as long as the widths and column offsets are

@@ -467,6 +467,13 @@ nd_status nd_linear(const nd_tensor *x, const nd_tensor *weight, const nd_tensor
 nd_status nd_attention(const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
                        const nd_tensor *mask, double scale, bool causal, double dropout_p,
                        nd_tensor **out);
+/* nn.LSTM's cell after its products, one kernel forward and one backward:
+ * gates = xw + hw (B, 4H; hw may be NULL) pre-activations (input, forget,
+ * cell, output: PyTorch's order), c (B, H) -> (B, 2H) = [h | c'], c' =
+ * sigmoid(f) c + sigmoid(i) tanh(g), h = sigmoid(o) tanh(c'), float32 or
+ * float64, the values and gradients of the composed ops. Errors are named
+ * "lstm_cell". */
+nd_status nd_lstm_cell(const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c, nd_tensor **out);
 /* as nd_conv2d, then act */
 nd_status nd_fused_conv2d(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
                           const int64_t *stride, const int64_t *padding, const int64_t *dilation,

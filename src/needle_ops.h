@@ -127,7 +127,8 @@
  * X(name, kind, arity, dtype_rule, grad)
  *   kind        what a compiler may assume: TERNARY, UNARY (elementwise with
  *               parameters), REDUCE, VIEW, COPY, CREATE, INDEX, NORM, LOSS,
- *               GEMM, CONV, POOL, JOIN, SCAN, SORT, RANDOM, OPTIM,
+ *               GEMM, CONV, POOL, JOIN, SCAN, SORT, RANDOM, OPTIM, CELL
+ *               (an RNN cell's gates and state update, row by row),
  *               BACKWARD (an op that exists as the gradient of another, with
  *               a backward of its own so second derivatives work), or GRAPH
  *               (the output of a function nd.compile replays: its inputs are
@@ -177,6 +178,7 @@
     X(linear,              GEMM,     3, FLOAT,   NODE)                     \
     X(fused_linear,        GEMM,     3, FLOAT,   VIA)                      \
     X(attention,           GEMM,     4, FLOAT,   NODE)                     \
+    X(lstm_cell,           CELL,     3, FLOAT,   NODE)                     \
     X(conv2d,              CONV,     3, FLOAT,   NODE)                     \
     X(conv_transpose2d,    CONV,     3, FLOAT,   NODE)                     \
     X(fused_conv2d,        CONV,     3, FLOAT,   VIA)                      \

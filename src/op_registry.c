@@ -53,6 +53,7 @@ const char *nd_reduce_name(nd_reduce_op op) {
 #define KIND_OPTIM "optim"
 #define KIND_BACKWARD "backward"
 #define KIND_GRAPH "graph"
+#define KIND_CELL "cell"
 #define GRAD_NODE true
 #define GRAD_VIA true
 #define GRAD_NONE false

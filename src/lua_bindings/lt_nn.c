@@ -283,6 +283,17 @@ static int l_attention(lua_State *L) {
     return 1;
 }
 
+/* _lstm_cell(xw (B, 4H), hw (B, 4H) or nil, c (B, H)) -> (B, 2H) = [h | c']
+ * with the gates xw + hw (nn.LSTM's step) */
+static int l_lstm_cell(lua_State *L) {
+    const char *op = "lstm_cell";
+    nd_tensor *xw = lt_check(L, 1, op), *c = lt_check(L, 3, op), *r;
+    const nd_tensor *hw = lua_isnoneornil(L, 2) ? NULL : lt_check(L, 2, op);
+    LT_CHECK(L, nd_lstm_cell(xw, hw, c, &r));
+    lt_push(L, r);
+    return 1;
+}
+
 void lt_register_nn(lua_State *L) {
     static const lt_reg regs[] = {
         {"conv2d", l_conv2d, false, true},
@@ -296,6 +307,7 @@ void lt_register_nn(lua_State *L) {
         {"fused_linear", l_fused_linear, false, true},
         {"linear", l_linear, false, true},
         {"_attention", l_attention, false, true},
+        {"_lstm_cell", l_lstm_cell, false, true},
         {"fold_batch_norm", l_fold_batch_norm, false, true},
         {NULL, NULL, false, false},
     };

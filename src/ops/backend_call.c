@@ -403,6 +403,19 @@ nd_status nd_call_attention_backward(const nd_backend *be, const char *op, nd_te
     return FINISH(be->attention_backward(dq, dk, dv, g, q, k, v, mask, out, lse, keep, a));
 }
 
+nd_status nd_call_lstm_cell(const nd_backend *be, const char *op, nd_tensor *out,
+                            const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c) {
+    BEGIN(lstm_cell); W(out); R(xw); R(hw); R(c); DONE();
+    return FINISH(be->lstm_cell(out, xw, hw, c));
+}
+
+nd_status nd_call_lstm_cell_backward(const nd_backend *be, const char *op, nd_tensor *dgates,
+                                     nd_tensor *dc, const nd_tensor *g, const nd_tensor *xw,
+                                     const nd_tensor *hw, const nd_tensor *c, const nd_tensor *out) {
+    BEGIN(lstm_cell_backward); W(dgates); W(dc); R(g); R(xw); R(hw); R(c); R(out); DONE();
+    return FINISH(be->lstm_cell_backward(dgates, dc, g, xw, hw, c, out));
+}
+
 static size_t bytes_of(const nd_tensor *t) { return (size_t)nd_numel(t) * nd_dtype_size(t->dtype); }
 static size_t byte_offset(const nd_tensor *t) { return (size_t)t->offset * nd_dtype_size(t->dtype); }
 
@@ -553,6 +566,9 @@ nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
                            &a.offset);
         return be->attention(T(0), T(1), T(2), T(3), T(4), T(5), T(6), &a);
     }
+    case ND_CALL_lstm_cell: return be->lstm_cell(T(0), T(1), T(2), T(3));
+    case ND_CALL_lstm_cell_backward:
+        return be->lstm_cell_backward(T(0), T(1), T(2), T(3), T(4), T(5), T(6));
     case ND_CALL_attention_backward: {
         nd_attention_args a = attention_args_of_rec(r);
         return be->attention_backward(T(0), T(1), T(2), T(3), T(4), T(5), T(6), T(7), T(8), T(9), T(10),

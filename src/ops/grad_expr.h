@@ -16,7 +16,7 @@
 
 #include "autograd.h"
 
-#define ND_GX_MAX 32
+#define ND_GX_MAX 64 /* (the LSTM cell's composed backward takes about 40) */
 
 typedef struct {
     nd_tensor *tmp[ND_GX_MAX];

@@ -9,6 +9,7 @@
 -- product and the gate arithmetic.
 local error = require("needle.errors").error -- positions at the user's line
 local nd = require "needle"
+local core = require "needle.core"
 local Module = require "needle.nn.module"
 local init = require "needle.nn.initializers"
 
@@ -60,8 +61,19 @@ local function rnn_step(xw, h, w_hh, b_hh, relu)
   return relu and a:relu() or a:tanh()
 end
 
+-- The cell after its products as one kernel with one backward
+-- (core._lstm_cell, the sum xw + hw included: the composed ops' values and gradients, bit for bit on
+-- the CPU) for float32 and float64; h and c come back as the two halves of
+-- its (B, 2H) result. float16/bfloat16 compose the ops.
+local CELL_DTYPES = {float32 = true, float64 = true}
+
 local function lstm_step(xw, h, c, w_hh, b_hh, H)
-  local a = xw + linear(h, w_hh, b_hh)
+  local hw = linear(h, w_hh, b_hh)
+  if CELL_DTYPES[xw.dtype] and xw.dtype == hw.dtype and xw.dtype == c.dtype and xw:dim() == 2 then
+    local hc = core._lstm_cell(xw, hw, c)
+    return hc:narrow(2, 1, H), hc:narrow(2, H + 1, H)
+  end
+  local a = xw + hw
   local i = a:narrow(-1, 1, H):sigmoid()
   local f = a:narrow(-1, H + 1, H):sigmoid()
   local g = a:narrow(-1, 2 * H + 1, H):tanh()
@@ -125,6 +137,8 @@ local function make_cell(kind)
       h = h or nd.zeros({B, H}, {dtype = x.dtype, device = x.device})
       c = c or nd.zeros({B, H}, {dtype = x.dtype, device = x.device})
       h, c = lstm_step(xw, h, c, w_hh, b_hh, H)
+      -- (contiguous, as PyTorch's: the fused cell's are halves of one tensor)
+      h, c = h:contiguous(), c:contiguous()
       if unbatched then return h:squeeze(1), c:squeeze(1) end
       return h, c
     end

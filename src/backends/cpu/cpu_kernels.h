@@ -140,6 +140,12 @@ nd_status nd_cpu_attention_backward(nd_tensor *dq, nd_tensor *dk, nd_tensor *dv,
                                     const nd_tensor *mask, const nd_tensor *out,
                                     const nd_tensor *lse, const nd_tensor *keep,
                                     const nd_attention_args *a);
+/* cpu_rnn_cell.c */
+nd_status nd_cpu_lstm_cell(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw,
+                           const nd_tensor *c);
+nd_status nd_cpu_lstm_cell_backward(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *g,
+                                    const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c,
+                                    const nd_tensor *out);
 /* cpu_random.c: keep[i] = whether uniform i of the stream at (seed, offset),
  * drawn as rand() draws it in dtype dt (float64: 53 bits, else float32's
  * 24), is below `below` (rounded to that dtype); on the calling thread */

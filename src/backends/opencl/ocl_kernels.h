@@ -36,6 +36,11 @@ nd_status ocl_sort(nd_tensor *values, nd_tensor *indices, const nd_tensor *x, in
 /* ocl_norm.c: fused softmax, layer_norm, cross_entropy, batch_norm (kernels/norm.cl) */
 nd_status ocl_softmax(nd_tensor *out, const nd_tensor *x, int dim, bool log);
 nd_status ocl_layer_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, const nd_tensor *x, const nd_tensor *w, const nd_tensor *b, double eps);
+/* ocl_rnn.c */
+nd_status ocl_lstm_cell(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c);
+nd_status ocl_lstm_cell_backward(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *g,
+                                 const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c,
+                                 const nd_tensor *out);
 nd_status ocl_attention(nd_tensor *out, nd_tensor *lse, nd_tensor *keep, const nd_tensor *q,
                         const nd_tensor *k, const nd_tensor *v, const nd_tensor *mask,
                         const nd_attention_args *args);

@@ -1,0 +1,52 @@
+/* rnn.cl - the LSTM cell's gates and state update (backend.h's lstm_cell
+ * and lstm_cell_backward; the formulas are in ops/op_rnn_cell.c), one
+ * work-item per (row, unit). T is float or double; every operand is 2-D
+ * with unit-stride rows and the row stride given, offsets in elements. A
+ * gate is xw's plus hw's (has_hw) or xw's. The activations are the
+ * registry's sigmoid and tanh expressions. */
+
+inline T cell_sigmoid(T x) { return (T)1 / ((T)1 + exp(-x)); }
+
+/* gate k's pre-activation of row b, unit j */
+#define GATE(k) (xr[(k) * H + j] + (has_hw ? hr[(k) * H + j] : (T)0))
+
+__kernel void lstm_cell_fwd(long n, long H, __global const T *x, long xoff, long xs, int has_hw,
+                            __global const T *hw, long hoff, long hs,
+                            __global const T *c, long coff, long cs, __global T *out, long ooff,
+                            long os) {
+    long id = get_global_id(0);
+    if (id >= n) return;
+    long b = id / H, j = id - b * H;
+    __global const T *xr = x + xoff + b * xs, *hr = hw + hoff + b * hs;
+    T i = cell_sigmoid(GATE(0)), f = cell_sigmoid(GATE(1)), g = tanh(GATE(2));
+    T o = cell_sigmoid(GATE(3));
+    T c2 = f * c[coff + b * cs + j] + i * g;
+    __global T *orow = out + ooff + b * os;
+    orow[H + j] = c2;
+    orow[j] = o * tanh(c2);
+}
+
+__kernel void lstm_cell_bwd(long n, long H, __global const T *g, long goff, long gs,
+                            __global const T *x, long xoff, long xs, int has_hw,
+                            __global const T *hw, long hoff, long hs, __global const T *c,
+                            long coff, long cs, __global const T *out, long ooff, long os,
+                            int has_da, __global T *da, long daoff, long das, int has_dc,
+                            __global T *dc, long dcoff, long dcs) {
+    long id = get_global_id(0);
+    if (id >= n) return;
+    long b = id / H, j = id - b * H;
+    __global const T *xr = x + xoff + b * xs, *hr = hw + hoff + b * hs;
+    T i = cell_sigmoid(GATE(0)), f = cell_sigmoid(GATE(1)), gg = tanh(GATE(2));
+    T o = cell_sigmoid(GATE(3));
+    T tc = tanh(out[ooff + b * os + H + j]);
+    T dh = g[goff + b * gs + j], dcn = g[goff + b * gs + H + j];
+    T dc2 = dcn + (dh * o) * ((T)1 - tc * tc);
+    if (has_da) {
+        __global T *dr = da + daoff + b * das;
+        dr[j] = (dc2 * gg) * (i * ((T)1 - i));
+        dr[H + j] = (dc2 * c[coff + b * cs + j]) * (f * ((T)1 - f));
+        dr[2 * H + j] = (dc2 * i) * ((T)1 - gg * gg);
+        dr[3 * H + j] = (dh * tc) * (o * ((T)1 - o));
+    }
+    if (has_dc) dc[dcoff + b * dcs + j] = dc2 * f;
+}
