@@ -200,6 +200,11 @@ nd_status nd_as_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out);
  * left to the op's own checks.
  * nd_half_release releases cv[0..n). */
 nd_status nd_half_operands(int n, const nd_tensor *const *in, nd_tensor **cv, bool *any);
+
+/* t itself (a new reference) when its last dim is unit-stride, else a
+ * contiguous copy (op_copy.c): what kernels that walk rows need, without
+ * copying views that already are (split heads, a narrow of a state) */
+nd_status nd_unit_rows(const nd_tensor *t, nd_tensor **out);
 void nd_half_release(int n, nd_tensor **cv);
 /* An op's first lines for its operands x, w, b (any may be NULL but x):
  * when one is a half type, returns call - an expression written with HX,

@@ -51,17 +51,6 @@ static nd_status check_args(const char *op, const nd_tensor *q, const nd_tensor 
     return ND_OK;
 }
 
-/* t itself when its rows are unit-stride (split heads are such views of
- * the projections: copying them had cost a sixth of the kernel), else a
- * contiguous copy */
-static nd_status rows_unit(const nd_tensor *t, nd_tensor **out) {
-    if (t->strides[3] == 1 || t->shape[3] <= 1) {
-        nd_retain((nd_tensor *)t);
-        *out = (nd_tensor *)t;
-        return ND_OK;
-    }
-    return nd_contiguous(t, out);
-}
 
 /* the node's saved tensors: these five, then the mask and the keeps where
  * there are (their places in iparams[4] and [5], -1 for none) */
@@ -117,10 +106,10 @@ static nd_status bw_attention_fused(nd_node *n, nd_tensor *g, nd_tensor **grads)
     for (int i = 0; i < SAVED_FIXED && st == ND_OK; i++) st = nd_saved(n, i, &sv[i]);
     if (st == ND_OK) st = saved_opt(n, n->iparams[4], &mask);
     if (st == ND_OK) st = saved_opt(n, n->iparams[5], &keep);
-    if (st == ND_OK) st = rows_unit(sv[SAVED_Q], &qc);
-    if (st == ND_OK) st = rows_unit(sv[SAVED_K], &kc);
-    if (st == ND_OK) st = rows_unit(sv[SAVED_V], &vc);
-    if (st == ND_OK) st = rows_unit(g, &gc);
+    if (st == ND_OK) st = nd_unit_rows(sv[SAVED_Q], &qc);
+    if (st == ND_OK) st = nd_unit_rows(sv[SAVED_K], &kc);
+    if (st == ND_OK) st = nd_unit_rows(sv[SAVED_V], &vc);
+    if (st == ND_OK) st = nd_unit_rows(g, &gc);
     const nd_tensor *src[3] = {qc, kc, vc};
     for (int i = 0; i < 3 && st == ND_OK; i++)
         if (n->needs_grad[i]) st = empty_in_layout(src[i], &d[i]);
@@ -240,9 +229,9 @@ nd_status nd_attention(const nd_tensor *q, const nd_tensor *k, const nd_tensor *
     const bool grad_on = nd_set_grad_enabled(false);
     const bool wants = grad_on && (q->requires_grad || k->requires_grad || v->requires_grad);
     nd_tensor *qc = NULL, *kc = NULL, *vc = NULL, *o = NULL, *lse = NULL, *keep = NULL;
-    nd_status st = rows_unit(q, &qc);
-    if (st == ND_OK) st = rows_unit(k, &kc);
-    if (st == ND_OK) st = rows_unit(v, &vc);
+    nd_status st = nd_unit_rows(q, &qc);
+    if (st == ND_OK) st = nd_unit_rows(k, &kc);
+    if (st == ND_OK) st = nd_unit_rows(v, &vc);
     /* out (B1, B2, L, Ev) as a view of (B1, L, B2, Ev) memory: merging the
      * heads back, (N, H, L, D) -> (N, L, H * D), is then a view, not a copy
      * (PyTorch's fused kernels return this layout too) */

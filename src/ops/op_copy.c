@@ -91,6 +91,15 @@ nd_status nd_contiguous(const nd_tensor *t, nd_tensor **out) {
     ND_FORWARD_THEN_RECORD(contiguous_forward(t, out), nd_record_identity(ND_OP_contiguous, t, *out), out);
 }
 
+nd_status nd_unit_rows(const nd_tensor *t, nd_tensor **out) {
+    if (t->ndim == 0 || t->strides[t->ndim - 1] == 1 || t->shape[t->ndim - 1] <= 1) {
+        nd_retain((nd_tensor *)t);
+        *out = (nd_tensor *)t;
+        return ND_OK;
+    }
+    return nd_contiguous(t, out);
+}
+
 nd_status nd_clone(const nd_tensor *t, nd_tensor **out) {
     ND_FORWARD_THEN_RECORD(clone_forward(t, out), nd_record_identity(ND_OP_clone, t, *out), out);
 }

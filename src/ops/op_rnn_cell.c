@@ -47,16 +47,6 @@ static nd_status check_args(const nd_tensor *xw, const nd_tensor *hw, const nd_t
     return ND_OK;
 }
 
-/* t itself when its rows are unit-stride (c is a narrow of the last step's
- * [h | c']), else a contiguous copy */
-static nd_status rows_unit(const nd_tensor *t, nd_tensor **out) {
-    if (t->strides[1] == 1 || t->shape[1] <= 1) {
-        nd_retain((nd_tensor *)t);
-        *out = (nd_tensor *)t;
-        return ND_OK;
-    }
-    return nd_contiguous(t, out);
-}
 
 /* saved: xw, c, the output, then hw when there is one (iparams[0]) */
 enum { SAVED_XW, SAVED_C, SAVED_OUT, SAVED_HW };
@@ -69,10 +59,10 @@ static nd_status bw_lstm_cell_fused(nd_node *n, nd_tensor *g, nd_tensor **grads)
     if (st == ND_OK) st = nd_saved(n, SAVED_C, &c);
     if (st == ND_OK) st = nd_saved(n, SAVED_OUT, &out);
     if (st == ND_OK && has_hw) st = nd_saved(n, SAVED_HW, &hw);
-    if (st == ND_OK) st = rows_unit(xw, &xu);
-    if (st == ND_OK && hw) st = rows_unit(hw, &hu);
-    if (st == ND_OK) st = rows_unit(c, &cu);
-    if (st == ND_OK) st = rows_unit(g, &gc);
+    if (st == ND_OK) st = nd_unit_rows(xw, &xu);
+    if (st == ND_OK && hw) st = nd_unit_rows(hw, &hu);
+    if (st == ND_OK) st = nd_unit_rows(c, &cu);
+    if (st == ND_OK) st = nd_unit_rows(g, &gc);
     if (st == ND_OK && (n->needs_grad[0] || (has_hw && n->needs_grad[1])))
         st = nd_empty_on(nd_get_device(xw), xw->shape, 2, xw->dtype, &dgates);
     if (st == ND_OK && n->needs_grad[2]) st = nd_empty_on(nd_get_device(c), c->shape, 2, c->dtype, &dc);
@@ -152,9 +142,9 @@ nd_status nd_lstm_cell(const nd_tensor *xw, const nd_tensor *hw, const nd_tensor
     const bool grad_on = nd_set_grad_enabled(false);
     const int64_t shape[2] = {c->shape[0], 2 * c->shape[1]};
     nd_tensor *xu = NULL, *hu = NULL, *cu = NULL, *o = NULL;
-    nd_status st = rows_unit(xw, &xu);
-    if (st == ND_OK && hw) st = rows_unit(hw, &hu);
-    if (st == ND_OK) st = rows_unit(c, &cu);
+    nd_status st = nd_unit_rows(xw, &xu);
+    if (st == ND_OK && hw) st = nd_unit_rows(hw, &hu);
+    if (st == ND_OK) st = nd_unit_rows(c, &cu);
     if (st == ND_OK) st = nd_empty_on(nd_get_device(c), shape, 2, c->dtype, &o);
     if (st == ND_OK) st = ND_BACKEND_CALL(nd_backend_of(c), lstm_cell, OP, o, xu, hu, cu);
     nd_release(xu), nd_release(hu), nd_release(cu);

@@ -7,8 +7,10 @@
 
 inline T cell_sigmoid(T x) { return (T)1 / ((T)1 + exp(-x)); }
 
-/* gate k's pre-activation of row b, unit j */
-#define GATE(k) (xr[(k) * H + j] + (has_hw ? hr[(k) * H + j] : (T)0))
+/* gate k's pre-activation of unit j: xw's, plus hw's when there is one */
+inline T gate(__global const T *xr, __global const T *hr, int has_hw, long H, long j, int k) {
+    return has_hw ? xr[k * H + j] + hr[k * H + j] : xr[k * H + j];
+}
 
 __kernel void lstm_cell_fwd(long n, long H, __global const T *x, long xoff, long xs, int has_hw,
                             __global const T *hw, long hoff, long hs,
@@ -18,8 +20,8 @@ __kernel void lstm_cell_fwd(long n, long H, __global const T *x, long xoff, long
     if (id >= n) return;
     long b = id / H, j = id - b * H;
     __global const T *xr = x + xoff + b * xs, *hr = hw + hoff + b * hs;
-    T i = cell_sigmoid(GATE(0)), f = cell_sigmoid(GATE(1)), g = tanh(GATE(2));
-    T o = cell_sigmoid(GATE(3));
+    T i = cell_sigmoid(gate(xr, hr, has_hw, H, j, 0)), f = cell_sigmoid(gate(xr, hr, has_hw, H, j, 1));
+    T g = tanh(gate(xr, hr, has_hw, H, j, 2)), o = cell_sigmoid(gate(xr, hr, has_hw, H, j, 3));
     T c2 = f * c[coff + b * cs + j] + i * g;
     __global T *orow = out + ooff + b * os;
     orow[H + j] = c2;
@@ -36,8 +38,8 @@ __kernel void lstm_cell_bwd(long n, long H, __global const T *g, long goff, long
     if (id >= n) return;
     long b = id / H, j = id - b * H;
     __global const T *xr = x + xoff + b * xs, *hr = hw + hoff + b * hs;
-    T i = cell_sigmoid(GATE(0)), f = cell_sigmoid(GATE(1)), gg = tanh(GATE(2));
-    T o = cell_sigmoid(GATE(3));
+    T i = cell_sigmoid(gate(xr, hr, has_hw, H, j, 0)), f = cell_sigmoid(gate(xr, hr, has_hw, H, j, 1));
+    T gg = tanh(gate(xr, hr, has_hw, H, j, 2)), o = cell_sigmoid(gate(xr, hr, has_hw, H, j, 3));
     T tc = tanh(out[ooff + b * os + H + j]);
     T dh = g[goff + b * gs + j], dcn = g[goff + b * gs + H + j];
     T dc2 = dcn + (dh * o) * ((T)1 - tc * tc);
