@@ -372,6 +372,12 @@ case("lstm_cell (xw + hw, xw alone, c as the right half of [h | c'], strided row
     local core = require "needle.core"
     return core._lstm_cell(a, hw, hc:narrow(2, 4, 3)), core._lstm_cell(at:t(), nil, hc:narrow(2, 1, 3))
   end)
+case("gru_cell (strided rows)", function()
+  return {randn({3, 9}) * 2, randn({3, 9}), randn({3, 6}), randn({9, 3}) * 2} end,
+  function(xw, hw, hh, xt)
+    local core = require "needle.core"
+    return core._gru_cell(xw, hw, hh:narrow(2, 4, 3)), core._gru_cell(xt:t(), hw, hh:narrow(2, 1, 3))
+  end)
 case("layer_norm (last dim, weight and bias)", function() return {randn({4, 6}) * 3 + 1, randn({6}), randn({6})} end,
   function(x, w, b) return F.layer_norm(x, 6, w, b) end, {rtol = 1e-5, atol = 2e-5})
 case("layer_norm (last two dims, no affine, eps 1e-3)", function() return {randn({2, 3, 4, 5})} end,

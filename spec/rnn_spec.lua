@@ -174,6 +174,23 @@ describe("recurrent modules against PyTorch", function()
   end)
 end)
 
+-- module m's output and parameter gradients over x, with core[entry] (the
+-- fused cell) or, when replacement is given, that function in its place;
+-- last_state(state) picks the final state the loss also sums
+local function train_with_cell(m, x, entry, replacement, last_state)
+  local core = require "needle.core"
+  for _, p in ipairs(m:parameters()) do p.grad = nil end
+  local saved = core[entry]
+  core[entry] = replacement or saved
+  local ok, out, state = pcall(m, x)
+  core[entry] = saved
+  assert(ok, out)
+  ;((out * out):sum() + last_state(state):sum()):backward()
+  local gs = {}
+  for i, p in ipairs(m:parameters()) do gs[i] = p.grad:clone() end
+  return out, gs
+end
+
 describe("the fused LSTM cell (core._lstm_cell, nn.LSTM's step)", function()
   local core = require "needle.core"
   local C = G.bind(assert)
@@ -197,7 +214,6 @@ describe("the fused LSTM cell (core._lstm_cell, nn.LSTM's step)", function()
     C.check(function(a, hc) return core._lstm_cell(a:t(), nil, hc:narrow(2, 3, 2)) end,
             {G.leaf({8, 3}, -2, 2), G.leaf({3, 4})})
     C.check2(cell, {G.leaf({2, 8}, -2, 2), G.leaf({2, 8}), G.leaf({2, 2})})
-    G.assert_covers(assert, "rnn_spec.lua")
   end)
 
   it("computes the composed ops' values and gradients bit for bit on the CPU (float32, float64)", function()
@@ -234,24 +250,13 @@ describe("the fused LSTM cell (core._lstm_cell, nn.LSTM's step)", function()
     nd.manual_seed(93)
     local m = nn.LSTM(5, 12, {num_layers = 2})
     local x = nd.randn({7, 3, 5})
-    local function run(cell_fn)
-      for _, p in ipairs(m:parameters()) do p.grad = nil end
-      local saved = core._lstm_cell
-      core._lstm_cell = cell_fn or saved
-      local ok, out, hc = pcall(m, x)
-      core._lstm_cell = saved
-      assert(ok, out)
-      ;((out * out):sum() + hc[2]:sum()):backward()
-      local gs = {}
-      for i, p in ipairs(m:parameters()) do gs[i] = p.grad:clone() end
-      return out, gs
-    end
-    local out1, g1 = run()
+    local function c_n(hc) return hc[2] end
+    local out1, g1 = train_with_cell(m, x, "_lstm_cell", nil, c_n)
     -- the composed cell in its place, through the same entry
-    local out2, g2 = run(function(xw, hw, c)
+    local out2, g2 = train_with_cell(m, x, "_lstm_cell", function(xw, hw, c)
       local h, c2 = composed(xw + hw, c, 12)
       return nd.cat({h, c2}, 2)
-    end)
+    end, c_n)
     assert.are.equal(0, max_diff(out1, out2))
     for i = 1, #g1 do assert.are.equal(0, max_diff(g1[i], g2[i]), "parameter " .. i) end
   end)
@@ -278,5 +283,75 @@ describe("the fused LSTM cell (core._lstm_cell, nn.LSTM's step)", function()
       1, true))
     assert.truthy(err(nd.randn({2, 8}):half(), nd.randn({2, 8}):half(), nd.randn({2, 2}):half()):find(
       "got float16, float16 and float16", 1, true))
+  end)
+end)
+
+describe("the fused GRU cell (core._gru_cell, nn.GRU's step)", function()
+  local core = require "needle.core"
+  local C = G.bind(assert)
+  local function composed(xw, hw, h, H)
+    local r = (xw:narrow(-1, 1, H) + hw:narrow(-1, 1, H)):sigmoid()
+    local z = (xw:narrow(-1, H + 1, H) + hw:narrow(-1, H + 1, H)):sigmoid()
+    local n = (xw:narrow(-1, 2 * H + 1, H) + r * hw:narrow(-1, 2 * H + 1, H)):tanh()
+    return (1 - z) * n + z * h
+  end
+  local function max_diff(a, b) return (a:to("cpu"):double() - b:to("cpu"):double()):abs():max():item() end
+
+  it("float64 gradients by finite differences, and gradients of gradients (create_graph)", function()
+    nd.manual_seed(94)
+    local function cell(xw, hw, h) return core._gru_cell(xw, hw, h) end
+    C.check(cell, {G.leaf({3, 6}, -2, 2), G.leaf({3, 6}, -2, 2), G.leaf({3, 2})})
+    -- strided rows: products transposed in memory, h a narrow of a wider tensor
+    C.check(function(xt, hw, hh) return core._gru_cell(xt:t(), hw, hh:narrow(2, 2, 2)) end,
+            {G.leaf({6, 3}, -2, 2), G.leaf({3, 6}), G.leaf({3, 4})})
+    C.check2(cell, {G.leaf({2, 6}, -2, 2), G.leaf({2, 6}), G.leaf({2, 2})})
+    G.assert_covers(assert, "rnn_spec.lua") -- (lstm_cell's ran in the describe above)
+  end)
+
+  it("computes the composed ops' values and gradients bit for bit on the CPU (float32, float64)", function()
+    for _, dt in ipairs({"float32", "float64"}) do
+      nd.manual_seed(95)
+      local B, H = 5, 37
+      local xw, hw = nd.randn({B, 3 * H}, {dtype = dt}) * 2, nd.randn({B, 3 * H}, {dtype = dt}) * 2
+      local h = nd.randn({B, H}, {dtype = dt})
+      xw.requires_grad, hw.requires_grad, h.requires_grad = true, true, true
+      local w = nd.randn({B, H}, {dtype = dt})
+      local o1 = core._gru_cell(xw, hw, h)
+      local g1 = nd.grad((o1 * w):sum(), {xw, hw, h})
+      local o2 = composed(xw, hw, h, H)
+      local g2 = nd.grad((o2 * w):sum(), {xw, hw, h})
+      assert.are.equal(0, max_diff(o1, o2), dt .. " h'")
+      for j, what in ipairs({"xw", "hw", "h"}) do
+        assert.are.equal(0, max_diff(g1[j], g2[j]), dt .. " " .. what .. "'s gradient")
+      end
+      -- only h wanting grad
+      local gh = nd.grad((core._gru_cell(xw:detach(), hw:detach(), h) * w):sum(), {h})[1]
+      local gc = nd.grad((composed(xw:detach(), hw:detach(), h, H) * w):sum(), {h})[1]
+      assert.are.equal(0, max_diff(gh, gc), dt .. " h alone")
+    end
+  end)
+
+  it("nn.GRU trains as with the composed cell: a 2-layer step's outputs and every gradient", function()
+    nd.manual_seed(96)
+    local m = nn.GRU(5, 12, {num_layers = 2})
+    local x = nd.randn({7, 3, 5})
+    local function h_n(h) return h end
+    local out1, g1 = train_with_cell(m, x, "_gru_cell", nil, h_n)
+    local out2, g2 = train_with_cell(m, x, "_gru_cell", function(xw, hw, h) return composed(xw, hw, h, 12) end, h_n)
+    assert.are.equal(0, max_diff(out1, out2))
+    for i = 1, #g1 do assert.are.equal(0, max_diff(g1[i], g2[i]), "parameter " .. i) end
+  end)
+
+  it("checks its arguments", function()
+    local function err(...)
+      local ok, e = pcall(core._gru_cell, ...)
+      assert.is_false(ok)
+      return e
+    end
+    assert.truthy(err(nd.randn({2, 6}), nd.randn({2, 6}), nd.randn({2, 3})):find(
+      "gru_cell: expected the input's and the state's products (B, 3H) and h (B, H), got {2,6}, {2,6} and h {2,3}",
+      1, true))
+    assert.truthy(err(nd.randn({2, 6}), nd.randn({2, 6}):double(), nd.randn({2, 2})):find(
+      "gru_cell: expected float32 or float64 products and h of one dtype, got float32, float64 and float32", 1, true))
   end)
 end)

@@ -402,6 +402,18 @@ typedef struct nd_backend {
     nd_status (*lstm_cell_backward)(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *g,
                                     const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c,
                                     const nd_tensor *out);
+    /* The GRU cell after its products: xw, hw (B, 3H) the input's and the
+     * state's products in PyTorch's order (reset, update, new), h (B, H)
+     * -> out (B, H) = (1 - z) n + z h with r = sigmoid(xw_r + hw_r), z =
+     * sigmoid(xw_z + hw_z), n = tanh(xw_n + r hw_n). Operands 2-D with
+     * unit-stride rows; out dense; the composed ops' values. NULL: nn.GRU
+     * composes the ops. */
+    nd_status (*gru_cell)(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw,
+                          const nd_tensor *h);
+    /* Its gradients from g (B, H): dxw, dhw (B, 3H) and dh (B, H), each
+     * NULL when not wanted, as the composed ops' backward computes them. */
+    nd_status (*gru_cell_backward)(nd_tensor *dxw, nd_tensor *dhw, nd_tensor *dh, const nd_tensor *g,
+                                   const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
     /* A (query; nd.compile's join pass): A > 0 when linear_fused in dtype dt
      * computes each output element the same way whatever the output's width
      * and the element's column, as long as the widths and column offsets are

@@ -474,6 +474,12 @@ nd_status nd_attention(const nd_tensor *q, const nd_tensor *k, const nd_tensor *
  * float64, the values and gradients of the composed ops. Errors are named
  * "lstm_cell". */
 nd_status nd_lstm_cell(const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c, nd_tensor **out);
+/* nn.GRU's cell after its products, one kernel forward and one backward:
+ * xw, hw (B, 3H) the input's and the state's products (reset, update, new:
+ * PyTorch's order), h (B, H) -> (1 - z) n + z h (B, H) with r, z = sigmoid
+ * of the sums, n = tanh(xw_n + r hw_n); float32 or float64, the values and
+ * gradients of the composed ops. Errors are named "gru_cell". */
+nd_status nd_gru_cell(const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h, nd_tensor **out);
 /* as nd_conv2d, then act */
 nd_status nd_fused_conv2d(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
                           const int64_t *stride, const int64_t *padding, const int64_t *dilation,

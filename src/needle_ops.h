@@ -179,6 +179,7 @@
     X(fused_linear,        GEMM,     3, FLOAT,   VIA)                      \
     X(attention,           GEMM,     4, FLOAT,   NODE)                     \
     X(lstm_cell,           CELL,     3, FLOAT,   NODE)                     \
+    X(gru_cell,            CELL,     3, FLOAT,   NODE)                     \
     X(conv2d,              CONV,     3, FLOAT,   NODE)                     \
     X(conv_transpose2d,    CONV,     3, FLOAT,   NODE)                     \
     X(fused_conv2d,        CONV,     3, FLOAT,   VIA)                      \

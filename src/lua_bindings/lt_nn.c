@@ -294,6 +294,15 @@ static int l_lstm_cell(lua_State *L) {
     return 1;
 }
 
+/* _gru_cell(xw (B, 3H), hw (B, 3H), h (B, H)) -> h' (B, H) (nn.GRU's step) */
+static int l_gru_cell(lua_State *L) {
+    const char *op = "gru_cell";
+    nd_tensor *xw = lt_check(L, 1, op), *hw = lt_check(L, 2, op), *h = lt_check(L, 3, op), *r;
+    LT_CHECK(L, nd_gru_cell(xw, hw, h, &r));
+    lt_push(L, r);
+    return 1;
+}
+
 void lt_register_nn(lua_State *L) {
     static const lt_reg regs[] = {
         {"conv2d", l_conv2d, false, true},
@@ -308,6 +317,7 @@ void lt_register_nn(lua_State *L) {
         {"linear", l_linear, false, true},
         {"_attention", l_attention, false, true},
         {"_lstm_cell", l_lstm_cell, false, true},
+        {"_gru_cell", l_gru_cell, false, true},
         {"fold_batch_norm", l_fold_batch_norm, false, true},
         {NULL, NULL, false, false},
     };

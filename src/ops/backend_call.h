@@ -28,7 +28,7 @@
     X(conv2d_fused) X(conv2d_backward) X(linear_fused) X(write) X(read) X(host_check) \
     X(conv2d_prepack) X(conv2d_fused_packed) X(conv2d_depthwise) X(conv2d_depthwise_backward) \
     X(fused_elementwise) X(matmul_acc) X(reduce_sum_acc) X(attention) X(fused_rows) \
-    X(attention_backward) X(lstm_cell) X(lstm_cell_backward)
+    X(attention_backward) X(lstm_cell) X(lstm_cell_backward) X(gru_cell) X(gru_cell_backward)
 
 typedef enum {
 #define ND_CALL_ENUM_(name) ND_CALL_##name,
@@ -161,6 +161,11 @@ nd_status nd_call_lstm_cell(const nd_backend *be, const char *op, nd_tensor *out
 nd_status nd_call_lstm_cell_backward(const nd_backend *be, const char *op, nd_tensor *dgates,
                                      nd_tensor *dc, const nd_tensor *g, const nd_tensor *xw,
                                      const nd_tensor *hw, const nd_tensor *c, const nd_tensor *out);
+nd_status nd_call_gru_cell(const nd_backend *be, const char *op, nd_tensor *out,
+                           const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
+nd_status nd_call_gru_cell_backward(const nd_backend *be, const char *op, nd_tensor *dxw,
+                                    nd_tensor *dhw, nd_tensor *dh, const nd_tensor *g,
+                                    const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
 nd_status nd_call_attention_backward(const nd_backend *be, const char *op, nd_tensor *dq,
                                      nd_tensor *dk, nd_tensor *dv, const nd_tensor *g,
                                      const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,

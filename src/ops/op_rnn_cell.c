@@ -1,5 +1,5 @@
-/* op_rnn_cell.c - nn.LSTM's cell after its products as one backend kernel
- * (backend.h's lstm_cell), with a backward of one kernel.
+/* op_rnn_cell.c - nn.LSTM's and nn.GRU's cells after their products as one backend kernel each
+ * (backend.h's lstm_cell and gru_cell), each with a backward of one kernel.
  *
  * Composed, a step of the cell is about a dozen elementwise ops forward
  * (the sum of the input's and the state's products, four narrows of the
@@ -160,6 +160,118 @@ nd_status nd_lstm_cell(const nd_tensor *xw, const nd_tensor *hw, const nd_tensor
             if (st == ND_OK) st = nd_save(n, o, true);    /* SAVED_OUT */
             if (st == ND_OK && hw) st = nd_save(n, hw, false); /* SAVED_HW */
         }
+    }
+    if (st != ND_OK) {
+        nd_release(o);
+        return st;
+    }
+    *out = o;
+    return ND_OK;
+}
+
+/* ---------------------------------------------------------------- GRU
+ *
+ *   r = sigmoid(xw_r + hw_r), z = sigmoid(xw_z + hw_z)
+ *   n = tanh(xw_n + r * hw_n),  h' = (1 - z) * n + z * h
+ *
+ * and from g = dh':
+ *   dn = g * (1 - z), dz = g * h - g * n (as the sum of -(g n) and g h)
+ *   dpn = dn * (1 - n n), dpz = dz * (z (1 - z)), dpr = (dpn * hw_n) * (r (1 - r))
+ *   dxw = [dpr, dpz, dpn], dhw = [dpr, dpz, dpn * r], dh = g * z */
+
+static const char *GRU = "gru_cell";
+
+static nd_status gru_check_args(const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h) {
+    char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF], b3[ND_SHAPE_BUF];
+    if (xw->ndim != 2 || hw->ndim != 2 || h->ndim != 2 || xw->shape[0] != h->shape[0] ||
+        hw->shape[0] != h->shape[0] || xw->shape[1] != 3 * h->shape[1] || hw->shape[1] != xw->shape[1])
+        return nd_fail(ND_ERR_SHAPE, "%s: expected the input's and the state's products (B, 3H) and h (B, H), "
+                       "got %s, %s and h %s", GRU, nd_shape_str(xw->shape, xw->ndim, b1),
+                       nd_shape_str(hw->shape, hw->ndim, b2), nd_shape_str(h->shape, h->ndim, b3));
+    ND_TRY(nd_check_same_device(GRU, xw, h));
+    ND_TRY(nd_check_same_device(GRU, hw, h));
+    if (xw->dtype != h->dtype || hw->dtype != h->dtype || (h->dtype != ND_FLOAT32 && h->dtype != ND_FLOAT64))
+        return nd_fail(ND_ERR_DTYPE, "%s: expected float32 or float64 products and h of one dtype, got %s, %s "
+                       "and %s", GRU, nd_dtype_name(xw->dtype), nd_dtype_name(hw->dtype), nd_dtype_name(h->dtype));
+    return ND_OK;
+}
+
+enum { GRU_SAVED_XW, GRU_SAVED_HW, GRU_SAVED_H };
+
+static nd_status bw_gru_cell_fused(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    nd_tensor *sv[3] = {0}, *un[3] = {0}, *gc = NULL, *d[3] = {0};
+    nd_status st = ND_OK;
+    for (int k = 0; k < 3 && st == ND_OK; k++) st = nd_saved(n, k, &sv[k]);
+    for (int k = 0; k < 3 && st == ND_OK; k++) st = nd_unit_rows(sv[k], &un[k]);
+    if (st == ND_OK) st = nd_unit_rows(g, &gc);
+    for (int k = 0; k < 3 && st == ND_OK; k++)
+        if (n->needs_grad[k]) st = nd_empty_on(nd_get_device(sv[k]), sv[k]->shape, 2, sv[k]->dtype, &d[k]);
+    if (st == ND_OK)
+        st = ND_BACKEND_CALL(nd_backend_of(sv[0]), gru_cell_backward, GRU, d[0], d[1], d[2], gc, un[0], un[1],
+                             un[2]);
+    for (int k = 0; k < 3; k++) nd_release(sv[k]), nd_release(un[k]);
+    nd_release(gc);
+    if (st != ND_OK) {
+        for (int k = 0; k < 3; k++) nd_release(d[k]);
+        return st;
+    }
+    for (int k = 0; k < 3; k++) grads[k] = d[k];
+    return ND_OK;
+}
+
+/* create_graph: the formulas above from differentiable ops */
+static nd_status bw_gru_cell_composed(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    nd_gx x = {0};
+    nd_tensor *xw = gx_saved(&x, n, GRU_SAVED_XW), *hw = gx_saved(&x, n, GRU_SAVED_HW);
+    nd_tensor *h = gx_saved(&x, n, GRU_SAVED_H);
+    const int64_t H = h ? h->shape[1] : 0;
+    nd_tensor *hn = gx_narrow(&x, hw, 2 * H, H);
+    nd_tensor *r = gx_un(&x, ND_UNARY_sigmoid, gx_bin(&x, ND_BINARY_add, gx_narrow(&x, xw, 0, H), gx_narrow(&x, hw, 0, H)));
+    nd_tensor *z = gx_un(&x, ND_UNARY_sigmoid, gx_bin(&x, ND_BINARY_add, gx_narrow(&x, xw, H, H), gx_narrow(&x, hw, H, H)));
+    nd_tensor *nn = gx_un(&x, ND_UNARY_tanh, gx_bin(&x, ND_BINARY_add, gx_narrow(&x, xw, 2 * H, H),
+                                                    gx_bin(&x, ND_BINARY_mul, r, hn)));
+    nd_tensor *dn = gx_bin(&x, ND_BINARY_mul, g, gx_sc(&x, ND_BINARY_sub, z, 1, 1));
+    nd_tensor *dz = gx_bin(&x, ND_BINARY_sub, gx_bin(&x, ND_BINARY_mul, g, h), gx_bin(&x, ND_BINARY_mul, g, nn));
+    nd_tensor *dpn = gx_bin(&x, ND_BINARY_mul, dn, gx_sc(&x, ND_BINARY_sub, gx_bin(&x, ND_BINARY_mul, nn, nn), 1, 1));
+    nd_tensor *dpz = gx_bin(&x, ND_BINARY_mul, dz, gx_bin(&x, ND_BINARY_mul, z, gx_sc(&x, ND_BINARY_sub, z, 1, 1)));
+    nd_tensor *dpr = gx_bin(&x, ND_BINARY_mul, gx_bin(&x, ND_BINARY_mul, dpn, hn),
+                            gx_bin(&x, ND_BINARY_mul, r, gx_sc(&x, ND_BINARY_sub, r, 1, 1)));
+    if (n->needs_grad[0] && x.st == ND_OK) {
+        nd_tensor *parts[3] = {dpr, dpz, dpn}, *dx = NULL;
+        dx = gx_own(&x, nd_cat(parts, 3, 1, &dx), &dx);
+        grads[0] = gx_out(&x, dx);
+    }
+    if (n->needs_grad[1] && x.st == ND_OK) {
+        nd_tensor *parts[3] = {dpr, dpz, gx_bin(&x, ND_BINARY_mul, dpn, r)}, *dh = NULL;
+        if (x.st == ND_OK) dh = gx_own(&x, nd_cat(parts, 3, 1, &dh), &dh);
+        grads[1] = gx_out(&x, dh);
+    }
+    if (n->needs_grad[2]) grads[2] = gx_out(&x, gx_bin(&x, ND_BINARY_mul, g, z));
+    return gx_end(&x);
+}
+
+static nd_status bw_gru_cell(nd_node *n, nd_tensor *g, nd_tensor **grads) {
+    if (nd_grad_enabled() || !nd_backend_of(g)->gru_cell_backward) return bw_gru_cell_composed(n, g, grads);
+    return bw_gru_cell_fused(n, g, grads);
+}
+
+nd_status nd_gru_cell(const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h, nd_tensor **out) {
+    *out = NULL;
+    ND_TRY(gru_check_args(xw, hw, h));
+    const bool grad_on = nd_set_grad_enabled(false);
+    nd_tensor *xu = NULL, *hu = NULL, *su = NULL, *o = NULL;
+    nd_status st = nd_unit_rows(xw, &xu);
+    if (st == ND_OK) st = nd_unit_rows(hw, &hu);
+    if (st == ND_OK) st = nd_unit_rows(h, &su);
+    if (st == ND_OK) st = nd_empty_on(nd_get_device(h), h->shape, 2, h->dtype, &o);
+    if (st == ND_OK) st = ND_BACKEND_CALL(nd_backend_of(h), gru_cell, GRU, o, xu, hu, su);
+    nd_release(xu), nd_release(hu), nd_release(su);
+    nd_set_grad_enabled(grad_on);
+    if (st == ND_OK && grad_on && (xw->requires_grad || hw->requires_grad || h->requires_grad)) {
+        nd_node *n = NULL;
+        const nd_tensor *in[3] = {xw, hw, h};
+        st = nd_record(ND_OP_gru_cell, bw_gru_cell, o, 3, in, &n);
+        for (int k = 0; k < 3 && st == ND_OK && n; k++) st = nd_save(n, in[k], false); /* GRU_SAVED_* */
     }
     if (st != ND_OK) {
         nd_release(o);

@@ -84,6 +84,9 @@ end
 
 local function gru_step(xw, h, w_hh, b_hh, H)
   local hw = linear(h, w_hh, b_hh)
+  if CELL_DTYPES[xw.dtype] and xw.dtype == hw.dtype and xw.dtype == h.dtype and xw:dim() == 2 then
+    return core._gru_cell(xw, hw, h) -- (one kernel, as the LSTM's)
+  end
   local r = (xw:narrow(-1, 1, H) + hw:narrow(-1, 1, H)):sigmoid()
   local z = (xw:narrow(-1, H + 1, H) + hw:narrow(-1, H + 1, H)):sigmoid()
   local n = (xw:narrow(-1, 2 * H + 1, H) + r * hw:narrow(-1, 2 * H + 1, H)):tanh()

@@ -37,6 +37,9 @@ nd_status ocl_sort(nd_tensor *values, nd_tensor *indices, const nd_tensor *x, in
 nd_status ocl_softmax(nd_tensor *out, const nd_tensor *x, int dim, bool log);
 nd_status ocl_layer_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, const nd_tensor *x, const nd_tensor *w, const nd_tensor *b, double eps);
 /* ocl_rnn.c */
+nd_status ocl_gru_cell(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
+nd_status ocl_gru_cell_backward(nd_tensor *dxw, nd_tensor *dhw, nd_tensor *dh, const nd_tensor *g,
+                                const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
 nd_status ocl_lstm_cell(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c);
 nd_status ocl_lstm_cell_backward(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *g,
                                  const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c,

@@ -12,10 +12,9 @@ inline T gate(__global const T *xr, __global const T *hr, int has_hw, long H, lo
     return has_hw ? xr[k * H + j] + hr[k * H + j] : xr[k * H + j];
 }
 
-__kernel void lstm_cell_fwd(long n, long H, __global const T *x, long xoff, long xs, int has_hw,
-                            __global const T *hw, long hoff, long hs,
+__kernel void lstm_cell_fwd(long n, long H, __global const T *x, long xoff, long xs,
                             __global const T *c, long coff, long cs, __global T *out, long ooff,
-                            long os) {
+                            long os, int has_hw, __global const T *hw, long hoff, long hs) {
     long id = get_global_id(0);
     if (id >= n) return;
     long b = id / H, j = id - b * H;
@@ -29,9 +28,9 @@ __kernel void lstm_cell_fwd(long n, long H, __global const T *x, long xoff, long
 }
 
 __kernel void lstm_cell_bwd(long n, long H, __global const T *g, long goff, long gs,
-                            __global const T *x, long xoff, long xs, int has_hw,
-                            __global const T *hw, long hoff, long hs, __global const T *c,
+                            __global const T *x, long xoff, long xs, __global const T *c,
                             long coff, long cs, __global const T *out, long ooff, long os,
+                            int has_hw, __global const T *hw, long hoff, long hs,
                             int has_da, __global T *da, long daoff, long das, int has_dc,
                             __global T *dc, long dcoff, long dcs) {
     long id = get_global_id(0);
@@ -51,4 +50,48 @@ __kernel void lstm_cell_bwd(long n, long H, __global const T *g, long goff, long
         dr[3 * H + j] = (dh * tc) * (o * ((T)1 - o));
     }
     if (has_dc) dc[dcoff + b * dcs + j] = dc2 * f;
+}
+
+/* the GRU cell: r, z, n of unit j of a row */
+inline void gru_act(__global const T *xr, __global const T *hr, long H, long j, T *r, T *z, T *n) {
+    *r = cell_sigmoid(xr[j] + hr[j]);
+    *z = cell_sigmoid(xr[H + j] + hr[H + j]);
+    *n = tanh(xr[2 * H + j] + *r * hr[2 * H + j]);
+}
+
+__kernel void gru_cell_fwd(long n, long H, __global const T *x, long xoff, long xs,
+                           __global const T *hw, long hoff, long hs, __global const T *h, long soff,
+                           long ss, __global T *out, long ooff, long os) {
+    long id = get_global_id(0);
+    if (id >= n) return;
+    long b = id / H, j = id - b * H;
+    T r, z, nn;
+    gru_act(x + xoff + b * xs, hw + hoff + b * hs, H, j, &r, &z, &nn);
+    out[ooff + b * os + j] = ((T)1 - z) * nn + z * h[soff + b * ss + j];
+}
+
+__kernel void gru_cell_bwd(long n, long H, __global const T *g, long goff, long gs,
+                           __global const T *x, long xoff, long xs, __global const T *hw, long hoff,
+                           long hs, __global const T *h, long soff, long ss, int has_dx,
+                           __global T *dx, long dxoff, long dxs, int has_dhw, __global T *dhw,
+                           long dhoff, long dhs, int has_dh, __global T *dh, long dsoff, long dss) {
+    long id = get_global_id(0);
+    if (id >= n) return;
+    long b = id / H, j = id - b * H;
+    __global const T *hr = hw + hoff + b * hs;
+    T r, z, nn;
+    gru_act(x + xoff + b * xs, hr, H, j, &r, &z, &nn);
+    T gv = g[goff + b * gs + j], hv = h[soff + b * ss + j];
+    T dn = gv * ((T)1 - z), dz = gv * hv - gv * nn;
+    T dpn = dn * ((T)1 - nn * nn), dpz = dz * (z * ((T)1 - z));
+    T dpr = (dpn * hr[2 * H + j]) * (r * ((T)1 - r));
+    if (has_dx) {
+        __global T *d = dx + dxoff + b * dxs;
+        d[j] = dpr, d[H + j] = dpz, d[2 * H + j] = dpn;
+    }
+    if (has_dhw) {
+        __global T *d = dhw + dhoff + b * dhs;
+        d[j] = dpr, d[H + j] = dpz, d[2 * H + j] = dpn * r;
+    }
+    if (has_dh) dh[dsoff + b * dss + j] = gv * z;
 }
