@@ -239,6 +239,12 @@ describe("the fused LSTM cell (core._lstm_cell, nn.LSTM's step)", function()
       local ga = nd.grad((core._lstm_cell(a, nil, c:detach()):narrow(2, 1, H) * wh):sum(), {a})[1]
       local gb = nd.grad((composed(a, c:detach(), H) * wh):sum(), {a})[1]
       assert.are.equal(0, max_diff(ga, gb), dt .. " h alone")
+      -- saturated gates (zero gradients, whose sign the composed ops leave to how the engine
+      -- put the slices together: docs/nn-sequence.md)
+      local sat = nd.grad((core._lstm_cell(a * 40, nil, c):narrow(2, 1, H) * wh):sum(), {a})[1]
+      local sat2 = nd.grad((composed(a * 40, c, H) * wh):sum(), {a})[1]
+      assert.are.equal(0, max_diff(sat, sat2))
+      assert.is_true(sat:eq(0):sum():item() > 0, "saturated")
       -- only hw wanting grad
       local gh = nd.grad((core._lstm_cell(a:detach(), hw, c:detach()):sum()), {hw})[1]
       local h3, c3 = composed(a:detach() + hw, c:detach(), H)
@@ -261,10 +267,20 @@ describe("the fused LSTM cell (core._lstm_cell, nn.LSTM's step)", function()
     for i = 1, #g1 do assert.are.equal(0, max_diff(g1[i], g2[i]), "parameter " .. i) end
   end)
 
-  it("LSTMCell returns contiguous h and c", function()
-    local h, c = nn.LSTMCell(3, 4)(nd.randn({2, 3}))
-    assert.is_true(h:is_contiguous() and c:is_contiguous())
-    assert.are.same({8}, h:view({8}).shape)
+  it("LSTMCell returns h and c of their own; a state broadcast over the batch still works", function()
+    for _, B in ipairs({1, 2}) do
+      local h, c = nn.LSTMCell(3, 4)(nd.randn({B, 3}, {requires_grad = true}))
+      assert.is_true(h:is_contiguous() and c:is_contiguous())
+      assert.are.same({4 * B}, h:view({4 * B}).shape)
+      nd.no_grad(function() h:zero_() end) -- (not the cell's saved result)
+      c:sum():backward()
+    end
+    for _, kind in ipairs({"LSTMCell", "GRUCell"}) do
+      local m = nn[kind](4, 5)
+      local s = nd.randn({1, 5})
+      local out = m(nd.randn({3, 4}), kind == "LSTMCell" and {s, s} or s)
+      assert.are.same({3, 5}, out.shape)
+    end
   end)
 
   it("checks its arguments", function()
@@ -324,6 +340,10 @@ describe("the fused GRU cell (core._gru_cell, nn.GRU's step)", function()
       for j, what in ipairs({"xw", "hw", "h"}) do
         assert.are.equal(0, max_diff(g1[j], g2[j]), dt .. " " .. what .. "'s gradient")
       end
+      -- saturated gates (zero gradients: their sign as in the LSTM's case)
+      local s1 = nd.grad((core._gru_cell(xw * 40, hw * 40, h) * w):sum(), {xw, hw})
+      local s2 = nd.grad((composed(xw * 40, hw * 40, h, H) * w):sum(), {xw, hw})
+      for j = 1, 2 do assert.are.equal(0, max_diff(s1[j], s2[j])) end
       -- only h wanting grad
       local gh = nd.grad((core._gru_cell(xw:detach(), hw:detach(), h) * w):sum(), {h})[1]
       local gc = nd.grad((composed(xw:detach(), hw:detach(), h, H) * w):sum(), {h})[1]

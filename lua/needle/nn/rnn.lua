@@ -69,7 +69,8 @@ local CELL_DTYPES = {float32 = true, float64 = true}
 
 local function lstm_step(xw, h, c, w_hh, b_hh, H)
   local hw = linear(h, w_hh, b_hh)
-  if CELL_DTYPES[xw.dtype] and xw.dtype == hw.dtype and xw.dtype == c.dtype and xw:dim() == 2 then
+  if CELL_DTYPES[xw.dtype] and xw.dtype == hw.dtype and xw.dtype == c.dtype and xw:dim() == 2
+     and c:dim() == 2 and c:size(1) == xw:size(1) then -- (a state broadcast over the batch composes)
     local hc = core._lstm_cell(xw, hw, c)
     return hc:narrow(2, 1, H), hc:narrow(2, H + 1, H)
   end
@@ -84,7 +85,8 @@ end
 
 local function gru_step(xw, h, w_hh, b_hh, H)
   local hw = linear(h, w_hh, b_hh)
-  if CELL_DTYPES[xw.dtype] and xw.dtype == hw.dtype and xw.dtype == h.dtype and xw:dim() == 2 then
+  if CELL_DTYPES[xw.dtype] and xw.dtype == hw.dtype and xw.dtype == h.dtype and xw:dim() == 2
+     and h:dim() == 2 and h:size(1) == xw:size(1) then
     return core._gru_cell(xw, hw, h) -- (one kernel, as the LSTM's)
   end
   local r = (xw:narrow(-1, 1, H) + hw:narrow(-1, 1, H)):sigmoid()
@@ -140,8 +142,9 @@ local function make_cell(kind)
       h = h or nd.zeros({B, H}, {dtype = x.dtype, device = x.device})
       c = c or nd.zeros({B, H}, {dtype = x.dtype, device = x.device})
       h, c = lstm_step(xw, h, c, w_hh, b_hh, H)
-      -- (contiguous, as PyTorch's: the fused cell's are halves of one tensor)
-      h, c = h:contiguous(), c:contiguous()
+      -- (two tensors of their own, as PyTorch's: the fused cell's are halves of
+      -- one result, which its backward keeps)
+      h, c = h:clone(), c:clone()
       if unbatched then return h:squeeze(1), c:squeeze(1) end
       return h, c
     end
@@ -211,10 +214,14 @@ local function make_rnn(kind)
     local _, w_hh, _, b_hh = layer_params(self, suffix)
     local T, H = xw:size(1), self.hidden_size
     local outs = {}
+    -- without a graph nothing keeps a step's [h | c'] but its h kept for the
+    -- output: a copy of h lets the rest go (half the output's memory)
+    local own_h = kind == "LSTM" and not nd.is_grad_enabled()
     for i = 1, T do
       local t = reverse and T + 1 - i or i
       if kind == "LSTM" then
         h, c = lstm_step(xw[t], h, c, w_hh, b_hh, H)
+        if own_h and not h:is_contiguous() then h = h:contiguous() end
       elseif kind == "GRU" then
         h = gru_step(xw[t], h, w_hh, b_hh, H)
       else

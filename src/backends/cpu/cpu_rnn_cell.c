@@ -6,8 +6,11 @@
  * same functions the composed ops use (float32: cpu_vmath.h's vectorised
  * sigmoid and tanh; float64: the registry's expressions), and every product
  * and sum is done in the composed ops' order, so results are theirs bit for
- * bit. The backwards make the activations again from the gates rather than
- * keeping them per step. */
+ * bit (a zero gradient's sign aside: the composed ops' is -0 or +0 as the
+ * engine put the gates' slices together, in place or added into zeros; the
+ * kernels' is the product's, as nn.LSTM's and nn.GRU's composed steps
+ * had). The backwards make the activations again from the gates rather
+ * than keeping them per step. */
 #include <math.h>
 #include <stdlib.h>
 #include "cpu_kernels.h"
@@ -94,10 +97,10 @@ static void tanh_f64(double *o, const double *x, int64_t n) {
         for (int64_t j = 0; j < H; j++) {                                                         \
             const T dc2 = dcn[j] + (dh[j] * o[j]) * ((T)1 - tc[j] * tc[j]);                       \
             if (da) {                                                                             \
-                da[j] = (dc2 * gg[j]) * (i[j] * ((T)1 - i[j]));                                   \
-                da[H + j] = (dc2 * cr[j]) * (f[j] * ((T)1 - f[j]));                               \
-                da[2 * H + j] = (dc2 * i[j]) * ((T)1 - gg[j] * gg[j]);                            \
-                da[3 * H + j] = (dh[j] * tc[j]) * (o[j] * ((T)1 - o[j]));                         \
+                da[j] = (dc2 * gg[j]) * (i[j] * ((T)1 - i[j]));                            \
+                da[H + j] = (dc2 * cr[j]) * (f[j] * ((T)1 - f[j]));                        \
+                da[2 * H + j] = (dc2 * i[j]) * ((T)1 - gg[j] * gg[j]);                     \
+                da[3 * H + j] = (dh[j] * tc[j]) * (o[j] * ((T)1 - o[j]));                  \
             }                                                                                     \
             if (dcr) dcr[j] = dc2 * f[j];                                                         \
         }                                                                                         \
@@ -131,8 +134,8 @@ static void tanh_f64(double *o, const double *x, int64_t n) {
             const T dn = gr[j] * ((T)1 - z[j]), dz = gr[j] * hr[j] - gr[j] * n[j];                \
             const T dpn = dn * ((T)1 - n[j] * n[j]), dpz = dz * (z[j] * ((T)1 - z[j]));           \
             const T dpr = (dpn * hwr[2 * H + j]) * (r[j] * ((T)1 - r[j]));                        \
-            if (dx) dx[j] = dpr, dx[H + j] = dpz, dx[2 * H + j] = dpn;                            \
-            if (dhh) dhh[j] = dpr, dhh[H + j] = dpz, dhh[2 * H + j] = dpn * r[j];                 \
+            if (dx) dx[j] = dpr, dx[H + j] = dpz, dx[2 * H + j] = dpn;       \
+            if (dhh) dhh[j] = dpr, dhh[H + j] = dpz, dhh[2 * H + j] = dpn * r[j]; \
             if (ds) ds[j] = gr[j] * z[j];                                                         \
         }                                                                                         \
     }
