@@ -119,18 +119,26 @@ describe("nd.set_float32_matmul_precision", function()
       assert.are.same(nd.F.linear(xr, w, bias):totable(),
                       at("medium", function() return nd.F.linear(xr, w, bias) end):totable())
     end
-    -- conv2d through im2col + GEMM: the same as a product over patches
-    local img, k = nd.randn({2, 3, 12, 12}), nd.randn({64, 3, 3, 3})
+    -- conv2d through im2col + GEMM: the same as a product over patches (products of 32M
+    -- multiply-adds or more: smaller ones stay float32, below)
+    local img, k = nd.randn({2, 64, 40, 40}) * 0.2, nd.randn({64, 64, 3, 3}) * 0.05
     local conv = at("medium", function() return nd.F.conv2d(img, k) end)
     local ref = nd.F.conv2d(img:bfloat16():double(), k:bfloat16():double())
     local absref = nd.F.conv2d(img:bfloat16():double():abs(), k:bfloat16():double():abs())
-    assert.is_true(((conv:double() - ref):abs() - absref * (29 * 2 ^ -24) - 1e-30):max():item() <= 0, "conv2d")
-    -- small maps in a batch: the GEMM's columns are a chunk's images' pixels (4 x 49)
-    local maps, k2 = nd.randn({4, 64, 7, 7}), nd.randn({64, 64, 3, 3}) * 0.05
+    assert.is_true(((conv:double() - ref):abs() - absref * (578 * 2 ^ -24) - 1e-30):max():item() <= 0, "conv2d")
+    assert.is_true((conv - nd.F.conv2d(img, k)):abs():max():item() > 0, "conv2d took bfloat16 products")
+    -- small maps in a batch: the GEMM's columns are a chunk's images' pixels (32 x 49)
+    local maps, k2 = nd.randn({32, 64, 7, 7}), nd.randn({64, 64, 3, 3}) * 0.05
     local c2 = at("medium", function() return nd.F.conv2d(maps, k2, nil, {padding = 1}) end)
     local r2 = nd.F.conv2d(maps:bfloat16():double(), k2:bfloat16():double(), nil, {padding = 1})
     local a2 = nd.F.conv2d(maps:bfloat16():double():abs(), k2:bfloat16():double():abs(), nil, {padding = 1})
     assert.is_true(((c2:double() - r2):abs() - a2 * (578 * 2 ^ -24) - 1e-30):max():item() <= 0, "conv2d, 7x7 maps")
+    assert.is_true((c2 - nd.F.conv2d(maps, k2, nil, {padding = 1})):abs():max():item() > 0, "7x7 maps on bfloat16")
+    -- a small convolution (ResNet9's 4x4 maps: products under 32M multiply-adds) stays float32,
+    -- where packing to bfloat16 costs more than it saves (cpu_conv_packed.c)
+    local small, k3 = nd.randn({8, 32, 4, 4}), nd.randn({64, 32, 3, 3})
+    assert.are.same(nd.F.conv2d(small, k3, nil, {padding = 1}):totable(),
+                    at("medium", function() return nd.F.conv2d(small, k3, nil, {padding = 1}) end):totable())
     -- attention's two products (the fused kernel, no gradient)
     local q, kk, v = nd.randn({1, 2, 80, 64}), nd.randn({1, 2, 80, 64}), nd.randn({1, 2, 80, 64})
     local o16 = at("medium", function() return nd.F.scaled_dot_product_attention(q, kk, v) end)
