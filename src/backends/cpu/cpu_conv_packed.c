@@ -555,7 +555,7 @@ static nd_conv_plan group_plan(const nd_conv_plan *p) {
  * of 128 x 128 x 128) 0.25 against 0.41, 32 -> 32 on 4x4 (up to 19M) 1.00
  * against 0.97-1.06, and its whole training step 9.1 against 11.4 with
  * every product of 64 x 64 or more on bfloat16, 10.6 from 8M, 9.1 with
- * none; ResNet-50's at batch 4 (products of 200M to 900M) 1.1-1.45x faster
+ * none; ResNet-50's at batch 4 (products of 200M to 900M) 1.0-1.8x faster
  * on bfloat16: 512 -> 512 3x3 on 7x7 19.4 against 14.5, 1024 -> 256 1x1 on
  * 14x14 8.4 against 5.7. */
 #define BF16_CONV_MIN_MADDS (INT64_C(32) << 20)
