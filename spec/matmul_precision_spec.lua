@@ -134,11 +134,21 @@ describe("nd.set_float32_matmul_precision", function()
     local a2 = nd.F.conv2d(maps:bfloat16():double():abs(), k2:bfloat16():double():abs(), nil, {padding = 1})
     assert.is_true(((c2:double() - r2):abs() - a2 * (578 * 2 ^ -24) - 1e-30):max():item() <= 0, "conv2d, 7x7 maps")
     assert.is_true((c2 - nd.F.conv2d(maps, k2, nil, {padding = 1})):abs():max():item() > 0, "7x7 maps on bfloat16")
-    -- a small convolution (ResNet9's 4x4 maps: products under 32M multiply-adds) stays float32,
-    -- where packing to bfloat16 costs more than it saves (cpu_conv_packed.c)
-    local small, k3 = nd.randn({8, 32, 4, 4}), nd.randn({64, 32, 3, 3})
-    assert.are.same(nd.F.conv2d(small, k3, nil, {padding = 1}):totable(),
-                    at("medium", function() return nd.F.conv2d(small, k3, nil, {padding = 1}) end):totable())
+    -- small convolutions (products under 32M multiply-adds: ResNet9's) stay float32, where
+    -- packing to bfloat16 costs more than it saves (cpu_conv_plan.h), forward and backward, on
+    -- the packed path and on the im2col + GEMM one (a 1x1 over a large map, larger maps' grad_x)
+    local smalls = {{{8, 64, 4, 4}, {64, 64, 3, 3}, 1}, {{8, 64, 32, 32}, {64, 64, 1, 1}, 0},
+                    {{8, 16, 32, 32}, {64, 16, 3, 3}, 1}}
+    for i, c in ipairs(smalls) do
+      local xs, ks = nd.randn(c[1], {requires_grad = true}), nd.randn(c[2], {requires_grad = true})
+      local function run()
+        local y = nd.F.conv2d(xs, ks, nil, {padding = c[3]})
+        local g = nd.grad((y * y):sum(), {xs, ks})
+        return {y, g[1], g[2]}
+      end
+      local want, got = run(), at("medium", run)
+      for j = 1, 3 do assert.are.same(want[j]:totable(), got[j]:totable(), ("small conv %d, result %d"):format(i, j)) end
+    end
     -- attention's two products (the fused kernel, no gradient)
     local q, kk, v = nd.randn({1, 2, 80, 64}), nd.randn({1, 2, 80, 64}), nd.randn({1, 2, 80, 64})
     local o16 = at("medium", function() return nd.F.scaled_dot_product_attention(q, kk, v) end)

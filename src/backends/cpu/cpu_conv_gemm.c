@@ -60,18 +60,20 @@ static inline void col_range(int64_t x0, int64_t sw, int64_t W, int64_t lw, int6
 
 /* ------------------------------------------------------------------ BLAS */
 
+/* half: the product may take bfloat16 (precision "medium"; nd_conv_bf16_pays) */
 static inline void gemm_f32(bool ta, bool tb, int M, int N, int K, const float *A, int lda,
-                            const float *B, int ldb, float beta, float *C, int ldc) {
+                            const float *B, int ldb, float beta, float *C, int ldc, bool half) {
     /* needle's own kernel where the CPU has one (cpu_gemm.c): beta is 0 or 1 here */
     if (K > 0 && (beta == 0.0f || beta == 1.0f) &&
-        nd_cpu_sgemm(M, N, K, A, ta ? 1 : lda, ta ? lda : 1, B, tb ? 1 : ldb, tb ? ldb : 1, C, ldc,
-                     beta == 1.0f))
+        nd_cpu_sgemm_bf16_from(half ? 0 : INT64_MAX, M, N, K, A, ta ? 1 : lda, ta ? lda : 1, B, tb ? 1 : ldb,
+                               tb ? ldb : 1, C, ldc, beta == 1.0f))
         return;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
                 K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
 static inline void gemm_f64(bool ta, bool tb, int M, int N, int K, const double *A, int lda,
-                            const double *B, int ldb, double beta, double *C, int ldc) {
+                            const double *B, int ldb, double beta, double *C, int ldc, bool half) {
+    (void)half;
     cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
                 K, 1.0, A, lda, B, ldb, beta, C, ldc);
 }
@@ -196,7 +198,7 @@ static inline void gemm_f64(bool ta, bool tb, int M, int N, int K, const double 
                 for (int64_t gi = 0; gi < p->G; gi++)                                           \
                     gemm_##SUF(false, false, (int)Og, (int)NL, (int)K, WL + gi * Og * K,        \
                                (int)K, cols + gi * K * NL, (int)NL, 0, dst + gi * Og * NL,      \
-                               (int)NL);                                                        \
+                               (int)NL, nd_conv_bf16_pays(p, ND_CONV_FORWARD));                 \
             /* epilogue: (O, nc, L) -> (nc, O, L) with bias and activation */                   \
             T *obase = OUT + n0 * O * L;                                                        \
             if (nc == 1 && !B && !relu) continue;                                               \
@@ -260,14 +262,15 @@ static inline void gemm_f64(bool ta, bool tb, int M, int N, int K, const double 
                 for (int64_t gi = 0; gi < p->G; gi++)                                           \
                     gemm_##SUF(false, true, (int)Og, (int)K, (int)NL, dy + gi * Og * NL,        \
                                (int)NL, cols + gi * K * NL, (int)NL, n0 == 0 ? 0 : 1,           \
-                               GWL + gi * Og * K, (int)K);                                      \
+                               GWL + gi * Og * K, (int)K, nd_conv_bf16_pays(p, ND_CONV_GRAD_W)); \
             }                                                                                   \
             if (GX) {                                                                           \
                 if (K > 0)                                                                      \
                     for (int64_t gi = 0; gi < p->G; gi++)                                       \
                         gemm_##SUF(true, false, (int)K, (int)NL, (int)Og, WL + gi * Og * K,     \
                                    (int)K, dy + gi * Og * NL, (int)NL, 0,                       \
-                                   DCOLS + gi * K * NL, (int)NL);                               \
+                                   DCOLS + gi * K * NL, (int)NL,                                \
+                                   nd_conv_bf16_pays(p, ND_CONV_GRAD_X));                       \
                 col2im_chunk_##SUF(p, DCOLS, n0, nc, GX);                                       \
             }                                                                                   \
         }                                                                                       \

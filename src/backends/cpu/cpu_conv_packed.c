@@ -547,29 +547,14 @@ static nd_conv_plan group_plan(const nd_conv_plan *p) {
     return q;
 }
 
-/* Multiply-adds from which a product of a convolution runs faster through
- * im2col and the bfloat16 GEMM than in float32 here: that path packs both
- * operands to bfloat16 on every call, which smaller products do not earn
- * back. A layer's forward and backward, float32 against bfloat16, 2-core
- * Zen 4 (ms): ResNet9 at batch 128, 128 -> 128 3x3 on 1x1 maps (products
- * of 128 x 128 x 128) 0.25 against 0.41, 32 -> 32 on 4x4 (up to 19M) 1.00
- * against 0.97-1.06, and its whole training step 9.1 against 11.4 with
- * every product of 64 x 64 or more on bfloat16, 10.6 from 8M, 9.1 with
- * none; ResNet-50's at batch 4 (products of 200M to 900M) 1.0-1.8x faster
- * on bfloat16: 512 -> 512 3x3 on 7x7 19.4 against 14.5, 1024 -> 256 1x1 on
- * 14x14 8.4 against 5.7. */
-#define BF16_CONV_MIN_MADDS (INT64_C(32) << 20)
-
 bool nd_cpu_conv_packed_runs(const nd_conv_plan *p, nd_dtype dt, nd_conv_product which) {
     if (dt != ND_FLOAT32 || p->nt == 0 || !packed_available()) return false;
     /* float32 matmul precision "medium": im2col and the GEMM's bfloat16 kernel
      * where it takes this product (cpu_conv_gemm.c's: filters per group,
-     * the group's depth and a chunk's columns; gk the product's depth) and
-     * it is large enough to pay */
+     * the group's depth and a chunk's columns) and it is large enough to pay */
     const int64_t cols = p->nb * p->L, kg = p->Cg * p->nt;
     const int64_t gm = which == ND_CONV_GRAD_X ? kg : p->Og, gn = which == ND_CONV_GRAD_W ? kg : cols;
-    const int64_t gk = which == ND_CONV_FORWARD ? kg : which == ND_CONV_GRAD_X ? p->Og : cols;
-    if (nd_cpu_gemm_bf16_for(gm, gn) && gm * gn * gk >= BF16_CONV_MIN_MADDS) return false;
+    if (nd_cpu_gemm_bf16_for(gm, gn) && nd_conv_bf16_pays(p, which)) return false;
     const nd_conv_plan q = group_plan(p); /* (p itself when groups = 1) */
     return packed_everywhere() || packed_wins(&q, which);
 }

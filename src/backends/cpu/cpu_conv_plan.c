@@ -87,3 +87,10 @@ nd_status nd_conv_plan_make(nd_conv_plan *p, const char *op, const nd_tensor *x,
     }
     return ND_OK;
 }
+
+bool nd_conv_bf16_pays(const nd_conv_plan *p, nd_conv_product which) {
+    const int64_t cols = p->nb * p->L, kg = p->Cg * p->nt;
+    const int64_t gm = which == ND_CONV_GRAD_X ? kg : p->Og, gn = which == ND_CONV_GRAD_W ? kg : cols;
+    const int64_t gk = which == ND_CONV_FORWARD ? kg : which == ND_CONV_GRAD_X ? p->Og : cols;
+    return (double)gm * (double)gn * (double)gk >= (double)ND_CONV_BF16_MIN_MADDS;
+}

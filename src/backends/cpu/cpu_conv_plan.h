@@ -36,8 +36,28 @@ nd_status nd_conv_plan_make(nd_conv_plan *p, const char *op, const nd_tensor *x,
 nd_status nd_conv_plan_table(nd_conv_plan *p, const char *op);
 void nd_conv_plan_free(nd_conv_plan *p);
 
+/* Multiply-adds from which a product of a convolution runs faster through
+ * (both paths: cpu_conv_packed.c's choice, cpu_conv_gemm.c's GEMMs)
+ * im2col and the bfloat16 GEMM than in float32 here: that path packs both
+ * operands to bfloat16 on every call, which smaller products do not earn
+ * back. A layer's forward and backward, float32 against bfloat16, 2-core
+ * Zen 4 (ms): ResNet9 at batch 128, 128 -> 128 3x3 on 1x1 maps (products
+ * of 128 x 128 x 128) 0.25 against 0.41, 32 -> 32 on 4x4 (up to 19M) 1.00
+ * against 0.97-1.06, and its whole training step 9.1 against 11.4 with
+ * every product of 64 x 64 or more on bfloat16, 10.6 from 8M, 9.1 with
+ * none; ResNet-50's at batch 4 (products of 200M to 900M) 1.0-1.8x faster
+ * on bfloat16: 512 -> 512 3x3 on 7x7 19.4 against 14.5, 1024 -> 256 1x1 on
+ * 14x14 8.4 against 5.7. */
+#define ND_CONV_BF16_MIN_MADDS (INT64_C(32) << 20)
+
 /* the three products of a convolution, for the choice of path */
 typedef enum { ND_CONV_FORWARD, ND_CONV_GRAD_X, ND_CONV_GRAD_W } nd_conv_product;
+
+/* cpu_conv_plan.c: whether product `which` of p is large enough for
+ * bfloat16 products (ND_CONV_BF16_MIN_MADDS, judged on a whole chunk of
+ * nb images, so that every chunk of a call computes alike); the precision
+ * ("medium") and the GEMM's own 64 x 64 decide the rest */
+bool nd_conv_bf16_pays(const nd_conv_plan *p, nd_conv_product which);
 
 /* cpu_conv_packed.c: whether its packed float32 path runs this product of
  * p (dtype dt): AVX2 + FMA, groups = 1, and a shape where it beats the

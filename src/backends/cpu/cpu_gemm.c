@@ -696,6 +696,15 @@ bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
                     NULL);
 }
 
+bool nd_cpu_sgemm_bf16_from(int64_t min_madds, int64_t M, int64_t N, int64_t K, const float *A,
+                             int64_t a_sm, int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn,
+                             float *C, int64_t ldc, bool accumulate) {
+    const gemm_isa *isa = isa_for(M, N);
+    if (isa == &isa_bf16 && (double)M * (double)N * (double)K < (double)min_madds) isa = pick_f32_isa();
+    return sgemm_run(nd_cpu_threads(), isa, M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, NULL, C, ldc, accumulate,
+                     NULL);
+}
+
 int nd_cpu_sgemm_add(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm, int64_t a_sk,
                      const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc) {
     const gemm_isa *isa = isa_for(M, N);

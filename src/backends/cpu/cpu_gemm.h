@@ -15,6 +15,15 @@ bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm,
                   const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc,
                   bool accumulate);
 
+/* nd_cpu_sgemm, with the bfloat16 kernel only for products of at least
+ * min_madds multiply-adds (below, the float32 kernel whatever the
+ * precision): for callers whose operands change every call, where packing
+ * them to bfloat16 costs more than smaller products save (convolutions,
+ * cpu_conv_plan.h's ND_CONV_BF16_MIN_MADDS) */
+bool nd_cpu_sgemm_bf16_from(int64_t min_madds, int64_t M, int64_t N, int64_t K, const float *A,
+                             int64_t a_sm, int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn,
+                             float *C, int64_t ldc, bool accumulate);
+
 /* C += A @ B bit for bit as nd_cpu_sgemm's product followed by one add per
  * element (C[i,j] + p[i,j]), for nd.compile's accumulating GEMM: 1 done;
  * 0 not done, C untouched (no kernel, or K over one K block, whose partial
