@@ -12,15 +12,23 @@ inline T gate(__global const T *xr, __global const T *hr, int has_hw, long H, lo
     return has_hw ? xr[k * H + j] + hr[k * H + j] : xr[k * H + j];
 }
 
+/* the LSTM's i, f, g, o of unit j of a row */
+inline void lstm_act(__global const T *xr, __global const T *hr, int has_hw, long H, long j, T *i, T *f,
+                     T *g, T *o) {
+    *i = cell_sigmoid(gate(xr, hr, has_hw, H, j, 0));
+    *f = cell_sigmoid(gate(xr, hr, has_hw, H, j, 1));
+    *g = tanh(gate(xr, hr, has_hw, H, j, 2));
+    *o = cell_sigmoid(gate(xr, hr, has_hw, H, j, 3));
+}
+
 __kernel void lstm_cell_fwd(long n, long H, __global const T *x, long xoff, long xs,
                             __global const T *c, long coff, long cs, __global T *out, long ooff,
                             long os, int has_hw, __global const T *hw, long hoff, long hs) {
     long id = get_global_id(0);
     if (id >= n) return;
     long b = id / H, j = id - b * H;
-    __global const T *xr = x + xoff + b * xs, *hr = hw + hoff + b * hs;
-    T i = cell_sigmoid(gate(xr, hr, has_hw, H, j, 0)), f = cell_sigmoid(gate(xr, hr, has_hw, H, j, 1));
-    T g = tanh(gate(xr, hr, has_hw, H, j, 2)), o = cell_sigmoid(gate(xr, hr, has_hw, H, j, 3));
+    T i, f, g, o;
+    lstm_act(x + xoff + b * xs, hw + hoff + b * hs, has_hw, H, j, &i, &f, &g, &o);
     T c2 = f * c[coff + b * cs + j] + i * g;
     __global T *orow = out + ooff + b * os;
     orow[H + j] = c2;
@@ -36,9 +44,8 @@ __kernel void lstm_cell_bwd(long n, long H, __global const T *g, long goff, long
     long id = get_global_id(0);
     if (id >= n) return;
     long b = id / H, j = id - b * H;
-    __global const T *xr = x + xoff + b * xs, *hr = hw + hoff + b * hs;
-    T i = cell_sigmoid(gate(xr, hr, has_hw, H, j, 0)), f = cell_sigmoid(gate(xr, hr, has_hw, H, j, 1));
-    T gg = tanh(gate(xr, hr, has_hw, H, j, 2)), o = cell_sigmoid(gate(xr, hr, has_hw, H, j, 3));
+    T i, f, gg, o;
+    lstm_act(x + xoff + b * xs, hw + hoff + b * hs, has_hw, H, j, &i, &f, &gg, &o);
     T tc = tanh(out[ooff + b * os + H + j]);
     T dh = g[goff + b * gs + j], dcn = g[goff + b * gs + H + j];
     T dc2 = dcn + (dh * o) * ((T)1 - tc * tc);
