@@ -379,9 +379,9 @@ typedef struct nd_backend {
      * operands, its out and lse, recomputing the weights block by block
      * (no (L, S) float tensor kept): dq, dk, dv each NULL (not wanted) or
      * with q's, k's and v's shapes and dtype, unit-stride rows (other
-     * strides any, no overlap); keep NULL (dropout drawn again from a's
-     * counters) or the forward's. NULL: the autograd node composes them
-     * from differentiable ops. */
+     * strides any, no overlap); keep the forward's (with dropout; NULL
+     * without). NULL: the autograd node composes them from differentiable
+     * ops. */
     nd_status (*attention_backward)(nd_tensor *dq, nd_tensor *dk, nd_tensor *dv, const nd_tensor *g,
                                     const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,
                                     const nd_tensor *mask, const nd_tensor *out,

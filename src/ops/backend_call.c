@@ -394,8 +394,8 @@ nd_status nd_call_attention_backward(const nd_backend *be, const char *op, nd_te
                                      const nd_tensor *mask, const nd_tensor *out,
                                      const nd_tensor *lse, const nd_tensor *keep,
                                      const nd_attention_args *a) {
-    if (nd_graph_capturing() && a->dropout_p > 0 && !keep) /* (the op always keeps them) */
-        return nd_fail(ND_ERR_INTERNAL, "%s: a captured backward with dropout needs the forward's keeps", op);
+    if (a->dropout_p > 0 && !keep) /* (the op always keeps them) */
+        return nd_fail(ND_ERR_INTERNAL, "%s: a backward with dropout needs the forward's keeps", op);
     BEGIN(attention_backward); W(dq); W(dk); W(dv); R(g); R(q); R(k); R(v); R(mask); R(out); R(lse);
     R(keep);
     if (r) attention_args_to_rec(r, a);

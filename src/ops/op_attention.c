@@ -143,18 +143,6 @@ static nd_status causal_mask(const nd_tensor *t, int64_t L, int64_t S, nd_tensor
     return st;
 }
 
-/* F.dropout's keep mask (bool) for the weights' shape, from the node's
- * counters: the uniforms rand() drew there, below 1 - p */
-static nd_status dropout_keep(const nd_tensor *like, const nd_attention_args *a, nd_tensor **out) {
-    nd_tensor *u = NULL;
-    ND_TRY(nd_empty_on(nd_get_device(like), like->shape, like->ndim, like->dtype, &u));
-    nd_status st = ND_BACKEND_CALL(nd_backend_of(like), random, "attention", u, ND_RANDOM_UNIFORM, 0.0,
-                                   1.0, NULL, a->seed, a->offset);
-    if (st == ND_OK) st = nd_binary_scalar(ND_BINARY_lt, u, 1.0 - a->dropout_p, 0, out);
-    nd_release(u);
-    return st;
-}
-
 /* create_graph: the same gradients from differentiable ops */
 static nd_status bw_attention_composed(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     const nd_attention_args a = args_of_node(n);
@@ -175,9 +163,8 @@ static nd_status bw_attention_composed(nd_node *n, nd_tensor *g, nd_tensor **gra
     if (c.st == ND_OK) p = gx_own(&c, nd_softmax(s, 3, &p), &p);
     nd_tensor *pd = p;
     const double inv = 1.0 / (1.0 - a.dropout_p);
-    if (a.dropout_p > 0 && c.st == ND_OK) { /* the forward's keeps, or the same drawn again */
-        if (n->iparams[5] >= 0) keep = gx_saved(&c, n, (int)n->iparams[5]);
-        else keep = gx_own(&c, dropout_keep(p, &a, &keep), &keep);
+    if (a.dropout_p > 0 && c.st == ND_OK) { /* the forward's keeps (saved with every dropout) */
+        keep = gx_saved(&c, n, (int)n->iparams[5]);
         pd = gx_sc(&c, ND_BINARY_mul, gx_bin(&c, ND_BINARY_mul, p, keep), inv, 0);
     }
     if (n->needs_grad[2] && c.st == ND_OK) { /* dV = Pd^T dO */

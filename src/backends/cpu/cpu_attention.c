@@ -25,8 +25,8 @@
  * F.dropout's rand() would use on the (B1, B2, L, S) weights, with the same
  * comparison and scaling (nd_attention_args), so a fused call and the
  * composed ops given the same counters keep the same weights; the forward
- * writes them to the keep tensor when there is one and the backward reads
- * them there (else draws them again). With the causal cut a block of
+ * writes them to the keep tensor when there is one (a gradient is wanted)
+ * and the backward reads them there. With the causal cut a block of
  * queries multiplies only the keys up to its last query (block_keys). */
 #include <math.h>
 #include <stdlib.h>
@@ -177,14 +177,14 @@ static void exp_f64(double *row, int64_t n) {
     }                                                                                               \
                                                                                                     \
     /* one product's gradients (the header's formulas), block by block of                          \
-     * queries; P, dP: BQ x S buffers, keep BQ x S when dropping */                                 \
+     * queries; P, dP: BQ x S buffers; tkeep the forward's keeps when dropping */                  \
     static void backward_product_##SFX(int64_t b, T *dq, T *dk, T *dv, const nd_tensor *tdq,        \
                                        const nd_tensor *tdk, const nd_tensor *tdv,                  \
                                        const nd_tensor *g, const nd_tensor *q, const nd_tensor *k,  \
                                        const nd_tensor *v, const nd_tensor *mask,                   \
                                        const nd_tensor *out, const T *LSE,                          \
                                        const unsigned char *tkeep, const nd_attention_args *a,      \
-                                       T *P, T *dP, unsigned char *keep_buf) {                      \
+                                       T *P, T *dP) {                                               \
         const int64_t B2 = q->shape[1], L = q->shape[2], E = q->shape[3];                           \
         const int64_t S = k->shape[2], Ev = v->shape[3], b1 = b / B2, b2 = b % B2;                  \
         const T *Qb = (const T *)nd_ptr(q) + b1 * q->strides[0] + b2 * q->strides[1];               \
@@ -219,8 +219,7 @@ static void exp_f64(double *row, int64_t n) {
             const int64_t nq = L - i0 < BQ ? L - i0 : BQ, SE = block_keys(a->causal, S, i0 + nq);   \
             const bool acc = a->causal || i0 > 0;                                                   \
             const T *Gi = Gb + i0 * gs, *Qi = Qb + i0 * qs;                                         \
-            /* the forward's keeps, or the same ones drawn again */                                 \
-            const unsigned char *keep = tkeep ? tkeep + (b * L + i0) * S : keep_buf;               \
+            const unsigned char *keep = drop ? tkeep + (b * L + i0) * S : NULL;                     \
             /* the block's weights again: P = exp(scale s + mask - lse) */                          \
             product_##SFX(nq, SE, E, Qi, qs, 1, Kb, 1, ks, P, S, false);                            \
             for (int64_t r = 0; r < nq; r++) {                                                      \
@@ -231,9 +230,6 @@ static void exp_f64(double *row, int64_t n) {
                 const T l = LSE[b * L + i];                                                         \
                 _Pragma("omp simd") for (int64_t j = 0; j < SE; j++) row[j] -= l;                   \
                 exp_##SFX(row, SE);                                                                 \
-                if (drop && !tkeep)                                                                 \
-                    nd_cpu_uniform_below(a->seed, a->offset + (uint64_t)((b * L + i) * S), SE,      \
-                                         q->dtype, 1.0 - a->dropout_p, keep_buf + r * S);           \
             }                                                                                       \
             if (dvb) { /* dV += Pd^T dO (Pd in dP's buffer for the while) */                        \
                 const T *Pd = P;                                                                    \
@@ -272,23 +268,23 @@ static void exp_f64(double *row, int64_t n) {
         T *DV = dv ? (T *)nd_ptr(dv) : NULL;                                                        \
         const T *LSE = (const T *)nd_ptr(lse);                                                      \
         const unsigned char *KEEP = tkeep ? (const unsigned char *)nd_ptr(tkeep) : NULL;            \
+        if (a->dropout_p > 0 && !KEEP) /* (backend.h: the forward's keeps come with dropout) */     \
+            return nd_fail(ND_ERR_INTERNAL, "attention: a backward with dropout needs the forward's keeps"); \
         const int64_t buf = (L < BQ ? L : BQ) * S;                                                  \
         int failed = 0;                                                                             \
         _Pragma("omp parallel num_threads(nd_cpu_threads()) if (B > 1 && B * L * S * (E + Ev) >= ND_PARALLEL_THRESHOLD)") \
         {                                                                                           \
             T *P = malloc(sizeof(T) * (size_t)(2 * buf + 1));                                       \
-            unsigned char *keep = a->dropout_p > 0 && !tkeep ? malloc((size_t)buf + 1) : NULL;      \
-            const bool ok = P && (a->dropout_p <= 0 || tkeep || keep);                              \
+            const bool ok = P != NULL;                                                              \
             if (!ok) {                                                                              \
                 _Pragma("omp atomic write") failed = 1;                                             \
             }                                                                                       \
             _Pragma("omp for schedule(static)") for (int64_t b = 0; b < B; b++) {                   \
                 if (ok)                                                                             \
                     backward_product_##SFX(b, DQ, DK, DV, dq, dk, dv, g, q, k, v, mask, out, LSE,   \
-                                           KEEP, a, P, P ? P + buf : NULL, keep);                   \
+                                           KEEP, a, P, P ? P + buf : NULL);                         \
             }                                                                                       \
             free(P);                                                                                \
-            free(keep);                                                                             \
         }                                                                                           \
         if (failed)                                                                                 \
             return nd_fail(ND_ERR_MEMORY, "attention: out of memory for 2 x %lld weights in the "   \
