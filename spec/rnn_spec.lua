@@ -252,17 +252,17 @@ describe("the fused LSTM cell (core._lstm_cell, nn.LSTM's step)", function()
     end
   end)
 
-  it("nn.LSTM trains as with the composed cell: a 2-layer step's outputs and every gradient", function()
+  it("nn.LSTMCell trains as with the composed cell: its outputs and every gradient", function()
     nd.manual_seed(93)
-    local m = nn.LSTM(5, 12, {num_layers = 2})
-    local x = nd.randn({7, 3, 5})
-    local function c_n(hc) return hc[2] end
-    local out1, g1 = train_with_cell(m, x, "_lstm_cell", nil, c_n)
+    local m = nn.LSTMCell(5, 12)
+    local x = nd.randn({3, 5})
+    local function c_of(c) return c end
+    local out1, g1 = train_with_cell(m, x, "_lstm_cell", nil, c_of)
     -- the composed cell in its place, through the same entry
     local out2, g2 = train_with_cell(m, x, "_lstm_cell", function(xw, hw, c)
       local h, c2 = composed(xw + hw, c, 12)
       return nd.cat({h, c2}, 2)
-    end, c_n)
+    end, c_of)
     assert.are.equal(0, max_diff(out1, out2))
     for i = 1, #g1 do assert.are.equal(0, max_diff(g1[i], g2[i]), "parameter " .. i) end
   end)
@@ -302,6 +302,125 @@ describe("the fused LSTM cell (core._lstm_cell, nn.LSTM's step)", function()
   end)
 end)
 
+describe("the LSTM layer (core._lstm_layer, one direction of nn.LSTM)", function()
+  local core = require "needle.core"
+  local C = G.bind(assert)
+  local function max_diff(a, b) return (a:to("cpu"):double() - b:to("cpu"):double()):abs():max():item() end
+  local function rel_diff(a, b) return max_diff(a, b) / math.max(b:to("cpu"):double():abs():max():item(), 1e-30) end
+  -- the layer as the steps nn.LSTM composed before it: each step's product
+  -- (F.linear, its bias in the GEMM) and the cell's ops
+  local function steps(xw, w, b, h, c, reverse)
+    local T, H = xw:size(1), w:size(2)
+    local ys = {}
+    for i = 1, T do
+      local t = reverse and T + 1 - i or i
+      local a = xw[t] + nd.F.linear(h, w, b)
+      local ig, fg = a:narrow(2, 1, H):sigmoid(), a:narrow(2, H + 1, H):sigmoid()
+      local gg, og = a:narrow(2, 2 * H + 1, H):tanh(), a:narrow(2, 3 * H + 1, H):sigmoid()
+      c = fg * c + ig * gg
+      h = og * c:tanh()
+      ys[t] = h
+    end
+    return nd.cat({nd.stack(ys, 1), c:unsqueeze(1)}, 1)
+  end
+
+  it("float64 gradients by finite differences, forward and reversed, and gradients of gradients", function()
+    nd.manual_seed(96)
+    local function layer(rev) return function(xw, w, b, h0, c0) return core._lstm_layer(xw, w, b, h0, c0, rev) end end
+    local leaves = function() return {G.leaf({4, 2, 8}, -2, 2), G.leaf({8, 2}), G.leaf({8}), G.leaf({2, 2}), G.leaf({2, 2})} end
+    C.check(layer(false), leaves())
+    C.check(layer(true), leaves())
+    -- no bias; xw transposed in memory, h0 and c0 strided rows of wider states
+    C.check(function(xt, w, hc) return core._lstm_layer(xt:permute({3, 2, 1}), w, nil, hc:narrow(2, 1, 2),
+                                                        hc:narrow(2, 3, 2), true) end,
+            {G.leaf({8, 2, 3}, -2, 2), G.leaf({8, 2}), G.leaf({2, 4})})
+    C.check2(layer(false), {G.leaf({3, 2, 8}, -2, 2), G.leaf({8, 2}), G.leaf({8}), G.leaf({2, 2}), G.leaf({2, 2})})
+    C.check2(layer(true), {G.leaf({2, 1, 8}, -2, 2), G.leaf({8, 2}), G.leaf({8}), G.leaf({1, 2}), G.leaf({1, 2})})
+  end)
+
+  it("computes the composed steps' values on the CPU bit for bit, their gradients to rounding", function()
+    for _, dt in ipairs({"float32", "float64"}) do
+      for _, rev in ipairs({false, true}) do
+        nd.manual_seed(97)
+        local T, B, H = 9, 5, 33
+        local function leaf(shape, scale) return (nd.randn(shape, {dtype = dt}) * scale):requires_grad_() end
+        local xw, w, b = leaf({T, B, 4 * H}, 2), leaf({4 * H, H}, 0.3), leaf({4 * H}, 1)
+        local h0, c0 = leaf({B, H}, 1), leaf({B, H}, 1)
+        local wt = nd.randn({T + 1, B, H}, {dtype = dt})
+        local what = dt .. (rev and " reversed" or "")
+        local o1 = core._lstm_layer(xw, w, b, h0, c0, rev)
+        local g1 = nd.grad((o1 * wt):sum(), {xw, w, b, h0, c0})
+        local o2 = steps(xw, w, b, h0, c0, rev)
+        local g2 = nd.grad((o2 * wt):sum(), {xw, w, b, h0, c0})
+        assert.are.equal(0, max_diff(o1, o2), what .. " outputs")
+        -- the gates' gradient, h0's and c0's take the same sums in the same order; the
+        -- weight's and the bias's sum the steps in one product and one sum
+        for k, name in pairs({[1] = "xw", [4] = "h0", [5] = "c0"}) do
+          assert.are.equal(0, max_diff(g1[k], g2[k]), what .. " " .. name .. "'s gradient")
+        end
+        local tol = dt == "float32" and 2e-5 or 1e-12
+        assert.is_true(rel_diff(g1[2], g2[2]) < tol, what .. " w_hh's gradient " .. rel_diff(g1[2], g2[2]))
+        assert.is_true(rel_diff(g1[3], g2[3]) < tol, what .. " b_hh's gradient " .. rel_diff(g1[3], g2[3]))
+      end
+    end
+  end)
+
+  it("nn.LSTM runs its layers through it: a 2-layer bidirectional step's outputs and gradients", function()
+    nd.manual_seed(98)
+    local m = nn.LSTM(5, 12, {num_layers = 2, bidirectional = true})
+    local x = nd.randn({7, 3, 5})
+    local function c_n(hc) return hc[2] end
+    local calls, layer = 0, core._lstm_layer
+    local out1, g1 = train_with_cell(m, x, "_lstm_layer", function(...)
+      calls = calls + 1
+      return layer(...)
+    end, c_n)
+    assert.are.equal(4, calls)
+    local out2, g2 = train_with_cell(m, x, "_lstm_layer", steps, c_n)
+    assert.are.equal(0, max_diff(out1, out2))
+    for i = 1, #g1 do assert.is_true(rel_diff(g1[i], g2[i]) < 2e-5, "parameter " .. i) end
+  end)
+
+  it("keeps its result for the backward: an in-place change of it is an error; under no_grad the same values", function()
+    local w = nd.randn({8, 2}, {requires_grad = true})
+    local out = core._lstm_layer(nd.randn({3, 1, 8}), w, nil, nd.zeros({1, 2}), nd.zeros({1, 2}), false)
+    nd.no_grad(function() out:add_(1) end)
+    local ok, e = pcall(function() out:sum():backward() end)
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("modified", 1, true), tostring(e))
+    -- without a graph the steps' buffers are one or two steps long: the same values
+    for _, T in ipairs({1, 2, 5}) do
+      for _, rev in ipairs({false, true}) do
+        local xw, b, h0, c0 = nd.randn({T, 3, 8}), nd.randn({8}), nd.randn({3, 2}), nd.randn({3, 2})
+        local with = core._lstm_layer(xw, w, b, h0, c0, rev)
+        local y = nd.no_grad(function() return core._lstm_layer(xw, w, b, h0, c0, rev) end)
+        assert.is_true(with.requires_grad)
+        assert.is_false(y.requires_grad)
+        assert.are.equal(0, max_diff(y, with), T .. (rev and " reversed" or ""))
+      end
+    end
+  end)
+
+  it("checks its arguments", function()
+    local function err(...)
+      local ok, e = pcall(core._lstm_layer, ...)
+      assert.is_false(ok)
+      return e
+    end
+    local xw, w, s = nd.randn({3, 2, 8}), nd.randn({8, 2}), nd.randn({2, 2})
+    assert.truthy(err(xw, nd.randn({8, 3}), nil, s, s):find(
+      "lstm_layer: expected the input's products (T, B, 4H) with T, B, H > 0, w_hh (4H, H), b_hh (4H) or none, " ..
+      "h0 and c0 (B, H), got {3,2,8}, {8,3}, none, {2,2} and {2,2}", 1, true))
+    assert.truthy(err(xw, w, nd.randn({4}), s, s):find("got {3,2,8}, {8,2}, {4}, {2,2} and {2,2}", 1, true))
+    assert.truthy(err(xw, w, nil, nd.randn({3, 2}), s):find("{3,2} and {2,2}", 1, true))
+    assert.truthy(err(nd.randn({0, 2, 8}), w, nil, s, s):find("got {0,2,8}", 1, true))
+    assert.truthy(err(xw, w:double(), nil, s, s):find(
+      "lstm_layer: expected float32 or float64 products, weight, bias and state of one dtype, got float32, " ..
+      "float64, none, float32 and float32", 1, true))
+    assert.truthy(err(xw:half(), w:half(), nil, s:half(), s:half()):find("got float16, float16", 1, true))
+  end)
+end)
+
 describe("the fused GRU cell (core._gru_cell, nn.GRU's step)", function()
   local core = require "needle.core"
   local C = G.bind(assert)
@@ -321,7 +440,7 @@ describe("the fused GRU cell (core._gru_cell, nn.GRU's step)", function()
     C.check(function(xt, hw, hh) return core._gru_cell(xt:t(), hw, hh:narrow(2, 2, 2)) end,
             {G.leaf({6, 3}, -2, 2), G.leaf({3, 6}), G.leaf({3, 4})})
     C.check2(cell, {G.leaf({2, 6}, -2, 2), G.leaf({2, 6}), G.leaf({2, 2})})
-    G.assert_covers(assert, "rnn_spec.lua") -- (lstm_cell's ran in the describe above)
+    G.assert_covers(assert, "rnn_spec.lua") -- (lstm_cell's and lstm_layer's ran in the describes above)
   end)
 
   it("computes the composed ops' values and gradients bit for bit on the CPU (float32, float64)", function()

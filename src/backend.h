@@ -389,19 +389,21 @@ typedef struct nd_backend {
                                     const nd_attention_args *a);
     /* The LSTM cell after its products: gates = xw + hw (B, 4H; hw NULL:
      * xw alone) pre-activations in PyTorch's order (input, forget, cell,
-     * output), c (B, H) -> out (B, 2H) = [h | c'] with i, f, o = sigmoid,
-     * g = tanh of the gates, c' = f c + i g, h = o tanh(c'). Every operand
-     * 2-D with unit-stride rows (row strides any); out dense. Each value as
-     * the composed ops (add, sigmoid, tanh, mul) compute it. NULL: nn.LSTM
+     * output), c (B, H) -> h, c2 (B, H) with i, f, o = sigmoid, g = tanh of
+     * the gates, c2 = f c + i g, h = o tanh(c2). Every operand 2-D with
+     * unit-stride rows (row strides any: h and c2 may be the two halves of
+     * one (B, 2H) result, or rows of a layer's outputs). Each value as the
+     * composed ops (add, sigmoid, tanh, mul) compute it. NULL: nn.LSTM
      * composes the ops. */
-    nd_status (*lstm_cell)(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw,
+    nd_status (*lstm_cell)(nd_tensor *h, nd_tensor *c2, const nd_tensor *xw, const nd_tensor *hw,
                            const nd_tensor *c);
-    /* Its gradients from g (B, 2H) = [dh | dc'] (the same layouts): dgates
-     * (B, 4H: xw's and hw's gradient both) and dc (B, H), each NULL when not
-     * wanted, as the composed ops' backward computes them. */
-    nd_status (*lstm_cell_backward)(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *g,
-                                    const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c,
-                                    const nd_tensor *out);
+    /* Its gradients from gh, gc (B, H) = h's and c2's (the same layouts;
+     * c2 the forward's): dgates (B, 4H: xw's and hw's gradient both) and
+     * dc (B, H), each NULL when not wanted, as the composed ops' backward
+     * computes them. */
+    nd_status (*lstm_cell_backward)(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *gh,
+                                    const nd_tensor *gc, const nd_tensor *xw, const nd_tensor *hw,
+                                    const nd_tensor *c, const nd_tensor *c2);
     /* The GRU cell after its products: xw, hw (B, 3H) the input's and the
      * state's products in PyTorch's order (reset, update, new), h (B, H)
      * -> out (B, H) = (1 - z) n + z h with r = sigmoid(xw_r + hw_r), z =

@@ -480,6 +480,17 @@ nd_status nd_lstm_cell(const nd_tensor *xw, const nd_tensor *hw, const nd_tensor
  * of the sums, n = tanh(xw_n + r hw_n); float32 or float64, the values and
  * gradients of the composed ops. Errors are named "gru_cell". */
 nd_status nd_gru_cell(const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h, nd_tensor **out);
+/* One direction of one nn.LSTM layer over a whole sequence, as one op: xw
+ * (T, B, 4H) the input's products (x W_ih^T + b_ih), w_hh (4H, H), b_hh
+ * (4H) or NULL, the state h0, c0 (B, H); each step's gates are xw_t + b_hh
+ * + h W_hh^T and its cell nd_lstm_cell's; steps run t = 1..T, or T..1 when
+ * reverse. Returns (T + 1, B, H): rows 1..T the outputs h_t, row T + 1 the
+ * last cell state (the last h is the output at T, or at 1 when reverse).
+ * The backward runs the steps back and computes the weight's gradient as
+ * one product over all of them. float32 or float64; errors are named
+ * "lstm_layer". */
+nd_status nd_lstm_layer(const nd_tensor *xw, const nd_tensor *w_hh, const nd_tensor *b_hh, const nd_tensor *h0,
+                        const nd_tensor *c0, bool reverse, nd_tensor **out);
 /* as nd_conv2d, then act */
 nd_status nd_fused_conv2d(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
                           const int64_t *stride, const int64_t *padding, const int64_t *dilation,

@@ -128,7 +128,8 @@
  *   kind        what a compiler may assume: TERNARY, UNARY (elementwise with
  *               parameters), REDUCE, VIEW, COPY, CREATE, INDEX, NORM, LOSS,
  *               GEMM, CONV, POOL, JOIN, SCAN, SORT, RANDOM, OPTIM, CELL
- *               (an RNN cell's gates and state update, row by row),
+ *               (an RNN cell's gates and state update, row by row, or a
+ *               layer of them over a sequence with its products),
  *               BACKWARD (an op that exists as the gradient of another, with
  *               a backward of its own so second derivatives work), or GRAPH
  *               (the output of a function nd.compile replays: its inputs are
@@ -180,6 +181,7 @@
     X(attention,           GEMM,     4, FLOAT,   NODE)                     \
     X(lstm_cell,           CELL,     3, FLOAT,   NODE)                     \
     X(gru_cell,            CELL,     3, FLOAT,   NODE)                     \
+    X(lstm_layer,          CELL,     5, FLOAT,   NODE)                     \
     X(conv2d,              CONV,     3, FLOAT,   NODE)                     \
     X(conv_transpose2d,    CONV,     3, FLOAT,   NODE)                     \
     X(fused_conv2d,        CONV,     3, FLOAT,   VIA)                      \

@@ -9,9 +9,10 @@
 --   live tensor bytes above the start (nd.peak_live_bytes), for BERT-base's shape and
 --   long sequences with dropout, causal and plain;
 --   (on the CPU only: F.scaled_dot_product_attention composes the ops elsewhere);
--- cells: nn.LSTM and nn.GRU (2 layers, 35 steps, batch 20, input 128, hidden 256), ms
---   and, on OpenCL, kernel launches per step (nd.opencl.launches); the cells' kernels
---   run eagerly (their values are the composed ops', docs/nn-sequence.md).
+-- recurrent: nn.LSTM and nn.GRU (2 layers, 35 steps, batch 20, input 128, hidden 256),
+--   forward and backward and no_grad inference, ms and, on OpenCL, kernel launches per
+--   training step (nd.opencl.launches); nn.LSTM through core._lstm_layer and, as a
+--   reference, with its layers run as the per-step cells did before (docs/nn-sequence.md).
 -- --quick: tiny sizes (spec/sequence_kernels_bench_spec.lua).
 local nd = require "needle"
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
@@ -86,10 +87,30 @@ for _, c in ipairs(cases) do
   print(("%-44s %12.2f %12.2f %8.2fx %12.1f %12.1f"):format(name, fused_ms, comp_ms, comp_ms / fused_ms, fused_mb, comp_mb))
 end
 
-print(("%-44s %12s %12s"):format("recurrent module, forward and backward", "ms", dev ~= "cpu" and "launches" or ""))
+-- nn.LSTM's layers as the per-step cells ran them before core._lstm_layer: each
+-- step's product (F.linear) and core._lstm_cell, the outputs stacked
+local core = require "needle.core"
+local lstm_layer = core._lstm_layer
+local function lstm_steps(xw, w_hh, b_hh, h, c, reverse)
+  local T, H = xw:size(1), w_hh:size(2)
+  local ys = {}
+  for s = 1, T do
+    local t = reverse and T + 1 - s or s
+    local hc = core._lstm_cell(xw[t], nd.F.linear(h, w_hh, b_hh), c)
+    h, c = hc:narrow(2, 1, H), hc:narrow(2, H + 1, H)
+    ys[t] = h
+  end
+  return nd.cat({nd.stack(ys, 1), c:unsqueeze(1)}, 1)
+end
+
+print(("%-58s %12s %12s %12s"):format("recurrent module (2 layers)", "train ms", "infer ms",
+                                      dev ~= "cpu" and "launches" or ""))
 local T, Bt, In, Hd = 35, 20, 128, 256
 if opts.quick then T, Bt, In, Hd = 3, 2, 4, 8 end
-for _, kind in ipairs({"LSTM", "GRU"}) do
+local rows = {{"LSTM", "nn.LSTM (core._lstm_layer)"}, {"LSTM", "nn.LSTM, per-step cells", lstm_steps},
+              {"GRU", "nn.GRU (cells)"}}
+for _, row in ipairs(rows) do
+  local kind, label, layer = row[1], row[2], row[3]
   nd.manual_seed(0)
   local m = nd.nn[kind](In, Hd, {num_layers = 2}):to(dev)
   local x = nd.randn({T, Bt, In}):to(dev)
@@ -97,14 +118,21 @@ for _, kind in ipairs({"LSTM", "GRU"}) do
     for _, prm in ipairs(m:parameters()) do prm.grad = nil end
     m(x):sum():backward()
   end
-  local ms = measure(step)
-  local launches = ""
-  if dev ~= "cpu" then
-    local l0 = nd.opencl.launches()
-    step()
-    sync()
-    launches = tostring(nd.opencl.launches() - l0)
-  end
-  print(("%-44s %12.2f %12s"):format(("nn.%s 2 layers, %d steps, batch %d, %d -> %d"):format(kind, T, Bt, In, Hd), ms,
-                                     launches))
+  local function infer() nd.no_grad(function() return m(x) end) end
+  core._lstm_layer = layer or lstm_layer
+  local ok, err = pcall(function()
+    local ms = measure(step)
+    local ims = measure(infer)
+    local launches = ""
+    if dev ~= "cpu" then
+      local l0 = nd.opencl.launches()
+      step()
+      sync()
+      launches = tostring(nd.opencl.launches() - l0)
+    end
+    print(("%-58s %12.2f %12.2f %12s"):format(("%s, %d steps, batch %d, %d -> %d"):format(label, T, Bt, In, Hd), ms,
+                                              ims, launches))
+  end)
+  core._lstm_layer = lstm_layer
+  if not ok then error(err, 0) end
 end

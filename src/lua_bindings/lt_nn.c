@@ -303,6 +303,19 @@ static int l_gru_cell(lua_State *L) {
     return 1;
 }
 
+/* _lstm_layer(xw (T, B, 4H), w_hh (4H, H), b_hh (4H) or nil, h0, c0 (B, H), reverse)
+ * -> (T + 1, B, H): the outputs h_1..h_T, then the last c (nn.LSTM's layer,
+ * one direction) */
+static int l_lstm_layer(lua_State *L) {
+    const char *op = "lstm_layer";
+    nd_tensor *xw = lt_check(L, 1, op), *w = lt_check(L, 2, op), *h0 = lt_check(L, 4, op);
+    nd_tensor *c0 = lt_check(L, 5, op), *r;
+    const nd_tensor *b = lua_isnoneornil(L, 3) ? NULL : lt_check(L, 3, op);
+    LT_CHECK(L, nd_lstm_layer(xw, w, b, h0, c0, lua_toboolean(L, 6), &r));
+    lt_push(L, r);
+    return 1;
+}
+
 void lt_register_nn(lua_State *L) {
     static const lt_reg regs[] = {
         {"conv2d", l_conv2d, false, true},
@@ -318,6 +331,7 @@ void lt_register_nn(lua_State *L) {
         {"_attention", l_attention, false, true},
         {"_lstm_cell", l_lstm_cell, false, true},
         {"_gru_cell", l_gru_cell, false, true},
+        {"_lstm_layer", l_lstm_layer, false, true},
         {"fold_batch_norm", l_fold_batch_norm, false, true},
         {NULL, NULL, false, false},
     };

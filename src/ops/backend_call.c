@@ -121,6 +121,12 @@ nd_status nd_call_matmul(const nd_backend *be, const char *op, nd_tensor *out, c
     return FINISH(be->matmul(out, a, b));
 }
 
+nd_status nd_call_matmul_acc(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *a,
+                             const nd_tensor *b) {
+    BEGIN(matmul_acc); U(out); R(a); R(b); DONE();
+    return FINISH(be->matmul_acc(out, a, b));
+}
+
 nd_status nd_call_gather(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *x,
                          int dim, const nd_tensor *index) {
     BEGIN(gather); W(out); R(x); R(index); if (r) r->i[0] = dim; DONE();
@@ -403,17 +409,18 @@ nd_status nd_call_attention_backward(const nd_backend *be, const char *op, nd_te
     return FINISH(be->attention_backward(dq, dk, dv, g, q, k, v, mask, out, lse, keep, a));
 }
 
-nd_status nd_call_lstm_cell(const nd_backend *be, const char *op, nd_tensor *out,
+nd_status nd_call_lstm_cell(const nd_backend *be, const char *op, nd_tensor *h, nd_tensor *c2,
                             const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c) {
-    BEGIN(lstm_cell); W(out); R(xw); R(hw); R(c); DONE();
-    return FINISH(be->lstm_cell(out, xw, hw, c));
+    BEGIN(lstm_cell); W(h); W(c2); R(xw); R(hw); R(c); DONE();
+    return FINISH(be->lstm_cell(h, c2, xw, hw, c));
 }
 
 nd_status nd_call_lstm_cell_backward(const nd_backend *be, const char *op, nd_tensor *dgates,
-                                     nd_tensor *dc, const nd_tensor *g, const nd_tensor *xw,
-                                     const nd_tensor *hw, const nd_tensor *c, const nd_tensor *out) {
-    BEGIN(lstm_cell_backward); W(dgates); W(dc); R(g); R(xw); R(hw); R(c); R(out); DONE();
-    return FINISH(be->lstm_cell_backward(dgates, dc, g, xw, hw, c, out));
+                                     nd_tensor *dc, const nd_tensor *gh, const nd_tensor *gc,
+                                     const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c,
+                                     const nd_tensor *c2) {
+    BEGIN(lstm_cell_backward); W(dgates); W(dc); R(gh); R(gc); R(xw); R(hw); R(c); R(c2); DONE();
+    return FINISH(be->lstm_cell_backward(dgates, dc, gh, gc, xw, hw, c, c2));
 }
 
 nd_status nd_call_gru_cell(const nd_backend *be, const char *op, nd_tensor *out,
@@ -579,9 +586,9 @@ nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
                            &a.offset);
         return be->attention(T(0), T(1), T(2), T(3), T(4), T(5), T(6), &a);
     }
-    case ND_CALL_lstm_cell: return be->lstm_cell(T(0), T(1), T(2), T(3));
+    case ND_CALL_lstm_cell: return be->lstm_cell(T(0), T(1), T(2), T(3), T(4));
     case ND_CALL_lstm_cell_backward:
-        return be->lstm_cell_backward(T(0), T(1), T(2), T(3), T(4), T(5), T(6));
+        return be->lstm_cell_backward(T(0), T(1), T(2), T(3), T(4), T(5), T(6), T(7));
     case ND_CALL_gru_cell: return be->gru_cell(T(0), T(1), T(2), T(3));
     case ND_CALL_gru_cell_backward:
         return be->gru_cell_backward(T(0), T(1), T(2), T(3), T(4), T(5), T(6));

@@ -17,8 +17,8 @@
 
 /* The backend entries a record can hold (the order is the enum's).
  * fused_elementwise and fused_rows records are made by the fuse pass (graph_fuse.c) and
- * matmul_acc and reduce_sum_acc ones by the epilogue pass
- * (graph_epilogue.c), never by an op. */
+ * reduce_sum_acc ones by the epilogue pass (graph_epilogue.c), never by an
+ * op; matmul_acc ones by that pass and by nn.LSTM's layer (op_rnn_layer.c). */
 #define ND_CALL_ENTRIES(X) \
     X(copy) X(fill) X(unary) X(binary) X(binary_scalar) X(where) X(clamp) X(reduce) X(max_dim) \
     X(matmul) X(gather) X(scatter) X(index_select) X(index_add) X(masked_fill) X(cumsum) X(sort) \
@@ -63,6 +63,10 @@ nd_status nd_call_max_dim(const nd_backend *be, const char *op, nd_tensor *value
                           nd_tensor *indices, const nd_tensor *x, int dim, int is_min);
 nd_status nd_call_matmul(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *a,
                          const nd_tensor *b);
+/* out += a @ b (bit for bit a matmul then an add; nn.LSTM's layer adds each
+ * step's product into its gates, and its weight gradient's second part) */
+nd_status nd_call_matmul_acc(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *a,
+                             const nd_tensor *b);
 nd_status nd_call_gather(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *x,
                          int dim, const nd_tensor *index);
 nd_status nd_call_scatter(const nd_backend *be, const char *op, nd_tensor *out, int dim,
@@ -156,11 +160,12 @@ nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *
 nd_status nd_call_attention(const nd_backend *be, const char *op, nd_tensor *out, nd_tensor *lse,
                             nd_tensor *keep, const nd_tensor *q, const nd_tensor *k,
                             const nd_tensor *v, const nd_tensor *mask, const nd_attention_args *a);
-nd_status nd_call_lstm_cell(const nd_backend *be, const char *op, nd_tensor *out,
+nd_status nd_call_lstm_cell(const nd_backend *be, const char *op, nd_tensor *h, nd_tensor *c2,
                             const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c);
 nd_status nd_call_lstm_cell_backward(const nd_backend *be, const char *op, nd_tensor *dgates,
-                                     nd_tensor *dc, const nd_tensor *g, const nd_tensor *xw,
-                                     const nd_tensor *hw, const nd_tensor *c, const nd_tensor *out);
+                                     nd_tensor *dc, const nd_tensor *gh, const nd_tensor *gc,
+                                     const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c,
+                                     const nd_tensor *c2);
 nd_status nd_call_gru_cell(const nd_backend *be, const char *op, nd_tensor *out,
                            const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
 nd_status nd_call_gru_cell_backward(const nd_backend *be, const char *op, nd_tensor *dxw,

@@ -24,6 +24,7 @@
 #include "autograd.h"
 #include "backend_call.h"
 #include "grad_expr.h"
+#include "op_rnn.h"
 
 static const char *OP = "lstm_cell";
 
@@ -66,10 +67,16 @@ static nd_status bw_lstm_cell_fused(nd_node *n, nd_tensor *g, nd_tensor **grads)
     if (st == ND_OK && (n->needs_grad[0] || (has_hw && n->needs_grad[1])))
         st = nd_empty_on(nd_get_device(xw), xw->shape, 2, xw->dtype, &dgates);
     if (st == ND_OK && n->needs_grad[2]) st = nd_empty_on(nd_get_device(c), c->shape, 2, c->dtype, &dc);
+    const int64_t H = c ? c->shape[1] : 0;
+    nd_tensor *gh = NULL, *gcn = NULL, *c2 = NULL;
+    if (st == ND_OK) st = nd_narrow(gc, 1, 0, H, &gh);
+    if (st == ND_OK) st = nd_narrow(gc, 1, H, H, &gcn);
+    if (st == ND_OK) st = nd_narrow(out, 1, H, H, &c2);
     if (st == ND_OK)
-        st = ND_BACKEND_CALL(nd_backend_of(xw), lstm_cell_backward, OP, dgates, dc, gc, xu, hu, cu, out);
+        st = ND_BACKEND_CALL(nd_backend_of(xw), lstm_cell_backward, OP, dgates, dc, gh, gcn, xu, hu, cu, c2);
     nd_release(xw), nd_release(hw), nd_release(c), nd_release(out);
     nd_release(xu), nd_release(hu), nd_release(cu), nd_release(gc);
+    nd_release(gh), nd_release(gcn), nd_release(c2);
     if (st != ND_OK) {
         nd_release(dgates), nd_release(dc);
         return st;
@@ -94,40 +101,53 @@ static nd_tensor *gx_narrow(nd_gx *c, const nd_tensor *t, int64_t start, int64_t
     return gx_own(c, nd_narrow(t, 1, start, len, &r), &r);
 }
 
+/* The formulas of the header from differentiable ops (create_graph), for
+ * the gates' pre-activations, the state c before the step and the step's
+ * gradient [dh | dc'] given as its two halves: *dgates (when want_gates)
+ * and *dc, borrowed from x. nn.LSTM's layer (op_rnn_layer.c) runs them a
+ * step at a time. */
+void nd_lstm_cell_grads_composed(nd_gx *x, const nd_tensor *gates, const nd_tensor *c, const nd_tensor *dh,
+                                 const nd_tensor *dcn, bool want_gates, nd_tensor **dgates, nd_tensor **dc) {
+    const int64_t H = c ? c->shape[1] : 0;
+    *dgates = *dc = NULL;
+    nd_tensor *i = gx_un(x, ND_UNARY_sigmoid, gx_narrow(x, gates, 0, H));
+    nd_tensor *f = gx_un(x, ND_UNARY_sigmoid, gx_narrow(x, gates, H, H));
+    nd_tensor *gg = gx_un(x, ND_UNARY_tanh, gx_narrow(x, gates, 2 * H, H));
+    nd_tensor *o = gx_un(x, ND_UNARY_sigmoid, gx_narrow(x, gates, 3 * H, H));
+    nd_tensor *c2 = gx_bin(x, ND_BINARY_add, gx_bin(x, ND_BINARY_mul, f, c), gx_bin(x, ND_BINARY_mul, i, gg));
+    nd_tensor *tc = gx_un(x, ND_UNARY_tanh, c2);
+    nd_tensor *one_m_tc2 = gx_sc(x, ND_BINARY_sub, gx_bin(x, ND_BINARY_mul, tc, tc), 1, 1);
+    nd_tensor *dc2 = gx_bin(x, ND_BINARY_add, dcn,
+                            gx_bin(x, ND_BINARY_mul, gx_bin(x, ND_BINARY_mul, dh, o), one_m_tc2));
+    if (want_gates && x->st == ND_OK) {
+        /* sigmoid' = y (1 - y), tanh' = 1 - y y */
+#define SIG_D(y) gx_bin(x, ND_BINARY_mul, y, gx_sc(x, ND_BINARY_sub, y, 1, 1))
+        nd_tensor *parts[4] = {
+            gx_bin(x, ND_BINARY_mul, gx_bin(x, ND_BINARY_mul, dc2, gg), SIG_D(i)),
+            gx_bin(x, ND_BINARY_mul, gx_bin(x, ND_BINARY_mul, dc2, c), SIG_D(f)),
+            gx_bin(x, ND_BINARY_mul, gx_bin(x, ND_BINARY_mul, dc2, i),
+                   gx_sc(x, ND_BINARY_sub, gx_bin(x, ND_BINARY_mul, gg, gg), 1, 1)),
+            gx_bin(x, ND_BINARY_mul, gx_bin(x, ND_BINARY_mul, dh, tc), SIG_D(o)),
+        };
+#undef SIG_D
+        nd_tensor *dg = NULL;
+        if (x->st == ND_OK) *dgates = gx_own(x, nd_cat(parts, 4, 1, &dg), &dg);
+    }
+    *dc = gx_bin(x, ND_BINARY_mul, dc2, f);
+}
+
 /* create_graph: the formulas of the header from differentiable ops */
 static nd_status bw_lstm_cell_composed(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     nd_gx x = {0};
     nd_tensor *gates = gx_saved(&x, n, SAVED_XW), *c = gx_saved(&x, n, SAVED_C);
     if (n->iparams[0]) gates = gx_bin(&x, ND_BINARY_add, gates, gx_saved(&x, n, SAVED_HW));
     const int64_t H = c ? c->shape[1] : 0;
-    nd_tensor *i = gx_un(&x, ND_UNARY_sigmoid, gx_narrow(&x, gates, 0, H));
-    nd_tensor *f = gx_un(&x, ND_UNARY_sigmoid, gx_narrow(&x, gates, H, H));
-    nd_tensor *gg = gx_un(&x, ND_UNARY_tanh, gx_narrow(&x, gates, 2 * H, H));
-    nd_tensor *o = gx_un(&x, ND_UNARY_sigmoid, gx_narrow(&x, gates, 3 * H, H));
-    nd_tensor *c2 = gx_bin(&x, ND_BINARY_add, gx_bin(&x, ND_BINARY_mul, f, c), gx_bin(&x, ND_BINARY_mul, i, gg));
-    nd_tensor *tc = gx_un(&x, ND_UNARY_tanh, c2);
-    nd_tensor *dh = gx_narrow(&x, g, 0, H), *dcn = gx_narrow(&x, g, H, H);
-    nd_tensor *one_m_tc2 = gx_sc(&x, ND_BINARY_sub, gx_bin(&x, ND_BINARY_mul, tc, tc), 1, 1);
-    nd_tensor *dc2 = gx_bin(&x, ND_BINARY_add, dcn,
-                            gx_bin(&x, ND_BINARY_mul, gx_bin(&x, ND_BINARY_mul, dh, o), one_m_tc2));
+    nd_tensor *dh = gx_narrow(&x, g, 0, H), *dcn = gx_narrow(&x, g, H, H), *dg = NULL, *dc = NULL;
     const bool want_gates = n->needs_grad[0] || (n->iparams[0] && n->needs_grad[1]);
-    if (want_gates && x.st == ND_OK) {
-        /* sigmoid' = y (1 - y), tanh' = 1 - y y */
-#define SIG_D(y) gx_bin(&x, ND_BINARY_mul, y, gx_sc(&x, ND_BINARY_sub, y, 1, 1))
-        nd_tensor *parts[4] = {
-            gx_bin(&x, ND_BINARY_mul, gx_bin(&x, ND_BINARY_mul, dc2, gg), SIG_D(i)),
-            gx_bin(&x, ND_BINARY_mul, gx_bin(&x, ND_BINARY_mul, dc2, c), SIG_D(f)),
-            gx_bin(&x, ND_BINARY_mul, gx_bin(&x, ND_BINARY_mul, dc2, i),
-                   gx_sc(&x, ND_BINARY_sub, gx_bin(&x, ND_BINARY_mul, gg, gg), 1, 1)),
-            gx_bin(&x, ND_BINARY_mul, gx_bin(&x, ND_BINARY_mul, dh, tc), SIG_D(o)),
-        };
-#undef SIG_D
-        nd_tensor *dg = NULL;
-        if (x.st == ND_OK) dg = gx_own(&x, nd_cat(parts, 4, 1, &dg), &dg);
-        if (n->needs_grad[0]) grads[0] = gx_out(&x, dg);
-        if (n->iparams[0] && n->needs_grad[1]) grads[1] = gx_out(&x, dg);
-    }
-    if (n->needs_grad[2]) grads[2] = gx_out(&x, gx_bin(&x, ND_BINARY_mul, dc2, f));
+    if (x.st == ND_OK) nd_lstm_cell_grads_composed(&x, gates, c, dh, dcn, want_gates, &dg, &dc);
+    if (n->needs_grad[0]) grads[0] = gx_out(&x, dg);
+    if (n->iparams[0] && n->needs_grad[1]) grads[1] = gx_out(&x, dg);
+    if (n->needs_grad[2]) grads[2] = gx_out(&x, dc);
     return gx_end(&x);
 }
 
@@ -146,8 +166,11 @@ nd_status nd_lstm_cell(const nd_tensor *xw, const nd_tensor *hw, const nd_tensor
     if (st == ND_OK && hw) st = nd_unit_rows(hw, &hu);
     if (st == ND_OK) st = nd_unit_rows(c, &cu);
     if (st == ND_OK) st = nd_empty_on(nd_get_device(c), shape, 2, c->dtype, &o);
-    if (st == ND_OK) st = ND_BACKEND_CALL(nd_backend_of(c), lstm_cell, OP, o, xu, hu, cu);
-    nd_release(xu), nd_release(hu), nd_release(cu);
+    nd_tensor *oh = NULL, *oc = NULL; /* the result's two halves */
+    if (st == ND_OK) st = nd_narrow(o, 1, 0, c->shape[1], &oh);
+    if (st == ND_OK) st = nd_narrow(o, 1, c->shape[1], c->shape[1], &oc);
+    if (st == ND_OK) st = ND_BACKEND_CALL(nd_backend_of(c), lstm_cell, OP, oh, oc, xu, hu, cu);
+    nd_release(xu), nd_release(hu), nd_release(cu), nd_release(oh), nd_release(oc);
     nd_set_grad_enabled(grad_on);
     if (st == ND_OK && grad_on && (xw->requires_grad || (hw && hw->requires_grad) || c->requires_grad)) {
         nd_node *n = NULL;

@@ -88,6 +88,16 @@ local function lstm_step(xw, h, c, w_hh, b_hh, H)
   return o * c:tanh(), c
 end
 
+-- whether an LSTM direction runs as core._lstm_layer: float32 or float64
+-- throughout, a state of its own per batch entry (one broadcast over the
+-- batch composes the steps)
+local function layer_applies(xw, h, c, w_hh, b_hh)
+  local dt = xw.dtype
+  return CELL_DTYPES[dt] and h.dtype == dt and c.dtype == dt and w_hh.dtype == dt
+     and (b_hh == nil or b_hh.dtype == dt) and xw:dim() == 3 and h:dim() == 2 and c:dim() == 2
+     and h:size(1) == xw:size(2) and c:size(1) == xw:size(2) and xw:size(2) > 0
+end
+
 local function gru_step(xw, h, w_hh, b_hh, H)
   local hw = linear(h, w_hh, b_hh)
   if CELL_DTYPES[xw.dtype] and xw.dtype == hw.dtype and xw.dtype == h.dtype and xw:dim() == 2
@@ -218,6 +228,13 @@ local function make_rnn(kind)
   local function run_direction(self, xw, h, c, suffix, reverse)
     local _, w_hh, _, b_hh = layer_params(self, suffix)
     local T, H = xw:size(1), self.hidden_size
+    if kind == "LSTM" and layer_applies(xw, h, c, w_hh, b_hh) then
+      -- the whole direction as one op (core._lstm_layer): two kernels a step
+      -- each way and the weight's gradient as one product over all steps;
+      -- its result holds the outputs, then the last c
+      local out = core._lstm_layer(xw, w_hh, b_hh, h, c, reverse)
+      return out:narrow(1, 1, T), out[reverse and 1 or T], out[T + 1]
+    end
     local outs = {}
     -- without a graph nothing keeps a step's [h | c'] but its h kept for the
     -- output: a copy of h lets the rest go (half the output's memory)

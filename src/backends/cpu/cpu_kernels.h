@@ -141,11 +141,11 @@ nd_status nd_cpu_attention_backward(nd_tensor *dq, nd_tensor *dk, nd_tensor *dv,
                                     const nd_tensor *lse, const nd_tensor *keep,
                                     const nd_attention_args *a);
 /* cpu_rnn_cell.c */
-nd_status nd_cpu_lstm_cell(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw,
+nd_status nd_cpu_lstm_cell(nd_tensor *h, nd_tensor *c2, const nd_tensor *xw, const nd_tensor *hw,
                            const nd_tensor *c);
-nd_status nd_cpu_lstm_cell_backward(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *g,
-                                    const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c,
-                                    const nd_tensor *out);
+nd_status nd_cpu_lstm_cell_backward(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *gh,
+                                    const nd_tensor *gc, const nd_tensor *xw, const nd_tensor *hw,
+                                    const nd_tensor *c, const nd_tensor *c2);
 nd_status nd_cpu_gru_cell(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
 nd_status nd_cpu_gru_cell_backward(nd_tensor *dxw, nd_tensor *dhw, nd_tensor *dh, const nd_tensor *g,
                                    const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);

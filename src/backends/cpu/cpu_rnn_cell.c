@@ -20,7 +20,7 @@
  * reads (NULL where the call has none) */
 typedef struct {
     nd_tensor *o[3];
-    const nd_tensor *g, *xw, *hw, *state, *out;
+    const nd_tensor *g, *gc, *xw, *hw, *state, *c2;
     int64_t H;
 } cell_call;
 
@@ -81,7 +81,7 @@ static void tanh_f64(double *o, const double *x, int64_t n) {
         lstm_act_##SFX(c, b, act, act + 4 * H);                                                   \
         const T *i = act, *f = act + H, *g = act + 2 * H, *o = act + 3 * H;                       \
         const T *cr = ROW(const T, c->state, b);                                                  \
-        T *h = ROW(T, c->o[0], b), *c2 = h + H;                                                   \
+        T *h = ROW(T, c->o[0], b), *c2 = ROW(T, c->o[1], b);                                      \
         for (int64_t j = 0; j < H; j++) c2[j] = f[j] * cr[j] + i[j] * g[j];                       \
         tanh_##SFX(h, c2, H);                                                                     \
         for (int64_t j = 0; j < H; j++) h[j] = o[j] * h[j];                                       \
@@ -91,8 +91,9 @@ static void tanh_f64(double *o, const double *x, int64_t n) {
         T *act = buf, *tc = act + 4 * H;                                                          \
         lstm_act_##SFX(c, b, act, act + 5 * H);                                                   \
         const T *i = act, *f = act + H, *gg = act + 2 * H, *o = act + 3 * H;                      \
-        const T *cr = ROW(const T, c->state, b), *dh = ROW(const T, c->g, b), *dcn = dh + H;       \
-        tanh_##SFX(tc, ROW(const T, c->out, b) + H, H);                                           \
+        const T *cr = ROW(const T, c->state, b), *dh = ROW(const T, c->g, b);                     \
+        const T *dcn = ROW(const T, c->gc, b);                                                    \
+        tanh_##SFX(tc, ROW(const T, c->c2, b), H);                                                \
         T *da = ROW(T, c->o[0], b), *dcr = ROW(T, c->o[1], b);                                    \
         for (int64_t j = 0; j < H; j++) {                                                         \
             const T dc2 = dcn[j] + (dh[j] * o[j]) * ((T)1 - tc[j] * tc[j]);                       \
@@ -152,18 +153,18 @@ static nd_status run_rows(const char *op, const cell_call *c, int64_t work, int6
     return each_row(op, c->state->shape[0], work, buf_elems, nd_dtype_size(dt), dt == ND_FLOAT32 ? f32 : f64, c);
 }
 
-nd_status nd_cpu_lstm_cell(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw,
+nd_status nd_cpu_lstm_cell(nd_tensor *h, nd_tensor *c2, const nd_tensor *xw, const nd_tensor *hw,
                            const nd_tensor *c) {
     const int64_t H = c->shape[1];
-    const cell_call cc = {.o = {out}, .xw = xw, .hw = hw, .state = c, .H = H};
+    const cell_call cc = {.o = {h, c2}, .xw = xw, .hw = hw, .state = c, .H = H};
     return run_rows("lstm_cell", &cc, 16 * H, 8 * H, lstm_fwd_f32, lstm_fwd_f64);
 }
 
-nd_status nd_cpu_lstm_cell_backward(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *g,
-                                    const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c,
-                                    const nd_tensor *out) {
+nd_status nd_cpu_lstm_cell_backward(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *gh,
+                                    const nd_tensor *gc, const nd_tensor *xw, const nd_tensor *hw,
+                                    const nd_tensor *c, const nd_tensor *c2) {
     const int64_t H = c->shape[1];
-    const cell_call cc = {.o = {dgates, dc}, .g = g, .xw = xw, .hw = hw, .state = c, .out = out, .H = H};
+    const cell_call cc = {.o = {dgates, dc}, .g = gh, .gc = gc, .xw = xw, .hw = hw, .state = c, .c2 = c2, .H = H};
     return run_rows("lstm_cell", &cc, 32 * H, 9 * H, lstm_bwd_f32, lstm_bwd_f64);
 }
 

@@ -40,10 +40,11 @@ nd_status ocl_layer_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, const n
 nd_status ocl_gru_cell(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
 nd_status ocl_gru_cell_backward(nd_tensor *dxw, nd_tensor *dhw, nd_tensor *dh, const nd_tensor *g,
                                 const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
-nd_status ocl_lstm_cell(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c);
-nd_status ocl_lstm_cell_backward(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *g,
+nd_status ocl_lstm_cell(nd_tensor *h, nd_tensor *c2, const nd_tensor *xw, const nd_tensor *hw,
+                        const nd_tensor *c);
+nd_status ocl_lstm_cell_backward(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *gh, const nd_tensor *gc,
                                  const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c,
-                                 const nd_tensor *out);
+                                 const nd_tensor *c2);
 nd_status ocl_attention(nd_tensor *out, nd_tensor *lse, nd_tensor *keep, const nd_tensor *q,
                         const nd_tensor *k, const nd_tensor *v, const nd_tensor *mask,
                         const nd_attention_args *args);

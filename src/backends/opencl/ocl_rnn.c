@@ -45,17 +45,18 @@ static nd_status launch_cell(const char *op, const char *kname, const nd_tensor 
     return ocl_launch_1d(d, k, op, n);
 }
 
-nd_status ocl_lstm_cell(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c) {
-    const nd_tensor *req[3] = {xw, c, out}, *opt[1] = {hw};
-    return launch_cell("lstm_cell", "lstm_cell_fwd", c, req, 3, opt, 1);
+nd_status ocl_lstm_cell(nd_tensor *h, nd_tensor *c2, const nd_tensor *xw, const nd_tensor *hw,
+                        const nd_tensor *c) {
+    const nd_tensor *req[4] = {xw, c, h, c2}, *opt[1] = {hw};
+    return launch_cell("lstm_cell", "lstm_cell_fwd", c, req, 4, opt, 1);
 }
 
-nd_status ocl_lstm_cell_backward(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *g,
+nd_status ocl_lstm_cell_backward(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *gh, const nd_tensor *gc,
                                  const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *c,
-                                 const nd_tensor *out) {
+                                 const nd_tensor *c2) {
     if (!dgates && !dc) return ND_OK;
-    const nd_tensor *req[4] = {g, xw, c, out}, *opt[3] = {hw, dgates, dc};
-    return launch_cell("lstm_cell", "lstm_cell_bwd", c, req, 4, opt, 3);
+    const nd_tensor *req[5] = {gh, gc, xw, c, c2}, *opt[3] = {hw, dgates, dc};
+    return launch_cell("lstm_cell", "lstm_cell_bwd", c, req, 5, opt, 3);
 }
 
 nd_status ocl_gru_cell(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h) {

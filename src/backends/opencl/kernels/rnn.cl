@@ -22,23 +22,23 @@ inline void lstm_act(__global const T *xr, __global const T *hr, int has_hw, lon
 }
 
 __kernel void lstm_cell_fwd(long n, long H, __global const T *x, long xoff, long xs,
-                            __global const T *c, long coff, long cs, __global T *out, long ooff,
-                            long os, int has_hw, __global const T *hw, long hoff, long hs) {
+                            __global const T *c, long coff, long cs, __global T *h, long hoff, long hs2,
+                            __global T *c2, long c2off, long c2s, int has_hw, __global const T *hw,
+                            long hoff_w, long hs) {
     long id = get_global_id(0);
     if (id >= n) return;
     long b = id / H, j = id - b * H;
     T i, f, g, o;
-    lstm_act(x + xoff + b * xs, hw + hoff + b * hs, has_hw, H, j, &i, &f, &g, &o);
-    T c2 = f * c[coff + b * cs + j] + i * g;
-    __global T *orow = out + ooff + b * os;
-    orow[H + j] = c2;
-    orow[j] = o * tanh(c2);
+    lstm_act(x + xoff + b * xs, hw + hoff_w + b * hs, has_hw, H, j, &i, &f, &g, &o);
+    T cn = f * c[coff + b * cs + j] + i * g;
+    c2[c2off + b * c2s + j] = cn;
+    h[hoff + b * hs2 + j] = o * tanh(cn);
 }
 
-__kernel void lstm_cell_bwd(long n, long H, __global const T *g, long goff, long gs,
-                            __global const T *x, long xoff, long xs, __global const T *c,
-                            long coff, long cs, __global const T *out, long ooff, long os,
-                            int has_hw, __global const T *hw, long hoff, long hs,
+__kernel void lstm_cell_bwd(long n, long H, __global const T *gh, long ghoff, long ghs,
+                            __global const T *gc, long gcoff, long gcs, __global const T *x, long xoff,
+                            long xs, __global const T *c, long coff, long cs, __global const T *c2,
+                            long c2off, long c2s, int has_hw, __global const T *hw, long hoff, long hs,
                             int has_da, __global T *da, long daoff, long das, int has_dc,
                             __global T *dc, long dcoff, long dcs) {
     long id = get_global_id(0);
@@ -46,8 +46,8 @@ __kernel void lstm_cell_bwd(long n, long H, __global const T *g, long goff, long
     long b = id / H, j = id - b * H;
     T i, f, gg, o;
     lstm_act(x + xoff + b * xs, hw + hoff + b * hs, has_hw, H, j, &i, &f, &gg, &o);
-    T tc = tanh(out[ooff + b * os + H + j]);
-    T dh = g[goff + b * gs + j], dcn = g[goff + b * gs + H + j];
+    T tc = tanh(c2[c2off + b * c2s + j]);
+    T dh = gh[ghoff + b * ghs + j], dcn = gc[gcoff + b * gcs + j];
     T dc2 = dcn + (dh * o) * ((T)1 - tc * tc);
     if (has_da) {
         __global T *dr = da + daoff + b * das;
