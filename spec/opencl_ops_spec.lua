@@ -378,6 +378,12 @@ case("lstm_layer (forward and reversed, bias or none, xw transposed in memory, 5
     local core = require "needle.core"
     return core._lstm_layer(xw, w, b, h0, c0, false), core._lstm_layer(xt:permute({3, 2, 1}), w, nil, h0, c0, true)
   end, {rtol = 1e-5, atol = 1e-6})
+case("gru_layer (forward and reversed, bias or none, xw transposed in memory, 5 steps)", function()
+  return {randn({5, 3, 9}), randn({9, 3}) * 0.5, randn({9}), randn({3, 3}), randn({9, 3, 5})} end,
+  function(xw, w, b, h0, xt)
+    local core = require "needle.core"
+    return core._gru_layer(xw, w, b, h0, false), core._gru_layer(xt:permute({3, 2, 1}), w, nil, h0, true)
+  end, {rtol = 1e-5, atol = 1e-6})
 case("gru_cell (strided rows)", function()
   return {randn({3, 9}) * 2, randn({3, 9}), randn({3, 6}), randn({9, 3}) * 2} end,
   function(xw, hw, hh, xt)

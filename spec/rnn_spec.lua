@@ -421,6 +421,101 @@ describe("the LSTM layer (core._lstm_layer, one direction of nn.LSTM)", function
   end)
 end)
 
+describe("the GRU layer (core._gru_layer, one direction of nn.GRU)", function()
+  local core = require "needle.core"
+  local C = G.bind(assert)
+  local function max_diff(a, b) return (a:to("cpu"):double() - b:to("cpu"):double()):abs():max():item() end
+  local function rel_diff(a, b) return max_diff(a, b) / math.max(b:to("cpu"):double():abs():max():item(), 1e-30) end
+  -- the layer as the steps nn.GRU composed before it
+  local function steps(xw, w, b, h, reverse)
+    local T, H = xw:size(1), w:size(2)
+    local ys = {}
+    for i = 1, T do
+      local t = reverse and T + 1 - i or i
+      local x, hw = xw[t], nd.F.linear(h, w, b)
+      local r = (x:narrow(2, 1, H) + hw:narrow(2, 1, H)):sigmoid()
+      local z = (x:narrow(2, H + 1, H) + hw:narrow(2, H + 1, H)):sigmoid()
+      local n = (x:narrow(2, 2 * H + 1, H) + r * hw:narrow(2, 2 * H + 1, H)):tanh()
+      h = (1 - z) * n + z * h
+      ys[t] = h
+    end
+    return nd.stack(ys, 1)
+  end
+
+  it("float64 gradients by finite differences, forward and reversed, and gradients of gradients", function()
+    nd.manual_seed(99)
+    local function layer(rev) return function(xw, w, b, h0) return core._gru_layer(xw, w, b, h0, rev) end end
+    local leaves = function() return {G.leaf({4, 2, 6}, -2, 2), G.leaf({6, 2}), G.leaf({6}), G.leaf({2, 2})} end
+    C.check(layer(false), leaves())
+    C.check(layer(true), leaves())
+    -- no bias; xw transposed in memory, h0 strided rows of a wider state
+    C.check(function(xt, w, hh) return core._gru_layer(xt:permute({3, 2, 1}), w, nil, hh:narrow(2, 2, 2), true) end,
+            {G.leaf({6, 2, 3}, -2, 2), G.leaf({6, 2}), G.leaf({2, 4})})
+    C.check2(layer(false), {G.leaf({3, 2, 6}, -2, 2), G.leaf({6, 2}), G.leaf({6}), G.leaf({2, 2})})
+    C.check2(layer(true), {G.leaf({2, 1, 6}, -2, 2), G.leaf({6, 2}), G.leaf({6}), G.leaf({1, 2})})
+  end)
+
+  it("computes the composed steps' values on the CPU bit for bit, their gradients to rounding", function()
+    for _, dt in ipairs({"float32", "float64"}) do
+      for _, rev in ipairs({false, true}) do
+        nd.manual_seed(100)
+        local T, B, H = 9, 5, 33
+        local function leaf(shape, scale) return (nd.randn(shape, {dtype = dt}) * scale):requires_grad_() end
+        local xw, w, b, h0 = leaf({T, B, 3 * H}, 2), leaf({3 * H, H}, 0.3), leaf({3 * H}, 1), leaf({B, H}, 1)
+        local wt = nd.randn({T, B, H}, {dtype = dt})
+        local what = dt .. (rev and " reversed" or "")
+        local o1 = core._gru_layer(xw, w, b, h0, rev)
+        local g1 = nd.grad((o1 * wt):sum(), {xw, w, b, h0})
+        local o2 = steps(xw, w, b, h0, rev)
+        local g2 = nd.grad((o2 * wt):sum(), {xw, w, b, h0})
+        assert.are.equal(0, max_diff(o1, o2), what .. " outputs")
+        -- (h's gradient sums three parts a step, in another order than the engine did)
+        local tol = dt == "float32" and 2e-5 or 1e-12
+        for k, name in ipairs({"xw", "w_hh", "b_hh", "h0"}) do
+          assert.is_true(rel_diff(g1[k], g2[k]) < tol, what .. " " .. name .. "'s gradient " .. rel_diff(g1[k], g2[k]))
+        end
+        -- without a graph the product's buffer is one step long: the same values
+        local y = nd.no_grad(function() return core._gru_layer(xw, w, b, h0, rev) end)
+        assert.is_false(y.requires_grad)
+        assert.are.equal(0, max_diff(y, o1), what .. " under no_grad")
+      end
+    end
+  end)
+
+  it("nn.GRU runs its layers through it: a 2-layer bidirectional step's outputs and gradients", function()
+    nd.manual_seed(101)
+    local m = nn.GRU(5, 12, {num_layers = 2, bidirectional = true})
+    local x = nd.randn({7, 3, 5})
+    local function h_n(h) return h end
+    local calls, layer = 0, core._gru_layer
+    local out1, g1 = train_with_cell(m, x, "_gru_layer", function(...)
+      calls = calls + 1
+      return layer(...)
+    end, h_n)
+    assert.are.equal(4, calls)
+    local out2, g2 = train_with_cell(m, x, "_gru_layer", steps, h_n)
+    assert.are.equal(0, max_diff(out1, out2))
+    for i = 1, #g1 do assert.is_true(rel_diff(g1[i], g2[i]) < 2e-5, "parameter " .. i) end
+  end)
+
+  it("checks its arguments", function()
+    local function err(...)
+      local ok, e = pcall(core._gru_layer, ...)
+      assert.is_false(ok)
+      return e
+    end
+    local xw, w, s = nd.randn({3, 2, 6}), nd.randn({6, 2}), nd.randn({2, 2})
+    assert.truthy(err(xw, nd.randn({6, 3}), nil, s):find(
+      "gru_layer: expected the input's products (T, B, 3H) with T, B, H > 0, w_hh (3H, H), b_hh (3H) or none " ..
+      "and h0 (B, H), got {3,2,6}, {6,3}, none and {2,2}", 1, true))
+    assert.truthy(err(xw, w, nd.randn({5}), s):find("got {3,2,6}, {6,2}, {5} and {2,2}", 1, true))
+    assert.truthy(err(nd.randn({0, 2, 6}), w, nil, s):find("got {0,2,6}", 1, true))
+    assert.truthy(err(xw, w, nil, s:double()):find(
+      "gru_layer: expected float32 or float64 products, weight, bias and state of one dtype, got float32, " ..
+      "float32, none and float64", 1, true))
+  end)
+end)
+
 describe("the fused GRU cell (core._gru_cell, nn.GRU's step)", function()
   local core = require "needle.core"
   local C = G.bind(assert)
@@ -440,7 +535,7 @@ describe("the fused GRU cell (core._gru_cell, nn.GRU's step)", function()
     C.check(function(xt, hw, hh) return core._gru_cell(xt:t(), hw, hh:narrow(2, 2, 2)) end,
             {G.leaf({6, 3}, -2, 2), G.leaf({3, 6}), G.leaf({3, 4})})
     C.check2(cell, {G.leaf({2, 6}, -2, 2), G.leaf({2, 6}), G.leaf({2, 2})})
-    G.assert_covers(assert, "rnn_spec.lua") -- (lstm_cell's and lstm_layer's ran in the describes above)
+    G.assert_covers(assert, "rnn_spec.lua") -- (the LSTM's and gru_layer's ran in the describes above)
   end)
 
   it("computes the composed ops' values and gradients bit for bit on the CPU (float32, float64)", function()

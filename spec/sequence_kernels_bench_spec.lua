@@ -1,6 +1,6 @@
 -- sequence_kernels_bench_spec.lua - scripts/bench/sequence_kernels.lua runs end to
 -- end at --quick sizes: a row for the attention case with both paths' times and
--- memory, and a row per recurrent module (the LSTM also with its per-step cells); its options are checked. No timing
+-- memory, and a row per recurrent module (each also with its per-step cells); its options are checked. No timing
 -- thresholds.
 local H = require "spec.helpers.scripts"
 
@@ -15,7 +15,8 @@ describe("scripts/bench/sequence_kernels.lua", function()
     local num = "%s+%d+%.%d+%s+%d+%.%d+"
     assert.truthy(text:match("nn%.LSTM %(core%._lstm_layer%), 3 steps, batch 2, 4 %-> 8" .. num), text)
     assert.truthy(text:match("nn%.LSTM, per%-step cells, 3 steps, batch 2, 4 %-> 8" .. num), text)
-    assert.truthy(text:match("nn%.GRU %(cells%), 3 steps, batch 2, 4 %-> 8" .. num), text)
+    assert.truthy(text:match("nn%.GRU %(core%._gru_layer%), 3 steps, batch 2, 4 %-> 8" .. num), text)
+    assert.truthy(text:match("nn%.GRU, per%-step cells, 3 steps, batch 2, 4 %-> 8" .. num), text)
   end)
 
   it("refuses an unknown option, naming the valid ones", function()

@@ -491,6 +491,13 @@ nd_status nd_gru_cell(const nd_tensor *xw, const nd_tensor *hw, const nd_tensor 
  * "lstm_layer". */
 nd_status nd_lstm_layer(const nd_tensor *xw, const nd_tensor *w_hh, const nd_tensor *b_hh, const nd_tensor *h0,
                         const nd_tensor *c0, bool reverse, nd_tensor **out);
+/* One direction of one nn.GRU layer over a whole sequence, as one op: xw
+ * (T, B, 3H) the input's products, w_hh (3H, H), b_hh (3H) or NULL, h0 (B,
+ * H); each step's state product is h W_hh^T + b_hh and its cell
+ * nd_gru_cell's; steps run t = 1..T, or T..1 when reverse. Returns the
+ * outputs (T, B, H). float32 or float64; errors are named "gru_layer". */
+nd_status nd_gru_layer(const nd_tensor *xw, const nd_tensor *w_hh, const nd_tensor *b_hh, const nd_tensor *h0,
+                       bool reverse, nd_tensor **out);
 /* as nd_conv2d, then act */
 nd_status nd_fused_conv2d(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
                           const int64_t *stride, const int64_t *padding, const int64_t *dilation,

@@ -182,6 +182,7 @@
     X(lstm_cell,           CELL,     3, FLOAT,   NODE)                     \
     X(gru_cell,            CELL,     3, FLOAT,   NODE)                     \
     X(lstm_layer,          CELL,     5, FLOAT,   NODE)                     \
+    X(gru_layer,           CELL,     4, FLOAT,   NODE)                     \
     X(conv2d,              CONV,     3, FLOAT,   NODE)                     \
     X(conv_transpose2d,    CONV,     3, FLOAT,   NODE)                     \
     X(fused_conv2d,        CONV,     3, FLOAT,   VIA)                      \

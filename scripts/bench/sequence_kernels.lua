@@ -11,8 +11,9 @@
 --   (on the CPU only: F.scaled_dot_product_attention composes the ops elsewhere);
 -- recurrent: nn.LSTM and nn.GRU (2 layers, 35 steps, batch 20, input 128, hidden 256),
 --   forward and backward and no_grad inference, ms and, on OpenCL, kernel launches per
---   training step (nd.opencl.launches); nn.LSTM through core._lstm_layer and, as a
---   reference, with its layers run as the per-step cells did before (docs/nn-sequence.md).
+--   training step (nd.opencl.launches); nn.LSTM and nn.GRU through core._lstm_layer and
+--   core._gru_layer and, as a reference, with their layers run as the per-step cells did
+--   before (docs/nn-sequence.md).
 -- --quick: tiny sizes (spec/sequence_kernels_bench_spec.lua).
 local nd = require "needle"
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
@@ -102,15 +103,26 @@ local function lstm_steps(xw, w_hh, b_hh, h, c, reverse)
   end
   return nd.cat({nd.stack(ys, 1), c:unsqueeze(1)}, 1)
 end
+local gru_layer = core._gru_layer
+local function gru_steps(xw, w_hh, b_hh, h, reverse)
+  local T = xw:size(1)
+  local ys = {}
+  for s = 1, T do
+    local t = reverse and T + 1 - s or s
+    h = core._gru_cell(xw[t], nd.F.linear(h, w_hh, b_hh), h)
+    ys[t] = h
+  end
+  return nd.stack(ys, 1)
+end
 
 print(("%-58s %12s %12s %12s"):format("recurrent module (2 layers)", "train ms", "infer ms",
                                       dev ~= "cpu" and "launches" or ""))
 local T, Bt, In, Hd = 35, 20, 128, 256
 if opts.quick then T, Bt, In, Hd = 3, 2, 4, 8 end
 local rows = {{"LSTM", "nn.LSTM (core._lstm_layer)"}, {"LSTM", "nn.LSTM, per-step cells", lstm_steps},
-              {"GRU", "nn.GRU (cells)"}}
+              {"GRU", "nn.GRU (core._gru_layer)"}, {"GRU", "nn.GRU, per-step cells", nil, gru_steps}}
 for _, row in ipairs(rows) do
-  local kind, label, layer = row[1], row[2], row[3]
+  local kind, label, layer, glayer = row[1], row[2], row[3], row[4]
   nd.manual_seed(0)
   local m = nd.nn[kind](In, Hd, {num_layers = 2}):to(dev)
   local x = nd.randn({T, Bt, In}):to(dev)
@@ -119,7 +131,7 @@ for _, row in ipairs(rows) do
     m(x):sum():backward()
   end
   local function infer() nd.no_grad(function() return m(x) end) end
-  core._lstm_layer = layer or lstm_layer
+  core._lstm_layer, core._gru_layer = layer or lstm_layer, glayer or gru_layer
   local ok, err = pcall(function()
     local ms = measure(step)
     local ims = measure(infer)
@@ -133,6 +145,6 @@ for _, row in ipairs(rows) do
     print(("%-58s %12.2f %12.2f %12s"):format(("%s, %d steps, batch %d, %d -> %d"):format(label, T, Bt, In, Hd), ms,
                                               ims, launches))
   end)
-  core._lstm_layer = lstm_layer
+  core._lstm_layer, core._gru_layer = lstm_layer, gru_layer
   if not ok then error(err, 0) end
 end

@@ -316,6 +316,17 @@ static int l_lstm_layer(lua_State *L) {
     return 1;
 }
 
+/* _gru_layer(xw (T, B, 3H), w_hh (3H, H), b_hh (3H) or nil, h0 (B, H), reverse)
+ * -> the outputs (T, B, H) (nn.GRU's layer, one direction) */
+static int l_gru_layer(lua_State *L) {
+    const char *op = "gru_layer";
+    nd_tensor *xw = lt_check(L, 1, op), *w = lt_check(L, 2, op), *h0 = lt_check(L, 4, op), *r;
+    const nd_tensor *b = lua_isnoneornil(L, 3) ? NULL : lt_check(L, 3, op);
+    LT_CHECK(L, nd_gru_layer(xw, w, b, h0, lua_toboolean(L, 5), &r));
+    lt_push(L, r);
+    return 1;
+}
+
 void lt_register_nn(lua_State *L) {
     static const lt_reg regs[] = {
         {"conv2d", l_conv2d, false, true},
@@ -332,6 +343,7 @@ void lt_register_nn(lua_State *L) {
         {"_lstm_cell", l_lstm_cell, false, true},
         {"_gru_cell", l_gru_cell, false, true},
         {"_lstm_layer", l_lstm_layer, false, true},
+        {"_gru_layer", l_gru_layer, false, true},
         {"fold_batch_norm", l_fold_batch_norm, false, true},
         {NULL, NULL, false, false},
     };

@@ -242,34 +242,46 @@ static nd_status bw_gru_cell_fused(nd_node *n, nd_tensor *g, nd_tensor **grads) 
     return ND_OK;
 }
 
+/* The formulas above from differentiable ops (create_graph), for the
+ * step's products xw, hw, its state h and the new state's gradient g: *dxw, *dhw (each
+ * when wanted) and *dh, borrowed from x. nn.GRU's layer runs them a step at
+ * a time. */
+void nd_gru_cell_grads_composed(nd_gx *x, const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h,
+                                const nd_tensor *g, bool want_x, bool want_hw, nd_tensor **dxw, nd_tensor **dhw,
+                                nd_tensor **dh) {
+    const int64_t H = h ? h->shape[1] : 0;
+    *dxw = *dhw = *dh = NULL;
+    nd_tensor *hn = gx_narrow(x, hw, 2 * H, H);
+    nd_tensor *r = gx_un(x, ND_UNARY_sigmoid, gx_bin(x, ND_BINARY_add, gx_narrow(x, xw, 0, H), gx_narrow(x, hw, 0, H)));
+    nd_tensor *z = gx_un(x, ND_UNARY_sigmoid, gx_bin(x, ND_BINARY_add, gx_narrow(x, xw, H, H), gx_narrow(x, hw, H, H)));
+    nd_tensor *nn = gx_un(x, ND_UNARY_tanh, gx_bin(x, ND_BINARY_add, gx_narrow(x, xw, 2 * H, H),
+                                                   gx_bin(x, ND_BINARY_mul, r, hn)));
+    nd_tensor *dn = gx_bin(x, ND_BINARY_mul, g, gx_sc(x, ND_BINARY_sub, z, 1, 1));
+    nd_tensor *dz = gx_bin(x, ND_BINARY_sub, gx_bin(x, ND_BINARY_mul, g, h), gx_bin(x, ND_BINARY_mul, g, nn));
+    nd_tensor *dpn = gx_bin(x, ND_BINARY_mul, dn, gx_sc(x, ND_BINARY_sub, gx_bin(x, ND_BINARY_mul, nn, nn), 1, 1));
+    nd_tensor *dpz = gx_bin(x, ND_BINARY_mul, dz, gx_bin(x, ND_BINARY_mul, z, gx_sc(x, ND_BINARY_sub, z, 1, 1)));
+    nd_tensor *dpr = gx_bin(x, ND_BINARY_mul, gx_bin(x, ND_BINARY_mul, dpn, hn),
+                            gx_bin(x, ND_BINARY_mul, r, gx_sc(x, ND_BINARY_sub, r, 1, 1)));
+    if (want_x && x->st == ND_OK) {
+        nd_tensor *parts[3] = {dpr, dpz, dpn}, *d = NULL;
+        *dxw = gx_own(x, nd_cat(parts, 3, 1, &d), &d);
+    }
+    if (want_hw && x->st == ND_OK) {
+        nd_tensor *parts[3] = {dpr, dpz, gx_bin(x, ND_BINARY_mul, dpn, r)}, *d = NULL;
+        if (x->st == ND_OK) *dhw = gx_own(x, nd_cat(parts, 3, 1, &d), &d);
+    }
+    *dh = gx_bin(x, ND_BINARY_mul, g, z);
+}
+
 /* create_graph: the formulas above from differentiable ops */
 static nd_status bw_gru_cell_composed(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     nd_gx x = {0};
     nd_tensor *xw = gx_saved(&x, n, GRU_SAVED_XW), *hw = gx_saved(&x, n, GRU_SAVED_HW);
-    nd_tensor *h = gx_saved(&x, n, GRU_SAVED_H);
-    const int64_t H = h ? h->shape[1] : 0;
-    nd_tensor *hn = gx_narrow(&x, hw, 2 * H, H);
-    nd_tensor *r = gx_un(&x, ND_UNARY_sigmoid, gx_bin(&x, ND_BINARY_add, gx_narrow(&x, xw, 0, H), gx_narrow(&x, hw, 0, H)));
-    nd_tensor *z = gx_un(&x, ND_UNARY_sigmoid, gx_bin(&x, ND_BINARY_add, gx_narrow(&x, xw, H, H), gx_narrow(&x, hw, H, H)));
-    nd_tensor *nn = gx_un(&x, ND_UNARY_tanh, gx_bin(&x, ND_BINARY_add, gx_narrow(&x, xw, 2 * H, H),
-                                                    gx_bin(&x, ND_BINARY_mul, r, hn)));
-    nd_tensor *dn = gx_bin(&x, ND_BINARY_mul, g, gx_sc(&x, ND_BINARY_sub, z, 1, 1));
-    nd_tensor *dz = gx_bin(&x, ND_BINARY_sub, gx_bin(&x, ND_BINARY_mul, g, h), gx_bin(&x, ND_BINARY_mul, g, nn));
-    nd_tensor *dpn = gx_bin(&x, ND_BINARY_mul, dn, gx_sc(&x, ND_BINARY_sub, gx_bin(&x, ND_BINARY_mul, nn, nn), 1, 1));
-    nd_tensor *dpz = gx_bin(&x, ND_BINARY_mul, dz, gx_bin(&x, ND_BINARY_mul, z, gx_sc(&x, ND_BINARY_sub, z, 1, 1)));
-    nd_tensor *dpr = gx_bin(&x, ND_BINARY_mul, gx_bin(&x, ND_BINARY_mul, dpn, hn),
-                            gx_bin(&x, ND_BINARY_mul, r, gx_sc(&x, ND_BINARY_sub, r, 1, 1)));
-    if (n->needs_grad[0] && x.st == ND_OK) {
-        nd_tensor *parts[3] = {dpr, dpz, dpn}, *dx = NULL;
-        dx = gx_own(&x, nd_cat(parts, 3, 1, &dx), &dx);
-        grads[0] = gx_out(&x, dx);
-    }
-    if (n->needs_grad[1] && x.st == ND_OK) {
-        nd_tensor *parts[3] = {dpr, dpz, gx_bin(&x, ND_BINARY_mul, dpn, r)}, *dh = NULL;
-        if (x.st == ND_OK) dh = gx_own(&x, nd_cat(parts, 3, 1, &dh), &dh);
-        grads[1] = gx_out(&x, dh);
-    }
-    if (n->needs_grad[2]) grads[2] = gx_out(&x, gx_bin(&x, ND_BINARY_mul, g, z));
+    nd_tensor *h = gx_saved(&x, n, GRU_SAVED_H), *d[3] = {0};
+    if (x.st == ND_OK)
+        nd_gru_cell_grads_composed(&x, xw, hw, h, g, n->needs_grad[0], n->needs_grad[1], &d[0], &d[1], &d[2]);
+    for (int k = 0; k < 3; k++)
+        if (n->needs_grad[k]) grads[k] = gx_out(&x, d[k]);
     return gx_end(&x);
 }
 

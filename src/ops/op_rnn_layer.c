@@ -28,8 +28,6 @@
  * Under create_graph the backward recomputes the steps from differentiable
  * ops and composes the cell's formulas (op_rnn.h), so second derivatives
  * exist. */
-#include <stdlib.h>
-#include "autograd.h"
 #include "backend_call.h"
 #include "op_rnn.h"
 
@@ -41,33 +39,6 @@ static const char *OP = "lstm_layer";
 enum { SV_XW, SV_W, SV_H0, SV_C0, SV_PROD, SV_CS, SV_OUT, SV_B };
 /* the inputs, in grads[] order */
 enum { IN_XW, IN_W, IN_B, IN_H0, IN_C0 };
-
-typedef struct {
-    int64_t T, B, H;
-    bool reverse;
-} layer_dims;
-
-/* the time step s runs at */
-static inline int64_t time_of(const layer_dims *d, int64_t s) { return d->reverse ? d->T - 1 - s : s; }
-
-/* where step s's rows are in a buffer of `kept` steps: its time when the
- * buffer holds all T (kept for the backward), else s modulo kept (a
- * forward without a graph needs the step before's c and nothing else) */
-static inline int64_t slot(const layer_dims *d, int64_t kept, int64_t s) {
-    return kept == d->T ? time_of(d, s) : s % kept;
-}
-
-/* rows (B, n) of t (T, B, W) at time `time`, from column col */
-static nd_status rows_at(const nd_tensor *t, int64_t time, int64_t col, int64_t n, nd_tensor **out) {
-    const int64_t shape[2] = {t->shape[1], n}, strides[2] = {t->strides[1], t->strides[2]};
-    return nd_tensor_view_of(t, shape, strides, 2, t->offset + time * t->strides[0] + col * t->strides[2], out);
-}
-
-/* a view of t with the given geometry, offset counted from t's */
-static nd_status view_at(const nd_tensor *t, int ndim, const int64_t *shape, const int64_t *strides, int64_t off,
-                         nd_tensor **out) {
-    return nd_tensor_view_of(t, shape, strides, ndim, t->offset + off, out);
-}
 
 static nd_status check_args(const nd_tensor *xw, const nd_tensor *w, const nd_tensor *b, const nd_tensor *h0,
                             const nd_tensor *c0) {
@@ -102,9 +73,9 @@ static nd_status check_args(const nd_tensor *xw, const nd_tensor *w, const nd_te
 /* The steps: prod (T, B, 4H) gets each step's hw (with linear_fused) or
  * the gates (xw + b_hh, each step's product added: gates_mode), cs (T, B,
  * H) the c's, out (T + 1, B, H) the h's and the last c. Without a graph
- * prod may hold one step (not in gates_mode) and cs two (slot()). xw has
+ * prod may hold one step (not in gates_mode) and cs two (nd_rnn_slot()). xw has
  * unit-stride rows, h0 is contiguous, w and b contiguous with linear_fused. */
-static nd_status run_forward(const layer_dims *d, bool gates_mode, const nd_tensor *xw, const nd_tensor *w,
+static nd_status run_forward(const nd_rnn_dims *d, bool gates_mode, const nd_tensor *xw, const nd_tensor *w,
                              const nd_tensor *b, const nd_tensor *h0, const nd_tensor *c0, nd_tensor *prod,
                              nd_tensor *cs, nd_tensor *out) {
     const nd_backend *be = nd_backend_of(xw);
@@ -113,25 +84,25 @@ static nd_status run_forward(const layer_dims *d, bool gates_mode, const nd_tens
     nd_status st = ND_OK;
     if (gates_mode) {
         const int64_t wts[2] = {H, 4 * H}, wtst[2] = {w->strides[1], w->strides[0]};
-        st = view_at(w, 2, wts, wtst, 0, &wt); /* w_hh^T (H, 4H) */
+        st = nd_rnn_view(w, 2, wts, wtst, 0, &wt); /* w_hh^T (H, 4H) */
         if (st == ND_OK && b) {
             const int64_t bs[3] = {T, B, 4 * H}, bst[3] = {0, 0, b->strides[0]};
-            st = view_at(b, 3, bs, bst, 0, &bx);
+            st = nd_rnn_view(b, 3, bs, bst, 0, &bx);
             if (st == ND_OK) st = nd_call_binary(be, OP, ND_BINARY_add, prod, xw, bx);
         } else if (st == ND_OK) {
             st = nd_call_copy(be, OP, prod, xw);
         }
     }
     for (int64_t s = 0; s < T && st == ND_OK; s++) {
-        const int64_t t = time_of(d, s), tp = s > 0 ? time_of(d, s - 1) : 0;
+        const int64_t t = nd_rnn_time(d, s), tp = s > 0 ? nd_rnn_time(d, s - 1) : 0;
         const int64_t kc = cs->shape[0];
         nd_tensor *p = NULL, *x = NULL, *hp = NULL, *cp = NULL, *h = NULL, *c = NULL;
-        st = rows_at(prod, slot(d, prod->shape[0], s), 0, 4 * H, &p);
-        if (st == ND_OK) st = rows_at(out, t, 0, H, &h);
-        if (st == ND_OK) st = rows_at(cs, slot(d, kc, s), 0, H, &c);
-        if (st == ND_OK && s > 0) st = rows_at(out, tp, 0, H, &hp);
-        if (st == ND_OK && s > 0) st = rows_at(cs, slot(d, kc, s - 1), 0, H, &cp);
-        if (st == ND_OK && !gates_mode) st = rows_at(xw, t, 0, 4 * H, &x);
+        st = nd_rnn_rows(prod, nd_rnn_slot(d, prod->shape[0], s), 0, 4 * H, &p);
+        if (st == ND_OK) st = nd_rnn_rows(out, t, 0, H, &h);
+        if (st == ND_OK) st = nd_rnn_rows(cs, nd_rnn_slot(d, kc, s), 0, H, &c);
+        if (st == ND_OK && s > 0) st = nd_rnn_rows(out, tp, 0, H, &hp);
+        if (st == ND_OK && s > 0) st = nd_rnn_rows(cs, nd_rnn_slot(d, kc, s - 1), 0, H, &cp);
+        if (st == ND_OK && !gates_mode) st = nd_rnn_rows(xw, t, 0, 4 * H, &x);
         if (st == ND_OK)
             st = gates_mode ? nd_call_matmul_acc(be, OP, p, s > 0 ? hp : h0, wt)
                             : nd_call_linear_fused(be, OP, p, s > 0 ? hp : h0, w, b, ND_ACT_NONE);
@@ -141,8 +112,8 @@ static nd_status run_forward(const layer_dims *d, bool gates_mode, const nd_tens
     }
     /* out[T + 1] = the last step's c */
     nd_tensor *oc = NULL, *sc = NULL;
-    if (st == ND_OK) st = rows_at(out, T, 0, H, &oc);
-    if (st == ND_OK) st = rows_at(cs, slot(d, cs->shape[0], T - 1), 0, H, &sc);
+    if (st == ND_OK) st = nd_rnn_rows(out, T, 0, H, &oc);
+    if (st == ND_OK) st = nd_rnn_rows(cs, nd_rnn_slot(d, cs->shape[0], T - 1), 0, H, &sc);
     if (st == ND_OK) st = nd_call_copy(be, OP, oc, sc);
     nd_release(oc), nd_release(sc), nd_release(wt), nd_release(bx);
     return st;
@@ -150,23 +121,14 @@ static nd_status run_forward(const layer_dims *d, bool gates_mode, const nd_tens
 
 /* ------------------------------------------------------------ backward */
 
-/* saved tensor i of n with unit-stride rows (a copy only where it had none) */
-static nd_status saved_rows(nd_node *n, int i, nd_tensor **out) {
-    nd_tensor *t = NULL;
-    ND_TRY(nd_saved(n, i, &t));
-    nd_status st = nd_unit_rows(t, out);
-    nd_release(t);
-    return st;
-}
-
 /* the fused backward: the steps back with the cell's kernel (header) */
 static nd_status bw_lstm_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     const bool gates_mode = n->iparams[2] != 0;
     nd_tensor *w = NULL, *h0 = NULL, *c0 = NULL, *xw = NULL, *prod = NULL, *cs = NULL, *out = NULL;
     nd_status st = nd_saved(n, SV_W, &w);
-    if (st == ND_OK) st = saved_rows(n, SV_H0, &h0); /* (the kernels' layout, as the forward's) */
-    if (st == ND_OK) st = saved_rows(n, SV_C0, &c0);
-    if (st == ND_OK && !gates_mode) st = saved_rows(n, SV_XW, &xw);
+    if (st == ND_OK) st = nd_rnn_saved_rows(n, SV_H0, &h0); /* (the kernels' layout, as the forward's) */
+    if (st == ND_OK) st = nd_rnn_saved_rows(n, SV_C0, &c0);
+    if (st == ND_OK && !gates_mode) st = nd_rnn_saved_rows(n, SV_XW, &xw);
     if (st == ND_OK) st = nd_saved(n, SV_PROD, &prod);
     if (st == ND_OK) st = nd_saved(n, SV_CS, &cs);
     if (st == ND_OK) st = nd_saved(n, SV_OUT, &out);
@@ -175,7 +137,7 @@ static nd_status bw_lstm_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads
         nd_release(out);
         return st;
     }
-    const layer_dims d = {cs->shape[0], cs->shape[1], cs->shape[2], n->iparams[0] != 0};
+    const nd_rnn_dims d = {cs->shape[0], cs->shape[1], cs->shape[2], n->iparams[0] != 0};
     const int64_t T = d.T, B = d.B, H = d.H;
     const nd_backend *be = nd_backend_of(cs);
     const nd_device dev = nd_get_device(cs);
@@ -190,30 +152,30 @@ static nd_status bw_lstm_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads
     if (st == ND_OK) st = nd_empty_on(dev, dgs, 3, dt, &dg);
     if (st == ND_OK && n->needs_grad[IN_C0]) st = nd_empty_on(dev, c0->shape, 2, dt, &dc0);
     const int64_t gst[3] = {g->strides[0], g->strides[1], g->strides[2]};
-    if (st == ND_OK) st = view_at(g, 3, hs, gst, 0, &v1);
+    if (st == ND_OK) st = nd_rnn_view(g, 3, hs, gst, 0, &v1);
     if (st == ND_OK) st = nd_call_copy(be, OP, gh, v1);
     nd_release(v1);
     v1 = NULL;
-    if (st == ND_OK) st = rows_at(gc, (T - 1) % 2, 0, H, &v1);
-    if (st == ND_OK) st = rows_at(g, T, 0, H, &v2);
+    if (st == ND_OK) st = nd_rnn_rows(gc, (T - 1) % 2, 0, H, &v1);
+    if (st == ND_OK) st = nd_rnn_rows(g, T, 0, H, &v2);
     if (st == ND_OK) st = nd_call_copy(be, OP, v1, v2);
     nd_release(v1), nd_release(v2);
     for (int64_t s = T - 1; s >= 0 && st == ND_OK; s--) {
-        const int64_t t = time_of(&d, s), tp = s > 0 ? time_of(&d, s - 1) : 0;
+        const int64_t t = nd_rnn_time(&d, s), tp = s > 0 ? nd_rnn_time(&d, s - 1) : 0;
         nd_tensor *dh = NULL, *dcn = NULL, *dgn = NULL, *dgt = NULL, *dcp = NULL, *cp = NULL, *pt = NULL;
         nd_tensor *xt = NULL, *ct = NULL;
-        st = rows_at(gh, t, 0, H, &dh);
+        st = nd_rnn_rows(gh, t, 0, H, &dh);
         if (st == ND_OK && s < T - 1) { /* dh_t += dgates_{t+1} W_hh */
-            st = rows_at(dg, time_of(&d, s + 1), 0, 4 * H, &dgn);
+            st = nd_rnn_rows(dg, nd_rnn_time(&d, s + 1), 0, 4 * H, &dgn);
             if (st == ND_OK) st = nd_call_matmul_acc(be, OP, dh, dgn, w);
         }
-        if (st == ND_OK) st = rows_at(gc, s % 2, 0, H, &dcn);
-        if (st == ND_OK) st = rows_at(dg, t, 0, 4 * H, &dgt);
-        if (st == ND_OK && s > 0) st = rows_at(gc, (s - 1) % 2, 0, H, &dcp);
-        if (st == ND_OK && s > 0) st = rows_at(cs, tp, 0, H, &cp);
-        if (st == ND_OK) st = rows_at(prod, t, 0, 4 * H, &pt);
-        if (st == ND_OK && !gates_mode) st = rows_at(xw, t, 0, 4 * H, &xt);
-        if (st == ND_OK) st = rows_at(cs, t, 0, H, &ct);
+        if (st == ND_OK) st = nd_rnn_rows(gc, s % 2, 0, H, &dcn);
+        if (st == ND_OK) st = nd_rnn_rows(dg, t, 0, 4 * H, &dgt);
+        if (st == ND_OK && s > 0) st = nd_rnn_rows(gc, (s - 1) % 2, 0, H, &dcp);
+        if (st == ND_OK && s > 0) st = nd_rnn_rows(cs, tp, 0, H, &cp);
+        if (st == ND_OK) st = nd_rnn_rows(prod, t, 0, 4 * H, &pt);
+        if (st == ND_OK && !gates_mode) st = nd_rnn_rows(xw, t, 0, 4 * H, &xt);
+        if (st == ND_OK) st = nd_rnn_rows(cs, t, 0, H, &ct);
         if (st == ND_OK)
             st = nd_call_lstm_cell_backward(be, OP, dgt, s > 0 ? dcp : dc0, dh, dcn, gates_mode ? pt : xt,
                                             gates_mode ? NULL : pt, s > 0 ? cp : c0, ct);
@@ -222,27 +184,27 @@ static nd_status bw_lstm_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads
     }
     nd_tensor *dw = NULL, *db = NULL, *dh0 = NULL, *first = NULL, *firstT = NULL, *rest = NULL, *hprev = NULL;
     nd_tensor *rows = NULL, *dbk = NULL;
-    if (st == ND_OK) st = rows_at(dg, time_of(&d, 0), 0, 4 * H, &first);
+    if (st == ND_OK) st = nd_rnn_rows(dg, nd_rnn_time(&d, 0), 0, 4 * H, &first);
     if (st == ND_OK && n->needs_grad[IN_W]) {
         /* dgates_1^T h_0, then the other steps' in one product: their rows
          * are (T - 1) B consecutive rows of dg, and their h_{t-1} as many
          * rows of out, one step earlier (or later, reversed) */
         const int64_t fs[2] = {4 * H, B}, fst[2] = {1, 4 * H};
         st = nd_empty_on(dev, w->shape, 2, dt, &dw);
-        if (st == ND_OK) st = view_at(first, 2, fs, fst, 0, &firstT);
+        if (st == ND_OK) st = nd_rnn_view(first, 2, fs, fst, 0, &firstT);
         if (st == ND_OK) st = nd_call_matmul(be, OP, dw, firstT, h0);
         if (st == ND_OK && T > 1) {
             const int64_t R = (T - 1) * B;
             const int64_t rs[2] = {4 * H, R}, rst[2] = {1, 4 * H}, ps[2] = {R, H}, pst[2] = {H, 1};
-            st = view_at(dg, 2, rs, rst, d.reverse ? 0 : B * 4 * H, &rest);
-            if (st == ND_OK) st = view_at(out, 2, ps, pst, d.reverse ? B * H : 0, &hprev);
+            st = nd_rnn_view(dg, 2, rs, rst, d.reverse ? 0 : B * 4 * H, &rest);
+            if (st == ND_OK) st = nd_rnn_view(out, 2, ps, pst, d.reverse ? B * H : 0, &hprev);
             if (st == ND_OK) st = nd_call_matmul_acc(be, OP, dw, rest, hprev);
         }
     }
     if (st == ND_OK && n->needs_grad[IN_B]) {
         const int64_t rs[2] = {T * B, 4 * H}, rst[2] = {4 * H, 1}, ks[2] = {1, 4 * H}, bs[1] = {4 * H};
         const bool reduced[2] = {true, false};
-        st = view_at(dg, 2, rs, rst, 0, &rows);
+        st = nd_rnn_view(dg, 2, rs, rst, 0, &rows);
         if (st == ND_OK) st = nd_empty_on(dev, ks, 2, dt, &dbk);
         if (st == ND_OK) st = nd_call_reduce(be, OP, ND_REDUCE_sum, dbk, rows, reduced, 0);
         if (st == ND_OK) st = nd_view(dbk, bs, 1, &db);
@@ -264,51 +226,6 @@ static nd_status bw_lstm_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads
     return ND_OK;
 }
 
-/* A growing list of tensors the composed backward owns across steps. */
-typedef struct {
-    nd_tensor **t;
-    int64_t n, cap;
-} held;
-
-static nd_status hold(held *h, nd_tensor *t) {
-    if (!t) return ND_OK;
-    if (h->n == h->cap) {
-        int64_t cap = h->cap ? 2 * h->cap : 64;
-        nd_tensor **p = realloc(h->t, sizeof(*p) * (size_t)cap);
-        if (!p) {
-            nd_release(t);
-            return nd_fail(ND_ERR_MEMORY, "%s: out of memory for the backward's steps", OP);
-        }
-        h->t = p, h->cap = cap;
-    }
-    h->t[h->n++] = t;
-    return ND_OK;
-}
-
-static void drop_all(held *h) {
-    for (int64_t i = 0; i < h->n; i++) nd_release(h->t[i]);
-    free(h->t);
-}
-
-/* t's slice at time `time` (dim 0), held by x */
-static nd_tensor *gx_at(nd_gx *x, const nd_tensor *t, int64_t time) {
-    if (x->st != ND_OK) return NULL;
-    nd_tensor *r = NULL;
-    return gx_own(x, nd_select(t, 0, time, &r), &r);
-}
-
-static nd_tensor *gx_mm(nd_gx *x, const nd_tensor *a, const nd_tensor *b) {
-    if (x->st != ND_OK) return NULL;
-    nd_tensor *r = NULL;
-    return gx_own(x, nd_matmul(a, b, &r), &r);
-}
-
-static nd_tensor *gx_tr(nd_gx *x, const nd_tensor *a) {
-    if (x->st != ND_OK) return NULL;
-    nd_tensor *r = NULL;
-    return gx_own(x, nd_transpose(a, 0, 1, &r), &r);
-}
-
 /* a new reference to t out of x (x's failure: NULL) */
 static nd_tensor *keep(nd_gx *x, nd_tensor *t) { return gx_out(x, t); }
 
@@ -320,10 +237,10 @@ static nd_status bw_lstm_layer_composed(nd_node *n, nd_tensor *g, nd_tensor **gr
     nd_tensor *c0 = gx_saved(&x, n, SV_C0), *b = n->iparams[1] ? gx_saved(&x, n, SV_B) : NULL;
     nd_tensor *wt = gx_tr(&x, w);
     if (x.st != ND_OK) return gx_end(&x);
-    const layer_dims d = {xw->shape[0], xw->shape[1], w->shape[1], n->iparams[0] != 0};
+    const nd_rnn_dims d = {xw->shape[0], xw->shape[1], w->shape[1], n->iparams[0] != 0};
     const int64_t T = d.T;
     /* per step s: its gates, and the h and c it started from (held) */
-    held hd = {0};
+    nd_rnn_held hd = {0};
     nd_tensor **gates = calloc((size_t)(3 * T + T), sizeof(nd_tensor *));
     if (!gates) {
         gx_end(&x);
@@ -334,7 +251,7 @@ static nd_status bw_lstm_layer_composed(nd_node *n, nd_tensor *g, nd_tensor **gr
     nd_tensor *h = h0, *c = c0; /* borrowed from x or held */
     for (int64_t s = 0; s < T && st == ND_OK; s++) {
         nd_gx y = {0};
-        nd_tensor *gt = gx_at(&y, xw, time_of(&d, s));
+        nd_tensor *gt = gx_at(&y, xw, nd_rnn_time(&d, s));
         if (b) gt = gx_bin(&y, ND_BINARY_add, gt, b);
         gt = gx_bin(&y, ND_BINARY_add, gt, gx_mm(&y, h, wt));
         const int64_t H = d.H;
@@ -353,9 +270,9 @@ static nd_status bw_lstm_layer_composed(nd_node *n, nd_tensor *g, nd_tensor **gr
         gates[s] = keep(&y, gt), hp[s] = keep(&y, h), cp[s] = keep(&y, c);
         nd_tensor *hk = keep(&y, h2), *ck = keep(&y, c2);
         st = gx_end(&y);
-        if (st == ND_OK) st = hold(&hd, hk);
+        if (st == ND_OK) st = nd_rnn_hold(&hd, hk, OP);
         else nd_release(hk);
-        if (st == ND_OK) st = hold(&hd, ck);
+        if (st == ND_OK) st = nd_rnn_hold(&hd, ck, OP);
         else nd_release(ck);
         h = hk, c = ck;
     }
@@ -363,7 +280,7 @@ static nd_status bw_lstm_layer_composed(nd_node *n, nd_tensor *g, nd_tensor **gr
     nd_tensor *dh_rec = NULL, *dc = NULL, *dw = NULL, *db = NULL; /* owned */
     for (int64_t s = T - 1; s >= 0 && st == ND_OK; s--) {
         nd_gx y = {0};
-        nd_tensor *dh = gx_at(&y, g, time_of(&d, s));
+        nd_tensor *dh = gx_at(&y, g, nd_rnn_time(&d, s));
         if (dh_rec) dh = gx_bin(&y, ND_BINARY_add, dh, dh_rec);
         nd_tensor *dcn = s == T - 1 ? gx_at(&y, g, T) : dc;
         nd_tensor *dgt = NULL, *dcp = NULL;
@@ -378,7 +295,7 @@ static nd_status bw_lstm_layer_composed(nd_node *n, nd_tensor *g, nd_tensor **gr
             pb = gx_own(&y, nd_reduce(ND_REDUCE_sum, dgt, &dim0, 1, 0, 0, &r), &r);
         }
         if (db) pb = gx_bin(&y, ND_BINARY_add, db, pb);
-        dgs[time_of(&d, s)] = keep(&y, dgt);
+        dgs[nd_rnn_time(&d, s)] = keep(&y, dgt);
         nd_tensor *k1 = keep(&y, ndh), *k2 = keep(&y, dcp), *k3 = keep(&y, pw), *k4 = keep(&y, pb);
         st = gx_end(&y);
         nd_release(dh_rec), nd_release(dc), nd_release(dw), nd_release(db);
@@ -388,7 +305,7 @@ static nd_status bw_lstm_layer_composed(nd_node *n, nd_tensor *g, nd_tensor **gr
     if (st == ND_OK && n->needs_grad[IN_XW]) st = nd_stack(dgs, (int)T, 0, &dxw);
     for (int64_t k = 0; k < 4 * T; k++) nd_release(gates[k]);
     free(gates);
-    drop_all(&hd);
+    nd_rnn_drop(&hd);
     st = st == ND_OK ? gx_end(&x) : (gx_end(&x), st);
     if (st != ND_OK) {
         nd_release(dxw), nd_release(dh_rec), nd_release(dc), nd_release(dw), nd_release(db);
@@ -412,7 +329,7 @@ nd_status nd_lstm_layer(const nd_tensor *xw, const nd_tensor *w_hh, const nd_ten
                         const nd_tensor *c0, bool reverse, nd_tensor **out) {
     *out = NULL;
     ND_TRY(check_args(xw, w_hh, b_hh, h0, c0));
-    const layer_dims d = {xw->shape[0], xw->shape[1], w_hh->shape[1], reverse};
+    const nd_rnn_dims d = {xw->shape[0], xw->shape[1], w_hh->shape[1], reverse};
     const nd_backend *be = nd_backend_of(xw);
     const nd_device dev = nd_get_device(xw);
     const nd_dtype dt = xw->dtype;

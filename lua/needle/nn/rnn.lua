@@ -88,9 +88,9 @@ local function lstm_step(xw, h, c, w_hh, b_hh, H)
   return o * c:tanh(), c
 end
 
--- whether an LSTM direction runs as core._lstm_layer: float32 or float64
--- throughout, a state of its own per batch entry (one broadcast over the
--- batch composes the steps)
+-- whether an LSTM (GRU) direction runs as core._lstm_layer (core._gru_layer,
+-- with c = h): float32 or float64 throughout, a state of its own per batch
+-- entry (one broadcast over the batch composes the steps)
 local function layer_applies(xw, h, c, w_hh, b_hh)
   local dt = xw.dtype
   return CELL_DTYPES[dt] and h.dtype == dt and c.dtype == dt and w_hh.dtype == dt
@@ -234,6 +234,10 @@ local function make_rnn(kind)
       -- its result holds the outputs, then the last c
       local out = core._lstm_layer(xw, w_hh, b_hh, h, c, reverse)
       return out:narrow(1, 1, T), out[reverse and 1 or T], out[T + 1]
+    end
+    if kind == "GRU" and layer_applies(xw, h, h, w_hh, b_hh) then
+      local out = core._gru_layer(xw, w_hh, b_hh, h, reverse) -- (as the LSTM's: core._gru_layer)
+      return out, out[reverse and 1 or T]
     end
     local outs = {}
     -- without a graph nothing keeps a step's [h | c'] but its h kept for the
