@@ -140,6 +140,21 @@ describe("recurrent modules against PyTorch", function()
     local a = m(nd.ones({5, 1, 3}))
     local b = m(nd.ones({5, 1, 3}))
     assert.are.same(a:totable(), b:totable()) -- no dropout in evaluation
+    -- batch_first leaves an unbatched (T, in) input alone, as PyTorch's
+    for _, kind in ipairs({"LSTM", "GRU", "RNN"}) do
+      local plain, bf = nn[kind](3, 4), nn[kind](3, 4, {batch_first = true})
+      bf:load_state_dict(plain:state_dict())
+      local x = nd.randn({5, 3})
+      local y1, s1 = plain(x)
+      local y2, s2 = bf(x)
+      assert.are.same({5, 4}, y2.shape, kind)
+      assert.are.equal(0, (y1 - y2):abs():max():item(), kind)
+      local h1, h2 = kind == "LSTM" and s1[1] or s1, kind == "LSTM" and s2[1] or s2
+      assert.are.same({1, 4}, h2.shape, kind)
+      assert.are.equal(0, (h1 - h2):abs():max():item(), kind)
+      local st = kind == "LSTM" and {nd.zeros({1, 4}), nd.zeros({1, 4})} or nd.zeros({1, 4})
+      assert.are.same({5, 4}, bf(x, st).shape, kind)
+    end
   end)
 
   it("bad input names the module and the expected shape", function()

@@ -271,7 +271,9 @@ local function make_rnn(kind)
       fail(self, "expected input of shape (T, B, %d)%s, got %s", self.input_size,
            self.batch_first and " with batch_first: (B, T, in)" or "", shape_str(x))
     end
-    if self.batch_first then x = x:transpose(1, 2) end
+    -- (an unbatched input is (T, in) either way, as PyTorch's)
+    local batch_first = self.batch_first and not unbatched
+    if batch_first then x = x:transpose(1, 2) end
     local T, B, H, L = x:size(1), x:size(2), self.hidden_size, self.num_layers
     local D = self.bidirectional and 2 or 1
     if T == 0 then -- an error, as in PyTorch (there is no last state to return)
@@ -321,7 +323,7 @@ local function make_rnn(kind)
     local output = layer_input
     local h_n = nd.stack(hs_n, 1)
     local c_n = kind == "LSTM" and nd.stack(cs_n, 1) or nil
-    if self.batch_first then output = output:transpose(1, 2) end
+    if batch_first then output = output:transpose(1, 2) end
     if unbatched then
       output = output:squeeze(2)
       h_n = h_n:squeeze(2)
