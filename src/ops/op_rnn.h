@@ -6,6 +6,7 @@
 #define ND_OP_RNN_H
 
 #include <stdlib.h>
+#include "backend.h"
 #include "grad_expr.h"
 
 /* From the gates' pre-activations (B, 4H), the state c (B, H) before the
@@ -59,6 +60,16 @@ static inline nd_status nd_rnn_saved_rows(nd_node *n, int i, nd_tensor **out) {
     nd_release(t);
     return st;
 }
+
+/* A layer's weight and bias gradients (op_rnn_layer.c) from its steps'
+ * product gradients dp (T, B, K; contiguous), h0 (B, H) and hs, the steps'
+ * h's as the first T of hs's rows of B (contiguous): *dw (K, H) = the sum
+ * over steps of dp_t^T h_{t-1}, as one product for the first step and one
+ * for all the others; *db (K) = dp summed over T and B. Each only when
+ * wanted (else NULL). */
+nd_status nd_rnn_weight_grads(const nd_backend *be, const char *op, const nd_rnn_dims *d, const nd_tensor *dp,
+                              const nd_tensor *h0, const nd_tensor *hs, bool want_w, bool want_b, nd_tensor **dw,
+                              nd_tensor **db);
 
 /* A growing list of tensors a composed backward owns across steps. */
 typedef struct {

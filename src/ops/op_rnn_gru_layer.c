@@ -142,33 +142,12 @@ static nd_status bw_gru_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads)
         nd_release(gt), nd_release(dhn), nd_release(dn), nd_release(dxt), nd_release(dht), nd_release(direct);
         nd_release(xt), nd_release(ht), nd_release(hp);
     }
-    nd_tensor *dw = NULL, *db = NULL, *first = NULL, *firstT = NULL, *rest = NULL, *hprev = NULL, *rows = NULL;
-    nd_tensor *dbk = NULL;
+    nd_tensor *dw = NULL, *db = NULL, *first = NULL;
     if (st == ND_OK) st = nd_rnn_rows(dhw, nd_rnn_time(&d, 0), 0, 3 * H, &first);
-    if (st == ND_OK && n->needs_grad[IN_W]) { /* as the LSTM's (op_rnn_layer.c) */
-        const int64_t fs[2] = {3 * H, B}, fst[2] = {1, 3 * H};
-        st = nd_empty_on(dev, w->shape, 2, dt, &dw);
-        if (st == ND_OK) st = nd_rnn_view(first, 2, fs, fst, 0, &firstT);
-        if (st == ND_OK) st = nd_call_matmul(be, OP, dw, firstT, h0);
-        if (st == ND_OK && T > 1) {
-            const int64_t R = (T - 1) * B;
-            const int64_t rs[2] = {3 * H, R}, rst[2] = {1, 3 * H}, ps[2] = {R, H}, pst[2] = {H, 1};
-            st = nd_rnn_view(dhw, 2, rs, rst, d.reverse ? 0 : B * 3 * H, &rest);
-            if (st == ND_OK) st = nd_rnn_view(out, 2, ps, pst, d.reverse ? B * H : 0, &hprev);
-            if (st == ND_OK) st = nd_call_matmul_acc(be, OP, dw, rest, hprev);
-        }
-    }
-    if (st == ND_OK && n->needs_grad[IN_B]) {
-        const int64_t rs[2] = {T * B, 3 * H}, rst[2] = {3 * H, 1}, ks[2] = {1, 3 * H}, bs[1] = {3 * H};
-        const bool reduced[2] = {true, false};
-        st = nd_rnn_view(dhw, 2, rs, rst, 0, &rows);
-        if (st == ND_OK) st = nd_empty_on(dev, ks, 2, dt, &dbk);
-        if (st == ND_OK) st = nd_call_reduce(be, OP, ND_REDUCE_sum, dbk, rows, reduced, 0);
-        if (st == ND_OK) st = nd_view(dbk, bs, 1, &db);
-    }
+    if (st == ND_OK)
+        st = nd_rnn_weight_grads(be, OP, &d, dhw, h0, out, n->needs_grad[IN_W], n->needs_grad[IN_B], &dw, &db);
     if (st == ND_OK && n->needs_grad[IN_H0]) st = nd_call_matmul_acc(be, OP, dh0, first, w);
-    nd_release(first), nd_release(firstT), nd_release(rest), nd_release(hprev), nd_release(rows), nd_release(dbk);
-    nd_release(gh), nd_release(dd), nd_release(dhw), nd_release(w), nd_release(h0), nd_release(xw);
+    nd_release(first), nd_release(gh), nd_release(dd), nd_release(dhw), nd_release(w), nd_release(h0), nd_release(xw);
     nd_release(hw), nd_release(out);
     if (st != ND_OK) {
         nd_release(dx), nd_release(dw), nd_release(db), nd_release(dh0);

@@ -121,6 +121,48 @@ static nd_status run_forward(const nd_rnn_dims *d, bool gates_mode, const nd_ten
 
 /* ------------------------------------------------------------ backward */
 
+nd_status nd_rnn_weight_grads(const nd_backend *be, const char *op, const nd_rnn_dims *d, const nd_tensor *dp,
+                              const nd_tensor *h0, const nd_tensor *hs, bool want_w, bool want_b, nd_tensor **dw,
+                              nd_tensor **db) {
+    const int64_t T = d->T, B = d->B, H = d->H, K = dp->shape[2];
+    const nd_device dev = nd_get_device(dp);
+    const nd_dtype dt = dp->dtype;
+    nd_tensor *first = NULL, *firstT = NULL, *rest = NULL, *hprev = NULL, *rows = NULL, *dbk = NULL;
+    *dw = *db = NULL;
+    nd_status st = ND_OK;
+    if (want_w) {
+        /* dp_1^T h_0, then the other steps' in one product: their rows are
+         * (T - 1) B consecutive rows of dp, and their h_{t-1} as many rows
+         * of hs, one step earlier (or later, reversed) */
+        const int64_t ws[2] = {K, H}, fs[2] = {K, B}, fst[2] = {1, K};
+        st = nd_empty_on(dev, ws, 2, dt, dw);
+        if (st == ND_OK) st = nd_rnn_rows(dp, nd_rnn_time(d, 0), 0, K, &first);
+        if (st == ND_OK) st = nd_rnn_view(first, 2, fs, fst, 0, &firstT);
+        if (st == ND_OK) st = nd_call_matmul(be, op, *dw, firstT, h0);
+        if (st == ND_OK && T > 1) {
+            const int64_t R = (T - 1) * B;
+            const int64_t rs[2] = {K, R}, rst[2] = {1, K}, ps[2] = {R, H}, pst[2] = {H, 1};
+            st = nd_rnn_view(dp, 2, rs, rst, d->reverse ? 0 : B * K, &rest);
+            if (st == ND_OK) st = nd_rnn_view(hs, 2, ps, pst, d->reverse ? B * H : 0, &hprev);
+            if (st == ND_OK) st = nd_call_matmul_acc(be, op, *dw, rest, hprev);
+        }
+    }
+    if (st == ND_OK && want_b) {
+        const int64_t rs[2] = {T * B, K}, rst[2] = {K, 1}, ks[2] = {1, K}, bs[1] = {K};
+        const bool reduced[2] = {true, false};
+        st = nd_rnn_view(dp, 2, rs, rst, 0, &rows);
+        if (st == ND_OK) st = nd_empty_on(dev, ks, 2, dt, &dbk);
+        if (st == ND_OK) st = nd_call_reduce(be, op, ND_REDUCE_sum, dbk, rows, reduced, 0);
+        if (st == ND_OK) st = nd_view(dbk, bs, 1, db);
+    }
+    nd_release(first), nd_release(firstT), nd_release(rest), nd_release(hprev), nd_release(rows), nd_release(dbk);
+    if (st != ND_OK) {
+        nd_release(*dw), nd_release(*db);
+        *dw = *db = NULL;
+    }
+    return st;
+}
+
 /* the fused backward: the steps back with the cell's kernel (header) */
 static nd_status bw_lstm_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads) {
     const bool gates_mode = n->iparams[2] != 0;
@@ -182,39 +224,15 @@ static nd_status bw_lstm_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads
         nd_release(dh), nd_release(dcn), nd_release(dgn), nd_release(dgt), nd_release(dcp), nd_release(cp);
         nd_release(pt), nd_release(xt), nd_release(ct);
     }
-    nd_tensor *dw = NULL, *db = NULL, *dh0 = NULL, *first = NULL, *firstT = NULL, *rest = NULL, *hprev = NULL;
-    nd_tensor *rows = NULL, *dbk = NULL;
+    nd_tensor *dw = NULL, *db = NULL, *dh0 = NULL, *first = NULL;
     if (st == ND_OK) st = nd_rnn_rows(dg, nd_rnn_time(&d, 0), 0, 4 * H, &first);
-    if (st == ND_OK && n->needs_grad[IN_W]) {
-        /* dgates_1^T h_0, then the other steps' in one product: their rows
-         * are (T - 1) B consecutive rows of dg, and their h_{t-1} as many
-         * rows of out, one step earlier (or later, reversed) */
-        const int64_t fs[2] = {4 * H, B}, fst[2] = {1, 4 * H};
-        st = nd_empty_on(dev, w->shape, 2, dt, &dw);
-        if (st == ND_OK) st = nd_rnn_view(first, 2, fs, fst, 0, &firstT);
-        if (st == ND_OK) st = nd_call_matmul(be, OP, dw, firstT, h0);
-        if (st == ND_OK && T > 1) {
-            const int64_t R = (T - 1) * B;
-            const int64_t rs[2] = {4 * H, R}, rst[2] = {1, 4 * H}, ps[2] = {R, H}, pst[2] = {H, 1};
-            st = nd_rnn_view(dg, 2, rs, rst, d.reverse ? 0 : B * 4 * H, &rest);
-            if (st == ND_OK) st = nd_rnn_view(out, 2, ps, pst, d.reverse ? B * H : 0, &hprev);
-            if (st == ND_OK) st = nd_call_matmul_acc(be, OP, dw, rest, hprev);
-        }
-    }
-    if (st == ND_OK && n->needs_grad[IN_B]) {
-        const int64_t rs[2] = {T * B, 4 * H}, rst[2] = {4 * H, 1}, ks[2] = {1, 4 * H}, bs[1] = {4 * H};
-        const bool reduced[2] = {true, false};
-        st = nd_rnn_view(dg, 2, rs, rst, 0, &rows);
-        if (st == ND_OK) st = nd_empty_on(dev, ks, 2, dt, &dbk);
-        if (st == ND_OK) st = nd_call_reduce(be, OP, ND_REDUCE_sum, dbk, rows, reduced, 0);
-        if (st == ND_OK) st = nd_view(dbk, bs, 1, &db);
-    }
+    if (st == ND_OK)
+        st = nd_rnn_weight_grads(be, OP, &d, dg, h0, out, n->needs_grad[IN_W], n->needs_grad[IN_B], &dw, &db);
     if (st == ND_OK && n->needs_grad[IN_H0]) {
         st = nd_empty_on(dev, h0->shape, 2, dt, &dh0);
         if (st == ND_OK) st = nd_call_matmul(be, OP, dh0, first, w);
     }
-    nd_release(first), nd_release(firstT), nd_release(rest), nd_release(hprev), nd_release(rows);
-    nd_release(dbk), nd_release(gh), nd_release(gc), nd_release(w), nd_release(h0), nd_release(c0);
+    nd_release(first), nd_release(gh), nd_release(gc), nd_release(w), nd_release(h0), nd_release(c0);
     nd_release(xw), nd_release(prod), nd_release(cs), nd_release(out);
     if (st != ND_OK) {
         nd_release(dg), nd_release(dw), nd_release(db), nd_release(dh0), nd_release(dc0);
