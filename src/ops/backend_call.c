@@ -368,8 +368,17 @@ nd_status nd_call_linalg(const nd_backend *be, const char *op, const nd_linalg_a
 nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *out,
                                const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                nd_activation act) {
-    BEGIN(linear_fused); W(out); R(x); R(w); R(b); if (r) r->i[0] = act; DONE();
-    return FINISH(be->linear_fused(out, x, w, b, act, NULL));
+    return nd_call_linear_fused_res(be, op, out, x, w, b, act, NULL);
+}
+
+nd_status nd_call_linear_fused_res(const nd_backend *be, const char *op, nd_tensor *out,
+                                   const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                                   nd_activation act, const nd_tensor *res) {
+    BEGIN(linear_fused); W(out); R(x); R(w); R(b);
+    if (res) R(res); /* the fifth slot, as the epilogue pass fills it (RES) */
+    if (r) r->i[0] = act;
+    DONE();
+    return FINISH(be->linear_fused(out, x, w, b, act, res));
 }
 
 /* the fused attention's scalars in a record and back. Its dropout's

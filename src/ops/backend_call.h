@@ -157,6 +157,12 @@ bool nd_call_linear_half_weight(const nd_backend *be, const nd_tensor *x, const 
 nd_status nd_call_linear_fused(const nd_backend *be, const char *op, nd_tensor *out,
                                const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                nd_activation act);
+/* the same with res (M, O) contiguous, not out's memory, added last:
+ * out = act(x w^T + b) + res (nn.LSTM's and nn.GRU's layers add each step's
+ * state gradient into the one that flows in) */
+nd_status nd_call_linear_fused_res(const nd_backend *be, const char *op, nd_tensor *out,
+                                   const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                                   nd_activation act, const nd_tensor *res);
 nd_status nd_call_attention(const nd_backend *be, const char *op, nd_tensor *out, nd_tensor *lse,
                             nd_tensor *keep, const nd_tensor *q, const nd_tensor *k,
                             const nd_tensor *v, const nd_tensor *mask, const nd_attention_args *a);

@@ -7,8 +7,10 @@
  *   hw_t = h_{t-1} W_hh^T + b_hh,  h_t = gru_cell(xw_t, hw_t, h_{t-1})
  *     (the composed steps' values bit for bit)           out = [h_1 .. h_T]
  *
- * Backward, steps in reverse, from G = out's gradient: dh_t starts as G_t;
- * dh_t += dhw_{t+1} W_hh and the next step's direct part (its cell's dh),
+ * Backward, steps in reverse, from G = out's gradient: dh_t = G_t +
+ * dhw_{t+1} W_hh (linear_fused with G_t as its residual, against W_hh^T
+ * copied contiguous once; without linear_fused G_t's copy and matmul_acc),
+ * plus the next step's direct part (its cell's dh),
  * then the cell's backward gives dxw_t, dhw_t and the direct part of
  * dh_{t-1};
  *   dW_hh = dhw_1^T h_0 + sum_{t>1} dhw_t^T h_{t-1};  db_hh = the sum of dhw;
@@ -107,27 +109,42 @@ static nd_status bw_gru_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads)
     const nd_backend *be = nd_backend_of(out);
     const nd_device dev = nd_get_device(out);
     const nd_dtype dt = out->dtype;
-    /* gh: each step's dh, from G's rows; dd: step s's direct part of
-     * dh_{s-1} in slot s % 2 */
-    nd_tensor *gh = NULL, *dd = NULL, *dx = NULL, *dhw = NULL, *dh0 = NULL, *v = NULL;
+    /* gh: each step's dh; dd: step s's direct part of dh_{s-1} in slot
+     * s % 2. With linear_fused (the CPU) dh_t = G_t + dhw_{t+1} W_hh comes
+     * from one call against wt = W_hh^T made contiguous once (the small-M
+     * kernel streams it unpacked where the GEMM would pack W_hh every step),
+     * the last step's dh being G's row itself; without it G is copied into
+     * gh and each product added (matmul_acc). */
+    const bool fused = be->linear_fused != NULL;
+    nd_tensor *gh = NULL, *dd = NULL, *dx = NULL, *dhw = NULL, *dh0 = NULL, *v = NULL, *wt = NULL, *gu = NULL;
     const int64_t hs[3] = {T, B, H}, ds[3] = {2, B, H}, xs[3] = {T, B, 3 * H};
-    const int64_t gst[3] = {g->strides[0], g->strides[1], g->strides[2]};
     st = nd_empty_on(dev, hs, 3, dt, &gh);
     if (st == ND_OK) st = nd_empty_on(dev, ds, 3, dt, &dd);
     if (st == ND_OK && n->needs_grad[IN_XW]) st = nd_empty_on(dev, xs, 3, dt, &dx);
     if (st == ND_OK) st = nd_empty_on(dev, xs, 3, dt, &dhw);
     if (st == ND_OK) st = nd_empty_on(dev, h0->shape, 2, dt, &dh0);
-    if (st == ND_OK) st = nd_rnn_view(g, 3, hs, gst, 0, &v);
-    if (st == ND_OK) st = nd_call_copy(be, OP, gh, v);
+    if (st == ND_OK && !fused) {
+        const int64_t gst[3] = {g->strides[0], g->strides[1], g->strides[2]};
+        st = nd_rnn_view(g, 3, hs, gst, 0, &v);
+        if (st == ND_OK) st = nd_call_copy(be, OP, gh, v);
+    } else if (st == ND_OK) {
+        const int64_t wts[2] = {H, 3 * H}, wtst[2] = {w->strides[1], w->strides[0]};
+        st = nd_contiguous(g, &gu);
+        if (st == ND_OK) st = nd_rnn_view(w, 2, wts, wtst, 0, &v);
+        if (st == ND_OK) st = nd_empty_on(dev, wts, 2, dt, &wt);
+        if (st == ND_OK) st = nd_call_copy(be, OP, wt, v);
+    }
     nd_release(v);
     for (int64_t s = T - 1; s >= 0 && st == ND_OK; s--) {
         const int64_t t = nd_rnn_time(&d, s);
         nd_tensor *gt = NULL, *dhn = NULL, *dn = NULL, *dxt = NULL, *dht = NULL, *direct = NULL, *xt = NULL;
-        nd_tensor *ht = NULL, *hp = NULL;
-        st = nd_rnn_rows(gh, t, 0, H, &gt);
-        if (st == ND_OK && s < T - 1) { /* dh_t += dhw_{t+1} W_hh + the next step's direct part */
+        nd_tensor *ht = NULL, *hp = NULL, *git = NULL;
+        st = nd_rnn_rows(fused && s == T - 1 ? gu : gh, t, 0, H, &gt);
+        if (st == ND_OK && s < T - 1) { /* dh_t = G_t + dhw_{t+1} W_hh + the next step's direct part */
             st = nd_rnn_rows(dhw, nd_rnn_time(&d, s + 1), 0, 3 * H, &dhn);
-            if (st == ND_OK) st = nd_call_matmul_acc(be, OP, gt, dhn, w);
+            if (st == ND_OK && !fused) st = nd_call_matmul_acc(be, OP, gt, dhn, w);
+            if (st == ND_OK && fused) st = nd_rnn_rows(gu, t, 0, H, &git);
+            if (st == ND_OK && fused) st = nd_call_linear_fused_res(be, OP, gt, dhn, wt, NULL, ND_ACT_NONE, git);
             if (st == ND_OK) st = nd_rnn_rows(dd, (s + 1) % 2, 0, H, &dn);
             if (st == ND_OK) st = nd_call_binary(be, OP, ND_BINARY_add, gt, gt, dn);
         }
@@ -140,15 +157,22 @@ static nd_status bw_gru_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads)
         if (st == ND_OK)
             st = nd_call_gru_cell_backward(be, OP, dxt, dht, s > 0 ? direct : dh0, gt, xt, ht, s > 0 ? hp : h0);
         nd_release(gt), nd_release(dhn), nd_release(dn), nd_release(dxt), nd_release(dht), nd_release(direct);
-        nd_release(xt), nd_release(ht), nd_release(hp);
+        nd_release(xt), nd_release(ht), nd_release(hp), nd_release(git);
     }
     nd_tensor *dw = NULL, *db = NULL, *first = NULL;
     if (st == ND_OK) st = nd_rnn_rows(dhw, nd_rnn_time(&d, 0), 0, 3 * H, &first);
     if (st == ND_OK)
         st = nd_rnn_weight_grads(be, OP, &d, dhw, h0, out, n->needs_grad[IN_W], n->needs_grad[IN_B], &dw, &db);
-    if (st == ND_OK && n->needs_grad[IN_H0]) st = nd_call_matmul_acc(be, OP, dh0, first, w);
-    nd_release(first), nd_release(gh), nd_release(dd), nd_release(dhw), nd_release(w), nd_release(h0), nd_release(xw);
-    nd_release(hw), nd_release(out);
+    if (st == ND_OK && n->needs_grad[IN_H0] && !fused) st = nd_call_matmul_acc(be, OP, dh0, first, w);
+    if (st == ND_OK && n->needs_grad[IN_H0] && fused) { /* dh_0 = its direct part + dhw_1 W_hh */
+        nd_tensor *sum = NULL;
+        st = nd_empty_on(dev, h0->shape, 2, dt, &sum);
+        if (st == ND_OK) st = nd_call_linear_fused_res(be, OP, sum, first, wt, NULL, ND_ACT_NONE, dh0);
+        nd_release(dh0);
+        dh0 = sum;
+    }
+    nd_release(first), nd_release(gh), nd_release(dd), nd_release(dhw), nd_release(w), nd_release(h0);
+    nd_release(xw), nd_release(hw), nd_release(out), nd_release(wt), nd_release(gu);
     if (st != ND_OK) {
         nd_release(dx), nd_release(dw), nd_release(db), nd_release(dh0);
         return st;

@@ -19,9 +19,11 @@
  *   gates = xw + b_hh, gates_t += h_{t-1} W_hh^T, [h_t, c_t] = lstm_cell(gates_t, c_{t-1})
  *   out = [h_1 .. h_T ; c_T]                            (T + 1, B, H)
  *
- * Backward, steps in reverse, from G = out's gradient: dh_t starts as G_t,
- * dc_T as G_{T+1}; dh_t += dgates_{t+1} W_hh (the next step's), then the
- * cell's backward gives dgates_t and writes dc_{t-1};
+ * Backward, steps in reverse, from G = out's gradient: dh_t = G_t +
+ * dgates_{t+1} W_hh (the next step's; linear_fused with G_t as its residual,
+ * against W_hh^T copied contiguous once, or without it G_t's copy and
+ * matmul_acc), dc_T = G_{T+1}; then the cell's backward gives dgates_t and
+ * writes dc_{t-1};
  *   dxw = dgates; dW_hh = dgates_1^T h_0 + sum_{t>1} dgates_t^T h_{t-1};
  *   db_hh = the sum of dgates over T and B; dh_0 = dgates_1 W_hh; dc_0.
  *
@@ -184,20 +186,34 @@ static nd_status bw_lstm_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads
     const nd_backend *be = nd_backend_of(cs);
     const nd_device dev = nd_get_device(cs);
     const nd_dtype dt = cs->dtype;
-    /* gh (T, B, H): each step's dh, G's rows; gc: step s's dc in slot s % 2
-     * (two slots, each step's cell writing the one before's), G_{T+1} for
-     * the last step */
-    nd_tensor *gh = NULL, *gc = NULL, *dg = NULL, *v1 = NULL, *v2 = NULL, *dc0 = NULL;
+    /* gh (T, B, H): each step's dh; gc: step s's dc in slot s % 2 (two
+     * slots, each step's cell writing the one before's), G_{T+1} for the
+     * last step. With linear_fused (not gates_mode) a step's dh is
+     * G_t + dgates_{t+1} W_hh in one call, the product against wt = W_hh^T
+     * made contiguous once (the small-M kernel streams it unpacked, where the
+     * GEMM would pack W_hh on every step), and the last step's dh is G's row
+     * itself; in gates_mode G is copied into gh and each product added. */
+    nd_tensor *gh = NULL, *gc = NULL, *dg = NULL, *v1 = NULL, *v2 = NULL, *dc0 = NULL, *wt = NULL, *gu = NULL;
     const int64_t hs[3] = {T, B, H}, dgs[3] = {T, B, 4 * H}, gcs[3] = {2, B, H};
     st = nd_empty_on(dev, hs, 3, dt, &gh);
     if (st == ND_OK) st = nd_empty_on(dev, gcs, 3, dt, &gc);
     if (st == ND_OK) st = nd_empty_on(dev, dgs, 3, dt, &dg);
     if (st == ND_OK && n->needs_grad[IN_C0]) st = nd_empty_on(dev, c0->shape, 2, dt, &dc0);
-    const int64_t gst[3] = {g->strides[0], g->strides[1], g->strides[2]};
-    if (st == ND_OK) st = nd_rnn_view(g, 3, hs, gst, 0, &v1);
-    if (st == ND_OK) st = nd_call_copy(be, OP, gh, v1);
-    nd_release(v1);
-    v1 = NULL;
+    if (st == ND_OK && gates_mode) {
+        const int64_t gst[3] = {g->strides[0], g->strides[1], g->strides[2]};
+        st = nd_rnn_view(g, 3, hs, gst, 0, &v1);
+        if (st == ND_OK) st = nd_call_copy(be, OP, gh, v1);
+        nd_release(v1);
+        v1 = NULL;
+    } else if (st == ND_OK) {
+        const int64_t wts[2] = {H, 4 * H}, wtst[2] = {w->strides[1], w->strides[0]};
+        st = nd_contiguous(g, &gu);
+        if (st == ND_OK) st = nd_rnn_view(w, 2, wts, wtst, 0, &v1);
+        if (st == ND_OK) st = nd_empty_on(dev, wts, 2, dt, &wt);
+        if (st == ND_OK) st = nd_call_copy(be, OP, wt, v1);
+        nd_release(v1);
+        v1 = NULL;
+    }
     if (st == ND_OK) st = nd_rnn_rows(gc, (T - 1) % 2, 0, H, &v1);
     if (st == ND_OK) st = nd_rnn_rows(g, T, 0, H, &v2);
     if (st == ND_OK) st = nd_call_copy(be, OP, v1, v2);
@@ -205,11 +221,13 @@ static nd_status bw_lstm_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads
     for (int64_t s = T - 1; s >= 0 && st == ND_OK; s--) {
         const int64_t t = nd_rnn_time(&d, s), tp = s > 0 ? nd_rnn_time(&d, s - 1) : 0;
         nd_tensor *dh = NULL, *dcn = NULL, *dgn = NULL, *dgt = NULL, *dcp = NULL, *cp = NULL, *pt = NULL;
-        nd_tensor *xt = NULL, *ct = NULL;
-        st = nd_rnn_rows(gh, t, 0, H, &dh);
-        if (st == ND_OK && s < T - 1) { /* dh_t += dgates_{t+1} W_hh */
+        nd_tensor *xt = NULL, *ct = NULL, *git = NULL;
+        st = nd_rnn_rows(!gates_mode && s == T - 1 ? gu : gh, t, 0, H, &dh);
+        if (st == ND_OK && s < T - 1) { /* dh_t = G_t + dgates_{t+1} W_hh */
             st = nd_rnn_rows(dg, nd_rnn_time(&d, s + 1), 0, 4 * H, &dgn);
-            if (st == ND_OK) st = nd_call_matmul_acc(be, OP, dh, dgn, w);
+            if (st == ND_OK && gates_mode) st = nd_call_matmul_acc(be, OP, dh, dgn, w);
+            if (st == ND_OK && !gates_mode) st = nd_rnn_rows(gu, t, 0, H, &git);
+            if (st == ND_OK && !gates_mode) st = nd_call_linear_fused_res(be, OP, dh, dgn, wt, NULL, ND_ACT_NONE, git);
         }
         if (st == ND_OK) st = nd_rnn_rows(gc, s % 2, 0, H, &dcn);
         if (st == ND_OK) st = nd_rnn_rows(dg, t, 0, 4 * H, &dgt);
@@ -222,7 +240,7 @@ static nd_status bw_lstm_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads
             st = nd_call_lstm_cell_backward(be, OP, dgt, s > 0 ? dcp : dc0, dh, dcn, gates_mode ? pt : xt,
                                             gates_mode ? NULL : pt, s > 0 ? cp : c0, ct);
         nd_release(dh), nd_release(dcn), nd_release(dgn), nd_release(dgt), nd_release(dcp), nd_release(cp);
-        nd_release(pt), nd_release(xt), nd_release(ct);
+        nd_release(pt), nd_release(xt), nd_release(ct), nd_release(git);
     }
     nd_tensor *dw = NULL, *db = NULL, *dh0 = NULL, *first = NULL;
     if (st == ND_OK) st = nd_rnn_rows(dg, nd_rnn_time(&d, 0), 0, 4 * H, &first);
@@ -230,9 +248,12 @@ static nd_status bw_lstm_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads
         st = nd_rnn_weight_grads(be, OP, &d, dg, h0, out, n->needs_grad[IN_W], n->needs_grad[IN_B], &dw, &db);
     if (st == ND_OK && n->needs_grad[IN_H0]) {
         st = nd_empty_on(dev, h0->shape, 2, dt, &dh0);
-        if (st == ND_OK) st = nd_call_matmul(be, OP, dh0, first, w);
+        if (st == ND_OK)
+            st = gates_mode ? nd_call_matmul(be, OP, dh0, first, w)
+                            : nd_call_linear_fused(be, OP, dh0, first, wt, NULL, ND_ACT_NONE);
     }
     nd_release(first), nd_release(gh), nd_release(gc), nd_release(w), nd_release(h0), nd_release(c0);
+    nd_release(wt), nd_release(gu);
     nd_release(xw), nd_release(prod), nd_release(cs), nd_release(out);
     if (st != ND_OK) {
         nd_release(dg), nd_release(dw), nd_release(db), nd_release(dh0), nd_release(dc0);
