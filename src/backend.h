@@ -413,9 +413,11 @@ typedef struct nd_backend {
     nd_status (*gru_cell)(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw,
                           const nd_tensor *h);
     /* Its gradients from g (B, H): dxw, dhw (B, 3H) and dh (B, H), each
-     * NULL when not wanted, as the composed ops' backward computes them. */
+     * NULL when not wanted, as the composed ops' backward computes them;
+     * with dh_add, dh += its gradient (one add per element: nn.GRU's layer
+     * adds it into the state gradient of the step before). */
     nd_status (*gru_cell_backward)(nd_tensor *dxw, nd_tensor *dhw, nd_tensor *dh, const nd_tensor *g,
-                                   const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
+                                   const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h, bool dh_add);
     /* A (query; nd.compile's join pass): A > 0 when linear_fused in dtype dt
      * computes each output element the same way whatever the output's width
      * and the element's column, as long as the widths and column offsets are

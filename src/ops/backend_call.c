@@ -440,9 +440,14 @@ nd_status nd_call_gru_cell(const nd_backend *be, const char *op, nd_tensor *out,
 
 nd_status nd_call_gru_cell_backward(const nd_backend *be, const char *op, nd_tensor *dxw,
                                     nd_tensor *dhw, nd_tensor *dh, const nd_tensor *g,
-                                    const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h) {
-    BEGIN(gru_cell_backward); W(dxw); W(dhw); W(dh); R(g); R(xw); R(hw); R(h); DONE();
-    return FINISH(be->gru_cell_backward(dxw, dhw, dh, g, xw, hw, h));
+                                    const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h,
+                                    bool dh_add) {
+    BEGIN(gru_cell_backward); W(dxw); W(dhw);
+    if (r) nd_graph_rec_tensor(r, dh, dh_add ? ND_ROLE_UPDATE : ND_ROLE_WRITE); /* added into: read too */
+    R(g); R(xw); R(hw); R(h);
+    if (r) r->i[0] = dh_add;
+    DONE();
+    return FINISH(be->gru_cell_backward(dxw, dhw, dh, g, xw, hw, h, dh_add));
 }
 
 static size_t bytes_of(const nd_tensor *t) { return (size_t)nd_numel(t) * nd_dtype_size(t->dtype); }
@@ -600,7 +605,7 @@ nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
         return be->lstm_cell_backward(T(0), T(1), T(2), T(3), T(4), T(5), T(6), T(7));
     case ND_CALL_gru_cell: return be->gru_cell(T(0), T(1), T(2), T(3));
     case ND_CALL_gru_cell_backward:
-        return be->gru_cell_backward(T(0), T(1), T(2), T(3), T(4), T(5), T(6));
+        return be->gru_cell_backward(T(0), T(1), T(2), T(3), T(4), T(5), T(6), r->i[0] != 0);
     case ND_CALL_attention_backward: {
         nd_attention_args a = attention_args_of_rec(r);
         return be->attention_backward(T(0), T(1), T(2), T(3), T(4), T(5), T(6), T(7), T(8), T(9), T(10),

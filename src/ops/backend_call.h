@@ -174,9 +174,11 @@ nd_status nd_call_lstm_cell_backward(const nd_backend *be, const char *op, nd_te
                                      const nd_tensor *c2);
 nd_status nd_call_gru_cell(const nd_backend *be, const char *op, nd_tensor *out,
                            const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
+/* dh_add: dh += the state's gradient (backend.h) */
 nd_status nd_call_gru_cell_backward(const nd_backend *be, const char *op, nd_tensor *dxw,
                                     nd_tensor *dhw, nd_tensor *dh, const nd_tensor *g,
-                                    const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
+                                    const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h,
+                                    bool dh_add);
 nd_status nd_call_attention_backward(const nd_backend *be, const char *op, nd_tensor *dq,
                                      nd_tensor *dk, nd_tensor *dv, const nd_tensor *g,
                                      const nd_tensor *q, const nd_tensor *k, const nd_tensor *v,

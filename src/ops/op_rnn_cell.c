@@ -231,7 +231,7 @@ static nd_status bw_gru_cell_fused(nd_node *n, nd_tensor *g, nd_tensor **grads) 
         if (n->needs_grad[k]) st = nd_empty_on(nd_get_device(sv[k]), sv[k]->shape, 2, sv[k]->dtype, &d[k]);
     if (st == ND_OK)
         st = ND_BACKEND_CALL(nd_backend_of(sv[0]), gru_cell_backward, GRU, d[0], d[1], d[2], gc, un[0], un[1],
-                             un[2]);
+                             un[2], false);
     for (int k = 0; k < 3; k++) nd_release(sv[k]), nd_release(un[k]);
     nd_release(gc);
     if (st != ND_OK) {

@@ -7,18 +7,18 @@
  *   hw_t = h_{t-1} W_hh^T + b_hh,  h_t = gru_cell(xw_t, hw_t, h_{t-1})
  *     (the composed steps' values bit for bit)           out = [h_1 .. h_T]
  *
- * Backward, steps in reverse, from G = out's gradient: dh_t = G_t +
- * dhw_{t+1} W_hh (linear_fused with G_t as its residual, against W_hh^T
- * copied contiguous once; without linear_fused G_t's copy and matmul_acc),
- * plus the next step's direct part (its cell's dh),
+ * Backward, steps in reverse, from G = out's gradient: dh_t = G_t + the
+ * next step's direct part (its cell's dh, which that cell adds into G_t's
+ * copy) + dhw_{t+1} W_hh (linear_fused with that sum as its residual,
+ * against W_hh^T copied contiguous once; without linear_fused matmul_acc
+ * into the sum),
  * then the cell's backward gives dxw_t, dhw_t and the direct part of
  * dh_{t-1};
  *   dW_hh = dhw_1^T h_0 + sum_{t>1} dhw_t^T h_{t-1};  db_hh = the sum of dhw;
  *   dh_0 = the first step's direct part + dhw_1 W_hh.
- * Three backend calls a step backward (the LSTM's two: its cell's state
- * gradient goes straight into the step before's slot; the GRU's direct part
- * has to be added to h's). Under create_graph the backward recomputes the
- * steps from differentiable ops and composes the cell's formulas. */
+ * Two backend calls a step backward, as the LSTM's. Under create_graph the
+ * backward recomputes the steps from differentiable ops and composes the
+ * cell's formulas. */
 #include "backend_call.h"
 #include "op_rnn.h"
 
@@ -109,70 +109,70 @@ static nd_status bw_gru_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads)
     const nd_backend *be = nd_backend_of(out);
     const nd_device dev = nd_get_device(out);
     const nd_dtype dt = out->dtype;
-    /* gh: each step's dh; dd: step s's direct part of dh_{s-1} in slot
-     * s % 2. With linear_fused (the CPU) dh_t = G_t + dhw_{t+1} W_hh comes
-     * from one call against wt = W_hh^T made contiguous once (the small-M
-     * kernel streams it unpacked where the GEMM would pack W_hh every step),
-     * the last step's dh being G's row itself; without it G is copied into
-     * gh and each product added (matmul_acc). */
+    /* gh (T, B, H) starts as G; step s's cell adds its direct part of
+     * dh_{s-1} into row s - 1 (dh_add), so a step's state gradient is row
+     * t plus dhw_{t+1} W_hh: with linear_fused (the CPU) one call into the
+     * slot sg against wt = W_hh^T made contiguous once (the small-M kernel
+     * streams it unpacked where the GEMM would pack W_hh every step), else
+     * matmul_acc into the row itself. Two backend calls a step. */
     const bool fused = be->linear_fused != NULL;
-    nd_tensor *gh = NULL, *dd = NULL, *dx = NULL, *dhw = NULL, *dh0 = NULL, *v = NULL, *wt = NULL, *gu = NULL;
-    const int64_t hs[3] = {T, B, H}, ds[3] = {2, B, H}, xs[3] = {T, B, 3 * H};
+    nd_tensor *gh = NULL, *dx = NULL, *dhw = NULL, *dh0 = NULL, *v = NULL, *wt = NULL, *sg = NULL;
+    const int64_t hs[3] = {T, B, H}, xs[3] = {T, B, 3 * H};
+    const int64_t gst[3] = {g->strides[0], g->strides[1], g->strides[2]};
     st = nd_empty_on(dev, hs, 3, dt, &gh);
-    if (st == ND_OK) st = nd_empty_on(dev, ds, 3, dt, &dd);
     if (st == ND_OK && n->needs_grad[IN_XW]) st = nd_empty_on(dev, xs, 3, dt, &dx);
     if (st == ND_OK) st = nd_empty_on(dev, xs, 3, dt, &dhw);
     if (st == ND_OK) st = nd_empty_on(dev, h0->shape, 2, dt, &dh0);
-    if (st == ND_OK && !fused) {
-        const int64_t gst[3] = {g->strides[0], g->strides[1], g->strides[2]};
-        st = nd_rnn_view(g, 3, hs, gst, 0, &v);
-        if (st == ND_OK) st = nd_call_copy(be, OP, gh, v);
-    } else if (st == ND_OK) {
+    if (st == ND_OK) st = nd_rnn_view(g, 3, hs, gst, 0, &v);
+    if (st == ND_OK) st = nd_call_copy(be, OP, gh, v);
+    nd_release(v);
+    v = NULL;
+    if (st == ND_OK && fused) {
         const int64_t wts[2] = {H, 3 * H}, wtst[2] = {w->strides[1], w->strides[0]};
-        st = nd_contiguous(g, &gu);
-        if (st == ND_OK) st = nd_rnn_view(w, 2, wts, wtst, 0, &v);
+        st = nd_rnn_view(w, 2, wts, wtst, 0, &v);
         if (st == ND_OK) st = nd_empty_on(dev, wts, 2, dt, &wt);
         if (st == ND_OK) st = nd_call_copy(be, OP, wt, v);
+        if (st == ND_OK) st = nd_empty_on(dev, h0->shape, 2, dt, &sg);
+        nd_release(v);
     }
-    nd_release(v);
     for (int64_t s = T - 1; s >= 0 && st == ND_OK; s--) {
         const int64_t t = nd_rnn_time(&d, s);
-        nd_tensor *gt = NULL, *dhn = NULL, *dn = NULL, *dxt = NULL, *dht = NULL, *direct = NULL, *xt = NULL;
-        nd_tensor *ht = NULL, *hp = NULL, *git = NULL;
-        st = nd_rnn_rows(fused && s == T - 1 ? gu : gh, t, 0, H, &gt);
-        if (st == ND_OK && s < T - 1) { /* dh_t = G_t + dhw_{t+1} W_hh + the next step's direct part */
+        nd_tensor *gt = NULL, *dhn = NULL, *dxt = NULL, *dht = NULL, *before = NULL, *xt = NULL;
+        nd_tensor *ht = NULL, *hp = NULL;
+        st = nd_rnn_rows(gh, t, 0, H, &gt);
+        const nd_tensor *dh = gt; /* dh_t: G_t, the next step's direct part and its product */
+        if (st == ND_OK && s < T - 1) {
             st = nd_rnn_rows(dhw, nd_rnn_time(&d, s + 1), 0, 3 * H, &dhn);
-            if (st == ND_OK && !fused) st = nd_call_matmul_acc(be, OP, gt, dhn, w);
-            if (st == ND_OK && fused) st = nd_rnn_rows(gu, t, 0, H, &git);
-            if (st == ND_OK && fused) st = nd_call_linear_fused_res(be, OP, gt, dhn, wt, NULL, ND_ACT_NONE, git);
-            if (st == ND_OK) st = nd_rnn_rows(dd, (s + 1) % 2, 0, H, &dn);
-            if (st == ND_OK) st = nd_call_binary(be, OP, ND_BINARY_add, gt, gt, dn);
+            if (st == ND_OK && fused) st = nd_call_linear_fused_res(be, OP, sg, dhn, wt, NULL, ND_ACT_NONE, gt);
+            else if (st == ND_OK) st = nd_call_matmul_acc(be, OP, gt, dhn, w);
+            if (fused) dh = sg;
         }
         if (st == ND_OK && dx) st = nd_rnn_rows(dx, t, 0, 3 * H, &dxt);
         if (st == ND_OK) st = nd_rnn_rows(dhw, t, 0, 3 * H, &dht);
-        if (st == ND_OK && s > 0) st = nd_rnn_rows(dd, s % 2, 0, H, &direct);
+        if (st == ND_OK && s > 0) st = nd_rnn_rows(gh, nd_rnn_time(&d, s - 1), 0, H, &before);
         if (st == ND_OK) st = nd_rnn_rows(xw, t, 0, 3 * H, &xt);
         if (st == ND_OK) st = nd_rnn_rows(hw, t, 0, 3 * H, &ht);
         if (st == ND_OK && s > 0) st = nd_rnn_rows(out, nd_rnn_time(&d, s - 1), 0, H, &hp);
         if (st == ND_OK)
-            st = nd_call_gru_cell_backward(be, OP, dxt, dht, s > 0 ? direct : dh0, gt, xt, ht, s > 0 ? hp : h0);
-        nd_release(gt), nd_release(dhn), nd_release(dn), nd_release(dxt), nd_release(dht), nd_release(direct);
-        nd_release(xt), nd_release(ht), nd_release(hp), nd_release(git);
+            st = nd_call_gru_cell_backward(be, OP, dxt, dht, s > 0 ? before : dh0, dh, xt, ht, s > 0 ? hp : h0,
+                                           s > 0);
+        nd_release(gt), nd_release(dhn), nd_release(dxt), nd_release(dht), nd_release(before);
+        nd_release(xt), nd_release(ht), nd_release(hp);
     }
     nd_tensor *dw = NULL, *db = NULL, *first = NULL;
     if (st == ND_OK) st = nd_rnn_rows(dhw, nd_rnn_time(&d, 0), 0, 3 * H, &first);
     if (st == ND_OK)
         st = nd_rnn_weight_grads(be, OP, &d, dhw, h0, out, n->needs_grad[IN_W], n->needs_grad[IN_B], &dw, &db);
+    /* dh_0 = its direct part + dhw_1 W_hh */
     if (st == ND_OK && n->needs_grad[IN_H0] && !fused) st = nd_call_matmul_acc(be, OP, dh0, first, w);
-    if (st == ND_OK && n->needs_grad[IN_H0] && fused) { /* dh_0 = its direct part + dhw_1 W_hh */
-        nd_tensor *sum = NULL;
-        st = nd_empty_on(dev, h0->shape, 2, dt, &sum);
-        if (st == ND_OK) st = nd_call_linear_fused_res(be, OP, sum, first, wt, NULL, ND_ACT_NONE, dh0);
+    if (st == ND_OK && n->needs_grad[IN_H0] && fused) {
+        st = nd_call_linear_fused_res(be, OP, sg, first, wt, NULL, ND_ACT_NONE, dh0);
         nd_release(dh0);
-        dh0 = sum;
+        dh0 = sg;
+        sg = NULL;
     }
-    nd_release(first), nd_release(gh), nd_release(dd), nd_release(dhw), nd_release(w), nd_release(h0);
-    nd_release(xw), nd_release(hw), nd_release(out), nd_release(wt), nd_release(gu);
+    nd_release(first), nd_release(gh), nd_release(dhw), nd_release(w), nd_release(h0);
+    nd_release(xw), nd_release(hw), nd_release(out), nd_release(wt), nd_release(sg);
     if (st != ND_OK) {
         nd_release(dx), nd_release(dw), nd_release(db), nd_release(dh0);
         return st;

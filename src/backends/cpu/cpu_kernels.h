@@ -148,7 +148,7 @@ nd_status nd_cpu_lstm_cell_backward(nd_tensor *dgates, nd_tensor *dc, const nd_t
                                     const nd_tensor *c, const nd_tensor *c2);
 nd_status nd_cpu_gru_cell(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
 nd_status nd_cpu_gru_cell_backward(nd_tensor *dxw, nd_tensor *dhw, nd_tensor *dh, const nd_tensor *g,
-                                   const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
+                                   const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h, bool dh_add);
 /* cpu_random.c: keep[i] = whether uniform i of the stream at (seed, offset),
  * drawn as rand() draws it in dtype dt (float64: 53 bits, else float32's
  * 24), is below `below` (rounded to that dtype); on the calling thread */

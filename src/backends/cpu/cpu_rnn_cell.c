@@ -22,6 +22,7 @@ typedef struct {
     nd_tensor *o[3];
     const nd_tensor *g, *gc, *xw, *hw, *state, *c2;
     int64_t H;
+    bool add_o2; /* o[2] += (the GRU's dh) rather than = */
 } cell_call;
 
 typedef void (*row_fn)(const cell_call *c, int64_t b, void *buf);
@@ -137,7 +138,7 @@ static void tanh_f64(double *o, const double *x, int64_t n) {
             const T dpr = (dpn * hwr[2 * H + j]) * (r[j] * ((T)1 - r[j]));                        \
             if (dx) dx[j] = dpr, dx[H + j] = dpz, dx[2 * H + j] = dpn;       \
             if (dhh) dhh[j] = dpr, dhh[H + j] = dpz, dhh[2 * H + j] = dpn * r[j]; \
-            if (ds) ds[j] = gr[j] * z[j];                                                         \
+            if (ds) ds[j] = c->add_o2 ? ds[j] + gr[j] * z[j] : gr[j] * z[j];                      \
         }                                                                                         \
     }
 
@@ -175,8 +176,8 @@ nd_status nd_cpu_gru_cell(nd_tensor *out, const nd_tensor *xw, const nd_tensor *
 }
 
 nd_status nd_cpu_gru_cell_backward(nd_tensor *dxw, nd_tensor *dhw, nd_tensor *dh, const nd_tensor *g,
-                                   const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h) {
+                                   const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h, bool dh_add) {
     const int64_t H = h->shape[1];
-    const cell_call cc = {.o = {dxw, dhw, dh}, .g = g, .xw = xw, .hw = hw, .state = h, .H = H};
+    const cell_call cc = {.o = {dxw, dhw, dh}, .g = g, .xw = xw, .hw = hw, .state = h, .H = H, .add_o2 = dh_add};
     return run_rows("gru_cell", &cc, 32 * H, 3 * H, gru_bwd_f32, gru_bwd_f64);
 }

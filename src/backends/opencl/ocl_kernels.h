@@ -39,7 +39,7 @@ nd_status ocl_layer_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, const n
 /* ocl_rnn.c */
 nd_status ocl_gru_cell(nd_tensor *out, const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
 nd_status ocl_gru_cell_backward(nd_tensor *dxw, nd_tensor *dhw, nd_tensor *dh, const nd_tensor *g,
-                                const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h);
+                                const nd_tensor *xw, const nd_tensor *hw, const nd_tensor *h, bool dh_add);
 nd_status ocl_lstm_cell(nd_tensor *h, nd_tensor *c2, const nd_tensor *xw, const nd_tensor *hw,
                         const nd_tensor *c);
 nd_status ocl_lstm_cell_backward(nd_tensor *dgates, nd_tensor *dc, const nd_tensor *gh, const nd_tensor *gc,

@@ -81,7 +81,8 @@ __kernel void gru_cell_bwd(long n, long H, __global const T *g, long goff, long 
                            __global const T *x, long xoff, long xs, __global const T *hw, long hoff,
                            long hs, __global const T *h, long soff, long ss, int has_dx,
                            __global T *dx, long dxoff, long dxs, int has_dhw, __global T *dhw,
-                           long dhoff, long dhs, int has_dh, __global T *dh, long dsoff, long dss) {
+                           long dhoff, long dhs, int has_dh, __global T *dh, long dsoff, long dss,
+                           int dh_add) {
     long id = get_global_id(0);
     if (id >= n) return;
     long b = id / H, j = id - b * H;
@@ -100,5 +101,8 @@ __kernel void gru_cell_bwd(long n, long H, __global const T *g, long goff, long 
         __global T *d = dhw + dhoff + b * dhs;
         d[j] = dpr, d[H + j] = dpz, d[2 * H + j] = dpn * r;
     }
-    if (has_dh) dh[dsoff + b * dss + j] = gv * z;
+    if (has_dh) { /* dh_add: into the state gradient already there (nn.GRU's layer) */
+        __global T *d = dh + dsoff + b * dss + j;
+        *d = dh_add ? *d + gv * z : gv * z;
+    }
 }
