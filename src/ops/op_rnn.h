@@ -33,6 +33,17 @@ typedef struct {
 /* the time step s runs at */
 static inline int64_t nd_rnn_time(const nd_rnn_dims *d, int64_t s) { return d->reverse ? d->T - 1 - s : s; }
 
+/* Whether a layer's backward takes each step's product against W_hh from
+ * linear_fused, against a contiguous copy of W_hh^T (the CPU's small-rows
+ * kernel streams it; the GEMM would pack W_hh every step), rather than
+ * matmul_acc. Not at float32 matmul precision "medium": nd.autocast's
+ * weight cache would take that copy eagerly (its own storage) and not in a
+ * compiled replay (a view of the arena), so the two would round the
+ * products differently; matmul_acc decides by the product's shape alone. */
+static inline bool nd_rnn_grad_by_linear(const nd_backend *be) {
+    return be->linear_fused && nd_get_float32_matmul_precision() != ND_MATMUL_MEDIUM;
+}
+
 /* where step s's rows are in a buffer of `kept` steps: its time when the
  * buffer holds all T (kept for the backward), else s modulo kept (a
  * forward without a graph needs the step before's state and nothing else) */

@@ -111,11 +111,11 @@ static nd_status bw_gru_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads)
     const nd_dtype dt = out->dtype;
     /* gh (T, B, H) starts as G; step s's cell adds its direct part of
      * dh_{s-1} into row s - 1 (dh_add), so a step's state gradient is row
-     * t plus dhw_{t+1} W_hh: with linear_fused (the CPU) one call into the
-     * slot sg against wt = W_hh^T made contiguous once (the small-M kernel
-     * streams it unpacked where the GEMM would pack W_hh every step), else
-     * matmul_acc into the row itself. Two backend calls a step. */
-    const bool fused = be->linear_fused != NULL;
+     * t plus dhw_{t+1} W_hh: by linear_fused (op_rnn.h's
+     * nd_rnn_grad_by_linear: the CPU) one call into the slot sg against wt =
+     * W_hh^T made contiguous once, else matmul_acc into the row itself. Two
+     * backend calls a step. */
+    const bool fused = nd_rnn_grad_by_linear(be);
     nd_tensor *gh = NULL, *dx = NULL, *dhw = NULL, *dh0 = NULL, *v = NULL, *wt = NULL, *sg = NULL;
     const int64_t hs[3] = {T, B, H}, xs[3] = {T, B, 3 * H};
     const int64_t gst[3] = {g->strides[0], g->strides[1], g->strides[2]};

@@ -184,22 +184,23 @@ static nd_status bw_lstm_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads
     const nd_rnn_dims d = {cs->shape[0], cs->shape[1], cs->shape[2], n->iparams[0] != 0};
     const int64_t T = d.T, B = d.B, H = d.H;
     const nd_backend *be = nd_backend_of(cs);
+    const bool by_linear = !gates_mode && nd_rnn_grad_by_linear(be);
     const nd_device dev = nd_get_device(cs);
     const nd_dtype dt = cs->dtype;
     /* gh (T, B, H): each step's dh; gc: step s's dc in slot s % 2 (two
      * slots, each step's cell writing the one before's), G_{T+1} for the
-     * last step. With linear_fused (not gates_mode) a step's dh is
+     * last step. With linear_fused (by_linear, op_rnn.h) a step's dh is
      * G_t + dgates_{t+1} W_hh in one call, the product against wt = W_hh^T
      * made contiguous once (the small-M kernel streams it unpacked, where the
      * GEMM would pack W_hh on every step), and the last step's dh is G's row
-     * itself; in gates_mode G is copied into gh and each product added. */
+     * itself; else G is copied into gh and each product added. */
     nd_tensor *gh = NULL, *gc = NULL, *dg = NULL, *v1 = NULL, *v2 = NULL, *dc0 = NULL, *wt = NULL, *gu = NULL;
     const int64_t hs[3] = {T, B, H}, dgs[3] = {T, B, 4 * H}, gcs[3] = {2, B, H};
     st = nd_empty_on(dev, hs, 3, dt, &gh);
     if (st == ND_OK) st = nd_empty_on(dev, gcs, 3, dt, &gc);
     if (st == ND_OK) st = nd_empty_on(dev, dgs, 3, dt, &dg);
     if (st == ND_OK && n->needs_grad[IN_C0]) st = nd_empty_on(dev, c0->shape, 2, dt, &dc0);
-    if (st == ND_OK && gates_mode) {
+    if (st == ND_OK && !by_linear) {
         const int64_t gst[3] = {g->strides[0], g->strides[1], g->strides[2]};
         st = nd_rnn_view(g, 3, hs, gst, 0, &v1);
         if (st == ND_OK) st = nd_call_copy(be, OP, gh, v1);
@@ -222,12 +223,12 @@ static nd_status bw_lstm_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads
         const int64_t t = nd_rnn_time(&d, s), tp = s > 0 ? nd_rnn_time(&d, s - 1) : 0;
         nd_tensor *dh = NULL, *dcn = NULL, *dgn = NULL, *dgt = NULL, *dcp = NULL, *cp = NULL, *pt = NULL;
         nd_tensor *xt = NULL, *ct = NULL, *git = NULL;
-        st = nd_rnn_rows(!gates_mode && s == T - 1 ? gu : gh, t, 0, H, &dh);
+        st = nd_rnn_rows(by_linear && s == T - 1 ? gu : gh, t, 0, H, &dh);
         if (st == ND_OK && s < T - 1) { /* dh_t = G_t + dgates_{t+1} W_hh */
             st = nd_rnn_rows(dg, nd_rnn_time(&d, s + 1), 0, 4 * H, &dgn);
-            if (st == ND_OK && gates_mode) st = nd_call_matmul_acc(be, OP, dh, dgn, w);
-            if (st == ND_OK && !gates_mode) st = nd_rnn_rows(gu, t, 0, H, &git);
-            if (st == ND_OK && !gates_mode) st = nd_call_linear_fused_res(be, OP, dh, dgn, wt, NULL, ND_ACT_NONE, git);
+            if (st == ND_OK && !by_linear) st = nd_call_matmul_acc(be, OP, dh, dgn, w);
+            if (st == ND_OK && by_linear) st = nd_rnn_rows(gu, t, 0, H, &git);
+            if (st == ND_OK && by_linear) st = nd_call_linear_fused_res(be, OP, dh, dgn, wt, NULL, ND_ACT_NONE, git);
         }
         if (st == ND_OK) st = nd_rnn_rows(gc, s % 2, 0, H, &dcn);
         if (st == ND_OK) st = nd_rnn_rows(dg, t, 0, 4 * H, &dgt);
@@ -249,7 +250,7 @@ static nd_status bw_lstm_layer_fused(nd_node *n, nd_tensor *g, nd_tensor **grads
     if (st == ND_OK && n->needs_grad[IN_H0]) {
         st = nd_empty_on(dev, h0->shape, 2, dt, &dh0);
         if (st == ND_OK)
-            st = gates_mode ? nd_call_matmul(be, OP, dh0, first, w)
+            st = !by_linear ? nd_call_matmul(be, OP, dh0, first, w)
                             : nd_call_linear_fused(be, OP, dh0, first, wt, NULL, ND_ACT_NONE);
     }
     nd_release(first), nd_release(gh), nd_release(gc), nd_release(w), nd_release(h0), nd_release(c0);
