@@ -80,7 +80,7 @@ nd_status nd_cpu_layer_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, cons
 /* float32 rows: vectorisable passes (max with a NaN flag, then sums); an
  * AVX2 + FMA clone picked at load time (see cpu_softmax.c on x86-64-v3) */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 static float ce_row_f32(const float *x, int64_t c, int64_t label, double smoothing) {
     float m = -INFINITY;
@@ -104,7 +104,7 @@ static float ce_row_f32(const float *x, int64_t c, int64_t label, double smoothi
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 static void ce_row_backward_f32(const float *x, float *d, int64_t c, int64_t label, float w,
                                 double smoothing) {

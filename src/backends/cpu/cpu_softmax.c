@@ -21,7 +21,7 @@
  * model, so every other CPU (AMD, Skylake and later) ran the SSE2 clone at
  * half the speed. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 static void row_f32(const float *x, float *y, int64_t n, bool want_log) {
     float m = -INFINITY;
