@@ -304,6 +304,45 @@ describe("conv2d's packed float32 kernels", function()
   end)
 end)
 
+describe("the packed convolution's AVX-512 tiles", function()
+  -- 24-, 12- and 6-row tiles (4, 2 and 1 panels of 6 filters) where the GEMM runs AVX-512;
+  -- NEEDLE_GEMM=avx2 keeps the AVX2 tile. Each element is the same chain of FMAs either way.
+  it("give the AVX2 tile's bits, forward and input gradient, for 24 + 6, 12 + 6 and 48 filters", function()
+    if not tostring(nd.devices()[1].gemm):match("^avx512") then
+      pending("this CPU's GEMM is " .. tostring(nd.devices()[1].gemm) .. ": no AVX-512 tiles to compare")
+      return
+    end
+    local S = require "spec.helpers.shell"
+    local code = [[
+      local nd = require "needle"
+      nd.manual_seed(12)
+      local out = {}
+      for _, c in ipairs({{{2, 8, 9, 9}, {30, 8, 3, 3}}, {{3, 5, 7, 7}, {18, 5, 3, 3}}, {{1, 16, 6, 6}, {48, 16, 3, 3}}}) do
+        local x, w = nd.randn(c[1]), nd.randn(c[2])
+        x.requires_grad = true
+        local y = nd.conv2d(x, w, nil, {padding = 1})
+        local gx = nd.grad((y * y):sum(), {x})[1]
+        for _, t in ipairs({y, gx}) do
+          for _, v in ipairs(t:reshape({-1}):tolist()) do out[#out + 1] = ("%a"):format(v) end
+        end
+      end
+      print(#out, table.concat(out, " "))
+    ]]
+    local function run(env)
+      local f = os.tmpname()
+      local ok = os.execute(("env %s %s -e %s > %s 2>&1"):format(env, S.q(S.needle_lua()), S.q(code), f))
+      local text = S.read_file(f) or ""
+      os.remove(f)
+      assert.is_true(ok == true or ok == 0, text)
+      return text
+    end
+    local wide, avx2 = run("NEEDLE_CONV_PACKED=1"), run("NEEDLE_CONV_PACKED=1 NEEDLE_GEMM=avx2")
+    local n = tonumber(wide:match("^(%d+)"))
+    assert.is_true(n ~= nil and n > 5000, wide:sub(1, 200))
+    assert.are.equal(avx2, wide)
+  end)
+end)
+
 describe("the conv path choice", function()
   it("NEEDLE_CONV_PACKED=1, NEEDLE_CONV_BLAS=1 and the default agree where the default mixes paths", function()
     local S = require "spec.helpers.shell"

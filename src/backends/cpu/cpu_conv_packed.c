@@ -108,13 +108,57 @@ __attribute__((target("avx2,fma"))) static void tile_6x16(int64_t kc, const floa
     _mm256_storeu_ps(C + 5 * ldc, c50), _mm256_storeu_ps(C + 5 * ldc + 8, c51);
 }
 
+/* NP consecutive 6-row A panels (panel q at A + q * pstride) against one
+ * B panel into T (6 NP, 16; row stride NR): tile_6x16 NP times over, with
+ * one 16-float B vector a k feeding 6 NP accumulators (AVX-512: twice the
+ * lanes of an AVX2 FMA; 4 panels keep 24 FMA chains in flight, 2 panels
+ * 12, 1 panel 6). Each element is the same chain of FMAs over k as
+ * tile_6x16's, so the same bits. */
+#define TILE_AVX512(NAME, NP)                                                                     \
+    __attribute__((target("avx512f"))) static void NAME(int64_t kc, const float *A, int64_t pstride, \
+                                                        const float *B, float *C, bool acc) {     \
+        __m512 c[NP * MR];                                                                        \
+        _Pragma("GCC unroll 24")                                                                  \
+        for (int i = 0; i < NP * MR; i++) c[i] = acc ? _mm512_loadu_ps(C + i * NR) : _mm512_setzero_ps(); \
+        for (int64_t k = 0; k < kc; k++) {                                                        \
+            const __m512 b = _mm512_loadu_ps(B + k * NR);                                         \
+            _Pragma("GCC unroll 4")                                                               \
+            for (int q = 0; q < NP; q++) {                                                        \
+                const float *a = A + q * pstride + k * MR;                                        \
+                _Pragma("GCC unroll 6")                                                           \
+                for (int i = 0; i < MR; i++)                                                      \
+                    c[q * MR + i] = _mm512_fmadd_ps(_mm512_set1_ps(a[i]), b, c[q * MR + i]);      \
+            }                                                                                     \
+        }                                                                                         \
+        _Pragma("GCC unroll 24")                                                                  \
+        for (int i = 0; i < NP * MR; i++) _mm512_storeu_ps(C + i * NR, c[i]);                    \
+    }
+TILE_AVX512(tile_24x16, 4)
+TILE_AVX512(tile_12x16, 2)
+TILE_AVX512(tile_6x16_avx512, 1)
+
+/* The AVX-512 tiles where the GEMM runs AVX-512 (NEEDLE_GEMM=avx2 or
+ * openblas: the AVX2 tile only, for comparisons) */
+static bool tiles_avx512(void) {
+    static int has = -1;
+    if (has < 0) has = strncmp(nd_cpu_gemm_kernel(), "avx512", 6) == 0;
+    return has == 1;
+}
+
 /* T (rows_pad, 16) = A-panels (rows_pad / 6 of them, depth d each) @ one
  * B panel (d, 16), in depth blocks of KC. */
 static void panel_product(int64_t d, int64_t rows_pad, const float *A, const float *B, float *T) {
+    const bool wide = tiles_avx512();
     for (int64_t k0 = 0; k0 < d; k0 += KC) {
         const int64_t kc = d - k0 < KC ? d - k0 : KC;
-        for (int64_t r = 0; r < rows_pad; r += MR)
-            tile_6x16(kc, A + r * d + k0 * MR, B + k0 * NR, T + r * NR, NR, k0 > 0);
+        const float *b = B + k0 * NR;
+        int64_t r = 0;
+        if (wide) {
+            for (; r + 4 * MR <= rows_pad; r += 4 * MR) tile_24x16(kc, A + r * d + k0 * MR, MR * d, b, T + r * NR, k0 > 0);
+            if (r + 2 * MR <= rows_pad) tile_12x16(kc, A + r * d + k0 * MR, MR * d, b, T + r * NR, k0 > 0), r += 2 * MR;
+            if (r < rows_pad) tile_6x16_avx512(kc, A + r * d + k0 * MR, MR * d, b, T + r * NR, k0 > 0), r += MR;
+        }
+        for (; r < rows_pad; r += MR) tile_6x16(kc, A + r * d + k0 * MR, b, T + r * NR, NR, k0 > 0);
     }
     if (d == 0) memset(T, 0, sizeof(float) * (size_t)(rows_pad * NR));
 }
