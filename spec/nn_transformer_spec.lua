@@ -157,6 +157,44 @@ describe("MultiheadAttention", function()
   end)
 end)
 
+describe("the feed-forward block's first linear layer and its activation in one kernel", function()
+  -- nn/linear.lua's linear_act: a named relu or gelu goes into the fused linear's epilogue
+  for _, act in ipairs({"relu", "gelu"}) do
+    it(act .. ": one fused_linear call, the values and gradients of the activation after the layer bit for bit", function()
+      for _, Layer in ipairs({"TransformerEncoderLayer", "TransformerDecoderLayer"}) do
+        nd.manual_seed(41)
+        local fused = nn[Layer](16, 2, {dim_feedforward = 24, dropout = 0, activation = act})
+        local plain = nn[Layer](16, 2, {dim_feedforward = 24, dropout = 0,
+                                        activation = function(v) return nd.F[act](v) end})
+        plain:load_state_dict(fused:state_dict())
+        local x = nd.randn({5, 3, 16}, {requires_grad = true})
+        local function run(m)
+          local y = Layer == "TransformerEncoderLayer" and m(x) or m(x, x)
+          return y, nd.grad((y * y):sum(), {x, m.linear1.weight, m.linear1.bias, m.linear2.weight})
+        end
+        local rep, y1, g1 = nd.profile(function() return run(fused) end)
+        local y2, g2 = run(plain)
+        assert.is_truthy(rep.by_name["F.fused_linear"], Layer .. ": no fused_linear call")
+        assert.is_nil(rep.by_name["F." .. act], Layer .. ": the activation ran on its own")
+        assert.are.equal(0, max_abs_diff(y1, y2), Layer)
+        for i = 1, #g1 do assert.are.equal(0, max_abs_diff(g1[i], g2[i]), Layer .. " gradient " .. i) end
+      end
+    end)
+  end
+
+  it("runs linear1 as a module when it has a hook, which sees its output before the activation", function()
+    nd.manual_seed(42)
+    local layer = nn.TransformerEncoderLayer(8, 2, {dim_feedforward = 12, dropout = 0})
+    local seen
+    local h = layer.linear1:register_forward_hook(function(_, _, out) seen = out end)
+    local x = nd.randn({4, 2, 8})
+    layer(x)
+    h:remove()
+    assert.is_truthy(seen, "the hook on linear1 did not run")
+    assert.is_true(seen:min():item() < 0, "the hook saw the activation's output, not linear1's")
+  end)
+end)
+
 describe("TransformerEncoder", function()
   it("holds independent deep copies of the layer and applies them in order", function()
     nd.manual_seed(14)

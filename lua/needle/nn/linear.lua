@@ -81,6 +81,25 @@ function Linear:extra_repr()
 end
 M.Linear = Linear
 
+-- the activations the fused linear kernel applies in its GEMM's epilogue
+-- (nd.F.fused_linear: one pass over a feed-forward block's largest
+-- activation instead of two, the same values as act(lin(x)))
+local FUSED = {gelu = "gelu", relu = "relu"}
+
+-- M.linear_act(lin, act_name, act, x) -> act(lin(x)), in one kernel when
+-- act_name names an activation the kernel fuses and lin is a plain Linear
+-- whose call nothing watches (no module hooks: a hook on lin must see its
+-- output); else act(lin(x)) as written. For the feed-forward blocks of the
+-- Transformer layers and the model zoo.
+function M.linear_act(lin, act_name, act, x)
+  local fused = FUSED[act_name]
+  local mt = getmetatable(lin)
+  if fused and mt and mt.class == Linear and rawget(lin, "_hooks") == nil then
+    return nd.F.fused_linear(x, lin.weight, lin.bias, {activation = fused})
+  end
+  return act(lin(x))
+end
+
 -- Flatten ------------------------------------------------------------------------
 
 local Flatten = Module:extend("Flatten")

@@ -21,6 +21,7 @@ local nd = require "needle"
 local Module = require "needle.nn.module"
 local init = require "needle.nn.initializers"
 local Linear = require("needle.nn.linear").Linear
+local linear_act = require("needle.nn.linear").linear_act
 local Dropout = require("needle.nn.dropout").Dropout
 local LayerNorm = require("needle.nn.norm").LayerNorm
 local Embedding = require("needle.nn.embedding").Embedding
@@ -452,8 +453,8 @@ function TEL:forward(src, mask, src_key_padding_mask, is_causal)
                                          need_weights = false, is_causal = is_causal})
     return self.dropout1(out)
   end
-  local function ff(y)
-    return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(y)))))
+  local function ff(y) -- (linear1 and a named activation in one kernel: nn/linear.lua)
+    return self.dropout2(self.linear2(self.dropout(linear_act(self.linear1, self.activation_name, self.activation, y))))
   end
   if self.norm_first then
     x = x + sa(self.norm1(x))

@@ -18,6 +18,7 @@ local nd = require "needle"
 local Module = require "needle.nn.module"
 local init = require "needle.nn.initializers"
 local Linear = require("needle.nn.linear").Linear
+local linear_act = require("needle.nn.linear").linear_act
 local Dropout = require("needle.nn.dropout").Dropout
 local LayerNorm = require("needle.nn.norm").LayerNorm
 local ModuleList = require("needle.nn.container").ModuleList
@@ -114,8 +115,8 @@ function TDL:forward(tgt, memory, ...)
     return self.dropout2((self.multihead_attn(y, memory, memory, {attn_mask = o.memory_mask,
       key_padding_mask = o.memory_key_padding_mask, is_causal = o.memory_is_causal, need_weights = false})))
   end
-  local function ff(y)
-    return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(y)))))
+  local function ff(y) -- (linear1 and a named activation in one kernel: nn/linear.lua)
+    return self.dropout3(self.linear2(self.dropout(linear_act(self.linear1, self.activation_name, self.activation, y))))
   end
   if self.norm_first then
     x = x + sa(self.norm1(x))

@@ -50,20 +50,8 @@ local ACT = {
   tanh = function(x) return x:tanh() end,
 }
 local ACT_NAMES = "gelu, gelu_new, gelu_pytorch_tanh, relu, silu, swish, tanh"
--- the activations the fused linear kernel applies in its GEMM's epilogue
--- (nd.F.fused_linear: one pass over the FFN's largest activation instead of two)
-local FUSED = {gelu = "gelu", relu = "relu"}
-
--- act(linear(x)) through lin, in one kernel when lin is a plain Linear whose
--- call nothing watches (no module hooks: a hook on it must see its output)
-local function linear_act(lin, act_name, act, x)
-  local fused = FUSED[act_name]
-  local mt = getmetatable(lin)
-  if fused and mt and mt.class == nd.nn.Linear and rawget(lin, "_hooks") == nil then
-    return nd.F.fused_linear(x, lin.weight, lin.bias, {activation = fused})
-  end
-  return act(lin(x))
-end
+-- act(linear(x)) through lin, in one kernel where it can (nn/linear.lua)
+local linear_act = require("needle.nn.linear").linear_act
 
 -- torch.finfo(dtype).min: Hugging Face's "minus infinity" for masked scores
 -- (finite, so that a row with every key masked is uniform, not NaN)
