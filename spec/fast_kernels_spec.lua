@@ -328,15 +328,9 @@ describe("the packed convolution's AVX-512 tiles", function()
       end
       print(#out, table.concat(out, " "))
     ]]
-    local function run(env)
-      local f = os.tmpname()
-      local ok = os.execute(("env %s %s -e %s > %s 2>&1"):format(env, S.q(S.needle_lua()), S.q(code), f))
-      local text = S.read_file(f) or ""
-      os.remove(f)
-      assert.is_true(ok == true or ok == 0, text)
-      return text
-    end
-    local wide, avx2 = run("NEEDLE_CONV_PACKED=1"), run("NEEDLE_CONV_PACKED=1 NEEDLE_GEMM=avx2")
+    -- (a failed run prints no count first: the check below fails with its message)
+    local wide = S.run_program("NEEDLE_CONV_PACKED=1", code)
+    local avx2 = S.run_program("NEEDLE_CONV_PACKED=1 NEEDLE_GEMM=avx2", code)
     local n = tonumber(wide:match("^(%d+)"))
     assert.is_true(n ~= nil and n > 5000, wide:sub(1, 200))
     assert.are.equal(avx2, wide)
