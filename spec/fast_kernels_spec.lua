@@ -14,6 +14,8 @@
 --     formula.
 --   * batch_norm's fused backward (cpu_norm.c): against the composed
 --     formulas, training and evaluation, with and without affine weights.
+--   * layer_norm's rows (cpu_norm.c): float64 against the composed
+--     formulas, float32 against float64, every affine combination.
 --   * the small-M float32 linear kernel (cpu_linear_small.c): against
 --     x:matmul(w:t()) + b (BLAS) over M, K, O with every remainder; and
 --     linear's own autograd node (op_fused.c) by finite differences.
@@ -524,6 +526,64 @@ describe("batch_norm's fused backward", function()
     end
     assert.is_true(max_diff(gx("float32"):double(), gx("float64")) < 1e-4)
   end)
+end)
+
+-- layer_norm's rows (cpu_norm.c): sums vectorised in double lanes, the
+-- float32 rows built for AVX-512 / AVX2 / baseline. Widths with every
+-- vector remainder, a shifted mean (a float accumulator would lose it),
+-- enough rows for threads, and each affine combination.
+describe("layer_norm's vectorised rows", function()
+  before_each(function() nd.manual_seed(7) end)
+  for _, shape in ipairs({{5, 37}, {40, 777}, {1100, 64}, {3, 1}}) do
+    for _, affine in ipairs({"w,b", "w", "b", "none"}) do
+      local label = ("shape {%s}, %s"):format(table.concat(shape, ","), affine)
+      it("float64 equals the composed formula, float32 agrees: " .. label, function()
+        local cols = shape[2]
+        local x = nd.randn(shape, f64) * 2 + 50
+        local w = affine:find("w") and nd.randn({cols}, f64) or nil
+        local b = affine:find("b") and nd.randn({cols}, f64) or nil
+        local gy = nd.randn(shape, f64)
+        local mu = x:mean(2, true)
+        local xh = (x - mu) / ((((x - mu) * (x - mu)):mean(2, true) + 1e-5):sqrt())
+        local want = xh
+        if w then want = want * w end
+        if b then want = want + b end
+        local function run(dt)
+          local xv = x:to(dt):requires_grad_()
+          local wv = w and w:to(dt):requires_grad_() or nil
+          local bv = b and b:to(dt):requires_grad_() or nil
+          local y = nd.F.layer_norm(xv, {cols}, wv, bv, 1e-5)
+          local inputs = {xv}
+          if wv then inputs[#inputs + 1] = wv end
+          if bv then inputs[#inputs + 1] = bv end
+          return y, nd.grad((y * gy:to(dt)):sum(), inputs)
+        end
+        local y64, g64 = run("float64")
+        assert.is_true(max_diff(y64, want) < 1e-10, label .. ": forward differs by " .. max_diff(y64, want))
+        -- the gradients against the composed formulas (create_graph runs them)
+        local xv = x:clone():requires_grad_()
+        local wv = w and w:clone():requires_grad_() or nil
+        local bv = b and b:clone():requires_grad_() or nil
+        local inputs = {xv}
+        if wv then inputs[#inputs + 1] = wv end
+        if bv then inputs[#inputs + 1] = bv end
+        local composed = nd.grad((nd.F.layer_norm(xv, {cols}, wv, bv, 1e-5) * gy):sum(), inputs,
+                                 {create_graph = true})
+        for i = 1, #inputs do
+          assert.is_true(max_diff(g64[i], composed[i]:detach()) < 1e-9,
+            label .. ": gradient " .. i .. " differs by " .. max_diff(g64[i], composed[i]:detach()))
+        end
+        local y32, g32 = run("float32")
+        assert.is_true(max_diff(y32:double(), y64) < 2e-4, label .. ": float32 forward differs by " ..
+          max_diff(y32:double(), y64))
+        for i = 1, #g64 do
+          local tol = 2e-4 * (1 + g64[i]:abs():max():item())
+          assert.is_true(max_diff(g32[i]:double(), g64[i]) < tol,
+            label .. ": float32 gradient " .. i .. " differs by " .. max_diff(g32[i]:double(), g64[i]))
+        end
+      end)
+    end
+  end
 end)
 
 -- Without the small kernel (NEEDLE_NO_SMALL_GEMM=1; on AVX2 CPUs above its 24

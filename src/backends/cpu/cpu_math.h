@@ -5,6 +5,17 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Put before a hot loop's function: GCC builds it for AVX-512
+ * (x86-64-v4), AVX2 + FMA (x86-64-v3) and baseline x86-64, and picks the
+ * clone from cpuid at load time. ISA levels, not CPU models: GCC
+ * dispatches an arch=<cpu> clone only on that very model (see
+ * cpu_softmax.c). Elsewhere it expands to nothing. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ND_ISA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define ND_ISA_CLONES
+#endif
+
 /* expf as a branch-free polynomial (Cephes' expf, about 1 ulp) that the
  * compiler vectorises, unlike libm's expf (needs -fno-trapping-math, which
  * the build sets). Below the underflow cutoff it returns exactly 0, so

@@ -1,4 +1,4 @@
-/* cpu_norm.c - fused layer norm and cross entropy rows.
+/* cpu_norm.c - fused layer norm, batch norm and cross entropy rows.
  *
  * Both make one pass (or two) over each row with double accumulators and
  * run rows in parallel: the composite forms write several full-size
@@ -10,18 +10,28 @@
 #include "cpu_kernels.h"
 #include "cpu_math.h"
 
-/* one row: y = (x - mean) * rstd [* w] [+ b], with mean and rstd */
-#define LN_ROW(T, NAME)                                                                      \
-    static void NAME(const T *xr, T *yr, int64_t cols, const T *W, const T *B, double eps,   \
-                     T *mean, T *rstd) {                                                     \
+/* one row: y = (x - mean) * rstd [* w] [+ b], with mean and rstd; the
+ * sums in double, vectorised (lanes of partial sums: a plain loop over a
+ * double accumulator is one add's latency per element) */
+#define LN_ROW(T, NAME, CLONES)                                                              \
+    CLONES static void NAME(const T *xr, T *yr, int64_t cols, const T *W, const T *B,        \
+                            double eps, T *mean, T *rstd) {                                  \
         double s = 0;                                                                        \
+        _Pragma("omp simd reduction(+ : s)")                                                 \
         for (int64_t k = 0; k < cols; k++) s += xr[k];                                       \
         double mu = s / (double)cols, v = 0;                                                 \
+        _Pragma("omp simd reduction(+ : v)")                                                 \
         for (int64_t k = 0; k < cols; k++) { double d = xr[k] - mu; v += d * d; }            \
         double rs = 1.0 / sqrt(v / (double)cols + eps);                                      \
         *mean = (T)mu;                                                                       \
         *rstd = (T)rs;                                                                       \
         T tm = (T)mu, trs = (T)rs;                                                           \
+        if (W && B) {                                                                        \
+            _Pragma("omp simd")                                                              \
+            for (int64_t k = 0; k < cols; k++) yr[k] = (xr[k] - tm) * trs * W[k] + B[k];     \
+            return;                                                                          \
+        }                                                                                    \
+        _Pragma("omp simd")                                                                  \
         for (int64_t k = 0; k < cols; k++) {                                                 \
             T h = (xr[k] - tm) * trs;                                                        \
             if (W) h *= W[k];                                                                \
@@ -29,8 +39,8 @@
             yr[k] = h;                                                                       \
         }                                                                                    \
     }
-LN_ROW(float, ln_row_f32)
-LN_ROW(double, ln_row_f64)
+LN_ROW(float, ln_row_f32, ND_ISA_CLONES)
+LN_ROW(double, ln_row_f64, )
 
 void nd_cpu_layer_norm_row(nd_dtype dt, const void *x, void *y, int64_t cols, const void *w,
                            const void *b, double eps, void *mean, void *rstd) {
@@ -79,10 +89,7 @@ nd_status nd_cpu_layer_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, cons
 
 /* float32 rows: vectorisable passes (max with a NaN flag, then sums); an
  * AVX2 + FMA clone picked at load time (see cpu_softmax.c on x86-64-v3) */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-static float ce_row_f32(const float *x, int64_t c, int64_t label, double smoothing) {
+ND_ISA_CLONES static float ce_row_f32(const float *x, int64_t c, int64_t label, double smoothing) {
     float m = -INFINITY;
     int nan = 0;
 #pragma omp simd reduction(max : m) reduction(| : nan)
@@ -103,10 +110,7 @@ static float ce_row_f32(const float *x, int64_t c, int64_t label, double smoothi
     return (float)((1.0 - smoothing) * nll + smoothing * smooth);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-static void ce_row_backward_f32(const float *x, float *d, int64_t c, int64_t label, float w,
+ND_ISA_CLONES static void ce_row_backward_f32(const float *x, float *d, int64_t c, int64_t label, float w,
                                 double smoothing) {
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
@@ -144,9 +148,35 @@ nd_status nd_cpu_cross_entropy(nd_tensor *loss, const nd_tensor *logits, const n
 
 /* ---------------------------------------------------------- backward */
 
+/* One row's backward: dx (when dr), and its terms of dw and db added into
+ * pw and pb (double, cols each); sums vectorised in double. */
+#define LN_BACKWARD_ROW(T, NAME, CLONES)                                                     \
+    CLONES static void NAME(const T *gr, const T *xr, const T *W, double mu, double rs,     \
+                            int64_t cols, double *pw, double *pb, T *dr) {                   \
+        double a = 0, bsum = 0;                                                              \
+        _Pragma("omp simd reduction(+ : a, bsum)")                                           \
+        for (int64_t k = 0; k < cols; k++) {                                                 \
+            double xh = (xr[k] - mu) * rs, gw = W ? gr[k] * (double)W[k] : gr[k];            \
+            a += gw;                                                                         \
+            bsum += gw * xh;                                                                 \
+            pw[k] += gr[k] * xh;                                                             \
+            pb[k] += gr[k];                                                                  \
+        }                                                                                    \
+        a /= (double)cols;                                                                   \
+        bsum /= (double)cols;                                                                \
+        if (!dr) return;                                                                     \
+        _Pragma("omp simd")                                                                  \
+        for (int64_t k = 0; k < cols; k++) {                                                 \
+            double xh = (xr[k] - mu) * rs, gw = W ? gr[k] * (double)W[k] : gr[k];            \
+            dr[k] = (T)(rs * (gw - a - xh * bsum));                                          \
+        }                                                                                    \
+    }
+LN_BACKWARD_ROW(float, ln_backward_row_f32, ND_ISA_CLONES)
+LN_BACKWARD_ROW(double, ln_backward_row_f64, )
+
 /* dx, and dw/db summed over rows through per-thread partial sums (each
  * thread owns a slice of `part`, so no two threads write the same cell). */
-#define LN_BACKWARD(T)                                                                       \
+#define LN_BACKWARD(T, ROW)                                                                  \
     do {                                                                                     \
         const T *G = (const T *)nd_ptr(g), *X = (const T *)nd_ptr(x);                        \
         const T *W = w ? (const T *)nd_ptr(w) : NULL;                                        \
@@ -156,26 +186,9 @@ nd_status nd_cpu_cross_entropy(nd_tensor *loss, const nd_tensor *logits, const n
         {                                                                                    \
             double *pw = part + (size_t)omp_get_thread_num() * 2 * cols, *pb = pw + cols;    \
             _Pragma("omp for schedule(static)")                                              \
-            for (int64_t r = 0; r < rows; r++) {                                             \
-                const T *gr = G + r * cols, *xr = X + r * cols;                              \
-                double mu = M[r], rs = R[r], a = 0, bsum = 0;                                \
-                for (int64_t k = 0; k < cols; k++) {                                         \
-                    double xh = (xr[k] - mu) * rs, gw = W ? gr[k] * (double)W[k] : gr[k];    \
-                    a += gw;                                                                 \
-                    bsum += gw * xh;                                                         \
-                    pw[k] += gr[k] * xh;                                                     \
-                    pb[k] += gr[k];                                                          \
-                }                                                                            \
-                a /= (double)cols;                                                           \
-                bsum /= (double)cols;                                                        \
-                if (DX) {                                                                    \
-                    T *dr = DX + r * cols;                                                   \
-                    for (int64_t k = 0; k < cols; k++) {                                     \
-                        double xh = (xr[k] - mu) * rs, gw = W ? gr[k] * (double)W[k] : gr[k]; \
-                        dr[k] = (T)(rs * (gw - a - xh * bsum));                              \
-                    }                                                                        \
-                }                                                                            \
-            }                                                                                \
+            for (int64_t r = 0; r < rows; r++)                                               \
+                ROW(G + r * cols, X + r * cols, W, M[r], R[r], cols, pw, pb,                 \
+                    DX ? DX + r * cols : NULL);                                              \
         }                                                                                    \
         for (int t = 0; t < nt; t++)                                                         \
             for (int64_t k = 0; k < cols; k++) {                                             \
@@ -194,8 +207,8 @@ nd_status nd_cpu_layer_norm_backward(nd_tensor *dx, nd_tensor *dw, nd_tensor *db
     int nt = rows * cols >= ND_PARALLEL_THRESHOLD ? nd_cpu_threads() : 1;
     double *part = calloc((size_t)nt * 2 * (size_t)cols, sizeof *part);
     if (!part) return nd_fail(ND_ERR_MEMORY, "layer_norm: out of memory in backward");
-    if (x->dtype == ND_FLOAT32) LN_BACKWARD(float);
-    else LN_BACKWARD(double);
+    if (x->dtype == ND_FLOAT32) LN_BACKWARD(float, ln_backward_row_f32);
+    else LN_BACKWARD(double, ln_backward_row_f64);
     free(part);
     return ND_OK;
 }
@@ -243,44 +256,51 @@ nd_status nd_cpu_cross_entropy_backward(nd_tensor *dlogits, const nd_tensor *log
 
 /* --------------------------------------------------------- batch norm */
 
-#define BN_CHANNELS(T)                                                                       \
+/* One channel ch of x (n, c, sp): its statistics when training (two
+ * passes: mean, then squared deviations; each row's partial sum vectorised
+ * in T, the rows summed in double), then y = x * scale + shift. */
+#define BN_CHANNEL(T, NAME, CLONES)                                                          \
+    CLONES static void NAME(const T *X, T *Y, int64_t n, int64_t c, int64_t sp, int64_t ch,  \
+                            const T *W, const T *B, T *M, T *R, double eps, bool training) { \
+        if (training) {                                                                      \
+            double s = 0, v = 0, cnt = (double)(n * sp);                                     \
+            for (int64_t i = 0; i < n; i++) {                                                \
+                const T *xp = X + (i * c + ch) * sp;                                         \
+                T a = 0;                                                                     \
+                _Pragma("omp simd reduction(+ : a)")                                         \
+                for (int64_t k = 0; k < sp; k++) a += xp[k];                                 \
+                s += a;                                                                      \
+            }                                                                                \
+            double mu = s / cnt;                                                             \
+            const T mu_t = (T)mu;                                                            \
+            for (int64_t i = 0; i < n; i++) {                                                \
+                const T *xp = X + (i * c + ch) * sp;                                         \
+                T a = 0;                                                                     \
+                _Pragma("omp simd reduction(+ : a)")                                         \
+                for (int64_t k = 0; k < sp; k++) { T d = xp[k] - mu_t; a += d * d; }         \
+                v += a;                                                                      \
+            }                                                                                \
+            M[ch] = (T)mu;                                                                   \
+            R[ch] = (T)(1.0 / sqrt(v / cnt + eps));                                          \
+        }                                                                                    \
+        T mu = M[ch], scale = R[ch] * (W ? W[ch] : (T)1), shift = (B ? B[ch] : (T)0) - mu * scale; \
+        for (int64_t i = 0; i < n; i++) {                                                    \
+            const T *xp = X + (i * c + ch) * sp;                                             \
+            T *yp = Y + (i * c + ch) * sp;                                                   \
+            _Pragma("omp simd")                                                              \
+            for (int64_t k = 0; k < sp; k++) yp[k] = xp[k] * scale + shift;                  \
+        }                                                                                    \
+    }
+BN_CHANNEL(float, bn_channel_f32, ND_ISA_CLONES)
+BN_CHANNEL(double, bn_channel_f64, )
+
+#define BN_CHANNELS(T, CHANNEL)                                                              \
     do {                                                                                     \
         const T *X = (const T *)nd_ptr(x);                                                   \
         const T *W = w ? (const T *)nd_ptr(w) : NULL, *B = b ? (const T *)nd_ptr(b) : NULL;  \
         T *Y = (T *)nd_ptr(y), *M = (T *)nd_ptr(mean), *R = (T *)nd_ptr(rstd);               \
         _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (n * c * sp >= ND_PARALLEL_THRESHOLD) schedule(static)") \
-        for (int64_t ch = 0; ch < c; ch++) {                                                 \
-            if (training) {                                                                  \
-                /* two passes (mean, then squared deviations); each row's     \
-                 * partial sum vectorised in T, the rows summed in double */  \
-                double s = 0, v = 0, cnt = (double)(n * sp);                                 \
-                for (int64_t i = 0; i < n; i++) {                                            \
-                    const T *xp = X + (i * c + ch) * sp;                                     \
-                    T a = 0;                                                                 \
-                    _Pragma("omp simd reduction(+ : a)")                                     \
-                    for (int64_t k = 0; k < sp; k++) a += xp[k];                             \
-                    s += a;                                                                  \
-                }                                                                            \
-                double mu = s / cnt;                                                         \
-                const T mu_t = (T)mu;                                                        \
-                for (int64_t i = 0; i < n; i++) {                                            \
-                    const T *xp = X + (i * c + ch) * sp;                                     \
-                    T a = 0;                                                                 \
-                    _Pragma("omp simd reduction(+ : a)")                                     \
-                    for (int64_t k = 0; k < sp; k++) { T d = xp[k] - mu_t; a += d * d; }     \
-                    v += a;                                                                  \
-                }                                                                            \
-                M[ch] = (T)mu;                                                               \
-                R[ch] = (T)(1.0 / sqrt(v / cnt + eps));                                      \
-            }                                                                                \
-            T mu = M[ch], scale = R[ch] * (W ? W[ch] : (T)1), shift = (B ? B[ch] : (T)0) - mu * scale; \
-            for (int64_t i = 0; i < n; i++) {                                                \
-                const T *xp = X + (i * c + ch) * sp;                                         \
-                T *yp = Y + (i * c + ch) * sp;                                               \
-                _Pragma("omp simd")                                                          \
-                for (int64_t k = 0; k < sp; k++) yp[k] = xp[k] * scale + shift;              \
-            }                                                                                \
-        }                                                                                    \
+        for (int64_t ch = 0; ch < c; ch++) CHANNEL(X, Y, n, c, sp, ch, W, B, M, R, eps, training); \
     } while (0)
 
 nd_status nd_cpu_batch_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, const nd_tensor *x,
@@ -289,17 +309,53 @@ nd_status nd_cpu_batch_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, cons
     for (int i = 2; i < x->ndim; i++) sp *= x->shape[i];
     if (n * c * sp == 0) return ND_OK;
     if (sp < BN_SLAB_MAX_SP) return nd_cpu_batch_norm_slab(y, mean, rstd, x, w, b, eps, training);
-    if (x->dtype == ND_FLOAT32) BN_CHANNELS(float);
-    else BN_CHANNELS(double);
+    if (x->dtype == ND_FLOAT32) BN_CHANNELS(float, bn_channel_f32);
+    else BN_CHANNELS(double, bn_channel_f64);
     return ND_OK;
 }
+
+#define BN_BACKWARD_CHANNEL(T, NAME, CLONES)                                                 \
+    CLONES static void NAME(const T *X, const T *G, int64_t n, int64_t c, int64_t sp,        \
+                            int64_t ch, const T *W, const T *M, const T *R, T *DX, T *DW,   \
+                            T *DB, bool training) {                                          \
+        const T mu = M[ch], rs = R[ch];                                                      \
+        double sg = 0, sgx = 0;                                                              \
+        for (int64_t i = 0; i < n; i++) {                                                    \
+            const T *xp = X + (i * c + ch) * sp, *gp = G + (i * c + ch) * sp;                \
+            T a = 0, b = 0;                                                                  \
+            _Pragma("omp simd reduction(+ : a, b)")                                          \
+            for (int64_t k = 0; k < sp; k++) {                                               \
+                a += gp[k];                                                                  \
+                b += gp[k] * (xp[k] - mu);                                                   \
+            }                                                                                \
+            sg += a;                                                                         \
+            sgx += b;                                                                        \
+        }                                                                                    \
+        sgx *= rs;                                                                           \
+        if (DW) DW[ch] = (T)sgx;                                                             \
+        if (DB) DB[ch] = (T)sg;                                                              \
+        if (!DX) return;                                                                     \
+        const double cnt = (double)(n * sp), wv = W ? W[ch] : 1.0;                           \
+        /* dx = k1 * g - k2 * (x - mu) - k3 (training), k1 * g (evaluation) */              \
+        const T k1 = (T)(rs * wv);                                                           \
+        const T k2 = training ? (T)(rs * wv * rs * sgx / cnt) : (T)0;                        \
+        const T k3 = training ? (T)(rs * wv * sg / cnt) : (T)0;                              \
+        for (int64_t i = 0; i < n; i++) {                                                    \
+            const T *xp = X + (i * c + ch) * sp, *gp = G + (i * c + ch) * sp;                \
+            T *dp = DX + (i * c + ch) * sp;                                                  \
+            _Pragma("omp simd")                                                              \
+            for (int64_t k = 0; k < sp; k++) dp[k] = k1 * gp[k] - k2 * (xp[k] - mu) - k3;    \
+        }                                                                                    \
+    }
+BN_BACKWARD_CHANNEL(float, bn_backward_channel_f32, ND_ISA_CLONES)
+BN_BACKWARD_CHANNEL(double, bn_backward_channel_f64, )
 
 /* Per channel ch, over its n * sp values: sg = sum(g), sgx = sum(g * xh)
  * with xh = (x - mean) * rstd; then dx = rstd * w * (g - sg/cnt - xh *
  * sgx/cnt) when training (the batch statistics depend on x), or g * rstd * w
  * in evaluation; dw = sgx, db = sg. Sums in double, row by row (each row's
  * partial sum vectorised in T). */
-#define BN_BACKWARD(T)                                                                       \
+#define BN_BACKWARD(T, CHANNEL)                                                              \
     do {                                                                                     \
         const T *X = (const T *)nd_ptr(x), *G = (const T *)nd_ptr(g);                        \
         const T *W = w ? (const T *)nd_ptr(w) : NULL;                                        \
@@ -307,36 +363,8 @@ nd_status nd_cpu_batch_norm(nd_tensor *y, nd_tensor *mean, nd_tensor *rstd, cons
         T *DX = dx ? (T *)nd_ptr(dx) : NULL, *DW = dw ? (T *)nd_ptr(dw) : NULL;              \
         T *DB = db ? (T *)nd_ptr(db) : NULL;                                                 \
         _Pragma("omp parallel for num_threads(nd_cpu_threads()) if (n * c * sp >= ND_PARALLEL_THRESHOLD) schedule(static)") \
-        for (int64_t ch = 0; ch < c; ch++) {                                                 \
-            const T mu = M[ch], rs = R[ch];                                                  \
-            double sg = 0, sgx = 0;                                                          \
-            for (int64_t i = 0; i < n; i++) {                                                \
-                const T *xp = X + (i * c + ch) * sp, *gp = G + (i * c + ch) * sp;            \
-                T a = 0, b = 0;                                                              \
-                _Pragma("omp simd reduction(+ : a, b)")                                      \
-                for (int64_t k = 0; k < sp; k++) {                                           \
-                    a += gp[k];                                                              \
-                    b += gp[k] * (xp[k] - mu);                                               \
-                }                                                                            \
-                sg += a;                                                                     \
-                sgx += b;                                                                    \
-            }                                                                                \
-            sgx *= rs;                                                                       \
-            if (DW) DW[ch] = (T)sgx;                                                         \
-            if (DB) DB[ch] = (T)sg;                                                          \
-            if (!DX) continue;                                                               \
-            const double cnt = (double)(n * sp), wv = W ? W[ch] : 1.0;                       \
-            /* dx = k1 * g - k2 * (x - mu) - k3 (training), k1 * g (evaluation) */          \
-            const T k1 = (T)(rs * wv);                                                       \
-            const T k2 = training ? (T)(rs * wv * rs * sgx / cnt) : (T)0;                    \
-            const T k3 = training ? (T)(rs * wv * sg / cnt) : (T)0;                          \
-            for (int64_t i = 0; i < n; i++) {                                                \
-                const T *xp = X + (i * c + ch) * sp, *gp = G + (i * c + ch) * sp;            \
-                T *dp = DX + (i * c + ch) * sp;                                              \
-                _Pragma("omp simd")                                                          \
-                for (int64_t k = 0; k < sp; k++) dp[k] = k1 * gp[k] - k2 * (xp[k] - mu) - k3; \
-            }                                                                                \
-        }                                                                                    \
+        for (int64_t ch = 0; ch < c; ch++)                                                   \
+            CHANNEL(X, G, n, c, sp, ch, W, M, R, DX, DW, DB, training);                      \
     } while (0)
 
 nd_status nd_cpu_batch_norm_backward(nd_tensor *dx, nd_tensor *dw, nd_tensor *db,
@@ -349,8 +377,8 @@ nd_status nd_cpu_batch_norm_backward(nd_tensor *dx, nd_tensor *dw, nd_tensor *db
         return nd_fail(ND_ERR_DTYPE, "batch_norm: no cpu kernel for %s", nd_dtype_name(x->dtype));
     if (n > 0 && sp > 0 && sp < BN_SLAB_MAX_SP)
         return nd_cpu_batch_norm_backward_slab(dx, dw, db, g, x, w, mean, rstd, training);
-    if (x->dtype == ND_FLOAT32) BN_BACKWARD(float);
-    else if (x->dtype == ND_FLOAT64) BN_BACKWARD(double);
+    if (x->dtype == ND_FLOAT32) BN_BACKWARD(float, bn_backward_channel_f32);
+    else if (x->dtype == ND_FLOAT64) BN_BACKWARD(double, bn_backward_channel_f64);
     else return nd_fail(ND_ERR_DTYPE, "batch_norm: no cpu kernel for %s", nd_dtype_name(x->dtype));
     return ND_OK;
 }
