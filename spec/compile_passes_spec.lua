@@ -205,6 +205,13 @@ describe("pass epilogue", function()
        {{200, 7}, {7, 300}, {200, 100}, {100, 300}}},
       {"float64", function(a, b, c, d) local acc = a:matmul(b) * 1.5; return (acc + c:matmul(d)) * 2 end,
        {{6, 7}, {7, 5}, {6, 3}, {3, 5}}, "float64"},
+      -- one column or one row: cpu_gemm.c's dot / axpy path adds the finished product
+      {"float32, one column", function(a, b, c, d) local acc = a:matmul(b) * 1.5; return (acc + c:matmul(d)) * 2 end,
+       {{13, 7}, {7, 1}, {13, 5}, {5, 1}}},
+      {"float32, one column, transposed", function(a, b, c, d) local acc = a:matmul(b):t() * 1.5; return (acc + c:matmul(d):t()) * 2 end,
+       {{1, 7}, {7, 29}, {1, 3}, {3, 29}}},
+      {"float32, one row, wide enough for threads", function(a, b, c, d) local acc = a:matmul(b) * 1.5; return (acc + c:matmul(d)) * 2 end,
+       {{1, 7}, {7, 6000}, {1, 380}, {380, 6000}}},
     }
     for _, case in ipairs(cases) do
       local args = {}

@@ -247,6 +247,63 @@ describe("matmul operand layouts", function()
 end)
 
 ---------------------------------------------------------------------------
+-- Products with one column or one row (cpu_gemm.c's dot and axpy forms):
+-- float32 against float64's BLAS product of the same values, with A's rows
+-- or columns of unit stride or neither (the tile kernel), a strided vector,
+-- sizes with every block remainder, and big enough for threads.
+describe("matrix-vector products", function()
+  local function against_f64(a, b, what)
+    local got = a:matmul(b)
+    local want = a:double():matmul(b:double())
+    local K = a.shape[#a.shape]
+    local scale = (a:double():abs():matmul(b:double():abs())):max():item()
+    local d = (got:double() - want):abs():max():item()
+    assert.is_true(d <= 1e-6 * scale * math.sqrt(K) + 1e-6, ("%s: differs by %g (scale %g)"):format(what, d, scale))
+    return got
+  end
+  before_each(function() nd.manual_seed(5) end)
+  for _, mk in ipairs({{2049, 1031}, {37, 5}, {3, 5000}, {1, 1}}) do
+    local M, K = mk[1], mk[2]
+    it(("A (%d x %d) @ a column, every layout of A"):format(M, K), function()
+      local a, at = nd.randn({M, K}), nd.randn({K, M}):t()
+      local wide = nd.randn({M, 2 * K})
+      local stepped = wide:slice(2, 1, -1, 2) -- neither stride 1
+      local v = nd.randn({K, 1})
+      local vs = nd.randn({K, 3})[{":", {2, 2}}] -- a column of stride 3
+      for _, c in ipairs({{a, "rows"}, {at, "columns"}, {stepped, "stepped"}}) do
+        against_f64(c[1], v, c[2])
+        against_f64(c[1], vs, c[2] .. ", strided vector")
+        against_f64(c[1], v:reshape({K}), c[2] .. ", 1-D vector")
+      end
+    end)
+    it(("a row @ B (%d x %d), every layout of B"):format(K, M), function()
+      local b, bt = nd.randn({K, M}), nd.randn({M, K}):t()
+      local u = nd.randn({1, K})
+      local us = nd.randn({3, K})[{{2, 2}, ":"}]:t():contiguous():t() -- a row of stride != 1
+      for _, c in ipairs({{b, "rows"}, {bt, "columns"}}) do
+        against_f64(u, c[1], c[2])
+        against_f64(us, c[1], c[2] .. ", strided row")
+        against_f64(u:reshape({K}), c[1], c[2] .. ", 1-D vector")
+      end
+    end)
+  end
+  it("a dot of 10,000 floats keeps float32's accuracy", function()
+    local v = nd.randn({10000}) + 3
+    local got = v:matmul(v):item()
+    local want = v:double():matmul(v:double()):item()
+    assert.is_true(math.abs(got - want) <= 2e-7 * want, ("dot %.9g, float64 %.9g"):format(got, want))
+  end)
+  it("linear to one output: bias and activation in the epilogue", function()
+    local x, w, b = nd.randn({3000, 700}), nd.randn({1, 700}), nd.randn({1})
+    for _, act in ipairs({"relu", "gelu"}) do
+      local got = nd.F.fused_linear(x, w, b, {activation = act})
+      local want = nd.F[act](x:double():matmul(w:double():t()) + b:double())
+      local d = (got:double() - want):abs():max():item()
+      assert.is_true(d < 1e-3, act .. ": differs by " .. d)
+    end
+  end)
+end)
+
 describe("matmul dtypes", function()
   it("float64 x float64 gives float64 at double precision", function()
     local ra = R.generate({ 3, 4 }, function(i) return (i + 1) / 3 end)

@@ -512,6 +512,24 @@ describe("nd.nn.utils gradient clipping", function()
     assert.are.same({-2, 0, 6}, d.grad:totable())
   end)
 
+  it("clip_grad_norm_'s 2-norm of large, transposed, float64 and bfloat16 grads against float64", function()
+    nd.manual_seed(3)
+    local cases = {
+      {nd.randn({700, 300}) + 2, "float32, contiguous (a dot product)"},
+      {(nd.randn({300, 700}) + 2):t(), "float32, transposed"},
+      {nd.randn({50, 70}, {dtype = "float64"}), "float64"},
+      {nd.randn({50, 70}):to("bfloat16"), "bfloat16"},
+    }
+    for _, c in ipairs(cases) do
+      local p = nd.zeros(c[1].shape, {dtype = c[1].dtype, requires_grad = true})
+      p.grad = c[1]
+      local g64 = c[1]:double()
+      local want = math.sqrt((g64 * g64):sum():item())
+      local total = utils.clip_grad_norm_({p}, 1e9)
+      assert.is_true(math.abs(total - want) <= 1e-6 * want, ("%s: %.10g, float64 %.10g"):format(c[2], total, want))
+    end
+  end)
+
   it("clip_grad_norm_ with other norms", function()
     local a, b = with_grads()
     assert.are.equal(6, utils.clip_grad_norm_({a, b}, 3, math.huge))

@@ -41,6 +41,7 @@
 #include "cpu_scratch.h"
 #include "cpu_kernels.h"
 #include "cpu_gemm.h"
+#include "cpu_math.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -557,6 +558,92 @@ static void tile_epilogue(float *C, int64_t ldc, int64_t mr, int64_t nr, const t
     }
 }
 
+/* ---- products with one column or one row (matrix-vector, dot) ----
+ * The tile kernel would compute 32 columns (or 12 rows) for the one that
+ * is wanted: a 4096 x 1024 matrix times a vector took 6.2 ms, a dot of
+ * 1024 floats 43 us. Here each output is one dot product (rows of unit
+ * stride) or the columns are summed with one axpy per k (columns of unit
+ * stride), vectorised; C gets the finished product added or stored, as the
+ * tile kernel's last step, so matmul_acc stays matmul + add bit for bit. */
+
+/* 64 float partial sums (lane l takes k = l mod 64), added in a fixed
+ * order, a block of 4096 k's at a time, the blocks summed in double: the
+ * same bits from the AVX-512 and the AVX2 clone (only CPUs with a GEMM
+ * kernel, so with FMA, come here), and a long dot (a gradient's squared
+ * norm) keeps float32's accuracy */
+#define DOT_LANES 64
+ND_ISA_CLONES static float dot_f32(const float *a, const float *x, int64_t n) {
+    double total = 0;
+    for (int64_t k0 = 0; k0 < n; k0 += 4096) {
+        const int64_t k1 = n - k0 < 4096 ? n : k0 + 4096;
+        float acc[DOT_LANES] = {0};
+        int64_t k = k0;
+        for (; k + DOT_LANES <= k1; k += DOT_LANES) {
+#pragma omp simd
+            for (int l = 0; l < DOT_LANES; l++) acc[l] += a[k + l] * x[k + l];
+        }
+        float s = 0;
+        for (int l = 0; l < DOT_LANES; l++) s += acc[l];
+        for (; k < k1; k++) s += a[k] * x[k];
+        total += s;
+    }
+    return (float)total;
+}
+
+ND_ISA_CLONES static void axpy_f32(float *y, float alpha, const float *x, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
+}
+
+/* rows at a time for the axpy form: its partial sums stay in L1 */
+#define GEMV_ROW_BLOCK 1024
+
+/* C[i * cs] (=, or += when accumulate) sum_k A[i * a_r + k * a_k] * x[k * xs]
+ * for i < rows; false when neither of A's strides is 1 (the tile path then
+ * runs) or memory ran out. */
+static bool gemv_f32(int threads, int64_t rows, int64_t K, const float *A, int64_t a_r, int64_t a_k,
+                     const float *x, int64_t xs, float *C, int64_t cs, bool accumulate) {
+    if (a_k != 1 && a_r != 1) return false;
+    if (2.0 * (double)rows * (double)K < SMALL_PRODUCT_FLOPS) threads = 1;
+    float *xc = NULL;
+    if (a_k == 1 && xs != 1) { /* the dots read x contiguous */
+        xc = nd_cpu_scratch_alloc((size_t)K * sizeof(float));
+        if (!xc) return false;
+        for (int64_t k = 0; k < K; k++) xc[k] = x[k * xs];
+        x = xc, xs = 1;
+    }
+    bool ok = true;
+    if (a_k == 1) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+        for (int64_t i = 0; i < rows; i++) {
+            float d = dot_f32(A + i * a_r, x, K);
+            C[i * cs] = accumulate ? C[i * cs] + d : d;
+        }
+    } else {
+        const int64_t blocks = (rows + GEMV_ROW_BLOCK - 1) / GEMV_ROW_BLOCK;
+        int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1 && blocks > 1) reduction(| : failed)
+        {
+            float *y = nd_cpu_scratch_alloc(GEMV_ROW_BLOCK * sizeof(float));
+            if (!y) failed = 1;
+#pragma omp for schedule(static)
+            for (int64_t ib = 0; ib < blocks; ib++) {
+                if (!y) continue;
+                const int64_t i0 = ib * GEMV_ROW_BLOCK;
+                const int64_t n = rows - i0 < GEMV_ROW_BLOCK ? rows - i0 : GEMV_ROW_BLOCK;
+                memset(y, 0, (size_t)n * sizeof(float));
+                for (int64_t k = 0; k < K; k++) axpy_f32(y, x[k * xs], A + k * a_k + i0, n);
+                for (int64_t i = 0; i < n; i++)
+                    C[(i0 + i) * cs] = accumulate ? C[(i0 + i) * cs] + y[i] : y[i];
+            }
+            nd_cpu_scratch_free(y);
+        }
+        ok = !failed;
+    }
+    nd_cpu_scratch_free(xc);
+    return ok;
+}
+
 /* B packed whole for the bfloat16 kernel, once (nd_cpu_bf16_pack_b): its
  * (NC column block jb, K block kb) panels at data + off[jb * nk + kb],
  * exactly as sgemm_on packs them for that block */
@@ -587,6 +674,16 @@ static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, in
                       const nd_bf16_packed_b *pre, float *C, int64_t ldc, bool accumulate,
                       const tile_post *post) {
     if (!isa || !isa->ukr || M <= 0 || N <= 0 || K <= 0) return false;
+    /* one column of C (A @ vector) or one row (vector @ B, the same as
+     * B^T @ vector): dot products or axpys, then the epilogue on C */
+    if ((N == 1 || M == 1) && !isa->bf16 && !pre) {
+        bool done = N == 1 ? gemv_f32(threads, M, K, A, a_sm, a_sk, B, b_sk, C, ldc, accumulate)
+                           : gemv_f32(threads, N, K, B, b_sn, b_sk, A, a_sk, C, 1, accumulate);
+        if (done) {
+            if (post) tile_epilogue(C, ldc, M, N, post);
+            return true;
+        }
+    }
     const int MR = isa->mr, NR = isa->nr;
     const int64_t NC = isa->nc;
     double flops = 2.0 * (double)M * (double)N * (double)K;
