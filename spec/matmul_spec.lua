@@ -293,6 +293,16 @@ describe("matrix-vector products", function()
     local want = v:double():matmul(v:double()):item()
     assert.is_true(math.abs(got - want) <= 2e-7 * want, ("dot %.9g, float64 %.9g"):format(got, want))
   end)
+  it("a dot of two strided vectors, and of a strided and a contiguous one", function()
+    local m = nd.randn({5001, 3})
+    local a, b, c = m[{":", 1}], m[{":", 3}], nd.randn({5001})
+    for _, pair in ipairs({{a, b}, {a, c}, {c, b}}) do
+      local got = pair[1]:matmul(pair[2]):item()
+      local want = pair[1]:double():matmul(pair[2]:double()):item()
+      local scale = (pair[1]:double():abs() * pair[2]:double():abs()):sum():item()
+      assert.is_true(math.abs(got - want) <= 1e-6 * scale, ("dot %.9g, float64 %.9g"):format(got, want))
+    end
+  end)
   it("linear to one output: bias and activation in the epilogue", function()
     local x, w, b = nd.randn({3000, 700}), nd.randn({1, 700}), nd.randn({1})
     for _, act in ipairs({"relu", "gelu"}) do

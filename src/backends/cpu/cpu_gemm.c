@@ -603,14 +603,24 @@ ND_ISA_CLONES static void axpy_f32(float *y, float alpha, const float *x, int64_
  * runs) or memory ran out. */
 static bool gemv_f32(int threads, int64_t rows, int64_t K, const float *A, int64_t a_r, int64_t a_k,
                      const float *x, int64_t xs, float *C, int64_t cs, bool accumulate) {
-    if (a_k != 1 && a_r != 1) return false;
+    if (a_k != 1 && a_r != 1 && rows > 1) return false;
     if (2.0 * (double)rows * (double)K < SMALL_PRODUCT_FLOPS) threads = 1;
+    /* the dots read contiguous vectors: a strided x, and a strided single
+     * row of A (a dot of two strided vectors), are copied first */
+    const bool copy_x = xs != 1 && (a_k == 1 || rows == 1), copy_a = a_k != 1 && rows == 1;
     float *xc = NULL;
-    if (a_k == 1 && xs != 1) { /* the dots read x contiguous */
-        xc = nd_cpu_scratch_alloc((size_t)K * sizeof(float));
+    if (copy_x || copy_a) {
+        xc = nd_cpu_scratch_alloc((size_t)K * sizeof(float) * (copy_x && copy_a ? 2 : 1));
         if (!xc) return false;
-        for (int64_t k = 0; k < K; k++) xc[k] = x[k * xs];
-        x = xc, xs = 1;
+        float *p = xc;
+        if (copy_x) {
+            for (int64_t k = 0; k < K; k++) p[k] = x[k * xs];
+            x = p, xs = 1, p += K;
+        }
+        if (copy_a) {
+            for (int64_t k = 0; k < K; k++) p[k] = A[k * a_k];
+            A = p, a_k = 1;
+        }
     }
     bool ok = true;
     if (a_k == 1) {
