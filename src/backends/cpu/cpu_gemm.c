@@ -599,8 +599,8 @@ ND_ISA_CLONES static void axpy_f32(float *y, float alpha, const float *x, int64_
 #define GEMV_ROW_BLOCK 1024
 
 /* C[i * cs] (=, or += when accumulate) sum_k A[i * a_r + k * a_k] * x[k * xs]
- * for i < rows; false when neither of A's strides is 1 (the tile path then
- * runs) or memory ran out. */
+ * for i < rows; false, with C untouched, when neither of A's strides is 1
+ * (the tile path then runs) or memory ran out. */
 static bool gemv_f32(int threads, int64_t rows, int64_t K, const float *A, int64_t a_r, int64_t a_k,
                      const float *x, int64_t xs, float *C, int64_t cs, bool accumulate) {
     if (a_k != 1 && a_r != 1 && rows > 1) return false;
@@ -622,7 +622,6 @@ static bool gemv_f32(int threads, int64_t rows, int64_t K, const float *A, int64
             A = p, a_k = 1;
         }
     }
-    bool ok = true;
     if (a_k == 1) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
         for (int64_t i = 0; i < rows; i++) {
@@ -630,15 +629,20 @@ static bool gemv_f32(int threads, int64_t rows, int64_t K, const float *A, int64
             C[i * cs] = accumulate ? C[i * cs] + d : d;
         }
     } else {
+        /* every thread's sums allocated before any of C is written: a
+         * failure then leaves C as it was for the tile path */
         const int64_t blocks = (rows + GEMV_ROW_BLOCK - 1) / GEMV_ROW_BLOCK;
-        int failed = 0;
-#pragma omp parallel num_threads(threads) if (threads > 1 && blocks > 1) reduction(| : failed)
+        const int team = threads > 1 && blocks > 1 ? threads : 1;
+        float *ys = nd_cpu_scratch_alloc((size_t)team * GEMV_ROW_BLOCK * sizeof(float));
+        if (!ys) {
+            nd_cpu_scratch_free(xc);
+            return false;
+        }
+#pragma omp parallel num_threads(team) if (team > 1)
         {
-            float *y = nd_cpu_scratch_alloc(GEMV_ROW_BLOCK * sizeof(float));
-            if (!y) failed = 1;
+            float *y = ys + (size_t)omp_get_thread_num() * GEMV_ROW_BLOCK;
 #pragma omp for schedule(static)
             for (int64_t ib = 0; ib < blocks; ib++) {
-                if (!y) continue;
                 const int64_t i0 = ib * GEMV_ROW_BLOCK;
                 const int64_t n = rows - i0 < GEMV_ROW_BLOCK ? rows - i0 : GEMV_ROW_BLOCK;
                 memset(y, 0, (size_t)n * sizeof(float));
@@ -646,12 +650,11 @@ static bool gemv_f32(int threads, int64_t rows, int64_t K, const float *A, int64
                 for (int64_t i = 0; i < n; i++)
                     C[(i0 + i) * cs] = accumulate ? C[(i0 + i) * cs] + y[i] : y[i];
             }
-            nd_cpu_scratch_free(y);
         }
-        ok = !failed;
+        nd_cpu_scratch_free(ys);
     }
     nd_cpu_scratch_free(xc);
-    return ok;
+    return true;
 }
 
 /* B packed whole for the bfloat16 kernel, once (nd_cpu_bf16_pack_b): its
