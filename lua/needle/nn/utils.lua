@@ -32,6 +32,17 @@ local function with_grads(fn, parameters)
   return list
 end
 
+-- A CPU float gradient's squared 2-norm as a dot product: no g * g
+-- temporary (a language model's 2.6M-float gradient: 3.4 -> 0.5 ms). nil
+-- where that does not apply. Eager and compiled clipping both use it, so
+-- they keep the same bits.
+local function dot_squared(g)
+  if g.device == "cpu" and (g.dtype == "float32" or g.dtype == "float64") and g:is_contiguous() then
+    local v = g:reshape({-1})
+    return v:matmul(v)
+  end
+end
+
 local function norm_of(g, norm_type)
   if norm_type == math.huge then
     return g:abs():max():item()
@@ -42,13 +53,7 @@ local function norm_of(g, norm_type)
   elseif norm_type == 1 then
     return g:abs():sum():item()
   elseif norm_type == 2 then
-    if (g.dtype == "float32" or g.dtype == "float64") and g:is_contiguous() then
-      -- a dot product: no g * g temporary (a language model's 2.6M-float
-      -- gradient: 3.4 -> 0.5 ms)
-      local v = g:reshape({-1})
-      return math.sqrt(v:matmul(v):item())
-    end
-    return math.sqrt((g * g):sum():item())
+    return math.sqrt((dot_squared(g) or (g * g):sum()):item())
   end
   return ((g:abs() ^ norm_type):sum():item()) ^ (1 / norm_type)
 end
@@ -80,7 +85,7 @@ local function clip_on_device(params, max_norm, norm_type)
     elseif norm_type == -math.huge then n = g:abs():min():double()
     elseif norm_type == 0 then n = g:ne(0):sum():double()
     elseif norm_type == 1 then n = g:abs():sum():double()
-    elseif norm_type == 2 then n = (g * g):sum():double():sqrt()
+    elseif norm_type == 2 then n = (dot_squared(g) or (g * g):sum()):double():sqrt()
     else n = ((g:abs() ^ norm_type):sum():double()) ^ (1 / norm_type) end
     if #params == 1 then total = n
     elseif norm_type == math.huge then total = total and core.maximum(total, n) or n

@@ -567,10 +567,10 @@ static void tile_epilogue(float *C, int64_t ldc, int64_t mr, int64_t nr, const t
  * tile kernel's last step, so matmul_acc stays matmul + add bit for bit. */
 
 /* 64 float partial sums (lane l takes k = l mod 64), added in a fixed
- * order, a block of 4096 k's at a time, the blocks summed in double: the
- * same bits from the AVX-512 and the AVX2 clone (only CPUs with a GEMM
- * kernel, so with FMA, come here), and a long dot (a gradient's squared
- * norm) keeps float32's accuracy */
+ * order, a block of 4096 k's at a time, the blocks summed in double: every
+ * clone gives the same bits (a multiply, then an add: -std=c11 contracts
+ * nothing into FMAs), and a long dot (a gradient's squared norm) keeps
+ * float32's accuracy */
 #define DOT_LANES 64
 ND_ISA_CLONES static float dot_f32(const float *a, const float *x, int64_t n) {
     double total = 0;
