@@ -20,9 +20,7 @@
  * "arch=haswell": GCC dispatches an arch=<cpu> clone only on that very CPU
  * model, so every other CPU (AMD, Skylake and later) ran the SSE2 clone at
  * half the speed. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
+ND_ISA_CLONES
 static void row_f32(const float *x, float *y, int64_t n, bool want_log) {
     float m = -INFINITY;
     int nan = 0;

@@ -24,7 +24,7 @@ static inline float exp1(float x) {
 
 /* o[i] = FN(x[i]) over an array, vectorised (AVX2 + FMA clone where the CPU has them) */
 #define ARRAY_FN(NAME, FN)                                                     \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))                \
+    ND_ISA_CLONES                                                              \
     void NAME(float *o, const float *x, int64_t n) {                           \
         _Pragma("omp simd")                                                    \
         for (int64_t i = 0; i < n; i++) o[i] = FN(x[i]);                       \
@@ -60,7 +60,7 @@ static inline float gelu_tanh1(float v) {
 
 ARRAY_FN(nd_cpu_vgelu_tanh_f32, gelu_tanh1)
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+ND_ISA_CLONES
 void nd_cpu_vsigmoid_f32(float *o, const float *x, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) {
@@ -133,7 +133,7 @@ static inline float gelu_small(float v) {
  * BERT's feed-forward activations. A NaN fails the test: the full path. */
 #define ERF_BLOCK 16
 #define BLOCKED_FN(NAME, FULL, SMALL, SCALE)                                   \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))                \
+    ND_ISA_CLONES                                                              \
     void NAME(float *o, const float *x, int64_t n) {                           \
         int64_t i = 0;                                                         \
         for (; i + ERF_BLOCK <= n; i += ERF_BLOCK) {                           \
