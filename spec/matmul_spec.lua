@@ -505,6 +505,74 @@ describe("matmul on the CPU: needle's GEMM", function()
 
   local function child(env) return S.run_program(env, CHECK) end
 
+  -- Packed B is cut into column blocks sized to the L2 cache (NEEDLE_L2_BYTES overrides
+  -- what Linux reports; 64 KiB gives one 32-column panel a block), and an A panel stays
+  -- in L1 while the block's B panels stream past it. The block width must not change a
+  -- bit (each element's sum runs over the same K blocks), tiles at every block's edge
+  -- must land where they belong, and the fused linear's epilogue (bias, activation)
+  -- must run once on each tile.
+  local BLOCKS = [[
+    local nd = require "needle"
+    nd.manual_seed(5)
+    local worst, out = 0, {}
+    local function check(name, got, want, K)
+      worst = math.max(worst, (got:to("float64") - want):abs():max():item() / math.sqrt(K))
+      out[name] = got
+    end
+    -- M above the in-place-B limit (256 rows), N across several blocks, K across K blocks
+    for i, s in ipairs({{300, 70, 400}, {261, 161, 33}, {520, 97, 800}, {289, 1100, 50}}) do
+      local M, N, K = s[1], s[2], s[3]
+      for _, tb in ipairs({false, true}) do
+        local a = nd.randn({M, K})
+        local b = tb and nd.randn({N, K}):t() or nd.randn({K, N})
+        check(("mm%d%s"):format(i, tb), a:matmul(b), a:to("float64"):matmul(b:to("float64")), K)
+      end
+      -- the fused linear (x @ w^T + b, relu) on the GEMM's tile epilogue
+      local x, w, bias = nd.randn({M, K}), nd.randn({N, K}), nd.randn({N})
+      local x64, w64 = x:to("float64"), w:to("float64")
+      check("linear" .. i, nd.F.fused_linear(x, w, bias, {activation = "relu"}),
+            (x64:matmul(w64:t()) + bias:to("float64")):relu(), K)
+    end
+    nd.save(out, OUT)
+    print(("l2 %d worst %.3g"):format(nd.devices()[1].l2_cache, worst))
+  ]]
+
+  it("cuts packed B into L2-sized column blocks without changing a bit", function()
+    local function run(env)
+      local path = os.tmpname()
+      local text = S.run_program(env, ("local OUT = %q\n"):format(path) .. BLOCKS)
+      local l2, worst = text:match("l2 (%d+) worst (%S+)")
+      assert.truthy(l2, text)
+      assert.is_true(tonumber(worst) < 1e-5, text) -- a misplaced tile is off by O(1)
+      local t = nd.load(path)
+      os.remove(path)
+      return tonumber(l2), t
+    end
+    local l2s, small = run("NEEDLE_L2_BYTES=65536")
+    local l2b, big = run("NEEDLE_L2_BYTES=")
+    assert.are.equal(65536, l2s)
+    assert.is_true(l2b >= 65536)
+    local n = 0
+    for name, t in pairs(small) do
+      assert.are.equal(0, (t - big[name]):abs():max():item(), name)
+      n = n + 1
+    end
+    assert.are.equal(12, n)
+  end)
+
+  it("reads NEEDLE_L2_BYTES as bytes, K or M, clamped, and ignores what is not a size", function()
+    local code = [[print("l2=" .. require("needle").devices()[1].l2_cache)]]
+    local function l2(env) return tonumber(S.run_program(env, code):match("l2=(%d+)")) end
+    local detected = l2("NEEDLE_L2_BYTES=")
+    assert.is_true(detected >= 65536 and detected <= 64 * 2 ^ 20, tostring(detected))
+    assert.are.equal(2 * 2 ^ 20, l2("NEEDLE_L2_BYTES=2M"))
+    assert.are.equal(1280 * 1024, l2("NEEDLE_L2_BYTES=1280K"))
+    assert.are.equal(300000, l2("NEEDLE_L2_BYTES=300000"))
+    assert.are.equal(65536, l2("NEEDLE_L2_BYTES=1K")) -- at least 64 KiB
+    assert.are.equal(64 * 2 ^ 20, l2("NEEDLE_L2_BYTES=1000M")) -- at most 64 MiB
+    assert.are.equal(detected, l2("NEEDLE_L2_BYTES=lots"))
+  end)
+
   for _, env in ipairs({"NEEDLE_GEMM=", "NEEDLE_GEMM=avx2", "NEEDLE_GEMM=openblas"}) do
     it("agrees with float64 products in every layout and stride, on any thread count (" .. env .. ")", function()
       local out = child(env)

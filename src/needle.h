@@ -102,6 +102,9 @@ bool nd_cpu_small_linear(void);
  * "avx2+fma 6x16" (chosen from cpuid), or "openblas" (no such ISA, or
  * NEEDLE_GEMM=openblas; NEEDLE_GEMM=avx2 picks AVX2 on an AVX-512 CPU). */
 const char *nd_cpu_gemm_kernel(void);
+/* Bytes of L2 cache a core has, which sizes the GEMM's column blocks
+ * (cpu_caches.h: NEEDLE_L2_BYTES, else Linux's /sys, else 1 MiB). */
+int64_t nd_cpu_l2_cache_bytes(void);
 /* PyTorch's float32 matmul precision: "highest" (float32 throughout, the
  * default), "high" (the same here: the CPU has no TF32), "medium" (float32
  * products may compute on bfloat16 inputs with float32 sums: on a CPU with

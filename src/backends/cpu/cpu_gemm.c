@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
+#include "cpu_caches.h"
 #include "cpu_scratch.h"
 #include "cpu_kernels.h"
 #include "cpu_gemm.h"
@@ -682,6 +683,39 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
 
 /* sgemm_on on a given kernel, B packed already when pre is given (the
  * bfloat16 kernel's whole B) */
+/* One tile: C's mr x nr at (row, col) = or += an A panel @ a B panel (row
+ * stride ldb), then, with epi (the last K block), the epilogue on it. */
+static inline void gemm_tile(const gemm_isa *isa, int64_t kc, const float *ap, const float *bp, int64_t ldb,
+                             float *C, int64_t ldc, int64_t row, int64_t col, int64_t mr, int64_t nr, bool add,
+                             const tile_post *epi) {
+    float *ct = C + row * ldc + col;
+    run_tile(isa, kc, ap, bp, ldb, ct, ldc, mr, nr, add);
+    if (epi) {
+        tile_post e = *epi;
+        if (e.bias) e.bias += col;
+        if (e.res) e.res += row * e.ldr + col;
+        tile_epilogue(ct, ldc, mr, nr, &e);
+    }
+}
+
+/* The share of L2 a block of packed B may take when it is streamed from
+ * there (the rest: A's block, C's rows and what else runs). */
+#define STREAM_L2_SHARE 0.75
+
+/* The columns of a packed B block that is streamed from L2: as many as fit
+ * in STREAM_L2_SHARE of it at depth kd (at most the ISA's NC), then evened
+ * out over the blocks N needs, in whole panels (N = 2048 on a 2 MiB L2:
+ * two blocks of 1024, not 1024 + 1024 + 0). */
+static int64_t stream_block_cols(const gemm_isa *isa, int64_t N, int64_t kd) {
+    const int64_t NR = isa->nr;
+    int64_t nc = (int64_t)(STREAM_L2_SHARE * (double)nd_cpu_l2_bytes()) / (kd * (int64_t)sizeof(float)) / NR * NR;
+    if (nc < NR) nc = NR;
+    if (nc > isa->nc) nc = isa->nc;
+    const int64_t blocks = (N + nc - 1) / nc;
+    nc = (N + blocks - 1) / blocks;
+    return (nc + NR - 1) / NR * NR;
+}
+
 static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, int64_t K, const float *A,
                       int64_t a_sm, int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn,
                       const nd_bf16_packed_b *pre, float *C, int64_t ldc, bool accumulate,
@@ -698,7 +732,6 @@ static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, in
         }
     }
     const int MR = isa->mr, NR = isa->nr;
-    const int64_t NC = isa->nc;
     double flops = 2.0 * (double)M * (double)N * (double)K;
     if (flops < SMALL_PRODUCT_FLOPS) threads = 1;
     /* blocks of rows of equal size (whole panels), at most the ISA's MC */
@@ -716,12 +749,28 @@ static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, in
     /* up to IN_PLACE_B_ROWS rows, B rows unit-stride: B read in place
      * (whole NR-wide panels only; the last partial panel is packed) */
     const bool b_in_place = M <= IN_PLACE_B_ROWS && b_sn == 1 && !isa->bf16 && !pre;
+    const int64_t KD = block_depth(isa);
+    const int64_t kc_max = K < KD ? K : KD;
+    /* Which panel stays in cache while the other streams past it. By
+     * default a B panel stays (48 KiB: in L1 or near it) while the A panels
+     * of a row block stream from L2. When the packed B block (kc x N, up to
+     * 384 x 2048 floats, 3 MiB) is too big to stay in L2, the B panels come
+     * from L3 once per row block; then an A panel (12 x 384 floats, 18
+     * KiB) stays in L1 while the panels of an L2-sized B block stream past
+     * it (BLIS's order). Here (2 MiB L2), median of paired runs, 1 thread:
+     * 2048^3 +10%, 512 x 2304 x 768 +12%, 700 x 10000 x 256 +14%; with the
+     * small B block of 10000 x 256 x 700 streaming cost 11% on 2 threads,
+     * hence only past half the L2. Not for B read in place (strided rows
+     * stream badly) or the bfloat16 kernel (its 64 KiB panels are meant to
+     * live in L2 at KC 1024; prepacked weights come in NC-wide blocks). */
+    const bool stream_b = !b_in_place && !isa->bf16 && !pre &&
+                          (double)kc_max * (double)N * sizeof(float) > 0.5 * (double)nd_cpu_l2_bytes();
+    const int64_t NC = stream_b ? stream_block_cols(isa, N, KD) : isa->nc;
     float *bpack = NULL;
     /* packing buffers as big as this product needs, not the block maxima:
      * a small product then takes a few KiB, not 3 MiB (a fresh mapping's
      * page faults on every call where malloc maps big blocks) */
-    const int64_t KD = block_depth(isa);
-    const int64_t kc_max = K < KD ? K : KD, nc_max = N < NC ? N : NC;
+    const int64_t nc_max = N < NC ? N : NC;
     size_t bpack_n = (size_t)kc_max * (size_t)((nc_max + NR - 1) / NR * NR);
     if (!b_in_place && !pre) {
         bpack = nd_cpu_scratch_alloc(bpack_n * sizeof(float)); /* cpu_scratch.h */
@@ -761,6 +810,18 @@ static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, in
                     const int64_t p0 = npanels * ch / nchunks, p1 = npanels * (ch + 1) / nchunks;
                     pack_a_any(isa, A, a_sm, a_sk, M, ic, mc, pc, kc, apack);
                     const int64_t depth = panel_depth(isa, kc);
+                    const tile_post *epi = epilogue ? post : NULL;
+                    if (stream_b) {
+                        for (int64_t ir = 0; ir < mc; ir += MR) {
+                            const int64_t mr = mc - ir < MR ? mc - ir : MR;
+                            for (int64_t p = p0; p < p1; p++) {
+                                const int64_t jr = p * NR, nr = nc - jr < NR ? nc - jr : NR;
+                                gemm_tile(isa, kc, apack + ir * depth, bblock + (size_t)p * NR * (size_t)depth, NR,
+                                          C, ldc, ic + ir, jc + jr, mr, nr, add, epi);
+                            }
+                        }
+                        continue;
+                    }
                     for (int64_t p = p0; p < p1; p++) {
                         const int64_t jr = p * NR, nr = nc - jr < NR ? nc - jr : NR;
                         const float *bp;
@@ -778,14 +839,8 @@ static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, in
                         }
                         for (int64_t ir = 0; ir < mc; ir += MR) {
                             const int64_t mr = mc - ir < MR ? mc - ir : MR;
-                            float *ct = C + (ic + ir) * ldc + jc + jr;
-                            run_tile(isa, kc, apack + ir * depth, bp, ldb, ct, ldc, mr, nr, add);
-                            if (epilogue) {
-                                tile_post e = *post;
-                                if (e.bias) e.bias += jc + jr;
-                                if (e.res) e.res += (ic + ir) * e.ldr + jc + jr;
-                                tile_epilogue(ct, ldc, mr, nr, &e);
-                            }
+                            gemm_tile(isa, kc, apack + ir * depth, bp, ldb, C, ldc, ic + ir, jc + jr, mr, nr,
+                                      add, epi);
                         }
                     }
                 }
