@@ -200,9 +200,11 @@ describe("nd.autocast", function()
 
   it("names what it cannot do", function()
     assert_contains(errmsg(function() nd.autocast(function() end, {dtype = "float16"}) end),
-                    "dtype float16 is not supported")
-    assert_contains(errmsg(function() nd.autocast(function() end, {device_type = "opencl"}) end),
-                    'device_type must be "cpu", got "opencl"')
+                    'dtype float16 with device_type "cpu"')
+    assert_contains(errmsg(function() nd.autocast(function() end, {device_type = "cuda"}) end),
+                    'device_type must be "cpu" or "opencl", got "cuda"')
+    assert_contains(errmsg(function() nd.autocast(function() end, {device_type = "opencl", dtype = "int8"}) end),
+                    'dtype must be "float16" or "bfloat16", got "int8"')
     assert_contains(errmsg(function() nd.autocast(function() end, {dtyp = "bfloat16"}) end), "dtyp")
     assert_contains(errmsg(function() nd.autocast(42) end), "expected a function to run, got number")
   end)
@@ -344,4 +346,102 @@ describe("nd.autocast", function()
     local fb = nd.compile(sets_precision, {fallback = true})
     for _ = 1, 3 do assert.are.same(eager16:totable(), fb(x):totable()) end
   end)
+end)
+
+-- nd.autocast{device_type = "opencl"}: float32 products on OpenCL devices
+-- round their operands to float16 (the default) or bfloat16 and sum in
+-- float32. Checked against the float64 product of operands rounded by the
+-- CPU's own conversions (x:half(), x:bfloat16()), within float32 summation
+-- error, and against the plain product, which must differ by half's rounding.
+describe("nd.autocast on OpenCL", function()
+  local D = require "spec.helpers.devices"
+  local devs = D.available and D.opencl() or {}
+
+  local function assert_half_product(c, a, b, dt, what)
+    local ah, bh = a:to(dt):double(), b:to(dt):double()
+    local ref = ah:matmul(bh)
+    local bound = ah:abs():matmul(bh:abs()) * ((a:size(-1) + 2) * 2 ^ -24) + 1e-30
+    local excess = ((c:to("cpu"):double() - ref):abs() - bound):max():item()
+    assert(excess <= 0, ("%s: off the %s product by %g more than float32 rounding"):format(what, dt, excess))
+    local plain = (c:to("cpu"):double() - a:double():matmul(b:double())):abs():max():item()
+    assert(plain > 1e-4, ("%s: the %s product equals the float32 one (%g): nothing was rounded"):format(what, dt, plain))
+  end
+
+  if #devs == 0 then
+    it("needs an OpenCL device", function() pending("no OpenCL device: " .. tostring(D.reason)) end)
+  end
+
+  for _, dev in ipairs(devs) do
+    it("rounds matmul's operands to float16 or bfloat16 and sums in float32 (" .. dev .. ")", function()
+      nd.manual_seed(21)
+      local a, b = nd.randn({37, 53}), nd.randn({53, 29})
+      local A, B = a:to(dev), b:to(dev)
+      for _, dt in ipairs({"float16", "bfloat16"}) do
+        local c = nd.autocast(function()
+          assert.are.equal(dt, require("needle.core")._get_opencl_matmul_dtype())
+          return A:matmul(B)
+        end, {device_type = "opencl", dtype = dt})
+        assert.are.equal("float32", c.dtype)
+        assert_half_product(c, a, b, dt, "matmul")
+        -- batched, and with a transposed operand
+        local a3, b3 = nd.randn({3, 20, 40}), nd.randn({3, 30, 40})
+        local c3 = nd.autocast(function() return a3:to(dev):matmul(b3:to(dev):transpose(2, 3)) end,
+                               {device_type = "opencl", dtype = dt})
+        assert_half_product(c3, a3, b3:transpose(2, 3), dt, "batched matmul")
+      end
+      -- the default dtype is float16 (PyTorch's for its GPU autocast); after the scope, float32
+      local c = nd.autocast(function() return A:matmul(B) end, {device_type = "opencl"})
+      assert_half_product(c, a, b, "float16", "default dtype")
+      assert.are.equal("float32", require("needle.core")._get_opencl_matmul_dtype())
+      local after = A:matmul(B):to("cpu"):double()
+      assert.is_true((after - a:double():matmul(b:double())):abs():max():item() < 1e-4)
+      -- enabled = false inside a scope: float32 products
+      local off = nd.autocast(function()
+        return nd.autocast(function() return A:matmul(B) end, {device_type = "opencl", enabled = false})
+      end, {device_type = "opencl"})
+      assert.is_true((off:to("cpu"):double() - a:double():matmul(b:double())):abs():max():item() < 1e-4)
+      -- the CPU's products are untouched by an OpenCL scope (and the OpenCL ones by a CPU scope)
+      local cpu = nd.autocast(function() return a:matmul(b) end, {device_type = "opencl"})
+      assert.are.equal(0, (cpu - a:matmul(b)):abs():max():item())
+      local ocl = nd.autocast(function() return A:matmul(B) end)
+      assert.is_true((ocl:to("cpu"):double() - a:double():matmul(b:double())):abs():max():item() < 1e-4)
+      -- a compiled function replays at the setting of each call (it is part of the guard)
+      local cf = nd.compile(function(x, y) return x:matmul(y) * 2 end)
+      for _ = 1, 2 do
+        local o = cf(A, B)
+        assert.is_true((o:to("cpu"):double() - a:double():matmul(b:double()) * 2):abs():max():item() < 1e-4)
+        local h = nd.autocast(function() return cf(A, B) end, {device_type = "opencl"})
+        assert_half_product(h * 0.5, a, b, "float16", "compiled matmul")
+      end
+      -- an error inside restores the setting
+      assert.is_false(pcall(nd.autocast, function() error("inside") end, {device_type = "opencl"}))
+      assert.are.equal("float32", require("needle.core")._get_opencl_matmul_dtype())
+    end)
+
+    it("runs linear, conv2d and the gradients' products on the rounded operands too (" .. dev .. ")", function()
+      nd.manual_seed(22)
+      -- linear: x @ w^T + b, and its gradients (dx = g @ w, dw = g^T @ x) at the forward's dtype,
+      -- with backward() called outside the scope
+      local x, w, bias = nd.randn({24, 40}), nd.randn({30, 40}), nd.randn({30})
+      local X, W = x:to(dev):requires_grad_(), w:to(dev):requires_grad_()
+      local y = nd.autocast(function() return nd.F.linear(X, W, bias:to(dev)) end, {device_type = "opencl"})
+      assert_half_product(y - bias:to(dev), x, w:t(), "float16", "linear")
+      local g = nd.randn({24, 30})
+      y:backward(g:to(dev))
+      assert_half_product(X.grad, g, w, "float16", "linear's input gradient")
+      assert_half_product(W.grad, g:t(), x, "float16", "linear's weight gradient")
+      -- outside the scope the same backward is float32
+      local X2, W2 = x:to(dev):requires_grad_(), w:to(dev):requires_grad_()
+      nd.F.linear(X2, W2):backward(g:to(dev))
+      assert.is_true((X2.grad:to("cpu"):double() - g:double():matmul(w:double())):abs():max():item() < 1e-4)
+      -- conv2d through im2col's GEMM: against the float64 convolution of rounded operands
+      local xi, wk = nd.randn({2, 3, 9, 9}), nd.randn({5, 3, 3, 3})
+      local out = nd.autocast(function() return nd.F.conv2d(xi:to(dev), wk:to(dev), nil, {padding = 1}) end,
+                              {device_type = "opencl", dtype = "bfloat16"}):to("cpu"):double()
+      local ref = nd.F.conv2d(xi:bfloat16():double(), wk:bfloat16():double(), nil, {padding = 1})
+      local plain = nd.F.conv2d(xi:double(), wk:double(), nil, {padding = 1})
+      assert.is_true((out - ref):abs():max():item() < 1e-4, "conv2d off the bfloat16 convolution")
+      assert.is_true((out - plain):abs():max():item() > 1e-3, "conv2d was not rounded")
+    end)
+  end
 end)

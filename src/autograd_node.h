@@ -72,6 +72,7 @@ struct nd_node {
     bool hooked;                /* nd_hook_tensor on its output: its gradient passes the hooks */
     int8_t precision;           /* the float32 matmul precision at the forward (nd_matmul_precision):
                                  * the backward's products run at it */
+    int8_t opencl_operands;     /* nd_get_opencl_matmul_dtype() at the forward, likewise */
     /* engine scratch (one backward at a time per graph) */
     nd_tensor *pending;         /* accumulated gradient of the output */
     int deps;

@@ -115,6 +115,15 @@ int64_t nd_cpu_l2_cache_bytes(void);
 typedef enum { ND_MATMUL_HIGHEST = 0, ND_MATMUL_HIGH = 1, ND_MATMUL_MEDIUM = 2 } nd_matmul_precision;
 void nd_set_float32_matmul_precision(nd_matmul_precision p);
 nd_matmul_precision nd_get_float32_matmul_precision(void);
+/* The dtype float32 products on OpenCL devices round their operands to
+ * first: ND_FLOAT32 (the default: none), ND_FLOAT16 or ND_BFLOAT16 (to
+ * nearest even, as the CPU's conversions), summed in float32 - matmul and
+ * what runs on it there (linear, conv2d's im2col GEMMs, the recurrent
+ * layers' projections); the fused attention and depthwise kernels stay
+ * float32. nd.autocast{device_type = "opencl"} sets it for its scope;
+ * autograd nodes record it with the precision. Process-wide. */
+nd_status nd_set_opencl_matmul_dtype(nd_dtype dt);
+nd_dtype nd_get_opencl_matmul_dtype(void);
 /* Whether this CPU can run the bfloat16 GEMM; whether products run on it
  * now (the precision is "medium" and the CPU can); and whether an M x N
  * product does (it also needs M and N of at least 64: below, packing costs

@@ -380,6 +380,20 @@ static int l_autocast_exit(lua_State *L) {
     return 0;
 }
 
+/* core._set_opencl_matmul_dtype("float32" | "float16" | "bfloat16") /
+ * core._get_opencl_matmul_dtype(): what nd.autocast{device_type = "opencl"}
+ * rounds the products' operands to there (needle.h) */
+static int l_set_opencl_matmul_dtype(lua_State *L) {
+    const char *op = "set_opencl_matmul_dtype";
+    LT_CHECK_AS(L, op, nd_set_opencl_matmul_dtype(lt_check_dtype_name(L, 1, op)));
+    return 0;
+}
+
+static int l_get_opencl_matmul_dtype(lua_State *L) {
+    lua_pushstring(L, nd_dtype_name(nd_get_opencl_matmul_dtype()));
+    return 1;
+}
+
 static int l_get_float32_matmul_precision(lua_State *L) {
     lua_pushstring(L, precision_names[nd_get_float32_matmul_precision()]);
     return 1;
@@ -463,6 +477,8 @@ void lt_register_math(lua_State *L) {
         {"set_float32_matmul_precision", l_set_float32_matmul_precision, false, true},
         {"get_float32_matmul_precision", l_get_float32_matmul_precision, false, true},
         {"_autocast_enter", l_autocast_enter, false, true},
+        {"_set_opencl_matmul_dtype", l_set_opencl_matmul_dtype, false, true},
+        {"_get_opencl_matmul_dtype", l_get_opencl_matmul_dtype, false, true},
         {"_autocast_exit", l_autocast_exit, false, true},
         {"threads", l_threads, false, true},
         {"ops", l_ops, false, true},

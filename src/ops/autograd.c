@@ -64,6 +64,7 @@ static nd_status record_named(const char *name, nd_backward_fn fn, nd_tensor *ou
     n->name = name;
     n->backward = fn;
     n->precision = (int8_t)nd_get_float32_matmul_precision();
+    n->opencl_operands = (int8_t)nd_get_opencl_matmul_dtype();
     n->ninputs = ninputs;
     for (int i = 0; i < ninputs; i++) {
         const nd_tensor *t = inputs[i];
@@ -503,10 +504,14 @@ static nd_status run(nd_node *const *roots, nd_tensor *const *root_grads, int nr
                     /* products in the backward at the forward's precision (inside
                      * nd.autocast, bfloat16 where the CPU has it) */
                     const nd_matmul_precision prev = nd_get_float32_matmul_precision();
+                    const nd_dtype prev_ocl = nd_get_opencl_matmul_dtype();
                     if (n->precision != (int8_t)prev)
                         nd_set_float32_matmul_precision((nd_matmul_precision)n->precision);
+                    if (n->opencl_operands != (int8_t)prev_ocl)
+                        (void)nd_set_opencl_matmul_dtype((nd_dtype)n->opencl_operands); /* recorded: valid */
                     st = n->backward(n, g, grads);
                     if (n->precision != (int8_t)prev) nd_set_float32_matmul_precision(prev);
+                    if (n->opencl_operands != (int8_t)prev_ocl) (void)nd_set_opencl_matmul_dtype(prev_ocl);
                 }
                 if (pdepth >= 0) nd_profiler_pop(pdepth);
             }

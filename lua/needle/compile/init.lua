@@ -86,10 +86,13 @@ local function walk(v, parts, flat, depth)
   end
 end
 
--- (the float32 matmul precision is part of it: replays run their products
--- at the precision of the moment, nd.autocast's included)
+-- (the float32 matmul precision and the OpenCL products' operand dtype are
+-- part of it: replays run their products at the precision of the moment,
+-- nd.autocast's included, and launches prepared at one are not replayed at
+-- the other)
 local function signature(args)
-  local parts, flat = {(core.is_grad_enabled() and "G" or "N") .. core.get_float32_matmul_precision()}, {}
+  local parts, flat = {(core.is_grad_enabled() and "G" or "N") .. core.get_float32_matmul_precision() ..
+                       core._get_opencl_matmul_dtype()}, {}
   for i = 1, args.n do
     parts[#parts + 1] = "|"
     walk(args[i], parts, flat, 0)

@@ -416,7 +416,45 @@ static nd_status splitk_run(ocl_device *d, const ocl_gemm_cfg *c, nd_tensor *out
 
 /* ---------------------------------------------------------------- the entry */
 
+/* x rounded to dtype half (float16 or bfloat16, to nearest even) and back,
+ * as a new contiguous float32 tensor: what a product inside
+ * nd.autocast{device_type = "opencl"} multiplies. Two conversion passes
+ * through the copy kernel; the product itself stays float32 (needle has no
+ * half-precision GEMM kernels for OpenCL yet, so this gives half's
+ * numerics, not its speed). */
+static nd_status rounded_operand(const nd_tensor *x, nd_dtype half, nd_tensor **out) {
+    nd_device dv = {ND_DEVICE_OPENCL, ocl_dev(x)->index};
+    nd_tensor *h = NULL, *r = NULL;
+    *out = NULL;
+    nd_status st = nd_empty_on(dv, x->shape, x->ndim, half, &h);
+    if (st == ND_OK) st = ocl_copy(h, x);
+    if (st == ND_OK) st = nd_empty_on(dv, x->shape, x->ndim, ND_FLOAT32, &r);
+    if (st == ND_OK) st = ocl_copy(r, h);
+    nd_release(h);
+    if (st != ND_OK) {
+        nd_release(r);
+        return st;
+    }
+    *out = r;
+    return ND_OK;
+}
+
+static nd_status matmul_at(nd_tensor *out, const nd_tensor *a, const nd_tensor *b, bool accumulate);
+
 static nd_status matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b, bool accumulate) {
+    const nd_dtype half = nd_get_opencl_matmul_dtype();
+    if (half == ND_FLOAT32 || out->dtype != ND_FLOAT32 || a->dtype != ND_FLOAT32 || b->dtype != ND_FLOAT32)
+        return matmul_at(out, a, b, accumulate);
+    nd_tensor *ar = NULL, *br = NULL;
+    nd_status st = rounded_operand(a, half, &ar);
+    if (st == ND_OK) st = rounded_operand(b, half, &br);
+    if (st == ND_OK) st = matmul_at(out, ar, br, accumulate);
+    nd_release(ar);
+    nd_release(br);
+    return st;
+}
+
+static nd_status matmul_at(nd_tensor *out, const nd_tensor *a, const nd_tensor *b, bool accumulate) {
     ocl_device *d = ocl_dev(out);
     nd_dtype dt = out->dtype;
     if (a->dtype != dt || b->dtype != dt)
@@ -464,7 +502,7 @@ static nd_status matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b, 
         nd_tensor *t;
         nd_device dv = {ND_DEVICE_OPENCL, d->index};
         ND_TRY(nd_empty_on(dv, out->shape, out->ndim, out->dtype, &t));
-        st = matmul(t, a, b, false);
+        st = matmul_at(t, a, b, false);
         if (st == ND_OK) st = ocl_binary(ND_BINARY_add, out, out, t);
         nd_release(t);
         return st;
