@@ -51,13 +51,66 @@ describe("nd.set_float32_matmul_precision", function()
   it("reports the CPU's bfloat16 support and the kernel in use", function()
     assert.is_boolean(BF16)
     local kernel = at("medium", function() return nd.devices()[1].gemm end)
+    assert.is_boolean(nd.devices()[1].amx)
     if BF16 then
-      assert.are.equal("avx512_bf16 12x32", kernel)
+      assert.are.equal(nd.devices()[1].amx and "amx_bf16 32x32" or "avx512_bf16 12x32", kernel)
     else
+      assert.is_false(nd.devices()[1].amx)
       assert.are.equal(nd.devices()[1].gemm, kernel)
     end
-    assert.are_not.equal("avx512_bf16 12x32", nd.devices()[1].gemm) -- "highest" again
+    assert.is_nil(nd.devices()[1].gemm:find("bf16")) -- "highest" again
   end)
+
+  -- Both bfloat16 kernels where the CPU has them: AMX tiles (the default where Linux
+  -- grants them) and vdpbf16ps (NEEDLE_AMX=0), each against float64 products of the
+  -- rounded operands, over tile, pair-group (16 pairs) and K-block (1024) edges, in every
+  -- layout; the prepacked weight's few-rows kernel gives each kernel's bits.
+  local KERNELS = [[
+    local nd = require "needle"
+    nd.manual_seed(9)
+    nd.set_float32_matmul_precision("medium")
+    local excess, rows_diff, cases = -1, 0, 0
+    for _, s in ipairs({{64, 64, 31}, {95, 70, 32}, {64, 97, 33}, {130, 64, 1024}, {64, 66, 1025}, {200, 130, 2081}}) do
+      local M, N, K = s[1], s[2], s[3]
+      for _, layout in ipairs({"nn", "tn", "nt"}) do
+        local a = layout:sub(1, 1) == "t" and nd.randn({K, M}):t() or nd.randn({M, K})
+        local b = layout:sub(2, 2) == "t" and nd.randn({N, K}):t() or nd.randn({K, N})
+        local c = a:matmul(b):double()
+        local ah, bh = a:bfloat16():double(), b:bfloat16():double()
+        local bound = ah:abs():matmul(bh:abs()) * ((K + 2) * 2 ^ -24) + 1e-30
+        excess = math.max(excess, ((c - ah:matmul(bh)):abs() - bound):max():item())
+        cases = cases + 1
+      end
+      local w, x = nd.randn({N, K}), nd.randn({M, K})
+      nd.autocast(function()
+        local big = nd.F.linear(x, w)
+        for m = 1, 4 do
+          local small = nd.F.linear(x:narrow(1, 1, m):contiguous(), w)
+          rows_diff = math.max(rows_diff, (big:narrow(1, 1, m) - small):abs():max():item())
+        end
+      end)
+    end
+    print(("kernel %s cases %d excess %.3g rows_diff %.3g"):format(nd.devices()[1].gemm, cases, excess, rows_diff))
+  ]]
+  for _, env in ipairs({"NEEDLE_AMX=", "NEEDLE_AMX=0"}) do
+    it("multiplies bfloat16-rounded operands on each kernel the CPU has (" .. env .. ")", function()
+      local out = require("spec.helpers.shell").run_program(env, KERNELS)
+      local k, cases, excess, rows = out:match("kernel (.-) cases (%d+) excess (%S+) rows_diff (%S+)")
+      assert.truthy(k, out)
+      if not BF16 then
+        assert.is_nil(k:find("bf16"), out)
+        return
+      end
+      if env == "NEEDLE_AMX=0" then
+        assert.are.equal("avx512_bf16 12x32", k)
+      else
+        assert.are.equal(nd.devices()[1].amx and "amx_bf16 32x32" or "avx512_bf16 12x32", k)
+      end
+      assert.are.equal(18, tonumber(cases))
+      assert.is_true(tonumber(excess) <= 0, out)
+      assert.are.equal(0, tonumber(rows), out) -- a row's bits whatever rows come with it
+    end)
+  end
 
   if not BF16 then
     pending("bfloat16 products: this CPU has no AVX512_BF16 (\"medium\" runs float32, checked below)")

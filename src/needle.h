@@ -129,6 +129,9 @@ nd_dtype nd_get_opencl_matmul_dtype(void);
  * product does (it also needs M and N of at least 64: below, packing costs
  * more than bfloat16 saves, and the product stays float32). */
 bool nd_cpu_gemm_bf16_available(void);
+/* Whether the bfloat16 products run on AMX tiles (Sapphire Rapids and
+ * later, with Linux's permission; NEEDLE_AMX=0 keeps vdpbf16ps). */
+bool nd_cpu_gemm_amx_available(void);
 bool nd_cpu_gemm_bf16_active(void);
 bool nd_cpu_gemm_bf16_for(int64_t M, int64_t N);
 /* nd.autocast's scope, for its caches: inside it (enter .. the outermost

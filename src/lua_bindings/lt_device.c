@@ -3,12 +3,12 @@
 #include "lt_internal.h"
 
 /* nd.devices(): {{name="cpu", type="cpu", threads=N, memory=bytes, packed_conv=bool, small_linear=bool, gemm=kernel,
- * l2_cache=bytes, bf16=bool},
+ * l2_cache=bytes, bf16=bool, amx=bool},
  * {name="opencl:0", ...}} */
 static int l_devices(lua_State *L) {
     int n = nd_opencl_device_count();
     lua_createtable(L, n + 1, 0);
-    lua_createtable(L, 0, 9);
+    lua_createtable(L, 0, 10);
     lt_set_str(L, "name", "cpu");
     lt_set_str(L, "type", "cpu");
     lt_set_int(L, "threads", nd_get_num_threads());
@@ -19,6 +19,7 @@ static int l_devices(lua_State *L) {
     lt_set_str(L, "gemm", nd_cpu_gemm_kernel());
     lt_set_int(L, "l2_cache", nd_cpu_l2_cache_bytes()); /* sizes the GEMM's blocks */
     lt_set_bool(L, "bf16", nd_cpu_gemm_bf16_available());
+    lt_set_bool(L, "amx", nd_cpu_gemm_amx_available()); /* bfloat16 products on AMX tiles */
     lua_rawseti(L, -2, 1);
     for (int i = 0; i < n; i++) {
         nd_opencl_info in;

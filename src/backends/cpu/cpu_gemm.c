@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
+#include "cpu_amx.h"
 #include "cpu_caches.h"
 #include "cpu_scratch.h"
 #include "cpu_kernels.h"
@@ -50,7 +51,7 @@
 #endif
 
 #define KC 384
-#define MAX_MR 12
+#define MAX_MR 32
 #define MAX_NR 32
 
 typedef void (*ukernel_fn)(int64_t kc, const float *a, const float *b, int64_t ldb, float *c,
@@ -62,6 +63,7 @@ typedef struct {
     ukernel_fn ukr;
     bool bf16; /* panels of bfloat16 pairs (k, k + 1) in 32-bit words, not floats */
     int kc;    /* K block depth (0: KC) */
+    bool amx;  /* A packed for AMX tiles: each row's pairs in order (p[r * depth + kk]), not k-major */
 } gemm_isa;
 
 /* The bfloat16 kernel's K blocks: 1024 deep. Its B panel then lives in L2,
@@ -168,6 +170,78 @@ __attribute__((target("avx512f,avx512bf16"))) static void ukr_bf16_12x32(int64_t
     }
     tile_12x32_out(acc, c, ldc, add);
 }
+
+/* AMX's tile configuration for ukr_amx_32x32: palette 1, all 8 tiles 16
+ * rows of 64 bytes (C: tiles 0-3, A: 4-5, B: 6-7) */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_tilecfg;
+static const amx_tilecfg amx_cfg = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+
+/* c[32 x 32] = or += a @ b on bfloat16 pairs with AMX tiles: four 16 x 16
+ * float32 tiles of C, each tdpbf16ps multiplying a 16-row x 16-pair tile
+ * of A (a: 32 rows of ceil(kc / 2) pair words each, row after row) by a
+ * 16-pair x 16-column tile of B (b: the bfloat16 kernel's panel, ldb words
+ * a pair row, so its two tiles are the panel's halves). Pairs past the
+ * last whole 16 go through zero-padded copies. As the other kernels, the
+ * block's sum is made from zero and then stored, or added to C. */
+__attribute__((target("amx-tile,amx-bf16"))) static void ukr_amx_32x32(int64_t kc, const float *a_, const float *b_,
+                                                                        int64_t ldb, float *c, int64_t ldc,
+                                                                        bool add) {
+    const uint32_t *a = (const uint32_t *)(const void *)a_, *b = (const uint32_t *)(const void *)b_;
+    const int64_t kp = (kc + 1) / 2, full = kp / 16 * 16;
+    const size_t lda = (size_t)kp * 4, ldb_bytes = (size_t)ldb * 4;
+    _tile_loadconfig(&amx_cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t p = 0; p < full; p += 16) {
+        _tile_loadd(4, a + p, lda);
+        _tile_loadd(5, a + 16 * kp + p, lda);
+        _tile_loadd(6, b + p * ldb, ldb_bytes);
+        _tile_loadd(7, b + p * ldb + 16, ldb_bytes);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    if (full < kp) {
+        _Alignas(64) uint32_t at[32 * 16], bt[16 * 32];
+        const int64_t rem = kp - full;
+        for (int r = 0; r < 32; r++)
+            for (int q = 0; q < 16; q++) at[r * 16 + q] = q < rem ? a[r * kp + full + q] : 0u;
+        for (int q = 0; q < 16; q++)
+            for (int j = 0; j < 32; j++) bt[q * 32 + j] = q < rem ? b[(full + q) * ldb + j] : 0u;
+        _tile_loadd(4, at, 64);
+        _tile_loadd(5, at + 16 * 16, 64);
+        _tile_loadd(6, bt, 128);
+        _tile_loadd(7, bt + 16, 128);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    if (!add) {
+        const size_t ldc_bytes = (size_t)ldc * 4;
+        _tile_stored(0, c, ldc_bytes);
+        _tile_stored(1, c + 16, ldc_bytes);
+        _tile_stored(2, c + 16 * ldc, ldc_bytes);
+        _tile_stored(3, c + 16 * ldc + 16, ldc_bytes);
+    } else {
+        _Alignas(64) float t[32 * 32];
+        _tile_stored(0, t, 128);
+        _tile_stored(1, t + 16, 128);
+        _tile_stored(2, t + 16 * 32, 128);
+        _tile_stored(3, t + 16 * 32 + 16, 128);
+        for (int i = 0; i < 32; i++)
+#pragma omp simd
+            for (int j = 0; j < 32; j++) c[i * ldc + j] = c[i * ldc + j] + t[i * 32 + j];
+    }
+    _tile_release(); /* (a process holding tile state makes every context switch save 8 KiB more) */
+}
 #endif
 
 static const gemm_isa isa_bf16 = {"avx512_bf16 12x32", 12, 32, 192, 2048,
@@ -177,6 +251,17 @@ static const gemm_isa isa_bf16 = {"avx512_bf16 12x32", 12, 32, 192, 2048,
                                   NULL,
 #endif
                                   true, KC_BF16};
+
+/* The same products on AMX tiles where the CPU has them (Sapphire Rapids
+ * and later): the bfloat16 kernel's B panels, blocks and prepacked weights
+ * as they are, A packed for the tiles. */
+static const gemm_isa isa_amx = {"amx_bf16 32x32", 32, 32, 192, 2048,
+#ifdef ND_HAVE_GEMM_KERNELS
+                                 ukr_amx_32x32,
+#else
+                                 NULL,
+#endif
+                                 true, KC_BF16, true};
 
 static const gemm_isa isa_avx512 = {"avx512f 12x32", 12, 32, 192, 2048,
 #ifdef ND_HAVE_GEMM_KERNELS
@@ -231,14 +316,22 @@ static bool have_bf16(void) {
 
 bool nd_cpu_gemm_bf16_available(void) { return have_bf16(); }
 
+bool nd_cpu_gemm_amx_available(void) { return have_bf16() && nd_cpu_amx_bf16(); }
+
 /* The kernel products run on now: bfloat16 under the "medium" precision
  * where the CPU has it, else the float32 kernel (or NULL: BLAS). */
+/* The bfloat16 kernel: AMX tiles where this process may use them, else
+ * AVX512_BF16's vdpbf16ps (have_bf16() true). */
+static const gemm_isa *bf16_isa(void) { return nd_cpu_gemm_amx_available() ? &isa_amx : &isa_bf16; }
+
 static const gemm_isa *pick_isa(void) {
-    if (nd_get_float32_matmul_precision() == ND_MATMUL_MEDIUM && have_bf16()) return &isa_bf16;
+    if (nd_get_float32_matmul_precision() == ND_MATMUL_MEDIUM && have_bf16()) return bf16_isa();
     return pick_f32_isa();
 }
 
-bool nd_cpu_gemm_bf16_active(void) { return pick_isa() == &isa_bf16; }
+static bool is_bf16(const gemm_isa *isa) { return isa && isa->bf16; }
+
+bool nd_cpu_gemm_bf16_active(void) { return is_bf16(pick_isa()); }
 
 /* The bfloat16 kernel takes a product only when both M and N are at least
  * this: it packs B on every call (the float32 kernel reads few rows' B in
@@ -251,11 +344,11 @@ bool nd_cpu_gemm_bf16_active(void) { return pick_isa() == &isa_bf16; }
 
 static const gemm_isa *isa_for(int64_t M, int64_t N) {
     const gemm_isa *isa = pick_isa();
-    if (isa == &isa_bf16 && (M < BF16_MIN_DIM || N < BF16_MIN_DIM)) return pick_f32_isa();
+    if (is_bf16(isa) && (M < BF16_MIN_DIM || N < BF16_MIN_DIM)) return pick_f32_isa();
     return isa;
 }
 
-bool nd_cpu_gemm_bf16_for(int64_t M, int64_t N) { return isa_for(M, N) == &isa_bf16; }
+bool nd_cpu_gemm_bf16_for(int64_t M, int64_t N) { return is_bf16(isa_for(M, N)); }
 
 const char *nd_cpu_gemm_kernel(void) {
     const gemm_isa *isa = pick_isa();
@@ -479,10 +572,45 @@ BF16_PACK_TARGET static void pack_b_bf16(const gemm_isa *isa, const float *B, in
     }
 }
 
+/* pack_a's panels for AMX tiles: word (r, kk) = A[r, 2kk] | A[r, 2kk + 1] << 16
+ * at p[r * ceil(kc / 2) + kk], a panel's rows one after another (a tile
+ * row is 16 consecutive pairs of one row); k's past kc and rows past M are
+ * zeros. Loops along A's unit stride, as pack_a_bf16's. */
+BF16_PACK_TARGET static void pack_a_amx(const gemm_isa *isa, const float *A, int64_t a_sm, int64_t a_sk,
+                                        int64_t M, int64_t i0, int64_t mc, int64_t k0, int64_t kc, uint32_t *p) {
+    const int MR = isa->mr;
+    const int64_t kp = (kc + 1) / 2, even = kc / 2;
+    for (int64_t ip = 0; ip < mc; ip += MR, p += MR * kp) {
+        int64_t rows = mc - ip < MR ? mc - ip : MR;
+        if (i0 + ip + rows > M) rows = M - (i0 + ip);
+        const float *src = A + (i0 + ip) * a_sm + k0 * a_sk;
+        if (a_sm == 1 && a_sk != 1) { /* column-major A: a pair of k's at a time along the rows */
+            for (int64_t kk = 0; kk < kp; kk++) {
+                const float *s0 = src + 2 * kk * a_sk, *s1 = s0 + a_sk;
+                for (int64_t r = 0; r < rows; r++) p[r * kp + kk] = kk < even ? bf16_pair(s0[r], s1[r]) : bf16_bits(s0[r]);
+            }
+        } else {
+            for (int64_t r = 0; r < rows; r++) {
+                const float *sr = src + r * a_sm;
+                uint32_t *d = p + r * kp;
+                if (a_sk == 1) {
+#pragma omp simd
+                    for (int64_t kk = 0; kk < even; kk++) d[kk] = bf16_pair(sr[2 * kk], sr[2 * kk + 1]);
+                } else {
+                    for (int64_t kk = 0; kk < even; kk++) d[kk] = bf16_pair(sr[2 * kk * a_sk], sr[(2 * kk + 1) * a_sk]);
+                }
+                if (kp > even) d[even] = bf16_bits(sr[2 * even * a_sk]);
+            }
+        }
+        memset(p + rows * kp, 0, sizeof(uint32_t) * (size_t)((MR - rows) * kp));
+    }
+}
+
 /* A's and B's packing in the kernel's format (words of float size) */
 static void pack_a_any(const gemm_isa *isa, const float *A, int64_t a_sm, int64_t a_sk, int64_t M,
                        int64_t i0, int64_t mc, int64_t k0, int64_t kc, float *p) {
-    if (isa->bf16) pack_a_bf16(isa, A, a_sm, a_sk, M, i0, mc, k0, kc, (uint32_t *)(void *)p);
+    if (isa->amx) pack_a_amx(isa, A, a_sm, a_sk, M, i0, mc, k0, kc, (uint32_t *)(void *)p);
+    else if (isa->bf16) pack_a_bf16(isa, A, a_sm, a_sk, M, i0, mc, k0, kc, (uint32_t *)(void *)p);
     else pack_a(isa, A, a_sm, a_sk, M, i0, mc, k0, kc, p);
 }
 
@@ -865,7 +993,7 @@ bool nd_cpu_sgemm_bf16_from(int64_t min_madds, int64_t M, int64_t N, int64_t K, 
                              int64_t a_sm, int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn,
                              float *C, int64_t ldc, bool accumulate) {
     const gemm_isa *isa = isa_for(M, N);
-    if (isa == &isa_bf16 && (double)M * (double)N * (double)K < (double)min_madds) isa = pick_f32_isa();
+    if (is_bf16(isa) && (double)M * (double)N * (double)K < (double)min_madds) isa = pick_f32_isa();
     return sgemm_run(nd_cpu_threads(), isa, M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, NULL, C, ldc, accumulate,
                      NULL);
 }
@@ -1016,6 +1144,82 @@ __attribute__((target("avx512f,avx512bf16"))) static void rows_bf16(
             for (int64_t c = 0; c < w; c++) C[r * ldc + j + c] = tile[r][c];
     }
 }
+
+/* rows_bf16 with ukr_amx_32x32's bits. Measured on a Sapphire Rapids
+ * (probes of sums whose rounding shows the order): each tdpbf16ps, over its
+ * 16 pairs, sums the even k's products in one chain and the odd k's in
+ * another, each from zero in k order and rounded to nearest at each step,
+ * then adds the two chains' sum to C - not Intel's pseudo-code (one chain,
+ * even then odd, from C), nor vdpbf16ps's order. Denormal inputs and
+ * results are flushed to zero. Here the pair's halves widen to floats (a
+ * bfloat16 is a float's top half) and run the same chains with FMAs - a
+ * product of bfloat16s is exact in float32, so each FMA rounds as a chain
+ * step does - in groups of 16 pairs (a partial group's zero padding adds
+ * +0 once), with MXCSR's DAZ and FTZ set for the call. */
+__attribute__((target("avx512f"))) static void rows_amx_order(
+    int64_t m, const uint32_t *ap, int64_t kp_all, const nd_bf16_packed_b *pb, int64_t p0, int64_t p1, float *C,
+    int64_t ldc) {
+    const int64_t NR = 32, NC = isa_bf16.nc, KD = block_depth(&isa_bf16), N = pb->N, K = pb->K;
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u); /* FTZ (bit 15) and DAZ (bit 6) */
+    const __m512i hi_mask = _mm512_set1_epi32((int32_t)0xffff0000u);
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t j = p * NR, jb = j / NC, jp = j - jb * NC;
+        float tile[SMALL_ROWS][32];
+        for (int64_t kb = 0; kb < pb->nk; kb++) {
+            const int64_t kc = K - kb * KD < KD ? K - kb * KD : KD, kp = (kc + 1) / 2;
+            const int32_t *b = (const int32_t *)(pb->data + pb->off[jb * pb->nk + kb]) + jp * kp;
+            __m512 acc[SMALL_ROWS][2];
+            for (int64_t r = 0; r < m; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+            for (int64_t g = 0; g < kp; g += 16) {
+              const int64_t gend = kp - g < 16 ? kp : g + 16;
+              __m512 ev[SMALL_ROWS][2], od[SMALL_ROWS][2];
+              for (int64_t r = 0; r < m; r++) ev[r][0] = ev[r][1] = od[r][0] = od[r][1] = _mm512_setzero_ps();
+              for (int64_t k = g; k < gend; k++) {
+                const __m512i b0 = _mm512_loadu_si512(b + k * NR), b1 = _mm512_loadu_si512(b + k * NR + 16);
+                const __m512 b0e = _mm512_castsi512_ps(_mm512_slli_epi32(b0, 16)),
+                             b0o = _mm512_castsi512_ps(_mm512_and_si512(b0, hi_mask)),
+                             b1e = _mm512_castsi512_ps(_mm512_slli_epi32(b1, 16)),
+                             b1o = _mm512_castsi512_ps(_mm512_and_si512(b1, hi_mask));
+                for (int64_t r = 0; r < m; r++) {
+                    const uint32_t w = ap[r * kp_all + kb * (KD / 2) + k];
+                    const uint32_t we = w << 16, wo = w & 0xffff0000u;
+                    float fe, fo;
+                    memcpy(&fe, &we, 4);
+                    memcpy(&fo, &wo, 4);
+                    const __m512 ae = _mm512_set1_ps(fe), ao = _mm512_set1_ps(fo);
+                    ev[r][0] = _mm512_fmadd_ps(ae, b0e, ev[r][0]);
+                    ev[r][1] = _mm512_fmadd_ps(ae, b1e, ev[r][1]);
+                    od[r][0] = _mm512_fmadd_ps(ao, b0o, od[r][0]);
+                    od[r][1] = _mm512_fmadd_ps(ao, b1o, od[r][1]);
+                }
+              }
+              const __m512 zero = _mm512_setzero_ps();
+              for (int64_t r = 0; r < m; r++)
+                  for (int h = 0; h < 2; h++) {
+                      __m512 e = ev[r][h], o = od[r][h];
+                      if (gend - g < 16) { /* the padding's +0 products */
+                          e = _mm512_add_ps(e, zero);
+                          o = _mm512_add_ps(o, zero);
+                      }
+                      acc[r][h] = _mm512_add_ps(acc[r][h], _mm512_add_ps(e, o));
+                  }
+            }
+            for (int64_t r = 0; r < m; r++) {
+                if (kb > 0) {
+                    acc[r][0] = _mm512_add_ps(_mm512_loadu_ps(tile[r]), acc[r][0]);
+                    acc[r][1] = _mm512_add_ps(_mm512_loadu_ps(tile[r] + 16), acc[r][1]);
+                }
+                _mm512_storeu_ps(tile[r], acc[r][0]);
+                _mm512_storeu_ps(tile[r] + 16, acc[r][1]);
+            }
+        }
+        const int64_t w = N - j < NR ? N - j : NR;
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t c = 0; c < w; c++) C[r * ldc + j + c] = tile[r][c];
+    }
+    _mm_setcsr(csr);
+}
 #endif
 
 /* A's rows as bfloat16 pairs, row r's at out + r * ceil(K / 2) (K blocks
@@ -1050,11 +1254,13 @@ bool nd_cpu_sgemm_bias_act_prepacked(int64_t M, const float *A, int64_t a_sm, in
         if (!ap) return false;
         rows_to_pairs(M, A, a_sm, a_sk, K, KD, ap, kp_all);
         const int threads = 2.0 * (double)M * N * K < SMALL_PRODUCT_FLOPS ? 1 : nd_cpu_threads();
+        const bool amx = bf16_isa() == &isa_amx; /* the bits the tile kernel gives more rows */
 #pragma omp parallel num_threads(threads) if (threads > 1)
         {
             const int t = omp_get_thread_num(), nt = omp_get_num_threads();
             const int64_t p0 = npanels * t / nt, p1 = npanels * (t + 1) / nt;
-            rows_bf16(M, ap, kp_all, pb, p0, p1, C, ldc);
+            if (amx) rows_amx_order(M, ap, kp_all, pb, p0, p1, C, ldc);
+            else rows_bf16(M, ap, kp_all, pb, p0, p1, C, ldc);
             if (post)
                 for (int64_t p = p0; p < p1; p++) {
                     tile_post ep = e;
@@ -1067,7 +1273,7 @@ bool nd_cpu_sgemm_bias_act_prepacked(int64_t M, const float *A, int64_t a_sm, in
         return true;
     }
 #endif
-    return sgemm_run(nd_cpu_threads(), &isa_bf16, M, pb->N, pb->K, A, a_sm, a_sk, NULL, 0, 0, pb, C, ldc, false,
+    return sgemm_run(nd_cpu_threads(), bf16_isa(), M, pb->N, pb->K, A, a_sm, a_sk, NULL, 0, 0, pb, C, ldc, false,
                      post ? &e : NULL);
 }
 
