@@ -318,12 +318,12 @@ bool nd_cpu_gemm_bf16_available(void) { return have_bf16(); }
 
 bool nd_cpu_gemm_amx_available(void) { return have_bf16() && nd_cpu_amx_bf16(); }
 
-/* The kernel products run on now: bfloat16 under the "medium" precision
- * where the CPU has it, else the float32 kernel (or NULL: BLAS). */
 /* The bfloat16 kernel: AMX tiles where this process may use them, else
  * AVX512_BF16's vdpbf16ps (have_bf16() true). */
 static const gemm_isa *bf16_isa(void) { return nd_cpu_gemm_amx_available() ? &isa_amx : &isa_bf16; }
 
+/* The kernel products run on now: bfloat16 under the "medium" precision
+ * where the CPU has it, else the float32 kernel (or NULL: BLAS). */
 static const gemm_isa *pick_isa(void) {
     if (nd_get_float32_matmul_precision() == ND_MATMUL_MEDIUM && have_bf16()) return bf16_isa();
     return pick_f32_isa();
