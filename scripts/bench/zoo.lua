@@ -52,7 +52,7 @@ options:
                      BERT and GPT-2 rows, the environment's for the CNNs), active or passive
   --no-torch         needle only (the PyTorch column is marked missing)
   --bf16             both sides in mixed precision: needle's float32 products on bfloat16
-                     (nd.set_float32_matmul_precision("medium"), AVX512_BF16), PyTorch's
+                     (nd.set_float32_matmul_precision("medium"): AMX tiles or AVX512_BF16), PyTorch's
                      torch.autocast("cpu", dtype=torch.bfloat16) around each iteration
   --out DIR          results.csv, results.json and zoo.svg go here (default runs/zoo)
 ]]
@@ -226,7 +226,8 @@ print(("needle-lua zoo benchmark: threads %d, %d round(s), PyTorch %s%s; devices
           opts.quick and ", --quick" or "", opts.device, opts.torch_device))
 if opts.bf16 then
   print(("precision: bfloat16 products on both sides (needle's GEMM: %s; PyTorch: torch.autocast on the CPU)")
-    :format(nd.devices()[1].bf16 and "avx512_bf16 12x32" or "no AVX512_BF16 here, so float32"))
+    :format(nd.devices()[1].bf16 and (nd.devices()[1].amx and "amx_bf16 32x32" or "avx512_bf16 12x32")
+            or "no AVX512_BF16 here, so float32"))
 end
 print(("kernels: needle %s, OPENBLAS_CORETYPE=%s; PyTorch %s"):format(needle_blas or "(no libopenblas in ldd)",
   kernels or "unset (OpenBLAS picks by cpuid)", torch_kernels or "-"))
