@@ -809,8 +809,6 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
                      post);
 }
 
-/* sgemm_on on a given kernel, B packed already when pre is given (the
- * bfloat16 kernel's whole B) */
 /* One tile: C's mr x nr at (row, col) = or += an A panel @ a B panel (row
  * stride ldb), then, with epi (the last K block), the epilogue on it. */
 static inline void gemm_tile(const gemm_isa *isa, int64_t kc, const float *ap, const float *bp, int64_t ldb,
@@ -844,6 +842,8 @@ static int64_t stream_block_cols(const gemm_isa *isa, int64_t N, int64_t kd) {
     return (nc + NR - 1) / NR * NR;
 }
 
+/* sgemm_on on a given kernel, B packed already when pre is given (the
+ * bfloat16 kernel's whole B) */
 static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, int64_t K, const float *A,
                       int64_t a_sm, int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn,
                       const nd_bf16_packed_b *pre, float *C, int64_t ldc, bool accumulate,
@@ -1104,65 +1104,97 @@ void nd_cpu_bf16_packed_free(nd_bf16_packed_b *pb) {
 #ifdef ND_HAVE_GEMM_KERNELS
 /* Rows i0 .. i0 + m - 1 (m <= SMALL_ROWS) of C = A @ B on the packed B, one
  * 32-column panel at a time: each row's (k, k + 1) pair broadcast against
- * the panel, as ukr_bf16_12x32 does for 12 rows - the same sums in the same
- * order (a K block's products summed from zero, then stored or added to C),
- * so a row's bits do not depend on how many rows came with it; but no work
- * on the 12 - m rows of zeros a panel of A would carry, and B streams once:
- * with few rows (a generated token's) the product is as fast as B's bytes. */
+ * the panel, as the tile kernel does for its rows - the same sums in the
+ * same order (a K block's products summed from zero, then stored or added
+ * to C), so a row's bits do not depend on how many rows came with it; but
+ * no work on the rows of zeros a panel of A would carry, and B streams
+ * once: with few rows (a generated token's) the product is as fast as B's
+ * bytes. */
 #define SMALL_ROWS 4
-__attribute__((target("avx512f,avx512bf16"))) static void rows_bf16(
-    int64_t m, const uint32_t *ap, int64_t kp_all, const nd_bf16_packed_b *pb, int64_t p0, int64_t p1, float *C,
-    int64_t ldc) {
-    const int64_t NR = 32, NC = isa_bf16.nc, KD = block_depth(&isa_bf16), N = pb->N, K = pb->K;
-    for (int64_t p = p0; p < p1; p++) {
-        const int64_t j = p * NR, jb = j / NC, jp = j - jb * NC;
-        float tile[SMALL_ROWS][32];
-        for (int64_t kb = 0; kb < pb->nk; kb++) {
-            const int64_t kc = K - kb * KD < KD ? K - kb * KD : KD, kp = (kc + 1) / 2;
-            const int32_t *b = (const int32_t *)(pb->data + pb->off[jb * pb->nk + kb]) + jp * kp;
-            __m512 acc[SMALL_ROWS][2];
-            for (int64_t r = 0; r < m; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-            for (int64_t k = 0; k < kp; k++) {
-                const __m512i b0 = _mm512_loadu_si512(b + k * NR), b1 = _mm512_loadu_si512(b + k * NR + 16);
-                for (int64_t r = 0; r < m; r++) {
-                    const __m512i ai = _mm512_set1_epi32((int32_t)ap[r * kp_all + kb * (KD / 2) + k]);
-                    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)ai, (__m512bh)b0);
-                    acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)ai, (__m512bh)b1);
-                }
-            }
-            for (int64_t r = 0; r < m; r++) {
-                if (kb > 0) {
-                    acc[r][0] = _mm512_add_ps(_mm512_loadu_ps(tile[r]), acc[r][0]);
-                    acc[r][1] = _mm512_add_ps(_mm512_loadu_ps(tile[r] + 16), acc[r][1]);
-                }
-                _mm512_storeu_ps(tile[r], acc[r][0]);
-                _mm512_storeu_ps(tile[r] + 16, acc[r][1]);
-            }
+
+/* One K block's sums, from zero, of m rows (their kp pairs at a, row
+ * stride kp_all) against one 32-column panel b: acc[r] = row r's 32. */
+typedef void (*rows_block_fn)(int64_t m, const uint32_t *a, int64_t kp_all, const int32_t *b, int64_t kp,
+                              __m512 acc[SMALL_ROWS][2]);
+
+/* ukr_bf16_12x32's order: one vdpbf16ps chain per column over the pairs */
+__attribute__((target("avx512f,avx512bf16"))) static void block_bf16(int64_t m, const uint32_t *a, int64_t kp_all,
+                                                                     const int32_t *b, int64_t kp,
+                                                                     __m512 acc[SMALL_ROWS][2]) {
+    const int64_t NR = 32;
+    for (int64_t r = 0; r < m; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kp; k++) {
+        const __m512i b0 = _mm512_loadu_si512(b + k * NR), b1 = _mm512_loadu_si512(b + k * NR + 16);
+        for (int64_t r = 0; r < m; r++) {
+            const __m512i ai = _mm512_set1_epi32((int32_t)a[r * kp_all + k]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)ai, (__m512bh)b0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)ai, (__m512bh)b1);
         }
-        const int64_t w = N - j < NR ? N - j : NR;
-        for (int64_t r = 0; r < m; r++)
-            for (int64_t c = 0; c < w; c++) C[r * ldc + j + c] = tile[r][c];
     }
 }
 
-/* rows_bf16 with ukr_amx_32x32's bits. Measured on a Sapphire Rapids
- * (probes of sums whose rounding shows the order): each tdpbf16ps, over its
- * 16 pairs, sums the even k's products in one chain and the odd k's in
- * another, each from zero in k order and rounded to nearest at each step,
- * then adds the two chains' sum to C - not Intel's pseudo-code (one chain,
- * even then odd, from C), nor vdpbf16ps's order. Denormal inputs and
- * results are flushed to zero. Here the pair's halves widen to floats (a
- * bfloat16 is a float's top half) and run the same chains with FMAs - a
- * product of bfloat16s is exact in float32, so each FMA rounds as a chain
- * step does - in groups of 16 pairs (a partial group's zero padding adds
- * +0 once), with MXCSR's DAZ and FTZ set for the call. */
-__attribute__((target("avx512f"))) static void rows_amx_order(
-    int64_t m, const uint32_t *ap, int64_t kp_all, const nd_bf16_packed_b *pb, int64_t p0, int64_t p1, float *C,
-    int64_t ldc) {
+/* ukr_amx_32x32's order. Measured on a Sapphire Rapids (probes of sums
+ * whose rounding shows the order): each tdpbf16ps, over its 16 pairs, sums
+ * the even k's products in one chain and the odd k's in another, each from
+ * zero in k order and rounded to nearest at each step, then adds the two
+ * chains' sum to C - not Intel's pseudo-code (one chain, even then odd,
+ * from C), nor vdpbf16ps's order. Denormal inputs and results are flushed
+ * to zero (rows_on_packed sets MXCSR's DAZ and FTZ for it). Here the pair's
+ * halves widen to floats (a bfloat16 is a float's top half) and run the
+ * same chains with FMAs - a product of bfloat16s is exact in float32, so
+ * each FMA rounds as a chain step does - in groups of 16 pairs (a partial
+ * group's zero padding adds +0 once). */
+__attribute__((target("avx512f"))) static void block_amx_order(int64_t m, const uint32_t *a, int64_t kp_all,
+                                                                const int32_t *b, int64_t kp,
+                                                                __m512 acc[SMALL_ROWS][2]) {
+    const int64_t NR = 32;
+    const __m512i hi_mask = _mm512_set1_epi32((int32_t)0xffff0000u);
+    for (int64_t r = 0; r < m; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < kp; g += 16) {
+        const int64_t gend = kp - g < 16 ? kp : g + 16;
+        __m512 ev[SMALL_ROWS][2], od[SMALL_ROWS][2];
+        for (int64_t r = 0; r < m; r++) ev[r][0] = ev[r][1] = od[r][0] = od[r][1] = _mm512_setzero_ps();
+        for (int64_t k = g; k < gend; k++) {
+            const __m512i b0 = _mm512_loadu_si512(b + k * NR), b1 = _mm512_loadu_si512(b + k * NR + 16);
+            const __m512 b0e = _mm512_castsi512_ps(_mm512_slli_epi32(b0, 16)),
+                         b0o = _mm512_castsi512_ps(_mm512_and_si512(b0, hi_mask)),
+                         b1e = _mm512_castsi512_ps(_mm512_slli_epi32(b1, 16)),
+                         b1o = _mm512_castsi512_ps(_mm512_and_si512(b1, hi_mask));
+            for (int64_t r = 0; r < m; r++) {
+                const uint32_t w = a[r * kp_all + k];
+                const uint32_t we = w << 16, wo = w & 0xffff0000u;
+                float fe, fo;
+                memcpy(&fe, &we, 4);
+                memcpy(&fo, &wo, 4);
+                const __m512 ae = _mm512_set1_ps(fe), ao = _mm512_set1_ps(fo);
+                ev[r][0] = _mm512_fmadd_ps(ae, b0e, ev[r][0]);
+                ev[r][1] = _mm512_fmadd_ps(ae, b1e, ev[r][1]);
+                od[r][0] = _mm512_fmadd_ps(ao, b0o, od[r][0]);
+                od[r][1] = _mm512_fmadd_ps(ao, b1o, od[r][1]);
+            }
+        }
+        const __m512 zero = _mm512_setzero_ps();
+        for (int64_t r = 0; r < m; r++)
+            for (int h = 0; h < 2; h++) {
+                __m512 e = ev[r][h], o = od[r][h];
+                if (gend - g < 16) { /* the padding's +0 products */
+                    e = _mm512_add_ps(e, zero);
+                    o = _mm512_add_ps(o, zero);
+                }
+                acc[r][h] = _mm512_add_ps(acc[r][h], _mm512_add_ps(e, o));
+            }
+    }
+}
+
+/* Panels p0 .. p1 - 1 of the m rows' product, each K block's sums by block
+ * (flush: with DAZ and FTZ set, restored after) */
+__attribute__((target("avx512f"))) static void rows_on_packed(int64_t m, const uint32_t *ap, int64_t kp_all,
+                                                               const nd_bf16_packed_b *pb, int64_t p0, int64_t p1,
+                                                               float *C, int64_t ldc, rows_block_fn block,
+                                                               bool flush) {
     const int64_t NR = 32, NC = isa_bf16.nc, KD = block_depth(&isa_bf16), N = pb->N, K = pb->K;
     const unsigned csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040u); /* FTZ (bit 15) and DAZ (bit 6) */
-    const __m512i hi_mask = _mm512_set1_epi32((int32_t)0xffff0000u);
+    if (flush) _mm_setcsr(csr | 0x8040u); /* FTZ (bit 15) and DAZ (bit 6) */
     for (int64_t p = p0; p < p1; p++) {
         const int64_t j = p * NR, jb = j / NC, jp = j - jb * NC;
         float tile[SMALL_ROWS][32];
@@ -1170,41 +1202,7 @@ __attribute__((target("avx512f"))) static void rows_amx_order(
             const int64_t kc = K - kb * KD < KD ? K - kb * KD : KD, kp = (kc + 1) / 2;
             const int32_t *b = (const int32_t *)(pb->data + pb->off[jb * pb->nk + kb]) + jp * kp;
             __m512 acc[SMALL_ROWS][2];
-            for (int64_t r = 0; r < m; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-            for (int64_t g = 0; g < kp; g += 16) {
-              const int64_t gend = kp - g < 16 ? kp : g + 16;
-              __m512 ev[SMALL_ROWS][2], od[SMALL_ROWS][2];
-              for (int64_t r = 0; r < m; r++) ev[r][0] = ev[r][1] = od[r][0] = od[r][1] = _mm512_setzero_ps();
-              for (int64_t k = g; k < gend; k++) {
-                const __m512i b0 = _mm512_loadu_si512(b + k * NR), b1 = _mm512_loadu_si512(b + k * NR + 16);
-                const __m512 b0e = _mm512_castsi512_ps(_mm512_slli_epi32(b0, 16)),
-                             b0o = _mm512_castsi512_ps(_mm512_and_si512(b0, hi_mask)),
-                             b1e = _mm512_castsi512_ps(_mm512_slli_epi32(b1, 16)),
-                             b1o = _mm512_castsi512_ps(_mm512_and_si512(b1, hi_mask));
-                for (int64_t r = 0; r < m; r++) {
-                    const uint32_t w = ap[r * kp_all + kb * (KD / 2) + k];
-                    const uint32_t we = w << 16, wo = w & 0xffff0000u;
-                    float fe, fo;
-                    memcpy(&fe, &we, 4);
-                    memcpy(&fo, &wo, 4);
-                    const __m512 ae = _mm512_set1_ps(fe), ao = _mm512_set1_ps(fo);
-                    ev[r][0] = _mm512_fmadd_ps(ae, b0e, ev[r][0]);
-                    ev[r][1] = _mm512_fmadd_ps(ae, b1e, ev[r][1]);
-                    od[r][0] = _mm512_fmadd_ps(ao, b0o, od[r][0]);
-                    od[r][1] = _mm512_fmadd_ps(ao, b1o, od[r][1]);
-                }
-              }
-              const __m512 zero = _mm512_setzero_ps();
-              for (int64_t r = 0; r < m; r++)
-                  for (int h = 0; h < 2; h++) {
-                      __m512 e = ev[r][h], o = od[r][h];
-                      if (gend - g < 16) { /* the padding's +0 products */
-                          e = _mm512_add_ps(e, zero);
-                          o = _mm512_add_ps(o, zero);
-                      }
-                      acc[r][h] = _mm512_add_ps(acc[r][h], _mm512_add_ps(e, o));
-                  }
-            }
+            block(m, ap + kb * (KD / 2), kp_all, b, kp, acc);
             for (int64_t r = 0; r < m; r++) {
                 if (kb > 0) {
                     acc[r][0] = _mm512_add_ps(_mm512_loadu_ps(tile[r]), acc[r][0]);
@@ -1218,7 +1216,7 @@ __attribute__((target("avx512f"))) static void rows_amx_order(
         for (int64_t r = 0; r < m; r++)
             for (int64_t c = 0; c < w; c++) C[r * ldc + j + c] = tile[r][c];
     }
-    _mm_setcsr(csr);
+    if (flush) _mm_setcsr(csr);
 }
 #endif
 
@@ -1259,8 +1257,7 @@ bool nd_cpu_sgemm_bias_act_prepacked(int64_t M, const float *A, int64_t a_sm, in
         {
             const int t = omp_get_thread_num(), nt = omp_get_num_threads();
             const int64_t p0 = npanels * t / nt, p1 = npanels * (t + 1) / nt;
-            if (amx) rows_amx_order(M, ap, kp_all, pb, p0, p1, C, ldc);
-            else rows_bf16(M, ap, kp_all, pb, p0, p1, C, ldc);
+            rows_on_packed(M, ap, kp_all, pb, p0, p1, C, ldc, amx ? block_amx_order : block_bf16, amx);
             if (post)
                 for (int64_t p = p0; p < p1; p++) {
                     tile_post ep = e;
