@@ -52,7 +52,7 @@ local cf = nd.compile(w.setup(nd), {tune = opts.seconds})
 for _ = 1, 3 do cf() end -- eager, captured and tuned, replayed
 local text = cf:explain()
 print(("%s, %d thread(s)"):format(w.name, nd.get_num_threads()))
-print(text:match("tuning: [^\n]*") or "tuning: nothing to tune (no fused kernels)")
+print(text:match("tuning: [^\n]*") or "tuning: nothing to tune (no fused kernels or products)")
 for line in text:gmatch("[^\n]+") do
-  if line:match("^fused:") or line:match("^  ") then print(line) end
+  if line:match("^fused:") or line:match("^tuned products:") or line:match("^  ") then print(line) end
 end

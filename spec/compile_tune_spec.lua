@@ -44,26 +44,41 @@ describe("nd.compile tuning", function()
     local env = "NEEDLE_CACHE_DIR=" .. S.q(dir)
     local ok, text = tune_model("--workload mlp_train --seconds 2 --threads 2", env)
     assert(ok, text)
-    local n, cached, timed = text:match("tuning: (%d+) fused kernel%(s%): (%d+) from the cache, (%d+) timed now")
-    assert(n and tonumber(n) > 0 and cached == "0" and timed == n, text)
+    local pattern = "tuning: (%d+) fused kernel%(s%) and (%d+) product%(s%): (%d+) from the cache, (%d+) timed now"
+    local n, p, cached, timed = text:match(pattern)
+    n, p, cached, timed = tonumber(n), tonumber(p), tonumber(cached), tonumber(timed)
+    -- every kernel and product either timed or, the same as one timed before it, taken from that
+    assert(n and n > 0 and p > 0 and timed > 0 and cached + timed == n + p, text)
     local lines = read_lines(dir .. "/compile/tune.txt")
     assert.are.equal("needle-compile-tune 1", lines[1])
-    assert.are.equal(tonumber(n) + 1, #lines)
-    for i = 2, #lines do assert.truthy(lines[i]:match("^%x+ %d+ [01]$"), lines[i]) end
+    assert.are.equal(timed + 1, #lines)
+    local gemm_lines = 0
+    for i = 2, #lines do
+      local g = lines[i]:match("^%x+ gemm %d+ %d+ [012] [012]$")
+      if g then gemm_lines = gemm_lines + 1 end
+      assert.truthy(g or lines[i]:match("^%x+ %d+ [01]$"), lines[i])
+    end
+    assert(gemm_lines > 0 and gemm_lines <= p, text)
     ok, text = tune_model("--workload mlp_train --seconds 2 --threads 2", env)
     assert(ok, text)
-    assert_contains(text, ("tuning: %s fused kernel(s): %s from the cache, 0 timed now"):format(n, n))
+    assert_contains(text, ("tuning: %d fused kernel(s) and %d product(s): %d from the cache, 0 timed now")
+                          :format(n, p, n + p))
     -- another thread count is another machine as far as the choices go
     ok, text = tune_model("--workload mlp_train --seconds 0 --threads 1", env)
     assert(ok, text)
-    assert_contains(text, ("tuning: %s fused kernel(s): 0 from the cache, 0 timed now"):format(n))
+    assert_contains(text, ("tuning: %d fused kernel(s) and %d product(s): 0 from the cache, 0 timed now")
+                          :format(n, p))
   end)
 
   it("ignores a malformed choices file and replaces it with a valid one", function()
     os.execute("mkdir -p " .. S.q(dir .. "/compile"))
     local junk = {"needle-compile-tune 1", "0123456789abcdef 512 0", "zzzz 1 1", "0123456789abcdef 99999999 0",
                   "0123456789abcdee 5 0", "0123456789abcded 512 7", "0123456789abcdec 512 0 trailing",
-                  ("f"):rep(400), "\0\1\2\255", "0123456789abcdeb -16 1", "12345 64 0", ""}
+                  ("f"):rep(400), "\0\1\2\255", "0123456789abcdeb -16 1", "12345 64 0",
+                  "0123456789abcdea gemm 1 96 2 1", -- valid
+                  "0123456789abcde9 gemm 1 96 3 1", "0123456789abcde8 gemm -1 0 0 0", "0123456789abcde7 gemm 1 96 2",
+                  "0123456789abcde6 gemm 0 99999 0 0", "0123456789abcde5 gemm 0 0 0 0 0", "0123456789abcde4 gemm 0 0 0 x",
+                  "0123456789abcde3 gemm 5000 0 0 0", "0123456789abcde2 GEMM 0 0 0 0", ""}
     write(dir .. "/compile/tune.txt", table.concat(junk, "\n"))
     local env = "NEEDLE_CACHE_DIR=" .. S.q(dir)
     local ok, text = tune_model("--workload mlp_train --seconds 0 --threads 2", env)
@@ -73,8 +88,13 @@ describe("nd.compile tuning", function()
     assert(ok, text)
     local lines = read_lines(dir .. "/compile/tune.txt")
     assert.are.equal("needle-compile-tune 1", lines[1])
-    assert.are.equal("0123456789abcdef 512 0", lines[2]) -- the one valid line stays
-    for i = 3, #lines do assert.truthy(lines[i]:match("^%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x %d+ [01]$"), lines[i]) end
+    assert.are.equal("0123456789abcdef 512 0", lines[2]) -- the two valid lines stay
+    assert.are.equal("0123456789abcdea gemm 1 96 2 1", lines[3])
+    local hex16 = ("%x"):rep(16)
+    for i = 4, #lines do
+      assert.truthy(lines[i]:match("^" .. hex16 .. " %d+ [01]$") or lines[i]:match("^" .. hex16 .. " gemm %d+ %d+ [012] [012]$"),
+                    lines[i])
+    end
     -- a file of random bytes, or one without the header, is ignored as a whole
     local rng = 7
     local bytes = {}
@@ -96,9 +116,10 @@ describe("nd.compile tuning", function()
         nd.manual_seed(3)
         local b = nd.randn(257):to(dev)
         local w = nd.randn(300, 257):to(dev)
+        local m = nd.randn(257, 700):to(dev)
         local f = function(x)
           w:mul_(0.5):add_(1) -- an update in place: tuning must not repeat it
-          return ((x * 2 + b):sigmoid() * x - w):tanh()
+          return ((x * 2 + b):sigmoid() * x - w):tanh():matmul(m)
         end
         local cf = nd.compile(f, {tune = 1})
         local w0 = w:clone()
@@ -120,8 +141,60 @@ describe("nd.compile tuning", function()
         print(cf:explain():match("tuning: [^\n]*"))
       ]]):format(dev))
       assert(ok, text)
-      assert_contains(text, "tuning: 1 fused kernel(s): 0 from the cache, 1 timed now")
+      -- the CPU's products take work-split hints; OpenCL's GEMM has its own tuner (tune_opencl.lua)
+      assert_contains(text, dev == "cpu" and "tuning: 1 fused kernel(s) and 1 product(s): 0 from the cache, 2 timed now"
+                            or "tuning: 1 fused kernel(s) and 0 product(s): 0 from the cache, 1 timed now")
     end
+  end)
+
+  it("applies a product's work split from the file, and its results stay the untuned ones bit for bit", function()
+    -- a training step of two linear layers (one without a bias): linear_fused forward, matmul backward
+    local program = [[
+      local nd = require "needle"
+      nd.manual_seed(5)
+      local lin = nd.nn.Sequential(nd.nn.Linear(300, 700), nd.nn.Tanh(), nd.nn.Linear(700, 50, {bias = false}))
+      local opt = nd.optim.SGD(lin:parameters(), {lr = 0.01})
+      local x = nd.randn(260, 300)
+      local step = function(x)
+        opt:zero_grad()
+        local loss = lin(x):tanh():sum()
+        loss:backward()
+        opt:step()
+        return loss
+      end
+      local want_lin = nd.nn.Sequential(nd.nn.Linear(300, 700), nd.nn.Tanh(), nd.nn.Linear(700, 50, {bias = false}))
+      want_lin:load_state_dict(lin:state_dict())
+      local want_opt = nd.optim.SGD(want_lin:parameters(), {lr = 0.01})
+      local cf = nd.compile(step, {tune = TUNE})
+      for i = 1, 4 do
+        local got = cf(x * i)
+        want_opt:zero_grad()
+        local loss = want_lin(x * i):tanh():sum()
+        loss:backward()
+        want_opt:step()
+        assert(got:item() == loss:item(), "loss differs at step " .. i)
+        local want_p = want_lin:parameters()
+        for k, p in ipairs(lin:parameters()) do
+          assert((p - want_p[k]):abs():max():item() == 0, ("parameter %d differs at step %d"):format(k, i))
+        end
+      end
+      print(cf:explain())
+    ]]
+    local ok, text = run_lua(dir, (program:gsub("TUNE", "1")))
+    assert(ok, text)
+    local lines = read_lines(dir .. "/compile/tune.txt")
+    local hinted = {lines[1]}
+    for i = 2, #lines do -- every product's choice replaced by one that moves all the work around
+      hinted[#hinted + 1] = lines[i]:gsub("^(%x+) gemm .*$", "%1 gemm 1 12 2 2")
+    end
+    assert(#hinted > 1, text)
+    write(dir .. "/compile/tune.txt", table.concat(hinted, "\n") .. "\n")
+    ok, text = run_lua(dir, (program:gsub("TUNE", "0")))
+    assert(ok, text)
+    local p = tonumber(text:match("and (%d+) product%(s%): %d+ from the cache, 0 timed now"))
+    assert(p and p >= 4, text) -- two linear_fused forward, the weight gradients' and an input gradient's matmul
+    assert_contains(text, ("tuned products: %d with another work split than the default"):format(p))
+    assert_contains(text, "at most 1 thread(s), 12 rows per block, A panel stays, B streams, threads take column ranges")
   end)
 
   it("refuses a bad tune option, and bad script arguments", function()

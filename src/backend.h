@@ -154,6 +154,15 @@ typedef struct {
     uint64_t seed, offset;
 } nd_attention_args;
 
+/* A GEMM's work split (backend.h gemm_hint); 0 in a field: the kernel's
+ * own choice. */
+typedef struct {
+    int threads; /* at most this many threads */
+    int mc;      /* rows of A per block (rounded to the kernel's tile rows) */
+    int order;   /* 1: a B panel stays in cache while A's stream; 2: an A panel stays while an L2-sized block of B streams */
+    int split;   /* 1: threads take blocks of rows only; 2: blocks of rows, each cut into one range of columns per thread */
+} nd_gemm_hint;
+
 typedef struct nd_backend {
     const char *name;
     /* ---- discovery (devices other than the cpu; device.c) ----
@@ -443,6 +452,11 @@ typedef struct nd_backend {
     bool (*prepared_equal)(const void *a, const void *b);
     nd_status (*prepared_run)(void *prepared);
     void (*prepared_free)(void *prepared);
+    /* How this thread's next GEMMs (matmul, matmul_acc, linear_fused) split
+     * their work (nd.compile's tuner and replays, graph_tune.c); NULL or
+     * all-zero: the kernels' own choices. A hint never changes a result's
+     * bits. NULL entry: the backend takes no hints. */
+    void (*gemm_hint)(const nd_gemm_hint *h);
 } nd_backend;
 
 extern const nd_backend nd_cpu_backend;

@@ -833,6 +833,7 @@ typedef struct {
                                    * 'f' folded: written by the prologue (the fold pass) */
     bool outside[ND_GRAPH_REC_TENSORS];
     int tune_size;     /* a fused kernel's tuned size (0: the default) and thread choice */
+    int gemm_threads, gemm_mc, gemm_order, gemm_split; /* a product's tuned work split (backend.h gemm_hint; 0: default) */
     bool tune_serial;              /* made inside and, at the plan, also held outside the graph */
 } nd_graph_rec_info;
 nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out);
@@ -840,12 +841,13 @@ nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out);
  * roles, views inside their storages, whole writes, fused layers' slots;
  * an ND_ERR_INTERNAL error naming the record and slot when one fails. */
 nd_status nd_graph_check(const nd_graph *g);
-/* Autotuning of a planned graph's fused kernels (graph_tune.c): choices on
+/* Autotuning of a planned graph's fused kernels and products (graph_tune.c): choices on
  * file (nd_cache_dir "compile/tune.txt") are applied; with seconds > 0 the
  * others are timed within that budget and the fastest exact choice kept and
  * written to the file. */
 typedef struct {
-    int64_t kernels, cached, tuned; /* fused kernels; choices from the file; tuned now */
+    int64_t kernels, gemms;         /* fused kernels; products (a backend's that takes GEMM hints) */
+    int64_t cached, tuned;          /* of both: choices from the file (or an equal one before); tuned now */
     double seconds, best_speedup;   /* time spent; the best default-over-tuned ratio */
 } nd_graph_tune_stat;
 nd_status nd_graph_tune(nd_graph *g, double seconds, nd_graph_tune_stat *out);

@@ -296,6 +296,14 @@ static int l_records(lua_State *L) {
         if (info.detail) lt_set_str(L, "detail", info.detail);
         if (info.tune_size) lt_set_int(L, "tune_size", info.tune_size);
         if (info.tune_serial) lt_set_bool(L, "tune_serial", true);
+        if (info.gemm_threads || info.gemm_mc || info.gemm_order || info.gemm_split) {
+            lua_createtable(L, 0, 4); /* a product's tuned work split: gemm_hint = {threads, mc, order, split} */
+            lt_set_int(L, "threads", info.gemm_threads);
+            lt_set_int(L, "mc", info.gemm_mc);
+            lt_set_int(L, "order", info.gemm_order);
+            lt_set_int(L, "split", info.gemm_split);
+            lua_setfield(L, -2, "gemm_hint");
+        }
         lua_createtable(L, info.ntensors, 0);
         for (int k = 0; k < info.ntensors; k++) {
             lua_createtable(L, 0, 7);
@@ -337,7 +345,7 @@ static int l_pending(lua_State *L) {
     return 1;
 }
 
-/* g:tune(seconds) -> {kernels, cached, tuned, seconds, best_speedup} (nd_graph_tune) */
+/* g:tune(seconds) -> {kernels, gemms, cached, tuned, seconds, best_speedup} (nd_graph_tune) */
 static int l_tune(lua_State *L) {
     graph_box *b = check_graph(L, "compile");
     double secs = luaL_checknumber(L, 2);
@@ -346,6 +354,7 @@ static int l_tune(lua_State *L) {
     lua_createtable(L, 0, 5);
     lt_set_int(L, "kernels", s.kernels);
     lt_set_int(L, "cached", s.cached);
+    lt_set_int(L, "gemms", s.gemms);
     lt_set_int(L, "tuned", s.tuned);
     lt_set_num(L, "seconds", s.seconds);
     lt_set_num(L, "best_speedup", s.best_speedup);

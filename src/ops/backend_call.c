@@ -533,6 +533,29 @@ void nd_graph_rec_release(nd_graph_rec *r) {
     r->prog = NULL;
 }
 
+bool nd_graph_rec_gemm(const nd_graph_rec *r) {
+    const nd_call_entry e = r->entry;
+    return r->be && r->be->gemm_hint &&
+           (e == ND_CALL_matmul || e == ND_CALL_matmul_acc || e == ND_CALL_linear_fused);
+}
+
+static nd_status gemm_call(const nd_graph_rec *r) {
+    const nd_backend *be = r->be;
+    if (r->entry == ND_CALL_matmul) return be->matmul(T(0), T(1), T(2));
+    if (r->entry == ND_CALL_matmul_acc) return be->matmul_acc(T(0), T(1), T(2));
+    return be->linear_fused(T(0), T(1), T(2), T(3), (nd_activation)r->i[0], RES);
+}
+
+/* A product with its tuned hint set around the call (none: as eager runs it) */
+static nd_status gemm_replay(const nd_graph_rec *r) {
+    const nd_gemm_hint *h = &r->hint;
+    if (!nd_graph_rec_gemm(r) || !(h->threads || h->mc || h->order || h->split)) return gemm_call(r);
+    r->be->gemm_hint(h);
+    nd_status st = gemm_call(r);
+    r->be->gemm_hint(NULL);
+    return st;
+}
+
 nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
     const nd_backend *be = r->be;
     switch (r->entry) {
@@ -547,8 +570,7 @@ nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
     case ND_CALL_reduce:
         return be->reduce((nd_reduce_op)r->i[0], T(0), T(1), r->i[2] ? r->u.reduced : NULL, (int)r->i[1]);
     case ND_CALL_max_dim: return be->max_dim(T(0), T(1), T(2), (int)r->i[0], (int)r->i[1]);
-    case ND_CALL_matmul: return be->matmul(T(0), T(1), T(2));
-    case ND_CALL_matmul_acc: return be->matmul_acc(T(0), T(1), T(2));
+    case ND_CALL_matmul: case ND_CALL_matmul_acc: case ND_CALL_linear_fused: return gemm_replay(r);
     case ND_CALL_reduce_sum_acc: return be->reduce_sum_acc(T(0), T(1), r->i[2] ? r->u.reduced : NULL);
     case ND_CALL_gather: return be->gather(T(0), T(1), (int)r->i[0], T(2));
     case ND_CALL_scatter: return be->scatter(T(0), (int)r->i[0], T(1), T(2), (int)r->i[1]);
@@ -592,7 +614,6 @@ nd_status nd_graph_rec_replay(const nd_graph_rec *r) {
     case ND_CALL_conv2d_depthwise: return be->conv2d_depthwise(T(0), T(1), T(2), T(3), &r->u.conv);
     case ND_CALL_conv2d_depthwise_backward:
         return be->conv2d_depthwise_backward(T(0), T(1), T(2), T(3), T(4), &r->u.conv);
-    case ND_CALL_linear_fused: return be->linear_fused(T(0), T(1), T(2), T(3), (nd_activation)r->i[0], RES);
     case ND_CALL_attention: {
         nd_attention_args a = attention_args_of_rec(r);
         if (a.dropout_p > 0) /* fresh counters: the weights of q (T(3)) by the keys (k, T(4)) */

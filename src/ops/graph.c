@@ -597,6 +597,12 @@ nd_status nd_graph_record(const nd_graph *g, size_t i, nd_graph_rec_info *out) {
         out->tune_size = r->prog->tune_size;
         out->tune_serial = r->prog->tune_serial;
         break;
+    case ND_CALL_matmul: case ND_CALL_matmul_acc: case ND_CALL_linear_fused:
+        out->gemm_threads = r->hint.threads;
+        out->gemm_mc = r->hint.mc;
+        out->gemm_order = r->hint.order;
+        out->gemm_split = r->hint.split;
+        break;
     case ND_CALL_host_check:
         if (nd_graph_rec_opaque(r)) {
             out->detail = r->i[3] ? "opaque_backward" : "opaque_forward";

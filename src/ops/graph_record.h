@@ -53,7 +53,12 @@ typedef struct nd_graph_rec {
     void *prepared;
     void *prep_data[ND_REC_MAX_TENSORS];
     int profile_id;   /* the profiler's name "compiled:<entry>[.<op>]" + 1, 0 until first profiled */
+    nd_gemm_hint hint; /* a GEMM record's tuned work split (graph_tune.c); all zero: none */
 } nd_graph_rec;
+
+/* Whether the tuner may give r a GEMM hint: a product on a backend that
+ * takes hints (backend.h gemm_hint). */
+bool nd_graph_rec_gemm(const nd_graph_rec *r);
 
 /* A new record at the end of the capturing graph, or NULL when none is
  * capturing (or the capture already failed: it is then poisoned). */

@@ -609,7 +609,7 @@ local function capture_call(self, e, args, flat)
       local r = g:tune(self.tune)
       if bw then
         local b = bw.graph:tune(math.max(0, self.tune - r.seconds))
-        for _, k in ipairs({"kernels", "cached", "tuned", "seconds"}) do r[k] = r[k] + b[k] end
+        for _, k in ipairs({"kernels", "gemms", "cached", "tuned", "seconds"}) do r[k] = r[k] + b[k] end
         r.best_speedup = math.max(r.best_speedup, b.best_speedup)
       end
       return r
@@ -878,9 +878,40 @@ function CF:explain()
     end
     if e.tuning then
       local t = e.tuning
-      lines[#lines + 1] = ("tuning: %d fused kernel(s): %d from the cache, %d timed now in %.2f s%s"):format(
-        t.kernels, t.cached, t.tuned, t.seconds,
+      lines[#lines + 1] = ("tuning: %d fused kernel(s) and %d product(s): %d from the cache, %d timed now in %.2f s%s"):format(
+        t.kernels, t.gemms, t.cached, t.tuned, t.seconds,
         t.tuned > 0 and (" (best: %.2fx the default)"):format(t.best_speedup) or "")
+      -- the products given another work split than their default (at most 8 shown)
+      local split, shown = {}, 0
+      local function note_split(g)
+        for _, r in ipairs(g:records()) do
+          local h = r.gemm_hint
+          if h then
+            shown = shown + 1
+            if shown <= 8 then
+              local parts = {}
+              if h.threads > 0 then parts[#parts + 1] = ("at most %d thread(s)"):format(h.threads) end
+              if h.mc > 0 then parts[#parts + 1] = ("%d rows per block"):format(h.mc) end
+              if h.order == 1 then parts[#parts + 1] = "B panel stays in cache" end
+              if h.order == 2 then parts[#parts + 1] = "A panel stays, B streams" end
+              if h.split == 1 then parts[#parts + 1] = "threads take row blocks" end
+              if h.split == 2 then parts[#parts + 1] = "threads take column ranges" end
+              local dims = {}
+              for _, a in ipairs(r.args) do
+                if a.shape then dims[#dims + 1] = "(" .. table.concat(a.shape, ",") .. ")" end
+              end
+              split[#split + 1] = ("  %s %s: %s"):format(r.entry, table.concat(dims, " "), table.concat(parts, ", "))
+            end
+          end
+        end
+      end
+      note_split(e.graph)
+      if e.backward then note_split(e.backward.graph) end
+      if shown > 0 then
+        lines[#lines + 1] = ("tuned products: %d with another work split than the default"):format(shown)
+        for _, l in ipairs(split) do lines[#lines + 1] = l end
+        if shown > 8 then lines[#lines + 1] = ("  ... and %d more"):format(shown - 8) end
+      end
     end
     local done = {}
     for _, p in ipairs(e.passes or {}) do

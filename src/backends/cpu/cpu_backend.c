@@ -54,6 +54,7 @@ const nd_backend nd_cpu_backend = {
     .gru_cell = nd_cpu_gru_cell,
     .gru_cell_backward = nd_cpu_gru_cell_backward,
     .linear_join_align = nd_cpu_linear_join_align,
+    .gemm_hint = nd_cpu_gemm_hint,
     .fused_elementwise = nd_cpu_fused_elementwise,
     .fused_rows = nd_cpu_fused_rows,
     .linalg = nd_cpu_linalg,

@@ -796,6 +796,21 @@ struct nd_bf16_packed_b {
     size_t bytes;
 };
 
+/* nd.compile's hint for this thread's next products (backend.h gemm_hint):
+ * set around a tuned record's replay, all zero otherwise. Its fields only
+ * move work between threads and blocks, never change a sum's order. */
+static _Thread_local nd_gemm_hint gemm_hint;
+
+void nd_cpu_gemm_hint(const nd_gemm_hint *h) {
+    if (h) gemm_hint = *h;
+    else memset(&gemm_hint, 0, sizeof gemm_hint);
+}
+
+int nd_cpu_gemm_threads(void) {
+    const int threads = nd_cpu_threads();
+    return gemm_hint.threads > 0 && gemm_hint.threads < threads ? gemm_hint.threads : threads;
+}
+
 static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, int64_t K, const float *A,
                       int64_t a_sm, int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn,
                       const nd_bf16_packed_b *pre, float *C, int64_t ldc, bool accumulate,
@@ -862,8 +877,10 @@ static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, in
     const int MR = isa->mr, NR = isa->nr;
     double flops = 2.0 * (double)M * (double)N * (double)K;
     if (flops < SMALL_PRODUCT_FLOPS) threads = 1;
-    /* blocks of rows of equal size (whole panels), at most the ISA's MC */
-    const int64_t mblocks = (M + isa->mc - 1) / isa->mc;
+    /* blocks of rows of equal size (whole panels), at most the ISA's MC
+     * (or the hint's, in whole panels) */
+    const int64_t mc_max = gemm_hint.mc > 0 ? ((int64_t)gemm_hint.mc + MR - 1) / MR * MR : isa->mc;
+    const int64_t mblocks = (M + mc_max - 1) / mc_max;
     int64_t MC = (M + mblocks - 1) / mblocks;
     MC = (MC + MR - 1) / MR * MR;
     /* tasks: blocks of rows times ranges of column panels, a multiple of the
@@ -874,6 +891,8 @@ static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, in
         while (h) { int64_t r = g % h; g = h; h = r; }
         chunks = threads / g;
     }
+    if (gemm_hint.split == 1) chunks = 1;
+    else if (gemm_hint.split == 2) chunks = threads;
     /* up to IN_PLACE_B_ROWS rows, B rows unit-stride: B read in place
      * (whole NR-wide panels only; the last partial panel is packed) */
     const bool b_in_place = M <= IN_PLACE_B_ROWS && b_sn == 1 && !isa->bf16 && !pre;
@@ -891,8 +910,10 @@ static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, in
      * hence only past half the L2. Not for B read in place (strided rows
      * stream badly) or the bfloat16 kernel (its 64 KiB panels are meant to
      * live in L2 at KC 1024; prepacked weights come in NC-wide blocks). */
-    const bool stream_b = !b_in_place && !isa->bf16 && !pre &&
-                          (double)kc_max * (double)N * sizeof(float) > 0.5 * (double)nd_cpu_l2_bytes();
+    const bool may_stream = !b_in_place && !isa->bf16 && !pre;
+    const bool stream_b = may_stream && (gemm_hint.order ? gemm_hint.order == 2
+                                                         : (double)kc_max * (double)N * sizeof(float) >
+                                                               0.5 * (double)nd_cpu_l2_bytes());
     const int64_t NC = stream_b ? stream_block_cols(isa, N, KD) : isa->nc;
     float *bpack = NULL;
     /* packing buffers as big as this product needs, not the block maxima:
@@ -985,7 +1006,7 @@ out:
 bool nd_cpu_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_sm, int64_t a_sk,
                   const float *B, int64_t b_sk, int64_t b_sn, float *C, int64_t ldc,
                   bool accumulate) {
-    return sgemm_on(nd_cpu_threads(), M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, C, ldc, accumulate,
+    return sgemm_on(nd_cpu_gemm_threads(), M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, C, ldc, accumulate,
                     NULL);
 }
 
@@ -994,7 +1015,7 @@ bool nd_cpu_sgemm_bf16_from(int64_t min_madds, int64_t M, int64_t N, int64_t K, 
                              float *C, int64_t ldc, bool accumulate) {
     const gemm_isa *isa = isa_for(M, N);
     if (is_bf16(isa) && (double)M * (double)N * (double)K < (double)min_madds) isa = pick_f32_isa();
-    return sgemm_run(nd_cpu_threads(), isa, M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, NULL, C, ldc, accumulate,
+    return sgemm_run(nd_cpu_gemm_threads(), isa, M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, NULL, C, ldc, accumulate,
                      NULL);
 }
 
@@ -1004,7 +1025,7 @@ int nd_cpu_sgemm_add(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_
     /* one K block: each tile's product is whole in registers when it is
      * added to C (several blocks would add their partial sums one by one) */
     if (!isa || !isa->ukr || M <= 0 || N <= 0 || K <= 0 || K > block_depth(isa)) return 0;
-    return sgemm_on(nd_cpu_threads(), M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, C, ldc, true, NULL)
+    return sgemm_on(nd_cpu_gemm_threads(), M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, C, ldc, true, NULL)
                ? 1 : -1;
 }
 
@@ -1014,7 +1035,7 @@ bool nd_cpu_sgemm_bias_act(int64_t M, int64_t N, int64_t K, const float *A, int6
                            int64_t ldr) {
     tile_post e = {bias, res, ldr, act == ND_ACT_RELU,
                    act == ND_ACT_GELU ? nd_cpu_unary_inner(ND_UNARY_gelu, ND_FLOAT32) : NULL};
-    return sgemm_on(nd_cpu_threads(), M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, C, ldc, false,
+    return sgemm_on(nd_cpu_gemm_threads(), M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, C, ldc, false,
                     bias || act != ND_ACT_NONE || res ? &e : NULL);
 }
 
@@ -1251,7 +1272,7 @@ bool nd_cpu_sgemm_bias_act_prepacked(int64_t M, const float *A, int64_t a_sm, in
         uint32_t *ap = malloc(sizeof(uint32_t) * (size_t)(M * kp_all));
         if (!ap) return false;
         rows_to_pairs(M, A, a_sm, a_sk, K, KD, ap, kp_all);
-        const int threads = 2.0 * (double)M * N * K < SMALL_PRODUCT_FLOPS ? 1 : nd_cpu_threads();
+        const int threads = 2.0 * (double)M * N * K < SMALL_PRODUCT_FLOPS ? 1 : nd_cpu_gemm_threads();
         const bool amx = bf16_isa() == &isa_amx; /* the bits the tile kernel gives more rows */
 #pragma omp parallel num_threads(threads) if (threads > 1)
         {
@@ -1270,7 +1291,7 @@ bool nd_cpu_sgemm_bias_act_prepacked(int64_t M, const float *A, int64_t a_sm, in
         return true;
     }
 #endif
-    return sgemm_run(nd_cpu_threads(), bf16_isa(), M, pb->N, pb->K, A, a_sm, a_sk, NULL, 0, 0, pb, C, ldc, false,
+    return sgemm_run(nd_cpu_gemm_threads(), bf16_isa(), M, pb->N, pb->K, A, a_sm, a_sk, NULL, 0, 0, pb, C, ldc, false,
                      post ? &e : NULL);
 }
 
@@ -1285,7 +1306,7 @@ bool nd_cpu_sgemm_batched(int64_t batch, const int64_t *a_off, const int64_t *b_
                           float *C, int64_t ldc) {
     const gemm_isa *isa = isa_for(M, N);
     if (!isa || !isa->ukr || M <= 0 || N <= 0 || K <= 0) return false;
-    int threads = nd_cpu_threads();
+    int threads = nd_cpu_gemm_threads();
     double flops = 2.0 * (double)M * (double)N * (double)K;
     bool by_product = threads > 1 && batch > 1 &&
                       (flops < SMALL_PRODUCT_FLOPS || (batch >= threads && flops < 8 * SMALL_PRODUCT_FLOPS));

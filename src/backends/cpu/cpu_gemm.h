@@ -6,6 +6,10 @@
 #include <stdint.h>
 #include "needle.h"
 
+/* The threads this thread's products take: nd_cpu_threads(), at most
+ * nd.compile's hint's (nd_cpu_gemm_hint, cpu_kernels.h). */
+int nd_cpu_gemm_threads(void);
+
 /* C (M x N, row stride ldc) = A @ B, or with accumulate C += A @ B; A's
  * element (i, k) at A[i * a_sm + k * a_sk], B's (k, j) at B[k * b_sk +
  * j * b_sn] (any strides). False, with C untouched, when this CPU has no

@@ -129,6 +129,8 @@ bool nd_cpu_linear_half_weight(const nd_tensor *x, const nd_tensor *w);
 bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                          const nd_tensor *b, bool relu);
 /* cpu_fused.c */
+/* backend.h gemm_hint: how this thread's next products split their work */
+void nd_cpu_gemm_hint(const nd_gemm_hint *h);
 nd_status nd_cpu_linear_fused(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
                               const nd_tensor *b, nd_activation act, const nd_tensor *res);
 /* cpu_attention.c */

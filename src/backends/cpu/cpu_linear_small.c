@@ -353,7 +353,7 @@ bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
      * w over them (a multiple of 4: every element is summed as unblocked,
      * whatever the slab) */
     const int64_t slab = avx512 ? x_slab_rows(K) : M;
-    const int nth = M * K * O >= 4 * ND_PARALLEL_THRESHOLD ? nd_cpu_threads() : 1;
+    const int nth = M * K * O >= 4 * ND_PARALLEL_THRESHOLD ? nd_cpu_gemm_threads() : 1;
 #pragma omp parallel num_threads(nth) if (nth > 1)
     {
         const int64_t T = omp_get_num_threads(), t = omp_get_thread_num();
