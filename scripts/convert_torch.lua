@@ -35,8 +35,8 @@ options:
                       float64, float16 or bfloat16
   --half-to-float     read float16/bfloat16 tensors as float32
   --strict BOOL       false allows missing and unexpected keys (default: true)
-  --nhead N           attention heads (transformer_classifier: the weights do not
-                      say; default 4)
+  --nhead N           attention heads, for the models that have them (the weights
+                      do not say; transformer_classifier's default is 4)
   --list              the models and mappings, then exit
   -h, --help          this text
 ]]
@@ -113,6 +113,15 @@ local nhead
 if opts.nhead ~= nil then
   nhead = math.tointeger(tonumber(opts.nhead))
   if not nhead or nhead < 1 then die(2, "option --nhead expects a positive integer, got '%s'", opts.nhead) end
+  -- (only the models with attention heads take it: the entries that declare the option)
+  if not (convert.models.get(opts.model).options or {}).nhead then
+    local with = {}
+    for _, n in ipairs(convert.models.names()) do
+      if (convert.models.get(n).options or {}).nhead then with[#with + 1] = n end
+    end
+    die(2, "option --nhead does not apply to the model '%s' (it has no attention heads; --nhead applies to: %s)",
+        opts.model, table.concat(with, ", "))
+  end
 end
 if input == output then die(2, "the output would overwrite the input '%s'", input) end
 

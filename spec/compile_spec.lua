@@ -444,6 +444,40 @@ describe("nd.compile: what a replay must redo", function()
     assert.are.equal(0, max_abs(m.weight, before))
   end)
 
+  it("a replay refused by an index out of bounds after the step leaves parameters and Adam's state as they were", function()
+    -- the bounds check comes after opt:step() in the function, and its index is computed from the
+    -- argument (1-based to 0-based): the check and that computation run first in a replay
+    nd.manual_seed(1)
+    local model = nn.Linear(4, 3)
+    local E = nd.randn(5, 2)
+    local opt = nd.optim.Adam(model:parameters(), {lr = 0.1})
+    local cf = nd.compile(function(x, y, idx)
+      opt:zero_grad()
+      local loss = nd.F.cross_entropy(model(x), y)
+      loss:backward()
+      opt:step()
+      return loss, E:index_select(1, idx), E:gather(2, idx:view(2, 1))
+    end)
+    local x, y = nd.randn(2, 4), nd.tensor({1, 2}, {dtype = "int64"})
+    local good = nd.tensor({1, 2}, {dtype = "int64"})
+    for _ = 1, 3 do cf(x, y, good) end -- eager, captured, replayed
+    local st = opt.state[model.weight]
+    local w0, b0, m0, v0, n0 = model.weight:clone(), model.bias:clone(), st.exp_avg:clone(), st.exp_avg_sq:clone(), st.step
+    for _, bad in ipairs({{1, 9}, {0, 1}, {3, -2}}) do
+      local msg = errmsg(cf, x, y, nd.tensor(bad, {dtype = "int64"}))
+      assert_contains(msg, "index_select")
+      assert_contains(msg, "out of bounds")
+      assert.are.equal(0, max_abs(model.weight, w0))
+      assert.are.equal(0, max_abs(model.bias, b0))
+      assert.are.equal(0, max_abs(st.exp_avg, m0))
+      assert.are.equal(0, max_abs(st.exp_avg_sq, v0))
+      assert.are.equal(n0, st.step)
+    end
+    cf(x, y, good) -- and the next good call steps on from there, as eagerly
+    assert.are.equal(n0 + 1, st.step)
+    assert(max_abs(model.weight, w0) > 0)
+  end)
+
   it("a mean over labels with a different count of ignored rows is refused, not wrong", function()
     local f = function(x, y) return nd.F.cross_entropy(x, y, {ignore_index = 2}) end
     local cf = nd.compile(f)

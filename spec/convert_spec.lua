@@ -249,6 +249,44 @@ describe("needle.convert.load_state_dict", function()
     assert.truthy(has(e, "dtype mismatch: model.0.bn.num_batches_tracked (checkpoint float32, model int64)"), e)
   end)
 
+  it("a model's own state dict loads, tied keys included (GPT-2's lm_head, BERT's masked-LM decoder)", function()
+    nd.manual_seed(4)
+    local G = nd.nn.models.GPT2LMHeadModel{vocab_size = 20, n_positions = 8, n_embd = 8, n_layer = 1, n_head = 2}
+    local B = nd.nn.models.BertForMaskedLM{vocab_size = 30, hidden_size = 8, num_hidden_layers = 1,
+                                           num_attention_heads = 2, intermediate_size = 16, max_position_embeddings = 16}
+    local WTE = "transformer.wte.weight"
+    for _, c in ipairs({{G, {["lm_head.weight"] = WTE}},
+                        {B, {["cls.predictions.decoder.weight"] = "bert.embeddings.word_embeddings.weight",
+                             ["cls.predictions.decoder.bias"] = "cls.predictions.bias"}}}) do
+      local m, tied = c[1], c[2]
+      for _, strict in ipairs({true, false}) do
+        local _, report = convert.load_state_dict(m, m:state_dict(), {strict = strict})
+        assert.are.same({}, report.unexpected)
+        assert.are.same({}, report.missing)
+        assert.are.same(tied, report.tied)
+      end
+    end
+    -- the tied key stands for the tensor where the first name is absent
+    local src = nd.nn.models.GPT2LMHeadModel{vocab_size = 20, n_positions = 8, n_embd = 8, n_layer = 1, n_head = 2}
+    local sd = copy_sd(src:state_dict())
+    sd[WTE] = nil
+    convert.load_state_dict(G, sd)
+    assert(same(G.transformer.wte.weight, src.transformer.wte.weight))
+    -- a tied key of another shape or other values is an error, and nothing is loaded
+    local before = G.transformer.wte.weight:clone()
+    sd = copy_sd(src:state_dict())
+    sd["lm_head.weight"] = sd[WTE] + 1
+    for _, strict in ipairs({true, false}) do
+      local e = err_of(convert.load_state_dict, G, sd, {strict = strict})
+      assert.truthy(has(e, "cannot load the state dict into GPT2LMHeadModel: tied keys differ: lm_head.weight differs "
+        .. "from transformer.wte.weight (tied: one tensor in the model)"), e)
+    end
+    sd["lm_head.weight"] = nd.zeros({21, 8})
+    local e = err_of(convert.load_state_dict, G, sd)
+    assert.truthy(has(e, "shape mismatch: lm_head.weight (checkpoint {21,8}, model {20,8})"), e)
+    assert(same(G.transformer.wte.weight, before))
+  end)
+
   it("rejects what is not a module or a state dict, and unknown mappings", function()
     assert.truthy(has(err_of(convert.load_state_dict, {}, {}), "needle.convert: load_state_dict: expected a needle.nn module"))
     assert.truthy(has(err_of(convert.load_state_dict, nd.nn.Linear(2, 2), nd.zeros({2})), "got a tensor"))
@@ -469,6 +507,11 @@ describe("scripts/convert_torch.lua", function()
     ok, text, code = run("a.pt b.st --model mlp --dtype int8")
     assert.are.equal(2, code)
     assert.truthy(has(text, "option --dtype expects 'float32', 'float64', 'float16' or 'bfloat16', got 'int8'"), text)
+    -- --nhead where the model has no attention heads: a bad command line, not an internal error
+    ok, text, code = run("a.pt b.st --model resnet18 --nhead 2")
+    assert.are.equal(2, code)
+    assert.truthy(text:find("^convert_torch: option %-%-nhead does not apply to the model 'resnet18' %(it has no "
+      .. "attention heads; %-%-nhead applies to: [^\n]*transformer_classifier[^\n]*%)\n$"), text)
     ok, text, code = run("a.pt b.st --model mlp --frobnicate 1")
     assert.are.equal(2, code)
     assert.truthy(has(text, "unknown option '--frobnicate'"), text)

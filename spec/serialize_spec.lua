@@ -256,6 +256,34 @@ describe("nd.save / nd.load", function()
     assert.matches("needle.load: path must be a string, got nil", err_of(nd.load), 1, true)
     assert.is_nil(io.open(p, "rb"))
   end)
+
+  it("refuse arguments they do not take, and never name their errors after one", function()
+    local p = tmp("extra.safetensors")
+    nd.save({w = nd.ones({2})}, p, nil, nil) -- (trailing nils are no arguments)
+    local missing = tmp("missing.safetensors")
+    local function refused(fn, want, ...)
+      local e = err_of(fn, ...)
+      assert.are.equal(1, select(2, e:gsub("needle%.", "")), e) -- one name, the function's
+      assert.matches(want, e, 1, true)
+    end
+    refused(nd.load, "needle.load: takes load(path) only, got an extra argument #2: a table", p, {device = "cpu"})
+    refused(nd.load, 'needle.load: takes load(path) only, got an extra argument #2: "cuda"', p, "cuda")
+    refused(nd.load, 'needle.load: takes load(path) only, got an extra argument #2: "cuda"', missing, "cuda")
+    refused(nd.load_torch, "needle.load_torch: takes load_torch(path[, opts]) only, got an extra argument #3: a table",
+            "spec/fixtures/torch_ckpt/mlp.pt", {}, {})
+    refused(nd.save, "needle.save: takes save(tensors, path[, metadata]) only, got an extra argument #4: a table",
+            {w = nd.ones({2})}, p, {}, {})
+    refused(nd.save, 'needle.save: takes save(tensors, path[, metadata]) only, got an extra argument #4: "x"',
+            {w = nd.ones({2})}, p, nil, "x")
+    refused(serialize.read_header, 'needle.read_header: takes read_header(path) only, got an extra argument #2: "x"',
+            p, "x")
+    refused(serialize.file_format, "needle.file_format: takes file_format(path) only, got an extra argument #2: 1", p, 1)
+    -- a missing file is named under load's name whatever follows it
+    assert.matches("needle.load: cannot open '" .. missing .. "'", err_of(nd.load, missing, nil), 1, true)
+    -- (nd.checkpoint names its errors through the internal save_as / load_as)
+    assert.matches("needle.checkpoint.load: ", err_of(nd.checkpoint.load, missing), 1, true)
+    assert.are.same({2}, nd.load(p).w.shape)
+  end)
 end)
 
 describe("nd.save atomicity", function()

@@ -433,7 +433,8 @@ describe("tokenizer files that are wrong", function()
       {"{}", MERGES, "has no tokens"},
       {"{\"a\": 1.5}", MERGES, "the id of \"a\" must be an integer in 0..16777214, got 1.5"},
       {"{\"a\": -1}", MERGES, "the id of \"a\" must be an integer"},
-      {"{\"a\": \"0\"}", MERGES, "got 0"},
+      {"{\"a\": \"0\"}", MERGES, "the id of \"a\" must be an integer in 0..16777214, got the string \"0\""},
+      {"{\"a\": true}", MERGES, "the id of \"a\" must be an integer in 0..16777214, got true"},
       {"{\"a\": {\"b\": 1}}", MERGES, "got a JSON object"},
       {"{\"a\": 99999999999}", MERGES, "must be an integer in 0..16777214"},
       {"{\"a\": 0, \"b\": 0}", MERGES, "tokens \"a\" and \"b\" share the id 0"},
@@ -543,6 +544,14 @@ describe("tokenizer calls that are wrong", function()
     assert_contains(errmsg(T.WordPiece.new, {"[UNK]", 3}), "token 2 must be a string, got number")
     assert_contains(errmsg(T.WordPiece.new, {"[UNK]"}, {max_input_chars_per_word = 0}),
       "max_input_chars_per_word must be positive, got 0")
+    -- model_max_length, as max_length: a positive integer, refused when the tokenizer is made
+    for _, n in ipairs({0, -1}) do
+      assert_contains(errmsg(T.WordPiece.new, {"[UNK]"}, {model_max_length = n}),
+        "needle.text.WordPiece.new: model_max_length must be a positive integer, got " .. n)
+      assert_contains(errmsg(T.WordPiece.from_file, FIX .. "bert_vocab.txt", {model_max_length = n}),
+        "needle.text.WordPiece.from_file: model_max_length must be a positive integer, got " .. n)
+    end
+    assert.are.equal(1, T.WordPiece.new({"[UNK]"}, {model_max_length = 1}).model_max_length)
     local v = {}
     for b = 0, 255 do v[#v + 1] = T.ByteBPE.bytes_to_unicode[b] end
     assert_contains(errmsg(T.ByteBPE.new, v, {"a"}), "merges[1] must be \"a b\" (two tokens, one space), got \"a\"")

@@ -218,6 +218,45 @@ describe("Hugging Face's structure", function()
                     "missing keys: cls.predictions.transform.dense.weight")
   end)
 
+  it("the masked LM refuses decoder keys of another shape or other values than the tensors they are tied to", function()
+    local sd = weights(FIX, {"bert.", "cls."})
+    sd["bert.pooler.dense.weight"], sd["bert.pooler.dense.bias"] = nil, nil
+    local W, Bias = sd["bert.embeddings.word_embeddings.weight"], sd["cls.predictions.bias"]
+    local function variant(dw, db, drop_tied)
+      local out = {}
+      for k, v in pairs(sd) do out[k] = v end
+      out["cls.predictions.decoder.weight"], out["cls.predictions.decoder.bias"] = dw, db
+      if drop_tied then out["bert.embeddings.word_embeddings.weight"], out["cls.predictions.bias"] = nil, nil end
+      return out
+    end
+    local m = models.BertForMaskedLM(BERT)
+    local before = m:state_dict()["bert.embeddings.word_embeddings.weight"]:clone()
+    local function refused(bad)
+      local msg = errmsg(m.load_state_dict, m, bad)
+      assert.are.same(before:totable(), m.cls.predictions.decoder.weight:totable()) -- all or nothing
+      return msg
+    end
+    local WHO = "needle.nn.models.BertForMaskedLM.load_state_dict: "
+    -- another shape: an error naming the key and both shapes (with the tied keys present or absent)
+    for _, drop in ipairs({false, true}) do
+      assert_contains(refused(variant(nd.zeros({101, 32}), nd.zeros({7}), drop)), WHO .. "shape mismatch: "
+        .. "cls.predictions.decoder.weight (checkpoint {101,32}, model {100,32}), "
+        .. "cls.predictions.decoder.bias (checkpoint {7}, model {100})")
+    end
+    -- other values: an untied head is an error, as GPT-2's lm_head.weight
+    assert_contains(refused(variant(W + 1, Bias)), WHO .. "cls.predictions.decoder.weight {100,32} differs from "
+      .. "bert.embeddings.word_embeddings.weight {100,32}: BERT's masked-LM decoder is tied to the word embeddings")
+    assert_contains(refused(variant(W, Bias + 1)), WHO .. "cls.predictions.decoder.bias {100} differs from "
+      .. "cls.predictions.bias {100}: BERT's masked-LM decoder is tied to the prediction bias")
+    assert_contains(errmsg(convert.model, "bert_for_masked_lm", variant(W + 1, Bias), {nhead = 4}),
+                    "cls.predictions.decoder.weight {100,32} differs from bert.embeddings.word_embeddings.weight")
+    -- the same values load (in another dtype too), and the decoder's alone stand for the tied keys
+    m:load_state_dict(variant(W:to("float64"), Bias))
+    m:load_state_dict(variant(W * 2, Bias * 2, true))
+    assert.are.same((W * 2):totable(), m.bert.embeddings.word_embeddings.weight:totable())
+    assert.are.same((Bias * 2):totable(), m.cls.predictions.bias:totable())
+  end)
+
   it("the decoder is the word embeddings (one tensor: gradients add up, :to keeps the tie)", function()
     local m = models.BertForMaskedLM(with(BERT, {num_hidden_layers = 1}))
     local w = m.bert.embeddings.word_embeddings.weight
@@ -349,6 +388,15 @@ describe("bad input", function()
     assert_contains(errmsg(models.BertModel, with(BERT, {hidden_dropout_prob = 2})),
                     "hidden_dropout_prob must be a probability in [0, 1], got 2")
     assert_contains(errmsg(models.BertModel, {hiden_size = 8}), "needle.nn.models.BertModel: unknown option 'hiden_size'")
+    for _, r in ipairs({0 / 0, math.huge, -1}) do
+      assert_contains(errmsg(models.BertModel, with(BERT, {initializer_range = r})), "needle.nn.models.BertModel: "
+        .. "initializer_range (the standard deviation of the initial weights) must be a finite number >= 0, got "
+        .. tostring(r))
+      assert_contains(errmsg(models.DistilBertForSequenceClassification, with(DISTIL, {initializer_range = r})),
+                      "needle.nn.models.DistilBertForSequenceClassification: initializer_range (the standard "
+                      .. "deviation of the initial weights) must be a finite number >= 0, got " .. tostring(r))
+    end
+    assert.is_true(models.BertModel(with(BERT, {initializer_range = 0})).pooler.dense.weight:eq(0):all():item())
     assert_contains(errmsg(models.DistilBertModel, with(DISTIL, {n_heads = 5})), "dim 32 is not a multiple of n_heads 5")
     assert_contains(errmsg(models.DistilBertModel, with(DISTIL, {sinusoidal_pos_embds = true})),
                     "sinusoidal_pos_embds = true is not supported")

@@ -223,6 +223,17 @@ describe("nd.nn.models.GPT2LMHeadModel: errors at the user's line", function()
     has(err(function() local r = m:generate(q, {max_new_tokens = 1, num_beam = 2}); return r end),
         G .. "unknown option 'num_beam'")
   end)
+
+  it("length_penalty must be a finite number (NaN and the infinities reorder the beams)", function()
+    local G = "needle.nn.models.GPT2LMHeadModel.generate: length_penalty must be a finite number"
+    local q = nd.ones({1, 3}, {dtype = "int64"})
+    for _, lp in ipairs({0 / 0, math.huge, -math.huge}) do
+      has(err(function() local r = m:generate(q, {max_new_tokens = 2, num_beams = 2, length_penalty = lp}); return r end),
+          G)
+    end
+    -- finite values, negative ones included, are HF's
+    assert.are.same({5}, m:generate(q[1], {max_new_tokens = 2, num_beams = 2, length_penalty = -2}).shape)
+  end)
 end)
 
 describe("nd.nn.models.GPT2LMHeadModel: the key/value cache", function()
@@ -298,6 +309,25 @@ describe("nd.nn.models.GPT2LMHeadModel:generate", function()
     end
     -- (the reference's two largest logits were at least this far apart at every step)
     assert.is_true(EX.min_margin:item() > 1e-3)
+  end)
+
+  it("takes the attention_mask forward takes: float32, bool or a Lua list, as the int64 one", function()
+    local mask = EX.gen_masked_mask
+    local prompt = ids_on(EX.gen_masked_prompt)
+    local beams = m:generate(prompt, {max_new_tokens = 4, num_beams = 2, attention_mask = mask:to("int64")})
+    for _, alt in ipairs({mask:to("float32"), mask:to("float64"), mask:ne(0), mask:to("float32"):totable()}) do
+      for _, use_cache in ipairs({true, false}) do
+        local out = m:generate(prompt, {max_new_tokens = 10, use_cache = use_cache, attention_mask = alt})
+        assert.are.same(EX.gen_masked_ids:totable(), (out - 1):totable())
+      end
+      assert.are.same(beams:totable(),
+                      m:generate(prompt, {max_new_tokens = 4, num_beams = 2, attention_mask = alt}):totable())
+    end
+    -- a mask of other values than 0 and 1 is refused, naming generate and attention_mask
+    local half = mask:to("float32") * 0.5
+    local msg = errmsg(function() local r = m:generate(prompt, {max_new_tokens = 1, attention_mask = half}); return r end)
+    has(msg, "needle.nn.models.GPT2LMHeadModel.generate: attention_mask must hold 0 (padding) and 1 (attend) only, " ..
+             "got other values in a float32 mask")
   end)
 
   it("beam search: PyTorch's sequences (Hugging Face's BeamSearchScorer), with the cache and without", function()
@@ -384,6 +414,22 @@ describe("nd.nn.models.GPT2LMHeadModel:generate", function()
       local k2 = warp(s, o, 2):ne(-math.huge)
       assert.are.same(s:ge(floor):totable(), k2:totable())
       assert.are.same(kept(o):sum(2):totable(), nd.ones({s:size(1)}, {dtype = "int64"}):totable())
+    end
+  end)
+
+  it("a tiny temperature (scores / temperature overflows) samples greedily, its limit", function()
+    local warp = require("needle.zoo.gpt2_generate").warp
+    local s = nd.tensor({{1, 3, 3, -2}, {0.5, 0.25, 0, 0}, {-1, -2, -3, -4}})
+    for _, t in ipairs({1e-45, 1e-300}) do
+      local w = warp(s, {temperature = t})
+      assert.are.same({{-math.huge, 0, 0, -math.huge}, {0, -math.huge, -math.huge, -math.huge},
+                       {0, -math.huge, -math.huge, -math.huge}}, w:totable())
+      assert.is_true(w:softmax(2):isfinite():all():item())
+    end
+    local greedy = (EX.gen_ids + 1):totable()
+    for _, t in ipairs({1e-30, 1e-45, 1e-300}) do
+      local out = m:generate(ids_on(EX.gen_prompt), {max_new_tokens = 10, do_sample = true, temperature = t, seed = 1})
+      assert.are.same(greedy, out:totable(), tostring(t))
     end
   end)
 

@@ -238,7 +238,7 @@ local function save(path, what)
   local tensors = {}
   local ok, tree = pcall(function() return json.encode(to_tree(state, "", tensors, {}, 0)) end)
   if not ok then fail("checkpoint.save", path, "%s", (tostring(tree):gsub("^json: ", ""))) end
-  serialize.save(tensors, path, {[VERSION_KEY] = tostring(M.VERSION), [STATE_KEY] = tree}, "checkpoint.save")
+  serialize.save_as("checkpoint.save", tensors, path, {[VERSION_KEY] = tostring(M.VERSION), [STATE_KEY] = tree})
 end
 
 local function deep_clone(v, seen)
@@ -306,7 +306,7 @@ local function read(path, op)
   if type(path) ~= "string" or path == "" then
     error(("needle.%s: path must be a non-empty string, got %s"):format(op, type(path)), 0)
   end
-  local tensors, meta = serialize.load(path, op) -- checks the whole file; errors name it
+  local tensors, meta = serialize.load_as(op, path) -- checks the whole file; errors name it
   local version = meta[VERSION_KEY]
   if version == nil or meta[STATE_KEY] == nil then
     fail(op, path, "not a needle checkpoint (no '%s' metadata; nd.load reads plain safetensors files)", VERSION_KEY)

@@ -42,7 +42,7 @@ local function check_path(op, path)
   -- a NUL byte in it is refused by the C functions (lt_check_path)
 end
 
--- save(tensors, path[, metadata[, op]]): tensors is {name = tensor} (names are
+-- save(tensors, path[, metadata[, op]]) (op: internal, save_as): tensors is {name = tensor} (names are
 -- any strings; a module is saved through its state_dict()); metadata is
 -- {string = string}. Tensors keep their dtype (float16, bfloat16 and bool
 -- included) and are written row-major whatever their strides.
@@ -90,7 +90,7 @@ local function file_format(path, op)
   return core._file_format(path, op)
 end
 
--- load_torch(path[, opts[, op]]) -> the checkpoint's object (see nd.load_torch).
+-- load_torch(path[, opts[, op]]) (op: internal) -> the checkpoint's object (see nd.load_torch).
 local function load_torch(path, opts, op)
   op = op or "load_torch"
   check_path(op, path)
@@ -98,7 +98,7 @@ local function load_torch(path, opts, op)
   return core.load_torch(path, opts, op)
 end
 
--- load(path[, op]) -> {name = tensor}, {key = value} (the __metadata__ strings;
+-- load(path[, op]) (op: internal, load_as) -> {name = tensor}, {key = value} (the __metadata__ strings;
 -- an empty table when the file has none). A PyTorch checkpoint (zip) gives
 -- what load_torch gives.
 local function load(path, op)
@@ -119,10 +119,30 @@ local function read_header(path, op)
   return core._safetensors_header(path, op)
 end
 
-M.save = M.public(save)
-M.load = M.public(load)
-M.load_torch = M.public(load_torch)
-M.read_header = M.public(read_header)
-M.file_format = M.public(file_format)
+-- The public functions take their documented arguments only: another one is
+-- an error naming the function (never a name for its errors: that is the
+-- internal save_as / load_as below).
+local function fixed(op, usage, max, impl)
+  return M.public(function(...)
+    for i = max + 1, select("#", ...) do
+      local v = select(i, ...)
+      if v ~= nil then
+        fail_at(0, op, "takes %s only, got an extra argument #%d: %s", usage, i, require("needle.options").got(v))
+      end
+    end
+    return impl(...)
+  end)
+end
+
+M.save = fixed("save", "save(tensors, path[, metadata])", 3, function(t, p, m) return save(t, p, m) end)
+M.load = fixed("load", "load(path)", 1, function(p) return load(p) end)
+M.load_torch = fixed("load_torch", "load_torch(path[, opts])", 2, function(p, o) return load_torch(p, o) end)
+M.read_header = fixed("read_header", "read_header(path)", 1, function(p) return read_header(p) end)
+M.file_format = fixed("file_format", "file_format(path)", 1, function(p) return file_format(p) end)
+
+-- internal (nd.checkpoint): save and load with errors named `op`
+-- ("needle.checkpoint.save: ...")
+M.save_as = M.public(function(op, t, p, m) return save(t, p, m, op) end)
+M.load_as = M.public(function(op, p) return load(p, op) end)
 
 return M

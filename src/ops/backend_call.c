@@ -127,26 +127,60 @@ nd_status nd_call_matmul_acc(const nd_backend *be, const char *op, nd_tensor *ou
     return FINISH(be->matmul_acc(out, a, b));
 }
 
+/* The indices' bounds as a host check (iv: the limit, the dim): the first
+ * value outside [0, limit), named as the kernels name it. */
+static nd_status check_index_bounds(const char *op, nd_tensor *const *t, int64_t *iv) {
+    const nd_tensor *index = t[0];
+    const int64_t n = nd_numel(index);
+    if (n == 0 || index->dtype != ND_INT64) return ND_OK; /* (the kernel refuses another dtype) */
+    int64_t *v = malloc((size_t)n * sizeof *v);
+    if (!v) return nd_fail(ND_ERR_MEMORY, "%s: out of memory checking the indices", op);
+    nd_status st = nd_copy_to_buffer(index, v, (size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n && st == ND_OK; i++)
+        if ((uint64_t)v[i] >= (uint64_t)iv[0]) st = nd_fail_index_bounds(op, index, i, v[i], (int)iv[1], iv[0]);
+    free(v);
+    return st;
+}
+
+/* While a capture records a CPU product of indices, their bounds also
+ * become a host check record, before the op's own: graph_hoist.c moves it
+ * to the top of a replay, so that a replay refused by an index out of range
+ * (as the kernel would refuse it half way) changes nothing. (Eager calls,
+ * and indices on a device, where the check would wait for the device, rely
+ * on the kernel's own check.) */
+static nd_status capture_index_check(const char *op, const nd_tensor *index, int64_t limit, int dim) {
+    if (!nd_graph_capturing() || nd_get_device(index).type != ND_DEVICE_CPU) return ND_OK;
+    nd_tensor *t[1] = {(nd_tensor *)index};
+    int64_t iv[2] = {limit, dim};
+    nd_status st = nd_host_check(op, check_index_bounds, t, 1, iv, 2);
+    if (st != ND_OK) nd_graph_rec_failed(st); /* as the kernel's own failure would: the capture is invalid */
+    return st;
+}
+
 nd_status nd_call_gather(const nd_backend *be, const char *op, nd_tensor *out, const nd_tensor *x,
                          int dim, const nd_tensor *index) {
+    if (be->gather) ND_TRY(capture_index_check(op, index, x->shape[dim], dim));
     BEGIN(gather); W(out); R(x); R(index); if (r) r->i[0] = dim; DONE();
     return FINISH(be->gather(out, x, dim, index));
 }
 
 nd_status nd_call_scatter(const nd_backend *be, const char *op, nd_tensor *out, int dim,
                           const nd_tensor *index, const nd_tensor *src, int accumulate) {
+    if (be->scatter) ND_TRY(capture_index_check(op, index, out->shape[dim], dim));
     BEGIN(scatter); U(out); R(index); R(src); if (r) { r->i[0] = dim; r->i[1] = accumulate; } DONE();
     return FINISH(be->scatter(out, dim, index, src, accumulate));
 }
 
 nd_status nd_call_index_select(const nd_backend *be, const char *op, nd_tensor *out,
                                const nd_tensor *x, int dim, const nd_tensor *index) {
+    if (be->index_select) ND_TRY(capture_index_check(op, index, x->shape[dim], dim));
     BEGIN(index_select); W(out); R(x); R(index); if (r) r->i[0] = dim; DONE();
     return FINISH(be->index_select(out, x, dim, index));
 }
 
 nd_status nd_call_index_add(const nd_backend *be, const char *op, nd_tensor *out, int dim,
                             const nd_tensor *index, const nd_tensor *src, double alpha) {
+    if (be->index_add) ND_TRY(capture_index_check(op, index, out->shape[dim], dim));
     BEGIN(index_add); U(out); R(index); R(src); if (r) { r->i[0] = dim; r->f[0] = alpha; } DONE();
     return FINISH(be->index_add(out, dim, index, src, alpha));
 }

@@ -179,6 +179,11 @@ static inline int nd_graph_row_input_slot(const nd_graph_rec *r) {
  * the adds removed. */
 nd_status nd_graph_pass_epilogue(nd_graph *g, int64_t *changed);
 
+/* Moves each host check up to just below the last record that writes what
+ * it reads (graph_hoist.c), so that a refused replay leaves the parameters
+ * as they were; nd_graph_plan runs it. */
+void nd_graph_hoist_checks(nd_graph *g);
+
 /* The reorder pass (graph_reorder.c): elementwise records move up next to
  * an earlier one the fuse pass could join them to; *changed counts moves. */
 nd_status nd_graph_pass_reorder(nd_graph *g, int64_t *changed);

@@ -164,6 +164,7 @@ nd_status nd_graph_plan(nd_graph *g) {
     if (!g || !g->ended || g->error != ND_OK)
         return nd_fail(ND_ERR_ARG, "compile: plan of a graph that was not captured successfully");
     if (g->plan_done) return ND_OK;
+    nd_graph_hoist_checks(g); /* first, so that liveness sees the checks where they run */
     size_t ns = g->nstor;
     int64_t *refs = calloc(ns + 1, sizeof *refs);
     size_t *first = malloc((ns + 1) * sizeof *first), *last = calloc(ns + 1, sizeof *last);

@@ -17,7 +17,12 @@
 --   "*.num_batches_tracked" is not an error (checkpoints from PyTorch < 0.4.1
 --   lack it; PyTorch fills it with 0 as well). With strict = false, missing and
 --   unexpected keys are allowed (shapes and dtypes are still checked). Returns
---   the model and a report {missing=, unexpected=, converted = {key = "float64"}}.
+--   the model and a report {missing=, unexpected=, converted = {key = "float64"},
+--   tied = {key = name}}. A key naming a tied tensor under its second name
+--   (GPT-2's lm_head.weight, BertForMaskedLM's cls.predictions.decoder.*, as
+--   PyTorch's state_dict lists them) is no unexpected key: it must have the
+--   tensor's shape and the values of the state dict's entry under the first
+--   name (it is that entry where the first name is absent); report.tied lists it.
 -- unwrap(obj): the state dict inside what torch.save wrote: {"state_dict": sd},
 --   {"model": sd} (also "model_state_dict", "net", "module"), one level or more,
 --   with DataParallel's "module." prefix removed; entries that are not tensors
@@ -84,6 +89,39 @@ local function targets_of(model)
   return targets, order
 end
 
+-- tied keys: the keys of sd that name a target under a second name (GPT-2's
+-- lm_head.weight is transformer.wte.weight, BertForMaskedLM's
+-- cls.predictions.decoder.* are the word embeddings and cls.predictions.bias;
+-- PyTorch's state_dict lists such a tensor under every name). {alias = name}
+local function tied_keys(model, sd, targets)
+  local by_tensor, modules, tied = nil, nil, {}
+  for key in pairs(sd) do
+    if type(key) == "string" and targets[key] == nil then
+      if modules == nil then
+        by_tensor, modules = {}, {}
+        for name, t in pairs(targets) do by_tensor[t] = name end
+        for _, m in ipairs(model:named_modules()) do modules[m[1]] = m[2] end
+      end
+      local path, leaf = key:match("^(.*)%.([^.]+)$")
+      if path == nil then path, leaf = "", key end
+      local m = modules[path]
+      if type(m) == "table" then
+        local params, buffers = rawget(m, "_params"), rawget(m, "_buffers")
+        local t = (type(params) == "table" and params[leaf]) or (type(buffers) == "table" and buffers[leaf]) or nil
+        if t ~= nil and by_tensor[t] ~= nil then tied[key] = by_tensor[t] end
+      end
+    end
+  end
+  return tied
+end
+
+-- two tensors of one shape hold the same values (a's converted to b's dtype)
+local function same_values(a, b)
+  return a == b or (shape_str(a) == shape_str(b) and core.no_grad(function()
+    return a:detach():to({dtype = b.dtype, device = b.device}):eq(b):all():item()
+  end))
+end
+
 function M.load_state_dict(model, sd, opts)
   opts = options.check("convert.load_state_dict", opts, LOAD_OPTS)
   if type(model) ~= "table" or type(model.named_parameters) ~= "function" then
@@ -107,6 +145,28 @@ function M.load_state_dict(model, sd, opts)
 
   local targets, order = targets_of(model)
   local missing, unexpected, mismatched, badtype, ignored = {}, {}, {}, {}, {}
+  -- a tied key is checked against the tensor it shares: the same shape, and
+  -- the same values as the state dict's entry for that tensor (or it is that
+  -- entry, where the state dict has the tensor under the second name only)
+  local tied, differ = tied_keys(model, sd, targets), {}
+  if next(tied) ~= nil then
+    local copy = {}
+    for k, v in pairs(sd) do copy[k] = v end
+    for alias, name in pairs(tied) do
+      local src, t, other = sd[alias], targets[name], sd[name]
+      if not core.is_tensor(src) then
+        mismatched[#mismatched + 1] = ("%s (not a tensor: %s)"):format(alias, type(src))
+      elseif shape_str(src) ~= shape_str(t) then
+        mismatched[#mismatched + 1] = ("%s (checkpoint %s, model %s)"):format(alias, shape_str(src), shape_str(t))
+      elseif other == nil then
+        copy[name] = src
+      elseif core.is_tensor(other) and shape_str(other) == shape_str(t) and not same_values(src, other) then
+        differ[#differ + 1] = ("%s differs from %s (tied: one tensor in the model)"):format(alias, name)
+      end
+      copy[alias] = nil
+    end
+    sd = copy
+  end
   local sources, converted = {}, {}
   for _, name in ipairs(order) do
     local t, src = targets[name], sd[name]
@@ -132,6 +192,8 @@ function M.load_state_dict(model, sd, opts)
   local problems = {}
   if #mismatched > 0 then problems[#problems + 1] = "shape mismatch: " .. list_str(mismatched) end
   if #badtype > 0 then problems[#problems + 1] = "dtype mismatch: " .. list_str(badtype) end
+  table.sort(differ)
+  if #differ > 0 then problems[#problems + 1] = "tied keys differ: " .. list_str(differ) end
   if strict and #missing > 0 then problems[#problems + 1] = "missing keys: " .. list_str(missing) end
   if strict and #unexpected > 0 then
     local hint = ""
@@ -164,7 +226,7 @@ function M.load_state_dict(model, sd, opts)
     end
   end)
   table.sort(ignored)
-  return model, {missing = missing, unexpected = unexpected, converted = converted, ignored = ignored}
+  return model, {missing = missing, unexpected = unexpected, converted = converted, ignored = ignored, tied = tied}
 end
 
 -- unwrap ----------------------------------------------------------------------

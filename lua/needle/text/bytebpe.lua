@@ -155,7 +155,8 @@ function ByteBPE.from_files(vocab_path, merges_path, opts)
   for t, id in pairs(v) do
     if math.type(id) ~= "integer" or id < 0 or id >= MAX_ID - 1 then
       errors.fail(who, "'%s': the id of %q must be an integer in 0..%d, got %s", vocab_path, t, MAX_ID - 2,
-        type(id) == "table" and "a JSON " .. (getmetatable(id) == array_mt and "array" or "object") or tostring(id))
+        type(id) == "table" and "a JSON " .. (getmetatable(id) == array_mt and "array" or "object")
+        or type(id) == "string" and ("the string %q"):format(id) or tostring(id))
     end
     if t == "" then errors.fail(who, "'%s': the empty string is not a token", vocab_path) end
     if tokens[id + 1] then

@@ -109,6 +109,9 @@ function WordPiece._build(who, vocab, opts)
   if self.max_input_chars_per_word < 1 then
     errors.fail(who, "max_input_chars_per_word must be positive, got %d", self.max_input_chars_per_word)
   end
+  if o.model_max_length ~= nil and o.model_max_length < 1 then
+    errors.fail(who, "model_max_length must be a positive integer, got %d", o.model_max_length)
+  end
   self.model_max_length = o.model_max_length
   self.special = {}
   for _, k in ipairs({"unk", "sep", "pad", "cls", "mask"}) do

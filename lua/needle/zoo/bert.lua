@@ -100,6 +100,9 @@ local function configure(self, opts, spec, defaults, extra)
       fail(who, "%s must be a positive integer, got %d", k, v)
     elseif k:find("dropout") and (v < 0 or v > 1) then
       fail(who, "%s must be a probability in [0, 1], got %s", k, tostring(v))
+    elseif k == "initializer_range" and not (v >= 0 and v < math.huge) then
+      fail(who, "initializer_range (the standard deviation of the initial weights) must be a finite number >= 0, got %s",
+           tostring(v))
     end
   end
   return cfg, o, who
@@ -576,13 +579,51 @@ end
 local DECODER_W, DECODER_B = "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"
 local EMB_W, BIAS = "bert.embeddings.word_embeddings.weight", "cls.predictions.bias"
 
+-- two tensors of one shape hold the same values (a's converted to b's dtype)
+local function same_values(a, b)
+  return a == b or (shape_str(a) == shape_str(b) and nd.no_grad(function()
+    return a:to({dtype = b.dtype, device = b.device}):eq(b):all():item()
+  end))
+end
+
 -- the tied keys: where the state dict has only the decoder's name for a tied
--- tensor, it is taken under the other name; the decoder's names are then dropped
-function M.untie_mlm(sd)
+-- tensor, it is taken under the other name; the decoder's names are then
+-- dropped. Where it has both, they must hold the same values (needle's
+-- BertForMaskedLM has one tensor for both, as Hugging Face's with
+-- tie_word_embeddings): an untied head is an error, never silently replaced.
+-- `model` (optional) is the model loaded into: a decoder key of the wrong
+-- shape is then an error naming that key. `who` names the caller in errors.
+function M.untie_mlm(sd, who, model)
+  who = who or "convert.model('bert_for_masked_lm')"
   local out = without_buffers(sd, "bert.")
-  if out[EMB_W] == nil then out[EMB_W] = out[DECODER_W] end
-  if out[BIAS] == nil then out[BIAS] = out[DECODER_B] end
-  out[DECODER_W], out[DECODER_B] = nil, nil
+  local mismatched = {}
+  local model_t = model and {[EMB_W] = model.bert.embeddings.word_embeddings.weight, [BIAS] = model.cls.predictions.bias}
+  for _, pair in ipairs({{DECODER_W, EMB_W}, {DECODER_B, BIAS}}) do
+    local dec, tied = pair[1], pair[2]
+    local d = out[dec]
+    if d ~= nil then
+      if not nd.is_tensor(d) then
+        mismatched[#mismatched + 1] = ("%s (not a tensor: %s)"):format(dec, type(d))
+      elseif model_t then
+        local target = model_t[tied]
+        if shape_str(d) ~= shape_str(target) then
+          mismatched[#mismatched + 1] = ("%s (checkpoint %s, model %s)"):format(dec, shape_str(d), shape_str(target))
+        end
+      end
+    end
+  end
+  if #mismatched > 0 then fail(who, "shape mismatch: %s", table.concat(mismatched, ", ")) end
+  for _, pair in ipairs({{DECODER_W, EMB_W, "word embeddings"}, {DECODER_B, BIAS, "prediction bias"}}) do
+    local dec, tied, what = pair[1], pair[2], pair[3]
+    local d, t = out[dec], out[tied]
+    if d ~= nil and nd.is_tensor(t) and not same_values(d, t) then
+      fail(who, "%s %s differs from %s %s: BERT's masked-LM decoder is tied to the %s " ..
+           "(tie_word_embeddings), and needle's BertForMaskedLM has one tensor for both",
+           dec, shape_str(d), tied, shape_str(t), what)
+    end
+    if t == nil then out[tied] = d end
+    out[dec] = nil
+  end
   return out
 end
 
@@ -597,7 +638,7 @@ end
 -- load_state_dict(sd, opts): with or without the decoder's tied keys
 -- (save_pretrained leaves them out)
 function BertForMaskedLM:load_state_dict(sd, opts)
-  return Module.load_state_dict(self, M.untie_mlm(sd), opts)
+  return Module.load_state_dict(self, M.untie_mlm(sd, "nn.models." .. self.__name .. ".load_state_dict", self), opts)
 end
 
 -- DistilBERT ------------------------------------------------------------------

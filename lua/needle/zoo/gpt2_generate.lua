@@ -44,7 +44,19 @@ function M.warp(scores, o, min_keep)
   local t, k, p = o.temperature or 1, o.top_k or 0, o.top_p or 1
   min_keep = min_keep or 1
   local B, V = scores:size(1), scores:size(2)
-  if t ~= 1 then scores = scores / t end
+  if t ~= 1 then
+    local scaled = scores / t
+    -- a tiny temperature overflows: scores / t is +-inf (softmax: NaN) where
+    -- the scores are finite. Its limit is greedy: such a row keeps its
+    -- largest scores (0, ties all) and nothing else (-inf)
+    local top = scores:max(2, true)
+    local over = core.where(top:isfinite(), scaled:isfinite():all(2, true):eq(false), false)
+    if over:any():item() then
+      local greedy = core.where(scores:eq(top), 0.0, -math.huge)
+      scaled = core.where(over, greedy, scaled)
+    end
+    scores = scaled
+  end
   if k > 0 then k = math.max(k, min_keep) end
   if k > 0 and k < V then
     local top = scores:topk(k, 2)
@@ -106,6 +118,11 @@ local function check(who, o, cfg, T)
     for _, key in ipairs({"length_penalty", "early_stopping"}) do
       if o[key] ~= nil then errors.fail(who, "%s applies to beam search only (num_beams > 1)", key) end
     end
+  end
+  local lp = o.length_penalty
+  if lp ~= nil and not (lp > -math.huge and lp < math.huge) then
+    errors.fail(who, "length_penalty must be a finite number (1: the mean log-probability, 0: the sum), got %s",
+                tostring(lp))
   end
   return n
 end
@@ -296,6 +313,15 @@ function M.generate(model, input_ids, opts)
   local tr, cfg = model.transformer, model.config
   local ids, _, mask, _, flat = tr:_inputs(who, input_ids, {attention_mask = opts.attention_mask})
   local B, T = ids:size(1), ids:size(2)
+  -- the mask as forward takes it (a tensor of any dtype or a Lua list), held
+  -- as int64 0/1 here: the positions of a padded batch count its ones
+  if mask ~= nil and mask.dtype ~= "int64" then
+    if core.where(mask:eq(1), 0, mask):ne(0):any():item() then
+      errors.fail(who, "attention_mask must hold 0 (padding) and 1 (attend) only, got other values in a %s mask",
+                  mask.dtype)
+    end
+    mask = mask:to("int64")
+  end
   local n = check(who, opts, cfg, T)
   local eos = opts.eos_token_id
   local pad = opts.pad_token_id or eos
