@@ -433,6 +433,53 @@ describe("nd.compile: what a replay must redo", function()
     assert.are.equal(6, cr(x, x):sum():item()) -- read only: fine
   end)
 
+  it("an argument that is also a tensor the function reaches itself: eager where a copy would diverge", function()
+    -- a buffer the function updates through its closure, passed as the argument of a later call
+    local buf = nd.ones(3)
+    local f = function(x) buf:mul_(2); return x + 1 end
+    local cf = nd.compile(f)
+    local other = nd.ones(3)
+    cf(other) -- eager
+    cf(other) -- captured
+    assert.are.equal(0, max_abs(buf, nd.full({3}, 4)))
+    local got = cf(buf) -- eagerly: buf doubled to 8 first, then read through the argument
+    assert.are.equal(0, max_abs(got, nd.full({3}, 9)))
+    assert.are.equal(0, max_abs(buf, nd.full({3}, 8)))
+    local view = buf:view({3}) -- another tensor of the same memory
+    assert.are.equal(0, max_abs(cf(view), nd.full({3}, 17)))
+    assert.are.equal(2, cf.stats.eager - 1)
+    assert_contains(cf:explain(), "aliasing: 2 call(s) ran eagerly")
+    assert.are.equal(0, max_abs(cf(other), nd.full({3}, 2))) -- unrelated arguments replay again
+    assert.are.equal(1, cf.stats.replays)
+    -- an argument updated in place that a parameter's memory also is (a training step given
+    -- the weight): eager, with eager's result
+    nd.manual_seed(1)
+    local lin = nn.Linear(3, 3)
+    local g = function(x) x:mul_(0.5); return lin(x):sum() end
+    local cg = nd.compile(g)
+    cg(nd.ones(3, 3)); cg(nd.ones(3, 3)) -- (the weight's shape: the same cache entry)
+    local w = lin.weight:detach()
+    local w_copy = w:clone()
+    -- lin(W/2) = (W/2) (W/2)^T + b, after the step has halved W itself
+    local eager = nd.no_grad(function() return (w_copy * 0.5):matmul((w_copy * 0.5):t()):sum() +
+                                            lin.bias:detach():sum() * 3 end)
+    local r = cg(w)
+    assert.are.equal(2, cg.stats.eager) -- the warm-up and this one
+    assert(math.abs(r:item() - eager:item()) < 1e-5, r:item() .. " vs " .. eager:item())
+    assert.are.equal(0, max_abs(lin.weight:detach(), w_copy * 0.5))
+    -- the capture itself meets it: refused, naming the argument
+    local buf2 = nd.ones(3)
+    local ch = nd.compile(function(x) buf2:mul_(2); return x + 1 end, {warmup = 0})
+    assert_contains(errmsg(ch, buf2), "argument 1 (a tensor")
+    assert_contains(errmsg(ch, buf2), "shares memory with a tensor the function also reaches without it")
+    -- read only on both sides: replays as usual
+    local w2 = nd.ones(3)
+    local cr = nd.compile(function(x) return x + w2 end, {warmup = 0})
+    assert.are.equal(0, max_abs(cr(w2), nd.full({3}, 2)))
+    assert.are.equal(0, max_abs(cr(w2), nd.full({3}, 2)))
+    assert.are.equal(1, cr.stats.replays)
+  end)
+
   it("a replay refused by a host check leaves the parameters as they were", function()
     nd.manual_seed(1)
     local m = nn.Linear(3, 2)

@@ -42,13 +42,15 @@ describe("nd.compile tuning", function()
 
   it("tune_model.lua tunes a workload, and a second process takes the choices from disk", function()
     local env = "NEEDLE_CACHE_DIR=" .. S.q(dir)
-    local ok, text = tune_model("--workload mlp_train --seconds 2 --threads 2", env)
+    -- a budget long enough for every kernel under the sanitizers too (tuning ends when all are timed)
+    local ok, text = tune_model("--workload mlp_train --seconds 120 --threads 2", env)
     assert(ok, text)
     local pattern = "tuning: (%d+) fused kernel%(s%) and (%d+) product%(s%): (%d+) from the cache, (%d+) timed now"
     local n, p, cached, timed = text:match(pattern)
     n, p, cached, timed = tonumber(n), tonumber(p), tonumber(cached), tonumber(timed)
     -- every kernel and product either timed or, the same as one timed before it, taken from that
     assert(n and n > 0 and p > 0 and timed > 0 and cached + timed == n + p, text)
+    assert.is_nil(text:find("left at the default"), text)
     local lines = read_lines(dir .. "/compile/tune.txt")
     assert.are.equal("needle-compile-tune 1", lines[1])
     assert.are.equal(timed + 1, #lines)
@@ -59,7 +61,7 @@ describe("nd.compile tuning", function()
       assert.truthy(g or lines[i]:match("^%x+ %d+ [01]$"), lines[i])
     end
     assert(gemm_lines > 0 and gemm_lines <= p, text)
-    ok, text = tune_model("--workload mlp_train --seconds 2 --threads 2", env)
+    ok, text = tune_model("--workload mlp_train --seconds 120 --threads 2", env)
     assert(ok, text)
     assert_contains(text, ("tuning: %d fused kernel(s) and %d product(s): %d from the cache, 0 timed now")
                           :format(n, p, n + p))
@@ -68,6 +70,13 @@ describe("nd.compile tuning", function()
     assert(ok, text)
     assert_contains(text, ("tuning: %d fused kernel(s) and %d product(s): 0 from the cache, 0 timed now")
                           :format(n, p))
+    -- a budget spent before all are timed: the rest keep their default, and the line says how many
+    local fresh = H.tmpdir()
+    ok, text = tune_model("--workload mlp_train --seconds 0.000001 --threads 2", "NEEDLE_CACHE_DIR=" .. S.q(fresh))
+    H.rmdir(fresh)
+    assert(ok, text)
+    local t2, left = text:match("(%d+) timed now in [%d.]+ s[^;\n]*; (%d+) left at the default, the 1e%-06 s budget spent")
+    assert(t2 and tonumber(t2) + tonumber(left) == n + p, text)
   end)
 
   it("ignores a malformed choices file and replaces it with a valid one", function()
@@ -121,7 +130,7 @@ describe("nd.compile tuning", function()
           w:mul_(0.5):add_(1) -- an update in place: tuning must not repeat it
           return ((x * 2 + b):sigmoid() * x - w):tanh():matmul(m)
         end
-        local cf = nd.compile(f, {tune = 1})
+        local cf = nd.compile(f, {tune = 60}) -- ends when both are timed
         local w0 = w:clone()
         local x = nd.randn(300, 257):to(dev)
         local got = cf(x) -- eager
@@ -180,7 +189,7 @@ describe("nd.compile tuning", function()
       end
       print(cf:explain())
     ]]
-    local ok, text = run_lua(dir, (program:gsub("TUNE", "1")))
+    local ok, text = run_lua(dir, (program:gsub("TUNE", "120"))) -- every product timed, sanitizers too
     assert(ok, text)
     local lines = read_lines(dir .. "/compile/tune.txt")
     local hinted = {lines[1]}

@@ -848,6 +848,7 @@ nd_status nd_graph_check(const nd_graph *g);
 typedef struct {
     int64_t kernels, gemms;         /* fused kernels; products (a backend's that takes GEMM hints) */
     int64_t cached, tuned;          /* of both: choices from the file (or an equal one before); tuned now */
+    int64_t untimed;                /* of both: left at their default, the budget spent (or 0 s) */
     double seconds, best_speedup;   /* time spent; the best default-over-tuned ratio */
 } nd_graph_tune_stat;
 nd_status nd_graph_tune(nd_graph *g, double seconds, nd_graph_tune_stat *out);

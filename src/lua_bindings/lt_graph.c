@@ -345,17 +345,18 @@ static int l_pending(lua_State *L) {
     return 1;
 }
 
-/* g:tune(seconds) -> {kernels, gemms, cached, tuned, seconds, best_speedup} (nd_graph_tune) */
+/* g:tune(seconds) -> {kernels, gemms, cached, tuned, untimed, seconds, best_speedup} (nd_graph_tune) */
 static int l_tune(lua_State *L) {
     graph_box *b = check_graph(L, "compile");
     double secs = luaL_checknumber(L, 2);
     nd_graph_tune_stat s;
     LT_CHECK(L, nd_graph_tune(b->g, secs, &s));
-    lua_createtable(L, 0, 5);
+    lua_createtable(L, 0, 7);
     lt_set_int(L, "kernels", s.kernels);
     lt_set_int(L, "cached", s.cached);
     lt_set_int(L, "gemms", s.gemms);
     lt_set_int(L, "tuned", s.tuned);
+    lt_set_int(L, "untimed", s.untimed);
     lt_set_num(L, "seconds", s.seconds);
     lt_set_num(L, "best_speedup", s.best_speedup);
     return 1;

@@ -471,6 +471,7 @@ nd_status nd_graph_tune(nd_graph *g, double seconds, nd_graph_tune_stat *out) {
         add[nadd].k.gemm = nd_graph_rec_gemm(r);
         nadd++;
     }
+    out->untimed = (int64_t)left;
     if (have_file) save_entries(path, add, nadd);
     free(keys);
     free(add);

@@ -414,6 +414,36 @@ local function capture_backward(res, inputs, fallback, opaque)
           arg_of = arg_of, reach = reach}
 end
 
+-- What a later call's argument must not share memory with: the tensors the
+-- graphs reach without an argument (by storage; the graph's intermediates
+-- included, one held outside could come back as an argument) that they
+-- update in place (`written`), and any of them when the argument itself is
+-- updated in place (`any`, with `inputs_written` the argument positions).
+local function alias_sets(graphs, inputs, written)
+  local own = {}
+  for _, c in ipairs(inputs) do own[core._storage_key(c)] = true end
+  local sets = {written = {}, any = {}, inputs_written = {}, n = 0}
+  for _, g in ipairs(graphs) do
+    for _, r in ipairs(g:records()) do
+      for _, a in ipairs(r.args) do
+        if a.key and not own[a.key] then
+          if not sets.any[a.key] then sets.n = sets.n + 1 end
+          sets.any[a.key] = true
+          if a.role:find("w", 1, true) then sets.written[a.key] = true end
+        end
+      end
+    end
+  end
+  for _, i in ipairs(written) do sets.inputs_written[i] = true end
+  return sets
+end
+
+-- true when argument i (storage key k) aliases a tensor of the graph in a way a replay
+-- (or the capture) cannot follow
+local function alias_hazard(sets, k, i)
+  return sets.written[k] or (sets.inputs_written[i] and sets.any[k]) or false
+end
+
 local function capture_call(self, e, args, flat)
   -- different argument tensors sharing memory: their in-place updates could
   -- not be replayed into each other (each gets its own copy below)
@@ -516,6 +546,20 @@ local function capture_call(self, e, args, flat)
       end
     end
   end
+  -- an argument that the function also reaches another way (a closure's tensor, a module's
+  -- buffer, a view of one): the capture ran on the argument's copy, so there the two were
+  -- separate memory; when either is updated in place the captured call differs from the eager one
+  local alias = alias_sets({g}, inputs, written)
+  for i, t in ipairs(flat) do
+    if alias_hazard(alias, core._storage_key(t), i) then
+      g:free()
+      fail("argument %d (a tensor %s) shares memory with a tensor the function also reaches "
+           .. "without it (a closure's or a module's tensor), and one of them is updated in place: "
+           .. "the compiled function works on a copy of each argument, so the two would diverge; "
+           .. "pass a copy (x:clone()) or leave the tensor out of the arguments",
+           i, core._tensor_sig(t))
+    end
+  end
   core.no_grad(copy_back, flat, inputs, written)
   -- results that need gradients: their backward graph, unless the function
   -- ran a backward itself (a whole training step returns its loss detached)
@@ -609,7 +653,7 @@ local function capture_call(self, e, args, flat)
       local r = g:tune(self.tune)
       if bw then
         local b = bw.graph:tune(math.max(0, self.tune - r.seconds))
-        for _, k in ipairs({"kernels", "gemms", "cached", "tuned", "seconds"}) do r[k] = r[k] + b[k] end
+        for _, k in ipairs({"kernels", "gemms", "cached", "tuned", "untimed", "seconds"}) do r[k] = r[k] + b[k] end
         r.best_speedup = math.max(r.best_speedup, b.best_speedup)
       end
       return r
@@ -622,6 +666,9 @@ local function capture_call(self, e, args, flat)
     e.tuning = t
   end
   e.written, e.inputs, e.outputs, e.backward = written, inputs, outputs, bw
+  -- (from the planned graphs: the storages that the plan replaced are gone, and their
+  -- addresses, which name storages here, may come back as a later argument's)
+  e.alias = alias_sets(bw and {g, bw.graph} or {g}, inputs, written)
   e.module_guards = module_guards(st.modules)
   e.guards, e.hooks = st.guards, st.hooks
   e.graph = g -- last: an entry with a graph is complete
@@ -718,6 +765,17 @@ function CF:__call(...)
     if why == nil then
       if self.order[#self.order] ~= key then touch(self, key) end
       self.last = e
+      if e.alias.n > 0 then
+        -- an argument that is also one of the graph's own tensors (see alias_sets): this call
+        -- runs eagerly, as a replay would read or update a copy of it
+        for i, t in ipairs(flat) do
+          if alias_hazard(e.alias, core._storage_key(t), i) then
+            stats.eager = stats.eager + 1
+            e.alias_eager = (e.alias_eager or 0) + 1
+            return self.fn(...)
+          end
+        end
+      end
       return unpack_args(replay(self, e, flat))
     end
     drop(self, key)
@@ -793,6 +851,10 @@ function CF:explain()
   lines[#lines + 1] = ("calls %d: %d replayed, %d captured, %d eager, %d retraced, %d evicted")
                       :format(s.calls, s.replays, s.captures, s.eager, s.retraces, s.evictions)
   local e = self.last
+  if e and (e.alias_eager or 0) > 0 then
+    lines[#lines + 1] = ("aliasing: %d call(s) ran eagerly, an argument sharing memory with a tensor the "
+                         .. "graph reaches itself (one of them updated in place)"):format(e.alias_eager)
+  end
   if e and e.graph then
     local gs = e.graph:stats()
     local ir = require "needle.compile.ir"
@@ -878,9 +940,12 @@ function CF:explain()
     end
     if e.tuning then
       local t = e.tuning
-      lines[#lines + 1] = ("tuning: %d fused kernel(s) and %d product(s): %d from the cache, %d timed now in %.2f s%s"):format(
+      lines[#lines + 1] = ("tuning: %d fused kernel(s) and %d product(s): %d from the cache, %d timed now in %.2f s%s%s"):format(
         t.kernels, t.gemms, t.cached, t.tuned, t.seconds,
-        t.tuned > 0 and (" (best: %.2fx the default)"):format(t.best_speedup) or "")
+        t.tuned > 0 and (" (best: %.2fx the default)"):format(t.best_speedup) or "",
+        -- a budget too short for all of them: say so, a longer tune = seconds times the rest
+        (t.untimed > 0 and self.tune > 0)
+          and ("; %d left at the default, the %g s budget spent"):format(t.untimed, self.tune) or "")
       -- the products given another work split than their default (at most 8 shown)
       local split, shown = {}, 0
       local function note_split(g)
