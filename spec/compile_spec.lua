@@ -674,6 +674,35 @@ describe("nd.compile: what the review found", function()
     assert.are.equal(1, ch.stats.retraces)
   end)
 
+  it("a hook registered or removed after the capture retraces; the hook then runs as eagerly", function()
+    nd.manual_seed(1)
+    local m = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    local cf = nd.compile(m, {fallback = true})
+    local x = nd.ones(2, 3)
+    cf(x); cf(x); cf(x)
+    assert.are.equal(1, cf.stats.replays)
+    local seen = 0
+    local h = m[1]:register_forward_hook(function(_, _, out) seen = seen + 1; return out * 0 end)
+    local want = nd.no_grad(function() return m[3].bias:detach():view({1, 2}):expand({2, 2}):clone() end)
+    for i = 1, 3 do
+      assert.are.equal(0, max_abs(cf(x), want))
+      assert.are.equal(i, seen)
+    end
+    assert.are.equal(1, cf.stats.retraces)
+    assert_contains(cf.retrace_reasons[1], "a module's hooks were registered or removed")
+    h:remove()
+    local plain = m(x)
+    assert.are.equal(0, max_abs(cf(x), plain)) -- (the signature stays split: its children compiled)
+    assert.are.equal(3, seen)
+    -- without fallback: the retrace meets the hook at the capture, an error as at a first capture
+    local m2 = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    local c2 = nd.compile(m2)
+    c2(x); c2(x)
+    m2[2]:register_forward_pre_hook(function() end)
+    c2(x) -- (eager: the warm-up of the retrace)
+    assert_contains(errmsg(c2, x), "a module with hooks")
+  end)
+
   it("SGD with nesterov, dampening, weight decay and maximize under a changing lr and momentum equals eager", function()
     for _, hp in ipairs({{nesterov = true, momentum = 0.9}, {momentum = 0.9, dampening = 0.3, weight_decay = 0.01},
                          {momentum = 0.5, maximize = true, weight_decay = 0.1}}) do
@@ -789,6 +818,56 @@ describe("nd.compile: graph breaks and refusals", function()
     assert.are.equal(0, cf(-nd.ones(1)):item() + 2)
     assert.are.equal(0, cf.stats.replays)
     assert_contains(cf:explain(), "graph break (runs eagerly): needle.item")
+  end)
+
+  it("a module assigning its own fields in forward is refused (fallback: eager), naming the field and line", function()
+    local Counter = nn.Module:extend("Counter")
+    function Counter:init() self.calls = 0; self.lin = nn.Linear(3, 3) end
+    function Counter:forward(x)
+      self.calls = self.calls + 1 -- a replay would not count, nor scale by the new count
+      return self.lin(x) * self.calls
+    end
+    nd.manual_seed(2)
+    local m = Counter()
+    local cf = nd.compile(m)
+    local x = nd.ones(2, 3)
+    cf(x) -- warm-up, eager
+    local msg = errmsg(cf, x)
+    assert_contains(msg, "compile_spec.lua:")
+    assert_contains(msg, "nn.Counter's field 'calls' is assigned another value inside the compiled call")
+    assert.are.equal(0, cf.stats.replays)
+    -- with fallback: the module's own Lua runs eagerly each call, its Linear compiled
+    local m2 = Counter()
+    m2.lin:load_state_dict(m.lin:state_dict())
+    local cf2 = nd.compile(m2, {fallback = true})
+    local base = m2.lin(x):detach()
+    for i = 1, 4 do
+      assert.are.equal(0, max_abs(cf2(x), base * i))
+      assert.are.equal(i, m2.calls)
+    end
+    assert_contains(cf2:explain(), "graph break (runs eagerly): ")
+    assert_contains(cf2:explain(), "field 'calls'")
+    -- a hidden state kept as a field: the replay would start from the captured one every time
+    local Carry = nn.Module:extend("Carry")
+    function Carry:init() self.h = nd.zeros(3) end
+    function Carry:forward(x) self.h = self.h + x; return self.h * 1 end
+    local cc = nd.compile(Carry(), {warmup = 0})
+    assert_contains(errmsg(cc, nd.ones(3)), "nn.Carry's field 'h' is assigned another value")
+    -- the same value again, and modules made inside the call, are no state: compiled
+    local Same = nn.Module:extend("Same")
+    function Same:init() self.scale = 2 end
+    function Same:forward(x)
+      self.scale = 2
+      local tmp = nn.Identity() -- (its constructor's fields are its own)
+      return tmp(x) * self.scale
+    end
+    local cs = nd.compile(Same())
+    for _ = 1, 3 do assert.are.equal(0, max_abs(cs(nd.ones(2)), nd.full({2}, 2))) end
+    assert.are.equal(1, cs.stats.replays)
+    -- a buffer registered inside, on a module made before it
+    local Reg = nn.Module:extend("Reg")
+    function Reg:forward(x) self:register_buffer("last", x * 1); return x + 1 end
+    assert_contains(errmsg(nd.compile(Reg(), {warmup = 0}), nd.ones(2)), "nn.Reg's field 'last'")
   end)
 
   it("tolist/totable and printing are graph breaks too", function()

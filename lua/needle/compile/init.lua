@@ -146,6 +146,27 @@ local function children_of(m)
   return out
 end
 
+-- the module's hooks (module_hooks.lua), by identity in calling order: a hook
+-- added or removed after the capture runs Lua the graph does not have
+local function hooks_of(m)
+  local h = rawget(m, "_hooks")
+  if not h then return false end
+  local out = {}
+  for _, kind in ipairs({"pre", "fwd", "bwd"}) do
+    for _, r in ipairs(h[kind]) do out[#out + 1] = r.fn end
+    out[#out + 1] = kind -- (a separator: the same function moved to another kind differs)
+  end
+  return out
+end
+
+local function same_hooks(m, saved)
+  local now = hooks_of(m)
+  if not now or not saved then return now == saved end
+  if #now ~= #saved then return false end
+  for i = 1, #now do if not rawequal(now[i], saved[i]) then return false end end
+  return true
+end
+
 local function module_guards(modules)
   local list, seen = {}, {}
   for _, top in ipairs(modules) do
@@ -158,7 +179,8 @@ local function module_guards(modules)
           n = n + 1
         end
         list[#list + 1] = {module = m, training = m.training, tensors = tensors, keys = keys,
-                           grads = grads, n = n, attrs = plain_attrs(m), children = children_of(m)}
+                           grads = grads, n = n, attrs = plain_attrs(m), children = children_of(m),
+                           hooks = hooks_of(m)}
       end
     end
   end
@@ -186,6 +208,7 @@ local function failed_module_guard(e)
       end
     end
     if n ~= g.n then return "a module lost a parameter or buffer" end
+    if not same_hooks(m, g.hooks) then return "a module's hooks were registered or removed" end
     for k, v in pairs(g.attrs) do
       if not rawequal(rawget(m, "_attrs")[k], v) then return ("a module's setting '%s' changed"):format(k) end
     end
@@ -414,6 +437,18 @@ local function capture_backward(res, inputs, fallback, opaque)
           arg_of = arg_of, reach = reach}
 end
 
+-- A module field assigned during the call (state.writes): a replay runs no
+-- Lua, so it would neither assign it again nor read the new value.
+local function module_write_break(writes)
+  local w = writes[1]
+  local m = w.module
+  local name = getmetatable(m) and getmetatable(m).__name or "Module"
+  return ("%s: needle.compile: nn.%s's field '%s' is assigned another value inside the compiled call (%d "
+          .. "assignment(s) in all); a replay runs no Lua and would neither repeat it nor read the "
+          .. "new value: keep such state in a tensor updated in place (t:copy_(new)), or pass it "
+          .. "in and return it"):format(w.where, name, tostring(w.key), #writes)
+end
+
 -- What a later call's argument must not share memory with: the tensors the
 -- graphs reach without an argument (by storage; the graph's intermediates
 -- included, one held outside could come back as an argument) that they
@@ -474,18 +509,21 @@ local function capture_call(self, e, args, flat)
     grad_args = grad_args or c.requires_grad
     versions[i] = core._storage_version(c)
   end
-  local st, outer = state.new(), state.active
+  local st, outer, outer_writes = state.new(), state.active, state.writes
   state.active = st
   local ok, g = pcall(core._graph_begin, self.fallback, self.opaque)
   if not ok then state.active = outer; error(g, 0) end
   local res
+  state.writes = {fresh = {}}
   ok, res = pcall(function() return table.pack(self.fn(unpack_args(cargs))) end)
-  state.active = outer
+  local writes = state.writes
+  state.active, state.writes = outer, outer_writes
   local fok, why = pcall(g.finish, g)
   if not ok then
     g:free()
     error(res, 0)
   end
+  if fok and #writes > 0 then fok, why = false, module_write_break(writes) end
   self.stats.captures = self.stats.captures + 1
   if not fok then
     g:free()
@@ -716,7 +754,7 @@ split_call = function(self, e, ...)
     local m = c[2]
     count_map[m] = function(...)
       counts[m] = (counts[m] or 0) + 1
-      return m:forward(...)
+      return m(...) -- (state.call_split has taken the split map away: its hooks run, as eagerly)
     end
   end
   local out = table.pack(run_split(count_map, self.fn, ...))
@@ -738,7 +776,7 @@ split_call = function(self, e, ...)
           for _, ce in pairs(cf.entries) do
             if ce.graph and ce.graph:pending() > 0 then
               item.eager_calls = item.eager_calls + 1
-              return m:forward(...)
+              return m(...)
             end
           end
         end
@@ -803,13 +841,15 @@ function CF:__call(...)
     -- the graph's own input copies (whose results would not connect to the caller's
     -- autograd graph), with this call's results the eager ones.
     local probe = self.fallback and e.seen == self.warmup and core._graph_begin(true, self.opaque)
-    local was_probing = state.probing
-    if probe then state.probing = true end
+    local was_probing, outer_writes = state.probing, state.writes
+    if probe then state.probing, state.writes = true, {fresh = {}} end
     local ok, out = pcall(function(...) return table.pack(self.fn(...)) end, ...)
-    state.probing = was_probing
+    local writes = state.writes
+    state.probing, state.writes = was_probing, outer_writes
     if probe then
       local fok, why = pcall(probe.finish, probe)
       probe:free()
+      if fok and #writes > 0 then fok, why = false, module_write_break(writes) end
       if ok and not fok then
         e.broken = tostring(why)
         self.breaks[#self.breaks + 1] = e.broken

@@ -21,7 +21,14 @@
 --   state.compiling()       active or probing: library code that would read
 --                           values on the host takes its capture path (the
 --                           probe must find the breaks a capture would, no more)
-local M = {active = nil, split = nil, probing = false}
+--   state.writes            while a capture or the probe runs: {fresh = {},
+--                           [i] = {module, key, where}}, the module fields
+--                           assigned another value (nn.Module's __newindex)
+--                           in modules made before the call (fresh: made in it)
+--   state.note_write(m, k)  records one; a replay runs no Lua, so it would not
+--                           repeat the assignment (a counter, a hidden state
+--                           kept as a field): nd.compile refuses such a capture
+local M = {active = nil, split = nil, probing = false, writes = nil}
 
 function M.compiling() return M.active ~= nil or M.probing end
 
@@ -37,6 +44,28 @@ function M.note_module(m)
     a.module_seen[m] = true
     a.modules[#a.modules + 1] = m
   end
+end
+
+-- the first frame outside the nn.Module machinery: the user's assignment
+local function where()
+  for level = 3, 12 do
+    local info = debug.getinfo(level, "Sl")
+    if not info then break end
+    if not info.short_src:find("needle/nn/module", 1, true) and not info.short_src:find("compile/state", 1, true) then
+      return ("%s:%d"):format(info.short_src, info.currentline)
+    end
+  end
+  return "?"
+end
+
+function M.note_write(m, k)
+  local w = M.writes
+  if w and not w.fresh[m] then w[#w + 1] = {module = m, key = k, where = where()} end
+end
+
+function M.note_new(m)
+  local w = M.writes
+  if w then w.fresh[m] = true end
 end
 
 function M.guard(fn)

@@ -78,6 +78,7 @@ function Module:new(...)
   end
   local obj = setmetatable({_params = {}, _buffers = {}, _children = {}, _order = {}, _attrs = {},
                             training = true}, mt)
+  if capture.writes then capture.note_new(obj) end -- (its fields are no state of the caller's)
   obj:init(...)
   return obj
 end
@@ -108,6 +109,13 @@ function Module:_set(k, v)
   if RESERVED[k] then rawset(self, k, v); return end
   local params, buffers, children, attrs =
     rawget(self, "_params"), rawget(self, "_buffers"), rawget(self, "_children"), rawget(self, "_attrs")
+  if capture.writes then -- a compiled call assigning another value: its replays would not
+    local old = params[k]
+    if old == nil then old = buffers[k] end
+    if old == nil then old = children[k] end
+    if old == nil then old = attrs[k] end
+    if not rawequal(old, v) then capture.note_write(self, k) end
+  end
   params[k], children[k], attrs[k] = nil, nil, nil
   local was_buffer = buffers[k] ~= nil
   if is_module(v) then
@@ -145,6 +153,7 @@ function Module:register_buffer(name, t, opts)
   end
   capture.bump()
   local buffers = rawget(self, "_buffers")
+  if capture.writes and not rawequal(buffers[name], t) then capture.note_write(self, name) end
   buffers[name] = t
   rawget(self, "_params")[name], rawget(self, "_children")[name], rawget(self, "_attrs")[name] = nil, nil, nil
   note(self, "buffer", name)

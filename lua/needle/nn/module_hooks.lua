@@ -42,6 +42,7 @@ Handle.__name = "needle.RemovableHandle"
 -- handle:remove(): the hook stops running (removing twice does nothing)
 function Handle:remove()
   local m, list, rec = self.module, self.list, self.rec
+  capture.bump() -- (compiled calls that ran this module check their hooks again)
   for i, r in ipairs(list) do
     if r == rec then table.remove(list, i) break end
   end
@@ -70,6 +71,7 @@ function M.register(m, kind, fn, opts)
     hooked.__call, hooked.plain = M.hooked_call, mt
     setmetatable(m, hooked)
   end
+  capture.bump() -- (compiled calls that ran this module check their hooks again)
   local list, rec = hooks[kind], {fn = fn}
   if o.prepend then table.insert(list, 1, rec) else list[#list + 1] = rec end
   return setmetatable({module = m, hooks = hooks, list = list, rec = rec}, Handle)
