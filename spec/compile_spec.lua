@@ -674,6 +674,32 @@ describe("nd.compile: what the review found", function()
     assert.are.equal(1, ch.stats.retraces)
   end)
 
+  it("a module's function and table settings are guards by identity; a new setting retraces", function()
+    local Act = nn.Module:extend("Act")
+    function Act:init() self.f = function(x) return x:relu() end; self.lin = nn.Linear(2, 2) end
+    function Act:forward(x) return self.f(self.lin(x)) * (self.cfg and self.cfg.scale or 1) end
+    nd.manual_seed(1)
+    local m = Act()
+    local cf = nd.compile(m)
+    local x = -nd.ones(1, 2)
+    for _ = 1, 3 do cf(x) end
+    m.f = function(t) return t:sigmoid() end -- another activation
+    assert.are.equal(0, max_abs(cf(x), m(x)))
+    assert.are.equal(1, cf.stats.retraces)
+    assert_contains(cf.retrace_reasons[1], "a module's setting 'f' changed")
+    cf(x) -- captured with the sigmoid
+    assert.are.equal(0, max_abs(cf(x), m(x))) -- and replayed with it
+    assert.are.equal(2, cf.stats.replays)
+    m.cfg = {scale = 3} -- a setting that was not there
+    assert.are.equal(0, max_abs(cf(x), m(x)))
+    assert.are.equal(2, cf.stats.retraces)
+    assert_contains(cf.retrace_reasons[2], "a module gained a setting")
+    for _ = 1, 2 do cf(x) end
+    m.cfg = {scale = 5} -- another table
+    assert.are.equal(0, max_abs(cf(x), m(x)))
+    assert.are.equal(3, cf.stats.retraces)
+  end)
+
   it("a hook registered or removed after the capture retraces; the hook then runs as eagerly", function()
     nd.manual_seed(1)
     local m = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))

@@ -128,14 +128,12 @@ local function own_tensors(m)
 end
 
 -- the module's plain settings (numbers, strings, booleans: dropout's p,
--- batch norm's momentum and eps), which the kernels hold as constants
+-- batch norm's momentum and eps), which the kernels hold as constants; and
+-- the rest by identity: tensors held as attributes (a mask), functions (an
+-- activation), tables (a config; a change inside one is not seen)
 local function plain_attrs(m)
   local out = {}
-  for k, v in pairs(rawget(m, "_attrs") or {}) do
-    local tv = type(v)
-    -- tensors held as plain attributes (a mask) by identity
-    if tv == "number" or tv == "string" or tv == "boolean" or is_tensor(v) then out[k] = v end
-  end
+  for k, v in pairs(rawget(m, "_attrs") or {}) do out[k] = v end
   return out
 end
 
@@ -209,9 +207,13 @@ local function failed_module_guard(e)
     end
     if n ~= g.n then return "a module lost a parameter or buffer" end
     if not same_hooks(m, g.hooks) then return "a module's hooks were registered or removed" end
+    local attrs, na = rawget(m, "_attrs"), 0
     for k, v in pairs(g.attrs) do
-      if not rawequal(rawget(m, "_attrs")[k], v) then return ("a module's setting '%s' changed"):format(k) end
+      na = na + 1
+      if not rawequal(attrs[k], v) then return ("a module's setting '%s' changed"):format(k) end
     end
+    for _ in pairs(attrs) do na = na - 1 end
+    if na ~= 0 then return "a module gained a setting" end
     local nc = 0
     for k, c in pairs(rawget(m, "_children") or {}) do
       nc = nc + 1
