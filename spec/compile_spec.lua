@@ -674,6 +674,47 @@ describe("nd.compile: what the review found", function()
     assert.are.equal(1, ch.stats.retraces)
   end)
 
+  it("an argument object's fields are guards: a tensor swapped in or a new value retraces", function()
+    local Batch = {}
+    Batch.__index = Batch
+    function Batch:get() return self.x * self.scale end
+    local b = setmetatable({x = nd.ones(2), scale = 2}, Batch)
+    local cf = nd.compile(function(o) return o:get() + 1 end)
+    for _ = 1, 3 do assert.are.equal(0, max_abs(cf(b), nd.full({2}, 3))) end
+    assert.are.equal(1, cf.stats.replays)
+    b.x:fill_(4) -- in place: the graph reads the object's tensor itself, no retrace needed
+    assert.are.equal(0, max_abs(cf(b), nd.full({2}, 9)))
+    assert.are.equal(2, cf.stats.replays)
+    b.x = nd.full({2}, 5) -- another tensor
+    assert.are.equal(0, max_abs(cf(b), nd.full({2}, 11)))
+    assert.are.equal(1, cf.stats.retraces)
+    assert_contains(cf.retrace_reasons[1], "field 'x' of an argument object changed")
+    cf(b)
+    b.scale = 3
+    assert.are.equal(0, max_abs(cf(b), nd.full({2}, 16)))
+    assert_contains(cf.retrace_reasons[2], "field 'scale' of an argument object changed")
+    cf(b)
+    b.extra = true
+    cf(b)
+    assert_contains(cf.retrace_reasons[3], "field 'extra' of an argument object was added")
+    cf(b); cf(b)
+    b.extra = nil
+    cf(b)
+    assert_contains(cf.retrace_reasons[4], "an argument object lost a field")
+    cf(b); cf(b)
+    b.x:set_data_(nd.full({2}, 6)) -- new memory under the same tensor
+    assert.are.equal(0, max_abs(cf(b), nd.full({2}, 19)))
+    assert.are.equal(5, cf.stats.retraces)
+    -- an optimizer passed as an argument keeps replaying: its fields stay
+    nd.manual_seed(1)
+    local m = nn.Linear(3, 1)
+    local opt = nd.optim.Adam(m:parameters(), {lr = 0.01})
+    local cs = nd.compile(function(o, x) o:zero_grad(); local l = m(x):sum(); l:backward(); o:step(); return l end)
+    for _ = 1, 6 do cs(opt, nd.ones(2, 3)) end
+    assert.are.equal(4, cs.stats.replays)
+    assert.are.equal(0, cs.stats.retraces)
+  end)
+
   it("a module's function and table settings are guards by identity; a new setting retraces", function()
     local Act = nn.Module:extend("Act")
     function Act:init() self.f = function(x) return x:relu() end; self.lin = nn.Linear(2, 2) end

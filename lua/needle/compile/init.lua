@@ -50,8 +50,9 @@ local function sorted_keys(t)
   return keys
 end
 
--- Appends v's key to parts and its tensors to flat, in a fixed order.
-local function walk(v, parts, flat, depth)
+-- Appends v's key to parts and its tensors to flat, in a fixed order (and to
+-- objs the objects with a metatable, modules aside, which are keyed by identity).
+local function walk(v, parts, flat, depth, objs)
   local tv = type(v)
   if is_tensor(v) then
     -- which earlier argument tensor it is, or shares memory with (aliasing)
@@ -67,14 +68,16 @@ local function walk(v, parts, flat, depth)
     flat[#flat + 1] = v
   elseif tv == "table" then
     if depth > 16 then fail("arguments nested deeper than 16 tables") end
-    if getmetatable(v) ~= nil then
+    local mt = getmetatable(v)
+    if mt ~= nil then
       parts[#parts + 1] = "O" .. tostring(v) -- a module or another object: by identity
+      if objs and not (type(mt) == "table" and type(rawget(mt, "class")) == "table") then objs[#objs + 1] = v end
       return
     end
     parts[#parts + 1] = "{"
     for _, k in ipairs(sorted_keys(v)) do
       parts[#parts + 1] = type(k):sub(1, 1) .. tostring(k) .. "="
-      walk(v[k], parts, flat, depth + 1)
+      walk(v[k], parts, flat, depth + 1, objs)
     end
     parts[#parts + 1] = "}"
   elseif tv == "number" then
@@ -98,6 +101,46 @@ local function signature(args)
     walk(args[i], parts, flat, 0)
   end
   return table.concat(parts), flat
+end
+
+-- The objects among the arguments (walk's objs: not modules, whose guards
+-- are their own) with their raw fields as the capture found them: a replay
+-- reads the tensors and values the capture read, so a field given another
+-- value (a tensor swapped in, a new scale) retraces. Shallow: a change inside
+-- a table the object holds is not seen.
+local function object_guards(args)
+  local objs = {}
+  for i = 1, args.n do walk(args[i], {}, {}, 0, objs) end
+  local out = {}
+  for _, o in ipairs(objs) do
+    local fields, memory, n = {}, {}, 0
+    for k, v in next, o do
+      fields[k] = v
+      n = n + 1
+      if is_tensor(v) then memory[k] = core._storage_key(v) end
+    end
+    out[#out + 1] = {object = o, fields = fields, memory = memory, n = n}
+  end
+  return out
+end
+
+local function failed_object_guard(list)
+  for _, g in ipairs(list) do
+    local o, n = g.object, 0
+    for k, v in next, o do
+      n = n + 1
+      if not rawequal(g.fields[k], v) then
+        return ("field '%s' of an argument object %s"):format(tostring(k), g.fields[k] == nil and "was added" or "changed")
+      end
+    end
+    if n ~= g.n then return "an argument object lost a field" end
+    for k, key in pairs(g.memory) do
+      if core._storage_key(rawget(o, k)) ~= key then
+        return ("tensor '%s' of an argument object got new memory"):format(tostring(k))
+      end
+    end
+  end
+  return nil
 end
 
 -- v with every tensor replaced by f(tensor) (tables copied, others as they
@@ -244,6 +287,7 @@ local function failed_guard(e)
   for _, g in ipairs(e.guards) do
     if g.fn() ~= g.value then return "an optimizer hyperparameter or its state changed" end
   end
+  if #e.object_guards > 0 then return failed_object_guard(e.object_guards) end
   return nil
 end
 
@@ -482,6 +526,7 @@ local function alias_hazard(sets, k, i)
 end
 
 local function capture_call(self, e, args, flat)
+  local objects = object_guards(args) -- (as the call finds them: it may change them itself)
   -- different argument tensors sharing memory: their in-place updates could
   -- not be replayed into each other (each gets its own copy below)
   local shared, first_of = {}, {}
@@ -711,6 +756,7 @@ local function capture_call(self, e, args, flat)
   e.alias = alias_sets(bw and {g, bw.graph} or {g}, inputs, written)
   e.module_guards = module_guards(st.modules)
   e.guards, e.hooks = st.guards, st.hooks
+  e.object_guards = objects
   e.graph = g -- last: an entry with a graph is complete
   return results(e, flat)
 end
