@@ -153,6 +153,12 @@ describe("passes option", function()
     assert.are.equal(0, #none.last.passes)
     assert_contains(errmsg(nd.compile, f, {passes = {"dce", "flod"}}),
                     "unknown pass 'flod' (valid: fold, simplify, cse, dce, epilogue, join, reorder, fuse)")
+    -- a set where a list is expected would have run no pass at all
+    local msg = errmsg(nd.compile, f, {passes = {fuse = false}})
+    assert_contains(msg, "passes must be a list of pass names")
+    assert_contains(msg, "got the key 'fuse' (to leave 'fuse' out, list the passes to run: passes = "
+                         .. '{"fold", "simplify", "cse", "dce", "epilogue", "join", "reorder"})')
+    assert_contains(errmsg(nd.compile, f, {passes = {"dce", [3] = "cse"}}), "got the key 3")
     local g = require("needle.core")._graph_begin()
     g:finish()
     g:plan()

@@ -324,6 +324,19 @@ function M.compile(fn, opts)
   if opts.passes == false then passes = {}
   elseif opts.passes == true then passes = DEFAULT_PASSES
   elseif opts.passes ~= nil then
+    local n = #opts.passes
+    for k in pairs(opts.passes) do
+      if math.type(k) ~= "integer" or k < 1 or k > n then
+        local hint = ""
+        if PASSES[k] then -- {fuse = false}: a set, where a list is expected
+          local rest = {}
+          for _, name in ipairs(DEFAULT_PASSES) do if name ~= k then rest[#rest + 1] = ("%q"):format(name) end end
+          hint = (" (to leave '%s' out, list the passes to run: passes = {%s})"):format(k, table.concat(rest, ", "))
+        end
+        fail("passes must be a list of pass names (valid: fold, simplify, cse, dce, epilogue, join, reorder, "
+             .. "fuse), got the key %s%s", type(k) == "string" and ("'" .. k .. "'") or tostring(k), hint)
+      end
+    end
     passes = {}
     for i, name in ipairs(opts.passes) do
       if not PASSES[name] then fail("passes[%d]: unknown pass '%s' (valid: fold, simplify, cse, dce, epilogue, join, reorder, fuse)", i, tostring(name)) end
