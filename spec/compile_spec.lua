@@ -412,6 +412,35 @@ describe("nd.compile: what a replay must redo", function()
     assert_contains(msg, "out of bounds")
   end)
 
+  it("a refused replay names the line of the compiled call and the line that made the check", function()
+    local cf = nd.compile(function(x, y)
+      local h = x * 2
+      local loss = nd.F.cross_entropy(h, y) -- (this line: the check's; a tail call would name the caller's)
+      return loss
+    end)
+    local check_line = debug.getinfo(1, "l").currentline - 3
+    local x = nd.randn(3, 4)
+    local ok_labels = nd.tensor({1, 2, 3}, {dtype = "int64"})
+    cf(x, ok_labels); cf(x, ok_labels)
+    local call_line
+    local ok, msg = pcall(function()
+      call_line = debug.getinfo(1, "l").currentline + 1
+      local r = cf(x, nd.tensor({1, 2, 7}, {dtype = "int64"}))
+      return r
+    end)
+    assert.is_false(ok)
+    assert_contains(msg, "compile_spec.lua:" .. call_line .. ": needle.cross_entropy: label 7 of row 3 is out "
+                         .. "of range for 4 classes (expected 1..4)")
+    assert_contains(msg, "(the check of cross_entropy recorded at spec/compile_spec.lua:" .. check_line .. ")")
+    assert.are.equal(0, cf.stats.replays) -- (a refused replay is none)
+    local ci = nd.compile(function(t, i) local r = t:index_select(1, i); return r end)
+    local idx_line = debug.getinfo(1, "l").currentline - 1
+    ci(x, nd.tensor({1, 2}, {dtype = "int64"})); ci(x, nd.tensor({1, 2}, {dtype = "int64"}))
+    msg = errmsg(ci, x, nd.tensor({1, 9}, {dtype = "int64"}))
+    assert_contains(msg, "index 9 is out of bounds for dim 1 with size 3 (at position {2} of the index tensor) "
+                         .. "(the check of index_select recorded at spec/compile_spec.lua:" .. idx_line .. ")")
+  end)
+
   it("an argument updated in place gets the update back, as eagerly", function()
     local f = function(x, y) x:mul_(2); x:narrow(1, 1, 1):add_(y:sum()); return x * 1 end
     local cf = nd.compile(f)

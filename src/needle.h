@@ -775,6 +775,12 @@ nd_status nd_graph_break(const char *why);
  * eagerly) and nd_graph_end fails with its reason, instead of the op that
  * read the values failing. */
 void nd_graph_set_fallback(nd_graph *g, bool on);
+/* Where the capture's host checks come from: fn(ud) gives the caller's source
+ * position ("train.lua:42", or NULL) when a host check is recorded, so that a
+ * replay refused by it names the line (the Lua bindings pass the Lua state's
+ * current line). Called only while g captures. */
+typedef const char *(*nd_graph_where_fn)(void *ud);
+void nd_graph_set_where(nd_graph *g, nd_graph_where_fn fn, void *ud);
 /* Pauses (true) or resumes recording; returns whether it was paused. */
 bool nd_graph_set_paused(bool paused);
 /* Opaque nodes (an nd.autograd.Function's Lua forward or backward inside a

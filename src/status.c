@@ -37,6 +37,8 @@ const char *nd_last_error_based(int base) {
 
 const char *nd_last_error(void) { return nd_last_error_based(0); }
 
+const char *nd_last_error_raw(void) { return last_error; }
+
 const char *nd_version(void) { return NEEDLE_VERSION; }
 
 const char *nd_status_name(nd_status s) {

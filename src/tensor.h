@@ -88,6 +88,9 @@ int nd_mkdirs(const char *path); /* mkdir -p; 0 on success */
 #define ND_IXF "\x01%lld\x02"
 #define ND_IX(v) ((long long)(v))
 const char *nd_last_error_based(int base);
+/* The message as nd_fail wrote it, index markers and all: for a caller that
+ * adds to it (nd_fail(st, "%s ...", copy)) and keeps the markers. */
+const char *nd_last_error_raw(void);
 /* "<op>: index V is out of bounds for dim D with size N (at position {..} of
  * the index tensor)": the error every backend gives for an index value out of
  * [0, limit); flat_pos is the value's row-major position in `index`. */

@@ -27,6 +27,23 @@ static int graph_gc(lua_State *L) {
     return 0;
 }
 
+/* The capture's caller's source position for a host check (nd_graph_set_where):
+ * the first Lua frame outside needle's own package (the user's line that called
+ * cross_entropy, index_select, ...). ud is the Lua state that began the capture,
+ * running (or resuming a coroutine) for as long as the capture does. */
+static const char *capture_where(void *ud) {
+    lua_State *L = ud;
+    static _Thread_local char buf[72];
+    lua_Debug ar;
+    for (int level = 0; level < 40 && lua_getstack(L, level, &ar); level++) {
+        if (!lua_getinfo(L, "Sl", &ar) || ar.currentline <= 0) continue;
+        if (ar.source[0] == '@' && strstr(ar.source, "lua/needle/")) continue; /* the package's own */
+        snprintf(buf, sizeof buf, "%s:%d", ar.short_src, ar.currentline);
+        return buf;
+    }
+    return NULL;
+}
+
 /* core._graph_begin([fallback[, opaque]]) -> a graph that records from now on
  * (opaque: nd.autograd.Functions become opaque nodes, nd_graph_opaque) */
 static int l_begin(lua_State *L) {
@@ -38,6 +55,7 @@ static int l_begin(lua_State *L) {
     LT_CHECK(L, nd_graph_begin(&b->g));
     nd_graph_set_fallback(b->g, fallback);
     nd_graph_set_opaque(b->g, opaque);
+    nd_graph_set_where(b->g, capture_where, L);
     b->capturing = true;
     return 1;
 }

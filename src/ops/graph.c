@@ -351,6 +351,10 @@ nd_status nd_host_check(const char *op, nd_host_check_fn fn, nd_tensor *const *t
     nd_graph_rec *r = nd_graph_rec_new(ND_CALL_host_check, NULL, op);
     if (!r) return ND_OK;
     r->check = fn;
+    if (current->where_fn) {
+        const char *w = current->where_fn(current->where_ud);
+        if (w) snprintf(r->where, sizeof r->where, "%s", w);
+    }
     for (int k = 0; k < nt && k < ND_REC_MAX_TENSORS; k++) nd_graph_rec_tensor(r, t[k], ND_ROLE_READ);
     for (int k = 0; k < ni && k < 6; k++) r->i[k] = iv[k];
     nd_graph_rec_done(r);
@@ -397,6 +401,12 @@ nd_status nd_graph_note_leaf_grad(nd_tensor *leaf, bool reads_old) {
 
 void nd_graph_set_fallback(nd_graph *g, bool on) { if (g) g->fallback = on; }
 
+void nd_graph_set_where(nd_graph *g, nd_graph_where_fn fn, void *ud) {
+    if (!g) return;
+    g->where_fn = fn;
+    g->where_ud = ud;
+}
+
 nd_status nd_graph_begin(nd_graph **out) {
     *out = NULL;
     if (current)
@@ -419,6 +429,7 @@ nd_status nd_graph_end(nd_graph *g) {
     if (!g || !g->capturing) return nd_fail(ND_ERR_ARG, "compile: this graph is not capturing");
     g->capturing = false;
     g->ended = true;
+    g->where_fn = NULL; /* (its state is the capture's caller's) */
     atomic_fetch_sub(&nd_captures_running, 1);
     if (current == g) current = NULL;
     if (paused && g->error == ND_OK) /* not a graph break: someone paused and never resumed */
@@ -474,6 +485,11 @@ nd_status nd_graph_replay(nd_graph *g) {
         }
         nd_status st = nd_graph_rec_run(r);
         if (depth >= 0) nd_profiler_pop(depth);
+        if (st != ND_OK && r->entry == ND_CALL_host_check && r->where[0]) {
+            char msg[900]; /* the line that made the check: the replay runs no Lua to point at it */
+            snprintf(msg, sizeof msg, "%s", nd_last_error_raw());
+            return nd_fail(st, "%s (the check of %s recorded at %s)", msg, r->op, r->where);
+        }
         if (st != ND_OK) return st;
         /* as eager in-place writes do: a saved tensor this changed fails its backward */
         for (int j = 0; j < r->nt; j++)

@@ -60,6 +60,8 @@ struct nd_graph {
     int64_t dropped;     /* storages whose memory went back while capturing */
     bool plan_done;
     bool fallback;       /* a graph break stops the recording instead of failing the op */
+    nd_graph_where_fn where_fn; /* the caller's source position for host checks (nd_graph_set_where) */
+    void *where_ud;
     int64_t planned_bytes, fixed_bytes; /* after nd_graph_plan: its buffers, and the rest */
     int64_t bound_bytes;  /* the most bytes of planned storages live at one record */
     int64_t captured;     /* records the capture made (the plan adds zero fills) */

@@ -45,6 +45,7 @@ typedef struct nd_graph_rec {
         _Alignas(8) unsigned char value[16];
     } u;
     nd_host_check_fn check;
+    char where[72];           /* a host check's source position at capture (nd_graph_set_where), or "" */
     nd_ew_program *prog;      /* fused_elementwise's and fused_rows' program (owned) */
     /* Prepared launches (backend.h prepare_begin; nd_graph_rec_run): the
      * commands of the first recorded replay, kept once a second recording

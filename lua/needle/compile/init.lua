@@ -783,7 +783,8 @@ local function replay(self, e, flat)
   e.replay_launches = core.opencl_launches() - launches
   if not ok then -- a refused replay (a label out of range) leaves Lua's state as it was
     for i = #e.hooks, 1, -1 do if e.hooks[i].undo then e.hooks[i].undo() end end
-    error(err, 0)
+    -- at the compiled call's line (the message names the line of the check itself)
+    error(err, type(err) == "string" and 3 or 0)
   end
   self.stats.replays = self.stats.replays + 1
   if #e.written > 0 then core.no_grad(copy_back, flat, inputs, e.written) end
