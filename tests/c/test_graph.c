@@ -2,7 +2,8 @@
  * as an embedding host would use it: capture y = relu(x @ w) + 1 over a
  * borrowed input buffer, change the buffer, replay, and compare with the
  * same ops run eagerly; the memory plan; a host read while capturing (a
- * graph break); misuse (replay while capturing, nested captures); and that
+ * graph break); misuse (replay while capturing, nested captures); the
+ * position a host gives the checks a replay runs (nd_graph_set_where); and that
  * freeing the graph gives all its memory back. */
 #include <stdlib.h>
 #include "check.h"
@@ -88,11 +89,39 @@ static void test_graph_break(void) {
     nd_release(t);
 }
 
+/* a host's own source position for the checks a capture records (nd_graph_set_where) */
+static const char *host_where(void *ud) { return (const char *)ud; }
+
+static void test_check_position(void) {
+    float logits[2 * 3] = {0.5f, 1, -1, 2, 0, 1};
+    int64_t labels[2] = {0, 2};
+    nd_tensor *x, *y, *loss = NULL;
+    OK(nd_from_borrowed(logits, S(2, 3), ND_FLOAT32, NULL, NULL, &x));
+    OK(nd_from_borrowed(labels, S(2), ND_INT64, NULL, NULL, &y));
+    nd_graph *g;
+    OK(nd_graph_begin(&g));
+    nd_graph_set_where(g, host_where, (void *)"model.cfg:7");
+    OK(nd_cross_entropy(x, y, -100, 0.0, 1, &loss));
+    OK(nd_graph_end(g));
+    OK(nd_graph_plan(g));
+    OK(nd_graph_replay(g));
+    labels[1] = 3; /* out of range for 3 classes: the replay's check refuses it */
+    EXPECT_ERR("replay with a bad label", nd_graph_replay(g), ND_ERR_INDEX, "out of range",
+               "(the check of cross_entropy recorded at model.cfg:7)");
+    labels[1] = 1;
+    OK(nd_graph_replay(g));
+    nd_graph_free(g);
+    nd_release(loss);
+    nd_release(x);
+    nd_release(y);
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     int64_t live0 = nd_live_bytes();
     test_capture_replay();
     test_graph_break();
+    test_check_position();
     checks++;
     if (nd_live_bytes() != live0)
         FAIL("live bytes: %lld at start, %lld after freeing the graphs", (long long)live0,
