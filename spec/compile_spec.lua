@@ -966,6 +966,24 @@ describe("nd.compile: graph breaks and refusals", function()
     assert_contains(errmsg(nd.compile(Reg(), {warmup = 0}), nd.ones(2)), "nn.Reg's field 'last'")
   end)
 
+  it("a coroutine.yield inside a capture is refused, and leaves no capture running", function()
+    local core = require "needle.core"
+    local cf = nd.compile(function(x) local y = x * 2; coroutine.yield("paused"); return y + 1 end)
+    local warm = coroutine.wrap(function() return cf(nd.ones(2)) end)
+    assert.are.equal("paused", warm()) -- the eager warm-up call may yield
+    local co = coroutine.create(function() return cf(nd.ones(2)) end)
+    local ok, msg = coroutine.resume(co)
+    assert.is_false(ok)
+    assert_contains(msg, "the compiled function called coroutine.yield while it was being captured")
+    assert.is_false(core._graph_capturing())
+    -- ops after it run eagerly, recorded nowhere; a later capture works
+    assert.are.equal(0, max_abs(nd.ones(2) + 1, nd.full({2}, 2)))
+    local c2 = nd.compile(function(x) return x * 3 end, {warmup = 0})
+    c2(nd.ones(2))
+    assert.are.equal(0, max_abs(c2(nd.ones(2)), nd.full({2}, 3)))
+    assert.are.equal(1, c2.stats.replays)
+  end)
+
   it("tolist/totable and printing are graph breaks too", function()
     local cf = nd.compile(function(x) return x:totable() end, {warmup = 0})
     assert_contains(errmsg(cf, nd.ones(2)), "totable: reads tensor values on the host")

@@ -500,6 +500,16 @@ static int l_pause(lua_State *L) {
     return 1;
 }
 
+/* core._call_no_yield(fn, ...) -> fn(...), where a coroutine.yield inside is
+ * an error ("attempt to yield across a C-call boundary"): a capture, whose
+ * recording state is per thread, must not be suspended while other Lua code
+ * runs ops (they would land in the suspended graph) */
+static int l_call_no_yield(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TFUNCTION);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
 static int l_capturing(lua_State *L) {
     lua_pushboolean(L, nd_graph_capturing());
     return 1;
@@ -563,6 +573,7 @@ void lt_register_graph(lua_State *L) {
         {"_graph_opaque_ok", l_opaque_ok, false, true},
         {"_graph_pause", l_pause, false, true},
         {"_graph_capturing", l_capturing, false, true},
+        {"_call_no_yield", l_call_no_yield, false, true},
         {"_storage_key", l_storage_key, false, true},
         {"_storage_version", l_storage_version, false, true},
         {"_meta_generation", l_meta_generation, false, true},

@@ -27,6 +27,8 @@ local options = require "needle.options"
 local state = require "needle.compile.state"
 
 local is_tensor, tensor_sig = core.is_tensor, core._tensor_sig
+-- (a capture records per thread: suspended by a yield, it would record whatever ran next)
+local no_yield = core._call_no_yield or function(f, ...) return f(...) end
 -- (a binary built before core._mute_tensor_hooks: no hooks to mute)
 local mute_hooks = core._mute_tensor_hooks or function() return false end
 local fail = errors.failer("compile", 3)
@@ -496,6 +498,16 @@ local function capture_backward(res, inputs, fallback, opaque)
           arg_of = arg_of, reach = reach}
 end
 
+-- a yield inside a capture (or the probe) is refused by no_yield: say why
+local function yield_message(err)
+  if type(err) == "string" and err:find("attempt to yield across a C-call boundary", 1, true) then
+    return "needle.compile: the compiled function called coroutine.yield while it was being captured; "
+           .. "a capture records every op this thread runs until it ends, so it cannot be suspended: "
+           .. "yield outside the compiled function (its replays run no Lua and never yield)"
+  end
+  return err
+end
+
 -- A module field assigned during the call (state.writes): a replay runs no
 -- Lua, so it would neither assign it again nor read the new value.
 local function module_write_break(writes)
@@ -575,13 +587,13 @@ local function capture_call(self, e, args, flat)
   if not ok then state.active = outer; error(g, 0) end
   local res
   state.writes = {fresh = {}}
-  ok, res = pcall(function() return table.pack(self.fn(unpack_args(cargs))) end)
+  ok, res = pcall(function() return table.pack(no_yield(self.fn, unpack_args(cargs))) end)
   local writes = state.writes
   state.active, state.writes = outer, outer_writes
   local fok, why = pcall(g.finish, g)
   if not ok then
     g:free()
-    error(res, 0)
+    error(yield_message(res), 0)
   end
   if fok and #writes > 0 then fok, why = false, module_write_break(writes) end
   self.stats.captures = self.stats.captures + 1
@@ -905,7 +917,12 @@ function CF:__call(...)
     local probe = self.fallback and e.seen == self.warmup and core._graph_begin(true, self.opaque)
     local was_probing, outer_writes = state.probing, state.writes
     if probe then state.probing, state.writes = true, {fresh = {}} end
-    local ok, out = pcall(function(...) return table.pack(self.fn(...)) end, ...)
+    local ok, out
+    if probe then
+      ok, out = pcall(function(...) return table.pack(no_yield(self.fn, ...)) end, ...)
+    else
+      ok, out = pcall(function(...) return table.pack(self.fn(...)) end, ...)
+    end
     local writes = state.writes
     state.probing, state.writes = was_probing, outer_writes
     if probe then
@@ -917,7 +934,7 @@ function CF:__call(...)
         self.breaks[#self.breaks + 1] = e.broken
       end
     end
-    if not ok then error(out, 0) end
+    if not ok then error(probe and yield_message(out) or out, 0) end
     e.eager_peak = core.peak_live_bytes() - base
     e.eager_launches = core.opencl_launches() - launches
     return unpack_args(out)
