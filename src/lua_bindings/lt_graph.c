@@ -505,7 +505,7 @@ static int l_pause(lua_State *L) {
  * recording state is per thread, must not be suspended while other Lua code
  * runs ops (they would land in the suspended graph) */
 static int l_call_no_yield(lua_State *L) {
-    luaL_checktype(L, 1, LUA_TFUNCTION);
+    luaL_checkany(L, 1); /* a function or a callable table (a module) */
     lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
     return lua_gettop(L);
 }
