@@ -387,6 +387,8 @@ describe("bad input", function()
     assert_contains(errmsg(models.BertModel, with(BERT, {hidden_size = 0})), "hidden_size must be a positive integer")
     assert_contains(errmsg(models.BertModel, with(BERT, {hidden_dropout_prob = 2})),
                     "hidden_dropout_prob must be a probability in [0, 1], got 2")
+    assert_contains(errmsg(models.BertModel, with(BERT, {attention_probs_dropout_prob = 0 / 0})),
+                    "attention_probs_dropout_prob must be a probability in [0, 1], got")
     assert_contains(errmsg(models.BertModel, {hiden_size = 8}), "needle.nn.models.BertModel: unknown option 'hiden_size'")
     for _, r in ipairs({0 / 0, math.huge, -1}) do
       assert_contains(errmsg(models.BertModel, with(BERT, {initializer_range = r})), "needle.nn.models.BertModel: "

@@ -200,7 +200,7 @@ function F.dropout(x, p, training)
   check_tensor("dropout", x)
   p = p or 0.5
   if training == nil then training = true end
-  if p < 0 or p > 1 then fail_at(2, "dropout", "p must be in [0, 1], got %s", tostring(p)) end
+  if not (p >= 0 and p <= 1) then fail_at(2, "dropout", "p must be in [0, 1], got %s", tostring(p)) end
   if not training or p == 0 then return x end
   if p == 1 then return x * 0 end
   -- the mask is drawn on x's device (no transfer per call): uniforms below

@@ -145,7 +145,7 @@ local function split_lengths(who, lengths, n)
   if math.abs(sum - 1) <= 1e-9 and sum <= 1 then
     local out, total = {}, 0
     for k, f in ipairs(lengths) do
-      if f < 0 or f > 1 then errors.fail(who, "fraction lengths[%d] = %s is not between 0 and 1", k, tostring(f)) end
+      if not (f >= 0 and f <= 1) then errors.fail(who, "fraction lengths[%d] = %s is not between 0 and 1", k, tostring(f)) end
       out[k] = math.floor(n * f)
       total = total + out[k]
     end

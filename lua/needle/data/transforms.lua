@@ -87,7 +87,7 @@ end
 -- RandomFlipHorizontal(p = 0.5): with probability p, flips the last dim (W).
 function T.RandomFlipHorizontal(p)
   if p == nil then p = 0.5 end
-  if type(p) ~= "number" or p < 0 or p > 1 then
+  if type(p) ~= "number" or not (p >= 0 and p <= 1) then
     errorf("RandomFlipHorizontal", "p must be a number in [0, 1], got %s", tostring(p))
   end
   return rebuildable(make(("RandomFlipHorizontal(p=%g)"):format(p), function(_, x)

@@ -19,7 +19,7 @@ function Dropout:init(p, opts)
   p, opts = util.first_or_options(self, p, opts, "p", "number", {inplace = "boolean"})
   self.inplace = opts.inplace
   if p == nil then p = 0.5 end
-  if type(p) ~= "number" or p < 0 or p > 1 then
+  if type(p) ~= "number" or not (p >= 0 and p <= 1) then -- (NaN too)
     error(("needle.nn.%s: p must be a probability in [0, 1], got %s"):format(self.__name, tostring(p)), 3)
   end
   self.p = p

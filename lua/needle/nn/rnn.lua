@@ -199,7 +199,7 @@ local function make_rnn(kind)
     self.nonlinearity = opts.nonlinearity or "tanh"
     if kind == "RNN" then check_nonlinearity(self, self.nonlinearity) end
     if self.num_layers < 1 then error(("needle.nn.%s: num_layers must be >= 1"):format(kind), 3) end
-    if self.dropout < 0 or self.dropout > 1 then
+    if not (self.dropout >= 0 and self.dropout <= 1) then -- (NaN too)
       error(("needle.nn.%s: dropout must be in [0, 1], got %s"):format(kind, tostring(self.dropout)), 3)
     end
     local dirs = self.bidirectional and 2 or 1

@@ -98,7 +98,7 @@ local function configure(self, opts, spec, defaults, extra)
   for k, v in pairs(cfg) do
     if spec[k] == "integer" and k ~= "pad_token_id" and v < 1 then
       fail(who, "%s must be a positive integer, got %d", k, v)
-    elseif k:find("dropout") and (v < 0 or v > 1) then
+    elseif k:find("dropout") and not (v >= 0 and v <= 1) then -- (NaN too)
       fail(who, "%s must be a probability in [0, 1], got %s", k, tostring(v))
     elseif k == "initializer_range" and not (v >= 0 and v < math.huge) then
       fail(who, "initializer_range (the standard deviation of the initial weights) must be a finite number >= 0, got %s",
@@ -749,7 +749,7 @@ function DistilBertForSequenceClassification:init(opts)
   self.num_labels = o.num_labels or 2
   if self.num_labels < 1 then fail("nn.models." .. self.__name, "num_labels must be positive, got %d", self.num_labels) end
   local p = o.seq_classif_dropout or 0.2
-  if p < 0 or p > 1 then fail("nn.models." .. self.__name, "seq_classif_dropout must be in [0, 1], got %s", tostring(p)) end
+  if not (p >= 0 and p <= 1) then fail("nn.models." .. self.__name, "seq_classif_dropout must be in [0, 1], got %s", tostring(p)) end
   self.config = cfg
   self.distilbert = DistilBertModel(BUILT, cfg)
   self.pre_classifier = nd.nn.Linear(cfg.dim, cfg.dim)
