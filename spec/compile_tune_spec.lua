@@ -70,6 +70,20 @@ describe("nd.compile tuning", function()
     assert(ok, text)
     assert_contains(text, ("tuning: %d fused kernel(s) and %d product(s): 0 from the cache, 0 timed now")
                           :format(n, p))
+    -- on one thread, "at most one thread" and the thread splits are no candidates (the default itself)
+    local one = H.tmpdir()
+    ok, text = tune_model("--workload mlp_train --seconds 120 --threads 1", "NEEDLE_CACHE_DIR=" .. S.q(one))
+    assert(ok, text)
+    local one_lines = read_lines(one .. "/compile/tune.txt")
+    H.rmdir(one)
+    local one_gemm = 0
+    for i = 2, #one_lines do
+      if one_lines[i]:find(" gemm ", 1, true) then
+        one_gemm = one_gemm + 1
+        assert.truthy(one_lines[i]:match("^%x+ gemm 0 %d+ [012] 0$"), one_lines[i])
+      end
+    end
+    assert(one_gemm > 0, text)
     -- a budget spent before all are timed: the rest keep their default, and the line says how many
     local fresh = H.tmpdir()
     ok, text = tune_model("--workload mlp_train --seconds 0.000001 --threads 2", "NEEDLE_CACHE_DIR=" .. S.q(fresh))

@@ -24,24 +24,8 @@
 /* producer moves per check */
 #define MAX_PRODUCER_MOVES 16
 
-static bool barrier(const nd_graph_rec *r) {
-    return r->entry == ND_CALL_host_check || r->entry == ND_CALL_read || r->entry == ND_CALL_write ||
-           r->entry == ND_CALL_random;
-}
-
-/* Whether a and b touch a storage that one of them writes. */
-static bool conflict(const nd_graph_rec *a, const nd_graph_rec *b) {
-    for (int i = 0; i < a->nt; i++) {
-        if (!a->t[i]) continue;
-        for (int j = 0; j < b->nt; j++)
-            if (b->t[j] && a->sid[i] == b->sid[j] && ((a->role[i] & ND_ROLE_WRITE) || (b->role[j] & ND_ROLE_WRITE)))
-                return true;
-    }
-    return false;
-}
-
 static bool small_producer(const nd_graph_rec *r) {
-    if (barrier(r) || r->entry == ND_CALL_fused_rows) return false;
+    if (nd_graph_rec_barrier(r) || r->entry == ND_CALL_fused_rows) return false;
     bool writes = false;
     for (int i = 0; i < r->nt; i++) {
         if (!r->t[i] || !(r->role[i] & ND_ROLE_WRITE)) continue;
@@ -59,8 +43,8 @@ static size_t hoist(nd_graph *g, size_t j, int depth, int *moves) {
     size_t q = j;
     while (q > 0) {
         const nd_graph_rec *p = &g->recs[q - 1];
-        if (barrier(p)) break;
-        if (!conflict(p, &g->recs[j])) {
+        if (nd_graph_rec_barrier(p)) break;
+        if (!nd_graph_recs_conflict(p, &g->recs[j])) {
             q--;
             continue;
         }

@@ -104,6 +104,25 @@ static inline bool nd_graph_live_out(const nd_graph *g, size_t k, const int64_t 
 }
 
 /* The same shape (strides, offsets and dtypes not compared). */
+/* Records no pass moves anything across: they talk to the host (checks,
+ * reads, writes) or draw random numbers (graph_reorder.c, graph_hoist.c). */
+static inline bool nd_graph_rec_barrier(const nd_graph_rec *r) {
+    return r->entry == ND_CALL_host_check || r->entry == ND_CALL_read || r->entry == ND_CALL_write ||
+           r->entry == ND_CALL_random;
+}
+
+/* Whether a and b touch a storage that one of them writes (then their order
+ * matters). */
+static inline bool nd_graph_recs_conflict(const nd_graph_rec *a, const nd_graph_rec *b) {
+    for (int i = 0; i < a->nt; i++) {
+        if (!a->t[i]) continue;
+        for (int j = 0; j < b->nt; j++)
+            if (b->t[j] && a->sid[i] == b->sid[j] && ((a->role[i] & ND_ROLE_WRITE) || (b->role[j] & ND_ROLE_WRITE)))
+                return true;
+    }
+    return false;
+}
+
 static inline bool nd_graph_same_shape(const nd_tensor *a, const nd_tensor *b) {
     if (a->ndim != b->ndim) return false;
     for (int d = 0; d < a->ndim; d++)

@@ -21,22 +21,9 @@
 
 #define WINDOW 24
 
-static bool barrier(const nd_graph_rec *r) {
-    return r->entry == ND_CALL_host_check || r->entry == ND_CALL_read || r->entry == ND_CALL_write ||
-           r->entry == ND_CALL_random;
-}
-
-/* Whether a and b touch a storage that one of them writes. */
+/* Whether a and b must keep their order: a barrier, or a storage one writes. */
 static bool conflict(const nd_graph_rec *a, const nd_graph_rec *b) {
-    if (barrier(a) || barrier(b)) return true;
-    for (int i = 0; i < a->nt; i++) {
-        if (!a->t[i]) continue;
-        for (int j = 0; j < b->nt; j++) {
-            if (!b->t[j] || a->sid[i] != b->sid[j]) continue;
-            if ((a->role[i] & ND_ROLE_WRITE) || (b->role[j] & ND_ROLE_WRITE)) return true;
-        }
-    }
-    return false;
+    return nd_graph_rec_barrier(a) || nd_graph_rec_barrier(b) || nd_graph_recs_conflict(a, b);
 }
 
 /* Whether the fuse pass could put a and b (both fusable) in one run. */

@@ -344,7 +344,12 @@ static nd_status tune_record(nd_graph_rec *r, double budget, knob *best, double 
              : cpu ? (int)(sizeof cpu_knobs / sizeof *cpu_knobs)
                    : (int)(sizeof ocl_knobs / sizeof *ocl_knobs);
     knob ks[16]; /* the table, and for a product the winners' fields together */
-    memcpy(ks, table, (size_t)nk * sizeof *ks);
+    /* on one thread, "at most one thread" and the thread splits are the default itself */
+    bool one_thread = nd_get_num_threads() <= 1;
+    int kept = 0;
+    for (int c = 0; c < nk; c++)
+        if (!(c > 0 && gemm && one_thread && (table[c].hint.threads || table[c].hint.split))) ks[kept++] = table[c];
+    nk = kept;
     const int ntable = nk;
     knob together = {.gemm = true};
     int winners = 0;
