@@ -987,6 +987,13 @@ describe("nd.compile: graph breaks and refusals", function()
   it("tolist/totable and printing are graph breaks too", function()
     local cf = nd.compile(function(x) return x:totable() end, {warmup = 0})
     assert_contains(errmsg(cf, nd.ones(2)), "totable: reads tensor values on the host")
+    -- named as the user called them, not as the library reads the values
+    local cl = nd.compile(function(x) return x:tolist() end, {warmup = 0})
+    assert_contains(errmsg(cl, nd.ones(2)), "needle.tolist: reads tensor values on the host")
+    local cp = nd.compile(function(x) local s = tostring(x); return x, s end, {warmup = 0})
+    local msg = errmsg(cp, nd.ones(2))
+    assert_contains(msg, "needle.tostring (print): reads tensor values on the host")
+    assert_contains(msg, "compile_spec.lua:")
   end)
 
   it("backward adding to gradients from before the call is refused", function()

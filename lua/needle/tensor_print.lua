@@ -71,6 +71,9 @@ local NONFLOAT = {
   int64 = true, int32 = true, int16 = true, int8 = true, uint8 = true, bool = true,
 }
 
+-- (core._host_read: a binary built before it has no capture to tell)
+local host_read = require("needle.core")._host_read
+
 local function is_int(v)
   return math.type(v) == "integer" or (type(v) == "number" and v == floor(v))
 end
@@ -360,6 +363,8 @@ local shape_str = require("needle.errors").shape_str
 --- The text form of tensor `t`, as PyTorch's repr with needle's suffixes.
 -- `opts` (optional) overrides the print options for this call.
 function M.format(t, opts)
+  -- inside a compiled function's capture: a graph break named as the user called it
+  if host_read then host_read("tostring (print)") end
   local p = effective(opts)
   local shape = t.shape
   local D = #shape

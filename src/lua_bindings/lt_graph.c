@@ -510,6 +510,15 @@ static int l_call_no_yield(lua_State *L) {
     return lua_gettop(L);
 }
 
+/* core._host_read(op): the graph break of reading tensor values on the host
+ * (nd_graph_check_host_read) under the name the user called (tostring,
+ * tolist), before library code reads them through another op */
+static int l_host_read(lua_State *L) {
+    const char *op = luaL_checkstring(L, 1);
+    LT_CHECK(L, nd_graph_check_host_read(op));
+    return 0;
+}
+
 static int l_capturing(lua_State *L) {
     lua_pushboolean(L, nd_graph_capturing());
     return 1;
@@ -574,6 +583,7 @@ void lt_register_graph(lua_State *L) {
         {"_graph_pause", l_pause, false, true},
         {"_graph_capturing", l_capturing, false, true},
         {"_call_no_yield", l_call_no_yield, false, true},
+        {"_host_read", l_host_read, false, true},
         {"_storage_key", l_storage_key, false, true},
         {"_storage_version", l_storage_version, false, true},
         {"_meta_generation", l_meta_generation, false, true},

@@ -86,6 +86,7 @@ end
 function M.tolist(x, ...)
   A.tensor("tolist", x)
   A.parse("tolist", 2, {}, {}, ...)
+  if core._host_read then core._host_read("tolist") end -- (a graph break under the name called)
   return x:totable()
 end
 
