@@ -744,6 +744,78 @@ describe("nd.compile: what the review found", function()
     assert.are.equal(0, cs.stats.retraces)
   end)
 
+  it("tensors outside modules are guards too: set_data_, requires_grad_ and a first tensor hook retrace", function()
+    -- a training step over a plain parameter list, against the same steps eagerly
+    local function run(compile, change)
+      local w = nd.tensor({1.0, 2.0, 3.0}, {requires_grad = true})
+      local b = nd.tensor({1.0}, {requires_grad = true})
+      local opt = nd.optim.SGD({w, b}, {lr = 0.1})
+      local function step(x)
+        opt:zero_grad()
+        local loss = (w * x + b):sum()
+        loss:backward()
+        opt:step()
+        return loss
+      end
+      local f = compile and nd.compile(step, {fallback = true}) or step
+      local x = nd.ones({3})
+      for _ = 1, 3 do f(x) end
+      change(w)
+      local losses = {}
+      for i = 1, 3 do losses[i] = f(x):item() end
+      return losses, w:detach():clone(), b:detach():clone(), compile and f
+    end
+    local changes = {
+      set_data = function(w) w:set_data_(nd.tensor({100.0, 200.0, 300.0})) end, -- (weights restored)
+      freeze = function(w) w:requires_grad_(false) end,
+      hook = function(w) w:register_hook(function(g) return g * 0 end) end, -- (frozen by its hook)
+    }
+    for name, change in pairs(changes) do
+      local el, ew, eb = run(false, change)
+      local cl, cw, cb, f = run(true, change)
+      assert.are.same(el, cl, name)
+      assert.are.equal(0, max_abs(ew, cw), name)
+      assert.are.equal(0, max_abs(eb, cb), name)
+      assert.are.equal(1, f.stats.retraces, name)
+      assert_contains(f.retrace_reasons[1], ({set_data = "got new memory (set_data_)",
+                      freeze = "changed requires_grad", hook = "got a tensor hook"})[name])
+    end
+    -- a closure's tensor given new memory
+    local s = nd.tensor({1.0, 2.0, 3.0})
+    local cg = nd.compile(function(x) return x * s end)
+    for _ = 1, 3 do cg(nd.ones(3)) end
+    s:set_data_(nd.tensor({10.0, 20.0, 30.0}))
+    assert.are.equal(0, max_abs(cg(nd.ones(3)), nd.tensor({10.0, 20.0, 30.0})))
+    -- a closure's tensor unfrozen: a compiled forward's backward reaches it
+    local w = nd.tensor({1.0, 2.0, 3.0})
+    local c = nd.tensor({2.0, 2.0, 2.0}, {requires_grad = true})
+    local cf = nd.compile(function(x) return (x * w + c):sum() end)
+    local x = nd.tensor({1.0, 2.0, 3.0})
+    for _ = 1, 3 do cf(x):backward() end
+    w:requires_grad_(true)
+    cf(x):backward()
+    assert.are.equal(0, max_abs(w.grad, x))
+  end)
+
+  it("a function that turns grad mode on itself, called under no_grad, keeps its results' gradients", function()
+    nd.manual_seed(0)
+    local lin = nn.Linear(3, 1)
+    local f = function(x) return nd.enable_grad(function() return lin(x) end) end
+    local cf = nd.compile(f)
+    for i = 1, 4 do
+      local x = nd.randn(2, 3)
+      local y = nd.no_grad(function() return cf(x) end)
+      assert.is_true(y.requires_grad, "call " .. i)
+      lin:zero_grad()
+      y:sum():backward()
+      local got = lin.weight.grad:clone()
+      lin:zero_grad()
+      nd.no_grad(function() return f(x) end):sum():backward()
+      assert.are.equal(0, max_abs(got, lin.weight.grad), "call " .. i)
+    end
+    assert.are.equal(2, cf.stats.replays)
+  end)
+
   it("a module's function and table settings are guards by identity; a new setting retraces", function()
     local Act = nn.Module:extend("Act")
     function Act:init() self.f = function(x) return x:relu() end; self.lin = nn.Linear(2, 2) end
@@ -982,6 +1054,46 @@ describe("nd.compile: graph breaks and refusals", function()
     c2(nd.ones(2))
     assert.are.equal(0, max_abs(c2(nd.ones(2)), nd.full({2}, 3)))
     assert.are.equal(1, c2.stats.replays)
+  end)
+
+  it("seeding or moving the random stream inside is a graph break (fallback: eager, as its masks)", function()
+    local f = function(x) nd.manual_seed(42); return nd.F.dropout(x, 0.5, true) end
+    local cf = nd.compile(f, {warmup = 0})
+    local msg = errmsg(cf, nd.ones(8))
+    assert_contains(msg, "needle.manual_seed: reseeds the random stream (a graph break)")
+    assert_contains(msg, "compile_spec.lua:")
+    local g = function(x, y)
+      local s = nd.get_rng_state()
+      local a = nd.F.dropout(x, 0.5, true)
+      nd.set_rng_state(s)
+      return a, nd.F.dropout(y, 0.5, true)
+    end
+    assert_contains(errmsg(nd.compile(g, {warmup = 0}), nd.ones(8), nd.ones(8)), "needle.get_rng_state")
+    local cg = nd.compile(g, {fallback = true})
+    for _ = 1, 4 do
+      local a, b = cg(nd.ones(64), nd.ones(64))
+      assert.are.equal(0, max_abs(a, b)) -- the same mask twice, as eagerly
+    end
+    local cs = nd.compile(f, {fallback = true})
+    local first = cs(nd.ones(64))
+    for _ = 1, 3 do assert.are.equal(0, max_abs(cs(nd.ones(64)), first)) end
+  end)
+
+  it("value-reading ops name themselves in their graph break", function()
+    local cases = {
+      nonzero = function(x) return x:gt(0):nonzero() end,
+      masked_select = function(x) return x:masked_select(x:gt(0)) end,
+      unique = function(x) return nd.unique(x) end,
+      allclose = function(x) return nd.allclose(x, x) end,
+      equal = function(x) return x:equal(x) end,
+      multinomial = function(x) return nd.multinomial(x:abs() + 0.1, 2) end,
+      one_hot = function(x) return nd.F.one_hot(x:gt(0):long() + 1, 2) end,
+      repeat_interleave = function(x) return x:repeat_interleave(nd.tensor({1, 2, 1}, {dtype = "int64"})) end,
+    }
+    for name, f in pairs(cases) do
+      local cf = nd.compile(f, {warmup = 0})
+      assert_contains(errmsg(cf, nd.tensor({1.0, -2.0, 3.0})), "needle." .. name .. ": reads tensor values on the host")
+    end
   end)
 
   it("tolist/totable and printing are graph breaks too", function()

@@ -779,6 +779,12 @@ void nd_graph_set_fallback(nd_graph *g, bool on);
  * position ("train.lua:42", or NULL) when a host check is recorded, so that a
  * replay refused by it names the line (the Lua bindings pass the Lua state's
  * current line). Called only while g captures. */
+/* Whether a tensor object from before the capture that g's kernels use has
+ * since got new memory (set_data_), changed requires_grad or got its first
+ * tensor hook: a replay would go on as captured, so the graph must be
+ * captured again; why gets the reason. Cheap to skip while
+ * nd_meta_generation has not moved (every such change bumps it). */
+bool nd_graph_stale(const nd_graph *g, char *why, size_t n);
 typedef const char *(*nd_graph_where_fn)(void *ud);
 void nd_graph_set_where(nd_graph *g, nd_graph_where_fn fn, void *ud);
 /* Pauses (true) or resumes recording; returns whether it was paused. */

@@ -405,14 +405,19 @@ static int l_eye(lua_State *L) {
 
 /* ---------------------------------------------------------------- random */
 
+/* Inside a compiled function's capture the stream's state is Lua's business
+ * that a replay would not repeat (each replay draws fresh counters from where
+ * the stream is): a graph break. */
 static int l_manual_seed(lua_State *L) {
     lua_Integer s = luaL_checkinteger(L, 1);
+    LT_CHECK(L, nd_graph_break("manual_seed: reseeds the random stream"));
     nd_manual_seed((uint64_t)s);
     return 0;
 }
 
 static int l_get_rng_state(lua_State *L) {
     uint64_t seed, offset;
+    LT_CHECK(L, nd_graph_break("get_rng_state: reads the random stream's position"));
     nd_rng_get_state(&seed, &offset);
     lua_createtable(L, 0, 2);
     lua_pushinteger(L, (lua_Integer)seed);
@@ -428,6 +433,7 @@ static int l_set_rng_state(lua_State *L) {
     lua_getfield(L, 1, "offset");
     if (!lua_isinteger(L, -2) || !lua_isinteger(L, -1))
         return lt_error(L, "set_rng_state", "expected a table {seed=<integer>, offset=<integer>}");
+    LT_CHECK(L, nd_graph_break("set_rng_state: moves the random stream"));
     nd_rng_set_state((uint64_t)lua_tointeger(L, -2), (uint64_t)lua_tointeger(L, -1));
     return 0;
 }

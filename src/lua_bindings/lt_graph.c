@@ -363,6 +363,15 @@ static int l_pending(lua_State *L) {
     return 1;
 }
 
+/* g:stale() -> nil, or why a tensor the graph uses changed (nd_graph_stale) */
+static int l_stale(lua_State *L) {
+    graph_box *b = check_graph(L, "compile");
+    char why[200];
+    if (!nd_graph_stale(b->g, why, sizeof why)) return 0;
+    lua_pushstring(L, why);
+    return 1;
+}
+
 /* g:tune(seconds) -> {kernels, gemms, cached, tuned, untimed, seconds, best_speedup} (nd_graph_tune) */
 static int l_tune(lua_State *L) {
     graph_box *b = check_graph(L, "compile");
@@ -565,7 +574,7 @@ void lt_register_graph(lua_State *L) {
         static const luaL_Reg methods[] = {
             {"finish", l_finish}, {"replay", l_replay}, {"stats", l_stats},
             {"records", l_records}, {"free", l_free}, {"plan", l_plan}, {"pass", l_pass}, {"check", l_check},
-            {"attach_backward", l_attach_backward}, {"tune", l_tune}, {"pending", l_pending},
+            {"attach_backward", l_attach_backward}, {"tune", l_tune}, {"pending", l_pending}, {"stale", l_stale},
             {"mark_input", l_mark_input}, {NULL, NULL},
         };
         lua_newtable(L);

@@ -348,6 +348,7 @@ nd_status nd_hook_tensor(nd_tensor *t, const void **key, bool *fresh) {
         *key = t->grad_fn;
     } else {
         *fresh = !t->tensor_hooks;
+        if (!t->tensor_hooks) nd_bump_meta_generation(); /* (compiled graphs that use t: nd_graph_stale) */
         t->tensor_hooks = true;
         *key = t;
     }

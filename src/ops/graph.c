@@ -290,6 +290,54 @@ void nd_graph_rec_failed(nd_status st) {
     if (current) poison(current, st, nd_last_error());
 }
 
+/* Adds t to the graph's watched tensors (once; nd_graph_stale). */
+static void watch(nd_graph *g, nd_tensor *t) {
+    if (g->nwatch * 2 >= g->nwatch_set) { /* grow the set (and rehash) */
+        size_t n = g->nwatch_set ? g->nwatch_set * 2 : 64;
+        void **set = calloc(n, sizeof *set);
+        if (!set) { poison(g, ND_ERR_MEMORY, "compile: out of memory recording a tensor"); return; }
+        for (size_t k = 0; k < g->nwatch; k++) {
+            size_t h = hash_ptr(g->watch[k].t, n - 1);
+            while (set[h]) h = (h + 1) & (n - 1);
+            set[h] = g->watch[k].t;
+        }
+        free(g->watch_set);
+        g->watch_set = set;
+        g->nwatch_set = n;
+    }
+    size_t h = hash_ptr(t, g->nwatch_set - 1);
+    while (g->watch_set[h]) {
+        if (g->watch_set[h] == t) return;
+        h = (h + 1) & (g->nwatch_set - 1);
+    }
+    if (g->nwatch == g->capwatch) {
+        size_t cap = g->capwatch ? g->capwatch * 2 : 32;
+        struct watched *w = realloc(g->watch, cap * sizeof *w);
+        if (!w) { poison(g, ND_ERR_MEMORY, "compile: out of memory recording a tensor"); return; }
+        g->watch = w;
+        g->capwatch = cap;
+    }
+    g->watch_set[h] = t;
+    nd_retain(t);
+    g->watch[g->nwatch++] = (struct watched){t, t->storage, t->requires_grad, t->tensor_hooks};
+}
+
+bool nd_graph_stale(const nd_graph *g, char *why, size_t n) {
+    for (size_t k = 0; g && k < g->nwatch; k++) {
+        const struct watched *w = &g->watch[k];
+        char shape[ND_SHAPE_BUF];
+        const char *what = w->t->storage != w->s ? "got new memory (set_data_)"
+                         : w->t->requires_grad != w->requires_grad ? "changed requires_grad"
+                         : w->t->tensor_hooks && !w->hooks ? "got a tensor hook (register_hook)" : NULL;
+        if (what) {
+            snprintf(why, n, "a %s %s tensor the graph uses %s", nd_shape_str(w->t->shape, w->t->ndim, shape),
+                     nd_dtype_name(w->t->dtype), what);
+            return true;
+        }
+    }
+    return false;
+}
+
 static bool covers_storage(const nd_tensor *t) {
     return t->offset == 0 && nd_is_contiguous(t) &&
            (size_t)nd_numel(t) * nd_dtype_size(t->dtype) == t->storage->nbytes;
@@ -310,6 +358,7 @@ void nd_graph_rec_tensor(nd_graph_rec *r, const nd_tensor *t, nd_rec_role role) 
     }
     r->full[k] = covers_storage(t);
     atomic_fetch_add(&t->storage->graph_refs, 1);
+    if (t->storage->serial <= g->start_serial) watch(g, (nd_tensor *)t);
 }
 
 /* Classifies each storage at its first use: reads (and partial writes) of a
@@ -533,6 +582,9 @@ void nd_graph_free(nd_graph *g) {
         nd_release(g->leaves[k].leaf);
         nd_release(g->leaves[k].grad);
     }
+    for (size_t k = 0; k < g->nwatch; k++) nd_release(g->watch[k].t);
+    free(g->watch);
+    free(g->watch_set);
     free(g->recs);
     free(g->stor);
     free(g->slots);

@@ -54,6 +54,14 @@ struct nd_graph {
     size_t nslots;
     leaf_grad *leaves;
     size_t nleaves, capleaves;
+    /* The tensor objects from before the capture that its kernels were given
+     * (parameters, buffers, a closure's tensors: retained), as they were then:
+     * set_data_, requires_grad_ or a first tensor hook on one makes the graph
+     * stale (nd_graph_stale), since a replay would go on as captured. */
+    struct watched { nd_tensor *t; nd_storage *s; bool requires_grad, hooks; } *watch;
+    size_t nwatch, capwatch;
+    void **watch_set;    /* open addressing over watch's tensors (NULL empty) */
+    size_t nwatch_set;
     uint64_t start_serial;
     bool capturing;
     bool ended;

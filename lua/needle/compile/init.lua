@@ -278,6 +278,12 @@ local function failed_guard(e)
   if e.gen ~= gen or e.meta ~= meta then
     local why = failed_module_guard(e)
     if why then return why end
+    -- tensors outside modules (an optimizer's parameter list, a closure's): set_data_,
+    -- requires_grad_, a first tensor hook
+    if e.meta ~= meta then
+      why = e.graph:stale() or (e.backward and e.backward.graph:stale())
+      if why then return why end
+    end
     e.gen, e.meta = gen, meta
   else -- `m.training = x` is a raw field: no generation counts it, so always compared
     for _, g in ipairs(e.module_guards) do
@@ -419,7 +425,9 @@ end
 -- copy_out, and the results that need gradients get their backward node
 local function results(e, flat)
   local bw = e.backward
-  if not (bw and core.is_grad_enabled()) then return core.no_grad(copy_out, e.outputs) end
+  -- (grad mode is in the key: an entry with a backward graph was captured with results that
+  -- needed gradients, grad mode on, or turned on inside the function itself)
+  if not bw then return core.no_grad(copy_out, e.outputs) end
   local res, graph = e.outputs, e.graph
   local function out(t)
     local c = core.no_grad(clone, t)
@@ -435,7 +443,9 @@ local function results(e, flat)
     return c
   end
   local r = {n = res.n}
-  for i = 1, res.n do r[i] = map_tensors(res[i], out) end
+  local function all() for i = 1, res.n do r[i] = map_tensors(res[i], out) end end
+  -- (the nodes are made as the function's own grad mode made them: on)
+  if core.is_grad_enabled() then all() else core.enable_grad(all) end
   return r
 end
 
@@ -674,7 +684,8 @@ local function capture_call(self, e, args, flat)
   -- results that need gradients: their backward graph, unless the function
   -- ran a backward itself (a whole training step returns its loss detached)
   local bw
-  if core.is_grad_enabled() and g:stats().leaves == 0 then
+  if g:stats().leaves == 0 then -- (results need gradients under the caller's grad mode, or the
+                                 -- function's own: nd.enable_grad inside, called under no_grad)
     local bok, b, broken = pcall(capture_backward, res, inputs, self.fallback, self.opaque)
     if not bok then g:free(); error(b, 0) end
     if broken then -- this call's results stay the eager ones (their graph reaches the parameters)

@@ -82,6 +82,7 @@ function M.multinomial(probs, ...)
   local o = A.parse("multinomial", 2, {"num_samples", "replacement"},
                     {num_samples = "integer", replacement = "boolean"}, ...)
   local k = o.num_samples
+  if core._host_read then core._host_read("multinomial") end -- (a graph break under its own name)
   if k == nil then fail("multinomial", "num_samples is required") end
   if probs:dim() < 1 or probs:dim() > 2 then
     fail("multinomial", "probs must have 1 or 2 dims, got shape %s", A.shape_str(probs))

@@ -32,6 +32,7 @@ end
 function M.nonzero(x, ...)
   A.tensor("nonzero", x)
   local o = A.parse("nonzero", 2, {}, {as_tuple = "boolean"}, ...)
+  if core._host_read then core._host_read("nonzero") end -- (a graph break under its own name)
   local shape = x:dim() == 0 and {1} or x.shape
   local flat, count = true_positions(x:ne(0):reshape({-1}))
   local cols = {}
@@ -56,6 +57,7 @@ function M.masked_select(x, mask, ...)
   A.tensor("masked_select", x)
   A.tensor("masked_select", mask, "mask")
   A.parse("masked_select", 3, {}, {}, ...)
+  if core._host_read then core._host_read("masked_select") end -- (a graph break under its own name)
   if mask.dtype ~= "bool" then fail("masked_select", "mask must be a bool tensor, got %s", mask.dtype) end
   A.same_device("masked_select", x, mask)
   local shape = A.broadcast_shapes("masked_select", x.shape, mask.shape)
@@ -95,6 +97,7 @@ end
 function M.unique(x, ...)
   A.tensor("unique", x)
   local o = A.parse("unique", 2, {"sorted", "return_inverse", "return_counts", "dim"}, UNIQUE, ...)
+  if core._host_read then core._host_read("unique") end -- (a graph break under its own name)
   x = x:detach()
   local dev = x.device
   if o.dim == nil then
@@ -194,6 +197,8 @@ function M.repeat_interleave(x, ...)
   if x:dim() == 0 then x = x:reshape({1}) end
   local n = x:size(d)
   if core.is_tensor(r) then
+    -- (counts from a tensor are values read on the host: a graph break under its own name)
+    if core._host_read then core._host_read("repeat_interleave") end
     if not A.is_int(r) or r:dim() > 1 then
       fail("repeat_interleave", "repeats must be an integer tensor of at most 1 dim, got a %s tensor of shape %s",
            r.dtype, A.shape_str(r))
