@@ -447,6 +447,17 @@ describe("optimizer behaviour", function()
       {"Adagrad", {lr_decay = -0.1}, "needle.optim.Adagrad: invalid lr_decay -0.1"},
       {"Adagrad", {initial_accumulator_value = -1}, "needle.optim.Adagrad: invalid initial_accumulator_value -1"},
       {"Adam", {lr = 0.1, beta = {0.9, 0.99}}, "needle.optim.Adam: unknown option 'beta' (valid: amsgrad, betas, eps, lr, maximize, weight_decay)"},
+      -- NaN passes `x < 0`: every number setting must be finite, then in range
+      {"SGD", {lr = 0 / 0}, "needle.optim.SGD: lr must be a finite number, got"},
+      {"Adam", {lr = math.huge}, "needle.optim.Adam: lr must be a finite number, got inf"},
+      {"AdamW", {weight_decay = 0 / 0}, "needle.optim.AdamW: weight_decay must be a finite number"},
+      {"Adam", {eps = 0 / 0}, "needle.optim.Adam: eps must be a finite number"},
+      {"Adagrad", {lr = 0 / 0}, "needle.optim.Adagrad: lr must be a finite number"},
+      {"SGD", {lr = 0.1, momentum = 2}, "needle.optim.SGD: invalid momentum 2 (expected 0 <= momentum <= 1)"},
+      {"SGD", {lr = 0.1, momentum = 0 / 0}, "needle.optim.SGD: momentum must be a finite number"},
+      {"SGD", {lr = 0.1, dampening = 2}, "needle.optim.SGD: invalid dampening 2 (expected 0 <= dampening <= 1)"},
+      {"RMSprop", {momentum = 2}, "needle.optim.RMSprop: invalid momentum 2 (expected 0 <= momentum <= 1)"},
+      {"RMSprop", {alpha = 0 / 0}, "needle.optim.RMSprop: alpha must be a finite number"},
     }
     for _, c in ipairs(cases) do
       assert_contains(errmsg(optim[c[1]], {W}, c[2]), c[3])
@@ -457,6 +468,13 @@ describe("optimizer behaviour", function()
     assert_contains(errmsg(optim.SGD, {W * 2}, {lr = 0.1}), "needle.optim.SGD: params[1] is not a leaf tensor")
     assert_contains(errmsg(optim.SGD, {W, W}, {lr = 0.1}), "params[2] appears more than once")
     assert_contains(errmsg(optim.SGD, {{params = {W}, lrr = 1}}), "unknown option 'lrr' in a parameter group")
+    assert_contains(errmsg(optim.SGD, {{params = {W}, lr = 0 / 0}}, {lr = 0.1}), "lr must be a finite number")
+    local sgd = optim.SGD({W}, {lr = 0.1})
+    assert_contains(errmsg(sgd.add_param_group, sgd, {params = {model()}, lr = 0 / 0}), "lr must be a finite number")
+    -- zero_grad's options are checked too (a misspelt set_to_none would clear to nil)
+    assert_contains(errmsg(sgd.zero_grad, sgd, {set_to_non = false}),
+                    "needle.optim.SGD.zero_grad: unknown option 'set_to_non' (valid: set_to_none)")
+    assert_contains(errmsg(sgd.zero_grad, sgd, 5), "takes zero_grad([{set_to_none = true}]) only")
     -- the error points at the caller's line
     local ok, e = pcall(function() optim.Adam({W}, {lr = -1}) end)
     assert.is_false(ok)

@@ -133,6 +133,9 @@ function Optimizer:_check_group(group, fail)
     if not untyped[k] then
       if type(v) == "number" and type(got) ~= "number" then
         fail(("%s must be a number, got %s"):format(k, type(got)))
+      elseif type(v) == "number" and not (got > -math.huge and got < math.huge) then
+        -- (NaN passes every `x < 0` check below: one NaN setting makes every weight NaN)
+        fail(("%s must be a finite number, got %s"):format(k, fmt(got)))
       elseif type(v) == "boolean" and type(got) ~= "boolean" then
         fail(("%s must be a boolean, got %s"):format(k, type(got)))
       end
@@ -273,8 +276,13 @@ end
 -- opt:zero_grad(): every parameter's grad becomes nil (PyTorch's set_to_none).
 -- opt:zero_grad({set_to_none = false}) gives each a fresh tensor of zeros instead
 -- (a grad tensor someone holds is never written).
-function Optimizer:zero_grad(opts)
-  local to_none = not (type(opts) == "table" and opts.set_to_none == false)
+function Optimizer:zero_grad(opts, ...)
+  if select("#", ...) > 0 or (opts ~= nil and type(opts) ~= "table") then
+    errors.fail_at(2, "optim." .. self.name .. ".zero_grad", "takes zero_grad([{set_to_none = true}]) only, got %s",
+                   options.got(opts))
+  end
+  if opts ~= nil then opts = options.check("optim." .. self.name .. ".zero_grad", opts, {set_to_none = "boolean"}) end
+  local to_none = not (opts and opts.set_to_none == false)
   for _, group in ipairs(self.param_groups) do
     for _, p in ipairs(group.params) do
       if to_none then

@@ -18,8 +18,10 @@ return Optimizer:extend{
   state_keys = {step = "number", square_avg = "tensor", momentum_buffer = "tensor",
                 grad_avg = "tensor"},
   check = function(g, fail)
-    if g.momentum < 0 then fail(("invalid momentum %s (expected >= 0)"):format(fmt(g.momentum))) end
-    if g.alpha < 0 then fail(("invalid alpha %s (expected >= 0)"):format(fmt(g.alpha))) end
+    if g.momentum < 0 or g.momentum > 1 then
+      fail(("invalid momentum %s (expected 0 <= momentum <= 1)"):format(fmt(g.momentum)))
+    end
+    if g.alpha < 0 or g.alpha > 1 then fail(("invalid alpha %s (expected 0 <= alpha <= 1)"):format(fmt(g.alpha))) end
   end,
   update = function(self, group)
     local state = self.state

@@ -57,7 +57,12 @@ return Optimizer:extend{
   capturable = true,
   dynamic = {lr = true, momentum = true},
   check = function(g, fail)
-    if g.momentum < 0 then fail(("invalid momentum %s (expected >= 0)"):format(fmt(g.momentum))) end
+    if g.momentum < 0 or g.momentum > 1 then
+      fail(("invalid momentum %s (expected 0 <= momentum <= 1)"):format(fmt(g.momentum)))
+    end
+    if g.dampening < 0 or g.dampening > 1 then
+      fail(("invalid dampening %s (expected 0 <= dampening <= 1)"):format(fmt(g.dampening)))
+    end
     if g.nesterov and (g.momentum <= 0 or g.dampening ~= 0) then
       fail(("nesterov momentum requires a momentum > 0 and zero dampening (got momentum %s, " ..
             "dampening %s)"):format(fmt(g.momentum), fmt(g.dampening)))
