@@ -474,6 +474,45 @@ describe("nn errors name the module, its config and the shapes", function()
     assert.truthy(errmsg(nn.Linear, 3.5, 2):find("needle.nn.Linear: in_features must be an integer", 1, true))
   end)
 
+  it("settings with a range (eps, momentum, dropout, dim_feedforward, activations' numbers) are checked at construction, NaN too", function()
+    local nan = 0 / 0
+    local cases = {
+      {function() return nn.BatchNorm2d(3, {eps = -1}) end, "needle.nn.BatchNorm2d: eps must be a finite number >= 0, got -1"},
+      {function() return nn.BatchNorm1d(3, {eps = nan}) end, "needle.nn.BatchNorm1d: eps must be a finite number >= 0"},
+      {function() return nn.BatchNorm2d(3, {momentum = 2}) end, "needle.nn.BatchNorm2d: momentum must be a number in [0, 1], got 2"},
+      {function() return nn.SyncBatchNorm(3, {momentum = nan}) end, "needle.nn.SyncBatchNorm: momentum must be a number in [0, 1]"},
+      {function() return nn.InstanceNorm2d(3, {momentum = 5}) end, "needle.nn.InstanceNorm2d: momentum must be a number in [0, 1], got 5"},
+      {function() return nn.LayerNorm(3, {eps = -1}) end, "needle.nn.LayerNorm: eps must be a finite number >= 0, got -1"},
+      {function() return nn.GroupNorm(1, 3, {eps = nan}) end, "needle.nn.GroupNorm: eps must be a finite number >= 0"},
+      {function() return nn.RMSNorm(3, {eps = -1}) end, "needle.nn.RMSNorm: eps must be a finite number >= 0, got -1"},
+      {function() return nn.MultiheadAttention(4, 2, {dropout = 2}) end, "needle.nn.MultiheadAttention: dropout must be a number in [0, 1], got 2"},
+      {function() return nn.TransformerEncoderLayer(4, 2, {dim_feedforward = 0}) end,
+       "needle.nn.TransformerEncoderLayer: dim_feedforward must be a positive integer, got 0"},
+      {function() return nn.TransformerDecoderLayer(4, 2, {layer_norm_eps = -1}) end,
+       "needle.nn.TransformerDecoderLayer: layer_norm_eps must be a finite number >= 0, got -1"},
+      {function() return nn.GRU(3, 3, {dropout = nan}) end, "needle.nn.GRU: dropout must be a number in [0, 1]"},
+      {function() return nn.ELU(nan) end, "needle.nn.ELU: alpha must be a finite number"},
+      {function() return nn.ELU("a") end, "needle.nn.ELU: alpha must be a finite number, got a"},
+      {function() return nn.LeakyReLU(nan) end, "needle.nn.LeakyReLU: negative_slope must be a finite number"},
+      {function() return nn.PReLU({init = nan}) end, "needle.nn.PReLU: init must be a finite number"},
+      {function() return nn.Softplus({beta = 0}) end, "needle.nn.Softplus: beta must not be 0"},
+      {function() return nn.Softplus({threshold = nan}) end, "needle.nn.Softplus: threshold must be a finite number"},
+    }
+    for _, c in ipairs(cases) do
+      local msg = errmsg(c[1])
+      assert.truthy(msg:find(c[2], 1, true), msg)
+    end
+    -- the module API's own arguments
+    local m = nn.Linear(2, 2)
+    assert.truthy(errmsg(m.train, m, "no"):find("needle.nn.Linear.train: mode must be a boolean", 1, true))
+    assert.truthy(errmsg(m.load_state_dict, m, nil):find("expected a state_dict (a table of name = tensor)", 1, true))
+    assert.truthy(errmsg(m.apply, m, 5):find("needle.nn.Linear.apply: expected a function of a module, got 5", 1, true))
+    assert.truthy(errmsg(m.named_parameters, m, {}):find("prefix must be a string", 1, true))
+    assert.truthy(errmsg(nn.Parameter, 3):find("needle.nn.Parameter: takes Parameter(tensor) only, got 3", 1, true))
+    assert.truthy(errmsg(nn.Parameter, nd.ones(2), false):find("takes Parameter(tensor) only", 1, true))
+    assert.is_true(m.training) -- (refused: unchanged)
+  end)
+
   it("norms, embedding, containers", function()
     assert.truthy(errmsg(nn.BatchNorm2d(16), nd.zeros({8, 4, 3, 3}))
       :find("needle.nn.BatchNorm2d(16): expected input with 16 channels (N, 16, H, W), got {8,4,3,3}", 1, true))
@@ -500,7 +539,7 @@ describe("nn errors name the module, its config and the shapes", function()
     -- NaN compares false with both bounds: refused all the same
     assert.truthy(errmsg(nn.Dropout, 0 / 0):find("needle.nn.Dropout: p must be a probability in [0, 1], got", 1, true))
     assert.truthy(errmsg(nd.F.dropout, nd.ones(2), 0 / 0):find("needle.dropout: p must be in [0, 1]", 1, true))
-    assert.truthy(errmsg(nn.LSTM, 3, 3, {dropout = 0 / 0}):find("needle.nn.LSTM: dropout must be in [0, 1]", 1, true))
+    assert.truthy(errmsg(nn.LSTM, 3, 3, {dropout = 0 / 0}):find("needle.nn.LSTM: dropout must be a number in [0, 1]", 1, true))
     assert.truthy(errmsg(nn.Unflatten(2, {3, 3}), nd.zeros({2, 8}))
       :find("needle.nn.Unflatten(2, {3, 3}): dim 2 of input {2,8} has size 8, which does not split into {3,3}", 1, true))
   end)

@@ -36,10 +36,18 @@ simple("Hardswish", function(x) return nd.F.hardswish(x) end, INPLACE)
 simple("Hardsigmoid", function(x) return nd.F.hardsigmoid(x) end, INPLACE)
 simple("ReLU6", function(x) return nd.F.relu6(x) end, INPLACE)
 
+-- a setting that must be a finite number (NaN or inf would make every output NaN)
+local function finite(self, name, v)
+  if v ~= nil and not (type(v) == "number" and v > -math.huge and v < math.huge) then
+    util.fail(self, "%s must be a finite number, got %s", name, tostring(v))
+  end
+end
+
 -- ELU({alpha = 1, inplace=}) or ELU(alpha)
 local ELU = Module:extend("ELU")
 function ELU:init(alpha, opts)
   alpha, opts = util.first_or_options(self, alpha, opts, "alpha", "number", INPLACE)
+  finite(self, "alpha", alpha)
   self.inplace = opts.inplace
   self.alpha = alpha or 1.0
 end
@@ -51,6 +59,9 @@ M.ELU = ELU
 local Softplus = Module:extend("Softplus")
 function Softplus:init(opts)
   local o = util.options(self, opts, {beta = "number", threshold = "number"})
+  finite(self, "beta", o.beta)
+  finite(self, "threshold", o.threshold)
+  if o.beta == 0 then util.fail(self, "beta must not be 0 (softplus divides by it)") end
   self.beta, self.threshold = o.beta or 1, o.threshold or 20
 end
 function Softplus:forward(x) return nd.F.softplus(x, {beta = self.beta, threshold = self.threshold}) end
@@ -75,6 +86,7 @@ M.Hardtanh = Hardtanh
 local PReLU = Module:extend("PReLU")
 function PReLU:init(opts)
   local o = util.options(self, opts, {num_parameters = "integer", init = "number"}, true)
+  finite(self, "init", o.init)
   local n = o.num_parameters or 1
   if n < 1 then util.fail(self, "num_parameters must be >= 1, got %d", n) end
   self.num_parameters = n
@@ -90,8 +102,9 @@ local LeakyReLU = Module:extend("LeakyReLU")
 function LeakyReLU:init(negative_slope, opts)
   negative_slope, opts = util.first_or_options(self, negative_slope, opts, "negative_slope", "number", INPLACE)
   self.inplace = opts.inplace
-  if negative_slope ~= nil and type(negative_slope) ~= "number" then
-    util.fail(self, "negative_slope must be a number, got %s", tostring(negative_slope))
+  if negative_slope ~= nil and not (type(negative_slope) == "number" and negative_slope > -math.huge
+                                   and negative_slope < math.huge) then
+    util.fail(self, "negative_slope must be a finite number, got %s", tostring(negative_slope))
   end
   self.negative_slope = negative_slope or 0.01
 end

@@ -134,7 +134,11 @@ function Module:_set(k, v)
 end
 
 -- a parameter: the tensor itself, marked as requiring grad
-function Module.Parameter(t)
+function Module.Parameter(t, ...)
+  if not core.is_tensor(t) or select("#", ...) > 0 then
+    errors.fail_at(2, "nn.Parameter", "takes Parameter(tensor) only, got %s%s", options.got(t),
+                   select("#", ...) > 0 and " and more arguments" or "")
+  end
   t.requires_grad = true
   return t
 end
@@ -190,6 +194,10 @@ end
 function Module:named_parameters(prefix, out, seen)
   out, seen = out or {}, seen or {}
   prefix = prefix or ""
+  if type(prefix) ~= "string" then
+    errors.fail_at(2, ("nn.%s.named_parameters"):format(self.__name), "prefix must be a string, got %s",
+                   options.got(prefix))
+  end
   each(self, function(kind, k, v)
     if kind == "param" then
       if not seen[v] then
@@ -252,6 +260,9 @@ end
 
 -- apply(fn): fn(module) on every descendant, children first (as PyTorch)
 function Module:apply(fn)
+  if type(fn) ~= "function" and not (getmetatable(fn) or {}).__call then
+    errors.fail_at(2, ("nn.%s.apply"):format(self.__name), "expected a function of a module, got %s", options.got(fn))
+  end
   for _, c in ipairs(self:children()) do c:apply(fn) end
   fn(self)
   return self
@@ -259,6 +270,10 @@ end
 
 function Module:train(mode)
   if mode == nil then mode = true end
+  -- (a string or a number is true to Lua: train("no") would train)
+  if type(mode) ~= "boolean" then
+    errors.fail_at(2, ("nn.%s.train"):format(self.__name), "mode must be a boolean, got %s", options.got(mode))
+  end
   capture.bump()
   for _, m in ipairs(self:modules()) do rawset(m, "training", mode) end
   return self
@@ -383,6 +398,10 @@ local shape_str = errors.shape_str
 -- unexpected and shape-mismatched keys are reported together), then copies;
 -- a failed load leaves the module untouched. Returns missing, unexpected.
 function Module:load_state_dict(sd, opts)
+  if type(sd) ~= "table" or core.is_tensor(sd) then
+    errors.fail_at(2, ("nn.%s.load_state_dict"):format(self.__name), "expected a state_dict (a table of "
+                   .. "name = tensor), got %s", options.got(sd))
+  end
   opts = options.check(("nn.%s.load_state_dict"):format(self.__name), opts, {strict = "boolean"})
   local strict = opts.strict ~= false
   local targets = {}

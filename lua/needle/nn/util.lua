@@ -21,6 +21,23 @@ function M.options(self, opts, spec, factory)
     spec = s
   end
   local o = options.check("nn." .. self.__name, opts, spec)
+  -- the settings whose names say their range, the same in every module (written so that
+  -- NaN fails them: it passes `x < 0`): an eps, a momentum, a dropout probability, a width
+  for _, k in ipairs({"eps", "layer_norm_eps"}) do
+    local v = o[k]
+    if type(v) == "number" and not (v >= 0 and v < math.huge) then
+      M.fail(self, "%s must be a finite number >= 0, got %s", k, tostring(v))
+    end
+  end
+  for _, k in ipairs({"momentum", "dropout"}) do
+    local v = o[k]
+    if type(v) == "number" and not (v >= 0 and v <= 1) then
+      M.fail(self, "%s must be a number in [0, 1], got %s", k, tostring(v))
+    end
+  end
+  if o.dim_feedforward ~= nil and o.dim_feedforward < 1 then
+    M.fail(self, "dim_feedforward must be a positive integer, got %s", tostring(o.dim_feedforward))
+  end
   if factory then
     local dt = o.dtype
     if dt ~= nil and dt ~= "float32" and dt ~= "float64" and dt ~= "float16" and dt ~= "bfloat16" then

@@ -108,9 +108,13 @@ local function clip_grad_norm_(parameters, max_norm, norm_type, opts)
   if type(max_norm) ~= "number" then
     raise("clip_grad_norm_", ("max_norm must be a number, got %s"):format(type(max_norm)))
   end
+  -- (a negative one would flip every gradient's sign; NaN passes `max_norm < 0`)
+  if not (max_norm >= 0) then
+    raise("clip_grad_norm_", ("max_norm must be a number >= 0, got %s"):format(tostring(max_norm)))
+  end
   norm_type = norm_type or 2
   if norm_type == "inf" then norm_type = math.huge end
-  if type(norm_type) ~= "number" then
+  if type(norm_type) ~= "number" or norm_type ~= norm_type then
     raise("clip_grad_norm_", ("norm_type must be a number (or math.huge / 'inf'), got %s"):format(
       tostring(norm_type)))
   end
@@ -155,9 +159,16 @@ M.clip_grad_norm = clip_grad_norm_
 
 -- clip_grad_value_(parameters, clip_value): every grad clamped to
 -- [-clip_value, clip_value].
-function M.clip_grad_value_(parameters, clip_value)
+function M.clip_grad_value_(parameters, clip_value, ...)
   if type(clip_value) ~= "number" then
     raise("clip_grad_value_", ("clip_value must be a number, got %s"):format(type(clip_value)))
+  end
+  if not (clip_value >= 0) then
+    raise("clip_grad_value_", ("clip_value must be a number >= 0 (gradients go to [-clip_value, clip_value]), got %s")
+          :format(tostring(clip_value)))
+  end
+  if select("#", ...) > 0 then
+    raise("clip_grad_value_", "takes clip_grad_value_(parameters, clip_value) only, got more arguments")
   end
   local params = with_grads("clip_grad_value_", parameters)
   core.no_grad(function()
