@@ -350,9 +350,26 @@ describe("nd.checkpoint", function()
                    save_err({extra = {["a.b"] = nd.zeros({1}), a = {b = nd.zeros({1})}}}), 1, true)
     assert.matches("not valid UTF-8", save_err({extra = {s = "\255"}}), 1, true)
     assert.matches("step must be a number", save_err({step = "3"}), 1, true)
+    for _, s in ipairs({0 / 0, -1, 2.5, math.huge}) do
+      assert.matches("step must be a whole number >= 0", save_err({step = s}), 1, true)
+    end
+    assert.matches("takes save(path, {model=, optimizer=, scheduler=, scaler=, step=, extra=}) only",
+                   err_of(checkpoint.save, p, {step = 1}, 5), 1, true)
     assert.matches("model must have a state_dict() method", save_err({model = 3}), 1, true)
     assert.matches("needle.checkpoint.save: '" .. p .. "': ", save_err({epoch = 1}), 1, true)
     assert.is_nil(io.open(p, "rb"))
+  end)
+
+  it("load and read check their options and arguments (restore_rng = 'no' would restore)", function()
+    local p = tmp("opts.safetensors")
+    checkpoint.save(p, {step = 3})
+    assert.matches("restore_rng must be a boolean, got string", err_of(checkpoint.load, p, {restore_rng = "no"}), 1, true)
+    assert.matches("strict must be a boolean, got number", err_of(checkpoint.load, p, {strict = 1}), 1, true)
+    assert.matches("takes load(path[, {model=, optimizer=, scheduler=, scaler=, strict=, restore_rng=}]) only",
+                   err_of(checkpoint.load, p, {}, 5), 1, true)
+    assert.matches("needle.checkpoint.read: takes read(path) only", err_of(checkpoint.read, p, {strict = false}), 1, true)
+    assert.are.equal(3, checkpoint.read(p).step)
+    os.remove(p)
   end)
 end)
 

@@ -212,7 +212,11 @@ end
 -- step a number; extra any state value (tensors, numbers, strings, booleans,
 -- nested tables). The RNG state (nd.get_rng_state()) is saved with them. The
 -- write is atomic: a failed save leaves an existing file as it was.
-local function save(path, what)
+local function save(path, what, ...)
+  if select("#", ...) > 0 then
+    error(("needle.checkpoint.save: takes save(path, {model=, optimizer=, scheduler=, scaler=, step=, extra=}) only, "
+           .. "got %d more argument(s)"):format(select("#", ...)), 0)
+  end
   if type(path) ~= "string" or path == "" then
     error(("needle.checkpoint.save: path must be a non-empty string, got %s"):format(type(path)), 0)
   end
@@ -232,6 +236,9 @@ local function save(path, what)
   end
   if what.step ~= nil then
     if type(what.step) ~= "number" then fail("checkpoint.save", path, "step must be a number, got %s", type(what.step)) end
+    if not (what.step >= 0 and what.step < math.huge and what.step == math.floor(what.step)) then
+      fail("checkpoint.save", path, "step must be a whole number >= 0, got %s", tostring(what.step))
+    end
     state.step = what.step
   end
   state.extra = what.extra
@@ -333,8 +340,12 @@ end
 -- load_state_dict(sd) ({strict=} is passed on) and restores the RNG state.
 -- All or nothing: a failure anywhere leaves the objects and the RNG as they
 -- were. Returns the state table (step, extra, rng_state and the state_dicts).
-local function load(path, targets)
+local function load(path, targets, ...)
   local op = "checkpoint.load"
+  if select("#", ...) > 0 then
+    error(("needle.%s: takes load(path[, {model=, optimizer=, scheduler=, scaler=, strict=, restore_rng=}]) only, "
+           .. "got %d more argument(s)"):format(op, select("#", ...)), 0)
+  end
   targets = targets or {}
   if type(targets) ~= "table" then
     error(("needle.%s: expected a table {model=, optimizer=, scheduler=, scaler=}, got %s"):format(op, type(targets)), 0)
@@ -343,6 +354,12 @@ local function load(path, targets)
     if not SAVE_FIELDS[k] and k ~= "strict" and k ~= "restore_rng" or k == "step" or k == "extra" then
       error(("needle.%s: unknown option '%s' (expected model, optimizer, scheduler, scaler, strict, restore_rng)")
         :format(op, tostring(k)), 0)
+    end
+  end
+  -- ("no" is true to Lua: restore_rng = "no" would restore it)
+  for _, k in ipairs({"strict", "restore_rng"}) do
+    if targets[k] ~= nil and type(targets[k]) ~= "boolean" then
+      error(("needle.%s: %s must be a boolean, got %s"):format(op, k, type(targets[k])), 0)
     end
   end
   local state = read(path, op)
@@ -409,7 +426,12 @@ local function load(path, targets)
 end
 
 M.save = serialize.public(save)
-M.read = serialize.public(function(path) return read(path) end)
+M.read = serialize.public(function(path, ...)
+  if select("#", ...) > 0 then
+    error(("needle.checkpoint.read: takes read(path) only, got %d more argument(s)"):format(select("#", ...)), 0)
+  end
+  return read(path)
+end)
 M.load = serialize.public(load)
 
 return M
