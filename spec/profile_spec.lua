@@ -60,6 +60,16 @@ describe("nd.profile", function()
     assert.is_not_nil(w.grad)
   end)
 
+  it("print checks where it writes", function()
+    local r = nd.profile(function() return nd.zeros({10}) + 1 end)
+    local ok, err = pcall(r.print, r, "self", 5)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("needle.profile: print(by, out): out must be a file", 1, true), err)
+    local got = {}
+    r:print("self", {write = function(_, ...) for _, s in ipairs({...}) do got[#got + 1] = s end end})
+    assert.truthy(table.concat(got):find("add", 1, true))
+  end)
+
   it("attributes allocated bytes to the op that allocates", function()
     local r = nd.profile(function() return nd.zeros({1000}) end)
     assert.is_true(r.by_name.zeros.bytes >= 4000)

@@ -183,6 +183,9 @@ Report.__tostring = function(r) return r:format(r.sort) end
 
 function Report:print(by, out)
   out = out or io.stdout
+  if not (io.type(out) == "file" or (type(out) == "table" and type(out.write) == "function")) then
+    error(("needle.profile: print(by, out): out must be a file (io.stdout, io.open(...)), got %s"):format(type(out)), 2)
+  end
   out:write(self:format(by or self.sort), "\n")
 end
 
