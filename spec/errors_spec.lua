@@ -22,6 +22,14 @@ local function closed_tensor()
 end
 
 local cases = {
+  -- constructors' numbers: the op and the argument named (not "bad argument #2 to 'full'")
+  {"full with a string value", function() return nd.full({2}, "a") end, {"needle.full: value must be a number, got string"}},
+  {"linspace without steps", function() return nd.linspace(0, 1) end, {"needle.linspace: steps must be an integer, got no value"}},
+  {"randint with a fractional high", function() return nd.randint(0, 2.5, {3}) end,
+   {"needle.randint: high must be an integer, got 2.5"}},
+  {"eye of 2.5 rows", function() return nd.eye(2.5) end, {"needle.eye: n must be an integer, got 2.5"}},
+  {"randperm of 2.5", function() return nd.randperm(2.5) end, {"needle.randperm: n must be an integer, got 2.5"}},
+  {"manual_seed of 2.5", function() return nd.manual_seed(2.5) end, {"needle.manual_seed: seed must be an integer, got 2.5"}},
   -- shape mismatch
   {"broadcast mismatch in +", function() return x23() + nd.ones({4, 5}) end,
    {"needle.add", "{2,3}", "{4,5}"}},
@@ -436,7 +444,9 @@ describe("errors.at_user_line", function()
   it("moves a runtime error inside the package to the user's line", function()
     local m = nd.nn.Linear(2, 2)
     local line
-    local ok, e = xpcall(function() line = here(); return m:apply(42) end, errors.at_user_line)
+    -- (apply checks for a callable; a table whose __call is no function fails inside it)
+    local not_callable = setmetatable({}, {__call = 42})
+    local ok, e = xpcall(function() line = here(); return m:apply(not_callable) end, errors.at_user_line)
     assert.is_false(ok)
     assert.truthy(e:find(("^spec/errors_spec.lua:%d: attempt to call a number value"):format(line)), e)
   end)

@@ -304,7 +304,7 @@ static int l_full(lua_State *L) {
     int64_t shape[ND_MAX_DIMS];
     int n = lt_shape(L, 1, "full", shape, false);
     if (!lua_istable(L, 1)) return lt_error(L, "full", "expected the shape as a table");
-    if (!lua_isboolean(L, 2)) luaL_checknumber(L, 2);
+    if (!lua_isboolean(L, 2)) lt_arg_number(L, 2, "full", "value");
     nd_number v = lt_to_number(L, 2);
     lt_options(L, 3, "full", NEW_OPTS);
     nd_device dev = lt_check_device(L, 3, "full");
@@ -335,7 +335,7 @@ static int like_ctor(lua_State *L, const char *op, int kind, double value) {
         /* full_like's value as given (exact for int64), refused if it does not fit */
         nd_number v = nd_num_f(value);
         if (kind == 2) {
-            luaL_checknumber(L, 2);
+            lt_arg_number(L, 2, op, "value");
             v = lt_to_number(L, 2);
         }
         LT_CHECK_AS(L, op, nd_empty_on(dev, x->shape, x->ndim, dt, &t));
@@ -376,8 +376,8 @@ static int l_arange(lua_State *L) {
 }
 
 static int l_linspace(lua_State *L) {
-    double a = luaL_checknumber(L, 1), b = luaL_checknumber(L, 2);
-    lua_Integer steps = luaL_checkinteger(L, 3);
+    double a = lt_arg_number(L, 1, "linspace", "start"), b = lt_arg_number(L, 2, "linspace", "end");
+    lua_Integer steps = lt_arg_integer(L, 3, "linspace", "steps");
     lt_options(L, 4, "linspace", NEW_OPTS);
     lt_check_device(L, 4, "linspace");
     nd_dtype dt = lt_opt_dtype(L, 4, "linspace", ND_FLOAT32);
@@ -388,10 +388,10 @@ static int l_linspace(lua_State *L) {
 }
 
 static int l_eye(lua_State *L) {
-    lua_Integer n = luaL_checkinteger(L, 1);
+    lua_Integer n = lt_arg_integer(L, 1, "eye", "n");
     int opts = 2;
     lua_Integer m = n;
-    if (lua_type(L, 2) == LUA_TNUMBER) { m = luaL_checkinteger(L, 2); opts = 3; }
+    if (lua_type(L, 2) == LUA_TNUMBER) { m = lt_arg_integer(L, 2, "eye", "m"); opts = 3; }
     if (n < 0 || m < 0) return lt_error(L, "eye", "sizes must be >= 0, got %lld x %lld",
                                         (long long)n, (long long)m);
     lt_options(L, opts, "eye", NEW_OPTS);
@@ -409,7 +409,7 @@ static int l_eye(lua_State *L) {
  * that a replay would not repeat (each replay draws fresh counters from where
  * the stream is): a graph break. */
 static int l_manual_seed(lua_State *L) {
-    lua_Integer s = luaL_checkinteger(L, 1);
+    lua_Integer s = lt_arg_integer(L, 1, "manual_seed", "seed");
     LT_CHECK(L, nd_graph_break("manual_seed: reseeds the random stream"));
     nd_manual_seed((uint64_t)s);
     return 0;
@@ -456,7 +456,7 @@ static int l_randn(lua_State *L) { return rand_ctor(L, "randn", 1); }
 /* randint(low, high, shape[, opts]): integers in [low, high], inclusive
  * like math.random (so randint(1, C, ...) draws 1-based class labels). */
 static int l_randint(lua_State *L) {
-    lua_Integer lo = luaL_checkinteger(L, 1), hi = luaL_checkinteger(L, 2);
+    lua_Integer lo = lt_arg_integer(L, 1, "randint", "low"), hi = lt_arg_integer(L, 2, "randint", "high");
     if (hi < lo) return lt_error(L, "randint", "empty range [%lld, %lld]", (long long)lo, (long long)hi);
     int64_t shape[ND_MAX_DIMS];
     int opts;
@@ -472,7 +472,7 @@ static int l_randint(lua_State *L) {
 /* nd.randperm(n[, {device =}]): drawn on the cpu (one stream for every
  * device, as the other draws), then moved. */
 static int l_randperm(lua_State *L) {
-    lua_Integer n = luaL_checkinteger(L, 1);
+    lua_Integer n = lt_arg_integer(L, 1, "randperm", "n");
     static const char *const valid[] = {"device", NULL};
     int opts = lt_options(L, 2, "randperm", valid);
     nd_device dev = opts ? lt_check_device(L, opts, "randperm") : nd_cpu_device();

@@ -21,6 +21,11 @@ int lt_raise_as(lua_State *L, const char *op);
 /* Raises "needle.<op>: <fmt...>" at the position of the innermost Lua frame
  * outside the package's own Lua files (the user's line). */
 int lt_error(lua_State *L, const char *op, const char *fmt, ...);
+/* Argument idx as a number / an integer, else "needle.<op>: <what> must be a
+ * number (an integer), got ..." (luaL_check*'s "bad argument #2 to 'full'"
+ * names neither needle's op nor the argument). */
+double lt_arg_number(lua_State *L, int idx, const char *op, const char *what);
+lua_Integer lt_arg_integer(lua_State *L, int idx, const char *op, const char *what);
 /* core._set_library_root(prefix): where the package's Lua files are, when
  * they are loaded from files rather than embedded (needle.errors sets it). */
 int lt_set_library_root(lua_State *L);

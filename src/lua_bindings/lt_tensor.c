@@ -81,6 +81,25 @@ nd_number lt_to_number(lua_State *L, int idx) {
     return nd_num_f(lua_tonumber(L, idx));
 }
 
+double lt_arg_number(lua_State *L, int idx, const char *op, const char *what) {
+    if (lua_type(L, idx) != LUA_TNUMBER)
+        return lt_error(L, op, "%s must be a number, got %s", what, luaL_typename(L, idx));
+    return lua_tonumber(L, idx);
+}
+
+lua_Integer lt_arg_integer(lua_State *L, int idx, const char *op, const char *what) {
+    if (lua_type(L, idx) != LUA_TNUMBER)
+        return lt_error(L, op, "%s must be an integer, got %s", what, luaL_typename(L, idx));
+    if (!lua_isinteger(L, idx)) {
+        lua_Number v = lua_tonumber(L, idx);
+        lua_Integer i;
+        if (!lua_numbertointeger(v, &i) || (lua_Number)i != v)
+            return lt_error(L, op, "%s must be an integer, got %s", what, lua_tostring(L, idx));
+        return i;
+    }
+    return lua_tointeger(L, idx);
+}
+
 int lt_error(lua_State *L, const char *op, const char *fmt, ...) {
     char msg[512];
     va_list ap;

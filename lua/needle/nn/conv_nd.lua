@@ -38,7 +38,7 @@ local ConvNd = Module:extend("_ConvNd")
 
 local function check_count(self, what, v)
   if math.type(v) ~= "integer" or v < 1 then
-    util.fail(self, "%s must be a positive integer, got %s", what, tostring(v))
+    util.fail(self, "%s must be a positive integer, got %s", what, require("needle.options").got(v))
   end
 end
 

@@ -22,7 +22,7 @@ local Embedding = Module:extend("Embedding")
 function Embedding:init(num_embeddings, embedding_dim, opts)
   for _, a in ipairs({{"num_embeddings", num_embeddings}, {"embedding_dim", embedding_dim}}) do
     if math.type(a[2]) ~= "integer" or a[2] < 1 then
-      error(("needle.nn.Embedding: %s must be a positive integer, got %s"):format(a[1], tostring(a[2])), 3)
+      error(("needle.nn.Embedding: %s must be a positive integer, got %s"):format(a[1], require("needle.options").got(a[2])), 3)
     end
   end
   local o = util.options(self, opts, {padding_idx = "integer"}, true)

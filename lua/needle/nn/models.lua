@@ -139,7 +139,7 @@ function ResNet9:init(opts)
   opts = util.options(self, opts, {num_classes = "integer"}, true)
   local classes = opts.num_classes or 10
   if math.type(classes) ~= "integer" or classes < 1 then
-    error(("needle.nn.ResNet9: num_classes must be a positive integer, got %s"):format(tostring(classes)), 3)
+    error(("needle.nn.ResNet9: num_classes must be a positive integer, got %s"):format(options.got(classes)), 3)
   end
   local dtype = opts.dtype or "float32"
   if dtype ~= "float32" and dtype ~= "float64" then

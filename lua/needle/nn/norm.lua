@@ -50,7 +50,7 @@ local BatchNorm = Module:extend("_BatchNorm")
 function BatchNorm:init(num_features, opts)
   if math.type(num_features) ~= "integer" or num_features < 1 then
     error(("needle.nn.%s: num_features must be a positive integer, got %s"):format(
-      self.__name, tostring(num_features)), 3)
+      self.__name, require("needle.options").got(num_features)), 3)
   end
   local o = util.options(self, opts, {eps = "number", momentum = "number|boolean", affine = "boolean",
                                       track_running_stats = "boolean"}, true)
@@ -137,6 +137,7 @@ local LayerNorm = Module:extend("LayerNorm")
 
 -- LayerNorm(normalized_shape (int or list), {eps = 1e-5, elementwise_affine = true, bias = true})
 function LayerNorm:init(normalized_shape, opts)
+  local given = normalized_shape
   if math.type(normalized_shape) == "integer" then normalized_shape = {normalized_shape} end
   local ok = type(normalized_shape) == "table" and #normalized_shape > 0
   if ok then
@@ -146,7 +147,7 @@ function LayerNorm:init(normalized_shape, opts)
   end
   if not ok then
     error(("needle.nn.%s: normalized_shape must be a positive integer or a list of them, got %s"):format(
-      self.__name, tostring(normalized_shape)), 4)
+      self.__name, require("needle.options").got(given)), 4)
   end
   local shape = {}
   for i, s in ipairs(normalized_shape) do shape[i] = s end

@@ -58,7 +58,7 @@ local LBFGS = Optimizer:extend{
 -- tolerance_grad = 1e-7, tolerance_change = 1e-9, history_size = 100,
 -- line_search_fn = nil})
 function LBFGS.new(cls, params, opts)
-  if type(opts) == "table" and opts.max_eval == nil then
+  if type(opts) == "table" and getmetatable(opts) == nil and opts.max_eval == nil then
     local copy = {}
     for k, v in pairs(opts) do copy[k] = v end
     local max_iter = opts.max_iter == nil and 20 or opts.max_iter
