@@ -30,10 +30,10 @@ M.CyclicLR = CyclicLR
 
 local MODES = {triangular = true, triangular2 = true, exp_range = true}
 
--- a number or a list of them, one per group
+-- a number >= 0 or a list of them, one per group
 local function per_group_numbers(self, name, v)
   local out = per_group(self, name, v)
-  for i, x in ipairs(out) do check_number(self, #out > 1 and ("%s[%d]"):format(name, i) or name, x) end
+  for i, x in ipairs(out) do B.check_nonneg(self, #out > 1 and ("%s[%d]"):format(name, i) or name, x) end
   return out
 end
 
@@ -54,7 +54,7 @@ function CyclicLR:_init(last_epoch)
   if not MODES[self.mode] then
     self:_error(("mode must be \"triangular\", \"triangular2\" or \"exp_range\", got %s"):format(fmt(self.mode)))
   end
-  check_number(self, "gamma", self.gamma)
+  check_number(self, "gamma", self.gamma, 0, false)
   if self.scale_fn then
     if not is_callable(self.scale_fn) then
       self:_error(("scale_fn must be a function, got %s"):format(type(self.scale_fn)))
@@ -147,7 +147,7 @@ function CosineAnnealingWarmRestarts:_init(last_epoch)
   if not is_int(self.T_mult) or self.T_mult < 1 then
     self:_error(("T_mult must be an integer >= 1, got %s"):format(fmt(self.T_mult)))
   end
-  check_number(self, "eta_min", self.eta_min)
+  check_number(self, "eta_min", self.eta_min, 0, false)
   self.T_i = self.T_0
   self.T_cur = last_epoch
   self:_init_base(last_epoch)

@@ -40,11 +40,13 @@ function ReduceLROnPlateau:_init()
       self:_error(("%s must be an integer >= 0, got %s"):format(k, fmt(self[k])))
     end
   end
-  B.check_number(self, "threshold", self.threshold)
-  B.check_number(self, "eps", self.eps)
+  B.check_nonneg(self, "threshold", self.threshold)
+  B.check_nonneg(self, "eps", self.eps)
   self.min_lrs = B.per_group(self, "min_lr", self.min_lr)
   self.min_lr = nil
-  for i, v in ipairs(self.min_lrs) do B.check_number(self, ("min_lr[%d]"):format(i), v) end
+  for i, v in ipairs(self.min_lrs) do
+    B.check_nonneg(self, #self.min_lrs > 1 and ("min_lr[%d]"):format(i) or "min_lr", v)
+  end
   self.last_epoch = 0
   self._last_lr = B.current_lrs(self)
   self:_reset()

@@ -7,7 +7,8 @@
 --
 -- Required arguments are positional, PyTorch's keyword arguments go in a
 -- trailing options table (they may also all be given in the table:
--- StepLR(opt, {step_size = 30, gamma = 0.1})). Constructing a scheduler sets
+-- StepLR(opt, {step_size = 30, gamma = 0.1}); a misspelt key there is named, and
+-- an argument past the options table is refused). Constructing a scheduler sets
 -- group.initial_lr (when last_epoch is -1) and performs the initial step
 -- (last_epoch becomes 0). Every scheduler has step(), get_last_lr(),
 -- state_dict() and load_state_dict(sd).
@@ -19,7 +20,7 @@ local B = require "needle.optim.lr_scheduler_base"
 
 local fmt, deepcopy, is_int = B.fmt, B.deepcopy, B.is_int
 local current_lrs, state_fields, per_group = B.current_lrs, B.state_fields, B.per_group
-local check_number, check_positive_int = B.check_number, B.check_positive_int
+local check_number, check_positive_int, check_nonneg = B.check_number, B.check_positive_int, B.check_nonneg
 local LRScheduler = B.LRScheduler
 local cos, pi = math.cos, math.pi
 
@@ -37,7 +38,7 @@ local StepLR = class("StepLR", {required = {"step_size"}, options = {gamma = 0.1
 
 function StepLR:_init(last_epoch)
   check_positive_int(self, "step_size", self.step_size)
-  check_number(self, "gamma", self.gamma)
+  check_nonneg(self, "gamma", self.gamma)
   self:_init_base(last_epoch)
 end
 
@@ -62,11 +63,16 @@ function MultiStepLR:_init(last_epoch)
   if type(self.milestones) ~= "table" then
     self:_error(("milestones must be a list of integers, got %s"):format(type(self.milestones)))
   end
+  -- positive epochs, in increasing order; a repeated one decays gamma^count
+  -- there (PyTorch's Counter)
   for i, m in ipairs(self.milestones) do
     if not is_int(m) then self:_error(("milestones[%d] is not an integer: %s"):format(i, fmt(m))) end
+    if m < 1 then self:_error(("milestones[%d] must be a positive integer, got %s"):format(i, fmt(m))) end
+    if i > 1 and m < self.milestones[i - 1] then
+      self:_error(("milestones must be increasing, got %s"):format(fmt(self.milestones)))
+    end
   end
-  table.sort(self.milestones)
-  check_number(self, "gamma", self.gamma)
+  check_nonneg(self, "gamma", self.gamma)
   self:_init_base(last_epoch)
 end
 
@@ -101,7 +107,7 @@ end
 local ExponentialLR = class("ExponentialLR", {required = {"gamma"}})
 
 function ExponentialLR:_init(last_epoch)
-  check_number(self, "gamma", self.gamma)
+  check_nonneg(self, "gamma", self.gamma)
   self:_init_base(last_epoch)
 end
 
@@ -123,7 +129,7 @@ local CosineAnnealingLR = class("CosineAnnealingLR", {required = {"T_max"}, opti
 
 function CosineAnnealingLR:_init(last_epoch)
   check_positive_int(self, "T_max", self.T_max)
-  check_number(self, "eta_min", self.eta_min)
+  check_nonneg(self, "eta_min", self.eta_min)
   self:_init_base(last_epoch)
 end
 
@@ -198,9 +204,10 @@ function LambdaLR:_init(last_epoch)
   self.lr_lambda = nil
   local n = #self.optimizer.param_groups
   local fns = {}
-  if type(f) == "table" then
+  if type(f) == "table" and getmetatable(f) == nil then
     if #f ~= n then self:_error(("expected %d lr_lambdas, got %d"):format(n, #f)) end
     for i = 1, n do fns[i] = f[i] end
+    self._distinct = true -- messages name lr_lambda[i]
   else
     for i = 1, n do fns[i] = f end
   end
@@ -215,11 +222,20 @@ end
 
 function LambdaLR:get_lr()
   local out = {}
-  for i, b in ipairs(self.base_lrs) do out[i] = b * self.lr_lambdas[i](self.last_epoch) end
+  local n = #self.lr_lambdas
+  for i, b in ipairs(self.base_lrs) do
+    local v = self.lr_lambdas[i](self.last_epoch)
+    if type(v) ~= "number" or v - v ~= 0 then
+      local name = (n > 1 and self._distinct) and ("lr_lambda[%d]"):format(i) or "lr_lambda"
+      self:_error(("%s must return a %snumber, got %s (at epoch %s)"):format(name,
+        type(v) == "number" and "finite " or "", type(v) == "number" and fmt(v) or type(v), fmt(self.last_epoch)))
+    end
+    out[i] = b * v
+  end
   return out
 end
 
-function LambdaLR:state_dict() return state_fields(self, {lr_lambdas = true}) end
+function LambdaLR:state_dict() return state_fields(self, {lr_lambdas = true, _distinct = true}) end
 
 function LambdaLR:load_state_dict(sd)
   local fns = self.lr_lambdas
@@ -273,6 +289,7 @@ function OneCycleLR:_init(last_epoch)
     }
   end
   local max_lrs = per_group(self, "max_lr", self.max_lr)
+  for i, v in ipairs(max_lrs) do check_nonneg(self, #max_lrs > 1 and ("max_lr[%d]"):format(i) or "max_lr", v) end
   if last_epoch == -1 then
     for i, g in ipairs(opt.param_groups) do
       g.initial_lr = max_lrs[i] / self.div_factor
@@ -289,6 +306,9 @@ function OneCycleLR:_init(last_epoch)
     self.use_beta1 = d.betas ~= nil
     local maxm = per_group(self, "max_momentum", self.max_momentum)
     local basem = per_group(self, "base_momentum", self.base_momentum)
+    for _, p in ipairs({{"max_momentum", maxm}, {"base_momentum", basem}}) do
+      for i, v in ipairs(p[2]) do check_nonneg(self, #p[2] > 1 and ("%s[%d]"):format(p[1], i) or p[1], v) end
+    end
     if last_epoch == -1 then
       for i, g in ipairs(opt.param_groups) do
         if self.use_beta1 then g.betas = {maxm[i], g.betas[2]} else g.momentum = maxm[i] end
@@ -352,12 +372,25 @@ function SequentialLR:_init(last_epoch)
       #scheds - 1, #scheds, type(ms) == "table" and tostring(#ms) or type(ms)))
   end
   for i, s in ipairs(scheds) do
-    if getmetatable(s) == nil or s.optimizer ~= self.optimizer then
+    local mt = type(s) == "table" and getmetatable(s)
+    if not (mt and type(s.step) == "function" and type(s.get_last_lr) == "function" and s.optimizer ~= nil) then
+      self:_error(("schedulers[%d] must be a learning-rate scheduler, got %s"):format(i, type(s)))
+    end
+    if s.name == "ReduceLROnPlateau" then
+      self:_error(("schedulers[%d] must be a learning-rate scheduler that steps without a metric, " ..
+                   "got a ReduceLROnPlateau"):format(i))
+    end
+    if s.optimizer ~= self.optimizer then
       self:_error(("schedulers[%d] does not belong to the optimizer passed in"):format(i))
     end
   end
+  -- epochs at which the next scheduler starts: positive and increasing
   for i, m in ipairs(ms) do
     if not is_int(m) then self:_error(("milestones[%d] is not an integer: %s"):format(i, fmt(m))) end
+    if m < 1 then self:_error(("milestones[%d] must be a positive integer, got %s"):format(i, fmt(m))) end
+    if i > 1 and m <= ms[i - 1] then
+      self:_error(("milestones must be strictly increasing, got %s"):format(fmt(ms)))
+    end
   end
   self._schedulers = scheds  -- the objects themselves: they are not deep-copied
   self._milestones = ms
@@ -437,7 +470,7 @@ local PolynomialLR = class("PolynomialLR", {options = {total_iters = 5, power = 
 
 function PolynomialLR:_init(last_epoch)
   check_positive_int(self, "total_iters", self.total_iters)
-  check_number(self, "power", self.power)
+  check_nonneg(self, "power", self.power)
   self:_init_base(last_epoch)
 end
 

@@ -9,8 +9,20 @@ local Optimizer = require "needle.optim.optimizer"
 local options = require "needle.options"
 
 local errors = require "needle.errors"
-local fmt = Optimizer._fmt
 local floor = math.floor
+
+-- a value for a message: numbers as they read back, NaN as "nan" (the C
+-- library may print "-nan"), lists as {a, b}
+local ofmt = Optimizer._fmt
+local function fmt(v)
+  if type(v) == "number" and v ~= v then return "nan" end
+  if type(v) == "table" and getmetatable(v) == nil then
+    local parts = {}
+    for i, x in ipairs(v) do parts[i] = fmt(x) end
+    return "{" .. table.concat(parts, ", ") .. "}"
+  end
+  return ofmt(v)
+end
 
 local M = {fmt = fmt}
 
@@ -25,7 +37,10 @@ end
 
 local deepcopy = M.deepcopy
 
-function M.is_int(v) return math.type(v) == "integer" or (type(v) == "number" and v == floor(v)) end
+-- an integer or an integral float; NaN and +-inf are not
+function M.is_int(v)
+  return math.type(v) == "integer" or (type(v) == "number" and v == floor(v) and v - v == 0)
+end
 local is_int = M.is_int
 
 -- Scheduler base ----------------------------------------------------------------
@@ -65,9 +80,26 @@ function LRScheduler.new(cls, optimizer, ...)
   end
   local args = table.pack(...)
   local nreq = #cls._required
+  local nargs = nreq + 1 -- the required arguments and the options table
+  -- everything in one options table: Sched(opt, {required..., options...}).
+  -- A plain table with a string key is that form (a required argument that
+  -- is a table is a list: milestones, per-group values, schedulers), so a
+  -- misspelt key is named by options.check below.
+  local table_form = false
+  if nreq > 0 and type(args[1]) == "table" and getmetatable(args[1]) == nil then
+    for k in pairs(args[1]) do
+      if type(k) == "string" then table_form = true break end
+    end
+  end
+  if table_form then nargs = 1 end
+  for i = nargs + 1, args.n do
+    if args[i] ~= nil then
+      self:_error(("takes %s only, got an extra argument #%d: %s"):format(cls:_usage(), i + 1,
+        options.got(args[i])))
+    end
+  end
   local opts = args[nreq + 1]
-  -- everything in one options table: Sched(opt, {required..., options...})
-  if nreq > 0 and args.n == 1 and type(args[1]) == "table" and args[1][cls._required[1]] ~= nil then
+  if table_form then
     opts = args[1]
     args = {}
     for i, k in ipairs(cls._required) do args[i] = opts[k] end
@@ -79,6 +111,9 @@ function LRScheduler.new(cls, optimizer, ...)
   opts = options.check("optim.lr_scheduler." .. cls.name, opts, known)
   for i, k in ipairs(cls._required) do
     local v = args[i]
+    if v ~= nil and not table_form and opts[k] ~= nil then
+      self:_error(("%s is given twice: as argument #%d and in the options table"):format(k, i + 1))
+    end
     if v == nil then v = opts[k] end
     if v == nil then self:_error(("missing required argument %s"):format(k)) end
     self[k] = deepcopy(v)
@@ -95,6 +130,13 @@ function LRScheduler.new(cls, optimizer, ...)
   end
   self:_init(last_epoch)
   return self
+end
+
+-- "StepLR(optimizer, step_size[, options])": the constructor's arguments, for messages
+function LRScheduler:_usage()
+  local parts = {"optimizer"}
+  for _, k in ipairs(self._required) do parts[#parts + 1] = k end
+  return ("%s(%s[, options])"):format(self.name, table.concat(parts, ", "))
 end
 
 -- the base initialisation: initial_lr, base_lrs, the initial step
@@ -196,15 +238,24 @@ function LRScheduler:__tostring()
   return ("%s(last_epoch=%d, lr=%s)"):format(self.name, self.last_epoch, fmt(self._last_lr))
 end
 
+-- check_number(self, name, v[, lo, lo_open, hi, hi_open]): v is a finite
+-- number in the range (lo / hi nil: unbounded on that side, but never +-inf).
+-- Written so that NaN fails every comparison: NaN and +-inf are refused too.
 function M.check_number(self, name, v, lo, lo_open, hi, hi_open)
   if type(v) ~= "number" then
     self:_error(("%s must be a number, got %s"):format(name, type(v)))
   end
-  if (lo and (v < lo or (lo_open and v == lo))) or (hi and (v > hi or (hi_open and v == hi))) then
-    self:_error(("invalid %s %s (expected %s%s, %s%s)"):format(name, fmt(v), lo_open and "(" or "[",
-      lo and fmt(lo) or "-inf", hi and fmt(hi) or "inf", hi_open and ")" or "]"))
+  local ok = v - v == 0 -- finite (NaN - NaN and inf - inf are NaN)
+      and (lo == nil or (lo_open and v > lo) or (not lo_open and v >= lo))
+      and (hi == nil or (hi_open and v < hi) or (not hi_open and v <= hi))
+  if not ok then
+    self:_error(("invalid %s %s (expected %s%s, %s%s)"):format(name, fmt(v), (lo_open or lo == nil) and "(" or "[",
+      lo and fmt(lo) or "-inf", hi and fmt(hi) or "inf", (hi_open or hi == nil) and ")" or "]"))
   end
 end
+
+-- a finite number >= 0 (a rate, a factor, a momentum)
+function M.check_nonneg(self, name, v) M.check_number(self, name, v, 0, false) end
 
 function M.check_positive_int(self, name, v)
   if not is_int(v) or v <= 0 then
