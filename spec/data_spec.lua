@@ -112,6 +112,34 @@ describe("TensorDataset", function()
     has(errmsg(function() return ds:get(4) end), "index 4 out of range (expected 1..3)")
     has(errmsg(function() return ds:get(0) end), "index 0 out of range")
   end)
+
+  -- audit S8: ds[2.0] and ds[4 / 2] were nil (and ds[2.5] too), with no error
+  it("takes an integral float index as the integer; a fractional or out-of-range one is an error naming the size", function()
+    local ds = data.TensorDataset(nd.arange(1, 5))
+    assert.are.equal(2, ds[2.0]:item())
+    assert.are.equal(2, ds[4 / 2]:item())
+    assert.are.equal(3, ds:get(3.0):item())
+    has(errmsg(function() return ds[2.5] end),
+      "needle.data.TensorDataset: index must be an integer in 1..4 (the dataset has 4 items), got 2.5")
+    for _, i in ipairs({0, -1, 5}) do
+      has(errmsg(function() return ds[i] end),
+        ("needle.data.TensorDataset: index %d out of range (expected 1..4) for a dataset of 4 items"):format(i))
+    end
+    has(errmsg(function() return ds:get("2") end), "index must be an integer in 1..4 (the dataset has 4 items), got \"2\"")
+    -- the same for the other datasets, and a subclass's get is guarded by ds[i] too
+    local sub = data.Subset(ds, {4, 1})
+    assert.are.equal(1, sub[2.0]:item())
+    has(errmsg(function() return sub[1.5] end), "needle.data.Subset: index must be an integer in 1..2")
+    assert.are.equal(2, (ds + ds)[6.0]:item())
+    has(errmsg(function() return (ds + ds)[9] end), "needle.data.ConcatDataset: index 9 out of range (expected 1..8)")
+    local Sq = data.Dataset:extend("Squares")
+    function Sq:init(n) self.n = n end
+    function Sq:len() return self.n end
+    function Sq:get(i) return i * i end
+    assert.are.equal(4, Sq(3)[2.0])
+    has(errmsg(function() return Sq(3)[4] end), "needle.data.Squares: index 4 out of range (expected 1..3) for a dataset of 3 items")
+    has(errmsg(function() return data.Subset(ds, {1}, 5) end), "needle.data.Subset: takes Subset(dataset, indices) only, got an extra argument #3: 5")
+  end)
 end)
 
 describe("DataLoader", function()
@@ -292,8 +320,39 @@ describe("DataLoader", function()
     has(errmsg(data.DataLoader, range_ds(3), {batchsize = 2}), "unknown option 'batchsize'")
     has(errmsg(data.DataLoader, 42), "dataset must be a Dataset (with len and get) or a Lua list")
     has(errmsg(data.DataLoader, range_ds(3), {seed = 1.5}), "seed must be an integer")
+    -- audit U5: a string is shown as a string
+    has(errmsg(data.DataLoader, {1, 2, 3}, {batch_size = "2"}),
+      "needle.data.DataLoader: batch_size must be a positive integer, got \"2\"")
+    has(errmsg(data.DataLoader, {1, 2, 3}, {seed = "2"}), "seed must be an integer, got \"2\"")
+    assert.are.equal(2, #data.DataLoader({1, 2, 3}, {batch_size = 4 / 2}))
     local bad = data.DataLoader({nd.zeros({2}), nd.zeros({3})}, {batch_size = 2})
     has(errmsg(function() for _ in bad:iter() do end end), "collate: cannot stack")
+  end)
+
+  -- audit S20, R3, R4 and the extra arguments that were ignored
+  it("refuses bad epochs, bad samples for default_collate and extra arguments", function()
+    local ds = data.TensorDataset(nd.randn({4, 2}))
+    local l = data.DataLoader(ds, {shuffle = true, seed = 1})
+    has(errmsg(function() l:set_epoch(-1) end), "needle.data.DataLoader: set_epoch: epoch must be an integer >= 0, got -1")
+    has(errmsg(function() l:set_epoch(2.5) end), "set_epoch: epoch must be an integer >= 0, got 2.5")
+    has(errmsg(function() l:set_epoch("1") end), "set_epoch: epoch must be an integer >= 0, got \"1\"")
+    l:set_epoch(2.0)
+    assert.are.equal("integer", math.type(l._next_epoch))
+    has(errmsg(function() l:permutation(2.5) end),
+      "needle.data.DataLoader: permutation: epoch must be an integer >= 0, got 2.5")
+    has(errmsg(function() l:permutation(-1) end), "permutation: epoch must be an integer >= 0, got -1")
+    assert.are.same(l:permutation(1):totable(), l:permutation(1.0):totable())
+    has(errmsg(data.default_collate, nil), "needle.data.default_collate: samples must be a Lua list of items, got nil")
+    has(errmsg(data.default_collate, 5), "samples must be a Lua list of items, got 5")
+    has(errmsg(data.default_collate, {}), "needle.data.default_collate: samples is an empty list")
+    has(errmsg(data.default_collate, {1}, {}), "takes default_collate(samples) only, got an extra argument #2: a table")
+    assert.are.same({1, 2}, data.default_collate({1, 2}):totable())
+    has(errmsg(data.DataLoader, ds, {}, 5),
+      "needle.data.DataLoader: takes DataLoader(dataset[, opts]) only, got an extra argument #3: 5")
+    has(errmsg(function() return l:iter(5) end), "needle.data.DataLoader: takes loader:iter() only, got an extra argument #1: 5")
+    has(errmsg(function() return l:set_epoch(1, 2) end), "takes loader:set_epoch(epoch) only, got an extra argument #2: 2")
+    -- a nil in the extra place is no argument (an optional passed along)
+    assert.are.equal(4, #data.DataLoader(ds, nil, nil))
   end)
 
   -- issue 15: these ran into Lua's "stack overflow" after seconds
@@ -413,6 +472,37 @@ describe("transforms", function()
     has(errmsg(T.RandomFlipHorizontal, 2), "p must be a number in [0, 1], got 2")
     has(errmsg(T.RandomCrop(8), img), "crop {8, 8} is larger than the padded image {3, 4}")
     has(errmsg(T.Normalize, {1, 2}, {1}), "mean has 2 values but std has 1")
+  end)
+
+  -- audit S7: Compose(t1, t2) was an empty Compose() that dropped both
+  it("Compose takes a list of callables only", function()
+    has(errmsg(T.Compose, T.ScaleTo01(), T.ToFloat()),
+      "needle.data.transforms.Compose: expected a list of transforms: Compose({t1, t2}), got the transform ScaleTo01()")
+    has(errmsg(T.Compose, T.ScaleTo01()), "expected a list of transforms: Compose({t1, t2})")
+    has(errmsg(T.Compose, function(x) return x end), "expected a list of transforms: Compose({t1, t2}), got a function")
+    has(errmsg(T.Compose), "expected a list of transforms: Compose({t1, t2}), got nil")
+    has(errmsg(T.Compose, {T.ScaleTo01(), 5}), "item 2 is 5, expected a callable transform")
+    has(errmsg(T.Compose, {T.ScaleTo01(), x = 1}), "expected a list of transforms (keys 1..1), got the key \"x\"")
+    assert.are.equal("Compose()", tostring(T.Compose({})))
+  end)
+
+  -- audit S19: a NaN or infinite mean or std was taken (std = 0 was refused)
+  it("Normalize refuses a mean or std that is not finite", function()
+    has(errmsg(T.Normalize, 0, 0 / 0), "needle.data.transforms.Normalize: std must be finite, got nan")
+    has(errmsg(T.Normalize, 1 / 0, 1), "mean must be finite, got inf")
+    has(errmsg(T.Normalize, {0, 0 / 0}, {1, 1}), "mean[2] must be finite")
+    has(errmsg(T.Normalize, {0, 0}, {1, -1 / 0}), "std[2] must be finite, got -inf")
+    has(errmsg(T.Normalize, 0, 0), "std[1] is 0")
+  end)
+
+  it("the transforms refuse extra arguments, naming the accepted form", function()
+    has(errmsg(T.Normalize, 0, 1, {inplace = true}),
+      "needle.data.transforms.Normalize: takes Normalize(mean, std) only, got an extra argument #3: a table")
+    has(errmsg(T.ToFloat, 5), "needle.data.transforms.ToFloat: takes ToFloat() only, got an extra argument #1: 5")
+    has(errmsg(T.ScaleTo01, "x"), "takes ScaleTo01() only, got an extra argument #1: \"x\"")
+    has(errmsg(T.RandomCrop, 3, {}, 1), "takes RandomCrop(size[, opts]) only, got an extra argument #3: 1")
+    has(errmsg(T.RandomFlipHorizontal, 0.5, 1), "takes RandomFlipHorizontal([p]) only")
+    has(errmsg(T.Lambda, print, 1), "takes Lambda(fn) only")
   end)
 end)
 
@@ -961,6 +1051,23 @@ describe("samplers", function()
     has(errmsg(data.BatchSampler, data.SequentialSampler(3), 0, false), "needle.data.BatchSampler: batch_size must be a positive integer, got 0")
     has(errmsg(data.BatchSampler, data.SequentialSampler(3), 2), "drop_last must be a boolean, got nil")
     has(errmsg(data.BatchSampler, nd.zeros({3}), 2, false), "sampler must be a sampler (with len() and indices(epoch)), a Lua list of indices or a 1-D integer tensor, got a float32 tensor of shape {3}")
+    -- audit S17: a list of indices is checked when the sampler is made
+    has(errmsg(data.BatchSampler, {1, 2.5}, 2, false),
+      "needle.data.BatchSampler: sampler[2] is 2.5, expected a positive integer (a 1-based item number)")
+    has(errmsg(data.BatchSampler, {0, -3}, 2, false), "sampler[1] is 0, expected a positive integer")
+    has(errmsg(data.BatchSampler, {1, "2"}, 2, false), "sampler[2] is \"2\", expected a positive integer")
+    has(errmsg(data.BatchSampler, i64({2, 0}), 2, false), "sampler's indices must be positive (1-based item numbers), got 0")
+    assert.are.same({{1, 2}, {3}}, data.BatchSampler({1, 2.0, 3}, 2, false):batches())
+    assert.are.equal("integer", math.type(data.BatchSampler({2.0}, 1, false):batches()[1][1]))
+    has(errmsg(data.BatchSampler, {1, 2}, 2, false, 5),
+      "needle.data.BatchSampler: takes BatchSampler(sampler, batch_size, drop_last) only, got an extra argument #4: 5")
+    has(errmsg(data.RandomSampler, 3, {}, 1), "takes RandomSampler(data_source[, opts]) only")
+    -- epochs are integers >= 0 everywhere
+    local rs = data.RandomSampler(4, {seed = 1})
+    has(errmsg(function() rs:set_epoch(-1) end), "needle.data.RandomSampler: set_epoch: epoch must be an integer >= 0, got -1")
+    has(errmsg(function() rs:indices(2.5) end), "indices: epoch must be an integer >= 0, got 2.5")
+    has(errmsg(function() data.DistributedSampler(4, {num_replicas = 1, rank = 0}):set_epoch(-2) end),
+      "needle.data.DistributedSampler: set_epoch: epoch must be an integer >= 0, got -2")
   end)
 end)
 

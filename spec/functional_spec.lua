@@ -243,6 +243,65 @@ describe("nd.F", function()
     e = err_of(function() return nd.softmax(nd.arange(3)) end)
     has(e, "needle.softmax: expected a floating point tensor, got int64")
   end)
+  it("arguments are checked at entry: the error names the function called", function()
+    local x = nd.randn({4, 3})
+    -- activations: a wrong argument names the function, not needle.mul
+    has(err_of(function() return F.leaky_relu(x, "a") end),
+        "needle.leaky_relu: negative_slope must be a finite number, got \"a\"")
+    has(err_of(function() return F.leaky_relu(x, 0 / 0) end), "needle.leaky_relu: negative_slope must be a finite number")
+    has(err_of(function() return F.elu(x, "a") end), "needle.elu: alpha must be a finite number, got \"a\"")
+    has(err_of(function() return F.softplus(x, {beta = 0}) end),
+        "needle.softplus: beta must be a finite number other than 0, got 0")
+    -- normalize and cosine_similarity: eps >= 0 (NaN refused), dim in range
+    has(err_of(function() return F.normalize(x, {eps = -1}) end), "needle.normalize: eps must be >= 0, got -1")
+    has(err_of(function() return F.normalize(x, {eps = 0 / 0}) end), "needle.normalize: eps must be >= 0, got")
+    has(err_of(function() return F.normalize(x, {dim = 3}) end),
+        "needle.normalize: dim 3 out of range for a tensor with 2 dims (expected 1..2 or -2..-1)")
+    has(err_of(function() return F.cosine_similarity(x, x, {eps = -1}) end),
+        "needle.cosine_similarity: eps must be >= 0, got -1")
+    has(err_of(function() return F.cosine_similarity(x, x, {dim = 5}) end),
+        "needle.cosine_similarity: dim 5 out of range for a tensor with 2 dims (expected 1..2 or -2..-1)")
+    near({1, 1, 1, 1}, F.cosine_similarity(x, x, {dim = -1}))
+    -- dropout: training is a boolean, p a number (no options table)
+    has(err_of(function() return F.dropout(x, 0.5, "no") end), "needle.dropout: training must be a boolean, got \"no\"")
+    has(err_of(function() return F.dropout(x, 0.5, 0) end), "needle.dropout: training must be a boolean, got 0")
+    has(err_of(function() return F.dropout(x, {p = 0.5}) end),
+        "needle.dropout: p must be in [0, 1], got a table (dropout takes (x, p, training) positionally")
+    has(err_of(function() return F.dropout(x, 0 / 0) end), "needle.dropout: p must be in [0, 1], got")
+    assert.are.equal(x, F.dropout(x, 0.5, false))
+    -- batch_norm's positional arguments
+    has(err_of(function() return F.batch_norm(x, nil, nil, nil, nil, true, {momentum = 0.1}) end),
+        "needle.batch_norm: momentum (argument 7) must be a number in [0, 1], got a table (batch_norm(x, running_mean, " ..
+        "running_var[, weight, bias, training, momentum, eps]) takes positional arguments)")
+    has(err_of(function() return F.batch_norm(x, nd.zeros({3}), nd.ones({3}), nil, nil, true, 0 / 0) end),
+        "needle.batch_norm: momentum (argument 7) must be a number in [0, 1], got")
+    has(err_of(function() return F.batch_norm(x, nil, nil, nil, nil, true, 1.5) end),
+        "momentum (argument 7) must be a number in [0, 1], got 1.5")
+    has(err_of(function() return F.batch_norm(x, nil, nil, nil, nil, true, 0.1, -1) end),
+        "needle.batch_norm: eps (argument 8) must be a number >= 0, got -1")
+    has(err_of(function() return F.batch_norm(x, nil, nil, nil, nil, true, 0.1, 0 / 0) end),
+        "needle.batch_norm: eps (argument 8) must be a number >= 0, got")
+    has(err_of(function() return F.batch_norm(x, nil, nil, nil, nil, "yes") end),
+        "needle.batch_norm: training (argument 6) must be a boolean, got \"yes\"")
+    -- extra positional arguments are refused, naming the accepted form
+    has(err_of(function() return F.relu(x, true) end), "needle.relu: takes relu(x) only, got an extra argument #2: true")
+    has(err_of(function() return F.softmax(x, 1, "float64") end),
+        "needle.softmax: takes softmax(x[, dim]) only, got an extra argument #3: \"float64\"")
+    has(err_of(function() return F.linear(x, nd.randn({2, 3}), nil, 5) end),
+        "needle.linear: takes linear(x, weight[, bias]) only, got an extra argument #4: 5")
+    has(err_of(function() return F.cross_entropy(x, {1, 2, 3, 1}, nil, 5) end),
+        "needle.cross_entropy: takes cross_entropy(logits, labels[, {ignore_index=, label_smoothing=, reduction=}]) " ..
+        "only, got an extra argument #4: 5")
+    has(err_of(function() return F.gelu(x, nil, 1) end), "needle.gelu: takes gelu(x[, {approximate=}]) only")
+    has(err_of(function() return F.layer_norm(x, 3, nil, nil, 1e-5, 1) end),
+        "needle.layer_norm: takes layer_norm(x, normalized_shape[, weight, bias, eps]) only, got an extra argument #6: 1")
+    has(err_of(function() return F.batch_norm(x, nil, nil, nil, nil, true, 0.1, 1e-5, 1) end),
+        "needle.batch_norm: takes batch_norm(x, running_mean, running_var[, weight, bias, training, momentum, eps]) " ..
+        "only, got an extra argument #9: 1")
+    -- trailing nils are no arguments
+    assert.are.same({4, 3}, F.relu(x, nil).shape)
+  end)
+
   -- F.linear runs nd.linear: the GEMM with the bias added in its epilogue when
   -- autograd does not record, matmul + add when it does; both must agree
   -- with the composed ops, on 2-D and 3-D inputs, with and without bias

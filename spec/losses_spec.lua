@@ -108,4 +108,49 @@ describe("loss modules", function()
                      "needle.nn.HuberLoss: unknown option 'delt' (valid: delta, reduction)")
     assert.has_error(function() nn.L1Loss()(1, x) end, "needle.nn.L1Loss: expected a tensor input, got number")
   end)
+
+  it("every elementwise loss refuses input and target of different shapes (no silent broadcast)", function()
+    local A = require("spec.helpers.assertions").bind(assert)
+    local col, row = nd.rand({4}), nd.rand({4, 1})
+    for _, name in ipairs({"mse_loss", "binary_cross_entropy_with_logits", "l1_loss", "smooth_l1_loss", "huber_loss",
+                           "binary_cross_entropy", "kl_div"}) do
+      A.assert_contains(A.errmsg(F[name], col, row), ("needle.%s: input {4} and target {4,1} must have the same shape"):format(name))
+    end
+    A.assert_contains(A.errmsg(F.margin_ranking_loss, col, col, nd.ones({4, 1})),
+                      "needle.margin_ranking_loss: input {4} and target {4,1} must have the same shape")
+    A.assert_contains(A.errmsg(F.margin_ranking_loss, col, row, nd.ones({4})),
+                      "needle.margin_ranking_loss: input {4} and x2 {4,1} must have the same shape")
+    A.assert_contains(A.errmsg(F.triplet_margin_loss, row, row, col),
+                      "needle.triplet_margin_loss: input {4,1} and negative {4} must have the same shape")
+    A.assert_contains(A.errmsg(F.cosine_embedding_loss, nd.randn({4, 3}), nd.randn({4, 3}), nd.ones({4, 1})),
+                      "needle.cosine_embedding_loss: target must have shape {4} (one per row of input {4,3}), got {4,1}")
+    -- a missing target names the loss, not the op inside it
+    A.assert_contains(A.errmsg(F.mse_loss, col, nil), "needle.mse_loss: target must be a tensor, got nil")
+    A.assert_contains(A.errmsg(F.mse_loss, col, col, nil, 5),
+                      "needle.mse_loss: takes mse_loss(input, target[, {reduction=}]) only, got an extra argument #4: 5")
+  end)
+
+  it("values out of their range are refused", function()
+    local A = require("spec.helpers.assertions").bind(assert)
+    local x = nd.randn({4, 3})
+    A.assert_contains(A.errmsg(F.margin_ranking_loss, x, x, x:sign(), {margin = 0 / 0}),
+                      "needle.margin_ranking_loss: margin must be a finite number, got")
+    A.assert_contains(A.errmsg(F.triplet_margin_loss, x, x, x, {margin = 0 / 0}),
+                      "needle.triplet_margin_loss: margin must be a finite number, got")
+    A.assert_contains(A.errmsg(F.triplet_margin_loss, x, x, x, {p = 0}), "needle.triplet_margin_loss: p must be > 0, got 0")
+    A.assert_contains(A.errmsg(F.cosine_embedding_loss, x, x, nd.ones({4}), {margin = 0 / 0}),
+                      "needle.cosine_embedding_loss: margin must be a finite number, got")
+    -- cosine_embedding_loss: targets are 1 or -1 (2 would count for nothing)
+    A.assert_contains(A.errmsg(F.cosine_embedding_loss, x, x, nd.tensor({1, -1, 2, 1})),
+                      "needle.cosine_embedding_loss: target values must be 1 or -1, got 2")
+    assert.is_true(F.cosine_embedding_loss(x, x, nd.tensor({1, -1, -1, 1})):item() >= 0)
+    -- binary_cross_entropy: probabilities in [0, 1] (NaN too is refused)
+    local t = nd.rand({4})
+    A.assert_contains(A.errmsg(F.binary_cross_entropy, nd.full({4}, 2), t),
+                      "needle.binary_cross_entropy: all elements of input should be between 0 and 1 (probabilities), got 2")
+    A.assert_contains(A.errmsg(F.binary_cross_entropy, nd.tensor({0.5, -0.5, 0.5, 0.5}), t),
+                      "all elements of input should be between 0 and 1 (probabilities), got -0.5")
+    A.assert_contains(A.errmsg(F.binary_cross_entropy, nd.tensor({0.5, 0 / 0, 0.5, 0.5}), t),
+                      "all elements of input should be between 0 and 1")
+  end)
 end)

@@ -278,6 +278,10 @@ describe("F.scaled_dot_product_attention", function()
     has(errmsg(sdpa, q, k, v, {causal = true}),
         "needle.scaled_dot_product_attention: unknown option 'causal' (valid: attn_mask, dropout_p, is_causal, scale)")
     has(errmsg(sdpa, q, {1}, v), "key must be a tensor, got a table")
+    has(errmsg(sdpa, q, k, v, {scale = 0 / 0}), "needle.scaled_dot_product_attention: scale must be a finite number, got")
+    has(errmsg(sdpa, q, k, v, {scale = math.huge}), "scale must be a finite number, got inf")
+    has(errmsg(sdpa, q, k, v, nil, 5), "takes scaled_dot_product_attention(query, key, value[, {attn_mask=, " ..
+        "dropout_p=, is_causal=, scale=}]) only, got an extra argument #5: 5")
   end)
 end)
 

@@ -538,6 +538,37 @@ describe("spatial functions: errors name the function, the shapes and what was e
                     "needle.one_hot: class value 5 is out of range for num_classes 3 (expected 1..3)")
     assert_contains(errmsg(F.one_hot, {1, 2}, 2.5), "needle.one_hot: num_classes must be an integer, got 2.5")
     assert_contains(errmsg(F.dropout2d, x, 1.5), "needle.dropout2d: p must be in [0, 1], got 1.5")
+    assert_contains(errmsg(F.dropout2d, x, 0 / 0), "needle.dropout2d: p must be in [0, 1], got")
+    assert_contains(errmsg(F.dropout2d, x, {p = 0.5}),
+                    "needle.dropout2d: p must be in [0, 1], got a table (dropout2d takes (x, p, training) positionally")
+    -- a string or a number is not a boolean (it would count as true)
+    assert_contains(errmsg(F.dropout2d, x, 0.5, "no"), "needle.dropout2d: training must be a boolean, got \"no\"")
+    assert_contains(errmsg(F.dropout2d, x, 0.5, false, 1),
+                    "needle.dropout2d: takes dropout2d(x[, p, training]) only, got an extra argument #4: 1")
+    local c = nd.randn({2, 4, 3})
+    assert_contains(errmsg(F.instance_norm, c, nd.zeros({4}), nd.ones({4}), nil, nil, true, 2),
+                    "needle.instance_norm: momentum must be a number in [0, 1], got 2")
+    assert_contains(errmsg(F.instance_norm, c, nd.zeros({4}), nd.ones({4}), nil, nil, true, 0 / 0),
+                    "needle.instance_norm: momentum must be a number in [0, 1], got")
+    assert_contains(errmsg(F.instance_norm, c, nil, nil, nil, nil, "no"),
+                    "needle.instance_norm: use_input_stats must be a boolean, got \"no\"")
+    assert_contains(errmsg(F.instance_norm, c, nil, nil, nil, nil, true, 0.1, 1e-5, 3),
+                    "needle.instance_norm: takes instance_norm(x[, running_mean, running_var, weight, bias, " ..
+                    "use_input_stats, momentum, eps]) or instance_norm(x, {running_mean=, ..., eps=}) only, got an extra argument #9: 3")
+    assert_contains(errmsg(F.group_norm, c, 2, nil, nil, 1e-5, 3), "needle.group_norm: takes group_norm(x, num_groups[, " ..
+                    "weight, bias, eps]) or group_norm(x, num_groups, {weight=, bias=, eps=}) only, got an extra argument #6: 3")
+    assert_contains(errmsg(F.rms_norm, c, 3, nil, 1e-5, 3),
+                    "needle.rms_norm: takes rms_norm(x, normalized_shape[, weight, eps]) or rms_norm(x, " ..
+                    "normalized_shape, {weight=, eps=}) only, got an extra argument #5: 3")
+    -- adaptive_avg_pool2d refuses an empty output size, as adaptive_max_pool2d and nn.AdaptiveAvgPool2d
+    local img = nd.randn({1, 2, 5, 5})
+    assert_contains(errmsg(F.adaptive_avg_pool2d, img, 0),
+                    "needle.adaptive_avg_pool2d: output_size must be an integer >= 1 or a list of 2 of them, got 0")
+    assert_contains(errmsg(F.adaptive_avg_pool2d, img, {2, 0}),
+                    "needle.adaptive_avg_pool2d: output_size must be an integer >= 1 or a list of 2 of them, got {2,0}")
+    assert_contains(errmsg(F.adaptive_avg_pool2d, img, 2, 2),
+                    "needle.adaptive_avg_pool2d: takes adaptive_avg_pool2d(x, output_size) only, got an extra argument #3: 2")
+    assert.are.same({1, 2, 2, 3}, F.adaptive_avg_pool2d(img, {2, 3}).shape)
     assert_contains(errmsg(F.dropout2d, nd.randn({2, 3}), 0.5),
                     "needle.dropout2d: expected input of shape (N, C, H, W) or (N, C, L), got {2,3}")
   end)

@@ -450,6 +450,46 @@ describe("nd.nn.init", function()
     local t = init.orthogonal_(nd.empty({5, 5}), 2)
     assert.is_true(max_abs_diff(t:t():matmul(t), nd.eye(5) * 4) < 1e-4)
   end)
+
+  it("refuses arguments that would fill NaN, a wrong type or an extra argument, naming the initialiser", function()
+    local function msg(fn, ...) return errmsg(init[fn], nd.zeros({3, 4}), ...) end
+    local function has(m, fragment) assert.truthy(m:find(fragment, 1, true), m) end
+    has(msg("uniform_", 1, 0), "needle.nn.init.uniform_: expected a <= b, got a = 1 and b = 0")
+    has(msg("uniform_", 0 / 0), "needle.nn.init.uniform_: a must be a finite number, got")
+    has(msg("uniform_", 0, math.huge), "needle.nn.init.uniform_: b must be a finite number, got inf")
+    has(msg("uniform_", "a"), "needle.nn.init.uniform_: a (argument 2) must be a number, got \"a\"")
+    has(msg("normal_", 0, -1), "needle.nn.init.normal_: std must be a finite number >= 0, got -1")
+    has(msg("normal_", {std = 0 / 0}), "needle.nn.init.normal_: std must be a finite number >= 0, got")
+    has(msg("normal_", 0, "x"), "needle.nn.init.normal_: std (argument 3) must be a number, got \"x\"")
+    has(msg("constant_", 0 / 0), "needle.nn.init.constant_: val must be a finite number, got")
+    has(msg("xavier_uniform_", "relu"), "needle.nn.init.xavier_uniform_: gain (argument 2) must be a number, got " ..
+        "\"relu\" (a nonlinearity's gain is nn.init.calculate_gain(\"relu\"))")
+    has(msg("xavier_uniform_", 0 / 0), "needle.nn.init.xavier_uniform_: gain must be a finite number >= 0, got")
+    has(msg("xavier_normal_", -1), "needle.nn.init.xavier_normal_: gain must be a finite number >= 0, got -1")
+    has(msg("kaiming_normal_", 0 / 0), "needle.nn.init.kaiming_normal_: a must be a finite number, got")
+    has(msg("kaiming_uniform_", {gain = math.huge}), "needle.nn.init.kaiming_uniform_: gain must be a finite number >= 0, got inf")
+    has(msg("kaiming_normal_", 0, 5), "needle.nn.init.kaiming_normal_: mode (argument 3) must be a string, got 5")
+    has(msg("kaiming_uniform_", "relu"), "needle.nn.init.kaiming_uniform_: a (argument 2) must be a number, got \"relu\" " ..
+        "(the nonlinearity goes fourth, or as {nonlinearity = \"relu\"})")
+    has(msg("orthogonal_", 0 / 0), "needle.nn.init.orthogonal_: gain must be a finite number, got")
+    -- extra arguments
+    has(msg("zeros_", 5), "needle.nn.init.zeros_: takes zeros_(tensor) only, got an extra argument #2: 5")
+    has(msg("ones_", 5), "needle.nn.init.ones_: takes ones_(tensor) only, got an extra argument #2: 5")
+    has(msg("uniform_", 0, 1, 5),
+        "needle.nn.init.uniform_: takes uniform_(tensor[, a, b]) or uniform_(tensor, {a=, b=}) only, got an extra argument #4: 5")
+    has(msg("uniform_", {a = 0}, 5), "needle.nn.init.uniform_: takes uniform_(tensor[, a, b]) or uniform_(tensor, {a=, b=}) " ..
+        "only, got an extra argument #3: 5")
+    has(errmsg(init.calculate_gain, "relu", 5), "needle.nn.init.calculate_gain: param (the negative slope) is for " ..
+        "leaky_relu only, got 5 for 'relu'")
+    has(errmsg(init.calculate_gain, "leaky_relu", 0.1, 1), "needle.nn.init.calculate_gain: takes calculate_gain(" ..
+        "nonlinearity[, param]) only, got an extra argument #3: 1")
+    has(errmsg(init.calculate_gain, "leaky_relu", 0 / 0), "needle.nn.init.calculate_gain: negative_slope must be a finite number")
+    has(errmsg(init.calculate_gain, nil), "needle.nn.init.calculate_gain: nonlinearity must be a string, got nil")
+    -- a relu's a (leaky_relu's slope) is ignored, as PyTorch's; a = b and std 0 are fine
+    init.kaiming_normal_(nd.zeros({3, 4}), 0.2, "fan_in", "relu")
+    assert.are.same({{2, 2}, {2, 2}}, init.uniform_(nd.zeros({2, 2}), 2, 2):totable())
+    assert.are.same({{1, 1}, {1, 1}}, init.normal_(nd.zeros({2, 2}), 1, 0):totable())
+  end)
 end)
 
 describe("nn errors name the module, its config and the shapes", function()

@@ -308,5 +308,7 @@ describe("nd.text.answer_spans", function()
     assert_contains(err(s, e, enc, {}), "contexts[1] is missing")
     assert_contains(err(s, e, enc, {"short"}), "fall outside context 1")
     assert_contains(err(nd.zeros({1, 2, 3}), e, enc, {context}), "start_logits must be (windows, tokens)")
+    assert_contains(err(s, e, enc, {context}, {}, 5), "needle.text.answer_spans: takes " ..
+      "answer_spans(start_logits, end_logits, enc, contexts[, opts]) only, got an extra argument #6: 5")
   end)
 end)

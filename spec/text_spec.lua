@@ -529,6 +529,39 @@ describe("tokenizer calls that are wrong", function()
       "allowed_special[1] (<|nope|>) is not a token of the vocabulary")
   end)
 
+  -- audit R5 / R5b: a nil or a number ran into "attempt to get length of a nil value"
+  it("check the tokens given to convert_tokens_to_ids", function()
+    for _, t in ipairs({tok, bpe}) do
+      local name = t == tok and "WordPiece" or "ByteBPE"
+      assert_contains(errmsg(function() return t:convert_tokens_to_ids(nil) end),
+        "needle.text." .. name .. ".convert_tokens_to_ids: expected a token string or a list of them, got nil")
+      assert_contains(errmsg(function() return t:convert_tokens_to_ids(5) end),
+        "expected a token string or a list of them, got 5")
+      assert_contains(errmsg(function() return t:convert_tokens_to_ids({"a", 5}) end), "tokens[2] is 5, expected a string")
+      assert.are.equal(t:convert_tokens_to_ids("a"), t:convert_tokens_to_ids({"a"})[1])
+    end
+  end)
+
+  -- extra positional arguments were ignored (tok:tokenize("a", {foo = 1}))
+  it("refuse extra arguments, naming the accepted form", function()
+    assert_contains(errmsg(function() return tok:tokenize("a", {foo = 1}) end),
+      "needle.text.WordPiece.tokenize: takes tok:tokenize(text) only, got an extra argument #2: a table")
+    assert_contains(errmsg(T.WordPiece.new, WP_VOCAB, {}, 5),
+      "needle.text.WordPiece.new: takes WordPiece.new(vocab[, opts]) only, got an extra argument #3: 5")
+    assert_contains(errmsg(function() return tok:encode("a", nil, true) end), "takes tok:encode(text[, opts]) only")
+    assert_contains(errmsg(function() return tok:decode({1}, {}, 1) end), "takes tok:decode(ids[, opts]) only")
+    assert_contains(errmsg(function() return tok:convert_tokens_to_ids("a", "b") end),
+      "takes tok:convert_tokens_to_ids(token or list) only, got an extra argument #2: \"b\"")
+    assert_contains(errmsg(function() return bpe:tokenize("a", {}, 1) end),
+      "needle.text.ByteBPE.tokenize: takes tok:tokenize(text[, opts]) only, got an extra argument #3: 1")
+    assert_contains(errmsg(function() return bpe:convert_ids_to_tokens({1}, 2) end),
+      "takes tok:convert_ids_to_tokens(id or list) only")
+    assert_contains(errmsg(T.ByteBPE.from_files, FIX .. "gpt2_vocab.json", FIX .. "gpt2_merges.txt", {}, 4),
+      "takes ByteBPE.from_files(vocab_path, merges_path[, opts]) only, got an extra argument #4: 4")
+    -- a nil in the extra place is no argument
+    assert.are.same(tok:tokenize("a"), tok:tokenize("a", nil))
+  end)
+
   it("check the ids given to decode (1-based)", function()
     assert_contains(errmsg(function() return tok:decode({1, 0}) end),
       "needle.text.WordPiece.decode: id 0 at position 2 is not a token id (1..29: needle's ids are 1-based)")

@@ -9,6 +9,7 @@ local core = require "needle.core"
 local errors = require "needle.errors"
 local options = require "needle.options"
 local capture = require "needle.compile.state"
+local spatial_args = require "needle.functional.spatial_args"
 
 local F = {}
 
@@ -27,6 +28,38 @@ local function check_tensor(op, x, what)
   if not core.is_tensor(x) then fail_at(3, op, "%s must be a tensor, got %s", what or "input", type(x)) end
 end
 
+local got = options.got
+
+-- (op, usage, first, ...): the arguments past a public function's last one
+-- must be nil, else an error naming the accepted form
+local no_extra = spatial_args.no_extra
+
+-- a number that is neither NaN nor infinite
+local function is_finite(v)
+  return type(v) == "number" and v == v and v ~= math.huge and v ~= -math.huge
+end
+
+local function check_finite(op, name, v)
+  if not is_finite(v) then errors.fail(op, "%s must be a finite number, got %s", name, got(v)) end
+end
+
+-- training (nil: the default) must be a boolean: a string or a number would
+-- count as true
+local function check_training(op, training, name)
+  if training ~= nil and type(training) ~= "boolean" then
+    errors.fail(op, "%s must be a boolean, got %s", name or "training", got(training))
+  end
+end
+
+-- dim of x: 1..n or -n..-1 (n at least 1: a 0-dim tensor has dim 1 or -1)
+local function check_dim(op, x, dim)
+  local n = math.max(x:dim(), 1)
+  if math.tointeger(dim) == nil or dim < -n or dim > n or dim == 0 then
+    errors.fail(op, "dim %s out of range for a tensor with %d dims (expected 1..%d or -%d..-1)", got(dim),
+                x:dim(), n, n)
+  end
+end
+
 -- reduction = "mean" | "sum" | "none"
 local function reduce(op, loss, reduction)
   if reduction == "mean" then return loss:mean() end
@@ -37,13 +70,23 @@ end
 
 -- activations -------------------------------------------------------------
 
-function F.relu(x) return core.relu(x) end
-function F.sigmoid(x) return core.sigmoid(x) end
-function F.tanh(x) return core.tanh(x) end
+function F.relu(x, ...)
+  if select("#", ...) > 0 then no_extra("relu", "relu(x)", 2, ...) end
+  return core.relu(x)
+end
+function F.sigmoid(x, ...)
+  if select("#", ...) > 0 then no_extra("sigmoid", "sigmoid(x)", 2, ...) end
+  return core.sigmoid(x)
+end
+function F.tanh(x, ...)
+  if select("#", ...) > 0 then no_extra("tanh", "tanh(x)", 2, ...) end
+  return core.tanh(x)
+end
 
 -- gelu(x, {approximate = "none" | "tanh"})
-function F.gelu(x, opts)
+function F.gelu(x, opts, ...)
   check_tensor("gelu", x)
+  no_extra("gelu", "gelu(x[, {approximate=}])", 3, ...)
   local approximate = opt(options.check("gelu", opts, {approximate = "string"}), "approximate", "none")
   if approximate == "tanh" then
     return core.gelu_tanh(x) -- one kernel (the registry's gelu_tanh), its backward too
@@ -53,43 +96,55 @@ function F.gelu(x, opts)
   fail_at(2, "gelu", "approximate must be 'none' or 'tanh', got %s", tostring(approximate))
 end
 
-function F.leaky_relu(x, negative_slope)
+function F.leaky_relu(x, negative_slope, ...)
   check_tensor("leaky_relu", x)
-  negative_slope = negative_slope or 0.01
+  no_extra("leaky_relu", "leaky_relu(x[, negative_slope])", 3, ...)
+  if negative_slope == nil then negative_slope = 0.01 end
+  check_finite("leaky_relu", "negative_slope", negative_slope)
   return core.where(x:gt(0), x, x * negative_slope)
 end
 
 -- softplus(x, {beta = 1, threshold = 20}): linear above threshold, as PyTorch
-function F.softplus(x, opts)
+function F.softplus(x, opts, ...)
   check_tensor("softplus", x)
+  no_extra("softplus", "softplus(x[, {beta=, threshold=}])", 3, ...)
   opts = options.check("softplus", opts, {beta = "number", threshold = "number"})
   local beta, threshold = opt(opts, "beta", 1), opt(opts, "threshold", 20)
+  if not is_finite(beta) or beta == 0 then
+    errors.fail("softplus", "beta must be a finite number other than 0, got %s", got(beta))
+  end
+  if threshold ~= threshold then errors.fail("softplus", "threshold must be a number, got nan") end
   local bx = x * beta
   -- log(1 + exp(bx)) without overflow: max(bx, 0) + log(1 + exp(-|bx|))
   local stable = (bx:maximum(0) + ((-bx:abs()):exp() + 1):log()) / beta
   return core.where(bx:gt(threshold), x, stable)
 end
 
-function F.elu(x, alpha)
+function F.elu(x, alpha, ...)
   check_tensor("elu", x)
-  alpha = alpha or 1.0
+  no_extra("elu", "elu(x[, alpha])", 3, ...)
+  if alpha == nil then alpha = 1.0 end
+  check_finite("elu", "alpha", alpha)
   return core.where(x:gt(0), x, (x:clamp(nil, 0):exp() - 1) * alpha)
 end
 
-function F.silu(x)
+function F.silu(x, ...)
   check_tensor("silu", x)
+  no_extra("silu", "silu(x)", 2, ...)
   return x * x:sigmoid()
 end
 
 -- mish(x) = x tanh(softplus(x))
-function F.mish(x)
+function F.mish(x, ...)
   check_tensor("mish", x)
+  no_extra("mish", "mish(x)", 2, ...)
   return x * F.softplus(x):tanh()
 end
 
 -- hardtanh(x[, min_val = -1, max_val = 1]); relu6(x) = hardtanh(x, 0, 6)
-function F.hardtanh(x, min_val, max_val)
+function F.hardtanh(x, min_val, max_val, ...)
   check_tensor("hardtanh", x)
+  no_extra("hardtanh", "hardtanh(x[, min_val, max_val])", 4, ...)
   min_val, max_val = min_val or -1, max_val or 1
   if type(min_val) ~= "number" or type(max_val) ~= "number" or not (min_val <= max_val) then
     fail_at(2, "hardtanh", "expected min_val <= max_val, numbers, got %s and %s", tostring(min_val), tostring(max_val))
@@ -97,26 +152,30 @@ function F.hardtanh(x, min_val, max_val)
   return x:clamp(min_val, max_val)
 end
 
-function F.relu6(x)
+function F.relu6(x, ...)
   check_tensor("relu6", x)
+  no_extra("relu6", "relu6(x)", 2, ...)
   return x:clamp(0, 6)
 end
 
 -- hardsigmoid(x) = relu6(x + 3) / 6; hardswish(x) = x hardsigmoid(x)
-function F.hardsigmoid(x)
+function F.hardsigmoid(x, ...)
   check_tensor("hardsigmoid", x)
+  no_extra("hardsigmoid", "hardsigmoid(x)", 2, ...)
   return (x + 3):clamp(0, 6) / 6
 end
 
-function F.hardswish(x)
+function F.hardswish(x, ...)
   check_tensor("hardswish", x)
+  no_extra("hardswish", "hardswish(x)", 2, ...)
   return x * ((x + 3):clamp(0, 6) / 6)
 end
 
 -- prelu(x, weight): x where x > 0, weight x elsewhere; weight has 1 value
 -- or one per channel (dim 2 of (N, C, ...)), as PyTorch's
-function F.prelu(x, weight)
+function F.prelu(x, weight, ...)
   check_tensor("prelu", x)
+  no_extra("prelu", "prelu(x, weight)", 3, ...)
   check_tensor("prelu", weight, "weight")
   local n = weight:numel()
   local w = weight
@@ -144,36 +203,59 @@ end
 
 -- normalize(x, {p = 2, dim = 2, eps = 1e-12}): x / max(||x||_p over dim, eps)
 -- (dim 2, PyTorch's dim=1, of (N, D) rows)
-function F.normalize(x, opts)
+function F.normalize(x, opts, ...)
   check_tensor("normalize", x)
+  no_extra("normalize", "normalize(x[, {p=, dim=, eps=}])", 3, ...)
   opts = options.check("normalize", opts, {p = "number", dim = "integer", eps = "number"})
   local p, eps = opt(opts, "p", 2), opt(opts, "eps", 1e-12)
   if not (p > 0) then fail_at(2, "normalize", "p must be > 0, got %s", tostring(p)) end
+  if not (eps >= 0) then fail_at(2, "normalize", "eps must be >= 0, got %s", tostring(eps)) end
   local dim = opt(opts, "dim", math.min(2, math.max(x:dim(), 1)))
+  check_dim("normalize", x, dim)
   return x / vector_norm(x, p, dim):clamp(eps)
 end
 
 -- cosine_similarity(x1, x2, {dim = 2, eps = 1e-8}): the cosine of x1 and x2
 -- along dim, each normalised by max(||x||, eps) first (PyTorch 2's form)
-function F.cosine_similarity(x1, x2, opts)
+function F.cosine_similarity(x1, x2, opts, ...)
   check_tensor("cosine_similarity", x1)
   check_tensor("cosine_similarity", x2, "x2")
+  no_extra("cosine_similarity", "cosine_similarity(x1, x2[, {dim=, eps=}])", 4, ...)
   opts = options.check("cosine_similarity", opts, {dim = "integer", eps = "number"})
   local dim = opt(opts, "dim", math.min(2, math.max(x1:dim(), 1)))
   local eps = opt(opts, "eps", 1e-8)
+  if not (eps >= 0) then fail_at(2, "cosine_similarity", "eps must be >= 0, got %s", tostring(eps)) end
+  check_dim("cosine_similarity", x1, dim)
+  check_dim("cosine_similarity", x2, dim)
   return ((x1 / vector_norm(x1, 2, dim):clamp(eps)) * (x2 / vector_norm(x2, 2, dim):clamp(eps))):sum(dim)
 end
 
-function F.softmax(x, dim) return core.softmax(x, dim) end
-function F.log_softmax(x, dim) return core.log_softmax(x, dim) end
-function F.logsumexp(x, dim, keepdim) return core.logsumexp(x, dim, keepdim) end
+function F.softmax(x, dim, ...)
+  if select("#", ...) > 0 then no_extra("softmax", "softmax(x[, dim])", 3, ...) end
+  return core.softmax(x, dim)
+end
+function F.log_softmax(x, dim, ...)
+  if select("#", ...) > 0 then no_extra("log_softmax", "log_softmax(x[, dim])", 3, ...) end
+  return core.log_softmax(x, dim)
+end
+function F.logsumexp(x, dim, keepdim, ...)
+  if select("#", ...) > 0 then no_extra("logsumexp", "logsumexp(x, dim[, keepdim])", 4, ...) end
+  return core.logsumexp(x, dim, keepdim)
+end
 
 -- convolution and pooling (C ops; NCHW, 1-based flat indices from max_pool2d)
 F.conv2d = core.conv2d                   -- (x, w, b, {stride=, padding=, dilation=, groups=})
 F.conv_transpose2d = core.conv_transpose2d
 F.max_pool2d = core.max_pool2d           -- (x, kernel_size, {stride=, padding=, dilation=, ceil_mode=, return_indices=})
 F.avg_pool2d = core.avg_pool2d           -- (x, kernel_size, {stride=, padding=, ceil_mode=, count_include_pad=})
-F.adaptive_avg_pool2d = core.adaptive_avg_pool2d
+-- adaptive_avg_pool2d(x, output_size (an int or {oh, ow}, each >= 1, as
+-- nn.AdaptiveAvgPool2d's and adaptive_max_pool2d's; nd.adaptive_avg_pool2d
+-- itself takes 0 for an empty output))
+function F.adaptive_avg_pool2d(x, output_size, ...)
+  no_extra("adaptive_avg_pool2d", "adaptive_avg_pool2d(x, output_size)", 3, ...)
+  if output_size ~= nil then output_size = spatial_args.ints("adaptive_avg_pool2d", "output_size", output_size, 2, 1) end
+  return core.adaptive_avg_pool2d(x, output_size)
+end
 F.fused_conv2d = core.fused_conv2d       -- (x, w, b, {stride=, ..., activation="none"|"relu"}): nd.nn.fuse
 F.fused_linear = core.fused_linear       -- (x, w, b, {activation=}): act(x @ w^T + b)
 F.dilate = core.dilate
@@ -182,9 +264,10 @@ F.undilate = core.undilate
 -- layers ------------------------------------------------------------------
 
 -- linear(x, weight (out, in), bias (out) or nil): x @ weight^T + bias
-function F.linear(x, weight, bias)
+function F.linear(x, weight, bias, ...)
   check_tensor("linear", x)
   check_tensor("linear", weight, "weight")
+  if select("#", ...) > 0 then no_extra("linear", "linear(x, weight[, bias])", 4, ...) end
   if x:size(-1) ~= weight:size(2) then
     fail_at(2, "linear", "input of shape {%s} does not match weight of shape {%s} (%d ~= %d)",
       table.concat(x.shape, ","), table.concat(weight.shape, ","), x:size(-1), weight:size(2))
@@ -196,11 +279,19 @@ end
 
 -- dropout(x, p = 0.5, training = true): zeroes with probability p and scales
 -- the rest by 1 / (1 - p), so evaluation needs no rescaling
-function F.dropout(x, p, training)
+function F.dropout(x, p, training, ...)
   check_tensor("dropout", x)
-  p = p or 0.5
+  no_extra("dropout", "dropout(x[, p, training])", 4, ...)
+  if p == nil then p = 0.5 end
+  if type(p) == "table" and not core.is_tensor(p) then
+    errors.fail("dropout", "p must be in [0, 1], got a table (dropout takes (x, p, training) " ..
+                "positionally, not an options table)")
+  end
+  if type(p) ~= "number" or not (p >= 0 and p <= 1) then
+    errors.fail("dropout", "p must be in [0, 1], got %s", got(p))
+  end
+  check_training("dropout", training)
   if training == nil then training = true end
-  if not (p >= 0 and p <= 1) then fail_at(2, "dropout", "p must be in [0, 1], got %s", tostring(p)) end
   if not training or p == 0 then return x end
   if p == 1 then return x * 0 end
   -- the mask is drawn on x's device (no transfer per call): uniforms below
@@ -212,29 +303,37 @@ end
 
 -- losses -------------------------------------------------------------------
 
-function F.mse_loss(input, target, opts)
-  check_tensor("mse_loss", input)
-  opts = options.check("mse_loss", opts, {reduction = "string"})
+-- input and target of one shape (the elementwise losses): an error naming op
+-- (broadcasting a {4} input against a {4,1} target would make a {4,4} loss)
+local function check_pair(op, input, target, what)
+  check_tensor(op, input)
+  check_tensor(op, target, what or "target")
+  if table.concat(input.shape, ",") ~= table.concat(target.shape, ",") then
+    fail_at(3, op, "input %s and %s %s must have the same shape", errors.shape_str(input), what or "target",
+            errors.shape_str(target))
+  end
+end
+
+-- the trailing options table of a loss, with no argument after it
+local function loss_opts(op, usage, first, opts, spec, ...)
+  no_extra(op, usage, first, ...)
+  return options.check(op, opts, spec)
+end
+
+function F.mse_loss(input, target, opts, ...)
+  check_pair("mse_loss", input, target)
+  opts = loss_opts("mse_loss", "mse_loss(input, target[, {reduction=}])", 4, opts, {reduction = "string"}, ...)
   local d = input - target
   return reduce("mse_loss", d * d, opt(opts, "reduction", "mean"))
 end
 
 -- stable: max(x, 0) - x y + log(1 + exp(-|x|))
-function F.binary_cross_entropy_with_logits(input, target, opts)
-  check_tensor("binary_cross_entropy_with_logits", input)
-  opts = options.check("binary_cross_entropy_with_logits", opts, {reduction = "string"})
+function F.binary_cross_entropy_with_logits(input, target, opts, ...)
+  check_pair("binary_cross_entropy_with_logits", input, target)
+  opts = loss_opts("binary_cross_entropy_with_logits", "binary_cross_entropy_with_logits(input, target[, {reduction=}])",
+                   4, opts, {reduction = "string"}, ...)
   local loss = input:maximum(0) - input * target + ((-input:abs()):exp() + 1):log()
   return reduce("binary_cross_entropy_with_logits", loss, opt(opts, "reduction", "mean"))
-end
-
--- input and target of one shape (the elementwise losses): an error naming op
-local function check_pair(op, input, target)
-  check_tensor(op, input)
-  check_tensor(op, target, "target")
-  if table.concat(input.shape, ",") ~= table.concat(target.shape, ",") then
-    fail_at(3, op, "input %s and target %s must have the same shape", errors.shape_str(input),
-            errors.shape_str(target))
-  end
 end
 
 local function nonnegative(op, name, v)
@@ -242,17 +341,18 @@ local function nonnegative(op, name, v)
 end
 
 -- l1_loss(input, target, {reduction=}): |input - target|
-function F.l1_loss(input, target, opts)
+function F.l1_loss(input, target, opts, ...)
   check_pair("l1_loss", input, target)
-  opts = options.check("l1_loss", opts, {reduction = "string"})
+  opts = loss_opts("l1_loss", "l1_loss(input, target[, {reduction=}])", 4, opts, {reduction = "string"}, ...)
   return reduce("l1_loss", (input - target):abs(), opt(opts, "reduction", "mean"))
 end
 
 -- smooth_l1_loss(input, target, {beta = 1, reduction=}): 0.5 d^2 / beta below
 -- beta, d - 0.5 beta above (d = |input - target|; beta 0 is l1_loss)
-function F.smooth_l1_loss(input, target, opts)
+function F.smooth_l1_loss(input, target, opts, ...)
   check_pair("smooth_l1_loss", input, target)
-  opts = options.check("smooth_l1_loss", opts, {beta = "number", reduction = "string"})
+  opts = loss_opts("smooth_l1_loss", "smooth_l1_loss(input, target[, {beta=, reduction=}])", 4, opts,
+                   {beta = "number", reduction = "string"}, ...)
   local beta = opt(opts, "beta", 1.0)
   nonnegative("smooth_l1_loss", "beta", beta)
   local d = (input - target):abs()
@@ -262,9 +362,10 @@ end
 
 -- huber_loss(input, target, {delta = 1, reduction=}): 0.5 d^2 below delta,
 -- delta (d - 0.5 delta) above
-function F.huber_loss(input, target, opts)
+function F.huber_loss(input, target, opts, ...)
   check_pair("huber_loss", input, target)
-  opts = options.check("huber_loss", opts, {delta = "number", reduction = "string"})
+  opts = loss_opts("huber_loss", "huber_loss(input, target[, {delta=, reduction=}])", 4, opts,
+                   {delta = "number", reduction = "string"}, ...)
   local delta = opt(opts, "delta", 1.0)
   if type(delta) ~= "number" or not (delta > 0) then
     fail_at(2, "huber_loss", "delta must be a number > 0, got %s", tostring(delta))
@@ -277,9 +378,21 @@ end
 -- binary_cross_entropy(probabilities, target, {weight=, reduction=}): the
 -- logs are clamped at -100, as PyTorch's (a probability of 0 or 1 gives a
 -- finite loss)
-function F.binary_cross_entropy(input, target, opts)
-  check_pair("binary_cross_entropy", input, target)
-  opts = options.check("binary_cross_entropy", opts, {weight = "tensor", reduction = "string"})
+function F.binary_cross_entropy(input, target, opts, ...)
+  local op = "binary_cross_entropy"
+  check_pair(op, input, target)
+  opts = loss_opts(op, "binary_cross_entropy(input, target[, {weight=, reduction=}])", 4, opts,
+                   {weight = "tensor", reduction = "string"}, ...)
+  -- the input must be probabilities, as PyTorch's check (two numbers read
+  -- back; inside nd.compile the replays skip it, as the label checks)
+  if input:numel() > 0 and not capture.compiling() then
+    local d = input:detach()
+    local lo, hi = d:min():item(), d:max():item()
+    if not (lo >= 0 and hi <= 1) then
+      errors.fail(op, "all elements of input should be between 0 and 1 (probabilities), got %s",
+                  tostring((lo >= 0) and hi or lo))
+    end
+  end
   local loss = -(target * input:log():clamp(-100) + (1 - target) * (1 - input):log():clamp(-100))
   if opts.weight ~= nil then loss = loss * opts.weight end
   return reduce("binary_cross_entropy", loss, opt(opts, "reduction", "mean"))
@@ -289,9 +402,10 @@ end
 -- false}): target (log target - input), 0 where target is 0; reduction
 -- "batchmean" divides the sum by the first dim (the mathematical KL
 -- divergence; "mean" averages over every element, as PyTorch's default)
-function F.kl_div(input, target, opts)
+function F.kl_div(input, target, opts, ...)
   check_pair("kl_div", input, target)
-  opts = options.check("kl_div", opts, {reduction = "string", log_target = "boolean"})
+  opts = loss_opts("kl_div", "kl_div(input, target[, {reduction=, log_target=}])", 4, opts,
+                   {reduction = "string", log_target = "boolean"}, ...)
   local loss
   if opts.log_target then
     loss = target:exp() * (target - input)
@@ -308,11 +422,14 @@ end
 
 -- margin_ranking_loss(x1, x2, y (1 or -1), {margin = 0, reduction=}):
 -- max(0, -y (x1 - x2) + margin)
-function F.margin_ranking_loss(x1, x2, y, opts)
-  check_pair("margin_ranking_loss", x1, x2)
-  check_tensor("margin_ranking_loss", y, "target")
-  opts = options.check("margin_ranking_loss", opts, {margin = "number", reduction = "string"})
-  local loss = (-y * (x1 - x2) + opt(opts, "margin", 0)):maximum(0)
+function F.margin_ranking_loss(x1, x2, y, opts, ...)
+  check_pair("margin_ranking_loss", x1, x2, "x2")
+  check_pair("margin_ranking_loss", x1, y)
+  opts = loss_opts("margin_ranking_loss", "margin_ranking_loss(x1, x2, target[, {margin=, reduction=}])", 5, opts,
+                   {margin = "number", reduction = "string"}, ...)
+  local margin = opt(opts, "margin", 0)
+  check_finite("margin_ranking_loss", "margin", margin)
+  local loss = (-y * (x1 - x2) + margin):maximum(0)
   return reduce("margin_ranking_loss", loss, opt(opts, "reduction", "mean"))
 end
 
@@ -327,11 +444,25 @@ end
 -- cosine_embedding_loss(x1, x2, y (1 or -1), {margin = 0, reduction=}):
 -- 1 - cos(x1, x2) where y = 1, max(0, cos - margin) where y = -1 (cos as
 -- PyTorch's: the squared norms each get 1e-12)
-function F.cosine_embedding_loss(x1, x2, y, opts)
-  check_pair("cosine_embedding_loss", x1, x2)
-  check_tensor("cosine_embedding_loss", y, "target")
-  opts = options.check("cosine_embedding_loss", opts, {margin = "number", reduction = "string"})
-  local d = feature_dim("cosine_embedding_loss", x1)
+function F.cosine_embedding_loss(x1, x2, y, opts, ...)
+  local op = "cosine_embedding_loss"
+  check_pair(op, x1, x2, "x2")
+  check_tensor(op, y, "target")
+  opts = loss_opts(op, "cosine_embedding_loss(x1, x2, target[, {margin=, reduction=}])", 5, opts,
+                   {margin = "number", reduction = "string"}, ...)
+  check_finite(op, "margin", opts.margin or 0)
+  local d = feature_dim(op, x1)
+  if y:dim() ~= d - 1 or (d == 2 and y:size(1) ~= x1:size(1)) then
+    errors.fail(op, "target must have shape %s (one per row of input %s), got %s",
+                d == 2 and ("{%d}"):format(x1:size(1)) or "{}", errors.shape_str(x1), errors.shape_str(y))
+  end
+  -- targets are 1 or -1 (another value would count for nothing); one number
+  -- read back, none inside nd.compile
+  if y:numel() > 0 and not capture.compiling() and y:abs():ne(1):sum():item() > 0 then
+    for _, v in ipairs(y:reshape({-1}):to("cpu"):totable()) do
+      if v ~= 1 and v ~= -1 then errors.fail(op, "target values must be 1 or -1, got %s", tostring(v)) end
+    end
+  end
   local dot = (x1 * x2):sum(d)
   local denom = (((x1 * x1):sum(d) + 1e-12) * ((x2 * x2):sum(d) + 1e-12)):sqrt()
   local cos = dot / denom
@@ -343,12 +474,14 @@ end
 
 -- pairwise_distance(x1, x2, {p = 2, eps = 1e-6, keepdim = false}):
 -- ||x1 - x2 + eps||_p over the last dim, as PyTorch's
-function F.pairwise_distance(x1, x2, opts)
+function F.pairwise_distance(x1, x2, opts, ...)
   check_tensor("pairwise_distance", x1)
   check_tensor("pairwise_distance", x2, "x2")
+  no_extra("pairwise_distance", "pairwise_distance(x1, x2[, {p=, eps=, keepdim=}])", 4, ...)
   opts = options.check("pairwise_distance", opts, {p = "number", eps = "number", keepdim = "boolean"})
   local p, eps = opt(opts, "p", 2), opt(opts, "eps", 1e-6)
   if not (p > 0) then fail_at(2, "pairwise_distance", "p must be > 0, got %s", tostring(p)) end
+  check_finite("pairwise_distance", "eps", eps)
   local d = (x1 - x2 + eps):abs()
   local last = math.max(d:dim(), 1)
   if p == 2 then return (d * d):sum(last, opts.keepdim == true):sqrt() end
@@ -359,12 +492,16 @@ end
 -- triplet_margin_loss(anchor, positive, negative, {margin = 1, p = 2, eps =
 -- 1e-6, swap = false, reduction=}): max(d(a, p) - d(a, n) + margin, 0), d
 -- the pairwise distance; swap takes min(d(a, n), d(p, n))
-function F.triplet_margin_loss(anchor, positive, negative, opts)
-  check_pair("triplet_margin_loss", anchor, positive)
-  check_pair("triplet_margin_loss", anchor, negative)
-  opts = options.check("triplet_margin_loss", opts, {margin = "number", p = "number", eps = "number",
-                                                     swap = "boolean", reduction = "string"})
+function F.triplet_margin_loss(anchor, positive, negative, opts, ...)
+  local op = "triplet_margin_loss"
+  check_pair(op, anchor, positive, "positive")
+  check_pair(op, anchor, negative, "negative")
+  opts = loss_opts(op, "triplet_margin_loss(anchor, positive, negative[, {margin=, p=, eps=, swap=, reduction=}])",
+                   5, opts, {margin = "number", p = "number", eps = "number", swap = "boolean", reduction = "string"}, ...)
   local dist_opts = {p = opt(opts, "p", 2), eps = opt(opts, "eps", 1e-6)}
+  check_finite(op, "margin", opt(opts, "margin", 1.0))
+  if not (dist_opts.p > 0) then errors.fail(op, "p must be > 0, got %s", tostring(dist_opts.p)) end
+  check_finite(op, "eps", dist_opts.eps)
   local d_ap = F.pairwise_distance(anchor, positive, dist_opts)
   local d_an = F.pairwise_distance(anchor, negative, dist_opts)
   if opts.swap then d_an = d_an:minimum(F.pairwise_distance(positive, negative, dist_opts)) end
@@ -399,10 +536,11 @@ local function check_labels(op, labels, n, C, ignore_index, device)
 end
 
 -- nll_loss(log_probs (N, C), labels, {ignore_index=, reduction=})
-function F.nll_loss(log_probs, labels, opts)
+function F.nll_loss(log_probs, labels, opts, ...)
   local op = "nll_loss"
   check_tensor(op, log_probs)
-  opts = options.check(op, opts, {ignore_index = "integer", reduction = "string"})
+  opts = loss_opts(op, "nll_loss(input, labels[, {ignore_index=, reduction=}])", 4, opts,
+                   {ignore_index = "integer", reduction = "string"}, ...)
   if log_probs:dim() ~= 2 then fail_at(2, op, "expected input of shape (N, C), got {%s}", table.concat(log_probs.shape, ",")) end
   local n, C = log_probs:size(1), log_probs:size(2)
   local ignore_index = opt(opts, "ignore_index", nil)
@@ -429,7 +567,10 @@ end
 -- C op, which checks them in 1-based terms on every device). Errors of the
 -- C op are raised again at the user's position (called through pcall, the
 -- C op's own message carries no position).
-function F.cross_entropy(logits, labels, opts)
+function F.cross_entropy(logits, labels, opts, ...)
+  if select("#", ...) > 0 then
+    no_extra("cross_entropy", "cross_entropy(logits, labels[, {ignore_index=, label_smoothing=, reduction=}])", 4, ...)
+  end
   options.check("cross_entropy", opts, {ignore_index = "integer", label_smoothing = "number", reduction = "string"})
   local ok, r = pcall(core.cross_entropy, logits, labels, opts)
   if not ok then errors.raise(r) end
@@ -439,8 +580,11 @@ end
 -- normalisation ---------------------------------------------------------------
 
 -- layer_norm(x, normalized_shape, weight, bias, eps = 1e-5): fused C op
-function F.layer_norm(x, normalized_shape, weight, bias, eps)
+function F.layer_norm(x, normalized_shape, weight, bias, eps, ...)
   check_tensor("layer_norm", x)
+  if select("#", ...) > 0 then
+    no_extra("layer_norm", "layer_norm(x, normalized_shape[, weight, bias, eps])", 6, ...)
+  end
   if type(normalized_shape) == "number" then normalized_shape = {normalized_shape} end
   return core.layer_norm(x, normalized_shape, weight, bias, eps or 1e-5)
 end
@@ -450,12 +594,29 @@ end
 -- Training normalises with the batch statistics (biased variance) and
 -- updates the running ones in place (unbiased variance, as PyTorch);
 -- evaluation uses the running statistics.
-F.batch_norm = core.batch_norm
+local BATCH_NORM = "batch_norm(x, running_mean, running_var[, weight, bias, training, momentum, eps])"
+
+function F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps, ...)
+  local op = "batch_norm"
+  if select("#", ...) > 0 then no_extra(op, BATCH_NORM, 9, ...) end
+  -- the positional arguments (a C op would count a string as true, or raise
+  -- "bad argument #7" for an options table)
+  check_training(op, training, "training (argument 6)")
+  if momentum ~= nil and (type(momentum) ~= "number" or not (momentum >= 0 and momentum <= 1)) then
+    errors.fail(op, "momentum (argument 7) must be a number in [0, 1], got %s (%s takes positional arguments)",
+                got(momentum), BATCH_NORM)
+  end
+  if eps ~= nil and (type(eps) ~= "number" or not (eps >= 0)) then
+    errors.fail(op, "eps (argument 8) must be a number >= 0, got %s", got(eps))
+  end
+  return core.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+end
 
 -- embedding(indices (any shape, 1-based), weight (num, dim), {padding_idx=})
 -- -> indices.shape + {dim}; the padding row gets no gradient
-function F.embedding(indices, weight, opts)
+function F.embedding(indices, weight, opts, ...)
   check_tensor("embedding", weight, "weight")
+  no_extra("embedding", "embedding(indices, weight[, {padding_idx=}])", 4, ...)
   opts = options.check("embedding", opts, {padding_idx = "integer"})
   local ok, idx = pcall(core._ints, indices, "embedding", "indices", weight.device)
   if not ok then errors.raise(idx) end

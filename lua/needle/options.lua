@@ -75,6 +75,7 @@ end
 
 -- what a value is, for "got ...": scalars as they are, the rest by type
 local function got(v)
+  if v == nil then return "nil" end
   if type(v) == "string" then return ("%q"):format(v) end
   if type(v) == "number" or type(v) == "boolean" then return tostring(v) end
   if core.is_tensor(v) then return "a tensor" end
@@ -82,6 +83,20 @@ local function got(v)
   return "a " .. type(v)
 end
 M.got = got
+
+-- no_extra(who, usage, max, ...): ... are the arguments after the `max`
+-- documented ones (for a method, counted after self); one that is not nil is
+-- an error naming the accepted form, as nd.save's ("needle.data.DataLoader:
+-- takes DataLoader(dataset[, opts]) only, got an extra argument #3: 5"). A
+-- trailing nil passes: an optional value handed along does no harm.
+function M.no_extra(who, usage, max, ...)
+  for i = 1, select("#", ...) do
+    local v = select(i, ...)
+    if v ~= nil then
+      errors.fail(who, "takes %s only, got an extra argument #%d: %s", usage, max + i, got(v))
+    end
+  end
+end
 -- for positional arguments checked with the same types and words
 -- (needle.tensor_ops: "argument 'dim' (position 3) must be an integer or a table")
 M.fits = fits

@@ -25,6 +25,9 @@ local core = require "needle.core"
 local dataset_mod = require "needle.data.dataset"
 local options = require "needle.options"
 local errors = require "needle.errors"
+local util = require "needle.data.util"
+
+local got, no_extra = util.got, util.no_extra
 
 local is_tensor = core.is_tensor
 local TensorDataset = dataset_mod.TensorDataset
@@ -131,7 +134,18 @@ local function default_collate(samples, keys, depth, open)
   errorf("collate: cannot batch items of type %s (give a collate_fn)", t)
 end
 
-DataLoader.default_collate = default_collate
+-- the public one (nd.data.default_collate(samples)): samples checked first
+DataLoader.default_collate = function(samples, ...)
+  local who = "data.default_collate"
+  no_extra(who, "default_collate(samples)", 1, ...)
+  if type(samples) ~= "table" or is_tensor(samples) or getmetatable(samples) ~= nil then
+    errors.fail(who, "samples must be a Lua list of items, got %s", got(samples))
+  end
+  if samples[1] == nil then
+    errors.fail(who, "samples is an empty list: there is nothing to batch")
+  end
+  return default_collate(samples)
+end
 
 ---------------------------------------------------------------------------
 -- construction
@@ -174,7 +188,8 @@ local function collate_of(c)
   return f, {__worker = c}
 end
 
-local function new(_, dataset, opts)
+local function new(_, dataset, opts, ...)
+  no_extra("data.DataLoader", "DataLoader(dataset[, opts])", 2, ...)
   -- batch_size, seed, num_workers, prefetch_factor and timeout: checked below, with their ranges
   opts = options.check("data.DataLoader", opts, {batch_size = "any", shuffle = "boolean", seed = "any",
                                                  drop_last = "boolean", collate_fn = "callable|table",
@@ -183,9 +198,9 @@ local function new(_, dataset, opts)
                                                  persistent_workers = "boolean", timeout = "number"})
   local self = setmetatable({}, DataLoader)
   self.dataset = wrap_dataset(dataset)
-  local bs = opts.batch_size == nil and 1 or opts.batch_size
-  if math.type(bs) ~= "integer" or bs < 1 then
-    errorf("batch_size must be a positive integer, got %s", tostring(bs))
+  local bs = opts.batch_size == nil and 1 or util.int_of(opts.batch_size)
+  if bs == nil or bs < 1 then
+    errorf("batch_size must be a positive integer, got %s", got(opts.batch_size))
   end
   self.batch_size = bs
   self.shuffle = opts.shuffle and true or false
@@ -226,10 +241,10 @@ local function new(_, dataset, opts)
   if not (timeout >= 0) then errorf("timeout must be >= 0 (seconds; 0: wait for ever), got %s", tostring(timeout)) end
   self.timeout = timeout
   if opts.seed ~= nil then
-    if math.type(opts.seed) ~= "integer" then
-      errorf("seed must be an integer, got %s", tostring(opts.seed))
+    if util.int_of(opts.seed) == nil then
+      errorf("seed must be an integer, got %s", got(opts.seed))
     end
-    self.seed = opts.seed
+    self.seed = util.int_of(opts.seed)
   elseif self.shuffle or nw > 0 then
     -- drawn once from the global generator, so nd.manual_seed before building
     -- the loader makes its orders (and the workers' per-batch seeds) reproducible too
@@ -281,10 +296,20 @@ local function epoch_seed(seed, epoch)
   return seed * 1000003 + epoch
 end
 
+-- an epoch number: an integer >= 0 (0 is the one before the first iter(),
+-- which counts from 1); an integral float is that integer
+local function check_epoch(what, e)
+  local k = util.int_of(e)
+  if k == nil or k < 0 then errorf("%s must be an integer >= 0, got %s", what, got(e)) end
+  return k
+end
+
 -- permutation(epoch) -> int64 tensor of 1..n in the order of that epoch
 -- (arange when shuffle is off). The global generator's state is saved and
 -- restored around the draw.
-function DataLoader:permutation(epoch)
+function DataLoader:permutation(epoch, ...)
+  no_extra("data.DataLoader", "loader:permutation([epoch])", 1, ...)
+  if epoch ~= nil then epoch = check_epoch("permutation: epoch", epoch) end
   epoch = epoch or self.epoch
   if self.sampler then return self.sampler:indices(epoch) end
   local n = self.dataset:len()
@@ -299,9 +324,9 @@ function DataLoader:permutation(epoch)
 end
 
 -- set_epoch(e): the next iter() runs epoch e (and e + 1 after it, ...).
-function DataLoader:set_epoch(e)
-  if math.type(e) ~= "integer" then errorf("set_epoch: epoch must be an integer, got %s", tostring(e)) end
-  self._next_epoch = e
+function DataLoader:set_epoch(e, ...)
+  no_extra("data.DataLoader", "loader:set_epoch(epoch)", 1, ...)
+  self._next_epoch = check_epoch("set_epoch: epoch", e)
 end
 
 ---------------------------------------------------------------------------
@@ -387,7 +412,8 @@ end
 
 -- iter() -> an iterator for a generic for over one epoch of batches (and,
 -- with workers, a to-be-closed value: leaving the loop stops them).
-function DataLoader:iter()
+function DataLoader:iter(...)
+  no_extra("data.DataLoader", "loader:iter()", 0, ...)
   -- a sampler's own set_epoch (PyTorch's habit) counts as the loader's
   local sm = self.batch_sampler or self.sampler
   local given = sm and sm._take_epoch and sm:_take_epoch()

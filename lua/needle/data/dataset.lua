@@ -28,8 +28,13 @@ Dataset.__name = "Dataset"
 
 local function make_instance_mt(class)
   return {
+    -- ds[i]: a number key is an item number (2.0, 4 / 2 are item 2); one
+    -- that is no integer, or out of 1..#ds, is an error naming the size
     __index = function(self, k)
-      if math.type(k) == "integer" then return self:get(k) end
+      if type(k) == "number" then
+        local i = self:_check_index(k, self:len())
+        return self:get(i)
+      end
       return class[k]
     end,
     __len = function(self) return self:len() end,
@@ -87,15 +92,22 @@ function Dataset.is_dataset(v)
   return false
 end
 
--- Checks i against 1..n; the message names the dataset and the range.
+-- Checks i against 1..n and returns it as an integer (an integral float,
+-- 2.0 or 4 / 2, is that integer); the message names the dataset and its size.
 function Dataset:_check_index(i, n)
-  if math.type(i) ~= "integer" then
-    error(("needle.data.%s: index must be an integer, got %s"):format(self.__name,
-      type(i) == "number" and tostring(i) or type(i)), 3)
+  local k = require("needle.data.util").int_of(i)
+  if k == nil then
+    error(("needle.data.%s: index must be an integer in 1..%d (the dataset has %d items), got %s"):format(
+      self.__name, n, n, type(i) == "number" and tostring(i) or require("needle.data.util").got(i)), 3)
   end
-  if i < 1 or i > n then
-    error(("needle.data.%s: index %d out of range (expected 1..%d)"):format(self.__name, i, n), 3)
+  if k < 1 or k > n then
+    if n == 0 then
+      error(("needle.data.%s: index %d out of range: the dataset is empty"):format(self.__name, k), 3)
+    end
+    error(("needle.data.%s: index %d out of range (expected 1..%d) for a dataset of %d items")
+      :format(self.__name, k, n, n), 3)
   end
+  return k
 end
 
 ---------------------------------------------------------------------------
@@ -147,7 +159,7 @@ end
 function TensorDataset:len() return self.n end
 
 function TensorDataset:get(i)
-  self:_check_index(i, self.n)
+  i = self:_check_index(i, self.n)
   local ts = self.tensors
   if #ts == 1 then
     local x = ts[1][i]

@@ -33,6 +33,16 @@
 local core = require "needle.core"
 local options = require "needle.options"
 local errors = require "needle.errors"
+local util = require "needle.data.util"
+
+local no_extra = util.no_extra
+
+-- an epoch number: an integer >= 0 (an integral float is that integer)
+local function check_epoch(who, what, e)
+  local k = util.int_of(e)
+  if k == nil or k < 0 then errors.fail(who, "%s must be an integer >= 0, got %s", what, util.got(e)) end
+  return k
+end
 
 local M = {}
 
@@ -69,7 +79,8 @@ M.epoch_seed = epoch_seed
 local function draw_seed() return core.randint(0, 0x7fffffff, {1}):item() end
 M.draw_seed = draw_seed
 
-local function new(_, dataset, opts)
+local function new(_, dataset, opts, ...)
+  no_extra(WHO, "DistributedSampler(dataset[, opts])", 2, ...)
   local o = options.check(WHO, opts, {num_replicas = "integer", rank = "integer", shuffle = "boolean",
                                       seed = "integer", drop_last = "boolean"})
   local n = dataset_len(dataset)
@@ -106,9 +117,9 @@ function DistributedSampler:__len() return self.num_samples end
 -- set_epoch(e): the epoch of indices() without an argument, and of the
 -- next epoch a DataLoader iterates (as PyTorch's sampler.set_epoch; the
 -- loader's own set_epoch does the same)
-function DistributedSampler:set_epoch(e)
-  if math.type(e) ~= "integer" then errors.fail(WHO, "set_epoch: expected an integer, got %s", options.got(e)) end
-  self.epoch = e
+function DistributedSampler:set_epoch(e, ...)
+  no_extra(WHO, "sampler:set_epoch(epoch)", 1, ...)
+  self.epoch = check_epoch(WHO, "set_epoch: epoch", e)
   self._epoch_given = true
 end
 
@@ -120,8 +131,9 @@ function DistributedSampler:_take_epoch()
 end
 
 -- indices([epoch]) -> int64 tensor of this rank's 1-based item numbers
-function DistributedSampler:indices(epoch)
-  epoch = epoch or self.epoch
+function DistributedSampler:indices(epoch, ...)
+  no_extra(WHO, "sampler:indices([epoch])", 1, ...)
+  epoch = epoch == nil and self.epoch or check_epoch(WHO, "indices: epoch", epoch)
   local n = self.n
   local order
   if self.shuffle and n > 0 then
@@ -164,9 +176,9 @@ local function class(name, new)
   local C = {__name = name}
   C.__index = C
   C.__len = function(self) return self:len() end
-  function C:set_epoch(e)
-    if math.type(e) ~= "integer" then errors.fail("data." .. name, "set_epoch: expected an integer, got %s", options.got(e)) end
-    self.epoch = e
+  function C:set_epoch(e, ...)
+    no_extra("data." .. name, "sampler:set_epoch(epoch)", 1, ...)
+    self.epoch = check_epoch("data." .. name, "set_epoch: epoch", e)
     self._epoch_given = true
   end
   -- (DataLoader) the epoch set_epoch gave since the loader last asked, or nil
@@ -181,14 +193,17 @@ end
 
 -- SequentialSampler(data_source): 1, 2, ..., #data_source, every epoch. The
 -- length is the data source's at each call (a dataset may grow).
-local SequentialSampler = class("SequentialSampler", function(data_source)
+local SequentialSampler = class("SequentialSampler", function(data_source, ...)
+  no_extra("data.SequentialSampler", "SequentialSampler(data_source)", 1, ...)
   dataset_len(data_source, "data.SequentialSampler")
   return {data_source = data_source, epoch = 0}
 end)
 
 function SequentialSampler:len() return dataset_len(self.data_source, "data.SequentialSampler") end
 
-function SequentialSampler:indices()
+function SequentialSampler:indices(epoch, ...)
+  no_extra("data.SequentialSampler", "sampler:indices([epoch])", 1, ...)
+  if epoch ~= nil then check_epoch("data.SequentialSampler", "indices: epoch", epoch) end
   return core.arange(1, self:len() + 1)
 end
 
@@ -199,7 +214,8 @@ function SequentialSampler:__tostring() return ("SequentialSampler(%d items)"):f
 -- and num_samples > n, whole permutations and then the start of one more
 -- (torch.utils.data.RandomSampler).
 local RS = "data.RandomSampler"
-local RandomSampler = class("RandomSampler", function(data_source, opts)
+local RandomSampler = class("RandomSampler", function(data_source, opts, ...)
+  no_extra(RS, "RandomSampler(data_source[, opts])", 2, ...)
   local o = options.check(RS, opts, {replacement = "boolean", num_samples = "integer", seed = "integer"})
   dataset_len(data_source, RS)
   if o.num_samples ~= nil and o.num_samples < 1 then
@@ -225,7 +241,9 @@ local function random_indices(n, k, replacement)
   return #parts == 1 and parts[1] or core.cat(parts, 1)
 end
 
-function RandomSampler:indices(epoch)
+function RandomSampler:indices(epoch, ...)
+  no_extra(RS, "sampler:indices([epoch])", 1, ...)
+  if epoch ~= nil then epoch = check_epoch(RS, "indices: epoch", epoch) end
   local n, k = dataset_len(self.data_source, RS), self:len()
   if n < 1 then errors.fail(RS, "the data source is empty: nothing to sample %d items from", k) end
   return seeded(epoch_seed(self.seed, epoch or self.epoch), random_indices, n, k, self.replacement)
@@ -239,7 +257,8 @@ end
 -- num_samples indices 1..#weights, index i with probability weights[i] / sum
 -- (torch.multinomial's rule: without replacement each index at most once).
 local WS = "data.WeightedRandomSampler"
-local WeightedRandomSampler = class("WeightedRandomSampler", function(weights, num_samples, opts)
+local WeightedRandomSampler = class("WeightedRandomSampler", function(weights, num_samples, opts, ...)
+  no_extra(WS, "WeightedRandomSampler(weights, num_samples[, opts])", 3, ...)
   local o = options.check(WS, opts, {replacement = "boolean", seed = "integer"})
   local w
   if core.is_tensor(weights) then
@@ -281,7 +300,9 @@ end)
 
 function WeightedRandomSampler:len() return self.num_samples end
 
-function WeightedRandomSampler:indices(epoch)
+function WeightedRandomSampler:indices(epoch, ...)
+  no_extra(WS, "sampler:indices([epoch])", 1, ...)
+  if epoch ~= nil then epoch = check_epoch(WS, "indices: epoch", epoch) end
   local w, k, r = self.weights, self.num_samples, self.replacement
   return seeded(epoch_seed(self.seed, epoch or self.epoch), function() return w:multinomial(k, r) end)
 end
@@ -298,11 +319,16 @@ end
 -- batch_sampler option, and on its own:
 --   for batch in bs:iter() do ... end     -- batch: a Lua list of indices
 local BS = "data.BatchSampler"
-local BatchSampler = class("BatchSampler", function(sampler, batch_size, drop_last)
+local BatchSampler = class("BatchSampler", function(sampler, batch_size, drop_last, ...)
+  no_extra(BS, "BatchSampler(sampler, batch_size, drop_last)", 3, ...)
   local ok = type(sampler) == "table" and (getmetatable(sampler) == nil or
     (type(sampler.len) == "function" and type(sampler.indices) == "function"))
   if core.is_tensor(sampler) then
     ok = sampler:dim() == 1 and (sampler.dtype == "int64" or sampler.dtype == "int32")
+    if ok and sampler:numel() > 0 and sampler:min():item() < 1 then
+      errors.fail(BS, "sampler's indices must be positive (1-based item numbers), got %d",
+                  sampler:min():item())
+    end
   end
   if not ok then
     errors.fail(BS, "sampler must be a sampler (with len() and indices(epoch)), a Lua list of indices or a " ..
@@ -314,6 +340,29 @@ local BatchSampler = class("BatchSampler", function(sampler, batch_size, drop_la
   end
   if type(drop_last) ~= "boolean" then
     errors.fail(BS, "drop_last must be a boolean, got %s", got(drop_last))
+  end
+  if type(sampler) == "table" and getmetatable(sampler) == nil and type(sampler.indices) ~= "function" then
+    -- a plain list of item numbers: positive integers (1-based), checked now
+    -- rather than when a batch of them reaches a dataset
+    local n = #sampler
+    for k, v in pairs(sampler) do
+      if math.type(k) ~= "integer" or k < 1 or k > n then
+        errors.fail(BS, "sampler must be a list of indices (keys 1..%d), got the key %s", n, got(k))
+      end
+    end
+    local list
+    for k = 1, n do
+      local v = sampler[k]
+      local i = util.int_of(v)
+      if i == nil or i < 1 then
+        errors.fail(BS, "sampler[%d] is %s, expected a positive integer (a 1-based item number)", k, got(v))
+      end
+      if math.type(v) == "float" then
+        list = list or table.move(sampler, 1, n, 1, {})
+        list[k] = i
+      end
+    end
+    sampler = list or sampler
   end
   return {sampler = sampler, batch_size = batch_size, drop_last = drop_last, epoch = 0}
 end)
@@ -355,14 +404,17 @@ function BatchSampler:_take_epoch()
 end
 
 -- batches([epoch]) -> a Lua list of the epoch's batches (lists of indices)
-function BatchSampler:batches(epoch)
+function BatchSampler:batches(epoch, ...)
+  no_extra(BS, "sampler:batches([epoch])", 1, ...)
   local out = {}
   for b in self:iter(epoch) do out[#out + 1] = b end
   return out
 end
 
 -- iter([epoch]) -> an iterator over the epoch's batches
-function BatchSampler:iter(epoch)
+function BatchSampler:iter(epoch, ...)
+  no_extra(BS, "sampler:iter([epoch])", 1, ...)
+  if epoch ~= nil then epoch = check_epoch(BS, "iter: epoch", epoch) end
   local order = order_of(self, epoch or self.epoch)
   local n, bs, drop = #order, self.batch_size, self.drop_last
   local pos = 0

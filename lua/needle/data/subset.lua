@@ -13,6 +13,7 @@ local options = require "needle.options"
 local errors = require "needle.errors"
 local Dataset = require("needle.data.dataset").Dataset
 local sampler = require "needle.data.sampler"
+local no_extra = require("needle.data.util").no_extra
 
 local M = {}
 
@@ -63,7 +64,8 @@ end
 -- Subset(dataset, indices): item k is dataset[indices[k]].
 local Subset = Dataset:extend("Subset")
 
-function Subset:init(dataset, indices)
+function Subset:init(dataset, indices, ...)
+  no_extra("data.Subset", "Subset(dataset, indices)", 2, ...)
   dataset = as_dataset("data.Subset", dataset, "the dataset")
   local n = dataset:len()
   self.dataset = dataset
@@ -76,7 +78,7 @@ end
 function Subset:len() return #self.indices end
 
 function Subset:get(k)
-  self:_check_index(k, #self.indices)
+  k = self:_check_index(k, #self.indices)
   return self.dataset:get(self.indices[k])
 end
 
@@ -88,7 +90,8 @@ end
 -- cumulative_sizes[k] is the number of items in datasets 1..k (PyTorch's).
 local ConcatDataset = Dataset:extend("ConcatDataset")
 
-function ConcatDataset:init(datasets)
+function ConcatDataset:init(datasets, ...)
+  no_extra("data.ConcatDataset", "ConcatDataset({ds1, ds2, ...})", 1, ...)
   if type(datasets) ~= "table" or getmetatable(datasets) ~= nil or core.is_tensor(datasets) then
     errors.fail("data.ConcatDataset", "expected a Lua list of datasets, got %s", options.got(datasets))
   end
@@ -110,7 +113,7 @@ function ConcatDataset:len() return self.cumulative_sizes[#self.cumulative_sizes
 
 -- which dataset item i falls in (the first whose cumulative size reaches it), and where
 function ConcatDataset:locate(i)
-  self:_check_index(i, self:len())
+  i = self:_check_index(i, self:len())
   local sizes = self.cumulative_sizes
   local lo, hi = 1, #sizes
   while lo < hi do
@@ -176,8 +179,9 @@ M.split_lengths = split_lengths
 -- (one per length; {random_split(...)} for a list). The items are dealt by
 -- nd.randperm(n): from the global random stream, or with generator_seed, from
 -- a generator seeded with it (the global stream is then left alone).
-function M.random_split(dataset, lengths, opts)
+function M.random_split(dataset, lengths, opts, ...)
   local who = "data.random_split"
+  no_extra(who, "random_split(dataset, lengths[, opts])", 3, ...)
   local o = options.check(who, opts, {generator_seed = "integer"})
   dataset = as_dataset(who, dataset, "the dataset")
   local n = dataset:len()

@@ -10,6 +10,8 @@
 local errors = require "needle.errors"
 local core = require "needle.core"
 local options = require "needle.options"
+local util = require "needle.data.util"
+local no_extra, got = util.no_extra, util.got
 
 local is_tensor = core.is_tensor
 
@@ -49,11 +51,29 @@ local function check_image(name, x, min_dims)
 end
 
 -- Compose({t1, t2, ...}): applies each in turn.
-function T.Compose(list)
-  if type(list) ~= "table" then errorf("Compose", "expected a list of transforms, got %s", type(list)) end
+function T.Compose(list, ...)
+  -- Compose(t1, t2) (the transforms not in a list) would be an empty Compose
+  -- that drops them all
+  if callable(list) or select("#", ...) > 0 then
+    errorf("Compose", "expected a list of transforms: Compose({t1, t2}), got %s%s",
+           getmetatable(list) == Transform and "the transform " .. tostring(list) or got(list),
+           select("#", ...) > 0 and (" and %d more argument(s)"):format(select("#", ...)) or "")
+  end
+  if type(list) ~= "table" or is_tensor(list) then
+    errorf("Compose", "expected a list of transforms: Compose({t1, t2}), got %s", got(list))
+  end
+  local n = #list
+  for k in pairs(list) do
+    if math.type(k) ~= "integer" or k < 1 or k > n then
+      errorf("Compose", "expected a list of transforms (keys 1..%d), got the key %s", n, got(k))
+    end
+  end
   local parts = {}
-  for k, t in ipairs(list) do
-    if not callable(t) then errorf("Compose", "item %d is a %s, expected a callable transform", k, type(t)) end
+  for k = 1, n do
+    local t = list[k]
+    if not callable(t) then
+      errorf("Compose", "item %d is %s, expected a callable transform", k, got(t))
+    end
     parts[#parts + 1] = tostring(t)
   end
   return rebuildable(make("Compose(" .. table.concat(parts, ", ") .. ")", function(_, x)
@@ -63,13 +83,15 @@ function T.Compose(list)
 end
 
 -- Lambda(fn): a function as a transform.
-function T.Lambda(fn)
+function T.Lambda(fn, ...)
+  no_extra("data.transforms.Lambda", "Lambda(fn)", 1, ...)
   if not callable(fn) then errorf("Lambda", "expected a function, got %s", type(fn)) end
   return make("Lambda()", function(_, x) return fn(x) end)
 end
 
 -- ToFloat(): x:float().
-function T.ToFloat()
+function T.ToFloat(...)
+  no_extra("data.transforms.ToFloat", "ToFloat()", 0, ...)
   return rebuildable(make("ToFloat()", function(_, x)
     if not is_tensor(x) then errorf("ToFloat", "expected a tensor, got %s", type(x)) end
     return x:float()
@@ -77,7 +99,8 @@ function T.ToFloat()
 end
 
 -- ScaleTo01(): uint8 pixels 0..255 to float32 in [0, 1] (x:float() / 255).
-function T.ScaleTo01()
+function T.ScaleTo01(...)
+  no_extra("data.transforms.ScaleTo01", "ScaleTo01()", 0, ...)
   return rebuildable(make("ScaleTo01()", function(_, x)
     if not is_tensor(x) then errorf("ScaleTo01", "expected a tensor, got %s", type(x)) end
     return x:float() / 255
@@ -85,7 +108,8 @@ function T.ScaleTo01()
 end
 
 -- RandomFlipHorizontal(p = 0.5): with probability p, flips the last dim (W).
-function T.RandomFlipHorizontal(p)
+function T.RandomFlipHorizontal(p, ...)
+  no_extra("data.transforms.RandomFlipHorizontal", "RandomFlipHorizontal([p])", 1, ...)
   if p == nil then p = 0.5 end
   if type(p) ~= "number" or not (p >= 0 and p <= 1) then
     errorf("RandomFlipHorizontal", "p must be a number in [0, 1], got %s", tostring(p))
@@ -108,7 +132,8 @@ end
 -- RandomCrop(size, {padding = 0, fill = 0}): pads H and W with `fill`
 -- (padding: n on every side, or {left, right, top, bottom}), then cuts a
 -- size x size (or {h, w}) window at a uniformly random position.
-function T.RandomCrop(size, opts)
+function T.RandomCrop(size, opts, ...)
+  no_extra("data.transforms.RandomCrop", "RandomCrop(size[, opts])", 2, ...)
   opts = options.check("data.transforms.RandomCrop", opts, {padding = "integer|table", fill = "number"})
   local h, w = pair("RandomCrop", "size", size)
   if h < 1 or w < 1 then errorf("RandomCrop", "size must be positive, got {%d, %d}", h, w) end
@@ -144,12 +169,18 @@ end
 
 -- Normalize(mean, std): (x - mean[c]) / std[c] per channel (dim -3), with
 -- mean and std numbers or lists of one value per channel.
-function T.Normalize(mean, std)
+function T.Normalize(mean, std, ...)
+  no_extra("data.transforms.Normalize", "Normalize(mean, std)", 2, ...)
   local function as_list(what, v)
-    if type(v) == "number" then return {v} end
+    if type(v) == "number" then
+      if not (v - v == 0) then errorf("Normalize", "%s must be finite, got %s", what, v ~= v and "nan" or tostring(v)) end
+      return {v}
+    end
     if type(v) == "table" and #v > 0 then
       for k, e in ipairs(v) do
         if type(e) ~= "number" then errorf("Normalize", "%s[%d] is a %s, expected a number", what, k, type(e)) end
+        -- NaN and infinities fail (x - x is NaN for both)
+        if not (e - e == 0) then errorf("Normalize", "%s[%d] must be finite, got %s", what, k, e ~= e and "nan" or tostring(e)) end
       end
       return v
     end

@@ -4,6 +4,17 @@ local core = require "needle.core"
 
 local util = {}
 
+-- v as an integer when it is a number with an integral value (2, 2.0, 4 / 2),
+-- else nil (math.tointeger would also take the string "2")
+function util.int_of(v)
+  if type(v) ~= "number" then return nil end
+  return math.tointeger(v)
+end
+
+-- what a value is, for "got ..."; arguments past the documented ones (needle.options)
+util.got = require("needle.options").got
+util.no_extra = require("needle.options").no_extra
+
 -- The type of what path names ("file", "directory", "fifo", ...), or nil
 -- when there is nothing there. Nothing is opened: opening a FIFO for
 -- reading would wait for a writer.

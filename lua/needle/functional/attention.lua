@@ -127,8 +127,14 @@ end
 -- broadcast to (..., L, S). is_causal masks key j > query i and excludes
 -- attn_mask. Dropout (on the weights) applies whenever dropout_p > 0, as
 -- PyTorch's function (pass 0 in evaluation).
-function M.scaled_dot_product_attention(q, k, v, opts)
+function M.scaled_dot_product_attention(q, k, v, opts, ...)
   local fail = errors.failer("scaled_dot_product_attention")
+  for i = 1, select("#", ...) do
+    if select(i, ...) ~= nil then
+      fail("takes scaled_dot_product_attention(query, key, value[, {attn_mask=, dropout_p=, is_causal=, scale=}]) " ..
+           "only, got an extra argument #%d: %s", 4 + i, options.got((select(i, ...))))
+    end
+  end
   for _, a in ipairs({{"query", q}, {"key", k}, {"value", v}}) do
     if not core.is_tensor(a[2]) then fail("%s must be a tensor, got %s", a[1], options.got(a[2])) end
     if a[2]:dim() < 2 then fail("%s must have at least 2 dims (..., L, E), got %s", a[1], shape_str(a[2])) end
@@ -154,6 +160,9 @@ function M.scaled_dot_product_attention(q, k, v, opts)
   local p = opts.dropout_p or 0
   if not (p >= 0 and p <= 1) then fail("dropout_p must be in [0, 1], got %s", tostring(p)) end
   local scale = opts.scale or 1 / math.sqrt(E)
+  if scale ~= scale or scale == math.huge or scale == -math.huge then
+    fail("scale must be a finite number, got %s", tostring(scale))
+  end
   local mask = opts.attn_mask
   if mask ~= nil and opts.is_causal then
     fail("attn_mask and is_causal = true exclude each other (is_causal builds the causal mask)")

@@ -67,7 +67,9 @@ function M.group_norm(x, num_groups, weight, ...)
   local op = "group_norm"
   local bias, eps = ...
   local o = trailing_options(op, {weight = "tensor", bias = "tensor", eps = "number"}, weight, ...)
-  if o then weight, bias, eps = o.weight, o.bias, o.eps end
+  if o then weight, bias, eps = o.weight, o.bias, o.eps
+  else A.no_extra(op, "group_norm(x, num_groups[, weight, bias, eps]) or group_norm(x, num_groups, {weight=, bias=, eps=})",
+                  6, select(3, ...)) end
   A.tensor(op, x)
   if x:dim() < 2 then fail(op, "expected input of shape (N, C, *), got %s", shape_str(x)) end
   A.float(op, x)
@@ -101,6 +103,15 @@ function M.instance_norm(x, running_mean, ...)
   if o then
     running_mean, running_var, weight, bias = o.running_mean, o.running_var, o.weight, o.bias
     use_input_stats, momentum, eps = o.use_input_stats, o.momentum, o.eps
+  else
+    A.no_extra(op, "instance_norm(x[, running_mean, running_var, weight, bias, use_input_stats, momentum, eps]) " ..
+               "or instance_norm(x, {running_mean=, ..., eps=})", 9, select(7, ...))
+  end
+  if use_input_stats ~= nil and type(use_input_stats) ~= "boolean" then
+    fail(op, "use_input_stats must be a boolean, got %s", options.got(use_input_stats))
+  end
+  if momentum ~= nil and (type(momentum) ~= "number" or not (momentum >= 0 and momentum <= 1)) then
+    fail(op, "momentum must be a number in [0, 1], got %s", options.got(momentum))
   end
   A.tensor(op, x)
   if x:dim() < 3 then
@@ -156,7 +167,9 @@ function M.rms_norm(x, normalized_shape, weight, ...)
   local op = "rms_norm"
   local eps = ...
   local o = trailing_options(op, {weight = "tensor", eps = "number"}, weight, ...)
-  if o then weight, eps = o.weight, o.eps end
+  if o then weight, eps = o.weight, o.eps
+  else A.no_extra(op, "rms_norm(x, normalized_shape[, weight, eps]) or rms_norm(x, normalized_shape, {weight=, eps=})",
+                  5, select(2, ...)) end
   A.tensor(op, x)
   local ns = normalized_shape
   if A.int(ns) ~= nil then ns = {ns} end

@@ -130,12 +130,17 @@ end
 -- dropout2d(x (N, C, H, W) or (N, C, L), p = 0.5, training = true): zeroes
 -- whole channels with probability p and scales the rest by 1 / (1 - p). A
 -- 3-D input is (N, C, L), as PyTorch's dropout2d (which warns about it).
-function S.dropout2d(x, p, training)
+function S.dropout2d(x, p, training, ...)
   local op = "dropout2d"
   A.tensor(op, x)
   if p == nil then p = 0.5 end
   if training == nil then training = true end
-  if type(p) ~= "number" or not (p >= 0 and p <= 1) then fail(op, "p must be in [0, 1], got %s", tostring(p)) end
+  if type(p) ~= "number" or not (p >= 0 and p <= 1) then
+    fail(op, "p must be in [0, 1], got %s%s", options.got(p), type(p) == "table" and not core.is_tensor(p)
+         and " (dropout2d takes (x, p, training) positionally, not an options table)" or "")
+  end
+  if type(training) ~= "boolean" then fail(op, "training must be a boolean, got %s", options.got(training)) end
+  A.no_extra(op, "dropout2d(x[, p, training])", 4, ...)
   if x:dim() ~= 3 and x:dim() ~= 4 then
     fail(op, "expected input of shape (N, C, H, W) or (N, C, L), got %s", shape_str(x))
   end

@@ -28,6 +28,13 @@ function M.tensor(who, x, what)
   if not core.is_tensor(x) then errors.fail(who, "%s must be a tensor, got %s", what or "input", type(x)) end
 end
 
+-- the arguments a public function received past its last one (`first` is
+-- the position of the first of them): each must be nil, else an error naming
+-- the accepted form (usage), as nd.save's
+function M.no_extra(who, usage, first, ...)
+  return require("needle.options").no_extra(who, usage, first - 1, ...)
+end
+
 -- the dtypes the C kernels compute in (conv2d, the pools, layer_norm)
 function M.float(who, x)
   if x.dtype ~= "float32" and x.dtype ~= "float64" then

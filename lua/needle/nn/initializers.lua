@@ -12,6 +12,7 @@
 local errors = require "needle.errors"
 local core = require "needle.core"
 local opts_check = require("needle.options").check
+local got = require("needle.options").got
 
 local init = {}
 
@@ -28,21 +29,71 @@ end
 local TYPES = {a = "number", b = "number", mean = "number", std = "number", val = "number", gain = "number",
                mode = "string", nonlinearity = "string"}
 
+-- the accepted forms of fn, for an error about an extra argument
+local function usage(fn, names)
+  local list = table.concat(names, ", ")
+  if #names == 0 then return ("%s(tensor)"):format(fn) end
+  return ("%s(tensor[, %s]) or %s(tensor, {%s=})"):format(fn, list, fn, table.concat(names, "=, "))
+end
+
+-- the arguments past the last accepted one (`first` its position) must be nil;
+-- names: the keyword names (or the usage itself, a string)
+local function no_extra(fn, names, first, ...)
+  for i = 1, select("#", ...) do
+    local v = select(i, ...)
+    if v ~= nil then
+      fail(fn, "takes %s only, got an extra argument #%d: %s", type(names) == "string" and names or usage(fn, names),
+           first + i - 1, got(v))
+    end
+  end
+end
+
 -- args: (t, opts_table) or (t, positional...) in the order of `names`; an
--- options table may have only those names
+-- options table may have only those names. A positional argument must have
+-- its keyword's type (xavier_uniform_(t, "relu") names gain, not an
+-- arithmetic error).
 local function options(fn, names, ...)
   local first = ...
   local out = {}
   if type(first) == "table" and not core.is_tensor(first) then
+    no_extra(fn, names, 3, select(2, ...))
     local spec = {}
     for _, n in ipairs(names) do spec[n] = TYPES[n] end
     opts_check("nn.init." .. fn, first, spec)
     for _, n in ipairs(names) do out[n] = first[n] end
   else
     local args = table.pack(...)
-    for i, n in ipairs(names) do out[n] = args[i] end
+    for i, n in ipairs(names) do
+      local v = args[i]
+      if v ~= nil and type(v) ~= TYPES[n] then
+        local hint = ""
+        if n == "gain" and type(v) == "string" then
+          hint = (" (a nonlinearity's gain is nn.init.calculate_gain(%q))"):format(v)
+        elseif n == "a" and type(v) == "string" and names[3] == "nonlinearity" then
+          hint = (" (the nonlinearity goes fourth, or as {nonlinearity = %q})"):format(v)
+        end
+        fail(fn, "%s (argument %d) must be a %s, got %s%s", n, i + 1, TYPES[n], got(v), hint)
+      end
+      out[n] = v
+    end
+    no_extra(fn, names, #names + 2, select(#names + 1, ...))
   end
   return out
+end
+
+-- a number that is neither NaN nor infinite (the fill would be NaN)
+local function finite(fn, name, v)
+  if v ~= v or v == math.huge or v == -math.huge then
+    fail(fn, "%s must be a finite number, got %s", name, tostring(v))
+  end
+end
+
+-- gain: a finite number >= 0 (a negative gain flips the bounds of a uniform
+-- and makes the std of a normal negative)
+local function check_gain(fn, gain)
+  if gain ~= nil and not (gain >= 0 and gain ~= math.huge) then
+    fail(fn, "gain must be a finite number >= 0, got %s", tostring(gain))
+  end
 end
 
 local function fill_from(t, src)
@@ -67,7 +118,15 @@ local random_scaled = init._random_scaled
 local shape_str = errors.shape_str
 
 -- calculate_gain(nonlinearity, param): PyTorch's recommended gains
-function init.calculate_gain(nonlinearity, param)
+function init.calculate_gain(nonlinearity, param, ...)
+  no_extra("calculate_gain", "calculate_gain(nonlinearity[, param])", 3, ...)
+  if type(nonlinearity) ~= "string" then
+    fail("calculate_gain", "nonlinearity must be a string, got %s", nonlinearity == nil and "nil" or got(nonlinearity))
+  end
+  if param ~= nil and nonlinearity ~= "leaky_relu" then
+    fail("calculate_gain", "param (the negative slope) is for leaky_relu only, got %s for '%s' " ..
+         "(calculate_gain(nonlinearity[, param]))", got(param), nonlinearity)
+  end
   local linear = {linear = true, conv1d = true, conv2d = true, conv3d = true, conv_transpose1d = true,
                   conv_transpose2d = true, conv_transpose3d = true, sigmoid = true, identity = true}
   if linear[nonlinearity] then return 1 end
@@ -79,6 +138,7 @@ function init.calculate_gain(nonlinearity, param)
     if type(slope) ~= "number" then
       fail("calculate_gain", "negative_slope must be a number, got %s", type(slope))
     end
+    finite("calculate_gain", "negative_slope", slope)
     return math.sqrt(2 / (1 + slope * slope))
   end
   if nonlinearity == "selu" then return 3 / 4 end
@@ -103,6 +163,9 @@ function init.uniform_(t, ...)
   check("uniform_", t)
   local o = options("uniform_", {"a", "b"}, ...)
   local a, b = o.a or 0, o.b or 1
+  finite("uniform_", "a", a)
+  finite("uniform_", "b", b)
+  if not (a <= b) then fail("uniform_", "expected a <= b, got a = %s and b = %s", tostring(a), tostring(b)) end
   return fill_from(t, random_scaled(core.rand, t.shape, t.dtype, b - a, a))
 end
 
@@ -111,6 +174,10 @@ function init.normal_(t, ...)
   check("normal_", t)
   local o = options("normal_", {"mean", "std"}, ...)
   local mean, std = o.mean or 0, o.std or 1
+  finite("normal_", "mean", mean)
+  if not (std >= 0 and std ~= math.huge) then
+    fail("normal_", "std must be a finite number >= 0, got %s", tostring(std))
+  end
   return fill_from(t, random_scaled(core.randn, t.shape, t.dtype, std, mean))
 end
 
@@ -119,18 +186,21 @@ function init.constant_(t, ...)
   check("constant_", t)
   local o = options("constant_", {"val"}, ...)
   if type(o.val) ~= "number" then fail("constant_", "val must be a number, got %s", type(o.val)) end
+  finite("constant_", "val", o.val)
   core.no_grad(function() t:fill_(o.val) end)
   return t
 end
 
-function init.zeros_(t)
+function init.zeros_(t, ...)
   check("zeros_", t)
+  no_extra("zeros_", {}, 2, ...)
   core.no_grad(function() t:fill_(0) end)
   return t
 end
 
-function init.ones_(t)
+function init.ones_(t, ...)
   check("ones_", t)
+  no_extra("ones_", {}, 2, ...)
   core.no_grad(function() t:fill_(1) end)
   return t
 end
@@ -139,6 +209,7 @@ end
 function init.xavier_uniform_(t, ...)
   check("xavier_uniform_", t)
   local o = options("xavier_uniform_", {"gain"}, ...)
+  check_gain("xavier_uniform_", o.gain)
   local fan_in, fan_out = fans(t, "xavier_uniform_")
   local a = (o.gain or 1) * math.sqrt(6 / (fan_in + fan_out))
   return fill_from(t, random_scaled(core.rand, t.shape, t.dtype, 2 * a, -a))
@@ -148,6 +219,7 @@ end
 function init.xavier_normal_(t, ...)
   check("xavier_normal_", t)
   local o = options("xavier_normal_", {"gain"}, ...)
+  check_gain("xavier_normal_", o.gain)
   local fan_in, fan_out = fans(t, "xavier_normal_")
   local std = (o.gain or 1) * math.sqrt(2 / (fan_in + fan_out))
   return fill_from(t, random_scaled(core.randn, t.shape, t.dtype, std, 0))
@@ -158,10 +230,16 @@ local function kaiming_std(fn, t, o)
   if mode ~= "fan_in" and mode ~= "fan_out" then
     fail(fn, "mode must be 'fan_in' or 'fan_out', got %s", tostring(mode))
   end
+  if o.a ~= nil then finite(fn, "a", o.a) end
+  check_gain(fn, o.gain)
   local fan_in, fan_out = fans(t, fn)
   local fan = mode == "fan_in" and fan_in or fan_out
   local gain = o.gain
-  if gain == nil then gain = init.calculate_gain(o.nonlinearity or "leaky_relu", o.a or 0) end
+  if gain == nil then
+    local nonlinearity = o.nonlinearity or "leaky_relu"
+    -- a is leaky_relu's negative slope (ignored for another nonlinearity, as PyTorch's)
+    gain = init.calculate_gain(nonlinearity, nonlinearity == "leaky_relu" and (o.a or 0) or nil)
+  end
   if fan == 0 then return 0 end
   return gain / math.sqrt(fan)
 end
@@ -190,6 +268,7 @@ end
 function init.orthogonal_(t, ...)
   check("orthogonal_", t)
   local o = options("orthogonal_", {"gain"}, ...)
+  if o.gain ~= nil then finite("orthogonal_", "gain", o.gain) end
   if t:dim() < 2 then
     fail("orthogonal_", "only tensors with 2 or more dimensions are supported (shape %s)", shape_str(t))
   end

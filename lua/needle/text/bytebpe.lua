@@ -106,8 +106,9 @@ end
 
 -- ByteBPE.new(vocab, merges, opts): vocab a list of tokens (the id of each
 -- its position), merges a list of "a b" strings or {a, b} pairs, by rank
-function ByteBPE.new(vocab, merges, opts)
+function ByteBPE.new(vocab, merges, opts, ...)
   local who = "text.ByteBPE.new"
+  files.no_extra(who, "ByteBPE.new(vocab, merges[, opts])", 3, ...)
   if type(vocab) ~= "table" then errors.fail(who, "expected a list of tokens, got %s", type(vocab)) end
   if type(merges) ~= "table" then errors.fail(who, "expected a list of merges, got %s", type(merges)) end
   local ids = {}
@@ -139,8 +140,9 @@ function ByteBPE.new(vocab, merges, opts)
 end
 
 -- ByteBPE.from_files(vocab_json, merges_txt, opts): GPT-2's files
-function ByteBPE.from_files(vocab_path, merges_path, opts)
+function ByteBPE.from_files(vocab_path, merges_path, opts, ...)
   local who = "text.ByteBPE.from_files"
+  files.no_extra(who, "ByteBPE.from_files(vocab_path, merges_path[, opts])", 3, ...)
   options.check(who, opts, NEW_OPTS)
   local core = require "needle.core"
   local js = files.read(who, vocab_path, "vocabulary")
@@ -282,9 +284,10 @@ end
 -- return_offsets_mapping, offsets[k] = {first, last}: the bytes of text that
 -- token k stands for (1-based, inclusive; a leading space included, as
 -- GPT-2's fast tokenizer, whose post-processor does not trim offsets).
-function ByteBPE:encode(text, opts)
+function ByteBPE:encode(text, opts, ...)
   local who = "text.ByteBPE.encode"
   check_self(self, who)
+  files.no_extra(who, "tok:encode(text[, opts])", 2, ...)
   return self:_encode(who, text, opts)
 end
 
@@ -316,9 +319,10 @@ end
 
 -- tok:tokenize(text, opts) -> the tokens (byte-level strings, "Ġworld"), as
 -- HF's tokenize[, offsets]; opts as encode's
-function ByteBPE:tokenize(text, opts)
+function ByteBPE:tokenize(text, opts, ...)
   local who = "text.ByteBPE.tokenize"
   check_self(self, who)
+  files.no_extra(who, "tok:tokenize(text[, opts])", 2, ...)
   local ids, offs = self:_encode(who, text, opts)
   for k = 1, #ids do ids[k] = self._tokens[ids[k]] end
   if offs then return ids, offs end
@@ -348,9 +352,10 @@ function ByteBPE:_bytes_of(id)
 end
 
 -- tok:decode(ids, {skip_special_tokens = false}) -> the bytes of the text
-function ByteBPE:decode(ids, opts)
+function ByteBPE:decode(ids, opts, ...)
   local who = "text.ByteBPE.decode"
   check_self(self, who)
+  files.no_extra(who, "tok:decode(ids[, opts])", 2, ...)
   local o = options.check(who, opts, {skip_special_tokens = "boolean"})
   ids = E.id_list(who, ids, self.vocab_size, self._tokens)
   local parts = {}
@@ -361,18 +366,21 @@ function ByteBPE:decode(ids, opts)
 end
 
 -- tok:convert_tokens_to_ids(token | list) -> id(s), nil for a token outside the vocabulary
-function ByteBPE:convert_tokens_to_ids(t)
-  check_self(self, "text.ByteBPE.convert_tokens_to_ids")
-  if type(t) == "string" then return self._ids[t] end
+function ByteBPE:convert_tokens_to_ids(t, ...)
+  local who = "text.ByteBPE.convert_tokens_to_ids"
+  check_self(self, who)
+  files.no_extra(who, "tok:convert_tokens_to_ids(token or list)", 1, ...)
+  if files.check_tokens(who, t) then return self._ids[t] end
   local out = {}
   for k = 1, #t do out[k] = self._ids[t[k]] end
   return out
 end
 
 -- tok:convert_ids_to_tokens(id | list) -> token(s)
-function ByteBPE:convert_ids_to_tokens(ids)
+function ByteBPE:convert_ids_to_tokens(ids, ...)
   local who = "text.ByteBPE.convert_ids_to_tokens"
   check_self(self, who)
+  files.no_extra(who, "tok:convert_ids_to_tokens(id or list)", 1, ...)
   if type(ids) == "number" then return self._tokens[E.id_list(who, {ids}, self.vocab_size, self._tokens)[1]] end
   ids = E.id_list(who, ids, self.vocab_size, self._tokens)
   local out = {}

@@ -57,6 +57,23 @@ function M.lines(s)
   end
 end
 
+-- what a value is, for "got ..."; arguments past the documented ones (needle.options)
+M.got = require("needle.options").got
+M.no_extra = require("needle.options").no_extra
+
+-- check_tokens(who, t) -> true when t is one token (a string), false for a
+-- list of them; anything else is an error
+function M.check_tokens(who, t)
+  if type(t) == "string" then return true end
+  if type(t) ~= "table" or getmetatable(t) ~= nil then
+    errors.fail(who, "expected a token string or a list of them, got %s", M.got(t))
+  end
+  for k = 1, #t do
+    if type(t[k]) ~= "string" then errors.fail(who, "tokens[%d] is %s, expected a string", k, M.got(t[k])) end
+  end
+  return false
+end
+
 -- check_utf8(who, s, where) raises when s is not valid UTF-8, naming the byte
 function M.check_utf8(who, s, where)
   local ok, bad = utf8.len(s)

@@ -99,8 +99,10 @@ end
 -- nd.text.answer_spans(start_logits, end_logits, enc, contexts, opts) ->
 -- for each text of the batch, its answers best first, each {answer =,
 -- score =, first =, last =} (context:sub(first, last) is the answer)
-function M.answer_spans(start_logits, end_logits, enc, contexts, opts)
+function M.answer_spans(start_logits, end_logits, enc, contexts, opts, ...)
   local fail = errors.failer("text.answer_spans")
+  require("needle.text.files").no_extra("text.answer_spans",
+    "answer_spans(start_logits, end_logits, enc, contexts[, opts])", 5, ...)
   opts = options.check("text.answer_spans", opts, OPTS)
   local top_k = opts.top_k or 1
   local max_len = opts.max_answer_len or 15

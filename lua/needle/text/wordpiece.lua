@@ -38,8 +38,9 @@ end
 
 -- WordPiece.new(vocab, opts): vocab is a list of token strings, the id of
 -- each its position
-function WordPiece.new(vocab, opts)
+function WordPiece.new(vocab, opts, ...)
   local who = "text.WordPiece.new"
+  files.no_extra(who, "WordPiece.new(vocab[, opts])", 2, ...)
   if type(vocab) ~= "table" then errors.fail(who, "expected a list of tokens, got %s", type(vocab)) end
   local n = #vocab
   if n == 0 then errors.fail(who, "the vocabulary is empty") end
@@ -54,8 +55,9 @@ function WordPiece.new(vocab, opts)
 end
 
 -- WordPiece.from_file(path, opts): vocab.txt, one token a line (UTF-8)
-function WordPiece.from_file(path, opts)
+function WordPiece.from_file(path, opts, ...)
   local who = "text.WordPiece.from_file"
+  files.no_extra(who, "WordPiece.from_file(path[, opts])", 2, ...)
   options.check(who, opts, NEW_OPTS)
   local s = files.read(who, path, "vocabulary")
   local vocab = {}
@@ -322,8 +324,9 @@ function WordPiece:_text_tokens(who, text, what)
 end
 
 -- tok:tokenize(text) -> the tokens (strings), as HF's tokenize
-function WordPiece:tokenize(text)
+function WordPiece:tokenize(text, ...)
   check_self(self, "text.WordPiece.tokenize")
+  files.no_extra("text.WordPiece.tokenize", "tok:tokenize(text)", 1, ...)
   local ids = self:_text_ids("text.WordPiece.tokenize", text, "text")
   local out = {}
   for k = 1, #ids do out[k] = self.vocab[ids[k]] end
@@ -358,9 +361,10 @@ end
 
 -- tok:encode(text | {text_a, text_b}, opts) -> {input_ids =, token_type_ids =, attention_mask =}
 -- (and offset_mapping, sequence_ids, word_ids with return_offsets_mapping)
-function WordPiece:encode(x, opts)
+function WordPiece:encode(x, opts, ...)
   local who = "text.WordPiece.encode"
   check_self(self, who)
+  files.no_extra(who, "tok:encode(text[, opts])", 2, ...)
   local o = options.check(who, opts, ENCODE_OPTS)
   local r = E.resolve(who, o, self.model_max_length)
   local enc = encode_one(self, who, x, "text", r, o)[1]
@@ -374,9 +378,10 @@ end
 -- sequence_ids and word_ids with return_offsets_mapping; with
 -- return_overflowing_tokens a row for each window of a text too long, and
 -- overflow_to_sample_mapping (the text of each row)
-function WordPiece:encode_batch(texts, opts)
+function WordPiece:encode_batch(texts, opts, ...)
   local who = "text.WordPiece.encode_batch"
   check_self(self, who)
+  files.no_extra(who, "tok:encode_batch(texts[, opts])", 2, ...)
   local o = options.check(who, opts, BATCH_OPTS)
   if o.device ~= nil and not o.return_tensors then
     errors.fail(who, "device needs return_tensors = true (lists have no device)")
@@ -425,9 +430,10 @@ local CLEANUPS = {{" %.", "."}, {" %?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", 
                   {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}}
 
 -- tok:decode(ids, {skip_special_tokens = false, clean_up_tokenization_spaces = true}) -> text
-function WordPiece:decode(ids, opts)
+function WordPiece:decode(ids, opts, ...)
   local who = "text.WordPiece.decode"
   check_self(self, who)
+  files.no_extra(who, "tok:decode(ids[, opts])", 2, ...)
   local o = options.check(who, opts, {skip_special_tokens = "boolean", clean_up_tokenization_spaces = "boolean"})
   ids = E.id_list(who, ids, self.vocab_size)
   local toks = {}
@@ -443,18 +449,21 @@ function WordPiece:decode(ids, opts)
 end
 
 -- tok:convert_tokens_to_ids(token | list) -> id(s); a token outside the vocabulary is the unknown token's id
-function WordPiece:convert_tokens_to_ids(t)
-  check_self(self, "text.WordPiece.convert_tokens_to_ids")
-  if type(t) == "string" then return self._ids[t] or self.unk_token_id end
+function WordPiece:convert_tokens_to_ids(t, ...)
+  local who = "text.WordPiece.convert_tokens_to_ids"
+  check_self(self, who)
+  files.no_extra(who, "tok:convert_tokens_to_ids(token or list)", 1, ...)
+  if files.check_tokens(who, t) then return self._ids[t] or self.unk_token_id end
   local out = {}
   for k = 1, #t do out[k] = self._ids[t[k]] or self.unk_token_id end
   return out
 end
 
 -- tok:convert_ids_to_tokens(id | list) -> token(s)
-function WordPiece:convert_ids_to_tokens(ids)
+function WordPiece:convert_ids_to_tokens(ids, ...)
   local who = "text.WordPiece.convert_ids_to_tokens"
   check_self(self, who)
+  files.no_extra(who, "tok:convert_ids_to_tokens(id or list)", 1, ...)
   if type(ids) == "number" then return self.vocab[E.id_list(who, {ids}, self.vocab_size)[1]] end
   ids = E.id_list(who, ids, self.vocab_size)
   local out = {}
