@@ -471,6 +471,7 @@ describe("nd.amp.GradScaler", function()
     }
     for _, c in ipairs(cases) do
       assert_contains(errmsg(function() nd.amp.GradScaler(c[1]) end), c[2])
+      assert_contains(errmsg(function() nd.amp.GradScaler({}, 5) end), "takes GradScaler([opts]) only, got an extra argument #2: 5")
     end
     local s = nd.amp.GradScaler()
     s:set_growth_factor(3); s:set_backoff_factor(0.1); s:set_growth_interval(7)

@@ -1126,6 +1126,8 @@ describe("nd.compile: graph breaks and refusals", function()
     assert_contains(errmsg(outer, nd.ones(1)), "cannot be nested")
     assert_contains(errmsg(nd.compile, function() end, {warmpu = 1}), "unknown option 'warmpu'")
     assert_contains(errmsg(nd.compile, 42), "expected a function or an nn.Module")
+    assert_contains(errmsg(nd.compile, function() end, {}, 5),
+                    "needle.compile: takes nd.compile(fn_or_module[, opts]) only, got an extra argument #3: 5")
     assert_contains(errmsg(nd.compile, function() end, {cache_size = 0}), "cache_size must be >= 1")
   end)
 

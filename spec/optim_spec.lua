@@ -464,6 +464,7 @@ describe("optimizer behaviour", function()
     end
     assert_contains(errmsg(optim.SGD, {{params = {W}, lr = -2}}, {lr = 0.1}), "needle.optim.SGD: invalid learning rate -2")
     assert_contains(errmsg(optim.SGD, {}, {lr = 0.1}), "needle.optim.SGD: optimizer got an empty parameter list")
+    assert_contains(errmsg(optim.Adam, {W}, {lr = 0.1}, 5), "needle.optim.Adam: takes Adam(params[, opts]) only, got an extra argument #3: 5")
     assert_contains(errmsg(optim.SGD, {W, 3}, {lr = 0.1}), "needle.optim.SGD: params[2] is a number, not a tensor")
     assert_contains(errmsg(optim.SGD, {W * 2}, {lr = 0.1}), "needle.optim.SGD: params[1] is not a leaf tensor")
     assert_contains(errmsg(optim.SGD, {W, W}, {lr = 0.1}), "params[2] appears more than once")

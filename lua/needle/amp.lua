@@ -99,7 +99,8 @@ local function check_scale(v, what, min)
 end
 
 -- nd.amp.GradScaler([opts])
-function M.GradScaler(opts)
+function M.GradScaler(opts, ...)
+  require("needle.options").no_extra("amp.GradScaler", "GradScaler([opts])", 1, ...)
   opts = options.check("amp.GradScaler", opts, OPTS)
   local self = setmetatable({}, GradScaler)
   self._enabled = opts.enabled ~= false

@@ -312,7 +312,8 @@ local DEFAULT_PASSES = {"fold", "simplify", "cse", "dce", "epilogue", "join", "r
 --                           passes = {"fold", "simplify", "cse", "dce", "epilogue", "join", "reorder",
 --                                     "fuse"},
 --                           tune = seconds}])
-function M.compile(fn, opts)
+function M.compile(fn, opts, ...)
+  options.no_extra("compile", "nd.compile(fn_or_module[, opts])", 2, ...)
   local is_module = type(fn) == "table" and getmetatable(fn) ~= nil and
                     type(getmetatable(fn).class) == "table"
   if type(fn) ~= "function" and not is_module then

@@ -157,7 +157,10 @@ end
 function Optimizer:extend(spec)
   local class = setmetatable({}, {
     __index = self,
-    __call = function(cls, params, opts) return cls.new(cls, params, opts) end,
+    __call = function(cls, params, opts, ...)
+      options.no_extra("optim." .. spec.name, spec.name .. "(params[, opts])", 2, ...)
+      return cls.new(cls, params, opts)
+    end,
     __tostring = function() return "needle.optim." .. spec.name end,
   })
   class.__index = class
