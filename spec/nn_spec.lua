@@ -525,12 +525,12 @@ describe("nn errors name the module, its config and the shapes", function()
       {function() return nn.LayerNorm(3, {eps = -1}) end, "needle.nn.LayerNorm: eps must be a finite number >= 0, got -1"},
       {function() return nn.GroupNorm(1, 3, {eps = nan}) end, "needle.nn.GroupNorm: eps must be a finite number >= 0"},
       {function() return nn.RMSNorm(3, {eps = -1}) end, "needle.nn.RMSNorm: eps must be a finite number >= 0, got -1"},
-      {function() return nn.MultiheadAttention(4, 2, {dropout = 2}) end, "needle.nn.MultiheadAttention: dropout must be a number in [0, 1], got 2"},
+      {function() return nn.MultiheadAttention(4, 2, {dropout = 2}) end, "needle.nn.MultiheadAttention: dropout must be a probability in [0, 1], got 2"},
       {function() return nn.TransformerEncoderLayer(4, 2, {dim_feedforward = 0}) end,
        "needle.nn.TransformerEncoderLayer: dim_feedforward must be a positive integer, got 0"},
       {function() return nn.TransformerDecoderLayer(4, 2, {layer_norm_eps = -1}) end,
        "needle.nn.TransformerDecoderLayer: layer_norm_eps must be a finite number >= 0, got -1"},
-      {function() return nn.GRU(3, 3, {dropout = nan}) end, "needle.nn.GRU: dropout must be a number in [0, 1]"},
+      {function() return nn.GRU(3, 3, {dropout = nan}) end, "needle.nn.GRU: dropout must be a probability in [0, 1]"},
       {function() return nn.ELU(nan) end, "needle.nn.ELU: alpha must be a finite number"},
       {function() return nn.ELU("a") end, "needle.nn.ELU: alpha must be a finite number, got a"},
       {function() return nn.LeakyReLU(nan) end, "needle.nn.LeakyReLU: negative_slope must be a finite number"},
@@ -579,7 +579,7 @@ describe("nn errors name the module, its config and the shapes", function()
     -- NaN compares false with both bounds: refused all the same
     assert.truthy(errmsg(nn.Dropout, 0 / 0):find("needle.nn.Dropout: p must be a probability in [0, 1], got", 1, true))
     assert.truthy(errmsg(nd.F.dropout, nd.ones(2), 0 / 0):find("needle.dropout: p must be in [0, 1]", 1, true))
-    assert.truthy(errmsg(nn.LSTM, 3, 3, {dropout = 0 / 0}):find("needle.nn.LSTM: dropout must be a number in [0, 1]", 1, true))
+    assert.truthy(errmsg(nn.LSTM, 3, 3, {dropout = 0 / 0}):find("needle.nn.LSTM: dropout must be a probability in [0, 1]", 1, true))
     assert.truthy(errmsg(nn.Unflatten(2, {3, 3}), nd.zeros({2, 8}))
       :find("needle.nn.Unflatten(2, {3, 3}): dim 2 of input {2,8} has size 8, which does not split into {3,3}", 1, true))
   end)
@@ -642,11 +642,11 @@ describe("nn errors point at the user's line", function()
 
   it("errors that are not needle's own pass through unchanged", function()
     local Bad = nn.Module:extend("Bad")
-    function Bad:forward() error({code = 7}) end
+    function Bad:forward(_) error({code = 7}) end
     local ok, e = pcall(nn.Sequential(Bad()), nd.zeros({1}))
     assert.is_false(ok)
     assert.are.same({code = 7}, e)
-    function Bad:forward() error("my own message", 0) end
+    function Bad:forward(_) error("my own message", 0) end
     ok, e = pcall(nn.Sequential(Bad()), nd.zeros({1}))
     assert.are.equal("my own message", e)
   end)

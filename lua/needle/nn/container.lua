@@ -165,7 +165,7 @@ function ModuleList:init(...)
   for i = 1, mods.n do self:_set(tostring(i - 1), mods[i]) end
 end
 
-function ModuleList:forward()
+function ModuleList:forward(...) -- (any arguments: the message says why)
   error("needle.nn.ModuleList: a ModuleList is not callable; iterate over it in the parent's forward", 2)
 end
 M.ModuleList = ModuleList
@@ -318,7 +318,7 @@ local function keyed_methods(C, kind)
     for _, k in ipairs(self:keys()) do self[k] = nil end
     return self
   end
-  function C:forward()
+  function C:forward(...) -- (any arguments: the message says why)
     error(("needle.nn.%s: a %s is not callable; use its entries in the parent's forward"):format(
       self.__name, self.__name), 2)
   end

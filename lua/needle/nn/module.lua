@@ -24,6 +24,30 @@ Module.__name = "Module"
 local RESERVED = {_params = true, _buffers = true, _children = true, _order = true, _attrs = true,
                   _hooks = true, _non_persistent = true, training = true}
 
+-- How many arguments (after self) each forward function declares (math.huge:
+-- a vararg one, or a C function); weak, as forwards come and go with classes.
+local forward_arity = setmetatable({}, {__mode = "k"})
+
+-- m(...) with more non-nil arguments than its forward declares is an error,
+-- as PyTorch's TypeError: an argument silently dropped would be a model that
+-- does not do what its caller wrote (m(x, mask) on a module without a mask)
+local function check_arity(self, fwd, ...)
+  local a = forward_arity[fwd]
+  if a == nil then
+    local info = type(fwd) == "function" and debug.getinfo(fwd, "u")
+    a = (not info or info.isvararg or info.what == "C") and math.huge or info.nparams - 1
+    forward_arity[fwd] = a
+  end
+  local n = select("#", ...)
+  for i = a + 1, n do
+    if select(i, ...) ~= nil then
+      error(("needle.nn.%s: forward takes %d argument(s), got %d (argument %d is %s)"):format(
+        self.__name, a, n, i, require("needle.options").got((select(i, ...)))), 3)
+    end
+  end
+end
+Module._check_arity = check_arity
+
 -- instance metatable: reads look in parameters, buffers, children, plain
 -- attributes, then the class chain
 local function make_instance_mt(class)
@@ -49,7 +73,9 @@ local function make_instance_mt(class)
       if capture.active then capture.note_module(self) end
       local split = capture.split
       if split and split[self] then return capture.call_split(split, self, ...) end
-      return self:forward(...)
+      local fwd = self.forward
+      if select("#", ...) > (forward_arity[fwd] or 0) then check_arity(self, fwd, ...) end
+      return fwd(self, ...)
     end,
     __tostring = function(self) return self:_repr("") end,
     __name = class.__name,

@@ -29,11 +29,11 @@ function M.options(self, opts, spec, factory)
       M.fail(self, "%s must be a finite number >= 0, got %s", k, tostring(v))
     end
   end
-  for _, k in ipairs({"momentum", "dropout"}) do
-    local v = o[k]
-    if type(v) == "number" and not (v >= 0 and v <= 1) then
-      M.fail(self, "%s must be a number in [0, 1], got %s", k, tostring(v))
-    end
+  if type(o.momentum) == "number" and not (o.momentum >= 0 and o.momentum <= 1) then
+    M.fail(self, "momentum must be a number in [0, 1], got %s", tostring(o.momentum))
+  end
+  if type(o.dropout) == "number" and not (o.dropout >= 0 and o.dropout <= 1) then
+    M.fail(self, "dropout must be a probability in [0, 1], got %s", tostring(o.dropout))
   end
   if o.dim_feedforward ~= nil and o.dim_feedforward < 1 then
     M.fail(self, "dim_feedforward must be a positive integer, got %s", tostring(o.dim_feedforward))
