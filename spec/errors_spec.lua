@@ -430,7 +430,7 @@ describe("errors.at_user_line", function()
 
   it("moves a level-2 error of a user's forward from the container to the call", function()
     local My = nd.nn.Module:extend("My")
-    function My:forward() error("needle.My: custom failure", 2) end
+    function My:forward(_) error("needle.My: custom failure", 2) end
     local model = nd.nn.Sequential(nd.nn.Sequential(My()))
     local line
     local ok, e = xpcall(function() line = here(); return model(nd.ones({2})) end, errors.at_user_line)

@@ -248,7 +248,7 @@ describe("needle-lua REPL", function()
       expect("> "),
       send("x.shpae\n"), expect("stdin:1: needle: no field 'shpae' on a tensor; did you mean 'shape'?"),
       expect("> "),
-      send([[My = nd.nn.Module:extend("My"); function My:forward() error("needle.My: bad", 2) end]] .. "\n"),
+      send([[My = nd.nn.Module:extend("My"); function My:forward(_) error("needle.My: bad", 2) end]] .. "\n"),
       expect("> "),
       send("\n\nnd.nn.Sequential(My())(1)\n"), expect("stdin:1: needle.My: bad\r\n"), expect("> "),
       send(CTRL_D),

@@ -425,7 +425,7 @@ function ParameterList:extend(list)
   return self
 end
 
-function ParameterList:forward()
+function ParameterList:forward(...) -- (any arguments: the message says why)
   error("needle.nn.ParameterList: a ParameterList is not callable; use its parameters in the parent's forward", 2)
 end
 function ParameterList:extra_repr()

@@ -111,7 +111,7 @@ end
 
 function Module:init() end
 
-function Module:forward()
+function Module:forward(...) -- (any arguments: the message says why)
   error(("needle.nn.%s: forward is not defined"):format(self.__name), 2)
 end
 
