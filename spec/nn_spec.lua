@@ -551,6 +551,13 @@ describe("nn errors name the module, its config and the shapes", function()
     assert.truthy(errmsg(nn.Parameter, 3):find("needle.nn.Parameter: takes Parameter(tensor) only, got 3", 1, true))
     assert.truthy(errmsg(nn.Parameter, nd.ones(2), false):find("takes Parameter(tensor) only", 1, true))
     assert.is_true(m.training) -- (refused: unchanged)
+    -- arguments a constructor or a forward would drop (as PyTorch's TypeError)
+    assert.truthy(errmsg(nn.Linear, 2, 3, {}, 5):find("needle.nn.Linear: the constructor takes 3 argument(s), got 4 (argument 4 is 5)", 1, true))
+    assert.truthy(errmsg(m, nd.ones(1, 2), nd.ones(1)):find("needle.nn.Linear: forward takes 1 argument(s), got 2 (argument 2 is a tensor)", 1, true))
+    assert.are.same({1, 2}, m(nd.ones(1, 2), nil).shape) -- (a trailing nil is no argument)
+    local V = nn.Module:extend("V")
+    function V:forward(...) return select("#", ...) end
+    assert.are.equal(3, V()(1, 2, 3)) -- a vararg forward takes any
   end)
 
   it("norms, embedding, containers", function()

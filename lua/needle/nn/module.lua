@@ -31,7 +31,7 @@ local forward_arity = setmetatable({}, {__mode = "k"})
 -- m(...) with more non-nil arguments than its forward declares is an error,
 -- as PyTorch's TypeError: an argument silently dropped would be a model that
 -- does not do what its caller wrote (m(x, mask) on a module without a mask)
-local function check_arity(self, fwd, ...)
+local function check_arity_of(self, what, fwd, level, ...)
   local a = forward_arity[fwd]
   if a == nil then
     local info = type(fwd) == "function" and debug.getinfo(fwd, "u")
@@ -41,12 +41,12 @@ local function check_arity(self, fwd, ...)
   local n = select("#", ...)
   for i = a + 1, n do
     if select(i, ...) ~= nil then
-      error(("needle.nn.%s: forward takes %d argument(s), got %d (argument %d is %s)"):format(
-        self.__name, a, n, i, require("needle.options").got((select(i, ...)))), 3)
+      error(("needle.nn.%s: %s takes %d argument(s), got %d (argument %d is %s)"):format(
+        self.__name, what, a, n, i, require("needle.options").got((select(i, ...)))), level)
     end
   end
 end
-Module._check_arity = check_arity
+local function check_arity(self, fwd, ...) return check_arity_of(self, "forward", fwd, 3, ...) end
 
 -- instance metatable: reads look in parameters, buffers, children, plain
 -- attributes, then the class chain
@@ -105,6 +105,8 @@ function Module:new(...)
   local obj = setmetatable({_params = {}, _buffers = {}, _children = {}, _order = {}, _attrs = {},
                             training = true}, mt)
   if capture.writes then capture.note_new(obj) end -- (its fields are no state of the caller's)
+  -- (nn.Linear(2, 3, {}, 5): an argument the constructor would drop, as forward's)
+  check_arity_of(obj, "the constructor", class.init, 3, ...)
   obj:init(...)
   return obj
 end
