@@ -222,6 +222,8 @@ describe("nd.nn.models.GPT2LMHeadModel: errors at the user's line", function()
         G .. "length_penalty applies to beam search only (num_beams > 1)")
     has(err(function() local r = m:generate(q, {max_new_tokens = 1, num_beam = 2}); return r end),
         G .. "unknown option 'num_beam'")
+    has(err(function() local r = m:generate(q, {max_new_tokens = 1}, 5); return r end),
+        G .. "takes model:generate(input_ids[, opts]) only, got an extra argument #3: 5")
   end)
 
   it("length_penalty must be a finite number (NaN and the infinities reorder the beams)", function()

@@ -223,6 +223,8 @@ describe("nd.nn.models: torchvision's ResNet and MobileNetV2", function()
     assert_contains(errmsg(models.resnet50, {num_class = 10}), "needle.nn.models.resnet50: unknown option 'num_class' "
       .. "(valid: cifar, device, dtype, groups, num_classes, width, width_per_group, zero_init_residual)")
     assert_contains(errmsg(models.resnet18, {cifar = 1}), "needle.nn.models.resnet18: option 'cifar' must be a boolean")
+    assert_contains(errmsg(models.resnet18, {num_classes = 10}, 5), "needle.nn.models.resnet18: takes resnet18([opts]) only")
+    assert_contains(errmsg(models.mobilenet_v2, {}, 5), "needle.nn.models.mobilenet_v2: takes mobilenet_v2([opts]) only")
     assert_contains(errmsg(models.resnet34, {num_classes = 0}),
                     "needle.nn.models.resnet34: num_classes must be a positive integer, got 0")
     assert_contains(errmsg(models.mobilenet_v2, {width_mult = 0}),

@@ -588,8 +588,8 @@ function GPT2LMHeadModel:to(...)
   return relayout(self)
 end
 
-function GPT2LMHeadModel:generate(input_ids, opts)
-  return require("needle.zoo.gpt2_generate").generate(self, input_ids, opts)
+function GPT2LMHeadModel:generate(input_ids, opts, ...)
+  return require("needle.zoo.gpt2_generate").generate(self, input_ids, opts, ...)
 end
 
 M.GPT2LMHeadModel = GPT2LMHeadModel

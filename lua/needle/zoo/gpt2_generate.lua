@@ -307,8 +307,9 @@ local function beam_search(model, ids, mask, o, n, dev, out_dev, who)
   return core.tensor(out, {dtype = "int64", device = out_dev})
 end
 
-function M.generate(model, input_ids, opts)
+function M.generate(model, input_ids, opts, ...)
   local who = "nn.models." .. model.__name .. ".generate"
+  options.no_extra(who, "model:generate(input_ids[, opts])", 2, ...)
   opts = options.check(who, opts, GENERATE)
   local tr, cfg = model.transformer, model.config
   local ids, _, mask, _, flat = tr:_inputs(who, input_ids, {attention_mask = opts.attention_mask})

@@ -261,8 +261,9 @@ M.ResNet = ResNet
 -- 25,557,032, 25,028,904, 88,791,336, 68,883,240 and 126,886,696 parameters
 -- with 1000 classes); the named ones fix groups and width_per_group
 local function resnet_ctor(name, block, layers, groups, per_group)
-  return function(opts)
+  return function(opts, ...)
     local who = "nn.models." .. name
+    require("needle.options").no_extra(who, name .. "([opts])", 1, ...)
     opts = resnet_opts(who, opts)
     if groups then
       if opts.groups ~= nil or opts.width_per_group ~= nil then
@@ -411,7 +412,8 @@ M.MobileNetV2 = MobileNetV2
 
 -- mobilenet_v2(opts): torchvision's constructor (3,504,872 parameters with
 -- 1000 classes and width_mult 1)
-function M.mobilenet_v2(opts)
+function M.mobilenet_v2(opts, ...)
+  require("needle.options").no_extra("nn.models.mobilenet_v2", "mobilenet_v2([opts])", 1, ...)
   return MobileNetV2(mobilenet_opts("nn.models.mobilenet_v2", opts))
 end
 
