@@ -412,6 +412,20 @@ describe("nd.compile: what a replay must redo", function()
     assert_contains(msg, "out of bounds")
   end)
 
+  it("nll_loss compiles (its pick is a gather, whose bounds check every replay runs)", function()
+    nd.manual_seed(4)
+    local f = function(x, y) return nd.F.nll_loss(nd.F.log_softmax(x, 2), y, {ignore_index = 4}) end
+    local cf = nd.compile(f)
+    for _ = 1, 4 do
+      local x = nd.randn(5, 4)
+      local y = nd.randint(1, 4, {5})
+      assert.are.equal(0, max_abs(cf(x, y), f(x, y)))
+    end
+    assert.are.equal(2, cf.stats.replays)
+    assert_contains(errmsg(cf, nd.randn(5, 4), nd.tensor({1, 5, 2, 3, 1}, {dtype = "int64"})),
+                    "index 5 is out of bounds for dim 2 with size 4")
+  end)
+
   it("a refused replay names the line of the compiled call and the line that made the check", function()
     local cf = nd.compile(function(x, y)
       local h = x * 2

@@ -548,8 +548,9 @@ function F.nll_loss(log_probs, labels, opts, ...)
     fail_at(2, op, "ignore_index must be an integer, got %s", tostring(ignore_index))
   end
   local t, valid = check_labels(op, labels, n, C, ignore_index, log_probs.device)
-  local onehot = core.one_hot(valid, C):to(log_probs.dtype)
-  local per_row = -(onehot * log_probs):sum(2)
+  -- each row's pick by gather (not a one-hot: one_hot reads the labels on the host, a graph
+  -- break inside nd.compile, where the gather's bounds check runs again at every replay)
+  local per_row = -log_probs:gather(2, valid:reshape({n, 1})):reshape({n})
   local reduction = opt(opts, "reduction", "mean")
   if ignore_index ~= nil then
     local keep = t:ne(ignore_index):to(log_probs.dtype)
