@@ -532,7 +532,7 @@ describe("nn errors name the module, its config and the shapes", function()
        "needle.nn.TransformerDecoderLayer: layer_norm_eps must be a finite number >= 0, got -1"},
       {function() return nn.GRU(3, 3, {dropout = nan}) end, "needle.nn.GRU: dropout must be a probability in [0, 1]"},
       {function() return nn.ELU(nan) end, "needle.nn.ELU: alpha must be a finite number"},
-      {function() return nn.ELU("a") end, "needle.nn.ELU: alpha must be a finite number, got a"},
+      {function() return nn.ELU("a") end, "needle.nn.ELU: alpha must be a finite number, got \"a\""},
       {function() return nn.LeakyReLU(nan) end, "needle.nn.LeakyReLU: negative_slope must be a finite number"},
       {function() return nn.PReLU({init = nan}) end, "needle.nn.PReLU: init must be a finite number"},
       {function() return nn.Softplus({beta = 0}) end, "needle.nn.Softplus: beta must not be 0"},

@@ -34,14 +34,7 @@ local got = options.got
 -- must be nil, else an error naming the accepted form
 local no_extra = spatial_args.no_extra
 
--- a number that is neither NaN nor infinite
-local function is_finite(v)
-  return type(v) == "number" and v == v and v ~= math.huge and v ~= -math.huge
-end
-
-local function check_finite(op, name, v)
-  if not is_finite(v) then errors.fail(op, "%s must be a finite number, got %s", name, got(v)) end
-end
+local is_finite, check_finite = options.is_finite, options.finite
 
 -- training (nil: the default) must be a boolean: a string or a number would
 -- count as true

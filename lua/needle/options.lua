@@ -84,6 +84,17 @@ local function got(v)
 end
 M.got = got
 
+-- is_finite(v): a number that is neither NaN nor infinite; finite(who, name, v):
+-- else "needle.<who>: <name> must be a finite number, got <v>" at the user's line
+-- (NaN passes every `x < 0` check: a NaN setting makes every result NaN)
+local function is_finite(v)
+  return type(v) == "number" and v == v and v ~= math.huge and v ~= -math.huge
+end
+M.is_finite = is_finite
+function M.finite(who, name, v)
+  if not is_finite(v) then errors.fail(who, "%s must be a finite number, got %s", name, got(v)) end
+end
+
 -- no_extra(who, usage, max, ...): ... are the arguments after the `max`
 -- documented ones (for a method, counted after self); one that is not nil is
 -- an error naming the accepted form, as nd.save's ("needle.data.DataLoader:

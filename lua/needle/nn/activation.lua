@@ -38,9 +38,7 @@ simple("ReLU6", function(x) return nd.F.relu6(x) end, INPLACE)
 
 -- a setting that must be a finite number (NaN or inf would make every output NaN)
 local function finite(self, name, v)
-  if v ~= nil and not (type(v) == "number" and v > -math.huge and v < math.huge) then
-    util.fail(self, "%s must be a finite number, got %s", name, tostring(v))
-  end
+  if v ~= nil then require("needle.options").finite("nn." .. self.__name, name, v) end
 end
 
 -- ELU({alpha = 1, inplace=}) or ELU(alpha)

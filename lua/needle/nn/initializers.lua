@@ -82,11 +82,7 @@ local function options(fn, names, ...)
 end
 
 -- a number that is neither NaN nor infinite (the fill would be NaN)
-local function finite(fn, name, v)
-  if v ~= v or v == math.huge or v == -math.huge then
-    fail(fn, "%s must be a finite number, got %s", name, tostring(v))
-  end
-end
+local function finite(fn, name, v) require("needle.options").finite("nn.init." .. fn, name, v) end
 
 -- gain: a finite number >= 0 (a negative gain flips the bounds of a uniform
 -- and makes the std of a normal negative)
