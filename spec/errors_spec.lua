@@ -30,6 +30,12 @@ local cases = {
   {"eye of 2.5 rows", function() return nd.eye(2.5) end, {"needle.eye: n must be an integer, got 2.5"}},
   {"randperm of 2.5", function() return nd.randperm(2.5) end, {"needle.randperm: n must be an integer, got 2.5"}},
   {"manual_seed of 2.5", function() return nd.manual_seed(2.5) end, {"needle.manual_seed: seed must be an integer, got 2.5"}},
+  {"zeros with an argument after its options", function() return nd.zeros({2}, {}, 5) end,
+   {"needle.zeros: the options table is the last argument, got an extra argument #3 (number)"}},
+  {"randn of sizes with one after its options", function() return nd.randn(2, 3, {}, true) end,
+   {"needle.randn: the options table is the last argument, got an extra argument #4 (boolean)"}},
+  {"tensor with an argument after its options", function() return nd.tensor({1}, {}, 5) end,
+   {"needle.tensor: takes tensor(data[, opts]) only, got an extra argument #3 (number)"}},
   -- shape mismatch
   {"broadcast mismatch in +", function() return x23() + nd.ones({4, 5}) end,
    {"needle.add", "{2,3}", "{4,5}"}},

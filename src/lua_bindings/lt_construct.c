@@ -178,6 +178,7 @@ static const char *const NEW_OPTS[] = {"dtype", "device", "requires_grad", NULL}
 
 /* nd.tensor(data, {dtype=, device=, requires_grad=}) */
 static int l_tensor(lua_State *L) {
+    lt_no_extra(L, 2, "tensor", "takes tensor(data[, opts]) only");
     lt_options(L, 2, "tensor", NEW_OPTS);
     nd_tensor *src0 = lt_to(L, 1);
     nd_device dev = lt_opt_device(L, 2, "tensor", src0 ? nd_get_device(src0) : nd_cpu_device());
@@ -260,6 +261,7 @@ static int shape_and_opts(lua_State *L, int idx, const char *op, int64_t *shape,
     *opts = o;
     if (!lua_isnoneornil(L, o) && !lua_istable(L, o))
         lt_error(L, op, "expected an options table after the shape, got %s", luaL_typename(L, o));
+    lt_no_extra(L, o, op, "the options table is the last argument");
     lt_options(L, o, op, NEW_OPTS);
     lt_check_device(L, o, op);
     return n;

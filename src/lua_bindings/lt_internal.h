@@ -26,6 +26,9 @@ int lt_error(lua_State *L, const char *op, const char *fmt, ...);
  * names neither needle's op nor the argument). */
 double lt_arg_number(lua_State *L, int idx, const char *op, const char *what);
 lua_Integer lt_arg_integer(lua_State *L, int idx, const char *op, const char *what);
+/* Arguments past `last` must be nil: else "needle.<op>: <usage>, got an extra
+ * argument #k (<type>)", as options.no_extra in Lua. */
+void lt_no_extra(lua_State *L, int last, const char *op, const char *usage);
 /* core._set_library_root(prefix): where the package's Lua files are, when
  * they are loaded from files rather than embedded (needle.errors sets it). */
 int lt_set_library_root(lua_State *L);

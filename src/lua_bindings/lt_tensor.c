@@ -100,6 +100,12 @@ lua_Integer lt_arg_integer(lua_State *L, int idx, const char *op, const char *wh
     return lua_tointeger(L, idx);
 }
 
+void lt_no_extra(lua_State *L, int last, const char *op, const char *usage) {
+    for (int i = last + 1; i <= lua_gettop(L); i++)
+        if (!lua_isnil(L, i))
+            lt_error(L, op, "%s, got an extra argument #%d (%s)", usage, i, luaL_typename(L, i));
+}
+
 int lt_error(lua_State *L, const char *op, const char *fmt, ...) {
     char msg[512];
     va_list ap;
