@@ -298,11 +298,7 @@ end
 
 -- an epoch number: an integer >= 0 (0 is the one before the first iter(),
 -- which counts from 1); an integral float is that integer
-local function check_epoch(what, e)
-  local k = util.int_of(e)
-  if k == nil or k < 0 then errorf("%s must be an integer >= 0, got %s", what, got(e)) end
-  return k
-end
+local function check_epoch(what, e) return util.check_epoch("data.DataLoader", what, e) end
 
 -- permutation(epoch) -> int64 tensor of 1..n in the order of that epoch
 -- (arange when shuffle is off). The global generator's state is saved and

@@ -38,11 +38,7 @@ local util = require "needle.data.util"
 local no_extra = util.no_extra
 
 -- an epoch number: an integer >= 0 (an integral float is that integer)
-local function check_epoch(who, what, e)
-  local k = util.int_of(e)
-  if k == nil or k < 0 then errors.fail(who, "%s must be an integer >= 0, got %s", what, util.got(e)) end
-  return k
-end
+local check_epoch = util.check_epoch
 
 local M = {}
 

@@ -15,6 +15,16 @@ end
 util.got = require("needle.options").got
 util.no_extra = require("needle.options").no_extra
 
+-- check_epoch(who, what, e) -> e as an integer >= 0 (2.0 counts as 2), else an
+-- error "needle.<who>: <what> must be an integer >= 0, got ..."
+function util.check_epoch(who, what, e)
+  local k = util.int_of(e)
+  if k == nil or k < 0 then
+    require("needle.errors").fail(who, "%s must be an integer >= 0, got %s", what, util.got(e))
+  end
+  return k
+end
+
 -- The type of what path names ("file", "directory", "fifo", ...), or nil
 -- when there is nothing there. Nothing is opened: opening a FIFO for
 -- reading would wait for a writer.
