@@ -306,7 +306,8 @@ static int t_register_hook(lua_State *L) {
         lua_pop(L, 1);
         lua_createtable(L, 0, 3);
         lua_createtable(L, 0, 1);
-        lua_pushcfunction(L, handle_remove);
+        static const lt_reg remove = {"remove", handle_remove, false, true, 1, "handle"};
+        lt_push_binding(L, &remove);
         lua_setfield(L, -2, "remove");
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, handle_remove);
@@ -541,8 +542,10 @@ static int t_backward(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "backward");
     int opts = 2;
     nd_tensor *grad = NULL;
-    if (!lua_isnoneornil(L, 2) && !lt_is_options(L, 2)) { /* a gradient, then options */
-        grad = lt_check_tensor_like_on(L, 2, "backward", x->dtype, nd_get_device(x));
+    if (lt_is_options(L, 2)) {
+        lt_no_extra_arg(L, 2, "backward", "x[, gradient][, opts]"); /* the options end the list */
+    } else { /* a gradient (or nil), then options */
+        if (!lua_isnoneornil(L, 2)) grad = lt_check_tensor_like_on(L, 2, "backward", x->dtype, nd_get_device(x));
         opts = 3;
     }
     static const char *const valid[] = {"retain_graph", "create_graph", NULL};
@@ -680,7 +683,8 @@ static int with_grad_mode(lua_State *L, bool on, bool inference, const char *op)
             lua_pushcfunction(L, guard_tostring);
             lua_setfield(L, -2, "__tostring");
             lua_createtable(L, 0, 1); /* g:close(), for code without <close> */
-            lua_pushcfunction(L, guard_close);
+            static const lt_reg close = {"close", guard_close, false, true, 1, "guard"};
+            lt_push_binding(L, &close);
             lua_setfield(L, -2, "close");
             lua_setfield(L, -2, "__index");
         }
@@ -731,24 +735,25 @@ static int t_detach(lua_State *L) {
 }
 
 void lt_register_autograd(lua_State *L) {
+    /* no_grad, enable_grad and inference_mode call fn with the arguments after it */
     static const lt_reg regs[] = {
-        {"backward", t_backward, true, false},
-        {"detach", t_detach, true, true},
-        {"grad", l_grad, false, true},
-        {"no_grad", l_no_grad, false, true},
-        {"enable_grad", l_enable_grad, false, true},
-        {"is_grad_enabled", l_is_grad_enabled, false, true},
-        {"set_grad_enabled", l_set_grad_enabled, false, true},
-        {"inference_mode", l_inference_mode, false, true},
-        {"is_inference_mode_enabled", l_is_inference_mode_enabled, false, true},
-        {"register_hook", t_register_hook, true, false},
-        {"retain_grad", t_retain_grad, true, false},
-        {"_graph_break", l_graph_break, false, true},
-        {"_mute_tensor_hooks", l_mute_tensor_hooks, false, true},
-        {"_set_grad_hook", l_set_grad_hook, false, true},
-        {"_custom_record", l_custom_record, false, true},
-        {"_custom_flush", custom_flush, false, true},
-        {"_set_backward_end_hook", l_set_backward_end_hook, false, true},
+        {"backward", t_backward, true, false, 3, "x[, gradient][, opts]"},
+        {"detach", t_detach, true, true, 1, "x"},
+        {"grad", l_grad, false, true, 3, "outputs, inputs[, opts]"},
+        {"no_grad", l_no_grad, false, true, LT_VARARGS, "[fn, ...]"},
+        {"enable_grad", l_enable_grad, false, true, LT_VARARGS, "[fn, ...]"},
+        {"is_grad_enabled", l_is_grad_enabled, false, true, 0, ""},
+        {"set_grad_enabled", l_set_grad_enabled, false, true, 1, "on"},
+        {"inference_mode", l_inference_mode, false, true, LT_VARARGS, "[fn, ...]"},
+        {"is_inference_mode_enabled", l_is_inference_mode_enabled, false, true, 0, ""},
+        {"register_hook", t_register_hook, true, false, 2, "x, hook"},
+        {"retain_grad", t_retain_grad, true, false, 1, "x"},
+        {"_graph_break", l_graph_break, false, true, 1, "why"},
+        {"_mute_tensor_hooks", l_mute_tensor_hooks, false, true, 1, "on"},
+        {"_set_grad_hook", l_set_grad_hook, false, true, 2, "t, fn"},
+        {"_custom_record", l_custom_record, false, true, 4, "name, inputs, value, backward"},
+        {"_custom_flush", custom_flush, false, true, 0, ""},
+        {"_set_backward_end_hook", l_set_backward_end_hook, false, true, 2, "key, fn"},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

@@ -177,8 +177,7 @@ static void finish_new_on(lua_State *L, nd_tensor *t, int opts, const char *op, 
 static const char *const NEW_OPTS[] = {"dtype", "device", "requires_grad", NULL};
 
 /* nd.tensor(data, {dtype=, device=, requires_grad=}) */
-static int l_tensor(lua_State *L) {
-    lt_no_extra(L, 2, "tensor", "takes tensor(data[, opts]) only");
+static int l_tensor(lua_State *L) { /* at most 2 arguments: lt_register's check */
     lt_options(L, 2, "tensor", NEW_OPTS);
     nd_tensor *src0 = lt_to(L, 1);
     nd_device dev = lt_opt_device(L, 2, "tensor", src0 ? nd_get_device(src0) : nd_cpu_device());
@@ -355,6 +354,9 @@ static int l_full_like(lua_State *L) { return like_ctor(L, "full_like", 2, 0); }
 static int l_rand_like(lua_State *L) { return like_ctor(L, "rand_like", 3, 0); }
 static int l_randn_like(lua_State *L) { return like_ctor(L, "randn_like", 4, 0); }
 
+#define ARANGE_USAGE "[start, ]end[, step][, opts]"
+#define EYE_USAGE "n[, m][, opts]"
+
 static int l_arange(lua_State *L) {
     /* arange(end) | arange(start, end[, step]) [, opts] */
     int nargs = 0;
@@ -365,6 +367,7 @@ static int l_arange(lua_State *L) {
     else { start = lua_tonumber(L, 1); end = lua_tonumber(L, 2); }
     if (nargs == 3) step = lua_tonumber(L, 3);
     int opts = nargs + 1;
+    lt_no_extra_arg(L, opts, "arange", ARANGE_USAGE); /* the options table ends the list */
     lt_options(L, opts, "arange", NEW_OPTS);
     lt_check_device(L, opts, "arange");
     bool all_int = true;
@@ -394,6 +397,7 @@ static int l_eye(lua_State *L) {
     int opts = 2;
     lua_Integer m = n;
     if (lua_type(L, 2) == LUA_TNUMBER) { m = lt_arg_integer(L, 2, "eye", "m"); opts = 3; }
+    lt_no_extra_arg(L, opts, "eye", EYE_USAGE); /* the options table ends the list */
     if (n < 0 || m < 0) return lt_error(L, "eye", "sizes must be >= 0, got %lld x %lld",
                                         (long long)n, (long long)m);
     lt_options(L, opts, "eye", NEW_OPTS);
@@ -498,30 +502,32 @@ static int l_bernoulli(lua_State *L) {
 }
 
 void lt_register_construct(lua_State *L) {
+    /* zeros, ones, empty, rand and randn take a shape as a table or as
+     * numbers, then options: shape_and_opts refuses what follows those */
     static const lt_reg regs[] = {
-        {"tensor", l_tensor, false, true},
-        {"totable", t_totable, true, false},
-        {"item", t_item, true, false},
-        {"zeros", l_zeros, false, true},
-        {"ones", l_ones, false, true},
-        {"empty", l_empty, false, true},
-        {"full", l_full, false, true},
-        {"zeros_like", l_zeros_like, false, true},
-        {"ones_like", l_ones_like, false, true},
-        {"full_like", l_full_like, false, true},
-        {"rand_like", l_rand_like, false, true},
-        {"randn_like", l_randn_like, false, true},
-        {"arange", l_arange, false, true},
-        {"linspace", l_linspace, false, true},
-        {"eye", l_eye, false, true},
-        {"manual_seed", l_manual_seed, false, true},
-        {"get_rng_state", l_get_rng_state, false, true},
-        {"set_rng_state", l_set_rng_state, false, true},
-        {"rand", l_rand, false, true},
-        {"randn", l_randn, false, true},
-        {"randint", l_randint, false, true},
-        {"randperm", l_randperm, false, true},
-        {"bernoulli", l_bernoulli, true, true},
+        {"tensor", l_tensor, false, true, 2, "data[, opts]"},
+        {"totable", t_totable, true, false, 1, "x"},
+        {"item", t_item, true, false, 1, "x"},
+        {"zeros", l_zeros, false, true, LT_VARARGS, "size...[, opts]"},
+        {"ones", l_ones, false, true, LT_VARARGS, "size...[, opts]"},
+        {"empty", l_empty, false, true, LT_VARARGS, "size...[, opts]"},
+        {"full", l_full, false, true, 3, "size, value[, opts]"},
+        {"zeros_like", l_zeros_like, false, true, 2, "x[, opts]"},
+        {"ones_like", l_ones_like, false, true, 2, "x[, opts]"},
+        {"full_like", l_full_like, false, true, 3, "x, value[, opts]"},
+        {"rand_like", l_rand_like, false, true, 2, "x[, opts]"},
+        {"randn_like", l_randn_like, false, true, 2, "x[, opts]"},
+        {"arange", l_arange, false, true, 4, ARANGE_USAGE},
+        {"linspace", l_linspace, false, true, 4, "start, end, steps[, opts]"},
+        {"eye", l_eye, false, true, 3, EYE_USAGE},
+        {"manual_seed", l_manual_seed, false, true, 1, "seed"},
+        {"get_rng_state", l_get_rng_state, false, true, 0, ""},
+        {"set_rng_state", l_set_rng_state, false, true, 1, "state"},
+        {"rand", l_rand, false, true, LT_VARARGS, "size...[, opts]"},
+        {"randn", l_randn, false, true, LT_VARARGS, "size...[, opts]"},
+        {"randint", l_randint, false, true, 4, "low, high, size[, opts]", NULL, 3},
+        {"randperm", l_randperm, false, true, 2, "n[, opts]"},
+        {"bernoulli", l_bernoulli, true, true, 1, "p"},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

@@ -112,12 +112,12 @@ static int l_opencl_kernel_times(lua_State *L) {
 
 void lt_register_device(lua_State *L) {
     static const lt_reg regs[] = {
-        {"devices", l_devices, false, true},
-        {"synchronize", l_synchronize, false, true},
-        {"opencl_available", l_opencl_available, false, true},
-        {"opencl_launches", l_opencl_launches, false, true},
-        {"opencl_timing", l_opencl_timing, false, true},
-        {"opencl_kernel_times", l_opencl_kernel_times, false, true},
+        {"devices", l_devices, false, true, 0, ""},
+        {"synchronize", l_synchronize, false, true, 1, "[device]"},
+        {"opencl_available", l_opencl_available, false, true, 0, ""},
+        {"opencl_launches", l_opencl_launches, false, true, 0, ""},
+        {"opencl_timing", l_opencl_timing, false, true, 1, "on"},
+        {"opencl_kernel_times", l_opencl_kernel_times, false, true, 0, ""},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

@@ -166,26 +166,28 @@ static int l_abort(lua_State *L) {
 
 void lt_register_dist(lua_State *L) {
     if (luaL_newmetatable(L, WORK_MT)) {
-        static const luaL_Reg methods[] = {
-            {"wait", w_wait}, {"is_completed", w_is_completed}, {NULL, NULL}};
+        static const lt_reg methods[] = {
+            {"wait", w_wait, false, true, 1, "work"},
+            {"is_completed", w_is_completed, false, true, 1, "work"},
+            {NULL, NULL, false, false}};
         lua_newtable(L);
-        luaL_setfuncs(L, methods, 0);
+        lt_register(L, -1, -1, methods);
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, work_gc);
         lua_setfield(L, -2, "__gc");
     }
     lua_pop(L, 1);
     static const lt_reg regs[] = {
-        {"dist_init", l_init, false, true},
-        {"dist_info", l_info, false, true},
-        {"dist_set_timeout", l_set_timeout, false, true},
-        {"dist_all_reduce", l_all_reduce, false, true},
-        {"dist_broadcast", l_broadcast, false, true},
-        {"dist_all_gather", l_all_gather, false, true},
-        {"dist_reduce_scatter", l_reduce_scatter, false, true},
-        {"dist_barrier", l_barrier, false, true},
-        {"dist_finalize", l_finalize, false, true},
-        {"dist_abort", l_abort, false, true},
+        {"dist_init", l_init, false, true, 1, "timeout"},
+        {"dist_info", l_info, false, true, 0, ""},
+        {"dist_set_timeout", l_set_timeout, false, true, 1, "seconds"},
+        {"dist_all_reduce", l_all_reduce, false, true, 5, "t, op[, check, async, channel]"},
+        {"dist_broadcast", l_broadcast, false, true, 4, "t, root[, check, async]"},
+        {"dist_all_gather", l_all_gather, false, true, 3, "t[, check, async]"},
+        {"dist_reduce_scatter", l_reduce_scatter, false, true, 4, "t, op[, check, async]"},
+        {"dist_barrier", l_barrier, false, true, 0, ""},
+        {"dist_finalize", l_finalize, false, true, 0, ""},
+        {"dist_abort", l_abort, false, true, 1, "[code]"},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

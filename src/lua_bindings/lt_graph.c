@@ -571,14 +571,24 @@ static int l_meta_generation(lua_State *L) {
 
 void lt_register_graph(lua_State *L) {
     if (luaL_newmetatable(L, GRAPH_MT)) {
-        static const luaL_Reg methods[] = {
-            {"finish", l_finish}, {"replay", l_replay}, {"stats", l_stats},
-            {"records", l_records}, {"free", l_free}, {"plan", l_plan}, {"pass", l_pass}, {"check", l_check},
-            {"attach_backward", l_attach_backward}, {"tune", l_tune}, {"pending", l_pending}, {"stale", l_stale},
-            {"mark_input", l_mark_input}, {NULL, NULL},
+        static const lt_reg methods[] = {
+            {"finish", l_finish, false, true, 1, "g"},
+            {"replay", l_replay, false, true, 1, "g"},
+            {"stats", l_stats, false, true, 1, "g"},
+            {"records", l_records, false, true, 1, "g"},
+            {"free", l_free, false, true, 1, "g"},
+            {"plan", l_plan, false, true, 1, "g"},
+            {"pass", l_pass, false, true, 2, "g, name"},
+            {"check", l_check, false, true, 1, "g"},
+            {"attach_backward", l_attach_backward, false, true, 7, "g, out, bw, grad_ins, k, leaves, grads"},
+            {"tune", l_tune, false, true, 2, "g, seconds"},
+            {"pending", l_pending, false, true, 1, "g"},
+            {"stale", l_stale, false, true, 1, "g"},
+            {"mark_input", l_mark_input, false, true, 2, "g, t"},
+            {NULL, NULL, false, false},
         };
         lua_newtable(L);
-        luaL_setfuncs(L, methods, 0);
+        lt_register(L, -1, -1, methods);
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, graph_gc);
         lua_setfield(L, -2, "__gc");
@@ -586,18 +596,18 @@ void lt_register_graph(lua_State *L) {
     lua_pop(L, 1);
     nd_graph_set_opaque_hooks(opaque_run, opaque_release);
     static const lt_reg regs[] = {
-        {"_graph_begin", l_begin, false, true},
-        {"_graph_opaque", l_graph_opaque, false, true},
-        {"_graph_opaque_ok", l_opaque_ok, false, true},
-        {"_graph_pause", l_pause, false, true},
-        {"_graph_capturing", l_capturing, false, true},
-        {"_call_no_yield", l_call_no_yield, false, true},
-        {"_host_read", l_host_read, false, true},
-        {"_storage_key", l_storage_key, false, true},
-        {"_storage_version", l_storage_version, false, true},
-        {"_meta_generation", l_meta_generation, false, true},
-        {"_tensor_sig", l_tensor_sig, false, true},
-        {"_grad_leaves", l_grad_leaves, false, true},
+        {"_graph_begin", l_begin, false, true, 2, "[fallback, opaque]"},
+        {"_graph_opaque", l_graph_opaque, false, true, 5, "name, kind, fn, ins, outs"},
+        {"_graph_opaque_ok", l_opaque_ok, false, true, 0, ""},
+        {"_graph_pause", l_pause, false, true, 1, "on"},
+        {"_graph_capturing", l_capturing, false, true, 0, ""},
+        {"_call_no_yield", l_call_no_yield, false, true, LT_VARARGS, "fn, ..."},
+        {"_host_read", l_host_read, false, true, 1, "op"},
+        {"_storage_key", l_storage_key, false, true, 1, "t"},
+        {"_storage_version", l_storage_version, false, true, 1, "t"},
+        {"_meta_generation", l_meta_generation, false, true, 0, ""},
+        {"_tensor_sig", l_tensor_sig, false, true, 1, "t"},
+        {"_grad_leaves", l_grad_leaves, false, true, 1, "outputs"},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

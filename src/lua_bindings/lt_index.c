@@ -362,12 +362,13 @@ static int t_cumsum(lua_State *L) {
 }
 
 /* sort(dim = -1, descending = false) -> values, indices */
-static int t_sort(lua_State *L) {
-    nd_tensor *x = lt_check(L, 1, "sort"), *v, *ix;
+static int sort(lua_State *L, const char *op) {
+    nd_tensor *x = lt_check(L, 1, op), *v, *ix;
     int d;
     bool desc;
     if (lua_istable(L, 2)) { /* sort({dim=, descending=}) */
         static const char *const valid[] = {"dim", "descending", NULL};
+        lt_no_extra_arg(L, 2, op, "x, {dim=, descending=}");
         lt_options(L, 2, "sort", valid);
         lua_getfield(L, 2, "dim");
         d = lua_isnil(L, -1) ? -1 : lt_dim(L, lua_gettop(L), "sort");
@@ -382,8 +383,10 @@ static int t_sort(lua_State *L) {
     return 2;
 }
 
+static int t_sort(lua_State *L) { return sort(L, "sort"); }
+
 static int t_argsort(lua_State *L) {
-    t_sort(L);
+    sort(L, "argsort");
     return 1; /* the indices are on top */
 }
 
@@ -401,18 +404,18 @@ static int t_topk(lua_State *L) {
 
 void lt_register_index(lua_State *L) {
     static const lt_reg regs[] = {
-        {"gather", t_gather, true, true},
-        {"scatter", t_scatter, true, true},
-        {"scatter_add", t_scatter_add, true, true},
-        {"index_select", t_index_select, true, true},
-        {"index_add", t_index_add, true, true},
-        {"masked_fill", t_masked_fill, true, true},
-        {"one_hot", l_one_hot, false, true},
-        {"_ints", l_ints, false, true},
-        {"cumsum", t_cumsum, true, true},
-        {"sort", t_sort, true, true},
-        {"argsort", t_argsort, true, true},
-        {"topk", t_topk, true, true},
+        {"gather", t_gather, true, true, 3, "x, dim, index"},
+        {"scatter", t_scatter, true, true, 4, "x, dim, index, src"},
+        {"scatter_add", t_scatter_add, true, true, 4, "x, dim, index, src"},
+        {"index_select", t_index_select, true, true, 3, "x, dim, index"},
+        {"index_add", t_index_add, true, true, 5, "x, dim, index, src[, alpha]"},
+        {"masked_fill", t_masked_fill, true, true, 3, "x, mask, value"},
+        {"one_hot", l_one_hot, false, true, 2, "labels[, num_classes]"},
+        {"_ints", l_ints, false, true, 4, "value, op, what[, device]"},
+        {"cumsum", t_cumsum, true, true, 2, "x, dim"},
+        {"sort", t_sort, true, true, 3, "x[, dim, descending]"},
+        {"argsort", t_argsort, true, true, 3, "x[, dim, descending]"},
+        {"topk", t_topk, true, true, 4, "x, k[, dim, largest]"},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

@@ -29,6 +29,17 @@ lua_Integer lt_arg_integer(lua_State *L, int idx, const char *op, const char *wh
 /* Arguments past `last` must be nil: else "needle.<op>: <usage>, got an extra
  * argument #k (<type>)", as options.no_extra in Lua. */
 void lt_no_extra(lua_State *L, int last, const char *op, const char *usage);
+/* The error of a binding called with a non-nil argument at idx that it does
+ * not take: "needle.<name>: takes <name>(<params>) only, got an extra
+ * argument #idx (<type>)[; <hint>]", or, for a method call (x:sum(...)),
+ * "takes x:sum(<params after self>) only" with idx counted after self, as
+ * Lua's own argument errors count. params lists the parameters, self
+ * first ("x[, dim, keepdim]"); hint may be NULL. lt_register's wrappers
+ * raise it; a binding whose arguments depend on each other (an options
+ * table that ends the list where it stands) raises it itself. */
+int lt_extra_arg(lua_State *L, const char *name, const char *params, const char *hint, int idx);
+/* Arguments past `last` must be nil, else lt_extra_arg for the first that is not. */
+void lt_no_extra_arg(lua_State *L, int last, const char *name, const char *params);
 /* core._set_library_root(prefix): where the package's Lua files are, when
  * they are loaded from files rather than embedded (needle.errors sets it). */
 int lt_set_library_root(lua_State *L);
@@ -155,8 +166,36 @@ void lt_register_dist(lua_State *L);    /* lt_dist.c: the C half of nd.distribut
 void lt_register_linalg(lua_State *L);  /* lt_linalg.c: the C half of nd.linalg */
 void lt_register_workers(lua_State *L); /* lt_workers.c: DataLoader worker threads */
 
-/* Sets name = fn in the methods table (at methods_idx) and/or module table. */
-typedef struct { const char *name; lua_CFunction fn; bool method, function; } lt_reg;
+/* One binding: name = fn in the tensor methods table (method) and/or the
+ * module table (function), one value for both.
+ *
+ * Arity: lt_register wraps fn in a C closure that refuses a non-nil
+ * argument past max_args (self counted for a method) with lt_extra_arg
+ * before fn runs, drops trailing nils past it, and calls fn directly (a
+ * plain C call in the same frame: errors, where-info and debug.getinfo
+ * see the binding). Trailing nils are allowed everywhere (an optional value
+ * handed along does no harm).
+ *   max_args   the most arguments fn reads (0: none); LT_VARARGS for a
+ *              function that takes any number (nd.no_grad(fn, ...)) or
+ *              checks its own (the constructors' shapes): registered bare
+ *   usage      fn's parameters, self first, for the error: "x[, dim, keepdim]"
+ *              (required for every entry: lt_register refuses an entry
+ *              without one, so a new binding cannot go unchecked by mistake)
+ *   hint       optional words after the error ("the tanh form: ...")
+ *   sizes_at   0, or the position of a shape or dim list that may also come
+ *              as numbers (x:view(2, 3) or x:view({2, 3})): the numbers
+ *              there count as one argument of max_args
+ * A name registered twice (in one table or in two) keeps the last entry. */
+typedef struct {
+    const char *name;
+    lua_CFunction fn;
+    bool method, function;
+    int max_args;
+    const char *usage;
+    const char *hint;
+    int sizes_at;
+} lt_reg;
+#define LT_VARARGS (-1)
 
 /* t[k] = v for the table on top of the stack (building result tables). */
 static inline void lt_set_int(lua_State *L, const char *k, lua_Integer v) {
@@ -176,5 +215,8 @@ static inline void lt_set_bool(lua_State *L, const char *k, bool v) {
     lua_setfield(L, -2, k);
 }
 void lt_register(lua_State *L, int methods_idx, int module_idx, const lt_reg *regs);
+/* Pushes the function lt_register would set for the (static) entry r: for
+ * methods of other userdata (a hook handle's remove, a graph's replay). */
+void lt_push_binding(lua_State *L, const lt_reg *r);
 
 #endif

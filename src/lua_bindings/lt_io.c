@@ -602,18 +602,18 @@ void lt_register_io(lua_State *L) {
     }
     lua_pop(L, 1);
     static const lt_reg regs[] = {
-        {"frombytes", l_frombytes, false, true},
-        {"tobytes", t_tobytes, true, true},
-        {"gunzip", l_gunzip, false, true},
-        {"_image_read", l_image_read, false, true},
-        {"write_file_atomic", l_write_file_atomic, false, true},
-        {"_safetensors_load", l_st_load, false, true},
-        {"_safetensors_header", l_st_header, false, true},
-        {"_safetensors_save", l_st_save, false, true},
-        {"_file_format", l_file_format, false, true},
-        {"_file_type", l_file_type, false, true},
-        {"_json_decode", l_json_decode, false, true},
-        {"_json_encode", l_json_encode, false, true},
+        {"frombytes", l_frombytes, false, true, 3, "data, dtype[, shape]"},
+        {"tobytes", t_tobytes, true, true, 1, "x"},
+        {"gunzip", l_gunzip, false, true, 2, "path[, max_bytes]"},
+        {"_image_read", l_image_read, false, true, 2, "path[, channels]"},
+        {"write_file_atomic", l_write_file_atomic, false, true, 2, "path, data"},
+        {"_safetensors_load", l_st_load, false, true, 2, "path[, op]"},
+        {"_safetensors_header", l_st_header, false, true, 2, "path[, op]"},
+        {"_safetensors_save", l_st_save, false, true, 4, "path, tensors[, metadata, op]"},
+        {"_file_format", l_file_format, false, true, 2, "path[, op]"},
+        {"_file_type", l_file_type, false, true, 2, "path[, op]"},
+        {"_json_decode", l_json_decode, false, true, 2, "text[, array_mt]"},
+        {"_json_encode", l_json_encode, false, true, 2, "value[, array_mt]"},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

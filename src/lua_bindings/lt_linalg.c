@@ -111,17 +111,17 @@ static int l_lstsq(lua_State *L) {
 
 void lt_register_linalg(lua_State *L) {
     static const lt_reg regs[] = {
-        {"_linalg_inv", l_inv, false, true},
-        {"_linalg_solve", l_solve, false, true},
-        {"_linalg_det", l_det, false, true},
-        {"_linalg_slogdet", l_slogdet, false, true},
-        {"_linalg_cholesky", l_cholesky, false, true},
-        {"_linalg_qr", l_qr, false, true},
-        {"_linalg_svd", l_svd, false, true},
-        {"_linalg_svdvals", l_svdvals, false, true},
-        {"_linalg_eigh", l_eigh, false, true},
-        {"_linalg_eigvalsh", l_eigvalsh, false, true},
-        {"_linalg_lstsq", l_lstsq, false, true},
+        {"_linalg_inv", l_inv, false, true, 1, "A"},
+        {"_linalg_solve", l_solve, false, true, 2, "A, B"},
+        {"_linalg_det", l_det, false, true, 1, "A"},
+        {"_linalg_slogdet", l_slogdet, false, true, 1, "A"},
+        {"_linalg_cholesky", l_cholesky, false, true, 2, "A[, upper]"},
+        {"_linalg_qr", l_qr, false, true, 2, "A[, mode]"},
+        {"_linalg_svd", l_svd, false, true, 2, "A[, full_matrices]"},
+        {"_linalg_svdvals", l_svdvals, false, true, 1, "A"},
+        {"_linalg_eigh", l_eigh, false, true, 2, "A[, upper]"},
+        {"_linalg_eigvalsh", l_eigvalsh, false, true, 2, "A[, upper]"},
+        {"_linalg_lstsq", l_lstsq, false, true, 3, "A, B[, rcond]"},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

@@ -6,19 +6,12 @@
 
 /* ------------------------------------------------------------------ unary */
 
-/* A unary op takes its tensor alone: an extra argument (an options table
- * meant for nd.F.gelu, a dim) would otherwise be dropped without a word. */
-static void one_argument(lua_State *L, const char *name) {
-    int n = lua_gettop(L);
-    if (n <= 1 || (n == 2 && lua_rawequal(L, 1, 2))) return; /* (-x: Lua's __unm passes x twice) */
-    lt_error(L, name, "takes one argument (a tensor), got %d%s", n,
-             strcmp(name, "gelu") == 0 ? " (the tanh form: nd.F.gelu(x, {approximate = \"tanh\"}))" : "");
-}
-
+/* A unary op takes its tensor alone: lt_register refuses an extra argument
+ * (an options table meant for nd.F.gelu, a dim) that would be dropped
+ * without a word. (Lua's __unm passes x twice: u_neg reads the first.) */
 #define UNARY_WRAPPER(name, ...) \
     static int u_##name(lua_State *L) { \
         nd_tensor *r; \
-        one_argument(L, #name); \
         LT_CHECK(L, nd_unary(ND_UNARY_##name, lt_check(L, 1, #name), &r)); \
         lt_push(L, r); \
         return 1; \
@@ -141,6 +134,7 @@ static int t_clamp(lua_State *L) {
     double lo, hi;
     if (lua_istable(L, 2)) { /* clamp({min=, max=}) */
         static const char *const valid[] = {"min", "max", NULL};
+        lt_no_extra_arg(L, 2, "clamp", "x, {min=, max=}");
         lt_options(L, 2, "clamp", valid);
         lua_getfield(L, 2, "min");
         lua_getfield(L, 2, "max");
@@ -169,20 +163,26 @@ static int t_clamp_(lua_State *L) {
 /* x:op(dims?, keepdim?, opts?) where opts (also accepted in place of dims
  * or keepdim, as the trailing argument) holds dim, keepdim, correction and
  * unbiased (var/std). */
+#define REDUCE_USAGE "x[, dim, keepdim, opts]"
+#define VAR_USAGE "x[, dim, keepdim, correction | opts]"
+
 static int reduce(lua_State *L, nd_reduce_op op) {
     const char *name = nd_reduce_name(op);
     nd_tensor *x = lt_check(L, 1, name), *r;
     int dims[ND_MAX_DIMS], nd = 0, opts = 0;
-    bool keepdim = false;
+    bool keepdim = false, var = op == ND_REDUCE_var || op == ND_REDUCE_std;
     int correction = 1;
     for (int i = 2; i <= 4 && !opts; i++) if (lt_is_options(L, i)) opts = i;
+    /* the options table ends the list; only var and std take a 4th number */
+    if (opts) lt_no_extra_arg(L, opts, name, var ? VAR_USAGE : REDUCE_USAGE);
+    else if (!lua_isnoneornil(L, 4) && !lua_istable(L, 4) && !(var && lua_type(L, 4) == LUA_TNUMBER))
+        lt_extra_arg(L, name, var ? VAR_USAGE : REDUCE_USAGE, NULL, 4);
     if (opts != 2) nd = lt_dims(L, 2, name, dims);
     if (opts != 3 && opts != 2) keepdim = lua_toboolean(L, 3);
     if (!opts && lua_type(L, 4) == LUA_TNUMBER) correction = (int)luaL_checkinteger(L, 4);
     if (opts) {
         static const char *const valid[] = {"dim", "keepdim", NULL};
         static const char *const valid_var[] = {"dim", "keepdim", "correction", "unbiased", NULL};
-        bool var = op == ND_REDUCE_var || op == ND_REDUCE_std;
         lt_options(L, opts, name, var ? valid_var : valid);
         if (lua_getfield(L, opts, "dim") != LUA_TNIL) nd = lt_dims(L, lua_gettop(L), name, dims);
         keepdim = lt_opt_bool(L, opts, name, "keepdim", keepdim);
@@ -210,9 +210,13 @@ static int r_logsumexp(lua_State *L) { return reduce(L, ND_REDUCE_logsumexp); }
 static int max_min(lua_State *L, int is_min) {
     const char *name = is_min ? "min" : "max";
     nd_tensor *x = lt_check(L, 1, name);
-    if (lt_to(L, 2)) return binary(L, is_min ? ND_BINARY_minimum : ND_BINARY_maximum);
+    if (lt_to(L, 2)) {
+        lt_no_extra_arg(L, 2, name, "x, other");
+        return binary(L, is_min ? ND_BINARY_minimum : ND_BINARY_maximum);
+    }
     /* no dim, a list of dims or options: a reduction (values only) */
     if (lua_isnoneornil(L, 2) || lua_istable(L, 2)) return reduce(L, is_min ? ND_REDUCE_min : ND_REDUCE_max);
+    lt_no_extra_arg(L, 3, name, "x, dim[, keepdim]");
     int d = lt_dim(L, 2, name);
     nd_tensor *v, *ix;
     LT_CHECK(L, nd_max_dim(x, d, lua_toboolean(L, 3), is_min, &v, &ix));
@@ -437,56 +441,58 @@ static int l_ops(lua_State *L) {
 
 void lt_register_math(lua_State *L) {
     static const lt_reg regs[] = {
-#define REG_U(name, ...) {#name, u_##name, true, true},
+#define REG_U(name, ...) {#name, u_##name, true, true, 1, "x"},
         ND_UNARY_OPS(REG_U)
 #undef REG_U
-#define REG_B(name, ...) {#name, b_##name, true, true},
+        /* gelu again, with the form an options table meant (the last entry wins) */
+        {"gelu", u_gelu, true, true, 1, "x", "the tanh form is nd.F.gelu(x, {approximate = \"tanh\"})"},
+#define REG_B(name, ...) {#name, b_##name, true, true, 2, "x, y"},
         ND_BINARY_OPS(REG_B)
 #undef REG_B
-        {"add_", b_add_, true, false},
-        {"sub_", b_sub_, true, false},
-        {"mul_", b_mul_, true, false},
-        {"div_", b_div_, true, false},
-        {"pow_", b_pow_, true, false},
-        {"fill_", t_fill_, true, false},
-        {"zero_", t_zero_, true, false},
-        {"copy_", t_copy_, true, false},
-        {"where", t_where, true, false},
-        {"clamp", t_clamp, true, true},
-        {"clip", t_clamp, true, true},
-        {"clamp_", t_clamp_, true, false},
-        {"sum", r_sum, true, true},
-        {"mean", r_mean, true, true},
-        {"prod", r_prod, true, true},
-        {"max", r_max, true, true},
-        {"min", r_min, true, true},
-        {"argmax", r_argmax, true, true},
-        {"argmin", r_argmin, true, true},
-        {"var", r_var, true, true},
-        {"std", r_std, true, true},
-        {"logsumexp", r_logsumexp, true, true},
-        {"matmul", l_matmul, true, true},
-        {"mm", l_matmul, true, true},
-        {"softmax", l_softmax, true, true},
-        {"log_softmax", l_log_softmax, true, true},
-        {"layer_norm", l_layer_norm, false, true},
-        {"batch_norm", l_batch_norm, false, true},
-        {"cross_entropy", l_cross_entropy, false, true},
-        {"set_num_threads", l_set_num_threads, false, true},
-        {"get_num_threads", l_get_num_threads, false, true},
-        {"set_float32_matmul_precision", l_set_float32_matmul_precision, false, true},
-        {"get_float32_matmul_precision", l_get_float32_matmul_precision, false, true},
-        {"_autocast_enter", l_autocast_enter, false, true},
-        {"_set_opencl_matmul_dtype", l_set_opencl_matmul_dtype, false, true},
-        {"_get_opencl_matmul_dtype", l_get_opencl_matmul_dtype, false, true},
-        {"_autocast_exit", l_autocast_exit, false, true},
-        {"threads", l_threads, false, true},
-        {"ops", l_ops, false, true},
+        {"add_", b_add_, true, false, 2, "x, y"},
+        {"sub_", b_sub_, true, false, 2, "x, y"},
+        {"mul_", b_mul_, true, false, 2, "x, y"},
+        {"div_", b_div_, true, false, 2, "x, y"},
+        {"pow_", b_pow_, true, false, 2, "x, y"},
+        {"fill_", t_fill_, true, false, 2, "x, value"},
+        {"zero_", t_zero_, true, false, 1, "x"},
+        {"copy_", t_copy_, true, false, 2, "x, src"},
+        {"where", t_where, true, false, 3, "x, cond, y"},
+        {"where", l_where, false, true, 3, "cond, x, y"},
+        {"clamp", t_clamp, true, true, 3, "x[, min, max]"},
+        {"clip", t_clamp, true, true, 3, "x[, min, max]"},
+        {"clamp_", t_clamp_, true, false, 3, "x[, min, max]"},
+        {"sum", r_sum, true, true, 4, REDUCE_USAGE},
+        {"mean", r_mean, true, true, 4, REDUCE_USAGE},
+        {"prod", r_prod, true, true, 4, REDUCE_USAGE},
+        {"max", r_max, true, true, 4, "x[, dim, keepdim, opts]"},
+        {"min", r_min, true, true, 4, "x[, dim, keepdim, opts]"},
+        {"argmax", r_argmax, true, true, 4, REDUCE_USAGE},
+        {"argmin", r_argmin, true, true, 4, REDUCE_USAGE},
+        {"var", r_var, true, true, 4, VAR_USAGE},
+        {"std", r_std, true, true, 4, VAR_USAGE},
+        {"logsumexp", r_logsumexp, true, true, 4, REDUCE_USAGE},
+        {"matmul", l_matmul, true, true, 2, "x, y"},
+        {"mm", l_matmul, true, true, 2, "x, y"},
+        {"softmax", l_softmax, true, true, 2, "x[, dim]"},
+        {"log_softmax", l_log_softmax, true, true, 2, "x[, dim]"},
+        {"layer_norm", l_layer_norm, false, true, 5, "x, normalized_shape[, weight, bias, eps]", NULL, 2},
+        {"batch_norm", l_batch_norm, false, true, 8,
+         "x, running_mean, running_var[, weight, bias, training, momentum, eps]"},
+        {"cross_entropy", l_cross_entropy, false, true, 3, "logits, labels[, opts]"},
+        {"set_num_threads", l_set_num_threads, false, true, 2, "n[, opts]"},
+        {"get_num_threads", l_get_num_threads, false, true, 0, ""},
+        {"set_float32_matmul_precision", l_set_float32_matmul_precision, false, true, 1, "precision"},
+        {"get_float32_matmul_precision", l_get_float32_matmul_precision, false, true, 0, ""},
+        {"_autocast_enter", l_autocast_enter, false, true, 0, ""},
+        {"_set_opencl_matmul_dtype", l_set_opencl_matmul_dtype, false, true, 1, "dtype"},
+        {"_get_opencl_matmul_dtype", l_get_opencl_matmul_dtype, false, true, 0, ""},
+        {"_autocast_exit", l_autocast_exit, false, true, 0, ""},
+        {"threads", l_threads, false, true, 0, ""},
+        {"ops", l_ops, false, true, 0, ""},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);
-    lua_pushcfunction(L, l_where);
-    lua_setfield(L, -2, "where");
     /* arithmetic metamethods on the tensor metatable */
     void lt_push_metatable(lua_State *L);
     lt_push_metatable(L);

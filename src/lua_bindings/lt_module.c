@@ -45,13 +45,13 @@ int luaopen_needle_core(lua_State *L) {
     lt_register_linalg(L);
     lt_register_workers(L);
     static const lt_reg regs[] = {
-        {"live_bytes", l_live_bytes, false, true},
-        {"peak_live_bytes", l_peak_live_bytes, false, true},
-        {"reset_peak_live_bytes", l_reset_peak, false, true},
-        {"cached_bytes", l_cached_bytes, false, true},
-        {"empty_cache", l_empty_cache, false, true},
-        {"clock", l_clock, false, true},
-        {"_set_library_root", lt_set_library_root, false, true},
+        {"live_bytes", l_live_bytes, false, true, 0, ""},
+        {"peak_live_bytes", l_peak_live_bytes, false, true, 0, ""},
+        {"reset_peak_live_bytes", l_reset_peak, false, true, 0, ""},
+        {"cached_bytes", l_cached_bytes, false, true, 0, ""},
+        {"empty_cache", l_empty_cache, false, true, 0, ""},
+        {"clock", l_clock, false, true, 0, ""},
+        {"_set_library_root", lt_set_library_root, false, true, 1, "prefix"},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

@@ -254,7 +254,7 @@ static int l_opencl_tune(lua_State *L) {
 
 void lt_register_opencl_tune(lua_State *L) {
     static const lt_reg regs[] = {
-        {"opencl_tune", l_opencl_tune, false, true},
+        {"opencl_tune", l_opencl_tune, false, true, 1, "[opts]"},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

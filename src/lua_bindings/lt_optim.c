@@ -90,9 +90,9 @@ static int l_amp_unscale_(lua_State *L) {
 
 void lt_register_optim(lua_State *L) {
     static const lt_reg regs[] = {
-        {"sgd_step_", l_sgd_step_, false, true},
-        {"adam_step_", l_adam_step_, false, true},
-        {"amp_unscale_", l_amp_unscale_, false, true},
+        {"sgd_step_", l_sgd_step_, false, true, 4, "p, grad, momentum_buffer, hyper"},
+        {"adam_step_", l_adam_step_, false, true, 5, "p, grad, exp_avg, exp_avg_sq, hyper"},
+        {"amp_unscale_", l_amp_unscale_, false, true, 2, "grad, inv_scale"},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

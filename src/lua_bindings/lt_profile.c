@@ -143,17 +143,17 @@ static int l_write_trace(lua_State *L) {
 
 void lt_register_profile(lua_State *L) {
     static const lt_reg regs[] = {
-        {"profiler_wrap", l_wrap, false, true},
-        {"profiler_enable", l_enable, false, true},
-        {"profiler_enabled", l_enabled, false, true},
-        {"profiler_reset", l_reset, false, true},
-        {"profiler_depth", l_depth, false, true},
-        {"profiler_now", l_now, false, true},
-        {"profiler_push", l_push, false, true},
-        {"profiler_pop", l_pop, false, true},
-        {"profiler_stats", l_stats, false, true},
-        {"profiler_write_trace", l_write_trace, false, true},
-        {"allocated_bytes", l_allocated, false, true},
+        {"profiler_wrap", l_wrap, false, true, 2, "fn, name"},
+        {"profiler_enable", l_enable, false, true, 2, "on[, keep_events]"},
+        {"profiler_enabled", l_enabled, false, true, 0, ""},
+        {"profiler_reset", l_reset, false, true, 0, ""},
+        {"profiler_depth", l_depth, false, true, 0, ""},
+        {"profiler_now", l_now, false, true, 0, ""},
+        {"profiler_push", l_push, false, true, 1, "name"},
+        {"profiler_pop", l_pop, false, true, 1, "depth"},
+        {"profiler_stats", l_stats, false, true, 0, ""},
+        {"profiler_write_trace", l_write_trace, false, true, 4, "path, first, last, t0"},
+        {"allocated_bytes", l_allocated, false, true, 0, ""},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

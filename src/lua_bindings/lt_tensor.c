@@ -100,10 +100,42 @@ lua_Integer lt_arg_integer(lua_State *L, int idx, const char *op, const char *wh
     return lua_tointeger(L, idx);
 }
 
+static lt_box *to_box(lua_State *L, int idx);
+
+/* the type of an argument for "got an extra argument #k (<type>)" */
+static const char *arg_type(lua_State *L, int idx) {
+    return to_box(L, idx) ? "tensor" : luaL_typename(L, idx);
+}
+
 void lt_no_extra(lua_State *L, int last, const char *op, const char *usage) {
     for (int i = last + 1; i <= lua_gettop(L); i++)
         if (!lua_isnil(L, i))
-            lt_error(L, op, "%s, got an extra argument #%d (%s)", usage, i, luaL_typename(L, i));
+            lt_error(L, op, "%s, got an extra argument #%d (%s)", usage, i, arg_type(L, i));
+}
+
+int lt_extra_arg(lua_State *L, const char *name, const char *params, const char *hint, int idx) {
+    /* a method call (x:sum(1, true, 5)) is answered in its own terms, as
+     * luaL_argerror does: x:sum([dim, keepdim]) and positions after self */
+    lua_Debug ar;
+    bool method = lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) && ar.namewhat &&
+                  strcmp(ar.namewhat, "method") == 0 && idx > 1;
+    char form[256];
+    if (method) {
+        size_t self = strcspn(params, ",[");
+        const char *rest = params + self, *open = "";
+        if (strncmp(rest, "[, ", 3) == 0) { rest += 3; open = "["; }
+        else if (strncmp(rest, ", ", 2) == 0) rest += 2;
+        snprintf(form, sizeof form, "%.*s:%s(%s%s)", (int)self, params, name, open, rest);
+    } else {
+        snprintf(form, sizeof form, "%s(%s)", name, params);
+    }
+    return lt_error(L, name, "takes %s only, got an extra argument #%d (%s)%s%s", form,
+                    method ? idx - 1 : idx, arg_type(L, idx), hint ? "; " : "", hint ? hint : "");
+}
+
+void lt_no_extra_arg(lua_State *L, int last, const char *name, const char *params) {
+    for (int i = last + 1; i <= lua_gettop(L); i++)
+        if (!lua_isnil(L, i)) lt_extra_arg(L, name, params, NULL, i);
 }
 
 int lt_error(lua_State *L, const char *op, const char *fmt, ...) {
@@ -459,18 +491,61 @@ bool lt_is_options(lua_State *L, int idx) {
 
 /* ----------------------------------------------------------- registration */
 
+/* The arity check of a binding (lt_reg in lt_internal.h): the closure's
+ * upvalue is its (static) entry. Arguments past max must be nil; they are
+ * dropped, and the entry's function runs in this frame. The common case
+ * (no argument past max) costs a comparison. */
+static int call_checked(lua_State *L, const lt_reg *r, int top, int max) {
+    for (int i = max + 1; i <= top; i++)
+        if (!lua_isnil(L, i)) return lt_extra_arg(L, r->name, r->usage, r->hint, i);
+    lua_settop(L, max);
+    return r->fn(L);
+}
+
+static int arity_call(lua_State *L) {
+    const lt_reg *r = lua_touserdata(L, lua_upvalueindex(1));
+    int top = lua_gettop(L);
+    return top > r->max_args ? call_checked(L, r, top, r->max_args) : r->fn(L);
+}
+
+/* sizes_at: numbers from there on are one argument (x:view(2, 3)) */
+static int arity_sizes_call(lua_State *L) {
+    const lt_reg *r = lua_touserdata(L, lua_upvalueindex(1));
+    int top = lua_gettop(L), max = r->max_args, k = r->sizes_at;
+    if (lua_type(L, k) == LUA_TNUMBER) {
+        int j = k + 1;
+        while (j <= top && lua_type(L, j) == LUA_TNUMBER) j++;
+        max += j - k - 1;
+    }
+    return top > max ? call_checked(L, r, top, max) : r->fn(L);
+}
+
+void lt_push_binding(lua_State *L, const lt_reg *r) {
+    if (!r->usage || r->max_args < LT_VARARGS || r->sizes_at < 0)
+        luaL_error(L, "needle: binding '%s' has no arity (lt_reg's max_args and usage)", r->name);
+    if (r->max_args == LT_VARARGS) {
+        lua_pushcfunction(L, r->fn);
+    } else {
+        lua_pushlightuserdata(L, (void *)r);
+        lua_pushcclosure(L, r->sizes_at ? arity_sizes_call : arity_call, 1);
+    }
+}
+
 void lt_register(lua_State *L, int methods_idx, int module_idx, const lt_reg *regs) {
     methods_idx = lua_absindex(L, methods_idx);
     module_idx = lua_absindex(L, module_idx);
     for (; regs->name; regs++) {
+        lt_push_binding(L, regs);
+        /* one value for both tables: x.sum == nd.sum, as with bare functions */
         if (regs->method) {
-            lua_pushcfunction(L, regs->fn);
+            lua_pushvalue(L, -1);
             lua_setfield(L, methods_idx, regs->name);
         }
         if (regs->function) {
-            lua_pushcfunction(L, regs->fn);
+            lua_pushvalue(L, -1);
             lua_setfield(L, module_idx, regs->name);
         }
+        lua_pop(L, 1);
     }
 }
 
@@ -661,19 +736,19 @@ static int t_requires_grad_(lua_State *L) {
 void lt_register_tensor(lua_State *L) {
     /* stack: methods, module */
     static const lt_reg regs[] = {
-        {"size", t_size, true, false},
-        {"stride", t_stride, true, false},
-        {"dim", t_dim, true, false},
-        {"ndimension", t_dim, true, false},
-        {"numel", t_numel, true, true},
-        {"nelement", t_numel, true, false},
-        {"element_size", t_element_size, true, false},
-        {"is_contiguous", t_is_contiguous, true, false},
-        {"storage_offset", t_storage_offset, true, false},
-        {"shares_storage", t_shares_storage, true, false},
-        {"requires_grad_", t_requires_grad_, true, false},
-        {"is_tensor", t_is_tensor, false, true},
-        {"_closest", lt_closest_fn, false, true},
+        {"size", t_size, true, false, 2, "x[, dim]"},
+        {"stride", t_stride, true, false, 2, "x[, dim]"},
+        {"dim", t_dim, true, false, 1, "x"},
+        {"ndimension", t_dim, true, false, 1, "x"},
+        {"numel", t_numel, true, true, 1, "x"},
+        {"nelement", t_numel, true, false, 1, "x"},
+        {"element_size", t_element_size, true, false, 1, "x"},
+        {"is_contiguous", t_is_contiguous, true, false, 1, "x"},
+        {"storage_offset", t_storage_offset, true, false, 1, "x"},
+        {"shares_storage", t_shares_storage, true, false, 2, "x, other"},
+        {"requires_grad_", t_requires_grad_, true, false, 2, "x[, requires_grad]"},
+        {"is_tensor", t_is_tensor, false, true, 1, "value"},
+        {"_closest", lt_closest_fn, false, true, 2, "word, names"},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

@@ -239,7 +239,7 @@ void lt_register_torch(lua_State *L) {
     }
     lua_pop(L, 1);
     static const lt_reg regs[] = {
-        {"load_torch", l_load_torch, false, true},
+        {"load_torch", l_load_torch, false, true, 3, "path[, opts, op]"},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);

@@ -777,10 +777,14 @@ static int l_live(lua_State *L) {
 
 void lt_register_workers(lua_State *L) {
     if (luaL_newmetatable(L, POOL_MT)) {
-        static const luaL_Reg methods[] = {
-            {"put", l_put}, {"get", l_get}, {"close", l_close}, {"closed", l_closed}, {NULL, NULL}};
+        static const lt_reg methods[] = {
+            {"put", l_put, false, true, 3, "pool, k, value"},
+            {"get", l_get, false, true, 3, "pool, k[, wait_s]"},
+            {"close", l_close, false, true, 1, "pool"},
+            {"closed", l_closed, false, true, 1, "pool"},
+            {NULL, NULL, false, false}};
         lua_newtable(L);
-        luaL_setfuncs(L, methods, 0);
+        lt_register(L, -1, -1, methods);
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, pool_gc);
         lua_setfield(L, -2, "__gc");
@@ -789,8 +793,8 @@ void lt_register_workers(lua_State *L) {
     }
     lua_pop(L, 1);
     static const lt_reg regs[] = {
-        {"_workers_start", l_start, false, true},
-        {"_workers_live", l_live, false, true},
+        {"_workers_start", l_start, false, true, 3, "n, capacity, payloads"},
+        {"_workers_live", l_live, false, true, 0, ""},
         {NULL, NULL, false, false},
     };
     lt_register(L, -2, -1, regs);
