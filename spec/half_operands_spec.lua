@@ -351,3 +351,110 @@ describe("half-precision parameters", function()
     end
   end)
 end)
+-- matmul on OpenCL reads float16 / bfloat16 operands of a float32 product as
+-- they are stored (gemm.cl's A_HALF / B_HALF: widened on load), with no
+-- conversion pass: the result must be the float32 product of the operands'
+-- float32 copies bit for bit (the same kernel on the same values), and
+-- match float64 products of those values; the profile's allocations show
+-- that nothing was converted.
+describe("matmul of half operands on OpenCL", function()
+  if D.pending_without_opencl(pending, "half operands of OpenCL products") then return end
+  local SHAPES = {{1, 7, 5}, {33, 65, 17}, {128, 96, 200}, {3, 300, 40}, {70, 2, 129}}
+  -- operand of shape (r, c) in layout "n" (row-major) or "t" (a transposed view)
+  local function operand(r, c, layout, dt)
+    local t = layout == "n" and nd.randn({r, c}) or nd.randn({c, r}):t()
+    return t:to(dt)
+  end
+  local function ref64(a, b) return a:to("cpu"):double():matmul(b:to("cpu"):double()) end
+
+  for _, dev in ipairs(D.opencl()) do
+    for _, dt in ipairs({"float16", "bfloat16"}) do
+      it(("multiplies %s operands on %s in every layout, as their float32 copies bit for bit"):format(dt, dev), function()
+        nd.manual_seed(11)
+        for _, sh in ipairs(SHAPES) do
+          local M, N, K = sh[1], sh[2], sh[3]
+          for _, lay in ipairs({"nn", "nt", "tn", "tt"}) do
+            local a = operand(M, K, lay:sub(1, 1), dt):to(dev)
+            local b = operand(K, N, lay:sub(2, 2), dt):to(dev)
+            for _, mix in ipairs({"hh", "fh", "hf"}) do
+              local aa = mix:sub(1, 1) == "f" and a:float() or a
+              local bb = mix:sub(2, 2) == "f" and b:float() or b
+              local r = nd.matmul(aa, bb)
+              local what = ("%dx%dx%d %s %s"):format(M, N, K, lay, mix)
+              assert.are.equal("float32", r.dtype, what)
+              assert(nd.equal(r, nd.matmul(a:float(), b:float())), what .. ": differs from the float32 copies' product")
+              local err = (r:to("cpu"):double() - ref64(a, b)):abs():max():item()
+              assert(err < 1e-4, what .. ": off the float64 product by " .. err)
+            end
+          end
+        end
+      end)
+
+      it(("broadcasts batched %s operands on %s"):format(dt, dev), function()
+        nd.manual_seed(12)
+        local a = nd.randn({2, 3, 20, 30}):to(dt):to(dev)
+        local b = nd.randn({3, 30, 10}):to(dt):to(dev)
+        local r = nd.matmul(a, b)
+        assert.are.same({2, 3, 20, 10}, r.shape)
+        assert(nd.equal(r, nd.matmul(a:float(), b:float())))
+        assert((r:to("cpu"):double() - ref64(a, b)):abs():max():item() < 1e-4)
+      end)
+
+      it(("reads %s operands on %s without converting them first"):format(dt, dev), function()
+        local M, N, K = 64, 48, 256
+        local a = nd.randn({M, K}):to(dt):to(dev)
+        local b = nd.randn({K, N}):to(dt):to(dev)
+        local report = nd.profile(function() for _ = 1, 3 do nd.matmul(a, b) end end)
+        -- the three results' storage only: a float32 copy of an operand
+        -- would add (M*K or K*N) * 4 bytes a call
+        assert.are.equal(3 * M * N * 4, report.by_name.matmul.bytes)
+      end)
+
+      it(("runs a linear layer with a %s weight on %s unconverted, gradients in the weight's dtype"):format(dt, dev), function()
+        nd.manual_seed(13)
+        local M, K, O = 4, 256, 128
+        local x = nd.randn({M, K}):to(dev)
+        local w = nd.randn({O, K}):to(dt):to(dev):requires_grad_()
+        local b = nd.randn({O}):to(dt):to(dev):requires_grad_()
+        local wf = w:detach():float():requires_grad_()
+        local bf = b:detach():float():requires_grad_()
+        local y = nd.F.linear(x, w, b)
+        local yf = nd.F.linear(x, wf, bf)
+        assert.are.equal("float32", y.dtype)
+        assert(nd.equal(y, yf), "forward")
+        local g = nd.randn({M, O}):to(dev)
+        y:backward(g)
+        yf:backward(g)
+        assert.are.equal(dt, w.grad.dtype)
+        assert.are.equal(dt, b.grad.dtype)
+        assert(nd.equal(w.grad, wf.grad:to(dt)), "weight gradient")
+        assert(nd.equal(b.grad, bf.grad:to(dt)), "bias gradient")
+        local report = nd.profile(function()
+          nd.no_grad(function() nd.F.linear(x, w, b) end)
+        end)
+        -- a float32 copy of the weight would be O * K * 4 bytes
+        assert(report.by_name.linear.bytes < O * K * 4, "the weight was converted: " .. report.by_name.linear.bytes .. " bytes")
+      end)
+
+      it(("rounds a product's operands once inside nd.autocast to %s on %s"):format(dt, dev), function()
+        nd.manual_seed(14)
+        local M, N, K = 64, 48, 256
+        local a = nd.randn({M, K}):to(dev)
+        local b = nd.randn({K, N}):to(dev)
+        local other = dt == "float16" and "bfloat16" or "float16"
+        local bo = b:to(other) -- a half operand of the other type is rounded to the scope's
+        local r, ro
+        local report = nd.profile(function()
+          r, ro = nd.autocast(function() return nd.matmul(a, b), nd.matmul(a, bo) end,
+                              {device_type = "opencl", dtype = dt})
+        end)
+        local e = ref64(a:to(dt), b:to(dt))
+        assert((r:to("cpu"):double() - e):abs():max():item() < 1e-4)
+        local eo = ref64(a:to(dt), bo:float():to(dt))
+        assert((ro:to("cpu"):double() - eo):abs():max():item() < 1e-4)
+        -- per product: the result and one half copy of each operand (2 bytes an element)
+        assert.are.equal(2 * (M * N * 4 + (M * K + K * N) * 2), report.by_name.matmul.bytes)
+      end)
+    end
+  end
+end)

@@ -223,6 +223,11 @@ typedef struct nd_backend {
      * matmul then an add); made by nd.compile's epilogue pass only. NULL:
      * the pass leaves the matmul and the add. */
     nd_status (*matmul_acc)(nd_tensor *out, const nd_tensor *a, const nd_tensor *b);
+    /* matmul and matmul_acc take float16 / bfloat16 a and b for a float32
+     * out as they are stored (widened as they are read, which is exact), so
+     * the op passes half operands unconverted. false: the op converts them
+     * to float32 first. */
+    bool matmul_reads_half;
     nd_status (*gather)(nd_tensor *out, const nd_tensor *x, int dim, const nd_tensor *index);
     /* out already holds a copy of the destination; writes src at index. */
     nd_status (*scatter)(nd_tensor *out, int dim, const nd_tensor *index, const nd_tensor *src,

@@ -34,6 +34,8 @@ int nd_dtype_is_float(nd_dtype dt) {
     return dt == ND_FLOAT32 || dt == ND_FLOAT64 || dt == ND_FLOAT16 || dt == ND_BFLOAT16;
 }
 
+int nd_dtype_is_half(nd_dtype dt) { return dt == ND_FLOAT16 || dt == ND_BFLOAT16; }
+
 int nd_dtype_is_int(nd_dtype dt) { return dt == ND_INT64 || dt == ND_INT32 || dt == ND_UINT8; }
 
 /* PyTorch's lattice restricted to our types: bool < uint8 < int32 < int64 <

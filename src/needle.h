@@ -74,6 +74,8 @@ const char *nd_dtype_name(nd_dtype dt);
 nd_status nd_dtype_from_name(const char *name, nd_dtype *out);
 size_t nd_dtype_size(nd_dtype dt);
 int nd_dtype_is_float(nd_dtype dt);
+/* float16 or bfloat16: storage types that ops compute in float32 */
+int nd_dtype_is_half(nd_dtype dt);
 /* Threads of the CPU kernels (cpu_threads.c): n is the most they use; with
  * adaptive threads (the default; NEEDLE_ADAPTIVE_THREADS=0 turns it off)
  * fewer while other processes keep this process's CPUs busy. */

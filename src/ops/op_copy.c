@@ -108,14 +108,13 @@ nd_status nd_to_dtype(const nd_tensor *t, nd_dtype dt, nd_tensor **out) {
     ND_FORWARD_THEN_RECORD(to_dtype_forward(t, dt, out), nd_record_to_dtype(t, *out), out);
 }
 
-static bool is_half(nd_dtype dt) { return dt == ND_FLOAT16 || dt == ND_BFLOAT16; }
 
 nd_status nd_half_operands(int n, const nd_tensor *const *in, nd_tensor **cv, bool *any) {
     bool half = false, f64 = false;
     for (int i = 0; i < n; i++) {
         cv[i] = NULL;
         if (!in[i]) continue;
-        half = half || is_half(in[i]->dtype);
+        half = half || nd_dtype_is_half(in[i]->dtype);
         f64 = f64 || in[i]->dtype == ND_FLOAT64;
     }
     *any = half;
@@ -126,7 +125,7 @@ nd_status nd_half_operands(int n, const nd_tensor *const *in, nd_tensor **cv, bo
     const nd_dtype to = d0 == ND_FLOAT32 || d0 == ND_FLOAT64 ? d0 : f64 ? ND_FLOAT64 : ND_FLOAT32;
     for (int i = 0; i < n; i++) {
         /* only the half ones: a float32 / float64 mix stays the op's to refuse */
-        if (!in[i] || !is_half(in[i]->dtype)) continue;
+        if (!in[i] || !nd_dtype_is_half(in[i]->dtype)) continue;
         nd_status st = nd_to_dtype(in[i], to, &cv[i]);
         if (st != ND_OK) {
             nd_half_release(n, cv);

@@ -36,7 +36,7 @@ static nd_status linear_args(const char *op, const nd_tensor *x, const nd_tensor
     return linear_shapes(op, x, w, b);
 }
 
-static bool is_half(const nd_tensor *t) { return t && (t->dtype == ND_FLOAT16 || t->dtype == ND_BFLOAT16); }
+static bool is_half(const nd_tensor *t) { return t && nd_dtype_is_half(t->dtype); }
 
 
 /* x @ w^T + b with the ordinary differentiable ops */
@@ -150,6 +150,32 @@ static bool linear_half_direct(const char *op, const nd_tensor *x, const nd_tens
     return true;
 }
 
+/* Half x or w on a backend without a fused linear whose matmul reads half
+ * operands as they are stored (OpenCL): the composed ops take them so -
+ * matmul reads them unconverted, half the bytes, and the bias add computes
+ * a half bias in float32 - where converting them first would cost a pass
+ * and a float32 copy each. Autograd gives each input a gradient of its
+ * own dtype, as for the converted operands. Returns false when this path
+ * does not apply. */
+static bool linear_half_composed(const char *op, const nd_tensor *x, const nd_tensor *w,
+                                 const nd_tensor *b, nd_activation act, nd_tensor **out,
+                                 nd_status *st) {
+    const nd_backend *be = nd_backend_of(x);
+    bool f32_or_half_x = x->dtype == ND_FLOAT32 || is_half(x);
+    bool f32_or_half_w = w->dtype == ND_FLOAT32 || is_half(w);
+    if (be->linear_fused || !be->matmul_reads_half || !(is_half(x) || is_half(w)) ||
+        !f32_or_half_x || !f32_or_half_w || (b && b->dtype != ND_FLOAT32 && !is_half(b)))
+        return false;
+    *st = nd_check_same_device(op, x, w);
+    if (*st == ND_OK && b) *st = nd_check_same_device(op, x, b);
+    if (*st == ND_OK) *st = linear_shapes(op, x, w, b);
+    if (*st == ND_OK) *st = check_act(op, act);
+    nd_tensor *y = NULL;
+    if (*st == ND_OK) *st = linear_composed(x, w, b, &y);
+    if (*st == ND_OK) *st = finish_composed(y, act, out);
+    return true;
+}
+
 /* act(x @ w^T + b), errors named op (op_fused.h) */
 nd_status nd_linear_with_act(const char *op, const nd_tensor *x, const nd_tensor *weight,
                              const nd_tensor *bias, nd_activation act, nd_tensor **out) {
@@ -158,6 +184,7 @@ nd_status nd_linear_with_act(const char *op, const nd_tensor *x, const nd_tensor
      * bits of its float32 copy, half the bytes, no copy) */
     nd_status direct;
     if (linear_half_direct(op, x, weight, bias, act, out, &direct)) return direct;
+    if (linear_half_composed(op, x, weight, bias, act, out, &direct)) return direct;
     ND_RETURN_IF_HALF3(x, weight, bias, nd_linear_with_act(op, HX, HW, HB, act, out));
     ND_TRY(check_act(op, act));
     ND_TRY(linear_args(op, x, weight, bias));

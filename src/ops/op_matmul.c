@@ -44,20 +44,21 @@ static nd_status matmul_forward(const nd_tensor *a, const nd_tensor *b, nd_tenso
     ND_TRY(nd_check_shape("matmul", osh, nb + 2, NULL));
 
     nd_dtype c = nd_promote(a->dtype, b->dtype);
-    if (c == ND_FLOAT16 || c == ND_BFLOAT16) c = ND_FLOAT32;
+    if (nd_dtype_is_half(c)) c = ND_FLOAT32;
     if (c == ND_BOOL) c = ND_INT64;
+    /* half operands of a float32 product stay as they are where the backend
+     * reads them so (no conversion pass, half the bytes read) */
+    const nd_backend *be = nd_backend_of(a);
+    bool keep_half = c == ND_FLOAT32 && be->matmul_reads_half;
     nd_tensor *ac = NULL, *bc = NULL, *av = NULL, *bv = NULL, *ae = NULL, *bex = NULL, *r = NULL;
-    nd_status st = nd_as_dtype(a, c, &ac);
-    if (st == ND_OK) st = nd_as_dtype(b, c, &bc);
+    nd_status st = nd_as_dtype(a, keep_half && nd_dtype_is_half(a->dtype) ? a->dtype : c, &ac);
+    if (st == ND_OK) st = nd_as_dtype(b, keep_half && nd_dtype_is_half(b->dtype) ? b->dtype : c, &bc);
     if (st == ND_OK) st = nd_reshape(ac, as, an, &av);
     if (st == ND_OK) st = nd_reshape(bc, bs, bn, &bv);
     if (st == ND_OK) st = nd_expand(av, ash, nb + 2, &ae);
     if (st == ND_OK) st = nd_expand(bv, bsh, nb + 2, &bex);
     if (st == ND_OK) st = nd_empty_on(nd_get_device(a), osh, nb + 2, c, &r);
-    if (st == ND_OK) {
-        const nd_backend *be = nd_backend_of(a);
-        st = ND_BACKEND_CALL(be, matmul, "matmul", r, ae, bex);
-    }
+    if (st == ND_OK) st = ND_BACKEND_CALL(be, matmul, "matmul", r, ae, bex);
     nd_release(ac); nd_release(bc); nd_release(av); nd_release(bv); nd_release(ae); nd_release(bex);
     if (st != ND_OK) { nd_release(r); return st; }
     if (!a_vec && !b_vec) { *out = r; return ND_OK; }

@@ -16,7 +16,6 @@
 #include "grad_expr.h"
 #include "grad_fns.h"
 
-static bool is_half_dtype(nd_dtype dt) { return dt == ND_FLOAT16 || dt == ND_BFLOAT16; }
 
 /* ------------------------------------------------------------ layer norm */
 
@@ -169,7 +168,7 @@ nd_status nd_layer_norm(const nd_tensor *x, int nnorm, const nd_tensor *weight,
                         const nd_tensor *bias, double eps, nd_tensor **out) {
     /* float16 / bfloat16 operands compute in float32 (nd_half_operands), their
      * shapes checked first on what the caller passed (the messages name its dtypes) */
-    if ((weight && is_half_dtype(weight->dtype)) || (bias && is_half_dtype(bias->dtype))) {
+    if ((weight && nd_dtype_is_half(weight->dtype)) || (bias && nd_dtype_is_half(bias->dtype))) {
         ND_TRY(check_param_shape("weight", weight, x, nnorm));
         ND_TRY(check_param_shape("bias", bias, x, nnorm));
     }
@@ -404,15 +403,15 @@ nd_status nd_batch_norm(const nd_tensor *x, nd_tensor *running_mean, nd_tensor *
         const nd_tensor *in[5] = {x, weight, bias, running_mean, running_var};
         nd_tensor *cv[5];
         bool half;
-        const bool rm_half = running_mean && is_half_dtype(running_mean->dtype),
-                   rv_half = running_var && is_half_dtype(running_var->dtype);
+        const bool rm_half = running_mean && nd_dtype_is_half(running_mean->dtype),
+                   rv_half = running_var && nd_dtype_is_half(running_var->dtype);
         if (training && (rm_half || rv_half))
             return nd_fail(ND_ERR_DTYPE, "batch_norm: running statistics in %s cannot be updated in training "
                            "mode (half precision is storage for inference); use eval() or keep them in %s",
                            nd_dtype_name(rm_half ? running_mean->dtype : running_var->dtype),
                            nd_dtype_name(x->dtype == ND_FLOAT64 ? ND_FLOAT64 : ND_FLOAT32));
         bool any_half = false;
-        for (int i = 0; i < 5; i++) any_half = any_half || (in[i] && is_half_dtype(in[i]->dtype));
+        for (int i = 0; i < 5; i++) any_half = any_half || (in[i] && nd_dtype_is_half(in[i]->dtype));
         if (any_half) { /* shapes and devices checked on what the caller passed (the messages name its dtypes) */
             ND_TRY(bn_check_shape("weight", weight, x));
             ND_TRY(bn_check_shape("bias", bias, x));

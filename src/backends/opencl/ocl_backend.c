@@ -42,6 +42,7 @@ const nd_backend nd_opencl_backend = {
     .cross_entropy_backward = ocl_cross_entropy_backward,
     .matmul = ocl_matmul,
     .matmul_acc = ocl_matmul_acc,
+    .matmul_reads_half = true,
     .gather = ocl_gather,
     .scatter = ocl_scatter,
     .index_select = ocl_index_select,

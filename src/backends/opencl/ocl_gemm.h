@@ -57,10 +57,22 @@ void ocl_gemm_disable(ocl_device *d, int cls, int group, nd_dtype dt, const char
 void ocl_gemm_layouts(const nd_tensor *a, const nd_tensor *b, int *la, int *lb);
 /* The layout group of b's layout code. */
 static inline int ocl_gemm_group(int lb) { return lb == 2 ? OCL_GEMM_NT : OCL_GEMM_NN; }
-/* The kernel of configuration c for dtype dt and layouts la, lb (built on
- * first use), checked against the driver's per-kernel work-group limit. */
-nd_status ocl_gemm_kernel(ocl_device *d, const ocl_gemm_cfg *c, nd_dtype dt, int la, int lb,
-                          cl_kernel *k);
+/* gemm.cl's storage code (A_HALF / B_HALF) of an operand of dtype dt: 1
+ * float16, 2 bfloat16 (read as stored and widened on load, in a float32
+ * product), 0 the product's own dtype. */
+static inline int ocl_gemm_half_code(nd_dtype dt) {
+    return dt == ND_FLOAT16 ? 1 : dt == ND_BFLOAT16 ? 2 : 0;
+}
+/* Whether a float32 product's kernels read an operand of dtype dt. */
+static inline bool ocl_gemm_reads(nd_dtype dt) {
+    return dt == ND_FLOAT32 || nd_dtype_is_half(dt);
+}
+/* The kernel of configuration c for result dtype dt, operand dtypes at and
+ * bt (dt's, or float16 / bfloat16 with a float32 dt) and layouts la, lb
+ * (built on first use), checked against the driver's per-kernel
+ * work-group limit. */
+nd_status ocl_gemm_kernel(ocl_device *d, const ocl_gemm_cfg *c, nd_dtype dt, nd_dtype at,
+                          nd_dtype bt, int la, int lb, cl_kernel *k);
 /* Runs c on out = a @ b (shapes and strides as ocl_matmul takes them, out
  * allocated) without the checks of ocl_matmul. */
 nd_status ocl_gemm_run(ocl_device *d, const ocl_gemm_cfg *c, nd_tensor *out, const nd_tensor *a,

@@ -632,7 +632,7 @@ nd_status nd_ocl_gemm_tune(const ocl_gemm_tune_opts *o, ocl_gemm_tune_result *r)
     /* the reference results (naive kernel) and its speed */
     ocl_gemm_cfg naive = {OCL_GEMM_NAIVE, 0, 0, 0, 0, 0, 0, 0};
     cl_kernel nk;
-    st = ocl_gemm_kernel(d, &naive, ND_FLOAT32, 2, 1, &nk); /* built before the clock runs */
+    st = ocl_gemm_kernel(d, &naive, ND_FLOAT32, ND_FLOAT32, ND_FLOAT32, 2, 1, &nk); /* built before the clock runs */
     for (int i = 0; i < np && st == ND_OK; i++) {
         problem *p = &ps[i];
         st = problem_make(d, p, &seed);
@@ -668,7 +668,7 @@ nd_status nd_ocl_gemm_tune(const ocl_gemm_tune_opts *o, ocl_gemm_tune_result *r)
         int la, lb;
         ocl_gemm_layouts(ps[small].a, ps[small].b, &la, &lb);
         cl_kernel k;
-        nd_status bs = ocl_gemm_kernel(d, cfg, ND_FLOAT32, la, lb, &k);
+        nd_status bs = ocl_gemm_kernel(d, cfg, ND_FLOAT32, ND_FLOAT32, ND_FLOAT32, la, lb, &k);
         if (bs != ND_OK) {
             snprintf(cr->status, sizeof cr->status, "build failed");
             r->nrejected++;

@@ -7,7 +7,10 @@
  * unit stride becomes a constant and tile loads are vectorised along it),
  * batch dims may be broadcast (stride 0). float32 and float64 (where the
  * device has fp64) take the tuned kernel; the integer dtypes the op can pass
- * (int64, int32, uint8) take the naive kernel, wrapping as the CPU does. */
+ * (int64, int32, uint8) take the naive kernel, wrapping as the CPU does.
+ * A float32 product takes float16 or bfloat16 operands as they are stored:
+ * the kernels widen them as they load them (A_HALF / B_HALF), which is
+ * exact, so half the bytes are read and nothing is converted first. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,11 +169,21 @@ void ocl_gemm_layouts(const nd_tensor *a, const nd_tensor *b, int *la, int *lb) 
     *lb = b_sn == 1 ? 1 : b_sk == 1 ? 2 : N == 1 ? 1 : K == 1 ? 2 : 0;
 }
 
-nd_status ocl_gemm_kernel(ocl_device *d, const ocl_gemm_cfg *c, nd_dtype dt, int la, int lb,
-                          cl_kernel *k) {
+/* gemm.cl's defines for the result dtype dt and operand dtypes at, bt
+ * (A_HALF / B_HALF for half operands of a float32 product) into defs. */
+static void gemm_defines(nd_dtype dt, nd_dtype at, nd_dtype bt, bool accumulate, char *defs,
+                         size_t n) {
+    ocl_dtype_defines(dt, defs, n);
+    size_t len = strlen(defs);
+    int ah = ocl_gemm_half_code(at), bh = ocl_gemm_half_code(bt);
+    if (ah || bh) snprintf(defs + len, n - len, " -DA_HALF=%d -DB_HALF=%d", ah, bh);
+    if (accumulate) strncat(defs, " -DACCUMULATE=1", n - strlen(defs) - 1);
+}
+
+nd_status ocl_gemm_kernel(ocl_device *d, const ocl_gemm_cfg *c, nd_dtype dt, nd_dtype at,
+                          nd_dtype bt, int la, int lb, cl_kernel *k) {
     char defs[320];
-    ocl_dtype_defines(dt, defs, sizeof defs);
-    if (c->accumulate) strncat(defs, " -DACCUMULATE=1", sizeof defs - strlen(defs) - 1);
+    gemm_defines(dt, at, bt, c->accumulate, defs, sizeof defs);
     if (c->kind == OCL_GEMM_TILED && c->c_rows) {
         /* the tile staged for the store, padded against bank conflicts, where it fits
          * beside the operand tiles (else the plain store: the same values) */
@@ -231,7 +244,7 @@ nd_status ocl_gemm_run(ocl_device *d, const ocl_gemm_cfg *c, nd_tensor *out, con
     ocl_gemm_cfg cc = *c;
     cc.c_rows = out->strides[n - 2] == 1 && out->strides[n - 1] != 1 && M > 1;
     cl_kernel k;
-    ND_TRY(ocl_gemm_kernel(d, &cc, out->dtype, la, lb, &k));
+    ND_TRY(ocl_gemm_kernel(d, &cc, out->dtype, a->dtype, b->dtype, la, lb, &k));
     ND_TRY(set_gemm_args(d, k, out, a, b, &g));
     size_t global[3], local[3];
     if (c->kind == OCL_GEMM_NAIVE) {
@@ -308,10 +321,10 @@ static nd_status skinny_run(ocl_device *d, nd_tensor *out, const nd_tensor *a, c
     int skl = lb == 2, skr = 4;
     int skn = skl || K >= 256 ? 8 : 32, sks = skl || K >= 256 ? 32 : 8;
     char defs[320];
-    ocl_dtype_defines(out->dtype, defs, sizeof defs);
+    gemm_defines(out->dtype, a->dtype, b->dtype, accumulate, defs, sizeof defs);
     size_t len = strlen(defs);
     snprintf(defs + len, sizeof defs - len, " -DSKR=%d -DSKN=%d -DSKS=%d -DSKL=%d -DA_LAYOUT=%d "
-             "-DB_LAYOUT=%d%s", skr, skn, sks, skl, la, lb, accumulate ? " -DACCUMULATE=1" : "");
+             "-DB_LAYOUT=%d", skr, skn, sks, skl, la, lb);
     cl_kernel k;
     ND_TRY(ocl_kernel(d, "gemm", defs, "gemm_skinny", &k));
     ND_TRY(set_gemm_args(d, k, out, a, b, &g));
@@ -416,26 +429,26 @@ static nd_status splitk_run(ocl_device *d, const ocl_gemm_cfg *c, nd_tensor *out
 
 /* ---------------------------------------------------------------- the entry */
 
-/* x rounded to dtype half (float16 or bfloat16, to nearest even) and back,
- * as a new contiguous float32 tensor: what a product inside
- * nd.autocast{device_type = "opencl"} multiplies. Two conversion passes
- * through the copy kernel; the product itself stays float32 (needle has no
- * half-precision GEMM kernels for OpenCL yet, so this gives half's
- * numerics, not its speed). */
-static nd_status rounded_operand(const nd_tensor *x, nd_dtype half, nd_tensor **out) {
+/* x in dtype half (float16 or bfloat16): x itself (a new reference) when
+ * it is already, else a copy rounded to nearest even - what a product
+ * inside nd.autocast{device_type = "opencl"} multiplies. One conversion
+ * pass; the GEMM reads the half copy as it is (A_HALF / B_HALF). */
+static nd_status half_operand(const nd_tensor *x, nd_dtype half, nd_tensor **out) {
+    if (x->dtype == half) {
+        nd_retain((nd_tensor *)x);
+        *out = (nd_tensor *)x;
+        return ND_OK;
+    }
     nd_device dv = {ND_DEVICE_OPENCL, ocl_dev(x)->index};
-    nd_tensor *h = NULL, *r = NULL;
+    nd_tensor *h = NULL;
     *out = NULL;
     nd_status st = nd_empty_on(dv, x->shape, x->ndim, half, &h);
     if (st == ND_OK) st = ocl_copy(h, x);
-    if (st == ND_OK) st = nd_empty_on(dv, x->shape, x->ndim, ND_FLOAT32, &r);
-    if (st == ND_OK) st = ocl_copy(r, h);
-    nd_release(h);
     if (st != ND_OK) {
-        nd_release(r);
+        nd_release(h);
         return st;
     }
-    *out = r;
+    *out = h;
     return ND_OK;
 }
 
@@ -443,23 +456,26 @@ static nd_status matmul_at(nd_tensor *out, const nd_tensor *a, const nd_tensor *
 
 static nd_status matmul(nd_tensor *out, const nd_tensor *a, const nd_tensor *b, bool accumulate) {
     const nd_dtype half = nd_get_opencl_matmul_dtype();
-    if (half == ND_FLOAT32 || out->dtype != ND_FLOAT32 || a->dtype != ND_FLOAT32 || b->dtype != ND_FLOAT32)
+    if (half == ND_FLOAT32 || out->dtype != ND_FLOAT32 || !ocl_gemm_reads(a->dtype) ||
+        !ocl_gemm_reads(b->dtype))
         return matmul_at(out, a, b, accumulate);
-    nd_tensor *ar = NULL, *br = NULL;
-    nd_status st = rounded_operand(a, half, &ar);
-    if (st == ND_OK) st = rounded_operand(b, half, &br);
-    if (st == ND_OK) st = matmul_at(out, ar, br, accumulate);
-    nd_release(ar);
-    nd_release(br);
+    nd_tensor *ah = NULL, *bh = NULL;
+    nd_status st = half_operand(a, half, &ah);
+    if (st == ND_OK) st = half_operand(b, half, &bh);
+    if (st == ND_OK) st = matmul_at(out, ah, bh, accumulate);
+    nd_release(ah);
+    nd_release(bh);
     return st;
 }
 
 static nd_status matmul_at(nd_tensor *out, const nd_tensor *a, const nd_tensor *b, bool accumulate) {
     ocl_device *d = ocl_dev(out);
     nd_dtype dt = out->dtype;
-    if (a->dtype != dt || b->dtype != dt)
+    bool halves = dt == ND_FLOAT32 && ocl_gemm_reads(a->dtype) && ocl_gemm_reads(b->dtype);
+    if ((a->dtype != dt || b->dtype != dt) && !halves)
         return nd_fail(ND_ERR_DTYPE, "matmul: operands %s and %s and result %s differ on opencl:%d "
-                       "(the op converts them first)", nd_dtype_name(a->dtype),
+                       "(float16 and bfloat16 operands may go with a float32 result; the op "
+                       "converts the others first)", nd_dtype_name(a->dtype),
                        nd_dtype_name(b->dtype), nd_dtype_name(dt), d->index);
     ND_TRY(ocl_check_dtype(d, dt, "matmul"));
     bool fl = dt == ND_FLOAT32 || dt == ND_FLOAT64;

@@ -38,24 +38,58 @@
 #define STORE_C(dst, v) ((dst) = (v))
 #endif
 
+/* Operand storage. A_HALF / B_HALF: 0 (default) A or B holds T; 1 it
+ * holds float16, 2 bfloat16, with T float: a half operand of a float32
+ * product is read as stored and widened on load, which is exact (every
+ * half value is a float), so the product of half operands equals the
+ * float32 product of their float32 copies bit for bit, while it reads half
+ * the bytes and needs no conversion pass. vload_half is core OpenCL: a
+ * device without cl_khr_fp16 runs it too. LDA(p, i) / LDB(p, i) read
+ * element p[i] as T; LDVA(p) / LDVB(p) VW consecutive ones as a vector. */
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#ifndef A_HALF
+#define A_HALF 0
+#endif
+#ifndef B_HALF
+#define B_HALF 0
+#endif
+#define ST_0 T
+#define ST_1 half
+#define ST_2 ushort
+#define A_ST CAT(ST_, A_HALF)
+#define B_ST CAT(ST_, B_HALF)
+#define LD_0(p, i) ((p)[i])
+#define LD_1(p, i) vload_half((i), (p))
+#define LD_2(p, i) as_float((uint)(p)[i] << 16)
+#define LDA(p, i) CAT(LD_, A_HALF)(p, i)
+#define LDB(p, i) CAT(LD_, B_HALF)(p, i)
+#if defined(VW) && VW > 1
+#define LDV_0(p) CAT(vload, VW)(0, (p))
+#define LDV_1(p) CAT(vload_half, VW)(0, (p))
+#define LDV_2(p) CAT(as_float, VW)(CAT(convert_uint, VW)(CAT(vload, VW)(0, (p))) << 16)
+#define LDVA(p) CAT(LDV_, A_HALF)(p)
+#define LDVB(p) CAT(LDV_, B_HALF)(p)
+#endif
+
 /* ------------------------------------------------------------- naive
  * One work-item per element of C: obviously correct, used for integer
  * dtypes, tiny products, and as the reference the autotuner checks every
  * candidate against. Integers accumulate in ulong, wrapping as the CPU's
  * (and PyTorch's) integer matmul does. */
 __kernel void gemm_naive(long M, long N, long K, nd_geom bg,
-                         __global const T *A, long a_sm, long a_sk,
-                         __global const T *B, long b_sk, long b_sn,
+                         __global const A_ST *A, long a_sm, long a_sk,
+                         __global const B_ST *B, long b_sk, long b_sn,
                          __global T *C, long c_sm, long c_sn) {
     long n = get_global_id(0), m = get_global_id(1), z = get_global_id(2);
     if (n >= N || m >= M) return;
     long off[3];
     GEOM_OFFSETS(bg, z, 3, off);
-    __global const T *pa = A + off[1] + m * a_sm;
-    __global const T *pb = B + off[2] + n * b_sn;
+    __global const A_ST *pa = A + off[1] + m * a_sm;
+    __global const B_ST *pb = B + off[2] + n * b_sn;
 #if T_FLOAT
     T acc = 0;
-    for (long k = 0; k < K; k++) acc += pa[k * a_sk] * pb[k * b_sk];
+    for (long k = 0; k < K; k++) acc += LDA(pa, k * a_sk) * LDB(pb, k * b_sk);
     STORE_C(C[off[0] + m * c_sm + n * c_sn], acc);
 #else
     ulong acc = 0;
@@ -93,41 +127,47 @@ __kernel void gemm_naive(long M, long N, long K, nd_geom bg,
 #define RTSN (TSN / WPTN) /* work-items along N */
 #define WG (RTSM * RTSN)
 
-/* v[0..VW-1] = p[0..VW-1] in one vector load (vloadN needs only element
- * alignment, so any offset is fine) */
-#if VW == 1
-#define LOADV(v, p) ((v)[0] = *(p))
-#elif VW == 2
-#define LOADV(v, p) vstore2(vload2(0, (p)), 0, (v))
-#elif VW == 4
-#define LOADV(v, p) vstore4(vload4(0, (p)), 0, (v))
-#elif VW == 8
-#define LOADV(v, p) vstore8(vload8(0, (p)), 0, (v))
-#elif VW == 16
-#define LOADV(v, p) vstore16(vload16(0, (p)), 0, (v))
-#else
+/* v[0..VW-1] = A's (LOADV_A) or B's (LOADV_B) elements p[0..VW-1] as T,
+ * in one vector load (vloadN needs only element alignment, so any offset
+ * is fine) */
+#if VW != 1 && VW != 2 && VW != 4 && VW != 8 && VW != 16
 #error "VW must be 1, 2, 4, 8 or 16"
+#endif
+#if VW == 1
+#define LOADV_A(v, p) ((v)[0] = LDA(p, 0))
+#define LOADV_B(v, p) ((v)[0] = LDB(p, 0))
+#else
+#define LOADV_A(v, p) CAT(vstore, VW)(LDVA(p), 0, (v))
+#define LOADV_B(v, p) CAT(vstore, VW)(LDVB(p), 0, (v))
 #endif
 
 #if defined(USE_LOCAL) && USE_LOCAL
-/* Stages a TSK x TS slice of an operand in local memory, k-major:
+/* Stages a TSK x TS slice of operand `which` (0: A at pa, 1: B at pb; a
+ * constant after inlining, like ts and layout) in local memory, k-major:
  * dst[kk * TS + ii] = X(i0 + ii, k0 + kk), where X(i, k) = p[i * si + k * sk]
  * (i along the output dim: m for A, n for B) and is 0 outside ni x nk.
  * layout 1: si == 1, 2: sk == 1 (VW-wide loads along that dim), 0: scalar.
  * The work-items of the group share the loads (tid = 0 .. WG-1). With
  * constant ts and layout (after inlining) the branches fold away. */
-inline void load_tile(__local T *dst, __global const T *p, long si, long sk, long i0, long k0,
-                      long ni, long nk, const int ts, const int layout, int tid) {
+#define LD_OP(i) (which ? LDB(pb, i) : LDA(pa, i))
+#define LOADV_OP(v, i)                   \
+    do {                                 \
+        if (which) LOADV_B(v, pb + (i)); \
+        else LOADV_A(v, pa + (i));       \
+    } while (0)
+inline void load_tile(__local T *dst, __global const A_ST *pa, __global const B_ST *pb,
+                      const int which, long si, long sk, long i0, long k0, long ni, long nk,
+                      const int ts, const int layout, int tid) {
     if (layout == 1) {
         for (int e = tid; e < ts * TSK / VW; e += WG) {
             int kk = e / (ts / VW), ii = (e % (ts / VW)) * VW;
             long gi = i0 + ii, gk = k0 + kk;
             T v[VW];
             if (gk < nk && gi + VW <= ni) {
-                LOADV(v, p + gk * sk + gi);
+                LOADV_OP(v, gk * sk + gi);
             } else {
 #pragma unroll
-                for (int j = 0; j < VW; j++) v[j] = (gk < nk && gi + j < ni) ? p[gk * sk + gi + j] : (T)0;
+                for (int j = 0; j < VW; j++) v[j] = (gk < nk && gi + j < ni) ? LD_OP(gk * sk + gi + j) : (T)0;
             }
 #pragma unroll
             for (int j = 0; j < VW; j++) dst[kk * ts + ii + j] = v[j];
@@ -138,10 +178,10 @@ inline void load_tile(__local T *dst, __global const T *p, long si, long sk, lon
             long gi = i0 + ii, gk = k0 + kk;
             T v[VW];
             if (gi < ni && gk + VW <= nk) {
-                LOADV(v, p + gi * si + gk);
+                LOADV_OP(v, gi * si + gk);
             } else {
 #pragma unroll
-                for (int j = 0; j < VW; j++) v[j] = (gi < ni && gk + j < nk) ? p[gi * si + gk + j] : (T)0;
+                for (int j = 0; j < VW; j++) v[j] = (gi < ni && gk + j < nk) ? LD_OP(gi * si + gk + j) : (T)0;
             }
 #pragma unroll
             for (int j = 0; j < VW; j++) dst[(kk + j) * ts + ii] = v[j];
@@ -150,7 +190,7 @@ inline void load_tile(__local T *dst, __global const T *p, long si, long sk, lon
         for (int e = tid; e < ts * TSK; e += WG) {
             int ii = e % ts, kk = e / ts;
             long gi = i0 + ii, gk = k0 + kk;
-            dst[kk * ts + ii] = (gi < ni && gk < nk) ? p[gi * si + gk * sk] : (T)0;
+            dst[kk * ts + ii] = (gi < ni && gk < nk) ? LD_OP(gi * si + gk * sk) : (T)0;
         }
     }
 }
@@ -161,8 +201,8 @@ inline void load_tile(__local T *dst, __global const T *p, long si, long sk, lon
  * registers (WPTM values of A times WPTN values of B per k). */
 __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void gemm_tiled(long M, long N, long K, nd_geom bg,
-                __global const T *A, long a_sm, long a_sk,
-                __global const T *B, long b_sk, long b_sn,
+                __global const A_ST *A, long a_sm, long a_sk,
+                __global const B_ST *B, long b_sk, long b_sn,
                 __global T *C, long c_sm, long c_sn) {
     __local T As[TSK * TSM];
     __local T Bs[TSK * TSN];
@@ -171,8 +211,8 @@ void gemm_tiled(long M, long N, long K, nd_geom bg,
     const long n0 = (long)get_group_id(0) * TSN, m0 = (long)get_group_id(1) * TSM;
     long off[3];
     GEOM_OFFSETS(bg, (long)get_global_id(2), 3, off);
-    __global const T *pa = A + off[1];
-    __global const T *pb = B + off[2];
+    __global const A_ST *pa = A + off[1];
+    __global const B_ST *pb = B + off[2];
 
     T acc[WPTM][WPTN];
 #pragma unroll
@@ -181,8 +221,8 @@ void gemm_tiled(long M, long N, long K, nd_geom bg,
         for (int j = 0; j < WPTN; j++) acc[i][j] = 0;
 
     for (long k0 = 0; k0 < K; k0 += TSK) {
-        load_tile(As, pa, A_SM, A_SK, m0, k0, M, K, TSM, A_LAYOUT, tid);
-        load_tile(Bs, pb, B_SN, B_SK, n0, k0, N, K, TSN, B_LAYOUT, tid);
+        load_tile(As, pa, pb, 0, A_SM, A_SK, m0, k0, M, K, TSM, A_LAYOUT, tid);
+        load_tile(Bs, pa, pb, 1, B_SN, B_SK, n0, k0, N, K, TSN, B_LAYOUT, tid);
         barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
         for (int k = 0; k < TSK; k++) {
@@ -233,8 +273,6 @@ void gemm_tiled(long M, long N, long K, nd_geom bg,
 
 #else /* !USE_LOCAL */
 
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
 #if VW == 1
 typedef T vec_t;
 #else
@@ -261,17 +299,17 @@ typedef CAT(T, VW) vec_t;
 
 __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void gemm_direct(long M, long N, long K, nd_geom bg,
-                 __global const T *A, long a_sm, long a_sk,
-                 __global const T *B, long b_sk, long b_sn,
+                 __global const A_ST *A, long a_sm, long a_sk,
+                 __global const B_ST *B, long b_sk, long b_sn,
                  __global T *C, long c_sm, long c_sn) {
     const int tn = get_local_id(0), tm = get_local_id(1);
     const long nb = (long)get_group_id(0) * TSN, m0 = (long)get_group_id(1) * TSM + tm;
     long off[3];
     GEOM_OFFSETS(bg, (long)get_global_id(2), 3, off);
-    __global const T *pa[WPTM];
+    __global const A_ST *pa[WPTM];
 #pragma unroll
     for (int i = 0; i < WPTM; i++) pa[i] = A + off[1] + min(m0 + i * RTSM, M - 1) * A_SM;
-    __global const T *pb = B + off[2];
+    __global const B_ST *pb = B + off[2];
     long col[NV]; /* first column of each vector */
 #pragma unroll
     for (int j = 0; j < NV; j++) col[j] = nb + ((long)j * RTSN + tn) * VW;
@@ -287,10 +325,10 @@ void gemm_direct(long M, long N, long K, nd_geom bg,
         for (long k = 0; k < K; k++) {
             vec_t br[NV];
 #pragma unroll
-            for (int j = 0; j < NV; j++) br[j] = CAT(vload, VW)(0, pb + k * B_SK + col[j]);
+            for (int j = 0; j < NV; j++) br[j] = LDVB(pb + k * B_SK + col[j]);
 #pragma unroll
             for (int i = 0; i < WPTM; i++) {
-                T a = pa[i][k * A_SK];
+                T a = LDA(pa[i], k * A_SK);
 #pragma unroll
                 for (int j = 0; j < NV; j++) acc[i][j] += a * br[j];
             }
@@ -302,28 +340,28 @@ void gemm_direct(long M, long N, long K, nd_geom bg,
             for (int j = 0; j < NV; j++) {
                 T t[VW];
 #pragma unroll
-                for (int v = 0; v < VW; v++) t[v] = pb[k * B_SK + min(col[j] + v, N - 1)];
+                for (int v = 0; v < VW; v++) t[v] = LDB(pb, k * B_SK + min(col[j] + v, N - 1));
                 br[j] = CAT(vload, VW)(0, t);
             }
 #pragma unroll
             for (int i = 0; i < WPTM; i++) {
-                T a = pa[i][k * A_SK];
+                T a = LDA(pa[i], k * A_SK);
 #pragma unroll
                 for (int j = 0; j < NV; j++) acc[i][j] += a * br[j];
             }
         }
     }
 #else
-    __global const T *pbj[NV];
+    __global const B_ST *pbj[NV];
 #pragma unroll
     for (int j = 0; j < NV; j++) pbj[j] = pb + min(col[j], N - 1) * B_SN;
     for (long k = 0; k < K; k++) {
         T br[NV];
 #pragma unroll
-        for (int j = 0; j < NV; j++) br[j] = pbj[j][k * B_SK];
+        for (int j = 0; j < NV; j++) br[j] = LDB(pbj[j], k * B_SK);
 #pragma unroll
         for (int i = 0; i < WPTM; i++) {
-            T a = pa[i][k * A_SK];
+            T a = LDA(pa[i], k * A_SK);
 #pragma unroll
             for (int j = 0; j < NV; j++) acc[i][j] += a * br[j];
         }
@@ -368,13 +406,24 @@ void gemm_direct(long M, long N, long K, nd_geom bg,
  * time (element loads where an operand is not unit-stride along K), and
  * adds the lanes up at the end; the K % VW tail is scalar. Work-item
  * (tn, tm) computes rows tm + i*(TSM/WPTM) and cols tn + j*(TSN/WPTN). */
-inline vec_t load_k(__global const T *p, long stride) {
+inline vec_t load_ka(__global const A_ST *p, long stride) {
 #if VW == 1
-    return p[0];
+    return LDA(p, 0);
 #else
     T t[VW];
 #pragma unroll
-    for (int v = 0; v < VW; v++) t[v] = p[v * stride];
+    for (int v = 0; v < VW; v++) t[v] = LDA(p, v * stride);
+    return CAT(vload, VW)(0, t);
+#endif
+}
+
+inline vec_t load_kb(__global const B_ST *p, long stride) {
+#if VW == 1
+    return LDB(p, 0);
+#else
+    T t[VW];
+#pragma unroll
+    for (int v = 0; v < VW; v++) t[v] = LDB(p, v * stride);
     return CAT(vload, VW)(0, t);
 #endif
 }
@@ -394,15 +443,15 @@ inline T lane_sum(vec_t x) {
 
 __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void gemm_dot(long M, long N, long K, nd_geom bg,
-              __global const T *A, long a_sm, long a_sk,
-              __global const T *B, long b_sk, long b_sn,
+              __global const A_ST *A, long a_sm, long a_sk,
+              __global const B_ST *B, long b_sk, long b_sn,
               __global T *C, long c_sm, long c_sn) {
     const int tn = get_local_id(0), tm = get_local_id(1);
     const long m0 = (long)get_group_id(1) * TSM + tm, n0 = (long)get_group_id(0) * TSN + tn;
     long off[3];
     GEOM_OFFSETS(bg, (long)get_global_id(2), 3, off);
-    __global const T *pa[WPTM];
-    __global const T *pb[WPTN];
+    __global const A_ST *pa[WPTM];
+    __global const B_ST *pb[WPTN];
 #pragma unroll
     for (int i = 0; i < WPTM; i++) pa[i] = A + off[1] + min(m0 + i * RTSM, M - 1) * A_SM;
 #pragma unroll
@@ -419,17 +468,17 @@ void gemm_dot(long M, long N, long K, nd_geom bg,
 #pragma unroll
         for (int i = 0; i < WPTM; i++) {
 #if A_LAYOUT == 2 && VW > 1
-            av[i] = CAT(vload, VW)(0, pa[i] + k);
+            av[i] = LDVA(pa[i] + k);
 #else
-            av[i] = load_k(pa[i] + k * A_SK, A_SK);
+            av[i] = load_ka(pa[i] + k * A_SK, A_SK);
 #endif
         }
 #pragma unroll
         for (int j = 0; j < WPTN; j++) {
 #if B_LAYOUT == 2 && VW > 1
-            bv[j] = CAT(vload, VW)(0, pb[j] + k);
+            bv[j] = LDVB(pb[j] + k);
 #else
-            bv[j] = load_k(pb[j] + k * B_SK, B_SK);
+            bv[j] = load_kb(pb[j] + k * B_SK, B_SK);
 #endif
         }
 #pragma unroll
@@ -446,7 +495,7 @@ void gemm_dot(long M, long N, long K, nd_geom bg,
 #pragma unroll
         for (int i = 0; i < WPTM; i++)
 #pragma unroll
-            for (int j = 0; j < WPTN; j++) sum[i][j] += pa[i][k * A_SK] * pb[j][k * B_SK];
+            for (int j = 0; j < WPTN; j++) sum[i][j] += LDA(pa[i], k * A_SK) * LDB(pb[j], k * B_SK);
     }
 
     __global T *pc = C + off[0];
@@ -490,8 +539,8 @@ void gemm_dot(long M, long N, long K, nd_geom bg,
 #endif
 __kernel __attribute__((reqd_work_group_size(SK_LOCAL0, SK_LOCAL1, 1)))
 void gemm_skinny(long M, long N, long K, nd_geom bg,
-                 __global const T *A, long a_sm, long a_sk,
-                 __global const T *B, long b_sk, long b_sn,
+                 __global const A_ST *A, long a_sm, long a_sk,
+                 __global const B_ST *B, long b_sk, long b_sn,
                  __global T *C, long c_sm, long c_sn) {
     __local T red[SKR][SKN][SKS];
 #if SKL
@@ -503,8 +552,8 @@ void gemm_skinny(long M, long N, long K, nd_geom bg,
     long off[3];
     GEOM_OFFSETS(bg, (long)get_group_id(2), 3, off);
     /* columns and rows past the edge read the last valid one; never stored */
-    __global const T *pb = B + off[2] + (n < N ? n : N - 1) * B_SN;
-    __global const T *pa[SKR];
+    __global const B_ST *pb = B + off[2] + (n < N ? n : N - 1) * B_SN;
+    __global const A_ST *pa[SKR];
 #pragma unroll
     for (int i = 0; i < SKR; i++) pa[i] = A + off[1] + (m0 + i < M ? m0 + i : M - 1) * A_SM;
     T acc[SKR];
@@ -516,9 +565,9 @@ void gemm_skinny(long M, long N, long K, nd_geom bg,
     const long kc = (K + SKS - 1) / SKS, k1 = min(K, (s + 1) * kc);
     for (long k = s * kc; k < k1; k++) {
 #endif
-        const T b = pb[k * B_SK];
+        const T b = LDB(pb, k * B_SK);
 #pragma unroll
-        for (int i = 0; i < SKR; i++) acc[i] += pa[i][k * A_SK] * b;
+        for (int i = 0; i < SKR; i++) acc[i] += LDA(pa[i], k * A_SK) * b;
     }
 #pragma unroll
     for (int i = 0; i < SKR; i++) red[i][j][s] = acc[i];
