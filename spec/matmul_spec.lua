@@ -573,6 +573,57 @@ describe("matmul on the CPU: needle's GEMM", function()
     assert.are.equal(detected, l2("NEEDLE_L2_BYTES=lots"))
   end)
 
+  -- Products with at most 16 columns (8 with AVX2) run narrow kernels (24 x 16, 24 x 8,
+  -- 12 x 8) instead of computing 32 (16) columns for the few wanted. Each element is
+  -- the same chain of FMAs over the same K blocks, so a narrow product must equal the
+  -- same columns of a wide one (B with 40 more columns) bit for bit: row counts below
+  -- and above the in-place-B limit (256), K over three K blocks, every layout of B,
+  -- and the fused linear's epilogue.
+  local NARROW = [[
+    local nd = require "needle"
+    nd.manual_seed(21)
+    local worst, cases, mismatches = 0, 0, {}
+    local function same(narrow, wide, what)
+      cases = cases + 1
+      if not nd.equal(narrow, wide) then mismatches[#mismatches + 1] = what end
+    end
+    for _, M in ipairs({203, 700}) do
+      local K = 777
+      local a = nd.randn({M, K})
+      local a64 = a:to("float64")
+      for _, N in ipairs({2, 3, 5, 8, 9, 10, 15, 16, 17, 23}) do
+        local wide = nd.randn({K, N + 40})
+        local layouts = {rows = wide, cols = wide:t():contiguous():t(),
+                         stepped = nd.randn({K, 2 * (N + 40)})[{":", {1, -1, 2}}]}
+        for name, bw in pairs(layouts) do
+          local b = bw[{":", {1, N}}]
+          local got = a:matmul(b)
+          local what = ("%dx%dx%d %s"):format(M, N, K, name)
+          same(got, a:matmul(bw)[{":", {1, N}}], what)
+          worst = math.max(worst, (got:to("float64") - a64:matmul(b:to("float64"))):abs():max():item() / math.sqrt(K))
+        end
+        if M > 256 then -- (up to 256 rows a linear may take the few-rows kernel, whose order is its own)
+          local w, bias = nd.randn({N + 40, K}), nd.randn({N + 40})
+          local narrow = nd.F.fused_linear(a, w[{{1, N}, ":"}], bias[{{1, N}}], {activation = "relu"})
+          same(narrow, nd.F.fused_linear(a, w, bias, {activation = "relu"})[{":", {1, N}}], ("linear %dx%d"):format(M, N))
+        end
+      end
+    end
+    print(("kernel %s cases %d worst %.3g mismatches %d %s"):format(nd.devices()[1].gemm, cases, worst,
+          #mismatches, table.concat(mismatches, ", ")))
+  ]]
+
+  for _, env in ipairs({"NEEDLE_GEMM=", "NEEDLE_GEMM=avx2"}) do
+    it("runs products with few columns on narrow kernels, with the wide kernel's bits (" .. env .. ")", function()
+      local out = S.run_program(env, NARROW)
+      local k, cases, worst, bad = out:match("kernel (.-) cases (%d+) worst (%S+) mismatches (%d+)")
+      assert.truthy(k, out)
+      assert.are.equal(70, tonumber(cases), out)
+      assert.are.equal(0, tonumber(bad), out)
+      assert.is_true(tonumber(worst) < 1e-5, out)
+    end)
+  end
+
   for _, env in ipairs({"NEEDLE_GEMM=", "NEEDLE_GEMM=avx2", "NEEDLE_GEMM=openblas"}) do
     it("agrees with float64 products in every layout and stride, on any thread count (" .. env .. ")", function()
       local out = child(env)

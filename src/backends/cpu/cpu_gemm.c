@@ -56,6 +56,9 @@
 
 typedef void (*ukernel_fn)(int64_t kc, const float *a, const float *b, int64_t ldb, float *c,
                            int64_t ldc, bool add);
+/* The same with A read in place: MR rows of unit stride, lda apart */
+typedef void (*ukernel_a_fn)(int64_t kc, const float *a, int64_t lda, const float *b, int64_t ldb,
+                             float *c, int64_t ldc, bool add);
 
 typedef struct {
     const char *name;
@@ -64,6 +67,7 @@ typedef struct {
     bool bf16; /* panels of bfloat16 pairs (k, k + 1) in 32-bit words, not floats */
     int kc;    /* K block depth (0: KC) */
     bool amx;  /* A packed for AMX tiles: each row's pairs in order (p[r * depth + kk]), not k-major */
+    ukernel_a_fn ukr_a; /* ukr reading row-major A in place (NULL: A is always packed) */
 } gemm_isa;
 
 /* The bfloat16 kernel's K blocks: 1024 deep. Its B panel then lives in L2,
@@ -146,6 +150,61 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2_6x16(int64_t kc, const 
         _mm256_storeu_ps(ci + 8, acc[i][1]);
     }
 }
+
+/* Kernels for products with few columns (N <= 16, or <= 8): one vector of
+ * B per k and MR rows, where the wide kernels compute 32 (16) columns for
+ * the few wanted - a 10-class head over 4096 rows ran at the cost of 32
+ * columns. c[MR x VL] = or += a @ b (VL per k, row stride ldb), with a
+ * packed (MR per k: NAME) or row-major and read in place (rows lda apart:
+ * NAME_a). Packing A, a transpose of scalar loads and stores, took 60% of
+ * such a product's time (perf, 4096 x 512 x 10); for a wide product it is
+ * spread over 32 columns, here over at most 16. Reading A in place costs
+ * a row pointer's load per broadcast, which the few columns leave room
+ * for. Each element is the same chain of fused multiply-adds over the same
+ * K blocks as in the wide kernels, so the bits do not depend on which
+ * kernel ran. MR = 24: 24 accumulators and B's vector in the 32 vector
+ * registers (12 of 16 with AVX2), the broadcasts folded into the FMAs. */
+#define NARROW_BODY(MR, VEC, SETZERO, LOADU, SET1, FMADD, ADD, STOREU, A_AT)                            \
+    VEC acc[MR];                                                                                        \
+    _Pragma("GCC unroll 24") for (int i = 0; i < MR; i++) acc[i] = SETZERO();                           \
+    for (int64_t k = 0; k < kc; k++) {                                                                  \
+        const VEC b0 = LOADU(b + k * ldb);                                                              \
+        _Pragma("GCC unroll 24") for (int i = 0; i < MR; i++) acc[i] = FMADD(SET1(A_AT(i, k)), b0, acc[i]); \
+    }                                                                                                   \
+    _Pragma("GCC unroll 24") for (int i = 0; i < MR; i++) {                                             \
+        float *ci = c + i * ldc;                                                                        \
+        if (add) acc[i] = ADD(LOADU(ci), acc[i]);                                                       \
+        STOREU(ci, acc[i]);                                                                             \
+    }
+#define NARROW_UKR(NAME, TARGET, MR, VEC, SETZERO, LOADU, SET1, FMADD, ADD, STOREU)                      \
+    __attribute__((target(TARGET))) static void NAME(int64_t kc, const float *a, const float *b,        \
+                                                     int64_t ldb, float *c, int64_t ldc, bool add) {    \
+        NARROW_BODY(MR, VEC, SETZERO, LOADU, SET1, FMADD, ADD, STOREU, A_PACKED)                        \
+    }                                                                                                   \
+    __attribute__((target(TARGET))) static void NAME##_a(int64_t kc, const float *a, int64_t lda,       \
+                                                         const float *b, int64_t ldb, float *c,         \
+                                                         int64_t ldc, bool add) {                       \
+        const float *ar[MR];                                                                            \
+        for (int i = 0; i < MR; i++) ar[i] = a + i * lda;                                               \
+        NARROW_BODY(MR, VEC, SETZERO, LOADU, SET1, FMADD, ADD, STOREU, A_ROWS)                          \
+    }
+#define A_PACKED(i, k) a[(k) * MR_ + (i)]
+#define A_ROWS(i, k) ar[i][k]
+#define MR_ 24
+NARROW_UKR(ukr_avx512_24x16, "avx512f", 24, __m512, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_set1_ps,
+           _mm512_fmadd_ps, _mm512_add_ps, _mm512_storeu_ps)
+/* 8 columns in 256-bit vectors: AVX-512VL gives them the 32 registers */
+NARROW_UKR(ukr_avx512_24x8, "avx512f,avx512vl,fma", 24, __m256, _mm256_setzero_ps, _mm256_loadu_ps,
+           _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps)
+#undef MR_
+#define MR_ 12
+NARROW_UKR(ukr_avx2_12x8, "avx2,fma", 12, __m256, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_set1_ps,
+           _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps)
+#undef MR_
+#undef A_PACKED
+#undef A_ROWS
+#undef NARROW_BODY
+#undef NARROW_UKR
 
 /* c[12 x 32] = or += a @ b on bfloat16 pairs: a packed 12 words per k pair
  * (row r's k and k + 1), b 32 words per k pair (column c's), ldb in words;
@@ -278,6 +337,17 @@ static const gemm_isa isa_avx2 = {"avx2+fma 6x16", 6, 16, 96, 2048,
 #endif
 };
 
+/* The narrow kernels (above), with the wide ones' blocks */
+#ifdef ND_HAVE_GEMM_KERNELS
+#define NARROW_ISA(name, mr, nr, fn) {name, mr, nr, 192, 2048, fn, .ukr_a = fn##_a}
+#else
+#define NARROW_ISA(name, mr, nr, fn) {name, mr, nr, 192, 2048, NULL}
+#endif
+static const gemm_isa isa_avx512_n16 = NARROW_ISA("avx512f 24x16", 24, 16, ukr_avx512_24x16);
+static const gemm_isa isa_avx512_n8 = NARROW_ISA("avx512f 24x8", 24, 8, ukr_avx512_24x8);
+static const gemm_isa isa_avx2_n8 = NARROW_ISA("avx2+fma 12x8", 12, 8, ukr_avx2_12x8);
+#undef NARROW_ISA
+
 /* The float32 kernel for this CPU, or NULL: NEEDLE_GEMM=openblas (BLAS
  * only), avx2 (the AVX2 kernel on an AVX-512 CPU), anything else or unset:
  * the best the CPU has. Read once. */
@@ -342,10 +412,24 @@ bool nd_cpu_gemm_bf16_active(void) { return is_bf16(pick_isa()); }
  * gradient computes the transpose) take the same kernel. */
 #define BF16_MIN_DIM 64
 
+/* The float32 kernel isa, or its narrow form for a product of N columns
+ * (same bits: each element's chain of FMAs is the same) */
+static const gemm_isa *narrow_for(const gemm_isa *isa, int64_t N) {
+#ifdef ND_HAVE_GEMM_KERNELS
+    static int vl = -1; /* AVX-512VL, read once (racing readers store the same value) */
+    if (vl < 0) vl = __builtin_cpu_supports("avx512vl") ? 1 : 0;
+    if (isa == &isa_avx512) return N <= 8 && vl ? &isa_avx512_n8 : N <= 16 ? &isa_avx512_n16 : isa;
+    if (isa == &isa_avx2 && N <= 8) return &isa_avx2_n8;
+#else
+    (void)N;
+#endif
+    return isa;
+}
+
 static const gemm_isa *isa_for(int64_t M, int64_t N) {
     const gemm_isa *isa = pick_isa();
-    if (is_bf16(isa) && (M < BF16_MIN_DIM || N < BF16_MIN_DIM)) return pick_f32_isa();
-    return isa;
+    if (is_bf16(isa) && (M < BF16_MIN_DIM || N < BF16_MIN_DIM)) isa = pick_f32_isa();
+    return narrow_for(isa, N);
 }
 
 bool nd_cpu_gemm_bf16_for(int64_t M, int64_t N) { return is_bf16(isa_for(M, N)); }
@@ -634,6 +718,19 @@ static void run_tile(const gemm_isa *isa, int64_t kc, const float *ap, const flo
         for (int64_t c = 0; c < nr; c++) C[r * ldc + c] = add ? C[r * ldc + c] + t[r * isa->nr + c] : t[r * isa->nr + c];
 }
 
+/* run_tile with A's MR rows read in place (isa->ukr_a; mr == MR) */
+static void run_tile_a(const gemm_isa *isa, int64_t kc, const float *a, int64_t lda, const float *bp,
+                       int64_t ldb, float *C, int64_t ldc, int64_t nr, bool add) {
+    if (nr == isa->nr) {
+        isa->ukr_a(kc, a, lda, bp, ldb, C, ldc, add);
+        return;
+    }
+    float t[MAX_MR * MAX_NR];
+    isa->ukr_a(kc, a, lda, bp, ldb, t, isa->nr, false);
+    for (int64_t r = 0; r < isa->mr; r++)
+        for (int64_t c = 0; c < nr; c++) C[r * ldc + c] = add ? C[r * ldc + c] + t[r * isa->nr + c] : t[r * isa->nr + c];
+}
+
 /* With at most this many rows of A, a row-major B is read in place rather
  * than packed: each B panel serves few A panels, so packing it costs more
  * than its strided reads (measured here, 2 threads: 128x3072 @ 3072x768
@@ -839,6 +936,21 @@ static inline void gemm_tile(const gemm_isa *isa, int64_t kc, const float *ap, c
     }
 }
 
+/* gemm_tile with A's whole panel (MR rows) read in place: rows lda apart */
+static inline void gemm_tile_a(const gemm_isa *isa, int64_t kc, const float *a, int64_t lda, const float *bp,
+                               int64_t ldb, float *C, int64_t ldc, int64_t row, int64_t col, int64_t nr, bool add,
+                               const tile_post *epi) {
+    float *ct = C + row * ldc + col;
+    const int64_t mr = isa->mr;
+    run_tile_a(isa, kc, a, lda, bp, ldb, ct, ldc, nr, add);
+    if (epi) {
+        tile_post e = *epi;
+        if (e.bias) e.bias += col;
+        if (e.res) e.res += row * e.ldr + col;
+        tile_epilogue(ct, ldc, mr, nr, &e);
+    }
+}
+
 /* The share of L2 a block of packed B may take when it is streamed from
  * there (the rest: A's block, C's rows and what else runs). */
 #define STREAM_L2_SHARE 0.75
@@ -896,6 +1008,9 @@ static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, in
     /* up to IN_PLACE_B_ROWS rows, B rows unit-stride: B read in place
      * (whole NR-wide panels only; the last partial panel is packed) */
     const bool b_in_place = M <= IN_PLACE_B_ROWS && b_sn == 1 && !isa->bf16 && !pre;
+    /* row-major A read in place by kernels that can (the narrow ones); a
+     * row block's last, partial panel is packed */
+    const bool a_in_place = isa->ukr_a && a_sk == 1;
     const int64_t KD = block_depth(isa);
     const int64_t kc_max = K < KD ? K : KD;
     /* Which panel stays in cache while the other streams past it. By
@@ -957,16 +1072,22 @@ static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, in
                     const int64_t ib = t / nchunks, ch = t % nchunks;
                     const int64_t ic = ib * MC, mc = M - ic < MC ? M - ic : MC;
                     const int64_t p0 = npanels * ch / nchunks, p1 = npanels * (ch + 1) / nchunks;
-                    pack_a_any(isa, A, a_sm, a_sk, M, ic, mc, pc, kc, apack);
                     const int64_t depth = panel_depth(isa, kc);
+                    const int64_t whole = a_in_place ? mc / MR * MR : 0; /* panels read in place */
+                    if (whole < mc) pack_a_any(isa, A, a_sm, a_sk, M, ic + whole, mc - whole, pc, kc, apack + whole * depth);
                     const tile_post *epi = epilogue ? post : NULL;
                     if (stream_b) {
                         for (int64_t ir = 0; ir < mc; ir += MR) {
                             const int64_t mr = mc - ir < MR ? mc - ir : MR;
                             for (int64_t p = p0; p < p1; p++) {
                                 const int64_t jr = p * NR, nr = nc - jr < NR ? nc - jr : NR;
-                                gemm_tile(isa, kc, apack + ir * depth, bblock + (size_t)p * NR * (size_t)depth, NR,
-                                          C, ldc, ic + ir, jc + jr, mr, nr, add, epi);
+                                const float *bp = bblock + (size_t)p * NR * (size_t)depth;
+                                if (ir < whole)
+                                    gemm_tile_a(isa, kc, A + (ic + ir) * a_sm + pc, a_sm, bp, NR, C, ldc, ic + ir,
+                                                jc + jr, nr, add, epi);
+                                else
+                                    gemm_tile(isa, kc, apack + ir * depth, bp, NR, C, ldc, ic + ir, jc + jr, mr,
+                                              nr, add, epi);
                             }
                         }
                         continue;
@@ -988,8 +1109,12 @@ static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, in
                         }
                         for (int64_t ir = 0; ir < mc; ir += MR) {
                             const int64_t mr = mc - ir < MR ? mc - ir : MR;
-                            gemm_tile(isa, kc, apack + ir * depth, bp, ldb, C, ldc, ic + ir, jc + jr, mr, nr,
-                                      add, epi);
+                            if (ir < whole)
+                                gemm_tile_a(isa, kc, A + (ic + ir) * a_sm + pc, a_sm, bp, ldb, C, ldc, ic + ir,
+                                            jc + jr, nr, add, epi);
+                            else
+                                gemm_tile(isa, kc, apack + ir * depth, bp, ldb, C, ldc, ic + ir, jc + jr, mr, nr,
+                                          add, epi);
                         }
                     }
                 }
@@ -1014,7 +1139,7 @@ bool nd_cpu_sgemm_bf16_from(int64_t min_madds, int64_t M, int64_t N, int64_t K, 
                              int64_t a_sm, int64_t a_sk, const float *B, int64_t b_sk, int64_t b_sn,
                              float *C, int64_t ldc, bool accumulate) {
     const gemm_isa *isa = isa_for(M, N);
-    if (is_bf16(isa) && (double)M * (double)N * (double)K < (double)min_madds) isa = pick_f32_isa();
+    if (is_bf16(isa) && (double)M * (double)N * (double)K < (double)min_madds) isa = narrow_for(pick_f32_isa(), N);
     return sgemm_run(nd_cpu_gemm_threads(), isa, M, N, K, A, a_sm, a_sk, B, b_sk, b_sn, NULL, C, ldc, accumulate,
                      NULL);
 }
