@@ -125,6 +125,41 @@ echo "ms 10"; echo "items 2"
     rmdir(d)
   end)
 
+  it("--compile times needle's forward and training step through nd.compile, as replays", function()
+    local d = tmpdir()
+    local fake = fake_python(d, [[
+for a in "$@"; do case $a in compile=*) echo "$a" > "$(dirname "$0")/torch_compile";; esac; done
+echo "ms 10"; echo "items 2"
+]])
+    local ok, out = run("--quick --compile --models mobilenet_v2,distilbert --reps 2 --warmup 0 --python " ..
+                        S.q(fake) .. " --out " .. S.q(d))
+    assert.is_true(ok, out)
+    assert.is_truthy(out:find("needle compiled: nd.compile", 1, true), out)
+    local doc = json.decode(assert(S.read_file(d .. "/results.json")))
+    assert.is_true(doc.meta.needle_compiled)
+    assert.are.equal(4, #doc.rows)
+    for _, r in ipairs(doc.rows) do assert.is_true(r.needle > 0, r.name) end
+    rmdir(d)
+    -- the worker itself: with compile=1 every timed call is a replay (3 warm-up calls:
+    -- eager, capture, first replay), without it there are none
+    local exe, root = S.needle_lua()
+    local function capture(cmd)
+      local p = assert(io.popen(cmd .. " 2>&1"))
+      local text = p:read("a")
+      p:close()
+      return text
+    end
+    for _, task in ipairs({"infer", "train"}) do
+      local cmd = ("%s %s mobilenet_v2 %s batch=2 size=32 threads=1 reps=2 warmup=0 compile=1"):format(
+        S.q(exe), S.q(root .. "/scripts/bench/zoo_worker.lua"), task)
+      local text = capture(cmd)
+      assert.is_truthy(text:find("replays 3\n"), task .. ": " .. text)
+      text = capture((cmd:gsub(" compile=1", "")))
+      assert.is_truthy(text:find("ms %d"), task .. ": " .. text)
+      assert.is_falsy(text:find("replays"), task .. ": " .. text)
+    end
+  end)
+
   it("--device runs needle's side there and asks PyTorch's for --torch-device (cuda by default)", function()
     local D = require "spec.helpers.devices"
     local dev = D.opencl()[1]

@@ -9,7 +9,7 @@
 --   build/needle-lua scripts/bench/zoo.lua [--models LIST] [--rounds N] [--reps N]
 --        [--batch I[,T]] [--text-batch I[,T]] [--threads N] [--large] [--quick]
 --        [--device DEV] [--torch-device DEV] [--python PATH]
---        [--torch-wait auto|active|passive] [--no-torch] [--bf16] [--out DIR]
+--        [--torch-wait auto|active|passive] [--no-torch] [--bf16] [--compile] [--out DIR]
 --
 -- Each (model, task) runs in rounds, as scripts/bench/run.lua's workloads: a
 -- round starts needle's process (scripts/bench/zoo_worker.lua) and PyTorch's
@@ -54,6 +54,10 @@ options:
   --bf16             both sides in mixed precision: needle's float32 products on bfloat16
                      (nd.set_float32_matmul_precision("medium"): AMX tiles or AVX512_BF16), PyTorch's
                      torch.autocast("cpu", dtype=torch.bfloat16) around each iteration
+  --compile          needle's side through nd.compile: the model's forward for inference,
+                     the whole step (zero_grad, forward, loss, backward, SGD step) for
+                     training, captured in the warm-up calls; PyTorch's side stays eager
+                     (the GPT-2 rows, whose generate loop reads tokens on the host, stay eager)
   --out DIR          results.csv, results.json and zoo.svg go here (default runs/zoo)
 ]]
 
@@ -101,6 +105,7 @@ do
     elseif a == "--python" then C.python = q(value(a))
     elseif a == "--no-torch" then opts.no_torch = true
     elseif a == "--bf16" then opts.bf16 = true
+    elseif a == "--compile" then opts.compile = true
     elseif a == "--torch-wait" then
       opts.torch_wait = value(a)
       if not ({auto = 1, active = 1, passive = 1})[opts.torch_wait] then
@@ -191,6 +196,7 @@ local function measure_round(r, torch_first)
   args[#args + 1] = ("threads=%d reps=%d warmup=%d"):format(opts.threads, opts.reps or r.reps,
                                                             opts.warmup or r.warmup)
   if opts.bf16 then args[#args + 1] = "bf16=1" end
+  if opts.compile then args[#args + 1] = "compile=1" end
   local tail = ("%s %s %s"):format(r.model, r.task, table.concat(args, " "))
   local mine, theirs = {}, {}
   local function run_mine()
@@ -228,6 +234,9 @@ if opts.bf16 then
   print(("precision: bfloat16 products on both sides (needle's GEMM: %s; PyTorch: torch.autocast on the CPU)")
     :format(nd.devices()[1].bf16 and (nd.devices()[1].amx and "amx_bf16 32x32" or "avx512_bf16 12x32")
             or "no AVX512_BF16 here, so float32"))
+end
+if opts.compile then
+  print("needle compiled: nd.compile of the forward (inference) and of the whole step (training); PyTorch eager")
 end
 print(("kernels: needle %s, OPENBLAS_CORETYPE=%s; PyTorch %s"):format(needle_blas or "(no libopenblas in ldd)",
   kernels or "unset (OpenBLAS picks by cpuid)", torch_kernels or "-"))
@@ -323,7 +332,8 @@ local meta = {date = os.date("!%Y-%m-%dT%H:%M:%SZ"), threads = opts.threads, rou
               openblas_coretype = kernels, needle_blas = needle_blas, torch_kernels = torch_kernels,
               load_before = load_before, load_after = load_after,
               elapsed_s = elapsed, torch_wait = opts.torch_wait or "auto", reps = opts.reps, warmup = opts.warmup,
-              precision = opts.bf16 and "bfloat16 products (needle medium, PyTorch autocast)" or "float32"}
+              precision = opts.bf16 and "bfloat16 products (needle medium, PyTorch autocast)" or "float32",
+              needle_compiled = opts.compile == true}
 write("results.json", json.encode({meta = meta, rows = json.array(results), gpt2_cache_speedup = speedups}) .. "\n")
 
 local cols = {"name", "model", "task", "unit", "items", "needle", "torch", "ratio", "ratio_min", "ratio_max",

@@ -54,6 +54,18 @@ local function scoped(fn)
   return function() return nd.autocast(fn) end
 end
 
+-- zoo.lua --compile: fn through nd.compile, with at least 3 warm-up calls:
+-- nd.compile runs the first call eagerly (a training step's optimizer makes
+-- its state then), captures the second, and the third is the first replay
+-- (cf.stats counts them).
+local compiled_fn -- (its cf.stats.replays is printed: the timed calls were replays)
+local function compiled(fn)
+  if c.compile ~= 1 then return fn end
+  c.warmup = math.max(c.warmup, 3)
+  compiled_fn = nd.compile(fn)
+  return compiled_fn
+end
+
 -- ms of one fn() call: warmup untimed calls, then the median of reps timed
 -- ones; reset() (untimed) runs before every call
 local function timed(fn, reps, warmup, reset)
@@ -78,12 +90,12 @@ end
 -- as zoo_torch.py: SGD, lr 0.01, momentum 0.9; gradients set to none
 local function train_step(model, forward, labels)
   local opt = nd.optim.SGD(model:parameters(), {lr = 0.01, momentum = 0.9})
-  return function()
+  return compiled(function()
     opt:zero_grad()
     local loss = nd.F.cross_entropy(forward(), labels)
     loss:backward()
     opt:step()
-  end
+  end)
 end
 
 local function cnn()
@@ -91,7 +103,8 @@ local function cnn()
   local x = nd.randn({c.batch, 3, c.size, c.size}, {device = dev})
   if task == "infer" then
     model:eval()
-    return function() nd.no_grad(function() return model(x) end) end, c.batch
+    local f = compiled(model)
+    return function() nd.no_grad(function() return f(x) end) end, c.batch
   end
   model:train()
   local labels = nd.randint(1, 1000, {c.batch}, {device = dev})
@@ -120,7 +133,8 @@ local function bert(train)
     return train_step(model, forward, labels), b
   end
   model:eval()
-  return function() nd.no_grad(forward) end, b
+  local f = compiled(model)
+  return function() nd.no_grad(function() return f(ids, {attention_mask = mask}) end) end, b
 end
 
 -- GPT-2: the logits of the last position only, as generate computes them
@@ -177,4 +191,5 @@ print(("items %d"):format(items))
 local rss = C.peak_rss_mb()
 if rss then print(("rss_mb %.3f"):format(rss)) end
 print(("threads %d"):format(nd.get_num_threads()))
+if compiled_fn then print(("replays %d"):format(compiled_fn.stats.replays)) end
 print(("device %s"):format(dev))
