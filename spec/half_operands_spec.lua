@@ -436,6 +436,42 @@ describe("matmul of half operands on OpenCL", function()
         assert(report.by_name.linear.bytes < O * K * 4, "the weight was converted: " .. report.by_name.linear.bytes .. " bytes")
       end)
 
+      it(("convolves with a %s weight and bias on %s unconverted, gradients in their dtype"):format(dt, dev), function()
+        nd.manual_seed(15)
+        -- {C, O, k, stride, padding, groups}: 3x3, strided grouped, 1x1, depthwise (its
+        -- own kernel, which converts the weight)
+        for _, cfg in ipairs({{4, 8, 3, 1, 1, 1}, {6, 6, 3, 2, 1, 3}, {3, 5, 1, 1, 0, 1}, {4, 4, 3, 1, 1, 4}}) do
+          local C, O, k, stride, pad, groups = table.unpack(cfg)
+          local what = table.concat(cfg, ",")
+          local o = {stride = stride, padding = pad, groups = groups}
+          local x = nd.randn({2, C, 9, 9}):to(dev)
+          local w = nd.randn({O, C // groups, k, k}):to(dt):to(dev):requires_grad_()
+          local b = nd.randn({O}):to(dt):to(dev):requires_grad_()
+          local wf, bf = w:detach():float():requires_grad_(), b:detach():float():requires_grad_()
+          local y, yf = nd.F.conv2d(x, w, b, o), nd.F.conv2d(x, wf, bf, o)
+          assert.are.equal("float32", y.dtype)
+          assert(nd.equal(y, yf), what .. ": forward")
+          local g = nd.randn(y.shape):to(dev)
+          y:backward(g)
+          yf:backward(g)
+          assert.are.equal(dt, w.grad.dtype)
+          assert(nd.equal(w.grad, wf.grad:to(dt)), what .. ": weight gradient")
+          assert(nd.equal(b.grad, bf.grad:to(dt)), what .. ": bias gradient")
+          local wt = nd.randn({C, O // groups, k, k}):to(dt):to(dev)
+          assert(nd.equal(nd.F.conv_transpose2d(x, wt, b, o), nd.F.conv_transpose2d(x, wt:float(), b:float(), o)),
+                 what .. ": conv_transpose2d")
+        end
+        -- allocations: the same as with a float32 weight (a float32 copy would add its 295 KB)
+        local x = nd.randn({2, 64, 16, 16}):to(dev)
+        local w = nd.randn({128, 64, 3, 3}):to(dev)
+        local function bytes(weight)
+          return nd.profile(function()
+            nd.no_grad(function() nd.F.conv2d(x, weight, nil, {padding = 1}) end)
+          end).by_name["F.conv2d"].bytes
+        end
+        assert.are.equal(bytes(w), bytes(w:to(dt)))
+      end)
+
       it(("rounds a product's operands once inside nd.autocast to %s on %s"):format(dt, dev), function()
         nd.manual_seed(14)
         local M, N, K = 64, 48, 256

@@ -53,11 +53,13 @@ nd_status nd_check_float_weights(const char *op, const nd_tensor *x, const nd_te
 }
 
 /* Checks conv2d / conv_transpose2d arguments (x 3-D or 4-D) and computes
- * the output's spatial size. */
-static nd_status conv_args(const char *op, bool tr, const nd_tensor *x, const nd_tensor *w,
-                           const nd_tensor *b, const int64_t *stride, const int64_t *padding,
-                           const int64_t *output_padding, const int64_t *dilation, int64_t groups,
-                           nd_conv_params *cp, int64_t ohw[2]) {
+ * the output's spatial size. half_w: the weight and bias may be float16 /
+ * bfloat16 with a float32 x (half_weight_as_stored said so). */
+static nd_status conv_args(const char *op, bool tr, bool half_w, const nd_tensor *x,
+                           const nd_tensor *w, const nd_tensor *b, const int64_t *stride,
+                           const int64_t *padding, const int64_t *output_padding,
+                           const int64_t *dilation, int64_t groups, nd_conv_params *cp,
+                           int64_t ohw[2]) {
     char b1[ND_SHAPE_BUF], b2[ND_SHAPE_BUF];
     if (x->ndim != 3 && x->ndim != 4)
         return nd_fail(ND_ERR_SHAPE, "%s: expected a 3-D (C, H, W) or 4-D (N, C, H, W) input, "
@@ -66,7 +68,12 @@ static nd_status conv_args(const char *op, bool tr, const nd_tensor *x, const nd
         return nd_fail(ND_ERR_SHAPE, "%s: expected a 4-D weight (%s, kH, kW), got shape %s", op,
                        tr ? "in_channels, out_channels/groups" : "out_channels, in_channels/groups",
                        nd_shape_str(w->shape, w->ndim, b1));
-    ND_TRY(nd_check_float_weights(op, x, w, b));
+    if (half_w) {
+        ND_TRY(nd_check_same_device(op, x, w));
+        if (b) ND_TRY(nd_check_same_device(op, x, b));
+    } else {
+        ND_TRY(nd_check_float_weights(op, x, w, b));
+    }
     if (groups < 1 || groups > INT_MAX)
         return nd_fail(ND_ERR_ARG, "%s: groups must be >= 1, got %lld", op, (long long)groups);
     ND_TRY(nd_conv_pair_arg(op, "stride", stride, ONES2, 1, cp->stride));
@@ -162,7 +169,7 @@ static nd_status conv_args(const char *op, bool tr, const nd_tensor *x, const nd
 nd_status nd_conv2d_args(const char *op, const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                          const int64_t *stride, const int64_t *padding, const int64_t *dilation,
                          int64_t groups, nd_conv_params *cp, int64_t ohw[2]) {
-    return conv_args(op, false, x, w, b, stride, padding, NULL, dilation, groups, cp, ohw);
+    return conv_args(op, false, false, x, w, b, stride, padding, NULL, dilation, groups, cp, ohw);
 }
 
 /* -------------------------------------------------- im2col and col2im ops */
@@ -671,15 +678,36 @@ static nd_status run_maybe_unbatched(conv4d_fn fn, const nd_tensor *x, const nd_
     return st;
 }
 
+/* A float16 / bfloat16 weight (and a float32 or half bias) of a float32
+ * input, on a backend whose matmul reads half operands as stored (OpenCL)
+ * and where the convolution is its im2col product (no conv kernel of the
+ * backend's own takes it, and for conv2d it is not depthwise): the product
+ * reads the weight unconverted, half the bytes and no float32 copy per
+ * call; the bias add computes a half bias in float32, and autograd gives
+ * the weight and bias gradients of their own dtypes. Elsewhere half
+ * operands compute in float32 copies (nd_half_operands). */
+static bool half_weight_as_stored(const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
+                                  int64_t groups, bool tr) {
+    const nd_backend *be = nd_backend_of(x);
+    if (!be->matmul_reads_half || be->conv2d_fused || x->dtype != ND_FLOAT32 ||
+        !nd_dtype_is_half(w->dtype) || (b && b->dtype != ND_FLOAT32 && !nd_dtype_is_half(b->dtype)) ||
+        (x->ndim != 3 && x->ndim != 4) || w->ndim != 4)
+        return false;
+    const int64_t xs[2] = {1, x->shape[x->ndim - 3]}; /* (is_depthwise reads the channels) */
+    return tr || !(be->conv2d_depthwise && is_depthwise(xs, w->shape, groups));
+}
+
 nd_status nd_conv2d(const nd_tensor *x, const nd_tensor *weight, const nd_tensor *bias,
                     const int64_t *stride, const int64_t *padding, const int64_t *dilation,
                     int64_t groups, nd_tensor **out) {
+    const bool half_w = half_weight_as_stored(x, weight, bias, groups, false);
     /* float16 / bfloat16 operands compute in float32 (nd_half_operands) */
-    ND_RETURN_IF_HALF3(x, weight, bias, nd_conv2d(HX, HW, HB, stride, padding, dilation, groups, out));
+    if (!half_w)
+        ND_RETURN_IF_HALF3(x, weight, bias, nd_conv2d(HX, HW, HB, stride, padding, dilation, groups, out));
     nd_conv_params cp;
     int64_t ohw[2];
-    ND_TRY(conv_args("conv2d", false, x, weight, bias, stride, padding, NULL, dilation, groups,
-                     &cp, ohw));
+    ND_TRY(conv_args("conv2d", false, half_w, x, weight, bias, stride, padding, NULL, dilation,
+                     groups, &cp, ohw));
     return run_maybe_unbatched(conv2d_4d, x, weight, bias, &cp, ohw, out);
 }
 
@@ -687,12 +715,14 @@ nd_status nd_conv_transpose2d(const nd_tensor *x, const nd_tensor *weight, const
                               const int64_t *stride, const int64_t *padding,
                               const int64_t *output_padding, const int64_t *dilation,
                               int64_t groups, nd_tensor **out) {
+    const bool half_w = half_weight_as_stored(x, weight, bias, groups, true);
     /* float16 / bfloat16 operands compute in float32 (nd_half_operands) */
-    ND_RETURN_IF_HALF3(x, weight, bias, nd_conv_transpose2d(HX, HW, HB, stride, padding, output_padding,
-                                                            dilation, groups, out));
+    if (!half_w)
+        ND_RETURN_IF_HALF3(x, weight, bias, nd_conv_transpose2d(HX, HW, HB, stride, padding,
+                                                                output_padding, dilation, groups, out));
     nd_conv_params cp;
     int64_t ohw[2];
-    ND_TRY(conv_args("conv_transpose2d", true, x, weight, bias, stride, padding, output_padding,
-                     dilation, groups, &cp, ohw));
+    ND_TRY(conv_args("conv_transpose2d", true, half_w, x, weight, bias, stride, padding,
+                     output_padding, dilation, groups, &cp, ohw));
     return run_maybe_unbatched(conv_transpose2d_4d, x, weight, bias, &cp, ohw, out);
 }
