@@ -367,6 +367,8 @@ static int l_arange(lua_State *L) {
     else { start = lua_tonumber(L, 1); end = lua_tonumber(L, 2); }
     if (nargs == 3) step = lua_tonumber(L, 3);
     int opts = nargs + 1;
+    /* arange(start, end, nil, opts): a nil step is the default one */
+    if (nargs == 2 && lua_isnil(L, 3) && lua_istable(L, 4)) opts = 4;
     lt_no_extra_arg(L, opts, "arange", ARANGE_USAGE); /* the options table ends the list */
     lt_options(L, opts, "arange", NEW_OPTS);
     lt_check_device(L, opts, "arange");
@@ -397,6 +399,7 @@ static int l_eye(lua_State *L) {
     int opts = 2;
     lua_Integer m = n;
     if (lua_type(L, 2) == LUA_TNUMBER) { m = lt_arg_integer(L, 2, "eye", "m"); opts = 3; }
+    else if (lua_isnil(L, 2) && lua_istable(L, 3)) opts = 3; /* eye(n, nil, opts): m = n */
     lt_no_extra_arg(L, opts, "eye", EYE_USAGE); /* the options table ends the list */
     if (n < 0 || m < 0) return lt_error(L, "eye", "sizes must be >= 0, got %lld x %lld",
                                         (long long)n, (long long)m);
