@@ -956,6 +956,17 @@ static bool sgemm_on(int threads, int64_t M, int64_t N, int64_t K, const float *
                      post);
 }
 
+/* The epilogue epi (the last K block; NULL: none) on the finished tile at
+ * C's (row, col), ct = its first element */
+static inline void tile_done(float *ct, int64_t ldc, int64_t row, int64_t col, int64_t mr, int64_t nr,
+                             const tile_post *epi) {
+    if (!epi) return;
+    tile_post e = *epi;
+    if (e.bias) e.bias += col;
+    if (e.res) e.res += row * e.ldr + col;
+    tile_epilogue(ct, ldc, mr, nr, &e);
+}
+
 /* One tile: C's mr x nr at (row, col) = or += an A panel @ a B panel (row
  * stride ldb), then, with epi (the last K block), the epilogue on it. */
 static inline void gemm_tile(const gemm_isa *isa, int64_t kc, const float *ap, const float *bp, int64_t ldb,
@@ -963,12 +974,7 @@ static inline void gemm_tile(const gemm_isa *isa, int64_t kc, const float *ap, c
                              const tile_post *epi) {
     float *ct = C + row * ldc + col;
     run_tile(isa, kc, ap, bp, ldb, ct, ldc, mr, nr, add);
-    if (epi) {
-        tile_post e = *epi;
-        if (e.bias) e.bias += col;
-        if (e.res) e.res += row * e.ldr + col;
-        tile_epilogue(ct, ldc, mr, nr, &e);
-    }
+    tile_done(ct, ldc, row, col, mr, nr, epi);
 }
 
 /* gemm_tile with A's whole panel (MR rows) read in place: rows lda apart */
@@ -976,14 +982,8 @@ static inline void gemm_tile_a(const gemm_isa *isa, int64_t kc, const float *a, 
                                int64_t ldb, float *C, int64_t ldc, int64_t row, int64_t col, int64_t nr, bool add,
                                const tile_post *epi) {
     float *ct = C + row * ldc + col;
-    const int64_t mr = isa->mr;
     run_tile_a(isa, kc, a, lda, bp, ldb, ct, ldc, nr, add);
-    if (epi) {
-        tile_post e = *epi;
-        if (e.bias) e.bias += col;
-        if (e.res) e.res += row * e.ldr + col;
-        tile_epilogue(ct, ldc, mr, nr, &e);
-    }
+    tile_done(ct, ldc, row, col, isa->mr, nr, epi);
 }
 
 /* The share of L2 a block of packed B may take when it is streamed from
