@@ -237,3 +237,54 @@ describe("scripts/bench/conv_paths.lua", function()
     assert.is_truthy(out:find("unknown option '--modle'", 1, true), out)
   end)
 end)
+
+-- scripts/bench/matmul_sweep.lua's PyTorch side (issue 22, item 5): the same sizes and
+-- layouts through scripts/bench/matmul_sweep_torch.py, here a stand-in whose times are
+-- known, so the needle / PyTorch ratios can be checked against needle's own numbers.
+describe("scripts/bench/matmul_sweep.lua against PyTorch", function()
+  local sweep = H.runner("bench/matmul_sweep")
+
+  it("runs PyTorch's products in the same run, in the table, the JSON and the ratios", function()
+    local d = tmpdir()
+    local fake = fake_python(d, [[
+echo "torch 9.9-fake"; echo "device $4"
+echo "$5 $6" > "$(dirname "$0")/torch_args"
+echo "nn:8x8x8 0.5"; echo "nt:8x8x8 0.25"; echo "nn:16x4x32 2"; echo "nt:16x4x32 4"
+]])
+    local ok, out = sweep("--sizes 8,16x4x32 --layouts nn,nt --devices cpu --reps 1 --python " .. S.q(fake) ..
+                          " --out " .. S.q(d))
+    assert.is_true(ok, out)
+    assert.are.equal("nn,nt 8x8x8,16x4x32\n", S.read_file(d .. "/torch_args"))
+    assert.is_truthy(out:find("torch cpu: PyTorch 9.9-fake", 1, true), out)
+    assert.is_truthy(out:find("needle / torch", 1, true), out)
+    local doc = json.decode(assert(S.read_file(d .. "/matmul_sweep.json")))
+    assert.are.equal("9.9-fake", doc.meta.torch)
+    local mine, theirs = {}, {}
+    for _, r in ipairs(doc.results) do
+      local key = r.layout .. ":" .. r.size
+      if r.device == "torch cpu" then theirs[key] = r else mine[key] = r end
+    end
+    assert.are.equal(0.5, theirs["nn:8"].ms)
+    assert.are.equal(4, theirs["nt:16x4x32"].ms)
+    for _, key in ipairs({"nn:8", "nt:8", "nn:16x4x32", "nt:16x4x32"}) do
+      assert.is_true(mine[key].ms > 0, key)
+      assert.is_true(math.abs(mine[key].vs_torch - mine[key].ms / theirs[key].ms) < 1e-9, key)
+    end
+    assert.is_truthy(S.read_file(d .. "/matmul_sweep.csv"):find('torch cpu,"PyTorch 9.9-fake",nt,16,4,32,', 1, true))
+    rmdir(d)
+  end)
+
+  it("says PyTorch was not run without torch, and runs needle only with --no-torch", function()
+    local d = tmpdir()
+    local nopy = fake_python(d, "exit 1\n")
+    local ok, out = sweep("--sizes 8 --devices cpu --reps 1 --python " .. S.q(nopy) .. " --out " .. S.q(d))
+    assert.is_true(ok, out)
+    assert.is_truthy(out:find("PyTorch: not run", 1, true), out)
+    assert.are.equal("missing", json.decode(assert(S.read_file(d .. "/matmul_sweep.json"))).meta.torch)
+    ok, out = sweep("--sizes 8 --devices cpu --reps 1 --no-torch --out " .. S.q(d))
+    assert.is_true(ok, out)
+    assert.is_falsy(out:find("torch", 1, true), out)
+    assert.are.equal("not run", json.decode(assert(S.read_file(d .. "/matmul_sweep.json"))).meta.torch)
+    rmdir(d)
+  end)
+end)

@@ -4,6 +4,7 @@
 --
 --   build/needle-lua scripts/bench/matmul_sweep.lua [--sizes LIST] [--reps N]
 --       [--devices cpu,opencl:0] [--layouts nn,nt] [--out DIR] [--quick]
+--       [--python PATH] [--torch-device DEV] [--no-torch]
 --
 -- Sizes: the squares 16, 32, ..., 4096 and the awkward 72x73x74, 1000 and
 -- 2500 (a size is n or MxNxK for (M, K) @ (K, N)), each in two layouts: nn
@@ -16,6 +17,13 @@
 -- 2 M N K. Writes DIR/matmul_sweep.csv, DIR/matmul_sweep.json and a plot
 -- (DIR/matmul_sweep.png with gnuplot, else .svg); DIR defaults to
 -- runs/matmul_sweep. --quick: sizes 16..512 and 72x73x74, 3 reps.
+--
+-- Where the Python (default /usr/bin/python3) has torch, PyTorch's
+-- torch.matmul runs the same sizes and layouts in the same run
+-- (scripts/bench/matmul_sweep_torch.py, the same timing method, at the same
+-- thread count) on --torch-device (default cpu; cuda on the GPU machine):
+-- its columns and plot lines are "torch DEV LAYOUT", and each needle device
+-- gets a needle / PyTorch time ratio per point (> 1: needle slower).
 local nd = require "needle"
 local plot = require "needle.plot"
 local json = require("needle.checkpoint").json
@@ -32,6 +40,9 @@ usage: matmul_sweep.lua [--sizes LIST] [--reps N] [--devices LIST] [--layouts LI
   --layouts LIST  nn (a @ b), nt (a @ w:t()) or nn,nt (default nn,nt)
   --out DIR       where the CSV, JSON and plot go (default runs/matmul_sweep)
   --quick         sizes 16..512 and 72x73x74 (unless --sizes), 3 reps
+  --python PATH   the Python whose torch runs the same products (default /usr/bin/python3)
+  --torch-device DEV  PyTorch's device (default cpu; cuda on a GPU machine)
+  --no-torch      needle only
 ]]
 
 local function die(fmt, ...)
@@ -62,6 +73,9 @@ while i <= #arg do
     end
   elseif a == "--out" then opts.out = value()
   elseif a == "--quick" then opts.quick = true
+  elseif a == "--python" then C.python = value()
+  elseif a == "--torch-device" then opts.torch_device = value()
+  elseif a == "--no-torch" then opts.no_torch = true
   else io.stderr:write(("matmul_sweep: unknown option '%s'\n\n"):format(a), usage); os.exit(2) end
   i = i + 1
 end
@@ -167,6 +181,37 @@ for _, dev in ipairs(devices) do
 end
 cli.progress("")
 
+-- PyTorch's side: the same sizes and layouts in one process
+local torch_dev = opts.torch_device or "cpu"
+local torch_version
+if not opts.no_torch then
+  local list = {}
+  for _, s in ipairs(sizes) do list[#list + 1] = ("%dx%dx%d"):format(s[1], s[2], s[3]) end
+  cli.progress("  PyTorch ...")
+  local kv = C.run_kv(("%s %s %d %d %s %s %s"):format(C.python, here .. "/matmul_sweep_torch.py",
+    nd.get_num_threads(), reps, torch_dev, table.concat(layouts, ","), table.concat(list, ",")))
+  cli.progress("")
+  torch_version = kv.text.torch
+  if torch_version then
+    local tname = "torch " .. torch_dev
+    for _, s in ipairs(sizes) do
+      for _, layout in ipairs(layouts) do
+        local ms = kv[("%s:%dx%dx%d"):format(layout, s[1], s[2], s[3])]
+        if ms then
+          results[#results + 1] = {device = tname, name = "PyTorch " .. torch_version, layout = layout,
+            m = s[1], n = s[2], k = s[3], size = s[4], ms = ms, gflops = 2 * s[1] * s[2] * s[3] / (ms * 1e-3) * 1e-9,
+            reps = reps}
+        end
+      end
+    end
+    devices[#devices + 1] = tname
+    by_name[tname] = {device = "PyTorch " .. torch_version .. " " .. torch_dev}
+    print(("  %s: PyTorch %s, torch.matmul, %d threads"):format(tname, torch_version, nd.get_num_threads()))
+  else
+    print(("  PyTorch: not run (%s cannot import torch)"):format(C.python))
+  end
+end
+
 -- the table: one row per size, ms and GFLOPS per device and layout
 local function find(dev, s, layout)
   for _, r in ipairs(results) do
@@ -183,11 +228,33 @@ for _, s in ipairs(sizes) do
   for _, dev in ipairs(devices) do
     for _, layout in ipairs(layouts) do
       local r = find(dev, s, layout)
-      line = line .. ("%22s"):format(("%.3f / %.1f"):format(r.ms, r.gflops))
+      line = line .. ("%22s"):format(r and ("%.3f / %.1f"):format(r.ms, r.gflops) or "-")
     end
   end
   print(line)
 end
+-- needle / PyTorch per point, for each needle device
+if torch_version then
+  local tname = "torch " .. torch_dev
+  print(("\n%-16s"):format("needle / torch") .. "    (time ratio: > 1 means needle is slower)")
+  for _, s in ipairs(sizes) do
+    local line = ("%-16s"):format(s[1] == s[2] and s[2] == s[3] and s[4] or ("%dx%dx%d"):format(s[1], s[2], s[3]))
+    for _, dev in ipairs(devices) do
+      if dev ~= tname then
+        for _, layout in ipairs(layouts) do
+          local r, t = find(dev, s, layout), find(tname, s, layout)
+          line = line .. ("%22s"):format(r and t and ("%s %s %.2f"):format(dev, layout, r.ms / t.ms) or "-")
+        end
+      end
+    end
+    print(line)
+  end
+  for _, r in ipairs(results) do
+    local t = r.device ~= tname and find(tname, {r.m, r.n, r.k, r.size}, r.layout)
+    if t then r.vs_torch = r.ms / t.ms end
+  end
+end
+
 for _, dev in ipairs(devices) do
   if peaks[dev] then
     local best = 0
@@ -207,7 +274,8 @@ for _, r in ipairs(results) do
     r.k, r.ms, r.gflops, r.reps))
 end
 f:close()
-local meta = {reps = reps, layouts = layouts, threads = nd.get_num_threads(), date = os.date("!%Y-%m-%dT%H:%M:%SZ"), devices = {}}
+local meta = {reps = reps, layouts = layouts, threads = nd.get_num_threads(), date = os.date("!%Y-%m-%dT%H:%M:%SZ"), devices = {},
+              torch = torch_version or (opts.no_torch and "not run" or "missing"), torch_device = torch_dev}
 for _, dev in ipairs(devices) do
   local d = by_name[dev]
   meta.devices[#meta.devices + 1] = {name = dev, device = d.device or "cpu", driver = d.driver or "",
