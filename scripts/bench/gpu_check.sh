@@ -8,9 +8,9 @@
 #   bash ../shared/device/bundle.sh                       # here, after scripts/setup.sh
 #   device run (carry .device):  bash scripts/bench/gpu_check.sh [STEPS]
 #
-# STEPS: some of specs, tune, lstm, profile, bench, lstm_bench (default: all but lstm_bench).
+# STEPS: some of specs, tune, gemm, lstm, profile, bench, lstm_bench (default: all but lstm_bench).
 R=${OUT:-/tmp/gpu_check}; mkdir -p "$R"
-STEPS=" ${1:-specs tune lstm profile bench} "
+STEPS=" ${1:-specs tune gemm lstm profile bench} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 E="bash .device/env.sh .device/build/needle-lua"
 t0=$(date +%s)
@@ -25,6 +25,11 @@ fi
 if want tune; then
 stamp tune
 timeout 60 $E scripts/tune_opencl.lua --device 0 --budget 15 > "$R/tune.txt" 2>&1; tail -1 "$R/tune.txt"
+fi
+if want gemm; then
+stamp gemm # issue 22's GEMM targets: the tuned kernels against torch.matmul on CUDA (TF32 off), same run
+timeout 90 $E scripts/bench/matmul_sweep.lua --devices opencl:0 --torch-device cuda --python python3 \
+  --sizes 1024,4096,128x768x3072 --layouts nn,nt --reps 5 --out "$R/gemm" > "$R/gemm.txt" 2>&1; tail -12 "$R/gemm.txt"
 fi
 if want lstm; then
 stamp lstm
