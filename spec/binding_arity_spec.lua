@@ -15,15 +15,8 @@ local nd = require "needle"
 local core = require "needle.core"
 local S = require "spec.helpers.shell"
 
-local function err_of(f, ...)
-  local ok, err = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
-
-local function has(msg, fragment)
-  assert.truthy(msg:find(fragment, 1, true), ("expected %q in %q"):format(fragment, msg))
-end
+local A = require("spec.helpers.assertions").bind(assert)
+local err_of, has = A.errmsg, A.assert_contains
 
 -- C functions that take any number of arguments: fn and the arguments to call it with
 local VARIADIC = {no_grad = true, enable_grad = true, inference_mode = true, _call_no_yield = true}

@@ -132,6 +132,16 @@ static nd_status record_linear(const nd_tensor *x, const nd_tensor *w, const nd_
 /* A half weight the backend reads itself: no gradient wanted, a float32 x,
  * the backend's query says yes. The bias (any float32 or half) is made
  * float32 (O values). Returns false when this path does not apply. */
+/* The checks of the half paths below, whose operands' dtypes linear_args
+ * (one dtype for all) would refuse: devices, shapes, activation. */
+static nd_status half_path_args(const char *op, const nd_tensor *x, const nd_tensor *w,
+                                const nd_tensor *b, nd_activation act) {
+    ND_TRY(nd_check_same_device(op, x, w));
+    if (b) ND_TRY(nd_check_same_device(op, x, b));
+    ND_TRY(linear_shapes(op, x, w, b));
+    return check_act(op, act);
+}
+
 static bool linear_half_direct(const char *op, const nd_tensor *x, const nd_tensor *w, const nd_tensor *b,
                                nd_activation act, nd_tensor **out, nd_status *st) {
     const nd_backend *be = nd_backend_of(x);
@@ -139,10 +149,7 @@ static bool linear_half_direct(const char *op, const nd_tensor *x, const nd_tens
         w->ndim != 2 || w->shape[1] == 0 || !nd_is_contiguous(w) || would_record(x, w, b) ||
         !nd_call_linear_half_weight(be, x, w))
         return false;
-    *st = nd_check_same_device(op, x, w);
-    if (*st == ND_OK && b) *st = nd_check_same_device(op, x, b);
-    if (*st == ND_OK) *st = linear_shapes(op, x, w, b);
-    if (*st == ND_OK) *st = check_act(op, act);
+    *st = half_path_args(op, x, w, b, act);
     nd_tensor *bc = NULL;
     if (*st == ND_OK && is_half(b)) *st = nd_to_dtype(b, ND_FLOAT32, &bc);
     if (*st == ND_OK) *st = linear_forward_fused(x, w, bc ? bc : b, act, out);
@@ -166,10 +173,7 @@ static bool linear_half_composed(const char *op, const nd_tensor *x, const nd_te
     if (be->linear_fused || !be->matmul_reads_half || !(is_half(x) || is_half(w)) ||
         !f32_or_half_x || !f32_or_half_w || (b && b->dtype != ND_FLOAT32 && !is_half(b)))
         return false;
-    *st = nd_check_same_device(op, x, w);
-    if (*st == ND_OK && b) *st = nd_check_same_device(op, x, b);
-    if (*st == ND_OK) *st = linear_shapes(op, x, w, b);
-    if (*st == ND_OK) *st = check_act(op, act);
+    *st = half_path_args(op, x, w, b, act);
     nd_tensor *y = NULL;
     if (*st == ND_OK) *st = linear_composed(x, w, b, &y);
     if (*st == ND_OK) *st = finish_composed(y, act, out);

@@ -406,6 +406,8 @@ void gemm_direct(long M, long N, long K, nd_geom bg,
  * time (element loads where an operand is not unit-stride along K), and
  * adds the lanes up at the end; the K % VW tail is scalar. Work-item
  * (tn, tm) computes rows tm + i*(TSM/WPTM) and cols tn + j*(TSN/WPTN). */
+/* (two functions, not one: A and B may have different storage types, and
+ * OpenCL C has no generic pointer to pass either) */
 inline vec_t load_ka(__global const A_ST *p, long stride) {
 #if VW == 1
     return LDA(p, 0);
