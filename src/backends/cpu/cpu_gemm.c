@@ -68,6 +68,7 @@ typedef struct {
     int kc;    /* K block depth (0: KC) */
     bool amx;  /* A packed for AMX tiles: each row's pairs in order (p[r * depth + kk]), not k-major */
     ukernel_a_fn ukr_a; /* ukr reading row-major A in place (NULL: A is always packed) */
+    bool a_in_place_streamed; /* ukr_a only when B streams past A (below), else A is packed */
 } gemm_isa;
 
 /* The bfloat16 kernel's K blocks: 1024 deep. Its B panel then lives in L2,
@@ -102,33 +103,58 @@ __attribute__((target("avx512f"), always_inline)) static inline void tile_12x32_
     }
 }
 
-/* c[MR x 16*NV] (row stride ldc) = or += a (packed: MR per k) @ b (NR per
- * k, row stride ldb: NR when packed, the row stride of B when read in place) */
+/* c[12 x 32] (row stride ldc) = or += a @ b (32 per k, row stride ldb: 32
+ * when packed, the row stride of B when read in place), with a packed (12
+ * per k: ukr_avx512_12x32) or row-major and read in place (rows lda apart:
+ * ukr_avx512_12x32_a). In place, the twelve rows are four base pointers
+ * and 0, 1 or 2 row strides from them, so that every broadcast is one
+ * load with a register index and no row pointer is reloaded. Both make
+ * each element the same chain of FMAs: the same bits. Two k's per loop
+ * trip: the loop's own instructions are a tenth of the FMAs' issue slots
+ * at one k (measured alone, B from L2: 172 -> 181 GFLOP/s a core). */
+#define WIDE_12x32_BODY(A_AT)                                                                            \
+    __m512 acc[12][2];                                                                                   \
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) {                                              \
+        acc[i][0] = acc[i][1] = _mm512_setzero_ps();                                                     \
+        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T1);                                          \
+        _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T1);                                     \
+    }                                                                                                    \
+    _Pragma("GCC unroll 2") for (int64_t k = 0; k < kc; k++) {                                          \
+        const __m512 b0 = _mm512_loadu_ps(b + k * ldb), b1 = _mm512_loadu_ps(b + k * ldb + 16);          \
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) {                                          \
+            const __m512 ai = _mm512_set1_ps(A_AT(i, k));                                                \
+            acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);                                              \
+            acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);                                              \
+        }                                                                                                \
+    }                                                                                                    \
+    tile_12x32_out(acc, c, ldc, add);
+#define A_PACKED_12(i, k) a[(k) * 12 + (i)]
+#define A_ROWS_12(i, k) base[(i) / 3][((i) % 3) * lda + (k)]
 __attribute__((target("avx512f"))) static void ukr_avx512_12x32(int64_t kc, const float *a,
                                                                  const float *b, int64_t ldb,
                                                                  float *c, int64_t ldc, bool add) {
-    __m512 acc[12][2];
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < kc; k++) {
-        const __m512 b0 = _mm512_loadu_ps(b + k * ldb), b1 = _mm512_loadu_ps(b + k * ldb + 16);
-        const float *ak = a + k * 12;
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++) {
-            const __m512 ai = _mm512_set1_ps(ak[i]);
-            acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
-            acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
-        }
-    }
-    tile_12x32_out(acc, c, ldc, add);
+    WIDE_12x32_BODY(A_PACKED_12)
 }
+__attribute__((target("avx512f"))) static void ukr_avx512_12x32_a(int64_t kc, const float *a, int64_t lda,
+                                                                   const float *b, int64_t ldb, float *c,
+                                                                   int64_t ldc, bool add) {
+    const float *const base[4] = {a, a + 3 * lda, a + 6 * lda, a + 9 * lda};
+    WIDE_12x32_BODY(A_ROWS_12)
+}
+#undef A_PACKED_12
+#undef A_ROWS_12
+#undef WIDE_12x32_BODY
 
 __attribute__((target("avx2,fma"))) static void ukr_avx2_6x16(int64_t kc, const float *a,
                                                               const float *b, int64_t ldb,
                                                               float *c, int64_t ldc, bool add) {
     __m256 acc[6][2];
 #pragma GCC unroll 6
-    for (int i = 0; i < 6; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int i = 0; i < 6; i++) {
+        acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T1); /* (as the AVX-512 kernel's) */
+    }
+#pragma GCC unroll 2
     for (int64_t k = 0; k < kc; k++) {
         const __m256 b0 = _mm256_loadu_ps(b + k * ldb), b1 = _mm256_loadu_ps(b + k * ldb + 8);
         const float *ak = a + k * 6;
@@ -324,7 +350,7 @@ static const gemm_isa isa_amx = {"amx_bf16 32x32", 32, 32, 192, 2048,
 
 static const gemm_isa isa_avx512 = {"avx512f 12x32", 12, 32, 192, 2048,
 #ifdef ND_HAVE_GEMM_KERNELS
-                                    ukr_avx512_12x32
+                                    ukr_avx512_12x32, .ukr_a = ukr_avx512_12x32_a, .a_in_place_streamed = true
 #else
                                     NULL
 #endif
@@ -988,7 +1014,7 @@ static inline void gemm_tile_a(const gemm_isa *isa, int64_t kc, const float *a, 
 
 /* The share of L2 a block of packed B may take when it is streamed from
  * there (the rest: A's block, C's rows and what else runs). */
-#define STREAM_L2_SHARE 0.75
+#define STREAM_L2_SHARE 0.5
 
 /* The columns of a packed B block that is streamed from L2: as many as fit
  * in STREAM_L2_SHARE of it at depth kd (at most the ISA's NC), then evened
@@ -1024,12 +1050,15 @@ static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, in
     const int MR = isa->mr, NR = isa->nr;
     double flops = 2.0 * (double)M * (double)N * (double)K;
     if (flops < SMALL_PRODUCT_FLOPS) threads = 1;
-    /* blocks of rows of equal size (whole panels), at most the ISA's MC
-     * (or the hint's, in whole panels) */
+    /* blocks of rows of at most the ISA's MC (or the hint's, in whole
+     * panels), the row panels spread evenly over them: the first mrem
+     * blocks have one panel more. (Rounding one block size up to whole
+     * panels left the last block short: 1024 rows were 5 x 180 + 124, 540
+     * rows on one thread and 484 on the other.) */
     const int64_t mc_max = gemm_hint.mc > 0 ? ((int64_t)gemm_hint.mc + MR - 1) / MR * MR : isa->mc;
     const int64_t mblocks = (M + mc_max - 1) / mc_max;
-    int64_t MC = (M + mblocks - 1) / mblocks;
-    MC = (MC + MR - 1) / MR * MR;
+    const int64_t mpanels = (M + MR - 1) / MR, mq = mpanels / mblocks, mrem = mpanels % mblocks;
+    const int64_t MC = (mq + (mrem > 0)) * MR; /* the largest block */
     /* tasks: blocks of rows times ranges of column panels, a multiple of the
      * thread count while there are few blocks (3 blocks on 2 threads: 6) */
     int64_t chunks = 1;
@@ -1043,9 +1072,6 @@ static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, in
     /* up to IN_PLACE_B_ROWS rows, B rows unit-stride: B read in place
      * (whole NR-wide panels only; the last partial panel is packed) */
     const bool b_in_place = M <= IN_PLACE_B_ROWS && b_sn == 1 && !isa->bf16 && !pre;
-    /* row-major A read in place by kernels that can (the narrow ones); a
-     * row block's last, partial panel is packed */
-    const bool a_in_place = isa->ukr_a && a_sk == 1;
     const int64_t KD = block_depth(isa);
     const int64_t kc_max = K < KD ? K : KD;
     /* Which panel stays in cache while the other streams past it. By
@@ -1065,6 +1091,14 @@ static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, in
                                                          : (double)kc_max * (double)N * sizeof(float) >
                                                                0.5 * (double)nd_cpu_l2_bytes());
     const int64_t NC = stream_b ? stream_block_cols(isa, N, KD) : isa->nc;
+    /* row-major A read in place by kernels that can: the narrow ones
+     * always, the wide AVX-512 one when B streams past A's panel (which
+     * then stays in L1 for a whole block of B panels: in place it cost
+     * nothing there, where packing it - a transpose, once per block of B -
+     * took 9% of a 2048^3 product's time; with A's panels streaming from
+     * L2 instead, packed ones were 7% faster). A row block's last, partial
+     * panel is packed. */
+    const bool a_in_place = isa->ukr_a && a_sk == 1 && (!isa->a_in_place_streamed || stream_b);
     float *bpack = NULL;
     /* packing buffers as big as this product needs, not the block maxima:
      * a small product then takes a few KiB, not 3 MiB (a fresh mapping's
@@ -1101,11 +1135,13 @@ static bool sgemm_run(int threads, const gemm_isa *isa, int64_t M, int64_t N, in
                 float *apack = nd_cpu_scratch_alloc(abytes);
                 float edge[KC * MAX_NR]; /* a partial B panel read in place gets packed here */
                 if (!apack) failed = 1;
-#pragma omp for schedule(static)
+                /* round robin: the blocks with a panel more go one to each thread */
+#pragma omp for schedule(static, 1)
                 for (int64_t t = 0; t < tasks; t++) {
                     if (!apack) continue;
                     const int64_t ib = t / nchunks, ch = t % nchunks;
-                    const int64_t ic = ib * MC, mc = M - ic < MC ? M - ic : MC;
+                    const int64_t ic = (ib * mq + (ib < mrem ? ib : mrem)) * MR;
+                    const int64_t mc = M - ic < (mq + (ib < mrem)) * MR ? M - ic : (mq + (ib < mrem)) * MR;
                     const int64_t p0 = npanels * ch / nchunks, p1 = npanels * (ch + 1) / nchunks;
                     const int64_t depth = panel_depth(isa, kc);
                     const int64_t whole = a_in_place ? mc / MR * MR : 0; /* panels read in place */
