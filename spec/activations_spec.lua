@@ -72,6 +72,44 @@ describe("activation modules", function()
     assert.is_true(p.weight.grad:abs():sum():item() > 0)
   end)
 
+  -- inplace = true: ReLU, ReLU6 and Hardtanh write into their input where autograd does
+  -- not need it, as PyTorch's do; where it does (grad mode on, an input that requires
+  -- grad), a new tensor with the same values, the input untouched
+  it("ReLU, ReLU6 and Hardtanh with inplace = true write into the input where autograd allows", function()
+    nd.manual_seed(7)
+    local mods = {
+      {nn.ReLU({inplace = true}), F.relu},
+      {nn.ReLU6({inplace = true}), F.relu6},
+      {nn.Hardtanh({min_val = -2, max_val = 3, inplace = true}), function(x) return F.hardtanh(x, -2, 3) end},
+    }
+    for _, c in ipairs(mods) do
+      local m, f = c[1], c[2]
+      local x = nd.randn({2, 3, 4}) * 4
+      local want = f(x)
+      local out = m(x) -- x does not require grad: in place, grad mode or not
+      assert.is_true(rawequal(out, x), tostring(m))
+      assert.is_true(nd.equal(x, want), tostring(m))
+      local w = (nd.randn({2, 3, 4}) * 4):requires_grad_()
+      local before = w:detach():clone()
+      local y = m(w) -- autograd needs w: a new tensor
+      assert.is_false(rawequal(y, w))
+      assert.is_true(nd.equal(w:detach(), before))
+      assert.is_true(nd.equal(y:detach(), f(before)))
+      y:sum():backward()
+      local w2 = before:clone():requires_grad_()
+      f(w2):sum():backward()
+      assert.is_true(nd.equal(w.grad, w2.grad)) -- the out-of-place function's gradient
+      local z = nd.no_grad(function() return m(w) end) -- no grad mode: in place even so
+      assert.is_true(rawequal(z, w))
+      assert.is_true(nd.equal(w:detach(), f(before)))
+    end
+    -- without inplace the input is left as it was
+    local x = nd.randn({5}) - 1
+    local x0 = x:clone()
+    nn.ReLU()(x)
+    assert.is_true(nd.equal(x, x0))
+  end)
+
   it("bad input is an error naming the function or module", function()
     assert.has_error(function() F.prelu(nd.randn({2, 3}), nd.ones({4})) end,
       "needle.prelu: weight has 4 values for input {2,3}: expected 1 or one per channel (dim 2)")

@@ -871,6 +871,93 @@ describe("in-place ops", function()
     equal(d, { { 1.5, 2.5 }, { 3.5, 4.5 } })
   end)
 
+  -- x:<op>_() for every unary op: the kernel writes into x, which must hold exactly what
+  -- the out-of-place op gives, on a contiguous tensor and through a strided view (the rows
+  -- left out keep their values)
+  for _, name in ipairs(R.unary_names) do
+    it(name .. "_ writes " .. name .. "(x) into x, contiguous and through a strided view", function()
+      local gen = positive_unary[name] and positive or grid
+      local ref = gen({ 5, 4 }, 40)
+      local x = T(ref)
+      local want = x[name](x)
+      assert.is_true(rawequal(x, x[name .. "_"](x)))
+      assert.is_true(nd.equal(x, want), name)
+      local base = T(ref)
+      local v = base[{ { 1, -1, 2 }, ":" }]:t() -- rows 1, 3, 5, transposed
+      local vwant = v[name](v)
+      assert.is_true(rawequal(v, v[name .. "_"](v)))
+      assert.is_true(nd.equal(v, vwant), name)
+      assert.is_true(nd.equal(base[{ { 2, 4, 2 }, ":" }], T(ref)[{ { 2, 4, 2 }, ":" }]), name)
+    end)
+  end
+
+  it("in-place unary ops: integer, bool and half dtypes, and what cannot be written back", function()
+    local i = nd.tensor({ -3, 0, 5 }, { dtype = "int64" })
+    i:relu_():neg_()
+    assert.are.equal("int64", i.dtype)
+    equal(i, { 0, 0, -5 })
+    local b = nd.tensor({ true, false })
+    b:relu_()
+    assert.are.equal("bool", b.dtype)
+    assert.are.same({ true, false }, b:totable())
+    local h = nd.tensor({ -1.5, 0.3333, 2 }):to("float16")
+    local want = h:exp()
+    h:exp_()
+    assert.are.equal("float16", h.dtype)
+    assert.is_true(nd.equal(h, want:to("float16")))
+    for _, case in ipairs({ { "exp_", nd.tensor({ 1 }, { dtype = "int64" }), "int64" },
+                            { "sqrt_", nd.tensor({ true }), "bool" } }) do
+      local ok, err = pcall(function() return case[2][case[1]](case[2]) end)
+      assert.is_false(ok)
+      assert.truthy(err:find("needle." .. case[1] .. ": the result has dtype float32", 1, true), err)
+      assert.truthy(err:find("dtype " .. case[3], 1, true), err)
+    end
+    local e = nd.ones({ 3, 1 }):expand({ 3, 4 })
+    local ok, err = pcall(function() return e:relu_() end)
+    assert.is_false(ok)
+    assert.truthy(err:find("needle.relu_: cannot write in place into an expanded tensor", 1, true), err)
+  end)
+
+  it("in-place unary ops bump the version: a saved input changed afterwards fails backward", function()
+    local w = nd.tensor({ 1, -2, 3 }, { requires_grad = true })
+    local x = nd.tensor({ -1, 2, -3 })
+    local y = (w * x):sum() -- saves x for w's gradient
+    x:relu_()
+    local ok, err = pcall(function() y:backward() end)
+    assert.is_false(ok)
+    assert.truthy(err:find("modified", 1, true) or err:find("version", 1, true), err)
+    local ok2, err2 = pcall(function() return w:relu_() end)
+    assert.is_false(ok2)
+    assert.truthy(err2:find("needle.relu_: in-place operation on a tensor that requires grad", 1, true), err2)
+    nd.no_grad(function() w:relu_() end) -- allowed without grad mode, as every in-place op
+    equal(w:detach(), { 1, 0, 3 })
+  end)
+
+  it("clamp_ writes into x (bounds, options, one side, a transposed view) and checks its arguments", function()
+    local ref = { { -3, 0.5, 9 }, { 2, -0.25, 6 } }
+    local x = nd.tensor(ref)
+    assert.is_true(rawequal(x, x:clamp_(0, 6)))
+    equal(x, { { 0, 0.5, 6 }, { 2, 0, 6 } })
+    local y = nd.tensor(ref)
+    y:clamp_({ max = 1 })
+    equal(y, { { -3, 0.5, 1 }, { 1, -0.25, 1 } })
+    local base = nd.tensor(ref)
+    base:t():clamp_(-1)
+    equal(base, { { -1, 0.5, 9 }, { 2, -0.25, 6 } })
+    local n = nd.tensor({ 0 / 0, -7 }, { dtype = "float64" }):clamp_(-1, 1)
+    assert.is_true(n:totable()[1] ~= n:totable()[1]) -- NaN stays NaN, as clamp
+    assert.are.equal(-1, n:totable()[2])
+    local ok, err = pcall(function() return nd.tensor({ 1 }):clamp_(2, 1) end)
+    assert.is_false(ok)
+    assert.truthy(err:find("needle.clamp_: min 2 is greater than max 1", 1, true), err)
+    ok, err = pcall(function() return nd.tensor({ 1 }):clamp_({ mn = 0 }) end)
+    assert.is_false(ok)
+    assert.truthy(err:find("clamp_", 1, true) and err:find("mn", 1, true), err)
+    ok, err = pcall(function() return nd.tensor({ 1 }):clamp_("a") end)
+    assert.is_false(ok)
+    assert.truthy(err:find("needle.clamp_: bounds must be numbers or nil", 1, true), err)
+  end)
+
   it("copy_ from a non-contiguous source", function()
     local src = nd.tensor({ { 1, 2, 3 }, { 4, 5, 6 } })
     local d = nd.zeros({ 3, 2 })

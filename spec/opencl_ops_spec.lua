@@ -264,6 +264,16 @@ case("in-place ops on a copy (add_ sub_ mul_ div_ pow_ clamp_ fill_ zero_ copy_)
     d:t():copy_(x:t():flip({1}))
     return a, b, c, d
   end, {grad = false})
+case("in-place unary ops on a copy and through a transposed view (relu_ exp_ tanh_ sigmoid_ abs_ neg_)",
+  function() return {randn({3, 4})} end,
+  function(x)
+    local a = x:clone():relu_()
+    local b = x:clone():exp_():tanh_()
+    local c = x:clone()
+    c:t():sigmoid_()
+    local d = x:clone():abs_():neg_():clamp_(-1, 0)
+    return a, b, c, d
+  end, {grad = false})
 case("contiguous of an int64 and a bool view", function() return {ints({3, 4}, -9, 9), bools({3, 4})} end,
   function(a, b) return a:t():contiguous(), b:t():contiguous(), b:slice(2, 1, 4, 2):contiguous() end)
 

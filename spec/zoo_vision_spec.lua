@@ -261,6 +261,24 @@ describe("nd.nn.models: torchvision's ResNet and MobileNetV2", function()
     assert_contains(msg, "conv1.weight (checkpoint {8,3,7,7}, model {4,3,7,7})")
   end)
 
+  -- under no_grad the blocks' ReLUs (inplace = true) and residual adds (torchvision's
+  -- out += identity) write into their own intermediates; with autograd they make new
+  -- tensors. The values must not depend on which, and the input must stay as it was.
+  it("give the same bits under no_grad (in-place ReLU and residual add) as with autograd", function()
+    nd.manual_seed(12)
+    for _, m in ipairs({models.resnet18({width = 8, num_classes = 3}), models.resnet50({width = 8, num_classes = 3}),
+                        models.mobilenet_v2({width_mult = 0.25, num_classes = 3})}) do
+      m:eval()
+      local x = nd.randn({2, 3, 64, 64})
+      local x0 = x:clone()
+      local with_grad = m(x)
+      assert.is_true(with_grad.requires_grad)
+      local without = nd.no_grad(function() return m(x) end)
+      assert.is_true(nd.equal(with_grad:detach(), without), m.__name)
+      assert.is_true(nd.equal(x, x0), m.__name)
+    end
+  end)
+
   it("run full size at 224x224: resnet50 and mobilenet_v2, finite logits of shape {1, 1000}", function()
     nd.manual_seed(3)
     local x = nd.randn({1, 3, 224, 224})

@@ -274,6 +274,7 @@ typedef enum {
 const char *nd_unary_name(nd_unary_op op);
 const char *nd_binary_name(nd_binary_op op);
 nd_status nd_unary(nd_unary_op op, const nd_tensor *x, nd_tensor **out);
+nd_status nd_unary_(nd_unary_op op, nd_tensor *x); /* in place: x:relu_() */
 nd_status nd_binary(nd_binary_op op, const nd_tensor *a, const nd_tensor *b, nd_tensor **out);
 /* a op s (or s op a when scalar_first). As in PyTorch a number does not widen
  * a tensor's dtype within its kind; a non-integral number with an integer or
@@ -290,6 +291,7 @@ nd_status nd_where(const nd_tensor *cond, const nd_tensor *a, const nd_tensor *b
                    nd_tensor **out);
 /* NAN bound means "no bound" on that side. */
 nd_status nd_clamp(const nd_tensor *x, double lo, double hi, nd_tensor **out);
+nd_status nd_clamp_(nd_tensor *x, double lo, double hi); /* in place */
 
 /* ---- reductions ----
  * dims: list of 0-based dims (negative allowed); ndims 0 means all dims.

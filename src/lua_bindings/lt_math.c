@@ -18,6 +18,15 @@
     }
 ND_UNARY_OPS(UNARY_WRAPPER)
 
+/* x:relu_() ...: the op in place, returning x */
+#define UNARY_INPLACE_WRAPPER(name, ...) \
+    static int u_##name##_(lua_State *L) { \
+        LT_CHECK(L, nd_unary_(ND_UNARY_##name, lt_check(L, 1, #name "_"))); \
+        lua_settop(L, 1); \
+        return 1; \
+    }
+ND_UNARY_OPS(UNARY_INPLACE_WRAPPER)
+
 /* ----------------------------------------------------------------- binary */
 
 static bool is_scalar(lua_State *L, int idx) {
@@ -122,39 +131,45 @@ static int t_where(lua_State *L) {
     return l_where(L);
 }
 
-static double opt_bound(lua_State *L, int idx) {
+static double opt_bound(lua_State *L, int idx, const char *name) {
     if (lua_isnoneornil(L, idx)) return NAN;
     if (lua_type(L, idx) != LUA_TNUMBER)
-        lt_error(L, "clamp", "bounds must be numbers or nil, got %s", luaL_typename(L, idx));
+        lt_error(L, name, "bounds must be numbers or nil, got %s", luaL_typename(L, idx));
     return lua_tonumber(L, idx);
+}
+
+/* clamp's bounds: (min, max) or ({min=, max=}) after x; nil or absent: none */
+static void clamp_bounds(lua_State *L, const char *name, double *lo, double *hi) {
+    if (lua_istable(L, 2)) {
+        static const char *const valid[] = {"min", "max", NULL};
+        lt_no_extra_arg(L, 2, name, "x, {min=, max=}");
+        lt_options(L, 2, name, valid);
+        lua_getfield(L, 2, "min");
+        lua_getfield(L, 2, "max");
+        *lo = opt_bound(L, -2, name);
+        *hi = opt_bound(L, -1, name);
+    } else {
+        *lo = opt_bound(L, 2, name);
+        *hi = opt_bound(L, 3, name);
+    }
 }
 
 static int t_clamp(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "clamp"), *r;
     double lo, hi;
-    if (lua_istable(L, 2)) { /* clamp({min=, max=}) */
-        static const char *const valid[] = {"min", "max", NULL};
-        lt_no_extra_arg(L, 2, "clamp", "x, {min=, max=}");
-        lt_options(L, 2, "clamp", valid);
-        lua_getfield(L, 2, "min");
-        lua_getfield(L, 2, "max");
-        lo = opt_bound(L, -2);
-        hi = opt_bound(L, -1);
-    } else {
-        lo = opt_bound(L, 2);
-        hi = opt_bound(L, 3);
-    }
+    clamp_bounds(L, "clamp", &lo, &hi);
     LT_CHECK(L, nd_clamp(x, lo, hi, &r));
     lt_push(L, r);
     return 1;
 }
 
+/* in place: the kernel writes into x */
 static int t_clamp_(lua_State *L) {
     nd_tensor *x = lt_check(L, 1, "clamp_");
-    t_clamp(L);
-    nd_tensor *r = lt_to(L, -1);
-    LT_CHECK(L, nd_copy_(x, r));
-    lua_pushvalue(L, 1);
+    double lo, hi;
+    clamp_bounds(L, "clamp_", &lo, &hi);
+    LT_CHECK(L, nd_clamp_(x, lo, hi));
+    lua_settop(L, 1);
     return 1;
 }
 
@@ -441,7 +456,7 @@ static int l_ops(lua_State *L) {
 
 void lt_register_math(lua_State *L) {
     static const lt_reg regs[] = {
-#define REG_U(name, ...) {#name, u_##name, true, true, 1, "x"},
+#define REG_U(name, ...) {#name, u_##name, true, true, 1, "x"}, {#name "_", u_##name##_, true, false, 1, "x"},
         ND_UNARY_OPS(REG_U)
 #undef REG_U
         /* gelu again, with the form an options table meant (the last entry wins) */

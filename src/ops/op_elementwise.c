@@ -264,6 +264,47 @@ nd_status nd_binary_(nd_binary_op op, nd_tensor *a, const nd_tensor *b) {
     return write_back(a, r);
 }
 
+/* x = op(x) in place. The kernel writes straight into x when op computes
+ * in x's dtype (each element is read before it is written, at the same
+ * place); otherwise (float16/bfloat16 storage, bool) out of place and
+ * copied back, rounding as copy_ does. */
+nd_status nd_unary_(nd_unary_op op, nd_tensor *x) {
+    if ((unsigned)op >= ND_NUM_UNARY) return nd_fail(ND_ERR_ARG, "unary: invalid op %d", op);
+    const char *name = nd_unary_name(op);
+    char iname[24]; /* errors name the in-place form: relu_ */
+    snprintf(iname, sizeof iname, "%s_", name);
+    ND_TRY(nd_check_writable(iname, x));
+    ND_TRY(nd_check_inplace_grad(iname, x));
+    nd_dtype dt = x->dtype;
+    ND_TRY(unary_dtype(op, x->dtype, &dt));
+    /* (a bool input computed as uint8 gives a bool result) */
+    ND_TRY(check_inplace_cast(name, x->dtype == ND_BOOL && dt == ND_UINT8 ? ND_BOOL : dt, x->dtype));
+    if (dt == x->dtype) {
+        ND_TRY(ND_BACKEND_CALL(nd_backend_of(x), unary, name, op, x, x));
+        nd_bump_version(x);
+        return ND_OK;
+    }
+    nd_tensor *r;
+    ND_TRY(unary_forward(op, x, &r)); /* (not recorded: the forward alone) */
+    return write_back(x, r);
+}
+
+/* x = clamp(x, lo, hi) in place, as nd_unary_ */
+nd_status nd_clamp_(nd_tensor *x, double lo, double hi) {
+    ND_TRY(nd_check_writable("clamp_", x));
+    ND_TRY(nd_check_inplace_grad("clamp_", x));
+    if (x->dtype != ND_FLOAT16 && x->dtype != ND_BFLOAT16 && x->dtype != ND_BOOL) {
+        if (!isnan(lo) && !isnan(hi) && lo > hi)
+            return nd_fail(ND_ERR_ARG, "clamp_: min %g is greater than max %g", lo, hi);
+        ND_TRY(ND_BACKEND_CALL(nd_backend_of(x), clamp, "clamp", x, x, lo, hi));
+        nd_bump_version(x);
+        return ND_OK;
+    }
+    nd_tensor *r;
+    ND_TRY(clamp_forward(x, lo, hi, &r));
+    return write_back(x, r);
+}
+
 nd_status nd_binary_scalar(nd_binary_op op, const nd_tensor *a, double s, int scalar_first,
                            nd_tensor **out) {
     return nd_binary_number(op, a, nd_num_f(s), scalar_first, out);

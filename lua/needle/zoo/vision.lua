@@ -99,6 +99,17 @@ end
 
 local BLOCK_OPTS = {stride = "integer", downsample = "module", groups = "integer", base_width = "integer"}
 
+-- out + identity, as torchvision's `out += identity`: written into out (the
+-- block's own last BatchNorm output, which nothing else holds) where
+-- autograd does not need it, else a new tensor (needle refuses in-place
+-- writes to tensors that require grad; the values are the same)
+local function add_residual(out, identity)
+  if out.dtype ~= identity.dtype or (nd.is_grad_enabled() and (out.requires_grad or identity.requires_grad)) then
+    return out + identity
+  end
+  return out:add_(identity)
+end
+
 -- torchvision's BasicBlock: conv3x3(stride) bn1 relu conv3x3 bn2, plus the
 -- input or downsample(input), then relu. expansion 1.
 local BasicBlock = Module:extend("BasicBlock")
@@ -125,7 +136,7 @@ function BasicBlock:forward(x)
   local out = self.relu(self.bn1(self.conv1(x)))
   out = self.bn2(self.conv2(out))
   local identity = self.downsample and self.downsample(x) or x
-  return self.relu(out + identity)
+  return self.relu(add_residual(out, identity))
 end
 
 -- torchvision's Bottleneck (ResNet V1.5: the stride on the 3x3): conv1x1 bn1
@@ -157,7 +168,7 @@ function Bottleneck:forward(x)
   out = self.relu(self.bn2(self.conv2(out)))
   out = self.bn3(self.conv3(out))
   local identity = self.downsample and self.downsample(x) or x
-  return self.relu(out + identity)
+  return self.relu(add_residual(out, identity))
 end
 
 M.BasicBlock, M.Bottleneck = BasicBlock, Bottleneck

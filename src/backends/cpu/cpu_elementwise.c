@@ -252,6 +252,15 @@ nd_status nd_cpu_where(nd_tensor *out, const nd_tensor *cond, const nd_tensor *a
     do {                                                                            \
         const T lo = (T)(isnan(c->lo) ? -INFINITY : c->lo);                          \
         const T hi = (T)(isnan(c->hi) ? INFINITY : c->hi);                           \
+        if (s[0] == sizeof(T) && s[1] == sizeof(T)) { /* contiguous: vectorised */  \
+            T *o = (T *)(void *)p[0];                                               \
+            const T *X = (const T *)(const void *)p[1];                             \
+            for (int64_t i = 0; i < n; i++) {                                       \
+                T x = X[i];                                                         \
+                o[i] = x < lo ? lo : x > hi ? hi : x;                               \
+            }                                                                       \
+            break;                                                                  \
+        }                                                                           \
         for (int64_t i = 0; i < n; i++) {                                           \
             T x = *(const T *)(p[1] + i * s[1]);                                    \
             *(T *)(p[0] + i * s[0]) = x < lo ? lo : x > hi ? hi : x;                \
