@@ -274,14 +274,20 @@ describe("nn constructors", function()
     assert.are.equal(2, nn.LSTM(2, 3, {num_layers = 2}).num_layers)
   end)
 
-  it("accept PyTorch's inplace where PyTorch has it (the result is a new tensor), also after a positional argument", function()
+  it("accept PyTorch's inplace where PyTorch has it, also after a positional argument", function()
     local x = nd.tensor({-1, 2})
-    for _, m in ipairs({nn.ReLU({inplace = true}), nn.SiLU({inplace = false}), nn.LeakyReLU(0.5, {inplace = true}),
-                        nn.LeakyReLU({negative_slope = 0.5, inplace = true}), nn.Dropout(0, {inplace = true})}) do
+    -- (these compute a new tensor whatever inplace says)
+    for _, m in ipairs({nn.SiLU({inplace = false}), nn.LeakyReLU(0.5, {inplace = true}),
+                        nn.LeakyReLU({negative_slope = 0.5, inplace = true}), nn.Dropout(0, {inplace = true}),
+                        nn.ReLU({inplace = false})}) do
       local y = m(x)
       assert.are.same({-1, 2}, x:totable()) -- the input is left as it was
       assert.are.equal(2, #y:totable())
     end
+    -- ReLU writes into an input that autograd does not need, as PyTorch's does
+    local y = nn.ReLU({inplace = true})(x)
+    assert.is_true(rawequal(x, y))
+    assert.are.same({0, 2}, x:totable())
     assert.are.equal("ReLU(inplace=true)", tostring(nn.ReLU({inplace = true})))
     assert_contains(errmsg(nn.Dropout, 0.5, {inplce = true}), "needle.nn.Dropout: unknown option 'inplce' (valid: inplace)")
     assert_contains(errmsg(nn.LeakyReLU, 0.1, {slope = 1}), "needle.nn.LeakyReLU: unknown option 'slope' (valid: inplace)")
