@@ -52,6 +52,25 @@
 
 #ifdef ND_HAVE_AVX2_KERNELS
 
+/* On Intel, from 64 rows up with a depth of 1536 or more the packed GEMM
+ * (after its C prefetch and in-place A, cpu_gemm.c) beat this kernel, whose
+ * 4 + 4 rows of x and w (8 K floats: 48 KB at K = 1536) no longer fit in L1
+ * (an Intel Xeon, 2 threads, 2026-11-29, us, this kernel / GEMM: 128 x 3072
+ * by 768 3316-3407 / 2482-2619, BERT's FFN output at batch 1; 96 x 3072 by
+ * 768 2359-2378 / 1844-1999; 64 x 3072 by 768 1647-1671 / 1373-1595; 128 x
+ * 2048 by 512 1184-1238 / 1022-1158); with fewer rows or a shallower depth
+ * this kernel won (20 x 3072 by 768 506-679 / 881-897, 32 x 4096 by 1024
+ * 1573-1589 / 1712-1966, 20 x 1024 by 256 56-61 / 108-121). Unmeasured
+ * elsewhere, so only there. */
+static bool deep_rows_to_gemm(int64_t M, int64_t K) {
+    static int intel = -1;
+    if (intel < 0) {
+        __builtin_cpu_init();
+        intel = __builtin_cpu_is("intel") ? 1 : 0;
+    }
+    return intel == 1 && M >= 64 && K >= 1536;
+}
+
 static int64_t avx512_rows_max(void) {
     static int64_t max = -1;
     if (max < 0) {
@@ -343,7 +362,8 @@ bool nd_cpu_linear_small(nd_tensor *out, const nd_tensor *x, const nd_tensor *w,
      * does twice the multiplies per instruction, takes the shapes it takes */
     if (wt == ND_FLOAT32 && nd_cpu_gemm_bf16_for(M, O)) return false;
     const bool avx512 = use_avx512();
-    if (M > (avx512 ? avx512_rows_max() : SMALL_M_MAX)) return false;
+    if (M > (avx512 ? avx512_rows_max() : SMALL_M_MAX) || (avx512 && wt == ND_FLOAT32 && deep_rows_to_gemm(M, K)))
+        return false; /* (a half weight stays here: it reads half the bytes) */
     const float *X = (const float *)nd_ptr(x), *W = (const float *)nd_ptr(w);
     const uint16_t *Wh = (const uint16_t *)nd_ptr(w);
     const float *B = b ? (const float *)nd_ptr(b) : NULL;
