@@ -284,12 +284,6 @@ static void copy_planes(const conv_src *s, const float *src, float *dst, bool sr
     for (int64_t c = 0; c < p->C; c++)
         for (int64_t y = 0; y < p->H; y++) {
             const int64_t dense = (c * p->H + y) * W, row = c * s->HWp + s->row_off[y];
-            if (sw == 1) { /* one run: a copy */
-                const int64_t run = row + s->col_off[0];
-                if (src_is_copy) memcpy(dst + dense, src + run, sizeof(float) * (size_t)W);
-                else memcpy(dst + run, src + dense, sizeof(float) * (size_t)W);
-                continue;
-            }
             for (int64_t ph = 0; ph < sw && ph < W; ph++) {
                 const int64_t run = row + s->col_off[ph];
                 if (src_is_copy)
@@ -393,6 +387,13 @@ static void pack_weight_t(const nd_conv_plan *p, const float *W, float *A) {
 
 #define ROW_MASK(n) ((__mmask16)((1u << (n)) - 1u)) /* the first n of 16 lanes, n <= 16 */
 
+/* Whether a row of len floats goes through the masked AVX-512 moves: only
+ * the widths the scalar paths have no fixed-size move for (16, 8, 4, 2 and 1
+ * floats keep theirs). With every width masked, ResNet9's training step
+ * (4 x 4 to 1 x 1 maps) went 7.3-7.6 -> 8.4-8.5 ms and its convolutions'
+ * forward 38-41 -> 41-43 ms (nd.profile, 20 steps, alternating runs). */
+static inline bool masked_pays(int64_t len) { return len != 16 && len != 8 && len != 4 && len != 2 && len != 1; }
+
 /* im2col rows of one segment of unit stride with AVX-512 moves, masked at
  * a row's end: row (c, t) is len floats from img + c HWp + toff[t], to dst
  * + (c nt + t) ld. The SSE copies of the fixed widths and the scalar loop
@@ -446,7 +447,7 @@ static void pack_cols(const conv_src *s, pad_slot *r, const float *X, const col_
         const float *img = image_in(s, r, X, seg[q].n) + seg[q].base;
         float *dst = B + seg[q].j;
         const int64_t len = seg[q].len;
-        if (wide && sw == 1) {
+        if (wide && sw == 1 && masked_pays(len)) {
             rows_copy_avx512(img, C, HWp, nt, toff, len, dst, ld);
             continue;
         }
@@ -543,8 +544,8 @@ __attribute__((target("avx512f"))) static void store_out_avx512(const nd_conv_pl
     for (int64_t o = 0; o < O; o++) {
         const __m512 bo = _mm512_set1_ps(Bias ? Bias[o] : 0.0f);
         for (int64_t q = 0; q < ns; q++) {
-            const __mmask16 m = ROW_MASK(seg[q].len);
             const int64_t at = seg[q].n * p->y_img + o * L + seg[q].l;
+            const __mmask16 m = ROW_MASK(seg[q].len);
             __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, T + o * NR + seg[q].j), bo);
             if (relu) /* v <= 0 (ordered: NaN stays NaN, as nd.relu) -> 0 */
                 v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LE_OQ), zero);
@@ -557,9 +558,13 @@ __attribute__((target("avx512f"))) static void store_out_avx512(const nd_conv_pl
 static void store_out(const nd_conv_plan *p, const float *T, const col_seg *seg, int64_t ns,
                       const float *Bias, bool relu, nd_inner_fn act_fn, const float *RES, float *OUT) {
     const int64_t O = p->O, L = p->L;
-    if (!act_fn && tiles_avx512()) {
-        store_out_avx512(p, T, seg, ns, Bias, relu, RES, OUT);
-        return;
+    if (!act_fn && tiles_avx512()) { /* a panel with a run of another width: masked moves */
+        bool odd = false;
+        for (int64_t q = 0; q < ns; q++) odd |= masked_pays(seg[q].len);
+        if (odd) {
+            store_out_avx512(p, T, seg, ns, Bias, relu, RES, OUT);
+            return;
+        }
     }
     for (int64_t o = 0; o < O; o++) {
         const float bo = Bias ? Bias[o] : 0.0f;
@@ -599,7 +604,7 @@ static void add_cols(const conv_src *s, pad_slot *r, const float *T, const col_s
         float *img = image_grad(s, r, GX, seg[q].n) + seg[q].base;
         const float *src = T + seg[q].j;
         const int64_t len = seg[q].len;
-        if (wide && sw == 1) { /* (the same adds, element for element: the same bits) */
+        if (wide && sw == 1 && masked_pays(len)) { /* (the same adds, element for element: the same bits) */
             rows_add_avx512(img, C, HWp, nt, toff, len, src);
             continue;
         }
