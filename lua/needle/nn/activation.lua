@@ -92,7 +92,7 @@ M.Softplus = Softplus
 local Hardtanh = Module:extend("Hardtanh")
 function Hardtanh:init(opts)
   local o = util.options(self, opts, {min_val = "number", max_val = "number", inplace = "boolean"})
-  self.min_val, self.max_val, self.inplace = o.min_val or -1, o.max_val or 1, o.inplace
+  self.min_val, self.max_val, self.inplace = o.min_val or -1, o.max_val or 1, o.inplace == true
   if not (self.min_val <= self.max_val) then
     util.fail(self, "min_val must be <= max_val, got %s and %s", self.min_val, self.max_val)
   end
