@@ -8,7 +8,10 @@
 #   bash ../shared/device/bundle.sh                       # here, after scripts/setup.sh
 #   device run (carry .device):  bash scripts/bench/gpu_check.sh [STEPS]
 #
-# STEPS: some of specs, tune, gemm, lstm, profile, bench, lstm_bench (default: all but lstm_bench).
+# STEPS: some of specs, tune, gemm, lstm, profile, bench, lstm_bench, cpu16, zoo16 (default: all
+# but the last three). cpu16 and zoo16 are the 16-core CPU against PyTorch 2.11 on the same
+# machine (issues 18 and 21): the harness's CPU workloads, and ResNet-50 / BERT / DistilBERT;
+# about 3 and 4 minutes. needle's own kernels there do not depend on how OpenBLAS names the CPU.
 R=${OUT:-/tmp/gpu_check}; mkdir -p "$R"
 STEPS=" ${1:-specs tune gemm lstm profile bench} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
@@ -65,5 +68,16 @@ stamp bench
 timeout 200 $E scripts/bench/run.lua --device opencl:0 --torch-device cuda --python python3 --threads 16 --rounds 1 \
   --only lstm_train,lstm_train_compiled,transformer_infer_compiled,mlp_train_compiled,resnet9_train_compiled,mlp5_infer_compiled,resnet9_infer_compiled \
   --out "$R/bench" > "$R/bench.txt" 2>&1; tail -20 "$R/bench.txt"
+fi
+if want cpu16; then
+stamp cpu16 # issue 18: the CPU harness at 16 threads against PyTorch 2.11 (MKL, oneDNN)
+timeout 240 $E scripts/bench/run.lua --threads 16 --python python3 --rounds 1 \
+  --only matmul_1024,matmul_bert,mlp_train,lstm_train,resnet9_train,transformer_infer,mlp5_infer,resnet9_infer \
+  --out "$R/cpu16" > "$R/cpu16.txt" 2>&1; tail -14 "$R/cpu16.txt"
+fi
+if want zoo16; then
+stamp zoo16 # issue 21: the real models on the 16-core CPU against PyTorch 2.11 (ResNet-50 needs torchvision there)
+timeout 300 $E scripts/bench/zoo.lua --threads 16 --python python3 --rounds 1 \
+  --models resnet50,distilbert,bert,bert_latency --out "$R/zoo16" > "$R/zoo16.txt" 2>&1; tail -16 "$R/zoo16.txt"
 fi
 stamp done
