@@ -67,3 +67,12 @@ int64_t nd_cpu_l2_bytes(void) {
 }
 
 int64_t nd_cpu_l2_cache_bytes(void) { return nd_cpu_l2_bytes(); }
+
+bool nd_cpu_is_intel(void) {
+    static atomic_int intel = -1; /* (racing readers store the same value) */
+    if (intel < 0) {
+        __builtin_cpu_init();
+        intel = __builtin_cpu_is("intel") ? 1 : 0;
+    }
+    return intel == 1;
+}

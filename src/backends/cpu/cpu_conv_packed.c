@@ -49,6 +49,7 @@
 #include <string.h>
 #include <omp.h>
 #include "cpu_avx2.h"
+#include "cpu_caches.h"
 #include "cpu_conv_plan.h"
 #include "cpu_kernels.h"
 #include "cpu_scratch.h"
@@ -682,14 +683,7 @@ static bool packed_everywhere(void) {
  * layer with a weight of 128 KB or more, by 1.2-2.4x (ResNet-50 batch 8,
  * all grad w products: packed 535 ms, GEMM 332, PyTorch's oneDNN 336). Other
  * vendors take AMD's rule. */
-static bool grad_w_gemm_over_many_pixels(void) {
-    static int intel = -1;
-    if (intel < 0) {
-        __builtin_cpu_init();
-        intel = __builtin_cpu_is("intel") ? 1 : 0;
-    }
-    return intel == 1;
-}
+static bool grad_w_gemm_over_many_pixels(void) { return nd_cpu_is_intel(); }
 
 static bool packed_wins(const nd_conv_plan *p, nd_conv_product which) {
     const int64_t cols = p->N * p->L, OK = p->O * p->K;

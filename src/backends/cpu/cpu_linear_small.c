@@ -24,6 +24,7 @@
 #include <string.h>
 #include <omp.h>
 #include "cpu_avx2.h"
+#include "cpu_caches.h"
 #include "cpu_gemm.h"
 #include "cpu_kernels.h"
 
@@ -62,14 +63,7 @@
  * this kernel won (20 x 3072 by 768 506-679 / 881-897, 32 x 4096 by 1024
  * 1573-1589 / 1712-1966, 20 x 1024 by 256 56-61 / 108-121). Unmeasured
  * elsewhere, so only there. */
-static bool deep_rows_to_gemm(int64_t M, int64_t K) {
-    static int intel = -1;
-    if (intel < 0) {
-        __builtin_cpu_init();
-        intel = __builtin_cpu_is("intel") ? 1 : 0;
-    }
-    return intel == 1 && M >= 64 && K >= 1536;
-}
+static bool deep_rows_to_gemm(int64_t M, int64_t K) { return M >= 64 && K >= 1536 && nd_cpu_is_intel(); }
 
 static int64_t avx512_rows_max(void) {
     static int64_t max = -1;
